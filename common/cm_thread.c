@@ -1,0 +1,197 @@
+/* Thread pool for parallel loops; see cm_thread.h. */
+#define _GNU_SOURCE
+#include "common/cm_thread.h"
+
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdbool.h>
+#include <stdlib.h>
+#include <unistd.h>
+
+#include "common/cm_alloc.h"
+#include "common/cm_log.h"
+
+static CM_ALLOC_TAG(cm_pool_tag, "cm.pool");
+
+struct cm_pool {
+    unsigned nthreads;           /* caller included */
+    pthread_t *threads;          /* nthreads - 1 workers */
+    pthread_mutex_t lock;        /* guards the fields below */
+    pthread_cond_t wake;         /* workers wait for a new loop */
+    pthread_cond_t done;         /* caller waits for workers to finish */
+    pthread_mutex_t run_lock;    /* one loop at a time */
+    uint64_t generation;         /* bumped per loop */
+    unsigned active;             /* workers still inside the current loop */
+    bool stop;                   /* set by destroy */
+    /* the current loop */
+    cm_pool_task_fn_t fn;
+    void *arg;
+    size_t n, chunk;
+    atomic_size_t next;
+};
+
+typedef struct cm_pool_worker_arg {
+    cm_pool_t *pool;
+    unsigned index;
+} cm_pool_worker_arg_t;
+
+static void cm_pool_drain(cm_pool_t *pool, unsigned worker)
+{
+    for (;;) {
+        size_t begin = atomic_fetch_add(&pool->next, pool->chunk);
+        if (begin >= pool->n)
+            break;
+        size_t end = begin + pool->chunk < pool->n ? begin + pool->chunk : pool->n;
+        pool->fn(pool->arg, begin, end, worker);
+    }
+}
+
+static void *cm_pool_worker_main(void *p)
+{
+    cm_pool_t *pool = ((cm_pool_worker_arg_t *)p)->pool;
+    unsigned index = ((cm_pool_worker_arg_t *)p)->index;
+    uint64_t seen = 0;
+    cm_free(p);
+    pthread_mutex_lock(&pool->lock);
+    for (;;) {
+        while (!pool->stop && pool->generation == seen)
+            pthread_cond_wait(&pool->wake, &pool->lock);
+        if (pool->stop)
+            break;
+        seen = pool->generation;
+        pthread_mutex_unlock(&pool->lock);
+        cm_pool_drain(pool, index);
+        pthread_mutex_lock(&pool->lock);
+        if (--pool->active == 0)
+            pthread_cond_signal(&pool->done);
+    }
+    pthread_mutex_unlock(&pool->lock);
+    return NULL;
+}
+
+unsigned cm_cpu_count(void)
+{
+    long n = sysconf(_SC_NPROCESSORS_ONLN);
+    return n > 0 ? (unsigned)n : 1u;
+}
+
+ri_status_t cm_pool_create(unsigned nthreads, cm_pool_t **pool_p)
+{
+    ri_status_t st = RI_ERR_NOMEM;
+    cm_pool_t *pool;
+    unsigned started = 0;
+
+    if (nthreads == 0)
+        nthreads = cm_cpu_count();
+    if (nthreads > 1024)
+        return RI_ERR_INVALID;
+    pool = cm_calloc(&cm_pool_tag, 1, sizeof(*pool));
+    if (pool == NULL)
+        return RI_ERR_NOMEM;
+    pool->nthreads = nthreads;
+    pthread_mutex_init(&pool->lock, NULL);
+    pthread_mutex_init(&pool->run_lock, NULL);
+    pthread_cond_init(&pool->wake, NULL);
+    pthread_cond_init(&pool->done, NULL);
+    pool->threads = cm_calloc(&cm_pool_tag, nthreads, sizeof(pthread_t));
+    if (pool->threads == NULL)
+        goto err_free_pool;
+    for (; started + 1 < nthreads; started++) {
+        cm_pool_worker_arg_t *wa = cm_malloc(&cm_pool_tag, sizeof(*wa));
+        if (wa == NULL)
+            goto err_stop;
+        wa->pool = pool;
+        wa->index = started + 1;
+        if (pthread_create(&pool->threads[started], NULL, cm_pool_worker_main, wa) != 0) {
+            cm_error("pthread_create failed for pool worker %u", started + 1);
+            cm_free(wa);
+            st = RI_ERR_INTERNAL;
+            goto err_stop;
+        }
+    }
+    *pool_p = pool;
+    return RI_OK;
+
+err_stop:
+    pool->nthreads = started + 1;
+    cm_pool_destroy(pool);
+    return st;
+err_free_pool:
+    cm_free(pool);
+    return st;
+}
+
+void cm_pool_destroy(cm_pool_t *pool)
+{
+    if (pool == NULL)
+        return;
+    pthread_mutex_lock(&pool->lock);
+    pool->stop = true;
+    pthread_cond_broadcast(&pool->wake);
+    pthread_mutex_unlock(&pool->lock);
+    for (unsigned i = 0; i + 1 < pool->nthreads; i++)
+        pthread_join(pool->threads[i], NULL);
+    pthread_cond_destroy(&pool->wake);
+    pthread_cond_destroy(&pool->done);
+    pthread_mutex_destroy(&pool->lock);
+    pthread_mutex_destroy(&pool->run_lock);
+    cm_free(pool->threads);
+    cm_free(pool);
+}
+
+unsigned cm_pool_size(const cm_pool_t *pool)
+{
+    return pool ? pool->nthreads : 1u;
+}
+
+void cm_pool_parallel_for(cm_pool_t *pool, size_t n, size_t grain, cm_pool_task_fn_t fn, void *arg)
+{
+    if (n == 0)
+        return;
+    if (grain == 0)
+        grain = 1;
+    if (pool == NULL || pool->nthreads == 1 || n <= grain) {
+        fn(arg, 0, n, 0);
+        return;
+    }
+    /* Aim for ~4 chunks per thread for balance, never below the grain. */
+    size_t chunk = n / ((size_t)pool->nthreads * 4);
+    if (chunk < grain)
+        chunk = grain;
+    pthread_mutex_lock(&pool->run_lock);
+    pthread_mutex_lock(&pool->lock);
+    pool->fn = fn;
+    pool->arg = arg;
+    pool->n = n;
+    pool->chunk = chunk;
+    atomic_store(&pool->next, 0);
+    pool->active = pool->nthreads - 1;
+    pool->generation++;
+    pthread_cond_broadcast(&pool->wake);
+    pthread_mutex_unlock(&pool->lock);
+
+    cm_pool_drain(pool, 0);
+
+    pthread_mutex_lock(&pool->lock);
+    while (pool->active != 0)
+        pthread_cond_wait(&pool->done, &pool->lock);
+    pthread_mutex_unlock(&pool->lock);
+    pthread_mutex_unlock(&pool->run_lock);
+}
+
+static pthread_once_t cm_pool_default_once = PTHREAD_ONCE_INIT;
+static cm_pool_t *cm_pool_default_ptr;
+
+static void cm_pool_default_init(void)
+{
+    const char *env = getenv("RI_THREADS");
+    unsigned n = env ? (unsigned)strtoul(env, NULL, 10) : 0;
+    if (cm_pool_create(n, &cm_pool_default_ptr) != RI_OK)
+        cm_pool_default_ptr = NULL; /* loops then run inline */
+}
+
+cm_pool_t *cm_pool_default(void)
+{
+    pthread_once(&cm_pool_default_once, cm_pool_default_init);
+    return cm_pool_default_ptr;
+}

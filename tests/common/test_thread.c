@@ -1,0 +1,65 @@
+/* Thread pool: every index visited exactly once, repeated loops, inline mode. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stdatomic.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <string.h>
+#include <cmocka.h>
+
+#include "common/cm_alloc.h"
+#include "common/cm_thread.h"
+
+typedef struct visit {
+    atomic_int *hits;
+    atomic_uint max_worker;
+} visit_t;
+
+static void visit_fn(void *arg, size_t begin, size_t end, unsigned worker)
+{
+    visit_t *v = arg;
+    for (size_t i = begin; i < end; i++)
+        atomic_fetch_add(&v->hits[i], 1);
+    unsigned m = atomic_load(&v->max_worker);
+    while (worker > m && !atomic_compare_exchange_weak(&v->max_worker, &m, worker)) {
+    }
+}
+
+static void run_loops(cm_pool_t *pool)
+{
+    enum { N = 10007 };
+    static atomic_int hits[N];
+    for (int round = 0; round < 50; round++) {
+        visit_t v = {hits, 0};
+        for (int i = 0; i < N; i++)
+            atomic_store(&hits[i], 0);
+        size_t n = (size_t)(round * 199 % N) + 1;
+        cm_pool_parallel_for(pool, n, (size_t)(round % 7) + 1, visit_fn, &v);
+        for (size_t i = 0; i < N; i++)
+            assert_int_equal(atomic_load(&hits[i]), i < n ? 1 : 0);
+        assert_true(atomic_load(&v.max_worker) < cm_pool_size(pool));
+    }
+}
+
+static void test_pool(void **state)
+{
+    cm_pool_t *pool = NULL;
+    assert_int_equal(cm_pool_create(4, &pool), RI_OK);
+    assert_int_equal(cm_pool_size(pool), 4);
+    run_loops(pool);
+    cm_pool_destroy(pool);
+    cm_pool_destroy(NULL);
+    run_loops(NULL);
+    assert_non_null(cm_pool_default());
+    run_loops(cm_pool_default());
+    assert_true(cm_cpu_count() >= 1);
+    assert_int_equal(cm_pool_create(5000, &pool), RI_ERR_INVALID);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_pool),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
