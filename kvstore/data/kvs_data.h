@@ -1,0 +1,126 @@
+/*
+ * The data side of ri-kvstore, as one object: the host block pool (arena
+ * registered with UCX), the catalog of sessions and their cluster tables, the
+ * per-worker cache directories with LRU, and the UCX data-plane listener with
+ * its progress thread.  The control side (kvstore/ctl: gRPC, auth, metrics
+ * HTTP, main) drives it only through this header.
+ *
+ * Thread safety: every function may be called from any thread (gRPC serving
+ * threads call the session functions while the data-plane thread serves).
+ * Tenant scoping: functions that take a tenant never reveal or touch another
+ * tenant's sessions (they answer RI_ERR_NOT_FOUND, as for a missing id).
+ *
+ * CONTRACT between the kvstore helpers: the declarations below are fixed;
+ * kvstore/data implements them; kvstore/ctl calls them.  Add functions, do not
+ * change these without updating both sides.
+ */
+#ifndef KVS_DATA_H
+#define KVS_DATA_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+
+#include "common/cm_wire.h"
+#include "retroinfer/status.h"
+
+#define KVS_TENANT_MAX 64   /* tenant names are 1..63 bytes of [A-Za-z0-9._-] */
+#define KVS_LABEL_MAX 128   /* labels are up to 127 bytes, printable */
+
+typedef enum kvs_dtype {
+    KVS_DTYPE_F16 = 1,
+    KVS_DTYPE_BF16 = 2,
+} kvs_dtype_t;
+
+/* Model geometry of a session; validated by kvs_data_session_create. */
+typedef struct kvs_geometry {
+    uint32_t layers;       /* 1..1024 */
+    uint32_t kv_heads;     /* 1..256 */
+    uint32_t head_dim;     /* 16..512, multiple of 8 */
+    uint32_t dtype;        /* kvs_dtype_t */
+    uint32_t page_tokens;  /* tokens per page, 1..256 (default 8) */
+} kvs_geometry_t;
+
+/* Settings of the data side; filled by the daemon from its config table. */
+typedef struct kvs_data_config {
+    uint64_t memory_bytes;        /* size of the host block pool arena */
+    bool hugepages;               /* try explicit hugepages, then THP via madvise */
+    uint64_t global_quota_bytes;  /* 0 = the pool size */
+    uint64_t tenant_quota_bytes;  /* default per-tenant limit; 0 = no limit */
+    const char *dp_listen_addr;   /* "host:port" for the UCX listener; port 0 = any */
+    uint64_t max_msg_bytes;       /* largest data-plane message accepted */
+    uint32_t drain_timeout_ms;    /* bound on in-flight work at shutdown */
+} kvs_data_config_t;
+
+/* One session as ListSessions shows it. */
+typedef struct kvs_session_info {
+    uint64_t id;                     /* session id (never 0) */
+    char tenant[KVS_TENANT_MAX];     /* owner */
+    char label[KVS_LABEL_MAX];       /* free text */
+    kvs_geometry_t geometry;         /* model geometry */
+    uint64_t bytes_in_pool;          /* pool bytes held */
+    uint64_t bytes_on_disk;          /* spill bytes held */
+    uint64_t clusters;               /* clusters stored */
+    uint64_t created_unix_ms;        /* creation time */
+} kvs_session_info_t;
+
+/* Counters for Stats (tenant-scoped where the name says so). */
+typedef struct kvs_data_stats {
+    uint64_t pool_bytes_total;   /* arena size */
+    uint64_t pool_bytes_used;    /* allocated pages */
+    uint64_t disk_bytes_used;    /* spill tier */
+    uint32_t sessions_tenant;    /* the caller's tenant */
+    uint32_t sessions_all;       /* everyone */
+    uint64_t clusters_tenant;    /* the caller's tenant */
+    uint64_t fetches;            /* FETCH_RANKED served */
+    uint64_t cache_hits;         /* clusters answered as hits */
+    uint64_t cache_misses;       /* clusters answered as misses */
+    uint64_t bytes_sent;         /* data-plane bytes sent */
+    uint64_t errors;             /* requests answered with an error */
+} kvs_data_stats_t;
+
+typedef struct kvs_data kvs_data_t;
+
+/* Create pool, catalog and data plane, and start the data-plane thread.
+ * cfg is copied.  Caller destroys with kvs_data_destroy. */
+ri_status_t kvs_data_create(const kvs_data_config_t *cfg, kvs_data_t **data_p);
+
+/* Stop the data plane (finishing in-flight requests within drain_timeout_ms),
+ * free every session and the pool.  NULL is a no-op. */
+void kvs_data_destroy(kvs_data_t *data);
+
+/* The data-plane address workers connect to ("127.0.0.1:41234"); borrowed,
+ * valid until destroy. */
+const char *kvs_data_address(const kvs_data_t *data);
+
+/* Set a tenant's memory quota (bytes; 0 = unlimited), e.g. from the tokens file. */
+ri_status_t kvs_data_set_tenant_quota(kvs_data_t *data, const char *tenant, uint64_t bytes);
+
+/* Create a session.  Errors: RI_ERR_INVALID (bad geometry, tenant or label),
+ * RI_ERR_QUOTA (expected_tokens would not fit the tenant's or global quota),
+ * RI_ERR_SHUTDOWN (draining).  Writes id and secret only on success. */
+ri_status_t kvs_data_session_create(kvs_data_t *data, const char *tenant, const kvs_geometry_t *geometry,
+                                    uint64_t expected_tokens, const char *label, uint64_t *id_p,
+                                    uint8_t secret_p[CM_WIRE_SECRET_SIZE]);
+
+/* Drop a session of this tenant and free its pages.  RI_ERR_NOT_FOUND when
+ * it does not exist or belongs to another tenant. */
+ri_status_t kvs_data_session_drop(kvs_data_t *data, const char *tenant, uint64_t id, uint64_t *bytes_freed_p);
+
+/* List this tenant's sessions.  *infos_p is allocated with cm_malloc (caller
+ * frees with cm_free; NULL when *n_p is 0). */
+ri_status_t kvs_data_session_list(kvs_data_t *data, const char *tenant, kvs_session_info_t **infos_p,
+                                  size_t *n_p);
+
+/* Counters, scoped to tenant where the field says so. */
+void kvs_data_stats(kvs_data_t *data, const char *tenant, kvs_data_stats_t *stats_p);
+
+/* Stop accepting new sessions (Drain); returns the number still open. */
+uint32_t kvs_data_drain(kvs_data_t *data);
+
+/* Append this side's metrics in Prometheus text format (HELP/TYPE lines,
+ * counters, gauges, the fetch latency histogram, hit ratio per worker cache). */
+void kvs_data_metrics_write(kvs_data_t *data, FILE *out);
+
+#endif /* KVS_DATA_H */
