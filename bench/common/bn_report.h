@@ -1,0 +1,50 @@
+/*
+ * Shared benchmark plumbing (shared/BENCH.md): the machine block (CPU model,
+ * cores, memory read bandwidth measured in this run), the git commit, rows
+ * collected as cJSON objects, a printed table and the JSON file.
+ *
+ *   bn_report_t *r = bn_report_create("kernels");
+ *   cJSON *row = bn_report_row(r);          // borrowed; fill with cJSON_Add*
+ *   bn_report_skip(r, "N=1M", "needs 40 GiB");
+ *   bn_report_finish(r, json_path_or_NULL); // writes JSON, frees r
+ */
+#ifndef BN_REPORT_H
+#define BN_REPORT_H
+
+#include <cjson/cJSON.h>
+#include <stddef.h>
+
+typedef struct bn_report bn_report_t;
+
+/* Start a report; measures memory bandwidth (about 0.5 s).  NULL on OOM. */
+bn_report_t *bn_report_create(const char *bench);
+
+/* Memory read bandwidth measured at create, GB/s (1e9 bytes/s). */
+double bn_report_mem_bw_gbs(const bn_report_t *r);
+
+/* A new row object appended to "rows"; borrowed, owned by the report. */
+cJSON *bn_report_row(bn_report_t *r);
+
+/* Record a case that could not run and why. */
+void bn_report_skip(bn_report_t *r, const char *case_name, const char *why);
+
+/* The top-level object, to add extra fields; borrowed. */
+cJSON *bn_report_root(bn_report_t *r);
+
+/* Write JSON to path (if not NULL), free the report.  Returns 0 or -1 (message printed). */
+int bn_report_finish(bn_report_t *r, const char *json_path);
+
+/* Measure single-pass streaming read bandwidth of `bytes` bytes with nthreads
+ * threads (0 = all CPUs), best of `reps`; GB/s. */
+double bn_measure_read_bw(size_t bytes, unsigned nthreads, int reps);
+
+/* Parse "--json PATH" out of argv (removing it); returns the path or NULL. */
+const char *bn_parse_json_arg(int *argc, char **argv);
+
+/* Median of n doubles (sorts a copy). */
+double bn_median(const double *v, size_t n);
+
+/* Percentile p in [0,100] of n doubles (nearest rank on a sorted copy). */
+double bn_percentile(const double *v, size_t n, double p);
+
+#endif /* BN_REPORT_H */
