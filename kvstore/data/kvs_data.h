@@ -51,6 +51,7 @@ typedef struct kvs_data_config {
     const char *dp_listen_addr;   /* "host:port" for the UCX listener; port 0 = any */
     uint64_t max_msg_bytes;       /* largest data-plane message accepted */
     uint32_t drain_timeout_ms;    /* bound on in-flight work at shutdown */
+    bool no_data_plane;           /* added: catalog and pool only, no UCX (tests) */
 } kvs_data_config_t;
 
 /* One session as ListSessions shows it. */
@@ -122,5 +123,21 @@ uint32_t kvs_data_drain(kvs_data_t *data);
 /* Append this side's metrics in Prometheus text format (HELP/TYPE lines,
  * counters, gauges, the fetch latency histogram, hit ratio per worker cache). */
 void kvs_data_metrics_write(kvs_data_t *data, FILE *out);
+
+/* --- added by kvstore/data (not part of the original contract) --- */
+
+/* Pool pressure, bytes used / total in [0, 1]: the hook for a spill tier's
+ * high-water mark. */
+double kvs_data_pool_pressure(kvs_data_t *data);
+
+/* Fragmentation figures of the pool (for Stats/metrics/tests). */
+typedef struct kvs_data_pool_info {
+    uint64_t total_bytes;        /* arena */
+    uint64_t used_bytes;         /* allocated extents */
+    uint64_t largest_free_bytes; /* largest free extent */
+    uint64_t free_extents;       /* free extents */
+    int hugepages;               /* 0 plain, 1 THP (madvise), 2 explicit hugetlb */
+} kvs_data_pool_info_t;
+void kvs_data_pool_info(kvs_data_t *data, kvs_data_pool_info_t *info_p);
 
 #endif /* KVS_DATA_H */

@@ -1,0 +1,577 @@
+/*
+ * The catalog side of kvstore/data: create/destroy of the whole object,
+ * sessions (validation, secrets, quotas per tenant and global), listing,
+ * stats, drain and metrics.  Expected load: a handful of control calls per
+ * second from gRPC threads, concurrent with the data-plane thread.
+ */
+#include "kvstore/data/kvs_internal.h"
+
+#include <inttypes.h>
+#include <string.h>
+#include <time.h>
+
+#include "common/cm_alloc.h"
+#include "common/cm_log.h"
+#include "common/cm_status.h"
+
+static CM_ALLOC_TAG(kvs_catalog_tag, "kvs.catalog");
+
+const double kvs_lat_bounds[KVS_LAT_BUCKETS] = {50e-6, 100e-6, 250e-6, 500e-6, 1e-3,   2.5e-3,
+                                                5e-3,  10e-3,  25e-3,  50e-3,  100e-3, 1.0};
+
+static const char *const kvs_errk_names[KVS_ERRK_COUNT] = {
+    "protocol", "auth", "not_found", "range", "quota", "nospace", "transport", "other"};
+
+static uint64_t kvs_unix_ms(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    return (uint64_t)ts.tv_sec * 1000u + (uint64_t)ts.tv_nsec / 1000000u;
+}
+
+static bool kvs_tenant_valid(const char *t)
+{
+    size_t n;
+
+    if (t == NULL)
+        return false;
+    n = strnlen(t, KVS_TENANT_MAX);
+    if (n == 0 || n >= KVS_TENANT_MAX)
+        return false;
+    for (size_t i = 0; i < n; i++) {
+        char c = t[i];
+        if (!((c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '.' || c == '_' ||
+              c == '-'))
+            return false;
+    }
+    return true;
+}
+
+static bool kvs_label_valid(const char *l)
+{
+    size_t n = strnlen(l, KVS_LABEL_MAX);
+
+    if (n >= KVS_LABEL_MAX)
+        return false;
+    for (size_t i = 0; i < n; i++)
+        if ((unsigned char)l[i] < 0x20 || (unsigned char)l[i] > 0x7e)
+            return false;
+    return true;
+}
+
+/* Geometry check; page_tokens 0 means the default 8 (written back). */
+static bool kvs_geometry_valid(kvs_geometry_t *g)
+{
+    if (g->page_tokens == 0)
+        g->page_tokens = 8;
+    return g->layers >= 1 && g->layers <= 1024 && g->kv_heads >= 1 && g->kv_heads <= 256 && g->head_dim >= 16 &&
+           g->head_dim <= 512 && g->head_dim % 8 == 0 && (g->dtype == KVS_DTYPE_F16 || g->dtype == KVS_DTYPE_BF16) &&
+           g->page_tokens >= 1 && g->page_tokens <= 256;
+}
+
+static kvs_tenant_t *kvs_tenant_find(kvs_data_t *data, const char *name)
+{
+    for (size_t i = 0; i < data->n_tenants; i++)
+        if (strcmp(data->tenants[i].name, name) == 0)
+            return &data->tenants[i];
+    return NULL;
+}
+
+/* Find or add a tenant record (under lock). */
+static kvs_tenant_t *kvs_tenant_get(kvs_data_t *data, const char *name)
+{
+    kvs_tenant_t *t = kvs_tenant_find(data, name);
+
+    if (t != NULL)
+        return t;
+    if (data->n_tenants == data->cap_tenants) {
+        size_t cap = data->cap_tenants ? data->cap_tenants * 2 : 8;
+        kvs_tenant_t *nt = cm_realloc(&kvs_catalog_tag, data->tenants, cap * sizeof(*nt));
+        if (nt == NULL)
+            return NULL;
+        data->tenants = nt;
+        data->cap_tenants = cap;
+    }
+    t = &data->tenants[data->n_tenants++];
+    memset(t, 0, sizeof(*t));
+    snprintf(t->name, sizeof(t->name), "%s", name);
+    t->quota = data->cfg.tenant_quota_bytes;
+    return t;
+}
+
+static uint64_t kvs_session_charge(const kvs_session_t *s)
+{
+    return CM_MAX(s->reserved_bytes, s->used_bytes);
+}
+
+static ri_status_t kvs_quota_check_locked(kvs_data_t *data, kvs_tenant_t *t, uint64_t delta)
+{
+    if (delta == 0)
+        return RI_OK;
+    if (t->quota != 0 && (delta > t->quota || t->charged > t->quota - delta))
+        return RI_ERR_QUOTA;
+    if (delta > data->global_quota || data->global_charged > data->global_quota - delta)
+        return RI_ERR_QUOTA;
+    return RI_OK;
+}
+
+ri_status_t kvs_session_charge_locked(kvs_data_t *data, kvs_session_t *s, uint64_t more)
+{
+    kvs_tenant_t *t = kvs_tenant_find(data, s->tenant);
+    uint64_t before = kvs_session_charge(s), after, delta;
+    ri_status_t st;
+
+    if (t == NULL || s->dropped)
+        return RI_ERR_NOT_FOUND;
+    if (more > UINT64_MAX - s->used_bytes)
+        return RI_ERR_QUOTA;
+    after = CM_MAX(s->reserved_bytes, s->used_bytes + more);
+    delta = after - before;
+    st = kvs_quota_check_locked(data, t, delta);
+    if (st != RI_OK)
+        return st;
+    s->used_bytes += more;
+    t->charged += delta;
+    data->global_charged += delta;
+    return RI_OK;
+}
+
+ri_status_t kvs_session_add_extent_locked(kvs_session_t *s, uint64_t off, uint64_t bytes)
+{
+    if (s->n_extents == s->cap_extents) {
+        size_t cap = s->cap_extents ? s->cap_extents * 2 : 16;
+        kvs_sextent_t *ne = cm_realloc(&kvs_catalog_tag, s->extents, cap * sizeof(*ne));
+        if (ne == NULL)
+            return RI_ERR_NOMEM;
+        s->extents = ne;
+        s->cap_extents = cap;
+    }
+    s->extents[s->n_extents++] = (kvs_sextent_t){.off = off, .bytes = bytes};
+    return RI_OK;
+}
+
+void kvs_wcache_free(kvs_data_t *data, kvs_wcache_t *wc)
+{
+    if (wc == NULL)
+        return;
+    if (wc->rkey != NULL)
+        kvs_dp_rkey_destroy(data->dp, wc->rkey);
+    kvs_cache_destroy(wc->dir);
+    cm_free(wc);
+}
+
+/* Free a session nobody references any more. */
+static void kvs_session_free_locked(kvs_data_t *data, kvs_session_t *s)
+{
+    for (size_t i = 0; i < s->n_extents; i++)
+        kvs_pool_free(data->pool, s->extents[i].off, s->extents[i].bytes);
+    for (uint32_t i = 0; i < KVS_MAX_CACHES_PER_SESSION; i++)
+        kvs_wcache_free(data, s->caches[i]);
+    if (s->tables != NULL)
+        for (uint64_t i = 0; i < (uint64_t)s->geo.layers * s->geo.kv_heads; i++)
+            cm_free(s->tables[i].c);
+    cm_free(s->tables);
+    cm_free(s->extents);
+    cm_free(s);
+}
+
+void kvs_session_unref_locked(kvs_data_t *data, kvs_session_t *s)
+{
+    if (--s->refs == 0)
+        kvs_session_free_locked(data, s);
+}
+
+kvs_session_t *kvs_session_find_locked(kvs_data_t *data, uint64_t id)
+{
+    for (uint32_t i = 0; i < data->n_sessions; i++)
+        if (data->sessions[i]->id == id)
+            return data->sessions[i];
+    return NULL;
+}
+
+void kvs_count_error_locked(kvs_data_t *data, ri_status_t st)
+{
+    kvs_err_kind_t k;
+
+    switch (ri_status_area(st)) {
+    case RI_AREA_PROTOCOL: k = KVS_ERRK_PROTOCOL; break;
+    case RI_AREA_AUTH: k = KVS_ERRK_AUTH; break;
+    case RI_AREA_QUOTA: k = KVS_ERRK_QUOTA; break;
+    case RI_AREA_TRANSPORT: k = KVS_ERRK_TRANSPORT; break;
+    default:
+        k = st == RI_ERR_NOT_FOUND ? KVS_ERRK_NOT_FOUND
+            : (st == RI_ERR_RANGE || st == RI_ERR_INVALID || st == RI_ERR_EXISTS) ? KVS_ERRK_RANGE
+            : st == RI_ERR_NOSPACE ? KVS_ERRK_NOSPACE
+                                   : KVS_ERRK_OTHER;
+    }
+    data->errors[k]++;
+}
+
+ri_status_t kvs_data_create(const kvs_data_config_t *cfg, kvs_data_t **data_p)
+{
+    kvs_data_t *data;
+    ri_status_t st;
+
+    if (cfg == NULL || data_p == NULL || cfg->memory_bytes == 0)
+        return RI_ERR_INVALID;
+    data = cm_calloc(&kvs_catalog_tag, 1, sizeof(*data));
+    if (data == NULL)
+        return RI_ERR_NOMEM;
+    data->cfg = *cfg;
+    snprintf(data->listen_addr, sizeof(data->listen_addr), "%s",
+             cfg->dp_listen_addr && cfg->dp_listen_addr[0] ? cfg->dp_listen_addr : "127.0.0.1:0");
+    data->cfg.dp_listen_addr = data->listen_addr;
+    if (data->cfg.max_msg_bytes == 0)
+        data->cfg.max_msg_bytes = UINT64_C(1) << 30;
+    if (data->cfg.drain_timeout_ms == 0)
+        data->cfg.drain_timeout_ms = 5000;
+    data->next_id = 1;
+    pthread_mutex_init(&data->lock, NULL);
+    data->sessions = cm_calloc(&kvs_catalog_tag, KVS_MAX_SESSIONS, sizeof(*data->sessions));
+    if (data->sessions == NULL) {
+        st = RI_ERR_NOMEM;
+        goto err_free_data;
+    }
+    st = kvs_pool_create(cfg->memory_bytes, cfg->hugepages, &data->pool);
+    if (st != RI_OK)
+        goto err_free_sessions;
+    data->global_quota = cfg->global_quota_bytes ? CM_MIN(cfg->global_quota_bytes, kvs_pool_size(data->pool))
+                                                 : kvs_pool_size(data->pool);
+    if (!cfg->no_data_plane) {
+        st = kvs_dp_start(data, &data->dp);
+        if (st != RI_OK)
+            goto err_free_pool;
+    }
+    *data_p = data;
+    return RI_OK;
+
+err_free_pool:
+    kvs_pool_destroy(data->pool);
+err_free_sessions:
+    cm_free(data->sessions);
+err_free_data:
+    pthread_mutex_destroy(&data->lock);
+    cm_free(data);
+    return st;
+}
+
+void kvs_data_destroy(kvs_data_t *data)
+{
+    if (data == NULL)
+        return;
+    /* Stop the data plane first: it finishes in-flight ops, then no thread
+     * but ours touches the catalog. */
+    pthread_mutex_lock(&data->lock);
+    data->draining = true;
+    pthread_mutex_unlock(&data->lock);
+    kvs_dp_stop(data->dp);
+    pthread_mutex_lock(&data->lock);
+    for (uint32_t i = 0; i < data->n_sessions; i++) {
+        data->sessions[i]->dropped = true;
+        kvs_session_unref_locked(data, data->sessions[i]);
+    }
+    data->n_sessions = 0;
+    pthread_mutex_unlock(&data->lock);
+    kvs_dp_free(data->dp);
+    kvs_pool_destroy(data->pool);
+    cm_free(data->tenants);
+    cm_free(data->sessions);
+    pthread_mutex_destroy(&data->lock);
+    cm_free(data);
+}
+
+const char *kvs_data_address(const kvs_data_t *data)
+{
+    return data->dp ? kvs_dp_address(data->dp) : "";
+}
+
+ri_status_t kvs_data_set_tenant_quota(kvs_data_t *data, const char *tenant, uint64_t bytes)
+{
+    kvs_tenant_t *t;
+    ri_status_t st = RI_OK;
+
+    if (data == NULL || !kvs_tenant_valid(tenant))
+        return RI_ERR_INVALID;
+    pthread_mutex_lock(&data->lock);
+    t = kvs_tenant_get(data, tenant);
+    if (t == NULL) {
+        st = RI_ERR_NOMEM;
+    } else {
+        t->quota = bytes;
+        t->quota_set = true;
+    }
+    pthread_mutex_unlock(&data->lock);
+    return st;
+}
+
+ri_status_t kvs_data_session_create(kvs_data_t *data, const char *tenant, const kvs_geometry_t *geometry,
+                                    uint64_t expected_tokens, const char *label, uint64_t *id_p,
+                                    uint8_t secret_p[CM_WIRE_SECRET_SIZE])
+{
+    kvs_session_t *s;
+    kvs_tenant_t *t;
+    kvs_geometry_t g;
+    uint64_t n_tables, reserve;
+    ri_status_t st;
+
+    if (data == NULL || geometry == NULL || id_p == NULL || secret_p == NULL || !kvs_tenant_valid(tenant))
+        return RI_ERR_INVALID;
+    if (label == NULL)
+        label = "";
+    g = *geometry;
+    if (!kvs_geometry_valid(&g) || !kvs_label_valid(label) || expected_tokens > KVS_MAX_EXPECTED_TOKENS)
+        return RI_ERR_INVALID;
+    s = cm_calloc(&kvs_catalog_tag, 1, sizeof(*s));
+    if (s == NULL)
+        return RI_ERR_NOMEM;
+    n_tables = (uint64_t)g.layers * g.kv_heads;
+    s->tables = cm_calloc(&kvs_catalog_tag, n_tables, sizeof(kvs_table_t));
+    if (s->tables == NULL) {
+        st = RI_ERR_NOMEM;
+        goto err_free_session;
+    }
+    st = cm_random_bytes(s->secret, sizeof(s->secret));
+    if (st != RI_OK)
+        goto err_free_session;
+    s->geo = g;
+    snprintf(s->tenant, sizeof(s->tenant), "%s", tenant);
+    snprintf(s->label, sizeof(s->label), "%s", label);
+    s->created_unix_ms = kvs_unix_ms();
+    s->page_bytes = 2ull * g.page_tokens * g.head_dim * 2u;
+    /* Bounded: 2^30 tokens * 2^18 tables * 2 KiB per token < 2^64. */
+    reserve = (expected_tokens + g.page_tokens - 1) / g.page_tokens * s->page_bytes * n_tables;
+    s->reserved_bytes = kvs_pool_round(reserve);
+    s->refs = 1;
+
+    pthread_mutex_lock(&data->lock);
+    if (data->draining) {
+        st = RI_ERR_SHUTDOWN;
+        goto err_unlock;
+    }
+    if (data->n_sessions == KVS_MAX_SESSIONS) {
+        st = RI_ERR_QUOTA;
+        goto err_unlock;
+    }
+    t = kvs_tenant_get(data, tenant);
+    if (t == NULL) {
+        st = RI_ERR_NOMEM;
+        goto err_unlock;
+    }
+    st = kvs_quota_check_locked(data, t, s->reserved_bytes);
+    if (st != RI_OK)
+        goto err_unlock;
+    t->charged += s->reserved_bytes;
+    data->global_charged += s->reserved_bytes;
+    s->id = data->next_id++;
+    data->sessions[data->n_sessions++] = s;
+    *id_p = s->id;
+    memcpy(secret_p, s->secret, CM_WIRE_SECRET_SIZE);
+    pthread_mutex_unlock(&data->lock);
+    cm_info("session %" PRIu64 " created for tenant %s (%u layers, %u kv heads, d=%u, reserve %" PRIu64 " bytes)",
+            s->id, tenant, g.layers, g.kv_heads, g.head_dim, s->reserved_bytes);
+    return RI_OK;
+
+err_unlock:
+    pthread_mutex_unlock(&data->lock);
+err_free_session:
+    cm_free(s->tables);
+    cm_free(s);
+    return st;
+}
+
+ri_status_t kvs_data_session_drop(kvs_data_t *data, const char *tenant, uint64_t id, uint64_t *bytes_freed_p)
+{
+    kvs_session_t *s = NULL;
+    kvs_tenant_t *t;
+    uint64_t freed, charge;
+
+    if (data == NULL || tenant == NULL)
+        return RI_ERR_INVALID;
+    pthread_mutex_lock(&data->lock);
+    for (uint32_t i = 0; i < data->n_sessions; i++) {
+        if (data->sessions[i]->id == id && strcmp(data->sessions[i]->tenant, tenant) == 0) {
+            s = data->sessions[i];
+            data->sessions[i] = data->sessions[--data->n_sessions];
+            break;
+        }
+    }
+    if (s == NULL) {
+        pthread_mutex_unlock(&data->lock);
+        return RI_ERR_NOT_FOUND;
+    }
+    freed = s->used_bytes;
+    charge = kvs_session_charge(s);
+    t = kvs_tenant_find(data, s->tenant);
+    if (t != NULL)
+        t->charged -= charge;
+    data->global_charged -= charge;
+    s->dropped = true;
+    /* Pages go back now when the data plane is not using the session, else
+     * when its last data-plane reference ends. */
+    kvs_session_unref_locked(data, s);
+    pthread_mutex_unlock(&data->lock);
+    if (bytes_freed_p != NULL)
+        *bytes_freed_p = freed;
+    cm_info("session %" PRIu64 " dropped (%" PRIu64 " bytes)", id, freed);
+    return RI_OK;
+}
+
+static void kvs_session_info_fill(const kvs_session_t *s, kvs_session_info_t *info)
+{
+    memset(info, 0, sizeof(*info));
+    info->id = s->id;
+    snprintf(info->tenant, sizeof(info->tenant), "%s", s->tenant);
+    snprintf(info->label, sizeof(info->label), "%s", s->label);
+    info->geometry = s->geo;
+    info->bytes_in_pool = s->used_bytes;
+    info->bytes_on_disk = 0;
+    info->clusters = s->clusters;
+    info->created_unix_ms = s->created_unix_ms;
+}
+
+ri_status_t kvs_data_session_list(kvs_data_t *data, const char *tenant, kvs_session_info_t **infos_p, size_t *n_p)
+{
+    kvs_session_info_t *infos = NULL;
+    size_t n = 0;
+
+    if (data == NULL || tenant == NULL || infos_p == NULL || n_p == NULL)
+        return RI_ERR_INVALID;
+    pthread_mutex_lock(&data->lock);
+    for (uint32_t i = 0; i < data->n_sessions; i++)
+        n += strcmp(data->sessions[i]->tenant, tenant) == 0;
+    if (n > 0) {
+        infos = cm_malloc(&kvs_catalog_tag, n * sizeof(*infos));
+        if (infos == NULL) {
+            pthread_mutex_unlock(&data->lock);
+            return RI_ERR_NOMEM;
+        }
+        n = 0;
+        for (uint32_t i = 0; i < data->n_sessions; i++)
+            if (strcmp(data->sessions[i]->tenant, tenant) == 0)
+                kvs_session_info_fill(data->sessions[i], &infos[n++]);
+    }
+    pthread_mutex_unlock(&data->lock);
+    *infos_p = infos;
+    *n_p = n;
+    return RI_OK;
+}
+
+void kvs_data_stats(kvs_data_t *data, const char *tenant, kvs_data_stats_t *stats_p)
+{
+    kvs_data_stats_t s = {0};
+    kvs_pool_stats_t ps;
+
+    kvs_pool_stats(data->pool, &ps);
+    s.pool_bytes_total = ps.total_bytes;
+    s.pool_bytes_used = ps.used_bytes;
+    pthread_mutex_lock(&data->lock);
+    s.sessions_all = data->n_sessions;
+    for (uint32_t i = 0; i < data->n_sessions; i++) {
+        if (tenant != NULL && strcmp(data->sessions[i]->tenant, tenant) == 0) {
+            s.sessions_tenant++;
+            s.clusters_tenant += data->sessions[i]->clusters;
+        }
+    }
+    s.fetches = data->fetches;
+    s.cache_hits = data->cache_hits;
+    s.cache_misses = data->cache_misses;
+    s.bytes_sent = data->bytes_sent;
+    for (int k = 0; k < KVS_ERRK_COUNT; k++)
+        s.errors += data->errors[k];
+    pthread_mutex_unlock(&data->lock);
+    *stats_p = s;
+}
+
+uint32_t kvs_data_drain(kvs_data_t *data)
+{
+    uint32_t n;
+
+    pthread_mutex_lock(&data->lock);
+    data->draining = true;
+    n = data->n_sessions;
+    pthread_mutex_unlock(&data->lock);
+    return n;
+}
+
+double kvs_data_pool_pressure(kvs_data_t *data)
+{
+    return kvs_pool_pressure(data->pool);
+}
+
+void kvs_data_pool_info(kvs_data_t *data, kvs_data_pool_info_t *info_p)
+{
+    kvs_pool_stats_t ps;
+
+    kvs_pool_stats(data->pool, &ps);
+    info_p->total_bytes = ps.total_bytes;
+    info_p->used_bytes = ps.used_bytes;
+    info_p->largest_free_bytes = ps.largest_free_bytes;
+    info_p->free_extents = ps.free_extents;
+    info_p->hugepages = (int)kvs_pool_backing(data->pool);
+}
+
+void kvs_data_metrics_write(kvs_data_t *data, FILE *out)
+{
+    kvs_pool_stats_t ps;
+    uint64_t clusters = 0, cum = 0;
+
+    kvs_pool_stats(data->pool, &ps);
+    fprintf(out, "# HELP ri_kvs_pool_bytes Host block pool bytes by state.\n# TYPE ri_kvs_pool_bytes gauge\n");
+    fprintf(out, "ri_kvs_pool_bytes{state=\"used\"} %" PRIu64 "\n", ps.used_bytes);
+    fprintf(out, "ri_kvs_pool_bytes{state=\"free\"} %" PRIu64 "\n", ps.total_bytes - ps.used_bytes);
+    fprintf(out, "# HELP ri_kvs_pool_free_extents Free extents in the pool (fragmentation).\n"
+                 "# TYPE ri_kvs_pool_free_extents gauge\nri_kvs_pool_free_extents %" PRIu64 "\n",
+            ps.free_extents);
+    fprintf(out, "# HELP ri_kvs_pool_largest_free_bytes Largest free extent.\n"
+                 "# TYPE ri_kvs_pool_largest_free_bytes gauge\nri_kvs_pool_largest_free_bytes %" PRIu64 "\n",
+            ps.largest_free_bytes);
+    pthread_mutex_lock(&data->lock);
+    for (uint32_t i = 0; i < data->n_sessions; i++)
+        clusters += data->sessions[i]->clusters;
+    fprintf(out, "# HELP ri_kvs_sessions Open sessions.\n# TYPE ri_kvs_sessions gauge\nri_kvs_sessions %u\n",
+            data->n_sessions);
+    fprintf(out, "# HELP ri_kvs_clusters Clusters stored.\n# TYPE ri_kvs_clusters gauge\nri_kvs_clusters %" PRIu64 "\n",
+            clusters);
+    fprintf(out, "# HELP ri_kvs_fetches_total Ranked fetches served.\n# TYPE ri_kvs_fetches_total counter\n"
+                 "ri_kvs_fetches_total %" PRIu64 "\n",
+            data->fetches);
+    fprintf(out, "# HELP ri_kvs_cache_clusters_total Clusters answered, by outcome.\n"
+                 "# TYPE ri_kvs_cache_clusters_total counter\n"
+                 "ri_kvs_cache_clusters_total{outcome=\"hit\"} %" PRIu64 "\n"
+                 "ri_kvs_cache_clusters_total{outcome=\"miss\"} %" PRIu64 "\n",
+            data->cache_hits, data->cache_misses);
+    fprintf(out, "# HELP ri_kvs_dp_bytes_total Data-plane bytes, by direction.\n# TYPE ri_kvs_dp_bytes_total counter\n"
+                 "ri_kvs_dp_bytes_total{dir=\"sent\"} %" PRIu64 "\nri_kvs_dp_bytes_total{dir=\"received\"} %" PRIu64
+                 "\n",
+            data->bytes_sent, data->bytes_received);
+    fprintf(out, "# HELP ri_kvs_dp_ops_total Data-plane requests, by op.\n# TYPE ri_kvs_dp_ops_total counter\n");
+    for (uint32_t op = 1; op <= CM_WIRE_OP_MAX; op++)
+        fprintf(out, "ri_kvs_dp_ops_total{op=\"%s\"} %" PRIu64 "\n", cm_wire_op_name(op), data->ops[op]);
+    fprintf(out, "# HELP ri_kvs_dp_errors_total Data-plane error replies, by kind.\n"
+                 "# TYPE ri_kvs_dp_errors_total counter\n");
+    for (int k = 0; k < KVS_ERRK_COUNT; k++)
+        fprintf(out, "ri_kvs_dp_errors_total{kind=\"%s\"} %" PRIu64 "\n", kvs_errk_names[k], data->errors[k]);
+    fprintf(out, "# HELP ri_kvs_fetch_latency_seconds Ranked fetch service time.\n"
+                 "# TYPE ri_kvs_fetch_latency_seconds histogram\n");
+    for (int b = 0; b < KVS_LAT_BUCKETS; b++) {
+        cum += data->lat_bucket[b];
+        fprintf(out, "ri_kvs_fetch_latency_seconds_bucket{le=\"%g\"} %" PRIu64 "\n", kvs_lat_bounds[b], cum);
+    }
+    cum += data->lat_bucket[KVS_LAT_BUCKETS];
+    fprintf(out, "ri_kvs_fetch_latency_seconds_bucket{le=\"+Inf\"} %" PRIu64 "\n", cum);
+    fprintf(out, "ri_kvs_fetch_latency_seconds_sum %.9f\nri_kvs_fetch_latency_seconds_count %" PRIu64 "\n",
+            data->lat_sum_s, cum);
+    fprintf(out, "# HELP ri_kvs_cache_hit_ratio Hit ratio of each worker cache.\n# TYPE ri_kvs_cache_hit_ratio gauge\n");
+    for (uint32_t i = 0; i < data->n_sessions; i++) {
+        kvs_session_t *s = data->sessions[i];
+        for (uint32_t c = 0; c < KVS_MAX_CACHES_PER_SESSION; c++) {
+            kvs_cache_counters_t cc;
+            if (s->caches[c] == NULL)
+                continue;
+            kvs_cache_counters(s->caches[c]->dir, &cc);
+            fprintf(out, "ri_kvs_cache_hit_ratio{session=\"%" PRIu64 "\",cache=\"%u\"} %.6f\n", s->id,
+                    s->caches[c]->id, cc.hits + cc.misses ? (double)cc.hits / (double)(cc.hits + cc.misses) : 0.0);
+        }
+    }
+    pthread_mutex_unlock(&data->lock);
+}

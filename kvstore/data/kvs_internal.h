@@ -1,0 +1,163 @@
+/*
+ * Private structures of kvstore/data shared by its files: the catalog
+ * (sessions, cluster tables, tenants), counters, and the hooks between the
+ * catalog (kvs_data.c), the op handlers (kvs_ops.c) and the UCX transport
+ * (kvs_dp.c).  Not for use outside kvstore/data.
+ *
+ * Locking: data->lock guards the session list, tenants, every session's
+ * tables/extents/caches and the counters that are not atomics.  The
+ * data-plane thread holds it while it decides an op, and drops it while bulk
+ * bytes move (uploads copy into pool pages that nobody else references yet;
+ * fetches read pool pages of a session it holds a reference to).
+ */
+#ifndef KVS_INTERNAL_H
+#define KVS_INTERNAL_H
+
+#include <pthread.h>
+#include <stdatomic.h>
+
+#include "kvstore/data/kvs_cache.h"
+#include "kvstore/data/kvs_data.h"
+#include "kvstore/data/kvs_pool.h"
+
+#define KVS_TIER_POOL 0u      /* bytes are in the host pool at `off` */
+#define KVS_TIER_DISK 1u      /* spilled (issue 7 hooks in here) */
+
+#define KVS_MAX_SESSIONS 4096u
+#define KVS_MAX_CACHES_PER_SESSION 64u
+#define KVS_MAX_EXPECTED_TOKENS (UINT64_C(1) << 30)
+
+/* One cluster of one (layer, KV head): its pages, cluster-major. */
+typedef struct kvs_cluster {
+    uint64_t off;            /* pool offset of its first page (tier POOL) */
+    uint32_t tokens;         /* tokens in the cluster */
+    uint32_t crc;            /* CRC32C of its pages as uploaded */
+    uint64_t last_fetch_ns;  /* last time it was sent: coldness for spill */
+    uint8_t tier;            /* KVS_TIER_* */
+} kvs_cluster_t;
+
+/* The cluster table of one (layer, KV head). */
+typedef struct kvs_table {
+    kvs_cluster_t *c;        /* n entries; the cluster id is the index */
+    uint32_t n, cap;         /* used / allocated */
+} kvs_table_t;
+
+/* A pool extent a session owns (freed at drop). */
+typedef struct kvs_sextent {
+    uint64_t off, bytes;
+} kvs_sextent_t;
+
+/* A worker's block cache registered on a session. */
+typedef struct kvs_wcache {
+    uint32_t id;             /* 1.. within the session */
+    void *conn;              /* transport connection that registered it (kvs_dp) */
+    void *rkey;              /* ucp_rkey_h of the worker's receive buffer */
+    uint64_t recv_addr;      /* receive buffer address in the worker */
+    uint64_t recv_len;       /* its length */
+    kvs_cache_t *dir;        /* directory + LRU */
+} kvs_wcache_t;
+
+typedef struct kvs_session {
+    uint64_t id;
+    char tenant[KVS_TENANT_MAX];
+    char label[KVS_LABEL_MAX];
+    kvs_geometry_t geo;
+    uint8_t secret[CM_WIRE_SECRET_SIZE];
+    uint64_t created_unix_ms;
+    uint64_t page_bytes;         /* 2 * page_tokens * head_dim * 2 (K and V) */
+    uint64_t reserved_bytes;     /* from expected_tokens, charged to quota */
+    uint64_t used_bytes;         /* pool bytes of its extents */
+    uint64_t clusters;           /* clusters stored */
+    kvs_table_t *tables;         /* layers * kv_heads, index layer*kv_heads+head */
+    kvs_sextent_t *extents;      /* owned pool extents */
+    size_t n_extents, cap_extents;
+    kvs_wcache_t *caches[KVS_MAX_CACHES_PER_SESSION]; /* NULL = free slot */
+    uint32_t next_cache_id;
+    int refs;                    /* list reference + data-plane users (under lock) */
+    bool dropped;                /* no longer in the list */
+} kvs_session_t;
+
+typedef struct kvs_tenant {
+    char name[KVS_TENANT_MAX];
+    uint64_t quota;              /* 0 = no limit */
+    uint64_t charged;            /* sum over sessions of max(reserved, used) */
+    bool quota_set;              /* explicit quota (else the default) */
+} kvs_tenant_t;
+
+/* Error kinds for counters and metrics. */
+typedef enum kvs_err_kind {
+    KVS_ERRK_PROTOCOL = 0,  /* malformed header or meta */
+    KVS_ERRK_AUTH,          /* wrong session secret */
+    KVS_ERRK_NOT_FOUND,     /* unknown session or cache */
+    KVS_ERRK_RANGE,         /* ids, counts, lengths out of geometry */
+    KVS_ERRK_QUOTA,         /* over a quota */
+    KVS_ERRK_NOSPACE,       /* pool full */
+    KVS_ERRK_TRANSPORT,     /* UCX failures */
+    KVS_ERRK_OTHER,
+    KVS_ERRK_COUNT
+} kvs_err_kind_t;
+
+#define KVS_LAT_BUCKETS 12
+
+typedef struct kvs_dp kvs_dp_t;
+
+struct kvs_data {
+    kvs_data_config_t cfg;           /* copy; dp_listen_addr points to listen_addr */
+    char listen_addr[128];
+    kvs_pool_t *pool;
+    pthread_mutex_t lock;
+    kvs_session_t **sessions;        /* KVS_MAX_SESSIONS slots */
+    uint32_t n_sessions;
+    uint64_t next_id;
+    kvs_tenant_t *tenants;
+    size_t n_tenants, cap_tenants;
+    uint64_t global_quota;
+    uint64_t global_charged;
+    bool draining;
+    kvs_dp_t *dp;                    /* UCX data plane (NULL when not started) */
+    /* counters (under lock) */
+    uint64_t fetches, cache_hits, cache_misses, bytes_sent, bytes_received;
+    uint64_t errors[KVS_ERRK_COUNT];
+    uint64_t ops[CM_WIRE_OP_MAX + 1];
+    uint64_t lat_bucket[KVS_LAT_BUCKETS + 1]; /* fetch latency histogram (+Inf last) */
+    double lat_sum_s;
+};
+
+/* Fetch latency bucket bounds, seconds. */
+extern const double kvs_lat_bounds[KVS_LAT_BUCKETS];
+
+/* --- catalog helpers (kvs_data.c); all take data->lock held --- */
+
+/* Find a live session by id; NULL when none. */
+kvs_session_t *kvs_session_find_locked(kvs_data_t *data, uint64_t id);
+
+/* Drop a data-plane reference; frees the session when it was the last. */
+void kvs_session_unref_locked(kvs_data_t *data, kvs_session_t *s);
+
+/* Charge `more` pool bytes to s (quota check, nothing changed on failure). */
+ri_status_t kvs_session_charge_locked(kvs_data_t *data, kvs_session_t *s, uint64_t more);
+
+/* Record an extent as owned by s (after a successful charge + alloc). */
+ri_status_t kvs_session_add_extent_locked(kvs_session_t *s, uint64_t off, uint64_t bytes);
+
+/* Free a worker cache's directory and rkey (the transport releases the rkey). */
+void kvs_wcache_free(kvs_data_t *data, kvs_wcache_t *wc);
+
+/* Count an error reply. */
+void kvs_count_error_locked(kvs_data_t *data, ri_status_t st);
+
+/* Pages a cluster of `tokens` takes. */
+static inline uint64_t kvs_cluster_pages(const kvs_session_t *s, uint32_t tokens)
+{
+    return ((uint64_t)tokens + s->geo.page_tokens - 1) / s->geo.page_tokens;
+}
+
+/* --- transport (kvs_dp.c) --- */
+ri_status_t kvs_dp_start(kvs_data_t *data, kvs_dp_t **dp_p);
+/* Stop the thread, finishing in-flight ops within the drain bound. */
+void kvs_dp_stop(kvs_dp_t *dp);
+const char *kvs_dp_address(const kvs_dp_t *dp);
+void kvs_dp_rkey_destroy(kvs_dp_t *dp, void *rkey);
+void kvs_dp_free(kvs_dp_t *dp);
+
+#endif /* KVS_INTERNAL_H */
