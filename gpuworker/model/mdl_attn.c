@@ -1,0 +1,296 @@
+/*
+ * K/V cache, the exact causal attention every backend prefills with, and the
+ * backend registry (see mdl_attn.h).  The exact attention is a flash-style
+ * loop: per task one KV head and a block of query positions; keys are
+ * converted to fp32 a tile at a time and folded into a running max / sum /
+ * output per query row, so nothing of size n^2 is ever stored.
+ */
+#include "gpuworker/model/mdl_attn.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "common/cm_alloc.h"
+#include "common/cm_log.h"
+#include "common/cm_status.h"
+#include "gpuworker/model/mdl_vec.h"
+
+static CM_ALLOC_TAG(mdl_kv_tag, "model.kv");
+static CM_ALLOC_TAG(mdl_attn_tag, "model.attn");
+
+ri_status_t mdl_kv_create(const mdl_attn_geom_t *geom, size_t cap, mdl_kv_t **kv_p)
+{
+    if (geom->n_layers == 0 || geom->n_kv_heads == 0 || geom->head_dim == 0 || cap == 0)
+        return RI_ERR_INVALID;
+    mdl_kv_t *kv = cm_calloc(&mdl_kv_tag, 1, sizeof(*kv));
+    if (kv == NULL)
+        return RI_ERR_NOMEM;
+    kv->geom = *geom;
+    kv->cap = cap;
+    kv->k = cm_calloc(&mdl_kv_tag, geom->n_layers, sizeof(*kv->k));
+    kv->v = cm_calloc(&mdl_kv_tag, geom->n_layers, sizeof(*kv->v));
+    if (kv->k == NULL || kv->v == NULL)
+        goto err_free_kv;
+    size_t bytes = (size_t)geom->n_kv_heads * cap * geom->head_dim * sizeof(cm_fp16_t);
+    for (uint32_t l = 0; l < geom->n_layers; l++) {
+        kv->k[l] = cm_malloc_aligned(&mdl_kv_tag, bytes, 64);
+        kv->v[l] = cm_malloc_aligned(&mdl_kv_tag, bytes, 64);
+        if (kv->k[l] == NULL || kv->v[l] == NULL)
+            goto err_free_kv;
+    }
+    *kv_p = kv;
+    return RI_OK;
+
+err_free_kv:
+    mdl_kv_destroy(kv);
+    return RI_ERR_NOMEM;
+}
+
+void mdl_kv_destroy(mdl_kv_t *kv)
+{
+    if (kv == NULL)
+        return;
+    for (uint32_t l = 0; l < kv->geom.n_layers; l++) {
+        if (kv->k != NULL)
+            cm_free(kv->k[l]);
+        if (kv->v != NULL)
+            cm_free(kv->v[l]);
+    }
+    cm_free(kv->k);
+    cm_free(kv->v);
+    cm_free(kv);
+}
+
+void mdl_kv_store(mdl_kv_t *kv, uint32_t layer, size_t pos, size_t n, const float *k, const float *v)
+{
+    uint32_t nkv = kv->geom.n_kv_heads, d = kv->geom.head_dim;
+    for (size_t t = 0; t < n; t++)
+        for (uint32_t h = 0; h < nkv; h++) {
+            size_t dst = ((size_t)h * kv->cap + pos + t) * d;
+            cm_f32_to_fp16_n(kv->k[layer] + dst, k + (t * nkv + h) * d, d);
+            cm_f32_to_fp16_n(kv->v[layer] + dst, v + (t * nkv + h) * d, d);
+        }
+}
+
+ri_status_t mdl_kv_copy(mdl_kv_t *dst, const mdl_kv_t *src, size_t n)
+{
+    if (memcmp(&dst->geom, &src->geom, sizeof(dst->geom)) != 0 || n > dst->cap || n > src->cap)
+        return RI_ERR_INVALID;
+    size_t row = (size_t)src->geom.head_dim * sizeof(cm_fp16_t);
+    for (uint32_t l = 0; l < src->geom.n_layers; l++)
+        for (uint32_t h = 0; h < src->geom.n_kv_heads; h++) {
+            memcpy(dst->k[l] + (size_t)h * dst->cap * src->geom.head_dim,
+                   src->k[l] + (size_t)h * src->cap * src->geom.head_dim, n * row);
+            memcpy(dst->v[l] + (size_t)h * dst->cap * src->geom.head_dim,
+                   src->v[l] + (size_t)h * src->cap * src->geom.head_dim, n * row);
+        }
+    dst->len = n;
+    return RI_OK;
+}
+
+void mdl_attn_cfg_default(mdl_attn_cfg_t *cfg)
+{
+    cfg->sink_tokens = 4;
+    cfg->window_tokens = 64;
+    cfg->budget_tokens = 0;
+    cfg->update_tokens = 1024;
+}
+
+uint32_t mdl_attn_auto_budget(const mdl_attn_cfg_t *cfg, size_t n_tokens)
+{
+    if (cfg->budget_tokens > 0)
+        return cfg->budget_tokens;
+    return cfg->sink_tokens + cfg->window_tokens + (uint32_t)lround(0.018 * (double)n_tokens);
+}
+
+/* ---- exact causal attention ---- */
+
+#define MDL_QBLOCK 16     /* query positions per task */
+#define MDL_KTILE 128     /* keys converted per tile */
+#define MDL_MAX_GROUP 16  /* query heads per KV head we support */
+
+typedef struct mdl_exact_job {
+    const mdl_kv_t *kv;
+    uint32_t layer;
+    size_t pos, n, n_qblocks;
+    const float *q;
+    float *out;
+    float *scratch;     /* per worker: K tile, V tile, scores, acc, m, l */
+    size_t scratch_per; /* floats per worker */
+} mdl_exact_job_t;
+
+static void mdl_exact_task(void *arg, size_t begin, size_t end, unsigned worker)
+{
+    mdl_exact_job_t *j = arg;
+    const mdl_attn_geom_t *g = &j->kv->geom;
+    uint32_t d = g->head_dim, gs = g->n_heads / g->n_kv_heads;
+    float scale = 1.0f / sqrtf((float)d);
+    float *kt = j->scratch + (size_t)worker * j->scratch_per;
+    float *vt = kt + (size_t)MDL_KTILE * d;
+    float *s = vt + (size_t)MDL_KTILE * d;
+    float *acc = s + MDL_KTILE;
+    float *mrow = acc + (size_t)MDL_QBLOCK * gs * d;
+    float *lrow = mrow + (size_t)MDL_QBLOCK * gs;
+
+    for (size_t task = begin; task < end; task++) {
+        uint32_t h = (uint32_t)(task / j->n_qblocks);
+        size_t qb = task % j->n_qblocks;
+        size_t i0 = qb * MDL_QBLOCK, i1 = CM_MIN(i0 + MDL_QBLOCK, j->n);
+        size_t rows = (i1 - i0) * gs;
+        const cm_fp16_t *kh = j->kv->k[j->layer] + (size_t)h * j->kv->cap * d;
+        const cm_fp16_t *vh = j->kv->v[j->layer] + (size_t)h * j->kv->cap * d;
+        size_t nk = j->pos + i1;   /* keys the last query of the block sees */
+        memset(acc, 0, rows * d * sizeof(float));
+        for (size_t r = 0; r < rows; r++)
+            mrow[r] = -INFINITY, lrow[r] = 0.0f;
+        for (size_t k0 = 0; k0 < nk; k0 += MDL_KTILE) {
+            size_t k1 = CM_MIN(k0 + MDL_KTILE, nk);
+            cm_fp16_to_f32_n(kt, kh + k0 * d, (k1 - k0) * d);
+            cm_fp16_to_f32_n(vt, vh + k0 * d, (k1 - k0) * d);
+            for (size_t i = i0; i < i1; i++) {
+                size_t lim = CM_MIN(k1, j->pos + i + 1);   /* causal */
+                if (lim <= k0)
+                    continue;
+                size_t nt = lim - k0;
+                for (uint32_t t = 0; t < gs; t++) {
+                    size_t r = (i - i0) * gs + t;
+                    const float *qr = j->q + (i * g->n_heads + h * gs + t) * d;
+                    float mx = -INFINITY;
+                    for (size_t kk = 0; kk < nt; kk++) {
+                        s[kk] = scale * mdl_vec_dot(qr, kt + kk * d, d);
+                        mx = s[kk] > mx ? s[kk] : mx;
+                    }
+                    float mnew = mx > mrow[r] ? mx : mrow[r];
+                    float corr = expf(mrow[r] - mnew);   /* exp(-inf) = 0 on the first tile */
+                    float sum = mdl_vec_exp_sub(s, nt, mnew);
+                    float *ar = acc + r * d;
+                    if (corr != 1.0f)
+                        mdl_vec_scale(ar, corr, d);
+                    for (size_t kk = 0; kk < nt; kk++)
+                        mdl_vec_axpy(ar, s[kk], vt + kk * d, d);
+                    lrow[r] = lrow[r] * corr + sum;
+                    mrow[r] = mnew;
+                }
+            }
+        }
+        for (size_t i = i0; i < i1; i++)
+            for (uint32_t t = 0; t < gs; t++) {
+                size_t r = (i - i0) * gs + t;
+                float *o = j->out + (i * g->n_heads + h * gs + t) * d;
+                float inv = lrow[r] > 0 ? 1.0f / lrow[r] : 0.0f;
+                for (uint32_t e = 0; e < d; e++)
+                    o[e] = acc[r * d + e] * inv;
+            }
+    }
+}
+
+ri_status_t mdl_attn_exact(cm_pool_t *pool, const mdl_kv_t *kv, uint32_t layer, size_t pos, size_t n,
+                           const float *q, float *out)
+{
+    const mdl_attn_geom_t *g = &kv->geom;
+    uint32_t gs = g->n_heads / g->n_kv_heads;
+    if (gs == 0 || gs > MDL_MAX_GROUP || g->n_heads % g->n_kv_heads != 0 || pos + n > kv->cap)
+        return RI_ERR_INVALID;
+    if (n == 0)
+        return RI_OK;
+    unsigned nt = pool != NULL ? cm_pool_size(pool) : 1;
+    mdl_exact_job_t j = {.kv = kv, .layer = layer, .pos = pos, .n = n, .q = q, .out = out};
+    j.n_qblocks = (n + MDL_QBLOCK - 1) / MDL_QBLOCK;
+    j.scratch_per = (size_t)MDL_KTILE * g->head_dim * 2 + MDL_KTILE + (size_t)MDL_QBLOCK * gs * (g->head_dim + 2);
+    j.scratch = cm_malloc_aligned(&mdl_attn_tag, nt * j.scratch_per * sizeof(float), 64);
+    if (j.scratch == NULL)
+        return RI_ERR_NOMEM;
+    cm_pool_parallel_for(pool, (size_t)g->n_kv_heads * j.n_qblocks, 1, mdl_exact_task, &j);
+    cm_free(j.scratch);
+    return RI_OK;
+}
+
+void mdl_attn_exact_ref(const mdl_kv_t *kv, uint32_t layer, size_t pos, size_t n, const float *q, float *out)
+{
+    const mdl_attn_geom_t *g = &kv->geom;
+    uint32_t d = g->head_dim, gs = g->n_heads / g->n_kv_heads;
+    double scale = 1.0 / sqrt((double)d);
+    for (size_t i = 0; i < n; i++)
+        for (uint32_t hq = 0; hq < g->n_heads; hq++) {
+            uint32_t h = hq / gs;
+            const float *qr = q + (i * g->n_heads + hq) * d;
+            const cm_fp16_t *kh = kv->k[layer] + (size_t)h * kv->cap * d;
+            const cm_fp16_t *vh = kv->v[layer] + (size_t)h * kv->cap * d;
+            size_t nk = pos + i + 1;
+            double mx = -INFINITY, l = 0;
+            for (size_t t = 0; t < nk; t++) {
+                double sdot = 0;
+                for (uint32_t e = 0; e < d; e++)
+                    sdot += (double)qr[e] * cm_fp16_to_f32(kh[t * d + e]);
+                mx = fmax(mx, sdot * scale);
+            }
+            double o[512] = {0};
+            for (size_t t = 0; t < nk; t++) {
+                double sdot = 0;
+                for (uint32_t e = 0; e < d; e++)
+                    sdot += (double)qr[e] * cm_fp16_to_f32(kh[t * d + e]);
+                double p = exp(sdot * scale - mx);
+                l += p;
+                for (uint32_t e = 0; e < d && e < 512; e++)
+                    o[e] += p * cm_fp16_to_f32(vh[t * d + e]);
+            }
+            for (uint32_t e = 0; e < d && e < 512; e++)
+                out[(i * g->n_heads + hq) * d + e] = (float)(o[e] / l);
+        }
+}
+
+/* ---- registry ---- */
+
+#define MDL_MAX_BACKENDS 16
+static const mdl_attn_ops_t *mdl_backends[MDL_MAX_BACKENDS];
+static size_t mdl_n_backends;
+static bool mdl_builtin_done;
+static char mdl_names_buf[256];
+
+/* The built-in backends, from mdl_attn_backends.c. */
+size_t mdl_attn_builtin(const mdl_attn_ops_t *const **ops_p);
+
+static void mdl_attn_init_builtin(void)
+{
+    if (mdl_builtin_done)
+        return;
+    mdl_builtin_done = true;
+    const mdl_attn_ops_t *const *ops;
+    size_t n = mdl_attn_builtin(&ops);
+    for (size_t i = 0; i < n && mdl_n_backends < MDL_MAX_BACKENDS; i++)
+        mdl_backends[mdl_n_backends++] = ops[i];
+}
+
+const mdl_attn_ops_t *mdl_attn_find(const char *name)
+{
+    mdl_attn_init_builtin();
+    for (size_t i = 0; i < mdl_n_backends; i++)
+        if (strcmp(mdl_backends[i]->name, name) == 0)
+            return mdl_backends[i];
+    return NULL;
+}
+
+ri_status_t mdl_attn_register(const mdl_attn_ops_t *ops)
+{
+    if (ops == NULL || ops->name == NULL || ops->create == NULL || ops->prefill == NULL || ops->decode == NULL)
+        return RI_ERR_INVALID;
+    if (mdl_attn_find(ops->name) != NULL)
+        return RI_ERR_EXISTS;
+    if (mdl_n_backends == MDL_MAX_BACKENDS)
+        return RI_ERR_NOMEM;
+    mdl_backends[mdl_n_backends++] = ops;
+    return RI_OK;
+}
+
+const char *mdl_attn_names(void)
+{
+    mdl_attn_init_builtin();
+    mdl_names_buf[0] = '\0';
+    for (size_t i = 0; i < mdl_n_backends; i++) {
+        if (i > 0)
+            strncat(mdl_names_buf, ", ", sizeof(mdl_names_buf) - strlen(mdl_names_buf) - 1);
+        strncat(mdl_names_buf, mdl_backends[i]->name, sizeof(mdl_names_buf) - strlen(mdl_names_buf) - 1);
+    }
+    return mdl_names_buf;
+}

@@ -1,0 +1,120 @@
+/*
+ * The attention-backend interface of the model runtime, and the per-sequence
+ * K/V cache the backends read.
+ *
+ * The model owns one mdl_kv_t per sequence: per layer, fp16 K and V in the
+ * head-major layout [n_kv_heads][cap][head_dim] (post-RoPE keys), which is
+ * the kn_kv_view_t layout of kernels/ with token_stride = head_dim and
+ * head_stride = cap * head_dim.  The forward pass writes the new tokens' K/V
+ * into it, then asks the backend for attention outputs:
+ *
+ *   prefill(layer, pos, n, q)  exact causal attention of queries at positions
+ *                              [pos, pos+n) over tokens [0, pos+n) (every
+ *                              method prefills exactly, as in the paper);
+ *   prefill_end(layer)         the prompt of this layer is complete: build
+ *                              indexes (wave index, Quest pages);
+ *   decode(layer, pos, q)      one new token at pos (its K/V already in the
+ *                              cache): the method's (sparse) attention.
+ *
+ * q and out are fp32 [n][n_heads][head_dim] (token-major); query head h uses
+ * KV head h / (n_heads / n_kv_heads).  A backend object serves one sequence.
+ *
+ * Backends: "full" (exact; kernels' flash decode), "retroinfer" (wave index
+ * + tripartite decode, index update every 1024 generated tokens), "quest",
+ * "streaming" (sinks + window), and "oracle" (exact top-B, for accuracy
+ * only).  The worker's remote RetroInfer backend registers itself with
+ * mdl_attn_register() and plugs in the same way.
+ */
+#ifndef MDL_ATTN_H
+#define MDL_ATTN_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "common/cm_half.h"
+#include "common/cm_thread.h"
+#include "retroinfer/status.h"
+
+/* Attention geometry of the model. */
+typedef struct mdl_attn_geom {
+    uint32_t n_layers;    /* layers */
+    uint32_t n_heads;     /* query heads */
+    uint32_t n_kv_heads;  /* KV heads (divides n_heads) */
+    uint32_t head_dim;    /* d */
+} mdl_attn_geom_t;
+
+/* K/V cache of one sequence (owned by the sequence). */
+typedef struct mdl_kv {
+    mdl_attn_geom_t geom; /* shape */
+    size_t cap;           /* tokens allocated per head */
+    size_t len;           /* tokens whose K/V are complete in every layer */
+    cm_fp16_t **k;        /* [n_layers] -> [n_kv_heads][cap][d] */
+    cm_fp16_t **v;        /* same layout */
+} mdl_kv_t;
+
+/* Allocate a cache for cap tokens.  Caller frees with mdl_kv_destroy. */
+ri_status_t mdl_kv_create(const mdl_attn_geom_t *geom, size_t cap, mdl_kv_t **kv_p);
+void mdl_kv_destroy(mdl_kv_t *kv);
+
+/* Store n tokens' K and V (fp32 [n][n_kv_heads][d]) of one layer at [pos, pos+n). */
+void mdl_kv_store(mdl_kv_t *kv, uint32_t layer, size_t pos, size_t n, const float *k, const float *v);
+
+/* Copy the first n tokens of every layer of src into dst (same geometry, dst->cap >= n). */
+ri_status_t mdl_kv_copy(mdl_kv_t *dst, const mdl_kv_t *src, size_t n);
+
+/* Settings of the backends (defaults from DESIGN.md). */
+typedef struct mdl_attn_cfg {
+    uint32_t sink_tokens;     /* steady zone sinks (4) */
+    uint32_t window_tokens;   /* steady zone window (64) */
+    uint32_t budget_tokens;   /* exact tokens for quest/streaming/oracle; 0 = auto:
+                                 sink + window + round(0.018 * n) (RetroInfer's exact part) */
+    uint32_t update_tokens;   /* retroinfer: tokens per index update (1024) */
+} mdl_attn_cfg_t;
+
+void mdl_attn_cfg_default(mdl_attn_cfg_t *cfg);
+
+/* Per-backend statistics (summed over layers and steps). */
+typedef struct mdl_attn_stats {
+    uint64_t decode_steps;    /* layer-steps decoded */
+    uint64_t exact_tokens;    /* tokens attended exactly */
+    uint64_t bytes_read;      /* K/V + metadata bytes read by decode */
+    double build_s;           /* seconds spent building indexes (prefill_end + updates) */
+} mdl_attn_stats_t;
+
+/* A backend.  Every function returns a status; objects are per sequence. */
+typedef struct mdl_attn_ops {
+    const char *name;         /* --attn value */
+    const char *help;         /* one line */
+    /* kv is borrowed and outlives the object. */
+    ri_status_t (*create)(const mdl_attn_cfg_t *cfg, mdl_kv_t *kv, void **state_p);
+    void (*destroy)(void *state);
+    ri_status_t (*prefill)(void *state, uint32_t layer, size_t pos, size_t n, const float *q, float *out);
+    ri_status_t (*prefill_end)(void *state, uint32_t layer);
+    ri_status_t (*decode)(void *state, uint32_t layer, size_t pos, const float *q, float *out);
+    void (*stats)(void *state, mdl_attn_stats_t *stats_p);   /* may be NULL */
+} mdl_attn_ops_t;
+
+/* Find a backend by name; NULL when unknown (or not built). */
+const mdl_attn_ops_t *mdl_attn_find(const char *name);
+
+/* Add a backend (e.g. the worker's remote one).  ops is borrowed forever.
+ * RI_ERR_EXISTS if the name is taken, RI_ERR_NOMEM when the table is full. */
+ri_status_t mdl_attn_register(const mdl_attn_ops_t *ops);
+
+/* Comma-separated names of the registered backends, for --help. */
+const char *mdl_attn_names(void);
+
+/* Exact causal attention over the cache (the shared prefill of every
+ * backend, and the decode of "full" when kernels/ is not built).  Threads
+ * from pool (NULL: caller only). */
+ri_status_t mdl_attn_exact(cm_pool_t *pool, const mdl_kv_t *kv, uint32_t layer, size_t pos, size_t n,
+                           const float *q, float *out);
+
+/* The exact attention, scalar double-precision reference (tests). */
+void mdl_attn_exact_ref(const mdl_kv_t *kv, uint32_t layer, size_t pos, size_t n, const float *q, float *out);
+
+/* Default budget: sink + window + round(0.018 * n_tokens). */
+uint32_t mdl_attn_auto_budget(const mdl_attn_cfg_t *cfg, size_t n_tokens);
+
+#endif /* MDL_ATTN_H */

@@ -1,0 +1,644 @@
+/*
+ * Llama forward pass (see mdl_model.h).  One routine runs a set of rows
+ * (token, sequence, position) through every layer; prefill passes one
+ * sequence's consecutive positions, decode one row per sequence.  Only the
+ * attention call differs.
+ */
+#define _GNU_SOURCE
+#include "gpuworker/model/mdl_model.h"
+
+#include <math.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "common/cm_alloc.h"
+#include "common/cm_log.h"
+#include "common/cm_status.h"
+#include "common/cm_thread.h"
+#include "gpuworker/model/mdl_quant.h"
+#include "gpuworker/model/mdl_vec.h"
+
+static CM_ALLOC_TAG(mdl_model_tag, "model.model");
+static CM_ALLOC_TAG(mdl_act_tag, "model.activations");
+
+typedef struct mdl_layer {
+    float *attn_norm;              /* [n_embd], owned */
+    float *ffn_norm;               /* [n_embd], owned */
+    mdl_weight_t wq, wk, wv, wo;   /* attention projections */
+    mdl_weight_t w_gate, w_up, w_down; /* FFN */
+} mdl_layer_t;
+
+struct mdl_model {
+    mdl_gguf_t *gguf;        /* owned: the mapping the weights point into */
+    mdl_tok_t *tok;          /* owned */
+    mdl_hparams_t hp;        /* hyper-parameters */
+    mdl_layer_t *layers;     /* [n_layers] */
+    mdl_weight_t embd;       /* token embedding [n_vocab][n_embd] */
+    mdl_weight_t output;     /* output head (the embedding when tied) */
+    float *output_norm;      /* [n_embd], owned */
+    double *inv_freq;        /* [n_rot/2] RoPE frequencies */
+    char name[128];          /* for messages */
+    size_t chunk;            /* prefill chunk */
+    uint64_t weight_bytes;   /* bytes read per decode step */
+};
+
+struct mdl_seq {
+    mdl_model_t *model;           /* borrowed */
+    mdl_kv_t *kv;                 /* owned */
+    const mdl_attn_ops_t *attn;   /* backend */
+    mdl_attn_cfg_t cfg;           /* its settings */
+    void *attn_state;             /* owned by the backend */
+    bool decoding;                /* first decode step done (index built) */
+    mdl_qhook_fn_t qhook;         /* optional query hook */
+    void *qhook_arg;
+};
+
+static ri_status_t mdl_fail(char *err, size_t errlen, ri_status_t st, const char *fmt, ...)
+    __attribute__((format(printf, 4, 5)));
+
+static ri_status_t mdl_fail(char *err, size_t errlen, ri_status_t st, const char *fmt, ...)
+{
+    if (err != NULL && errlen > 0) {
+        va_list ap;
+        va_start(ap, fmt);
+        vsnprintf(err, errlen, fmt, ap);
+        va_end(ap);
+    }
+    return st;
+}
+
+/* A weight of the expected shape [rows][cols]. */
+static ri_status_t mdl_get_weight(mdl_model_t *m, const char *name, size_t rows, size_t cols, mdl_weight_t *w,
+                                  char *err, size_t errlen)
+{
+    const mdl_gguf_tensor_t *t = mdl_gguf_tensor(m->gguf, name);
+    if (t == NULL)
+        return mdl_fail(err, errlen, RI_ERR_FORMAT, "model: tensor %s is missing", name);
+    ri_status_t st = mdl_weight_from_tensor(t, w);
+    if (st == RI_ERR_UNSUPPORTED)
+        return mdl_fail(err, errlen, st, "model: tensor %s has type %s, which we do not support", name,
+                        mdl_ggml_type_name(t->type));
+    if (st != RI_OK || w->rows != rows || w->cols != cols)
+        return mdl_fail(err, errlen, RI_ERR_FORMAT, "model: tensor %s is %llux%llu, expected %zux%zu", name,
+                        (unsigned long long)t->ne[1], (unsigned long long)t->ne[0], rows, cols);
+    m->weight_bytes += (uint64_t)w->rows * w->row_bytes;
+    return RI_OK;
+}
+
+/* A 1-D weight expanded to fp32 (norm scales). */
+static ri_status_t mdl_get_vector(mdl_model_t *m, const char *name, size_t n, float **out, char *err, size_t errlen)
+{
+    mdl_weight_t w;
+    ri_status_t st = mdl_get_weight(m, name, 1, n, &w, err, errlen);
+    if (st != RI_OK)
+        return st;
+    *out = cm_malloc(&mdl_model_tag, n * sizeof(float));
+    if (*out == NULL)
+        return RI_ERR_NOMEM;
+    mdl_dequant_row_ref(&w, 0, *out);
+    return RI_OK;
+}
+
+static ri_status_t mdl_get_u32(const mdl_gguf_t *g, const char *arch, const char *key, uint32_t *v, bool required,
+                               char *err, size_t errlen)
+{
+    char full[160];
+    uint64_t u;
+    snprintf(full, sizeof(full), "%s.%s", arch, key);
+    ri_status_t st = mdl_gguf_get_u64(g, full, &u);
+    if (st == RI_ERR_NOT_FOUND && !required)
+        return RI_OK;
+    if (st != RI_OK || u == 0 || u > (1u << 24))
+        return mdl_fail(err, errlen, RI_ERR_FORMAT, "model: metadata %s is %s", full,
+                        st == RI_ERR_NOT_FOUND ? "missing" : "not a sane integer");
+    *v = (uint32_t)u;
+    return RI_OK;
+}
+
+static ri_status_t mdl_model_hparams_load(mdl_model_t *m, char *err, size_t errlen)
+{
+    const mdl_gguf_t *g = m->gguf;
+    mdl_hparams_t *hp = &m->hp;
+    char *arch = NULL;
+    ri_status_t st = mdl_gguf_get_str(g, "general.architecture", &arch);
+    if (st != RI_OK)
+        return mdl_fail(err, errlen, RI_ERR_FORMAT, "model: general.architecture is missing");
+    if (strcmp(arch, "llama") != 0) {
+        st = mdl_fail(err, errlen, RI_ERR_UNSUPPORTED, "model: architecture '%.64s' is not supported (llama only)",
+                      arch);
+        cm_free(arch);
+        return st;
+    }
+    hp->n_ctx = 2048;
+    if ((st = mdl_get_u32(g, arch, "block_count", &hp->n_layers, true, err, errlen)) != RI_OK ||
+        (st = mdl_get_u32(g, arch, "embedding_length", &hp->n_embd, true, err, errlen)) != RI_OK ||
+        (st = mdl_get_u32(g, arch, "feed_forward_length", &hp->n_ff, true, err, errlen)) != RI_OK ||
+        (st = mdl_get_u32(g, arch, "attention.head_count", &hp->n_heads, true, err, errlen)) != RI_OK ||
+        (st = mdl_get_u32(g, arch, "context_length", &hp->n_ctx, false, err, errlen)) != RI_OK)
+        goto out;
+    hp->n_kv_heads = hp->n_heads;
+    if ((st = mdl_get_u32(g, arch, "attention.head_count_kv", &hp->n_kv_heads, false, err, errlen)) != RI_OK)
+        goto out;
+    if (hp->n_embd % hp->n_heads != 0 || hp->n_heads % hp->n_kv_heads != 0 || hp->n_heads / hp->n_kv_heads > 16 ||
+        hp->n_layers > 1024) {
+        st = mdl_fail(err, errlen, RI_ERR_FORMAT, "model: inconsistent head counts (%u heads, %u KV heads, %u dims)",
+                      hp->n_heads, hp->n_kv_heads, hp->n_embd);
+        goto out;
+    }
+    hp->head_dim = hp->n_embd / hp->n_heads;
+    hp->n_rot = hp->head_dim;
+    if ((st = mdl_get_u32(g, arch, "rope.dimension_count", &hp->n_rot, false, err, errlen)) != RI_OK)
+        goto out;
+    if (hp->n_rot > hp->head_dim || hp->n_rot % 2 != 0 || hp->head_dim > 512) {
+        st = mdl_fail(err, errlen, RI_ERR_FORMAT, "model: rope.dimension_count %u does not fit head_dim %u",
+                      hp->n_rot, hp->head_dim);
+        goto out;
+    }
+    char key[160];
+    hp->rope_theta = 10000.0f;
+    hp->eps = 1e-5f;
+    hp->rope_scale = 1.0f;
+    snprintf(key, sizeof(key), "%s.rope.freq_base", arch);
+    mdl_gguf_get_f32(g, key, &hp->rope_theta);
+    snprintf(key, sizeof(key), "%s.attention.layer_norm_rms_epsilon", arch);
+    mdl_gguf_get_f32(g, key, &hp->eps);
+    snprintf(key, sizeof(key), "%s.rope.scaling.type", arch);
+    const mdl_gguf_kv_t *sc = mdl_gguf_find(g, key);
+    if (sc != NULL && sc->type == MDL_GGUF_STRING && !(sc->v.s.len == 4 && memcmp(sc->v.s.ptr, "none", 4) == 0)) {
+        if (!(sc->v.s.len == 6 && memcmp(sc->v.s.ptr, "linear", 6) == 0)) {
+            st = mdl_fail(err, errlen, RI_ERR_UNSUPPORTED, "model: rope scaling '%.*s' is not supported (linear only)",
+                          (int)CM_MIN(sc->v.s.len, 32), sc->v.s.ptr);
+            goto out;
+        }
+        snprintf(key, sizeof(key), "%s.rope.scaling.factor", arch);
+        if (mdl_gguf_get_f32(g, key, &hp->rope_scale) != RI_OK || !(hp->rope_scale > 0))
+            hp->rope_scale = 1.0f;
+    }
+    if (!(hp->rope_theta > 0) || !(hp->eps > 0)) {
+        st = mdl_fail(err, errlen, RI_ERR_FORMAT, "model: bad rope.freq_base or norm epsilon");
+        goto out;
+    }
+    st = RI_OK;
+out:
+    cm_free(arch);
+    return st;
+}
+
+ri_status_t mdl_model_load(const char *path, mdl_model_t **m_p, char *err, size_t errlen)
+{
+    ri_status_t st;
+    mdl_model_t *m = cm_calloc(&mdl_model_tag, 1, sizeof(*m));
+    if (m == NULL)
+        return RI_ERR_NOMEM;
+    m->chunk = 64;
+    if ((st = mdl_gguf_open(path, &m->gguf, err, errlen)) != RI_OK)
+        goto err_free_model;
+    if ((st = mdl_model_hparams_load(m, err, errlen)) != RI_OK)
+        goto err_free_model;
+    if ((st = mdl_tok_create(m->gguf, &m->tok, err, errlen)) != RI_OK)
+        goto err_free_model;
+    mdl_hparams_t *hp = &m->hp;
+    const mdl_gguf_tensor_t *te = mdl_gguf_tensor(m->gguf, "token_embd.weight");
+    if (te == NULL) {
+        st = mdl_fail(err, errlen, RI_ERR_FORMAT, "model: token_embd.weight is missing");
+        goto err_free_model;
+    }
+    hp->n_vocab = (uint32_t)CM_MIN(te->ne[1], (uint64_t)UINT32_MAX);
+    if (hp->n_vocab != mdl_tok_vocab(m->tok)) {
+        st = mdl_fail(err, errlen, RI_ERR_FORMAT, "model: embedding has %u rows but the vocabulary %zu tokens",
+                      hp->n_vocab, mdl_tok_vocab(m->tok));
+        goto err_free_model;
+    }
+    if ((st = mdl_get_weight(m, "token_embd.weight", hp->n_vocab, hp->n_embd, &m->embd, err, errlen)) != RI_OK)
+        goto err_free_model;
+    m->weight_bytes = 0;   /* decode reads one embedding row, not the table */
+    if (mdl_gguf_tensor(m->gguf, "output.weight") != NULL)
+        st = mdl_get_weight(m, "output.weight", hp->n_vocab, hp->n_embd, &m->output, err, errlen);
+    else
+        st = mdl_get_weight(m, "token_embd.weight", hp->n_vocab, hp->n_embd, &m->output, err, errlen);
+    if (st != RI_OK)
+        goto err_free_model;
+    if ((st = mdl_get_vector(m, "output_norm.weight", hp->n_embd, &m->output_norm, err, errlen)) != RI_OK)
+        goto err_free_model;
+    m->layers = cm_calloc(&mdl_model_tag, hp->n_layers, sizeof(*m->layers));
+    m->inv_freq = cm_calloc(&mdl_model_tag, hp->n_rot / 2 + 1, sizeof(double));
+    if (m->layers == NULL || m->inv_freq == NULL) {
+        st = RI_ERR_NOMEM;
+        goto err_free_model;
+    }
+    size_t qd = (size_t)hp->n_heads * hp->head_dim, kvd = (size_t)hp->n_kv_heads * hp->head_dim;
+    for (uint32_t l = 0; l < hp->n_layers; l++) {
+        mdl_layer_t *L = &m->layers[l];
+        char n[96];
+#define MDL_W(field, tname, rows, cols)                                                  \
+    snprintf(n, sizeof(n), "blk.%u." tname ".weight", l);                                \
+    if ((st = mdl_get_weight(m, n, rows, cols, &L->field, err, errlen)) != RI_OK)        \
+        goto err_free_model;
+        MDL_W(wq, "attn_q", qd, hp->n_embd)
+        MDL_W(wk, "attn_k", kvd, hp->n_embd)
+        MDL_W(wv, "attn_v", kvd, hp->n_embd)
+        MDL_W(wo, "attn_output", hp->n_embd, qd)
+        MDL_W(w_gate, "ffn_gate", hp->n_ff, hp->n_embd)
+        MDL_W(w_up, "ffn_up", hp->n_ff, hp->n_embd)
+        MDL_W(w_down, "ffn_down", hp->n_embd, hp->n_ff)
+#undef MDL_W
+        snprintf(n, sizeof(n), "blk.%u.attn_norm.weight", l);
+        if ((st = mdl_get_vector(m, n, hp->n_embd, &L->attn_norm, err, errlen)) != RI_OK)
+            goto err_free_model;
+        snprintf(n, sizeof(n), "blk.%u.ffn_norm.weight", l);
+        if ((st = mdl_get_vector(m, n, hp->n_embd, &L->ffn_norm, err, errlen)) != RI_OK)
+            goto err_free_model;
+    }
+    for (uint32_t i = 0; i < hp->n_rot / 2; i++)
+        m->inv_freq[i] = pow((double)hp->rope_theta, -2.0 * i / hp->n_rot);
+    const mdl_gguf_kv_t *nm = mdl_gguf_find(m->gguf, "general.name");
+    if (nm != NULL && nm->type == MDL_GGUF_STRING)
+        snprintf(m->name, sizeof(m->name), "%.*s", (int)CM_MIN(nm->v.s.len, 127), nm->v.s.ptr);
+    else
+        snprintf(m->name, sizeof(m->name), "%s", strrchr(path, '/') ? strrchr(path, '/') + 1 : path);
+    *m_p = m;
+    return RI_OK;
+
+err_free_model:
+    if (err != NULL && errlen > 0 && err[0] == '\0')
+        snprintf(err, errlen, "model: %s", ri_status_str(st));
+    mdl_model_destroy(m);
+    return st;
+}
+
+void mdl_model_destroy(mdl_model_t *m)
+{
+    if (m == NULL)
+        return;
+    if (m->layers != NULL)
+        for (uint32_t l = 0; l < m->hp.n_layers; l++) {
+            cm_free(m->layers[l].attn_norm);
+            cm_free(m->layers[l].ffn_norm);
+        }
+    cm_free(m->layers);
+    cm_free(m->output_norm);
+    cm_free(m->inv_freq);
+    mdl_tok_destroy(m->tok);
+    mdl_gguf_close(m->gguf);
+    cm_free(m);
+}
+
+const mdl_hparams_t *mdl_model_hparams(const mdl_model_t *m)
+{
+    return &m->hp;
+}
+
+const mdl_tok_t *mdl_model_tok(const mdl_model_t *m)
+{
+    return m->tok;
+}
+
+const mdl_gguf_t *mdl_model_gguf(const mdl_model_t *m)
+{
+    return m->gguf;
+}
+
+const char *mdl_model_name(const mdl_model_t *m)
+{
+    return m->name;
+}
+
+uint64_t mdl_model_weight_bytes(const mdl_model_t *m)
+{
+    return m->weight_bytes;
+}
+
+void mdl_model_set_chunk(mdl_model_t *m, size_t chunk)
+{
+    m->chunk = chunk > 0 ? chunk : 64;
+}
+
+/* ---- sequences ---- */
+
+ri_status_t mdl_seq_create(mdl_model_t *m, const mdl_attn_ops_t *attn, const mdl_attn_cfg_t *cfg, size_t cap,
+                           mdl_seq_t **s_p)
+{
+    if (attn == NULL || cap == 0)
+        return RI_ERR_INVALID;
+    mdl_seq_t *s = cm_calloc(&mdl_model_tag, 1, sizeof(*s));
+    if (s == NULL)
+        return RI_ERR_NOMEM;
+    s->model = m;
+    s->attn = attn;
+    if (cfg != NULL)
+        s->cfg = *cfg;
+    else
+        mdl_attn_cfg_default(&s->cfg);
+    mdl_attn_geom_t g = {.n_layers = m->hp.n_layers, .n_heads = m->hp.n_heads, .n_kv_heads = m->hp.n_kv_heads,
+                         .head_dim = m->hp.head_dim};
+    ri_status_t st = mdl_kv_create(&g, cap, &s->kv);
+    if (st != RI_OK)
+        goto err_free_seq;
+    st = attn->create(&s->cfg, s->kv, &s->attn_state);
+    if (st != RI_OK)
+        goto err_free_seq;
+    *s_p = s;
+    return RI_OK;
+
+err_free_seq:
+    mdl_kv_destroy(s->kv);
+    cm_free(s);
+    return st;
+}
+
+void mdl_seq_destroy(mdl_seq_t *s)
+{
+    if (s == NULL)
+        return;
+    if (s->attn_state != NULL)
+        s->attn->destroy(s->attn_state);
+    mdl_kv_destroy(s->kv);
+    cm_free(s);
+}
+
+ri_status_t mdl_seq_fork(const mdl_seq_t *s, const mdl_attn_ops_t *attn, const mdl_attn_cfg_t *cfg,
+                         mdl_seq_t **fork_p)
+{
+    mdl_seq_t *f;
+    ri_status_t st = mdl_seq_create(s->model, attn, cfg, s->kv->cap, &f);
+    if (st != RI_OK)
+        return st;
+    if ((st = mdl_kv_copy(f->kv, s->kv, s->kv->len)) != RI_OK) {
+        mdl_seq_destroy(f);
+        return st;
+    }
+    *fork_p = f;
+    return RI_OK;
+}
+
+size_t mdl_seq_len(const mdl_seq_t *s)
+{
+    return s->kv->len;
+}
+
+size_t mdl_seq_cap(const mdl_seq_t *s)
+{
+    return s->kv->cap;
+}
+
+const mdl_kv_t *mdl_seq_kv(const mdl_seq_t *s)
+{
+    return s->kv;
+}
+
+void mdl_seq_attn_stats(const mdl_seq_t *s, mdl_attn_stats_t *st_p)
+{
+    memset(st_p, 0, sizeof(*st_p));
+    if (s->attn->stats != NULL)
+        s->attn->stats(s->attn_state, st_p);
+}
+
+void mdl_seq_set_qhook(mdl_seq_t *s, mdl_qhook_fn_t fn, void *arg)
+{
+    s->qhook = fn;
+    s->qhook_arg = arg;
+}
+
+/* ---- forward ---- */
+
+/* Activations of R rows. */
+typedef struct mdl_act {
+    float *x, *xb, *q, *k, *v, *att, *g, *u;
+} mdl_act_t;
+
+static void mdl_act_free(mdl_act_t *a)
+{
+    cm_free(a->x);
+    cm_free(a->xb);
+    cm_free(a->q);
+    cm_free(a->k);
+    cm_free(a->v);
+    cm_free(a->att);
+    cm_free(a->g);
+    cm_free(a->u);
+}
+
+static ri_status_t mdl_act_alloc(const mdl_hparams_t *hp, size_t r, mdl_act_t *a)
+{
+    size_t qd = (size_t)hp->n_heads * hp->head_dim, kvd = (size_t)hp->n_kv_heads * hp->head_dim;
+    memset(a, 0, sizeof(*a));
+    a->x = cm_malloc_aligned(&mdl_act_tag, r * hp->n_embd * sizeof(float), 64);
+    a->xb = cm_malloc_aligned(&mdl_act_tag, r * CM_MAX(hp->n_embd, qd) * sizeof(float), 64);
+    a->q = cm_malloc_aligned(&mdl_act_tag, r * qd * sizeof(float), 64);
+    a->k = cm_malloc_aligned(&mdl_act_tag, r * kvd * sizeof(float), 64);
+    a->v = cm_malloc_aligned(&mdl_act_tag, r * kvd * sizeof(float), 64);
+    a->att = cm_malloc_aligned(&mdl_act_tag, r * qd * sizeof(float), 64);
+    a->g = cm_malloc_aligned(&mdl_act_tag, r * hp->n_ff * sizeof(float), 64);
+    a->u = cm_malloc_aligned(&mdl_act_tag, r * hp->n_ff * sizeof(float), 64);
+    if (!a->x || !a->xb || !a->q || !a->k || !a->v || !a->att || !a->g || !a->u) {
+        mdl_act_free(a);
+        return RI_ERR_NOMEM;
+    }
+    return RI_OK;
+}
+
+/* Rotate adjacent pairs (2i, 2i+1) of each head by pos * inv_freq[i]. */
+static void mdl_rope(const mdl_model_t *m, float *x, uint32_t n_heads, size_t pos)
+{
+    const mdl_hparams_t *hp = &m->hp;
+    double p = (double)pos / hp->rope_scale;
+    for (uint32_t i = 0; i < hp->n_rot / 2; i++) {
+        double a = p * m->inv_freq[i];
+        float c = (float)cos(a), s = (float)sin(a);
+        for (uint32_t h = 0; h < n_heads; h++) {
+            float *e = x + (size_t)h * hp->head_dim + 2 * i;
+            float x0 = e[0], x1 = e[1];
+            e[0] = x0 * c - x1 * s;
+            e[1] = x0 * s + x1 * c;
+        }
+    }
+}
+
+/* Rows: prefill = one sequence, positions pos0.. ; decode = seqs[r] at its length. */
+typedef struct mdl_rows {
+    size_t n;                    /* rows */
+    const int32_t *tokens;       /* [n] */
+    mdl_seq_t *const *seqs;      /* decode: [n]; prefill: seqs[0] */
+    size_t pos0;                 /* prefill: first position */
+    bool prefill;                /* which */
+} mdl_rows_t;
+
+static size_t mdl_row_pos(const mdl_rows_t *rw, size_t r)
+{
+    return rw->prefill ? rw->pos0 + r : rw->seqs[r]->kv->len;
+}
+
+
+/* Run rows through all layers; logits for rows with want[r] into logits (packed). */
+static ri_status_t mdl_forward(mdl_model_t *m, const mdl_rows_t *rw, mdl_act_t *a, const bool *want, float *logits)
+{
+    const mdl_hparams_t *hp = &m->hp;
+    cm_pool_t *pool = cm_pool_default();
+    size_t R = rw->n, E = hp->n_embd, qd = (size_t)hp->n_heads * hp->head_dim;
+    size_t kvd = (size_t)hp->n_kv_heads * hp->head_dim;
+    ri_status_t st = RI_OK;
+
+    for (size_t r = 0; r < R; r++)
+        mdl_dequant_row(&m->embd, (size_t)rw->tokens[r], a->x + r * E);
+    for (uint32_t l = 0; l < hp->n_layers; l++) {
+        const mdl_layer_t *L = &m->layers[l];
+        for (size_t r = 0; r < R; r++)
+            mdl_vec_rmsnorm(a->xb + r * E, a->x + r * E, L->attn_norm, E, hp->eps);
+        if ((st = mdl_matmul(pool, &L->wq, a->xb, R, a->q)) != RI_OK ||
+            (st = mdl_matmul(pool, &L->wk, a->xb, R, a->k)) != RI_OK ||
+            (st = mdl_matmul(pool, &L->wv, a->xb, R, a->v)) != RI_OK)
+            return st;
+        for (size_t r = 0; r < R; r++) {
+            size_t pos = mdl_row_pos(rw, r);
+            mdl_rope(m, a->q + r * qd, hp->n_heads, pos);
+            mdl_rope(m, a->k + r * kvd, hp->n_kv_heads, pos);
+            if (!rw->prefill)
+                mdl_kv_store(rw->seqs[r]->kv, l, pos, 1, a->k + r * kvd, a->v + r * kvd);
+        }
+        if (rw->prefill) {
+            mdl_seq_t *s = rw->seqs[0];
+            mdl_kv_store(s->kv, l, rw->pos0, R, a->k, a->v);
+            st = s->attn->prefill(s->attn_state, l, rw->pos0, R, a->q, a->att);
+        } else {
+            for (size_t r = 0; r < R && st == RI_OK; r++) {
+                mdl_seq_t *s = rw->seqs[r];
+                size_t pos = mdl_row_pos(rw, r);
+                if (s->qhook != NULL)
+                    s->qhook(s->qhook_arg, l, pos, a->q + r * qd);
+                st = s->attn->decode(s->attn_state, l, pos, a->q + r * qd, a->att + r * qd);
+            }
+        }
+        if (st != RI_OK)
+            return st;
+        if ((st = mdl_matmul(pool, &L->wo, a->att, R, a->xb)) != RI_OK)
+            return st;
+        for (size_t i = 0; i < R * E; i++)
+            a->x[i] += a->xb[i];
+        for (size_t r = 0; r < R; r++)
+            mdl_vec_rmsnorm(a->xb + r * E, a->x + r * E, L->ffn_norm, E, hp->eps);
+        if ((st = mdl_matmul(pool, &L->w_gate, a->xb, R, a->g)) != RI_OK ||
+            (st = mdl_matmul(pool, &L->w_up, a->xb, R, a->u)) != RI_OK)
+            return st;
+        mdl_vec_swiglu(a->g, a->u, R * hp->n_ff);
+        if ((st = mdl_matmul(pool, &L->w_down, a->g, R, a->xb)) != RI_OK)
+            return st;
+        for (size_t i = 0; i < R * E; i++)
+            a->x[i] += a->xb[i];
+    }
+    /* output head only for the rows that want logits, packed */
+    size_t nw = 0;
+    for (size_t r = 0; r < R; r++)
+        if (want[r])
+            mdl_vec_rmsnorm(a->xb + (nw++) * E, a->x + r * E, m->output_norm, E, hp->eps);
+    if (nw > 0 && logits != NULL)
+        st = mdl_matmul(pool, &m->output, a->xb, nw, logits);
+    return st;
+}
+
+static bool mdl_tokens_ok(const mdl_model_t *m, const int32_t *t, size_t n)
+{
+    for (size_t i = 0; i < n; i++)
+        if (t[i] < 0 || (uint32_t)t[i] >= m->hp.n_vocab)
+            return false;
+    return true;
+}
+
+ri_status_t mdl_prefill(mdl_model_t *m, mdl_seq_t *s, const int32_t *tokens, size_t n, float *logits_last,
+                        float *logits_all, mdl_progress_fn_t progress, void *progress_arg)
+{
+    if (s->decoding || !mdl_tokens_ok(m, tokens, n))
+        return RI_ERR_INVALID;
+    if (n > s->kv->cap - s->kv->len)
+        return RI_ERR_RANGE;
+    if (n == 0)
+        return RI_OK;
+    size_t chunk = CM_MIN(m->chunk, n);
+    mdl_act_t a;
+    ri_status_t st = mdl_act_alloc(&m->hp, chunk, &a);
+    if (st != RI_OK)
+        return st;
+    bool *want = cm_calloc(&mdl_act_tag, chunk, sizeof(bool));
+    float *lg = NULL;
+    if (want == NULL) {
+        st = RI_ERR_NOMEM;
+        goto out;
+    }
+    if (logits_all == NULL && logits_last != NULL) {
+        lg = cm_malloc(&mdl_act_tag, (size_t)m->hp.n_vocab * sizeof(float));
+        if (lg == NULL) {
+            st = RI_ERR_NOMEM;
+            goto out;
+        }
+    }
+    mdl_seq_t *seqs[1] = {s};
+    for (size_t done = 0; done < n && st == RI_OK; done += chunk) {
+        size_t c = CM_MIN(chunk, n - done);
+        mdl_rows_t rw = {.n = c, .tokens = tokens + done, .seqs = seqs, .pos0 = s->kv->len, .prefill = true};
+        bool last = done + c == n;
+        float *out = NULL;
+        for (size_t r = 0; r < c; r++)
+            want[r] = logits_all != NULL || (last && r == c - 1 && logits_last != NULL);
+        if (logits_all != NULL)
+            out = logits_all + done * m->hp.n_vocab;
+        else if (last)
+            out = lg;
+        st = mdl_forward(m, &rw, &a, want, out);
+        if (st == RI_OK) {
+            s->kv->len += c;
+            if (progress != NULL)
+                progress(progress_arg, done + c, n);
+        }
+    }
+    if (st == RI_OK && logits_last != NULL)
+        memcpy(logits_last, logits_all != NULL ? logits_all + (n - 1) * m->hp.n_vocab : lg,
+               (size_t)m->hp.n_vocab * sizeof(float));
+out:
+    cm_free(lg);
+    cm_free(want);
+    mdl_act_free(&a);
+    return st;
+}
+
+ri_status_t mdl_decode(mdl_model_t *m, mdl_seq_t *const *seqs, const int32_t *tokens, size_t n_seqs, float *logits)
+{
+    if (n_seqs == 0 || !mdl_tokens_ok(m, tokens, n_seqs))
+        return RI_ERR_INVALID;
+    for (size_t b = 0; b < n_seqs; b++) {
+        if (seqs[b]->kv->len >= seqs[b]->kv->cap)
+            return RI_ERR_RANGE;
+        for (size_t c = 0; c < b; c++)
+            if (seqs[c] == seqs[b])
+                return RI_ERR_INVALID;
+    }
+    ri_status_t st;
+    for (size_t b = 0; b < n_seqs; b++) {
+        mdl_seq_t *s = seqs[b];
+        if (s->decoding)
+            continue;
+        for (uint32_t l = 0; l < m->hp.n_layers; l++)
+            if (s->attn->prefill_end != NULL && (st = s->attn->prefill_end(s->attn_state, l)) != RI_OK)
+                return st;
+        s->decoding = true;
+    }
+    mdl_act_t a;
+    if ((st = mdl_act_alloc(&m->hp, n_seqs, &a)) != RI_OK)
+        return st;
+    bool want[64];
+    bool *wp = n_seqs <= 64 ? want : cm_malloc(&mdl_act_tag, n_seqs * sizeof(bool));
+    if (wp == NULL) {
+        mdl_act_free(&a);
+        return RI_ERR_NOMEM;
+    }
+    for (size_t b = 0; b < n_seqs; b++)
+        wp[b] = true;
+    mdl_rows_t rw = {.n = n_seqs, .tokens = tokens, .seqs = seqs, .prefill = false};
+    st = mdl_forward(m, &rw, &a, wp, logits);
+    if (st == RI_OK)
+        for (size_t b = 0; b < n_seqs; b++)
+            seqs[b]->kv->len++;
+    if (wp != want)
+        cm_free(wp);
+    mdl_act_free(&a);
+    return st;
+}

@@ -1,0 +1,119 @@
+/*
+ * Llama-architecture forward pass on GGUF weights (SmolLM2-135M-Instruct by
+ * default): token embedding, RMSNorm, RoPE (adjacent pairs, as GGUF llama
+ * tensors expect: the converter permutes Q/K rows), GQA attention through an
+ * attention backend (mdl_attn.h), SwiGLU FFN, tied or separate output head.
+ *
+ * A model (weights, tokenizer; read-only after load, shareable) serves many
+ * sequences (mdl_seq_t: K/V cache + attention backend object).  Prefill runs
+ * a sequence's prompt in chunks (matrix-matrix products); decode advances a
+ * batch of sequences by one token each (one matrix-vector product per weight
+ * for the whole batch).  The wave index (or Quest pages) is built at a
+ * sequence's first decode step, over everything prefilled so far.
+ *
+ * Threads: the products and the exact attention use cm_pool_default()
+ * (RI_THREADS); one model call at a time per process.
+ */
+#ifndef MDL_MODEL_H
+#define MDL_MODEL_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "gpuworker/model/mdl_attn.h"
+#include "gpuworker/model/mdl_gguf.h"
+#include "gpuworker/model/mdl_tok.h"
+#include "retroinfer/status.h"
+
+/* Hyper-parameters from the GGUF metadata. */
+typedef struct mdl_hparams {
+    uint32_t n_layers;     /* blocks */
+    uint32_t n_embd;       /* hidden size */
+    uint32_t n_ff;         /* FFN size */
+    uint32_t n_heads;      /* query heads */
+    uint32_t n_kv_heads;   /* KV heads */
+    uint32_t head_dim;     /* n_embd / n_heads */
+    uint32_t n_rot;        /* rotated dims per head (rope.dimension_count) */
+    uint32_t n_vocab;      /* output rows */
+    uint32_t n_ctx;        /* trained context length */
+    float rope_theta;      /* rope.freq_base */
+    float rope_scale;      /* linear position scale factor (1 = none) */
+    float eps;             /* RMSNorm epsilon */
+} mdl_hparams_t;
+
+typedef struct mdl_model mdl_model_t;
+typedef struct mdl_seq mdl_seq_t;
+
+/* Load a GGUF model (mapped, weights not copied) and its tokenizer.  Errors:
+ * I/O and format errors of the file, RI_ERR_UNSUPPORTED for another
+ * architecture or weight type; err holds a message.  Caller frees with
+ * mdl_model_destroy. */
+ri_status_t mdl_model_load(const char *path, mdl_model_t **m_p, char *err, size_t errlen);
+void mdl_model_destroy(mdl_model_t *m);
+
+const mdl_hparams_t *mdl_model_hparams(const mdl_model_t *m);
+/* Borrowed, valid while the model lives. */
+const mdl_tok_t *mdl_model_tok(const mdl_model_t *m);
+const mdl_gguf_t *mdl_model_gguf(const mdl_model_t *m);
+/* general.name or the file name. */
+const char *mdl_model_name(const mdl_model_t *m);
+/* Bytes of weights read per decode step (every tensor once). */
+uint64_t mdl_model_weight_bytes(const mdl_model_t *m);
+
+/* Prefill chunk size (tokens per matrix-matrix pass; default 64). */
+void mdl_model_set_chunk(mdl_model_t *m, size_t chunk);
+
+/* A new sequence with room for cap tokens and the given attention backend.
+ * cfg NULL = defaults.  Caller frees with mdl_seq_destroy (before the model). */
+ri_status_t mdl_seq_create(mdl_model_t *m, const mdl_attn_ops_t *attn, const mdl_attn_cfg_t *cfg, size_t cap,
+                           mdl_seq_t **s_p);
+void mdl_seq_destroy(mdl_seq_t *s);
+
+/* A new sequence with another backend holding a copy of s's K/V and
+ * position, ready to decode from where s stands (the index of the new
+ * backend is built at its first decode).  Used to compare methods on one
+ * prefill.  Caller frees with mdl_seq_destroy. */
+ri_status_t mdl_seq_fork(const mdl_seq_t *s, const mdl_attn_ops_t *attn, const mdl_attn_cfg_t *cfg,
+                         mdl_seq_t **fork_p);
+
+/* Tokens in the sequence so far. */
+size_t mdl_seq_len(const mdl_seq_t *s);
+/* Room for tokens. */
+size_t mdl_seq_cap(const mdl_seq_t *s);
+/* The K/V cache (borrowed). */
+const mdl_kv_t *mdl_seq_kv(const mdl_seq_t *s);
+/* Backend statistics. */
+void mdl_seq_attn_stats(const mdl_seq_t *s, mdl_attn_stats_t *st_p);
+
+/* Called at every decode step with each layer's post-RoPE queries
+ * [n_heads][head_dim] at position pos (for --dump-kv).  NULL clears. */
+typedef void (*mdl_qhook_fn_t)(void *arg, uint32_t layer, size_t pos, const float *q);
+void mdl_seq_set_qhook(mdl_seq_t *s, mdl_qhook_fn_t fn, void *arg);
+
+/* Progress of a prefill: done of total tokens. */
+typedef void (*mdl_progress_fn_t)(void *arg, size_t done, size_t total);
+
+/* Append n tokens to s (only before its first decode step).  logits_last
+ * [n_vocab] (may be NULL) gets the logits of the last token; logits_all
+ * [n][n_vocab] (may be NULL) those of every token.  progress may be NULL.
+ * Errors: RI_ERR_RANGE when the sequence would exceed its capacity,
+ * RI_ERR_INVALID for bad token ids or prefill after decode. */
+ri_status_t mdl_prefill(mdl_model_t *m, mdl_seq_t *s, const int32_t *tokens, size_t n, float *logits_last,
+                        float *logits_all, mdl_progress_fn_t progress, void *progress_arg);
+
+/* One decode step for a batch: sequence seqs[b] takes token tokens[b];
+ * logits [n_seqs][n_vocab].  The first step of a sequence builds its
+ * backend's index (prefill_end for every layer). */
+ri_status_t mdl_decode(mdl_model_t *m, mdl_seq_t *const *seqs, const int32_t *tokens, size_t n_seqs,
+                       float *logits);
+
+/* File name of the default model (installed by `ri model fetch` / `ri setup`). */
+#define MDL_DEFAULT_MODEL_FILE "SmolLM2-135M-Instruct.Q4_1.gguf"
+
+/* Path of the default model: $RI_MODEL_DIR/<file> or
+ * ~/.cache/retroinfer/models/<file>.  Always fills buf; RI_ERR_NOT_FOUND when
+ * the file is not there, RI_ERR_RANGE when buf is too small. */
+ri_status_t mdl_model_default_path(char *buf, size_t len);
+
+#endif /* MDL_MODEL_H */

@@ -1,0 +1,425 @@
+/*
+ * Dequantising matmul (see mdl_quant.h).  Block layouts follow ggml:
+ *   Q4_0: fp16 d, 16 bytes; x = (q - 8) * d
+ *   Q4_1: fp16 d, fp16 m, 16 bytes; x = q * d + m
+ *   Q8_0: fp16 d, 32 int8;  x = q * d
+ * with 4-bit element j in the low nibble of byte j and element j+16 in its
+ * high nibble.  The AVX2 paths are compiled with target attributes and chosen
+ * once at run time, so the file builds for any x86-64 (and falls back to the
+ * scalar code elsewhere).
+ */
+#include "gpuworker/model/mdl_quant.h"
+
+#include <math.h>
+#include <string.h>
+
+#include "common/cm_alloc.h"
+#include "common/cm_half.h"
+#include "common/cm_status.h"
+
+#if defined(__x86_64__)
+#include <immintrin.h>
+#define MDL_X86 1
+#endif
+
+static CM_ALLOC_TAG(mdl_quant_tag, "model.matmul");
+
+#define QK 32
+
+static bool mdl_force_scalar;
+
+void mdl_quant_force_scalar(bool on)
+{
+    mdl_force_scalar = on;
+}
+
+bool mdl_quant_have_simd(void)
+{
+#ifdef MDL_X86
+    static int have = -1;
+    if (have < 0) {
+        __builtin_cpu_init();
+        have = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c");
+    }
+    return have && !mdl_force_scalar;
+#else
+    return false;
+#endif
+}
+
+bool mdl_quant_supported(mdl_ggml_type_t t)
+{
+    return t == MDL_GGML_F32 || t == MDL_GGML_F16 || t == MDL_GGML_BF16 || t == MDL_GGML_Q4_0 ||
+           t == MDL_GGML_Q4_1 || t == MDL_GGML_Q8_0;
+}
+
+ri_status_t mdl_weight_from_tensor(const mdl_gguf_tensor_t *t, mdl_weight_t *w_p)
+{
+    uint32_t be, bb;
+    if (!mdl_quant_supported(t->type) || !mdl_ggml_type_block(t->type, &be, &bb))
+        return RI_ERR_UNSUPPORTED;
+    if (t->n_dims > 2 || t->ne[2] != 1 || t->ne[3] != 1)
+        return RI_ERR_FORMAT;
+    mdl_weight_t w = {
+        .type = t->type, .rows = t->ne[1], .cols = t->ne[0], .row_bytes = t->ne[0] / be * bb, .data = t->data};
+    *w_p = w;
+    return RI_OK;
+}
+
+static const uint8_t *mdl_row(const mdl_weight_t *w, size_t r)
+{
+    return (const uint8_t *)w->data + r * w->row_bytes;
+}
+
+static float mdl_h(const uint8_t *p)
+{
+    uint16_t h;
+    memcpy(&h, p, 2);
+    return cm_fp16_to_f32(h);
+}
+
+/* ---- scalar reference ---- */
+
+void mdl_dequant_row_ref(const mdl_weight_t *w, size_t r, float *out)
+{
+    const uint8_t *p = mdl_row(w, r);
+    size_t n = w->cols;
+    switch (w->type) {
+    case MDL_GGML_F32:
+        memcpy(out, p, n * 4);
+        break;
+    case MDL_GGML_F16:
+        for (size_t i = 0; i < n; i++)
+            out[i] = mdl_h(p + 2 * i);
+        break;
+    case MDL_GGML_BF16:
+        for (size_t i = 0; i < n; i++) {
+            uint16_t b;
+            memcpy(&b, p + 2 * i, 2);
+            out[i] = cm_bf16_to_f32(b);
+        }
+        break;
+    case MDL_GGML_Q4_0:
+        for (size_t b = 0; b < n / QK; b++, p += 18) {
+            float d = mdl_h(p);
+            for (int j = 0; j < 16; j++) {
+                out[b * QK + j] = ((int)(p[2 + j] & 0xF) - 8) * d;
+                out[b * QK + j + 16] = ((int)(p[2 + j] >> 4) - 8) * d;
+            }
+        }
+        break;
+    case MDL_GGML_Q4_1:
+        for (size_t b = 0; b < n / QK; b++, p += 20) {
+            float d = mdl_h(p), m = mdl_h(p + 2);
+            for (int j = 0; j < 16; j++) {
+                out[b * QK + j] = (p[4 + j] & 0xF) * d + m;
+                out[b * QK + j + 16] = (p[4 + j] >> 4) * d + m;
+            }
+        }
+        break;
+    case MDL_GGML_Q8_0:
+        for (size_t b = 0; b < n / QK; b++, p += 34) {
+            float d = mdl_h(p);
+            for (int j = 0; j < QK; j++)
+                out[b * QK + j] = (int8_t)p[2 + j] * d;
+        }
+        break;
+    default:
+        memset(out, 0, n * sizeof(float));   /* unreachable: rejected at load */
+        break;
+    }
+}
+
+double mdl_dot_ref(const mdl_weight_t *w, size_t r, const float *x)
+{
+    float tmp[QK];
+    double acc = 0;
+    if (w->type == MDL_GGML_F32 || w->type == MDL_GGML_F16 || w->type == MDL_GGML_BF16) {
+        /* one element per block: expand in pieces to keep the stack small */
+        mdl_weight_t one = *w;
+        for (size_t c = 0; c < w->cols; c += QK) {
+            size_t m = CM_MIN((size_t)QK, w->cols - c);
+            size_t es = w->type == MDL_GGML_F32 ? 4 : 2;
+            one.cols = m;
+            one.data = mdl_row(w, r) + c * es;
+            mdl_dequant_row_ref(&one, 0, tmp);
+            for (size_t j = 0; j < m; j++)
+                acc += (double)tmp[j] * x[c + j];
+        }
+        return acc;
+    }
+    mdl_weight_t blk = *w;
+    size_t bb = w->row_bytes / (w->cols / QK);
+    blk.cols = QK;
+    for (size_t b = 0; b < w->cols / QK; b++) {
+        blk.data = mdl_row(w, r) + b * bb;
+        mdl_dequant_row_ref(&blk, 0, tmp);
+        for (int j = 0; j < QK; j++)
+            acc += (double)tmp[j] * x[b * QK + j];
+    }
+    return acc;
+}
+
+static float mdl_dot_scalar(const mdl_weight_t *w, size_t r, const float *x)
+{
+    return (float)mdl_dot_ref(w, r, x);
+}
+
+void mdl_matmul_ref(const mdl_weight_t *w, const float *x, size_t n, float *y)
+{
+    for (size_t i = 0; i < n; i++)
+        for (size_t j = 0; j < w->rows; j++)
+            y[i * w->rows + j] = (float)mdl_dot_ref(w, j, x + i * w->cols);
+}
+
+/* ---- AVX2 / FMA / F16C ---- */
+#ifdef MDL_X86
+#define MDL_AVX2 __attribute__((target("avx2,fma,f16c")))
+
+MDL_AVX2 static inline float mdl_hsum(__m256 v)
+{
+    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    s = _mm_add_ss(s, _mm_movehdup_ps(s));
+    return _mm_cvtss_f32(s);
+}
+
+MDL_AVX2 static inline float mdl_h_avx(const uint8_t *p)
+{
+    uint16_t h;
+    memcpy(&h, p, 2);
+    return _cvtsh_ss(h);
+}
+
+/* 16 bytes of nibbles -> 4 vectors of 8 floats (elements 0-7, 8-15, 16-23, 24-31). */
+MDL_AVX2 static inline void mdl_unpack_q4(const uint8_t *qs, int bias, __m256 q[4])
+{
+    __m128i raw = _mm_loadu_si128((const __m128i *)qs);
+    __m128i m4 = _mm_set1_epi8(0x0F);
+    __m128i lo = _mm_and_si128(raw, m4);
+    __m128i hi = _mm_and_si128(_mm_srli_epi16(raw, 4), m4);
+    __m128i b = _mm_set1_epi8((char)bias);
+    lo = _mm_sub_epi8(lo, b);
+    hi = _mm_sub_epi8(hi, b);
+    q[0] = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(lo));
+    q[1] = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(lo, 8)));
+    q[2] = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(hi));
+    q[3] = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(hi, 8)));
+}
+
+MDL_AVX2 static inline void mdl_unpack_q8(const uint8_t *qs, __m256 q[4])
+{
+    for (int k = 0; k < 4; k++)
+        q[k] = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(qs + 8 * k))));
+}
+
+MDL_AVX2 static float mdl_dot_avx2(const mdl_weight_t *w, size_t r, const float *x)
+{
+    const uint8_t *p = mdl_row(w, r);
+    size_t n = w->cols, nb = n / QK;
+    __m256 acc = _mm256_setzero_ps(), accm = _mm256_setzero_ps();
+    __m256 q[4];
+    switch (w->type) {
+    case MDL_GGML_Q4_0:
+    case MDL_GGML_Q4_1:
+    case MDL_GGML_Q8_0: {
+        size_t bb = w->type == MDL_GGML_Q4_0 ? 18 : w->type == MDL_GGML_Q4_1 ? 20 : 34;
+        size_t qo = w->type == MDL_GGML_Q4_1 ? 4 : 2;
+        for (size_t b = 0; b < nb; b++, p += bb, x += QK) {
+            if (w->type == MDL_GGML_Q8_0)
+                mdl_unpack_q8(p + qo, q);
+            else
+                mdl_unpack_q4(p + qo, w->type == MDL_GGML_Q4_0 ? 8 : 0, q);
+            __m256 x0 = _mm256_loadu_ps(x), x1 = _mm256_loadu_ps(x + 8);
+            __m256 x2 = _mm256_loadu_ps(x + 16), x3 = _mm256_loadu_ps(x + 24);
+            __m256 s = _mm256_mul_ps(q[0], x0);
+            s = _mm256_fmadd_ps(q[1], x1, s);
+            s = _mm256_fmadd_ps(q[2], x2, s);
+            s = _mm256_fmadd_ps(q[3], x3, s);
+            acc = _mm256_fmadd_ps(_mm256_set1_ps(mdl_h_avx(p)), s, acc);
+            if (w->type == MDL_GGML_Q4_1) {
+                __m256 sx = _mm256_add_ps(_mm256_add_ps(x0, x1), _mm256_add_ps(x2, x3));
+                accm = _mm256_fmadd_ps(_mm256_set1_ps(mdl_h_avx(p + 2)), sx, accm);
+            }
+        }
+        return mdl_hsum(_mm256_add_ps(acc, accm));
+    }
+    case MDL_GGML_F32:
+    case MDL_GGML_F16:
+    case MDL_GGML_BF16: {
+        size_t i = 0;
+        for (; i + 8 <= n; i += 8) {
+            __m256 wv;
+            if (w->type == MDL_GGML_F32)
+                wv = _mm256_loadu_ps((const float *)p + i);
+            else if (w->type == MDL_GGML_F16)
+                wv = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(p + 2 * i)));
+            else
+                wv = _mm256_castsi256_ps(_mm256_slli_epi32(
+                    _mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)(p + 2 * i))), 16));
+            acc = _mm256_fmadd_ps(wv, _mm256_loadu_ps(x + i), acc);
+        }
+        float s = mdl_hsum(acc);
+        if (i < n) {
+            float tmp[8];
+            mdl_weight_t tail = *w;
+            size_t es = w->type == MDL_GGML_F32 ? 4 : 2;
+            tail.cols = n - i;
+            tail.data = p + i * es;
+            mdl_dequant_row_ref(&tail, 0, tmp);
+            for (size_t j = 0; j < n - i; j++)
+                s += tmp[j] * x[i + j];
+        }
+        return s;
+    }
+    default:
+        return 0.0f;
+    }
+}
+
+MDL_AVX2 static void mdl_dequant_row_avx2(const mdl_weight_t *w, size_t r, float *out)
+{
+    const uint8_t *p = mdl_row(w, r);
+    size_t nb = w->cols / QK;
+    __m256 q[4];
+    switch (w->type) {
+    case MDL_GGML_Q4_0:
+    case MDL_GGML_Q4_1:
+    case MDL_GGML_Q8_0: {
+        size_t bb = w->type == MDL_GGML_Q4_0 ? 18 : w->type == MDL_GGML_Q4_1 ? 20 : 34;
+        size_t qo = w->type == MDL_GGML_Q4_1 ? 4 : 2;
+        for (size_t b = 0; b < nb; b++, p += bb, out += QK) {
+            if (w->type == MDL_GGML_Q8_0)
+                mdl_unpack_q8(p + qo, q);
+            else
+                mdl_unpack_q4(p + qo, w->type == MDL_GGML_Q4_0 ? 8 : 0, q);
+            __m256 d = _mm256_set1_ps(mdl_h_avx(p));
+            __m256 m = _mm256_set1_ps(w->type == MDL_GGML_Q4_1 ? mdl_h_avx(p + 2) : 0.0f);
+            for (int k = 0; k < 4; k++)
+                _mm256_storeu_ps(out + 8 * k, _mm256_fmadd_ps(q[k], d, m));
+        }
+        return;
+    }
+    default:
+        mdl_dequant_row_ref(w, r, out);
+        return;
+    }
+}
+
+/* y[i] = dot(wrow, x[i]) for 4 rows of x at once: one load of w per 4 FMAs. */
+MDL_AVX2 static void mdl_dot4_f32_avx2(const float *wr, const float *x, size_t xs, size_t n, float *y4)
+{
+    __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
+    const float *x0 = x, *x1 = x + xs, *x2 = x + 2 * xs, *x3 = x + 3 * xs;
+    size_t k = 0;
+    for (; k + 8 <= n; k += 8) {
+        __m256 wv = _mm256_loadu_ps(wr + k);
+        a0 = _mm256_fmadd_ps(wv, _mm256_loadu_ps(x0 + k), a0);
+        a1 = _mm256_fmadd_ps(wv, _mm256_loadu_ps(x1 + k), a1);
+        a2 = _mm256_fmadd_ps(wv, _mm256_loadu_ps(x2 + k), a2);
+        a3 = _mm256_fmadd_ps(wv, _mm256_loadu_ps(x3 + k), a3);
+    }
+    float s0 = mdl_hsum(a0), s1 = mdl_hsum(a1), s2 = mdl_hsum(a2), s3 = mdl_hsum(a3);
+    for (; k < n; k++) {
+        s0 += wr[k] * x0[k];
+        s1 += wr[k] * x1[k];
+        s2 += wr[k] * x2[k];
+        s3 += wr[k] * x3[k];
+    }
+    y4[0] = s0, y4[1] = s1, y4[2] = s2, y4[3] = s3;
+}
+
+MDL_AVX2 static float mdl_dot1_f32_avx2(const float *wr, const float *x, size_t n)
+{
+    __m256 a = _mm256_setzero_ps();
+    size_t k = 0;
+    for (; k + 8 <= n; k += 8)
+        a = _mm256_fmadd_ps(_mm256_loadu_ps(wr + k), _mm256_loadu_ps(x + k), a);
+    float s = mdl_hsum(a);
+    for (; k < n; k++)
+        s += wr[k] * x[k];
+    return s;
+}
+#endif /* MDL_X86 */
+
+void mdl_dequant_row(const mdl_weight_t *w, size_t r, float *out)
+{
+#ifdef MDL_X86
+    if (mdl_quant_have_simd()) {
+        mdl_dequant_row_avx2(w, r, out);
+        return;
+    }
+#endif
+    mdl_dequant_row_ref(w, r, out);
+}
+
+float mdl_dot(const mdl_weight_t *w, size_t r, const float *x)
+{
+#ifdef MDL_X86
+    if (mdl_quant_have_simd())
+        return mdl_dot_avx2(w, r, x);
+#endif
+    return mdl_dot_scalar(w, r, x);
+}
+
+typedef struct mdl_mm_job {
+    const mdl_weight_t *w;  /* the weights */
+    const float *x;         /* n rows of cols */
+    size_t n;               /* activation rows */
+    float *y;               /* n rows of w->rows */
+    float *scratch;         /* per worker: cols floats */
+    bool simd;              /* AVX2 available */
+} mdl_mm_job_t;
+
+static void mdl_mm_rows(void *arg, size_t begin, size_t end, unsigned worker)
+{
+    mdl_mm_job_t *j = arg;
+    const mdl_weight_t *w = j->w;
+    size_t cols = w->cols, rows = w->rows;
+    if (j->n <= 2 || j->scratch == NULL) {
+        /* decode: fused expand-and-dot, each weight byte read once */
+        for (size_t r = begin; r < end; r++)
+            for (size_t i = 0; i < j->n; i++)
+                j->y[i * rows + r] = mdl_dot(w, r, j->x + i * cols);
+        return;
+    }
+    float *wr = j->scratch + (size_t)worker * cols;
+    for (size_t r = begin; r < end; r++) {
+        mdl_dequant_row(w, r, wr);
+        size_t i = 0;
+#ifdef MDL_X86
+        if (j->simd) {
+            float y4[4];
+            for (; i + 4 <= j->n; i += 4) {
+                mdl_dot4_f32_avx2(wr, j->x + i * cols, cols, cols, y4);
+                for (int t = 0; t < 4; t++)
+                    j->y[(i + t) * rows + r] = y4[t];
+            }
+            for (; i < j->n; i++)
+                j->y[i * rows + r] = mdl_dot1_f32_avx2(wr, j->x + i * cols, cols);
+        }
+#endif
+        for (; i < j->n; i++) {
+            float s = 0;
+            for (size_t k = 0; k < cols; k++)
+                s += wr[k] * j->x[i * cols + k];
+            j->y[i * rows + r] = s;
+        }
+    }
+}
+
+ri_status_t mdl_matmul(cm_pool_t *pool, const mdl_weight_t *w, const float *x, size_t n, float *y)
+{
+    mdl_mm_job_t j = {.w = w, .x = x, .n = n, .y = y, .simd = mdl_quant_have_simd()};
+    unsigned nt = pool != NULL ? cm_pool_size(pool) : 1;
+    if (n > 2) {
+        j.scratch = cm_malloc(&mdl_quant_tag, (size_t)nt * w->cols * sizeof(float));
+        if (j.scratch == NULL)
+            return RI_ERR_NOMEM;
+    }
+    /* grain: enough rows per task to amortise the hand-out, several tasks per thread */
+    size_t grain = CM_MAX((size_t)4, w->rows / ((size_t)nt * 8));
+    cm_pool_parallel_for(pool, w->rows, grain, mdl_mm_rows, &j);
+    cm_free(j.scratch);
+    return RI_OK;
+}

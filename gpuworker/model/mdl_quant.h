@@ -1,0 +1,59 @@
+/*
+ * Dequantising matrix products for the model runtime: weights stay in their
+ * GGUF storage type (Q4_0, Q4_1, Q8_0, F16, BF16, F32) and are expanded block
+ * by block while multiplying fp32 activations.  Each operation has a scalar
+ * reference (mdl_*_ref, plain loops, the oracle of the tests) and an optimised
+ * version (AVX2/FMA/F16C chosen at run time, threads through cm_pool).
+ * Workload: decode multiplies one activation row per sequence (memory bound:
+ * each weight byte read once per step); prefill multiplies chunks of 16-128
+ * rows (compute bound: each weight row is expanded once and reused).
+ */
+#ifndef MDL_QUANT_H
+#define MDL_QUANT_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "common/cm_thread.h"
+#include "gpuworker/model/mdl_gguf.h"
+#include "retroinfer/status.h"
+
+/* A weight matrix: rows of `cols` elements in storage type `type`. */
+typedef struct mdl_weight {
+    mdl_ggml_type_t type;  /* storage type */
+    size_t rows;           /* output features */
+    size_t cols;           /* input features (row length) */
+    size_t row_bytes;      /* bytes per stored row */
+    const void *data;      /* borrowed (usually the GGUF mapping) */
+} mdl_weight_t;
+
+/* True for the storage types the matmul handles. */
+bool mdl_quant_supported(mdl_ggml_type_t type);
+
+/* Describe a GGUF tensor as a weight (2-D, or 1-D as one row). */
+ri_status_t mdl_weight_from_tensor(const mdl_gguf_tensor_t *t, mdl_weight_t *w_p);
+
+/* Expand row r of w into out[cols]: reference and optimised. */
+void mdl_dequant_row_ref(const mdl_weight_t *w, size_t r, float *out);
+void mdl_dequant_row(const mdl_weight_t *w, size_t r, float *out);
+
+/* Dot product of row r of w with x[cols]: reference (double accumulation)
+ * and optimised. */
+double mdl_dot_ref(const mdl_weight_t *w, size_t r, const float *x);
+float mdl_dot(const mdl_weight_t *w, size_t r, const float *x);
+
+/* y[i][j] = sum_k x[i][k] * W[j][k] for i < n, j < rows (y row stride = rows).
+ * Threads from pool (NULL: the caller alone).  Errors only on out of memory. */
+ri_status_t mdl_matmul(cm_pool_t *pool, const mdl_weight_t *w, const float *x, size_t n, float *y);
+
+/* Reference matmul: single thread, mdl_dot_ref. */
+void mdl_matmul_ref(const mdl_weight_t *w, const float *x, size_t n, float *y);
+
+/* True when the optimised paths use AVX2+FMA on this CPU. */
+bool mdl_quant_have_simd(void);
+
+/* Force the scalar paths in the optimised entry points (tests, comparisons). */
+void mdl_quant_force_scalar(bool on);
+
+#endif /* MDL_QUANT_H */

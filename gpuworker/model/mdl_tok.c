@@ -1,0 +1,664 @@
+/*
+ * Byte-level BPE (see mdl_tok.h).  Text -> special-token split -> digit split
+ * and GPT-2 regex pre-tokens -> bytes mapped to the GPT-2 "printable" alphabet
+ * -> BPE merges by rank -> ids.  Vocabulary and merges live in two open-address
+ * hash tables over one string arena.
+ */
+#include "gpuworker/model/mdl_tok.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "common/cm_alloc.h"
+#include "common/cm_log.h"
+#include "common/cm_status.h"
+
+static CM_ALLOC_TAG(mdl_tok_tag, "model.tokenizer");
+
+enum { MDL_TT_NORMAL = 1, MDL_TT_UNKNOWN = 2, MDL_TT_CONTROL = 3, MDL_TT_USER = 4, MDL_TT_UNUSED = 5, MDL_TT_BYTE = 6 };
+
+typedef struct mdl_hent {
+    const char *s;   /* key bytes (in the arena) */
+    uint32_t len;    /* key length */
+    int32_t val;     /* id or merge rank; -1 = empty slot */
+} mdl_hent_t;
+
+typedef struct mdl_htab {
+    mdl_hent_t *e;   /* slots */
+    size_t mask;     /* capacity - 1 */
+} mdl_htab_t;
+
+typedef struct mdl_special {
+    int32_t id;      /* token id */
+    const char *s;   /* text */
+    uint32_t len;    /* bytes */
+} mdl_special_t;
+
+struct mdl_tok {
+    size_t n_vocab;          /* tokens */
+    const char **text;       /* token texts (in the byte-level alphabet), in arena */
+    uint32_t *text_len;      /* their lengths */
+    int32_t *type;           /* token types */
+    char *arena;             /* all strings */
+    mdl_htab_t vocab;        /* text -> id */
+    mdl_htab_t merges;       /* "left right" -> rank */
+    mdl_special_t *special;  /* control + user-defined tokens, longest first */
+    size_t n_special;
+    int32_t bos, eos, eot;   /* ids (-1 when absent) */
+    int32_t unk;             /* for bytes without a token (-1: drop them) */
+    bool digits_split;       /* pre-tokenizer splits digits one by one */
+    uint16_t byte_cp[256];   /* byte -> code point of the GPT-2 alphabet */
+    int16_t cp_byte[324];    /* code point (< 324) -> byte, -1 if none */
+};
+
+static uint64_t mdl_hash(const char *s, size_t n)
+{
+    uint64_t h = 1469598103934665603ull;
+    for (size_t i = 0; i < n; i++)
+        h = (h ^ (uint8_t)s[i]) * 1099511628211ull;
+    return h;
+}
+
+static ri_status_t mdl_htab_init(mdl_htab_t *t, size_t n)
+{
+    size_t cap = 16;
+    while (cap < 2 * n)
+        cap *= 2;
+    t->e = cm_malloc(&mdl_tok_tag, cap * sizeof(*t->e));
+    if (t->e == NULL)
+        return RI_ERR_NOMEM;
+    for (size_t i = 0; i < cap; i++)
+        t->e[i].val = -1;
+    t->mask = cap - 1;
+    return RI_OK;
+}
+
+/* Insert unless present (first one wins, as in the reference tokenizers). */
+static void mdl_htab_put(mdl_htab_t *t, const char *s, uint32_t len, int32_t val)
+{
+    for (size_t i = mdl_hash(s, len) & t->mask;; i = (i + 1) & t->mask) {
+        mdl_hent_t *e = &t->e[i];
+        if (e->val < 0) {
+            e->s = s, e->len = len, e->val = val;
+            return;
+        }
+        if (e->len == len && memcmp(e->s, s, len) == 0)
+            return;
+    }
+}
+
+static int32_t mdl_htab_get(const mdl_htab_t *t, const char *s, size_t len)
+{
+    for (size_t i = mdl_hash(s, len) & t->mask;; i = (i + 1) & t->mask) {
+        const mdl_hent_t *e = &t->e[i];
+        if (e->val < 0)
+            return -1;
+        if (e->len == len && memcmp(e->s, s, len) == 0)
+            return e->val;
+    }
+}
+
+/* GPT-2's reversible byte <-> printable code point map. */
+static void mdl_tok_init_bytes(mdl_tok_t *t)
+{
+    int n = 0;
+    for (int i = 0; i < 324; i++)
+        t->cp_byte[i] = -1;
+    for (int b = 0; b < 256; b++) {
+        bool printable = (b >= 33 && b <= 126) || (b >= 161 && b <= 172) || (b >= 174 && b <= 255);
+        t->byte_cp[b] = printable ? (uint16_t)b : (uint16_t)(256 + n++);
+        t->cp_byte[t->byte_cp[b]] = (int16_t)b;
+    }
+}
+
+static size_t mdl_utf8_put(uint32_t cp, char *out)
+{
+    if (cp < 0x80) {
+        out[0] = (char)cp;
+        return 1;
+    }
+    if (cp < 0x800) {
+        out[0] = (char)(0xC0 | (cp >> 6));
+        out[1] = (char)(0x80 | (cp & 0x3F));
+        return 2;
+    }
+    if (cp < 0x10000) {
+        out[0] = (char)(0xE0 | (cp >> 12));
+        out[1] = (char)(0x80 | ((cp >> 6) & 0x3F));
+        out[2] = (char)(0x80 | (cp & 0x3F));
+        return 3;
+    }
+    out[0] = (char)(0xF0 | (cp >> 18));
+    out[1] = (char)(0x80 | ((cp >> 12) & 0x3F));
+    out[2] = (char)(0x80 | ((cp >> 6) & 0x3F));
+    out[3] = (char)(0x80 | (cp & 0x3F));
+    return 4;
+}
+
+/* Decode one UTF-8 sequence; invalid input yields the byte itself (len 1, cp = 0xFFFD class "other"). */
+static size_t mdl_utf8_get(const uint8_t *s, size_t n, uint32_t *cp)
+{
+    uint8_t c = s[0];
+    size_t len;
+    uint32_t v;
+    if (c < 0x80) {
+        *cp = c;
+        return 1;
+    } else if ((c & 0xE0) == 0xC0) {
+        len = 2, v = c & 0x1F;
+    } else if ((c & 0xF0) == 0xE0) {
+        len = 3, v = c & 0x0F;
+    } else if ((c & 0xF8) == 0xF0) {
+        len = 4, v = c & 0x07;
+    } else {
+        *cp = 0xFFFD;
+        return 1;
+    }
+    if (len > n)
+        goto bad;
+    for (size_t i = 1; i < len; i++) {
+        if ((s[i] & 0xC0) != 0x80)
+            goto bad;
+        v = (v << 6) | (s[i] & 0x3F);
+    }
+    *cp = v;
+    return len;
+bad:
+    *cp = 0xFFFD;
+    return 1;
+}
+
+typedef enum { MDL_CL_LETTER, MDL_CL_NUMBER, MDL_CL_SPACE, MDL_CL_OTHER } mdl_class_t;
+
+static mdl_class_t mdl_classify(uint32_t c)
+{
+    if (c < 0x80) {
+        if ((c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z'))
+            return MDL_CL_LETTER;
+        if (c >= '0' && c <= '9')
+            return MDL_CL_NUMBER;
+        if (c == ' ' || (c >= 9 && c <= 13))
+            return MDL_CL_SPACE;
+        return MDL_CL_OTHER;
+    }
+    if (c == 0x85 || c == 0xA0 || c == 0x1680 || (c >= 0x2000 && c <= 0x200A) || c == 0x2028 || c == 0x2029 ||
+        c == 0x202F || c == 0x205F || c == 0x3000)
+        return MDL_CL_SPACE;
+    if (c == 0xB2 || c == 0xB3 || c == 0xB9 || (c >= 0xBC && c <= 0xBE) || (c >= 0x660 && c <= 0x669) ||
+        (c >= 0x6F0 && c <= 0x6F9) || (c >= 0x966 && c <= 0x96F) || (c >= 0x2070 && c <= 0x2089) ||
+        (c >= 0x2150 && c <= 0x218F) || (c >= 0x2460 && c <= 0x249B) || (c >= 0xFF10 && c <= 0xFF19))
+        return MDL_CL_NUMBER;
+    if (c == 0xAA || c == 0xB5 || c == 0xBA)
+        return MDL_CL_LETTER;
+    if (c < 0xC0 || c == 0xD7 || c == 0xF7 || c == 0xFFFD || (c >= 0x300 && c <= 0x36F) ||
+        (c >= 0x2010 && c <= 0x2027) || (c >= 0x2030 && c <= 0x205E) || (c >= 0x20A0 && c <= 0x20FF) ||
+        (c >= 0x2100 && c <= 0x214F) || (c >= 0x2190 && c <= 0x2BFF) || (c >= 0x3001 && c <= 0x3003) ||
+        (c >= 0x3008 && c <= 0x3020) || (c >= 0xE000 && c <= 0xF8FF) || (c >= 0xFE30 && c <= 0xFE4F) ||
+        (c >= 0xFF01 && c <= 0xFF0F) || (c >= 0xFF1A && c <= 0xFF20) || (c >= 0xFF3B && c <= 0xFF40) ||
+        (c >= 0xFF5B && c <= 0xFF65) || (c >= 0x1F000 && c <= 0x1FAFF))
+        return MDL_CL_OTHER;
+    return MDL_CL_LETTER;
+}
+
+static ri_status_t mdl_tok_fail(char *err, size_t errlen, ri_status_t st, const char *msg, const char *key)
+{
+    if (err != NULL && errlen > 0)
+        snprintf(err, errlen, "tokenizer: %s%s%s", msg, key ? ": " : "", key ? key : "");
+    return st;
+}
+
+static int mdl_special_cmp(const void *a, const void *b)
+{
+    const mdl_special_t *x = a, *y = b;
+    return (int)y->len - (int)x->len;
+}
+
+static int32_t mdl_tok_id_opt(const mdl_gguf_t *g, const char *key, size_t n)
+{
+    uint64_t v;
+    if (mdl_gguf_get_u64(g, key, &v) != RI_OK || v >= n)
+        return -1;
+    return (int32_t)v;
+}
+
+ri_status_t mdl_tok_create(const mdl_gguf_t *g, mdl_tok_t **tok_p, char *err, size_t errlen)
+{
+    ri_status_t st;
+    const mdl_gguf_kv_t *model = mdl_gguf_find(g, "tokenizer.ggml.model");
+    const mdl_gguf_kv_t *toks = mdl_gguf_find(g, "tokenizer.ggml.tokens");
+    const mdl_gguf_kv_t *types = mdl_gguf_find(g, "tokenizer.ggml.token_type");
+    const mdl_gguf_kv_t *merges = mdl_gguf_find(g, "tokenizer.ggml.merges");
+    const mdl_gguf_kv_t *pre = mdl_gguf_find(g, "tokenizer.ggml.pre");
+
+    if (model == NULL || model->type != MDL_GGUF_STRING)
+        return mdl_tok_fail(err, errlen, RI_ERR_FORMAT, "missing string", "tokenizer.ggml.model");
+    if (model->v.s.len != 4 || memcmp(model->v.s.ptr, "gpt2", 4) != 0)
+        return mdl_tok_fail(err, errlen, RI_ERR_UNSUPPORTED, "only byte-level BPE (gpt2) is supported", NULL);
+    if (toks == NULL || toks->type != MDL_GGUF_ARRAY || toks->arr_type != MDL_GGUF_STRING || toks->arr_n == 0 ||
+        toks->arr_n > (1u << 24))
+        return mdl_tok_fail(err, errlen, RI_ERR_FORMAT, "missing or bad string array", "tokenizer.ggml.tokens");
+    if (merges == NULL || merges->type != MDL_GGUF_ARRAY || merges->arr_type != MDL_GGUF_STRING ||
+        merges->arr_n > (1u << 24))
+        return mdl_tok_fail(err, errlen, RI_ERR_FORMAT, "missing or bad string array", "tokenizer.ggml.merges");
+    if (types != NULL && (types->type != MDL_GGUF_ARRAY || types->arr_type != MDL_GGUF_I32 ||
+                          types->arr_n != toks->arr_n))
+        return mdl_tok_fail(err, errlen, RI_ERR_FORMAT, "bad i32 array", "tokenizer.ggml.token_type");
+
+    mdl_tok_t *t = cm_calloc(&mdl_tok_tag, 1, sizeof(*t));
+    if (t == NULL)
+        return RI_ERR_NOMEM;
+    size_t n = toks->arr_n, total = 0;
+    t->n_vocab = n;
+    for (size_t i = 0; i < n; i++)
+        total += toks->arr_str[i].len + 1;
+    for (size_t i = 0; i < merges->arr_n; i++)
+        total += merges->arr_str[i].len + 1;
+    t->arena = cm_malloc(&mdl_tok_tag, total ? total : 1);
+    t->text = cm_calloc(&mdl_tok_tag, n, sizeof(*t->text));
+    t->text_len = cm_calloc(&mdl_tok_tag, n, sizeof(*t->text_len));
+    t->type = cm_calloc(&mdl_tok_tag, n, sizeof(*t->type));
+    t->special = cm_calloc(&mdl_tok_tag, n, sizeof(*t->special));
+    if (t->arena == NULL || t->text == NULL || t->text_len == NULL || t->type == NULL || t->special == NULL) {
+        st = RI_ERR_NOMEM;
+        goto err_free_tok;
+    }
+    if ((st = mdl_htab_init(&t->vocab, n)) != RI_OK || (st = mdl_htab_init(&t->merges, merges->arr_n)) != RI_OK)
+        goto err_free_tok;
+    char *a = t->arena;
+    for (size_t i = 0; i < n; i++) {
+        const mdl_gguf_str_t *s = &toks->arr_str[i];
+        if (s->len > 4096) {
+            st = mdl_tok_fail(err, errlen, RI_ERR_FORMAT, "token longer than 4096 bytes", NULL);
+            goto err_free_tok;
+        }
+        memcpy(a, s->ptr, s->len);
+        a[s->len] = '\0';
+        t->text[i] = a;
+        t->text_len[i] = (uint32_t)s->len;
+        a += s->len + 1;
+        int32_t ty = MDL_TT_NORMAL;
+        if (types != NULL)
+            memcpy(&ty, (const uint8_t *)types->arr_data + 4 * i, 4);
+        t->type[i] = ty;
+        mdl_htab_put(&t->vocab, t->text[i], t->text_len[i], (int32_t)i);
+        if ((ty == MDL_TT_CONTROL || ty == MDL_TT_USER) && s->len > 0)
+            t->special[t->n_special++] = (mdl_special_t){.id = (int32_t)i, .s = t->text[i], .len = t->text_len[i]};
+    }
+    for (size_t i = 0; i < merges->arr_n; i++) {
+        const mdl_gguf_str_t *s = &merges->arr_str[i];
+        if (memchr(s->ptr, ' ', s->len) == NULL) {
+            st = mdl_tok_fail(err, errlen, RI_ERR_FORMAT, "merge without a space separator", NULL);
+            goto err_free_tok;
+        }
+        memcpy(a, s->ptr, s->len);
+        a[s->len] = '\0';
+        mdl_htab_put(&t->merges, a, (uint32_t)s->len, (int32_t)i);
+        a += s->len + 1;
+    }
+    qsort(t->special, t->n_special, sizeof(*t->special), mdl_special_cmp);
+    mdl_tok_init_bytes(t);
+    t->bos = mdl_tok_id_opt(g, "tokenizer.ggml.bos_token_id", n);
+    t->eos = mdl_tok_id_opt(g, "tokenizer.ggml.eos_token_id", n);
+    t->eot = mdl_htab_get(&t->vocab, "<|im_end|>", 10);
+    /* The pre-tokenizers we know: "smollm" (and the StarCoder family) split
+     * digits one by one before the GPT-2 regex; "gpt2"/default do not. */
+    t->digits_split = false;
+    if (pre != NULL && pre->type == MDL_GGUF_STRING) {
+        static const char *const digit_pres[] = {"smollm", "starcoder", "refact", "command-r", "codeshell"};
+        for (size_t i = 0; i < CM_ARRAY_LEN(digit_pres); i++)
+            if (pre->v.s.len == strlen(digit_pres[i]) && memcmp(pre->v.s.ptr, digit_pres[i], pre->v.s.len) == 0)
+                t->digits_split = true;
+    }
+    /* Byte tokens a vocabulary lacks (SmolLM2 has no token for bytes that
+     * never occur in UTF-8 text) encode as the unknown token, or are dropped. */
+    t->unk = mdl_tok_id_opt(g, "tokenizer.ggml.unknown_token_id", n);
+    *tok_p = t;
+    return RI_OK;
+
+err_free_tok:
+    mdl_tok_destroy(t);
+    return st;
+}
+
+void mdl_tok_destroy(mdl_tok_t *t)
+{
+    if (t == NULL)
+        return;
+    cm_free(t->vocab.e);
+    cm_free(t->merges.e);
+    cm_free(t->special);
+    cm_free(t->type);
+    cm_free(t->text_len);
+    cm_free(t->text);
+    cm_free(t->arena);
+    cm_free(t);
+}
+
+size_t mdl_tok_vocab(const mdl_tok_t *t)
+{
+    return t->n_vocab;
+}
+
+int32_t mdl_tok_bos(const mdl_tok_t *t)
+{
+    return t->bos;
+}
+
+int32_t mdl_tok_eos(const mdl_tok_t *t)
+{
+    return t->eos;
+}
+
+int32_t mdl_tok_eot(const mdl_tok_t *t)
+{
+    return t->eot;
+}
+
+bool mdl_tok_is_stop(const mdl_tok_t *t, int32_t id)
+{
+    return id >= 0 && (id == t->eos || id == t->eot);
+}
+
+/* A growable id array. */
+typedef struct mdl_ids {
+    int32_t *v;
+    size_t n, cap;
+} mdl_ids_t;
+
+static ri_status_t mdl_ids_push(mdl_ids_t *ids, int32_t id)
+{
+    if (ids->n == ids->cap) {
+        size_t cap = ids->cap ? 2 * ids->cap : 64;
+        int32_t *v = cm_realloc(&mdl_tok_tag, ids->v, cap * sizeof(*v));
+        if (v == NULL)
+            return RI_ERR_NOMEM;
+        ids->v = v, ids->cap = cap;
+    }
+    ids->v[ids->n++] = id;
+    return RI_OK;
+}
+
+/* BPE over one pre-token of raw bytes. */
+static ri_status_t mdl_tok_bpe(const mdl_tok_t *t, const uint8_t *s, size_t n, mdl_ids_t *ids)
+{
+    /* symbols as [start, len) ranges in the mapped string */
+    char stackbuf[1024];
+    size_t sym_stack[256 * 2];
+    char *m = n * 2 <= sizeof(stackbuf) ? stackbuf : cm_malloc(&mdl_tok_tag, n * 2);
+    size_t *sym = n <= 256 ? sym_stack : cm_malloc(&mdl_tok_tag, n * 2 * sizeof(size_t));
+    char *key = NULL;
+    ri_status_t st = RI_OK;
+    if (m == NULL || sym == NULL) {
+        st = RI_ERR_NOMEM;
+        goto out;
+    }
+    size_t ml = 0, ns = n;
+    for (size_t i = 0; i < n; i++) {
+        size_t l = mdl_utf8_put(t->byte_cp[s[i]], m + ml);
+        sym[2 * i] = ml, sym[2 * i + 1] = l;
+        ml += l;
+    }
+    key = cm_malloc(&mdl_tok_tag, ml + 2);
+    if (key == NULL) {
+        st = RI_ERR_NOMEM;
+        goto out;
+    }
+    while (ns > 1) {
+        int32_t best = -1;
+        size_t bi = 0;
+        for (size_t i = 0; i + 1 < ns; i++) {
+            size_t la = sym[2 * i + 1], lb = sym[2 * i + 3];
+            memcpy(key, m + sym[2 * i], la);
+            key[la] = ' ';
+            memcpy(key + la + 1, m + sym[2 * i + 2], lb);
+            int32_t r = mdl_htab_get(&t->merges, key, la + 1 + lb);
+            if (r >= 0 && (best < 0 || r < best))
+                best = r, bi = i;
+        }
+        if (best < 0)
+            break;
+        sym[2 * bi + 1] += sym[2 * bi + 3];
+        memmove(&sym[2 * bi + 2], &sym[2 * bi + 4], (ns - bi - 2) * 2 * sizeof(size_t));
+        ns--;
+    }
+    for (size_t i = 0; i < ns && st == RI_OK; i++) {
+        int32_t id = mdl_htab_get(&t->vocab, m + sym[2 * i], sym[2 * i + 1]);
+        if (id >= 0) {
+            st = mdl_ids_push(ids, id);
+            continue;
+        }
+        /* a merged symbol missing from the vocabulary: fall back to its bytes */
+        const char *p = m + sym[2 * i];
+        size_t q = 0;
+        while (q < sym[2 * i + 1] && st == RI_OK) {
+            uint32_t cp;
+            size_t l = mdl_utf8_get((const uint8_t *)p + q, sym[2 * i + 1] - q, &cp);
+            int32_t b = mdl_htab_get(&t->vocab, p + q, l);
+            if (b < 0)
+                b = t->unk;
+            if (b >= 0)
+                st = mdl_ids_push(ids, b);
+            q += l;
+        }
+    }
+out:
+    cm_free(key);
+    if (sym != sym_stack)
+        cm_free(sym);
+    if (m != stackbuf)
+        cm_free(m);
+    return st;
+}
+
+/* Length in bytes of the pre-token starting at s[0] (GPT-2 regex
+ * 's|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+),
+ * inside a segment of n bytes. */
+static size_t mdl_pretok_len(const uint8_t *s, size_t n)
+{
+    uint32_t c, c2;
+    size_t l = mdl_utf8_get(s, n, &c);
+    if (c == '\'' && n >= 2) {
+        if (s[1] == 's' || s[1] == 't' || s[1] == 'm' || s[1] == 'd')
+            return 2;
+        if (n >= 3 && ((s[1] == 'r' && s[2] == 'e') || (s[1] == 'v' && s[2] == 'e') || (s[1] == 'l' && s[2] == 'l')))
+            return 3;
+    }
+    size_t start = 0;
+    mdl_class_t cl = mdl_classify(c);
+    if (c == ' ' && l < n) {
+        mdl_utf8_get(s + 1, n - 1, &c2);
+        mdl_class_t cl2 = mdl_classify(c2);
+        if (cl2 != MDL_CL_SPACE) {
+            start = 1;
+            cl = cl2;
+        }
+    }
+    size_t i = start;
+    if (cl != MDL_CL_SPACE) {
+        while (i < n) {
+            size_t k = mdl_utf8_get(s + i, n - i, &c2);
+            if (mdl_classify(c2) != cl)
+                break;
+            i += k;
+        }
+        return i;
+    }
+    /* whitespace run: all of it at the end, else all but its last character */
+    size_t last = 0;
+    while (i < n) {
+        size_t k = mdl_utf8_get(s + i, n - i, &c2);
+        if (mdl_classify(c2) != MDL_CL_SPACE)
+            break;
+        last = i;
+        i += k;
+    }
+    if (i == n || last == 0)
+        return i == n ? i : (last == 0 ? i : last);
+    return last;
+}
+
+/* Encode plain text (no specials) into ids. */
+static ri_status_t mdl_tok_encode_plain(const mdl_tok_t *t, const uint8_t *s, size_t n, mdl_ids_t *ids)
+{
+    size_t i = 0;
+    while (i < n) {
+        /* a segment: up to the next digit, or one digit when digits split */
+        size_t end = i;
+        uint32_t c;
+        size_t l = mdl_utf8_get(s + i, n - i, &c);
+        if (t->digits_split && mdl_classify(c) == MDL_CL_NUMBER) {
+            end = i + l;
+        } else {
+            while (end < n) {
+                size_t k = mdl_utf8_get(s + end, n - end, &c);
+                if (t->digits_split && mdl_classify(c) == MDL_CL_NUMBER)
+                    break;
+                end += k;
+            }
+        }
+        while (i < end) {
+            size_t pl = mdl_pretok_len(s + i, end - i);
+            ri_status_t st = mdl_tok_bpe(t, s + i, pl, ids);
+            if (st != RI_OK)
+                return st;
+            i += pl;
+        }
+    }
+    return RI_OK;
+}
+
+ri_status_t mdl_tok_encode(const mdl_tok_t *t, const char *text, size_t len, bool parse_special, int32_t **ids_p,
+                           size_t *n_p)
+{
+    mdl_ids_t ids = {0};
+    const uint8_t *s = (const uint8_t *)text;
+    size_t i = 0, seg = 0;
+    ri_status_t st = RI_OK;
+    while (i <= len && st == RI_OK) {
+        const mdl_special_t *hit = NULL;
+        if (parse_special && i < len && s[i] == '<') {
+            for (size_t k = 0; k < t->n_special; k++)
+                if (t->special[k].len <= len - i && memcmp(s + i, t->special[k].s, t->special[k].len) == 0) {
+                    hit = &t->special[k];
+                    break;
+                }
+        }
+        if (hit == NULL && i < len) {
+            i++;
+            continue;
+        }
+        st = mdl_tok_encode_plain(t, s + seg, i - seg, &ids);
+        if (hit == NULL)
+            break;
+        if (st == RI_OK)
+            st = mdl_ids_push(&ids, hit->id);
+        i += hit->len;
+        seg = i;
+    }
+    if (st != RI_OK) {
+        cm_free(ids.v);
+        return st;
+    }
+    if (ids.v == NULL && (ids.v = cm_malloc(&mdl_tok_tag, sizeof(int32_t))) == NULL)
+        return RI_ERR_NOMEM;
+    *ids_p = ids.v;
+    *n_p = ids.n;
+    return RI_OK;
+}
+
+int mdl_tok_piece(const mdl_tok_t *t, int32_t id, char *buf, size_t cap)
+{
+    if (id < 0 || (size_t)id >= t->n_vocab)
+        return -1;
+    const uint8_t *s = (const uint8_t *)t->text[id];
+    size_t n = t->text_len[id], out = 0;
+    bool raw = t->type[id] == MDL_TT_CONTROL || t->type[id] == MDL_TT_USER;
+    for (size_t i = 0; i < n;) {
+        uint32_t cp;
+        size_t l = mdl_utf8_get(s + i, n - i, &cp);
+        if (!raw && cp < 324 && t->cp_byte[cp] >= 0) {
+            if (out < cap)
+                buf[out] = (char)t->cp_byte[cp];
+            out++;
+        } else {
+            for (size_t k = 0; k < l; k++, out++)
+                if (out < cap)
+                    buf[out] = (char)s[i + k];
+        }
+        i += l;
+    }
+    return (int)out;
+}
+
+ri_status_t mdl_tok_decode(const mdl_tok_t *t, const int32_t *ids, size_t n, bool skip_special, char **text_p)
+{
+    size_t cap = 64, len = 0;
+    char *out = cm_malloc(&mdl_tok_tag, cap);
+    if (out == NULL)
+        return RI_ERR_NOMEM;
+    for (size_t i = 0; i < n; i++) {
+        if (ids[i] < 0 || (size_t)ids[i] >= t->n_vocab)
+            continue;
+        if (skip_special && t->type[ids[i]] == MDL_TT_CONTROL)
+            continue;
+        int l = mdl_tok_piece(t, ids[i], NULL, 0);
+        if (len + (size_t)l + 1 > cap) {
+            while (len + (size_t)l + 1 > cap)
+                cap *= 2;
+            char *o = cm_realloc(&mdl_tok_tag, out, cap);
+            if (o == NULL) {
+                cm_free(out);
+                return RI_ERR_NOMEM;
+            }
+            out = o;
+        }
+        len += (size_t)mdl_tok_piece(t, ids[i], out + len, cap - len);
+    }
+    out[len] = '\0';
+    *text_p = out;
+    return RI_OK;
+}
+
+ri_status_t mdl_tok_chat(const mdl_tok_t *t, const char *system, const char *user, int32_t **ids_p, size_t *n_p)
+{
+    static const char *const def_system = "You are a helpful AI assistant named SmolLM, trained by Hugging Face";
+    if (system == NULL)
+        system = def_system;
+    size_t n = strlen(system) + strlen(user) + 128;
+    char *buf = cm_malloc(&mdl_tok_tag, n);
+    if (buf == NULL)
+        return RI_ERR_NOMEM;
+    /* The template of SmolLM2-Instruct (ChatML); the user text is not parsed
+     * for special tokens, so a prompt cannot forge a turn. */
+    int l = snprintf(buf, n, "<|im_start|>system\n%s<|im_end|>\n<|im_start|>user\n", system);
+    mdl_ids_t all = {0};
+    int32_t *ids = NULL;
+    size_t k = 0;
+    ri_status_t st = mdl_tok_encode(t, buf, (size_t)l, true, &ids, &k);
+    for (size_t i = 0; st == RI_OK && i < k; i++)
+        st = mdl_ids_push(&all, ids[i]);
+    cm_free(ids);
+    ids = NULL;
+    if (st == RI_OK)
+        st = mdl_tok_encode(t, user, strlen(user), false, &ids, &k);
+    for (size_t i = 0; st == RI_OK && i < k; i++)
+        st = mdl_ids_push(&all, ids[i]);
+    cm_free(ids);
+    ids = NULL;
+    if (st == RI_OK) {
+        l = snprintf(buf, n, "<|im_end|>\n<|im_start|>assistant\n");
+        st = mdl_tok_encode(t, buf, (size_t)l, true, &ids, &k);
+    }
+    for (size_t i = 0; st == RI_OK && i < k; i++)
+        st = mdl_ids_push(&all, ids[i]);
+    cm_free(ids);
+    cm_free(buf);
+    if (st != RI_OK) {
+        cm_free(all.v);
+        return st;
+    }
+    *ids_p = all.v;
+    *n_p = all.n;
+    return RI_OK;
+}

@@ -1,0 +1,25 @@
+/*
+ * Small fp32 vector helpers of the model runtime (dot, axpy, scale, exp,
+ * RMSNorm, SiLU), AVX2/FMA when the CPU has it, scalar otherwise.  The exp is
+ * a range-reduced degree-6 polynomial (relative error < 2e-7 on the
+ * arguments softmax produces: x <= 0).
+ */
+#ifndef MDL_VEC_H
+#define MDL_VEC_H
+
+#include <stddef.h>
+
+/* sum a[i]*b[i] */
+float mdl_vec_dot(const float *a, const float *b, size_t n);
+/* y += a * x */
+void mdl_vec_axpy(float *y, float a, const float *x, size_t n);
+/* y *= a */
+void mdl_vec_scale(float *y, float a, size_t n);
+/* s[i] = exp(s[i] - m); returns the sum */
+float mdl_vec_exp_sub(float *s, size_t n, float m);
+/* out = x / rms(x) * w  (rms over n, eps inside the root); out may be x */
+void mdl_vec_rmsnorm(float *out, const float *x, const float *w, size_t n, float eps);
+/* g[i] = silu(g[i]) * u[i] */
+void mdl_vec_swiglu(float *g, const float *u, size_t n);
+
+#endif /* MDL_VEC_H */

@@ -1,0 +1,287 @@
+/*
+ * ri generate: run the model runtime on a prompt and stream the reply.
+ *
+ *   ri generate --prompt "Why is the sky blue?" --chat [--attn retroinfer]
+ *               [--max-tokens N] [--model PATH] [--dump-kv DIR]
+ *
+ * Prints the generated text as it comes (stdout), a progress bar during long
+ * prefills when stdout is a terminal, and prefill / decode tokens per second
+ * at the end (stderr).  Settings also come from --config FILE and RI_GEN_*.
+ */
+#define _GNU_SOURCE
+#include <stddef.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "common/cm_alloc.h"
+#include "common/cm_config.h"
+#include "common/cm_log.h"
+#include "common/cm_status.h"
+#include "common/cm_thread.h"
+#include "common/cm_time.h"
+#include "gpuworker/model/mdl_kvdump.h"
+#include "gpuworker/model/mdl_model.h"
+#include "gpuworker/model/mdl_sample.h"
+
+static CM_ALLOC_TAG(gen_tag, "generate");
+
+typedef struct gen_cfg {
+    char *model;        /* GGUF path; empty = the default model */
+    char *prompt;       /* prompt text */
+    char *prompt_file;  /* or a file holding it */
+    bool chat;          /* wrap in the chat template */
+    char *system;       /* chat system prompt; empty = the model's */
+    char *attn;         /* attention backend */
+    int64_t max_tokens; /* tokens to generate */
+    double temperature; /* 0 = greedy */
+    double top_p;       /* nucleus */
+    int64_t seed;       /* sampling seed */
+    int64_t threads;    /* 0 = RI_THREADS or all CPUs */
+    int64_t ctx;        /* sequence capacity; 0 = prompt + max-tokens */
+    int64_t chunk;      /* prefill chunk */
+    int64_t budget;     /* exact-token budget of quest/streaming/oracle; 0 = auto */
+    char *dump_kv;      /* directory for the KV capture */
+    bool stream;        /* print tokens as they come */
+    bool stats;         /* print the speed summary */
+} gen_cfg_t;
+
+#define GEN_ITEM(n, t, d, h, f) {n, t, d, h, offsetof(gen_cfg_t, f), 0, 0}
+static const cm_config_item_t gen_items[] = {
+    GEN_ITEM("model", CM_CFG_STRING, NULL, "GGUF model file (default: the installed SmolLM2)", model),
+    GEN_ITEM("prompt", CM_CFG_STRING, NULL, "prompt text", prompt),
+    GEN_ITEM("prompt-file", CM_CFG_STRING, NULL, "read the prompt from this file", prompt_file),
+    GEN_ITEM("chat", CM_CFG_BOOL, "false", "apply the model's chat template", chat),
+    GEN_ITEM("system", CM_CFG_STRING, NULL, "system prompt for --chat", system),
+    GEN_ITEM("attn", CM_CFG_STRING, "full", "attention backend: full, retroinfer, quest, streaming, oracle", attn),
+    {"max-tokens", CM_CFG_INT, "128", "tokens to generate", offsetof(gen_cfg_t, max_tokens), 0, 1 << 20},
+    {"temperature", CM_CFG_DOUBLE, "0", "sampling temperature (0 = greedy)", offsetof(gen_cfg_t, temperature), 0,
+     100},
+    {"top-p", CM_CFG_DOUBLE, "1", "nucleus sampling mass", offsetof(gen_cfg_t, top_p), 0.001, 1},
+    GEN_ITEM("seed", CM_CFG_INT, "1", "sampling seed", seed),
+    {"threads", CM_CFG_INT, "0", "threads (0 = RI_THREADS or all CPUs)", offsetof(gen_cfg_t, threads), 0, 1024},
+    {"ctx", CM_CFG_INT, "0", "sequence capacity in tokens (0 = prompt + max-tokens)", offsetof(gen_cfg_t, ctx), 0,
+     1 << 22},
+    {"chunk", CM_CFG_INT, "64", "prefill chunk in tokens", offsetof(gen_cfg_t, chunk), 1, 4096},
+    {"budget", CM_CFG_INT, "0", "exact-token budget for quest/streaming/oracle (0 = auto)",
+     offsetof(gen_cfg_t, budget), 0, 1 << 24},
+    GEN_ITEM("dump-kv", CM_CFG_STRING, NULL, "write per-layer K/V and decode queries to this directory", dump_kv),
+    GEN_ITEM("stream", CM_CFG_BOOL, "true", "print tokens as they are generated", stream),
+    GEN_ITEM("stats", CM_CFG_BOOL, "true", "print prefill/decode speed at the end", stats),
+};
+static const cm_config_table_t gen_table = {"ri generate", "RI_GEN_", gen_items, CM_ARRAY_LEN(gen_items)};
+
+static char *gen_read_file(const char *path)
+{
+    FILE *f = fopen(path, "rb");
+    if (f == NULL) {
+        fprintf(stderr, "ri generate: cannot open %s: %m\n", path);
+        return NULL;
+    }
+    size_t cap = 4096, n = 0;
+    char *buf = cm_malloc(&gen_tag, cap);
+    while (buf != NULL) {
+        size_t r = fread(buf + n, 1, cap - n - 1, f);
+        n += r;
+        if (r == 0)
+            break;
+        if (n + 1 == cap) {
+            char *nb = cm_realloc(&gen_tag, buf, cap * 2);
+            if (nb == NULL) {
+                cm_free(buf);
+                buf = NULL;
+                break;
+            }
+            buf = nb, cap *= 2;
+        }
+    }
+    fclose(f);
+    if (buf != NULL)
+        buf[n] = '\0';
+    return buf;
+}
+
+static void gen_progress(void *arg, size_t done, size_t total)
+{
+    (void)arg;
+    int w = 40, fill = (int)((double)done / (double)total * w);
+    fprintf(stderr, "\rprefill [%.*s%*s] %zu/%zu", fill, "########################################", w - fill, "",
+            done, total);
+    if (done == total)
+        fprintf(stderr, "\r%*s\r", w + 40, "");
+    fflush(stderr);
+}
+
+int main(int argc, char **argv)
+{
+    gen_cfg_t cfg;
+    cm_config_result_t res;
+    char err[512] = "";
+    int rc = 1;
+    cm_log_init_from_env();
+    if (cm_config_load(&gen_table, &cfg, argc, argv, &res, err, sizeof(err)) != RI_OK) {
+        fprintf(stderr, "ri generate: %s\n", err);
+        return 2;
+    }
+    if (res.help) {
+        cm_config_usage(&gen_table, stdout);
+        cm_config_free(&gen_table, &cfg);
+        return 0;
+    }
+    if (res.dump) {
+        cm_config_dump(&gen_table, &cfg, stdout);
+        cm_config_free(&gen_table, &cfg);
+        return 0;
+    }
+    mdl_model_t *model = NULL;
+    mdl_seq_t *seq = NULL;
+    mdl_sampler_t *sampler = NULL;
+    mdl_kvdump_t *dump = NULL;
+    int32_t *ids = NULL;
+    float *logits = NULL;
+    char *text = NULL;
+    size_t n_ids = 0;
+
+    if (cfg.threads > 0) {
+        char t[32];
+        snprintf(t, sizeof(t), "%lld", (long long)cfg.threads);
+        setenv("RI_THREADS", t, 1);
+    }
+    if (cfg.prompt_file != NULL && cfg.prompt_file[0] != '\0') {
+        if ((text = gen_read_file(cfg.prompt_file)) == NULL)
+            goto out;
+    } else if (cfg.prompt != NULL) {
+        text = cm_strdup(&gen_tag, cfg.prompt);
+    } else if (res.first_arg < argc) {
+        text = cm_strdup(&gen_tag, argv[res.first_arg]);
+    } else {
+        fprintf(stderr, "ri generate: give --prompt TEXT or --prompt-file FILE (see --help)\n");
+        goto out;
+    }
+    const mdl_attn_ops_t *attn = mdl_attn_find(cfg.attn);
+    if (attn == NULL) {
+        fprintf(stderr, "ri generate: unknown --attn '%s' (have: %s)\n", cfg.attn, mdl_attn_names());
+        goto out;
+    }
+    char path[4096];
+    if (cfg.model != NULL && cfg.model[0] != '\0') {
+        snprintf(path, sizeof(path), "%s", cfg.model);
+    } else if (mdl_model_default_path(path, sizeof(path)) != RI_OK) {
+        fprintf(stderr, "ri generate: no model at %s; run `./ri model fetch` (or ./ri setup) or pass --model PATH\n",
+                path);
+        goto out;
+    }
+    ri_status_t st = mdl_model_load(path, &model, err, sizeof(err));
+    if (st != RI_OK) {
+        fprintf(stderr, "ri generate: cannot load %s: %s\n", path, err);
+        goto out;
+    }
+    mdl_model_set_chunk(model, (size_t)cfg.chunk);
+    const mdl_hparams_t *hp = mdl_model_hparams(model);
+    const mdl_tok_t *tok = mdl_model_tok(model);
+    if (cfg.chat)
+        st = mdl_tok_chat(tok, cfg.system && cfg.system[0] ? cfg.system : NULL, text, &ids, &n_ids);
+    else
+        st = mdl_tok_encode(tok, text, strlen(text), false, &ids, &n_ids);
+    if (st != RI_OK || n_ids == 0) {
+        fprintf(stderr, "ri generate: cannot tokenize the prompt: %s\n", st ? ri_status_str(st) : "it is empty");
+        goto out;
+    }
+    size_t cap = cfg.ctx > 0 ? (size_t)cfg.ctx : n_ids + (size_t)cfg.max_tokens;
+    if (cap < n_ids + 1) {
+        fprintf(stderr, "ri generate: --ctx %zu cannot hold the %zu-token prompt\n", cap, n_ids);
+        goto out;
+    }
+    if (cap > hp->n_ctx)
+        fprintf(stderr, "ri generate: warning: %zu tokens exceed the model's trained context of %u\n", cap,
+                hp->n_ctx);
+    mdl_attn_cfg_t acfg;
+    mdl_attn_cfg_default(&acfg);
+    acfg.budget_tokens = (uint32_t)cfg.budget;
+    if ((st = mdl_seq_create(model, attn, &acfg, cap, &seq)) != RI_OK) {
+        fprintf(stderr, "ri generate: cannot create a %zu-token sequence: %s\n", cap, ri_status_str(st));
+        goto out;
+    }
+    mdl_sampler_cfg_t scfg = {.temperature = (float)cfg.temperature, .top_p = (float)cfg.top_p,
+                              .seed = (uint64_t)cfg.seed};
+    if ((st = mdl_sampler_create(&scfg, hp->n_vocab, &sampler)) != RI_OK)
+        goto out;
+    if (cfg.dump_kv != NULL && cfg.dump_kv[0] != '\0') {
+        if ((st = mdl_kvdump_create(hp, &dump)) != RI_OK)
+            goto out;
+        mdl_kvdump_attach(dump, seq);
+    }
+    logits = cm_malloc(&gen_tag, (size_t)hp->n_vocab * sizeof(float));
+    if (logits == NULL)
+        goto out;
+
+    bool tty = isatty(1) && n_ids > 256;
+    double t0 = cm_time_s();
+    st = mdl_prefill(model, seq, ids, n_ids, logits, NULL, tty ? gen_progress : NULL, NULL);
+    double t_prefill = cm_time_s() - t0;
+    if (st != RI_OK) {
+        fprintf(stderr, "ri generate: prefill failed: %s\n", ri_status_str(st));
+        goto out;
+    }
+    size_t n_gen = 0;
+    double t1 = cm_time_s();
+    char piece[256];
+    for (;;) {
+        int32_t next = mdl_sample(sampler, logits);
+        if (mdl_tok_is_stop(tok, next))
+            break;
+        n_gen++;
+        if (cfg.stream) {
+            int l = mdl_tok_piece(tok, next, piece, sizeof(piece));
+            if (l > 0)
+                fwrite(piece, 1, CM_MIN((size_t)l, sizeof(piece)), stdout);
+            fflush(stdout);
+        }
+        if (n_gen >= (size_t)cfg.max_tokens || mdl_seq_len(seq) >= cap)
+            break;
+        mdl_seq_t *one[1] = {seq};
+        if ((st = mdl_decode(model, one, &next, 1, logits)) != RI_OK) {
+            fprintf(stderr, "\nri generate: decode failed: %s\n", ri_status_str(st));
+            goto out;
+        }
+    }
+    double t_decode = cm_time_s() - t1;
+    if (cfg.stream) {
+        printf("\n");
+        fflush(stdout);
+    }
+    size_t n_dec = mdl_seq_len(seq) - n_ids;   /* decode steps actually run */
+    if (cfg.stats) {
+        mdl_attn_stats_t as;
+        mdl_seq_attn_stats(seq, &as);
+        fprintf(stderr,
+                "[generate] model %s, attn %s, %u threads\n"
+                "[generate] prefill: %zu tokens in %.2f s (%.1f tok/s)\n"
+                "[generate] decode:  %zu tokens in %.2f s (%.1f tok/s)%s\n",
+                mdl_model_name(model), attn->name, cm_pool_size(cm_pool_default()), n_ids, t_prefill,
+                (double)n_ids / t_prefill, n_dec, t_decode, n_dec ? (double)n_dec / t_decode : 0.0,
+                as.build_s > 0 ? "" : "");
+        if (as.build_s > 0)
+            fprintf(stderr, "[generate] index build: %.3f s\n", as.build_s);
+    }
+    if (dump != NULL) {
+        if ((st = mdl_kvdump_write(dump, seq, cfg.dump_kv, n_ids, mdl_model_name(model))) != RI_OK) {
+            fprintf(stderr, "ri generate: --dump-kv failed: %s\n", ri_status_str(st));
+            goto out;
+        }
+        fprintf(stderr, "[generate] K/V of %zu tokens and %zu decode queries written to %s\n", mdl_seq_len(seq),
+                n_dec, cfg.dump_kv);
+    }
+    rc = 0;
+out:
+    mdl_kvdump_destroy(dump);
+    cm_free(logits);
+    cm_free(ids);
+    cm_free(text);
+    mdl_sampler_destroy(sampler);
+    mdl_seq_destroy(seq);
+    mdl_model_destroy(model);
+    cm_config_free(&gen_table, &cfg);
+    return rc;
+}
