@@ -1,0 +1,249 @@
+/*
+ * ri-ctl: talks to a ri-kvstore's control API for the `ri status`, `ri stats`,
+ * `ri sessions` and `ri drain` commands (cli/ri_main.c passes the command name
+ * as argv[1]).  Human-readable output; exit 0 on success, 1 when the call
+ * failed (the message names the address), 2 for bad usage.
+ */
+#define _GNU_SOURCE
+#include <errno.h>
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "common/cm_alloc.h"
+#include "gpuworker/ctl/gw_ctl.h"
+
+#define RI_CTL_DEFAULT_ADDR "127.0.0.1:7070"
+
+static void ri_ctl_usage(FILE *out)
+{
+    fprintf(out,
+            "usage: ri status|stats|sessions|drain [--addr HOST:PORT] [--token T | --token-file F] [--timeout-ms N]\n"
+            "  status    call Health (no token needed)\n"
+            "  stats     pool, session and cache counters of your tenant\n"
+            "  sessions  list your tenant's sessions\n"
+            "  drain     stop the kvstore accepting new sessions (admin token)\n"
+            "defaults: --addr $RI_KVS_ADDR or %s; token from $RI_KVS_TOKEN\n",
+            RI_CTL_DEFAULT_ADDR);
+}
+
+static void ri_ctl_bytes(uint64_t b, char *buf, size_t len)
+{
+    static const char *const units[] = {"B", "KiB", "MiB", "GiB", "TiB"};
+    double v = (double)b;
+    unsigned u = 0;
+    while (v >= 1024.0 && u + 1 < sizeof(units) / sizeof(units[0])) {
+        v /= 1024.0;
+        u++;
+    }
+    if (u == 0)
+        snprintf(buf, len, "%" PRIu64 " B", b);
+    else
+        snprintf(buf, len, "%.1f %s", v, units[u]);
+}
+
+/* Read the first line of path as the token (no trailing whitespace). */
+static int ri_ctl_read_token(const char *path, char *buf, size_t len)
+{
+    FILE *f = fopen(path, "re");
+    if (f == NULL) {
+        fprintf(stderr, "ri: token file %s: %s\n", path, strerror(errno));
+        return -1;
+    }
+    if (fgets(buf, (int)len, f) == NULL) {
+        fprintf(stderr, "ri: token file %s is empty\n", path);
+        fclose(f);
+        return -1;
+    }
+    fclose(f);
+    size_t n = strlen(buf);
+    while (n > 0 && (buf[n - 1] == '\n' || buf[n - 1] == '\r' || buf[n - 1] == ' ' || buf[n - 1] == '\t'))
+        buf[--n] = '\0';
+    if (n == 0) {
+        fprintf(stderr, "ri: token file %s has an empty first line\n", path);
+        return -1;
+    }
+    return 0;
+}
+
+static int ri_ctl_fail(const char *what, const char *addr, ri_status_t st, const gw_ctl_error_t *err)
+{
+    fprintf(stderr, "ri: %s on %s failed: %s (%s)\n", what, addr, err->message[0] ? err->message : ri_status_str(st),
+            gw_ctl_grpc_code_name(err->grpc_code));
+    return 1;
+}
+
+static int ri_ctl_status(gw_ctl_t *ctl, const char *addr, uint32_t timeout_ms)
+{
+    gw_ctl_health_t h;
+    gw_ctl_error_t err = {0};
+    ri_status_t st = gw_ctl_health(ctl, timeout_ms, &h, &err);
+    if (st != RI_OK)
+        return ri_ctl_fail("Health", addr, st, &err);
+    printf("ri-kvstore at %s: %s\n", addr, h.status == 1 ? "SERVING" : h.status == 2 ? "DRAINING" : "UNKNOWN");
+    printf("  version     %s\n", h.version);
+    printf("  uptime      %.1f s\n", (double)h.uptime_ms / 1000.0);
+    printf("  dataplane   %s\n", h.dataplane_address[0] ? h.dataplane_address : "(none)");
+    printf("  auth        %s\n", h.auth_mode[0] ? h.auth_mode : "(unknown)");
+    return 0;
+}
+
+static int ri_ctl_stats(gw_ctl_t *ctl, const char *addr, uint32_t timeout_ms)
+{
+    gw_ctl_stats_t s;
+    gw_ctl_error_t err = {0};
+    char a[32], b[32], c[32], d[32];
+    ri_status_t st = gw_ctl_stats(ctl, timeout_ms, &s, &err);
+    if (st != RI_OK)
+        return ri_ctl_fail("Stats", addr, st, &err);
+    ri_ctl_bytes(s.pool_bytes_used, a, sizeof(a));
+    ri_ctl_bytes(s.pool_bytes_total, b, sizeof(b));
+    ri_ctl_bytes(s.disk_bytes_used, c, sizeof(c));
+    ri_ctl_bytes(s.bytes_sent, d, sizeof(d));
+    uint64_t looked = s.cache_hits + s.cache_misses;
+    printf("ri-kvstore at %s (up %.1f s)\n", addr, (double)s.uptime_ms / 1000.0);
+    printf("  pool         %s used of %s (%.1f%%)\n", a, b,
+           s.pool_bytes_total ? 100.0 * (double)s.pool_bytes_used / (double)s.pool_bytes_total : 0.0);
+    printf("  disk         %s\n", c);
+    printf("  sessions     %" PRIu32 " yours, %" PRIu32 " in all\n", s.sessions, s.sessions_all);
+    printf("  clusters     %" PRIu64 " yours\n", s.clusters);
+    printf("  fetches      %" PRIu64 "\n", s.fetches);
+    printf("  cache        %" PRIu64 " hits, %" PRIu64 " misses", s.cache_hits, s.cache_misses);
+    if (looked > 0)
+        printf(" (hit ratio %.3f)", (double)s.cache_hits / (double)looked);
+    printf("\n  sent         %s\n", d);
+    printf("  errors       %" PRIu64 "\n", s.errors);
+    return 0;
+}
+
+static int ri_ctl_sessions(gw_ctl_t *ctl, const char *addr, uint32_t timeout_ms)
+{
+    gw_ctl_session_info_t *infos = NULL;
+    size_t n = 0;
+    gw_ctl_error_t err = {0};
+    ri_status_t st = gw_ctl_list_sessions(ctl, timeout_ms, &infos, &n, &err);
+    if (st != RI_OK)
+        return ri_ctl_fail("ListSessions", addr, st, &err);
+    printf("%zu session(s) at %s\n", n, addr);
+    if (n > 0)
+        printf("%-20s %-12s %-18s %-5s %10s %10s %9s  %-19s %s\n", "ID", "TENANT", "LAYERSxHEADSxDIM", "TYPE",
+               "POOL", "DISK", "CLUSTERS", "CREATED (UTC)", "LABEL");
+    for (size_t i = 0; i < n; i++) {
+        const gw_ctl_session_info_t *s = &infos[i];
+        char geo[40], pool[32], disk[32], when[32];
+        struct tm tm;
+        time_t t = (time_t)(s->created_unix_ms / 1000u);
+        gmtime_r(&t, &tm);
+        strftime(when, sizeof(when), "%Y-%m-%d %H:%M:%S", &tm);
+        snprintf(geo, sizeof(geo), "%ux%ux%u", s->geometry.layers, s->geometry.kv_heads, s->geometry.head_dim);
+        ri_ctl_bytes(s->bytes_in_pool, pool, sizeof(pool));
+        ri_ctl_bytes(s->bytes_on_disk, disk, sizeof(disk));
+        printf("%-20" PRIu64 " %-12s %-18s %-5s %10s %10s %9" PRIu64 "  %-19s %s\n", s->session_id, s->tenant, geo,
+               s->geometry.dtype == 2 ? "bf16" : "f16", pool, disk, s->clusters, when, s->label);
+    }
+    cm_free(infos);
+    return 0;
+}
+
+static int ri_ctl_drain(gw_ctl_t *ctl, const char *addr, uint32_t timeout_ms)
+{
+    uint32_t open = 0;
+    gw_ctl_error_t err = {0};
+    ri_status_t st = gw_ctl_drain(ctl, timeout_ms, &open, &err);
+    if (st != RI_OK)
+        return ri_ctl_fail("Drain", addr, st, &err);
+    printf("ri-kvstore at %s is draining: no new sessions; %u session(s) still open\n", addr, open);
+    return 0;
+}
+
+int main(int argc, char **argv)
+{
+    const char *cmd = argc > 1 ? argv[1] : "";
+    const char *addr = getenv("RI_KVS_ADDR");
+    const char *token = getenv("RI_KVS_TOKEN");
+    const char *token_file = NULL;
+    char tokbuf[512];
+    uint32_t timeout_ms = 5000;
+    gw_ctl_t *ctl = NULL;
+    int rc;
+
+    if (addr == NULL || addr[0] == '\0')
+        addr = RI_CTL_DEFAULT_ADDR;
+    if (strcmp(cmd, "help") == 0 || strcmp(cmd, "--help") == 0 || strcmp(cmd, "-h") == 0) {
+        ri_ctl_usage(stdout);
+        return 0;
+    }
+    for (int i = 2; i < argc; i++) {
+        const char *a = argv[i];
+        const char *v = (i + 1 < argc) ? argv[i + 1] : NULL;
+        if (strcmp(a, "--help") == 0 || strcmp(a, "-h") == 0) {
+            ri_ctl_usage(stdout);
+            return 0;
+        }
+        if ((strcmp(a, "--addr") == 0 || strcmp(a, "--token") == 0 || strcmp(a, "--token-file") == 0 ||
+             strcmp(a, "--timeout-ms") == 0) && v == NULL) {
+            fprintf(stderr, "ri: %s needs a value\n", a);
+            return 2;
+        }
+        if (strcmp(a, "--addr") == 0) {
+            addr = v;
+            i++;
+        } else if (strncmp(a, "--addr=", 7) == 0) {
+            addr = a + 7;
+        } else if (strcmp(a, "--token") == 0) {
+            token = v;
+            i++;
+        } else if (strncmp(a, "--token=", 8) == 0) {
+            token = a + 8;
+        } else if (strcmp(a, "--token-file") == 0) {
+            token_file = v;
+            i++;
+        } else if (strncmp(a, "--token-file=", 13) == 0) {
+            token_file = a + 13;
+        } else if (strcmp(a, "--timeout-ms") == 0 || strncmp(a, "--timeout-ms=", 13) == 0) {
+            const char *t = a[12] == '=' ? a + 13 : v;
+            char *end;
+            unsigned long ms = strtoul(t, &end, 10);
+            if (*t == '\0' || *end != '\0' || ms == 0 || ms > 600000) {
+                fprintf(stderr, "ri: --timeout-ms must be 1..600000\n");
+                return 2;
+            }
+            timeout_ms = (uint32_t)ms;
+            if (a[12] != '=')
+                i++;
+        } else {
+            fprintf(stderr, "ri: unknown option '%s'\n", a);
+            ri_ctl_usage(stderr);
+            return 2;
+        }
+    }
+    if (token_file != NULL) {
+        if (ri_ctl_read_token(token_file, tokbuf, sizeof(tokbuf)) != 0)
+            return 2;
+        token = tokbuf;
+    }
+    int (*fn)(gw_ctl_t *, const char *, uint32_t) = NULL;
+    if (strcmp(cmd, "status") == 0)
+        fn = ri_ctl_status;
+    else if (strcmp(cmd, "stats") == 0)
+        fn = ri_ctl_stats;
+    else if (strcmp(cmd, "sessions") == 0)
+        fn = ri_ctl_sessions;
+    else if (strcmp(cmd, "drain") == 0)
+        fn = ri_ctl_drain;
+    if (fn == NULL) {
+        fprintf(stderr, "ri: '%s' is not a control command\n", cmd);
+        ri_ctl_usage(stderr);
+        return 2;
+    }
+    if (gw_ctl_create(addr, token, &ctl) != RI_OK) {
+        fprintf(stderr, "ri: cannot set up a channel to %s (bad address or token)\n", addr);
+        return 2;
+    }
+    rc = fn(ctl, addr, timeout_ms);
+    gw_ctl_destroy(ctl);
+    explicit_bzero(tokbuf, sizeof(tokbuf));
+    return rc;
+}

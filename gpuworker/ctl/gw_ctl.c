@@ -1,0 +1,461 @@
+/*
+ * gRPC C core client of the ri-kvstore control API (see gw_ctl.h).  Calls are
+ * rare (session set-up, stats polling), so each one is a plain blocking unary
+ * call on its own pluck completion queue; that keeps one client usable from
+ * several threads without a lock.
+ */
+#define _GNU_SOURCE
+#include "gpuworker/ctl/gw_ctl.h"
+
+#include <stdio.h>
+#include <string.h>
+
+#include <grpc/byte_buffer.h>
+#include <grpc/byte_buffer_reader.h>
+#include <grpc/grpc.h>
+#include <grpc/grpc_security.h>
+#include <grpc/slice.h>
+#include <grpc/support/time.h>
+
+#include "common/cm_alloc.h"
+#include "common/cm_log.h"
+#include "common/cm_status.h"
+#include "retroinfer.pb-c.h"
+
+#define GW_CTL_MAX_RECV (64 << 20) /* ListSessions of many sessions stays far below */
+#define GW_CTL_PATH(m) "/retroinfer.v1.KvStore/" m
+
+static CM_ALLOC_TAG(gw_ctl_tag, "gw.ctl");
+
+struct gw_ctl {
+    grpc_channel *channel;  /* owned */
+    char *addr;             /* owned copy */
+    char *bearer;           /* "Bearer <token>", or NULL */
+};
+
+static const char *const gw_ctl_code_names[] = {
+    "OK", "CANCELLED", "UNKNOWN", "INVALID_ARGUMENT", "DEADLINE_EXCEEDED", "NOT_FOUND",
+    "ALREADY_EXISTS", "PERMISSION_DENIED", "RESOURCE_EXHAUSTED", "FAILED_PRECONDITION", "ABORTED",
+    "OUT_OF_RANGE", "UNIMPLEMENTED", "INTERNAL", "UNAVAILABLE", "DATA_LOSS", "UNAUTHENTICATED",
+};
+
+const char *gw_ctl_grpc_code_name(int code)
+{
+    return (code >= 0 && code < (int)CM_ARRAY_LEN(gw_ctl_code_names)) ? gw_ctl_code_names[code] : "UNKNOWN";
+}
+
+ri_status_t gw_ctl_status_from_grpc(int code)
+{
+    switch (code) {
+    case GRPC_STATUS_OK: return RI_OK;
+    case GRPC_STATUS_CANCELLED: return RI_ERR_CANCELLED;
+    case GRPC_STATUS_INVALID_ARGUMENT: return RI_ERR_INVALID;
+    case GRPC_STATUS_DEADLINE_EXCEEDED: return RI_ERR_TIMEOUT;
+    case GRPC_STATUS_NOT_FOUND: return RI_ERR_NOT_FOUND;
+    case GRPC_STATUS_ALREADY_EXISTS: return RI_ERR_EXISTS;
+    case GRPC_STATUS_PERMISSION_DENIED: return RI_ERR_PERMISSION;
+    case GRPC_STATUS_RESOURCE_EXHAUSTED: return RI_ERR_QUOTA;
+    case GRPC_STATUS_FAILED_PRECONDITION: return RI_ERR_SHUTDOWN;
+    case GRPC_STATUS_ABORTED: return RI_ERR_BUSY;
+    case GRPC_STATUS_OUT_OF_RANGE: return RI_ERR_RANGE;
+    case GRPC_STATUS_UNIMPLEMENTED: return RI_ERR_UNSUPPORTED;
+    case GRPC_STATUS_UNAVAILABLE: return RI_ERR_UNREACHABLE;
+    case GRPC_STATUS_DATA_LOSS: return RI_ERR_CORRUPT;
+    case GRPC_STATUS_UNAUTHENTICATED: return RI_ERR_UNAUTHENTICATED;
+    default: return RI_ERR_INTERNAL;
+    }
+}
+
+ri_status_t gw_ctl_create(const char *addr, const char *token, gw_ctl_t **ctl_p)
+{
+    if (addr == NULL || addr[0] == '\0' || (token != NULL && strpbrk(token, "\r\n") != NULL))
+        return RI_ERR_INVALID;
+    gw_ctl_t *ctl = cm_calloc(&gw_ctl_tag, 1, sizeof(*ctl));
+    if (ctl == NULL)
+        return RI_ERR_NOMEM;
+    ctl->addr = cm_strdup(&gw_ctl_tag, addr);
+    if (ctl->addr == NULL)
+        goto err_free;
+    if (token != NULL && token[0] != '\0') {
+        size_t n = strlen(token) + 8;
+        ctl->bearer = cm_malloc(&gw_ctl_tag, n);
+        if (ctl->bearer == NULL)
+            goto err_free;
+        snprintf(ctl->bearer, n, "Bearer %s", token);
+    }
+    grpc_init();
+    grpc_arg args[] = {
+        {.type = GRPC_ARG_INTEGER, .key = GRPC_ARG_MAX_RECEIVE_MESSAGE_LENGTH, .value.integer = GW_CTL_MAX_RECV},
+        {.type = GRPC_ARG_INTEGER, .key = GRPC_ARG_MAX_SEND_MESSAGE_LENGTH, .value.integer = GW_CTL_MAX_RECV},
+    };
+    grpc_channel_args chargs = {.num_args = CM_ARRAY_LEN(args), .args = args};
+    grpc_channel_credentials *creds = grpc_insecure_credentials_create();
+    ctl->channel = grpc_channel_create(addr, creds, &chargs);
+    grpc_channel_credentials_release(creds);
+    if (ctl->channel == NULL) {
+        grpc_shutdown();
+        goto err_free;
+    }
+    *ctl_p = ctl;
+    return RI_OK;
+
+err_free:
+    cm_free(ctl->bearer);
+    cm_free(ctl->addr);
+    cm_free(ctl);
+    return RI_ERR_NOMEM;
+}
+
+void gw_ctl_destroy(gw_ctl_t *ctl)
+{
+    if (ctl == NULL)
+        return;
+    grpc_channel_destroy(ctl->channel);
+    grpc_shutdown();
+    if (ctl->bearer != NULL)
+        explicit_bzero(ctl->bearer, strlen(ctl->bearer));
+    cm_free(ctl->bearer);
+    cm_free(ctl->addr);
+    cm_free(ctl);
+}
+
+const char *gw_ctl_address(const gw_ctl_t *ctl)
+{
+    return ctl ? ctl->addr : "";
+}
+
+static void gw_ctl_set_err(gw_ctl_error_t *err, int code, const char *fmt, const char *a, const char *b)
+{
+    if (err == NULL)
+        return;
+    err->grpc_code = code;
+    snprintf(err->message, sizeof(err->message), fmt, a, b);
+}
+
+ri_status_t gw_ctl_call_raw(gw_ctl_t *ctl, const char *method, const void *req, size_t len, uint32_t timeout_ms,
+                            uint8_t **resp_p, size_t *resp_len_p, gw_ctl_error_t *err)
+{
+    ri_status_t st;
+    grpc_metadata md;
+    grpc_metadata_array init_md, trail_md;
+    grpc_byte_buffer *resp_bb = NULL;
+    grpc_status_code code = GRPC_STATUS_UNKNOWN;
+    grpc_slice details = grpc_empty_slice();
+    grpc_op ops[6];
+
+    if (ctl == NULL || method == NULL || (req == NULL && len > 0) || resp_p == NULL || resp_len_p == NULL)
+        return RI_ERR_INVALID;
+    if (timeout_ms == 0)
+        timeout_ms = GW_CTL_DEFAULT_TIMEOUT_MS;
+    gpr_timespec deadline =
+        gpr_time_add(gpr_now(GPR_CLOCK_MONOTONIC), gpr_time_from_millis((int64_t)timeout_ms, GPR_TIMESPAN));
+    grpc_completion_queue *cq = grpc_completion_queue_create_for_pluck(NULL);
+    grpc_slice method_s = grpc_slice_from_copied_string(method);
+    grpc_call *call = grpc_channel_create_call(ctl->channel, NULL, GRPC_PROPAGATE_DEFAULTS, cq, method_s, NULL,
+                                               deadline, NULL);
+    grpc_slice_unref(method_s);
+    grpc_slice req_s = grpc_slice_from_copied_buffer(req ? (const char *)req : "", len);
+    grpc_byte_buffer *req_bb = grpc_raw_byte_buffer_create(&req_s, 1);
+    grpc_slice_unref(req_s);
+    grpc_metadata_array_init(&init_md);
+    grpc_metadata_array_init(&trail_md);
+
+    memset(ops, 0, sizeof(ops));
+    memset(&md, 0, sizeof(md));
+    ops[0].op = GRPC_OP_SEND_INITIAL_METADATA;
+    if (ctl->bearer != NULL) {
+        md.key = grpc_slice_from_static_string("authorization");
+        md.value = grpc_slice_from_copied_string(ctl->bearer);
+        ops[0].data.send_initial_metadata.count = 1;
+        ops[0].data.send_initial_metadata.metadata = &md;
+    }
+    ops[1].op = GRPC_OP_SEND_MESSAGE;
+    ops[1].data.send_message.send_message = req_bb;
+    ops[2].op = GRPC_OP_SEND_CLOSE_FROM_CLIENT;
+    ops[3].op = GRPC_OP_RECV_INITIAL_METADATA;
+    ops[3].data.recv_initial_metadata.recv_initial_metadata = &init_md;
+    ops[4].op = GRPC_OP_RECV_MESSAGE;
+    ops[4].data.recv_message.recv_message = &resp_bb;
+    ops[5].op = GRPC_OP_RECV_STATUS_ON_CLIENT;
+    ops[5].data.recv_status_on_client.trailing_metadata = &trail_md;
+    ops[5].data.recv_status_on_client.status = &code;
+    ops[5].data.recv_status_on_client.status_details = &details;
+
+    grpc_call_error ce = grpc_call_start_batch(call, ops, CM_ARRAY_LEN(ops), call, NULL);
+    if (ce != GRPC_CALL_OK) {
+        st = RI_ERR_INTERNAL;
+        gw_ctl_set_err(err, GRPC_STATUS_INTERNAL, "grpc start_batch failed calling %s on %s", method, ctl->addr);
+        goto out;
+    }
+    /* The call's deadline ends the batch; the extra margin only guards
+     * against a core bug turning into a hang. */
+    gpr_timespec guard = gpr_time_add(deadline, gpr_time_from_millis(5000, GPR_TIMESPAN));
+    grpc_event ev = grpc_completion_queue_pluck(cq, call, guard, NULL);
+    if (ev.type != GRPC_OP_COMPLETE) {
+        grpc_call_cancel(call, NULL);
+        grpc_completion_queue_pluck(cq, call, gpr_inf_future(GPR_CLOCK_MONOTONIC), NULL);
+    }
+
+    st = gw_ctl_status_from_grpc((int)code);
+    if (st != RI_OK) {
+        char msg[400];
+        size_t dl = GRPC_SLICE_LENGTH(details);
+        if (dl >= sizeof(msg))
+            dl = sizeof(msg) - 1;
+        memcpy(msg, GRPC_SLICE_START_PTR(details), dl);
+        msg[dl] = '\0';
+        if (err != NULL) {
+            err->grpc_code = (int)code;
+            if (code == GRPC_STATUS_UNAVAILABLE)
+                snprintf(err->message, sizeof(err->message), "cannot reach ri-kvstore at %s: %s", ctl->addr, msg);
+            else if (code == GRPC_STATUS_DEADLINE_EXCEEDED)
+                snprintf(err->message, sizeof(err->message), "no answer from %s within %u ms: %s", ctl->addr,
+                         timeout_ms, msg);
+            else
+                snprintf(err->message, sizeof(err->message), "%s", msg);
+        }
+        goto out;
+    }
+    *resp_p = NULL;
+    *resp_len_p = 0;
+    if (resp_bb != NULL) {
+        grpc_byte_buffer_reader reader;
+        if (!grpc_byte_buffer_reader_init(&reader, resp_bb)) {
+            st = RI_ERR_PROTOCOL;
+            gw_ctl_set_err(err, GRPC_STATUS_INTERNAL, "cannot read the reply of %s from %s", method, ctl->addr);
+            goto out;
+        }
+        grpc_slice s = grpc_byte_buffer_reader_readall(&reader);
+        grpc_byte_buffer_reader_destroy(&reader);
+        size_t n = GRPC_SLICE_LENGTH(s);
+        if (n > 0) {
+            *resp_p = cm_malloc(&gw_ctl_tag, n);
+            if (*resp_p == NULL) {
+                grpc_slice_unref(s);
+                st = RI_ERR_NOMEM;
+                goto out;
+            }
+            memcpy(*resp_p, GRPC_SLICE_START_PTR(s), n);
+            *resp_len_p = n;
+        }
+        grpc_slice_unref(s);
+    }
+    if (err != NULL) {
+        err->grpc_code = 0;
+        err->message[0] = '\0';
+    }
+
+out:
+    if (ctl->bearer != NULL)
+        grpc_slice_unref(md.value);
+    grpc_slice_unref(details);
+    grpc_metadata_array_destroy(&init_md);
+    grpc_metadata_array_destroy(&trail_md);
+    grpc_byte_buffer_destroy(req_bb);
+    if (resp_bb != NULL)
+        grpc_byte_buffer_destroy(resp_bb);
+    grpc_call_unref(call);
+    grpc_completion_queue_shutdown(cq);
+    grpc_completion_queue_destroy(cq);
+    return st;
+}
+
+/* Pack msg, call method, hand the reply bytes back (caller frees with cm_free). */
+static ri_status_t gw_ctl_call_pb(gw_ctl_t *ctl, const char *method, const ProtobufCMessage *msg, uint32_t timeout_ms,
+                                  uint8_t **resp_p, size_t *resp_len_p, gw_ctl_error_t *err)
+{
+    size_t len = protobuf_c_message_get_packed_size(msg);
+    uint8_t *buf = cm_malloc(&gw_ctl_tag, len ? len : 1);
+    if (buf == NULL)
+        return RI_ERR_NOMEM;
+    protobuf_c_message_pack(msg, buf);
+    ri_status_t st = gw_ctl_call_raw(ctl, method, buf, len, timeout_ms, resp_p, resp_len_p, err);
+    cm_free(buf);
+    return st;
+}
+
+static ri_status_t gw_ctl_bad_reply(const gw_ctl_t *ctl, const char *method, gw_ctl_error_t *err)
+{
+    gw_ctl_set_err(err, GRPC_STATUS_INTERNAL, "the reply of %s from %s is not a valid protobuf", method, ctl->addr);
+    return RI_ERR_PROTOCOL;
+}
+
+static void gw_ctl_copy_str(char *dst, size_t len, const char *src)
+{
+    snprintf(dst, len, "%s", src ? src : "");
+}
+
+ri_status_t gw_ctl_health(gw_ctl_t *ctl, uint32_t timeout_ms, gw_ctl_health_t *out, gw_ctl_error_t *err)
+{
+    uint8_t *resp = NULL;
+    size_t n = 0;
+    Retroinfer__V1__HealthRequest in = RETROINFER__V1__HEALTH_REQUEST__INIT;
+    ri_status_t st = gw_ctl_call_pb(ctl, GW_CTL_PATH("Health"), &in.base, timeout_ms, &resp, &n, err);
+    if (st != RI_OK)
+        return st;
+    Retroinfer__V1__HealthResponse *r = retroinfer__v1__health_response__unpack(NULL, n, resp);
+    cm_free(resp);
+    if (r == NULL)
+        return gw_ctl_bad_reply(ctl, "Health", err);
+    memset(out, 0, sizeof(*out));
+    out->status = (int)r->status;
+    gw_ctl_copy_str(out->version, sizeof(out->version), r->version);
+    out->uptime_ms = r->uptime_ms;
+    gw_ctl_copy_str(out->dataplane_address, sizeof(out->dataplane_address), r->dataplane_address);
+    gw_ctl_copy_str(out->auth_mode, sizeof(out->auth_mode), r->auth_mode);
+    retroinfer__v1__health_response__free_unpacked(r, NULL);
+    return RI_OK;
+}
+
+ri_status_t gw_ctl_stats(gw_ctl_t *ctl, uint32_t timeout_ms, gw_ctl_stats_t *out, gw_ctl_error_t *err)
+{
+    uint8_t *resp = NULL;
+    size_t n = 0;
+    Retroinfer__V1__StatsRequest in = RETROINFER__V1__STATS_REQUEST__INIT;
+    ri_status_t st = gw_ctl_call_pb(ctl, GW_CTL_PATH("Stats"), &in.base, timeout_ms, &resp, &n, err);
+    if (st != RI_OK)
+        return st;
+    Retroinfer__V1__StatsResponse *r = retroinfer__v1__stats_response__unpack(NULL, n, resp);
+    cm_free(resp);
+    if (r == NULL)
+        return gw_ctl_bad_reply(ctl, "Stats", err);
+    memset(out, 0, sizeof(*out));
+    out->pool_bytes_total = r->pool_bytes_total;
+    out->pool_bytes_used = r->pool_bytes_used;
+    out->disk_bytes_used = r->disk_bytes_used;
+    out->sessions = r->sessions;
+    out->sessions_all = r->sessions_all;
+    out->clusters = r->clusters;
+    out->fetches = r->fetches;
+    out->cache_hits = r->cache_hits;
+    out->cache_misses = r->cache_misses;
+    out->bytes_sent = r->bytes_sent;
+    out->errors = r->errors;
+    out->uptime_ms = r->uptime_ms;
+    retroinfer__v1__stats_response__free_unpacked(r, NULL);
+    return RI_OK;
+}
+
+ri_status_t gw_ctl_create_session(gw_ctl_t *ctl, uint32_t timeout_ms, const gw_ctl_geometry_t *geometry,
+                                  uint64_t expected_tokens, const char *label, gw_ctl_session_t *out,
+                                  gw_ctl_error_t *err)
+{
+    uint8_t *resp = NULL;
+    size_t n = 0;
+    if (geometry == NULL || out == NULL)
+        return RI_ERR_INVALID;
+    Retroinfer__V1__Geometry g = RETROINFER__V1__GEOMETRY__INIT;
+    g.layers = geometry->layers;
+    g.kv_heads = geometry->kv_heads;
+    g.head_dim = geometry->head_dim;
+    g.dtype = (Retroinfer__V1__DType)geometry->dtype;
+    g.page_tokens = geometry->page_tokens;
+    Retroinfer__V1__CreateSessionRequest in = RETROINFER__V1__CREATE_SESSION_REQUEST__INIT;
+    in.geometry = &g;
+    in.expected_tokens = expected_tokens;
+    in.label = (char *)(label ? label : "");
+    ri_status_t st = gw_ctl_call_pb(ctl, GW_CTL_PATH("CreateSession"), &in.base, timeout_ms, &resp, &n, err);
+    if (st != RI_OK)
+        return st;
+    Retroinfer__V1__CreateSessionResponse *r = retroinfer__v1__create_session_response__unpack(NULL, n, resp);
+    cm_free(resp);
+    if (r == NULL)
+        return gw_ctl_bad_reply(ctl, "CreateSession", err);
+    if (r->session_id == 0 || r->session_secret.len != CM_WIRE_SECRET_SIZE) {
+        retroinfer__v1__create_session_response__free_unpacked(r, NULL);
+        gw_ctl_set_err(err, GRPC_STATUS_INTERNAL, "CreateSession on %s%s: reply without a session id or 16-byte secret",
+                       ctl->addr, "");
+        return RI_ERR_PROTOCOL;
+    }
+    memset(out, 0, sizeof(*out));
+    out->session_id = r->session_id;
+    gw_ctl_copy_str(out->dataplane_address, sizeof(out->dataplane_address), r->dataplane_address);
+    memcpy(out->secret, r->session_secret.data, CM_WIRE_SECRET_SIZE);
+    explicit_bzero(r->session_secret.data, r->session_secret.len);
+    retroinfer__v1__create_session_response__free_unpacked(r, NULL);
+    return RI_OK;
+}
+
+ri_status_t gw_ctl_drop_session(gw_ctl_t *ctl, uint32_t timeout_ms, uint64_t session_id, uint64_t *bytes_freed_p,
+                                gw_ctl_error_t *err)
+{
+    uint8_t *resp = NULL;
+    size_t n = 0;
+    Retroinfer__V1__DropSessionRequest in = RETROINFER__V1__DROP_SESSION_REQUEST__INIT;
+    in.session_id = session_id;
+    ri_status_t st = gw_ctl_call_pb(ctl, GW_CTL_PATH("DropSession"), &in.base, timeout_ms, &resp, &n, err);
+    if (st != RI_OK)
+        return st;
+    Retroinfer__V1__DropSessionResponse *r = retroinfer__v1__drop_session_response__unpack(NULL, n, resp);
+    cm_free(resp);
+    if (r == NULL)
+        return gw_ctl_bad_reply(ctl, "DropSession", err);
+    if (bytes_freed_p != NULL)
+        *bytes_freed_p = r->bytes_freed;
+    retroinfer__v1__drop_session_response__free_unpacked(r, NULL);
+    return RI_OK;
+}
+
+ri_status_t gw_ctl_list_sessions(gw_ctl_t *ctl, uint32_t timeout_ms, gw_ctl_session_info_t **infos_p, size_t *n_p,
+                                 gw_ctl_error_t *err)
+{
+    uint8_t *resp = NULL;
+    size_t n = 0;
+    gw_ctl_session_info_t *infos = NULL;
+    if (infos_p == NULL || n_p == NULL)
+        return RI_ERR_INVALID;
+    Retroinfer__V1__ListSessionsRequest in = RETROINFER__V1__LIST_SESSIONS_REQUEST__INIT;
+    ri_status_t st = gw_ctl_call_pb(ctl, GW_CTL_PATH("ListSessions"), &in.base, timeout_ms, &resp, &n, err);
+    if (st != RI_OK)
+        return st;
+    Retroinfer__V1__ListSessionsResponse *r = retroinfer__v1__list_sessions_response__unpack(NULL, n, resp);
+    cm_free(resp);
+    if (r == NULL)
+        return gw_ctl_bad_reply(ctl, "ListSessions", err);
+    if (r->n_sessions > 0) {
+        infos = cm_calloc(&gw_ctl_tag, r->n_sessions, sizeof(*infos));
+        if (infos == NULL) {
+            retroinfer__v1__list_sessions_response__free_unpacked(r, NULL);
+            return RI_ERR_NOMEM;
+        }
+    }
+    for (size_t i = 0; i < r->n_sessions; i++) {
+        const Retroinfer__V1__SessionInfo *s = r->sessions[i];
+        infos[i].session_id = s->session_id;
+        gw_ctl_copy_str(infos[i].tenant, sizeof(infos[i].tenant), s->tenant);
+        gw_ctl_copy_str(infos[i].label, sizeof(infos[i].label), s->label);
+        if (s->geometry != NULL) {
+            infos[i].geometry.layers = s->geometry->layers;
+            infos[i].geometry.kv_heads = s->geometry->kv_heads;
+            infos[i].geometry.head_dim = s->geometry->head_dim;
+            infos[i].geometry.dtype = (uint32_t)s->geometry->dtype;
+            infos[i].geometry.page_tokens = s->geometry->page_tokens;
+        }
+        infos[i].bytes_in_pool = s->bytes_in_pool;
+        infos[i].bytes_on_disk = s->bytes_on_disk;
+        infos[i].clusters = s->clusters;
+        infos[i].created_unix_ms = s->created_unix_ms;
+    }
+    *n_p = r->n_sessions;
+    *infos_p = infos;
+    retroinfer__v1__list_sessions_response__free_unpacked(r, NULL);
+    return RI_OK;
+}
+
+ri_status_t gw_ctl_drain(gw_ctl_t *ctl, uint32_t timeout_ms, uint32_t *sessions_open_p, gw_ctl_error_t *err)
+{
+    uint8_t *resp = NULL;
+    size_t n = 0;
+    Retroinfer__V1__DrainRequest in = RETROINFER__V1__DRAIN_REQUEST__INIT;
+    ri_status_t st = gw_ctl_call_pb(ctl, GW_CTL_PATH("Drain"), &in.base, timeout_ms, &resp, &n, err);
+    if (st != RI_OK)
+        return st;
+    Retroinfer__V1__DrainResponse *r = retroinfer__v1__drain_response__unpack(NULL, n, resp);
+    cm_free(resp);
+    if (r == NULL)
+        return gw_ctl_bad_reply(ctl, "Drain", err);
+    if (sessions_open_p != NULL)
+        *sessions_open_p = r->sessions_open;
+    retroinfer__v1__drain_response__free_unpacked(r, NULL);
+    return RI_OK;
+}

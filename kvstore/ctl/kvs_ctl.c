@@ -1,0 +1,267 @@
+/*
+ * ri-kvstore control side: settings table, start/stop of the daemon object and
+ * the /metrics page.  The API handlers live in kvs_api.c.
+ */
+#define _GNU_SOURCE
+#include "kvstore/ctl/kvs_ctl.h"
+
+#include <arpa/inet.h>
+#include <stddef.h>
+#include <string.h>
+#include <strings.h>
+
+#include "common/cm_alloc.h"
+#include "common/cm_log.h"
+#include "common/cm_status.h"
+#include "common/cm_time.h"
+#include "kvstore/ctl/kvs_http.h"
+
+static CM_ALLOC_TAG(kvs_ctl_tag, "kvs.ctl");
+
+#define KVS_CFG(name, type, def, help, field, lo, hi) \
+    {name, type, def, help, offsetof(kvs_ctl_config_t, field), lo, hi}
+
+static const cm_config_item_t kvs_ctl_config_items[] = {
+    KVS_CFG("listen", CM_CFG_STRING, "127.0.0.1:7070", "gRPC control API address host:port (port 0 = any free port)",
+            listen, 0, 0),
+    KVS_CFG("port-file", CM_CFG_STRING, "", "write the bound addresses here once serving (key=value lines)",
+            port_file, 0, 0),
+    KVS_CFG("memory", CM_CFG_SIZE, "1GiB", "host block pool size", memory, 1048576.0, 17592186044416.0),
+    KVS_CFG("hugepages", CM_CFG_BOOL, "true", "back the pool with hugepages when available", hugepages, 0, 0),
+    KVS_CFG("dataplane-listen", CM_CFG_STRING, "127.0.0.1:7071", "UCX data-plane address host:port (port 0 = any)",
+            dataplane_listen, 0, 0),
+    KVS_CFG("dataplane-max-message", CM_CFG_SIZE, "256MiB", "largest data-plane message accepted",
+            dataplane_max_message, 4096.0, 17179869184.0),
+    KVS_CFG("tokens-file", CM_CFG_STRING, "",
+            "bearer tokens file (TOKEN TENANT [QUOTA|-] [admin]); empty = single-tenant, loopback only", tokens_file,
+            0, 0),
+    KVS_CFG("tenant-quota", CM_CFG_SIZE, "0", "default memory quota per tenant (0 = no limit)", tenant_quota, 0, 0),
+    KVS_CFG("global-quota", CM_CFG_SIZE, "0", "memory quota of all tenants together (0 = the pool size)",
+            global_quota, 0, 0),
+    KVS_CFG("metrics-listen", CM_CFG_STRING, "127.0.0.1:9464", "Prometheus /metrics HTTP address, or 'off'",
+            metrics_listen, 0, 0),
+    KVS_CFG("threads", CM_CFG_INT, "2", "gRPC serving threads", threads, 1, 64),
+    KVS_CFG("drain-timeout-ms", CM_CFG_INT, "5000", "at shutdown, how long in-flight calls may run before cancel",
+            drain_timeout_ms, 0, 600000),
+    KVS_CFG("max-message", CM_CFG_SIZE, "16MiB", "gRPC send and receive message limit", max_message, 1024.0,
+            1073741824.0),
+    KVS_CFG("log-level", CM_CFG_STRING, "info", "error, warn, info, debug or trace (RI_LOG_LEVEL also works)",
+            log_level, 0, 0),
+};
+
+const cm_config_table_t kvs_ctl_config_table = {
+    "ri-kvstore", "RI_KVS_", kvs_ctl_config_items, CM_ARRAY_LEN(kvs_ctl_config_items)};
+
+bool kvs_ctl_addr_is_loopback(const char *addr)
+{
+    char host[256];
+    unsigned port;
+    struct in_addr a4;
+    struct in6_addr a6;
+    if (!kvs_http_split_addr(addr, host, sizeof(host), &port))
+        return false;
+    if (strcasecmp(host, "localhost") == 0)
+        return true;
+    if (inet_pton(AF_INET, host, &a4) == 1)
+        return (ntohl(a4.s_addr) >> 24) == 127;
+    if (inet_pton(AF_INET6, host, &a6) == 1)
+        return IN6_IS_ADDR_LOOPBACK(&a6);
+    return false;
+}
+
+ri_status_t kvs_ctl_config_check(const kvs_ctl_config_t *cfg, char *err, size_t errlen)
+{
+    char host[256];
+    unsigned port;
+    cm_log_level_t level;
+
+    if (!kvs_http_split_addr(cfg->listen, host, sizeof(host), &port)) {
+        snprintf(err, errlen, "listen '%s' is not host:port", cfg->listen);
+        return RI_ERR_INVALID;
+    }
+    if (!kvs_http_split_addr(cfg->dataplane_listen, host, sizeof(host), &port)) {
+        snprintf(err, errlen, "dataplane-listen '%s' is not host:port", cfg->dataplane_listen);
+        return RI_ERR_INVALID;
+    }
+    if (strcmp(cfg->metrics_listen, "off") != 0 && !kvs_http_split_addr(cfg->metrics_listen, host, sizeof(host), &port)) {
+        snprintf(err, errlen, "metrics-listen '%s' is not host:port or 'off'", cfg->metrics_listen);
+        return RI_ERR_INVALID;
+    }
+    if (cm_log_level_parse(cfg->log_level, &level) != RI_OK) {
+        snprintf(err, errlen, "log-level '%s' is not one of error, warn, info, debug, trace", cfg->log_level);
+        return RI_ERR_INVALID;
+    }
+    if (cfg->tokens_file[0] == '\0' && !kvs_ctl_addr_is_loopback(cfg->listen)) {
+        snprintf(err, errlen,
+                 "listen '%s' is not a loopback address: without a tokens-file the daemon has no authentication "
+                 "and serves loopback only; set tokens-file",
+                 cfg->listen);
+        return RI_ERR_INVALID;
+    }
+    return RI_OK;
+}
+
+/* Format "host:port" from a configured address and the bound port. */
+static void kvs_ctl_bound_addr(const char *cfg_addr, int port, char *out, size_t len)
+{
+    char host[256];
+    unsigned p;
+    if (!kvs_http_split_addr(cfg_addr, host, sizeof(host), &p))
+        snprintf(host, sizeof(host), "?");
+    if (strchr(host, ':') != NULL)
+        snprintf(out, len, "[%s]:%d", host, port);
+    else
+        snprintf(out, len, "%s:%d", host, port);
+}
+
+static void kvs_ctl_render(void *arg, FILE *out)
+{
+    kvs_ctl_metrics_write(arg, out);
+}
+
+ri_status_t kvs_ctl_start(const kvs_ctl_config_t *cfg, kvs_ctl_t **ctl_p, char *err, size_t errlen)
+{
+    ri_status_t st;
+    cm_log_level_t level;
+    kvs_ctl_t *ctl;
+
+    st = kvs_ctl_config_check(cfg, err, errlen);
+    if (st != RI_OK)
+        return st;
+    if (cm_log_level_parse(cfg->log_level, &level) == RI_OK)
+        cm_log_set_level(level);
+    ctl = cm_calloc(&kvs_ctl_tag, 1, sizeof(*ctl));
+    if (ctl == NULL) {
+        snprintf(err, errlen, "out of memory");
+        return RI_ERR_NOMEM;
+    }
+    ctl->cfg = *cfg;
+    ctl->start_ns = cm_time_ns();
+    atomic_init(&ctl->draining, false);
+
+    if (cfg->tokens_file[0] != '\0') {
+        st = kvs_auth_load(cfg->tokens_file, &ctl->auth, err, errlen);
+        if (st != RI_OK)
+            goto err_free;
+        cm_info("auth: %zu token(s) from %s", kvs_auth_count(ctl->auth), cfg->tokens_file);
+    } else {
+        cm_warn("auth: no tokens-file; single-tenant mode (tenant '%s', no tokens checked), loopback only",
+                KVS_DEFAULT_TENANT);
+    }
+
+    kvs_data_config_t dcfg = {
+        .memory_bytes = cfg->memory,
+        .hugepages = cfg->hugepages,
+        .global_quota_bytes = cfg->global_quota,
+        .tenant_quota_bytes = cfg->tenant_quota,
+        .dp_listen_addr = cfg->dataplane_listen,
+        .max_msg_bytes = cfg->dataplane_max_message,
+        .drain_timeout_ms = (uint32_t)cfg->drain_timeout_ms,
+    };
+    st = kvs_data_create(&dcfg, &ctl->data);
+    if (st != RI_OK) {
+        snprintf(err, errlen, "data side (pool %llu bytes, data plane %s): %s", (unsigned long long)cfg->memory,
+                 cfg->dataplane_listen, ri_status_str(st));
+        goto err_free_auth;
+    }
+    for (size_t i = 0; i < kvs_auth_count(ctl->auth); i++) {
+        const kvs_auth_entry_t *e = kvs_auth_entry(ctl->auth, i);
+        if (!e->has_quota)
+            continue;
+        st = kvs_data_set_tenant_quota(ctl->data, e->tenant, e->quota_bytes);
+        if (st != RI_OK) {
+            snprintf(err, errlen, "quota of tenant %s: %s", e->tenant, ri_status_str(st));
+            goto err_destroy_data;
+        }
+    }
+
+    kvs_grpc_config_t gcfg = {
+        .listen = cfg->listen,
+        .threads = (unsigned)cfg->threads,
+        .max_message = cfg->max_message,
+        .auth = ctl->auth,
+        .default_tenant = KVS_DEFAULT_TENANT,
+        .methods = kvs_ctl_methods,
+        .n_methods = kvs_ctl_n_methods,
+        .app = ctl,
+    };
+    st = kvs_grpc_start(&gcfg, &ctl->grpc, err, errlen);
+    if (st != RI_OK)
+        goto err_destroy_data;
+    kvs_ctl_bound_addr(cfg->listen, kvs_grpc_port(ctl->grpc), ctl->grpc_addr, sizeof(ctl->grpc_addr));
+
+    if (strcmp(cfg->metrics_listen, "off") != 0) {
+        st = kvs_http_start(cfg->metrics_listen, kvs_ctl_render, ctl, &ctl->http, err, errlen);
+        if (st != RI_OK)
+            goto err_stop_grpc;
+        kvs_ctl_bound_addr(cfg->metrics_listen, kvs_http_port(ctl->http), ctl->metrics_addr,
+                           sizeof(ctl->metrics_addr));
+        if (!kvs_ctl_addr_is_loopback(cfg->metrics_listen))
+            cm_warn("metrics: %s is not loopback; /metrics has no authentication", ctl->metrics_addr);
+    }
+    *ctl_p = ctl;
+    return RI_OK;
+
+err_stop_grpc:
+    kvs_grpc_destroy(ctl->grpc);
+err_destroy_data:
+    kvs_data_destroy(ctl->data);
+err_free_auth:
+    kvs_auth_destroy(ctl->auth);
+err_free:
+    cm_free(ctl);
+    return st;
+}
+
+void kvs_ctl_destroy(kvs_ctl_t *ctl)
+{
+    if (ctl == NULL)
+        return;
+    atomic_store(&ctl->draining, true);
+    uint64_t t0 = cm_time_ns();
+    unsigned cancelled = kvs_grpc_shutdown(ctl->grpc, (uint32_t)ctl->cfg.drain_timeout_ms);
+    cm_info("grpc: stopped in %.1f ms (%u call(s) cancelled)", (double)(cm_time_ns() - t0) / 1e6, cancelled);
+    kvs_http_destroy(ctl->http); /* before grpc: the page reads its counters */
+    kvs_grpc_destroy(ctl->grpc);
+    kvs_data_destroy(ctl->data);
+    kvs_auth_destroy(ctl->auth);
+    cm_free(ctl);
+}
+
+typedef struct kvs_ctl_alloc_visit {
+    FILE *out;
+} kvs_ctl_alloc_visit_t;
+
+static void kvs_ctl_alloc_line(const cm_alloc_tag_t *tag, void *arg)
+{
+    kvs_ctl_alloc_visit_t *v = arg;
+    fprintf(v->out, "ri_kvs_alloc_bytes{tag=\"%s\"} %zu\n", tag->name, atomic_load(&tag->bytes));
+}
+
+static void kvs_ctl_alloc_peak_line(const cm_alloc_tag_t *tag, void *arg)
+{
+    kvs_ctl_alloc_visit_t *v = arg;
+    fprintf(v->out, "ri_kvs_alloc_peak_bytes{tag=\"%s\"} %zu\n", tag->name, atomic_load(&tag->peak_bytes));
+}
+
+void kvs_ctl_metrics_write(kvs_ctl_t *ctl, FILE *out)
+{
+    kvs_ctl_alloc_visit_t v = {out};
+    fprintf(out, "# HELP ri_kvs_up 1 while the daemon serves.\n# TYPE ri_kvs_up gauge\nri_kvs_up 1\n");
+    fprintf(out, "# HELP ri_kvs_uptime_seconds Time since the daemon started.\n");
+    fprintf(out, "# TYPE ri_kvs_uptime_seconds gauge\n");
+    fprintf(out, "ri_kvs_uptime_seconds %.3f\n", (double)(cm_time_ns() - ctl->start_ns) / 1e9);
+    fprintf(out, "# HELP ri_kvs_draining 1 once Drain was called or shutdown began.\n");
+    fprintf(out, "# TYPE ri_kvs_draining gauge\nri_kvs_draining %d\n", atomic_load(&ctl->draining) ? 1 : 0);
+    fprintf(out, "# HELP ri_kvs_build_info Version and auth mode.\n# TYPE ri_kvs_build_info gauge\n");
+    fprintf(out, "ri_kvs_build_info{version=\"%s\",auth_mode=\"%s\"} 1\n", KVS_VERSION,
+            ctl->auth ? "tokens" : "single-tenant");
+    kvs_grpc_metrics_write(ctl->grpc, out);
+    fprintf(out, "# HELP ri_kvs_alloc_bytes Live heap bytes by allocation tag.\n");
+    fprintf(out, "# TYPE ri_kvs_alloc_bytes gauge\n");
+    cm_alloc_visit(kvs_ctl_alloc_line, &v);
+    fprintf(out, "# HELP ri_kvs_alloc_peak_bytes Peak heap bytes by allocation tag.\n");
+    fprintf(out, "# TYPE ri_kvs_alloc_peak_bytes gauge\n");
+    cm_alloc_visit(kvs_ctl_alloc_peak_line, &v);
+    kvs_data_metrics_write(ctl->data, out);
+}

@@ -1,0 +1,80 @@
+/*
+ * The control side of ri-kvstore: its settings (one cm_config table), the
+ * daemon object that ties the gRPC server, authentication, the metrics
+ * endpoint and the data side (kvstore/data) together, and the control API
+ * handlers.  main() in kvs_main.c only parses the command line, starts this
+ * object and waits for a signal.
+ */
+#ifndef KVS_CTL_H
+#define KVS_CTL_H
+
+#include <stdatomic.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+
+#include "common/cm_config.h"
+#include "kvstore/ctl/kvs_auth.h"
+#include "kvstore/ctl/kvs_grpc.h"
+#include "kvstore/data/kvs_data.h"
+#include "retroinfer/status.h"
+
+#define KVS_VERSION "0.1.0"
+#define KVS_DEFAULT_TENANT "default"
+
+/* Every setting of ri-kvstore; filled by cm_config_load from kvs_ctl_config_table. */
+typedef struct kvs_ctl_config {
+    char *listen;                    /* gRPC "host:port" */
+    char *port_file;                 /* where to write the bound addresses, or "" */
+    uint64_t memory;                 /* host block pool bytes */
+    bool hugepages;                  /* try hugepages for the pool */
+    char *dataplane_listen;          /* UCX listener "host:port" */
+    uint64_t dataplane_max_message;  /* largest data-plane message */
+    char *tokens_file;               /* bearer tokens -> tenants, or "" */
+    uint64_t tenant_quota;           /* default per-tenant memory quota; 0 = none */
+    uint64_t global_quota;           /* all tenants together; 0 = pool size */
+    char *metrics_listen;            /* HTTP "host:port" for /metrics, or "off" */
+    int64_t threads;                 /* gRPC serving threads */
+    int64_t drain_timeout_ms;        /* bound on in-flight work at shutdown */
+    uint64_t max_message;            /* gRPC send/receive limit */
+    char *log_level;                 /* error|warn|info|debug|trace */
+} kvs_ctl_config_t;
+
+extern const cm_config_table_t kvs_ctl_config_table;
+
+/* The running daemon. */
+typedef struct kvs_ctl {
+    kvs_ctl_config_t cfg;           /* borrowed from the caller of kvs_ctl_start */
+    kvs_auth_t *auth;               /* owned; NULL = single-tenant loopback mode */
+    kvs_data_t *data;               /* owned */
+    kvs_grpc_t *grpc;               /* owned */
+    struct kvs_http *http;          /* owned; NULL when metrics are off */
+    uint64_t start_ns;              /* monotonic start time */
+    atomic_bool draining;           /* Drain was called or shutdown began */
+    char grpc_addr[300];            /* bound gRPC address "host:port" */
+    char metrics_addr[300];         /* bound metrics address, or "" */
+} kvs_ctl_t;
+
+/* Check settings that the table alone cannot (addresses, loopback rule). */
+ri_status_t kvs_ctl_config_check(const kvs_ctl_config_t *cfg, char *err, size_t errlen);
+
+/* Start everything: tokens, data side, gRPC, metrics.  cfg is borrowed and
+ * must outlive the daemon.  Caller stops with kvs_ctl_destroy. */
+ri_status_t kvs_ctl_start(const kvs_ctl_config_t *cfg, kvs_ctl_t **ctl_p, char *err, size_t errlen);
+
+/* Stop accepting, finish in-flight calls within drain-timeout-ms, stop the
+ * data side, free everything.  NULL is a no-op. */
+void kvs_ctl_destroy(kvs_ctl_t *ctl);
+
+/* The control API methods (Health, Stats, CreateSession, ...). */
+extern const kvs_method_t kvs_ctl_methods[];
+extern const size_t kvs_ctl_n_methods;
+
+/* Write the whole /metrics page. */
+void kvs_ctl_metrics_write(kvs_ctl_t *ctl, FILE *out);
+
+/* Is host (of "host:port") a loopback address? */
+bool kvs_ctl_addr_is_loopback(const char *addr);
+
+#endif /* KVS_CTL_H */

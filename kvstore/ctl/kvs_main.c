@@ -1,0 +1,119 @@
+/*
+ * ri-kvstore: the sidecar KV-cache daemon.  Reads its settings (defaults,
+ * --config FILE, RI_KVS_* environment, flags), starts the control side and the
+ * data side, prints where it listens, then waits for SIGTERM or SIGINT and
+ * shuts down within drain-timeout-ms.  Exit status: 0 after a clean stop,
+ * 2 for bad settings, 1 when it could not start.
+ */
+#define _GNU_SOURCE
+#include <errno.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "common/cm_log.h"
+#include "kvstore/ctl/kvs_ctl.h"
+
+/* Write the bound addresses to path atomically (tmp file + rename), so a
+ * reader that sees the file sees all of it. */
+static int kvs_main_write_port_file(const char *path, const kvs_ctl_t *ctl)
+{
+    char tmp[4096];
+    if (snprintf(tmp, sizeof(tmp), "%s.tmp.%d", path, (int)getpid()) >= (int)sizeof(tmp))
+        return -1;
+    FILE *f = fopen(tmp, "we");
+    if (f == NULL) {
+        cm_error("port-file %s: %s", tmp, strerror(errno));
+        return -1;
+    }
+    const char *dp = kvs_data_address(ctl->data);
+    fprintf(f, "grpc=%s\nmetrics=%s\ndataplane=%s\npid=%d\n", ctl->grpc_addr, ctl->metrics_addr, dp ? dp : "",
+            (int)getpid());
+    if (fclose(f) != 0 || rename(tmp, path) != 0) {
+        cm_error("port-file %s: %s", path, strerror(errno));
+        unlink(tmp);
+        return -1;
+    }
+    return 0;
+}
+
+int main(int argc, char **argv)
+{
+    kvs_ctl_config_t cfg;
+    cm_config_result_t res;
+    char err[512];
+    kvs_ctl_t *ctl = NULL;
+    sigset_t sigs;
+    int sig = 0, rc = 0;
+
+    cm_log_init_from_env();
+    if (cm_config_load(&kvs_ctl_config_table, &cfg, argc, argv, &res, err, sizeof(err)) != RI_OK) {
+        fprintf(stderr, "ri-kvstore: %s\n(try --help)\n", err);
+        return 2;
+    }
+    if (res.help) {
+        cm_config_usage(&kvs_ctl_config_table, stdout);
+        cm_config_free(&kvs_ctl_config_table, &cfg);
+        return 0;
+    }
+    if (res.dump) {
+        cm_config_dump(&kvs_ctl_config_table, &cfg, stdout);
+        cm_config_free(&kvs_ctl_config_table, &cfg);
+        return 0;
+    }
+    if (res.first_arg < argc) {
+        fprintf(stderr, "ri-kvstore: unexpected argument '%s' (try --help)\n", argv[res.first_arg]);
+        cm_config_free(&kvs_ctl_config_table, &cfg);
+        return 2;
+    }
+    if (kvs_ctl_config_check(&cfg, err, sizeof(err)) != RI_OK) {
+        fprintf(stderr, "ri-kvstore: %s\n", err);
+        cm_config_free(&kvs_ctl_config_table, &cfg);
+        return 2;
+    }
+
+    /* Every thread created from here on inherits the blocked set, so the
+     * signals reach only sigwait below. */
+    signal(SIGPIPE, SIG_IGN);
+    sigemptyset(&sigs);
+    sigaddset(&sigs, SIGTERM);
+    sigaddset(&sigs, SIGINT);
+    pthread_sigmask(SIG_BLOCK, &sigs, NULL);
+
+    if (kvs_ctl_start(&cfg, &ctl, err, sizeof(err)) != RI_OK) {
+        fprintf(stderr, "ri-kvstore: cannot start: %s\n", err);
+        cm_config_free(&kvs_ctl_config_table, &cfg);
+        return 1;
+    }
+    const char *dp = kvs_data_address(ctl->data);
+    printf("ri-kvstore: grpc listening on %s\n", ctl->grpc_addr);
+    if (ctl->metrics_addr[0] != '\0')
+        printf("ri-kvstore: metrics on http://%s/metrics\n", ctl->metrics_addr);
+    printf("ri-kvstore: dataplane on %s\n", dp && dp[0] ? dp : "(none)");
+    printf("ri-kvstore: auth %s\n", ctl->auth ? "tokens" : "single-tenant (loopback only)");
+    fflush(stdout);
+    if (cfg.port_file[0] != '\0' && kvs_main_write_port_file(cfg.port_file, ctl) != 0)
+        rc = 1;
+    cm_info("ri-kvstore %s serving: grpc %s, %lld thread(s)", KVS_VERSION, ctl->grpc_addr, (long long)cfg.threads);
+
+    while (rc == 0) {
+        int e = sigwait(&sigs, &sig);
+        if (e == 0)
+            break;
+        if (e != EINTR) {
+            cm_error("sigwait: %s", strerror(e));
+            rc = 1;
+        }
+    }
+    if (sig != 0)
+        cm_info("%s received: shutting down (drain timeout %lld ms)", strsignal(sig), (long long)cfg.drain_timeout_ms);
+    kvs_ctl_destroy(ctl);
+    if (cfg.port_file[0] != '\0')
+        unlink(cfg.port_file);
+    cm_config_free(&kvs_ctl_config_table, &cfg);
+    cm_info("ri-kvstore stopped");
+    return rc;
+}
