@@ -1,0 +1,522 @@
+/*
+ * The optimised CPU backend.  Decode attention is memory bound: one K row and
+ * one V row (fp16) per token and KV head, read once and used by the g query
+ * heads of the group.  So the kernels work per GQA group on blocks of up to
+ * KN_BLK tokens (flash-attention style online softmax): scores of the block
+ * for all g heads (each K row converted once), a vectorised exp, then the V
+ * rows accumulated into fp32 registers.  AVX2+FMA+F16C is chosen at run time
+ * (__builtin_cpu_supports) when head_dim % 16 == 0 and g <= 8; otherwise a
+ * portable scalar path of the same structure runs.
+ *
+ * Threads: kn_cpu_attn_decode splits every (sequence, KV head) into token
+ * ranges (flash-decoding split-K), runs them on the pool and merges the
+ * (o, lse) partials.  Group-level ops are single-threaded (see kn_ops.h).
+ */
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "common/cm_status.h"
+#include "kernels/kn_cpu_simd.h"
+#include "kernels/kn_internal.h"
+
+/* ---- dispatch ---- */
+
+static int kn_cpu_avx2_state = -1;
+
+static bool kn_cpu_have_avx2(void)
+{
+    if (kn_cpu_avx2_state < 0) {
+        __builtin_cpu_init();
+        kn_cpu_avx2_state = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
+                            __builtin_cpu_supports("f16c") && getenv("RI_KERNELS_NO_SIMD") == NULL;
+    }
+    return kn_cpu_avx2_state == 1;
+}
+
+const char *kn_cpu_isa(void)
+{
+    return kn_cpu_have_avx2() ? "avx2" : "scalar";
+}
+
+static bool kn_cpu_simd_ok(uint32_t g, uint32_t d)
+{
+    return kn_cpu_have_avx2() && g >= 1 && g <= KN_GMAX && d % 16 == 0;
+}
+
+static bool kn_cpu_supports(kn_op_t op, const kn_shape_t *shape, kn_dtype_t dtype)
+{
+    (void)op;
+    return dtype == KN_DTYPE_F16 &&
+           (shape == NULL ||
+            (kn_shape_valid(shape) && shape->n_q_heads / shape->n_kv_heads <= KN_GMAX_STATE));
+}
+
+/* ---- scalar flash-attention block (portable fallback) ---- */
+
+static void kn_fa_rows_scalar(kn_fa_state_t *fs, const cm_fp16_t *k, const cm_fp16_t *v,
+                              size_t stride, size_t n)
+{
+    uint32_t g = fs->g, d = fs->d;
+    for (size_t t = 0; t < n; t++) {
+        const cm_fp16_t *kt = k + t * stride, *vt = v + t * stride;
+        for (uint32_t h = 0; h < g; h++) {
+            const float *qh = fs->q + (size_t)h * d;
+            float s = 0.0f, p;
+            float *acc = fs->acc + (size_t)h * d;
+            for (uint32_t i = 0; i < d; i++)
+                s += qh[i] * cm_fp16_to_f32(kt[i]);
+            if (s > fs->m[h]) {
+                float c = expf(fs->m[h] - s);
+                for (uint32_t i = 0; i < d; i++)
+                    acc[i] *= c;
+                fs->l[h] *= c;
+                fs->m[h] = s;
+            }
+            p = expf(s - fs->m[h]);
+            fs->l[h] += p;
+            for (uint32_t i = 0; i < d; i++)
+                acc[i] += p * cm_fp16_to_f32(vt[i]);
+        }
+    }
+}
+
+void kn_fa_init(kn_fa_state_t *fs, const float *q, uint32_t g, uint32_t d, float scale,
+                float *qbuf, float *acc)
+{
+    fs->g = g;
+    fs->d = d;
+    fs->q = qbuf;
+    fs->acc = acc;
+    for (size_t i = 0; i < (size_t)g * d; i++)
+        qbuf[i] = q[i] * scale;
+    memset(acc, 0, (size_t)g * d * sizeof(float));
+    for (uint32_t h = 0; h < g; h++) {
+        fs->m[h] = -INFINITY;
+        fs->l[h] = 0.0f;
+    }
+    fs->simd = kn_cpu_simd_ok(g, d);
+}
+
+void kn_fa_rows(kn_fa_state_t *fs, const cm_fp16_t *k, const cm_fp16_t *v, size_t stride, size_t n)
+{
+    if (n == 0)
+        return;
+    if (fs->simd)
+        kn_fa_rows_avx2(fs, k, v, stride, n);
+    else
+        kn_fa_rows_scalar(fs, k, v, stride, n);
+}
+
+void kn_fa_finish(const kn_fa_state_t *fs, float *o, float *lse)
+{
+    uint32_t d = fs->d;
+    for (uint32_t h = 0; h < fs->g; h++) {
+        float inv = fs->l[h] > 0.0f ? 1.0f / fs->l[h] : 0.0f;
+        for (uint32_t i = 0; i < d; i++)
+            o[(size_t)h * d + i] = fs->acc[(size_t)h * d + i] * inv;
+        lse[h] = fs->l[h] > 0.0f ? fs->m[h] + logf(fs->l[h]) : -INFINITY;
+    }
+}
+
+/* ---- attn_pages ---- */
+
+static ri_status_t kn_cpu_attn_pages(const kn_shape_t *grp, const float *q, const kn_page_t *pages,
+                                     size_t n_pages, float *o, float *lse)
+{
+    uint32_t g = grp->n_q_heads, d = grp->head_dim;
+    float *buf = cm_malloc_aligned(&kn_tag, (size_t)2 * g * d * sizeof(float), 64);
+    kn_fa_state_t fs;
+
+    if (buf == NULL)
+        return RI_ERR_NOMEM;
+    kn_fa_init(&fs, q, g, d, kn_shape_scale(grp), buf, buf + (size_t)g * d);
+    for (size_t p = 0; p < n_pages; p++)
+        kn_fa_rows(&fs, pages[p].k, pages[p].v, pages[p].stride, pages[p].n_tokens);
+    kn_fa_finish(&fs, o, lse);
+    cm_free(buf);
+    return RI_OK;
+}
+
+/* ---- attn_decode: split-K over the pool ---- */
+
+typedef struct kn_dec_item {
+    uint32_t seq, kvh;
+    size_t t0, t1;
+    size_t part;  /* index of the (o, lse) partial */
+} kn_dec_item_t;
+
+typedef struct kn_dec_job {
+    const kn_shape_t *shape;
+    const float *q;
+    const kn_kv_view_t *kv;
+    const kn_dec_item_t *items;
+    float *part_o;    /* [n_items][g][d] */
+    float *part_lse;  /* [n_items][g] */
+    float *scratch;   /* [threads][2][g][d] */
+} kn_dec_job_t;
+
+static void kn_dec_task(void *arg, size_t begin, size_t end, unsigned worker)
+{
+    kn_dec_job_t *job = arg;
+    uint32_t d = job->shape->head_dim, g = job->shape->n_q_heads / job->shape->n_kv_heads;
+    float *qb = job->scratch + (size_t)worker * 2 * g * d;
+    for (size_t it = begin; it < end; it++) {
+        const kn_dec_item_t *w = &job->items[it];
+        const kn_kv_view_t *kv = &job->kv[w->seq];
+        size_t off = (size_t)w->kvh * kv->head_stride + w->t0 * kv->token_stride;
+        kn_fa_state_t fs;
+        kn_fa_init(&fs, job->q + ((size_t)w->seq * job->shape->n_q_heads + (size_t)w->kvh * g) * d,
+                   g, d, kn_shape_scale(job->shape), qb, qb + (size_t)g * d);
+        kn_fa_rows(&fs, kv->k + off, kv->v + off, kv->token_stride, w->t1 - w->t0);
+        kn_fa_finish(&fs, job->part_o + w->part * g * d, job->part_lse + w->part * g);
+    }
+}
+
+static ri_status_t kn_cpu_attn_decode(const kn_shape_t *shape, size_t n_seq, const float *q,
+                                      const kn_kv_view_t *kv, float *out, float *lse)
+{
+    uint32_t d = shape->head_dim, nkv = shape->n_kv_heads, g = shape->n_q_heads / nkv;
+    cm_pool_t *pool = kn_pool();
+    unsigned nthr = cm_pool_size(pool);
+    size_t total = 0, n_items = 0, split;
+    kn_dec_item_t *items = NULL;
+    float *part_o = NULL, *part_lse = NULL, *scratch = NULL;
+    ri_status_t st = RI_ERR_NOMEM;
+
+    for (size_t s = 0; s < n_seq; s++)
+        total += kv[s].n_tokens;
+    /* Split length: long enough to stream well (>= 512 tokens), short enough
+     * that every thread gets several items to balance uneven lengths. */
+    split = total * nkv / ((size_t)nthr * 4 + 1);
+    split = CM_MAX(split, (size_t)512);
+    split = CM_MIN(split, (size_t)16384);
+    for (size_t s = 0; s < n_seq; s++)
+        n_items += (size_t)nkv * CM_MAX((kv[s].n_tokens + split - 1) / split, (size_t)1);
+    items = cm_malloc(&kn_tag, n_items * sizeof(*items));
+    part_o = cm_malloc_aligned(&kn_tag, n_items * g * d * sizeof(float), 64);
+    part_lse = cm_malloc(&kn_tag, n_items * g * sizeof(float));
+    scratch = cm_malloc_aligned(&kn_tag, (size_t)nthr * 2 * g * d * sizeof(float), 64);
+    if (!items || !part_o || !part_lse || !scratch)
+        goto out;
+    n_items = 0;
+    for (size_t s = 0; s < n_seq; s++) {
+        size_t ns = CM_MAX((kv[s].n_tokens + split - 1) / split, (size_t)1);
+        for (uint32_t h = 0; h < nkv; h++) {
+            for (size_t i = 0; i < ns; i++) {
+                kn_dec_item_t *w = &items[n_items];
+                w->seq = (uint32_t)s;
+                w->kvh = h;
+                w->t0 = i * kv[s].n_tokens / ns;
+                w->t1 = (i + 1) * kv[s].n_tokens / ns;
+                w->part = n_items++;
+            }
+        }
+    }
+    kn_dec_job_t job = {shape, q, kv, items, part_o, part_lse, scratch};
+    cm_pool_parallel_for(pool, n_items, 1, kn_dec_task, &job);
+
+    /* merge the splits of each (seq, kv head); items are grouped that way */
+    for (size_t it = 0; it < n_items;) {
+        size_t e = it, row = (size_t)items[it].seq * shape->n_q_heads + (size_t)items[it].kvh * g;
+        while (e < n_items && items[e].seq == items[it].seq && items[e].kvh == items[it].kvh)
+            e++;
+        kn_merge_contig(g, d, e - it, part_o + it * g * d, part_lse + it * g, out + row * d,
+                        lse ? lse + row : NULL);
+        it = e;
+    }
+    st = RI_OK;
+out:
+    cm_free(items);
+    cm_free(part_o);
+    cm_free(part_lse);
+    cm_free(scratch);
+    return st;
+}
+
+/* ---- merge ---- */
+
+void kn_merge_contig(uint32_t n_rows, uint32_t d, size_t n_parts, const float *o_parts,
+                     const float *lse_parts, float *o, float *lse)
+{
+    for (uint32_t r = 0; r < n_rows; r++) {
+        float m = -INFINITY, den = 0.0f;
+        float *dst = o + (size_t)r * d;
+        for (size_t p = 0; p < n_parts; p++)
+            m = CM_MAX(m, lse_parts[p * n_rows + r]);
+        memset(dst, 0, d * sizeof(float));
+        if (m == -INFINITY) {
+            if (lse)
+                lse[r] = -INFINITY;
+            continue;
+        }
+        for (size_t p = 0; p < n_parts; p++) {
+            float w = expf(lse_parts[p * n_rows + r] - m);
+            const float *src = o_parts + (p * n_rows + r) * d;
+            if (w == 0.0f)
+                continue;
+            den += w;
+            for (uint32_t i = 0; i < d; i++)
+                dst[i] += w * src[i];
+        }
+        for (uint32_t i = 0; i < d; i++)
+            dst[i] /= den;
+        if (lse)
+            lse[r] = m + logf(den);
+    }
+}
+
+static ri_status_t kn_cpu_merge(size_t n_rows, uint32_t d, size_t n_parts,
+                                const float *const *o_parts, const float *const *lse_parts,
+                                float *o, float *lse)
+{
+    for (size_t r = 0; r < n_rows; r++) {
+        float m = -INFINITY, den = 0.0f;
+        float *dst = o + r * d;
+        for (size_t p = 0; p < n_parts; p++)
+            m = CM_MAX(m, lse_parts[p][r]);
+        memset(dst, 0, d * sizeof(float));
+        if (m == -INFINITY) {
+            lse[r] = -INFINITY;
+            continue;
+        }
+        for (size_t p = 0; p < n_parts; p++) {
+            float w = expf(lse_parts[p][r] - m);
+            const float *src = o_parts[p] + r * d;
+            if (w == 0.0f)
+                continue;
+            den += w;
+            for (uint32_t i = 0; i < d; i++)
+                dst[i] += w * src[i];
+        }
+        for (uint32_t i = 0; i < d; i++)
+            dst[i] /= den;
+        lse[r] = m + logf(den);
+    }
+    return RI_OK;
+}
+
+/* ---- rank ---- */
+
+/* logits [g][n] of scaled q against n fp16 rows (stride d). */
+static void kn_cpu_scores(const float *qs, uint32_t g, uint32_t d, const cm_fp16_t *rows,
+                          size_t stride, size_t n, float *out, bool simd)
+{
+    if (simd) {
+        for (size_t t0 = 0; t0 < n; t0 += 4096)  /* out stride is n; blocks keep rows in L2 */
+            kn_scores_avx2(qs, g, d, rows + t0 * stride, stride, CM_MIN((size_t)4096, n - t0),
+                           out + t0, n);
+        return;
+    }
+    for (size_t t = 0; t < n; t++)
+        for (uint32_t h = 0; h < g; h++) {
+            float s = 0.0f;
+            for (uint32_t i = 0; i < d; i++)
+                s += qs[(size_t)h * d + i] * cm_fp16_to_f32(rows[t * stride + i]);
+            out[(size_t)h * n + t] = s;
+        }
+}
+
+void kn_group_scores(const float *qs, uint32_t g, uint32_t d, const cm_fp16_t *rows, size_t stride,
+                     size_t n, float *out)
+{
+    kn_cpu_scores(qs, g, d, rows, stride, n, out, kn_cpu_simd_ok(g, d));
+}
+
+static ri_status_t kn_cpu_rank(const kn_shape_t *grp, const float *q, const kn_index_t *idx,
+                               uint32_t n_r, uint32_t n_e, uint32_t *ids, uint32_t *n_r_p,
+                               uint32_t *n_e_p)
+{
+    uint32_t g = grp->n_q_heads, d = grp->head_dim, C = idx->n_clusters, avail = 0;
+    bool simd = kn_cpu_simd_ok(g, d);
+    float *qs = cm_malloc_aligned(&kn_tag, (size_t)g * d * sizeof(float), 64);
+    float *logit = cm_malloc_aligned(&kn_tag, ((size_t)g * C + 1) * sizeof(float), 64);
+    float *score = cm_malloc(&kn_tag, ((size_t)C + 1) * sizeof(float));
+    uint32_t *all = cm_malloc(&kn_tag, ((size_t)C + 1) * sizeof(uint32_t));
+    ri_status_t st = RI_ERR_NOMEM;
+
+    if (!qs || !logit || !score || !all)
+        goto out;
+    for (size_t i = 0; i < (size_t)g * d; i++)
+        qs[i] = q[i] * kn_shape_scale(grp);
+    kn_cpu_scores(qs, g, d, idx->centroids, d, C, logit, simd);
+    memset(score, 0, C * sizeof(float));
+    for (uint32_t h = 0; h < g; h++) {
+        float *lg = logit + (size_t)h * C, m = -INFINITY, sum = 0.0f, inv;
+        for (uint32_t j = 0; j < C; j++) {
+            if (idx->sizes[j] == 0)
+                lg[j] = -INFINITY;
+            m = CM_MAX(m, lg[j]);
+        }
+        if (m == -INFINITY)
+            break;
+        sum = simd ? kn_exp_sub_sum_avx2(lg, C, m) : 0.0f;
+        if (!simd)
+            for (uint32_t j = 0; j < C; j++)
+                sum += (lg[j] = expf(lg[j] - m));
+        inv = 1.0f / sum;
+        for (uint32_t j = 0; j < C; j++)
+            score[j] += lg[j] * inv;
+    }
+    for (uint32_t j = 0; j < C; j++)
+        if (idx->sizes[j] != 0)
+            all[avail++] = j;
+    n_r = CM_MIN(n_r, avail);
+    n_e = CM_MIN(n_e, avail - n_r);
+    kn_select_top(all, avail, (size_t)n_r + n_e, score);
+    kn_select_top(all, (size_t)n_r + n_e, n_r, score);
+    memcpy(ids, all, ((size_t)n_r + n_e) * sizeof(uint32_t));
+    *n_r_p = n_r;
+    *n_e_p = n_e;
+    st = RI_OK;
+out:
+    cm_free(qs);
+    cm_free(logit);
+    cm_free(score);
+    cm_free(all);
+    return st;
+}
+
+/* ---- estimate ---- */
+
+static ri_status_t kn_cpu_estimate(const kn_shape_t *grp, const float *q, const kn_index_t *idx,
+                                   const uint32_t *ids, size_t n, float *o, float *lse)
+{
+    uint32_t g = grp->n_q_heads, d = grp->head_dim;
+    bool simd = kn_cpu_simd_ok(g, d);
+    float *qs = cm_malloc_aligned(&kn_tag, (size_t)g * d * sizeof(float), 64);
+    float *w = cm_malloc_aligned(&kn_tag, ((size_t)g * n + 1) * sizeof(float), 64);
+    float *acc = cm_malloc_aligned(&kn_tag, (size_t)g * d * sizeof(float), 64);
+    ri_status_t st = RI_ERR_NOMEM;
+
+    if (!qs || !w || !acc)
+        goto out;
+    for (size_t i = 0; i < (size_t)g * d; i++)
+        qs[i] = q[i] * kn_shape_scale(grp);
+    /* logits of the listed centroids */
+    for (size_t e = 0; e < n; e++) {
+        const cm_fp16_t *c = idx->centroids + (size_t)ids[e] * d;
+        float tmp[KN_GMAX];
+        if (simd) {
+            kn_scores_avx2(qs, g, d, c, d, 1, tmp, 1);
+            for (uint32_t h = 0; h < g; h++)
+                w[(size_t)h * n + e] = tmp[h];
+        } else {
+            for (uint32_t h = 0; h < g; h++) {
+                float s = 0.0f;
+                for (uint32_t i = 0; i < d; i++)
+                    s += qs[(size_t)h * d + i] * cm_fp16_to_f32(c[i]);
+                w[(size_t)h * n + e] = s;
+            }
+        }
+    }
+    memset(acc, 0, (size_t)g * d * sizeof(float));
+    for (uint32_t h = 0; h < g; h++) {
+        float *wh = w + (size_t)h * n, m = -INFINITY, den = 0.0f;
+        float *ah = acc + (size_t)h * d;
+        for (size_t e = 0; e < n; e++) {
+            uint32_t sz = idx->sizes[ids[e]];
+            wh[e] = sz ? wh[e] + logf((float)sz) : -INFINITY;  /* logit + ln n_j */
+            m = CM_MAX(m, wh[e]);
+        }
+        if (m == -INFINITY) {
+            memset(o + (size_t)h * d, 0, d * sizeof(float));
+            lse[h] = -INFINITY;
+            continue;
+        }
+        for (size_t e = 0; e < n; e++) {
+            uint32_t sz = idx->sizes[ids[e]];
+            float p;
+            if (sz == 0)
+                continue;
+            p = expf(wh[e] - m);       /* n_j e^{s_j - m} */
+            den += p;
+            p /= (float)sz;            /* times VS_j / n_j */
+            if (simd)
+                kn_axpy_avx2(ah, idx->vsum + (size_t)ids[e] * d, p, d);
+            else
+                for (uint32_t i = 0; i < d; i++)
+                    ah[i] += p * idx->vsum[(size_t)ids[e] * d + i];
+        }
+        for (uint32_t i = 0; i < d; i++)
+            o[(size_t)h * d + i] = ah[i] / den;
+        lse[h] = m + logf(den);
+    }
+    st = RI_OK;
+out:
+    cm_free(qs);
+    cm_free(w);
+    cm_free(acc);
+    return st;
+}
+
+/* ---- index build (assignment kernel) ---- */
+
+static void kn_cpu_assign_scalar(const float *x, size_t n, const float *c, size_t nc, uint32_t d,
+                                 uint32_t *best)
+{
+    for (size_t i = 0; i < n; i++) {
+        float bs = -INFINITY;
+        uint32_t bj = 0;
+        for (size_t j = 0; j < nc; j++) {
+            float s = 0.0f;
+            for (uint32_t t = 0; t < d; t++)
+                s += x[i * d + t] * c[j * d + t];
+            if (s > bs) {
+                bs = s;
+                bj = (uint32_t)j;
+            }
+        }
+        best[i] = bj;
+    }
+}
+
+static ri_status_t kn_cpu_index_build(const kn_build_params_t *p, const cm_fp16_t *k,
+                                      const cm_fp16_t *v, size_t stride, uint32_t n,
+                                      uint32_t token_base, uint32_t n_clusters,
+                                      uint32_t n_segments, kn_index_t *idx)
+{
+    kn_assign_fn_t fn = kn_cpu_have_avx2() && idx->head_dim % 8 == 0 ? kn_assign_avx2
+                                                                       : kn_cpu_assign_scalar;
+    return kn_index_build_impl(p, k, v, stride, n, token_base, n_clusters, n_segments, idx, fn);
+}
+
+/* ---- quest ---- */
+
+static ri_status_t kn_cpu_quest_score(const kn_shape_t *grp, const float *q, const cm_fp16_t *kmin,
+                                      const cm_fp16_t *kmax, size_t n_pages, float *scores)
+{
+    uint32_t g = grp->n_q_heads, d = grp->head_dim;
+    float scale = kn_shape_scale(grp);
+    if (kn_cpu_simd_ok(g, d)) {
+        kn_quest_score_avx2(q, g, d, kmin, kmax, n_pages, scale, scores);
+        return RI_OK;
+    }
+    for (size_t pg = 0; pg < n_pages; pg++) {
+        float best = -INFINITY;
+        for (uint32_t h = 0; h < g; h++) {
+            float s = 0.0f;
+            for (uint32_t i = 0; i < d; i++) {
+                float qi = q[(size_t)h * d + i];
+                float a = qi * cm_fp16_to_f32(kmin[pg * d + i]);
+                float b = qi * cm_fp16_to_f32(kmax[pg * d + i]);
+                s += a > b ? a : b;
+            }
+            best = CM_MAX(best, s);
+        }
+        scores[pg] = best * scale;
+    }
+    return RI_OK;
+}
+
+const kn_ops_t kn_cpu_ops = {
+    .name = "cpu",
+    .supports = kn_cpu_supports,
+    .attn_decode = kn_cpu_attn_decode,
+    .attn_pages = kn_cpu_attn_pages,
+    .rank = kn_cpu_rank,
+    .estimate = kn_cpu_estimate,
+    .merge = kn_cpu_merge,
+    .index_build = kn_cpu_index_build,
+    .quest_score = kn_cpu_quest_score,
+};

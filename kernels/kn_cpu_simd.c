@@ -1,0 +1,324 @@
+/*
+ * AVX2+FMA+F16C kernels of the CPU backend (see kn_cpu_simd.h).  Every
+ * function carries a target attribute, so the file builds without -mavx2 and
+ * the rest of the binary stays portable; callers check the CPU first.
+ *
+ * The group size G and the rows per step R are compile-time constants inside
+ * (always_inline helpers called from a switch), so that the per-head
+ * accumulators live in registers.  The FMA latency (4 cycles, 2 per cycle)
+ * needs ~8 independent chains: R rows of G heads, or CW chunks of V per pass.
+ */
+#include <immintrin.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "common/cm_alloc.h"
+#include "common/cm_status.h"
+#include "kernels/kn_cpu_simd.h"
+#include "kernels/kn_internal.h"
+
+#define KN_T __attribute__((target("avx2,fma,f16c")))
+#define KN_TI static inline __attribute__((always_inline, target("avx2,fma,f16c")))
+
+KN_TI __m256 kn_load_h(const cm_fp16_t *p)
+{
+    return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)p));
+}
+
+KN_TI float kn_hsum(__m256 v)
+{
+    __m128 a = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    a = _mm_add_ps(a, _mm_movehl_ps(a, a));
+    a = _mm_add_ss(a, _mm_movehdup_ps(a));
+    return _mm_cvtss_f32(a);
+}
+
+/* exp(x), relative error ~2e-7 (Cephes polynomial); exactly 0 below -87. */
+KN_TI __m256 kn_exp256(__m256 x)
+{
+    const __m256 lo = _mm256_set1_ps(-87.0f), hi = _mm256_set1_ps(88.3f);
+    __m256 keep = _mm256_cmp_ps(x, lo, _CMP_GT_OQ);
+    __m256 xc = _mm256_min_ps(_mm256_max_ps(x, lo), hi);
+    __m256 fx = _mm256_round_ps(_mm256_mul_ps(xc, _mm256_set1_ps(1.44269504088896341f)),
+                                _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    __m256 r = _mm256_fnmadd_ps(fx, _mm256_set1_ps(0.693359375f), xc);
+    r = _mm256_fnmadd_ps(fx, _mm256_set1_ps(-2.12194440e-4f), r);
+    __m256 y = _mm256_set1_ps(1.9875691500E-4f);
+    y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(1.3981999507E-3f));
+    y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(8.3334519073E-3f));
+    y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(4.1665795894E-2f));
+    y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(1.6666665459E-1f));
+    y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(5.0000001201E-1f));
+    y = _mm256_fmadd_ps(y, _mm256_mul_ps(r, r), _mm256_add_ps(r, _mm256_set1_ps(1.0f)));
+    __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(fx), _mm256_set1_epi32(127)), 23);
+    return _mm256_and_ps(_mm256_mul_ps(y, _mm256_castsi256_ps(e)), keep);
+}
+
+/* Scores of R consecutive rows for G heads: out[h*os + r] = q_h . row_r. */
+KN_TI void kn_rows_scores(const float *q, uint32_t d, const cm_fp16_t *k, size_t stride,
+                          float *out, size_t os, const int G, const int R)
+{
+    __m256 acc[KN_GMAX * 4];
+#pragma GCC unroll 32
+    for (int a = 0; a < G * R; a++)
+        acc[a] = _mm256_setzero_ps();
+    for (uint32_t i = 0; i < d; i += 8) {
+        __m256 kv[4];
+#pragma GCC unroll 4
+        for (int r = 0; r < R; r++)
+            kv[r] = kn_load_h(k + (size_t)r * stride + i);
+#pragma GCC unroll 8
+        for (int h = 0; h < G; h++) {
+            __m256 qv = _mm256_loadu_ps(q + (size_t)h * d + i);
+#pragma GCC unroll 4
+            for (int r = 0; r < R; r++)
+                acc[h * R + r] = _mm256_fmadd_ps(qv, kv[r], acc[h * R + r]);
+        }
+    }
+#pragma GCC unroll 8
+    for (int h = 0; h < G; h++)
+#pragma GCC unroll 4
+        for (int r = 0; r < R; r++)
+            out[(size_t)h * os + r] = kn_hsum(acc[h * R + r]);
+}
+
+KN_TI void kn_scores_g(const float *q, uint32_t d, const cm_fp16_t *k, size_t stride, size_t n,
+                       float *out, size_t os, const int G)
+{
+    const int R = G >= 5 ? 1 : (G >= 3 ? 2 : 4);
+    size_t t = 0;
+    for (; t + R <= n; t += R)
+        kn_rows_scores(q, d, k + t * stride, stride, out + t, os, G, R);
+    for (; t < n; t++)
+        kn_rows_scores(q, d, k + t * stride, stride, out + t, os, G, 1);
+}
+
+/* V accumulation of T rows into acc [G][d] with weights p [G][KN_BLK]. */
+KN_TI void kn_accum_v(float *acc, uint32_t d, const cm_fp16_t *v, size_t stride, size_t T,
+                      const float *p, const int G)
+{
+    const int CW = G <= 2 ? 4 : (G <= 4 ? 2 : 1);
+    for (uint32_t c = 0; c < d; c += 8 * CW) {
+        __m256 a[KN_GMAX * 2];
+#pragma GCC unroll 8
+        for (int h = 0; h < G; h++)
+#pragma GCC unroll 4
+            for (int w = 0; w < CW; w++)
+                a[h * CW + w] = _mm256_load_ps(acc + (size_t)h * d + c + 8 * w);
+        for (size_t t = 0; t < T; t++) {
+            __m256 vv[4];
+#pragma GCC unroll 4
+            for (int w = 0; w < CW; w++)
+                vv[w] = kn_load_h(v + t * stride + c + 8 * w);
+#pragma GCC unroll 8
+            for (int h = 0; h < G; h++) {
+                __m256 pb = _mm256_broadcast_ss(p + (size_t)h * KN_BLK + t);
+#pragma GCC unroll 4
+                for (int w = 0; w < CW; w++)
+                    a[h * CW + w] = _mm256_fmadd_ps(pb, vv[w], a[h * CW + w]);
+            }
+        }
+#pragma GCC unroll 8
+        for (int h = 0; h < G; h++)
+#pragma GCC unroll 4
+            for (int w = 0; w < CW; w++)
+                _mm256_store_ps(acc + (size_t)h * d + c + 8 * w, a[h * CW + w]);
+    }
+}
+
+KN_TI void kn_fa_rows_g(kn_fa_state_t *fs, const cm_fp16_t *k, const cm_fp16_t *v, size_t stride,
+                        size_t n, const int G)
+{
+    uint32_t d = fs->d;
+    float sb[KN_GMAX * KN_BLK] __attribute__((aligned(32)));
+    for (size_t t0 = 0; t0 < n; t0 += KN_BLK) {
+        size_t T = CM_MIN((size_t)KN_BLK, n - t0);
+        size_t T8 = (T + 7) & ~(size_t)7;
+        kn_scores_g(fs->q, d, k + t0 * stride, stride, T, sb, KN_BLK, G);
+#pragma GCC unroll 8
+        for (int h = 0; h < G; h++) {
+            float *s = sb + (size_t)h * KN_BLK, bm, mn;
+            __m256 mx = _mm256_set1_ps(-INFINITY), sum = _mm256_setzero_ps();
+            for (size_t t = T; t < T8; t++)
+                s[t] = -INFINITY;
+            for (size_t t = 0; t < T8; t += 8)
+                mx = _mm256_max_ps(mx, _mm256_load_ps(s + t));
+            {
+                __m128 m4 = _mm_max_ps(_mm256_castps256_ps128(mx), _mm256_extractf128_ps(mx, 1));
+                m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
+                m4 = _mm_max_ss(m4, _mm_movehdup_ps(m4));
+                bm = _mm_cvtss_f32(m4);
+            }
+            mn = fs->m[h] > bm ? fs->m[h] : bm;
+            if (mn > fs->m[h]) {
+                float corr = fs->m[h] == -INFINITY ? 0.0f : expf(fs->m[h] - mn);
+                __m256 cv = _mm256_set1_ps(corr);
+                float *ah = fs->acc + (size_t)h * d;
+                for (uint32_t i = 0; i < d; i += 8)
+                    _mm256_store_ps(ah + i, _mm256_mul_ps(_mm256_load_ps(ah + i), cv));
+                fs->l[h] *= corr;
+                fs->m[h] = mn;
+            }
+            {
+                __m256 mv = _mm256_set1_ps(mn);
+                for (size_t t = 0; t < T8; t += 8) {
+                    __m256 e = kn_exp256(_mm256_sub_ps(_mm256_load_ps(s + t), mv));
+                    _mm256_store_ps(s + t, e);
+                    sum = _mm256_add_ps(sum, e);
+                }
+            }
+            fs->l[h] += kn_hsum(sum);
+        }
+        kn_accum_v(fs->acc, d, v + t0 * stride, stride, T, sb, G);
+    }
+}
+
+KN_T void kn_fa_rows_avx2(kn_fa_state_t *fs, const cm_fp16_t *k, const cm_fp16_t *v, size_t stride,
+                          size_t n)
+{
+    switch (fs->g) {
+    case 1: kn_fa_rows_g(fs, k, v, stride, n, 1); break;
+    case 2: kn_fa_rows_g(fs, k, v, stride, n, 2); break;
+    case 3: kn_fa_rows_g(fs, k, v, stride, n, 3); break;
+    case 4: kn_fa_rows_g(fs, k, v, stride, n, 4); break;
+    case 5: kn_fa_rows_g(fs, k, v, stride, n, 5); break;
+    case 6: kn_fa_rows_g(fs, k, v, stride, n, 6); break;
+    case 7: kn_fa_rows_g(fs, k, v, stride, n, 7); break;
+    default: kn_fa_rows_g(fs, k, v, stride, n, 8); break;
+    }
+}
+
+KN_T void kn_scores_avx2(const float *qs, uint32_t g, uint32_t d, const cm_fp16_t *rows,
+                         size_t stride, size_t n, float *out, size_t out_stride)
+{
+    switch (g) {
+    case 1: kn_scores_g(qs, d, rows, stride, n, out, out_stride, 1); break;
+    case 2: kn_scores_g(qs, d, rows, stride, n, out, out_stride, 2); break;
+    case 3: kn_scores_g(qs, d, rows, stride, n, out, out_stride, 3); break;
+    case 4: kn_scores_g(qs, d, rows, stride, n, out, out_stride, 4); break;
+    case 5: kn_scores_g(qs, d, rows, stride, n, out, out_stride, 5); break;
+    case 6: kn_scores_g(qs, d, rows, stride, n, out, out_stride, 6); break;
+    case 7: kn_scores_g(qs, d, rows, stride, n, out, out_stride, 7); break;
+    default: kn_scores_g(qs, d, rows, stride, n, out, out_stride, 8); break;
+    }
+}
+
+KN_T float kn_exp_sub_sum_avx2(float *x, size_t n, float m)
+{
+    __m256 mv = _mm256_set1_ps(m), sum = _mm256_setzero_ps();
+    size_t i = 0;
+    float tail = 0.0f;
+    for (; i + 8 <= n; i += 8) {
+        __m256 e = kn_exp256(_mm256_sub_ps(_mm256_loadu_ps(x + i), mv));
+        _mm256_storeu_ps(x + i, e);
+        sum = _mm256_add_ps(sum, e);
+    }
+    for (; i < n; i++)
+        tail += (x[i] = expf(x[i] - m));
+    return kn_hsum(sum) + tail;
+}
+
+KN_T void kn_axpy_avx2(float *y, const float *x, float a, uint32_t d)
+{
+    __m256 av = _mm256_set1_ps(a);
+    for (uint32_t i = 0; i < d; i += 8)
+        _mm256_storeu_ps(y + i, _mm256_fmadd_ps(av, _mm256_loadu_ps(x + i), _mm256_loadu_ps(y + i)));
+}
+
+/* GEMM-style argmax: centroids transposed into blocks of 16 ([d][16]) so that
+ * 4 tokens x 16 centroids accumulate in 8 registers without reductions. */
+KN_T void kn_assign_avx2(const float *x, size_t n, const float *c, size_t nc, uint32_t d,
+                         uint32_t *best)
+{
+    static CM_ALLOC_TAG(kn_assign_tag, "kernels.assign");
+    size_t nb = (nc + 15) / 16;
+    float *ct = cm_malloc_aligned(&kn_assign_tag, nb * d * 16 * sizeof(float), 64);
+    float *bs = cm_malloc(&kn_assign_tag, (n ? n : 1) * sizeof(float));
+    if (ct == NULL || bs == NULL) {
+        /* no memory for the fast layout: plain loops give the same answer */
+        cm_free(ct);
+        cm_free(bs);
+        for (size_t i = 0; i < n; i++) {
+            float b = -INFINITY;
+            best[i] = 0;
+            for (size_t j = 0; j < nc; j++) {
+                __m256 a = _mm256_setzero_ps();
+                for (uint32_t t = 0; t < d; t += 8)
+                    a = _mm256_fmadd_ps(_mm256_loadu_ps(x + i * d + t), _mm256_loadu_ps(c + j * d + t), a);
+                float s = kn_hsum(a);
+                if (s > b) {
+                    b = s;
+                    best[i] = (uint32_t)j;
+                }
+            }
+        }
+        return;
+    }
+    for (size_t b = 0; b < nb; b++)
+        for (uint32_t i = 0; i < d; i++)
+            for (size_t l = 0; l < 16; l++) {
+                size_t j = b * 16 + l;
+                ct[(b * d + i) * 16 + l] = j < nc ? c[j * d + i] : 0.0f;
+            }
+    for (size_t i = 0; i < n; i++) {
+        bs[i] = -INFINITY;
+        best[i] = 0;
+    }
+    for (size_t t0 = 0; t0 < n; t0 += 4) {
+        const float *xr[4];
+        for (int r = 0; r < 4; r++)
+            xr[r] = x + CM_MIN(t0 + r, n - 1) * d;
+        for (size_t b = 0; b < nb; b++) {
+            __m256 a[8];
+            float sc[4][16] __attribute__((aligned(32)));
+            const float *cb = ct + b * d * 16;
+            for (int z = 0; z < 8; z++)
+                a[z] = _mm256_setzero_ps();
+            for (uint32_t i = 0; i < d; i++) {
+                __m256 c0 = _mm256_load_ps(cb + i * 16), c1 = _mm256_load_ps(cb + i * 16 + 8);
+#pragma GCC unroll 4
+                for (int r = 0; r < 4; r++) {
+                    __m256 xb = _mm256_broadcast_ss(xr[r] + i);
+                    a[2 * r] = _mm256_fmadd_ps(xb, c0, a[2 * r]);
+                    a[2 * r + 1] = _mm256_fmadd_ps(xb, c1, a[2 * r + 1]);
+                }
+            }
+            for (int r = 0; r < 4; r++) {
+                _mm256_store_ps(sc[r], a[2 * r]);
+                _mm256_store_ps(sc[r] + 8, a[2 * r + 1]);
+            }
+            for (int r = 0; r < 4 && t0 + r < n; r++) {
+                size_t lim = CM_MIN((size_t)16, nc - b * 16);
+                for (size_t l = 0; l < lim; l++) {
+                    if (sc[r][l] > bs[t0 + r]) {
+                        bs[t0 + r] = sc[r][l];
+                        best[t0 + r] = (uint32_t)(b * 16 + l);
+                    }
+                }
+            }
+        }
+    }
+    cm_free(ct);
+    cm_free(bs);
+}
+
+KN_T void kn_quest_score_avx2(const float *q, uint32_t g, uint32_t d, const cm_fp16_t *kmin,
+                              const cm_fp16_t *kmax, size_t n_pages, float scale, float *scores)
+{
+    for (size_t pg = 0; pg < n_pages; pg++) {
+        float best = -INFINITY;
+        for (uint32_t h = 0; h < g; h++) {
+            __m256 acc = _mm256_setzero_ps();
+            for (uint32_t i = 0; i < d; i += 8) {
+                __m256 qv = _mm256_loadu_ps(q + (size_t)h * d + i);
+                __m256 a = _mm256_mul_ps(qv, kn_load_h(kmin + pg * d + i));
+                __m256 b = _mm256_mul_ps(qv, kn_load_h(kmax + pg * d + i));
+                acc = _mm256_add_ps(acc, _mm256_max_ps(a, b));
+            }
+            float s = kn_hsum(acc);
+            best = s > best ? s : best;
+        }
+        scores[pg] = best * scale;
+    }
+}

@@ -1,0 +1,316 @@
+/*
+ * The ops table plumbing: backend lookup, the checked wrappers (validate,
+ * dispatch, fall back to the reference), index arrays, partial selection.
+ */
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "common/cm_log.h"
+#include "common/cm_status.h"
+#include "kernels/kn_internal.h"
+
+CM_ALLOC_TAG(kn_tag, "kernels");
+
+static cm_pool_t *kn_pool_override;
+
+const char *kn_op_name(kn_op_t op)
+{
+    static const char *names[KN_OP_COUNT] = {
+        "attn_decode", "attn_pages", "rank", "estimate", "merge", "index_build", "quest_score",
+    };
+    return (unsigned)op < KN_OP_COUNT ? names[op] : "unknown";
+}
+
+float kn_shape_scale(const kn_shape_t *shape)
+{
+    return shape->scale != 0.0f ? shape->scale : 1.0f / sqrtf((float)shape->head_dim);
+}
+
+bool kn_shape_valid(const kn_shape_t *shape)
+{
+    return shape != NULL && shape->n_kv_heads > 0 && shape->n_q_heads > 0 && shape->head_dim > 0 &&
+           shape->head_dim <= 4096 && shape->n_q_heads % shape->n_kv_heads == 0 &&
+           isfinite(shape->scale);
+}
+
+void kn_build_params_default(kn_build_params_t *p)
+{
+    p->iters = 9;
+    p->final_neighbours = -1;
+    p->seed = 0x5EEDull;
+}
+
+void kn_set_pool(cm_pool_t *pool)
+{
+    kn_pool_override = pool;
+}
+
+cm_pool_t *kn_pool(void)
+{
+    return kn_pool_override ? kn_pool_override : cm_pool_default();
+}
+
+const kn_ops_t *kn_ops_ref(void)
+{
+    return &kn_ref_ops;
+}
+
+const kn_ops_t *kn_ops_cpu(void)
+{
+    return &kn_cpu_ops;
+}
+
+/* The CUDA backend joins here (kernels/cuda/), returning NULL without a device. */
+const kn_ops_t *kn_ops_cuda(void)
+{
+    return NULL;
+}
+
+const kn_ops_t *kn_ops_default(void)
+{
+    const char *want = getenv("RI_KERNELS");
+    if (want != NULL) {
+        if (strcmp(want, "ref") == 0)
+            return kn_ops_ref();
+        if (strcmp(want, "cpu") == 0)
+            return kn_ops_cpu();
+        if (strcmp(want, "cuda") == 0 && kn_ops_cuda() != NULL)
+            return kn_ops_cuda();
+    }
+    return kn_ops_cuda() ? kn_ops_cuda() : kn_ops_cpu();
+}
+
+size_t kn_ops_list(const kn_ops_t **out, size_t max)
+{
+    const kn_ops_t *all[3] = {kn_ops_ref(), kn_ops_cpu(), kn_ops_cuda()};
+    size_t n = 0;
+    for (size_t i = 0; i < 3; i++)
+        if (all[i] != NULL && n < max)
+            out[n++] = all[i];
+    return n;
+}
+
+/* ---- index arrays ---- */
+
+void kn_index_init(kn_index_t *idx, uint32_t head_dim)
+{
+    memset(idx, 0, sizeof(*idx));
+    idx->head_dim = head_dim;
+}
+
+void kn_index_cleanup(kn_index_t *idx)
+{
+    if (idx == NULL)
+        return;
+    cm_free(idx->centroids);
+    cm_free(idx->vsum);
+    cm_free(idx->sizes);
+    cm_free(idx->offsets);
+    cm_free(idx->perm);
+    kn_index_init(idx, idx->head_dim);
+}
+
+ri_status_t kn_index_reserve(kn_index_t *idx, uint32_t add_clusters, uint32_t add_tokens)
+{
+    uint64_t need_c = (uint64_t)idx->n_clusters + add_clusters;
+    uint64_t need_t = (uint64_t)idx->n_tokens + add_tokens;
+    size_t d = idx->head_dim;
+
+    if (need_c > UINT32_MAX / 2 || need_t > UINT32_MAX / 2)
+        return RI_ERR_RANGE;
+    if (need_c > idx->cap_clusters || idx->offsets == NULL) {
+        uint32_t cap = (uint32_t)CM_MAX(need_c, (uint64_t)idx->cap_clusters * 3 / 2);
+        void *c = cm_realloc(&kn_tag, idx->centroids, (size_t)cap * d * sizeof(cm_fp16_t));
+        if (c == NULL)
+            return RI_ERR_NOMEM;
+        idx->centroids = c;
+        c = cm_realloc(&kn_tag, idx->vsum, (size_t)cap * d * sizeof(float));
+        if (c == NULL)
+            return RI_ERR_NOMEM;
+        idx->vsum = c;
+        c = cm_realloc(&kn_tag, idx->sizes, (size_t)(cap ? cap : 1) * sizeof(uint32_t));
+        if (c == NULL)
+            return RI_ERR_NOMEM;
+        idx->sizes = c;
+        c = cm_realloc(&kn_tag, idx->offsets, ((size_t)cap + 1) * sizeof(uint32_t));
+        if (c == NULL)
+            return RI_ERR_NOMEM;
+        if (idx->offsets == NULL)
+            ((uint32_t *)c)[0] = 0;
+        idx->offsets = c;
+        idx->cap_clusters = cap;
+    }
+    if (need_t > idx->cap_tokens || idx->perm == NULL) {
+        uint32_t cap = (uint32_t)CM_MAX(need_t, (uint64_t)idx->cap_tokens * 3 / 2);
+        void *c = cm_realloc(&kn_tag, idx->perm, (size_t)(cap ? cap : 1) * sizeof(uint32_t));
+        if (c == NULL)
+            return RI_ERR_NOMEM;
+        idx->perm = c;
+        idx->cap_tokens = cap;
+    }
+    return RI_OK;
+}
+
+static uint32_t kn_gcd(uint32_t a, uint32_t b)
+{
+    while (b) {
+        uint32_t t = a % b;
+        a = b;
+        b = t;
+    }
+    return a;
+}
+
+uint32_t kn_index_plan(uint32_t n_tokens, uint32_t tokens_per_cluster, uint32_t segment_tokens,
+                       uint32_t *n_segments_p)
+{
+    uint32_t S, C, l;
+    if (tokens_per_cluster == 0)
+        tokens_per_cluster = 16;
+    if (segment_tokens == 0)
+        segment_tokens = 8192;
+    S = (uint32_t)llround((double)n_tokens / segment_tokens);
+    S = S ? S : 1;
+    if (n_segments_p)
+        *n_segments_p = S;
+    if (n_tokens == 0)
+        return 0;
+    l = 8 / kn_gcd(8, S) * S;  /* lcm(8, S) */
+    C = (uint32_t)llround((double)n_tokens / tokens_per_cluster);
+    C = (uint32_t)(llround((double)C / l) * l);
+    return C ? C : l;
+}
+
+/* ---- partial selection (quickselect, median of three, ties by id) ---- */
+
+static inline bool kn_better(const float *s, uint32_t a, uint32_t b)
+{
+    return s[a] > s[b] || (s[a] == s[b] && a < b);
+}
+
+void kn_select_top(uint32_t *ids, size_t n, size_t k, const float *score)
+{
+    size_t lo = 0, hi = n;  /* the k-th boundary lies in [lo, hi) */
+    if (k == 0 || k >= n)
+        return;
+    while (hi - lo > 1) {
+        size_t mid = lo + (hi - lo) / 2, i, store;
+        uint32_t a = ids[lo], b = ids[mid], c = ids[hi - 1], pivot, tmp;
+        /* median of three as pivot */
+        if (kn_better(score, a, b)) { tmp = a; a = b; b = tmp; }
+        if (kn_better(score, b, c)) { tmp = b; b = c; c = tmp; }
+        if (kn_better(score, a, b)) { tmp = a; a = b; b = tmp; }
+        pivot = b;
+        /* partition: better than pivot first */
+        for (i = lo; i < hi; i++)
+            if (ids[i] == pivot)
+                break;
+        ids[i] = ids[hi - 1];
+        ids[hi - 1] = pivot;
+        store = lo;
+        for (i = lo; i + 1 < hi; i++) {
+            if (kn_better(score, ids[i], pivot)) {
+                tmp = ids[i];
+                ids[i] = ids[store];
+                ids[store++] = tmp;
+            }
+        }
+        ids[hi - 1] = ids[store];
+        ids[store] = pivot;
+        if (store == k || store + 1 == k)
+            return;
+        if (store > k)
+            hi = store;
+        else
+            lo = store + 1;
+    }
+}
+
+/* ---- checked wrappers ---- */
+
+static const kn_ops_t *kn_pick(const kn_ops_t *ops, kn_op_t op, const kn_shape_t *shape)
+{
+    if (ops == NULL)
+        ops = kn_ops_default();
+    if (ops->supports(op, shape, KN_DTYPE_F16))
+        return ops;
+    return kn_ops_ref();
+}
+
+static bool kn_grp_valid(const kn_shape_t *grp)
+{
+    return kn_shape_valid(grp) && grp->n_kv_heads == 1;
+}
+
+ri_status_t kn_attn_decode(const kn_ops_t *ops, const kn_shape_t *shape, size_t n_seq,
+                           const float *q, const kn_kv_view_t *kv, float *out, float *lse)
+{
+    if (!kn_shape_valid(shape) || (n_seq && (q == NULL || kv == NULL || out == NULL)))
+        return RI_ERR_INVALID;
+    for (size_t s = 0; s < n_seq; s++)
+        if (kv[s].n_tokens && (kv[s].k == NULL || kv[s].v == NULL))
+            return RI_ERR_INVALID;
+    return kn_pick(ops, KN_OP_ATTN_DECODE, shape)->attn_decode(shape, n_seq, q, kv, out, lse);
+}
+
+ri_status_t kn_attn_pages(const kn_ops_t *ops, const kn_shape_t *grp, const float *q,
+                          const kn_page_t *pages, size_t n_pages, float *o, float *lse)
+{
+    if (!kn_grp_valid(grp) || q == NULL || o == NULL || lse == NULL || (n_pages && !pages))
+        return RI_ERR_INVALID;
+    for (size_t p = 0; p < n_pages; p++)
+        if (pages[p].n_tokens && (!pages[p].k || !pages[p].v || pages[p].stride < grp->head_dim))
+            return RI_ERR_INVALID;
+    return kn_pick(ops, KN_OP_ATTN_PAGES, grp)->attn_pages(grp, q, pages, n_pages, o, lse);
+}
+
+ri_status_t kn_rank(const kn_ops_t *ops, const kn_shape_t *grp, const float *q,
+                    const kn_index_t *idx, uint32_t n_r, uint32_t n_e, uint32_t *ids,
+                    uint32_t *n_r_p, uint32_t *n_e_p)
+{
+    if (!kn_grp_valid(grp) || !q || !idx || !ids || !n_r_p || !n_e_p ||
+        idx->head_dim != grp->head_dim)
+        return RI_ERR_INVALID;
+    return kn_pick(ops, KN_OP_RANK, grp)->rank(grp, q, idx, n_r, n_e, ids, n_r_p, n_e_p);
+}
+
+ri_status_t kn_estimate(const kn_ops_t *ops, const kn_shape_t *grp, const float *q,
+                        const kn_index_t *idx, const uint32_t *ids, size_t n, float *o,
+                        float *lse)
+{
+    if (!kn_grp_valid(grp) || !q || !idx || (n && !ids) || !o || !lse ||
+        idx->head_dim != grp->head_dim)
+        return RI_ERR_INVALID;
+    for (size_t i = 0; i < n; i++)
+        if (ids[i] >= idx->n_clusters)
+            return RI_ERR_RANGE;
+    return kn_pick(ops, KN_OP_ESTIMATE, grp)->estimate(grp, q, idx, ids, n, o, lse);
+}
+
+ri_status_t kn_merge(const kn_ops_t *ops, size_t n_rows, uint32_t d, size_t n_parts,
+                     const float *const *o_parts, const float *const *lse_parts, float *o,
+                     float *lse)
+{
+    if (d == 0 || !o || !lse || (n_parts && (!o_parts || !lse_parts)))
+        return RI_ERR_INVALID;
+    kn_shape_t sh = {.n_q_heads = 1, .n_kv_heads = 1, .head_dim = d};
+    return kn_pick(ops, KN_OP_MERGE, &sh)->merge(n_rows, d, n_parts, o_parts, lse_parts, o, lse);
+}
+
+ri_status_t kn_index_build(const kn_ops_t *ops, const kn_build_params_t *p, const cm_fp16_t *k,
+                           const cm_fp16_t *v, size_t stride, uint32_t n, uint32_t token_base,
+                           uint32_t n_clusters, uint32_t n_segments, kn_index_t *idx)
+{
+    kn_build_params_t def;
+    if (idx == NULL || idx->head_dim == 0 || stride < idx->head_dim || (n && (!k || !v)) ||
+        n_clusters == 0 || n_segments == 0 || n_segments > n_clusters)
+        return RI_ERR_INVALID;
+    if (p == NULL) {
+        kn_build_params_default(&def);
+        p = &def;
+    }
+    kn_shape_t sh = {.n_q_heads = 1, .n_kv_heads = 1, .head_dim = idx->head_dim};
+    return kn_pick(ops, KN_OP_INDEX_BUILD, &sh)->index_build(p, k, v, stride, n, token_base,
+                                                             n_clusters, n_segments, idx);
+}

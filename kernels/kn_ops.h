@@ -1,0 +1,240 @@
+/*
+ * kernels/: every numeric op of RetroInfer (DESIGN.md sections 3-4), each as a
+ * scalar reference ("ref"), an optimised CPU version ("cpu": AVX2+FMA+F16C
+ * chosen at run time, scalar fallback, threads from the common pool) and,
+ * later, a CUDA version ("cuda"), behind one ops table (kn_ops_t).
+ *
+ * Workload: decode, i.e. one query token per sequence against a long fp16 K/V
+ * cache (8K..1M tokens), memory bound; plus the wave-index build (k-means,
+ * compute bound) at prefill and every 1024 generated tokens.
+ *
+ * ---------------------------------------------------------------------------
+ * Memory layouts (all element counts, not bytes)
+ * ---------------------------------------------------------------------------
+ *  q      fp32 [n_q_heads][head_dim], one row per query head.  Query head h
+ *         belongs to KV head h / (n_q_heads / n_kv_heads) (GQA: consecutive
+ *         query heads share a KV head, as in Llama).
+ *  out    fp32 [n_q_heads][head_dim], same layout as q.
+ *  lse    fp32 [n_q_heads], natural-log log-sum-exp of the scaled logits
+ *         (logit = scale * q.k); -INFINITY for an empty token set.
+ *  K, V   fp16 (IEEE binary16) rows of head_dim values, described by a
+ *         kn_kv_view_t: the row of token t, KV head h starts at
+ *             k + t * token_stride + h * head_stride
+ *         Common layouts:
+ *           token-major [n_tokens][n_kv_heads][d]: token_stride = n_kv*d,
+ *                                                  head_stride  = d
+ *           head-major  [n_kv_heads][n_tokens][d]: token_stride = d,
+ *                                                  head_stride  = cap*d
+ *         Rows must be contiguous (head_dim values in a row).  Head-major
+ *         streams best; both run at full speed on the CPU backend.
+ *  pages  a gathered token set for exact attention (steady zone, retrieved
+ *         clusters from a block cache or an execution buffer) is a list of
+ *         kn_page_t: n_tokens rows of one KV head, row i at k + i*stride.
+ *
+ * Group-level ops (attn_pages, rank, estimate, merge, quest_score) work on one
+ * GQA group (one KV head and its g query heads) and are single-threaded, so
+ * that callers can run many of them from a cm_pool loop.  Layer-level calls
+ * (kn_attn_decode, the kn_wave_* and kn_quest_* objects) spread work over
+ * the common thread pool (cm_pool_default(), or kn_set_pool()).
+ *
+ * Every op accumulates in fp32.  Errors: RI_ERR_INVALID for bad shapes or
+ * NULL pointers, RI_ERR_NOMEM, RI_ERR_UNSUPPORTED when no backend can do it.
+ */
+#ifndef KN_OPS_H
+#define KN_OPS_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "common/cm_half.h"
+#include "common/cm_thread.h"
+#include "retroinfer/status.h"
+
+/* Storage type of K/V (and centroids).  Only fp16 is implemented now. */
+typedef enum kn_dtype {
+    KN_DTYPE_F16 = 0,
+    KN_DTYPE_BF16 = 1,
+} kn_dtype_t;
+
+/* Attention geometry of one layer (or of one group: n_kv_heads = 1). */
+typedef struct kn_shape {
+    uint32_t n_q_heads;   /* query heads; a multiple of n_kv_heads */
+    uint32_t n_kv_heads;  /* KV heads */
+    uint32_t head_dim;    /* d */
+    float scale;          /* logit scale; 0 means 1/sqrt(d) */
+} kn_shape_t;
+
+/* K/V of one sequence, one layer (see the layouts above).  Borrowed. */
+typedef struct kn_kv_view {
+    const cm_fp16_t *k;   /* row of token 0, KV head 0 */
+    const cm_fp16_t *v;   /* same layout as k */
+    size_t n_tokens;      /* tokens in the sequence */
+    size_t token_stride;  /* elements from token t to t+1 (same head) */
+    size_t head_stride;   /* elements from KV head h to h+1 (same token) */
+} kn_kv_view_t;
+
+/* A run of token rows of ONE KV head.  Borrowed. */
+typedef struct kn_page {
+    const cm_fp16_t *k;   /* first K row */
+    const cm_fp16_t *v;   /* first V row */
+    uint32_t n_tokens;    /* rows in the page (0 allowed) */
+    uint32_t stride;      /* elements between consecutive rows (>= head_dim) */
+} kn_page_t;
+
+/* Op identifiers for supports(). */
+typedef enum kn_op {
+    KN_OP_ATTN_DECODE = 0, /* full attention decode, split-K */
+    KN_OP_ATTN_PAGES,      /* exact partial attention over pages -> (o, lse) */
+    KN_OP_RANK,            /* cluster ranking */
+    KN_OP_ESTIMATE,        /* estimation zone -> (o, lse) */
+    KN_OP_MERGE,           /* log-sum-exp merge of parts */
+    KN_OP_INDEX_BUILD,     /* segmented spherical k-means */
+    KN_OP_QUEST_SCORE,     /* Quest page upper bounds */
+    KN_OP_COUNT
+} kn_op_t;
+
+const char *kn_op_name(kn_op_t op);
+
+/* ---------------------------------------------------------------------------
+ * Wave index of one KV head (DESIGN.md section 3).
+ * Clusters are numbered 0..n_clusters-1; cluster j holds the tokens
+ * perm[offsets[j] .. offsets[j+1]) (token positions in the sequence).
+ * Appending (decode-time update) adds clusters and perm entries at the end.
+ * ------------------------------------------------------------------------- */
+typedef struct kn_index {
+    uint32_t head_dim;      /* d */
+    uint32_t n_clusters;    /* C */
+    uint32_t n_tokens;      /* tokens indexed (= offsets[C]) */
+    uint32_t cap_clusters;  /* allocated clusters */
+    uint32_t cap_tokens;    /* allocated perm entries */
+    cm_fp16_t *centroids;   /* [cap][d] plain mean of the real keys */
+    float *vsum;            /* [cap][d] sum of the values, fp32 */
+    uint32_t *sizes;        /* [cap] tokens per cluster (0 = empty) */
+    uint32_t *offsets;      /* [cap+1] start of each cluster in perm */
+    uint32_t *perm;         /* [cap_tokens] token ids, cluster-major */
+} kn_index_t;
+
+/* Clustering settings (defaults from DESIGN.md). */
+typedef struct kn_build_params {
+    uint32_t iters;          /* spherical k-means iterations per segment (9) */
+    int32_t final_neighbours;/* final reassignment: -1 = against all centroids;
+                                k >= 0 = own segment and k segments each side */
+    uint64_t seed;           /* reserved for randomised inits; strided init ignores it */
+} kn_build_params_t;
+
+void kn_build_params_default(kn_build_params_t *p);
+
+/* Initialise an empty index for head_dim d (no allocation). */
+void kn_index_init(kn_index_t *idx, uint32_t head_dim);
+
+/* Free the arrays of an index; leaves it empty.  NULL is a no-op. */
+void kn_index_cleanup(kn_index_t *idx);
+
+/* Number of clusters for n indexed tokens: round(n/tpc) rounded to a multiple
+ * of lcm(8, S); *n_segments_p gets S = max(round(n/seg_tokens), 1).  0 when
+ * n == 0. */
+uint32_t kn_index_plan(uint32_t n_tokens, uint32_t tokens_per_cluster, uint32_t segment_tokens,
+                       uint32_t *n_segments_p);
+
+/* ---------------------------------------------------------------------------
+ * The ops table.  All function pointers are set for every backend; call
+ * supports() first (the kn_* wrappers below do, and fall back to ref).
+ * ------------------------------------------------------------------------- */
+typedef struct kn_ops {
+    const char *name;   /* "ref", "cpu", "cuda" */
+
+    /* True when this backend handles op for this shape and K/V dtype. */
+    bool (*supports)(kn_op_t op, const kn_shape_t *shape, kn_dtype_t dtype);
+
+    /* Full attention for n_seq sequences: q and out are [n_seq][n_q][d],
+     * lse [n_seq][n_q] or NULL, kv[n_seq] (lengths may differ, 0 allowed). */
+    ri_status_t (*attn_decode)(const kn_shape_t *shape, size_t n_seq, const float *q,
+                               const kn_kv_view_t *kv, float *out, float *lse);
+
+    /* Exact attention of one group (shape->n_kv_heads == 1) over pages:
+     * q, o [g][d], lse [g]. */
+    ri_status_t (*attn_pages)(const kn_shape_t *grp, const float *q, const kn_page_t *pages,
+                              size_t n_pages, float *o, float *lse);
+
+    /* Rank clusters for one group: score s_j = sum over the g query heads of
+     * softmax_j(scale*q.c_j) over non-empty clusters.  Writes the n_r best
+     * ids to ids[0..n_r) and the next n_e to ids[n_r..n_r+n_e) (each part in
+     * no particular order); both are cut to the non-empty clusters available
+     * (*n_r_p, *n_e_p get the counts).  ids has room for n_r + n_e. */
+    ri_status_t (*rank)(const kn_shape_t *grp, const float *q, const kn_index_t *idx,
+                        uint32_t n_r, uint32_t n_e, uint32_t *ids, uint32_t *n_r_p,
+                        uint32_t *n_e_p);
+
+    /* Estimation zone of one group over clusters ids[0..n): logit
+     * scale*q.c_j + ln n_j, value VS_j / n_j.  o [g][d], lse [g]. */
+    ri_status_t (*estimate)(const kn_shape_t *grp, const float *q, const kn_index_t *idx,
+                            const uint32_t *ids, size_t n, float *o, float *lse);
+
+    /* Merge n_parts (o, lse) parts of n_rows rows of d values:
+     * o_parts[p] [n_rows][d], lse_parts[p] [n_rows]; out may alias none. */
+    ri_status_t (*merge)(size_t n_rows, uint32_t d, size_t n_parts, const float *const *o_parts,
+                         const float *const *lse_parts, float *o, float *lse);
+
+    /* Cluster n tokens of one KV head (rows k/v + i*stride, token ids
+     * token_base + i) into n_clusters clusters over n_segments segments and
+     * APPEND them to idx (grows its arrays).  Deterministic. */
+    ri_status_t (*index_build)(const kn_build_params_t *p, const cm_fp16_t *k, const cm_fp16_t *v,
+                               size_t stride, uint32_t n, uint32_t token_base, uint32_t n_clusters,
+                               uint32_t n_segments, kn_index_t *idx);
+
+    /* Quest page scores of one group: for each page p, max over the g heads
+     * of sum_i max(q_i*kmin[p][i], q_i*kmax[p][i]) * scale.  kmin/kmax fp16
+     * [n_pages][d]; scores [n_pages]. */
+    ri_status_t (*quest_score)(const kn_shape_t *grp, const float *q, const cm_fp16_t *kmin,
+                               const cm_fp16_t *kmax, size_t n_pages, float *scores);
+} kn_ops_t;
+
+/* The scalar reference (the oracle: plain loops, double accumulation where it matters). */
+const kn_ops_t *kn_ops_ref(void);
+/* The optimised CPU backend (AVX2/FMA/F16C when present, else scalar). */
+const kn_ops_t *kn_ops_cpu(void);
+/* The CUDA backend, or NULL when not built or no device is present. */
+const kn_ops_t *kn_ops_cuda(void);
+/* The best available backend (cuda if present, else cpu); RI_KERNELS=ref|cpu|cuda overrides. */
+const kn_ops_t *kn_ops_default(void);
+/* Fill up to max backends that run here (ref first); returns how many. */
+size_t kn_ops_list(const kn_ops_t **out, size_t max);
+
+/* Which SIMD path the cpu backend uses: "avx2" or "scalar". */
+const char *kn_cpu_isa(void);
+
+/* Pool used by layer-level calls (NULL = cm_pool_default()).  Borrowed; must
+ * outlive its use.  Never call layer-level functions from inside a loop of
+ * the same pool. */
+void kn_set_pool(cm_pool_t *pool);
+cm_pool_t *kn_pool(void);
+
+/* ---------------------------------------------------------------------------
+ * Checked wrappers: validate arguments, use ops (NULL = kn_ops_default()) when
+ * it supports the case, else the reference.  Same contracts as the table.
+ * ------------------------------------------------------------------------- */
+ri_status_t kn_attn_decode(const kn_ops_t *ops, const kn_shape_t *shape, size_t n_seq,
+                           const float *q, const kn_kv_view_t *kv, float *out, float *lse);
+ri_status_t kn_attn_pages(const kn_ops_t *ops, const kn_shape_t *grp, const float *q,
+                          const kn_page_t *pages, size_t n_pages, float *o, float *lse);
+ri_status_t kn_rank(const kn_ops_t *ops, const kn_shape_t *grp, const float *q,
+                    const kn_index_t *idx, uint32_t n_r, uint32_t n_e, uint32_t *ids,
+                    uint32_t *n_r_p, uint32_t *n_e_p);
+ri_status_t kn_estimate(const kn_ops_t *ops, const kn_shape_t *grp, const float *q,
+                        const kn_index_t *idx, const uint32_t *ids, size_t n, float *o,
+                        float *lse);
+ri_status_t kn_merge(const kn_ops_t *ops, size_t n_rows, uint32_t d, size_t n_parts,
+                     const float *const *o_parts, const float *const *lse_parts, float *o,
+                     float *lse);
+ri_status_t kn_index_build(const kn_ops_t *ops, const kn_build_params_t *p, const cm_fp16_t *k,
+                           const cm_fp16_t *v, size_t stride, uint32_t n, uint32_t token_base,
+                           uint32_t n_clusters, uint32_t n_segments, kn_index_t *idx);
+
+/* Logit scale of a shape (scale, or 1/sqrt(d) when 0). */
+float kn_shape_scale(const kn_shape_t *shape);
+
+/* True when the shape is valid (non-zero, n_q a multiple of n_kv). */
+bool kn_shape_valid(const kn_shape_t *shape);
+
+#endif /* KN_OPS_H */

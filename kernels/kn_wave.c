@@ -1,0 +1,343 @@
+/*
+ * The wave-index object of one layer (kn_wave.h): per KV head an index and a
+ * cluster-major copy of the indexed K/V; tripartite decode per GQA group
+ * (rank -> estimation part, exact part over steady zone + retrieved clusters
+ * -> log-sum-exp merge), heads spread over the pool.
+ */
+#include <math.h>
+#include <stdatomic.h>
+#include <string.h>
+
+#include "common/cm_log.h"
+#include "common/cm_status.h"
+#include "kernels/kn_internal.h"
+#include "kernels/kn_wave.h"
+
+struct kn_wave {
+    kn_shape_t shape;      /* layer geometry */
+    kn_wave_params_t p;    /* settings */
+    const kn_ops_t *ops;   /* backend */
+    uint32_t g, d;         /* group size, head dim */
+    size_t indexed_end;    /* first position after the indexed range */
+    kn_index_t *idx;       /* [n_kv] */
+    cm_fp16_t **ck, **cv;  /* [n_kv] cluster-major K/V of indexed tokens [cap][d] */
+    size_t *cap;           /* [n_kv] rows allocated in ck/cv */
+    uint32_t n_r, n_e;     /* retrieval / estimation clusters per head */
+};
+
+void kn_wave_params_default(kn_wave_params_t *p)
+{
+    memset(p, 0, sizeof(*p));
+    p->sink_tokens = 4;
+    p->window_tokens = 64;
+    p->tokens_per_cluster = 16;
+    p->segment_tokens = 8192;
+    p->retrieval_frac = 0.018f;
+    p->estimation_frac = 0.232f;
+    p->update_tokens = 1024;
+    p->update_clusters = 64;
+    kn_build_params_default(&p->build);
+    p->ops = NULL;
+}
+
+ri_status_t kn_wave_create(const kn_shape_t *shape, const kn_wave_params_t *params,
+                           kn_wave_t **wave_p)
+{
+    kn_wave_t *w;
+    uint32_t nkv;
+
+    if (!kn_shape_valid(shape) || params == NULL || wave_p == NULL || params->update_tokens == 0 ||
+        params->update_clusters == 0 || params->update_clusters > params->update_tokens ||
+        params->retrieval_frac < 0 || params->estimation_frac < 0)
+        return RI_ERR_INVALID;
+    nkv = shape->n_kv_heads;
+    w = cm_calloc(&kn_tag, 1, sizeof(*w));
+    if (w == NULL)
+        return RI_ERR_NOMEM;
+    w->shape = *shape;
+    w->p = *params;
+    w->ops = params->ops ? params->ops : kn_ops_default();
+    w->g = shape->n_q_heads / nkv;
+    w->d = shape->head_dim;
+    w->indexed_end = params->sink_tokens;
+    w->idx = cm_calloc(&kn_tag, nkv, sizeof(*w->idx));
+    w->ck = cm_calloc(&kn_tag, nkv, sizeof(*w->ck));
+    w->cv = cm_calloc(&kn_tag, nkv, sizeof(*w->cv));
+    w->cap = cm_calloc(&kn_tag, nkv, sizeof(*w->cap));
+    if (!w->idx || !w->ck || !w->cv || !w->cap) {
+        kn_wave_destroy(w);
+        return RI_ERR_NOMEM;
+    }
+    for (uint32_t h = 0; h < nkv; h++)
+        kn_index_init(&w->idx[h], w->d);
+    *wave_p = w;
+    return RI_OK;
+}
+
+void kn_wave_destroy(kn_wave_t *w)
+{
+    if (w == NULL)
+        return;
+    for (uint32_t h = 0; h < w->shape.n_kv_heads; h++) {
+        if (w->idx)
+            kn_index_cleanup(&w->idx[h]);
+        if (w->ck)
+            cm_free(w->ck[h]);
+        if (w->cv)
+            cm_free(w->cv[h]);
+    }
+    cm_free(w->idx);
+    cm_free(w->ck);
+    cm_free(w->cv);
+    cm_free(w->cap);
+    cm_free(w);
+}
+
+const kn_index_t *kn_wave_index(const kn_wave_t *w, uint32_t kv_head)
+{
+    return kv_head < w->shape.n_kv_heads ? &w->idx[kv_head] : NULL;
+}
+
+size_t kn_wave_indexed_end(const kn_wave_t *w)
+{
+    return w->indexed_end;
+}
+
+void kn_wave_budget(const kn_wave_t *w, uint32_t *n_r_p, uint32_t *n_e_p)
+{
+    *n_r_p = w->n_r;
+    *n_e_p = w->n_e;
+}
+
+/* ---- clustering a token range of every head (build and update) ---- */
+
+typedef struct kn_wave_job {
+    kn_wave_t *w;
+    const kn_kv_view_t *kv;
+    const float *q;
+    float *out, *lse;
+    size_t t0;                /* first token clustered */
+    uint32_t n, C, S;         /* tokens, clusters, segments */
+    uint32_t n_r, n_e;        /* decode budgets */
+    _Atomic int status;       /* first failure */
+    _Atomic uint64_t exact, retrieved, est, bytes;
+} kn_wave_job_t;
+
+static void kn_wave_fail(kn_wave_job_t *job, ri_status_t st)
+{
+    int expect = RI_OK;
+    atomic_compare_exchange_strong(&job->status, &expect, (int)st);
+}
+
+static ri_status_t kn_wave_copy_clusters(kn_wave_t *w, uint32_t h, const kn_kv_view_t *kv,
+                                         uint32_t first_row)
+{
+    kn_index_t *idx = &w->idx[h];
+    size_t need = idx->n_tokens, d = w->d;
+    if (need > w->cap[h]) {
+        size_t cap = CM_MAX(need, w->cap[h] * 3 / 2);
+        cm_fp16_t *nk = cm_realloc(&kn_tag, w->ck[h], cap * d * sizeof(cm_fp16_t));
+        if (nk == NULL)
+            return RI_ERR_NOMEM;
+        w->ck[h] = nk;
+        nk = cm_realloc(&kn_tag, w->cv[h], cap * d * sizeof(cm_fp16_t));
+        if (nk == NULL)
+            return RI_ERR_NOMEM;
+        w->cv[h] = nk;
+        w->cap[h] = cap;
+    }
+    for (uint32_t r = first_row; r < idx->n_tokens; r++) {
+        size_t src = (size_t)h * kv->head_stride + (size_t)idx->perm[r] * kv->token_stride;
+        memcpy(w->ck[h] + (size_t)r * d, kv->k + src, d * sizeof(cm_fp16_t));
+        memcpy(w->cv[h] + (size_t)r * d, kv->v + src, d * sizeof(cm_fp16_t));
+    }
+    return RI_OK;
+}
+
+static void kn_wave_cluster_task(void *arg, size_t begin, size_t end, unsigned worker)
+{
+    kn_wave_job_t *job = arg;
+    kn_wave_t *w = job->w;
+    (void)worker;
+    for (size_t h = begin; h < end; h++) {
+        kn_index_t *idx = &w->idx[h];
+        uint32_t r0 = idx->n_tokens;
+        size_t off = h * job->kv->head_stride + job->t0 * job->kv->token_stride;
+        ri_status_t st = kn_index_build(w->ops, &w->p.build, job->kv->k + off, job->kv->v + off,
+                                        job->kv->token_stride, job->n, (uint32_t)job->t0, job->C,
+                                        job->S, idx);
+        if (st == RI_OK)
+            st = kn_wave_copy_clusters(w, (uint32_t)h, job->kv, r0);
+        if (st != RI_OK)
+            kn_wave_fail(job, st);
+    }
+}
+
+static ri_status_t kn_wave_cluster(kn_wave_t *w, const kn_kv_view_t *kv, size_t t0, uint32_t n,
+                                   uint32_t C, uint32_t S)
+{
+    kn_wave_job_t job = {.w = w, .kv = kv, .t0 = t0, .n = n, .C = C, .S = S};
+    uint32_t add_r, add_e, total;
+    atomic_init(&job.status, RI_OK);
+    cm_pool_parallel_for(kn_pool(), w->shape.n_kv_heads, 1, kn_wave_cluster_task, &job);
+    if (atomic_load(&job.status) != RI_OK)
+        return (ri_status_t)atomic_load(&job.status);
+    w->indexed_end = t0 + n;
+    add_r = (uint32_t)lround(w->p.retrieval_frac * C);
+    add_r = add_r ? add_r : 1;
+    add_e = (uint32_t)lround(w->p.estimation_frac * C);
+    total = w->idx[0].n_clusters;
+    w->n_r = CM_MIN(w->n_r + add_r, total);
+    w->n_e = CM_MIN(w->n_e + add_e, total - w->n_r);
+    return RI_OK;
+}
+
+static bool kn_kv_valid(const kn_wave_t *w, const kn_kv_view_t *kv)
+{
+    return kv != NULL && (kv->n_tokens == 0 || (kv->k != NULL && kv->v != NULL)) &&
+           kv->n_tokens < UINT32_MAX / 2;
+}
+
+ri_status_t kn_wave_build(kn_wave_t *w, const kn_kv_view_t *kv)
+{
+    size_t sink = w->p.sink_tokens, n_idx;
+    uint32_t S, C;
+
+    if (w == NULL || !kn_kv_valid(w, kv) || w->idx[0].n_clusters != 0)
+        return RI_ERR_INVALID;
+    if (kv->n_tokens < sink + w->p.window_tokens + w->p.update_tokens)
+        return RI_OK;  /* too short: dense until the first update */
+    n_idx = kv->n_tokens - sink - w->p.window_tokens;
+    C = kn_index_plan((uint32_t)n_idx, w->p.tokens_per_cluster, w->p.segment_tokens, &S);
+    C = CM_MIN(C, (uint32_t)n_idx);
+    S = CM_MIN(S, C);
+    return kn_wave_cluster(w, kv, sink, (uint32_t)n_idx, C, S);
+}
+
+ri_status_t kn_wave_update(kn_wave_t *w, const kn_kv_view_t *kv, bool *updated_p)
+{
+    bool any = false;
+    ri_status_t st = RI_OK;
+    if (w == NULL || !kn_kv_valid(w, kv) || kv->n_tokens < w->indexed_end)
+        return RI_ERR_INVALID;
+    while (kv->n_tokens >= w->indexed_end + w->p.window_tokens + w->p.update_tokens) {
+        st = kn_wave_cluster(w, kv, w->indexed_end, w->p.update_tokens, w->p.update_clusters, 1);
+        if (st != RI_OK)
+            break;
+        any = true;
+    }
+    if (updated_p)
+        *updated_p = any;
+    return st;
+}
+
+/* ---- tripartite decode ---- */
+
+static void kn_wave_decode_task(void *arg, size_t begin, size_t end, unsigned worker)
+{
+    kn_wave_job_t *job = arg;
+    kn_wave_t *w = job->w;
+    const kn_kv_view_t *kv = job->kv;
+    uint32_t g = w->g, d = w->d;
+    kn_shape_t grp = {.n_q_heads = g, .n_kv_heads = 1, .head_dim = d, .scale = w->shape.scale};
+    (void)worker;
+
+    for (size_t h = begin; h < end; h++) {
+        const kn_index_t *idx = &w->idx[h];
+        const float *q = job->q + h * g * d;
+        float *out = job->out + h * g * d;
+        uint32_t nr = 0, ne = 0, want = CM_MIN(job->n_r + job->n_e, idx->n_clusters);
+        size_t np = 0, sink = CM_MIN((size_t)w->p.sink_tokens, kv->n_tokens);
+        size_t tail0 = CM_MAX(w->indexed_end, sink);
+        uint64_t exact = 0, retrieved = 0;
+        ri_status_t st = RI_ERR_NOMEM;
+        uint32_t *ids = cm_malloc(&kn_tag, ((size_t)want + 1) * sizeof(uint32_t));
+        kn_page_t *pages = cm_malloc(&kn_tag, ((size_t)want + 2) * sizeof(kn_page_t));
+        float *part = cm_malloc(&kn_tag, (size_t)2 * g * (d + 1) * sizeof(float));
+        float lse_tmp[KN_GMAX_LOCAL];
+        const float *op[2], *lp[2];
+
+        if (!ids || !pages || !part || g > KN_GMAX_LOCAL)
+            goto fail;
+        if (idx->n_clusters > 0) {
+            st = kn_rank(w->ops, &grp, q, idx, job->n_r, job->n_e, ids, &nr, &ne);
+            if (st != RI_OK)
+                goto fail;
+        }
+        /* exact part: sinks, steady tail, retrieved clusters */
+        size_t hoff = h * kv->head_stride;
+        pages[np++] = (kn_page_t){kv->k + hoff, kv->v + hoff, (uint32_t)sink,
+                                  (uint32_t)kv->token_stride};
+        if (kv->n_tokens > tail0)
+            pages[np++] = (kn_page_t){kv->k + hoff + tail0 * kv->token_stride,
+                                      kv->v + hoff + tail0 * kv->token_stride,
+                                      (uint32_t)(kv->n_tokens - tail0), (uint32_t)kv->token_stride};
+        for (uint32_t i = 0; i < nr; i++) {
+            uint32_t j = ids[i];
+            pages[np++] = (kn_page_t){w->ck[h] + (size_t)idx->offsets[j] * d,
+                                      w->cv[h] + (size_t)idx->offsets[j] * d, idx->sizes[j], d};
+            retrieved += idx->sizes[j];
+        }
+        for (size_t i = 0; i < np; i++)
+            exact += pages[i].n_tokens;
+        float *o_x = part, *o_e = part + (size_t)g * d;
+        float *l_x = part + (size_t)2 * g * d, *l_e = l_x + g;
+        st = kn_attn_pages(w->ops, &grp, q, pages, np, o_x, l_x);
+        if (st != RI_OK)
+            goto fail;
+        st = kn_estimate(w->ops, &grp, q, idx, ids + nr, ne, o_e, l_e);
+        if (st != RI_OK)
+            goto fail;
+        op[0] = o_x;
+        op[1] = o_e;
+        lp[0] = l_x;
+        lp[1] = l_e;
+        st = kn_merge(w->ops, g, d, 2, op, lp, out, job->lse ? job->lse + h * g : lse_tmp);
+        if (st != RI_OK)
+            goto fail;
+        atomic_fetch_add(&job->exact, exact);
+        atomic_fetch_add(&job->retrieved, retrieved);
+        atomic_fetch_add(&job->est, ne);
+        atomic_fetch_add(&job->bytes, exact * 4 * d +                       /* K+V fp16 */
+                                          (uint64_t)idx->n_clusters * (2 * d + 4) + /* centroids, sizes */
+                                          (uint64_t)ne * 4 * d);            /* value sums */
+        cm_free(ids);
+        cm_free(pages);
+        cm_free(part);
+        continue;
+fail:
+        kn_wave_fail(job, st);
+        cm_free(ids);
+        cm_free(pages);
+        cm_free(part);
+    }
+}
+
+ri_status_t kn_wave_decode_budget(kn_wave_t *w, const float *q, const kn_kv_view_t *kv,
+                                  uint32_t n_r, uint32_t n_e, float *out, float *lse,
+                                  kn_wave_stats_t *stats_p)
+{
+    kn_wave_job_t job = {.w = w, .kv = kv, .q = q, .out = out, .lse = lse, .n_r = n_r, .n_e = n_e};
+    if (w == NULL || q == NULL || out == NULL || !kn_kv_valid(w, kv) ||
+        kv->n_tokens < w->indexed_end)
+        return RI_ERR_INVALID;
+    atomic_init(&job.status, RI_OK);
+    cm_pool_parallel_for(kn_pool(), w->shape.n_kv_heads, 1, kn_wave_decode_task, &job);
+    if (atomic_load(&job.status) != RI_OK)
+        return (ri_status_t)atomic_load(&job.status);
+    if (stats_p) {
+        stats_p->exact_tokens = atomic_load(&job.exact);
+        stats_p->retrieved_tokens = atomic_load(&job.retrieved);
+        stats_p->est_clusters = atomic_load(&job.est);
+        stats_p->bytes_read = atomic_load(&job.bytes);
+    }
+    return RI_OK;
+}
+
+ri_status_t kn_wave_decode(kn_wave_t *w, const float *q, const kn_kv_view_t *kv, float *out,
+                           float *lse, kn_wave_stats_t *stats_p)
+{
+    if (w == NULL)
+        return RI_ERR_INVALID;
+    return kn_wave_decode_budget(w, q, kv, w->n_r, w->n_e, out, lse, stats_p);
+}

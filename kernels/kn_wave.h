@@ -1,0 +1,95 @@
+/*
+ * The wave index of one layer of one sequence, all its KV heads, and the
+ * tripartite decode (DESIGN.md sections 3-4) as one object, for the model
+ * runtime's "retroinfer" attention backend and for the benchmarks.
+ *
+ * The caller owns the K/V cache of the sequence (any kn_kv_view_t layout) and
+ * passes a view of it, covering every token so far, to each call.  The wave
+ * object keeps the meta index per KV head (fp16 centroids, fp32 value sums,
+ * sizes, cluster-major permutation) and its own cluster-major copy of the
+ * indexed K/V (the layout the kvstore holds), so that the retrieval zone is
+ * read as one contiguous page per cluster.
+ *
+ *   token positions: [0, sink) sinks | [sink, indexed_end) indexed | rest steady
+ *
+ * Use:
+ *   kn_wave_create(&shape, &params, &w);
+ *   kn_wave_build(w, &kv);            // after prefill (may index nothing if short)
+ *   per decode step, after appending the new token's K/V to the cache:
+ *     kn_wave_update(w, &kv);         // clusters 1024 old steady tokens when due
+ *     kn_wave_decode(w, q, &kv, out, NULL);
+ *   kn_wave_destroy(w);
+ *
+ * Not thread-safe per object; different objects may be used concurrently only
+ * with different pools (kn_set_pool) or from one thread.
+ */
+#ifndef KN_WAVE_H
+#define KN_WAVE_H
+
+#include "kernels/kn_ops.h"
+
+/* Settings (defaults from DESIGN.md). */
+typedef struct kn_wave_params {
+    uint32_t sink_tokens;        /* attention sinks kept exact (4) */
+    uint32_t window_tokens;      /* recent tokens kept exact (64) */
+    uint32_t tokens_per_cluster; /* ~16 */
+    uint32_t segment_tokens;     /* 8192 */
+    float retrieval_frac;        /* R = max(round(frac*C), 1) (0.018) */
+    float estimation_frac;       /* E = min(round(frac*C), C-R) (0.232) */
+    uint32_t update_tokens;      /* tokens clustered per update (1024) */
+    uint32_t update_clusters;    /* clusters per update (64) */
+    kn_build_params_t build;     /* k-means settings */
+    const kn_ops_t *ops;         /* backend; NULL = kn_ops_default() */
+} kn_wave_params_t;
+
+void kn_wave_params_default(kn_wave_params_t *p);
+
+typedef struct kn_wave kn_wave_t;
+
+/* Per-step figures (summed over KV heads). */
+typedef struct kn_wave_stats {
+    uint64_t exact_tokens;     /* steady + retrieved tokens attended exactly */
+    uint64_t retrieved_tokens; /* tokens of the retrieval zone */
+    uint64_t est_clusters;     /* clusters in the estimation zone */
+    uint64_t bytes_read;       /* K/V + meta bytes the step read */
+} kn_wave_stats_t;
+
+/* Create an empty object for one layer.  Caller frees with kn_wave_destroy.
+ * Errors: RI_ERR_INVALID (shape/params), RI_ERR_NOMEM. */
+ri_status_t kn_wave_create(const kn_shape_t *shape, const kn_wave_params_t *params,
+                           kn_wave_t **wave_p);
+
+void kn_wave_destroy(kn_wave_t *wave);
+
+/* Index tokens [sink, n - window) of kv (the prompt).  Called once, on an
+ * empty object; with fewer than update_tokens indexable tokens nothing is
+ * indexed and decode stays dense until the first update. */
+ri_status_t kn_wave_build(kn_wave_t *wave, const kn_kv_view_t *kv);
+
+/* If the steady zone holds sink + window + update_tokens tokens or more,
+ * cluster the update_tokens oldest non-sink steady tokens into
+ * update_clusters clusters and append them (repeats while due).
+ * *updated_p (may be NULL) tells whether anything was appended. */
+ri_status_t kn_wave_update(kn_wave_t *wave, const kn_kv_view_t *kv, bool *updated_p);
+
+/* One decode step for all heads: q [n_q][d] -> out [n_q][d]; lse [n_q] or
+ * NULL; stats_p may be NULL.  kv must cover every token indexed so far. */
+ri_status_t kn_wave_decode(kn_wave_t *wave, const float *q, const kn_kv_view_t *kv, float *out,
+                           float *lse, kn_wave_stats_t *stats_p);
+
+/* Decode with retrieval / estimation counts forced per head (n_r, n_e are
+ * capped at the clusters available); for invariant tests and sweeps. */
+ri_status_t kn_wave_decode_budget(kn_wave_t *wave, const float *q, const kn_kv_view_t *kv,
+                                  uint32_t n_r, uint32_t n_e, float *out, float *lse,
+                                  kn_wave_stats_t *stats_p);
+
+/* The index of KV head h (borrowed, valid until the next build/update). */
+const kn_index_t *kn_wave_index(const kn_wave_t *wave, uint32_t kv_head);
+
+/* First token position after the indexed range. */
+size_t kn_wave_indexed_end(const kn_wave_t *wave);
+
+/* Retrieval and estimation counts per head for the current index. */
+void kn_wave_budget(const kn_wave_t *wave, uint32_t *n_r_p, uint32_t *n_e_p);
+
+#endif /* KN_WAVE_H */
