@@ -109,6 +109,8 @@ ri_status_t spill_index_put(kvs_spill_t *sp, const spill_ent_t *e)
         spill_ent_t *o = &sp->ents[old];
         if (o->seg != NULL)
             o->seg->live_bytes -= o->rec_bytes;
+        if (o->lost)
+            sp->st.lost_records--;
         int32_t next = o->next;
         *o = *e;
         o->used = true;

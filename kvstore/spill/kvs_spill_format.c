@@ -131,6 +131,7 @@ ri_status_t kvs_spill_manifest_encode(const kvs_spill_manifest_t *m, uint8_t **b
         put32(p + 40, r->hdr.crc);
         put32(p + 44, r->segment);
         put64(p + 48, r->offset);
+        put32(p + 56, r->flags);
     }
     put32(p, cm_crc32c(0, buf, (size_t)(p - buf)));
     *buf_p = buf;
@@ -185,6 +186,7 @@ ri_status_t kvs_spill_manifest_decode(const uint8_t *buf, size_t len, kvs_spill_
         r->hdr.crc = get32(p + 40);
         r->segment = get32(p + 44);
         r->offset = get64(p + 48);
+        r->flags = get32(p + 56);
     }
     *m_p = m;
     return RI_OK;

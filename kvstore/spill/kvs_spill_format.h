@@ -25,7 +25,8 @@
  * Manifest (file MANIFEST, replaced atomically through MANIFEST.tmp):
  *   header (48 bytes): magic "RISM", version, align, n_segments, n_records,
  *   next_seq, next_segment_id; then n_segments x (id, valid_bytes) and
- *   n_records x kvs_spill_mrec_t (64 bytes each); then CRC32C of everything
+ *   n_records x kvs_spill_mrec_t (64 bytes each: header fields, segment,
+ *   offset, flags); then CRC32C of everything
  *   before it.
  */
 #ifndef KVS_SPILL_FORMAT_H
@@ -76,9 +77,12 @@ ri_status_t kvs_spill_rec_verify(const uint8_t *image, const kvs_spill_hdr_t *h)
 /* One record as the manifest lists it. */
 typedef struct kvs_spill_mrec {
     kvs_spill_hdr_t hdr;      /* the record's header fields */
-    uint32_t segment;         /* segment id */
+    uint32_t segment;         /* segment id (unused when lost) */
     uint64_t offset;          /* byte offset in the segment */
+    uint32_t flags;           /* KVS_SPILL_MREC_* */
 } kvs_spill_mrec_t;
+
+#define KVS_SPILL_MREC_LOST 1u   /* failed verification: answer RI_ERR_CORRUPT, never data */
 
 /* One segment as the manifest lists it. */
 typedef struct kvs_spill_mseg {

@@ -140,7 +140,7 @@ static ri_status_t snapshot(kvs_spill_t *sp, kvs_spill_manifest_t *m, spill_seg_
     }
     for (uint32_t i = 0; i < sp->n_ents_cap; i++) {
         const spill_ent_t *e = &sp->ents[i];
-        if (!e->used || e->lost || e->seg == NULL)
+        if (!e->used)
             continue;
         kvs_spill_mrec_t *r = &m->records[m->n_records++];
         r->hdr = (kvs_spill_hdr_t){
@@ -154,8 +154,11 @@ static ri_status_t snapshot(kvs_spill_t *sp, kvs_spill_manifest_t *m, spill_seg_
             .seq = e->seq,
             .crc = e->crc,
         };
-        r->segment = e->seg->id;
-        r->offset = e->off;
+        /* Lost records stay listed, so that they keep answering
+         * RI_ERR_CORRUPT after a restart instead of vanishing. */
+        r->segment = e->lost ? UINT32_MAX : e->seg->id;
+        r->offset = e->lost ? 0 : e->off;
+        r->flags = e->lost ? KVS_SPILL_MREC_LOST : 0;
     }
     *n_dirty_p = nd;
     return RI_OK;
@@ -373,6 +376,26 @@ static ri_status_t put_if_newer(kvs_spill_t *sp, const kvs_spill_hdr_t *h, spill
     return spill_index_put(sp, &e);
 }
 
+/* Index a record that was marked lost before the restart. */
+static ri_status_t put_lost(kvs_spill_t *sp, const kvs_spill_hdr_t *h)
+{
+    spill_ent_t e = {
+        .key = {h->session, h->layer, h->head, h->cluster},
+        .seq = h->seq,
+        .payload_bytes = h->payload_bytes,
+        .tokens = h->tokens,
+        .dtype = h->dtype,
+        .lost = true,
+    };
+    int32_t i = spill_find(sp, &e.key);
+    if (i >= 0)
+        return RI_OK;
+    ri_status_t st = spill_index_put(sp, &e);
+    if (st == RI_OK)
+        sp->st.lost_records++;
+    return st;
+}
+
 /* Scan seg from `from` to its end for self-describing records with
  * seq >= min_seq, skipping garbage one alignment unit at a time. */
 static ri_status_t scan_segment(kvs_spill_t *sp, spill_seg_t *seg, uint64_t from, uint64_t min_seq,
@@ -504,6 +527,12 @@ static ri_status_t recover_index(kvs_spill_t *sp, const kvs_spill_manifest_t *m,
         uint64_t skipped = 0;
         for (size_t i = 0; i < m->n_records; i++) {
             const kvs_spill_mrec_t *r = &m->records[i];
+            if (r->flags & KVS_SPILL_MREC_LOST) {
+                st = put_lost(sp, &r->hdr);
+                if (st != RI_OK)
+                    goto out_from;
+                continue;
+            }
             spill_seg_t *seg = seg_by_id(sp, r->segment);
             uint64_t rec = kvs_spill_rec_bytes(r->hdr.payload_bytes, sp->cfg.align);
             if (seg == NULL || r->offset % sp->cfg.align != 0 || r->offset + rec > seg->file_bytes ||
