@@ -1,0 +1,27 @@
+/* Helpers shared by the model runtime tests: find the model or skip (77). */
+#ifndef TM_UTIL_H
+#define TM_UTIL_H
+
+#include <stdio.h>
+#include <stdlib.h>
+
+#include "gpuworker/model/mdl_model.h"
+
+/* Path of the model under test ($RI_TEST_MODEL or the installed default);
+ * exits 77 (skipped) when it is not installed. */
+static inline const char *tm_model_path_or_skip(void)
+{
+    static char path[4096];
+    const char *env = getenv("RI_TEST_MODEL");
+    if (env != NULL && env[0] != '\0') {
+        snprintf(path, sizeof(path), "%s", env);
+        return path;
+    }
+    if (mdl_model_default_path(path, sizeof(path)) != RI_OK) {
+        fprintf(stderr, "skip: no model at %s (run ./ri setup or ./ri model fetch)\n", path);
+        exit(77);
+    }
+    return path;
+}
+
+#endif /* TM_UTIL_H */
