@@ -847,6 +847,7 @@ ri_status_t kvs_spill_read(kvs_spill_t *sp, kvs_spill_rreq_t *reqs, size_t n)
     spill_ctx_put(sp, ctx);
 
     ri_status_t ret = RI_OK;
+    size_t failed_io = 0, first = 0;
     pthread_mutex_lock(&sp->mu);
     for (size_t i = 0; i < n; i++) {
         spill_raw_t *r = &raws[i];
@@ -862,15 +863,17 @@ ri_status_t kvs_spill_read(kvs_spill_t *sp, kvs_spill_rreq_t *reqs, size_t n)
         if (r->status == RI_ERR_CORRUPT) {
             sp->st.checksum_failures++;
             spill_mark_lost(sp, &reqs[i].key, r->seg, r->off, "failed its header or CRC32C check");
-        } else if (r->status != RI_OK) {
-            cm_error("spill: reading session %llu layer %u head %u cluster %u: %s",
-                     (unsigned long long)reqs[i].key.session, reqs[i].key.layer, reqs[i].key.head,
-                     reqs[i].key.cluster, ri_status_str(r->status));
+        } else if (r->status != RI_OK && failed_io++ == 0) {
+            first = i;
         }
         spill_seg_unref(sp, r->seg);
     }
     hist_add(&sp->read_hist, (double)(cm_time_ns() - t0) * 1e-9);
     pthread_mutex_unlock(&sp->mu);
+    if (failed_io > 0)
+        cm_error("spill: %zu of %zu records not read (first: session %llu layer %u head %u cluster %u: %s)",
+                 failed_io, n, (unsigned long long)reqs[first].key.session, reqs[first].key.layer,
+                 reqs[first].key.head, reqs[first].key.cluster, ri_status_str(reqs[first].status));
     cm_free(raws);
     return ret;
 }
