@@ -223,7 +223,7 @@ static ri_status_t kvs_api_create_session(void *app, const kvs_caller_t *caller,
         kvs_data_session_drop(ctl->data, caller->tenant, id, &ignored);
         goto out_free;
     }
-    cm_info("session %" PRIu64 " created for tenant %s (%ux%ux%u, %" PRIu64 " tokens, '%s')", id, caller->tenant,
+    cm_debug("session %" PRIu64 " created for tenant %s (%ux%ux%u, %" PRIu64 " tokens, '%s')", id, caller->tenant,
             g.layers, g.kv_heads, g.head_dim, in->expected_tokens, in->label ? in->label : "");
 
 out_free:
@@ -255,7 +255,7 @@ static ri_status_t kvs_api_drop_session(void *app, const kvs_caller_t *caller, c
         snprintf(reply->msg, sizeof(reply->msg), "DropSession: %s", ri_status_str(st));
         return st;
     }
-    cm_info("session %" PRIu64 " of tenant %s dropped (%" PRIu64 " bytes freed)", id, caller->tenant, freed);
+    cm_debug("session %" PRIu64 " of tenant %s dropped (%" PRIu64 " bytes freed)", id, caller->tenant, freed);
     Retroinfer__V1__DropSessionResponse out = RETROINFER__V1__DROP_SESSION_RESPONSE__INIT;
     out.bytes_freed = freed;
     return kvs_api_pack(&out.base, reply);

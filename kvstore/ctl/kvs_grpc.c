@@ -110,8 +110,10 @@ int kvs_grpc_code_from_status(ri_status_t st)
     case RI_ERR_NOT_FOUND: return GRPC_STATUS_NOT_FOUND;
     case RI_ERR_EXISTS: return GRPC_STATUS_ALREADY_EXISTS;
     case RI_ERR_UNSUPPORTED: return GRPC_STATUS_UNIMPLEMENTED;
-    case RI_ERR_BUSY:
-    case RI_ERR_SHUTDOWN: return GRPC_STATUS_UNAVAILABLE;
+    case RI_ERR_BUSY: return GRPC_STATUS_UNAVAILABLE;
+    /* Draining: the client should not retry here (UNAVAILABLE would invite it
+     * and would read as "unreachable"). */
+    case RI_ERR_SHUTDOWN: return GRPC_STATUS_FAILED_PRECONDITION;
     case RI_ERR_TIMEOUT: return GRPC_STATUS_DEADLINE_EXCEEDED;
     case RI_ERR_CANCELLED: return GRPC_STATUS_CANCELLED;
     case RI_ERR_QUOTA:
@@ -480,9 +482,21 @@ unsigned kvs_grpc_shutdown(kvs_grpc_t *srv, uint32_t timeout_ms)
 
     atomic_store(&srv->stopping, true);
     grpc_server_shutdown_and_notify(srv->server, srv->cq, &srv->shutdown_tag);
-    if (!kvs_grpc_wait_done(srv, cm_time_ns() + (uint64_t)timeout_ms * 1000000u)) {
+    /* The core's shutdown tag also waits for idle client connections to go
+     * away, which clients may keep open for long.  So wait only for our own
+     * calls to finish (bounded), then cut what is left. */
+    uint64_t deadline = cm_time_ns() + (uint64_t)timeout_ms * 1000000u;
+    unsigned idle_polls = 0;
+    while (!kvs_grpc_wait_done(srv, CM_MIN(deadline, cm_time_ns() + 5000000u))) {
+        /* idle for 20 ms in a row: nothing was in the queue either */
+        idle_polls = atomic_load(&srv->inflight) == 0 ? idle_polls + 1 : 0;
+        if (idle_polls >= 4 || cm_time_ns() >= deadline)
+            break;
+    }
+    if (!kvs_grpc_wait_done(srv, cm_time_ns())) {
         cancelled = atomic_load(&srv->inflight);
-        cm_warn("grpc: %u call(s) still running after %u ms; cancelling them", cancelled, timeout_ms);
+        if (cancelled > 0)
+            cm_warn("grpc: %u call(s) still running after %u ms; cancelling them", cancelled, timeout_ms);
         grpc_server_cancel_all_calls(srv->server);
         if (!kvs_grpc_wait_done(srv, cm_time_ns() + 5000000000ull)) {
             /* The core did not finish; leave the server allocated rather than
