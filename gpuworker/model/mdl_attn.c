@@ -156,19 +156,17 @@ static void mdl_exact_task(void *arg, size_t begin, size_t end, unsigned worker)
                 for (uint32_t t = 0; t < gs; t++) {
                     size_t r = (i - i0) * gs + t;
                     const float *qr = j->q + (i * g->n_heads + h * gs + t) * d;
+                    mdl_vec_scores(qr, kt, nt, d, scale, s);
                     float mx = -INFINITY;
-                    for (size_t kk = 0; kk < nt; kk++) {
-                        s[kk] = scale * mdl_vec_dot(qr, kt + kk * d, d);
+                    for (size_t kk = 0; kk < nt; kk++)
                         mx = s[kk] > mx ? s[kk] : mx;
-                    }
                     float mnew = mx > mrow[r] ? mx : mrow[r];
                     float corr = expf(mrow[r] - mnew);   /* exp(-inf) = 0 on the first tile */
                     float sum = mdl_vec_exp_sub(s, nt, mnew);
                     float *ar = acc + r * d;
                     if (corr != 1.0f)
                         mdl_vec_scale(ar, corr, d);
-                    for (size_t kk = 0; kk < nt; kk++)
-                        mdl_vec_axpy(ar, s[kk], vt + kk * d, d);
+                    mdl_vec_pv(ar, s, vt, nt, d);
                     lrow[r] = lrow[r] * corr + sum;
                     mrow[r] = mnew;
                 }

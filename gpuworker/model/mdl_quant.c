@@ -306,29 +306,6 @@ MDL_AVX2 static void mdl_dequant_row_avx2(const mdl_weight_t *w, size_t r, float
     }
 }
 
-/* y[i] = dot(wrow, x[i]) for 4 rows of x at once: one load of w per 4 FMAs. */
-MDL_AVX2 static void mdl_dot4_f32_avx2(const float *wr, const float *x, size_t xs, size_t n, float *y4)
-{
-    __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
-    const float *x0 = x, *x1 = x + xs, *x2 = x + 2 * xs, *x3 = x + 3 * xs;
-    size_t k = 0;
-    for (; k + 8 <= n; k += 8) {
-        __m256 wv = _mm256_loadu_ps(wr + k);
-        a0 = _mm256_fmadd_ps(wv, _mm256_loadu_ps(x0 + k), a0);
-        a1 = _mm256_fmadd_ps(wv, _mm256_loadu_ps(x1 + k), a1);
-        a2 = _mm256_fmadd_ps(wv, _mm256_loadu_ps(x2 + k), a2);
-        a3 = _mm256_fmadd_ps(wv, _mm256_loadu_ps(x3 + k), a3);
-    }
-    float s0 = mdl_hsum(a0), s1 = mdl_hsum(a1), s2 = mdl_hsum(a2), s3 = mdl_hsum(a3);
-    for (; k < n; k++) {
-        s0 += wr[k] * x0[k];
-        s1 += wr[k] * x1[k];
-        s2 += wr[k] * x2[k];
-        s3 += wr[k] * x3[k];
-    }
-    y4[0] = s0, y4[1] = s1, y4[2] = s2, y4[3] = s3;
-}
-
 MDL_AVX2 static float mdl_dot1_f32_avx2(const float *wr, const float *x, size_t n)
 {
     __m256 a = _mm256_setzero_ps();
@@ -339,6 +316,46 @@ MDL_AVX2 static float mdl_dot1_f32_avx2(const float *wr, const float *x, size_t 
     for (; k < n; k++)
         s += wr[k] * x[k];
     return s;
+}
+
+/* A 3x4 block of dot products: 3 expanded weight rows (stride ws) against 4
+ * activation rows (stride xs); 12 accumulators stay in registers and each
+ * loaded vector feeds 3 or 4 FMAs. */
+MDL_AVX2 static void mdl_dot3x4_f32_avx2(const float *w, size_t ws, const float *x, size_t xs, size_t n,
+                                         float out[3][4])
+{
+    __m256 a00 = _mm256_setzero_ps(), a01 = a00, a02 = a00, a03 = a00;
+    __m256 a10 = a00, a11 = a00, a12 = a00, a13 = a00;
+    __m256 a20 = a00, a21 = a00, a22 = a00, a23 = a00;
+    const float *w0 = w, *w1 = w + ws, *w2 = w + 2 * ws;
+    const float *x0 = x, *x1 = x + xs, *x2 = x + 2 * xs, *x3 = x + 3 * xs;
+    size_t k = 0;
+    for (; k + 8 <= n; k += 8) {
+        __m256 v0 = _mm256_loadu_ps(w0 + k), v1 = _mm256_loadu_ps(w1 + k), v2 = _mm256_loadu_ps(w2 + k);
+        __m256 xv = _mm256_loadu_ps(x0 + k);
+        a00 = _mm256_fmadd_ps(v0, xv, a00);
+        a10 = _mm256_fmadd_ps(v1, xv, a10);
+        a20 = _mm256_fmadd_ps(v2, xv, a20);
+        xv = _mm256_loadu_ps(x1 + k);
+        a01 = _mm256_fmadd_ps(v0, xv, a01);
+        a11 = _mm256_fmadd_ps(v1, xv, a11);
+        a21 = _mm256_fmadd_ps(v2, xv, a21);
+        xv = _mm256_loadu_ps(x2 + k);
+        a02 = _mm256_fmadd_ps(v0, xv, a02);
+        a12 = _mm256_fmadd_ps(v1, xv, a12);
+        a22 = _mm256_fmadd_ps(v2, xv, a22);
+        xv = _mm256_loadu_ps(x3 + k);
+        a03 = _mm256_fmadd_ps(v0, xv, a03);
+        a13 = _mm256_fmadd_ps(v1, xv, a13);
+        a23 = _mm256_fmadd_ps(v2, xv, a23);
+    }
+    out[0][0] = mdl_hsum(a00), out[0][1] = mdl_hsum(a01), out[0][2] = mdl_hsum(a02), out[0][3] = mdl_hsum(a03);
+    out[1][0] = mdl_hsum(a10), out[1][1] = mdl_hsum(a11), out[1][2] = mdl_hsum(a12), out[1][3] = mdl_hsum(a13);
+    out[2][0] = mdl_hsum(a20), out[2][1] = mdl_hsum(a21), out[2][2] = mdl_hsum(a22), out[2][3] = mdl_hsum(a23);
+    for (; k < n; k++)
+        for (int r = 0; r < 3; r++)
+            for (int i = 0; i < 4; i++)
+                out[r][i] += w[r * ws + k] * x[i * xs + k];
 }
 #endif /* MDL_X86 */
 
@@ -371,40 +388,50 @@ typedef struct mdl_mm_job {
     bool simd;              /* AVX2 available */
 } mdl_mm_job_t;
 
+/* Rows [3*begin, 3*end) of the output (tasks are groups of 3 weight rows). */
 static void mdl_mm_rows(void *arg, size_t begin, size_t end, unsigned worker)
 {
     mdl_mm_job_t *j = arg;
     const mdl_weight_t *w = j->w;
     size_t cols = w->cols, rows = w->rows;
+    size_t r0 = begin * 3, r1 = CM_MIN(end * 3, rows);
     if (j->n <= 2 || j->scratch == NULL) {
         /* decode: fused expand-and-dot, each weight byte read once */
-        for (size_t r = begin; r < end; r++)
+        for (size_t r = r0; r < r1; r++)
             for (size_t i = 0; i < j->n; i++)
                 j->y[i * rows + r] = mdl_dot(w, r, j->x + i * cols);
         return;
     }
-    float *wr = j->scratch + (size_t)worker * cols;
-    for (size_t r = begin; r < end; r++) {
-        mdl_dequant_row(w, r, wr);
+    float *wr = j->scratch + (size_t)worker * cols * 3;
+    for (size_t r = r0; r < r1; r += 3) {
+        size_t nr = CM_MIN((size_t)3, r1 - r);
+        for (size_t t = 0; t < nr; t++)
+            mdl_dequant_row(w, r + t, wr + t * cols);
         size_t i = 0;
 #ifdef MDL_X86
-        if (j->simd) {
-            float y4[4];
+        if (j->simd && nr == 3) {
+            float o[3][4];
             for (; i + 4 <= j->n; i += 4) {
-                mdl_dot4_f32_avx2(wr, j->x + i * cols, cols, cols, y4);
-                for (int t = 0; t < 4; t++)
-                    j->y[(i + t) * rows + r] = y4[t];
+                mdl_dot3x4_f32_avx2(wr, cols, j->x + i * cols, cols, cols, o);
+                for (int t = 0; t < 3; t++)
+                    for (int u = 0; u < 4; u++)
+                        j->y[(i + u) * rows + r + t] = o[t][u];
             }
-            for (; i < j->n; i++)
-                j->y[i * rows + r] = mdl_dot1_f32_avx2(wr, j->x + i * cols, cols);
+        }
+        if (j->simd) {
+            for (size_t t = 0; t < nr; t++)
+                for (size_t ii = i; ii < j->n; ii++)
+                    j->y[ii * rows + r + t] = mdl_dot1_f32_avx2(wr + t * cols, j->x + ii * cols, cols);
+            continue;
         }
 #endif
-        for (; i < j->n; i++) {
-            float s = 0;
-            for (size_t k = 0; k < cols; k++)
-                s += wr[k] * j->x[i * cols + k];
-            j->y[i * rows + r] = s;
-        }
+        for (size_t t = 0; t < nr; t++)
+            for (size_t ii = i; ii < j->n; ii++) {
+                float s = 0;
+                for (size_t k = 0; k < cols; k++)
+                    s += wr[t * cols + k] * j->x[ii * cols + k];
+                j->y[ii * rows + r + t] = s;
+            }
     }
 }
 
@@ -413,13 +440,14 @@ ri_status_t mdl_matmul(cm_pool_t *pool, const mdl_weight_t *w, const float *x, s
     mdl_mm_job_t j = {.w = w, .x = x, .n = n, .y = y, .simd = mdl_quant_have_simd()};
     unsigned nt = pool != NULL ? cm_pool_size(pool) : 1;
     if (n > 2) {
-        j.scratch = cm_malloc(&mdl_quant_tag, (size_t)nt * w->cols * sizeof(float));
+        j.scratch = cm_malloc(&mdl_quant_tag, (size_t)nt * w->cols * 3 * sizeof(float));
         if (j.scratch == NULL)
             return RI_ERR_NOMEM;
     }
     /* grain: enough rows per task to amortise the hand-out, several tasks per thread */
-    size_t grain = CM_MAX((size_t)4, w->rows / ((size_t)nt * 8));
-    cm_pool_parallel_for(pool, w->rows, grain, mdl_mm_rows, &j);
+    size_t groups = (w->rows + 2) / 3;
+    size_t grain = CM_MAX((size_t)2, groups / ((size_t)nt * 8));
+    cm_pool_parallel_for(pool, groups, grain, mdl_mm_rows, &j);
     cm_free(j.scratch);
     return RI_OK;
 }

@@ -79,6 +79,63 @@ MDL_AVX2 static float mdl_exp_sub_avx2(float *s, size_t n, float m)
     }
     return sum;
 }
+
+/* s[j] = scale * q.K[j] for d == 64: q in 8 registers, 8 keys at a time,
+ * their 8 accumulators reduced together into one vector of 8 scores. */
+MDL_AVX2 static void mdl_scores64_avx2(const float *q, const float *K, size_t nk, float scale, float *s)
+{
+    __m256 q0 = _mm256_loadu_ps(q), q1 = _mm256_loadu_ps(q + 8), q2 = _mm256_loadu_ps(q + 16);
+    __m256 q3 = _mm256_loadu_ps(q + 24), q4 = _mm256_loadu_ps(q + 32), q5 = _mm256_loadu_ps(q + 40);
+    __m256 q6 = _mm256_loadu_ps(q + 48), q7 = _mm256_loadu_ps(q + 56);
+    __m256 sc = _mm256_set1_ps(scale);
+    size_t j = 0;
+    for (; j + 8 <= nk; j += 8) {
+        __m256 a[8];
+        for (int t = 0; t < 8; t++) {
+            const float *k = K + (j + t) * 64;
+            __m256 x = _mm256_mul_ps(q0, _mm256_loadu_ps(k));
+            __m256 y = _mm256_mul_ps(q1, _mm256_loadu_ps(k + 8));
+            x = _mm256_fmadd_ps(q2, _mm256_loadu_ps(k + 16), x);
+            y = _mm256_fmadd_ps(q3, _mm256_loadu_ps(k + 24), y);
+            x = _mm256_fmadd_ps(q4, _mm256_loadu_ps(k + 32), x);
+            y = _mm256_fmadd_ps(q5, _mm256_loadu_ps(k + 40), y);
+            x = _mm256_fmadd_ps(q6, _mm256_loadu_ps(k + 48), x);
+            y = _mm256_fmadd_ps(q7, _mm256_loadu_ps(k + 56), y);
+            a[t] = _mm256_add_ps(x, y);
+        }
+        __m256 t0 = _mm256_hadd_ps(a[0], a[1]), t1 = _mm256_hadd_ps(a[2], a[3]);
+        __m256 t2 = _mm256_hadd_ps(a[4], a[5]), t3 = _mm256_hadd_ps(a[6], a[7]);
+        t0 = _mm256_hadd_ps(t0, t1);
+        t2 = _mm256_hadd_ps(t2, t3);
+        __m256 r = _mm256_add_ps(_mm256_permute2f128_ps(t0, t2, 0x20), _mm256_permute2f128_ps(t0, t2, 0x31));
+        _mm256_storeu_ps(s + j, _mm256_mul_ps(r, sc));
+    }
+    for (; j < nk; j++)
+        s[j] = scale * mdl_dot_avx2(q, K + j * 64, 64);
+}
+
+/* acc[0..64) += sum_j p[j] * V[j] with the accumulator in registers. */
+MDL_AVX2 static void mdl_pv64_avx2(float *acc, const float *p, const float *V, size_t nk)
+{
+    __m256 a0 = _mm256_loadu_ps(acc), a1 = _mm256_loadu_ps(acc + 8), a2 = _mm256_loadu_ps(acc + 16);
+    __m256 a3 = _mm256_loadu_ps(acc + 24), a4 = _mm256_loadu_ps(acc + 32), a5 = _mm256_loadu_ps(acc + 40);
+    __m256 a6 = _mm256_loadu_ps(acc + 48), a7 = _mm256_loadu_ps(acc + 56);
+    for (size_t j = 0; j < nk; j++) {
+        __m256 pj = _mm256_broadcast_ss(p + j);
+        const float *v = V + j * 64;
+        a0 = _mm256_fmadd_ps(pj, _mm256_loadu_ps(v), a0);
+        a1 = _mm256_fmadd_ps(pj, _mm256_loadu_ps(v + 8), a1);
+        a2 = _mm256_fmadd_ps(pj, _mm256_loadu_ps(v + 16), a2);
+        a3 = _mm256_fmadd_ps(pj, _mm256_loadu_ps(v + 24), a3);
+        a4 = _mm256_fmadd_ps(pj, _mm256_loadu_ps(v + 32), a4);
+        a5 = _mm256_fmadd_ps(pj, _mm256_loadu_ps(v + 40), a5);
+        a6 = _mm256_fmadd_ps(pj, _mm256_loadu_ps(v + 48), a6);
+        a7 = _mm256_fmadd_ps(pj, _mm256_loadu_ps(v + 56), a7);
+    }
+    _mm256_storeu_ps(acc, a0), _mm256_storeu_ps(acc + 8, a1), _mm256_storeu_ps(acc + 16, a2);
+    _mm256_storeu_ps(acc + 24, a3), _mm256_storeu_ps(acc + 32, a4), _mm256_storeu_ps(acc + 40, a5);
+    _mm256_storeu_ps(acc + 48, a6), _mm256_storeu_ps(acc + 56, a7);
+}
 #endif
 
 float mdl_vec_dot(const float *a, const float *b, size_t n)
@@ -139,4 +196,28 @@ void mdl_vec_swiglu(float *g, const float *u, size_t n)
 {
     for (size_t i = 0; i < n; i++)
         g[i] = g[i] / (1.0f + expf(-g[i])) * u[i];
+}
+
+void mdl_vec_scores(const float *q, const float *K, size_t nk, size_t d, float scale, float *s)
+{
+#ifdef MDL_AVX2
+    if (d == 64 && mdl_quant_have_simd()) {
+        mdl_scores64_avx2(q, K, nk, scale, s);
+        return;
+    }
+#endif
+    for (size_t j = 0; j < nk; j++)
+        s[j] = scale * mdl_vec_dot(q, K + j * d, d);
+}
+
+void mdl_vec_pv(float *acc, const float *p, const float *V, size_t nk, size_t d)
+{
+#ifdef MDL_AVX2
+    if (d == 64 && mdl_quant_have_simd()) {
+        mdl_pv64_avx2(acc, p, V, nk);
+        return;
+    }
+#endif
+    for (size_t j = 0; j < nk; j++)
+        mdl_vec_axpy(acc, p[j], V + j * d, d);
 }

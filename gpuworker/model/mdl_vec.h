@@ -19,6 +19,10 @@ void mdl_vec_scale(float *y, float a, size_t n);
 float mdl_vec_exp_sub(float *s, size_t n, float m);
 /* out = x / rms(x) * w  (rms over n, eps inside the root); out may be x */
 void mdl_vec_rmsnorm(float *out, const float *x, const float *w, size_t n, float eps);
+/* s[j] = scale * q.K[j] for nk rows of K (row length d) */
+void mdl_vec_scores(const float *q, const float *K, size_t nk, size_t d, float scale, float *s);
+/* acc[0..d) += sum_j p[j] * V[j] */
+void mdl_vec_pv(float *acc, const float *p, const float *V, size_t nk, size_t d);
 /* g[i] = silu(g[i]) * u[i] */
 void mdl_vec_swiglu(float *g, const float *u, size_t n);
 
