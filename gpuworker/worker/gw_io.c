@@ -1,0 +1,205 @@
+/*
+ * The io thread of one data-plane connection (gw_io.h): a mutex-protected
+ * FIFO, one thread that pops jobs and makes the synchronous gw_dp calls.
+ * Workload: a few uploads per layer at prefill and every 1024 tokens, one
+ * ranked fetch per layer and decode step.
+ */
+#include "gpuworker/worker/gw_io.h"
+
+#include <pthread.h>
+
+#include "common/cm_alloc.h"
+#include "common/cm_log.h"
+#include "common/cm_time.h"
+
+static CM_ALLOC_TAG(gw_io_tag, "gw.io");
+
+struct gw_io {
+    gw_dp_t *dp;               /* owned; used only by the thread after start */
+    pthread_t thread;
+    pthread_mutex_t lock;
+    pthread_cond_t cond;       /* queue changed, a job finished */
+    gw_io_job_t *head, *tail;  /* FIFO */
+    bool busy;                 /* the thread runs a job */
+    bool stop;                 /* gw_io_stop called */
+    ri_status_t err;           /* sticky: first failure */
+    uint64_t up_bytes;         /* uploaded so far */
+    double up_s;               /* time in uploads */
+};
+
+void gw_io_job_free(gw_io_job_t *job)
+{
+    if (job == NULL)
+        return;
+    cm_free(job->heads);
+    cm_free(job->counts);
+    cm_free(job->tokens);
+    cm_free(job->expect_first);
+    cm_free(job->pages);
+    cm_free(job);
+}
+
+/* Run one job on the io thread (lock not held). */
+static ri_status_t gw_io_run(gw_io_t *io, gw_io_job_t *job)
+{
+    ri_status_t st = RI_ERR_INTERNAL;
+    switch (job->kind) {
+    case GW_IO_UPLOAD: {
+        uint32_t *first = cm_malloc(&gw_io_tag, job->n_heads * sizeof(uint32_t));
+        if (first == NULL)
+            return RI_ERR_NOMEM;
+        st = gw_dp_upload(io->dp, job->append, job->layer, job->n_heads, job->heads, job->counts, job->tokens,
+                          job->pages, job->bytes, first);
+        /* The worker numbers clusters itself; the kvstore must agree. */
+        for (uint32_t i = 0; st == RI_OK && job->expect_first != NULL && i < job->n_heads; i++)
+            if (first[i] != job->expect_first[i]) {
+                cm_error("data plane: layer %u head %u got first cluster id %u, expected %u", job->layer,
+                         job->heads[i], first[i], job->expect_first[i]);
+                st = RI_ERR_PROTOCOL;
+            }
+        cm_free(first);
+        if (st != RI_OK)
+            cm_error("data plane: %s of layer %u failed: %s", job->append ? "append" : "upload", job->layer,
+                     ri_status_str(st));
+        return st;
+    }
+    case GW_IO_FETCH:
+        return gw_dp_fetch_ranked(io->dp, job->cache_id, job->layer, job->n_heads, job->heads, job->counts,
+                                  job->ids, job->recv_offset, job->timeout_ms, &job->res);
+    case GW_IO_REGISTER:
+        return gw_dp_register_cache(io->dp, job->capacity_pages, job->recv, job->recv_len, &job->out_cache_id,
+                                    &job->out_page_bytes);
+    case GW_IO_RELEASE:
+        return gw_dp_release(io->dp, job->cache_id);
+    }
+    return st;
+}
+
+static void *gw_io_main(void *arg)
+{
+    gw_io_t *io = arg;
+    pthread_mutex_lock(&io->lock);
+    for (;;) {
+        while (io->head == NULL && !io->stop)
+            pthread_cond_wait(&io->cond, &io->lock);
+        if (io->head == NULL)
+            break; /* stop with an empty queue */
+        gw_io_job_t *job = io->head;
+        io->head = job->next;
+        if (io->head == NULL)
+            io->tail = NULL;
+        ri_status_t err = io->err;
+        io->busy = true;
+        pthread_mutex_unlock(&io->lock);
+
+        double t0 = cm_time_s();
+        ri_status_t st = err != RI_OK ? err : gw_io_run(io, job);
+        job->seconds = cm_time_s() - t0;
+
+        pthread_mutex_lock(&io->lock);
+        io->busy = false;
+        if (st != RI_OK && io->err == RI_OK)
+            io->err = st;
+        if (job->kind == GW_IO_UPLOAD) {
+            if (st == RI_OK) {
+                io->up_bytes += job->bytes;
+                io->up_s += job->seconds;
+            }
+            gw_io_job_free(job);
+        } else {
+            job->status = st;
+            job->done = true;
+        }
+        pthread_cond_broadcast(&io->cond);
+    }
+    pthread_mutex_unlock(&io->lock);
+    return NULL;
+}
+
+ri_status_t gw_io_start(gw_dp_t *dp, gw_io_t **io_p)
+{
+    gw_io_t *io = cm_calloc(&gw_io_tag, 1, sizeof(*io));
+    if (io == NULL) {
+        gw_dp_close(dp);
+        return RI_ERR_NOMEM;
+    }
+    io->dp = dp;
+    pthread_mutex_init(&io->lock, NULL);
+    pthread_cond_init(&io->cond, NULL);
+    if (pthread_create(&io->thread, NULL, gw_io_main, io) != 0) {
+        pthread_cond_destroy(&io->cond);
+        pthread_mutex_destroy(&io->lock);
+        gw_dp_close(dp);
+        cm_free(io);
+        return RI_ERR_NOMEM;
+    }
+    *io_p = io;
+    return RI_OK;
+}
+
+void gw_io_stop(gw_io_t *io)
+{
+    if (io == NULL)
+        return;
+    pthread_mutex_lock(&io->lock);
+    io->stop = true;
+    pthread_cond_broadcast(&io->cond);
+    pthread_mutex_unlock(&io->lock);
+    pthread_join(io->thread, NULL);
+    gw_dp_close(io->dp);
+    pthread_cond_destroy(&io->cond);
+    pthread_mutex_destroy(&io->lock);
+    cm_free(io);
+}
+
+void gw_io_submit(gw_io_t *io, gw_io_job_t *job)
+{
+    job->next = NULL;
+    job->done = false;
+    job->status = RI_OK;
+    pthread_mutex_lock(&io->lock);
+    if (io->tail != NULL)
+        io->tail->next = job;
+    else
+        io->head = job;
+    io->tail = job;
+    pthread_cond_broadcast(&io->cond);
+    pthread_mutex_unlock(&io->lock);
+}
+
+ri_status_t gw_io_wait(gw_io_t *io, gw_io_job_t *job)
+{
+    pthread_mutex_lock(&io->lock);
+    while (!job->done)
+        pthread_cond_wait(&io->cond, &io->lock);
+    pthread_mutex_unlock(&io->lock);
+    return job->status;
+}
+
+ri_status_t gw_io_drain(gw_io_t *io)
+{
+    ri_status_t st;
+    pthread_mutex_lock(&io->lock);
+    while (io->head != NULL || io->busy)
+        pthread_cond_wait(&io->cond, &io->lock);
+    st = io->err;
+    pthread_mutex_unlock(&io->lock);
+    return st;
+}
+
+ri_status_t gw_io_error(gw_io_t *io)
+{
+    ri_status_t st;
+    pthread_mutex_lock(&io->lock);
+    st = io->err;
+    pthread_mutex_unlock(&io->lock);
+    return st;
+}
+
+void gw_io_upload_totals(gw_io_t *io, uint64_t *bytes_p, double *seconds_p)
+{
+    pthread_mutex_lock(&io->lock);
+    *bytes_p = io->up_bytes;
+    *seconds_p = io->up_s;
+    pthread_mutex_unlock(&io->lock);
+}

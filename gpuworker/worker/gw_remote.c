@@ -1,0 +1,870 @@
+/*
+ * Remote RetroInfer state of one sequence (gw_remote.h): meta index per
+ * (layer, KV head), cluster upload in page format, the block cache and the
+ * receive buffer, and the tripartite decode through the kvstore's ranked
+ * fetch.  Workload: one decode step = one FETCH_RANKED per layer for ~2% of
+ * the clusters of every KV head, most of them cache hits once warm.
+ */
+#include "gpuworker/worker/gw_remote.h"
+
+#include <math.h>
+#include <stdatomic.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "common/cm_alloc.h"
+#include "common/cm_log.h"
+#include "common/cm_status.h"
+#include "common/cm_time.h"
+#include "gpuworker/dp/gw_dp.h"
+#include "gpuworker/worker/gw_io.h"
+
+static CM_ALLOC_TAG(gw_remote_tag, "gw.remote");
+
+#define GW_NO_ID UINT32_MAX
+#define GW_GMAX 64u   /* query heads per group handled on the stack */
+
+/* Index state of one layer, all KV heads. */
+typedef struct gw_layer {
+    kn_index_t *idx;       /* [n_kv] meta index */
+    uint32_t **rid;        /* [n_kv] -> kvstore id of each cluster (GW_NO_ID: empty, never uploaded) */
+    uint32_t *rcap;        /* [n_kv] entries allocated in rid[h] */
+    uint32_t *n_remote;    /* [n_kv] clusters the kvstore holds for the head */
+    uint32_t *max_pages;   /* [n_kv] pages of the largest cluster */
+    size_t indexed_end;    /* first position after the indexed range */
+    uint32_t n_r, n_e;     /* budgets per head */
+} gw_layer_t;
+
+/* One decode step in flight (between decode_begin and decode_end). */
+typedef struct gw_step {
+    bool active;           /* begin done, end not yet */
+    bool fetching;         /* job submitted */
+    uint32_t layer;
+    const float *q;        /* borrowed [n_q][d] */
+    kn_kv_view_t kv;       /* copy of the caller's view */
+    uint32_t n_r, n_e;     /* requested budgets */
+    uint32_t want;         /* room per head in ids */
+    size_t cap_ids;        /* allocated: n_kv * want */
+    uint32_t *ids;         /* [n_kv][want] local cluster ids from kn_rank */
+    uint32_t *req;         /* [n_kv * want] kvstore ids, head by head */
+    uint32_t *nr, *ne;     /* [n_kv] counts from kn_rank */
+    uint32_t *heads;       /* [n_kv] heads sent */
+    uint32_t *counts;      /* [n_kv] ids per head sent */
+    uint32_t *ent0;        /* [n_kv] first reply entry of each head */
+    float *part;           /* [n_kv][2 g (d + 1)] exact and estimated parts */
+    gw_io_job_t job;       /* the fetch */
+    _Atomic int status;    /* first failure of a parallel part */
+    _Atomic uint64_t exact, retrieved, bytes;
+    float *out, *lse;      /* decode_end's outputs */
+} gw_step_t;
+
+struct gw_remote {
+    kn_shape_t shape;        /* one layer */
+    uint32_t n_layers, n_kv, g, d;
+    gw_remote_params_t p;
+    const kn_ops_t *ops;
+    gw_io_t *io;             /* the connection and its thread */
+    gw_layer_t *layers;      /* [n_layers] */
+    uint64_t pages_uploaded; /* over all layers */
+    size_t page_bytes;       /* 4 * P * d */
+    /* wave buffer */
+    bool registered;
+    uint32_t cache_id;
+    uint32_t cache_pages;
+    uint8_t *cache;          /* [cache_pages][page_bytes] */
+    uint8_t *recv;           /* receive buffer (UCX-registered) */
+    size_t recv_len;
+    void **old_recv;         /* earlier receive buffers, registered until close */
+    size_t n_old;
+    gw_step_t step;
+    ri_status_t err;         /* sticky */
+    gw_remote_stats_t st;
+};
+
+void gw_remote_params_default(gw_remote_params_t *p)
+{
+    memset(p, 0, sizeof(*p));
+    kn_wave_params_default(&p->wave);
+    p->cache_frac = 0.05f;
+    p->cache_pages = 0;
+    p->min_cache_pages = 64;
+    p->timeout_ms = 5000;
+}
+
+static uint32_t gw_pages(uint32_t tokens)
+{
+    return (tokens + GW_REMOTE_PAGE_TOKENS - 1) / GW_REMOTE_PAGE_TOKENS;
+}
+
+static void gw_remote_step_free(gw_step_t *s)
+{
+    cm_free(s->ids);
+    cm_free(s->req);
+    cm_free(s->nr);
+    cm_free(s->ne);
+    cm_free(s->heads);
+    cm_free(s->counts);
+    cm_free(s->ent0);
+    cm_free(s->part);
+}
+
+ri_status_t gw_remote_create(const char *addr, uint64_t session_id, const uint8_t secret[CM_WIRE_SECRET_SIZE],
+                             const kn_shape_t *shape, uint32_t n_layers, const gw_remote_params_t *params,
+                             gw_remote_t **r_p)
+{
+    gw_remote_params_t defaults;
+    gw_dp_options_t dopt = {0};
+    gw_dp_t *dp = NULL;
+    gw_remote_t *r;
+    ri_status_t st;
+
+    if (addr == NULL || secret == NULL || r_p == NULL || !kn_shape_valid(shape) || n_layers == 0)
+        return RI_ERR_INVALID;
+    if (params == NULL) {
+        gw_remote_params_default(&defaults);
+        params = &defaults;
+    }
+    if (shape->n_q_heads / shape->n_kv_heads > GW_GMAX || shape->n_kv_heads > CM_DP_MAX_HEADS ||
+        params->wave.update_tokens == 0 || params->wave.update_clusters == 0 ||
+        params->wave.update_clusters > params->wave.update_tokens || params->cache_frac < 0)
+        return RI_ERR_INVALID;
+    r = cm_calloc(&gw_remote_tag, 1, sizeof(*r));
+    if (r == NULL)
+        return RI_ERR_NOMEM;
+    r->shape = *shape;
+    r->n_layers = n_layers;
+    r->n_kv = shape->n_kv_heads;
+    r->g = shape->n_q_heads / shape->n_kv_heads;
+    r->d = shape->head_dim;
+    r->p = *params;
+    r->ops = params->wave.ops ? params->wave.ops : kn_ops_default();
+    r->page_bytes = (size_t)4 * GW_REMOTE_PAGE_TOKENS * r->d;
+    r->layers = cm_calloc(&gw_remote_tag, n_layers, sizeof(*r->layers));
+    if (r->layers == NULL)
+        goto err_nomem;
+    for (uint32_t l = 0; l < n_layers; l++) {
+        gw_layer_t *L = &r->layers[l];
+        L->idx = cm_calloc(&gw_remote_tag, r->n_kv, sizeof(*L->idx));
+        L->rid = cm_calloc(&gw_remote_tag, r->n_kv, sizeof(*L->rid));
+        L->rcap = cm_calloc(&gw_remote_tag, r->n_kv, sizeof(*L->rcap));
+        L->n_remote = cm_calloc(&gw_remote_tag, r->n_kv, sizeof(*L->n_remote));
+        L->max_pages = cm_calloc(&gw_remote_tag, r->n_kv, sizeof(*L->max_pages));
+        if (!L->idx || !L->rid || !L->rcap || !L->n_remote || !L->max_pages)
+            goto err_nomem;
+        for (uint32_t h = 0; h < r->n_kv; h++)
+            kn_index_init(&L->idx[h], r->d);
+        L->indexed_end = params->wave.sink_tokens;
+    }
+    r->step.nr = cm_calloc(&gw_remote_tag, r->n_kv, sizeof(uint32_t));
+    r->step.ne = cm_calloc(&gw_remote_tag, r->n_kv, sizeof(uint32_t));
+    r->step.heads = cm_calloc(&gw_remote_tag, r->n_kv, sizeof(uint32_t));
+    r->step.counts = cm_calloc(&gw_remote_tag, r->n_kv, sizeof(uint32_t));
+    r->step.ent0 = cm_calloc(&gw_remote_tag, r->n_kv, sizeof(uint32_t));
+    r->step.part = cm_malloc(&gw_remote_tag, (size_t)r->n_kv * 2 * r->g * (r->d + 1) * sizeof(float));
+    if (!r->step.nr || !r->step.ne || !r->step.heads || !r->step.counts || !r->step.ent0 || !r->step.part)
+        goto err_nomem;
+
+    dopt.timeout_ms = params->timeout_ms;
+    st = gw_dp_connect(addr, session_id, secret, &dopt, &dp);
+    if (st != RI_OK) {
+        cm_error("data plane %s: cannot connect: %s", addr, ri_status_str(st));
+        gw_remote_destroy(r);
+        return st;
+    }
+    st = gw_io_start(dp, &r->io); /* owns dp from here, even on failure */
+    if (st != RI_OK) {
+        gw_remote_destroy(r);
+        return st;
+    }
+    *r_p = r;
+    return RI_OK;
+
+err_nomem:
+    gw_remote_destroy(r);
+    return RI_ERR_NOMEM;
+}
+
+void gw_remote_destroy(gw_remote_t *r)
+{
+    if (r == NULL)
+        return;
+    if (r->io != NULL) {
+        if (r->step.active && r->step.fetching) {
+            gw_io_wait(r->io, &r->step.job);
+            gw_dp_fetch_result_free(&r->step.job.res);
+        }
+        if (r->registered && gw_io_error(r->io) == RI_OK) {
+            gw_io_job_t job = {.kind = GW_IO_RELEASE, .cache_id = 0};
+            gw_io_submit(r->io, &job);
+            (void)gw_io_wait(r->io, &job);
+        }
+        gw_io_stop(r->io); /* closes the connection: unregisters the buffers */
+    }
+    for (uint32_t l = 0; r->layers != NULL && l < r->n_layers; l++) {
+        gw_layer_t *L = &r->layers[l];
+        for (uint32_t h = 0; h < r->n_kv; h++) {
+            if (L->idx)
+                kn_index_cleanup(&L->idx[h]);
+            if (L->rid)
+                cm_free(L->rid[h]);
+        }
+        cm_free(L->idx);
+        cm_free(L->rid);
+        cm_free(L->rcap);
+        cm_free(L->n_remote);
+        cm_free(L->max_pages);
+    }
+    cm_free(r->layers);
+    for (size_t i = 0; i < r->n_old; i++)
+        cm_free(r->old_recv[i]);
+    cm_free(r->old_recv);
+    cm_free(r->recv);
+    cm_free(r->cache);
+    gw_remote_step_free(&r->step);
+    cm_free(r);
+}
+
+/* ---- index build and upload ---- */
+
+typedef struct gw_build_job {
+    gw_remote_t *r;
+    gw_layer_t *L;
+    const kn_kv_view_t *kv;
+    size_t t0;
+    uint32_t n, C, S;
+    uint32_t *first;       /* [n_kv] first new cluster of each head */
+    _Atomic int status;
+} gw_build_job_t;
+
+static void gw_build_task(void *arg, size_t begin, size_t end, unsigned worker)
+{
+    gw_build_job_t *job = arg;
+    gw_remote_t *r = job->r;
+    (void)worker;
+    for (size_t h = begin; h < end; h++) {
+        kn_index_t *idx = &job->L->idx[h];
+        size_t off = h * job->kv->head_stride + job->t0 * job->kv->token_stride;
+        job->first[h] = idx->n_clusters;
+        ri_status_t st = kn_index_build(r->ops, &r->p.wave.build, job->kv->k + off, job->kv->v + off,
+                                        job->kv->token_stride, job->n, (uint32_t)job->t0, job->C, job->S, idx);
+        if (st != RI_OK) {
+            int expect = RI_OK;
+            atomic_compare_exchange_strong(&job->status, &expect, (int)st);
+        }
+    }
+}
+
+/* Write cluster j of head h of L in page format at dst (pages zero-padded). */
+static void gw_pack_cluster(const gw_remote_t *r, const kn_index_t *idx, uint32_t h, const kn_kv_view_t *kv,
+                            uint32_t j, uint8_t *dst)
+{
+    const uint32_t P = GW_REMOTE_PAGE_TOKENS, d = r->d, n = idx->sizes[j];
+    const uint32_t *perm = idx->perm + idx->offsets[j];
+    size_t row = (size_t)d * sizeof(cm_fp16_t);
+    uint32_t np = gw_pages(n);
+
+    memset(dst, 0, (size_t)np * r->page_bytes);
+    for (uint32_t i = 0; i < n; i++) {
+        uint8_t *page = dst + (size_t)(i / P) * r->page_bytes;
+        size_t src = (size_t)h * kv->head_stride + (size_t)perm[i] * kv->token_stride;
+        memcpy(page + (size_t)(i % P) * row, kv->k + src, row);
+        memcpy(page + (size_t)(P + i % P) * row, kv->v + src, row);
+    }
+}
+
+/* Cluster tokens [t0, t0+n) of every head of layer into C clusters over S
+ * segments, append them to the index (kn_wave_cluster's rule), pack the new
+ * non-empty clusters and queue their upload. */
+static ri_status_t gw_remote_cluster(gw_remote_t *r, uint32_t layer, const kn_kv_view_t *kv, size_t t0, uint32_t n,
+                                     uint32_t C, uint32_t S, bool append)
+{
+    gw_layer_t *L = &r->layers[layer];
+    gw_build_job_t job = {.r = r, .L = L, .kv = kv, .t0 = t0, .n = n, .C = C, .S = S};
+    gw_io_job_t *up = NULL;
+    uint64_t total_clusters = 0, total_pages = 0, k = 0;
+    uint8_t *dst;
+    uint32_t add_r, add_e, total;
+    double t_start = cm_time_s();
+    ri_status_t st;
+
+    job.first = cm_malloc(&gw_remote_tag, r->n_kv * sizeof(uint32_t));
+    if (job.first == NULL)
+        return RI_ERR_NOMEM;
+    atomic_init(&job.status, RI_OK);
+    cm_pool_parallel_for(kn_pool(), r->n_kv, 1, gw_build_task, &job);
+    st = (ri_status_t)atomic_load(&job.status);
+    if (st != RI_OK)
+        goto out;
+
+    /* kvstore ids for the new non-empty clusters, in order */
+    for (uint32_t h = 0; h < r->n_kv; h++) {
+        const kn_index_t *idx = &L->idx[h];
+        if (idx->n_clusters > L->rcap[h]) {
+            uint32_t *nr = cm_realloc(&gw_remote_tag, L->rid[h], idx->n_clusters * sizeof(uint32_t));
+            if (nr == NULL) {
+                st = RI_ERR_NOMEM;
+                goto out;
+            }
+            L->rid[h] = nr;
+            L->rcap[h] = idx->n_clusters;
+        }
+        for (uint32_t j = job.first[h]; j < idx->n_clusters; j++) {
+            if (idx->sizes[j] == 0)
+                continue;
+            total_clusters++;
+            total_pages += gw_pages(idx->sizes[j]);
+        }
+    }
+    up = cm_calloc(&gw_remote_tag, 1, sizeof(*up));
+    if (up == NULL) {
+        st = RI_ERR_NOMEM;
+        goto out;
+    }
+    up->kind = GW_IO_UPLOAD;
+    up->append = append;
+    up->layer = layer;
+    up->n_heads = r->n_kv;
+    up->heads = cm_malloc(&gw_remote_tag, r->n_kv * sizeof(uint32_t));
+    up->counts = cm_calloc(&gw_remote_tag, r->n_kv, sizeof(uint32_t));
+    up->expect_first = cm_malloc(&gw_remote_tag, r->n_kv * sizeof(uint32_t));
+    up->tokens = cm_malloc(&gw_remote_tag, (total_clusters ? total_clusters : 1) * sizeof(uint32_t));
+    up->bytes = (size_t)total_pages * r->page_bytes;
+    up->pages = cm_malloc(&gw_remote_tag, up->bytes ? up->bytes : 1);
+    if (!up->heads || !up->counts || !up->expect_first || !up->tokens || !up->pages) {
+        st = RI_ERR_NOMEM;
+        goto out;
+    }
+    dst = up->pages;
+    for (uint32_t h = 0; h < r->n_kv; h++) {
+        const kn_index_t *idx = &L->idx[h];
+        up->heads[h] = h;
+        up->expect_first[h] = L->n_remote[h];
+        for (uint32_t j = job.first[h]; j < idx->n_clusters; j++) {
+            if (idx->sizes[j] == 0) {
+                L->rid[h][j] = GW_NO_ID;
+                continue;
+            }
+            L->rid[h][j] = L->n_remote[h]++;
+            up->counts[h]++;
+            up->tokens[k++] = idx->sizes[j];
+            gw_pack_cluster(r, idx, h, kv, j, dst);
+            dst += (size_t)gw_pages(idx->sizes[j]) * r->page_bytes;
+            L->max_pages[h] = CM_MAX(L->max_pages[h], gw_pages(idx->sizes[j]));
+        }
+    }
+    r->pages_uploaded += total_pages;
+    r->st.uploaded_bytes += up->bytes;
+    if (total_clusters > 0) {
+        gw_io_submit(r->io, up); /* detached: the io thread frees it */
+        up = NULL;
+    }
+
+    /* the same budget arithmetic as kn_wave_cluster */
+    L->indexed_end = t0 + n;
+    add_r = (uint32_t)lround(r->p.wave.retrieval_frac * C);
+    add_r = add_r ? add_r : 1;
+    add_e = (uint32_t)lround(r->p.wave.estimation_frac * C);
+    total = L->idx[0].n_clusters;
+    L->n_r = CM_MIN(L->n_r + add_r, total);
+    L->n_e = CM_MIN(L->n_e + add_e, total - L->n_r);
+out:
+    gw_io_job_free(up);
+    cm_free(job.first);
+    r->st.build_s += cm_time_s() - t_start;
+    if (st != RI_OK && r->err == RI_OK)
+        r->err = st; /* the index and the kvstore may disagree from here on */
+    return st;
+}
+
+static bool gw_kv_valid(const kn_kv_view_t *kv)
+{
+    return kv != NULL && (kv->n_tokens == 0 || (kv->k != NULL && kv->v != NULL)) && kv->n_tokens < UINT32_MAX / 2;
+}
+
+ri_status_t gw_remote_build(gw_remote_t *r, uint32_t layer, const kn_kv_view_t *kv)
+{
+    size_t sink, n_idx;
+    uint32_t S, C;
+
+    if (r == NULL || layer >= r->n_layers || !gw_kv_valid(kv) || r->layers[layer].idx[0].n_clusters != 0 ||
+        r->step.active)
+        return RI_ERR_INVALID;
+    if (r->err != RI_OK)
+        return r->err;
+    sink = r->p.wave.sink_tokens;
+    if (kv->n_tokens < sink + r->p.wave.window_tokens + r->p.wave.update_tokens)
+        return RI_OK; /* too short: dense until the first update */
+    n_idx = kv->n_tokens - sink - r->p.wave.window_tokens;
+    C = kn_index_plan((uint32_t)n_idx, r->p.wave.tokens_per_cluster, r->p.wave.segment_tokens, &S);
+    C = CM_MIN(C, (uint32_t)n_idx);
+    S = CM_MIN(S, C);
+    return gw_remote_cluster(r, layer, kv, sink, (uint32_t)n_idx, C, S, false);
+}
+
+ri_status_t gw_remote_update(gw_remote_t *r, uint32_t layer, const kn_kv_view_t *kv, bool *updated_p)
+{
+    bool any = false;
+    ri_status_t st = RI_OK;
+    gw_layer_t *L;
+
+    if (r == NULL || layer >= r->n_layers || !gw_kv_valid(kv) || r->step.active)
+        return RI_ERR_INVALID;
+    L = &r->layers[layer];
+    if (kv->n_tokens < L->indexed_end)
+        return RI_ERR_INVALID;
+    if (r->err != RI_OK)
+        return r->err;
+    while (kv->n_tokens >= L->indexed_end + r->p.wave.window_tokens + r->p.wave.update_tokens) {
+        /* the first update of a never-indexed layer is an UPLOAD (empty tables) */
+        bool append = L->n_remote[0] != 0;
+        for (uint32_t h = 1; h < r->n_kv; h++)
+            append = append || L->n_remote[h] != 0;
+        st = gw_remote_cluster(r, layer, kv, L->indexed_end, r->p.wave.update_tokens, r->p.wave.update_clusters, 1,
+                               append);
+        if (st != RI_OK)
+            break;
+        any = true;
+    }
+    if (updated_p)
+        *updated_p = any;
+    return st;
+}
+
+ri_status_t gw_remote_sync(gw_remote_t *r)
+{
+    ri_status_t st;
+    if (r == NULL)
+        return RI_ERR_INVALID;
+    st = gw_io_drain(r->io);
+    if (st != RI_OK && r->err == RI_OK)
+        r->err = st;
+    return r->err;
+}
+
+/* ---- the wave buffer: block cache and receive buffer ---- */
+
+/* Register (or re-register, emptying the cache) so that the receive buffer
+ * holds at least need bytes. */
+static ri_status_t gw_remote_register(gw_remote_t *r, size_t need)
+{
+    gw_io_job_t job = {.kind = GW_IO_REGISTER};
+    size_t bound = 0, len;
+    uint8_t *recv;
+    ri_status_t st;
+
+    if (!r->registered) {
+        uint64_t cap = r->p.cache_pages;
+        if (cap == 0)
+            cap = (uint64_t)ceil((double)r->p.cache_frac * (double)r->pages_uploaded);
+        cap = CM_MAX(cap, (uint64_t)CM_MAX(r->p.min_cache_pages, 1u));
+        cap = CM_MIN(cap, (uint64_t)1 << 26);
+        r->cache = cm_malloc_aligned(&gw_remote_tag, (size_t)cap * r->page_bytes, 4096);
+        if (r->cache == NULL)
+            return RI_ERR_NOMEM;
+        r->cache_pages = (uint32_t)cap;
+    } else {
+        /* A new cache: the old directory and its pages are forgotten. */
+        gw_io_job_t rel = {.kind = GW_IO_RELEASE, .cache_id = r->cache_id};
+        gw_io_submit(r->io, &rel);
+        st = gw_io_wait(r->io, &rel);
+        if (st != RI_OK)
+            return st;
+        void **no = cm_realloc(&gw_remote_tag, r->old_recv, (r->n_old + 1) * sizeof(void *));
+        if (no == NULL)
+            return RI_ERR_NOMEM;
+        r->old_recv = no;
+        r->old_recv[r->n_old++] = r->recv; /* UCX keeps it registered until close */
+        r->recv = NULL;
+        r->registered = false;
+    }
+    /* A step's worst case: every head's n_r largest clusters all missing. */
+    for (uint32_t l = 0; l < r->n_layers; l++) {
+        size_t b = 0;
+        for (uint32_t h = 0; h < r->n_kv; h++)
+            b += (size_t)r->layers[l].n_r * r->layers[l].max_pages[h] * r->page_bytes;
+        bound = CM_MAX(bound, b);
+    }
+    len = CM_MAX(need + need / 4, bound);
+    len = CM_ALIGN_UP(CM_MAX(len, (size_t)64 * r->page_bytes), 4096);
+    recv = cm_malloc_aligned(&gw_remote_tag, len, 4096);
+    if (recv == NULL)
+        return RI_ERR_NOMEM;
+    job.capacity_pages = r->cache_pages;
+    job.recv = recv;
+    job.recv_len = len;
+    gw_io_submit(r->io, &job);
+    st = gw_io_wait(r->io, &job);
+    if (st == RI_OK && job.out_page_bytes != r->page_bytes) {
+        cm_error("data plane: kvstore page is %llu bytes, worker expects %zu (page_tokens %u, head_dim %u)",
+                 (unsigned long long)job.out_page_bytes, r->page_bytes, GW_REMOTE_PAGE_TOKENS, r->d);
+        st = RI_ERR_PROTOCOL;
+    }
+    r->recv = recv; /* registered with UCX (or not): freed at destroy either way */
+    r->recv_len = len;
+    if (st != RI_OK)
+        return st;
+    r->cache_id = job.out_cache_id;
+    r->registered = true;
+    r->st.registrations++;
+    r->st.cache_pages = r->cache_pages;
+    return RI_OK;
+}
+
+static ri_status_t gw_step_reserve(gw_remote_t *r, uint32_t want)
+{
+    gw_step_t *s = &r->step;
+    size_t need = (size_t)r->n_kv * CM_MAX(want, 1u);
+    if (need > s->cap_ids) {
+        uint32_t *a = cm_realloc(&gw_remote_tag, s->ids, need * sizeof(uint32_t));
+        if (a == NULL)
+            return RI_ERR_NOMEM;
+        s->ids = a;
+        a = cm_realloc(&gw_remote_tag, s->req, need * sizeof(uint32_t));
+        if (a == NULL)
+            return RI_ERR_NOMEM;
+        s->req = a;
+        s->cap_ids = need;
+    }
+    s->want = CM_MAX(want, 1u);
+    return RI_OK;
+}
+
+/* ---- decode ---- */
+
+ri_status_t gw_remote_decode_begin(gw_remote_t *r, uint32_t layer, const float *q, const kn_kv_view_t *kv,
+                                   uint32_t n_r, uint32_t n_e)
+{
+    gw_step_t *s;
+    gw_layer_t *L;
+    kn_shape_t grp;
+    uint32_t maxc = 0, n_heads = 0;
+    uint64_t k = 0, worst = 0;
+    ri_status_t st;
+
+    if (r == NULL || q == NULL || layer >= r->n_layers || !gw_kv_valid(kv) || r->step.active)
+        return RI_ERR_INVALID;
+    s = &r->step;
+    L = &r->layers[layer];
+    if (kv->n_tokens < L->indexed_end)
+        return RI_ERR_INVALID;
+    if (r->err != RI_OK)
+        return r->err;
+    s->layer = layer;
+    s->q = q;
+    s->kv = *kv;
+    s->n_r = n_r == UINT32_MAX ? L->n_r : n_r;
+    s->n_e = n_e == UINT32_MAX ? L->n_e : n_e;
+    s->fetching = false;
+    for (uint32_t h = 0; h < r->n_kv; h++)
+        maxc = CM_MAX(maxc, L->idx[h].n_clusters);
+    st = gw_step_reserve(r, (uint32_t)CM_MIN((uint64_t)s->n_r + s->n_e, (uint64_t)maxc));
+    if (st != RI_OK)
+        return st;
+    grp = (kn_shape_t){.n_q_heads = r->g, .n_kv_heads = 1, .head_dim = r->d, .scale = r->shape.scale};
+    for (uint32_t h = 0; h < r->n_kv; h++) {
+        const kn_index_t *idx = &L->idx[h];
+        uint32_t *ids = s->ids + (size_t)h * s->want;
+        s->nr[h] = s->ne[h] = 0;
+        s->ent0[h] = (uint32_t)k;
+        if (idx->n_clusters > 0) {
+            st = kn_rank(r->ops, &grp, q + (size_t)h * r->g * r->d, idx, s->n_r, s->n_e, ids, &s->nr[h], &s->ne[h]);
+            if (st != RI_OK)
+                return st;
+        }
+        if (s->nr[h] == 0)
+            continue;
+        s->heads[n_heads] = h;
+        s->counts[n_heads] = s->nr[h];
+        n_heads++;
+        for (uint32_t i = 0; i < s->nr[h]; i++) {
+            uint32_t j = ids[i];
+            if (L->rid[h][j] == GW_NO_ID)
+                return RI_ERR_INTERNAL; /* kn_rank returns non-empty clusters only */
+            s->req[k++] = L->rid[h][j];
+            worst += (uint64_t)gw_pages(idx->sizes[j]) * r->page_bytes;
+        }
+    }
+    if (n_heads > 0) {
+        if (!r->registered || worst > r->recv_len) {
+            st = gw_remote_register(r, (size_t)worst);
+            if (st != RI_OK) {
+                if (r->err == RI_OK)
+                    r->err = st;
+                return st;
+            }
+        }
+        memset(&s->job, 0, sizeof(s->job));
+        s->job.kind = GW_IO_FETCH;
+        s->job.cache_id = r->cache_id;
+        s->job.layer = layer;
+        s->job.n_heads = n_heads;
+        s->job.heads = s->heads;
+        s->job.counts = s->counts;
+        s->job.ids = s->req;
+        s->job.recv_offset = 0;
+        s->job.timeout_ms = r->p.timeout_ms;
+        gw_io_submit(r->io, &s->job);
+        s->fetching = true;
+    }
+    s->active = true;
+    return RI_OK;
+}
+
+/* Check the reply against what we asked: entry order, sizes, page bounds. */
+static ri_status_t gw_step_check_reply(gw_remote_t *r)
+{
+    gw_step_t *s = &r->step;
+    const cm_dp_fetch_reply_view_t *v = &s->job.res.view;
+    const gw_layer_t *L = &r->layers[s->layer];
+    uint32_t e = 0;
+
+    if (v->n_heads != s->job.n_heads)
+        return RI_ERR_PROTOCOL;
+    for (uint32_t i = 0; i < v->n_heads; i++)
+        if (cm_dp_reply_head(v, i) != s->heads[i] || cm_dp_reply_head_ids(v, i) != s->counts[i])
+            return RI_ERR_PROTOCOL;
+    for (uint32_t h = 0; h < r->n_kv; h++) {
+        const kn_index_t *idx = &L->idx[h];
+        for (uint32_t i = 0; i < s->nr[h]; i++, e++) {
+            uint32_t j = s->ids[(size_t)h * s->want + i];
+            cm_dp_entry_t en;
+            cm_dp_reply_entry(v, e, &en);
+            if (en.cluster != L->rid[h][j] || en.tokens != idx->sizes[j] || en.n_pages != gw_pages(en.tokens))
+                return RI_ERR_PROTOCOL;
+            if (en.flags & (CM_DP_F_HIT | CM_DP_F_ADMITTED))
+                for (uint32_t p = 0; p < en.n_pages; p++)
+                    if (cm_dp_reply_page(v, en.page_index + p) >= r->cache_pages)
+                        return RI_ERR_PROTOCOL;
+            if ((en.flags & CM_DP_F_MISS) &&
+                (en.recv_offset > r->recv_len || (uint64_t)en.n_pages * r->page_bytes > r->recv_len - en.recv_offset))
+                return RI_ERR_PROTOCOL;
+            if (en.flags & CM_DP_F_HIT)
+                r->st.hits++;
+            else
+                r->st.misses++;
+        }
+    }
+    return RI_OK;
+}
+
+static void gw_step_fail(gw_step_t *s, ri_status_t st)
+{
+    int expect = RI_OK;
+    atomic_compare_exchange_strong(&s->status, &expect, (int)st);
+}
+
+/* Exact part (steady zone + retrieved clusters, in kn_wave's order), merge
+ * with the estimated part computed before, per KV head. */
+static void gw_exact_task(void *arg, size_t begin, size_t end, unsigned worker)
+{
+    gw_remote_t *r = arg;
+    gw_step_t *s = &r->step;
+    const gw_layer_t *L = &r->layers[s->layer];
+    const kn_kv_view_t *kv = &s->kv;
+    const cm_dp_fetch_reply_view_t *v = &s->job.res.view;
+    const uint32_t g = r->g, d = r->d, P = GW_REMOTE_PAGE_TOKENS;
+    kn_shape_t grp = {.n_q_heads = g, .n_kv_heads = 1, .head_dim = d, .scale = r->shape.scale};
+    (void)worker;
+
+    for (size_t h = begin; h < end; h++) {
+        const kn_index_t *idx = &L->idx[h];
+        const uint32_t *ids = s->ids + h * s->want;
+        size_t np = 0, maxp = 2, sink = CM_MIN((size_t)r->p.wave.sink_tokens, kv->n_tokens);
+        size_t tail0 = CM_MAX(L->indexed_end, sink), hoff = h * kv->head_stride;
+        uint64_t exact = 0, retrieved = 0;
+        float *o_x = s->part + h * 2 * g * (d + 1), *o_e = o_x + (size_t)g * d;
+        float *l_x = o_x + (size_t)2 * g * d, *l_e = l_x + g;
+        float lse_tmp[GW_GMAX];
+        const float *op[2] = {o_x, o_e}, *lp[2] = {l_x, l_e};
+        size_t row = (size_t)d * sizeof(cm_fp16_t);
+        kn_page_t *pages;
+        cm_fp16_t *exec;
+        ri_status_t st;
+
+        size_t n_ret = 0;
+        for (uint32_t i = 0; i < s->nr[h]; i++)
+            n_ret += idx->sizes[ids[i]];
+        maxp += s->nr[h];
+        /* The execution buffer: each retrieved cluster gathered into
+         * contiguous K and V rows, so that the kernel sees the same rows in
+         * the same runs as the in-process decode (bit-identical results). */
+        pages = cm_malloc(&gw_remote_tag, maxp * sizeof(kn_page_t));
+        exec = cm_malloc(&gw_remote_tag, (n_ret ? n_ret : 1) * 2 * row);
+        if (pages == NULL || exec == NULL) {
+            cm_free(pages);
+            cm_free(exec);
+            gw_step_fail(s, RI_ERR_NOMEM);
+            continue;
+        }
+        pages[np++] = (kn_page_t){kv->k + hoff, kv->v + hoff, (uint32_t)sink, (uint32_t)kv->token_stride};
+        if (kv->n_tokens > tail0)
+            pages[np++] = (kn_page_t){kv->k + hoff + tail0 * kv->token_stride, kv->v + hoff + tail0 * kv->token_stride,
+                                      (uint32_t)(kv->n_tokens - tail0), (uint32_t)kv->token_stride};
+        cm_fp16_t *xk = exec, *xv = exec + n_ret * d;
+        for (uint32_t i = 0; i < s->nr[h]; i++) {
+            cm_dp_entry_t en;
+            cm_dp_reply_entry(v, s->ent0[h] + i, &en);
+            pages[np++] = (kn_page_t){xk, xv, en.tokens, d};
+            for (uint32_t p = 0; p < en.n_pages; p++) {
+                const uint8_t *base;
+                uint32_t nt = CM_MIN(P, en.tokens - p * P);
+                if (en.flags & CM_DP_F_HIT)
+                    base = r->cache + (size_t)cm_dp_reply_page(v, en.page_index + p) * r->page_bytes;
+                else
+                    base = r->recv + en.recv_offset + (size_t)p * r->page_bytes;
+                memcpy(xk, base, nt * row);
+                memcpy(xv, base + (size_t)P * row, nt * row);
+                xk += (size_t)nt * d;
+                xv += (size_t)nt * d;
+            }
+            retrieved += en.tokens;
+        }
+        for (size_t i = 0; i < np; i++)
+            exact += pages[i].n_tokens;
+        st = kn_attn_pages(r->ops, &grp, s->q + h * g * d, pages, np, o_x, l_x);
+        cm_free(pages);
+        cm_free(exec);
+        if (st == RI_OK)
+            st = kn_merge(r->ops, g, d, 2, op, lp, s->out + h * g * d, s->lse ? s->lse + h * g : lse_tmp);
+        if (st != RI_OK) {
+            gw_step_fail(s, st);
+            continue;
+        }
+        atomic_fetch_add(&s->exact, exact);
+        atomic_fetch_add(&s->retrieved, retrieved);
+        atomic_fetch_add(&s->bytes, exact * 4 * d + (uint64_t)idx->n_clusters * (2 * d + 4) +
+                                        (uint64_t)s->ne[h] * 4 * d);
+    }
+}
+
+/* Copy every admitted miss from the receive buffer into its cache pages. */
+static void gw_step_admit(gw_remote_t *r)
+{
+    const cm_dp_fetch_reply_view_t *v = &r->step.job.res.view;
+    for (uint32_t e = 0; e < v->n_entries; e++) {
+        cm_dp_entry_t en;
+        cm_dp_reply_entry(v, e, &en);
+        if (!(en.flags & CM_DP_F_ADMITTED))
+            continue;
+        for (uint32_t p = 0; p < en.n_pages; p++)
+            memcpy(r->cache + (size_t)cm_dp_reply_page(v, en.page_index + p) * r->page_bytes,
+                   r->recv + en.recv_offset + (size_t)p * r->page_bytes, r->page_bytes);
+        r->st.admitted++;
+    }
+    r->st.evicted += v->n_evicted;
+    r->st.fetched_bytes += v->miss_bytes;
+}
+
+ri_status_t gw_remote_decode_end(gw_remote_t *r, float *out, float *lse)
+{
+    gw_step_t *s;
+    const gw_layer_t *L;
+    kn_shape_t grp;
+    ri_status_t st = RI_OK;
+
+    if (r == NULL || !r->step.active)
+        return RI_ERR_INVALID;
+    s = &r->step;
+    L = &r->layers[s->layer];
+    grp = (kn_shape_t){.n_q_heads = r->g, .n_kv_heads = 1, .head_dim = r->d, .scale = r->shape.scale};
+    /* estimation zone while the fetch is on its way */
+    for (uint32_t h = 0; h < r->n_kv && st == RI_OK; h++) {
+        float *o_e = s->part + (size_t)h * 2 * r->g * (r->d + 1) + (size_t)r->g * r->d;
+        float *l_e = o_e + (size_t)r->g * r->d + r->g;
+        st = kn_estimate(r->ops, &grp, s->q + (size_t)h * r->g * r->d, &L->idx[h], s->ids + (size_t)h * s->want + s->nr[h],
+                         s->ne[h], o_e, l_e);
+    }
+    if (s->fetching) {
+        double t0 = cm_time_s();
+        ri_status_t fst = gw_io_wait(r->io, &s->job);
+        r->st.fetch_wait_s += cm_time_s() - t0;
+        r->st.fetches++;
+        if (fst == RI_OK)
+            fst = gw_step_check_reply(r);
+        if (fst != RI_OK) {
+            cm_error("data plane: ranked fetch of layer %u failed: %s", s->layer, ri_status_str(fst));
+            if (r->err == RI_OK)
+                r->err = fst;
+            st = fst;
+        }
+    }
+    if (st == RI_OK) {
+        s->out = out;
+        s->lse = lse;
+        atomic_init(&s->status, RI_OK);
+        atomic_init(&s->exact, 0);
+        atomic_init(&s->retrieved, 0);
+        atomic_init(&s->bytes, 0);
+        if (!s->fetching)
+            memset(&s->job.res, 0, sizeof(s->job.res)); /* no entries to read */
+        cm_pool_parallel_for(kn_pool(), r->n_kv, 1, gw_exact_task, r);
+        st = (ri_status_t)atomic_load(&s->status);
+    }
+    if (st == RI_OK) {
+        if (s->fetching)
+            gw_step_admit(r);
+        r->st.steps++;
+        r->st.exact_tokens += atomic_load(&s->exact);
+        r->st.retrieved_tokens += atomic_load(&s->retrieved);
+        r->st.bytes_read += atomic_load(&s->bytes);
+    }
+    if (s->fetching)
+        gw_dp_fetch_result_free(&s->job.res);
+    s->fetching = false;
+    s->active = false;
+    return st;
+}
+
+ri_status_t gw_remote_decode_budget(gw_remote_t *r, uint32_t layer, const float *q, const kn_kv_view_t *kv,
+                                    uint32_t n_r, uint32_t n_e, float *out, float *lse)
+{
+    ri_status_t st;
+    if (out == NULL)
+        return RI_ERR_INVALID;
+    st = gw_remote_decode_begin(r, layer, q, kv, n_r, n_e);
+    if (st != RI_OK)
+        return st;
+    return gw_remote_decode_end(r, out, lse);
+}
+
+ri_status_t gw_remote_decode(gw_remote_t *r, uint32_t layer, const float *q, const kn_kv_view_t *kv, float *out,
+                             float *lse)
+{
+    return gw_remote_decode_budget(r, layer, q, kv, UINT32_MAX, UINT32_MAX, out, lse);
+}
+
+void gw_remote_stats(gw_remote_t *r, gw_remote_stats_t *st_p)
+{
+    uint64_t bytes;
+    double secs;
+    *st_p = r->st;
+    gw_io_upload_totals(r->io, &bytes, &secs);
+    st_p->upload_s = secs;
+}
+
+const kn_index_t *gw_remote_index(const gw_remote_t *r, uint32_t layer, uint32_t kv_head)
+{
+    if (r == NULL || layer >= r->n_layers || kv_head >= r->n_kv)
+        return NULL;
+    return &r->layers[layer].idx[kv_head];
+}
+
+size_t gw_remote_indexed_end(const gw_remote_t *r, uint32_t layer)
+{
+    return layer < r->n_layers ? r->layers[layer].indexed_end : 0;
+}
+
+void gw_remote_budget(const gw_remote_t *r, uint32_t layer, uint32_t *n_r_p, uint32_t *n_e_p)
+{
+    *n_r_p = layer < r->n_layers ? r->layers[layer].n_r : 0;
+    *n_e_p = layer < r->n_layers ? r->layers[layer].n_e : 0;
+}
+
+ri_status_t gw_remote_error(gw_remote_t *r)
+{
+    if (r == NULL)
+        return RI_ERR_INVALID;
+    if (r->err == RI_OK && r->io != NULL)
+        r->err = gw_io_error(r->io);
+    return r->err;
+}

@@ -1,0 +1,138 @@
+/*
+ * The remote RetroInfer state of one sequence, all layers (DESIGN.md §3-5):
+ * the worker keeps the meta index (centroids, value sums, sizes, token
+ * permutation) per (layer, KV head), and a small block cache of clusters in
+ * host memory; the kvstore keeps every cluster's K/V and the cache directory.
+ *
+ * The caller owns the sequence's K/V (any kn_kv_view_t layout, covering every
+ * token so far) and passes a view to each call, exactly as with kn_wave_*.
+ * Indexing mirrors kernels/kn_wave.c (indexed range [sink, n - window), the
+ * budgets R and E, the update rule), so that a remote decode equals the
+ * in-process one: the same clusters are retrieved, their tokens attended in
+ * the same order, and the estimation zone is the same.
+ *
+ *   gw_remote_build(r, layer, kv)      after prefill: index + async upload
+ *   per step and layer (new token's K/V in kv):
+ *     gw_remote_update(r, layer, kv)   every update_tokens: append clusters
+ *     gw_remote_decode(r, layer, q, kv, out, lse)
+ *       = rank -> FETCH_RANKED on the io thread | estimation zone meanwhile
+ *         -> steady zone + hits (cache) + misses (receive buffer) exact
+ *         -> merge -> copy admitted misses into their cache pages
+ *   decode_begin/decode_end split a step so that a batch of sequences can
+ *   have all their fetches in flight at once.
+ *
+ * The block cache is registered at the first decode step with a capacity of
+ * cache_frac of the pages uploaded so far (or cache_pages); it does not grow
+ * with later updates.  The receive buffer is sized for a step's worst case
+ * and re-registered (cache emptied) when an update makes a step need more.
+ *
+ * Failure: any data-plane error (daemon gone: RI_ERR_CONN_RESET, no answer
+ * within timeout_ms: RI_ERR_TIMEOUT) makes the object broken: every later
+ * call returns that status.  The sequence is then lost remotely; the caller
+ * may re-create it (gw_remote_create + build from its own K/V).
+ *
+ * Not thread-safe per object; different objects may be used from different
+ * threads (each has its own connection and io thread).
+ */
+#ifndef GW_REMOTE_H
+#define GW_REMOTE_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "common/cm_wire.h"
+#include "kernels/kn_ops.h"
+#include "kernels/kn_wave.h"
+#include "retroinfer/status.h"
+
+#define GW_REMOTE_PAGE_TOKENS 8u   /* P: tokens per page (cm_dp_proto.h) */
+
+typedef struct gw_remote_params {
+    kn_wave_params_t wave;    /* index and budget settings (as the in-process backend) */
+    float cache_frac;         /* block cache: share of the uploaded pages (0.05) */
+    uint32_t cache_pages;     /* fixed capacity in pages; 0 = from cache_frac */
+    uint32_t min_cache_pages; /* floor of the capacity (64) */
+    uint32_t timeout_ms;      /* deadline of one data-plane call (5000) */
+} gw_remote_params_t;
+
+void gw_remote_params_default(gw_remote_params_t *p);
+
+/* Counters since creation (summed over layers and KV heads). */
+typedef struct gw_remote_stats {
+    uint64_t steps;            /* layer-steps decoded */
+    uint64_t fetches;          /* FETCH_RANKED calls */
+    uint64_t hits;             /* retrieved clusters found in the block cache */
+    uint64_t misses;           /* retrieved clusters sent by the kvstore */
+    uint64_t admitted;         /* misses copied into the cache */
+    uint64_t evicted;          /* clusters the kvstore evicted from our cache */
+    uint64_t fetched_bytes;    /* miss bytes received */
+    uint64_t uploaded_bytes;   /* page bytes uploaded (build + updates) */
+    uint64_t exact_tokens;     /* steady + retrieved tokens attended */
+    uint64_t retrieved_tokens; /* of which retrieved */
+    uint64_t bytes_read;       /* K/V + meta bytes read by decode (kn_wave's measure) */
+    uint32_t cache_pages;      /* capacity registered (0 before the first decode) */
+    uint32_t registrations;    /* caches registered (> 1: receive buffer grew) */
+    double build_s;            /* index build (prefill and updates) */
+    double fetch_wait_s;       /* time decode waited for fetches */
+    double upload_s;           /* io thread time in uploads */
+} gw_remote_stats_t;
+
+typedef struct gw_remote gw_remote_t;
+
+/* Connect to the data plane at addr for session (id, secret) and start the
+ * io thread.  shape: one layer's geometry; n_layers layers.  params NULL =
+ * defaults.  Caller frees with gw_remote_destroy.  Errors: RI_ERR_INVALID,
+ * RI_ERR_NOMEM, connection errors of gw_dp_connect (RI_ERR_UNREACHABLE, ...). */
+ri_status_t gw_remote_create(const char *addr, uint64_t session_id, const uint8_t secret[CM_WIRE_SECRET_SIZE],
+                             const kn_shape_t *shape, uint32_t n_layers, const gw_remote_params_t *params,
+                             gw_remote_t **r_p);
+
+/* Release the cache, stop the io thread, close; NULL is a no-op.  Does not
+ * drop the kvstore session (the control plane owns it). */
+void gw_remote_destroy(gw_remote_t *r);
+
+/* Index tokens [sink, n - window) of layer (once, on an empty layer) and
+ * queue their upload; returns before the upload ends (layer i's upload
+ * overlaps layer i+1's build).  Short prompts index nothing. */
+ri_status_t gw_remote_build(gw_remote_t *r, uint32_t layer, const kn_kv_view_t *kv);
+
+/* kn_wave_update's rule: while the steady zone holds window + update_tokens
+ * tokens past the indexed range, cluster the oldest update_tokens into
+ * update_clusters clusters, append to the index and queue APPEND_CLUSTERS. */
+ri_status_t gw_remote_update(gw_remote_t *r, uint32_t layer, const kn_kv_view_t *kv, bool *updated_p);
+
+/* Wait for queued uploads; returns the sticky data-plane error. */
+ri_status_t gw_remote_sync(gw_remote_t *r);
+
+/* One decode step of one layer: q [n_q][d] -> out [n_q][d], lse [n_q] or
+ * NULL.  kv must cover every token indexed so far (plus the steady zone). */
+ri_status_t gw_remote_decode(gw_remote_t *r, uint32_t layer, const float *q, const kn_kv_view_t *kv, float *out,
+                             float *lse);
+
+/* As gw_remote_decode with the retrieval / estimation counts per head forced
+ * (capped at the clusters available); n_r = every cluster gives full attention. */
+ri_status_t gw_remote_decode_budget(gw_remote_t *r, uint32_t layer, const float *q, const kn_kv_view_t *kv,
+                                    uint32_t n_r, uint32_t n_e, float *out, float *lse);
+
+/* The two halves of a step.  begin ranks and sends the fetch; end computes
+ * the estimation zone while it is in flight, waits, attends, merges, admits.
+ * q and kv are borrowed from begin until end returns.  One step at a time per
+ * object; n_r/n_e UINT32_MAX = the layer's own budget. */
+ri_status_t gw_remote_decode_begin(gw_remote_t *r, uint32_t layer, const float *q, const kn_kv_view_t *kv,
+                                   uint32_t n_r, uint32_t n_e);
+ri_status_t gw_remote_decode_end(gw_remote_t *r, float *out, float *lse);
+
+void gw_remote_stats(gw_remote_t *r, gw_remote_stats_t *st_p);
+
+/* The index of (layer, kv_head) (borrowed, valid until the next build/update). */
+const kn_index_t *gw_remote_index(const gw_remote_t *r, uint32_t layer, uint32_t kv_head);
+
+/* First position after the indexed range of layer; budgets of layer. */
+size_t gw_remote_indexed_end(const gw_remote_t *r, uint32_t layer);
+void gw_remote_budget(const gw_remote_t *r, uint32_t layer, uint32_t *n_r_p, uint32_t *n_e_p);
+
+/* The sticky error (RI_OK while healthy). */
+ri_status_t gw_remote_error(gw_remote_t *r);
+
+#endif /* GW_REMOTE_H */

@@ -1,0 +1,221 @@
+/*
+ * The remote wave buffer against the real ri-kvstore (started here on
+ * ephemeral loopback ports): remote decode equals the in-process kn_wave
+ * decode on the same K/V (<= 1e-6 relative), through index updates
+ * (APPEND_CLUSTERS); retrieving every cluster equals full attention; a
+ * workload whose queries repeat reaches a cache hit ratio >= 0.9.
+ */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cmocka.h>
+
+#include "common/cm_alloc.h"
+#include "gpuworker/worker/gw_remote.h"
+#include "kernels/kn_wave.h"
+#include "wk_test_util.h"
+
+#define NL 2       /* layers */
+#define NQ 8       /* query heads */
+#define NKV 2      /* KV heads */
+#define D 64       /* head dim */
+#define N0 3000    /* prompt tokens */
+#define CAP 3600   /* room for decode steps */
+
+typedef struct fx {
+    wk_env_t env;
+    gw_ctl_session_t sess;
+    gw_remote_t *r;
+    kn_wave_t *w[NL];
+    cm_fp16_t *k[NL], *v[NL];
+    size_t n;
+    kn_shape_t shape;
+    gw_remote_params_t p;
+} fx_t;
+
+static kn_kv_view_t fx_view(const fx_t *f, uint32_t l)
+{
+    return (kn_kv_view_t){.k = f->k[l], .v = f->v[l], .n_tokens = f->n, .token_stride = D, .head_stride = CAP * D};
+}
+
+/* Small update period so that a few hundred steps exercise APPEND. */
+static int fx_setup_common(void **state, uint32_t update_tokens, uint32_t update_clusters)
+{
+    fx_t *f = calloc(1, sizeof(*f));
+    int rc;
+    *state = f;
+    rc = wk_env_start(&f->env, 256);
+    if (rc != 0)
+        return rc == 77 ? (fprintf(stderr, "skipped\n"), exit(77), 0) : -1;
+    if (wk_env_session(&f->env, NL, NKV, D, &f->sess) != 0)
+        return -1;
+    f->shape = (kn_shape_t){.n_q_heads = NQ, .n_kv_heads = NKV, .head_dim = D};
+    gw_remote_params_default(&f->p);
+    f->p.wave.update_tokens = update_tokens;
+    f->p.wave.update_clusters = update_clusters;
+    f->p.timeout_ms = 5000;
+    if (gw_remote_create(f->sess.dataplane_address, f->sess.session_id, f->sess.secret, &f->shape, NL, &f->p,
+                         &f->r) != RI_OK)
+        return -1;
+    f->n = N0;
+    for (uint32_t l = 0; l < NL; l++) {
+        f->k[l] = calloc((size_t)NKV * CAP * D, sizeof(cm_fp16_t));
+        f->v[l] = calloc((size_t)NKV * CAP * D, sizeof(cm_fp16_t));
+        wk_synth_kv(f->k[l], f->v[l], CAP, NKV, D, 0, CAP, l);
+        if (kn_wave_create(&f->shape, &f->p.wave, &f->w[l]) != RI_OK)
+            return -1;
+        kn_kv_view_t kv = fx_view(f, l);
+        if (kn_wave_build(f->w[l], &kv) != RI_OK || gw_remote_build(f->r, l, &kv) != RI_OK)
+            return -1;
+    }
+    return gw_remote_sync(f->r) == RI_OK ? 0 : -1;
+}
+
+static int fx_setup(void **state)
+{
+    return fx_setup_common(state, 256, 16);
+}
+
+static int fx_teardown(void **state)
+{
+    fx_t *f = *state;
+    if (f == NULL)
+        return 0;
+    gw_remote_destroy(f->r);
+    for (uint32_t l = 0; l < NL; l++) {
+        kn_wave_destroy(f->w[l]);
+        free(f->k[l]);
+        free(f->v[l]);
+    }
+    wk_env_stop(&f->env);
+    free(f);
+    return 0;
+}
+
+static void test_index_matches(void **state)
+{
+    fx_t *f = *state;
+    for (uint32_t l = 0; l < NL; l++) {
+        uint32_t r1, e1, r2, e2;
+        kn_wave_budget(f->w[l], &r1, &e1);
+        gw_remote_budget(f->r, l, &r2, &e2);
+        assert_int_equal(r1, r2);
+        assert_int_equal(e1, e2);
+        assert_true(r1 >= 1);
+        assert_int_equal(kn_wave_indexed_end(f->w[l]), gw_remote_indexed_end(f->r, l));
+        for (uint32_t h = 0; h < NKV; h++) {
+            const kn_index_t *a = kn_wave_index(f->w[l], h), *b = gw_remote_index(f->r, l, h);
+            assert_int_equal(a->n_clusters, b->n_clusters);
+            assert_memory_equal(a->sizes, b->sizes, a->n_clusters * sizeof(uint32_t));
+            assert_memory_equal(a->perm, b->perm, a->n_tokens * sizeof(uint32_t));
+        }
+    }
+}
+
+/* Decode steps with a growing sequence; both sides update their index. */
+static void test_remote_equals_inprocess(void **state)
+{
+    fx_t *f = *state;
+    float q[NQ * D], o1[NQ * D], o2[NQ * D], l1[NQ], l2[NQ];
+    double worst = 0;
+    int updates = 0;
+
+    for (int step = 0; step < 300; step++) {
+        f->n++; /* the new token's K/V is already in the arrays */
+        for (uint32_t l = 0; l < NL; l++) {
+            kn_kv_view_t kv = fx_view(f, l);
+            bool u1 = false, u2 = false;
+            assert_int_equal(kn_wave_update(f->w[l], &kv, &u1), RI_OK);
+            assert_int_equal(gw_remote_update(f->r, l, &kv, &u2), RI_OK);
+            assert_int_equal(u1, u2);
+            updates += u1;
+            wk_synth_q(q, NQ, D, (uint64_t)step * NL + l);
+            assert_int_equal(kn_wave_decode(f->w[l], q, &kv, o1, l1, NULL), RI_OK);
+            assert_int_equal(gw_remote_decode(f->r, l, q, &kv, o2, l2), RI_OK);
+            double e = wk_rel_err(o2, o1, NQ, D);
+            if (e > worst)
+                worst = e;
+            for (uint32_t i = 0; i < NQ; i++)
+                assert_true(l2[i] - l1[i] < 1e-4 && l1[i] - l2[i] < 1e-4);
+        }
+    }
+    gw_remote_stats_t st;
+    gw_remote_stats(f->r, &st);
+    printf("remote vs in-process: worst rel err %.3g over %d layer-steps, %d updates; hits %llu misses %llu, "
+           "%llu fetched bytes, cache %u pages\n",
+           worst, 300 * NL, updates, (unsigned long long)st.hits, (unsigned long long)st.misses,
+           (unsigned long long)st.fetched_bytes, st.cache_pages);
+    assert_true(updates >= NL);   /* APPEND_CLUSTERS was exercised */
+    assert_true(worst <= 1e-6);
+    assert_int_equal(gw_remote_error(f->r), RI_OK);
+}
+
+/* Every cluster retrieved, nothing estimated: full attention. */
+static void test_all_clusters_is_full(void **state)
+{
+    fx_t *f = *state;
+    float q[NQ * D], o_full[NQ * D], o_rem[NQ * D], o_wave[NQ * D];
+    double worst_full = 0, worst_wave = 0;
+
+    for (int step = 0; step < 6; step++) {
+        for (uint32_t l = 0; l < NL; l++) {
+            kn_kv_view_t kv = fx_view(f, l);
+            wk_synth_q(q, NQ, D, 1000 + (uint64_t)step);
+            assert_int_equal(kn_attn_decode(NULL, &f->shape, 1, q, &kv, o_full, NULL), RI_OK);
+            assert_int_equal(gw_remote_decode_budget(f->r, l, q, &kv, UINT32_MAX - 1, 0, o_rem, NULL), RI_OK);
+            assert_int_equal(kn_wave_decode_budget(f->w[l], q, &kv, UINT32_MAX - 1, 0, o_wave, NULL, NULL), RI_OK);
+            double e = wk_rel_err(o_rem, o_full, NQ, D), e2 = wk_rel_err(o_rem, o_wave, NQ, D);
+            worst_full = e > worst_full ? e : worst_full;
+            worst_wave = e2 > worst_wave ? e2 : worst_wave;
+        }
+    }
+    printf("all clusters retrieved: rel err vs full %.3g, vs in-process %.3g\n", worst_full, worst_wave);
+    /* Same tokens in another order: fp32 rounding only. */
+    assert_true(worst_full <= 1e-5);
+    assert_true(worst_wave <= 1e-6);
+}
+
+/* One query per layer with a little per-step noise (consecutive decode
+ * queries are similar): after warm-up the cache serves the retrieval. */
+static void test_hit_ratio_repeating(void **state)
+{
+    fx_t *f = *state;
+    float q[NQ * D], base[NL][NQ * D], noise[NQ * D], o[NQ * D];
+    gw_remote_stats_t s0, s1;
+
+    for (uint32_t l = 0; l < NL; l++)
+        wk_synth_q(base[l], NQ, D, 5000 + l);
+
+    for (int step = 0; step < 60; step++) {
+        if (step == 12)
+            gw_remote_stats(f->r, &s0);
+        for (uint32_t l = 0; l < NL; l++) {
+            kn_kv_view_t kv = fx_view(f, l);
+            wk_synth_q(noise, NQ, D, 7000 + (uint64_t)step);
+            for (size_t i = 0; i < NQ * D; i++)
+                q[i] = base[l][i] + 0.02f * noise[i];
+            assert_int_equal(gw_remote_decode(f->r, l, q, &kv, o, NULL), RI_OK);
+        }
+    }
+    gw_remote_stats(f->r, &s1);
+    uint64_t h = s1.hits - s0.hits, m = s1.misses - s0.misses;
+    double ratio = (double)h / (double)(h + m);
+    printf("repeating queries: hit ratio %.3f after warm-up (%llu hits, %llu misses), cache %u pages\n", ratio,
+           (unsigned long long)h, (unsigned long long)m, s1.cache_pages);
+    assert_true(ratio >= 0.9);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_index_matches),
+        cmocka_unit_test(test_remote_equals_inprocess),
+        cmocka_unit_test(test_hit_ratio_repeating),
+        cmocka_unit_test(test_all_clusters_is_full),
+    };
+    return cmocka_run_group_tests(tests, fx_setup, fx_teardown);
+}
