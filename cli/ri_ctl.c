@@ -21,11 +21,12 @@ static void ri_ctl_usage(FILE *out)
 {
     fprintf(out,
             "usage: ri status|stats|sessions|drain [--addr HOST:PORT] [--token T | --token-file F] [--timeout-ms N]\n"
+            "          [--tls-ca PEM [--tls-cert PEM --tls-key PEM]]\n"
             "  status    call Health (no token needed)\n"
             "  stats     pool, session and cache counters of your tenant\n"
             "  sessions  list your tenant's sessions\n"
             "  drain     stop the kvstore accepting new sessions (admin token)\n"
-            "defaults: --addr $RI_KVS_ADDR or %s; token from $RI_KVS_TOKEN\n",
+            "defaults: --addr $RI_KVS_ADDR or %s; token from $RI_KVS_TOKEN; --tls-ca from $RI_KVS_TLS_CA\n",
             RI_CTL_DEFAULT_ADDR);
 }
 
@@ -166,11 +167,14 @@ int main(int argc, char **argv)
     const char *token_file = NULL;
     char tokbuf[512];
     uint32_t timeout_ms = 5000;
+    gw_ctl_tls_t tls = {.ca_file = getenv("RI_KVS_TLS_CA")};
     gw_ctl_t *ctl = NULL;
     int rc;
 
     if (addr == NULL || addr[0] == '\0')
         addr = RI_CTL_DEFAULT_ADDR;
+    if (tls.ca_file != NULL && tls.ca_file[0] == '\0')
+        tls.ca_file = NULL;
     if (strcmp(cmd, "help") == 0 || strcmp(cmd, "--help") == 0 || strcmp(cmd, "-h") == 0) {
         ri_ctl_usage(stdout);
         return 0;
@@ -183,11 +187,19 @@ int main(int argc, char **argv)
             return 0;
         }
         if ((strcmp(a, "--addr") == 0 || strcmp(a, "--token") == 0 || strcmp(a, "--token-file") == 0 ||
-             strcmp(a, "--timeout-ms") == 0) && v == NULL) {
+             strcmp(a, "--timeout-ms") == 0 || strcmp(a, "--tls-ca") == 0 || strcmp(a, "--tls-cert") == 0 ||
+             strcmp(a, "--tls-key") == 0) &&
+            v == NULL) {
             fprintf(stderr, "ri: %s needs a value\n", a);
             return 2;
         }
-        if (strcmp(a, "--addr") == 0) {
+        if (strcmp(a, "--tls-ca") == 0 || strcmp(a, "--tls-cert") == 0 || strcmp(a, "--tls-key") == 0) {
+            const char **dst = strcmp(a, "--tls-ca") == 0     ? &tls.ca_file
+                               : strcmp(a, "--tls-cert") == 0 ? &tls.cert_file
+                                                              : &tls.key_file;
+            *dst = v;
+            i++;
+        } else if (strcmp(a, "--addr") == 0) {
             addr = v;
             i++;
         } else if (strncmp(a, "--addr=", 7) == 0) {
@@ -238,8 +250,14 @@ int main(int argc, char **argv)
         ri_ctl_usage(stderr);
         return 2;
     }
-    if (gw_ctl_create(addr, token, &ctl) != RI_OK) {
-        fprintf(stderr, "ri: cannot set up a channel to %s (bad address or token)\n", addr);
+    if (tls.ca_file == NULL && (tls.cert_file != NULL || tls.key_file != NULL)) {
+        fprintf(stderr, "ri: --tls-cert/--tls-key need --tls-ca (the CA of the server's certificate)\n");
+        return 2;
+    }
+    ri_status_t cst = gw_ctl_create_tls(addr, token, tls.ca_file ? &tls : NULL, &ctl);
+    if (cst != RI_OK) {
+        fprintf(stderr, "ri: cannot set up a channel to %s: %s (check the address, token and TLS files)\n", addr,
+                ri_status_str(cst));
         return 2;
     }
     rc = fn(ctl, addr, timeout_ms);

@@ -18,6 +18,7 @@
 #include <grpc/support/time.h>
 
 #include "common/cm_alloc.h"
+#include "common/cm_file.h"
 #include "common/cm_log.h"
 #include "common/cm_status.h"
 #include "retroinfer.pb-c.h"
@@ -68,6 +69,53 @@ ri_status_t gw_ctl_status_from_grpc(int code)
 
 ri_status_t gw_ctl_create(const char *addr, const char *token, gw_ctl_t **ctl_p)
 {
+    return gw_ctl_create_tls(addr, token, NULL, ctl_p);
+}
+
+/* Read one PEM file (NULL path: *pem_p = NULL). */
+static ri_status_t gw_ctl_read_pem(const char *path, char **pem_p)
+{
+    *pem_p = NULL;
+    if (path == NULL || path[0] == '\0')
+        return RI_OK;
+    ri_status_t st = cm_file_read(path, 1u << 20, pem_p, NULL);
+    if (st == RI_OK && strstr(*pem_p, "-----BEGIN ") == NULL) {
+        cm_free(*pem_p);
+        *pem_p = NULL;
+        st = RI_ERR_FORMAT;
+    }
+    if (st != RI_OK)
+        cm_error("gw_ctl: %s: %s", path, st == RI_ERR_FORMAT ? "not a PEM file" : ri_status_str(st));
+    return st;
+}
+
+static grpc_channel_credentials *gw_ctl_tls_creds(const gw_ctl_tls_t *tls, ri_status_t *st_p)
+{
+    char *ca = NULL, *cert = NULL, *key = NULL;
+    grpc_channel_credentials *creds = NULL;
+    if (tls->ca_file == NULL || (tls->cert_file == NULL) != (tls->key_file == NULL)) {
+        *st_p = RI_ERR_INVALID;
+        return NULL;
+    }
+    if ((*st_p = gw_ctl_read_pem(tls->ca_file, &ca)) != RI_OK || (*st_p = gw_ctl_read_pem(tls->cert_file, &cert)) != RI_OK ||
+        (*st_p = gw_ctl_read_pem(tls->key_file, &key)) != RI_OK)
+        goto out;
+    grpc_ssl_pem_key_cert_pair pair = {.private_key = key, .cert_chain = cert};
+    creds = grpc_ssl_credentials_create(ca, cert ? &pair : NULL, NULL, NULL);
+    if (creds == NULL)
+        *st_p = RI_ERR_INVALID;
+out:
+    if (key != NULL)
+        explicit_bzero(key, strlen(key));
+    cm_free(key);
+    cm_free(cert);
+    cm_free(ca);
+    return creds;
+}
+
+ri_status_t gw_ctl_create_tls(const char *addr, const char *token, const gw_ctl_tls_t *tls, gw_ctl_t **ctl_p)
+{
+    ri_status_t st = RI_ERR_NOMEM;
     if (addr == NULL || addr[0] == '\0' || (token != NULL && strpbrk(token, "\r\n") != NULL))
         return RI_ERR_INVALID;
     gw_ctl_t *ctl = cm_calloc(&gw_ctl_tag, 1, sizeof(*ctl));
@@ -89,10 +137,15 @@ ri_status_t gw_ctl_create(const char *addr, const char *token, gw_ctl_t **ctl_p)
         {.type = GRPC_ARG_INTEGER, .key = GRPC_ARG_MAX_SEND_MESSAGE_LENGTH, .value.integer = GW_CTL_MAX_RECV},
     };
     grpc_channel_args chargs = {.num_args = CM_ARRAY_LEN(args), .args = args};
-    grpc_channel_credentials *creds = grpc_insecure_credentials_create();
+    grpc_channel_credentials *creds = tls ? gw_ctl_tls_creds(tls, &st) : grpc_insecure_credentials_create();
+    if (creds == NULL) {
+        grpc_shutdown();
+        goto err_free;
+    }
     ctl->channel = grpc_channel_create(addr, creds, &chargs);
     grpc_channel_credentials_release(creds);
     if (ctl->channel == NULL) {
+        st = RI_ERR_NOMEM;
         grpc_shutdown();
         goto err_free;
     }
@@ -100,10 +153,12 @@ ri_status_t gw_ctl_create(const char *addr, const char *token, gw_ctl_t **ctl_p)
     return RI_OK;
 
 err_free:
+    if (ctl->bearer != NULL)
+        explicit_bzero(ctl->bearer, strlen(ctl->bearer));
     cm_free(ctl->bearer);
     cm_free(ctl->addr);
     cm_free(ctl);
-    return RI_ERR_NOMEM;
+    return st;
 }
 
 void gw_ctl_destroy(gw_ctl_t *ctl)

@@ -71,6 +71,18 @@ typedef struct gw_ctl gw_ctl_t;
  * the first call.  Caller destroys with gw_ctl_destroy. */
 ri_status_t gw_ctl_create(const char *addr, const char *token, gw_ctl_t **ctl_p);
 
+/* TLS settings of a client: PEM file paths. */
+typedef struct gw_ctl_tls {
+    const char *ca_file;    /* CA that signed the server's certificate (required) */
+    const char *cert_file;  /* client certificate for mutual TLS, or NULL */
+    const char *key_file;   /* its private key, or NULL */
+} gw_ctl_tls_t;
+
+/* As gw_ctl_create, over TLS (tls may be NULL: plaintext).  Errors:
+ * RI_ERR_INVALID (cert without key), the status of reading a file,
+ * RI_ERR_FORMAT (not PEM). */
+ri_status_t gw_ctl_create_tls(const char *addr, const char *token, const gw_ctl_tls_t *tls, gw_ctl_t **ctl_p);
+
 /* Close the channel; NULL is a no-op. */
 void gw_ctl_destroy(gw_ctl_t *ctl);
 

@@ -11,12 +11,15 @@
 #include <strings.h>
 
 #include "common/cm_alloc.h"
+#include "common/cm_file.h"
 #include "common/cm_log.h"
 #include "common/cm_status.h"
 #include "common/cm_time.h"
 #include "kvstore/ctl/kvs_http.h"
 
 static CM_ALLOC_TAG(kvs_ctl_tag, "kvs.ctl");
+
+#define KVS_PEM_MAX (1u << 20) /* certificate bundles are far smaller */
 
 #define KVS_CFG(name, type, def, help, field, lo, hi) \
     {name, type, def, help, offsetof(kvs_ctl_config_t, field), lo, hi}
@@ -47,6 +50,11 @@ static const cm_config_item_t kvs_ctl_config_items[] = {
             1073741824.0),
     KVS_CFG("log-level", CM_CFG_STRING, "info", "error, warn, info, debug or trace (RI_LOG_LEVEL also works)",
             log_level, 0, 0),
+    KVS_CFG("tls-cert", CM_CFG_STRING, "", "PEM certificate chain: serve gRPC over TLS (empty = plaintext)", tls_cert,
+            0, 0),
+    KVS_CFG("tls-key", CM_CFG_STRING, "", "PEM private key of tls-cert", tls_key, 0, 0),
+    KVS_CFG("tls-ca", CM_CFG_STRING, "", "PEM CA bundle: require client certificates signed by it (mutual TLS)",
+            tls_ca, 0, 0),
 };
 
 const cm_config_table_t kvs_ctl_config_table = {
@@ -91,6 +99,14 @@ ri_status_t kvs_ctl_config_check(const kvs_ctl_config_t *cfg, char *err, size_t 
         snprintf(err, errlen, "log-level '%s' is not one of error, warn, info, debug, trace", cfg->log_level);
         return RI_ERR_INVALID;
     }
+    if ((cfg->tls_cert[0] != '\0') != (cfg->tls_key[0] != '\0')) {
+        snprintf(err, errlen, "tls-cert and tls-key go together (one of them is empty)");
+        return RI_ERR_INVALID;
+    }
+    if (cfg->tls_ca[0] != '\0' && cfg->tls_cert[0] == '\0') {
+        snprintf(err, errlen, "tls-ca (client certificates) needs tls-cert and tls-key");
+        return RI_ERR_INVALID;
+    }
     if (cfg->tokens_file[0] == '\0' && !kvs_ctl_addr_is_loopback(cfg->listen)) {
         snprintf(err, errlen,
                  "listen '%s' is not a loopback address: without a tokens-file the daemon has no authentication "
@@ -112,6 +128,44 @@ static void kvs_ctl_bound_addr(const char *cfg_addr, int port, char *out, size_t
         snprintf(out, len, "[%s]:%d", host, port);
     else
         snprintf(out, len, "%s:%d", host, port);
+}
+
+static void kvs_ctl_free_tls(kvs_ctl_t *ctl)
+{
+    if (ctl->tls_key_pem != NULL)
+        explicit_bzero(ctl->tls_key_pem, strlen(ctl->tls_key_pem));
+    cm_free(ctl->tls_key_pem);
+    cm_free(ctl->tls_cert_pem);
+    cm_free(ctl->tls_ca_pem);
+    ctl->tls_key_pem = ctl->tls_cert_pem = ctl->tls_ca_pem = NULL;
+}
+
+/* Read the PEM files named by the tls-* settings. */
+static ri_status_t kvs_ctl_load_tls(kvs_ctl_t *ctl, char *err, size_t errlen)
+{
+    const struct {
+        const char *name, *path;
+        char **dst;
+    } files[] = {
+        {"tls-cert", ctl->cfg.tls_cert, &ctl->tls_cert_pem},
+        {"tls-key", ctl->cfg.tls_key, &ctl->tls_key_pem},
+        {"tls-ca", ctl->cfg.tls_ca, &ctl->tls_ca_pem},
+    };
+    for (size_t i = 0; i < CM_ARRAY_LEN(files); i++) {
+        if (files[i].path[0] == '\0')
+            continue;
+        ri_status_t st = cm_file_read(files[i].path, KVS_PEM_MAX, files[i].dst, NULL);
+        if (st == RI_OK && strstr(*files[i].dst, "-----BEGIN ") == NULL)
+            st = RI_ERR_FORMAT;
+        if (st != RI_OK) {
+            snprintf(err, errlen, "%s %s: %s", files[i].name, files[i].path,
+                     st == RI_ERR_FORMAT ? "not a PEM file" : ri_status_str(st));
+            kvs_ctl_free_tls(ctl);
+            return st;
+        }
+    }
+    cm_info("grpc: TLS on%s", ctl->tls_ca_pem ? ", client certificates required (mutual TLS)" : "");
+    return RI_OK;
 }
 
 static void kvs_ctl_render(void *arg, FILE *out)
@@ -175,6 +229,11 @@ ri_status_t kvs_ctl_start(const kvs_ctl_config_t *cfg, kvs_ctl_t **ctl_p, char *
         }
     }
 
+    if (cfg->tls_cert[0] != '\0') {
+        st = kvs_ctl_load_tls(ctl, err, errlen);
+        if (st != RI_OK)
+            goto err_destroy_data;
+    }
     kvs_grpc_config_t gcfg = {
         .listen = cfg->listen,
         .threads = (unsigned)cfg->threads,
@@ -184,6 +243,9 @@ ri_status_t kvs_ctl_start(const kvs_ctl_config_t *cfg, kvs_ctl_t **ctl_p, char *
         .methods = kvs_ctl_methods,
         .n_methods = kvs_ctl_n_methods,
         .app = ctl,
+        .tls_cert_pem = ctl->tls_cert_pem,
+        .tls_key_pem = ctl->tls_key_pem,
+        .tls_ca_pem = ctl->tls_ca_pem,
     };
     st = kvs_grpc_start(&gcfg, &ctl->grpc, err, errlen);
     if (st != RI_OK)
@@ -205,6 +267,7 @@ ri_status_t kvs_ctl_start(const kvs_ctl_config_t *cfg, kvs_ctl_t **ctl_p, char *
 err_stop_grpc:
     kvs_grpc_destroy(ctl->grpc);
 err_destroy_data:
+    kvs_ctl_free_tls(ctl);
     kvs_data_destroy(ctl->data);
 err_free_auth:
     kvs_auth_destroy(ctl->auth);
@@ -225,6 +288,7 @@ void kvs_ctl_destroy(kvs_ctl_t *ctl)
     kvs_grpc_destroy(ctl->grpc);
     kvs_data_destroy(ctl->data);
     kvs_auth_destroy(ctl->auth);
+    kvs_ctl_free_tls(ctl);
     cm_free(ctl);
 }
 
@@ -254,8 +318,9 @@ void kvs_ctl_metrics_write(kvs_ctl_t *ctl, FILE *out)
     fprintf(out, "# HELP ri_kvs_draining 1 once Drain was called or shutdown began.\n");
     fprintf(out, "# TYPE ri_kvs_draining gauge\nri_kvs_draining %d\n", atomic_load(&ctl->draining) ? 1 : 0);
     fprintf(out, "# HELP ri_kvs_build_info Version and auth mode.\n# TYPE ri_kvs_build_info gauge\n");
-    fprintf(out, "ri_kvs_build_info{version=\"%s\",auth_mode=\"%s\"} 1\n", KVS_VERSION,
-            ctl->auth ? "tokens" : "single-tenant");
+    fprintf(out, "ri_kvs_build_info{version=\"%s\",auth_mode=\"%s\",tls=\"%s\"} 1\n", KVS_VERSION,
+            ctl->auth ? "tokens" : "single-tenant",
+            ctl->tls_ca_pem ? "mutual" : ctl->tls_cert_pem ? "on" : "off");
     kvs_grpc_metrics_write(ctl->grpc, out);
     fprintf(out, "# HELP ri_kvs_alloc_bytes Live heap bytes by allocation tag.\n");
     fprintf(out, "# TYPE ri_kvs_alloc_bytes gauge\n");

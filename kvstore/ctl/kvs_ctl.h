@@ -39,6 +39,9 @@ typedef struct kvs_ctl_config {
     int64_t drain_timeout_ms;        /* bound on in-flight work at shutdown */
     uint64_t max_message;            /* gRPC send/receive limit */
     char *log_level;                 /* error|warn|info|debug|trace */
+    char *tls_cert;                  /* PEM server certificate chain, or "" for plaintext */
+    char *tls_key;                   /* PEM private key of tls_cert */
+    char *tls_ca;                    /* PEM CA for client certificates (mutual TLS), or "" */
 } kvs_ctl_config_t;
 
 extern const cm_config_table_t kvs_ctl_config_table;
@@ -54,6 +57,9 @@ typedef struct kvs_ctl {
     atomic_bool draining;           /* Drain was called or shutdown began */
     char grpc_addr[300];            /* bound gRPC address "host:port" */
     char metrics_addr[300];         /* bound metrics address, or "" */
+    char *tls_cert_pem;             /* owned PEM texts, NULL without TLS */
+    char *tls_key_pem;
+    char *tls_ca_pem;
 } kvs_ctl_t;
 
 /* Check settings that the table alone cannot (addresses, loopback rule). */

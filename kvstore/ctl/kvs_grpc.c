@@ -394,7 +394,22 @@ ri_status_t kvs_grpc_start(const kvs_grpc_config_t *cfg, kvs_grpc_t **grpc_p, ch
             goto err_destroy_server;
         }
     }
-    grpc_server_credentials *creds = grpc_insecure_server_credentials_create();
+    grpc_server_credentials *creds;
+    if (cfg->tls_cert_pem != NULL) {
+        grpc_ssl_pem_key_cert_pair pair = {.private_key = cfg->tls_key_pem, .cert_chain = cfg->tls_cert_pem};
+        creds = grpc_ssl_server_credentials_create_ex(
+            cfg->tls_ca_pem, &pair, 1,
+            cfg->tls_ca_pem ? GRPC_SSL_REQUEST_AND_REQUIRE_CLIENT_CERTIFICATE_AND_VERIFY
+                            : GRPC_SSL_DONT_REQUEST_CLIENT_CERTIFICATE,
+            NULL);
+    } else {
+        creds = grpc_insecure_server_credentials_create();
+    }
+    if (creds == NULL) {
+        snprintf(err, errlen, "grpc: cannot create TLS server credentials (check tls-cert / tls-key)");
+        st = RI_ERR_INVALID;
+        goto err_destroy_server;
+    }
     srv->port = grpc_server_add_http2_port(srv->server, cfg->listen, creds);
     grpc_server_credentials_release(creds);
     if (srv->port <= 0) {

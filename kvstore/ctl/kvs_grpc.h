@@ -56,6 +56,9 @@ typedef struct kvs_grpc_config {
     const kvs_method_t *methods;    /* borrowed, static */
     size_t n_methods;
     void *app;                      /* passed to every handler */
+    const char *tls_cert_pem;       /* server certificate chain (PEM text); NULL = plaintext */
+    const char *tls_key_pem;        /* its private key (PEM text) */
+    const char *tls_ca_pem;         /* client CA (PEM text): require and verify client certificates; NULL = no */
 } kvs_grpc_config_t;
 
 typedef struct kvs_grpc kvs_grpc_t;

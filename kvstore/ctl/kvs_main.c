@@ -91,7 +91,8 @@ int main(int argc, char **argv)
         return 1;
     }
     const char *dp = kvs_data_address(ctl->data);
-    printf("ri-kvstore: grpc listening on %s\n", ctl->grpc_addr);
+    printf("ri-kvstore: grpc listening on %s%s\n", ctl->grpc_addr,
+           ctl->tls_ca_pem ? " (mutual TLS)" : ctl->tls_cert_pem ? " (TLS)" : "");
     if (ctl->metrics_addr[0] != '\0')
         printf("ri-kvstore: metrics on http://%s/metrics\n", ctl->metrics_addr);
     printf("ri-kvstore: dataplane on %s\n", dp && dp[0] ? dp : "(none)");

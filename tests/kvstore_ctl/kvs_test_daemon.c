@@ -12,6 +12,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/prctl.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
@@ -100,10 +101,13 @@ int kvs_test_daemon_start(kvs_test_daemon_t *d, const char *const *extra, int *e
         argv[n++] = extra[i];
     argv[n] = NULL;
 
+    if (d->pid > 0) /* a daemon left over by a failed test */
+        kvs_test_daemon_stop(d, SIGKILL, 2000);
     pid_t pid = fork();
     if (pid < 0)
         return -1;
     if (pid == 0) {
+        prctl(PR_SET_PDEATHSIG, SIGKILL); /* never outlive the test */
         execv(bin, (char *const *)argv);
         _exit(127);
     }
