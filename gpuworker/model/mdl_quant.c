@@ -11,6 +11,7 @@
 #include "gpuworker/model/mdl_quant.h"
 
 #include <math.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "common/cm_alloc.h"
@@ -27,6 +28,17 @@ static CM_ALLOC_TAG(mdl_quant_tag, "model.matmul");
 #define QK 32
 
 static bool mdl_force_scalar;
+/* Decode with int8 activations: -1 = not decided yet (RI_MODEL_Q8, default off). */
+static int mdl_q8_mode = -1;
+
+static bool mdl_q8_enabled(void)
+{
+    if (mdl_q8_mode < 0) {
+        const char *e = getenv("RI_MODEL_Q8");
+        mdl_q8_mode = e != NULL && (e[0] == '1' || e[0] == 'y' || e[0] == 'o');
+    }
+    return mdl_q8_mode == 1;
+}
 
 void mdl_quant_force_scalar(bool on)
 {
@@ -357,6 +369,76 @@ MDL_AVX2 static void mdl_dot3x4_f32_avx2(const float *w, size_t ws, const float 
             for (int i = 0; i < 4; i++)
                 out[r][i] += w[r * ws + k] * x[i * xs + k];
 }
+
+/* Activations quantised to int8 per 32-block (d = amax/127), as ggml's Q8
+ * dot products do: decode then multiplies 4-bit/8-bit weights with integer
+ * instructions (maddubs), 2-3x fewer instructions than expanding to fp32. */
+MDL_AVX2 static void mdl_quant_act_avx2(const float *x, size_t n, int8_t *q, float *d, float *sum)
+{
+    for (size_t b = 0; b < n / QK; b++) {
+        const float *xb = x + b * QK;
+        __m256 v[4], mx = _mm256_setzero_ps();
+        __m256 sign = _mm256_set1_ps(-0.0f);
+        for (int k = 0; k < 4; k++) {
+            v[k] = _mm256_loadu_ps(xb + 8 * k);
+            mx = _mm256_max_ps(mx, _mm256_andnot_ps(sign, v[k]));
+        }
+        __m128 m4 = _mm_max_ps(_mm256_castps256_ps128(mx), _mm256_extractf128_ps(mx, 1));
+        m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
+        m4 = _mm_max_ss(m4, _mm_movehdup_ps(m4));
+        float amax = _mm_cvtss_f32(m4);
+        float db = amax / 127.0f;
+        __m256 inv = _mm256_set1_ps(db > 0 ? 1.0f / db : 0.0f);
+        __m256i i[4];
+        for (int k = 0; k < 4; k++)
+            i[k] = _mm256_cvtps_epi32(_mm256_round_ps(_mm256_mul_ps(v[k], inv), _MM_FROUND_TO_NEAREST_INT));
+        __m256i s = _mm256_add_epi32(_mm256_add_epi32(i[0], i[1]), _mm256_add_epi32(i[2], i[3]));
+        __m128i s4 = _mm_add_epi32(_mm256_castsi256_si128(s), _mm256_extracti128_si256(s, 1));
+        s4 = _mm_hadd_epi32(s4, s4);
+        s4 = _mm_hadd_epi32(s4, s4);
+        /* pack 32 int32 -> 32 int8 in element order */
+        __m256i p01 = _mm256_packs_epi32(i[0], i[1]);
+        __m256i p23 = _mm256_packs_epi32(i[2], i[3]);
+        __m256i p = _mm256_packs_epi16(p01, p23);
+        p = _mm256_permutevar8x32_epi32(p, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
+        _mm256_storeu_si256((__m256i *)(q + b * QK), p);
+        d[b] = db;
+        sum[b] = db * (float)_mm_cvtsi128_si32(s4);
+    }
+}
+
+MDL_AVX2 static float mdl_dot_q8act_avx2(const mdl_weight_t *w, size_t r, const int8_t *xq, const float *xd,
+                                         const float *xs)
+{
+    const uint8_t *p = mdl_row(w, r);
+    size_t nb = w->cols / QK;
+    __m256 acc = _mm256_setzero_ps();
+    __m256i ones = _mm256_set1_epi16(1);
+    float accm = 0;
+    if (w->type == MDL_GGML_Q8_0) {
+        for (size_t b = 0; b < nb; b++, p += 34) {
+            __m256i wq = _mm256_loadu_si256((const __m256i *)(p + 2));
+            __m256i y = _mm256_loadu_si256((const __m256i *)(xq + b * QK));
+            __m256i prod = _mm256_maddubs_epi16(_mm256_sign_epi8(wq, wq), _mm256_sign_epi8(y, wq));
+            __m256 f = _mm256_cvtepi32_ps(_mm256_madd_epi16(prod, ones));
+            acc = _mm256_fmadd_ps(_mm256_set1_ps(mdl_h_avx(p) * xd[b]), f, acc);
+        }
+        return mdl_hsum(acc);
+    }
+    size_t bb = w->type == MDL_GGML_Q4_0 ? 18 : 20, qo = w->type == MDL_GGML_Q4_1 ? 4 : 2;
+    __m128i m4 = _mm_set1_epi8(0x0F);
+    for (size_t b = 0; b < nb; b++, p += bb) {
+        __m128i raw = _mm_loadu_si128((const __m128i *)(p + qo));
+        __m256i wq = _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(raw, 4), m4), _mm_and_si128(raw, m4));
+        __m256i y = _mm256_loadu_si256((const __m256i *)(xq + b * QK));
+        __m256 f = _mm256_cvtepi32_ps(_mm256_madd_epi16(_mm256_maddubs_epi16(wq, y), ones));
+        float dw = mdl_h_avx(p);
+        acc = _mm256_fmadd_ps(_mm256_set1_ps(dw * xd[b]), f, acc);
+        /* Q4_0: (q - 8) d = q d - 8 d; Q4_1: q d + m */
+        accm += (w->type == MDL_GGML_Q4_1 ? mdl_h_avx(p + 2) : -8.0f * dw) * xs[b];
+    }
+    return mdl_hsum(acc) + accm;
+}
 #endif /* MDL_X86 */
 
 void mdl_dequant_row(const mdl_weight_t *w, size_t r, float *out)
@@ -386,6 +468,8 @@ typedef struct mdl_mm_job {
     float *y;               /* n rows of w->rows */
     float *scratch;         /* per worker: cols floats */
     bool simd;              /* AVX2 available */
+    const int8_t *xq;       /* decode: activations as int8 blocks, or NULL */
+    const float *xd, *xs;   /* their block scales and block sums */
 } mdl_mm_job_t;
 
 /* Rows [3*begin, 3*end) of the output (tasks are groups of 3 weight rows). */
@@ -397,6 +481,16 @@ static void mdl_mm_rows(void *arg, size_t begin, size_t end, unsigned worker)
     size_t r0 = begin * 3, r1 = CM_MIN(end * 3, rows);
     if (j->n <= 2 || j->scratch == NULL) {
         /* decode: fused expand-and-dot, each weight byte read once */
+#ifdef MDL_X86
+        if (j->xq != NULL) {
+            size_t nb = cols / QK;
+            for (size_t r = r0; r < r1; r++)
+                for (size_t i = 0; i < j->n; i++)
+                    j->y[i * rows + r] =
+                        mdl_dot_q8act_avx2(w, r, j->xq + i * cols, j->xd + i * nb, j->xs + i * nb);
+            return;
+        }
+#endif
         for (size_t r = r0; r < r1; r++)
             for (size_t i = 0; i < j->n; i++)
                 j->y[i * rows + r] = mdl_dot(w, r, j->x + i * cols);
@@ -439,15 +533,35 @@ ri_status_t mdl_matmul(cm_pool_t *pool, const mdl_weight_t *w, const float *x, s
 {
     mdl_mm_job_t j = {.w = w, .x = x, .n = n, .y = y, .simd = mdl_quant_have_simd()};
     unsigned nt = pool != NULL ? cm_pool_size(pool) : 1;
+    void *qbuf = NULL;
     if (n > 2) {
         j.scratch = cm_malloc(&mdl_quant_tag, (size_t)nt * w->cols * 3 * sizeof(float));
         if (j.scratch == NULL)
             return RI_ERR_NOMEM;
     }
-    /* grain: enough rows per task to amortise the hand-out, several tasks per thread */
+#ifdef MDL_X86
+    else if (j.simd && mdl_q8_enabled() &&
+             (w->type == MDL_GGML_Q4_0 || w->type == MDL_GGML_Q4_1 || w->type == MDL_GGML_Q8_0)) {
+        size_t nb = w->cols / QK;
+        qbuf = cm_malloc(&mdl_quant_tag, n * (w->cols + 2 * nb * sizeof(float)) + 64);
+        if (qbuf == NULL)
+            return RI_ERR_NOMEM;
+        float *xd = qbuf, *xs = xd + n * nb;
+        int8_t *xq = (int8_t *)(xs + n * nb);
+        for (size_t i = 0; i < n; i++)
+            mdl_quant_act_avx2(x + i * w->cols, w->cols, xq + i * w->cols, xd + i * nb, xs + i * nb);
+        j.xq = xq, j.xd = xd, j.xs = xs;
+    }
+#endif
     size_t groups = (w->rows + 2) / 3;
     size_t grain = CM_MAX((size_t)2, groups / ((size_t)nt * 8));
     cm_pool_parallel_for(pool, groups, grain, mdl_mm_rows, &j);
     cm_free(j.scratch);
+    cm_free(qbuf);
     return RI_OK;
+}
+
+void mdl_quant_q8_activations(bool on)
+{
+    mdl_q8_mode = on ? 1 : 0;
 }

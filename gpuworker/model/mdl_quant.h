@@ -50,6 +50,11 @@ ri_status_t mdl_matmul(cm_pool_t *pool, const mdl_weight_t *w, const float *x, s
 /* Reference matmul: single thread, mdl_dot_ref. */
 void mdl_matmul_ref(const mdl_weight_t *w, const float *x, size_t n, float *y);
 
+/* Decode products (n <= 2) of Q4_0/Q4_1/Q8_0 weights quantise the
+ * activations to int8 per 32-block and multiply with integer instructions
+ * (as ggml does); off = expand the weights to fp32 instead.  Default on. */
+void mdl_quant_q8_activations(bool on);
+
 /* True when the optimised paths use AVX2+FMA on this CPU. */
 bool mdl_quant_have_simd(void);
 

@@ -7,6 +7,7 @@
  * Skipped (77) without the model, python3, numpy or gguf.
  */
 #include <math.h>
+#include <stdbool.h>
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -21,6 +22,7 @@
 
 #include "common/cm_alloc.h"
 #include "gpuworker/model/mdl_model.h"
+#include "gpuworker/model/mdl_quant.h"
 #include "gpuworker/model/mdl_sample.h"
 #include "tm_util.h"
 
@@ -97,6 +99,10 @@ static void test_logits_match_reference(void **state)
     size_t np = sizeof(prompts) / sizeof(prompts[0]), V = hp->n_vocab;
     float *ours = malloc(np * NPOS * V * sizeof(float));
     float *ref = malloc(np * NPOS * V * sizeof(float));
+    float *dec = malloc(np * V * sizeof(float));   /* position NPOS-1 through the decode path */
+    float *dec8 = malloc(np * V * sizeof(float));  /* the same with int8 activations */
+    assert_non_null(dec);
+    assert_non_null(dec8);
     assert_non_null(ours);
     assert_non_null(ref);
     char in[300], out[300];
@@ -117,6 +123,21 @@ static void test_logits_match_reference(void **state)
         mdl_model_set_chunk(m, 4);
         assert_int_equal(mdl_prefill(m, s, ids, NPOS, NULL, ours + p * NPOS * V, NULL, NULL), RI_OK);
         mdl_seq_destroy(s);
+        /* the same last position through prefill of NPOS-1 + one decode step
+         * (int8 activations, the kernels' flash decode) */
+        assert_int_equal(mdl_seq_create(m, mdl_attn_find("full"), NULL, NPOS, &s), RI_OK);
+        assert_int_equal(mdl_prefill(m, s, ids, NPOS - 1, NULL, NULL, NULL, NULL), RI_OK);
+        mdl_seq_t *one[1] = {s};
+        assert_int_equal(mdl_decode(m, one, &ids[NPOS - 1], 1, dec + p * V), RI_OK);
+        mdl_seq_destroy(s);
+        /* and with int8 activations (opt-in fast decode): same argmax, looser bound */
+        mdl_quant_q8_activations(true);
+        assert_int_equal(mdl_seq_create(m, mdl_attn_find("full"), NULL, NPOS, &s), RI_OK);
+        assert_int_equal(mdl_prefill(m, s, ids, NPOS - 1, NULL, NULL, NULL, NULL), RI_OK);
+        one[0] = s;
+        assert_int_equal(mdl_decode(m, one, &ids[NPOS - 1], 1, dec8 + p * V), RI_OK);
+        mdl_seq_destroy(s);
+        mdl_quant_q8_activations(false);
         cm_free(ids);
     }
     fclose(f);
@@ -129,8 +150,11 @@ static void test_logits_match_reference(void **state)
     assert_int_equal(fread(ref, sizeof(float), np * NPOS * V, f), np * NPOS * V);
     fclose(f);
     double worst = 0;
-    for (size_t r = 0; r < np * NPOS; r++) {
-        const float *a = ours + r * V, *b = ref + r * V;
+    for (size_t r = 0; r < np * (NPOS + 1); r++) {
+        /* rows np*NPOS.. are the decode-path rows, checked against the last position */
+        bool is_dec = r >= np * NPOS;
+        size_t rr = is_dec ? (r - np * NPOS) * NPOS + NPOS - 1 : r;
+        const float *a = is_dec ? dec + (r - np * NPOS) * V : ours + r * V, *b = ref + rr * V;
         float lo = b[0], hi = b[0];
         double md = 0;
         for (size_t i = 0; i < V; i++) {
@@ -142,10 +166,28 @@ static void test_logits_match_reference(void **state)
         double rel = md / (hi - lo);
         worst = rel > worst ? rel : worst;
         if (rel > 1e-2 || mdl_argmax(a, V) != mdl_argmax(b, V))
-            fail_msg("prompt %zu pos %zu: max|dlogit| %.4f = %.5f of range %.2f, argmax %d vs %d", r / NPOS,
-                     r % NPOS, md, rel, hi - lo, mdl_argmax(a, V), mdl_argmax(b, V));
+            fail_msg("prompt %zu pos %zu%s: max|dlogit| %.4f = %.5f of range %.2f, argmax %d vs %d", rr / NPOS,
+                     rr % NPOS, is_dec ? " (decode)" : "", md, rel, hi - lo, mdl_argmax(a, V), mdl_argmax(b, V));
+        if (is_dec)
+            printf("prompt %zu decode step: max |dlogit| / range %.2e\n", rr / NPOS, rel);
     }
-    printf("max |dlogit| / range over %zu positions: %.2e (limit 1e-2)\n", np * NPOS, worst);
+    printf("max |dlogit| / range over %zu positions: %.2e (limit 1e-2)\n", np * (NPOS + 1), worst);
+    for (size_t p = 0; p < np; p++) {
+        const float *a = dec8 + p * V, *b = ref + (p * NPOS + NPOS - 1) * V;
+        float lo = b[0], hi = b[0];
+        double md = 0;
+        for (size_t i = 0; i < V; i++) {
+            lo = b[i] < lo ? b[i] : lo;
+            hi = b[i] > hi ? b[i] : hi;
+            md = fmax(md, fabs((double)a[i] - b[i]));
+        }
+        printf("prompt %zu decode step, int8 activations: max |dlogit| / range %.2e (limit 3e-2)\n", p,
+               md / (hi - lo));
+        assert_true(md / (hi - lo) <= 3e-2);
+        assert_int_equal(mdl_argmax(a, V), mdl_argmax(b, V));
+    }
+    free(dec8);
+    free(dec);
     free(ours);
     free(ref);
     mdl_model_destroy(m);
