@@ -48,7 +48,7 @@ static const cm_config_item_t kvs_ctl_config_items[] = {
             drain_timeout_ms, 0, 600000),
     KVS_CFG("max-message", CM_CFG_SIZE, "16MiB", "gRPC send and receive message limit", max_message, 1024.0,
             1073741824.0),
-    KVS_CFG("log-level", CM_CFG_STRING, "info", "error, warn, info, debug or trace (RI_LOG_LEVEL also works)",
+    KVS_CFG("log-level", CM_CFG_STRING, "", "error, warn, info, debug or trace (empty = $RI_LOG_LEVEL, else info)",
             log_level, 0, 0),
     KVS_CFG("tls-cert", CM_CFG_STRING, "", "PEM certificate chain: serve gRPC over TLS (empty = plaintext)", tls_cert,
             0, 0),
@@ -95,7 +95,7 @@ ri_status_t kvs_ctl_config_check(const kvs_ctl_config_t *cfg, char *err, size_t 
         snprintf(err, errlen, "metrics-listen '%s' is not host:port or 'off'", cfg->metrics_listen);
         return RI_ERR_INVALID;
     }
-    if (cm_log_level_parse(cfg->log_level, &level) != RI_OK) {
+    if (cfg->log_level[0] != '\0' && cm_log_level_parse(cfg->log_level, &level) != RI_OK) {
         snprintf(err, errlen, "log-level '%s' is not one of error, warn, info, debug, trace", cfg->log_level);
         return RI_ERR_INVALID;
     }
@@ -182,7 +182,7 @@ ri_status_t kvs_ctl_start(const kvs_ctl_config_t *cfg, kvs_ctl_t **ctl_p, char *
     st = kvs_ctl_config_check(cfg, err, errlen);
     if (st != RI_OK)
         return st;
-    if (cm_log_level_parse(cfg->log_level, &level) == RI_OK)
+    if (cfg->log_level[0] != '\0' && cm_log_level_parse(cfg->log_level, &level) == RI_OK)
         cm_log_set_level(level);
     ctl = cm_calloc(&kvs_ctl_tag, 1, sizeof(*ctl));
     if (ctl == NULL) {
