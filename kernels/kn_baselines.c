@@ -255,6 +255,32 @@ ri_status_t kn_quest_decode(const kn_ops_t *ops, kn_quest_t *quest, const float 
     return st;
 }
 
+ri_status_t kn_quest_exact_mask(const kn_ops_t *ops, kn_quest_t *quest, const float *q,
+                                const kn_kv_view_t *kv, uint32_t kv_head, uint32_t budget_tokens,
+                                uint8_t *mask)
+{
+    kn_bl_job_t job = {.ops = ops ? ops : kn_ops_default(), .shape = quest ? &quest->shape : NULL,
+                       .q = q, .kv = kv, .budget = budget_tokens, .quest = quest};
+    kn_page_t *pages = NULL;
+    size_t np = 0;
+    ri_status_t st;
+    if (quest == NULL || kv == NULL || q == NULL || mask == NULL ||
+        kv->n_tokens != quest->n_tokens || kv_head >= quest->shape.n_kv_heads)
+        return RI_ERR_INVALID;
+    atomic_init(&job.bytes, 0);
+    st = kn_quest_select(&job, kv_head, &pages, &np);
+    if (st != RI_OK)
+        return st;
+    memset(mask, 0, kv->n_tokens);
+    for (size_t i = 0; i < np; i++) {
+        size_t t0 = (size_t)(pages[i].k - (kv->k + (size_t)kv_head * kv->head_stride)) /
+                    kv->token_stride;
+        memset(mask + t0, 1, pages[i].n_tokens);
+    }
+    cm_free(pages);
+    return RI_OK;
+}
+
 /* ---- oracle top-B ---- */
 
 static ri_status_t kn_token_pages(kn_bl_job_t *job, uint32_t h, uint32_t *ids, size_t n,

@@ -36,6 +36,11 @@ ri_status_t kn_quest_decode(const kn_ops_t *ops, kn_quest_t *quest, const float 
                             const kn_kv_view_t *kv, uint32_t budget_tokens, float *out,
                             float *lse, uint64_t *bytes_p);
 
+/* Mark in mask [kv->n_tokens] the tokens Quest attends for KV head kv_head. */
+ri_status_t kn_quest_exact_mask(const kn_ops_t *ops, kn_quest_t *quest, const float *q,
+                                const kn_kv_view_t *kv, uint32_t kv_head, uint32_t budget_tokens,
+                                uint8_t *mask);
+
 /* Oracle top-B: per KV head, the B tokens of largest group score
  * sum_t softmax(scale*q_t.k) attended exactly.  Reads everything (a ceiling,
  * not a method).  B >= n means full attention. */

@@ -140,10 +140,15 @@ static ri_status_t kn_cpu_attn_pages(const kn_shape_t *grp, const float *q, cons
 
 /* ---- attn_decode: split-K over the pool ---- */
 
+/* One work item: heads [kvh0, kvh0 + nh) of one sequence, tokens [t0, t1).
+ * Head-major caches get one head per item; token-major caches get all heads
+ * per item, walked block by block, so that each item streams whole rows of
+ * memory (and touches each page once) instead of 1/n_kv of every page. */
 typedef struct kn_dec_item {
-    uint32_t seq, kvh;
+    uint32_t seq, kvh0, nh;
     size_t t0, t1;
-    size_t part;  /* index of the (o, lse) partial */
+    size_t part;    /* partial of head kvh0; head kvh0+i is at part + i*stride_h */
+    size_t stride_h;
 } kn_dec_item_t;
 
 typedef struct kn_dec_job {
@@ -151,25 +156,41 @@ typedef struct kn_dec_job {
     const float *q;
     const kn_kv_view_t *kv;
     const kn_dec_item_t *items;
-    float *part_o;    /* [n_items][g][d] */
-    float *part_lse;  /* [n_items][g] */
-    float *scratch;   /* [threads][2][g][d] */
+    float *part_o;          /* [n_parts][g][d] */
+    float *part_lse;        /* [n_parts][g] */
+    float *scratch;         /* [threads][n_kv][2][g][d] */
+    kn_fa_state_t *states;  /* [threads][n_kv] */
 } kn_dec_job_t;
+
+#define KN_DEC_STEP 256  /* tokens per head before moving to the next head */
 
 static void kn_dec_task(void *arg, size_t begin, size_t end, unsigned worker)
 {
     kn_dec_job_t *job = arg;
-    uint32_t d = job->shape->head_dim, g = job->shape->n_q_heads / job->shape->n_kv_heads;
-    float *qb = job->scratch + (size_t)worker * 2 * g * d;
+    uint32_t d = job->shape->head_dim, nkv = job->shape->n_kv_heads;
+    uint32_t g = job->shape->n_q_heads / nkv;
+    float *sc = job->scratch + (size_t)worker * nkv * 2 * g * d;
+    kn_fa_state_t *fs = job->states + (size_t)worker * nkv;
     for (size_t it = begin; it < end; it++) {
         const kn_dec_item_t *w = &job->items[it];
         const kn_kv_view_t *kv = &job->kv[w->seq];
-        size_t off = (size_t)w->kvh * kv->head_stride + w->t0 * kv->token_stride;
-        kn_fa_state_t fs;
-        kn_fa_init(&fs, job->q + ((size_t)w->seq * job->shape->n_q_heads + (size_t)w->kvh * g) * d,
-                   g, d, kn_shape_scale(job->shape), qb, qb + (size_t)g * d);
-        kn_fa_rows(&fs, kv->k + off, kv->v + off, kv->token_stride, w->t1 - w->t0);
-        kn_fa_finish(&fs, job->part_o + w->part * g * d, job->part_lse + w->part * g);
+        for (uint32_t i = 0; i < w->nh; i++) {
+            size_t qrow = (size_t)w->seq * job->shape->n_q_heads + (size_t)(w->kvh0 + i) * g;
+            float *qb = sc + (size_t)i * 2 * g * d;
+            kn_fa_init(&fs[i], job->q + qrow * d, g, d, kn_shape_scale(job->shape), qb,
+                       qb + (size_t)g * d);
+        }
+        for (size_t tb = w->t0; tb < w->t1; tb += KN_DEC_STEP) {
+            size_t n = CM_MIN((size_t)KN_DEC_STEP, w->t1 - tb);
+            for (uint32_t i = 0; i < w->nh; i++) {
+                size_t off = (size_t)(w->kvh0 + i) * kv->head_stride + tb * kv->token_stride;
+                kn_fa_rows(&fs[i], kv->k + off, kv->v + off, kv->token_stride, n);
+            }
+        }
+        for (uint32_t i = 0; i < w->nh; i++) {
+            size_t part = w->part + i * w->stride_h;
+            kn_fa_finish(&fs[i], job->part_o + part * g * d, job->part_lse + part * g);
+        }
     }
 }
 
@@ -179,9 +200,11 @@ static ri_status_t kn_cpu_attn_decode(const kn_shape_t *shape, size_t n_seq, con
     uint32_t d = shape->head_dim, nkv = shape->n_kv_heads, g = shape->n_q_heads / nkv;
     cm_pool_t *pool = kn_pool();
     unsigned nthr = cm_pool_size(pool);
-    size_t total = 0, n_items = 0, split;
+    size_t total = 0, n_items = 0, n_parts = 0, split;
     kn_dec_item_t *items = NULL;
+    size_t *ns = NULL;
     float *part_o = NULL, *part_lse = NULL, *scratch = NULL;
+    kn_fa_state_t *states = NULL;
     ri_status_t st = RI_ERR_NOMEM;
 
     for (size_t s = 0; s < n_seq; s++)
@@ -191,46 +214,63 @@ static ri_status_t kn_cpu_attn_decode(const kn_shape_t *shape, size_t n_seq, con
     split = total * nkv / ((size_t)nthr * 4 + 1);
     split = CM_MAX(split, (size_t)512);
     split = CM_MIN(split, (size_t)16384);
-    for (size_t s = 0; s < n_seq; s++)
-        n_items += (size_t)nkv * CM_MAX((kv[s].n_tokens + split - 1) / split, (size_t)1);
+    ns = cm_malloc(&kn_tag, (n_seq + 1) * sizeof(size_t));
+    if (ns == NULL)
+        goto out;
+    for (size_t s = 0; s < n_seq; s++) {
+        bool all_heads = kv[s].head_stride < kv[s].token_stride;  /* token-major */
+        size_t sp = all_heads ? CM_MAX(split / nkv, (size_t)512) : split;
+        ns[s] = CM_MAX((kv[s].n_tokens + sp - 1) / sp, (size_t)1);
+        n_items += ns[s] * (all_heads ? 1 : nkv);
+        n_parts += ns[s] * nkv;
+    }
     items = cm_malloc(&kn_tag, n_items * sizeof(*items));
-    part_o = cm_malloc_aligned(&kn_tag, n_items * g * d * sizeof(float), 64);
-    part_lse = cm_malloc(&kn_tag, n_items * g * sizeof(float));
-    scratch = cm_malloc_aligned(&kn_tag, (size_t)nthr * 2 * g * d * sizeof(float), 64);
-    if (!items || !part_o || !part_lse || !scratch)
+    part_o = cm_malloc_aligned(&kn_tag, n_parts * g * d * sizeof(float), 64);
+    part_lse = cm_malloc(&kn_tag, n_parts * g * sizeof(float));
+    scratch = cm_malloc_aligned(&kn_tag, (size_t)nthr * nkv * 2 * g * d * sizeof(float), 64);
+    states = cm_malloc(&kn_tag, (size_t)nthr * nkv * sizeof(*states));
+    if (!items || !part_o || !part_lse || !scratch || !states)
         goto out;
     n_items = 0;
+    n_parts = 0;
     for (size_t s = 0; s < n_seq; s++) {
-        size_t ns = CM_MAX((kv[s].n_tokens + split - 1) / split, (size_t)1);
-        for (uint32_t h = 0; h < nkv; h++) {
-            for (size_t i = 0; i < ns; i++) {
-                kn_dec_item_t *w = &items[n_items];
+        bool all_heads = kv[s].head_stride < kv[s].token_stride;
+        for (uint32_t h = 0; h < nkv; h += all_heads ? nkv : 1) {
+            for (size_t i = 0; i < ns[s]; i++) {
+                kn_dec_item_t *w = &items[n_items++];
                 w->seq = (uint32_t)s;
-                w->kvh = h;
-                w->t0 = i * kv[s].n_tokens / ns;
-                w->t1 = (i + 1) * kv[s].n_tokens / ns;
-                w->part = n_items++;
+                w->kvh0 = h;
+                w->nh = all_heads ? nkv : 1;
+                w->t0 = i * kv[s].n_tokens / ns[s];
+                w->t1 = (i + 1) * kv[s].n_tokens / ns[s];
+                /* partials of (seq, head) are contiguous over the splits */
+                w->part = n_parts + (size_t)h * ns[s] + i;
+                w->stride_h = ns[s];
             }
         }
+        n_parts += ns[s] * nkv;
     }
-    kn_dec_job_t job = {shape, q, kv, items, part_o, part_lse, scratch};
+    kn_dec_job_t job = {shape, q, kv, items, part_o, part_lse, scratch, states};
     cm_pool_parallel_for(pool, n_items, 1, kn_dec_task, &job);
 
-    /* merge the splits of each (seq, kv head); items are grouped that way */
-    for (size_t it = 0; it < n_items;) {
-        size_t e = it, row = (size_t)items[it].seq * shape->n_q_heads + (size_t)items[it].kvh * g;
-        while (e < n_items && items[e].seq == items[it].seq && items[e].kvh == items[it].kvh)
-            e++;
-        kn_merge_contig(g, d, e - it, part_o + it * g * d, part_lse + it * g, out + row * d,
-                        lse ? lse + row : NULL);
-        it = e;
+    /* merge the splits of each (seq, kv head) */
+    n_parts = 0;
+    for (size_t s = 0; s < n_seq; s++) {
+        for (uint32_t h = 0; h < nkv; h++) {
+            size_t p0 = n_parts + (size_t)h * ns[s], row = s * shape->n_q_heads + (size_t)h * g;
+            kn_merge_contig(g, d, ns[s], part_o + p0 * g * d, part_lse + p0 * g, out + row * d,
+                            lse ? lse + row : NULL);
+        }
+        n_parts += ns[s] * nkv;
     }
     st = RI_OK;
 out:
+    cm_free(ns);
     cm_free(items);
     cm_free(part_o);
     cm_free(part_lse);
     cm_free(scratch);
+    cm_free(states);
     return st;
 }
 
@@ -387,6 +427,7 @@ static ri_status_t kn_cpu_estimate(const kn_shape_t *grp, const float *q, const 
     float *qs = cm_malloc_aligned(&kn_tag, (size_t)g * d * sizeof(float), 64);
     float *w = cm_malloc_aligned(&kn_tag, ((size_t)g * n + 1) * sizeof(float), 64);
     float *acc = cm_malloc_aligned(&kn_tag, (size_t)g * d * sizeof(float), 64);
+    float den_h[KN_GMAX_STATE];
     ri_status_t st = RI_ERR_NOMEM;
 
     if (!qs || !w || !acc)
@@ -410,37 +451,43 @@ static ri_status_t kn_cpu_estimate(const kn_shape_t *grp, const float *q, const 
             }
         }
     }
+    /* weights: w = n_j e^{s_j - m} / n_j = e^{s_j - m} for the value sums,
+     * den = sum n_j e^{s_j - m}; done per head, then one pass over the sums */
     memset(acc, 0, (size_t)g * d * sizeof(float));
     for (uint32_t h = 0; h < g; h++) {
         float *wh = w + (size_t)h * n, m = -INFINITY, den = 0.0f;
-        float *ah = acc + (size_t)h * d;
         for (size_t e = 0; e < n; e++) {
             uint32_t sz = idx->sizes[ids[e]];
             wh[e] = sz ? wh[e] + logf((float)sz) : -INFINITY;  /* logit + ln n_j */
             m = CM_MAX(m, wh[e]);
         }
+        den_h[h] = 0.0f;
+        lse[h] = m;
         if (m == -INFINITY) {
-            memset(o + (size_t)h * d, 0, d * sizeof(float));
-            lse[h] = -INFINITY;
+            memset(wh, 0, n * sizeof(float));
             continue;
         }
         for (size_t e = 0; e < n; e++) {
             uint32_t sz = idx->sizes[ids[e]];
-            float p;
-            if (sz == 0)
-                continue;
-            p = expf(wh[e] - m);       /* n_j e^{s_j - m} */
+            float p = sz ? expf(wh[e] - m) : 0.0f;  /* n_j e^{s_j - m} */
             den += p;
-            p /= (float)sz;            /* times VS_j / n_j */
-            if (simd)
-                kn_axpy_avx2(ah, idx->vsum + (size_t)ids[e] * d, p, d);
-            else
-                for (uint32_t i = 0; i < d; i++)
-                    ah[i] += p * idx->vsum[(size_t)ids[e] * d + i];
+            wh[e] = sz ? p / (float)sz : 0.0f;       /* times VS_j / n_j */
         }
+        den_h[h] = den;
+    }
+    if (simd) {
+        kn_est_accum_avx2(acc, idx->vsum, ids, w, n, g, d);
+    } else {
+        for (uint32_t h = 0; h < g; h++)
+            for (size_t e = 0; e < n; e++)
+                for (uint32_t i = 0; i < d; i++)
+                    acc[(size_t)h * d + i] += w[(size_t)h * n + e] * idx->vsum[(size_t)ids[e] * d + i];
+    }
+    for (uint32_t h = 0; h < g; h++) {
+        float inv = den_h[h] > 0.0f ? 1.0f / den_h[h] : 0.0f;
         for (uint32_t i = 0; i < d; i++)
-            o[(size_t)h * d + i] = ah[i] / den;
-        lse[h] = m + logf(den);
+            o[(size_t)h * d + i] = acc[(size_t)h * d + i] * inv;
+        lse[h] = den_h[h] > 0.0f ? lse[h] + logf(den_h[h]) : -INFINITY;
     }
     st = RI_OK;
 out:

@@ -83,15 +83,36 @@ KN_TI void kn_rows_scores(const float *q, uint32_t d, const cm_fp16_t *k, size_t
             out[(size_t)h * os + r] = kn_hsum(acc[h * R + r]);
 }
 
+/* Prefetch the cache lines of row t of a and b (if t < n_pf). */
+KN_TI void kn_prefetch_rows(const cm_fp16_t *a, const cm_fp16_t *b, size_t stride, size_t t,
+                            size_t n_pf, uint32_t d)
+{
+    if (t >= n_pf)
+        return;
+    for (uint32_t i = 0; i < d; i += 32) {
+        _mm_prefetch((const char *)(a + t * stride + i), _MM_HINT_T0);
+        _mm_prefetch((const char *)(b + t * stride + i), _MM_HINT_T0);
+    }
+}
+
+/* Scores of n rows; meanwhile prefetches rows of pf_a/pf_b (n_pf of them) so
+ * that the next memory-bound phase finds them in cache. */
 KN_TI void kn_scores_g(const float *q, uint32_t d, const cm_fp16_t *k, size_t stride, size_t n,
-                       float *out, size_t os, const int G)
+                       float *out, size_t os, const cm_fp16_t *pf_a, const cm_fp16_t *pf_b,
+                       size_t n_pf, const int G)
 {
     const int R = G >= 5 ? 1 : (G >= 3 ? 2 : 4);
     size_t t = 0;
-    for (; t + R <= n; t += R)
+    for (; t + R <= n; t += R) {
+#pragma GCC unroll 4
+        for (int r = 0; r < R; r++)
+            kn_prefetch_rows(pf_a, pf_b, stride, t + r, n_pf, d);
         kn_rows_scores(q, d, k + t * stride, stride, out + t, os, G, R);
-    for (; t < n; t++)
+    }
+    for (; t < n; t++) {
+        kn_prefetch_rows(pf_a, pf_b, stride, t, n_pf, d);
         kn_rows_scores(q, d, k + t * stride, stride, out + t, os, G, 1);
+    }
 }
 
 /* V accumulation of T rows into acc [G][d] with weights p [G][KN_BLK]. */
@@ -135,7 +156,11 @@ KN_TI void kn_fa_rows_g(kn_fa_state_t *fs, const cm_fp16_t *k, const cm_fp16_t *
     for (size_t t0 = 0; t0 < n; t0 += KN_BLK) {
         size_t T = CM_MIN((size_t)KN_BLK, n - t0);
         size_t T8 = (T + 7) & ~(size_t)7;
-        kn_scores_g(fs->q, d, k + t0 * stride, stride, T, sb, KN_BLK, G);
+        /* while scoring this block, fetch its V rows and the next block's K rows */
+        size_t Tn = t0 + KN_BLK < n ? CM_MIN((size_t)KN_BLK, n - t0 - KN_BLK) : 0;
+        /* (prefetching past the next block's end cannot fault, only waste a slot) */
+        kn_scores_g(fs->q, d, k + t0 * stride, stride, T, sb, KN_BLK, v + t0 * stride,
+                    Tn ? k + (t0 + KN_BLK) * stride : v + t0 * stride, T, G);
 #pragma GCC unroll 8
         for (int h = 0; h < G; h++) {
             float *s = sb + (size_t)h * KN_BLK, bm, mn;
@@ -193,14 +218,14 @@ KN_T void kn_scores_avx2(const float *qs, uint32_t g, uint32_t d, const cm_fp16_
                          size_t stride, size_t n, float *out, size_t out_stride)
 {
     switch (g) {
-    case 1: kn_scores_g(qs, d, rows, stride, n, out, out_stride, 1); break;
-    case 2: kn_scores_g(qs, d, rows, stride, n, out, out_stride, 2); break;
-    case 3: kn_scores_g(qs, d, rows, stride, n, out, out_stride, 3); break;
-    case 4: kn_scores_g(qs, d, rows, stride, n, out, out_stride, 4); break;
-    case 5: kn_scores_g(qs, d, rows, stride, n, out, out_stride, 5); break;
-    case 6: kn_scores_g(qs, d, rows, stride, n, out, out_stride, 6); break;
-    case 7: kn_scores_g(qs, d, rows, stride, n, out, out_stride, 7); break;
-    default: kn_scores_g(qs, d, rows, stride, n, out, out_stride, 8); break;
+    case 1: kn_scores_g(qs, d, rows, stride, n, out, out_stride, rows, rows, 0, 1); break;
+    case 2: kn_scores_g(qs, d, rows, stride, n, out, out_stride, rows, rows, 0, 2); break;
+    case 3: kn_scores_g(qs, d, rows, stride, n, out, out_stride, rows, rows, 0, 3); break;
+    case 4: kn_scores_g(qs, d, rows, stride, n, out, out_stride, rows, rows, 0, 4); break;
+    case 5: kn_scores_g(qs, d, rows, stride, n, out, out_stride, rows, rows, 0, 5); break;
+    case 6: kn_scores_g(qs, d, rows, stride, n, out, out_stride, rows, rows, 0, 6); break;
+    case 7: kn_scores_g(qs, d, rows, stride, n, out, out_stride, rows, rows, 0, 7); break;
+    default: kn_scores_g(qs, d, rows, stride, n, out, out_stride, rows, rows, 0, 8); break;
     }
 }
 
@@ -320,5 +345,50 @@ KN_T void kn_quest_score_avx2(const float *q, uint32_t g, uint32_t d, const cm_f
             best = s > best ? s : best;
         }
         scores[pg] = best * scale;
+    }
+}
+
+/* acc[h] += sum_e w[h*n + e] * vsum[ids[e]] for G heads: each value-sum row
+ * is read once per 16-float chunk and used by all heads. */
+KN_TI void kn_est_accum_g(float *acc, const float *vsum, const uint32_t *ids, const float *w,
+                          size_t n, uint32_t d, const int G)
+{
+    for (uint32_t c = 0; c < d; c += 16) {
+        __m256 a[KN_GMAX * 2];
+#pragma GCC unroll 8
+        for (int h = 0; h < G; h++) {
+            a[2 * h] = _mm256_loadu_ps(acc + (size_t)h * d + c);
+            a[2 * h + 1] = _mm256_loadu_ps(acc + (size_t)h * d + c + 8);
+        }
+        for (size_t e = 0; e < n; e++) {
+            const float *row = vsum + (size_t)ids[e] * d + c;
+            __m256 v0 = _mm256_loadu_ps(row), v1 = _mm256_loadu_ps(row + 8);
+#pragma GCC unroll 8
+            for (int h = 0; h < G; h++) {
+                __m256 wb = _mm256_broadcast_ss(w + (size_t)h * n + e);
+                a[2 * h] = _mm256_fmadd_ps(wb, v0, a[2 * h]);
+                a[2 * h + 1] = _mm256_fmadd_ps(wb, v1, a[2 * h + 1]);
+            }
+        }
+#pragma GCC unroll 8
+        for (int h = 0; h < G; h++) {
+            _mm256_storeu_ps(acc + (size_t)h * d + c, a[2 * h]);
+            _mm256_storeu_ps(acc + (size_t)h * d + c + 8, a[2 * h + 1]);
+        }
+    }
+}
+
+KN_T void kn_est_accum_avx2(float *acc, const float *vsum, const uint32_t *ids, const float *w,
+                            size_t n, uint32_t g, uint32_t d)
+{
+    switch (g) {
+    case 1: kn_est_accum_g(acc, vsum, ids, w, n, d, 1); break;
+    case 2: kn_est_accum_g(acc, vsum, ids, w, n, d, 2); break;
+    case 3: kn_est_accum_g(acc, vsum, ids, w, n, d, 3); break;
+    case 4: kn_est_accum_g(acc, vsum, ids, w, n, d, 4); break;
+    case 5: kn_est_accum_g(acc, vsum, ids, w, n, d, 5); break;
+    case 6: kn_est_accum_g(acc, vsum, ids, w, n, d, 6); break;
+    case 7: kn_est_accum_g(acc, vsum, ids, w, n, d, 7); break;
+    default: kn_est_accum_g(acc, vsum, ids, w, n, d, 8); break;
     }
 }

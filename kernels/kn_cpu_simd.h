@@ -50,6 +50,9 @@ void kn_scores_avx2(const float *qs, uint32_t g, uint32_t d, const cm_fp16_t *ro
 float kn_exp_sub_sum_avx2(float *x, size_t n, float m);
 /* y += a * x, d % 8 == 0. */
 void kn_axpy_avx2(float *y, const float *x, float a, uint32_t d);
+/* acc [g][d] += sum_e w[h*n+e] * vsum[ids[e]][:] (d % 16 == 0). */
+void kn_est_accum_avx2(float *acc, const float *vsum, const uint32_t *ids, const float *w,
+                       size_t n, uint32_t g, uint32_t d);
 void kn_assign_avx2(const float *x, size_t n, const float *c, size_t nc, uint32_t d,
                     uint32_t *best);
 void kn_quest_score_avx2(const float *q, uint32_t g, uint32_t d, const cm_fp16_t *kmin,

@@ -341,3 +341,34 @@ ri_status_t kn_wave_decode(kn_wave_t *w, const float *q, const kn_kv_view_t *kv,
         return RI_ERR_INVALID;
     return kn_wave_decode_budget(w, q, kv, w->n_r, w->n_e, out, lse, stats_p);
 }
+
+ri_status_t kn_wave_exact_mask(kn_wave_t *w, const float *q, const kn_kv_view_t *kv,
+                               uint32_t kv_head, uint32_t n_r, uint8_t *mask)
+{
+    kn_shape_t grp = {.n_q_heads = w->g, .n_kv_heads = 1, .head_dim = w->d, .scale = w->shape.scale};
+    const kn_index_t *idx;
+    uint32_t nr = 0, ne = 0, *ids;
+    size_t sink;
+    ri_status_t st = RI_OK;
+
+    if (w == NULL || q == NULL || mask == NULL || !kn_kv_valid(w, kv) ||
+        kv_head >= w->shape.n_kv_heads || kv->n_tokens < w->indexed_end)
+        return RI_ERR_INVALID;
+    idx = &w->idx[kv_head];
+    sink = CM_MIN((size_t)w->p.sink_tokens, kv->n_tokens);
+    memset(mask, 0, kv->n_tokens);
+    memset(mask, 1, sink);
+    if (kv->n_tokens > CM_MAX(w->indexed_end, sink))
+        memset(mask + CM_MAX(w->indexed_end, sink), 1, kv->n_tokens - CM_MAX(w->indexed_end, sink));
+    if (idx->n_clusters == 0)
+        return RI_OK;
+    ids = cm_malloc(&kn_tag, ((size_t)n_r + 1) * sizeof(uint32_t));
+    if (ids == NULL)
+        return RI_ERR_NOMEM;
+    st = kn_rank(w->ops, &grp, q + (size_t)kv_head * w->g * w->d, idx, n_r, 0, ids, &nr, &ne);
+    for (uint32_t i = 0; i < nr && st == RI_OK; i++)
+        for (uint32_t r = idx->offsets[ids[i]]; r < idx->offsets[ids[i] + 1]; r++)
+            mask[idx->perm[r]] = 1;
+    cm_free(ids);
+    return st;
+}

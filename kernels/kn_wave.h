@@ -83,6 +83,12 @@ ri_status_t kn_wave_decode_budget(kn_wave_t *wave, const float *q, const kn_kv_v
                                   uint32_t n_r, uint32_t n_e, float *out, float *lse,
                                   kn_wave_stats_t *stats_p);
 
+/* Mark in mask [kv->n_tokens] the tokens KV head kv_head attends exactly for
+ * query q [n_q][d] with n_r retrieved clusters (steady zone + retrieval zone);
+ * for accuracy metrics.  Errors: RI_ERR_INVALID, RI_ERR_NOMEM. */
+ri_status_t kn_wave_exact_mask(kn_wave_t *wave, const float *q, const kn_kv_view_t *kv,
+                               uint32_t kv_head, uint32_t n_r, uint8_t *mask);
+
 /* The index of KV head h (borrowed, valid until the next build/update). */
 const kn_index_t *kn_wave_index(const kn_wave_t *wave, uint32_t kv_head);
 

@@ -1,0 +1,451 @@
+/*
+ * ri-bench-kernels: one decode step of one layer, Llama-3-8B geometry
+ * (32 query heads, 8 KV heads, d = 128, fp16 K/V, head-major cache), batch 1,
+ * on the synthetic K/V of docs/synthetic-kv.md, for N in {8K .. 1M}:
+ * full attention, tripartite (RetroInfer), Quest and StreamingLLM at the same
+ * exact-token budget, oracle top-B and random-B; time (median), bytes read,
+ * GB/s next to the memory bandwidth measured in the same run, accuracy; and
+ * the wave-index build throughput.  Prints a table; --json PATH writes
+ * shared/BENCH.md's shape.
+ *
+ *   ri bench kernels [--quick] [--max-n N] [--steps S] [--json PATH]
+ */
+#define _GNU_SOURCE
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include "bench/common/bn_report.h"
+#include "common/cm_status.h"
+#include "common/cm_thread.h"
+#include "common/cm_time.h"
+#include "kernels/kn_baselines.h"
+#include "kernels/kn_metrics.h"
+#include "kernels/kn_ops.h"
+#include "kernels/kn_synth.h"
+#include "kernels/kn_wave.h"
+
+#define NQ 32
+#define NKV 8
+#define D 128
+#define G (NQ / NKV)
+
+typedef struct bk_acc {
+    double *rel, *cos, *dlse, *rec100, *recb, *mass;
+    size_t n_q, n_kv;
+} bk_acc_t;
+
+static double mem_available_bytes(void)
+{
+    FILE *f = fopen("/proc/meminfo", "r");
+    char line[256];
+    double kb = 0;
+    if (f == NULL)
+        return 0;
+    while (fgets(line, sizeof(line), f))
+        if (sscanf(line, "MemAvailable: %lf kB", &kb) == 1)
+            break;
+    fclose(f);
+    return kb * 1024.0;
+}
+
+static void *big_alloc(size_t bytes)
+{
+    void *p = mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (p == MAP_FAILED)
+        return NULL;
+    madvise(p, bytes, MADV_HUGEPAGE);  /* a 1M-token cache spans 1M pages otherwise */
+    return p;
+}
+
+typedef ri_status_t (*bk_run_fn_t)(void *ctx, const float *q, float *out, float *lse);
+
+/* Median seconds of reps calls. */
+static double bk_time(bk_run_fn_t fn, void *ctx, const float *q, float *out, float *lse, int reps)
+{
+    double t[32];
+    reps = reps > 32 ? 32 : reps;
+    for (int r = 0; r < reps; r++) {
+        double t0 = cm_time_s();
+        if (fn(ctx, q, out, lse) != RI_OK) {
+            fprintf(stderr, "bench: run failed\n");
+            return NAN;
+        }
+        t[r] = cm_time_s() - t0;
+    }
+    return bn_median(t, (size_t)reps);
+}
+
+typedef struct bk_ctx {
+    kn_shape_t shape;
+    kn_kv_view_t kv;
+    kn_wave_t *wave;
+    kn_quest_t *quest;
+    uint32_t budget;
+    kn_wave_stats_t wstats;
+    uint64_t qbytes;
+} bk_ctx_t;
+
+static ri_status_t run_full(void *c, const float *q, float *o, float *l)
+{
+    bk_ctx_t *x = c;
+    return kn_attn_decode(NULL, &x->shape, 1, q, &x->kv, o, l);
+}
+static ri_status_t run_wave(void *c, const float *q, float *o, float *l)
+{
+    bk_ctx_t *x = c;
+    return kn_wave_decode(x->wave, q, &x->kv, o, l, &x->wstats);
+}
+static ri_status_t run_quest(void *c, const float *q, float *o, float *l)
+{
+    bk_ctx_t *x = c;
+    return kn_quest_decode(NULL, x->quest, q, &x->kv, x->budget, o, l, &x->qbytes);
+}
+static ri_status_t run_oracle(void *c, const float *q, float *o, float *l)
+{
+    bk_ctx_t *x = c;
+    return kn_oracle_decode(NULL, &x->shape, q, &x->kv, x->budget, o, l);
+}
+static ri_status_t run_stream(void *c, const float *q, float *o, float *l)
+{
+    bk_ctx_t *x = c;
+    return kn_streaming_decode(NULL, &x->shape, q, &x->kv, 4, x->budget > 4 ? x->budget - 4 : 0, o, l);
+}
+static ri_status_t run_random(void *c, const float *q, float *o, float *l)
+{
+    bk_ctx_t *x = c;
+    return kn_random_decode(NULL, &x->shape, q, &x->kv, x->budget, 7, o, l);
+}
+
+enum { M_FULL, M_WAVE, M_QUEST, M_ORACLE, M_STREAM, M_RANDOM, M_COUNT };
+static const char *m_name[M_COUNT] = {"full", "retroinfer", "quest", "oracle", "streaming", "random"};
+static bk_run_fn_t m_fn[M_COUNT] = {run_full, run_wave, run_quest, run_oracle, run_stream, run_random};
+
+/* Exact-attended mask of method m for KV head h (NULL = not applicable). */
+static ri_status_t bk_mask(int m, bk_ctx_t *x, const float *q, uint32_t h, const double *prob,
+                           uint8_t *mask)
+{
+    size_t n = x->kv.n_tokens;
+    uint32_t nr, ne;
+    switch (m) {
+    case M_FULL:
+        memset(mask, 1, n);
+        return RI_OK;
+    case M_WAVE:
+        kn_wave_budget(x->wave, &nr, &ne);
+        return kn_wave_exact_mask(x->wave, q, &x->kv, h, nr, mask);
+    case M_QUEST:
+        return kn_quest_exact_mask(NULL, x->quest, q, &x->kv, h, x->budget, mask);
+    case M_ORACLE:
+        return kn_oracle_mask(prob, n, x->budget, mask);
+    case M_STREAM:
+        memset(mask, 0, n);
+        memset(mask, 1, n < 4 ? n : 4);
+        if (x->budget > 4 && n > 4) {
+            size_t w = x->budget - 4 < n - 4 ? x->budget - 4 : n - 4;
+            memset(mask + n - w, 1, w);
+        }
+        return RI_OK;
+    default:
+        return RI_ERR_UNSUPPORTED;  /* random: the set is internal; recall not reported */
+    }
+}
+
+static void put_summary(cJSON *row, const char *name, const double *v, size_t n, bool all)
+{
+    kn_summary_t s;
+    char key[64];
+    kn_summarise(v, n, &s);
+    snprintf(key, sizeof(key), "%s_median", name);
+    cJSON_AddNumberToObject(row, key, s.median);
+    if (!all)
+        return;
+    snprintf(key, sizeof(key), "%s_p90", name);
+    cJSON_AddNumberToObject(row, key, s.p90);
+    snprintf(key, sizeof(key), "%s_p99", name);
+    cJSON_AddNumberToObject(row, key, s.p99);
+    snprintf(key, sizeof(key), "%s_max", name);
+    cJSON_AddNumberToObject(row, key, s.max);
+}
+
+static int bench_size(bn_report_t *rep, size_t N, int steps, bool quick, int32_t neighbours,
+                      bool compare_final)
+{
+    kn_synth_params_t sp;
+    bk_ctx_t x = {.shape = {NQ, NKV, D, 0}};
+    size_t kv_bytes = N * NKV * D * 2 * 2;
+    cm_fp16_t *k, *v;
+    float *q = malloc(sizeof(float) * NQ * D * (size_t)steps);
+    float *ref = malloc(sizeof(float) * NQ * D * (size_t)steps), *out = malloc(sizeof(float) * NQ * D);
+    float *ref_lse = malloc(sizeof(float) * NQ * (size_t)steps), lse[NQ];
+    double *prob = malloc(sizeof(double) * N * NKV * (size_t)steps);
+    uint8_t *mask = malloc(N);
+    kn_wave_params_t wp;
+    double bw_row, t_full = 0, t_build, med[M_COUNT];
+    int reps = N <= 131072 ? 9 : 3;
+    const kn_index_t *ix;
+    char label[64];
+
+    snprintf(label, sizeof(label), "N=%zu", N);
+    k = big_alloc(kv_bytes / 2);
+    v = big_alloc(kv_bytes / 2);
+    if (!k || !v || !q || !ref || !out || !ref_lse || !prob || !mask) {
+        bn_report_skip(rep, label, "allocation failed");
+        return -1;
+    }
+    kn_synth_params_default(&sp);
+    sp.n_tokens = N;
+    sp.seed = 20260;
+    if (kn_synth_kv(&sp, k, v, D, N * D) != RI_OK)
+        return -1;
+    x.kv = (kn_kv_view_t){k, v, N, D, N * D};
+    for (int s = 0; s < steps; s++)
+        kn_synth_query(&sp, (uint64_t)s, q + (size_t)s * NQ * D);
+
+    /* exact reference outputs (cpu full attention, checked by the tests against ref) and true probs */
+    for (int s = 0; s < steps; s++) {
+        kn_attn_decode(NULL, &x.shape, 1, q + (size_t)s * NQ * D, &x.kv, ref + (size_t)s * NQ * D,
+                       ref_lse + (size_t)s * NQ);
+        for (uint32_t h = 0; h < NKV; h++) {
+            kn_shape_t grp = {G, 1, D, 0};
+            kn_true_probs(&grp, q + (size_t)s * NQ * D + (size_t)h * G * D, k + h * N * D, D, N,
+                          prob + ((size_t)s * NKV + h) * N);
+        }
+    }
+
+    /* index build */
+    kn_wave_params_default(&wp);
+    wp.build.final_neighbours = neighbours;
+    if (kn_wave_create(&x.shape, &wp, &x.wave) != RI_OK)
+        return -1;
+    t_build = cm_time_s();
+    if (kn_wave_build(x.wave, &x.kv) != RI_OK) {
+        bn_report_skip(rep, label, "index build failed");
+        return -1;
+    }
+    t_build = cm_time_s() - t_build;
+    ix = kn_wave_index(x.wave, 0);
+    {
+        cJSON *row = bn_report_row(rep);
+        double tps = (double)ix->n_tokens * NKV / t_build;
+        cJSON_AddStringToObject(row, "op", "index_build");
+        cJSON_AddNumberToObject(row, "n_tokens", (double)N);
+        cJSON_AddNumberToObject(row, "head_dim", D);
+        cJSON_AddNumberToObject(row, "tokens_per_s", tps);
+        cJSON_AddNumberToObject(row, "seconds", t_build);
+        cJSON_AddNumberToObject(row, "kv_heads", NKV);
+        cJSON_AddNumberToObject(row, "clusters_per_head", ix->n_clusters);
+        cJSON_AddNumberToObject(row, "threads", cm_pool_size(kn_pool()));
+        cJSON_AddStringToObject(row, "final_pass", neighbours < 0 ? "global" : "neighbours");
+        if (neighbours >= 0)
+            cJSON_AddNumberToObject(row, "final_neighbours", neighbours);
+        printf("%-12s N=%-8zu %8.2f s  %10.0f tokens/s per KV head (x%d heads, %u clusters/head, final=%s)\n",
+               "index_build", N, t_build, tps / NKV * NKV, NKV, ix->n_clusters,
+               neighbours < 0 ? "global" : "neighbours");
+    }
+    kn_quest_create(&x.shape, 16, &x.quest);
+    kn_quest_update(x.quest, &x.kv);
+
+    /* bandwidth next to the measurements; then every method timed in
+     * interleaved rounds, so that load from other processes hits all alike */
+    bw_row = bn_measure_read_bw(512u << 20, 0, 3);
+    kn_wave_decode(x.wave, q, &x.kv, out, lse, &x.wstats);
+    x.budget = (uint32_t)(x.wstats.exact_tokens / NKV);
+    {
+        double tm[M_COUNT][32];
+        for (int r = 0; r < reps; r++)
+            for (int m = 0; m < M_COUNT; m++) {
+                if ((m == M_ORACLE || m == M_RANDOM) && r >= 3)
+                    continue;
+                tm[m][r] = bk_time(m_fn[m], &x, q, out, lse, 1);
+            }
+        for (int m = 0; m < M_COUNT; m++)
+            med[m] = bn_median(tm[m], (size_t)(m == M_ORACLE || m == M_RANDOM ? CM_MIN(reps, 3) : reps));
+    }
+    t_full = med[M_FULL];
+    for (int m = 0; m < M_COUNT; m++) {
+        double secs, *rel, *cs, *dl, *r100, *rb, *ms;
+        size_t nq = 0, nk = 0;
+        uint64_t bytes;
+        cJSON *row;
+        secs = med[m];
+        m_fn[m](&x, q, out, lse);  /* refresh the byte counters for step 0 */
+        switch (m) {
+        case M_FULL: bytes = kv_bytes; break;
+        case M_WAVE: bytes = x.wstats.bytes_read; break;
+        case M_QUEST: bytes = x.qbytes; break;
+        case M_ORACLE: bytes = kv_bytes / 2 + (uint64_t)x.budget * NKV * D * 4; break;
+        default: bytes = (uint64_t)x.budget * NKV * D * 4; break;
+        }
+        rel = malloc(sizeof(double) * NQ * steps);
+        cs = malloc(sizeof(double) * NQ * steps);
+        dl = malloc(sizeof(double) * NQ * steps);
+        r100 = malloc(sizeof(double) * NKV * steps);
+        rb = malloc(sizeof(double) * NKV * steps);
+        ms = malloc(sizeof(double) * NKV * steps);
+        for (int s = 0; s < steps; s++) {
+            const float *qs = q + (size_t)s * NQ * D;
+            m_fn[m](&x, qs, out, lse);
+            for (uint32_t h = 0; h < NQ; h++) {
+                const float *r = ref + (size_t)s * NQ * D + (size_t)h * D;
+                rel[nq] = kn_metric_rel_l2(out + (size_t)h * D, r, D);
+                cs[nq] = kn_metric_cosine(out + (size_t)h * D, r, D);
+                dl[nq++] = fabs((double)lse[h] - ref_lse[(size_t)s * NQ + h]);
+            }
+            for (uint32_t h = 0; h < NKV; h++) {
+                const double *pr = prob + ((size_t)s * NKV + h) * N;
+                if (bk_mask(m, &x, qs, h, pr, mask) != RI_OK)
+                    continue;
+                r100[nk] = kn_metric_recall(pr, N, mask, 100);
+                rb[nk] = kn_metric_recall(pr, N, mask, m == M_FULL ? N : x.budget);
+                ms[nk++] = kn_metric_mass(pr, N, mask);
+            }
+        }
+        row = bn_report_row(rep);
+        cJSON_AddStringToObject(row, "op", "decode");
+        cJSON_AddStringToObject(row, "method", m_name[m]);
+        cJSON_AddNumberToObject(row, "n_tokens", (double)N);
+        cJSON_AddNumberToObject(row, "budget_tokens", m == M_FULL ? (double)N : (double)x.budget);
+        cJSON_AddNumberToObject(row, "seconds", secs);
+        cJSON_AddNumberToObject(row, "bytes_read", (double)bytes);
+        cJSON_AddNumberToObject(row, "gbs", bytes / secs / 1e9);
+        cJSON_AddNumberToObject(row, "mem_bw_gbs_here", bw_row);
+        cJSON_AddNumberToObject(row, "bw_fraction", bytes / secs / 1e9 / bw_row);
+        cJSON_AddNumberToObject(row, "speedup_vs_full", t_full / secs);
+        cJSON_AddNumberToObject(row, "accuracy_steps", steps);
+        cJSON_AddStringToObject(row, "kv_layout", "head-major");
+        if (m == M_WAVE)
+            cJSON_AddStringToObject(row, "final_pass", neighbours < 0 ? "global" : "neighbours");
+        put_summary(row, "rel_err", rel, nq, true);
+        put_summary(row, "cosine", cs, nq, false);
+        put_summary(row, "dlse", dl, nq, true);
+        if (nk) {
+            put_summary(row, "recall100", r100, nk, true);
+            put_summary(row, "recall_budget", rb, nk, false);
+            put_summary(row, "mass", ms, nk, true);
+        }
+        {
+            kn_summary_t a, b;
+            kn_summarise(rel, nq, &a);
+            kn_summarise(r100, nk, &b);
+            printf("%-12s N=%-8zu B=%-8u %9.3f ms %7.2f GB/s (%3.0f%% of %5.2f) x%-6.2f rel_err %.4f recall100 %s\n",
+                   m_name[m], N, m == M_FULL ? (unsigned)N : x.budget, secs * 1e3, bytes / secs / 1e9,
+                   100.0 * bytes / secs / 1e9 / bw_row, bw_row, t_full / secs, a.median,
+                   nk ? (snprintf(label, sizeof(label), "%.3f", b.median), label) : "-");
+        }
+        free(rel);
+        free(cs);
+        free(dl);
+        free(r100);
+        free(rb);
+        free(ms);
+    }
+
+    /* the question: what the neighbour-restricted final pass costs in recall */
+    if (compare_final) {
+        kn_wave_t *w2;
+        double rg[NKV * 8], rn[NKV * 8];
+        size_t n = 0;
+        uint32_t nr, ne;
+        double tb;
+        wp.build.final_neighbours = 1;
+        kn_wave_create(&x.shape, &wp, &w2);
+        tb = cm_time_s();
+        kn_wave_build(w2, &x.kv);
+        tb = cm_time_s() - tb;
+        kn_wave_budget(x.wave, &nr, &ne);
+        for (int s = 0; s < steps && s < 8; s++)
+            for (uint32_t h = 0; h < NKV; h++) {
+                const double *pr = prob + ((size_t)s * NKV + h) * N;
+                const float *qs = q + (size_t)s * NQ * D;
+                kn_wave_exact_mask(x.wave, qs, &x.kv, h, nr, mask);
+                rg[n] = kn_metric_recall(pr, N, mask, 100);
+                kn_wave_exact_mask(w2, qs, &x.kv, h, nr, mask);
+                rn[n++] = kn_metric_recall(pr, N, mask, 100);
+            }
+        cJSON *row = bn_report_row(rep);
+        cJSON_AddStringToObject(row, "op", "index_build");
+        cJSON_AddNumberToObject(row, "n_tokens", (double)N);
+        cJSON_AddNumberToObject(row, "head_dim", D);
+        cJSON_AddNumberToObject(row, "tokens_per_s", (double)kn_wave_index(w2, 0)->n_tokens * NKV / tb);
+        cJSON_AddNumberToObject(row, "seconds", tb);
+        cJSON_AddStringToObject(row, "final_pass", "neighbours");
+        cJSON_AddNumberToObject(row, "final_neighbours", 1);
+        cJSON_AddNumberToObject(row, "recall100_median", bn_median(rn, n));
+        cJSON_AddNumberToObject(row, "recall100_median_global", bn_median(rg, n));
+        printf("%-12s N=%-8zu %8.2f s  final=neighbours(+-1): recall100 median %.3f vs global %.3f\n",
+               "index_build", N, tb, bn_median(rn, n), bn_median(rg, n));
+        kn_wave_destroy(w2);
+    }
+    kn_wave_destroy(x.wave);
+    kn_quest_destroy(x.quest);
+    munmap(k, kv_bytes / 2);
+    munmap(v, kv_bytes / 2);
+    free(q);
+    free(ref);
+    free(out);
+    free(ref_lse);
+    free(prob);
+    free(mask);
+    return 0;
+}
+
+int main(int argc, char **argv)
+{
+    const char *json = bn_parse_json_arg(&argc, argv);
+    bool quick = false;
+    size_t max_n = (size_t)1 << 20;
+    int steps = 0;
+    static const size_t sizes[] = {8192, 32768, 131072, 524288, 1048576};
+    bn_report_t *rep;
+
+    for (int i = 1; i < argc; i++) {
+        if (strcmp(argv[i], "--quick") == 0)
+            quick = true;
+        else if (strcmp(argv[i], "--max-n") == 0 && i + 1 < argc)
+            max_n = strtoull(argv[++i], NULL, 0);
+        else if (strcmp(argv[i], "--steps") == 0 && i + 1 < argc)
+            steps = atoi(argv[++i]);
+        else {
+            fprintf(stderr, "usage: ri bench kernels [--quick] [--max-n N] [--steps S] [--json PATH]\n");
+            return 2;
+        }
+    }
+    if (quick && max_n > 32768)
+        max_n = 32768;
+    rep = bn_report_create("kernels");
+    if (rep == NULL)
+        return 1;
+    printf("kernels: backend %s (%s), %u threads, memory read bandwidth %.2f GB/s\n",
+           kn_ops_default()->name, kn_cpu_isa(), cm_pool_size(kn_pool()), bn_report_mem_bw_gbs(rep));
+    cJSON_AddStringToObject(bn_report_root(rep), "backend", kn_ops_default()->name);
+    cJSON_AddStringToObject(bn_report_root(rep), "isa", kn_cpu_isa());
+    cJSON_AddStringToObject(bn_report_root(rep), "geometry", "llama-3-8b: 32 q heads, 8 kv heads, d=128, fp16");
+    for (size_t i = 0; i < sizeof(sizes) / sizeof(sizes[0]); i++) {
+        size_t N = sizes[i], need = N * NKV * D * 2 * 2;
+        char label[64], why[160];
+        int st = steps ? steps : (N <= 32768 ? 8 : (N <= 131072 ? 4 : 1));
+        snprintf(label, sizeof(label), "N=%zu", N);
+        if (N > max_n) {
+            bn_report_skip(rep, label, quick ? "--quick runs N <= 32768" : "above --max-n");
+            continue;
+        }
+        /* K/V, the wave index's cluster-major copy, per-step probabilities, slack */
+        if (mem_available_bytes() < 2.3 * need + (double)N * NKV * 8 * st + (1u << 30)) {
+            snprintf(why, sizeof(why), "needs ~%.1f GiB free memory, %.1f GiB available",
+                     (2.3 * need + (double)N * NKV * 8 * st + (1u << 30)) / (1u << 30),
+                     mem_available_bytes() / (1u << 30));
+            bn_report_skip(rep, label, why);
+            printf("skip %s: %s\n", label, why);
+            continue;
+        }
+        /* global final pass up to 128K; beyond, own segment +-1 (the global
+         * pass is O(N^2 d): ~2 h per layer at 1M on 2 cores) */
+        bench_size(rep, N, st, quick, N <= 131072 ? -1 : 1, N == 131072 && !quick);
+        fflush(stdout);
+    }
+    return bn_report_finish(rep, json) == 0 ? 0 : 1;
+}

@@ -1,0 +1,746 @@
+/*
+ * The cross-check harness of kernels/: every op of every available backend
+ * against the scalar reference, on awkward shapes, with fresh random inputs
+ * each run (the seed is printed; RI_TEST_SEED=... reproduces a run), NaN/Inf
+ * checked before any error measure, guard words around every output, and one
+ * deliberately corrupted backend that the harness must catch.
+ *
+ *   test_kn_xcheck           small shapes (label unit; also runs under ASan)
+ *   test_kn_xcheck --slow    adds N = 131072 (label slow)
+ */
+#include <math.h>
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+#include <cmocka.h>
+
+#include "kernels/kn_ops.h"
+
+#define GUARD 16
+static const uint32_t xc_guard_word = 0x7fc0dead;  /* a NaN payload nobody writes */
+static uint64_t xc_rng;
+static bool xc_slow;
+static bool xc_quiet;  /* the corrupted-backend test expects failures: keep them short */
+
+static uint64_t xc_next(void)
+{
+    uint64_t z = (xc_rng += 0x9E3779B97F4A7C15ull);
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    return z ^ (z >> 31);
+}
+
+/* uniform in (-1, 1), never exactly 0 */
+static float xc_unif(void)
+{
+    return ((float)(xc_next() >> 40) + 0.5f) / (float)(1u << 23) - 1.0f;
+}
+
+static float xc_gauss(void)
+{
+    return (xc_unif() + xc_unif() + xc_unif() + xc_unif()) * 0.8660254f;
+}
+
+/* ---- guarded buffers ---- */
+
+typedef struct xc_buf {
+    float *base;
+    float *p;   /* n usable floats */
+    size_t n;
+} xc_buf_t;
+
+static xc_buf_t xc_buf(size_t n)
+{
+    xc_buf_t b = {.n = n};
+    b.base = malloc((n + 2 * GUARD) * sizeof(float));
+    assert_non_null(b.base);
+    for (size_t i = 0; i < n + 2 * GUARD; i++)
+        memcpy(&b.base[i], &xc_guard_word, 4);
+    b.p = b.base + GUARD;
+    return b;
+}
+
+static bool xc_guards_ok(const xc_buf_t *b, const char *what)
+{
+    for (size_t i = 0; i < GUARD; i++) {
+        if (memcmp(&b->base[i], &xc_guard_word, 4) != 0 ||
+            memcmp(&b->base[GUARD + b->n + i], &xc_guard_word, 4) != 0) {
+            if (!xc_quiet)
+                fprintf(stderr, "FAIL %s: guard word overwritten\n", what);
+            return false;
+        }
+    }
+    return true;
+}
+
+static void xc_free(xc_buf_t *b)
+{
+    free(b->base);
+    b->base = b->p = NULL;
+}
+
+/* NaN/Inf first (got must be finite wherever want is; -inf must match), then
+ * relative L2 over the whole vector. */
+static bool xc_close(const char *what, const float *got, const float *want, size_t n, double tol)
+{
+    double e = 0, r = 0;
+    for (size_t i = 0; i < n; i++) {
+        if (isinf(want[i]) && want[i] < 0) {
+            if (!(isinf(got[i]) && got[i] < 0)) {
+                if (!xc_quiet)
+                    fprintf(stderr, "FAIL %s: [%zu] = %g, want -inf\n", what, i, got[i]);
+                return false;
+            }
+            continue;
+        }
+        if (!isfinite(got[i])) {
+            if (!xc_quiet)
+                fprintf(stderr, "FAIL %s: [%zu] is %g (not finite)\n", what, i, got[i]);
+            return false;
+        }
+    }
+    for (size_t i = 0; i < n; i++) {
+        if (!isfinite(want[i]))
+            continue;
+        e += ((double)got[i] - want[i]) * ((double)got[i] - want[i]);
+        r += (double)want[i] * want[i];
+    }
+    if (sqrt(e) > tol * (sqrt(r) + 1e-3 * sqrt((double)n))) {
+        if (!xc_quiet)
+            fprintf(stderr, "FAIL %s: rel L2 error %.3g > %.1g\n", what, sqrt(e / (r + 1e-30)), tol);
+        return false;
+    }
+    return true;
+}
+
+static cm_fp16_t *xc_half(size_t n, float sd)
+{
+    cm_fp16_t *h = malloc((n ? n : 1) * sizeof(cm_fp16_t));
+    assert_non_null(h);
+    for (size_t i = 0; i < n; i++)
+        h[i] = cm_f32_to_fp16(xc_gauss() * sd);
+    return h;
+}
+
+static float *xc_floats(size_t n, float sd)
+{
+    float *f = malloc((n ? n : 1) * sizeof(float));
+    assert_non_null(f);
+    for (size_t i = 0; i < n; i++)
+        f[i] = xc_gauss() * sd;
+    return f;
+}
+
+/* ---- ops ---- */
+
+/* Full decode for a batch of sequences with the given lengths; layout 0 =
+ * token-major, 1 = head-major.  Returns the number of failures. */
+static int xc_attn_decode(const kn_ops_t *ops, uint32_t nkv, uint32_t g, uint32_t d,
+                          const size_t *len, size_t n_seq, int layout)
+{
+    kn_shape_t sh = {g * nkv, nkv, d, 0};
+    size_t nq = (size_t)g * nkv, fails = 0;
+    kn_kv_view_t kv[8];
+    cm_fp16_t *k[8], *v[8];
+    float *q = xc_floats(n_seq * nq * d, 1.5f);
+    xc_buf_t o = xc_buf(n_seq * nq * d), l = xc_buf(n_seq * nq);
+    float *ro = malloc(n_seq * nq * d * sizeof(float)), *rl = malloc(n_seq * nq * sizeof(float));
+    char what[160];
+
+    assert_true(n_seq <= 8);
+    for (size_t s = 0; s < n_seq; s++) {
+        k[s] = xc_half(len[s] * nkv * d, 1.0f);
+        v[s] = xc_half(len[s] * nkv * d, 1.0f);
+        kv[s] = layout ? (kn_kv_view_t){k[s], v[s], len[s], d, len[s] * d}
+                       : (kn_kv_view_t){k[s], v[s], len[s], (size_t)nkv * d, d};
+    }
+    assert_int_equal(kn_ops_ref()->attn_decode(&sh, n_seq, q, kv, ro, rl), RI_OK);
+    snprintf(what, sizeof(what), "%s attn_decode nkv=%u g=%u d=%u n0=%zu seqs=%zu %s", ops->name,
+             nkv, g, d, len[0], n_seq, layout ? "head-major" : "token-major");
+    if (!ops->supports(KN_OP_ATTN_DECODE, &sh, KN_DTYPE_F16)) {
+        fails = 0;
+    } else if (ops->attn_decode(&sh, n_seq, q, kv, o.p, l.p) != RI_OK) {
+        fails = 1;
+    } else {
+        fails += !xc_guards_ok(&o, what) || !xc_guards_ok(&l, what);
+        fails += !xc_close(what, o.p, ro, n_seq * nq * d, 2e-5);
+        fails += !xc_close(what, l.p, rl, n_seq * nq, 2e-5);
+    }
+    for (size_t s = 0; s < n_seq; s++) {
+        free(k[s]);
+        free(v[s]);
+    }
+    free(q);
+    free(ro);
+    free(rl);
+    xc_free(&o);
+    xc_free(&l);
+    return (int)fails;
+}
+
+static void test_attn_decode(void **state)
+{
+    const kn_ops_t *ops[4];
+    size_t n_ops = kn_ops_list(ops, 4);
+    static const size_t lens[] = {1, 3, 113, 1000, 8193};
+    static const uint32_t gs[] = {1, 3, 4, 8};
+    int fails = 0;
+    for (size_t b = 1; b < n_ops; b++) {
+        for (size_t li = 0; li < (sizeof(lens) / sizeof(lens[0])); li++)
+            for (size_t gi = 0; gi < 4; gi++)
+                for (uint32_t d = 64; d <= 128; d += 64) {
+                    size_t one = lens[li];
+                    if (one > 1000 && (gs[gi] != 4 || d != 128))
+                        continue;  /* the long case once, in the Llama shape */
+                    fails += xc_attn_decode(ops[b], 2, gs[gi], d, &one, 1, (int)(li % 2));
+                }
+        {
+            size_t batch[3] = {113, 1, 1000};  /* different lengths in one batch */
+            size_t empty[2] = {0, 17};
+            fails += xc_attn_decode(ops[b], 8, 4, 128, batch, 3, 0);
+            fails += xc_attn_decode(ops[b], 8, 4, 128, batch, 3, 1);
+            fails += xc_attn_decode(ops[b], 1, 1, 64, empty, 2, 1);
+            fails += xc_attn_decode(ops[b], 1, 5, 48, batch, 3, 0);  /* off the SIMD path */
+        }
+    }
+    assert_int_equal(fails, 0);
+}
+
+static void test_attn_decode_long(void **state)
+{
+    const kn_ops_t *ops[4];
+    size_t n_ops = kn_ops_list(ops, 4), n = 131072;
+    int fails = 0;
+    if (!xc_slow)
+        skip();
+    for (size_t b = 1; b < n_ops; b++) {
+        fails += xc_attn_decode(ops[b], 2, 4, 128, &n, 1, 1);
+        fails += xc_attn_decode(ops[b], 1, 3, 64, &n, 1, 0);
+    }
+    assert_int_equal(fails, 0);
+}
+
+/* Pages of assorted sizes (0, 1, 3, 8, 16, 113 rows) with row strides > d. */
+static int xc_attn_pages(const kn_ops_t *ops, uint32_t g, uint32_t d, size_t n_pages,
+                         size_t max_rows)
+{
+    static const uint32_t sizes[] = {0, 1, 3, 8, 16, 113};
+    kn_shape_t grp = {g, 1, d, 0.07f};
+    kn_page_t pages[64];
+    cm_fp16_t *store[64][2];
+    float *q = xc_floats((size_t)g * d, 1.0f), ro[8 * 128], rl[8];
+    xc_buf_t o = xc_buf((size_t)g * d), l = xc_buf(g);
+    int fails = 0;
+    char what[128];
+
+    for (size_t p = 0; p < n_pages; p++) {
+        uint32_t rows = max_rows ? (uint32_t)max_rows : sizes[xc_next() % 6];
+        uint32_t stride = d + (uint32_t)(xc_next() % 3) * 8;
+        store[p][0] = xc_half((size_t)rows * stride + 1, 1.0f);
+        store[p][1] = xc_half((size_t)rows * stride + 1, 1.0f);
+        pages[p] = (kn_page_t){store[p][0], store[p][1], rows, stride};
+    }
+    assert_int_equal(kn_ops_ref()->attn_pages(&grp, q, pages, n_pages, ro, rl), RI_OK);
+    snprintf(what, sizeof(what), "%s attn_pages g=%u d=%u pages=%zu", ops->name, g, d, n_pages);
+    if (ops->attn_pages(&grp, q, pages, n_pages, o.p, l.p) != RI_OK) {
+        fails++;
+    } else {
+        fails += !xc_guards_ok(&o, what) || !xc_guards_ok(&l, what);
+        fails += !xc_close(what, o.p, ro, (size_t)g * d, 2e-5);
+        fails += !xc_close(what, l.p, rl, g, 2e-5);
+    }
+    for (size_t p = 0; p < n_pages; p++) {
+        free(store[p][0]);
+        free(store[p][1]);
+    }
+    free(q);
+    xc_free(&o);
+    xc_free(&l);
+    return fails;
+}
+
+static void test_attn_pages(void **state)
+{
+    const kn_ops_t *ops[4];
+    size_t n_ops = kn_ops_list(ops, 4);
+    static const uint32_t gs[] = {1, 3, 4, 8};
+    int fails = 0;
+    for (size_t b = 1; b < n_ops; b++)
+        for (int gi = 0; gi < 4; gi++)
+            for (uint32_t d = 64; d <= 128; d += 64) {
+                fails += xc_attn_pages(ops[b], gs[gi], d, 1 + xc_next() % 40, 0);
+                fails += xc_attn_pages(ops[b], gs[gi], d, 0, 0);  /* nothing: lse -inf */
+                fails += xc_attn_pages(ops[b], gs[gi], d, 2, 1);  /* single-row pages */
+            }
+    assert_int_equal(fails, 0);
+}
+
+/* A random index of C clusters: some empty, some of size 1. */
+static void xc_index(kn_index_t *idx, uint32_t d, uint32_t C)
+{
+    uint32_t tok = 0;
+    kn_index_init(idx, d);
+    idx->centroids = malloc((size_t)C * d * sizeof(cm_fp16_t));
+    idx->vsum = malloc((size_t)C * d * sizeof(float));
+    idx->sizes = malloc(C * sizeof(uint32_t));
+    idx->offsets = malloc((C + 1) * sizeof(uint32_t));
+    for (uint32_t j = 0; j < C; j++) {
+        uint64_t r = xc_next() % 10;
+        idx->sizes[j] = r == 0 ? 0 : (r == 1 ? 1 : 1 + (uint32_t)(xc_next() % 31));
+        idx->offsets[j] = tok;
+        tok += idx->sizes[j];
+        for (uint32_t i = 0; i < d; i++) {
+            idx->centroids[(size_t)j * d + i] = cm_f32_to_fp16(xc_gauss() * 0.8f);
+            idx->vsum[(size_t)j * d + i] = xc_gauss() * (float)idx->sizes[j];
+        }
+    }
+    idx->offsets[C] = tok;
+    idx->n_clusters = idx->cap_clusters = C;
+    idx->n_tokens = idx->cap_tokens = tok;
+    idx->perm = malloc((tok ? tok : 1) * sizeof(uint32_t));
+    for (uint32_t t = 0; t < tok; t++)
+        idx->perm[t] = t;
+}
+
+static void xc_index_free(kn_index_t *idx)
+{
+    free(idx->centroids);
+    free(idx->vsum);
+    free(idx->sizes);
+    free(idx->offsets);
+    free(idx->perm);
+}
+
+static int xc_cmp_desc(const void *a, const void *b)
+{
+    double x = *(const double *)a, y = *(const double *)b;
+    return (x < y) - (x > y);
+}
+
+/* Rank: the selection must be right up to near-ties (scores recomputed here
+ * in double). */
+static int xc_rank(const kn_ops_t *ops, uint32_t g, uint32_t d, uint32_t C, uint32_t n_r,
+                   uint32_t n_e)
+{
+    kn_shape_t grp = {g, 1, d, 0};
+    kn_index_t idx;
+    float *q = xc_floats((size_t)g * d, 2.0f);
+    double *score = calloc(C + 1, sizeof(double)), *sorted = malloc((C + 1) * sizeof(double));
+    uint32_t *ids = malloc(((size_t)n_r + n_e + 1) * sizeof(uint32_t)), nr, ne, avail = 0;
+    uint8_t *seen = calloc(C + 1, 1);
+    int fails = 0;
+    char what[128];
+
+    xc_index(&idx, d, C);
+    for (uint32_t h = 0; h < g; h++) {
+        double m = -INFINITY, sum = 0, *lg = malloc((C + 1) * sizeof(double));
+        for (uint32_t j = 0; j < C; j++) {
+            double s = 0;
+            for (uint32_t i = 0; i < d; i++)
+                s += (double)q[(size_t)h * d + i] * cm_fp16_to_f32(idx.centroids[(size_t)j * d + i]);
+            lg[j] = s / sqrt((double)d);
+            if (idx.sizes[j])
+                m = fmax(m, lg[j]);
+        }
+        for (uint32_t j = 0; j < C; j++)
+            if (idx.sizes[j])
+                sum += exp(lg[j] - m);
+        for (uint32_t j = 0; j < C; j++)
+            if (idx.sizes[j])
+                score[j] += exp(lg[j] - m) / sum;
+        free(lg);
+    }
+    for (uint32_t j = 0; j < C; j++)
+        if (idx.sizes[j])
+            sorted[avail++] = score[j];
+    qsort(sorted, avail, sizeof(double), xc_cmp_desc);
+    snprintf(what, sizeof(what), "%s rank g=%u d=%u C=%u R=%u E=%u", ops->name, g, d, C, n_r, n_e);
+    if (ops->rank(&grp, q, &idx, n_r, n_e, ids, &nr, &ne) != RI_OK) {
+        fails++;
+        goto out;
+    }
+    if (nr != (n_r < avail ? n_r : avail) || ne != (n_e < avail - nr ? n_e : avail - nr)) {
+        fprintf(stderr, "FAIL %s: counts %u+%u\n", what, nr, ne);
+        fails++;
+        goto out;
+    }
+    for (uint32_t i = 0; i < nr + ne; i++) {
+        uint32_t j = ids[i];
+        double cut = i < nr ? sorted[nr - 1] : sorted[nr + ne - 1];
+        if (j >= C || idx.sizes[j] == 0 || seen[j] || score[j] < cut - 1e-6) {
+            fprintf(stderr, "FAIL %s: id %u (pos %u) wrong\n", what, j, i);
+            fails++;
+            break;
+        }
+        seen[j] = 1;
+    }
+out:
+    xc_index_free(&idx);
+    free(q);
+    free(score);
+    free(sorted);
+    free(ids);
+    free(seen);
+    return fails;
+}
+
+static void test_rank(void **state)
+{
+    const kn_ops_t *ops[4];
+    size_t n_ops = kn_ops_list(ops, 4);
+    int fails = 0;
+    for (size_t b = 0; b < n_ops; b++) {  /* ref too: the recomputed scores judge it */
+        fails += xc_rank(ops[b], 4, 128, 1, 1, 0);
+        fails += xc_rank(ops[b], 3, 64, 113, 2, 26);
+        fails += xc_rank(ops[b], 8, 128, 1000, 18, 232);
+        fails += xc_rank(ops[b], 1, 64, 50, 60, 60);  /* asks for more than there is */
+        fails += xc_rank(ops[b], 4, 128, 4096, 74, 950);
+    }
+    assert_int_equal(fails, 0);
+}
+
+static int xc_estimate(const kn_ops_t *ops, uint32_t g, uint32_t d, uint32_t C, size_t n)
+{
+    kn_shape_t grp = {g, 1, d, 0};
+    kn_index_t idx;
+    float *q = xc_floats((size_t)g * d, 1.0f);
+    float *ro = malloc((size_t)g * d * sizeof(float)), *rl = malloc(g * sizeof(float));
+    uint32_t *ids = malloc((n + 1) * sizeof(uint32_t));
+    xc_buf_t o = xc_buf((size_t)g * d), l = xc_buf(g);
+    int fails = 0;
+    char what[128];
+
+    xc_index(&idx, d, C);
+    for (size_t i = 0; i < n; i++)
+        ids[i] = (uint32_t)(xc_next() % C);
+    assert_int_equal(kn_ops_ref()->estimate(&grp, q, &idx, ids, n, ro, rl), RI_OK);
+    snprintf(what, sizeof(what), "%s estimate g=%u d=%u n=%zu", ops->name, g, d, n);
+    if (ops->estimate(&grp, q, &idx, ids, n, o.p, l.p) != RI_OK) {
+        fails++;
+    } else {
+        fails += !xc_guards_ok(&o, what) || !xc_guards_ok(&l, what);
+        fails += !xc_close(what, o.p, ro, (size_t)g * d, 2e-5);
+        fails += !xc_close(what, l.p, rl, g, 2e-5);
+    }
+    xc_index_free(&idx);
+    free(q);
+    free(ro);
+    free(rl);
+    free(ids);
+    xc_free(&o);
+    xc_free(&l);
+    return fails;
+}
+
+static void test_estimate(void **state)
+{
+    const kn_ops_t *ops[4];
+    size_t n_ops = kn_ops_list(ops, 4);
+    int fails = 0;
+    for (size_t b = 1; b < n_ops; b++) {
+        fails += xc_estimate(ops[b], 4, 128, 1, 1);
+        fails += xc_estimate(ops[b], 3, 64, 113, 0);
+        fails += xc_estimate(ops[b], 8, 128, 1000, 232);
+        fails += xc_estimate(ops[b], 1, 64, 37, 3);
+        fails += xc_estimate(ops[b], 5, 40, 37, 30);
+    }
+    assert_int_equal(fails, 0);
+}
+
+static int xc_merge(const kn_ops_t *ops, size_t rows, uint32_t d, size_t parts)
+{
+    float **op = malloc((parts + 1) * sizeof(float *)), **lp = malloc((parts + 1) * sizeof(float *));
+    float *ro = malloc(rows * d * sizeof(float)), *rl = malloc(rows * sizeof(float));
+    xc_buf_t o = xc_buf(rows * d), l = xc_buf(rows);
+    int fails = 0;
+    char what[96];
+    for (size_t p = 0; p < parts; p++) {
+        op[p] = xc_floats(rows * d, 1.0f);
+        lp[p] = xc_floats(rows, 20.0f);
+        if (xc_next() % 4 == 0)
+            lp[p][xc_next() % rows] = -INFINITY;  /* an empty part */
+    }
+    assert_int_equal(kn_ops_ref()->merge(rows, d, parts, (const float *const *)op,
+                                         (const float *const *)lp, ro, rl), RI_OK);
+    snprintf(what, sizeof(what), "%s merge rows=%zu d=%u parts=%zu", ops->name, rows, d, parts);
+    if (ops->merge(rows, d, parts, (const float *const *)op, (const float *const *)lp, o.p, l.p) != RI_OK) {
+        fails++;
+    } else {
+        fails += !xc_guards_ok(&o, what) || !xc_guards_ok(&l, what);
+        fails += !xc_close(what, o.p, ro, rows * d, 2e-5);
+        fails += !xc_close(what, l.p, rl, rows, 2e-5);
+    }
+    for (size_t p = 0; p < parts; p++) {
+        free(op[p]);
+        free(lp[p]);
+    }
+    free(op);
+    free(lp);
+    free(ro);
+    free(rl);
+    xc_free(&o);
+    xc_free(&l);
+    return fails;
+}
+
+static void test_merge(void **state)
+{
+    const kn_ops_t *ops[4];
+    size_t n_ops = kn_ops_list(ops, 4);
+    int fails = 0;
+    for (size_t b = 1; b < n_ops; b++) {
+        fails += xc_merge(ops[b], 1, 64, 1);
+        fails += xc_merge(ops[b], 4, 128, 2);
+        fails += xc_merge(ops[b], 3, 64, 5);
+        fails += xc_merge(ops[b], 8, 128, 67);
+    }
+    assert_int_equal(fails, 0);
+}
+
+static int xc_quest(const kn_ops_t *ops, uint32_t g, uint32_t d, size_t np)
+{
+    kn_shape_t grp = {g, 1, d, 0};
+    float *q = xc_floats((size_t)g * d, 1.0f), *rs = malloc((np + 1) * sizeof(float));
+    cm_fp16_t *mn = xc_half(np * d, 1.0f), *mx = malloc((np * d + 1) * sizeof(cm_fp16_t));
+    xc_buf_t s = xc_buf(np);
+    int fails = 0;
+    char what[96];
+    for (size_t i = 0; i < np * d; i++)
+        mx[i] = cm_f32_to_fp16(cm_fp16_to_f32(mn[i]) + fabsf(xc_gauss()));
+    assert_int_equal(kn_ops_ref()->quest_score(&grp, q, mn, mx, np, rs), RI_OK);
+    snprintf(what, sizeof(what), "%s quest_score g=%u d=%u pages=%zu", ops->name, g, d, np);
+    if (ops->quest_score(&grp, q, mn, mx, np, s.p) != RI_OK) {
+        fails++;
+    } else {
+        fails += !xc_guards_ok(&s, what);
+        fails += !xc_close(what, s.p, rs, np, 2e-5);
+    }
+    free(q);
+    free(rs);
+    free(mn);
+    free(mx);
+    xc_free(&s);
+    return fails;
+}
+
+static void test_quest_score(void **state)
+{
+    const kn_ops_t *ops[4];
+    size_t n_ops = kn_ops_list(ops, 4);
+    int fails = 0;
+    for (size_t b = 1; b < n_ops; b++) {
+        fails += xc_quest(ops[b], 4, 128, 1);
+        fails += xc_quest(ops[b], 3, 64, 113);
+        fails += xc_quest(ops[b], 8, 128, 1000);
+        fails += xc_quest(ops[b], 1, 24, 9);
+    }
+    assert_int_equal(fails, 0);
+}
+
+/* Index build: structure valid, centroids = mean of member keys, value sums =
+ * sum of member values, and the assignment equal to the reference's except
+ * for near-ties (at most 1% of tokens). */
+static int xc_index_check(const kn_index_t *ix, const cm_fp16_t *k, const cm_fp16_t *v, size_t stride,
+                          uint32_t n, uint32_t base, const char *what)
+{
+    uint32_t d = ix->head_dim;
+    uint8_t *seen = calloc(n + 1, 1);
+    int fails = 0;
+    if (ix->n_tokens != n || ix->offsets[0] != 0 || ix->offsets[ix->n_clusters] != n) {
+        fprintf(stderr, "FAIL %s: token counts\n", what);
+        free(seen);
+        return 1;
+    }
+    for (uint32_t j = 0; j < ix->n_clusters && !fails; j++) {
+        double mean[256] = {0}, vs[256] = {0};
+        if (ix->offsets[j + 1] - ix->offsets[j] != ix->sizes[j])
+            fails++;
+        for (uint32_t r = ix->offsets[j]; r < ix->offsets[j + 1]; r++) {
+            uint32_t t = ix->perm[r] - base;
+            if (t >= n || seen[t]++) {
+                fails++;
+                break;
+            }
+            for (uint32_t i = 0; i < d; i++) {
+                mean[i] += cm_fp16_to_f32(k[(size_t)t * stride + i]);
+                vs[i] += cm_fp16_to_f32(v[(size_t)t * stride + i]);
+            }
+        }
+        for (uint32_t i = 0; i < d && ix->sizes[j]; i++) {
+            double c = cm_fp16_to_f32(ix->centroids[(size_t)j * d + i]), want = mean[i] / ix->sizes[j];
+            if (fabs(c - want) > 1e-3 * (1 + fabs(want)) ||
+                fabs(ix->vsum[(size_t)j * d + i] - vs[i]) > 1e-4 * (1 + fabs(vs[i]))) {
+                fails++;
+                break;
+            }
+        }
+    }
+    if (fails)
+        fprintf(stderr, "FAIL %s: index structure\n", what);
+    free(seen);
+    return fails;
+}
+
+static int xc_index_build(const kn_ops_t *ops, uint32_t d, uint32_t n, uint32_t C, uint32_t S,
+                          uint32_t iters, int32_t neighbours)
+{
+    kn_build_params_t p;
+    kn_index_t a, b;
+    size_t stride = d + 8;
+    cm_fp16_t *k = xc_half((size_t)n * stride, 1.0f), *v = xc_half((size_t)n * stride, 1.0f);
+    uint32_t *ca = malloc((n + 1) * sizeof(uint32_t)), *cb = malloc((n + 1) * sizeof(uint32_t));
+    uint32_t differ = 0;
+    int fails = 0;
+    char what[128];
+
+    kn_build_params_default(&p);
+    p.iters = iters;
+    p.final_neighbours = neighbours;
+    kn_index_init(&a, d);
+    kn_index_init(&b, d);
+    snprintf(what, sizeof(what), "%s index_build d=%u n=%u C=%u S=%u", ops->name, d, n, C, S);
+    assert_int_equal(kn_ops_ref()->index_build(&p, k, v, stride, n, 5, C, S, &a), RI_OK);
+    if (ops->index_build(&p, k, v, stride, n, 5, C, S, &b) != RI_OK) {
+        fails++;
+        goto out;
+    }
+    fails += xc_index_check(&a, k, v, stride, n, 5, what);
+    fails += xc_index_check(&b, k, v, stride, n, 5, what);
+    for (uint32_t j = 0; j < C && !fails; j++) {
+        for (uint32_t r = a.offsets[j]; r < a.offsets[j + 1]; r++)
+            ca[a.perm[r] - 5] = j;
+        for (uint32_t r = b.offsets[j]; r < b.offsets[j + 1]; r++)
+            cb[b.perm[r] - 5] = j;
+    }
+    for (uint32_t t = 0; t < n && !fails; t++)
+        differ += ca[t] != cb[t];
+    if (differ > n / 100) {
+        fprintf(stderr, "FAIL %s: %u of %u tokens in other clusters than ref\n", what, differ, n);
+        fails++;
+    }
+out:
+    kn_index_cleanup(&a);
+    kn_index_cleanup(&b);
+    free(k);
+    free(v);
+    free(ca);
+    free(cb);
+    return fails;
+}
+
+static void test_index_build(void **state)
+{
+    const kn_ops_t *ops[4];
+    size_t n_ops = kn_ops_list(ops, 4);
+    int fails = 0;
+    for (size_t b = 1; b < n_ops; b++) {
+        fails += xc_index_build(ops[b], 64, 1, 1, 1, 9, -1);
+        fails += xc_index_build(ops[b], 128, 3, 8, 1, 9, -1);      /* more clusters than tokens: empties */
+        fails += xc_index_build(ops[b], 64, 113, 113, 1, 2, -1);   /* clusters of size 1 */
+        fails += xc_index_build(ops[b], 128, 1000, 64, 2, 1, -1);
+        fails += xc_index_build(ops[b], 64, 1000, 64, 4, 1, 1);    /* neighbour-restricted final */
+        fails += xc_index_build(ops[b], 48, 200, 16, 2, 1, 0);     /* off the SIMD path */
+    }
+    assert_int_equal(fails, 0);
+}
+
+/* ---- the tester is tested: a corrupted backend must be caught ---- */
+
+static ri_status_t xc_bad_decode(const kn_shape_t *shape, size_t n_seq, const float *q,
+                                 const kn_kv_view_t *kv, float *out, float *lse)
+{
+    ri_status_t st = kn_ops_cpu()->attn_decode(shape, n_seq, q, kv, out, lse);
+    out[shape->head_dim + 3] += 0.05f;  /* one value slightly off */
+    return st;
+}
+
+static ri_status_t xc_overrun_decode(const kn_shape_t *shape, size_t n_seq, const float *q,
+                                     const kn_kv_view_t *kv, float *out, float *lse)
+{
+    ri_status_t st = kn_ops_cpu()->attn_decode(shape, n_seq, q, kv, out, lse);
+    out[n_seq * shape->n_q_heads * shape->head_dim] = 0.0f;  /* one past the end */
+    return st;
+}
+
+static ri_status_t xc_nan_pages(const kn_shape_t *grp, const float *q, const kn_page_t *pages,
+                                size_t n_pages, float *o, float *lse)
+{
+    ri_status_t st = kn_ops_cpu()->attn_pages(grp, q, pages, n_pages, o, lse);
+    o[0] = NAN;
+    return st;
+}
+
+static void test_corrupted_backend_is_caught(void **state)
+{
+    kn_ops_t bad = *kn_ops_cpu();
+    size_t n = 113;
+    bad.name = "corrupted";
+    bad.attn_decode = xc_bad_decode;
+    bad.attn_pages = xc_nan_pages;
+    xc_quiet = true;
+    assert_true(xc_attn_decode(&bad, 2, 4, 64, &n, 1, 0) > 0);
+    assert_true(xc_attn_pages(&bad, 4, 64, 3, 5) > 0);
+    bad.attn_decode = xc_overrun_decode;
+    assert_true(xc_attn_decode(&bad, 2, 4, 64, &n, 1, 1) > 0);
+    xc_quiet = false;
+    /* and the genuine backend passes the same cases */
+    assert_int_equal(xc_attn_decode(kn_ops_cpu(), 2, 4, 64, &n, 1, 0), 0);
+}
+
+/* Unsupported shapes fall back to the reference through the wrappers. */
+static void test_wrapper_fallback(void **state)
+{
+    kn_shape_t sh = {65, 1, 32, 0};  /* group of 65: beyond the cpu backend */
+    size_t n = 40;
+    float *q = xc_floats(65 * 32, 1.0f), *o = malloc(65 * 32 * sizeof(float));
+    float *r = malloc(65 * 32 * sizeof(float)), l[65], rl[65];
+    cm_fp16_t *k = xc_half(n * 32, 1.0f), *v = xc_half(n * 32, 1.0f);
+    kn_kv_view_t kv = {k, v, n, 32, 32};
+    assert_false(kn_ops_cpu()->supports(KN_OP_ATTN_DECODE, &sh, KN_DTYPE_F16));
+    assert_int_equal(kn_attn_decode(kn_ops_cpu(), &sh, 1, q, &kv, o, l), RI_OK);
+    assert_int_equal(kn_ops_ref()->attn_decode(&sh, 1, q, &kv, r, rl), RI_OK);
+    assert_true(xc_close("fallback", o, r, 65 * 32, 1e-6));
+    sh.n_q_heads = 7;
+    sh.n_kv_heads = 2;  /* not a multiple: rejected */
+    assert_int_equal(kn_attn_decode(NULL, &sh, 1, q, &kv, o, l), RI_ERR_INVALID);
+    free(q);
+    free(o);
+    free(r);
+    free(k);
+    free(v);
+}
+
+int main(int argc, char **argv)
+{
+    const char *env = getenv("RI_TEST_SEED");
+    const kn_ops_t *ops[4];
+    size_t n_ops = kn_ops_list(ops, 4);
+    uint64_t seed = env ? strtoull(env, NULL, 0)
+                        : ((uint64_t)time(NULL) << 20) ^ (uint64_t)getpid() ^ (uint64_t)clock();
+    xc_rng = seed;
+    xc_slow = argc > 1 && strcmp(argv[1], "--slow") == 0;
+    printf("kernels cross-check: seed %llu (RI_TEST_SEED=%llu reproduces), cpu isa %s, backends:",
+           (unsigned long long)seed, (unsigned long long)seed, kn_cpu_isa());
+    for (size_t i = 0; i < n_ops; i++)
+        printf(" %s", ops[i]->name);
+    printf("\n");
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_attn_decode),
+        cmocka_unit_test(test_attn_decode_long),
+        cmocka_unit_test(test_attn_pages),
+        cmocka_unit_test(test_rank),
+        cmocka_unit_test(test_estimate),
+        cmocka_unit_test(test_merge),
+        cmocka_unit_test(test_quest_score),
+        cmocka_unit_test(test_index_build),
+        cmocka_unit_test(test_corrupted_backend_is_caught),
+        cmocka_unit_test(test_wrapper_fallback),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
