@@ -32,6 +32,9 @@
 
 #define KVS_GRPC_CODES 17           /* grpc_status_code 0..16 */
 #define KVS_GRPC_POST_PER_THREAD 2  /* outstanding requests per method and thread */
+#define KVS_GRPC_MAX_STREAMS 64     /* concurrent calls per client connection */
+#define KVS_GRPC_MEM_MESSAGES 4u    /* gRPC memory quota, in maximal messages ... */
+#define KVS_GRPC_MEM_MIN (64ull << 20) /* ... but at least this */
 
 static CM_ALLOC_TAG(kvs_grpc_tag, "kvs.grpc");
 
@@ -88,7 +91,13 @@ struct kvs_grpc {
     _Atomic uint64_t auth_failures;        /* missing or unknown tokens */
     _Atomic uint64_t bad_messages;         /* requests the handler could not parse */
     _Atomic uint64_t handler_ns;           /* total time in handlers */
+    _Atomic uint64_t *lat;                 /* [n_methods * KVS_GRPC_BUCKETS] handler latency histogram */
+    _Atomic uint64_t *lat_ns;              /* [n_methods] sum of handler latencies */
 };
+
+/* Upper bounds of the handler latency buckets (seconds); the last is +Inf. */
+static const double kvs_grpc_buckets[] = {1e-5, 5e-5, 1e-4, 5e-4, 1e-3, 5e-3, 1e-2, 1e-1, 1.0};
+#define KVS_GRPC_BUCKETS (CM_ARRAY_LEN(kvs_grpc_buckets) + 1)
 
 static const char *const kvs_grpc_code_names[KVS_GRPC_CODES] = {
     "OK", "CANCELLED", "UNKNOWN", "INVALID_ARGUMENT", "DEADLINE_EXCEEDED", "NOT_FOUND",
@@ -256,7 +265,13 @@ static void kvs_grpc_handle(kvs_grpc_t *srv, kvs_rpc_t *rpc)
                 grpc_byte_buffer_reader_destroy(&reader);
                 uint64_t t0 = cm_time_ns();
                 st = m->fn(srv->cfg.app, &caller, GRPC_SLICE_START_PTR(in), GRPC_SLICE_LENGTH(in), &reply);
-                atomic_fetch_add(&srv->handler_ns, cm_time_ns() - t0);
+                uint64_t dt = cm_time_ns() - t0;
+                size_t b = 0;
+                while (b < CM_ARRAY_LEN(kvs_grpc_buckets) && (double)dt / 1e9 > kvs_grpc_buckets[b])
+                    b++;
+                atomic_fetch_add(&srv->lat[(size_t)rpc->method * KVS_GRPC_BUCKETS + b], 1);
+                atomic_fetch_add(&srv->lat_ns[rpc->method], dt);
+                atomic_fetch_add(&srv->handler_ns, dt);
                 grpc_slice_unref(in);
                 if (st == RI_ERR_PROTOCOL)
                     atomic_fetch_add(&srv->bad_messages, 1);
@@ -368,7 +383,10 @@ ri_status_t kvs_grpc_start(const kvs_grpc_config_t *cfg, kvs_grpc_t **grpc_p, ch
     srv->handles = cm_calloc(&kvs_grpc_tag, cfg->n_methods, sizeof(void *));
     srv->calls = cm_calloc(&kvs_grpc_tag, (cfg->n_methods + 1) * KVS_GRPC_CODES, sizeof(*srv->calls));
     srv->threads = cm_calloc(&kvs_grpc_tag, cfg->threads, sizeof(pthread_t));
-    if (srv->default_tenant == NULL || srv->handles == NULL || srv->calls == NULL || srv->threads == NULL)
+    srv->lat = cm_calloc(&kvs_grpc_tag, cfg->n_methods * KVS_GRPC_BUCKETS, sizeof(*srv->lat));
+    srv->lat_ns = cm_calloc(&kvs_grpc_tag, cfg->n_methods, sizeof(*srv->lat_ns));
+    if (srv->default_tenant == NULL || srv->handles == NULL || srv->calls == NULL || srv->threads == NULL ||
+        srv->lat == NULL || srv->lat_ns == NULL)
         goto err_free;
     pthread_mutex_init(&srv->lock, NULL);
     pthread_condattr_init(&ca);
@@ -377,12 +395,21 @@ ri_status_t kvs_grpc_start(const kvs_grpc_config_t *cfg, kvs_grpc_t **grpc_p, ch
     pthread_condattr_destroy(&ca);
 
     grpc_init();
+    /* Bound what clients can make gRPC hold in memory (half-sent messages on
+     * many streams): a few maximal messages, at least 64 MiB. */
+    grpc_resource_quota *quota = grpc_resource_quota_create("ri-kvstore");
+    grpc_resource_quota_resize(quota, (size_t)CM_MAX(KVS_GRPC_MEM_MIN, KVS_GRPC_MEM_MESSAGES * cfg->max_message));
     grpc_arg args[] = {
         {.type = GRPC_ARG_INTEGER, .key = GRPC_ARG_MAX_RECEIVE_MESSAGE_LENGTH, .value.integer = (int)cfg->max_message},
         {.type = GRPC_ARG_INTEGER, .key = GRPC_ARG_MAX_SEND_MESSAGE_LENGTH, .value.integer = (int)cfg->max_message},
+        {.type = GRPC_ARG_INTEGER, .key = GRPC_ARG_MAX_CONCURRENT_STREAMS, .value.integer = KVS_GRPC_MAX_STREAMS},
+        {.type = GRPC_ARG_POINTER,
+         .key = GRPC_ARG_RESOURCE_QUOTA,
+         .value.pointer = {.p = quota, .vtable = grpc_resource_quota_arg_vtable()}},
     };
     grpc_channel_args chargs = {.num_args = CM_ARRAY_LEN(args), .args = args};
     srv->server = grpc_server_create(&chargs, NULL);
+    grpc_resource_quota_unref(quota); /* the server holds its own reference */
     srv->cq = grpc_completion_queue_create_for_next(NULL);
     grpc_server_register_completion_queue(srv->server, srv->cq, NULL);
     for (size_t i = 0; i < cfg->n_methods; i++) {
@@ -453,6 +480,8 @@ err_free:
     pthread_cond_destroy(&srv->cond);
     pthread_mutex_destroy(&srv->lock);
 err_free_mem:
+    cm_free(srv->lat_ns);
+    cm_free(srv->lat);
     cm_free(srv->threads);
     cm_free(srv->calls);
     cm_free(srv->handles);
@@ -540,6 +569,8 @@ void kvs_grpc_destroy(kvs_grpc_t *srv)
     grpc_shutdown();
     pthread_cond_destroy(&srv->cond);
     pthread_mutex_destroy(&srv->lock);
+    cm_free(srv->lat_ns);
+    cm_free(srv->lat);
     cm_free(srv->threads);
     cm_free(srv->calls);
     cm_free(srv->handles);
@@ -572,4 +603,22 @@ void kvs_grpc_metrics_write(kvs_grpc_t *srv, FILE *out)
     fprintf(out, "# HELP ri_kvs_grpc_handler_seconds_total Time spent in control API handlers.\n");
     fprintf(out, "# TYPE ri_kvs_grpc_handler_seconds_total counter\n");
     fprintf(out, "ri_kvs_grpc_handler_seconds_total %.6f\n", (double)atomic_load(&srv->handler_ns) / 1e9);
+    fprintf(out, "# HELP ri_kvs_grpc_handler_seconds Handler latency by method (parse, act, pack).\n");
+    fprintf(out, "# TYPE ri_kvs_grpc_handler_seconds histogram\n");
+    for (size_t m = 0; m < srv->cfg.n_methods; m++) {
+        uint64_t cum = 0;
+        for (size_t b = 0; b < KVS_GRPC_BUCKETS; b++) {
+            cum += atomic_load(&srv->lat[m * KVS_GRPC_BUCKETS + b]);
+            if (b < CM_ARRAY_LEN(kvs_grpc_buckets))
+                fprintf(out, "ri_kvs_grpc_handler_seconds_bucket{method=\"%s\",le=\"%g\"} %llu\n",
+                        srv->cfg.methods[m].name, kvs_grpc_buckets[b], (unsigned long long)cum);
+            else
+                fprintf(out, "ri_kvs_grpc_handler_seconds_bucket{method=\"%s\",le=\"+Inf\"} %llu\n",
+                        srv->cfg.methods[m].name, (unsigned long long)cum);
+        }
+        fprintf(out, "ri_kvs_grpc_handler_seconds_sum{method=\"%s\"} %.9f\n", srv->cfg.methods[m].name,
+                (double)atomic_load(&srv->lat_ns[m]) / 1e9);
+        fprintf(out, "ri_kvs_grpc_handler_seconds_count{method=\"%s\"} %llu\n", srv->cfg.methods[m].name,
+                (unsigned long long)cum);
+    }
 }

@@ -150,7 +150,9 @@ static void test_metrics_page(void **state)
     assert_int_equal(kvs_test_http_get(daemon_.metrics, "/metrics", body, sizeof(body)), 200);
     static const char *const names[] = {"ri_kvs_up 1", "ri_kvs_uptime_seconds", "ri_kvs_grpc_calls_total{method=\"Health\",code=\"OK\"}",
                                         "code=\"UNIMPLEMENTED\"", "ri_kvs_grpc_auth_failures_total",
-                                        "ri_kvs_alloc_bytes{tag=\"kvs.grpc\"}", "# TYPE ri_kvs_grpc_calls_total counter"};
+                                        "ri_kvs_alloc_bytes{tag=\"kvs.grpc\"}", "# TYPE ri_kvs_grpc_calls_total counter",
+                                        "ri_kvs_grpc_handler_seconds_bucket{method=\"Health\",le=\"+Inf\"}",
+                                        "ri_kvs_grpc_bad_messages_total", "ri_kvs_pool_bytes"};
     for (size_t i = 0; i < sizeof(names) / sizeof(names[0]); i++) {
         if (strstr(body, names[i]) == NULL)
             fail_msg("metric '%s' missing from /metrics", names[i]);
