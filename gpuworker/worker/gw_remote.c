@@ -272,54 +272,39 @@ static void gw_pack_cluster(const gw_remote_t *r, const kn_index_t *idx, uint32_
     }
 }
 
-/* Cluster tokens [t0, t0+n) of every head of layer into C clusters over S
- * segments, append them to the index (kn_wave_cluster's rule), pack the new
- * non-empty clusters and queue their upload. */
-static ri_status_t gw_remote_cluster(gw_remote_t *r, uint32_t layer, const kn_kv_view_t *kv, size_t t0, uint32_t n,
-                                     uint32_t C, uint32_t S, bool append)
+/* Pack the non-empty clusters of layer from first[h] on (per head), give
+ * them kvstore ids (after the n_remote[h] the kvstore holds) and queue one
+ * UPLOAD (append = false) or APPEND for all heads. */
+static ri_status_t gw_remote_queue_upload(gw_remote_t *r, uint32_t layer, const kn_kv_view_t *kv,
+                                          const uint32_t *first, bool append)
 {
     gw_layer_t *L = &r->layers[layer];
-    gw_build_job_t job = {.r = r, .L = L, .kv = kv, .t0 = t0, .n = n, .C = C, .S = S};
     gw_io_job_t *up = NULL;
     uint64_t total_clusters = 0, total_pages = 0, k = 0;
     uint8_t *dst;
-    uint32_t add_r, add_e, total;
-    double t_start = cm_time_s();
-    ri_status_t st;
+    ri_status_t st = RI_OK;
 
-    job.first = cm_malloc(&gw_remote_tag, r->n_kv * sizeof(uint32_t));
-    if (job.first == NULL)
-        return RI_ERR_NOMEM;
-    atomic_init(&job.status, RI_OK);
-    cm_pool_parallel_for(kn_pool(), r->n_kv, 1, gw_build_task, &job);
-    st = (ri_status_t)atomic_load(&job.status);
-    if (st != RI_OK)
-        goto out;
-
-    /* kvstore ids for the new non-empty clusters, in order */
     for (uint32_t h = 0; h < r->n_kv; h++) {
         const kn_index_t *idx = &L->idx[h];
         if (idx->n_clusters > L->rcap[h]) {
             uint32_t *nr = cm_realloc(&gw_remote_tag, L->rid[h], idx->n_clusters * sizeof(uint32_t));
-            if (nr == NULL) {
-                st = RI_ERR_NOMEM;
-                goto out;
-            }
+            if (nr == NULL)
+                return RI_ERR_NOMEM;
             L->rid[h] = nr;
             L->rcap[h] = idx->n_clusters;
         }
-        for (uint32_t j = job.first[h]; j < idx->n_clusters; j++) {
+        for (uint32_t j = first[h]; j < idx->n_clusters; j++) {
             if (idx->sizes[j] == 0)
                 continue;
             total_clusters++;
             total_pages += gw_pages(idx->sizes[j]);
         }
     }
+    if (total_clusters == 0)
+        return RI_OK;
     up = cm_calloc(&gw_remote_tag, 1, sizeof(*up));
-    if (up == NULL) {
-        st = RI_ERR_NOMEM;
-        goto out;
-    }
+    if (up == NULL)
+        return RI_ERR_NOMEM;
     up->kind = GW_IO_UPLOAD;
     up->append = append;
     up->layer = layer;
@@ -327,19 +312,19 @@ static ri_status_t gw_remote_cluster(gw_remote_t *r, uint32_t layer, const kn_kv
     up->heads = cm_malloc(&gw_remote_tag, r->n_kv * sizeof(uint32_t));
     up->counts = cm_calloc(&gw_remote_tag, r->n_kv, sizeof(uint32_t));
     up->expect_first = cm_malloc(&gw_remote_tag, r->n_kv * sizeof(uint32_t));
-    up->tokens = cm_malloc(&gw_remote_tag, (total_clusters ? total_clusters : 1) * sizeof(uint32_t));
+    up->tokens = cm_malloc(&gw_remote_tag, total_clusters * sizeof(uint32_t));
     up->bytes = (size_t)total_pages * r->page_bytes;
-    up->pages = cm_malloc(&gw_remote_tag, up->bytes ? up->bytes : 1);
+    up->pages = cm_malloc(&gw_remote_tag, up->bytes);
     if (!up->heads || !up->counts || !up->expect_first || !up->tokens || !up->pages) {
-        st = RI_ERR_NOMEM;
-        goto out;
+        gw_io_job_free(up);
+        return RI_ERR_NOMEM;
     }
     dst = up->pages;
     for (uint32_t h = 0; h < r->n_kv; h++) {
         const kn_index_t *idx = &L->idx[h];
         up->heads[h] = h;
         up->expect_first[h] = L->n_remote[h];
-        for (uint32_t j = job.first[h]; j < idx->n_clusters; j++) {
+        for (uint32_t j = first[h]; j < idx->n_clusters; j++) {
             if (idx->sizes[j] == 0) {
                 L->rid[h][j] = GW_NO_ID;
                 continue;
@@ -354,21 +339,40 @@ static ri_status_t gw_remote_cluster(gw_remote_t *r, uint32_t layer, const kn_kv
     }
     r->pages_uploaded += total_pages;
     r->st.uploaded_bytes += up->bytes;
-    if (total_clusters > 0) {
-        gw_io_submit(r->io, up); /* detached: the io thread frees it */
-        up = NULL;
-    }
+    gw_io_submit(r->io, up); /* detached: the io thread frees it */
+    return st;
+}
 
-    /* the same budget arithmetic as kn_wave_cluster */
-    L->indexed_end = t0 + n;
-    add_r = (uint32_t)lround(r->p.wave.retrieval_frac * C);
-    add_r = add_r ? add_r : 1;
-    add_e = (uint32_t)lround(r->p.wave.estimation_frac * C);
-    total = L->idx[0].n_clusters;
-    L->n_r = CM_MIN(L->n_r + add_r, total);
-    L->n_e = CM_MIN(L->n_e + add_e, total - L->n_r);
-out:
-    gw_io_job_free(up);
+/* Cluster tokens [t0, t0+n) of every head of layer into C clusters over S
+ * segments, append them to the index (kn_wave_cluster's rule) and queue the
+ * upload of the new clusters. */
+static ri_status_t gw_remote_cluster(gw_remote_t *r, uint32_t layer, const kn_kv_view_t *kv, size_t t0, uint32_t n,
+                                     uint32_t C, uint32_t S, bool append)
+{
+    gw_layer_t *L = &r->layers[layer];
+    gw_build_job_t job = {.r = r, .L = L, .kv = kv, .t0 = t0, .n = n, .C = C, .S = S};
+    uint32_t add_r, add_e, total;
+    double t_start = cm_time_s();
+    ri_status_t st;
+
+    job.first = cm_malloc(&gw_remote_tag, r->n_kv * sizeof(uint32_t));
+    if (job.first == NULL)
+        return RI_ERR_NOMEM;
+    atomic_init(&job.status, RI_OK);
+    cm_pool_parallel_for(kn_pool(), r->n_kv, 1, gw_build_task, &job);
+    st = (ri_status_t)atomic_load(&job.status);
+    if (st == RI_OK)
+        st = gw_remote_queue_upload(r, layer, kv, job.first, append);
+    if (st == RI_OK) {
+        /* the same budget arithmetic as kn_wave_cluster */
+        L->indexed_end = t0 + n;
+        add_r = (uint32_t)lround(r->p.wave.retrieval_frac * C);
+        add_r = add_r ? add_r : 1;
+        add_e = (uint32_t)lround(r->p.wave.estimation_frac * C);
+        total = L->idx[0].n_clusters;
+        L->n_r = CM_MIN(L->n_r + add_r, total);
+        L->n_e = CM_MIN(L->n_e + add_e, total - L->n_r);
+    }
     cm_free(job.first);
     r->st.build_s += cm_time_s() - t_start;
     if (st != RI_OK && r->err == RI_OK)
@@ -435,6 +439,8 @@ ri_status_t gw_remote_sync(gw_remote_t *r)
     ri_status_t st;
     if (r == NULL)
         return RI_ERR_INVALID;
+    if (r->io == NULL)
+        return r->err;
     st = gw_io_drain(r->io);
     if (st != RI_OK && r->err == RI_OK)
         r->err = st;
@@ -833,13 +839,77 @@ ri_status_t gw_remote_decode(gw_remote_t *r, uint32_t layer, const float *q, con
     return gw_remote_decode_budget(r, layer, q, kv, UINT32_MAX, UINT32_MAX, out, lse);
 }
 
+ri_status_t gw_remote_reconnect(gw_remote_t *r, const char *addr, uint64_t session_id,
+                                const uint8_t secret[CM_WIRE_SECRET_SIZE], const kn_kv_view_t *kv)
+{
+    gw_dp_options_t dopt = {.timeout_ms = r ? r->p.timeout_ms : 0};
+    gw_dp_t *dp = NULL;
+    uint32_t *zero;
+    ri_status_t st;
+
+    if (r == NULL || addr == NULL || secret == NULL || kv == NULL)
+        return RI_ERR_INVALID;
+    for (uint32_t l = 0; l < r->n_layers; l++)
+        if (!gw_kv_valid(&kv[l]) || kv[l].n_tokens < r->layers[l].indexed_end)
+            return RI_ERR_INVALID;
+    /* Forget the old connection: pending jobs fail at once once it broke;
+     * a still-healthy one is closed in order. */
+    if (r->step.active) {
+        if (r->step.fetching) {
+            gw_io_wait(r->io, &r->step.job);
+            gw_dp_fetch_result_free(&r->step.job.res);
+        }
+        r->step.active = r->step.fetching = false;
+    }
+    gw_io_stop(r->io);
+    r->io = NULL;
+    for (size_t i = 0; i < r->n_old; i++)
+        cm_free(r->old_recv[i]);
+    r->n_old = 0;
+    cm_free(r->recv);
+    r->recv = NULL;
+    r->recv_len = 0;
+    cm_free(r->cache);
+    r->cache = NULL;
+    r->registered = false;
+    r->pages_uploaded = 0;
+    r->err = RI_OK;
+
+    st = gw_dp_connect(addr, session_id, secret, &dopt, &dp);
+    if (st == RI_OK)
+        st = gw_io_start(dp, &r->io);
+    if (st != RI_OK) {
+        cm_error("data plane %s: cannot reconnect: %s", addr, ri_status_str(st));
+        r->err = st;
+        return st;
+    }
+    zero = cm_calloc(&gw_remote_tag, r->n_kv, sizeof(uint32_t));
+    if (zero == NULL) {
+        r->err = RI_ERR_NOMEM;
+        return r->err;
+    }
+    /* Re-fill: the same index, every cluster re-packed from the caller's K/V. */
+    for (uint32_t l = 0; l < r->n_layers && st == RI_OK; l++) {
+        memset(r->layers[l].n_remote, 0, r->n_kv * sizeof(uint32_t));
+        st = gw_remote_queue_upload(r, l, &kv[l], zero, false);
+    }
+    cm_free(zero);
+    if (st == RI_OK)
+        st = gw_io_drain(r->io);
+    if (st != RI_OK)
+        r->err = st;
+    return st;
+}
+
 void gw_remote_stats(gw_remote_t *r, gw_remote_stats_t *st_p)
 {
     uint64_t bytes;
     double secs;
     *st_p = r->st;
-    gw_io_upload_totals(r->io, &bytes, &secs);
-    st_p->upload_s = secs;
+    if (r->io != NULL) {
+        gw_io_upload_totals(r->io, &bytes, &secs);
+        st_p->upload_s = secs;
+    }
 }
 
 const kn_index_t *gw_remote_index(const gw_remote_t *r, uint32_t layer, uint32_t kv_head)

@@ -1,0 +1,416 @@
+/*
+ * libretroinfer (include/retroinfer/retroinfer.h): a client is a gRPC
+ * control channel to one ri-kvstore; a session is a kvstore session plus its
+ * remote wave-index state (gw_remote_t: meta index, block cache, data-plane
+ * connection and io thread).  This file only validates, converts the
+ * versioned structs and reports errors; the work is in gw_remote.c.
+ */
+#include "retroinfer/retroinfer.h"
+
+#include <stdarg.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "common/cm_alloc.h"
+#include "common/cm_log.h"
+#include "common/cm_status.h"
+#include "common/cm_time.h"
+#include "gpuworker/ctl/gw_ctl.h"
+#include "gpuworker/worker/gw_remote.h"
+
+static CM_ALLOC_TAG(ri_api_tag, "ri.api");
+
+#define RI_DEFAULT_TIMEOUT_MS 5000u
+
+struct ri_client {
+    gw_ctl_t *ctl;           /* thread-safe control channel */
+    char *address;           /* copy */
+    uint32_t timeout_ms;
+};
+
+struct ri_session {
+    ri_client_h client;      /* borrowed: outlives the session */
+    ri_session_params_t p;   /* copy (label copied below) */
+    char *label;
+    kn_shape_t shape;
+    uint64_t session_id;     /* current kvstore session */
+    double opened_s;         /* when it was created (cm_time_s) */
+    gw_remote_t *r;
+    uint32_t recoveries;
+};
+
+static _Thread_local char ri_err_buf[512];
+
+static void ri_err_clear(void)
+{
+    ri_err_buf[0] = '\0';
+}
+
+__attribute__((format(printf, 1, 2))) static void ri_err_set(const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(ri_err_buf, sizeof(ri_err_buf), fmt, ap);
+    va_end(ap);
+}
+
+int ri_api_version(void)
+{
+    return RI_API_VERSION;
+}
+
+const char *ri_last_error(void)
+{
+    return ri_err_buf;
+}
+
+/* Copy a caller's versioned struct over defaults: only the bytes its version has. */
+static bool ri_versioned_copy(void *dst, size_t dst_size, const void *src, size_t min_size)
+{
+    size_t n = *(const size_t *)src;
+    if (n < min_size)
+        return false;
+    memcpy(dst, src, CM_MIN(n, dst_size));
+    *(size_t *)dst = dst_size;
+    return true;
+}
+
+/* ---- client ---- */
+
+void ri_client_params_init(ri_client_params_t *p)
+{
+    memset(p, 0, sizeof(*p));
+    p->struct_size = sizeof(*p);
+    p->timeout_ms = RI_DEFAULT_TIMEOUT_MS;
+}
+
+ri_status_t ri_client_connect(const ri_client_params_t *params, ri_client_h *client_p)
+{
+    ri_client_params_t p;
+    gw_ctl_health_t health;
+    gw_ctl_error_t err = {0};
+    ri_client_h c;
+    ri_status_t st;
+
+    ri_err_clear();
+    ri_client_params_init(&p);
+    if (params == NULL || client_p == NULL ||
+        !ri_versioned_copy(&p, sizeof(p), params, offsetof(ri_client_params_t, address) + sizeof(char *)) ||
+        p.address == NULL || p.address[0] == '\0') {
+        ri_err_set("ri_client_connect: no kvstore address");
+        return RI_ERR_INVALID;
+    }
+    c = cm_calloc(&ri_api_tag, 1, sizeof(*c));
+    if (c == NULL)
+        return RI_ERR_NOMEM;
+    c->timeout_ms = p.timeout_ms ? p.timeout_ms : RI_DEFAULT_TIMEOUT_MS;
+    c->address = cm_strdup(&ri_api_tag, p.address);
+    if (c->address == NULL) {
+        st = RI_ERR_NOMEM;
+        goto err_free;
+    }
+    st = gw_ctl_create(p.address, p.token, &c->ctl);
+    if (st != RI_OK) {
+        ri_err_set("kvstore %s: %s", p.address, ri_status_str(st));
+        goto err_free;
+    }
+    st = gw_ctl_health(c->ctl, c->timeout_ms, &health, &err);
+    if (st != RI_OK) {
+        ri_err_set("kvstore %s: %s (%s)", p.address,
+                   st == RI_ERR_UNREACHABLE ? "unreachable: is ri-kvstore running there?" : ri_status_str(st),
+                   err.message);
+        goto err_free;
+    }
+    if (health.dataplane_address[0] == '\0') {
+        ri_err_set("kvstore %s has no data plane (started without --dataplane-listen?)", p.address);
+        st = RI_ERR_UNSUPPORTED;
+        goto err_free;
+    }
+    *client_p = c;
+    return RI_OK;
+
+err_free:
+    ri_client_close(c);
+    return st;
+}
+
+void ri_client_close(ri_client_h c)
+{
+    if (c == NULL)
+        return;
+    gw_ctl_destroy(c->ctl);
+    cm_free(c->address);
+    cm_free(c);
+}
+
+/* ---- session ---- */
+
+void ri_session_params_init(ri_session_params_t *p)
+{
+    kn_wave_params_t w;
+    gw_remote_params_t g;
+    kn_wave_params_default(&w);
+    gw_remote_params_default(&g);
+    memset(p, 0, sizeof(*p));
+    p->struct_size = sizeof(*p);
+    p->sink_tokens = w.sink_tokens;
+    p->window_tokens = w.window_tokens;
+    p->tokens_per_cluster = w.tokens_per_cluster;
+    p->update_tokens = w.update_tokens;
+    p->update_clusters = w.update_clusters;
+    p->retrieval_frac = w.retrieval_frac;
+    p->estimation_frac = w.estimation_frac;
+    p->cache_frac = g.cache_frac;
+    p->cache_pages = 0;
+    p->expected_tokens = 8192;
+}
+
+static void ri_session_remote_params(const ri_session_h s, gw_remote_params_t *g)
+{
+    gw_remote_params_default(g);
+    g->wave.sink_tokens = s->p.sink_tokens;
+    g->wave.window_tokens = s->p.window_tokens;
+    g->wave.tokens_per_cluster = s->p.tokens_per_cluster;
+    g->wave.update_tokens = s->p.update_tokens;
+    g->wave.update_clusters = s->p.update_clusters;
+    g->wave.retrieval_frac = s->p.retrieval_frac;
+    g->wave.estimation_frac = s->p.estimation_frac;
+    g->cache_frac = s->p.cache_frac;
+    g->cache_pages = s->p.cache_pages;
+    g->timeout_ms = s->client->timeout_ms;
+}
+
+/* CreateSession on the client's kvstore. */
+static ri_status_t ri_session_open(ri_session_h s, gw_ctl_session_t *out)
+{
+    gw_ctl_geometry_t geo = {.layers = s->p.n_layers, .kv_heads = s->p.n_kv_heads, .head_dim = s->p.head_dim,
+                             .dtype = 1, .page_tokens = GW_REMOTE_PAGE_TOKENS};
+    gw_ctl_error_t err = {0};
+    ri_status_t st = gw_ctl_create_session(s->client->ctl, s->client->timeout_ms, &geo,
+                                           s->p.expected_tokens ? s->p.expected_tokens : 8192,
+                                           s->label ? s->label : "", out, &err);
+    if (st != RI_OK)
+        ri_err_set("kvstore %s: CreateSession: %s (%s)", s->client->address, ri_status_str(st), err.message);
+    return st;
+}
+
+ri_status_t ri_session_create(ri_client_h client, const ri_session_params_t *params, ri_session_h *session_p)
+{
+    ri_session_h s;
+    gw_ctl_session_t sess;
+    gw_remote_params_t g;
+    ri_status_t st;
+
+    ri_err_clear();
+    if (client == NULL || params == NULL || session_p == NULL)
+        return RI_ERR_INVALID;
+    s = cm_calloc(&ri_api_tag, 1, sizeof(*s));
+    if (s == NULL)
+        return RI_ERR_NOMEM;
+    s->client = client;
+    ri_session_params_init(&s->p);
+    if (!ri_versioned_copy(&s->p, sizeof(s->p), params, offsetof(ri_session_params_t, scale))) {
+        ri_err_set("ri_session_create: struct_size too small");
+        st = RI_ERR_INVALID;
+        goto err_free;
+    }
+    s->shape = (kn_shape_t){.n_q_heads = s->p.n_q_heads, .n_kv_heads = s->p.n_kv_heads, .head_dim = s->p.head_dim,
+                            .scale = s->p.scale};
+    if (s->p.n_layers == 0 || !kn_shape_valid(&s->shape)) {
+        ri_err_set("ri_session_create: bad geometry (%u layers, %u/%u heads, d %u)", s->p.n_layers, s->p.n_q_heads,
+                   s->p.n_kv_heads, s->p.head_dim);
+        st = RI_ERR_INVALID;
+        goto err_free;
+    }
+    if (s->p.label != NULL && (s->label = cm_strdup(&ri_api_tag, s->p.label)) == NULL) {
+        st = RI_ERR_NOMEM;
+        goto err_free;
+    }
+    s->p.label = NULL;
+    st = ri_session_open(s, &sess);
+    if (st != RI_OK)
+        goto err_free;
+    s->session_id = sess.session_id;
+    s->opened_s = cm_time_s();
+    ri_session_remote_params(s, &g);
+    st = gw_remote_create(sess.dataplane_address, sess.session_id, sess.secret, &s->shape, s->p.n_layers, &g, &s->r);
+    if (st != RI_OK) {
+        ri_err_set("kvstore data plane %s: %s", sess.dataplane_address, ri_status_str(st));
+        goto err_free;
+    }
+    *session_p = s;
+    return RI_OK;
+
+err_free:
+    ri_session_close(s);
+    return st;
+}
+
+void ri_session_close(ri_session_h s)
+{
+    if (s == NULL)
+        return;
+    gw_remote_destroy(s->r);
+    if (s->session_id != 0)
+        (void)gw_ctl_drop_session(s->client->ctl, 1000, s->session_id, NULL, NULL);
+    cm_free(s->label);
+    cm_free(s);
+}
+
+static bool ri_view_convert(const ri_session_h s, const ri_kv_view_t *in, kn_kv_view_t *out)
+{
+    if (in == NULL || in->struct_size < offsetof(ri_kv_view_t, head_stride) + sizeof(size_t))
+        return false;
+    *out = (kn_kv_view_t){.k = in->k, .v = in->v, .n_tokens = in->n_tokens, .token_stride = in->token_stride,
+                          .head_stride = in->head_stride};
+    (void)s;
+    return in->n_tokens == 0 || (in->k != NULL && in->v != NULL);
+}
+
+ri_status_t ri_prefill(ri_session_h s, uint32_t layer, const ri_kv_view_t *kv)
+{
+    kn_kv_view_t v;
+    ri_status_t st;
+
+    ri_err_clear();
+    if (s == NULL || layer >= s->p.n_layers || !ri_view_convert(s, kv, &v))
+        return RI_ERR_INVALID;
+    st = gw_remote_build(s->r, layer, &v);
+    if (st != RI_OK)
+        ri_err_set("prefill of layer %u: %s", layer, ri_status_str(st));
+    return st;
+}
+
+ri_status_t ri_prefill_wait(ri_session_h s)
+{
+    ri_status_t st;
+    ri_err_clear();
+    if (s == NULL)
+        return RI_ERR_INVALID;
+    st = gw_remote_sync(s->r);
+    if (st != RI_OK)
+        ri_err_set("kvstore %s: upload failed: %s", s->client->address, ri_status_str(st));
+    return st;
+}
+
+ri_status_t ri_decode(ri_session_h const *sessions, size_t n, uint32_t layer, const float *q,
+                      const ri_kv_view_t *kv, float *out)
+{
+    size_t begun = 0, qrow;
+    ri_status_t st = RI_OK;
+
+    ri_err_clear();
+    if (sessions == NULL || n == 0 || q == NULL || kv == NULL || out == NULL)
+        return RI_ERR_INVALID;
+    for (size_t b = 0; b < n; b++) {
+        if (sessions[b] == NULL || layer >= sessions[b]->p.n_layers ||
+            sessions[b]->p.n_q_heads != sessions[0]->p.n_q_heads || sessions[b]->p.head_dim != sessions[0]->p.head_dim)
+            return RI_ERR_INVALID;
+        for (size_t c = 0; c < b; c++)
+            if (sessions[c] == sessions[b])
+                return RI_ERR_INVALID;
+    }
+    qrow = (size_t)sessions[0]->p.n_q_heads * sessions[0]->p.head_dim;
+    /* all fetches in flight first, then each session's estimation + exact part */
+    for (; begun < n; begun++) {
+        ri_session_h s = sessions[begun];
+        kn_kv_view_t v;
+        if (!ri_view_convert(s, &kv[begun], &v)) {
+            st = RI_ERR_INVALID;
+            break;
+        }
+        st = gw_remote_update(s->r, layer, &v, NULL);
+        if (st == RI_OK)
+            st = gw_remote_decode_begin(s->r, layer, q + begun * qrow, &v, UINT32_MAX, UINT32_MAX);
+        if (st != RI_OK)
+            break;
+    }
+    for (size_t b = 0; b < begun; b++) {
+        ri_status_t e = gw_remote_decode_end(sessions[b]->r, out + b * qrow, NULL);
+        if (e != RI_OK && st == RI_OK) {
+            st = e;
+            begun = b; /* for the message */
+        }
+    }
+    if (st != RI_OK && begun < n)
+        ri_err_set("decode of layer %u, batch entry %zu (kvstore %s): %s", layer, begun,
+                   sessions[begun]->client->address, ri_status_str(st));
+    return st;
+}
+
+ri_status_t ri_session_recover(ri_session_h s, const ri_kv_view_t *kv)
+{
+    gw_ctl_session_t sess;
+    kn_kv_view_t *views;
+    uint64_t old = 0;
+    gw_ctl_health_t health;
+    bool same_daemon = false;
+    ri_status_t st;
+
+    ri_err_clear();
+    if (s == NULL || kv == NULL)
+        return RI_ERR_INVALID;
+    /* A daemon up for longer than our session is the one that holds it (a
+     * network failure, not a restart): its old session is dropped below.  A
+     * restarted daemon numbers sessions afresh, so the old id may now name
+     * another session: never drop it then. */
+    if (gw_ctl_health(s->client->ctl, s->client->timeout_ms, &health, NULL) == RI_OK)
+        same_daemon = (double)health.uptime_ms * 1e-3 > cm_time_s() - s->opened_s;
+    views = cm_malloc(&ri_api_tag, s->p.n_layers * sizeof(*views));
+    if (views == NULL)
+        return RI_ERR_NOMEM;
+    for (uint32_t l = 0; l < s->p.n_layers; l++)
+        if (!ri_view_convert(s, &kv[l], &views[l])) {
+            cm_free(views);
+            return RI_ERR_INVALID;
+        }
+    st = ri_session_open(s, &sess);
+    if (st == RI_OK) {
+        st = gw_remote_reconnect(s->r, sess.dataplane_address, sess.session_id, sess.secret, views);
+        if (st != RI_OK) {
+            ri_err_set("kvstore data plane %s: re-fill failed: %s", sess.dataplane_address, ri_status_str(st));
+            (void)gw_ctl_drop_session(s->client->ctl, 1000, sess.session_id, NULL, NULL);
+        } else {
+            old = s->session_id;
+            s->session_id = sess.session_id;
+            s->opened_s = cm_time_s();
+        }
+    }
+    cm_free(views);
+    if (st != RI_OK)
+        return st;
+    if (old != 0 && same_daemon)
+        (void)gw_ctl_drop_session(s->client->ctl, 1000, old, NULL, NULL);
+    s->recoveries++;
+    return RI_OK;
+}
+
+ri_status_t ri_session_status(ri_session_h s)
+{
+    return s == NULL ? RI_ERR_INVALID : gw_remote_error(s->r);
+}
+
+ri_status_t ri_session_stats(ri_session_h s, ri_session_stats_t *stats)
+{
+    ri_session_stats_t o;
+    gw_remote_stats_t g;
+
+    if (s == NULL || stats == NULL || stats->struct_size < sizeof(size_t))
+        return RI_ERR_INVALID;
+    gw_remote_stats(s->r, &g);
+    memset(&o, 0, sizeof(o));
+    o.struct_size = stats->struct_size;
+    o.steps = g.steps;
+    o.hits = g.hits;
+    o.misses = g.misses;
+    o.fetched_bytes = g.fetched_bytes;
+    o.uploaded_bytes = g.uploaded_bytes;
+    o.exact_tokens = g.exact_tokens;
+    o.cache_pages = g.cache_pages;
+    o.recoveries = s->recoveries;
+    o.build_s = g.build_s;
+    o.fetch_wait_s = g.fetch_wait_s;
+    o.session_id = s->session_id;
+    memcpy(stats, &o, CM_MIN(stats->struct_size, sizeof(o)));
+    return RI_OK;
+}

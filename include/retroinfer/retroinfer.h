@@ -1,0 +1,191 @@
+/*
+ * libretroinfer: the public C API of the RetroInfer worker library.
+ *
+ * An inference engine keeps its own K/V cache (fp16, post-RoPE keys) and uses
+ * this library for the attention of decode steps: per sequence and layer the
+ * library builds the wave index (DESIGN.md §3), uploads the clusters' K/V to
+ * a ri-kvstore daemon, and answers each decode step with tripartite attention
+ * (steady zone + retrieved clusters exactly, estimated clusters by their
+ * centroids) through a small block cache that the kvstore manages (§4-5).
+ *
+ *   ri_client_params_t cp;  ri_client_params_init(&cp);  cp.address = "127.0.0.1:7070";
+ *   ri_client_h c;          ri_client_connect(&cp, &c);
+ *   ri_session_params_t sp; ri_session_params_init(&sp);  sp.n_layers = ...;
+ *   ri_session_h s;         ri_session_create(c, &sp, &s);
+ *   for each layer: ri_prefill(s, layer, &kv[layer]);      // index + upload (async)
+ *   ri_prefill_wait(s);
+ *   per decode step, for each layer (new token's K/V already in kv):
+ *       ri_decode(&s, 1, layer, q, &kv[layer], out);
+ *   ri_session_close(s);  ri_client_close(c);
+ *
+ * Conventions.
+ *  - Every call returns ri_status_t (include/retroinfer/status.h): RI_OK or a
+ *    negative error; ri_status_str() names it and ri_last_error() gives the
+ *    detail of the calling thread's last failure (addresses, server text).
+ *  - Parameter structs start with struct_size: set it with the *_init
+ *    function (or to sizeof); the library reads only the fields that the
+ *    caller's version has, so old callers keep working when fields are added.
+ *  - Output pointers (last parameters, suffix _p) are written only on success.
+ *  - Handles are opaque; *_close(NULL) is a no-op.
+ *
+ * Thread safety.  A client may be shared by threads (session create/close
+ * from several threads at once).  A session is used by one thread at a time;
+ * different sessions may be used concurrently from different threads.
+ * ri_decode over a batch uses each session of the batch from the calling
+ * thread.  Compute threads: RI_THREADS (default: every CPU).
+ *
+ * K/V layout (ri_kv_view_t): fp16 bits; the row of token t, KV head h starts
+ * at k + t * token_stride + h * head_stride (elements).  Views are borrowed
+ * for the duration of a call; the library keeps no pointer into them.
+ */
+#ifndef RETROINFER_RETROINFER_H
+#define RETROINFER_RETROINFER_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "retroinfer/status.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define RI_API_VERSION 1
+
+/* The API version the library was built with (RI_API_VERSION). */
+int ri_api_version(void);
+
+/* Detail of the calling thread's last failed call ("" when none); valid
+ * until the thread's next call into the library. */
+const char *ri_last_error(void);
+
+/* ---------------------------------------------------------------- client */
+
+typedef struct ri_client *ri_client_h;
+
+typedef struct ri_client_params {
+    size_t struct_size;        /* sizeof(ri_client_params_t) */
+    const char *address;       /* ri-kvstore gRPC address "host:port"; required */
+    const char *token;         /* bearer token of the tenant, or NULL (single-tenant daemons) */
+    uint32_t timeout_ms;       /* deadline of each control call and data-plane round trip (0 = 5000) */
+} ri_client_params_t;
+
+/* Fill defaults and struct_size. */
+void ri_client_params_init(ri_client_params_t *params);
+
+/* Connect to a kvstore and check it answers (Health).  The strings are
+ * copied.  Errors: RI_ERR_INVALID (no address), RI_ERR_UNREACHABLE (nothing
+ * listens there; ri_last_error names the address), RI_ERR_TIMEOUT,
+ * RI_ERR_UNAUTHENTICATED, RI_ERR_NOMEM.  Caller closes with ri_client_close. */
+ri_status_t ri_client_connect(const ri_client_params_t *params, ri_client_h *client_p);
+
+/* Close the connection.  Every session of the client must be closed first. */
+void ri_client_close(ri_client_h client);
+
+/* --------------------------------------------------------------- session */
+
+typedef struct ri_session *ri_session_h;
+
+typedef struct ri_session_params {
+    size_t struct_size;         /* sizeof(ri_session_params_t) */
+    /* model geometry (required) */
+    uint32_t n_layers;          /* layers */
+    uint32_t n_q_heads;         /* query heads; a multiple of n_kv_heads */
+    uint32_t n_kv_heads;        /* KV heads */
+    uint32_t head_dim;          /* d */
+    float scale;                /* logit scale; 0 = 1/sqrt(d) */
+    /* wave index (defaults from DESIGN.md) */
+    uint32_t sink_tokens;       /* 4 */
+    uint32_t window_tokens;     /* 64 */
+    uint32_t tokens_per_cluster;/* 16 */
+    uint32_t update_tokens;     /* 1024: tokens clustered per decode-time update */
+    uint32_t update_clusters;   /* 64 */
+    float retrieval_frac;       /* 0.018 */
+    float estimation_frac;      /* 0.232 */
+    /* wave buffer */
+    float cache_frac;           /* block cache, share of the sequence's pages (0.05) */
+    uint32_t cache_pages;       /* fixed block cache size in 8-token pages (0 = cache_frac) */
+    /* kvstore */
+    uint64_t expected_tokens;   /* sizing hint for the kvstore (0 = 8192) */
+    const char *label;          /* shown by ri-ctl sessions; may be NULL */
+} ri_session_params_t;
+
+/* Fill defaults (geometry 0) and struct_size. */
+void ri_session_params_init(ri_session_params_t *params);
+
+/* Create a kvstore session (CreateSession) and connect its data plane.
+ * Errors: RI_ERR_INVALID (geometry), RI_ERR_QUOTA, control-plane and
+ * transport errors (ri_last_error has the detail).  Caller closes with
+ * ri_session_close. */
+ri_status_t ri_session_create(ri_client_h client, const ri_session_params_t *params, ri_session_h *session_p);
+
+/* Drop the session at the kvstore (best effort) and free it. */
+void ri_session_close(ri_session_h session);
+
+typedef struct ri_kv_view {
+    size_t struct_size;         /* sizeof(ri_kv_view_t) */
+    const uint16_t *k;          /* fp16 keys (post-RoPE), row of token 0, KV head 0 */
+    const uint16_t *v;          /* fp16 values, same layout */
+    size_t n_tokens;            /* tokens in the sequence so far */
+    size_t token_stride;        /* elements from token t to t+1 */
+    size_t head_stride;         /* elements from KV head h to h+1 */
+} ri_kv_view_t;
+
+/* After the prompt's K/V of layer is complete: build the layer's wave index
+ * over tokens [sink, n - window) and queue the upload of its clusters; the
+ * upload of layer i overlaps the build of layer i+1.  Once per layer.
+ * Prompts shorter than sink + window + update_tokens index nothing (decode
+ * is exact until the first update).  Errors: RI_ERR_INVALID (layer, view,
+ * called twice), RI_ERR_NOMEM, an earlier upload's transport error. */
+ri_status_t ri_prefill(ri_session_h session, uint32_t layer, const ri_kv_view_t *kv);
+
+/* Wait until every queued upload of the session has reached the kvstore.
+ * Returns the first upload error, if any.  (ri_decode waits by itself.) */
+ri_status_t ri_prefill_wait(ri_session_h session);
+
+/* One decode step of one layer for a batch of n sessions: for session b,
+ * q [b][n_q_heads][head_dim] (fp32) -> out [b][n_q_heads][head_dim]; kv[b]
+ * covers every token so far, the new one included.  Every update_tokens
+ * generated tokens the step first clusters the oldest steady tokens and
+ * appends them to the kvstore.  All ranked fetches of the batch are in
+ * flight together while the estimation zones are computed.  Errors:
+ * RI_ERR_INVALID, RI_ERR_CONN_RESET / RI_ERR_TIMEOUT (kvstore gone or
+ * silent: within the client's timeout_ms; the session is then broken until
+ * ri_session_recover), RI_ERR_PROTOCOL.  On error, outputs of the batch are
+ * unspecified. */
+ri_status_t ri_decode(ri_session_h const *sessions, size_t n, uint32_t layer, const float *q,
+                      const ri_kv_view_t *kv, float *out);
+
+/* Re-create a broken session on the client's kvstore (a new CreateSession:
+ * a daemon that restarted has lost the old one) and re-fill it from the
+ * caller's K/V: kv[layer] for every layer, as passed to ri_decode.  The
+ * index is kept, so decoding continues with the same results.  Errors as
+ * ri_session_create; the session stays broken on failure and the call may
+ * be repeated (e.g. until the daemon is back). */
+ri_status_t ri_session_recover(ri_session_h session, const ri_kv_view_t *kv);
+
+/* RI_OK while the session is healthy, else the error that broke it. */
+ri_status_t ri_session_status(ri_session_h session);
+
+typedef struct ri_session_stats {
+    size_t struct_size;         /* sizeof(ri_session_stats_t), set by the caller */
+    uint64_t steps;             /* layer-steps decoded */
+    uint64_t hits;              /* retrieved clusters served by the block cache */
+    uint64_t misses;            /* retrieved clusters sent by the kvstore */
+    uint64_t fetched_bytes;     /* bytes the kvstore sent for misses */
+    uint64_t uploaded_bytes;    /* cluster bytes uploaded (prefill, updates, recover) */
+    uint64_t exact_tokens;      /* tokens attended exactly, summed over layers and KV heads */
+    uint32_t cache_pages;       /* block cache capacity (0 before the first decode) */
+    uint32_t recoveries;        /* successful ri_session_recover calls */
+    double build_s;             /* seconds building indexes */
+    double fetch_wait_s;        /* seconds decode waited for the kvstore */
+    uint64_t session_id;        /* the kvstore's id of the current session */
+} ri_session_stats_t;
+
+/* Counters since creation.  stats->struct_size must be set. */
+ri_status_t ri_session_stats(ri_session_h session, ri_session_stats_t *stats);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* RETROINFER_RETROINFER_H */

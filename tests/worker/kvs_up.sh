@@ -1,0 +1,25 @@
+# Source me: start ri-kvstore on ephemeral loopback ports, set KVS_PID,
+# KVS_GRPC, KVS_DIR; kvs_down stops it.  Exits 77 when it is not built.
+KVS_BIN="${RI_BUILD_DIR:?}/bin/ri-kvstore"
+[ -x "$KVS_BIN" ] || { echo "skip: $KVS_BIN not built"; exit 77; }
+KVS_DIR="$(mktemp -d "${TMPDIR:-/tmp}/ri-wk-XXXXXX")"
+kvs_up() {
+  rm -f "$KVS_DIR/ports"
+  "$KVS_BIN" --listen="${1:-127.0.0.1:0}" --dataplane-listen=127.0.0.1:0 --metrics-listen=127.0.0.1:0 \
+    --memory="${KVS_MEMORY:-256MiB}" --no-hugepages --drain-timeout-ms=3000 --port-file="$KVS_DIR/ports" \
+    >"$KVS_DIR/kvstore.log" 2>&1 &
+  KVS_PID=$!
+  for _ in $(seq 1 1500); do
+    [ -s "$KVS_DIR/ports" ] && break
+    kill -0 "$KVS_PID" 2>/dev/null || { cat "$KVS_DIR/kvstore.log"; return 1; }
+    sleep 0.01
+  done
+  KVS_GRPC="$(sed -n 's/^grpc=//p' "$KVS_DIR/ports")"
+  [ -n "$KVS_GRPC" ]
+}
+kvs_down() {
+  [ -n "${KVS_PID:-}" ] && kill "$KVS_PID" 2>/dev/null && wait "$KVS_PID" 2>/dev/null
+  KVS_PID=
+  rm -rf "$KVS_DIR"
+}
+trap kvs_down EXIT

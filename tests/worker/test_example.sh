@@ -1,0 +1,26 @@
+#!/usr/bin/env bash
+# docs/example/example.c against a real ri-kvstore: the copy CMake built, and
+# one compiled here through the generated retroinfer.pc (the way a user would).
+set -euo pipefail
+here="$(cd "$(dirname "$0")" && pwd)"
+. "$here/kvs_up.sh"
+kvs_up
+"$RI_BUILD_DIR/tests/ri-example-api" "$KVS_GRPC"
+if command -v pkg-config >/dev/null && command -v cc >/dev/null; then
+  out="$KVS_DIR/example-pc"
+  PKG_CONFIG_PATH="$RI_BUILD_DIR" cc -std=c11 -Wall -Wextra -Werror "$RI_SOURCE_DIR/docs/example/example.c" \
+    $(PKG_CONFIG_PATH="$RI_BUILD_DIR" pkg-config --cflags --libs retroinfer) -lm -o "$out"
+  "$out" "$KVS_GRPC"
+  # only the public API is exported
+  if nm -D --defined-only "$RI_BUILD_DIR/lib/libretroinfer.so" | awk '{print $3}' | grep -v '^ri_' | grep -q .; then
+    echo "libretroinfer exports non-ri_ symbols:"; nm -D --defined-only "$RI_BUILD_DIR/lib/libretroinfer.so" | grep -v ' ri_'
+    exit 1
+  fi
+fi
+# a kvstore that is not there: a clear error naming the address
+if "$RI_BUILD_DIR/tests/ri-example-api" 127.0.0.1:1 2>"$KVS_DIR/err"; then
+  echo "example succeeded without a kvstore"; exit 1
+fi
+grep -q "127.0.0.1:1" "$KVS_DIR/err" || { echo "error does not name the address:"; cat "$KVS_DIR/err"; exit 1; }
+cat "$KVS_DIR/err"
+echo "example: ok"

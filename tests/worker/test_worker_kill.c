@@ -1,0 +1,195 @@
+/*
+ * Failure behaviour through the public API, with real processes:
+ *  - a kvstore that is not there: ri_client_connect fails with
+ *    RI_ERR_UNREACHABLE and the message names the address;
+ *  - ri-kvstore killed with SIGKILL in the middle of a generation: the next
+ *    ri_decode returns an error within a bounded time (no hang), the session
+ *    reports itself broken, recovery fails cleanly while the daemon is down;
+ *  - the daemon restarted on the same address: ri_session_recover re-creates
+ *    and re-fills the session and decoding continues with exactly the results
+ *    of an in-process kn_wave on the same K/V.
+ */
+#include <setjmp.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include <cmocka.h>
+
+#include "kernels/kn_wave.h"
+#include "retroinfer/retroinfer.h"
+#include "wk_test_util.h"
+
+#define NL 2
+#define NQ 8
+#define NKV 2
+#define D 64
+#define N0 2500
+#define CAP 2600
+
+static double now_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
+static void test_unreachable(void **state)
+{
+    ri_client_params_t cp;
+    ri_client_h c = NULL;
+    (void)state;
+    ri_client_params_init(&cp);
+    cp.address = "127.0.0.1:1";
+    cp.timeout_ms = 2000;
+    double t0 = now_s();
+    assert_int_equal(ri_client_connect(&cp, &c), RI_ERR_UNREACHABLE);
+    assert_null(c);
+    printf("unreachable: %.2f s: %s\n", now_s() - t0, ri_last_error());
+    assert_non_null(strstr(ri_last_error(), "127.0.0.1:1"));
+}
+
+static void test_kill9_and_recover(void **state)
+{
+    wk_env_t env;
+    ri_client_params_t cp;
+    ri_session_params_t sp;
+    ri_client_h client = NULL;
+    ri_session_h sess = NULL;
+    kn_wave_t *w[NL];
+    kn_wave_params_t wp;
+    cm_fp16_t *k[NL], *v[NL];
+    ri_kv_view_t kv[NL];
+    kn_shape_t shape = {.n_q_heads = NQ, .n_kv_heads = NKV, .head_dim = D};
+    float q[NQ * D], o_rem[NQ * D], o_loc[NQ * D];
+    size_t n = N0;
+    char port[400];
+    ri_status_t st;
+    (void)state;
+
+    int rc = wk_env_start(&env, 256);
+    if (rc == 77)
+        skip();
+    assert_int_equal(rc, 0);
+    ri_client_params_init(&cp);
+    cp.address = env.daemon.grpc;
+    cp.timeout_ms = 2000;
+    assert_int_equal(ri_client_connect(&cp, &client), RI_OK);
+    ri_session_params_init(&sp);
+    sp.n_layers = NL;
+    sp.n_q_heads = NQ;
+    sp.n_kv_heads = NKV;
+    sp.head_dim = D;
+    sp.label = "kill-test";
+    assert_int_equal(ri_session_create(client, &sp, &sess), RI_OK);
+    kn_wave_params_default(&wp);
+    for (uint32_t l = 0; l < NL; l++) {
+        k[l] = calloc((size_t)NKV * CAP * D, sizeof(cm_fp16_t));
+        v[l] = calloc((size_t)NKV * CAP * D, sizeof(cm_fp16_t));
+        wk_synth_kv(k[l], v[l], CAP, NKV, D, 0, CAP, l);
+        kv[l] = (ri_kv_view_t){.struct_size = sizeof(ri_kv_view_t), .k = k[l], .v = v[l], .n_tokens = n,
+                               .token_stride = D, .head_stride = (size_t)CAP * D};
+        assert_int_equal(kn_wave_create(&shape, &wp, &w[l]), RI_OK);
+        kn_kv_view_t lv = {.k = k[l], .v = v[l], .n_tokens = n, .token_stride = D, .head_stride = (size_t)CAP * D};
+        assert_int_equal(kn_wave_build(w[l], &lv), RI_OK);
+        assert_int_equal(ri_prefill(sess, l, &kv[l]), RI_OK);
+    }
+    assert_int_equal(ri_prefill_wait(sess), RI_OK);
+
+    /* a few healthy steps */
+    for (int step = 0; step < 5; step++) {
+        n++;
+        for (uint32_t l = 0; l < NL; l++) {
+            kv[l].n_tokens = n;
+            wk_synth_q(q, NQ, D, (uint64_t)step * NL + l);
+            assert_int_equal(ri_decode(&sess, 1, l, q, &kv[l], o_rem), RI_OK);
+        }
+    }
+
+    /* kill -9 mid-generation */
+    snprintf(port, sizeof(port), "--listen=%s", env.daemon.grpc);
+    assert_int_equal(kvs_test_daemon_stop(&env.daemon, SIGKILL, 5000), 128 + SIGKILL);
+    n++;
+    double t0 = now_s();
+    st = RI_OK;
+    for (uint32_t l = 0; l < NL && st == RI_OK; l++) {
+        kv[l].n_tokens = n;
+        wk_synth_q(q, NQ, D, 999);
+        st = ri_decode(&sess, 1, l, q, &kv[l], o_rem);
+    }
+    double waited = now_s() - t0;
+    printf("decode after kill -9: %s after %.2f s (%s)\n", ri_status_name(st), waited, ri_last_error());
+    assert_true(st == RI_ERR_CONN_RESET || st == RI_ERR_TIMEOUT || st == RI_ERR_TRANSPORT);
+    assert_true(waited < cp.timeout_ms / 1000.0 + 3.0);
+    assert_int_not_equal(ri_session_status(sess), RI_OK);
+    /* still broken, no hang, no crash */
+    assert_int_not_equal(ri_decode(&sess, 1, 0, q, &kv[0], o_rem), RI_OK);
+    t0 = now_s();
+    st = ri_session_recover(sess, kv);
+    printf("recover while down: %s after %.2f s (%s)\n", ri_status_name(st), now_s() - t0, ri_last_error());
+    assert_int_not_equal(st, RI_OK);
+
+    /* the daemon comes back on the same control address */
+    const char *extra[3] = {"--memory=256MiB", port, NULL};
+    int ex = 0;
+    assert_int_equal(kvs_test_daemon_start(&env.daemon, extra, &ex), 0);
+    /* the gRPC channel may still be in its reconnect back-off: retry, as a
+     * worker would, for a bounded time */
+    t0 = now_s();
+    int tries = 0;
+    do {
+        st = ri_session_recover(sess, kv);
+        tries++;
+        if (st != RI_OK) {
+            struct timespec ts = {0, 200000000};
+            nanosleep(&ts, NULL);
+        }
+    } while (st != RI_OK && now_s() - t0 < 15.0);
+    printf("recovered (re-created + re-filled) in %.2f s, %d tries (%s)\n", now_s() - t0, tries, ri_last_error());
+    assert_int_equal(st, RI_OK);
+    assert_int_equal(ri_session_status(sess), RI_OK);
+
+    /* and decodes exactly as the in-process wave on the same K/V */
+    double worst = 0;
+    for (int step = 0; step < 20; step++) {
+        n++;
+        for (uint32_t l = 0; l < NL; l++) {
+            kv[l].n_tokens = n;
+            kn_kv_view_t lv = {.k = k[l], .v = v[l], .n_tokens = n, .token_stride = D, .head_stride = (size_t)CAP * D};
+            wk_synth_q(q, NQ, D, 300 + (uint64_t)step * NL + l);
+            assert_int_equal(kn_wave_update(w[l], &lv, NULL), RI_OK);
+            assert_int_equal(kn_wave_decode(w[l], q, &lv, o_loc, NULL, NULL), RI_OK);
+            assert_int_equal(ri_decode(&sess, 1, l, q, &kv[l], o_rem), RI_OK);
+            double e = wk_rel_err(o_rem, o_loc, NQ, D);
+            worst = e > worst ? e : worst;
+        }
+    }
+    ri_session_stats_t ss = {.struct_size = sizeof(ss)};
+    assert_int_equal(ri_session_stats(sess, &ss), RI_OK);
+    printf("after recovery: worst rel err vs in-process %.3g; recoveries %u, %llu hits, %llu misses\n", worst,
+           ss.recoveries, (unsigned long long)ss.hits, (unsigned long long)ss.misses);
+    assert_true(worst <= 1e-6);
+    assert_int_equal(ss.recoveries, 1);
+
+    ri_session_close(sess);
+    ri_client_close(client);
+    for (uint32_t l = 0; l < NL; l++) {
+        kn_wave_destroy(w[l]);
+        free(k[l]);
+        free(v[l]);
+    }
+    wk_env_stop(&env);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_unreachable),
+        cmocka_unit_test(test_kill9_and_recover),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
