@@ -1,0 +1,212 @@
+/*
+ * Attention: the model's exact causal attention (flash loop, SIMD score/PV
+ * kernels, threads) against the double-precision reference on awkward
+ * shapes; the backends' decode against it (full exactly; the sparse ones
+ * exactly while the context is too short to index, finite and close after);
+ * the backend registry.
+ */
+#include <math.h>
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include <cmocka.h>
+
+#include "common/cm_half.h"
+#include "common/cm_thread.h"
+#include "gpuworker/model/mdl_attn.h"
+
+static uint64_t rng;
+
+static float frand(void)
+{
+    rng = rng * 6364136223846793005ull + 1442695040888963407ull;
+    return (float)(rng >> 40) / 8388608.0f - 1.0f;
+}
+
+static mdl_kv_t *make_kv(uint32_t nh, uint32_t nkv, uint32_t d, size_t n, float kscale)
+{
+    mdl_attn_geom_t g = {.n_layers = 2, .n_heads = nh, .n_kv_heads = nkv, .head_dim = d};
+    mdl_kv_t *kv;
+    assert_int_equal(mdl_kv_create(&g, n + 8, &kv), RI_OK);
+    float *k = malloc(n * nkv * d * sizeof(float)), *v = malloc(n * nkv * d * sizeof(float));
+    for (size_t i = 0; i < n * nkv * d; i++)
+        k[i] = kscale * frand(), v[i] = frand();
+    for (uint32_t l = 0; l < 2; l++)
+        mdl_kv_store(kv, l, 0, n, k, v);
+    kv->len = n;
+    free(k), free(v);
+    return kv;
+}
+
+static double rel_l2(const float *a, const float *b, size_t n)
+{
+    double e = 0, s = 0;
+    for (size_t i = 0; i < n; i++) {
+        if (!isfinite(a[i]))
+            return INFINITY;
+        e += ((double)a[i] - b[i]) * ((double)a[i] - b[i]);
+        s += (double)b[i] * b[i];
+    }
+    return sqrt(e / (s > 0 ? s : 1));
+}
+
+static void check_exact(cm_pool_t *pool, uint32_t nh, uint32_t nkv, uint32_t d, size_t pos, size_t n)
+{
+    mdl_kv_t *kv = make_kv(nh, nkv, d, pos + n, 2.0f);
+    size_t qn = n * nh * d;
+    float *q = malloc(qn * sizeof(float)), *o = malloc((qn + 4) * sizeof(float)), *r = malloc(qn * sizeof(float));
+    for (size_t i = 0; i < qn; i++)
+        q[i] = frand();
+    for (int g = 0; g < 4; g++)
+        o[qn + g] = -777.0f;
+    assert_int_equal(mdl_attn_exact(pool, kv, 1, pos, n, q, o), RI_OK);
+    mdl_attn_exact_ref(kv, 1, pos, n, q, r);
+    double e = rel_l2(o, r, qn);
+    if (!(e < 1e-5))
+        fail_msg("exact attention h%u/%u d%u pos %zu n %zu: rel err %.3g", nh, nkv, d, pos, n, e);
+    for (int g = 0; g < 4; g++)
+        assert_true(o[qn + g] == -777.0f);
+    free(q), free(o), free(r);
+    mdl_kv_destroy(kv);
+}
+
+static void test_exact_matches_reference(void **state)
+{
+    cm_pool_t *pool = *state;
+    check_exact(pool, 9, 3, 64, 0, 1);
+    check_exact(pool, 9, 3, 64, 0, 17);
+    check_exact(pool, 9, 3, 64, 5, 3);
+    check_exact(pool, 9, 3, 64, 100, 130);    /* crosses key tiles and query blocks */
+    check_exact(NULL, 9, 3, 64, 300, 1);
+    check_exact(pool, 4, 4, 32, 40, 33);      /* no GQA, generic head_dim */
+    check_exact(pool, 8, 1, 24, 7, 9);        /* one KV head, odd width */
+    check_exact(pool, 2, 2, 64, 1000, 3);
+}
+
+/* Attention that is sparse, as in real models: weak random keys, and a few
+ * "needle" tokens whose keys align with the queries of their KV head. */
+static mdl_kv_t *make_sparse_kv(size_t n, float *q)
+{
+    mdl_kv_t *kv = make_kv(9, 3, 64, n, 0.3f);
+    static const size_t needles[] = {500, 1200, 2100, 2500, 2900};
+    for (uint32_t h = 0; h < 3; h++) {
+        float u[64], k[3 * 64], v[3 * 64];
+        for (int e = 0; e < 64; e++)
+            u[e] = frand();
+        for (uint32_t t = 0; t < 3; t++)
+            for (int e = 0; e < 64; e++)
+                q[(h * 3 + t) * 64 + e] = u[e] + 0.1f * frand();
+        for (size_t i = 0; i < sizeof(needles) / sizeof(needles[0]); i++) {
+            if (needles[i] >= n)
+                continue;
+            /* store only head h's row: read the token's K/V, replace, write back */
+            for (uint32_t hh = 0; hh < 3; hh++)
+                for (int e = 0; e < 64; e++) {
+                    k[hh * 64 + e] = cm_fp16_to_f32(kv->k[1][((size_t)hh * kv->cap + needles[i]) * 64 + e]);
+                    v[hh * 64 + e] = cm_fp16_to_f32(kv->v[1][((size_t)hh * kv->cap + needles[i]) * 64 + e]);
+                }
+            for (int e = 0; e < 64; e++)
+                k[h * 64 + e] = 5.0f * u[e];
+            mdl_kv_store(kv, 1, needles[i], 1, k, v);
+        }
+    }
+    return kv;
+}
+
+static void decode_vs_exact(const char *name, size_t n, double tol)
+{
+    const mdl_attn_ops_t *ops = mdl_attn_find(name);
+    if (ops == NULL) {
+        printf("backend %s not built (kernels/ missing)\n", name);
+        return;
+    }
+    float q[9 * 64], o[9 * 64], r[9 * 64];
+    mdl_kv_t *kv = make_sparse_kv(n, q);
+    mdl_attn_cfg_t cfg;
+    mdl_attn_cfg_default(&cfg);
+    void *st;
+    assert_int_equal(ops->create(&cfg, kv, &st), RI_OK);
+    /* the prompt is [0, n-1); the last token is "decoded" */
+    kv->len = n - 1;
+    for (uint32_t l = 0; l < 2; l++)
+        assert_int_equal(ops->prefill_end(st, l), RI_OK);
+    kv->len = n;
+    assert_int_equal(ops->decode(st, 1, n - 1, q, o), RI_OK);
+    mdl_attn_exact_ref(kv, 1, n - 1, 1, q, r);
+    double e = rel_l2(o, r, 9 * 64);
+    printf("%-10s n=%5zu rel L2 error %.2e (limit %.0e)\n", name, n, e, tol);
+    if (!(e <= tol))
+        fail_msg("%s decode at n=%zu: rel err %.3g > %.3g", name, n, e, tol);
+    mdl_attn_stats_t as;
+    ops->stats(st, &as);
+    assert_int_equal(as.decode_steps, 1);
+    ops->destroy(st);
+    mdl_kv_destroy(kv);
+}
+
+static void test_backends_decode(void **state)
+{
+    (void)state;
+    decode_vs_exact("full", 700, 1e-5);
+    /* too short to index (< 4 + 64 + 1024): every method that keeps the
+     * whole steady zone is exact */
+    decode_vs_exact("retroinfer", 900, 1e-5);
+    /* indexed: an approximation that must find the needles */
+    decode_vs_exact("retroinfer", 3000, 0.1);
+    decode_vs_exact("quest", 3000, 0.1);
+    decode_vs_exact("oracle", 3000, 0.1);
+    decode_vs_exact("streaming", 60, 1e-5);   /* whole context fits the window */
+}
+
+static void test_registry(void **state)
+{
+    (void)state;
+    assert_non_null(mdl_attn_find("full"));
+    assert_null(mdl_attn_find("nope"));
+    assert_non_null(strstr(mdl_attn_names(), "full"));
+    static mdl_attn_ops_t dup;
+    dup = *mdl_attn_find("full");
+    assert_int_equal(mdl_attn_register(&dup), RI_ERR_EXISTS);
+    dup.name = "full-copy";
+    assert_int_equal(mdl_attn_register(&dup), RI_OK);
+    assert_ptr_equal(mdl_attn_find("full-copy"), &dup);
+    mdl_attn_ops_t bad = {.name = "bad"};
+    assert_int_equal(mdl_attn_register(&bad), RI_ERR_INVALID);
+    mdl_attn_cfg_t cfg;
+    mdl_attn_cfg_default(&cfg);
+    assert_int_equal(mdl_attn_auto_budget(&cfg, 1000), 4 + 64 + 18);
+    cfg.budget_tokens = 77;
+    assert_int_equal(mdl_attn_auto_budget(&cfg, 1000), 77);
+}
+
+static int setup(void **state)
+{
+    rng = (uint64_t)time(NULL);
+    cm_pool_t *pool;
+    if (cm_pool_create(3, &pool) != RI_OK)
+        return -1;
+    *state = pool;
+    return 0;
+}
+
+static int teardown(void **state)
+{
+    cm_pool_destroy(*state);
+    return 0;
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_exact_matches_reference),
+        cmocka_unit_test(test_backends_decode),
+        cmocka_unit_test(test_registry),
+    };
+    return cmocka_run_group_tests(tests, setup, teardown);
+}

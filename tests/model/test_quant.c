@@ -1,0 +1,216 @@
+/*
+ * Dequantising matmul cross-check: for every storage type, random weights
+ * (fresh each run, never zeros) and awkward shapes, the optimised expand,
+ * dot and threaded matmul against the scalar reference; guard values after
+ * the outputs catch overruns; the int8-activation decode path within its
+ * looser bound; and one deliberately corrupted result that the checker must
+ * catch (testing the tester).
+ */
+#include <math.h>
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include <cmocka.h>
+
+#include "common/cm_half.h"
+#include "common/cm_thread.h"
+#include "gpuworker/model/mdl_quant.h"
+
+static uint64_t rng;
+
+static uint32_t rnd(void)
+{
+    rng = rng * 6364136223846793005ull + 1442695040888963407ull;
+    return (uint32_t)(rng >> 33);
+}
+
+static float frand(void)
+{
+    return (float)rnd() / 2147483648.0f - 1.0f;   /* [-1, 1) */
+}
+
+typedef struct wbuf {
+    mdl_weight_t w;
+    uint8_t *data;
+} wbuf_t;
+
+/* Random weights of a type: random payload bytes, sane fp16 scales. */
+static wbuf_t make_weight(mdl_ggml_type_t type, size_t rows, size_t cols)
+{
+    uint32_t be, bb;
+    assert_true(mdl_ggml_type_block(type, &be, &bb));
+    wbuf_t b;
+    b.w = (mdl_weight_t){.type = type, .rows = rows, .cols = cols, .row_bytes = cols / be * bb};
+    b.data = malloc(rows * b.w.row_bytes);
+    for (size_t i = 0; i < rows * b.w.row_bytes; i++)
+        b.data[i] = (uint8_t)rnd();
+    for (size_t r = 0; r < rows; r++) {
+        uint8_t *row = b.data + r * b.w.row_bytes;
+        if (type == MDL_GGML_F32) {
+            for (size_t i = 0; i < cols; i++) {
+                float v = frand();
+                memcpy(row + 4 * i, &v, 4);
+            }
+        } else if (type == MDL_GGML_F16 || type == MDL_GGML_BF16) {
+            for (size_t i = 0; i < cols; i++) {
+                uint16_t h = type == MDL_GGML_F16 ? cm_f32_to_fp16(frand()) : cm_f32_to_bf16(frand());
+                memcpy(row + 2 * i, &h, 2);
+            }
+        } else {
+            for (size_t blk = 0; blk < cols / 32; blk++) {
+                uint8_t *p = row + blk * bb;
+                uint16_t d = cm_f32_to_fp16(0.01f + 0.1f * fabsf(frand())), m = cm_f32_to_fp16(0.1f * frand());
+                memcpy(p, &d, 2);
+                if (type == MDL_GGML_Q4_1)
+                    memcpy(p + 2, &m, 2);
+            }
+        }
+    }
+    b.w.data = b.data;
+    return b;
+}
+
+/* Largest |a-b| / scale over n; scale[i] = sum |w x| of that dot product. */
+static double worst_rel(const float *a, const float *b, const double *scale, size_t n)
+{
+    double w = 0;
+    for (size_t i = 0; i < n; i++) {
+        if (!isfinite(a[i]))
+            return INFINITY;
+        double e = fabs((double)a[i] - b[i]) / (scale[i] > 1e-30 ? scale[i] : 1.0);
+        w = e > w ? e : w;
+    }
+    return w;
+}
+
+static const mdl_ggml_type_t types[] = {MDL_GGML_F32, MDL_GGML_F16, MDL_GGML_BF16,
+                                        MDL_GGML_Q4_0, MDL_GGML_Q4_1, MDL_GGML_Q8_0};
+
+static void check_shape(cm_pool_t *pool, mdl_ggml_type_t type, size_t rows, size_t cols, size_t n)
+{
+    wbuf_t wb = make_weight(type, rows, cols);
+    float *x = malloc(n * cols * sizeof(float));
+    float *y = malloc((n * rows + 8) * sizeof(float));
+    float *yr = malloc(n * rows * sizeof(float));
+    double *sc = malloc(n * rows * sizeof(double));
+    float *row = malloc(cols * sizeof(float)), *rowr = malloc(cols * sizeof(float));
+    for (size_t i = 0; i < n * cols; i++)
+        x[i] = frand();
+    for (int g = 0; g < 8; g++)
+        y[n * rows + g] = 12345.0f;   /* guards */
+    /* scale of each dot: sum |w x| from the reference expansion */
+    for (size_t r = 0; r < rows; r++) {
+        mdl_dequant_row_ref(&wb.w, r, rowr);
+        mdl_dequant_row(&wb.w, r, row);
+        for (size_t k = 0; k < cols; k++)
+            assert_true(row[k] == rowr[k]);   /* expansion is exact */
+        for (size_t i = 0; i < n; i++) {
+            double s = 0;
+            for (size_t k = 0; k < cols; k++)
+                s += fabs((double)rowr[k] * x[i * cols + k]);
+            sc[i * rows + r] = s;
+        }
+    }
+    mdl_matmul_ref(&wb.w, x, n, yr);
+    assert_int_equal(mdl_matmul(pool, &wb.w, x, n, y), RI_OK);
+    double e = worst_rel(y, yr, sc, n * rows);
+    if (!(e < 1e-5))
+        fail_msg("%s rows %zu cols %zu n %zu: relative error %.3g", mdl_ggml_type_name(type), rows, cols, n, e);
+    for (int g = 0; g < 8; g++)
+        assert_true(y[n * rows + g] == 12345.0f);
+    if (n <= 2 && (type == MDL_GGML_Q4_0 || type == MDL_GGML_Q4_1 || type == MDL_GGML_Q8_0)) {
+        mdl_quant_q8_activations(true);
+        assert_int_equal(mdl_matmul(pool, &wb.w, x, n, y), RI_OK);
+        mdl_quant_q8_activations(false);
+        e = worst_rel(y, yr, sc, n * rows);
+        if (!(e < 2e-2))
+            fail_msg("%s int8 activations rows %zu cols %zu: relative error %.3g", mdl_ggml_type_name(type), rows,
+                     cols, e);
+    }
+    free(x), free(y), free(yr), free(sc), free(row), free(rowr), free(wb.data);
+}
+
+static void test_matmul_all_types(void **state)
+{
+    cm_pool_t *pool = *state;
+    static const size_t rows_list[] = {1, 2, 3, 4, 37, 100};
+    static const size_t n_list[] = {1, 2, 3, 4, 5, 7, 17};
+    for (size_t t = 0; t < sizeof(types) / sizeof(types[0]); t++)
+        for (size_t r = 0; r < sizeof(rows_list) / sizeof(rows_list[0]); r++)
+            for (size_t n = 0; n < sizeof(n_list) / sizeof(n_list[0]); n++) {
+                check_shape(pool, types[t], rows_list[r], 96, n_list[n]);
+                check_shape(NULL, types[t], rows_list[r], 32, n_list[n]);
+            }
+    /* float rows that are not a multiple of the vector width */
+    check_shape(pool, MDL_GGML_F32, 5, 113, 1);
+    check_shape(pool, MDL_GGML_F16, 5, 113, 6);
+    check_shape(pool, MDL_GGML_BF16, 3, 1001, 2);
+    /* a model-sized product */
+    check_shape(pool, MDL_GGML_Q4_1, 192, 576, 64);
+}
+
+static void test_scalar_path_matches(void **state)
+{
+    (void)state;
+    if (!mdl_quant_have_simd())
+        skip();
+    for (size_t t = 0; t < sizeof(types) / sizeof(types[0]); t++) {
+        wbuf_t wb = make_weight(types[t], 7, 256);
+        float x[256];
+        for (int i = 0; i < 256; i++)
+            x[i] = frand();
+        for (size_t r = 0; r < 7; r++) {
+            float simd = mdl_dot(&wb.w, r, x);
+            mdl_quant_force_scalar(true);
+            float sc = mdl_dot(&wb.w, r, x);
+            mdl_quant_force_scalar(false);
+            assert_float_equal(simd, sc, 1e-3 * (1 + fabsf(sc)));
+        }
+        free(wb.data);
+    }
+}
+
+static void test_checker_catches_corruption(void **state)
+{
+    (void)state;
+    float a[4] = {1, 2, 3, 4}, b[4] = {1, 2, 3, 4};
+    double sc[4] = {1, 1, 1, 1};
+    assert_true(worst_rel(a, b, sc, 4) == 0);
+    a[2] += 1e-3f;   /* a wrong result must be reported */
+    assert_true(worst_rel(a, b, sc, 4) > 1e-5);
+    a[2] = NAN;
+    assert_true(isinf(worst_rel(a, b, sc, 4)));
+}
+
+static int setup(void **state)
+{
+    rng = (uint64_t)time(NULL) ^ 0x5DEECE66Dull;   /* fresh inputs each run */
+    printf("seed %llu\n", (unsigned long long)rng);
+    cm_pool_t *pool;
+    if (cm_pool_create(3, &pool) != RI_OK)
+        return -1;
+    *state = pool;
+    return 0;
+}
+
+static int teardown(void **state)
+{
+    cm_pool_destroy(*state);
+    return 0;
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_matmul_all_types),
+        cmocka_unit_test(test_scalar_path_matches),
+        cmocka_unit_test(test_checker_catches_corruption),
+    };
+    return cmocka_run_group_tests(tests, setup, teardown);
+}
