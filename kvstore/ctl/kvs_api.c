@@ -79,7 +79,7 @@ static ri_status_t kvs_api_health(void *app, const kvs_caller_t *caller, const u
     out.dataplane_address = (char *)kvs_data_address(ctl->data);
     if (out.dataplane_address == NULL)
         out.dataplane_address = (char *)"";
-    out.auth_mode = (char *)(ctl->auth ? "tokens" : "single-tenant");
+    out.auth_mode = (char *)(ctl->tokens_mode ? "tokens" : "single-tenant");
     return kvs_api_pack(&out.base, reply);
 }
 

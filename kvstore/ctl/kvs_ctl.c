@@ -198,6 +198,7 @@ ri_status_t kvs_ctl_start(const kvs_ctl_config_t *cfg, kvs_ctl_t **ctl_p, char *
         if (st != RI_OK)
             goto err_free;
         cm_info("auth: %zu token(s) from %s", kvs_auth_count(ctl->auth), cfg->tokens_file);
+        ctl->tokens_mode = true;
     } else {
         cm_warn("auth: no tokens-file; single-tenant mode (tenant '%s', no tokens checked), loopback only",
                 KVS_DEFAULT_TENANT);
@@ -292,6 +293,45 @@ void kvs_ctl_destroy(kvs_ctl_t *ctl)
     cm_free(ctl);
 }
 
+ri_status_t kvs_ctl_reload_tokens(kvs_ctl_t *ctl, char *err, size_t errlen)
+{
+    kvs_auth_t *fresh = NULL;
+    ri_status_t st;
+
+    if (!ctl->tokens_mode) {
+        snprintf(err, errlen, "no tokens-file configured; nothing to reload");
+        return RI_ERR_UNSUPPORTED;
+    }
+    st = kvs_auth_load(ctl->cfg.tokens_file, &fresh, err, errlen);
+    if (st != RI_OK) {
+        atomic_fetch_add(&ctl->reload_failures, 1);
+        return st;
+    }
+    /* Quotas first: a tenant whose quota was lowered is held to it from the
+     * first call that the new tokens admit. */
+    for (size_t i = 0; i < kvs_auth_count(fresh); i++) {
+        const kvs_auth_entry_t *e = kvs_auth_entry(fresh, i);
+        if (e->has_quota)
+            kvs_data_set_tenant_quota(ctl->data, e->tenant, e->quota_bytes);
+    }
+    for (size_t i = 0; i < kvs_auth_count(ctl->auth); i++) {
+        const kvs_auth_entry_t *old = kvs_auth_entry(ctl->auth, i);
+        bool kept = false;
+        for (size_t j = 0; j < kvs_auth_count(fresh) && !kept; j++) {
+            const kvs_auth_entry_t *e = kvs_auth_entry(fresh, j);
+            kept = e->has_quota && strcmp(e->tenant, old->tenant) == 0;
+        }
+        if (old->has_quota && !kept)
+            kvs_data_set_tenant_quota(ctl->data, old->tenant, ctl->cfg.tenant_quota);
+    }
+    kvs_auth_t *old = kvs_grpc_swap_auth(ctl->grpc, fresh);
+    ctl->auth = fresh;
+    kvs_auth_destroy(old);
+    atomic_fetch_add(&ctl->reloads, 1);
+    cm_info("auth: reloaded %zu token(s) from %s", kvs_auth_count(fresh), ctl->cfg.tokens_file);
+    return RI_OK;
+}
+
 typedef struct kvs_ctl_alloc_visit {
     FILE *out;
 } kvs_ctl_alloc_visit_t;
@@ -318,8 +358,13 @@ void kvs_ctl_metrics_write(kvs_ctl_t *ctl, FILE *out)
     fprintf(out, "# HELP ri_kvs_draining 1 once Drain was called or shutdown began.\n");
     fprintf(out, "# TYPE ri_kvs_draining gauge\nri_kvs_draining %d\n", atomic_load(&ctl->draining) ? 1 : 0);
     fprintf(out, "# HELP ri_kvs_build_info Version and auth mode.\n# TYPE ri_kvs_build_info gauge\n");
+    fprintf(out, "# HELP ri_kvs_token_reloads_total Tokens-file reloads (SIGHUP), by result.\n");
+    fprintf(out, "# TYPE ri_kvs_token_reloads_total counter\n");
+    fprintf(out, "ri_kvs_token_reloads_total{result=\"ok\"} %llu\n", (unsigned long long)atomic_load(&ctl->reloads));
+    fprintf(out, "ri_kvs_token_reloads_total{result=\"refused\"} %llu\n",
+            (unsigned long long)atomic_load(&ctl->reload_failures));
     fprintf(out, "ri_kvs_build_info{version=\"%s\",auth_mode=\"%s\",tls=\"%s\"} 1\n", KVS_VERSION,
-            ctl->auth ? "tokens" : "single-tenant",
+            ctl->tokens_mode ? "tokens" : "single-tenant",
             ctl->tls_ca_pem ? "mutual" : ctl->tls_cert_pem ? "on" : "off");
     kvs_grpc_metrics_write(ctl->grpc, out);
     fprintf(out, "# HELP ri_kvs_alloc_bytes Live heap bytes by allocation tag.\n");

@@ -49,7 +49,10 @@ extern const cm_config_table_t kvs_ctl_config_table;
 /* The running daemon. */
 typedef struct kvs_ctl {
     kvs_ctl_config_t cfg;           /* borrowed from the caller of kvs_ctl_start */
-    kvs_auth_t *auth;               /* owned; NULL = single-tenant loopback mode */
+    kvs_auth_t *auth;               /* owned; NULL = single-tenant loopback mode; swapped by reload */
+    bool tokens_mode;               /* started with a tokens file (fixed) */
+    _Atomic uint64_t reloads;       /* successful token reloads */
+    _Atomic uint64_t reload_failures; /* refused token reloads */
     kvs_data_t *data;               /* owned */
     kvs_grpc_t *grpc;               /* owned */
     struct kvs_http *http;          /* owned; NULL when metrics are off */
@@ -76,6 +79,13 @@ void kvs_ctl_destroy(kvs_ctl_t *ctl);
 /* The control API methods (Health, Stats, CreateSession, ...). */
 extern const kvs_method_t kvs_ctl_methods[];
 extern const size_t kvs_ctl_n_methods;
+
+/* Re-read the tokens file (SIGHUP): new tokens and quotas apply to calls
+ * from now on; on any error the old tokens stay and err says why.  Tenants
+ * whose quota line went away fall back to the tenant-quota setting.  Only
+ * when the daemon started with a tokens file (RI_ERR_UNSUPPORTED otherwise).
+ * Call from one thread at a time (the main thread). */
+ri_status_t kvs_ctl_reload_tokens(kvs_ctl_t *ctl, char *err, size_t errlen);
 
 /* Write the whole /metrics page. */
 void kvs_ctl_metrics_write(kvs_ctl_t *ctl, FILE *out);

@@ -79,6 +79,7 @@ struct kvs_grpc {
     unsigned n_threads;                    /* started */
     int port;                              /* bound port */
     kvs_tag_t shutdown_tag;                /* KVS_TAG_SHUTDOWN */
+    pthread_rwlock_t auth_lock;            /* guards cfg.auth against kvs_grpc_swap_auth */
     pthread_mutex_t lock;                  /* guards the shutdown flags */
     pthread_cond_t cond;                   /* signalled when shutdown_done */
     bool shutdown_started;                 /* shutdown_and_notify called */
@@ -181,8 +182,11 @@ static void kvs_grpc_post(kvs_grpc_t *srv, int method)
     }
 }
 
-/* Find the caller's tenant; on failure fill reply->msg and return an error. */
-static ri_status_t kvs_grpc_authenticate(kvs_grpc_t *srv, kvs_rpc_t *rpc, kvs_caller_t *caller, kvs_reply_t *reply)
+/* Find the caller's tenant (copied into tenant_buf, so that the tokens may
+ * be swapped while the handler runs); on failure fill reply->msg and return an
+ * error. */
+static ri_status_t kvs_grpc_authenticate(kvs_grpc_t *srv, kvs_rpc_t *rpc, kvs_caller_t *caller,
+                                         char tenant_buf[KVS_AUTH_TENANT_MAX], kvs_reply_t *reply)
 {
     const grpc_metadata *auth_md = NULL;
     const char *tok;
@@ -209,13 +213,18 @@ static ri_status_t kvs_grpc_authenticate(kvs_grpc_t *srv, kvs_rpc_t *rpc, kvs_ca
         snprintf(reply->msg, sizeof(reply->msg), "authorization metadata is not 'Bearer <token>'");
         return RI_ERR_UNAUTHENTICATED;
     }
+    pthread_rwlock_rdlock(&srv->auth_lock);
     const kvs_auth_entry_t *e = kvs_auth_lookup(srv->cfg.auth, tok, tok_len);
+    if (e != NULL) {
+        snprintf(tenant_buf, KVS_AUTH_TENANT_MAX, "%s", e->tenant);
+        caller->admin = e->admin;
+    }
+    pthread_rwlock_unlock(&srv->auth_lock);
     if (e == NULL) {
         snprintf(reply->msg, sizeof(reply->msg), "unknown bearer token");
         return RI_ERR_UNAUTHENTICATED;
     }
-    caller->tenant = e->tenant;
-    caller->admin = e->admin;
+    caller->tenant = tenant_buf;
     return RI_OK;
 }
 
@@ -234,6 +243,7 @@ static void kvs_grpc_handle(kvs_grpc_t *srv, kvs_rpc_t *rpc)
 {
     kvs_reply_t reply = {0};
     kvs_caller_t caller = {.tenant = "", .admin = false};
+    char tenant_buf[KVS_AUTH_TENANT_MAX];
     ri_status_t st = RI_OK;
 
     if (rpc->method < 0) {
@@ -245,7 +255,7 @@ static void kvs_grpc_handle(kvs_grpc_t *srv, kvs_rpc_t *rpc)
     } else {
         const kvs_method_t *m = &srv->cfg.methods[rpc->method];
         if (m->needs_auth) {
-            st = kvs_grpc_authenticate(srv, rpc, &caller, &reply);
+            st = kvs_grpc_authenticate(srv, rpc, &caller, tenant_buf, &reply);
             if (st != RI_OK) {
                 atomic_fetch_add(&srv->auth_failures, 1);
                 cm_info("grpc: %s refused: %s", m->name, reply.msg);
@@ -386,9 +396,13 @@ ri_status_t kvs_grpc_start(const kvs_grpc_config_t *cfg, kvs_grpc_t **grpc_p, ch
     srv->lat = cm_calloc(&kvs_grpc_tag, cfg->n_methods * KVS_GRPC_BUCKETS, sizeof(*srv->lat));
     srv->lat_ns = cm_calloc(&kvs_grpc_tag, cfg->n_methods, sizeof(*srv->lat_ns));
     if (srv->default_tenant == NULL || srv->handles == NULL || srv->calls == NULL || srv->threads == NULL ||
-        srv->lat == NULL || srv->lat_ns == NULL)
-        goto err_free;
+        srv->lat == NULL || srv->lat_ns == NULL) {
+        snprintf(err, errlen, "grpc: out of memory");
+        st = RI_ERR_NOMEM;
+        goto err_free_mem;
+    }
     pthread_mutex_init(&srv->lock, NULL);
+    pthread_rwlock_init(&srv->auth_lock, NULL);
     pthread_condattr_init(&ca);
     pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
     pthread_cond_init(&srv->cond, &ca);
@@ -474,10 +488,7 @@ err_destroy_server:
     grpc_completion_queue_destroy(srv->cq);
     grpc_shutdown();
     pthread_cond_destroy(&srv->cond);
-    pthread_mutex_destroy(&srv->lock);
-    goto err_free_mem;
-err_free:
-    pthread_cond_destroy(&srv->cond);
+    pthread_rwlock_destroy(&srv->auth_lock);
     pthread_mutex_destroy(&srv->lock);
 err_free_mem:
     cm_free(srv->lat_ns);
@@ -491,6 +502,15 @@ err_free_mem:
 err_nomem:
     snprintf(err, errlen, "grpc: out of memory");
     return RI_ERR_NOMEM;
+}
+
+kvs_auth_t *kvs_grpc_swap_auth(kvs_grpc_t *srv, kvs_auth_t *auth)
+{
+    pthread_rwlock_wrlock(&srv->auth_lock);
+    kvs_auth_t *old = srv->cfg.auth;
+    srv->cfg.auth = auth;
+    pthread_rwlock_unlock(&srv->auth_lock);
+    return old;
 }
 
 int kvs_grpc_port(const kvs_grpc_t *grpc)
@@ -568,6 +588,7 @@ void kvs_grpc_destroy(kvs_grpc_t *srv)
     grpc_completion_queue_destroy(srv->cq);
     grpc_shutdown();
     pthread_cond_destroy(&srv->cond);
+    pthread_rwlock_destroy(&srv->auth_lock);
     pthread_mutex_destroy(&srv->lock);
     cm_free(srv->lat_ns);
     cm_free(srv->lat);

@@ -23,7 +23,7 @@
 
 /* Who is calling; tenant is "" for methods that need no token. */
 typedef struct kvs_caller {
-    const char *tenant;  /* borrowed for the duration of the handler */
+    const char *tenant;  /* valid for the duration of the handler */
     bool admin;          /* may call administrative methods (Drain) */
 } kvs_caller_t;
 
@@ -51,7 +51,7 @@ typedef struct kvs_grpc_config {
     const char *listen;             /* "host:port"; port 0 = ephemeral */
     unsigned threads;               /* serving threads, >= 1 */
     uint64_t max_message;           /* send and receive limit, bytes */
-    const kvs_auth_t *auth;         /* borrowed; NULL = single-tenant mode */
+    kvs_auth_t *auth;               /* borrowed until swapped out; NULL = single-tenant mode */
     const char *default_tenant;     /* tenant when auth is NULL */
     const kvs_method_t *methods;    /* borrowed, static */
     size_t n_methods;
@@ -67,6 +67,12 @@ typedef struct kvs_grpc kvs_grpc_t;
  * (RI_ERR_INVALID, RI_ERR_TRANSPORT when the address cannot be bound) carry a
  * message in err.  Caller destroys with kvs_grpc_destroy. */
 ri_status_t kvs_grpc_start(const kvs_grpc_config_t *cfg, kvs_grpc_t **grpc_p, char *err, size_t errlen);
+
+/* Replace the tokens (e.g. after the tokens file changed): calls that start
+ * after this see only the new ones.  Takes ownership of auth (non-NULL; the
+ * server must have been started with tokens) and returns the previous object,
+ * which no call uses any more: the caller destroys it. */
+kvs_auth_t *kvs_grpc_swap_auth(kvs_grpc_t *grpc, kvs_auth_t *auth);
 
 /* The bound port (useful when the configured port was 0). */
 int kvs_grpc_port(const kvs_grpc_t *grpc);

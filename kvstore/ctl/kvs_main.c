@@ -1,9 +1,9 @@
 /*
  * ri-kvstore: the sidecar KV-cache daemon.  Reads its settings (defaults,
  * --config FILE, RI_KVS_* environment, flags), starts the control side and the
- * data side, prints where it listens, then waits for SIGTERM or SIGINT and
- * shuts down within drain-timeout-ms.  Exit status: 0 after a clean stop,
- * 2 for bad settings, 1 when it could not start.
+ * data side, prints where it listens, then waits for signals: SIGHUP re-reads
+ * the tokens file; SIGTERM or SIGINT shut down within drain-timeout-ms.  Exit
+ * status: 0 after a clean stop, 2 for bad settings, 1 when it could not start.
  */
 #define _GNU_SOURCE
 #include <errno.h>
@@ -83,6 +83,7 @@ int main(int argc, char **argv)
     sigemptyset(&sigs);
     sigaddset(&sigs, SIGTERM);
     sigaddset(&sigs, SIGINT);
+    sigaddset(&sigs, SIGHUP);
     pthread_sigmask(SIG_BLOCK, &sigs, NULL);
 
     if (kvs_ctl_start(&cfg, &ctl, err, sizeof(err)) != RI_OK) {
@@ -96,7 +97,7 @@ int main(int argc, char **argv)
     if (ctl->metrics_addr[0] != '\0')
         printf("ri-kvstore: metrics on http://%s/metrics\n", ctl->metrics_addr);
     printf("ri-kvstore: dataplane on %s\n", dp && dp[0] ? dp : "(none)");
-    printf("ri-kvstore: auth %s\n", ctl->auth ? "tokens" : "single-tenant (loopback only)");
+    printf("ri-kvstore: auth %s\n", ctl->tokens_mode ? "tokens" : "single-tenant (loopback only)");
     fflush(stdout);
     if (cfg.port_file[0] != '\0' && kvs_main_write_port_file(cfg.port_file, ctl) != 0)
         rc = 1;
@@ -104,6 +105,12 @@ int main(int argc, char **argv)
 
     while (rc == 0) {
         int e = sigwait(&sigs, &sig);
+        if (e == 0 && sig == SIGHUP) {
+            if (kvs_ctl_reload_tokens(ctl, err, sizeof(err)) != RI_OK)
+                cm_error("SIGHUP: tokens not reloaded, the old ones stay: %s", err);
+            sig = 0;
+            continue;
+        }
         if (e == 0)
             break;
         if (e != EINTR) {

@@ -179,6 +179,55 @@ static void test_quota_is_resource_exhausted(void **state)
     assert_int_equal(gw_ctl_drop_session(alice_, 2000, s.session_id, NULL, &err), RI_OK);
 }
 
+/* Call Stats until it returns want or 5 s pass (SIGHUP is asynchronous). */
+static ri_status_t stats_until(gw_ctl_t *c, ri_status_t want)
+{
+    gw_ctl_stats_t st;
+    ri_status_t got = RI_ERR_INTERNAL;
+    for (int i = 0; i < 500 && got != want; i++) {
+        got = gw_ctl_stats(c, 2000, &st, NULL);
+        if (got != want)
+            usleep(10000);
+    }
+    return got;
+}
+
+static void test_sighup_reloads_tokens(void **state)
+{
+    (void)state;
+    char path[600];
+    gw_ctl_t *bob2 = NULL;
+    assert_int_equal(gw_ctl_create(daemon_.grpc, "bob-rotated-token-99", &bob2), RI_OK);
+    assert_int_equal(stats_until(bob2, RI_ERR_UNAUTHENTICATED), RI_ERR_UNAUTHENTICATED);
+
+    /* rotate bob's token */
+    assert_int_equal(kvs_test_daemon_write_file(&daemon_, "tokens",
+                                                TOK_ALICE " alice 1MiB\nbob-rotated-token-99 bob\n" TOK_OPS
+                                                          " ops - admin\n",
+                                                path, sizeof(path)),
+                     0);
+    assert_int_equal(kill(daemon_.pid, SIGHUP), 0);
+    assert_int_equal(stats_until(bob2, RI_OK), RI_OK);
+    assert_int_equal(stats_until(bob_, RI_ERR_UNAUTHENTICATED), RI_ERR_UNAUTHENTICATED);
+    assert_int_equal(stats_until(alice_, RI_OK), RI_OK);
+
+    /* a broken file is refused: the current tokens stay */
+    assert_int_equal(kvs_test_daemon_write_file(&daemon_, "tokens", "broken\n", path, sizeof(path)), 0);
+    assert_int_equal(kill(daemon_.pid, SIGHUP), 0);
+    static char body[1 << 20];
+    bool refused = false;
+    for (int i = 0; i < 500 && !refused; i++) {
+        assert_int_equal(kvs_test_http_get(daemon_.metrics, "/metrics", body, sizeof(body)), 200);
+        refused = strstr(body, "ri_kvs_token_reloads_total{result=\"refused\"} 1") != NULL;
+        if (!refused)
+            usleep(10000);
+    }
+    assert_true(refused);
+    assert_int_equal(stats_until(bob2, RI_OK), RI_OK);
+    assert_int_equal(stats_until(ops_, RI_OK), RI_OK);
+    gw_ctl_destroy(bob2);
+}
+
 static void test_drain_needs_admin_and_metrics_count_failures(void **state)
 {
     (void)state;
@@ -252,6 +301,7 @@ int main(void)
         cmocka_unit_test(test_missing_or_wrong_token),
         cmocka_unit_test(test_tenants_are_isolated),
         cmocka_unit_test(test_quota_is_resource_exhausted),
+        cmocka_unit_test(test_sighup_reloads_tokens),
         cmocka_unit_test(test_drain_needs_admin_and_metrics_count_failures),
         cmocka_unit_test(test_startup_rules),
     };
