@@ -14,7 +14,7 @@
  * b(t) is a per-token boost in logit units: b1 for a tier-1 heavy hitter,
  * b2 for tier 2, 0 otherwise, derived so that the tiers hold the requested
  * softmax mass in expectation (the base logit noise is shared by all tiers
- * and cancels).  Diffuse heads get no boosts.  Needles get b1 + 3.
+ * and cancels).  Diffuse heads get no boosts.  Needles get b1 + 6 (above any heavy hitter plus its noise).
  */
 #include <math.h>
 #include <string.h>
@@ -114,6 +114,8 @@ static void kn_syn_head_make(const kn_synth_params_t *p, uint32_t h, kn_syn_head
         kn_remove(hd->u, hd->U + (size_t)r * d, d, 0.8f);
     kn_remove(hd->u, hd->s, d, 1.0f);
     kn_rand_unit(&st, hd->o, d);
+    for (uint32_t r = 0; r < KN_SYN_RANK; r++)
+        kn_remove(hd->o, hd->U + (size_t)r * d, d, 1.0f);
     kn_remove(hd->o, hd->u, d, 1.0f);
     kn_remove(hd->o, hd->s, d, 1.0f);
     for (uint32_t i = 0; i < d; i++)
@@ -122,8 +124,20 @@ static void kn_syn_head_make(const kn_synth_params_t *p, uint32_t h, kn_syn_head
         hd->b1 = hd->b2 = 0.0f;
         return;
     }
-    hd->b1 = logf(p->tier1_mass * f0 / (rest * p->tier1_frac));
-    hd->b2 = logf((p->tier12_mass - p->tier1_mass) * f0 / (rest * p->tier2_frac));
+    /* Heavy hitters keep less of the low-rank term, so their logits vary
+     * less: E[e^x] is smaller by exp(v_lr (1 - (1-c)^2) / 2), where v_lr is
+     * the variance the low-rank term adds to a logit.  Add that back so the
+     * tiers hold the requested mass. */
+    double v_lr = 0.0, keep = 1.0 - p->hh_coherence;
+    for (uint32_t r = 0; r < KN_SYN_RANK; r++) {
+        double dot = 0.0;
+        for (uint32_t i = 0; i < d; i++)
+            dot += (double)hd->U[(size_t)r * d + i] * (hd->u[i] + 0.5 * hd->o[i] + 0.5 * hd->s[i]);
+        v_lr += (double)KN_SYN_C_LR * KN_SYN_C_LR * dot * dot;
+    }
+    hd->b1 = logf(p->tier1_mass * f0 / (rest * p->tier1_frac)) + (float)(v_lr * (1 - keep * keep) / 2);
+    hd->b2 = logf((p->tier12_mass - p->tier1_mass) * f0 / (rest * p->tier2_frac)) +
+             (float)(v_lr * (1 - keep * keep) / 2);
     /* sparse heads vary around the median one: factor 0.85 .. 1.15 */
     spread = p->n_kv_heads > 1 ? 0.85f + 0.3f * (float)h / (float)(p->n_kv_heads - 1) : 1.0f;
     hd->b1 *= spread;
@@ -202,7 +216,7 @@ static void kn_syn_task(void *arg, size_t begin, size_t end, unsigned worker)
             size_t t = kn_synth_needle_pos(p, i);
             cm_fp16_t *kr = job->k + h * job->hs + t * job->ts;
             cm_fp16_t *vr = job->v + h * job->hs + t * job->ts;
-            float nb = (hd.b1 > 0 ? hd.b1 : logf((float)p->n_tokens)) + 3.0f;
+            float nb = (hd.b1 > 0 ? hd.b1 : logf((float)p->n_tokens)) + 6.0f;
             for (uint32_t j = 0; j < d; j++)
                 row[j] = hd.mu[j] + nb * hd.u[j] + 0.1f * kn_gauss(&st);
             cm_f32_to_fp16_n(kr, row, d);
