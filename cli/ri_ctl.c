@@ -73,6 +73,10 @@ static int ri_ctl_fail(const char *what, const char *addr, ri_status_t st, const
 {
     fprintf(stderr, "ri: %s on %s failed: %s (%s)\n", what, addr, err->message[0] ? err->message : ri_status_str(st),
             gw_ctl_grpc_code_name(err->grpc_code));
+    if (st == RI_ERR_UNAUTHENTICATED)
+        fprintf(stderr, "ri: this kvstore wants a token: --token T, --token-file F or $RI_KVS_TOKEN\n");
+    else if (st == RI_ERR_UNREACHABLE)
+        fprintf(stderr, "ri: is ri-kvstore running there? (--addr HOST:PORT or $RI_KVS_ADDR; plaintext vs --tls-ca)\n");
     return 1;
 }
 

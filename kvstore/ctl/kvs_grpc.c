@@ -90,6 +90,7 @@ struct kvs_grpc {
     atomic_uint inflight;                  /* calls between arrival and send completion */
     _Atomic uint64_t *calls;               /* [(n_methods + 1) * KVS_GRPC_CODES] */
     _Atomic uint64_t auth_failures;        /* missing or unknown tokens */
+    _Atomic uint64_t last_refusal_log_ns;  /* rate limit of the refusal log line */
     _Atomic uint64_t bad_messages;         /* requests the handler could not parse */
     _Atomic uint64_t handler_ns;           /* total time in handlers */
     _Atomic uint64_t *lat;                 /* [n_methods * KVS_GRPC_BUCKETS] handler latency histogram */
@@ -238,6 +239,17 @@ static void kvs_grpc_safe_path(const grpc_slice *s, char *buf, size_t len)
     buf[j] = '\0';
 }
 
+/* Log an authentication refusal, at most one line per second (a client
+ * retrying with a bad token must not flood the log; the counter has them all). */
+static void kvs_grpc_log_refusal(kvs_grpc_t *srv, const char *method, const char *why)
+{
+    uint64_t now = cm_time_ns(), last = atomic_load(&srv->last_refusal_log_ns);
+    if (now - last < 1000000000u || !atomic_compare_exchange_strong(&srv->last_refusal_log_ns, &last, now))
+        return;
+    cm_warn("grpc: %s refused: %s (%llu refusals so far)", method, why,
+            (unsigned long long)atomic_load(&srv->auth_failures));
+}
+
 /* Run the handler of an arrived call and start the batch that answers it. */
 static void kvs_grpc_handle(kvs_grpc_t *srv, kvs_rpc_t *rpc)
 {
@@ -258,7 +270,7 @@ static void kvs_grpc_handle(kvs_grpc_t *srv, kvs_rpc_t *rpc)
             st = kvs_grpc_authenticate(srv, rpc, &caller, tenant_buf, &reply);
             if (st != RI_OK) {
                 atomic_fetch_add(&srv->auth_failures, 1);
-                cm_info("grpc: %s refused: %s", m->name, reply.msg);
+                kvs_grpc_log_refusal(srv, m->name, reply.msg);
             }
         }
         if (st == RI_OK && rpc->payload == NULL) {
