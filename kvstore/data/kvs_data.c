@@ -136,6 +136,20 @@ ri_status_t kvs_session_charge_locked(kvs_data_t *data, kvs_session_t *s, uint64
     return RI_OK;
 }
 
+void kvs_session_uncharge_locked(kvs_data_t *data, kvs_session_t *s, uint64_t less)
+{
+    kvs_tenant_t *t = kvs_tenant_find(data, s->tenant);
+    uint64_t before = kvs_session_charge(s), delta;
+
+    s->used_bytes -= CM_MIN(less, s->used_bytes);
+    delta = before - kvs_session_charge(s);
+    if (s->dropped)
+        return; /* a dropped session's charge was given back at drop */
+    if (t != NULL)
+        t->charged -= delta;
+    data->global_charged -= delta;
+}
+
 ri_status_t kvs_session_add_extent_locked(kvs_session_t *s, uint64_t off, uint64_t bytes)
 {
     if (s->n_extents == s->cap_extents) {

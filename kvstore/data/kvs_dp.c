@@ -1,31 +1,635 @@
-/* UCX data plane: placeholder until the transport lands (catalog-only builds). */
+/*
+ * The UCX data plane of ri-kvstore: one ucp context (AM + RMA) and worker,
+ * a listener on dp_listen_addr, and one thread that progresses the worker and
+ * serves requests in arrival order.  AM callbacks only queue a request (the
+ * 64-byte wire header copied, the body kept as a UCX descriptor); the thread
+ * decodes it, fetches a rendezvous body, calls kvs_ops_serve and sends the
+ * reply.  Misses of a fetch go to the worker with ucp_put into the receive
+ * buffer it registered (its rkey), then an ep flush, then the reply, so the
+ * worker may read the bytes as soon as it sees the reply.
+ * Idle policy: spin while there is traffic, then sleep in short steps (up to
+ * 200 us) so that an idle daemon costs almost no CPU.
+ */
 #include "kvstore/data/kvs_internal.h"
+
+#include <arpa/inet.h>
+#include <netdb.h>
+#include <stdio.h>
+#include <string.h>
+#include <ucp/api/ucp.h>
+
+#include "common/cm_alloc.h"
+#include "common/cm_dp_proto.h"
+#include "common/cm_log.h"
+#include "common/cm_status.h"
+#include "common/cm_time.h"
+
+static CM_ALLOC_TAG(kvs_dp_tag, "kvs.dp");
+
+#define KVS_DP_RKEY_PAD 4096u
+
+typedef struct kvs_conn {
+    ucp_ep_h ep;              /* server-side endpoint */
+    kvs_dp_t *dp;             /* owner */
+    bool failed;              /* error handler fired; close at the next turn */
+    uint64_t puts;            /* puts issued since the last flush */
+    struct kvs_conn *next;
+} kvs_conn_t;
+
+typedef struct kvs_dreq {
+    kvs_conn_t *conn;                 /* where to reply */
+    uint8_t hdr[CM_WIRE_HDR_SIZE];    /* the header bytes (first 64) */
+    size_t hdr_len;                   /* header length as received */
+    void *desc;                       /* UCX data (persistent or rndv) or our copy */
+    size_t len;                       /* body length */
+    bool rndv, ucx_owned;             /* kind of desc */
+    struct kvs_dreq *next;
+} kvs_dreq_t;
+
+typedef struct kvs_reply {
+    uint8_t hdr[CM_WIRE_HDR_SIZE];
+    uint8_t *meta;                    /* cm_malloc'd */
+} kvs_reply_t;
+
+struct kvs_dp {
+    kvs_data_t *data;
+    ucp_context_h ctx;
+    ucp_worker_h worker;
+    ucp_listener_h listener;
+    ucp_mem_h pool_memh;
+    char address[160];
+    pthread_t thread;
+    bool thread_started;
+    atomic_bool stop;
+    kvs_conn_t *conns;
+    kvs_dreq_t *q_head, *q_tail;
+    pthread_mutex_t gc_lock;          /* guards gc_rkeys (other threads add) */
+    ucp_rkey_h *gc_rkeys;
+    size_t n_gc, cap_gc;
+    uint64_t max_body;
+};
+
+static ri_status_t kvs_dp_status(ucs_status_t s)
+{
+    switch (s) {
+    case UCS_OK: return RI_OK;
+    case UCS_ERR_NO_MEMORY: return RI_ERR_NOMEM;
+    case UCS_ERR_TIMED_OUT: return RI_ERR_TIMEOUT;
+    case UCS_ERR_UNREACHABLE: return RI_ERR_UNREACHABLE;
+    case UCS_ERR_CONNECTION_RESET:
+    case UCS_ERR_ENDPOINT_TIMEOUT: return RI_ERR_CONN_RESET;
+    case UCS_ERR_CANCELED: return RI_ERR_CANCELLED;
+    default: return RI_ERR_TRANSPORT;
+    }
+}
+
+static void kvs_dp_ep_error(void *arg, ucp_ep_h ep, ucs_status_t status)
+{
+    kvs_conn_t *c = arg;
+    (void)ep;
+    cm_debug("dp: connection error: %s", ucs_status_string(status));
+    c->failed = true;
+}
+
+static void kvs_dp_conn_cb(ucp_conn_request_h req, void *arg)
+{
+    kvs_dp_t *dp = arg;
+    kvs_conn_t *c;
+    ucp_ep_params_t ep = {0};
+    ucs_status_t s;
+
+    c = cm_calloc(&kvs_dp_tag, 1, sizeof(*c));
+    if (c == NULL || atomic_load(&dp->stop)) {
+        ucp_listener_reject(dp->listener, req);
+        cm_free(c);
+        return;
+    }
+    c->dp = dp;
+    ep.field_mask = UCP_EP_PARAM_FIELD_CONN_REQUEST | UCP_EP_PARAM_FIELD_ERR_HANDLER |
+                    UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE;
+    ep.conn_request = req;
+    ep.err_mode = UCP_ERR_HANDLING_MODE_PEER;
+    ep.err_handler.cb = kvs_dp_ep_error;
+    ep.err_handler.arg = c;
+    s = ucp_ep_create(dp->worker, &ep, &c->ep);
+    if (s != UCS_OK) {
+        cm_warn("dp: cannot accept a connection: %s", ucs_status_string(s));
+        cm_free(c);
+        return;
+    }
+    c->next = dp->conns;
+    dp->conns = c;
+}
+
+static kvs_conn_t *kvs_dp_conn_of(kvs_dp_t *dp, ucp_ep_h ep)
+{
+    for (kvs_conn_t *c = dp->conns; c != NULL; c = c->next)
+        if (c->ep == ep)
+            return c;
+    return NULL;
+}
+
+static ucs_status_t kvs_dp_am_cb(void *arg, const void *header, size_t header_length, void *data, size_t length,
+                                 const ucp_am_recv_param_t *param)
+{
+    kvs_dp_t *dp = arg;
+    kvs_conn_t *c = NULL;
+    kvs_dreq_t *r;
+
+    if (param->recv_attr & UCP_AM_RECV_ATTR_FIELD_REPLY_EP)
+        c = kvs_dp_conn_of(dp, param->reply_ep);
+    if (c == NULL || c->failed)
+        return UCS_OK; /* nobody to answer: drop (rndv data is declined) */
+    r = cm_calloc(&kvs_dp_tag, 1, sizeof(*r));
+    if (r == NULL)
+        return UCS_OK;
+    r->conn = c;
+    r->hdr_len = header_length;
+    memcpy(r->hdr, header, CM_MIN(header_length, (size_t)CM_WIRE_HDR_SIZE));
+    r->len = length;
+    if (param->recv_attr & (UCP_AM_RECV_ATTR_FLAG_RNDV | UCP_AM_RECV_ATTR_FLAG_DATA)) {
+        r->desc = data;
+        r->rndv = (param->recv_attr & UCP_AM_RECV_ATTR_FLAG_RNDV) != 0;
+        r->ucx_owned = true;
+    } else if (length > 0 && length <= dp->max_body) {
+        r->desc = cm_malloc(&kvs_dp_tag, length);
+        if (r->desc != NULL)
+            memcpy(r->desc, data, length);
+        else
+            r->len = SIZE_MAX; /* answered as too large */
+    } else if (length > 0) {
+        r->len = SIZE_MAX;
+    }
+    if (dp->q_tail)
+        dp->q_tail->next = r;
+    else
+        dp->q_head = r;
+    dp->q_tail = r;
+    return r->ucx_owned ? UCS_INPROGRESS : UCS_OK;
+}
+
+/* Progress until req completes (or the connection fails / time runs out). */
+static ri_status_t kvs_dp_wait(kvs_dp_t *dp, void *req, kvs_conn_t *c)
+{
+    uint64_t deadline = cm_time_ns() + (uint64_t)dp->data->cfg.drain_timeout_ms * 1000000u;
+    ucs_status_t s;
+
+    if (req == NULL)
+        return RI_OK;
+    if (UCS_PTR_IS_ERR(req))
+        return kvs_dp_status(UCS_PTR_STATUS(req));
+    while ((s = ucp_request_check_status(req)) == UCS_INPROGRESS) {
+        ucp_worker_progress(dp->worker);
+        if ((c != NULL && c->failed) || cm_time_ns() > deadline) {
+            ucp_request_cancel(dp->worker, req);
+            while (ucp_request_check_status(req) == UCS_INPROGRESS)
+                ucp_worker_progress(dp->worker);
+            ucp_request_free(req);
+            return c != NULL && c->failed ? RI_ERR_CONN_RESET : RI_ERR_TIMEOUT;
+        }
+    }
+    ucp_request_free(req);
+    return kvs_dp_status(s);
+}
+
+static void kvs_dp_reply_done(void *request, ucs_status_t status, void *user_data)
+{
+    kvs_reply_t *r = user_data;
+    (void)status;
+    cm_free(r->meta);
+    cm_free(r);
+    ucp_request_free(request);
+}
+
+/* Send a reply (takes ownership of meta). */
+static void kvs_dp_reply(kvs_dp_t *dp, kvs_conn_t *c, const cm_wire_hdr_t *req, ri_status_t st, uint8_t *meta,
+                         size_t meta_len)
+{
+    cm_wire_hdr_t h = {0};
+    kvs_reply_t *r;
+    ucp_request_param_t prm = {0};
+    void *sp;
+
+    (void)dp;
+    r = cm_malloc(&kvs_dp_tag, sizeof(*r));
+    if (r == NULL || c->failed) {
+        cm_free(r);
+        cm_free(meta);
+        return;
+    }
+    h.magic = CM_WIRE_MAGIC;
+    h.version = CM_WIRE_VERSION;
+    h.op = req->op >= 1 && req->op <= CM_WIRE_OP_MAX ? req->op : CM_WIRE_OP_PING;
+    h.flags = CM_WIRE_F_REPLY;
+    h.status = st;
+    h.session_id = req->session_id;
+    h.request_id = req->request_id;
+    h.meta_len = st == RI_OK ? (uint32_t)meta_len : 0;
+    cm_wire_encode(&h, r->hdr);
+    r->meta = meta;
+    prm.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA;
+    prm.cb.send = kvs_dp_reply_done;
+    prm.user_data = r;
+    sp = ucp_am_send_nbx(c->ep, CM_DP_AM_REPLY, r->hdr, CM_WIRE_HDR_SIZE, meta, h.meta_len, &prm);
+    if (sp == NULL || UCS_PTR_IS_ERR(sp)) {
+        if (UCS_PTR_IS_ERR(sp))
+            cm_debug("dp: reply send failed: %s", ucs_status_string(UCS_PTR_STATUS(sp)));
+        cm_free(r->meta);
+        cm_free(r);
+    }
+}
+
+static void kvs_dreq_release(kvs_dp_t *dp, kvs_dreq_t *r)
+{
+    if (r->ucx_owned)
+        ucp_am_data_release(dp->worker, r->desc);
+    else
+        cm_free(r->desc);
+    cm_free(r);
+}
+
+static void kvs_dp_serve_one(kvs_dp_t *dp, kvs_dreq_t *r)
+{
+    kvs_data_t *data = dp->data;
+    cm_wire_limits_t lim = {.max_meta_len = (uint32_t)CM_MIN(dp->max_body, UINT32_MAX), .max_data_len = dp->max_body};
+    cm_wire_hdr_t h = {0};
+    uint8_t *body = NULL, *reply = NULL;
+    size_t reply_len = 0;
+    ri_status_t st;
+
+    st = r->hdr_len == CM_WIRE_HDR_SIZE ? cm_wire_decode(r->hdr, r->hdr_len, 0, &lim, &h)
+                                        : (r->hdr_len < CM_WIRE_HDR_SIZE ? RI_ERR_TRUNCATED : RI_ERR_PROTOCOL);
+    if (st != RI_OK && r->hdr_len >= 48) /* answer to the caller's id when we can read it */
+        h.request_id = cm_dp_get64(r->hdr + 40);
+    if (st == RI_OK && (h.flags & CM_WIRE_F_REPLY))
+        st = RI_ERR_PROTOCOL;
+    if (st == RI_OK && (r->len == SIZE_MAX || (uint64_t)h.meta_len + h.data_len > dp->max_body))
+        st = RI_ERR_TOO_LARGE;
+    if (st == RI_OK && (uint64_t)h.meta_len + h.data_len != r->len)
+        st = (uint64_t)h.meta_len + h.data_len > r->len ? RI_ERR_TRUNCATED : RI_ERR_PROTOCOL;
+    if (st == RI_OK && r->rndv) {
+        ucp_request_param_t prm = {0};
+        void *req;
+        body = cm_malloc(&kvs_dp_tag, r->len);
+        if (body == NULL) {
+            st = RI_ERR_NOMEM;
+        } else {
+            req = ucp_am_recv_data_nbx(dp->worker, r->desc, body, r->len, &prm);
+            r->ucx_owned = false; /* UCX owns the descriptor now */
+            r->desc = NULL;
+            st = kvs_dp_wait(dp, req, r->conn);
+        }
+    } else if (st == RI_OK) {
+        body = r->desc;
+    }
+    if (st == RI_OK)
+        st = kvs_ops_serve(data, r->conn, &h, body, &reply, &reply_len);
+    if (st != RI_OK) {
+        pthread_mutex_lock(&data->lock);
+        kvs_count_error_locked(data, st);
+        pthread_mutex_unlock(&data->lock);
+        cm_debug("dp: %s request %llu: %s", cm_wire_op_name(h.op), (unsigned long long)h.request_id,
+                 ri_status_str(st));
+        cm_free(reply);
+        reply = NULL;
+        reply_len = 0;
+    }
+    kvs_dp_reply(dp, r->conn, &h, st, reply, reply_len);
+    if (r->rndv)
+        cm_free(body);
+    kvs_dreq_release(dp, r);
+}
+
+static void kvs_dp_close_conn(kvs_dp_t *dp, kvs_conn_t *c)
+{
+    ucp_request_param_t prm = {.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS, .flags = UCP_EP_CLOSE_FLAG_FORCE};
+    void *req;
+    uint64_t deadline = cm_time_ns() + 1000000000ull;
+
+    /* Caches (and their rkeys) go before the ep they were unpacked on. */
+    kvs_ops_conn_closed(dp->data, c);
+    req = ucp_ep_close_nbx(c->ep, &prm);
+    if (req != NULL && !UCS_PTR_IS_ERR(req)) {
+        while (ucp_request_check_status(req) == UCS_INPROGRESS && cm_time_ns() < deadline)
+            ucp_worker_progress(dp->worker);
+        ucp_request_free(req);
+    }
+    cm_free(c);
+}
+
+static void kvs_dp_gc(kvs_dp_t *dp)
+{
+    pthread_mutex_lock(&dp->gc_lock);
+    for (size_t i = 0; i < dp->n_gc; i++)
+        ucp_rkey_destroy(dp->gc_rkeys[i]);
+    dp->n_gc = 0;
+    pthread_mutex_unlock(&dp->gc_lock);
+    for (kvs_conn_t **pc = &dp->conns; *pc != NULL;) {
+        kvs_conn_t *c = *pc;
+        if (c->failed) {
+            /* Requests still queued from it are answered nowhere. */
+            for (kvs_dreq_t *r = dp->q_head; r != NULL; r = r->next)
+                if (r->conn == c)
+                    r->conn = NULL;
+            *pc = c->next;
+            kvs_dp_close_conn(dp, c);
+        } else {
+            pc = &c->next;
+        }
+    }
+}
+
+static void *kvs_dp_main(void *arg)
+{
+    kvs_dp_t *dp = arg;
+    uint64_t idle = 0, stop_deadline = 0;
+
+    for (;;) {
+        unsigned n = ucp_worker_progress(dp->worker);
+        kvs_dreq_t *r = dp->q_head;
+        if (r != NULL) {
+            dp->q_head = r->next;
+            if (dp->q_head == NULL)
+                dp->q_tail = NULL;
+            if (r->conn == NULL || r->conn->failed)
+                kvs_dreq_release(dp, r);
+            else
+                kvs_dp_serve_one(dp, r);
+            idle = 0;
+            continue;
+        }
+        kvs_dp_gc(dp);
+        if (atomic_load(&dp->stop)) {
+            /* Drain: keep serving what arrives for a short while, bounded. */
+            if (stop_deadline == 0)
+                stop_deadline = cm_time_ns() + CM_MIN((uint64_t)dp->data->cfg.drain_timeout_ms, 200u) * 1000000u;
+            if (n == 0 && cm_time_ns() > stop_deadline)
+                break;
+        }
+        if (n != 0) {
+            idle = 0;
+        } else if (++idle > 20000) {
+            cm_time_sleep_ns(idle > 200000 ? 200000 : 20000);
+        }
+    }
+    return NULL;
+}
+
+/* "host:port" or "[v6]:port" -> sockaddr. */
+static ri_status_t kvs_dp_parse_addr(const char *text, struct sockaddr_storage *ss, socklen_t *len_p, char *host,
+                                     size_t host_len)
+{
+    const char *colon = strrchr(text, ':');
+    char port[16];
+    struct addrinfo hints = {0}, *res = NULL;
+    size_t hl;
+
+    if (colon == NULL || strlen(colon + 1) == 0 || strlen(colon + 1) >= sizeof(port))
+        return RI_ERR_INVALID;
+    hl = (size_t)(colon - text);
+    if (hl >= 2 && text[0] == '[' && text[hl - 1] == ']') {
+        text++;
+        hl -= 2;
+    }
+    if (hl == 0 || hl >= host_len)
+        return RI_ERR_INVALID;
+    memcpy(host, text, hl);
+    host[hl] = '\0';
+    snprintf(port, sizeof(port), "%s", colon + 1);
+    hints.ai_family = AF_UNSPEC;
+    hints.ai_socktype = SOCK_STREAM;
+    hints.ai_flags = AI_PASSIVE;
+    if (getaddrinfo(host, port, &hints, &res) != 0 || res == NULL)
+        return RI_ERR_INVALID;
+    memcpy(ss, res->ai_addr, res->ai_addrlen);
+    *len_p = res->ai_addrlen;
+    freeaddrinfo(res);
+    return RI_OK;
+}
 
 ri_status_t kvs_dp_start(kvs_data_t *data, kvs_dp_t **dp_p)
 {
-    (void)data;
-    *dp_p = NULL;
+    kvs_dp_t *dp;
+    ucp_config_t *config = NULL;
+    ucp_params_t params = {0};
+    ucp_worker_params_t wp = {0};
+    ucp_am_handler_param_t ah = {0};
+    ucp_listener_params_t lp = {0};
+    ucp_listener_attr_t la = {0};
+    ucp_mem_map_params_t mp = {0};
+    struct sockaddr_storage ss;
+    socklen_t sl;
+    char host[128];
+    ucs_status_t s;
+    ri_status_t st;
+
+    dp = cm_calloc(&kvs_dp_tag, 1, sizeof(*dp));
+    if (dp == NULL)
+        return RI_ERR_NOMEM;
+    dp->data = data;
+    dp->max_body = data->cfg.max_msg_bytes;
+    pthread_mutex_init(&dp->gc_lock, NULL);
+    atomic_init(&dp->stop, false);
+    st = kvs_dp_parse_addr(data->cfg.dp_listen_addr, &ss, &sl, host, sizeof(host));
+    if (st != RI_OK) {
+        cm_error("dp: bad listen address '%s'", data->cfg.dp_listen_addr);
+        goto err_free;
+    }
+    s = ucp_config_read(NULL, NULL, &config);
+    if (s != UCS_OK)
+        goto err_ucx;
+    params.field_mask = UCP_PARAM_FIELD_FEATURES | UCP_PARAM_FIELD_NAME;
+    params.features = UCP_FEATURE_AM | UCP_FEATURE_RMA;
+    params.name = "ri-kvstore";
+    s = ucp_init(&params, config, &dp->ctx);
+    ucp_config_release(config);
+    if (s != UCS_OK)
+        goto err_ucx;
+    wp.field_mask = UCP_WORKER_PARAM_FIELD_THREAD_MODE;
+    wp.thread_mode = UCS_THREAD_MODE_SINGLE;
+    s = ucp_worker_create(dp->ctx, &wp, &dp->worker);
+    if (s != UCS_OK)
+        goto err_cleanup_ctx;
+    ah.field_mask = UCP_AM_HANDLER_PARAM_FIELD_ID | UCP_AM_HANDLER_PARAM_FIELD_CB | UCP_AM_HANDLER_PARAM_FIELD_ARG |
+                    UCP_AM_HANDLER_PARAM_FIELD_FLAGS;
+    ah.id = CM_DP_AM_REQUEST;
+    ah.cb = kvs_dp_am_cb;
+    ah.arg = dp;
+    ah.flags = UCP_AM_FLAG_PERSISTENT_DATA;
+    s = ucp_worker_set_am_recv_handler(dp->worker, &ah);
+    if (s != UCS_OK)
+        goto err_destroy_worker;
+    /* Register the pool once; puts from it then need no per-op registration. */
+    mp.field_mask = UCP_MEM_MAP_PARAM_FIELD_ADDRESS | UCP_MEM_MAP_PARAM_FIELD_LENGTH;
+    mp.address = kvs_pool_base(data->pool);
+    mp.length = kvs_pool_size(data->pool);
+    s = ucp_mem_map(dp->ctx, &mp, &dp->pool_memh);
+    if (s != UCS_OK)
+        goto err_destroy_worker;
+    lp.field_mask = UCP_LISTENER_PARAM_FIELD_SOCK_ADDR | UCP_LISTENER_PARAM_FIELD_CONN_HANDLER;
+    lp.sockaddr.addr = (const struct sockaddr *)&ss;
+    lp.sockaddr.addrlen = sl;
+    lp.conn_handler.cb = kvs_dp_conn_cb;
+    lp.conn_handler.arg = dp;
+    s = ucp_listener_create(dp->worker, &lp, &dp->listener);
+    if (s != UCS_OK)
+        goto err_unmap;
+    la.field_mask = UCP_LISTENER_ATTR_FIELD_SOCKADDR;
+    s = ucp_listener_query(dp->listener, &la);
+    if (s != UCS_OK)
+        goto err_destroy_listener;
+    {
+        uint16_t port = la.sockaddr.ss_family == AF_INET6 ? ntohs(((struct sockaddr_in6 *)&la.sockaddr)->sin6_port)
+                                                          : ntohs(((struct sockaddr_in *)&la.sockaddr)->sin_port);
+        snprintf(dp->address, sizeof(dp->address), strchr(host, ':') ? "[%s]:%u" : "%s:%u", host, port);
+    }
+    if (pthread_create(&dp->thread, NULL, kvs_dp_main, dp) != 0) {
+        st = RI_ERR_NOMEM;
+        goto err_destroy_listener_st;
+    }
+    dp->thread_started = true;
+    cm_info("dp: listening on %s", dp->address);
+    *dp_p = dp;
     return RI_OK;
+
+err_destroy_listener:
+    st = kvs_dp_status(s);
+err_destroy_listener_st:
+    ucp_listener_destroy(dp->listener);
+    ucp_mem_unmap(dp->ctx, dp->pool_memh);
+    ucp_worker_destroy(dp->worker);
+    ucp_cleanup(dp->ctx);
+    goto err_free;
+err_unmap:
+    ucp_mem_unmap(dp->ctx, dp->pool_memh);
+err_destroy_worker:
+    ucp_worker_destroy(dp->worker);
+err_cleanup_ctx:
+    ucp_cleanup(dp->ctx);
+err_ucx:
+    cm_error("dp: UCX start failed on %s: %s", data->cfg.dp_listen_addr, ucs_status_string(s));
+    st = s == UCS_ERR_BUSY ? RI_ERR_BUSY : RI_ERR_TRANSPORT;
+err_free:
+    pthread_mutex_destroy(&dp->gc_lock);
+    cm_free(dp);
+    return st;
 }
 
 void kvs_dp_stop(kvs_dp_t *dp)
 {
-    (void)dp;
+    if (dp == NULL || !dp->thread_started)
+        return;
+    atomic_store(&dp->stop, true);
+    pthread_join(dp->thread, NULL);
+    dp->thread_started = false;
+    /* The thread is gone: requests still queued are dropped unanswered. */
+    while (dp->q_head != NULL) {
+        kvs_dreq_t *r = dp->q_head;
+        dp->q_head = r->next;
+        kvs_dreq_release(dp, r);
+    }
+    dp->q_tail = NULL;
 }
 
 void kvs_dp_free(kvs_dp_t *dp)
 {
-    (void)dp;
+    if (dp == NULL)
+        return;
+    kvs_dp_stop(dp);
+    kvs_dp_gc(dp);
+    while (dp->conns != NULL) {
+        kvs_conn_t *c = dp->conns;
+        dp->conns = c->next;
+        kvs_dp_close_conn(dp, c);
+    }
+    ucp_listener_destroy(dp->listener);
+    ucp_mem_unmap(dp->ctx, dp->pool_memh);
+    ucp_worker_destroy(dp->worker);
+    ucp_cleanup(dp->ctx);
+    cm_free(dp->gc_rkeys);
+    pthread_mutex_destroy(&dp->gc_lock);
+    cm_free(dp);
 }
 
 const char *kvs_dp_address(const kvs_dp_t *dp)
 {
-    (void)dp;
-    return "";
+    return dp->address;
 }
 
 void kvs_dp_rkey_destroy(kvs_dp_t *dp, void *rkey)
 {
+    if (rkey == NULL)
+        return;
+    if (dp == NULL || !dp->thread_started || pthread_equal(dp->thread, pthread_self())) {
+        ucp_rkey_destroy(rkey);
+        return;
+    }
+    /* Another thread (a gRPC DropSession): the data-plane thread destroys it. */
+    pthread_mutex_lock(&dp->gc_lock);
+    if (dp->n_gc == dp->cap_gc) {
+        size_t cap = dp->cap_gc ? dp->cap_gc * 2 : 16;
+        ucp_rkey_h *n = cm_realloc(&kvs_dp_tag, dp->gc_rkeys, cap * sizeof(*n));
+        if (n == NULL) {
+            pthread_mutex_unlock(&dp->gc_lock);
+            cm_error("dp: out of memory; leaking one rkey");
+            return;
+        }
+        dp->gc_rkeys = n;
+        dp->cap_gc = cap;
+    }
+    dp->gc_rkeys[dp->n_gc++] = rkey;
+    pthread_mutex_unlock(&dp->gc_lock);
+}
+
+ri_status_t kvs_dp_rkey_unpack(kvs_dp_t *dp, void *conn, const void *buf, size_t len, void **rkey_p)
+{
+    kvs_conn_t *c = conn;
+    ucp_rkey_h rkey;
+    ucs_status_t s;
+    uint8_t *padded;
+
+    /* ucp_ep_rkey_unpack takes no length: it parses what the packed key says
+     * it holds.  Unpack from a zero-padded copy so that a lying key reads our
+     * zeros, not past the client's message. */
     (void)dp;
-    (void)rkey;
+    padded = cm_calloc(&kvs_dp_tag, 1, len + KVS_DP_RKEY_PAD);
+    if (padded == NULL)
+        return RI_ERR_NOMEM;
+    memcpy(padded, buf, len);
+    s = ucp_ep_rkey_unpack(c->ep, padded, &rkey);
+    cm_free(padded);
+    if (s != UCS_OK)
+        return RI_ERR_PROTOCOL; /* a bad packed key is the client's fault */
+    *rkey_p = rkey;
+    return RI_OK;
+}
+
+ri_status_t kvs_dp_put(kvs_dp_t *dp, void *conn, void *rkey, const void *src, size_t len, uint64_t raddr)
+{
+    kvs_conn_t *c = conn;
+    ucp_request_param_t prm = {0};
+    void *req;
+
+    if (c->failed)
+        return RI_ERR_CONN_RESET;
+    prm.op_attr_mask = UCP_OP_ATTR_FIELD_MEMH;
+    prm.memh = dp->pool_memh;
+    req = ucp_put_nbx(c->ep, src, len, raddr, rkey, &prm);
+    if (UCS_PTR_IS_ERR(req))
+        return kvs_dp_status(UCS_PTR_STATUS(req));
+    if (req != NULL)
+        ucp_request_free(req); /* completion is awaited by the flush */
+    c->puts++;
+    return RI_OK;
+}
+
+ri_status_t kvs_dp_flush(kvs_dp_t *dp, void *conn)
+{
+    kvs_conn_t *c = conn;
+    ucp_request_param_t prm = {0};
+
+    if (c->puts == 0)
+        return c->failed ? RI_ERR_CONN_RESET : RI_OK;
+    c->puts = 0;
+    return kvs_dp_wait(dp, ucp_ep_flush_nbx(c->ep, &prm), c);
 }

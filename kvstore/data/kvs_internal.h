@@ -152,7 +152,33 @@ static inline uint64_t kvs_cluster_pages(const kvs_session_t *s, uint32_t tokens
     return ((uint64_t)tokens + s->geo.page_tokens - 1) / s->geo.page_tokens;
 }
 
+/* Give back `less` pool bytes charged to s (after a failed allocation). */
+void kvs_session_uncharge_locked(kvs_data_t *data, kvs_session_t *s, uint64_t less);
+
+/* --- op handlers (kvs_ops.c), called by the data-plane thread, lock not held --- */
+
+/* Serve one request whose header decoded and whose body (meta || data,
+ * hdr->meta_len + hdr->data_len bytes) is complete.  conn: the transport
+ * connection it came on.  On return *reply_p / *reply_len_p hold the reply
+ * meta (cm_malloc'd, caller frees; NULL/0 when none) and the status is the
+ * reply's status. */
+ri_status_t kvs_ops_serve(kvs_data_t *data, void *conn, const cm_wire_hdr_t *hdr, const uint8_t *body,
+                          uint8_t **reply_p, size_t *reply_len_p);
+
+/* A connection went away: free the caches it registered (rkeys first). */
+void kvs_ops_conn_closed(kvs_data_t *data, void *conn);
+
 /* --- transport (kvs_dp.c) --- */
+
+/* Unpack a worker's rkey on conn (data-plane thread). */
+ri_status_t kvs_dp_rkey_unpack(kvs_dp_t *dp, void *conn, const void *buf, size_t len, void **rkey_p);
+
+/* Start a put of len bytes at src (inside the pool) to raddr on conn. */
+ri_status_t kvs_dp_put(kvs_dp_t *dp, void *conn, void *rkey, const void *src, size_t len, uint64_t raddr);
+
+/* Wait until every put started on conn completed (or failed). */
+ri_status_t kvs_dp_flush(kvs_dp_t *dp, void *conn);
+
 ri_status_t kvs_dp_start(kvs_data_t *data, kvs_dp_t **dp_p);
 /* Stop the thread, finishing in-flight ops within the drain bound. */
 void kvs_dp_stop(kvs_dp_t *dp);

@@ -1,0 +1,513 @@
+/*
+ * UCX data-plane client (see gw_dp.h).  One ucp context/worker/ep per
+ * connection; the caller's thread progresses the worker inside each call.
+ * Replies are matched on request_id; a late reply to an abandoned request is
+ * dropped.  Receive buffers are registered with ucp_mem_map and their packed
+ * rkey is sent in REGISTER_CACHE, so the server writes misses with ucp_put.
+ */
+#include "gpuworker/dp/gw_dp.h"
+
+#include <netdb.h>
+#include <stdio.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <ucp/api/ucp.h>
+
+#include "common/cm_alloc.h"
+#include "common/cm_log.h"
+#include "common/cm_status.h"
+#include "common/cm_time.h"
+
+#define GW_DP_MAX_REGS 64
+#define GW_DP_MAX_REPLY (UINT64_C(1) << 30)
+
+static CM_ALLOC_TAG(gw_dp_tag, "gw.dp");
+
+struct gw_dp {
+    ucp_context_h ctx;
+    ucp_worker_h worker;
+    ucp_ep_h ep;
+    uint64_t session_id;
+    uint8_t secret[CM_WIRE_SECRET_SIZE];
+    uint64_t next_req;             /* request ids, from 1 */
+    uint32_t timeout_ms;           /* default deadline */
+    bool failed;                   /* error handler fired or a call timed out */
+    ucs_status_t ep_status;        /* what the error handler said */
+    /* the reply being waited for */
+    uint64_t want_req;             /* request id; 0 = accept any (raw) */
+    bool waiting, have_reply, body_pending;
+    cm_wire_hdr_t reply_hdr;
+    uint8_t *reply_body;           /* meta || data of the reply (owned) */
+    size_t reply_len;
+    ucs_status_t body_status;      /* of a rendezvous body receive */
+    uint8_t send_hdr[CM_WIRE_HDR_SIZE];
+    ucp_mem_h regs[GW_DP_MAX_REGS]; /* registered receive buffers */
+    uint32_t n_regs;
+};
+
+static ri_status_t gw_dp_status(ucs_status_t s)
+{
+    switch (s) {
+    case UCS_OK: return RI_OK;
+    case UCS_ERR_NO_MEMORY: return RI_ERR_NOMEM;
+    case UCS_ERR_TIMED_OUT: return RI_ERR_TIMEOUT;
+    case UCS_ERR_UNREACHABLE: return RI_ERR_UNREACHABLE;
+    case UCS_ERR_CONNECTION_RESET:
+    case UCS_ERR_ENDPOINT_TIMEOUT:
+    case UCS_ERR_REJECTED: return RI_ERR_CONN_RESET;
+    default: return RI_ERR_TRANSPORT;
+    }
+}
+
+static void gw_dp_ep_error(void *arg, ucp_ep_h ep, ucs_status_t status)
+{
+    gw_dp_t *dp = arg;
+    (void)ep;
+    dp->failed = true;
+    dp->ep_status = status;
+}
+
+static void gw_dp_body_done(void *request, ucs_status_t status, size_t length, void *user_data)
+{
+    gw_dp_t *dp = user_data;
+    (void)length;
+    dp->body_status = status;
+    dp->body_pending = false;
+    dp->have_reply = true;
+    ucp_request_free(request);
+}
+
+static ucs_status_t gw_dp_am_reply(void *arg, const void *header, size_t header_length, void *data, size_t length,
+                                   const ucp_am_recv_param_t *param)
+{
+    gw_dp_t *dp = arg;
+    cm_wire_limits_t lim = {.max_meta_len = UINT32_MAX, .max_data_len = GW_DP_MAX_REPLY};
+    cm_wire_hdr_t h;
+
+    if (cm_wire_decode(header, header_length, 0, &lim, &h) != RI_OK || !(h.flags & CM_WIRE_F_REPLY) ||
+        (uint64_t)h.meta_len + h.data_len != length || length > GW_DP_MAX_REPLY) {
+        cm_warn("dp client: malformed reply dropped");
+        return UCS_OK;
+    }
+    if (!dp->waiting || dp->have_reply || dp->body_pending || (dp->want_req != 0 && h.request_id != dp->want_req))
+        return UCS_OK; /* late answer to an abandoned request */
+    dp->reply_hdr = h;
+    dp->reply_len = length;
+    dp->reply_body = NULL;
+    if (length > 0) {
+        dp->reply_body = cm_malloc(&gw_dp_tag, length);
+        if (dp->reply_body == NULL) {
+            dp->body_status = UCS_ERR_NO_MEMORY;
+            dp->have_reply = true;
+            return UCS_OK;
+        }
+    }
+    if (param->recv_attr & UCP_AM_RECV_ATTR_FLAG_RNDV) {
+        ucp_request_param_t prm = {0};
+        void *req;
+        prm.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA;
+        prm.cb.recv_am = gw_dp_body_done;
+        prm.user_data = dp;
+        dp->body_pending = true;
+        req = ucp_am_recv_data_nbx(dp->worker, data, dp->reply_body, length, &prm);
+        if (req == NULL || UCS_PTR_IS_ERR(req)) {
+            dp->body_status = req == NULL ? UCS_OK : UCS_PTR_STATUS(req);
+            dp->body_pending = false;
+            dp->have_reply = true;
+        }
+        return UCS_INPROGRESS;
+    }
+    if (length > 0)
+        memcpy(dp->reply_body, data, length);
+    dp->body_status = UCS_OK;
+    dp->have_reply = true;
+    return UCS_OK;
+}
+
+static ri_status_t gw_dp_parse_addr(const char *text, struct sockaddr_storage *ss, socklen_t *len_p)
+{
+    const char *colon = text ? strrchr(text, ':') : NULL;
+    char host[128], port[16];
+    struct addrinfo hints = {0}, *res = NULL;
+    size_t hl;
+
+    if (colon == NULL || strlen(colon + 1) == 0 || strlen(colon + 1) >= sizeof(port))
+        return RI_ERR_INVALID;
+    hl = (size_t)(colon - text);
+    if (hl >= 2 && text[0] == '[' && text[hl - 1] == ']') {
+        text++;
+        hl -= 2;
+    }
+    if (hl == 0 || hl >= sizeof(host))
+        return RI_ERR_INVALID;
+    memcpy(host, text, hl);
+    host[hl] = '\0';
+    snprintf(port, sizeof(port), "%s", colon + 1);
+    hints.ai_family = AF_UNSPEC;
+    hints.ai_socktype = SOCK_STREAM;
+    if (getaddrinfo(host, port, &hints, &res) != 0 || res == NULL)
+        return RI_ERR_UNREACHABLE;
+    memcpy(ss, res->ai_addr, res->ai_addrlen);
+    *len_p = res->ai_addrlen;
+    freeaddrinfo(res);
+    return RI_OK;
+}
+
+void gw_dp_header(gw_dp_t *dp, uint16_t op, uint32_t meta_len, uint64_t data_len, cm_wire_hdr_t *hdr_p)
+{
+    memset(hdr_p, 0, sizeof(*hdr_p));
+    hdr_p->magic = CM_WIRE_MAGIC;
+    hdr_p->version = CM_WIRE_VERSION;
+    hdr_p->op = op;
+    hdr_p->session_id = dp->session_id;
+    memcpy(hdr_p->secret, dp->secret, CM_WIRE_SECRET_SIZE);
+    hdr_p->request_id = ++dp->next_req;
+    hdr_p->meta_len = meta_len;
+    hdr_p->data_len = data_len;
+}
+
+/* Send (header, body) and progress until the matching reply or the deadline.
+ * want_req 0 accepts any reply (raw).  The reply stays in dp->reply_*. */
+static ri_status_t gw_dp_call(gw_dp_t *dp, const void *hdr, size_t hdr_len, uint64_t want_req, const void *body,
+                              size_t body_len, uint32_t timeout_ms)
+{
+    ucp_request_param_t prm = {0};
+    uint64_t deadline = cm_time_ns() + (uint64_t)(timeout_ms ? timeout_ms : dp->timeout_ms) * 1000000u;
+    void *sreq;
+    ri_status_t st = RI_OK;
+
+    if (dp->failed)
+        return RI_ERR_CONN_RESET;
+    cm_free(dp->reply_body);
+    dp->reply_body = NULL;
+    dp->have_reply = dp->body_pending = false;
+    dp->want_req = want_req;
+    dp->waiting = true;
+    memcpy(dp->send_hdr, hdr, CM_MIN(hdr_len, sizeof(dp->send_hdr)));
+    prm.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS;
+    prm.flags = UCP_AM_SEND_FLAG_REPLY;
+    sreq = ucp_am_send_nbx(dp->ep, CM_DP_AM_REQUEST, hdr_len <= sizeof(dp->send_hdr) ? dp->send_hdr : hdr, hdr_len,
+                           body, body_len, &prm);
+    if (UCS_PTR_IS_ERR(sreq)) {
+        dp->waiting = false;
+        return gw_dp_status(UCS_PTR_STATUS(sreq));
+    }
+    while (sreq != NULL || !dp->have_reply) {
+        ucp_worker_progress(dp->worker);
+        if (sreq != NULL && ucp_request_check_status(sreq) != UCS_INPROGRESS) {
+            ucs_status_t s = ucp_request_check_status(sreq);
+            ucp_request_free(sreq);
+            sreq = NULL;
+            if (s != UCS_OK && st == RI_OK)
+                st = gw_dp_status(s);
+        }
+        if (dp->failed || cm_time_ns() > deadline || (st != RI_OK && sreq == NULL)) {
+            if (st == RI_OK)
+                st = dp->failed ? gw_dp_status(dp->ep_status) : RI_ERR_TIMEOUT;
+            if (st == RI_ERR_TRANSPORT)
+                st = RI_ERR_CONN_RESET;
+            dp->failed = true; /* the connection is unusable from here on */
+            if (sreq != NULL) {
+                ucp_request_cancel(dp->worker, sreq);
+                /* The send stays owned by UCX until the ep closes; we just
+                 * stop tracking it (the ep is force-closed at gw_dp_close). */
+                ucp_request_free(sreq);
+            }
+            dp->waiting = false;
+            return st;
+        }
+    }
+    dp->waiting = false;
+    if (dp->body_status != UCS_OK)
+        return gw_dp_status(dp->body_status);
+    return st;
+}
+
+/* Call op with meta+data; returns the reply's status. */
+static ri_status_t gw_dp_op(gw_dp_t *dp, uint16_t op, const void *meta, uint32_t meta_len, const void *data,
+                            size_t data_len, uint32_t timeout_ms)
+{
+    cm_wire_hdr_t h;
+    uint8_t hb[CM_WIRE_HDR_SIZE];
+    uint8_t *body = NULL;
+    const void *send_body;
+    ri_status_t st;
+
+    gw_dp_header(dp, op, meta_len, data_len, &h);
+    cm_wire_encode(&h, hb);
+    /* One payload: meta || data.  Copying meta in front of a large data block
+     * would cost a copy; UCX AM takes one buffer, so big uploads pay it. */
+    if (meta_len > 0 && data_len > 0) {
+        body = cm_malloc(&gw_dp_tag, meta_len + data_len);
+        if (body == NULL)
+            return RI_ERR_NOMEM;
+        memcpy(body, meta, meta_len);
+        memcpy(body + meta_len, data, data_len);
+        send_body = body;
+    } else {
+        send_body = meta_len > 0 ? meta : data;
+    }
+    st = gw_dp_call(dp, hb, sizeof(hb), h.request_id, send_body, meta_len + data_len, timeout_ms);
+    if (!dp->failed || st == RI_OK)
+        cm_free(body);
+    /* else: UCX may still read the buffer of a cancelled send; it is leaked
+     * rather than freed under it (the connection is dead anyway). */
+    if (st != RI_OK)
+        return st;
+    return (ri_status_t)dp->reply_hdr.status;
+}
+
+ri_status_t gw_dp_connect(const char *addr, uint64_t session_id, const uint8_t secret[CM_WIRE_SECRET_SIZE],
+                          const gw_dp_options_t *opts, gw_dp_t **dp_p)
+{
+    gw_dp_t *dp;
+    ucp_config_t *config;
+    ucp_params_t params = {0};
+    ucp_worker_params_t wp = {0};
+    ucp_am_handler_param_t ah = {0};
+    ucp_ep_params_t ep = {0};
+    struct sockaddr_storage ss;
+    socklen_t sl;
+    ucs_status_t s;
+    ri_status_t st;
+
+    if (addr == NULL || secret == NULL || dp_p == NULL)
+        return RI_ERR_INVALID;
+    st = gw_dp_parse_addr(addr, &ss, &sl);
+    if (st != RI_OK)
+        return st;
+    dp = cm_calloc(&gw_dp_tag, 1, sizeof(*dp));
+    if (dp == NULL)
+        return RI_ERR_NOMEM;
+    dp->session_id = session_id;
+    memcpy(dp->secret, secret, CM_WIRE_SECRET_SIZE);
+    dp->timeout_ms = opts && opts->timeout_ms ? opts->timeout_ms : 10000;
+    st = RI_ERR_TRANSPORT;
+    if (ucp_config_read(NULL, NULL, &config) != UCS_OK)
+        goto err_free;
+    params.field_mask = UCP_PARAM_FIELD_FEATURES | UCP_PARAM_FIELD_NAME;
+    params.features = UCP_FEATURE_AM | UCP_FEATURE_RMA;
+    params.name = "ri-gw-dp";
+    s = ucp_init(&params, config, &dp->ctx);
+    ucp_config_release(config);
+    if (s != UCS_OK)
+        goto err_free;
+    wp.field_mask = UCP_WORKER_PARAM_FIELD_THREAD_MODE;
+    wp.thread_mode = UCS_THREAD_MODE_SINGLE;
+    if (ucp_worker_create(dp->ctx, &wp, &dp->worker) != UCS_OK)
+        goto err_cleanup;
+    ah.field_mask = UCP_AM_HANDLER_PARAM_FIELD_ID | UCP_AM_HANDLER_PARAM_FIELD_CB | UCP_AM_HANDLER_PARAM_FIELD_ARG;
+    ah.id = CM_DP_AM_REPLY;
+    ah.cb = gw_dp_am_reply;
+    ah.arg = dp;
+    if (ucp_worker_set_am_recv_handler(dp->worker, &ah) != UCS_OK)
+        goto err_worker;
+    ep.field_mask = UCP_EP_PARAM_FIELD_FLAGS | UCP_EP_PARAM_FIELD_SOCK_ADDR | UCP_EP_PARAM_FIELD_ERR_HANDLER |
+                    UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE;
+    ep.flags = UCP_EP_PARAMS_FLAGS_CLIENT_SERVER;
+    ep.sockaddr.addr = (const struct sockaddr *)&ss;
+    ep.sockaddr.addrlen = sl;
+    ep.err_mode = UCP_ERR_HANDLING_MODE_PEER;
+    ep.err_handler.cb = gw_dp_ep_error;
+    ep.err_handler.arg = dp;
+    s = ucp_ep_create(dp->worker, &ep, &dp->ep);
+    if (s != UCS_OK) {
+        st = gw_dp_status(s);
+        goto err_worker;
+    }
+    st = gw_dp_ping(dp);
+    if (st != RI_OK) {
+        gw_dp_close(dp);
+        return st;
+    }
+    *dp_p = dp;
+    return RI_OK;
+
+err_worker:
+    ucp_worker_destroy(dp->worker);
+err_cleanup:
+    ucp_cleanup(dp->ctx);
+err_free:
+    cm_free(dp);
+    return st;
+}
+
+void gw_dp_close(gw_dp_t *dp)
+{
+    ucp_request_param_t prm = {0};
+    void *req;
+    uint64_t deadline;
+
+    if (dp == NULL)
+        return;
+    prm.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS;
+    prm.flags = dp->failed ? UCP_EP_CLOSE_FLAG_FORCE : 0;
+    req = ucp_ep_close_nbx(dp->ep, &prm);
+    if (req != NULL && !UCS_PTR_IS_ERR(req)) {
+        deadline = cm_time_ns() + 2000000000ull;
+        while (ucp_request_check_status(req) == UCS_INPROGRESS && cm_time_ns() < deadline)
+            ucp_worker_progress(dp->worker);
+        if (ucp_request_check_status(req) == UCS_INPROGRESS) {
+            /* The peer does not answer a graceful close: force it. */
+            ucp_request_cancel(dp->worker, req);
+        }
+        ucp_request_free(req);
+    }
+    for (uint32_t i = 0; i < dp->n_regs; i++)
+        ucp_mem_unmap(dp->ctx, dp->regs[i]);
+    ucp_worker_destroy(dp->worker);
+    ucp_cleanup(dp->ctx);
+    cm_free(dp->reply_body);
+    cm_free(dp);
+}
+
+ri_status_t gw_dp_ping(gw_dp_t *dp)
+{
+    return gw_dp_op(dp, CM_WIRE_OP_PING, NULL, 0, NULL, 0, 0);
+}
+
+ri_status_t gw_dp_upload(gw_dp_t *dp, bool append, uint32_t layer, uint32_t n_heads, const uint32_t *heads,
+                         const uint32_t *counts, const uint32_t *tokens, const void *pages, size_t bytes,
+                         uint32_t *first_ids_p)
+{
+    uint64_t total = 0;
+    size_t mlen;
+    uint8_t *meta;
+    ri_status_t st;
+
+    if (dp == NULL || n_heads == 0 || n_heads > CM_DP_MAX_HEADS || heads == NULL || counts == NULL)
+        return RI_ERR_INVALID;
+    for (uint32_t i = 0; i < n_heads; i++)
+        total += counts[i];
+    mlen = cm_dp_clusters_meta_size(n_heads, total);
+    if (mlen > UINT32_MAX)
+        return RI_ERR_TOO_LARGE;
+    meta = cm_malloc(&gw_dp_tag, mlen);
+    if (meta == NULL)
+        return RI_ERR_NOMEM;
+    cm_dp_clusters_encode(meta, layer, n_heads, heads, counts, tokens);
+    st = gw_dp_op(dp, append ? CM_WIRE_OP_APPEND_CLUSTERS : CM_WIRE_OP_UPLOAD_CLUSTERS, meta, (uint32_t)mlen, pages,
+                  bytes, 0);
+    cm_free(meta);
+    if (st != RI_OK)
+        return st;
+    if (dp->reply_hdr.meta_len != 8u + 8u * n_heads || cm_dp_get32(dp->reply_body) != n_heads)
+        return RI_ERR_PROTOCOL;
+    if (first_ids_p != NULL)
+        for (uint32_t i = 0; i < n_heads; i++)
+            first_ids_p[i] = cm_dp_get32(dp->reply_body + 12 + 8u * i);
+    return RI_OK;
+}
+
+ri_status_t gw_dp_register_cache(gw_dp_t *dp, uint32_t capacity_pages, void *recv, size_t recv_len,
+                                 uint32_t *cache_id_p, uint64_t *page_bytes_p)
+{
+    ucp_mem_map_params_t mp = {0};
+    ucp_mem_h memh;
+    void *rkey_buf = NULL;
+    size_t rkey_len = 0;
+    cm_dp_register_t r;
+    uint8_t *meta;
+    ri_status_t st;
+
+    if (dp == NULL || recv == NULL || recv_len == 0 || cache_id_p == NULL)
+        return RI_ERR_INVALID;
+    if (dp->n_regs == GW_DP_MAX_REGS)
+        return RI_ERR_QUOTA;
+    mp.field_mask = UCP_MEM_MAP_PARAM_FIELD_ADDRESS | UCP_MEM_MAP_PARAM_FIELD_LENGTH;
+    mp.address = recv;
+    mp.length = recv_len;
+    if (ucp_mem_map(dp->ctx, &mp, &memh) != UCS_OK)
+        return RI_ERR_TRANSPORT;
+    if (ucp_rkey_pack(dp->ctx, memh, &rkey_buf, &rkey_len) != UCS_OK || rkey_len > CM_DP_MAX_RKEY) {
+        st = RI_ERR_TRANSPORT;
+        goto err_unmap;
+    }
+    r = (cm_dp_register_t){.capacity_pages = capacity_pages, .rkey_len = (uint32_t)rkey_len,
+                           .recv_addr = (uint64_t)(uintptr_t)recv, .recv_len = recv_len, .rkey = rkey_buf};
+    meta = cm_malloc(&gw_dp_tag, CM_DP_REGISTER_FIXED + rkey_len);
+    if (meta == NULL) {
+        st = RI_ERR_NOMEM;
+        goto err_release;
+    }
+    cm_dp_register_encode(meta, &r);
+    st = gw_dp_op(dp, CM_WIRE_OP_REGISTER_CACHE, meta, (uint32_t)(CM_DP_REGISTER_FIXED + rkey_len), NULL, 0, 0);
+    cm_free(meta);
+    ucp_rkey_buffer_release(rkey_buf);
+    rkey_buf = NULL;
+    if (st != RI_OK)
+        goto err_unmap;
+    if (dp->reply_hdr.meta_len != 16) {
+        st = RI_ERR_PROTOCOL;
+        goto err_unmap;
+    }
+    *cache_id_p = cm_dp_get32(dp->reply_body);
+    if (page_bytes_p != NULL)
+        *page_bytes_p = cm_dp_get64(dp->reply_body + 8);
+    dp->regs[dp->n_regs++] = memh;
+    return RI_OK;
+
+err_release:
+    ucp_rkey_buffer_release(rkey_buf);
+err_unmap:
+    ucp_mem_unmap(dp->ctx, memh);
+    return st;
+}
+
+ri_status_t gw_dp_fetch_ranked(gw_dp_t *dp, uint32_t cache_id, uint32_t layer, uint32_t n_heads,
+                               const uint32_t *heads, const uint32_t *counts, const uint32_t *ids,
+                               uint64_t recv_offset, uint32_t timeout_ms, gw_dp_fetch_result_t *res_p)
+{
+    uint64_t total = 0;
+    size_t mlen;
+    uint8_t *meta;
+    ri_status_t st;
+
+    if (dp == NULL || res_p == NULL || n_heads == 0 || n_heads > CM_DP_MAX_HEADS)
+        return RI_ERR_INVALID;
+    for (uint32_t i = 0; i < n_heads; i++)
+        total += counts[i];
+    mlen = cm_dp_fetch_meta_size(n_heads, total);
+    if (mlen > UINT32_MAX)
+        return RI_ERR_TOO_LARGE;
+    meta = cm_malloc(&gw_dp_tag, mlen);
+    if (meta == NULL)
+        return RI_ERR_NOMEM;
+    cm_dp_fetch_encode(meta, cache_id, layer, recv_offset, n_heads, heads, counts, ids);
+    st = gw_dp_op(dp, CM_WIRE_OP_FETCH_RANKED, meta, (uint32_t)mlen, NULL, 0, timeout_ms);
+    cm_free(meta);
+    if (st != RI_OK)
+        return st;
+    st = cm_dp_fetch_reply_decode(dp->reply_body, dp->reply_hdr.meta_len, &res_p->view);
+    if (st != RI_OK || res_p->view.n_entries != total)
+        return st != RI_OK ? st : RI_ERR_PROTOCOL;
+    res_p->buf = dp->reply_body; /* hand the reply over */
+    dp->reply_body = NULL;
+    return RI_OK;
+}
+
+void gw_dp_fetch_result_free(gw_dp_fetch_result_t *res)
+{
+    if (res == NULL)
+        return;
+    cm_free(res->buf);
+    res->buf = NULL;
+}
+
+ri_status_t gw_dp_release(gw_dp_t *dp, uint32_t cache_id)
+{
+    uint8_t meta[8];
+
+    cm_dp_put32(meta, cache_id);
+    cm_dp_put32(meta + 4, 0);
+    return gw_dp_op(dp, CM_WIRE_OP_RELEASE, meta, sizeof(meta), NULL, 0, 0);
+}
+
+ri_status_t gw_dp_raw(gw_dp_t *dp, const void *hdr, size_t hdr_len, const void *body, size_t body_len,
+                      uint32_t timeout_ms, cm_wire_hdr_t *reply_p)
+{
+    ri_status_t st = gw_dp_call(dp, hdr, hdr_len, 0, body, body_len, timeout_ms);
+    if (st == RI_OK && reply_p != NULL)
+        *reply_p = dp->reply_hdr;
+    return st;
+}

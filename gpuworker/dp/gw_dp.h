@@ -1,0 +1,92 @@
+/*
+ * The worker side of the UCX data plane: a client of ri-kvstore's data
+ * plane for one session.  One connection per gw_dp_t; calls are synchronous
+ * (send, then progress until the reply or the deadline) and not thread-safe:
+ * use one gw_dp_t per thread.  Every call returns an error instead of
+ * hanging when the daemon is gone (RI_ERR_CONN_RESET) or slow
+ * (RI_ERR_TIMEOUT); after either the connection is unusable (close it).
+ * Layouts: common/cm_dp_proto.h.
+ */
+#ifndef GW_DP_H
+#define GW_DP_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "common/cm_dp_proto.h"
+#include "common/cm_wire.h"
+#include "retroinfer/status.h"
+
+typedef struct gw_dp gw_dp_t;
+
+typedef struct gw_dp_options {
+    uint32_t timeout_ms;       /* default deadline of a call (0 = 10000) */
+} gw_dp_options_t;
+
+/* Connect to addr ("host:port", as kvs_data_address / CreateSession give it)
+ * for session_id with its secret, and check the path with a PING.  opts may
+ * be NULL.  Caller closes with gw_dp_close. */
+ri_status_t gw_dp_connect(const char *addr, uint64_t session_id, const uint8_t secret[CM_WIRE_SECRET_SIZE],
+                          const gw_dp_options_t *opts, gw_dp_t **dp_p);
+
+/* Close the connection and free everything (registered buffers included).
+ * NULL is a no-op. */
+void gw_dp_close(gw_dp_t *dp);
+
+/* PING: a round trip (authenticated for the session). */
+ri_status_t gw_dp_ping(gw_dp_t *dp);
+
+/*
+ * Upload (append = false) or append clusters of one layer for n_heads heads.
+ * heads[i]: KV head, counts[i]: its clusters, tokens: sizes of all clusters
+ * head by head; pages: their K/V in page format (cm_dp_proto.h), bytes long.
+ * first_ids_p (n_heads entries, may be NULL) gets each head's first id.
+ */
+ri_status_t gw_dp_upload(gw_dp_t *dp, bool append, uint32_t layer, uint32_t n_heads, const uint32_t *heads,
+                         const uint32_t *counts, const uint32_t *tokens, const void *pages, size_t bytes,
+                         uint32_t *first_ids_p);
+
+/*
+ * Announce a block cache of capacity_pages pages and the receive buffer
+ * (recv, recv_len bytes; borrowed: it must stay valid until the cache is
+ * released or the connection closed) where misses will be written.  The
+ * buffer is registered with UCX here.  Writes the cache id and page bytes.
+ */
+ri_status_t gw_dp_register_cache(gw_dp_t *dp, uint32_t capacity_pages, void *recv, size_t recv_len,
+                                 uint32_t *cache_id_p, uint64_t *page_bytes_p);
+
+/* The answer to a ranked fetch; the view points into `buf`. */
+typedef struct gw_dp_fetch_result {
+    cm_dp_fetch_reply_view_t view;  /* decoded and checked */
+    uint8_t *buf;                   /* reply meta (owned) */
+} gw_dp_fetch_result_t;
+
+/*
+ * Ranked fetch for one layer: per head heads[i] the counts[i] cluster ids in
+ * ids (head by head, best first).  Misses land in the cache's receive buffer
+ * from recv_offset on before this returns.  Free the result with
+ * gw_dp_fetch_result_free.  timeout_ms 0 = the connection's default.
+ */
+ri_status_t gw_dp_fetch_ranked(gw_dp_t *dp, uint32_t cache_id, uint32_t layer, uint32_t n_heads,
+                               const uint32_t *heads, const uint32_t *counts, const uint32_t *ids,
+                               uint64_t recv_offset, uint32_t timeout_ms, gw_dp_fetch_result_t *res_p);
+
+/* NULL-safe; frees what gw_dp_fetch_ranked put in *res. */
+void gw_dp_fetch_result_free(gw_dp_fetch_result_t *res);
+
+/* Release a cache (0 = all of this connection's caches on the session). */
+ri_status_t gw_dp_release(gw_dp_t *dp, uint32_t cache_id);
+
+/*
+ * Testing and fuzzing: send raw bytes as a request (hdr: the AM header, any
+ * length; body: the AM payload) and wait for the next reply.  The reply's
+ * decoded header goes to *reply_p (status = the server's verdict).
+ */
+ri_status_t gw_dp_raw(gw_dp_t *dp, const void *hdr, size_t hdr_len, const void *body, size_t body_len,
+                      uint32_t timeout_ms, cm_wire_hdr_t *reply_p);
+
+/* Fill a request header for this connection's session (request id set). */
+void gw_dp_header(gw_dp_t *dp, uint16_t op, uint32_t meta_len, uint64_t data_len, cm_wire_hdr_t *hdr_p);
+
+#endif /* GW_DP_H */
