@@ -125,7 +125,7 @@ static inline size_t cm_dp_clusters_meta_size(uint32_t n_heads, uint64_t total_c
 static inline ri_status_t cm_dp_clusters_decode(const void *meta, size_t len, cm_dp_clusters_view_t *v_p)
 {
     const uint8_t *p = meta;
-    cm_dp_clusters_view_t v;
+    cm_dp_clusters_view_t v = {0};
 
     if (meta == NULL || len < 8)
         return RI_ERR_TRUNCATED;
@@ -187,7 +187,7 @@ typedef struct cm_dp_register {
 static inline ri_status_t cm_dp_register_decode(const void *meta, size_t len, cm_dp_register_t *r_p)
 {
     const uint8_t *p = meta;
-    cm_dp_register_t r;
+    cm_dp_register_t r = {0};
 
     if (meta == NULL || len < CM_DP_REGISTER_FIXED)
         return RI_ERR_TRUNCATED;
@@ -237,7 +237,7 @@ static inline size_t cm_dp_fetch_meta_size(uint32_t n_heads, uint64_t total_ids)
 static inline ri_status_t cm_dp_fetch_decode(const void *meta, size_t len, cm_dp_fetch_view_t *v_p)
 {
     const uint8_t *p = meta;
-    cm_dp_fetch_view_t v;
+    cm_dp_fetch_view_t v = {0};
 
     if (meta == NULL || len < CM_DP_FETCH_FIXED)
         return RI_ERR_TRUNCATED;
@@ -342,7 +342,7 @@ static inline void cm_dp_entry_encode(uint8_t *p, const cm_dp_entry_t *e)
 static inline ri_status_t cm_dp_fetch_reply_decode(const void *meta, size_t len, cm_dp_fetch_reply_view_t *v_p)
 {
     const uint8_t *p = meta;
-    cm_dp_fetch_reply_view_t v;
+    cm_dp_fetch_reply_view_t v = {0};
     uint64_t sum = 0;
 
     if (meta == NULL || len < CM_DP_FETCH_REPLY_FIXED)

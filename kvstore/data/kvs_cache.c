@@ -234,7 +234,7 @@ ri_status_t kvs_cache_fetch(kvs_cache_t *c, kvs_cache_req_t *reqs, size_t n, uin
                             uint64_t *evicted_out, size_t max_evicted, size_t *n_evicted_p)
 {
     size_t n_ev = 0;
-    uint32_t cursor = 0;
+    uint32_t cursor = 0, touched_pages = 0;
     bool admitting = true;
     ri_status_t st;
 
@@ -262,6 +262,7 @@ ri_status_t kvs_cache_fetch(kvs_cache_t *c, kvs_cache_req_t *reqs, size_t n, uin
         reqs[i].first_page = cursor;
         kvs_cache_write_pages(c, e, pages_out + cursor);
         cursor += c->entries[e].n_pages;
+        touched_pages += c->entries[e].n_pages;
         c->ctr.hits++;
     }
     /* Misses, in request order, while they fit. */
@@ -272,17 +273,15 @@ ri_status_t kvs_cache_fetch(kvs_cache_t *c, kvs_cache_req_t *reqs, size_t n, uin
         c->ctr.misses++;
         if (!admitting)
             continue;
-        if (need > c->capacity) {
+        /* Pages not used by this fetch can all be freed; if that is not
+         * enough, evicting would only destroy useful entries. */
+        if (need > c->capacity - touched_pages) {
             admitting = false;
             continue;
         }
-        while (c->free_pages < need && c->lru != KVS_NIL && c->entries[c->lru].touched != c->epoch) {
+        while (c->free_pages < need) {
             evicted_out[n_ev++] = c->entries[c->lru].key;
             kvs_cache_evict(c, c->lru);
-        }
-        if (c->free_pages < need) {
-            admitting = false;
-            continue;
         }
         e = c->free_entry;
         c->free_entry = c->entries[e].next;
@@ -305,6 +304,7 @@ ri_status_t kvs_cache_fetch(kvs_cache_t *c, kvs_cache_req_t *reqs, size_t n, uin
         reqs[i].first_page = cursor;
         kvs_cache_write_pages(c, e, pages_out + cursor);
         cursor += need;
+        touched_pages += need;
         c->ctr.admitted++;
     }
     c->ctr.fetches++;

@@ -9,10 +9,13 @@
  *   1. classify: each requested cluster (in the order given: head by head,
  *      rank by rank) is a hit when the directory holds it, else a miss;
  *   2. apply: hits move to most-recent in request order; then misses are
- *      admitted in request order while they fit: a miss needing p pages evicts
- *      least-recent clusters (never one touched by this fetch) until p pages
- *      are free, then takes the p lowest-numbered free pages and becomes most
- *      recent.  The first miss that cannot fit ends admission for this fetch.
+ *      admitted in request order while they fit: a miss needing p pages fits
+ *      when p <= capacity - (pages of clusters touched by this fetch, hits and
+ *      admissions so far); it then evicts least-recent clusters until p pages
+ *      are free (never one touched by this fetch: they are the most recent),
+ *      takes the p lowest-numbered free pages and becomes most recent.  The
+ *      first miss that does not fit ends admission for this fetch, and evicts
+ *      nothing.
  * This exact rule is what tests/kvstore_data's reference model checks.
  */
 #ifndef KVS_CACHE_H

@@ -35,7 +35,7 @@
 #define PAGE_BYTES (4u * PT * DIM)
 #define CLUSTERS 40
 #define APPENDED 6
-#define CAP_PAGES 24
+#define CAP_PAGES 16
 #define RECV_BYTES (1u << 20)
 
 static const char *g_mode = "tcp";
@@ -192,14 +192,24 @@ static void fetch_and_check(gw_dp_t *dp, uint32_t cache_id, uint8_t *recv)
         }
     /* Misses admitted in order while they fit; evict LRU untouched clusters. */
     int touched = 0;
-    for (uint32_t q = 0; q < k; q++)
-        touched += hit[q];
+    uint32_t touched_pages = 0;
+    k = 0;
+    for (uint32_t i = 0; i < nh; i++)
+        for (uint32_t j = 0; j < counts[i]; j++, k++)
+            if (hit[k]) {
+                touched++;
+                touched_pages += g_cl[l][heads[i]][ids[k]].pages;
+            }
     k = 0;
     for (uint32_t i = 0; i < nh; i++)
         for (uint32_t j = 0; j < counts[i]; j++, k++) {
             uint32_t need = g_cl[l][heads[i]][ids[k]].pages, nfree = 0;
             if (hit[k] || !admitting)
                 continue;
+            if (need + touched_pages > CAP_PAGES) {
+                admitting = 0;
+                continue;
+            }
             for (int p = 0; p < CAP_PAGES; p++)
                 nfree += (uint32_t)g_free[p];
             while (nfree < need && g_lru_n > touched) {
@@ -224,6 +234,7 @@ static void fetch_and_check(gw_dp_t *dp, uint32_t cache_id, uint8_t *recv)
             g_lru[0] = e;
             g_lru_n++;
             touched++;
+            touched_pages += need;
             adm[k] = 1;
             memcpy(exp_pages[k], e.pages, sizeof(e.pages));
         }
