@@ -1,6 +1,16 @@
-/* Server process start/stop for data-plane tests and benchmarks. */
+/*
+ * Server process start/stop for data-plane tests and benchmarks.  Prefers the
+ * real daemon ($RI_BUILD_DIR/bin/ri-kvstore, sessions created over gRPC with
+ * gpuworker/ctl) when it was built; else the small kvs-test-server.
+ * RI_DP_SERVER=test forces the small server.
+ */
 #include "tests/kvstore_data/kvs_spawn.h"
 
+#ifdef KVS_SPAWN_HAVE_CTL
+#include "gpuworker/ctl/gw_ctl.h"
+#endif
+
+#include <fcntl.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -8,6 +18,78 @@
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
+
+#ifdef KVS_SPAWN_HAVE_CTL
+/* Start ri-kvstore on ephemeral ports and create one session over gRPC. */
+static int kvs_spawn_daemon(kvs_spawn_t *sp, const char *path, unsigned layers, unsigned kv_heads,
+                            unsigned head_dim, unsigned page_tokens, unsigned memory_mb)
+{
+    char portfile[256], mem[32], line[512], grpc[200] = "";
+    gw_ctl_t *ctl = NULL;
+    gw_ctl_geometry_t g = {.layers = layers, .kv_heads = kv_heads, .head_dim = head_dim, .dtype = 1,
+                           .page_tokens = page_tokens};
+    gw_ctl_session_t s;
+    gw_ctl_error_t err = {0};
+    struct timespec ts = {0, 20 * 1000 * 1000};
+    ri_status_t st;
+    FILE *f = NULL;
+
+    snprintf(portfile, sizeof(portfile), "/tmp/ri-kvs-spawn-%d-%ld.ports", (int)getpid(), (long)time(NULL));
+    unlink(portfile);
+    snprintf(mem, sizeof(mem), "%uMiB", memory_mb);
+    sp->pid = fork();
+    if (sp->pid < 0)
+        return -1;
+    if (sp->pid == 0) {
+        int devnull = open("/dev/null", O_WRONLY);
+        if (devnull >= 0)
+            dup2(devnull, 1);
+        execl(path, path, "--listen=127.0.0.1:0", "--dataplane-listen=127.0.0.1:0", "--metrics-listen=off",
+              "--memory", mem, "--port-file", portfile, "--drain-timeout-ms=2000", (char *)NULL);
+        _exit(127);
+    }
+    for (int i = 0; i < 500 && f == NULL; i++) {
+        int status;
+        if (waitpid(sp->pid, &status, WNOHANG) == sp->pid) {
+            sp->pid = 0;
+            return WIFEXITED(status) && WEXITSTATUS(status) == 77 ? 77 : -1;
+        }
+        f = fopen(portfile, "r");
+        if (f == NULL)
+            nanosleep(&ts, NULL);
+    }
+    if (f == NULL)
+        goto err_kill;
+    while (fgets(line, sizeof(line), f) != NULL) {
+        if (strncmp(line, "grpc=", 5) == 0)
+            sscanf(line + 5, "%199s", grpc);
+    }
+    fclose(f);
+    unlink(portfile);
+    st = gw_ctl_create(grpc, NULL, &ctl);
+    if (st == RI_OK)
+        st = gw_ctl_create_session(ctl, 5000, &g, 1, "dp-test", &s, &err);
+    gw_ctl_destroy(ctl);
+    if (st != RI_OK) {
+        fprintf(stderr, "CreateSession on %s: %s (%s)\n", grpc, ri_status_str(st), err.message);
+        goto err_kill;
+    }
+    if (s.dataplane_address[0] == '\0') {
+        fprintf(stderr, "ri-kvstore has no data plane here\n");
+        kvs_spawn_stop(sp, SIGTERM, 5000);
+        return 77;
+    }
+    snprintf(sp->addr, sizeof(sp->addr), "%s", s.dataplane_address);
+    sp->session_id = s.session_id;
+    memcpy(sp->secret, s.secret, 16);
+    sp->real_daemon = 1;
+    return 0;
+
+err_kill:
+    kvs_spawn_stop(sp, SIGKILL, 1000);
+    return -1;
+}
+#endif
 
 int kvs_spawn_start(kvs_spawn_t *sp, unsigned layers, unsigned kv_heads, unsigned head_dim, unsigned page_tokens,
                     unsigned memory_mb)
@@ -19,6 +101,14 @@ int kvs_spawn_start(kvs_spawn_t *sp, unsigned layers, unsigned kv_heads, unsigne
     unsigned long long id;
 
     memset(sp, 0, sizeof(*sp));
+#ifdef KVS_SPAWN_HAVE_CTL
+    {
+        const char *force = getenv("RI_DP_SERVER");
+        snprintf(path, sizeof(path), "%s/bin/ri-kvstore", bdir ? bdir : ".");
+        if ((force == NULL || strcmp(force, "test") != 0) && access(path, X_OK) == 0)
+            return kvs_spawn_daemon(sp, path, layers, kv_heads, head_dim, page_tokens, memory_mb);
+    }
+#endif
     snprintf(path, sizeof(path), "%s/bin/kvs-test-server", bdir ? bdir : ".");
     if (access(path, X_OK) != 0) {
         fprintf(stderr, "no server binary at %s\n", path);
@@ -44,7 +134,7 @@ int kvs_spawn_start(kvs_spawn_t *sp, unsigned layers, unsigned kv_heads, unsigne
     close(fds[1]);
     f = fdopen(fds[0], "r");
     if (f == NULL || fgets(line, sizeof(line), f) == NULL ||
-        sscanf(line, "%159s %llu %63s", sp->addr, &id, hex) != 3 || strlen(hex) != 32) {
+        sscanf(line, "%255s %llu %63s", sp->addr, &id, hex) != 3 || strlen(hex) != 32) {
         int status = 0;
         if (f)
             fclose(f);

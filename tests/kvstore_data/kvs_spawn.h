@@ -11,9 +11,10 @@
 
 typedef struct kvs_spawn {
     pid_t pid;              /* server process */
-    char addr[160];         /* "127.0.0.1:port" */
+    char addr[256];         /* "127.0.0.1:port" */
     uint64_t session_id;    /* session created for us */
     uint8_t secret[16];     /* its secret */
+    int real_daemon;        /* 1 when this is ri-kvstore (else kvs-test-server) */
 } kvs_spawn_t;
 
 /* Start the server with this geometry; 0 on success, 77 when it cannot run
