@@ -637,6 +637,8 @@ ri_status_t spill_write_internal(kvs_spill_t *sp, kvs_spill_wreq_t *reqs, size_t
     if (moves == NULL && sp->cfg.quota_bytes != 0 &&
         sp->used_bytes + total > sp->cfg.quota_bytes) {
         sp->st.quota_rejections++;
+        /* Dead space counts until compaction reclaims it: wake the compactor. */
+        pthread_cond_signal(&sp->compact_cv);
         pthread_mutex_unlock(&sp->mu);
         pthread_rwlock_unlock(&sp->wbar);
         cm_warn("spill: write of %zu records (%llu bytes) refused: disk quota %llu bytes, %llu used", n,
@@ -707,22 +709,30 @@ static ri_status_t raw_prep(void *arg, size_t i, void *slot, int *fd_p, uint64_t
     return RI_OK;
 }
 
+/* Is the record image read from disk the one the index expects?  The header
+ * must match field by field (a record of another key or an older version at
+ * that offset is as wrong as a flipped bit), and the CRC must hold. */
+static bool image_matches(const uint8_t *img, const kvs_spill_hdr_t *want)
+{
+    kvs_spill_hdr_t h;
+    return kvs_spill_hdr_decode(img, &h) == RI_OK && h.session == want->session && h.layer == want->layer &&
+           h.head == want->head && h.cluster == want->cluster && h.seq == want->seq &&
+           h.payload_bytes == want->payload_bytes && h.tokens == want->tokens && h.dtype == want->dtype &&
+           kvs_spill_rec_verify(img, want) == RI_OK;
+}
+
 static void raw_done(void *arg, size_t i, void *slot, int res)
 {
     spill_raw_t *r = &((rbatch_t *)arg)->raws[i];
     r->status = spill_res_status(res, r->rec_bytes, true);
     if (r->status != RI_OK)
         return;
-    kvs_spill_hdr_t h;
     const uint8_t *img = slot;
-    if (kvs_spill_hdr_decode(img, &h) != RI_OK || h.session != r->hdr.session || h.layer != r->hdr.layer ||
-        h.head != r->hdr.head || h.cluster != r->hdr.cluster || h.seq != r->hdr.seq ||
-        h.payload_bytes != r->hdr.payload_bytes || h.tokens != r->hdr.tokens || h.dtype != r->hdr.dtype ||
-        kvs_spill_rec_verify(img, &r->hdr) != RI_OK) {
+    if (!image_matches(img, &r->hdr)) {
         r->status = RI_ERR_CORRUPT;
         return;
     }
-    memcpy(r->image, img, KVS_SPILL_HDR_BYTES + h.payload_bytes);
+    memcpy(r->image, img, KVS_SPILL_HDR_BYTES + r->hdr.payload_bytes);
 }
 
 /* Run raw reads (refs on the segments held by the caller); mark failures of
@@ -804,19 +814,15 @@ static void user_done(void *arg, size_t i, void *slot, int res)
     r->status = spill_res_status(res, r->rec_bytes, true);
     if (r->status != RI_OK)
         return;
-    kvs_spill_hdr_t h;
     const uint8_t *img = slot;
-    if (kvs_spill_hdr_decode(img, &h) != RI_OK || h.session != r->hdr.session || h.layer != r->hdr.layer ||
-        h.head != r->hdr.head || h.cluster != r->hdr.cluster || h.seq != r->hdr.seq ||
-        h.payload_bytes != r->hdr.payload_bytes || h.tokens != r->hdr.tokens || h.dtype != r->hdr.dtype ||
-        kvs_spill_rec_verify(img, &r->hdr) != RI_OK) {
+    if (!image_matches(img, &r->hdr)) {
         r->status = RI_ERR_CORRUPT;
         return;
     }
-    memcpy(q->buf, img + KVS_SPILL_HDR_BYTES, h.payload_bytes);
-    q->payload_bytes = h.payload_bytes;
-    q->tokens = h.tokens;
-    q->dtype = h.dtype;
+    memcpy(q->buf, img + KVS_SPILL_HDR_BYTES, r->hdr.payload_bytes);
+    q->payload_bytes = r->hdr.payload_bytes;
+    q->tokens = r->hdr.tokens;
+    q->dtype = r->hdr.dtype;
 }
 
 ri_status_t kvs_spill_read(kvs_spill_t *sp, kvs_spill_rreq_t *reqs, size_t n)
