@@ -131,8 +131,12 @@ static ri_status_t kn_cpu_attn_pages(const kn_shape_t *grp, const float *q, cons
     if (buf == NULL)
         return RI_ERR_NOMEM;
     kn_fa_init(&fs, q, g, d, kn_shape_scale(grp), buf, buf + (size_t)g * d);
-    for (size_t p = 0; p < n_pages; p++)
+    for (size_t p = 0; p < n_pages; p++) {
+        if (fs.simd && p + 1 < n_pages)  /* the next page's start is elsewhere in memory */
+            kn_prefetch_page(pages[p + 1].k, pages[p + 1].v, pages[p + 1].stride,
+                             pages[p + 1].n_tokens, d);
         kn_fa_rows(&fs, pages[p].k, pages[p].v, pages[p].stride, pages[p].n_tokens);
+    }
     kn_fa_finish(&fs, o, lse);
     cm_free(buf);
     return RI_OK;
@@ -405,7 +409,21 @@ static ri_status_t kn_cpu_rank(const kn_shape_t *grp, const float *q, const kn_i
     n_e = CM_MIN(n_e, avail - n_r);
     kn_select_top(all, avail, (size_t)n_r + n_e, score);
     kn_select_top(all, (size_t)n_r + n_e, n_r, score);
-    memcpy(ids, all, ((size_t)n_r + n_e) * sizeof(uint32_t));
+    /* emit each part in ascending cluster order, so that the estimation and
+     * the retrieval walk memory forwards (O(C), no sort) */
+    {
+        uint8_t *flag = (uint8_t *)score;  /* scores are no longer needed */
+        uint32_t a = 0, b = n_r;
+        memset(flag, 0, C);
+        for (uint32_t i = 0; i < n_r + n_e; i++)
+            flag[all[i]] = i < n_r ? 1 : 2;
+        for (uint32_t j = 0; j < C; j++) {
+            if (flag[j] == 1)
+                ids[a++] = j;
+            else if (flag[j] == 2)
+                ids[b++] = j;
+        }
+    }
     *n_r_p = n_r;
     *n_e_p = n_e;
     st = RI_OK;

@@ -348,34 +348,43 @@ KN_T void kn_quest_score_avx2(const float *q, uint32_t g, uint32_t d, const cm_f
     }
 }
 
-/* acc[h] += sum_e w[h*n + e] * vsum[ids[e]] for G heads: each value-sum row
- * is read once per 16-float chunk and used by all heads. */
+/* acc[h] += sum_e w[h*n + e] * vsum[ids[e]] for G heads.  Rows come in
+ * cluster order (random in memory): row-outer with software prefetch a few
+ * rows ahead, accumulators in L1. */
 KN_TI void kn_est_accum_g(float *acc, const float *vsum, const uint32_t *ids, const float *w,
                           size_t n, uint32_t d, const int G)
 {
-    for (uint32_t c = 0; c < d; c += 16) {
-        __m256 a[KN_GMAX * 2];
-#pragma GCC unroll 8
-        for (int h = 0; h < G; h++) {
-            a[2 * h] = _mm256_loadu_ps(acc + (size_t)h * d + c);
-            a[2 * h + 1] = _mm256_loadu_ps(acc + (size_t)h * d + c + 8);
+    for (size_t e = 0; e < n; e++) {
+        const float *row = vsum + (size_t)ids[e] * d;
+        __m256 wb[KN_GMAX];
+        if (e + 6 < n) {
+            const char *pf = (const char *)(vsum + (size_t)ids[e + 6] * d);
+            for (uint32_t i = 0; i < d * 4; i += 64)
+                _mm_prefetch(pf + i, _MM_HINT_T0);
         }
-        for (size_t e = 0; e < n; e++) {
-            const float *row = vsum + (size_t)ids[e] * d + c;
-            __m256 v0 = _mm256_loadu_ps(row), v1 = _mm256_loadu_ps(row + 8);
+#pragma GCC unroll 8
+        for (int h = 0; h < G; h++)
+            wb[h] = _mm256_broadcast_ss(w + (size_t)h * n + e);
+        for (uint32_t c = 0; c < d; c += 8) {
+            __m256 v = _mm256_loadu_ps(row + c);
 #pragma GCC unroll 8
             for (int h = 0; h < G; h++) {
-                __m256 wb = _mm256_broadcast_ss(w + (size_t)h * n + e);
-                a[2 * h] = _mm256_fmadd_ps(wb, v0, a[2 * h]);
-                a[2 * h + 1] = _mm256_fmadd_ps(wb, v1, a[2 * h + 1]);
+                float *a = acc + (size_t)h * d + c;
+                _mm256_storeu_ps(a, _mm256_fmadd_ps(wb[h], v, _mm256_loadu_ps(a)));
             }
         }
-#pragma GCC unroll 8
-        for (int h = 0; h < G; h++) {
-            _mm256_storeu_ps(acc + (size_t)h * d + c, a[2 * h]);
-            _mm256_storeu_ps(acc + (size_t)h * d + c + 8, a[2 * h + 1]);
-        }
     }
+}
+
+KN_T void kn_prefetch_page(const cm_fp16_t *k, const cm_fp16_t *v, size_t stride, size_t n,
+                           uint32_t d)
+{
+    n = n < 16 ? n : 16;
+    for (size_t t = 0; t < n; t++)
+        for (uint32_t i = 0; i < d; i += 32) {
+            _mm_prefetch((const char *)(k + t * stride + i), _MM_HINT_T0);
+            _mm_prefetch((const char *)(v + t * stride + i), _MM_HINT_T0);
+        }
 }
 
 KN_T void kn_est_accum_avx2(float *acc, const float *vsum, const uint32_t *ids, const float *w,

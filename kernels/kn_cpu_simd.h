@@ -53,6 +53,8 @@ void kn_axpy_avx2(float *y, const float *x, float a, uint32_t d);
 /* acc [g][d] += sum_e w[h*n+e] * vsum[ids[e]][:] (d % 16 == 0). */
 void kn_est_accum_avx2(float *acc, const float *vsum, const uint32_t *ids, const float *w,
                        size_t n, uint32_t g, uint32_t d);
+/* Prefetch the first rows (up to 16) of a page. */
+void kn_prefetch_page(const cm_fp16_t *k, const cm_fp16_t *v, size_t stride, size_t n, uint32_t d);
 void kn_assign_avx2(const float *x, size_t n, const float *c, size_t nc, uint32_t d,
                     uint32_t *best);
 void kn_quest_score_avx2(const float *q, uint32_t g, uint32_t d, const cm_fp16_t *kmin,

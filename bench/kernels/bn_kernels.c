@@ -8,7 +8,7 @@
  * the wave-index build throughput.  Prints a table; --json PATH writes
  * shared/BENCH.md's shape.
  *
- *   ri bench kernels [--quick] [--max-n N] [--steps S] [--json PATH]
+ *   ri bench kernels [--quick] [--max-n N] [--only N] [--steps S] [--json PATH]
  */
 #define _GNU_SOURCE
 #include <math.h>
@@ -397,7 +397,7 @@ int main(int argc, char **argv)
 {
     const char *json = bn_parse_json_arg(&argc, argv);
     bool quick = false;
-    size_t max_n = (size_t)1 << 20;
+    size_t max_n = (size_t)1 << 20, only_n = 0;
     int steps = 0;
     static const size_t sizes[] = {8192, 32768, 131072, 524288, 1048576};
     bn_report_t *rep;
@@ -407,10 +407,12 @@ int main(int argc, char **argv)
             quick = true;
         else if (strcmp(argv[i], "--max-n") == 0 && i + 1 < argc)
             max_n = strtoull(argv[++i], NULL, 0);
+        else if (strcmp(argv[i], "--only") == 0 && i + 1 < argc)
+            only_n = strtoull(argv[++i], NULL, 0);
         else if (strcmp(argv[i], "--steps") == 0 && i + 1 < argc)
             steps = atoi(argv[++i]);
         else {
-            fprintf(stderr, "usage: ri bench kernels [--quick] [--max-n N] [--steps S] [--json PATH]\n");
+            fprintf(stderr, "usage: ri bench kernels [--quick] [--max-n N] [--only N] [--steps S] [--json PATH]\n");
             return 2;
         }
     }
@@ -429,6 +431,8 @@ int main(int argc, char **argv)
         char label[64], why[160];
         int st = steps ? steps : (N <= 32768 ? 8 : (N <= 131072 ? 4 : 1));
         snprintf(label, sizeof(label), "N=%zu", N);
+        if (only_n && N != only_n)
+            continue;
         if (N > max_n) {
             bn_report_skip(rep, label, quick ? "--quick runs N <= 32768" : "above --max-n");
             continue;
