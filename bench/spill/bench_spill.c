@@ -396,5 +396,6 @@ int main(int argc, char **argv)
         bn_report_skip(rep, "io_uring", "io_uring could not be set up here; only the pread path ran");
     free(data);
     free(rbuf);
+    rmdir(o.dir);   /* only if empty: never someone else's files */
     return bn_report_finish(rep, json) == 0 ? 0 : 1;
 }
