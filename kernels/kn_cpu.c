@@ -445,11 +445,13 @@ static ri_status_t kn_cpu_estimate(const kn_shape_t *grp, const float *q, const 
     float *qs = cm_malloc_aligned(&kn_tag, (size_t)g * d * sizeof(float), 64);
     float *w = cm_malloc_aligned(&kn_tag, ((size_t)g * n + 1) * sizeof(float), 64);
     float *acc = cm_malloc_aligned(&kn_tag, (size_t)g * d * sizeof(float), 64);
+    float *lnsz = cm_malloc(&kn_tag, (2 * n + 1) * sizeof(float)), *invsz;
     float den_h[KN_GMAX_STATE];
     ri_status_t st = RI_ERR_NOMEM;
 
-    if (!qs || !w || !acc)
+    if (!qs || !w || !acc || !lnsz)
         goto out;
+    invsz = lnsz + n;
     for (size_t i = 0; i < (size_t)g * d; i++)
         qs[i] = q[i] * kn_shape_scale(grp);
     /* logits of the listed centroids */
@@ -469,14 +471,18 @@ static ri_status_t kn_cpu_estimate(const kn_shape_t *grp, const float *q, const 
             }
         }
     }
-    /* weights: w = n_j e^{s_j - m} / n_j = e^{s_j - m} for the value sums,
-     * den = sum n_j e^{s_j - m}; done per head, then one pass over the sums */
+    /* per cluster once: ln n_j and 1/n_j (0 for an empty cluster) */
+    for (size_t e = 0; e < n; e++) {
+        uint32_t sz = idx->sizes[ids[e]];
+        lnsz[e] = sz ? logf((float)sz) : -INFINITY;
+        invsz[e] = sz ? 1.0f / (float)sz : 0.0f;
+    }
+    /* weights: p_j = n_j e^{s_j - m} (denominator), p_j / n_j multiplies VS_j */
     memset(acc, 0, (size_t)g * d * sizeof(float));
     for (uint32_t h = 0; h < g; h++) {
         float *wh = w + (size_t)h * n, m = -INFINITY, den = 0.0f;
         for (size_t e = 0; e < n; e++) {
-            uint32_t sz = idx->sizes[ids[e]];
-            wh[e] = sz ? wh[e] + logf((float)sz) : -INFINITY;  /* logit + ln n_j */
+            wh[e] += lnsz[e];  /* logit + ln n_j; -inf when empty */
             m = CM_MAX(m, wh[e]);
         }
         den_h[h] = 0.0f;
@@ -485,12 +491,14 @@ static ri_status_t kn_cpu_estimate(const kn_shape_t *grp, const float *q, const 
             memset(wh, 0, n * sizeof(float));
             continue;
         }
-        for (size_t e = 0; e < n; e++) {
-            uint32_t sz = idx->sizes[ids[e]];
-            float p = sz ? expf(wh[e] - m) : 0.0f;  /* n_j e^{s_j - m} */
-            den += p;
-            wh[e] = sz ? p / (float)sz : 0.0f;       /* times VS_j / n_j */
+        if (simd) {
+            den = kn_exp_sub_sum_avx2(wh, n, m);
+        } else {
+            for (size_t e = 0; e < n; e++)
+                den += (wh[e] = expf(wh[e] - m));
         }
+        for (size_t e = 0; e < n; e++)
+            wh[e] *= invsz[e];
         den_h[h] = den;
     }
     if (simd) {
@@ -512,6 +520,7 @@ out:
     cm_free(qs);
     cm_free(w);
     cm_free(acc);
+    cm_free(lnsz);
     return st;
 }
 

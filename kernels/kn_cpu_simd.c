@@ -252,7 +252,7 @@ KN_T void kn_axpy_avx2(float *y, const float *x, float a, uint32_t d)
 }
 
 /* GEMM-style argmax: centroids transposed into blocks of 16 ([d][16]) so that
- * 4 tokens x 16 centroids accumulate in 8 registers without reductions. */
+ * tokens x 16 centroids accumulate in registers without reductions. */
 KN_T void kn_assign_avx2(const float *x, size_t n, const float *c, size_t nc, uint32_t d,
                          uint32_t *best)
 {
@@ -290,30 +290,32 @@ KN_T void kn_assign_avx2(const float *x, size_t n, const float *c, size_t nc, ui
         bs[i] = -INFINITY;
         best[i] = 0;
     }
-    for (size_t t0 = 0; t0 < n; t0 += 4) {
-        const float *xr[4];
-        for (int r = 0; r < 4; r++)
+    /* 6 tokens x 16 centroids: 12 accumulators, 2 centroid loads and 6
+     * broadcasts per 12 FMAs (the classic AVX2 GEMM micro-kernel shape) */
+    for (size_t t0 = 0; t0 < n; t0 += 6) {
+        const float *xr[6];
+        for (int r = 0; r < 6; r++)
             xr[r] = x + CM_MIN(t0 + r, n - 1) * d;
         for (size_t b = 0; b < nb; b++) {
-            __m256 a[8];
-            float sc[4][16] __attribute__((aligned(32)));
+            __m256 a[12];
+            float sc[6][16] __attribute__((aligned(32)));
             const float *cb = ct + b * d * 16;
-            for (int z = 0; z < 8; z++)
+            for (int z = 0; z < 12; z++)
                 a[z] = _mm256_setzero_ps();
             for (uint32_t i = 0; i < d; i++) {
                 __m256 c0 = _mm256_load_ps(cb + i * 16), c1 = _mm256_load_ps(cb + i * 16 + 8);
-#pragma GCC unroll 4
-                for (int r = 0; r < 4; r++) {
+#pragma GCC unroll 6
+                for (int r = 0; r < 6; r++) {
                     __m256 xb = _mm256_broadcast_ss(xr[r] + i);
                     a[2 * r] = _mm256_fmadd_ps(xb, c0, a[2 * r]);
                     a[2 * r + 1] = _mm256_fmadd_ps(xb, c1, a[2 * r + 1]);
                 }
             }
-            for (int r = 0; r < 4; r++) {
+            for (int r = 0; r < 6; r++) {
                 _mm256_store_ps(sc[r], a[2 * r]);
                 _mm256_store_ps(sc[r] + 8, a[2 * r + 1]);
             }
-            for (int r = 0; r < 4 && t0 + r < n; r++) {
+            for (int r = 0; r < 6 && t0 + r < n; r++) {
                 size_t lim = CM_MIN((size_t)16, nc - b * 16);
                 for (size_t l = 0; l < lim; l++) {
                     if (sc[r][l] > bs[t0 + r]) {
