@@ -485,9 +485,9 @@ static ri_status_t mdl_forward(mdl_model_t *m, const mdl_rows_t *rw, mdl_act_t *
         const mdl_layer_t *L = &m->layers[l];
         for (size_t r = 0; r < R; r++)
             mdl_vec_rmsnorm(a->xb + r * E, a->x + r * E, L->attn_norm, E, hp->eps);
-        if ((st = mdl_matmul(pool, &L->wq, a->xb, R, a->q)) != RI_OK ||
-            (st = mdl_matmul(pool, &L->wk, a->xb, R, a->k)) != RI_OK ||
-            (st = mdl_matmul(pool, &L->wv, a->xb, R, a->v)) != RI_OK)
+        const mdl_weight_t *qkv[3] = {&L->wq, &L->wk, &L->wv};
+        float *qkv_out[3] = {a->q, a->k, a->v};
+        if ((st = mdl_matmul_multi(pool, qkv, 3, a->xb, R, qkv_out)) != RI_OK)
             return st;
         for (size_t r = 0; r < R; r++) {
             size_t pos = mdl_row_pos(rw, r);
@@ -517,8 +517,9 @@ static ri_status_t mdl_forward(mdl_model_t *m, const mdl_rows_t *rw, mdl_act_t *
             a->x[i] += a->xb[i];
         for (size_t r = 0; r < R; r++)
             mdl_vec_rmsnorm(a->xb + r * E, a->x + r * E, L->ffn_norm, E, hp->eps);
-        if ((st = mdl_matmul(pool, &L->w_gate, a->xb, R, a->g)) != RI_OK ||
-            (st = mdl_matmul(pool, &L->w_up, a->xb, R, a->u)) != RI_OK)
+        const mdl_weight_t *gu[2] = {&L->w_gate, &L->w_up};
+        float *gu_out[2] = {a->g, a->u};
+        if ((st = mdl_matmul_multi(pool, gu, 2, a->xb, R, gu_out)) != RI_OK)
             return st;
         mdl_vec_swiglu(a->g, a->u, R * hp->n_ff);
         if ((st = mdl_matmul(pool, &L->w_down, a->g, R, a->xb)) != RI_OK)

@@ -461,24 +461,27 @@ float mdl_dot(const mdl_weight_t *w, size_t r, const float *x)
     return mdl_dot_scalar(w, r, x);
 }
 
+#define MDL_MM_MAX 4   /* weights in one fused product */
+
 typedef struct mdl_mm_job {
-    const mdl_weight_t *w;  /* the weights */
+    const mdl_weight_t *const *w; /* the weights (same cols) */
+    float *const *y;        /* their outputs: n rows of w[k]->rows */
+    size_t nw;              /* how many */
+    size_t g_end[MDL_MM_MAX]; /* cumulative row-group counts (3 rows per group) */
     const float *x;         /* n rows of cols */
     size_t n;               /* activation rows */
-    float *y;               /* n rows of w->rows */
-    float *scratch;         /* per worker: cols floats */
+    float *scratch;         /* per worker: 3 * cols floats */
     bool simd;              /* AVX2 available */
     const int8_t *xq;       /* decode: activations as int8 blocks, or NULL */
     const float *xd, *xs;   /* their block scales and block sums */
 } mdl_mm_job_t;
 
-/* Rows [3*begin, 3*end) of the output (tasks are groups of 3 weight rows). */
-static void mdl_mm_rows(void *arg, size_t begin, size_t end, unsigned worker)
+/* Output rows [3*g0, 3*g1) of one weight. */
+static void mdl_mm_rows_one(mdl_mm_job_t *j, const mdl_weight_t *w, float *yout, size_t g0, size_t g1,
+                            unsigned worker)
 {
-    mdl_mm_job_t *j = arg;
-    const mdl_weight_t *w = j->w;
     size_t cols = w->cols, rows = w->rows;
-    size_t r0 = begin * 3, r1 = CM_MIN(end * 3, rows);
+    size_t r0 = g0 * 3, r1 = CM_MIN(g1 * 3, rows);
     if (j->n <= 2 || j->scratch == NULL) {
         /* decode: fused expand-and-dot, each weight byte read once */
 #ifdef MDL_X86
@@ -486,14 +489,13 @@ static void mdl_mm_rows(void *arg, size_t begin, size_t end, unsigned worker)
             size_t nb = cols / QK;
             for (size_t r = r0; r < r1; r++)
                 for (size_t i = 0; i < j->n; i++)
-                    j->y[i * rows + r] =
-                        mdl_dot_q8act_avx2(w, r, j->xq + i * cols, j->xd + i * nb, j->xs + i * nb);
+                    yout[i * rows + r] = mdl_dot_q8act_avx2(w, r, j->xq + i * cols, j->xd + i * nb, j->xs + i * nb);
             return;
         }
 #endif
         for (size_t r = r0; r < r1; r++)
             for (size_t i = 0; i < j->n; i++)
-                j->y[i * rows + r] = mdl_dot(w, r, j->x + i * cols);
+                yout[i * rows + r] = mdl_dot(w, r, j->x + i * cols);
         return;
     }
     float *wr = j->scratch + (size_t)worker * cols * 3;
@@ -509,13 +511,13 @@ static void mdl_mm_rows(void *arg, size_t begin, size_t end, unsigned worker)
                 mdl_dot3x4_f32_avx2(wr, cols, j->x + i * cols, cols, cols, o);
                 for (int t = 0; t < 3; t++)
                     for (int u = 0; u < 4; u++)
-                        j->y[(i + u) * rows + r + t] = o[t][u];
+                        yout[(i + u) * rows + r + t] = o[t][u];
             }
         }
         if (j->simd) {
             for (size_t t = 0; t < nr; t++)
                 for (size_t ii = i; ii < j->n; ii++)
-                    j->y[ii * rows + r + t] = mdl_dot1_f32_avx2(wr + t * cols, j->x + ii * cols, cols);
+                    yout[ii * rows + r + t] = mdl_dot1_f32_avx2(wr + t * cols, j->x + ii * cols, cols);
             continue;
         }
 #endif
@@ -524,41 +526,89 @@ static void mdl_mm_rows(void *arg, size_t begin, size_t end, unsigned worker)
                 float s = 0;
                 for (size_t k = 0; k < cols; k++)
                     s += wr[t * cols + k] * j->x[ii * cols + k];
-                j->y[ii * rows + r + t] = s;
+                yout[ii * rows + r + t] = s;
             }
     }
 }
 
-ri_status_t mdl_matmul(cm_pool_t *pool, const mdl_weight_t *w, const float *x, size_t n, float *y)
+/* Global row groups [begin, end) over the concatenated weights. */
+static void mdl_mm_rows(void *arg, size_t begin, size_t end, unsigned worker)
 {
-    mdl_mm_job_t j = {.w = w, .x = x, .n = n, .y = y, .simd = mdl_quant_have_simd()};
+    mdl_mm_job_t *j = arg;
+    size_t base = 0;
+    for (size_t k = 0; k < j->nw && begin < end; k++) {
+        size_t e = j->g_end[k];
+        if (begin < e) {
+            size_t stop = CM_MIN(end, e);
+            mdl_mm_rows_one(j, j->w[k], j->y[k], begin - base, stop - base, worker);
+            begin = stop;
+        }
+        base = e;
+    }
+}
+
+/* Products under this many multiply-adds run on the calling thread: waking
+ * the pool costs more than it saves (decode of small layers, busy CPUs). */
+static size_t mdl_par_min_macs(void)
+{
+    static size_t v;
+    if (v == 0) {
+        const char *e = getenv("RI_MODEL_PAR_MIN");
+        v = e != NULL && atol(e) > 0 ? (size_t)atol(e) : 512 * 1024;
+    }
+    return v;
+}
+
+ri_status_t mdl_matmul_multi(cm_pool_t *pool, const mdl_weight_t *const *w, size_t nw, const float *x, size_t n,
+                             float *const *y)
+{
+    if (nw == 0 || nw > MDL_MM_MAX)
+        return RI_ERR_INVALID;
+    mdl_mm_job_t j = {.w = w, .y = y, .nw = nw, .x = x, .n = n, .simd = mdl_quant_have_simd()};
+    size_t cols = w[0]->cols, groups = 0, macs = 0;
+    bool q8able = true;
+    for (size_t k = 0; k < nw; k++) {
+        if (w[k]->cols != cols)
+            return RI_ERR_INVALID;
+        groups += (w[k]->rows + 2) / 3;
+        j.g_end[k] = groups;
+        macs += w[k]->rows * cols * n;
+        q8able = q8able && (w[k]->type == MDL_GGML_Q4_0 || w[k]->type == MDL_GGML_Q4_1 || w[k]->type == MDL_GGML_Q8_0);
+    }
+    if (macs < mdl_par_min_macs())
+        pool = NULL;
     unsigned nt = pool != NULL ? cm_pool_size(pool) : 1;
     void *qbuf = NULL;
     if (n > 2) {
-        j.scratch = cm_malloc(&mdl_quant_tag, (size_t)nt * w->cols * 3 * sizeof(float));
+        j.scratch = cm_malloc(&mdl_quant_tag, (size_t)nt * cols * 3 * sizeof(float));
         if (j.scratch == NULL)
             return RI_ERR_NOMEM;
     }
 #ifdef MDL_X86
-    else if (j.simd && mdl_q8_enabled() &&
-             (w->type == MDL_GGML_Q4_0 || w->type == MDL_GGML_Q4_1 || w->type == MDL_GGML_Q8_0)) {
-        size_t nb = w->cols / QK;
-        qbuf = cm_malloc(&mdl_quant_tag, n * (w->cols + 2 * nb * sizeof(float)) + 64);
+    else if (j.simd && mdl_q8_enabled() && q8able) {
+        size_t nb = cols / QK;
+        qbuf = cm_malloc(&mdl_quant_tag, n * (cols + 2 * nb * sizeof(float)) + 64);
         if (qbuf == NULL)
             return RI_ERR_NOMEM;
         float *xd = qbuf, *xs = xd + n * nb;
         int8_t *xq = (int8_t *)(xs + n * nb);
         for (size_t i = 0; i < n; i++)
-            mdl_quant_act_avx2(x + i * w->cols, w->cols, xq + i * w->cols, xd + i * nb, xs + i * nb);
+            mdl_quant_act_avx2(x + i * cols, cols, xq + i * cols, xd + i * nb, xs + i * nb);
         j.xq = xq, j.xd = xd, j.xs = xs;
     }
 #endif
-    size_t groups = (w->rows + 2) / 3;
     size_t grain = CM_MAX((size_t)2, groups / ((size_t)nt * 8));
     cm_pool_parallel_for(pool, groups, grain, mdl_mm_rows, &j);
     cm_free(j.scratch);
     cm_free(qbuf);
     return RI_OK;
+}
+
+ri_status_t mdl_matmul(cm_pool_t *pool, const mdl_weight_t *w, const float *x, size_t n, float *y)
+{
+    const mdl_weight_t *ws[1] = {w};
+    float *ys[1] = {y};
+    return mdl_matmul_multi(pool, ws, 1, x, n, ys);
 }
 
 void mdl_quant_q8_activations(bool on)

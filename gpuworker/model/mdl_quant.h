@@ -47,6 +47,13 @@ float mdl_dot(const mdl_weight_t *w, size_t r, const float *x);
  * Threads from pool (NULL: the caller alone).  Errors only on out of memory. */
 ri_status_t mdl_matmul(cm_pool_t *pool, const mdl_weight_t *w, const float *x, size_t n, float *y);
 
+/* Several products of the same input in one parallel loop (Q/K/V, gate/up):
+ * y[k] = x W[k]^T for k < nw (nw <= 4, all W[k] with the same cols).
+ * Products smaller than RI_MODEL_PAR_MIN multiply-adds (default 512K) run on
+ * the caller's thread.  RI_ERR_INVALID for mismatched shapes. */
+ri_status_t mdl_matmul_multi(cm_pool_t *pool, const mdl_weight_t *const *w, size_t nw, const float *x, size_t n,
+                             float *const *y);
+
 /* Reference matmul: single thread, mdl_dot_ref. */
 void mdl_matmul_ref(const mdl_weight_t *w, const float *x, size_t n, float *y);
 

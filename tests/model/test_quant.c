@@ -155,6 +155,35 @@ static void test_matmul_all_types(void **state)
     check_shape(pool, MDL_GGML_Q4_1, 192, 576, 64);
 }
 
+static void test_fused_products(void **state)
+{
+    cm_pool_t *pool = *state;
+    for (size_t n = 1; n <= 5; n += 2) {
+        wbuf_t a = make_weight(MDL_GGML_Q4_1, 64, 96), b = make_weight(MDL_GGML_Q8_0, 31, 96),
+               c = make_weight(MDL_GGML_F16, 5, 96);
+        const mdl_weight_t *ws[3] = {&a.w, &b.w, &c.w};
+        float *x = malloc(n * 96 * sizeof(float));
+        for (size_t i = 0; i < n * 96; i++)
+            x[i] = frand();
+        float *y[3], *r[3];
+        for (int k = 0; k < 3; k++) {
+            y[k] = malloc(n * ws[k]->rows * sizeof(float));
+            r[k] = malloc(n * ws[k]->rows * sizeof(float));
+            mdl_matmul_ref(ws[k], x, n, r[k]);
+        }
+        assert_int_equal(mdl_matmul_multi(pool, ws, 3, x, n, y), RI_OK);
+        for (int k = 0; k < 3; k++) {
+            for (size_t i = 0; i < n * ws[k]->rows; i++)
+                assert_float_equal(y[k][i], r[k][i], 1e-4 * (1 + fabsf(r[k][i])));
+            free(y[k]), free(r[k]);
+        }
+        wbuf_t d = make_weight(MDL_GGML_F32, 4, 64);
+        const mdl_weight_t *bad[2] = {&a.w, &d.w};
+        assert_int_equal(mdl_matmul_multi(pool, bad, 2, x, n, y), RI_ERR_INVALID);   /* cols differ */
+        free(x), free(a.data), free(b.data), free(c.data), free(d.data);
+    }
+}
+
 static void test_scalar_path_matches(void **state)
 {
     (void)state;
@@ -209,6 +238,7 @@ int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_matmul_all_types),
+        cmocka_unit_test(test_fused_products),
         cmocka_unit_test(test_scalar_path_matches),
         cmocka_unit_test(test_checker_catches_corruption),
     };
