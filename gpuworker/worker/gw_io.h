@@ -43,6 +43,8 @@ typedef struct gw_io_job {
     uint32_t *expect_first;   /* UPLOAD: the first id each head must get (owned) */
     void *pages;              /* UPLOAD: page-format data (owned) */
     size_t bytes;             /* UPLOAD: its length */
+    uint32_t page_tokens;     /* UPLOAD: P, to split the data per head */
+    size_t page_bytes;        /* UPLOAD: bytes of one page */
     /* FETCH (borrowed until done) */
     uint32_t cache_id;        /* FETCH, RELEASE */
     const uint32_t *ids;      /* remote ids, head by head */

@@ -314,6 +314,8 @@ static ri_status_t gw_remote_queue_upload(gw_remote_t *r, uint32_t layer, const 
     up->expect_first = cm_malloc(&gw_remote_tag, r->n_kv * sizeof(uint32_t));
     up->tokens = cm_malloc(&gw_remote_tag, total_clusters * sizeof(uint32_t));
     up->bytes = (size_t)total_pages * r->page_bytes;
+    up->page_tokens = GW_REMOTE_PAGE_TOKENS;
+    up->page_bytes = r->page_bytes;
     up->pages = cm_malloc(&gw_remote_tag, up->bytes);
     if (!up->heads || !up->counts || !up->expect_first || !up->tokens || !up->pages) {
         gw_io_job_free(up);

@@ -1,0 +1,355 @@
+/*
+ * The "retroinfer-remote" attention backend (gw_attn_remote.h) on the public
+ * API: prefill is the runtime's exact attention, prefill_end builds and
+ * uploads a layer's index (ri_prefill), decode is ri_decode on the layer's
+ * view of the sequence's cache.  Workload: one sequence per request, one
+ * decode call per layer and generated token.
+ */
+#include "gpuworker/worker/gw_attn_remote.h"
+
+#include <math.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "common/cm_alloc.h"
+#include "common/cm_log.h"
+#include "common/cm_status.h"
+#include "common/cm_thread.h"
+#include "kernels/kn_ops.h"
+#include "retroinfer/retroinfer.h"
+
+static CM_ALLOC_TAG(gw_attn_tag, "gw.attn.remote");
+
+/* Process-wide settings and counters. */
+static struct {
+    pthread_mutex_t lock;
+    ri_client_h client;       /* NULL until configured */
+    gw_attn_remote_cfg_t cfg; /* strings owned below */
+    char *address, *token;
+    bool registered;
+    unsigned live;            /* sequences on the backend */
+    gw_attn_remote_totals_t tot;
+    float *errs;              /* compare_full samples */
+    size_t n_errs, cap_errs;
+} gw_g = {.lock = PTHREAD_MUTEX_INITIALIZER};
+
+typedef struct gw_attn {
+    mdl_kv_t *kv;             /* borrowed from the sequence */
+    mdl_attn_cfg_t cfg;
+    ri_session_h sess;
+    mdl_attn_stats_t st;      /* for mdl_seq_attn_stats */
+    ri_session_stats_t last;  /* counters already added to the totals */
+    bool compare;
+    float *full;              /* [n_heads][d] exact output (compare) */
+} gw_attn_t;
+
+static ri_kv_view_t gw_attn_view(const mdl_kv_t *kv, uint32_t layer, size_t n)
+{
+    return (ri_kv_view_t){.struct_size = sizeof(ri_kv_view_t), .k = kv->k[layer], .v = kv->v[layer], .n_tokens = n,
+                          .token_stride = kv->geom.head_dim, .head_stride = kv->cap * kv->geom.head_dim};
+}
+
+/* Add the session's counters since the last call to the totals. */
+static void gw_attn_account(gw_attn_t *a)
+{
+    ri_session_stats_t now = {.struct_size = sizeof(now)};
+    if (ri_session_stats(a->sess, &now) != RI_OK)
+        return;
+    pthread_mutex_lock(&gw_g.lock);
+    gw_g.tot.steps += now.steps - a->last.steps;
+    gw_g.tot.hits += now.hits - a->last.hits;
+    gw_g.tot.misses += now.misses - a->last.misses;
+    gw_g.tot.fetched_bytes += now.fetched_bytes - a->last.fetched_bytes;
+    gw_g.tot.uploaded_bytes += now.uploaded_bytes - a->last.uploaded_bytes;
+    gw_g.tot.recoveries += now.recoveries - a->last.recoveries;
+    gw_g.tot.build_s += now.build_s - a->last.build_s;
+    gw_g.tot.fetch_wait_s += now.fetch_wait_s - a->last.fetch_wait_s;
+    pthread_mutex_unlock(&gw_g.lock);
+    a->st.build_s += now.build_s - a->last.build_s;
+    a->last = now;
+}
+
+static void gw_attn_destroy(void *state)
+{
+    gw_attn_t *a = state;
+    if (a == NULL)
+        return;
+    if (a->sess != NULL) {
+        gw_attn_account(a);
+        ri_session_close(a->sess);
+    }
+    cm_free(a->full);
+    cm_free(a);
+    pthread_mutex_lock(&gw_g.lock);
+    gw_g.live--;
+    pthread_mutex_unlock(&gw_g.lock);
+}
+
+static ri_status_t gw_attn_create(const mdl_attn_cfg_t *cfg, mdl_kv_t *kv, void **state_p)
+{
+    ri_session_params_t sp;
+    gw_attn_t *a;
+    ri_status_t st;
+
+    pthread_mutex_lock(&gw_g.lock);
+    ri_client_h client = gw_g.client;
+    float cache_frac = gw_g.cfg.cache_frac;
+    bool compare = gw_g.cfg.compare_full;
+    if (client != NULL)
+        gw_g.live++;
+    pthread_mutex_unlock(&gw_g.lock);
+    if (client == NULL) {
+        cm_error("attention backend %s: not configured (no kvstore address)", GW_ATTN_REMOTE_NAME);
+        return RI_ERR_INVALID;
+    }
+    a = cm_calloc(&gw_attn_tag, 1, sizeof(*a));
+    if (a == NULL) {
+        st = RI_ERR_NOMEM;
+        goto err;
+    }
+    a->kv = kv;
+    a->cfg = *cfg;
+    a->compare = compare;
+    a->last.struct_size = sizeof(a->last);
+    if (compare) {
+        a->full = cm_malloc(&gw_attn_tag, (size_t)kv->geom.n_heads * kv->geom.head_dim * sizeof(float));
+        if (a->full == NULL) {
+            st = RI_ERR_NOMEM;
+            goto err;
+        }
+    }
+    ri_session_params_init(&sp);
+    sp.n_layers = kv->geom.n_layers;
+    sp.n_q_heads = kv->geom.n_heads;
+    sp.n_kv_heads = kv->geom.n_kv_heads;
+    sp.head_dim = kv->geom.head_dim;
+    sp.sink_tokens = cfg->sink_tokens;
+    sp.window_tokens = cfg->window_tokens;
+    sp.update_tokens = cfg->update_tokens;
+    if (cache_frac > 0)
+        sp.cache_frac = cache_frac;
+    sp.expected_tokens = kv->cap;
+    sp.label = "ri-worker";
+    st = ri_session_create(client, &sp, &a->sess);
+    if (st != RI_OK) {
+        cm_error("attention backend %s: %s", GW_ATTN_REMOTE_NAME, ri_last_error());
+        goto err;
+    }
+    *state_p = a;
+    return RI_OK;
+
+err:
+    if (a != NULL) {
+        gw_attn_destroy(a); /* drops live */
+    } else {
+        pthread_mutex_lock(&gw_g.lock);
+        gw_g.live--;
+        pthread_mutex_unlock(&gw_g.lock);
+    }
+    return st;
+}
+
+static ri_status_t gw_attn_prefill(void *state, uint32_t layer, size_t pos, size_t n, const float *q, float *out)
+{
+    gw_attn_t *a = state;
+    return mdl_attn_exact(cm_pool_default(), a->kv, layer, pos, n, q, out);
+}
+
+static ri_status_t gw_attn_prefill_end(void *state, uint32_t layer)
+{
+    gw_attn_t *a = state;
+    ri_kv_view_t v = gw_attn_view(a->kv, layer, a->kv->len);
+    ri_status_t st = ri_prefill(a->sess, layer, &v);
+    if (st != RI_OK)
+        cm_error("attention backend %s: %s", GW_ATTN_REMOTE_NAME, ri_last_error());
+    return st;
+}
+
+/* Re-create and re-fill the session from the sequence's cache. */
+static ri_status_t gw_attn_recover(gw_attn_t *a)
+{
+    uint32_t nl = a->kv->geom.n_layers;
+    ri_kv_view_t *views = cm_malloc(&gw_attn_tag, nl * sizeof(*views));
+    ri_status_t st;
+    if (views == NULL)
+        return RI_ERR_NOMEM;
+    /* kv->len tokens are complete in every layer: they cover every index. */
+    for (uint32_t l = 0; l < nl; l++)
+        views[l] = gw_attn_view(a->kv, l, a->kv->len);
+    st = ri_session_recover(a->sess, views);
+    cm_free(views);
+    if (st == RI_OK)
+        cm_warn("attention backend %s: kvstore session re-created and re-filled", GW_ATTN_REMOTE_NAME);
+    else
+        cm_error("attention backend %s: recovery failed: %s", GW_ATTN_REMOTE_NAME, ri_last_error());
+    return st;
+}
+
+static void gw_attn_record_err(const gw_attn_t *a, const float *out, uint32_t n_heads, uint32_t d)
+{
+    pthread_mutex_lock(&gw_g.lock);
+    if (gw_g.n_errs + n_heads > gw_g.cap_errs) {
+        size_t cap = CM_MAX(gw_g.cap_errs * 2, (size_t)4096);
+        float *ne = cm_realloc(&gw_attn_tag, gw_g.errs, cap * sizeof(float));
+        if (ne == NULL) {
+            pthread_mutex_unlock(&gw_g.lock);
+            return;
+        }
+        gw_g.errs = ne;
+        gw_g.cap_errs = cap;
+    }
+    for (uint32_t h = 0; h < n_heads; h++) {
+        double num = 0, den = 0;
+        for (uint32_t i = 0; i < d; i++) {
+            double x = (double)out[h * d + i] - a->full[h * d + i];
+            num += x * x;
+            den += (double)a->full[h * d + i] * a->full[h * d + i];
+        }
+        gw_g.errs[gw_g.n_errs++] = (float)(sqrt(num) / (sqrt(den) + 1e-30));
+    }
+    pthread_mutex_unlock(&gw_g.lock);
+}
+
+static ri_status_t gw_attn_decode(void *state, uint32_t layer, size_t pos, const float *q, float *out)
+{
+    gw_attn_t *a = state;
+    const mdl_attn_geom_t *g = &a->kv->geom;
+    ri_kv_view_t v = gw_attn_view(a->kv, layer, pos + 1);
+    ri_status_t st = ri_decode(&a->sess, 1, layer, q, &v, out);
+
+    if (st == RI_ERR_CONN_RESET || st == RI_ERR_TIMEOUT || st == RI_ERR_TRANSPORT) {
+        cm_warn("attention backend %s: %s; re-creating the session", GW_ATTN_REMOTE_NAME, ri_last_error());
+        st = gw_attn_recover(a);
+        if (st == RI_OK)
+            st = ri_decode(&a->sess, 1, layer, q, &v, out);
+    }
+    a->st.decode_steps++;
+    gw_attn_account(a);
+    if (st != RI_OK) {
+        pthread_mutex_lock(&gw_g.lock);
+        gw_g.tot.failures++;
+        pthread_mutex_unlock(&gw_g.lock);
+        return st;
+    }
+    a->st.exact_tokens = a->last.exact_tokens / CM_MAX(g->n_kv_heads, 1u);
+    if (a->compare) {
+        kn_shape_t shape = {.n_q_heads = g->n_heads, .n_kv_heads = g->n_kv_heads, .head_dim = g->head_dim};
+        kn_kv_view_t kv = {.k = v.k, .v = v.v, .n_tokens = v.n_tokens, .token_stride = v.token_stride,
+                           .head_stride = v.head_stride};
+        if (kn_attn_decode(NULL, &shape, 1, q, &kv, a->full, NULL) == RI_OK)
+            gw_attn_record_err(a, out, g->n_heads, g->head_dim);
+    }
+    return RI_OK;
+}
+
+static void gw_attn_stats(void *state, mdl_attn_stats_t *st_p)
+{
+    *st_p = ((gw_attn_t *)state)->st;
+}
+
+static const mdl_attn_ops_t gw_attn_ops = {
+    .name = GW_ATTN_REMOTE_NAME,
+    .help = "wave index + tripartite attention, clusters in ri-kvstore (needs --kvstore)",
+    .create = gw_attn_create,
+    .destroy = gw_attn_destroy,
+    .prefill = gw_attn_prefill,
+    .prefill_end = gw_attn_prefill_end,
+    .decode = gw_attn_decode,
+    .stats = gw_attn_stats,
+};
+
+ri_status_t gw_attn_remote_configure(const gw_attn_remote_cfg_t *cfg, char *err, size_t errlen)
+{
+    ri_client_params_t cp;
+    ri_client_h client = NULL;
+    ri_status_t st;
+
+    if (cfg == NULL || cfg->address == NULL) {
+        snprintf(err, errlen, "no kvstore address");
+        return RI_ERR_INVALID;
+    }
+    ri_client_params_init(&cp);
+    cp.address = cfg->address;
+    cp.token = cfg->token;
+    cp.timeout_ms = cfg->timeout_ms;
+    st = ri_client_connect(&cp, &client);
+    if (st != RI_OK) {
+        snprintf(err, errlen, "%s", ri_last_error());
+        return st;
+    }
+    pthread_mutex_lock(&gw_g.lock);
+    if (gw_g.live > 0) {
+        pthread_mutex_unlock(&gw_g.lock);
+        ri_client_close(client);
+        snprintf(err, errlen, "sequences still use the %s backend", GW_ATTN_REMOTE_NAME);
+        return RI_ERR_BUSY;
+    }
+    ri_client_close(gw_g.client);
+    cm_free(gw_g.address);
+    cm_free(gw_g.token);
+    gw_g.client = client;
+    gw_g.cfg = *cfg;
+    gw_g.address = cm_strdup(&gw_attn_tag, cfg->address);
+    gw_g.token = cfg->token ? cm_strdup(&gw_attn_tag, cfg->token) : NULL;
+    gw_g.cfg.address = gw_g.address;
+    gw_g.cfg.token = gw_g.token;
+    bool reg = !gw_g.registered;
+    gw_g.registered = true;
+    pthread_mutex_unlock(&gw_g.lock);
+    if (reg && (st = mdl_attn_register(&gw_attn_ops)) != RI_OK && st != RI_ERR_EXISTS) {
+        snprintf(err, errlen, "cannot register the %s backend: %s", GW_ATTN_REMOTE_NAME, ri_status_str(st));
+        return st;
+    }
+    return RI_OK;
+}
+
+void gw_attn_remote_shutdown(void)
+{
+    pthread_mutex_lock(&gw_g.lock);
+    ri_client_close(gw_g.client);
+    gw_g.client = NULL;
+    cm_free(gw_g.address);
+    cm_free(gw_g.token);
+    gw_g.address = gw_g.token = NULL;
+    cm_free(gw_g.errs);
+    gw_g.errs = NULL;
+    gw_g.n_errs = gw_g.cap_errs = 0;
+    pthread_mutex_unlock(&gw_g.lock);
+}
+
+static int gw_cmp_float(const void *x, const void *y)
+{
+    float a = *(const float *)x, b = *(const float *)y;
+    return (a > b) - (a < b);
+}
+
+void gw_attn_remote_totals(gw_attn_remote_totals_t *t_p)
+{
+    pthread_mutex_lock(&gw_g.lock);
+    *t_p = gw_g.tot;
+    t_p->n_err = gw_g.n_errs;
+    if (gw_g.n_errs > 0) {
+        float *s = cm_malloc(&gw_attn_tag, gw_g.n_errs * sizeof(float));
+        if (s != NULL) {
+            size_t n = gw_g.n_errs;
+            memcpy(s, gw_g.errs, n * sizeof(float));
+            qsort(s, n, sizeof(float), gw_cmp_float);
+            t_p->err_median = s[n / 2];
+            t_p->err_p90 = s[(size_t)(0.90 * (double)(n - 1))];
+            t_p->err_p99 = s[(size_t)(0.99 * (double)(n - 1))];
+            t_p->err_max = s[n - 1];
+            cm_free(s);
+        }
+    }
+    pthread_mutex_unlock(&gw_g.lock);
+}
+
+void gw_attn_remote_reset_totals(void)
+{
+    pthread_mutex_lock(&gw_g.lock);
+    memset(&gw_g.tot, 0, sizeof(gw_g.tot));
+    gw_g.n_errs = 0;
+    pthread_mutex_unlock(&gw_g.lock);
+}

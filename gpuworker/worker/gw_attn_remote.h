@@ -1,0 +1,69 @@
+/*
+ * The model runtime's "retroinfer-remote" attention backend: RetroInfer with
+ * the clusters' K/V in a ri-kvstore, through libretroinfer's public API (one
+ * kvstore session per model sequence).  The in-process "retroinfer" backend
+ * of gpuworker/model stays for tests and comparisons; both index and decode
+ * alike (same kernels, same budgets), so their outputs are identical.
+ *
+ * Why a separate name rather than `--attn retroinfer --kvstore ADDR`: the
+ * backend table is keyed by name, and the runtime's sequences are created
+ * from an ops table with no room for per-call connection settings; a
+ * process-wide configure call (the kvstore address, token, timeouts) before
+ * creating sequences, plus its own name, keeps the model runtime unaware of
+ * the kvstore.  ri-worker maps --kvstore ADDR to this backend.
+ *
+ * Failure: when a decode step finds the kvstore gone (connection reset or no
+ * answer within timeout_ms), the backend tries once to re-create and re-fill
+ * the session from the sequence's own K/V (kept whole in host memory by the
+ * model runtime) and repeats the step; when that fails too, decode returns
+ * the error, the sequence is lost to the caller and the process carries on.
+ */
+#ifndef GW_ATTN_REMOTE_H
+#define GW_ATTN_REMOTE_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "gpuworker/model/mdl_attn.h"
+#include "retroinfer/status.h"
+
+#define GW_ATTN_REMOTE_NAME "retroinfer-remote"
+
+typedef struct gw_attn_remote_cfg {
+    const char *address;    /* ri-kvstore gRPC "host:port" (copied) */
+    const char *token;      /* bearer token or NULL (copied) */
+    uint32_t timeout_ms;    /* control and data-plane deadline (0 = 5000) */
+    float cache_frac;       /* block cache share of the sequence's pages (0 = 0.05) */
+    bool compare_full;      /* also compute exact attention per decode step and
+                               record the relative error (costs a full pass) */
+} gw_attn_remote_cfg_t;
+
+/* Connect to the kvstore (Health) and register the backend with the model
+ * runtime (once per process; a second call reconnects with new settings
+ * when no sequence uses the backend).  err gets a message naming the address
+ * on failure.  Errors: those of ri_client_connect. */
+ri_status_t gw_attn_remote_configure(const gw_attn_remote_cfg_t *cfg, char *err, size_t errlen);
+
+/* Disconnect (every sequence on the backend must be destroyed first). */
+void gw_attn_remote_shutdown(void);
+
+/* Totals over every sequence since the last reset (process-wide). */
+typedef struct gw_attn_remote_totals {
+    uint64_t steps;            /* layer-steps decoded */
+    uint64_t hits, misses;     /* retrieved clusters: block cache / kvstore */
+    uint64_t fetched_bytes;    /* bytes received for misses */
+    uint64_t uploaded_bytes;   /* cluster bytes uploaded */
+    uint64_t recoveries;       /* sessions re-created after a kvstore failure */
+    uint64_t failures;         /* decode steps that returned an error */
+    double build_s;            /* index build (prefill_end and updates) */
+    double fetch_wait_s;       /* decode time spent waiting for the kvstore */
+    /* compare_full: relative L2 error of each query head's output vs exact */
+    uint64_t n_err;            /* (layer, head, step) samples */
+    double err_median, err_p90, err_p99, err_max;
+} gw_attn_remote_totals_t;
+
+void gw_attn_remote_totals(gw_attn_remote_totals_t *t_p);
+void gw_attn_remote_reset_totals(void);
+
+#endif /* GW_ATTN_REMOTE_H */

@@ -1,0 +1,394 @@
+/*
+ * ri-worker: our own inference engine as a worker process.  Loads the model
+ * (default: the installed SmolLM2), connects to a ri-kvstore (--kvstore
+ * ADDR: the "retroinfer-remote" attention backend), and serves generation
+ * requests, one JSON object per line on stdin, one JSON reply per line on
+ * stdout (docs/worker.md):
+ *
+ *   {"id": 1, "prompt": "...", "max_tokens": 32, "attn": "retroinfer-remote",
+ *    "compare_attn": "full", "chat": false}
+ *
+ * compare_attn runs a second backend on a copy of the same prefill, so that
+ * two methods answer the same prompt for the cost of one prefill.  With
+ * --prompt-file the worker answers that one request and exits (no stdin).
+ *
+ * A request that fails (kvstore gone and not back) gets {"ok": false,
+ * "error": ...}; the process stays up, and the next request opens a new
+ * kvstore session (the gRPC channel reconnects by itself).
+ */
+#define _GNU_SOURCE
+#include <cjson/cJSON.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "common/cm_alloc.h"
+#include "common/cm_config.h"
+#include "common/cm_log.h"
+#include "common/cm_status.h"
+#include "common/cm_thread.h"
+#include "common/cm_time.h"
+#include "gpuworker/model/mdl_model.h"
+#include "gpuworker/model/mdl_sample.h"
+#include "gpuworker/worker/gw_attn_remote.h"
+
+static CM_ALLOC_TAG(wk_tag, "ri-worker");
+
+typedef struct wk_cfg {
+    char *model;         /* GGUF path; empty = the default model */
+    char *kvstore;       /* ri-kvstore gRPC address; empty = no kvstore */
+    char *token;         /* bearer token */
+    int64_t timeout_ms;  /* kvstore deadline */
+    double cache_frac;   /* block cache share */
+    bool compare_full;   /* record attention error vs exact */
+    int64_t threads;     /* 0 = all CPUs */
+    char *prompt_file;   /* one-shot request */
+    char *attn;          /* one-shot: backend */
+    char *compare_attn;  /* one-shot: second backend */
+    int64_t max_tokens;  /* one-shot: tokens */
+    bool chat;           /* one-shot: chat template */
+} wk_cfg_t;
+
+#define WK_ITEM(n, t, d, h, f) {n, t, d, h, offsetof(wk_cfg_t, f), 0, 0}
+static const cm_config_item_t wk_items[] = {
+    WK_ITEM("model", CM_CFG_STRING, NULL, "GGUF model file (default: the installed SmolLM2)", model),
+    WK_ITEM("kvstore", CM_CFG_STRING, NULL, "ri-kvstore gRPC address host:port (enables retroinfer-remote)", kvstore),
+    WK_ITEM("token", CM_CFG_STRING, NULL, "bearer token for the kvstore", token),
+    {"timeout-ms", CM_CFG_INT, "5000", "kvstore call deadline", offsetof(wk_cfg_t, timeout_ms), 100, 600000},
+    {"cache-frac", CM_CFG_DOUBLE, "0.05", "block cache size as a share of a sequence's KV pages",
+     offsetof(wk_cfg_t, cache_frac), 0.0001, 1.0},
+    WK_ITEM("compare-full", CM_CFG_BOOL, "false",
+            "retroinfer-remote also computes exact attention and reports the error", compare_full),
+    {"threads", CM_CFG_INT, "0", "threads (0 = RI_THREADS or all CPUs)", offsetof(wk_cfg_t, threads), 0, 1024},
+    WK_ITEM("prompt-file", CM_CFG_STRING, NULL, "answer this prompt once and exit (no stdin requests)", prompt_file),
+    WK_ITEM("attn", CM_CFG_STRING, NULL, "backend of the one-shot request (default: retroinfer-remote with "
+            "--kvstore, else full)", attn),
+    WK_ITEM("compare-attn", CM_CFG_STRING, NULL, "one-shot: also answer with this backend on the same prefill",
+            compare_attn),
+    {"max-tokens", CM_CFG_INT, "32", "one-shot: tokens to generate", offsetof(wk_cfg_t, max_tokens), 1, 1 << 20},
+    WK_ITEM("chat", CM_CFG_BOOL, "false", "one-shot: apply the chat template", chat),
+};
+static const cm_config_table_t wk_table = {"ri-worker", "RI_WORKER_", wk_items, CM_ARRAY_LEN(wk_items)};
+
+typedef struct wk_req {
+    const char *prompt;
+    const char *attn;
+    const char *compare_attn;
+    size_t max_tokens;
+    bool chat;
+} wk_req_t;
+
+/* Greedy generation on seq from the prefill's logits (copied in). */
+static ri_status_t wk_generate(mdl_model_t *m, mdl_seq_t *seq, const float *logits0, size_t max_tokens,
+                               cJSON *run)
+{
+    const mdl_hparams_t *hp = mdl_model_hparams(m);
+    const mdl_tok_t *tok = mdl_model_tok(m);
+    float *logits = cm_malloc(&wk_tag, hp->n_vocab * sizeof(float));
+    int32_t *out = cm_malloc(&wk_tag, (max_tokens + 1) * sizeof(int32_t));
+    size_t n = 0, steps = 0;
+    ri_status_t st = RI_OK;
+    char *text = NULL;
+
+    if (logits == NULL || out == NULL) {
+        st = RI_ERR_NOMEM;
+        goto done;
+    }
+    memcpy(logits, logits0, hp->n_vocab * sizeof(float));
+    double t0 = cm_time_s();
+    for (;;) {
+        int32_t next = mdl_argmax(logits, hp->n_vocab);
+        if (mdl_tok_is_stop(tok, next))
+            break;
+        out[n++] = next;
+        if (n >= max_tokens || mdl_seq_len(seq) >= mdl_seq_cap(seq))
+            break;
+        mdl_seq_t *one[1] = {seq};
+        if ((st = mdl_decode(m, one, &next, 1, logits)) != RI_OK)
+            break;
+        steps++;
+    }
+    double dt = cm_time_s() - t0;
+    if (mdl_tok_decode(tok, out, n, true, &text) == RI_OK) {
+        cJSON_AddStringToObject(run, "text", text);
+        cm_free(text);
+    }
+    cJSON_AddNumberToObject(run, "tokens", (double)n);
+    cJSON_AddNumberToObject(run, "decode_steps", (double)steps);
+    cJSON_AddNumberToObject(run, "decode_s", dt);
+    cJSON_AddNumberToObject(run, "decode_tok_s", steps > 0 ? (double)steps / dt : 0.0);
+done:
+    cm_free(logits);
+    cm_free(out);
+    return st;
+}
+
+static void wk_add_remote_stats(cJSON *run, size_t steps)
+{
+    gw_attn_remote_totals_t t;
+    gw_attn_remote_totals(&t);
+    cJSON_AddNumberToObject(run, "hit_ratio", t.hits + t.misses ? (double)t.hits / (double)(t.hits + t.misses) : 0);
+    cJSON_AddNumberToObject(run, "cache_hits", (double)t.hits);
+    cJSON_AddNumberToObject(run, "cache_misses", (double)t.misses);
+    cJSON_AddNumberToObject(run, "fetched_bytes", (double)t.fetched_bytes);
+    cJSON_AddNumberToObject(run, "fetched_bytes_per_token", steps ? (double)t.fetched_bytes / (double)steps : 0);
+    cJSON_AddNumberToObject(run, "uploaded_bytes", (double)t.uploaded_bytes);
+    cJSON_AddNumberToObject(run, "index_build_s", t.build_s);
+    cJSON_AddNumberToObject(run, "fetch_wait_s", t.fetch_wait_s);
+    cJSON_AddNumberToObject(run, "recoveries", (double)t.recoveries);
+    if (t.n_err > 0) {
+        cJSON_AddNumberToObject(run, "attn_rel_err_median", t.err_median);
+        cJSON_AddNumberToObject(run, "attn_rel_err_p90", t.err_p90);
+        cJSON_AddNumberToObject(run, "attn_rel_err_p99", t.err_p99);
+        cJSON_AddNumberToObject(run, "attn_rel_err_max", t.err_max);
+        cJSON_AddNumberToObject(run, "attn_err_samples", (double)t.n_err);
+    }
+}
+
+/* Serve one request; the reply (ok or error) goes into reply. */
+static void wk_serve(mdl_model_t *m, const wk_req_t *rq, cJSON *reply)
+{
+    const mdl_tok_t *tok = mdl_model_tok(m);
+    const mdl_hparams_t *hp = mdl_model_hparams(m);
+    const mdl_attn_ops_t *ops[2] = {mdl_attn_find(rq->attn), NULL};
+    mdl_seq_t *seq[2] = {NULL, NULL};
+    int32_t *ids = NULL;
+    size_t n_ids = 0, n_runs = 1;
+    float *logits = NULL;
+    char err[512] = "";
+    ri_status_t st;
+
+    if (ops[0] == NULL) {
+        snprintf(err, sizeof(err), "unknown attn '%s' (have: %s)", rq->attn, mdl_attn_names());
+        goto fail;
+    }
+    if (rq->compare_attn != NULL && rq->compare_attn[0] != '\0') {
+        if ((ops[1] = mdl_attn_find(rq->compare_attn)) == NULL) {
+            snprintf(err, sizeof(err), "unknown compare_attn '%s' (have: %s)", rq->compare_attn, mdl_attn_names());
+            goto fail;
+        }
+        n_runs = 2;
+    }
+    st = rq->chat ? mdl_tok_chat(tok, NULL, rq->prompt, &ids, &n_ids)
+                  : mdl_tok_encode(tok, rq->prompt, strlen(rq->prompt), false, &ids, &n_ids);
+    if (st != RI_OK || n_ids == 0) {
+        snprintf(err, sizeof(err), "cannot tokenize the prompt: %s", st ? ri_status_str(st) : "it is empty");
+        goto fail;
+    }
+    size_t cap = n_ids + rq->max_tokens + 1;
+    mdl_attn_cfg_t acfg;
+    mdl_attn_cfg_default(&acfg);
+    if ((st = mdl_seq_create(m, ops[0], &acfg, cap, &seq[0])) != RI_OK) {
+        snprintf(err, sizeof(err), "cannot create a %zu-token sequence with attn %s: %s", cap, ops[0]->name,
+                 ri_status_str(st));
+        goto fail;
+    }
+    logits = cm_malloc(&wk_tag, hp->n_vocab * sizeof(float));
+    if (logits == NULL) {
+        snprintf(err, sizeof(err), "out of memory");
+        goto fail;
+    }
+    double t0 = cm_time_s();
+    if ((st = mdl_prefill(m, seq[0], ids, n_ids, logits, NULL, NULL, NULL)) != RI_OK) {
+        snprintf(err, sizeof(err), "prefill failed: %s", ri_status_str(st));
+        goto fail;
+    }
+    double t_prefill = cm_time_s() - t0;
+    cJSON_AddNumberToObject(reply, "prompt_tokens", (double)n_ids);
+    cJSON_AddNumberToObject(reply, "prefill_s", t_prefill);
+    cJSON_AddNumberToObject(reply, "prefill_tok_s", (double)n_ids / t_prefill);
+    if (n_runs == 2 && (st = mdl_seq_fork(seq[0], ops[1], &acfg, &seq[1])) != RI_OK) {
+        snprintf(err, sizeof(err), "cannot start attn %s on the prefill: %s", ops[1]->name, ri_status_str(st));
+        goto fail;
+    }
+    cJSON *runs = cJSON_AddArrayToObject(reply, "runs");
+    for (size_t r = 0; r < n_runs; r++) {
+        cJSON *run = cJSON_CreateObject();
+        cJSON_AddItemToArray(runs, run);
+        cJSON_AddStringToObject(run, "attn", ops[r]->name);
+        bool remote = strcmp(ops[r]->name, GW_ATTN_REMOTE_NAME) == 0;
+        if (remote)
+            gw_attn_remote_reset_totals();
+        st = wk_generate(m, seq[r], logits, rq->max_tokens, run);
+        if (remote) {
+            cJSON *steps = cJSON_GetObjectItem(run, "decode_steps");
+            wk_add_remote_stats(run, steps ? (size_t)steps->valuedouble : 0);
+        }
+        if (st != RI_OK) {
+            snprintf(err, sizeof(err), "decode with attn %s failed: %s%s", ops[r]->name, ri_status_str(st),
+                     remote ? " (kvstore session lost; the worker carries on)" : "");
+            goto fail;
+        }
+    }
+    cJSON_AddBoolToObject(reply, "ok", true);
+    goto out;
+fail:
+    cJSON_AddBoolToObject(reply, "ok", false);
+    cJSON_AddStringToObject(reply, "error", err);
+out:
+    mdl_seq_destroy(seq[1]);
+    mdl_seq_destroy(seq[0]);
+    cm_free(logits);
+    cm_free(ids);
+}
+
+static char *wk_read_file(const char *path)
+{
+    FILE *f = fopen(path, "rb");
+    char *buf = NULL;
+    long n;
+    if (f == NULL)
+        return NULL;
+    if (fseek(f, 0, SEEK_END) == 0 && (n = ftell(f)) >= 0 && fseek(f, 0, SEEK_SET) == 0 &&
+        (buf = cm_malloc(&wk_tag, (size_t)n + 1)) != NULL) {
+        if (fread(buf, 1, (size_t)n, f) != (size_t)n) {
+            cm_free(buf);
+            buf = NULL;
+        } else {
+            buf[n] = '\0';
+        }
+    }
+    fclose(f);
+    return buf;
+}
+
+static void wk_emit(cJSON *reply)
+{
+    char *s = cJSON_PrintUnformatted(reply);
+    if (s != NULL) {
+        fprintf(stdout, "%s\n", s);
+        fflush(stdout);
+        cJSON_free(s);
+    }
+}
+
+/* One request line -> one reply line. */
+static void wk_handle_line(mdl_model_t *m, const wk_cfg_t *cfg, const char *line, const char *default_attn)
+{
+    cJSON *rq = cJSON_Parse(line), *reply = cJSON_CreateObject(), *it;
+    char *file_text = NULL;
+    wk_req_t r = {.attn = default_attn, .max_tokens = (size_t)cfg->max_tokens};
+
+    if (rq == NULL || !cJSON_IsObject(rq)) {
+        cJSON_AddBoolToObject(reply, "ok", false);
+        cJSON_AddStringToObject(reply, "error", "request is not a JSON object");
+        goto out;
+    }
+    if ((it = cJSON_GetObjectItem(rq, "id")) != NULL)
+        cJSON_AddItemToObject(reply, "id", cJSON_Duplicate(it, true));
+    if ((it = cJSON_GetObjectItem(rq, "prompt")) != NULL && cJSON_IsString(it))
+        r.prompt = it->valuestring;
+    if ((it = cJSON_GetObjectItem(rq, "prompt_file")) != NULL && cJSON_IsString(it)) {
+        if ((file_text = wk_read_file(it->valuestring)) == NULL) {
+            cJSON_AddBoolToObject(reply, "ok", false);
+            cJSON_AddStringToObject(reply, "error", "cannot read prompt_file");
+            goto out;
+        }
+        r.prompt = file_text;
+    }
+    if ((it = cJSON_GetObjectItem(rq, "attn")) != NULL && cJSON_IsString(it))
+        r.attn = it->valuestring;
+    if ((it = cJSON_GetObjectItem(rq, "compare_attn")) != NULL && cJSON_IsString(it))
+        r.compare_attn = it->valuestring;
+    if ((it = cJSON_GetObjectItem(rq, "max_tokens")) != NULL && cJSON_IsNumber(it) && it->valuedouble >= 1 &&
+        it->valuedouble <= 1 << 20)
+        r.max_tokens = (size_t)it->valuedouble;
+    r.chat = cJSON_IsTrue(cJSON_GetObjectItem(rq, "chat"));
+    if (r.prompt == NULL) {
+        cJSON_AddBoolToObject(reply, "ok", false);
+        cJSON_AddStringToObject(reply, "error", "no prompt");
+        goto out;
+    }
+    wk_serve(m, &r, reply);
+out:
+    wk_emit(reply);
+    cJSON_Delete(reply);
+    cJSON_Delete(rq);
+    cm_free(file_text);
+}
+
+int main(int argc, char **argv)
+{
+    wk_cfg_t cfg;
+    cm_config_result_t res;
+    char err[512] = "", path[4096];
+    mdl_model_t *model = NULL;
+    int rc = 1;
+
+    cm_log_init_from_env();
+    if (cm_config_load(&wk_table, &cfg, argc, argv, &res, err, sizeof(err)) != RI_OK) {
+        fprintf(stderr, "ri-worker: %s (try --help)\n", err);
+        return 2;
+    }
+    if (res.help || res.dump) {
+        if (res.help)
+            cm_config_usage(&wk_table, stdout);
+        else
+            cm_config_dump(&wk_table, &cfg, stdout);
+        cm_config_free(&wk_table, &cfg);
+        return 0;
+    }
+    if (cfg.threads > 0) {
+        char t[32];
+        snprintf(t, sizeof(t), "%lld", (long long)cfg.threads);
+        setenv("RI_THREADS", t, 1);
+    }
+    bool have_kvs = cfg.kvstore != NULL && cfg.kvstore[0] != '\0';
+    const char *default_attn = cfg.attn && cfg.attn[0] ? cfg.attn : have_kvs ? GW_ATTN_REMOTE_NAME : "full";
+    if (have_kvs) {
+        gw_attn_remote_cfg_t rc_cfg = {.address = cfg.kvstore, .token = cfg.token && cfg.token[0] ? cfg.token : NULL,
+                                       .timeout_ms = (uint32_t)cfg.timeout_ms, .cache_frac = (float)cfg.cache_frac,
+                                       .compare_full = cfg.compare_full};
+        ri_status_t st = gw_attn_remote_configure(&rc_cfg, err, sizeof(err));
+        if (st != RI_OK) {
+            fprintf(stderr, "ri-worker: cannot use the kvstore at %s: %s\n", cfg.kvstore, err);
+            goto out;
+        }
+    }
+    if (cfg.model != NULL && cfg.model[0] != '\0') {
+        snprintf(path, sizeof(path), "%s", cfg.model);
+    } else if (mdl_model_default_path(path, sizeof(path)) != RI_OK) {
+        fprintf(stderr, "ri-worker: no model at %s; run `./ri model fetch` (or ./ri setup) or pass --model PATH\n",
+                path);
+        rc = 3;
+        goto out;
+    }
+    if (mdl_model_load(path, &model, err, sizeof(err)) != RI_OK) {
+        fprintf(stderr, "ri-worker: cannot load %s: %s\n", path, err);
+        goto out;
+    }
+    fprintf(stderr, "ri-worker: model %s, %u threads, kvstore %s, default attn %s; backends: %s\n",
+            mdl_model_name(model), cm_pool_size(cm_pool_default()), have_kvs ? cfg.kvstore : "(none)", default_attn,
+            mdl_attn_names());
+
+    if (cfg.prompt_file != NULL && cfg.prompt_file[0] != '\0') {
+        cJSON *rq = cJSON_CreateObject();
+        cJSON_AddStringToObject(rq, "prompt_file", cfg.prompt_file);
+        cJSON_AddStringToObject(rq, "attn", default_attn);
+        if (cfg.compare_attn != NULL && cfg.compare_attn[0] != '\0')
+            cJSON_AddStringToObject(rq, "compare_attn", cfg.compare_attn);
+        cJSON_AddNumberToObject(rq, "max_tokens", (double)cfg.max_tokens);
+        cJSON_AddBoolToObject(rq, "chat", cfg.chat);
+        char *line = cJSON_PrintUnformatted(rq);
+        wk_handle_line(model, &cfg, line, default_attn);
+        cJSON_free(line);
+        cJSON_Delete(rq);
+        rc = 0;
+        goto out;
+    }
+    fprintf(stderr, "ri-worker: ready: one JSON request per line on stdin\n");
+    char *line = NULL;
+    size_t cap = 0;
+    while (getline(&line, &cap, stdin) > 0) {
+        if (line[strspn(line, " \t\r\n")] == '\0')
+            continue;
+        wk_handle_line(model, &cfg, line, default_attn);
+    }
+    free(line);
+    rc = 0;
+out:
+    mdl_model_destroy(model);
+    gw_attn_remote_shutdown();
+    cm_config_free(&wk_table, &cfg);
+    return rc;
+}
