@@ -372,6 +372,7 @@ static ri_status_t kn_cpu_rank(const kn_shape_t *grp, const float *q, const kn_i
                                uint32_t *n_e_p)
 {
     uint32_t g = grp->n_q_heads, d = grp->head_dim, C = idx->n_clusters, avail = 0;
+    float scale = kn_shape_scale(grp);
     bool simd = kn_cpu_simd_ok(g, d);
     float *qs = cm_malloc_aligned(&kn_tag, (size_t)g * d * sizeof(float), 64);
     float *logit = cm_malloc_aligned(&kn_tag, ((size_t)g * C + 1) * sizeof(float), 64);
@@ -382,7 +383,7 @@ static ri_status_t kn_cpu_rank(const kn_shape_t *grp, const float *q, const kn_i
     if (!qs || !logit || !score || !all)
         goto out;
     for (size_t i = 0; i < (size_t)g * d; i++)
-        qs[i] = q[i] * kn_shape_scale(grp);
+        qs[i] = q[i] * scale;
     kn_cpu_scores(qs, g, d, idx->centroids, d, C, logit, simd);
     memset(score, 0, C * sizeof(float));
     for (uint32_t h = 0; h < g; h++) {
@@ -441,6 +442,7 @@ static ri_status_t kn_cpu_estimate(const kn_shape_t *grp, const float *q, const 
                                    const uint32_t *ids, size_t n, float *o, float *lse)
 {
     uint32_t g = grp->n_q_heads, d = grp->head_dim;
+    float scale = kn_shape_scale(grp);
     bool simd = kn_cpu_simd_ok(g, d);
     float *qs = cm_malloc_aligned(&kn_tag, (size_t)g * d * sizeof(float), 64);
     float *w = cm_malloc_aligned(&kn_tag, ((size_t)g * n + 1) * sizeof(float), 64);
@@ -453,16 +455,13 @@ static ri_status_t kn_cpu_estimate(const kn_shape_t *grp, const float *q, const 
         goto out;
     invsz = lnsz + n;
     for (size_t i = 0; i < (size_t)g * d; i++)
-        qs[i] = q[i] * kn_shape_scale(grp);
+        qs[i] = q[i] * scale;
     /* logits of the listed centroids */
-    for (size_t e = 0; e < n; e++) {
-        const cm_fp16_t *c = idx->centroids + (size_t)ids[e] * d;
-        float tmp[KN_GMAX];
-        if (simd) {
-            kn_scores_avx2(qs, g, d, c, d, 1, tmp, 1);
-            for (uint32_t h = 0; h < g; h++)
-                w[(size_t)h * n + e] = tmp[h];
-        } else {
+    if (simd) {
+        kn_scores_gather_avx2(qs, g, d, idx->centroids, ids, n, w, n);
+    } else {
+        for (size_t e = 0; e < n; e++) {
+            const cm_fp16_t *c = idx->centroids + (size_t)ids[e] * d;
             for (uint32_t h = 0; h < g; h++) {
                 float s = 0.0f;
                 for (uint32_t i = 0; i < d; i++)

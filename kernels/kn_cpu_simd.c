@@ -76,6 +76,22 @@ KN_TI void kn_rows_scores(const float *q, uint32_t d, const cm_fp16_t *k, size_t
                 acc[h * R + r] = _mm256_fmadd_ps(qv, kv[r], acc[h * R + r]);
         }
     }
+    if (G * R == 8) {
+        /* reduce the 8 accumulators at once: 6 hadds and a lane swap instead
+         * of 8 separate horizontal sums */
+        __m256 h01 = _mm256_hadd_ps(acc[0], acc[1]), h23 = _mm256_hadd_ps(acc[2], acc[3]);
+        __m256 h45 = _mm256_hadd_ps(acc[4], acc[5]), h67 = _mm256_hadd_ps(acc[6], acc[7]);
+        __m256 a = _mm256_hadd_ps(h01, h23), b = _mm256_hadd_ps(h45, h67);
+        __m256 sum = _mm256_add_ps(_mm256_permute2f128_ps(a, b, 0x20), _mm256_permute2f128_ps(a, b, 0x31));
+        float tmp[8] __attribute__((aligned(32)));
+        _mm256_store_ps(tmp, sum);  /* tmp[i] = total of acc[i] */
+#pragma GCC unroll 8
+        for (int h = 0; h < G; h++)
+#pragma GCC unroll 4
+            for (int r = 0; r < R; r++)
+                out[(size_t)h * os + r] = tmp[h * R + r];
+        return;
+    }
 #pragma GCC unroll 8
     for (int h = 0; h < G; h++)
 #pragma GCC unroll 4
@@ -226,6 +242,40 @@ KN_T void kn_scores_avx2(const float *qs, uint32_t g, uint32_t d, const cm_fp16_
     case 6: kn_scores_g(qs, d, rows, stride, n, out, out_stride, rows, rows, 0, 6); break;
     case 7: kn_scores_g(qs, d, rows, stride, n, out, out_stride, rows, rows, 0, 7); break;
     default: kn_scores_g(qs, d, rows, stride, n, out, out_stride, rows, rows, 0, 8); break;
+    }
+}
+
+/* Scores of rows base + ids[e]*d (ascending ids) two at a time: the pair is
+ * passed as rows 0 and 1 with the stride between them. */
+KN_TI void kn_scores_gather_g(const float *qs, uint32_t d, const cm_fp16_t *base,
+                              const uint32_t *ids, size_t n, float *out, size_t os, const int G)
+{
+    size_t e = 0;
+    if (G <= 4) {
+        for (; e + 2 <= n; e += 2) {
+            const cm_fp16_t *r0 = base + (size_t)ids[e] * d;
+            size_t stride = (size_t)(ids[e + 1] - ids[e]) * d;
+            if (ids[e + 1] < ids[e])
+                break;  /* not ascending: finish one by one */
+            kn_rows_scores(qs, d, r0, stride, out + e, os, G, 2);
+        }
+    }
+    for (; e < n; e++)
+        kn_rows_scores(qs, d, base + (size_t)ids[e] * d, d, out + e, os, G, 1);
+}
+
+KN_T void kn_scores_gather_avx2(const float *qs, uint32_t g, uint32_t d, const cm_fp16_t *base,
+                                const uint32_t *ids, size_t n, float *out, size_t os)
+{
+    switch (g) {
+    case 1: kn_scores_gather_g(qs, d, base, ids, n, out, os, 1); break;
+    case 2: kn_scores_gather_g(qs, d, base, ids, n, out, os, 2); break;
+    case 3: kn_scores_gather_g(qs, d, base, ids, n, out, os, 3); break;
+    case 4: kn_scores_gather_g(qs, d, base, ids, n, out, os, 4); break;
+    case 5: kn_scores_gather_g(qs, d, base, ids, n, out, os, 5); break;
+    case 6: kn_scores_gather_g(qs, d, base, ids, n, out, os, 6); break;
+    case 7: kn_scores_gather_g(qs, d, base, ids, n, out, os, 7); break;
+    default: kn_scores_gather_g(qs, d, base, ids, n, out, os, 8); break;
     }
 }
 
