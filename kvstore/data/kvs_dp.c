@@ -7,13 +7,14 @@
  * reply.  Misses of a fetch go to the worker with ucp_put into the receive
  * buffer it registered (its rkey), then an ep flush, then the reply, so the
  * worker may read the bytes as soon as it sees the reply.
- * Idle policy: spin while there is traffic, then sleep in short steps (up to
- * 200 us) so that an idle daemon costs almost no CPU.
+ * Idle policy: spin while there is traffic, then sleep on the worker's event
+ * fd (ucp_worker_arm + poll) so that an idle daemon costs no CPU.
  */
 #include "kvstore/data/kvs_internal.h"
 
 #include <arpa/inet.h>
 #include <netdb.h>
+#include <poll.h>
 #include <stdio.h>
 #include <string.h>
 #include <ucp/api/ucp.h>
@@ -27,6 +28,7 @@
 static CM_ALLOC_TAG(kvs_dp_tag, "kvs.dp");
 
 #define KVS_DP_RKEY_PAD 4096u
+#define KVS_DP_SPIN 2000u  /* empty progress calls before sleeping */
 
 typedef struct kvs_conn {
     ucp_ep_h ep;              /* server-side endpoint */
@@ -67,6 +69,7 @@ struct kvs_dp {
     ucp_rkey_h *gc_rkeys;
     size_t n_gc, cap_gc;
     uint64_t max_body;
+    int efd;                          /* worker event fd, -1 when none */
 };
 
 static ri_status_t kvs_dp_status(ucs_status_t s)
@@ -363,13 +366,21 @@ static void *kvs_dp_main(void *arg)
             /* Drain: keep serving what arrives for a short while, bounded. */
             if (stop_deadline == 0)
                 stop_deadline = cm_time_ns() + CM_MIN((uint64_t)dp->data->cfg.drain_timeout_ms, 200u) * 1000000u;
-            if (n == 0 && cm_time_ns() > stop_deadline)
+            if (cm_time_ns() > stop_deadline)
                 break;
         }
         if (n != 0) {
             idle = 0;
-        } else if (++idle > 20000) {
-            cm_time_sleep_ns(idle > 200000 ? 200000 : 20000);
+        } else if (++idle > KVS_DP_SPIN && dp->efd >= 0 && !atomic_load(&dp->stop)) {
+            /* Idle: sleep on the worker's event fd until traffic (or a
+             * signal from kvs_dp_stop); 100 ms bound for the gc list. */
+            if (ucp_worker_arm(dp->worker) == UCS_OK) {
+                struct pollfd pfd = {.fd = dp->efd, .events = POLLIN};
+                (void)poll(&pfd, 1, 100);
+            }
+            idle = 0;
+        } else if (idle > KVS_DP_SPIN && dp->efd < 0) {
+            cm_time_sleep_ns(100000);
         }
     }
     return NULL;
@@ -439,7 +450,7 @@ ri_status_t kvs_dp_start(kvs_data_t *data, kvs_dp_t **dp_p)
     if (s != UCS_OK)
         goto err_ucx;
     params.field_mask = UCP_PARAM_FIELD_FEATURES | UCP_PARAM_FIELD_NAME;
-    params.features = UCP_FEATURE_AM | UCP_FEATURE_RMA;
+    params.features = UCP_FEATURE_AM | UCP_FEATURE_RMA | UCP_FEATURE_WAKEUP;
     params.name = "ri-kvstore";
     s = ucp_init(&params, config, &dp->ctx);
     ucp_config_release(config);
@@ -450,6 +461,10 @@ ri_status_t kvs_dp_start(kvs_data_t *data, kvs_dp_t **dp_p)
     s = ucp_worker_create(dp->ctx, &wp, &dp->worker);
     if (s != UCS_OK)
         goto err_cleanup_ctx;
+    if (ucp_worker_get_efd(dp->worker, &dp->efd) != UCS_OK) {
+        cm_warn("dp: no UCX event fd; idle loop sleeps in 100 us steps");
+        dp->efd = -1;
+    }
     ah.field_mask = UCP_AM_HANDLER_PARAM_FIELD_ID | UCP_AM_HANDLER_PARAM_FIELD_CB | UCP_AM_HANDLER_PARAM_FIELD_ARG |
                     UCP_AM_HANDLER_PARAM_FIELD_FLAGS;
     ah.id = CM_DP_AM_REQUEST;
@@ -520,6 +535,7 @@ void kvs_dp_stop(kvs_dp_t *dp)
     if (dp == NULL || !dp->thread_started)
         return;
     atomic_store(&dp->stop, true);
+    ucp_worker_signal(dp->worker); /* wake it from poll */
     pthread_join(dp->thread, NULL);
     dp->thread_started = false;
     /* The thread is gone: requests still queued are dropped unanswered. */
