@@ -26,6 +26,8 @@
  * REGISTER_CACHE request meta:
  *   u32 capacity_pages, u32 rkey_len, u64 recv_addr, u64 recv_len,
  *   u8 rkey[rkey_len] (the worker's receive buffer, packed by ucp_rkey_pack).
+ *   rkey_len 0 selects "inline" delivery: misses travel in the FETCH_RANKED
+ *   reply itself (see below) instead of RMA puts; recv_len still bounds them.
  *   reply meta: u32 cache_id, u32 0, u64 page_bytes.
  * FETCH_RANKED request meta:
  *   u32 cache_id, u32 layer, u32 n_heads, u32 0, u64 recv_offset,
@@ -36,8 +38,11 @@
  *   n_entries x entry {u32 cluster, u32 flags, u32 tokens, u32 n_pages,
  *   u32 page_index, u32 0, u64 recv_offset}, n_pages x u32 cache page,
  *   n_evicted x {u32 layer, u32 head, u32 cluster}.
- *   Misses are written (ucp_put) into the receive buffer before the reply is
- *   sent, packed in entry order from recv_offset.
+ *   Misses are packed in entry order from recv_offset.  RMA caches: they are
+ *   written (ucp_put) into the receive buffer before the reply is sent, and
+ *   the reply's data_len is 0.  Inline caches: the reply's data block
+ *   (data_len = miss_bytes) carries them, and the client receives it straight
+ *   into its buffer at recv_offset (a UCX iov receive).
  * RELEASE request meta: u32 cache_id (0 = every cache this connection
  *   registered on the session), u32 0.  reply meta: empty.
  * PING: meta empty, data empty (session_id 0 needs no secret).
@@ -195,7 +200,7 @@ static inline ri_status_t cm_dp_register_decode(const void *meta, size_t len, cm
     r.rkey_len = cm_dp_get32(p + 4);
     r.recv_addr = cm_dp_get64(p + 8);
     r.recv_len = cm_dp_get64(p + 16);
-    if (r.rkey_len == 0 || r.capacity_pages == 0)
+    if (r.capacity_pages == 0)
         return RI_ERR_PROTOCOL;
     if (r.rkey_len > CM_DP_MAX_RKEY)
         return RI_ERR_TOO_LARGE;

@@ -13,6 +13,7 @@
  * bytes.  Usage: ri-bench-dataplane [--json PATH] [--iters N]
  */
 #include <limits.h>
+#include <stdbool.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -85,7 +86,8 @@ typedef struct result {
     size_t bytes;
 } result_t;
 
-static int run_case(gw_dp_t *dp, uint8_t *recv, size_t recv_len, double hit_target, int iters, result_t *out)
+static int run_case(gw_dp_t *dp, uint8_t *recv, size_t recv_len, gw_dp_recv_mode_t mode, double hit_target,
+                    int iters, result_t *out)
 {
     uint32_t heads[HEADS], counts[HEADS], ids[HEADS * PER_STEP], cache_id;
     uint32_t capacity = hit_target > 0 ? HEADS * PER_STEP * 2 : 1; /* 1 page: nothing is ever admitted */
@@ -94,7 +96,7 @@ static int run_case(gw_dp_t *dp, uint8_t *recv, size_t recv_len, double hit_targ
     uint32_t fresh = HOT;
     int warm = 20, rc = 0;
 
-    if (gw_dp_register_cache(dp, capacity, recv, recv_len, &cache_id, NULL) != RI_OK) {
+    if (gw_dp_register_cache_mode(dp, capacity, recv, recv_len, mode, &cache_id, NULL) != RI_OK) {
         free(lat);
         return -1;
     }
@@ -187,7 +189,7 @@ int main(int argc, char **argv)
     recv = aligned_alloc(4096, recv_len);
     memset(recv, 0, recv_len);
     mc = memcpy_gbs(STEP_BYTES, 30);
-    printf("%-5s %9s %10s %10s %10s %8s %11s %s\n", "tport", "hit_ratio", "bytes", "p50_us", "p99_us", "gbs",
+    printf("%-5s %-7s %9s %10s %10s %10s %8s %11s %s\n", "tport", "deliver", "hit_ratio", "bytes", "p50_us", "p99_us", "gbs",
            "memcpy_gbs", "ratio");
     for (int m = 0; m < 2; m++) {
         kvs_spawn_t sp;
@@ -206,11 +208,18 @@ int main(int argc, char **argv)
             kvs_spawn_stop(&sp, SIGTERM, 5000);
             continue;
         }
-        for (int c = 0; c < 2; c++) {
+        uint8_t *rma_recv = NULL;
+        if (gw_dp_recv_alloc(dp, recv_len, (void **)&rma_recv) == RI_OK)
+            memset(rma_recv, 0, recv_len);
+        for (int c = 0; c < 4; c++) {
             result_t r;
-            double target = c == 0 ? 0.0 : 0.9;
+            double target = c % 2 == 0 ? 0.0 : 0.9;
             double mcb;
-            if (run_case(dp, recv, recv_len, target, iters, &r) != 0) {
+            bool rma = c >= 2;
+            if (rma && rma_recv == NULL)
+                continue;
+            if (run_case(dp, rma ? rma_recv : recv, recv_len, rma ? GW_DP_RECV_RMA : GW_DP_RECV_INLINE, target, iters,
+                         &r) != 0) {
                 bn_report_skip(rep, modes[m], "fetch failed");
                 continue;
             }
@@ -226,11 +235,13 @@ int main(int argc, char **argv)
             cJSON_AddNumberToObject(row, "step_bytes", (double)STEP_BYTES);
             cJSON_AddNumberToObject(row, "iters", iters);
             cJSON_AddStringToObject(row, "ucx_tls", tls[m]);
+            cJSON_AddStringToObject(row, "delivery", rma ? "rma_put" : "inline_reply");
             cJSON_AddStringToObject(row, "server", sp.real_daemon ? "ri-kvstore" : "kvs-test-server");
-            printf("%-5s %9.3f %10zu %10.1f %10.1f %8.2f %11.2f %5.2f  p99/p50 %.2f\n", modes[m], r.hit_ratio,
-                   r.bytes, r.p50_us, r.p99_us, r.gbs, mcb, r.gbs / mcb, r.p99_us / r.p50_us);
+            printf("%-5s %-7s %9.3f %10zu %10.1f %10.1f %8.2f %11.2f %5.2f  p99/p50 %.2f\n", modes[m],
+                   rma ? "rma" : "inline", r.hit_ratio, r.bytes, r.p50_us, r.p99_us, r.gbs, mcb, r.gbs / mcb,
+                   r.p99_us / r.p50_us);
         }
-        gw_dp_close(dp);
+        gw_dp_close(dp); /* frees rma_recv */
         kvs_spawn_stop(&sp, SIGTERM, 5000);
     }
     free(recv);

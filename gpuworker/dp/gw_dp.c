@@ -43,6 +43,20 @@ struct gw_dp {
     uint8_t send_hdr[CM_WIRE_HDR_SIZE];
     ucp_mem_h regs[GW_DP_MAX_REGS]; /* registered receive buffers */
     uint32_t n_regs;
+    struct {
+        uint32_t id;               /* cache id (0 = free slot) */
+        uint8_t *recv;             /* its receive buffer */
+        size_t recv_len;
+        bool inline_data;          /* misses come in the reply */
+    } caches[GW_DP_MAX_REGS];
+    struct {
+        void *ptr;                 /* gw_dp_recv_alloc'd buffers */
+        ucp_mem_h memh;
+    } allocs[GW_DP_MAX_REGS];
+    uint8_t *target;               /* where a reply's data block goes (inline fetch) */
+    size_t target_len;
+    ucp_dt_iov_t iov[2];           /* rendezvous receive of meta || data */
+    uint8_t *scratch;              /* data block of a raw call's reply */
 };
 
 static ri_status_t gw_dp_status(ucs_status_t s)
@@ -92,10 +106,23 @@ static ucs_status_t gw_dp_am_reply(void *arg, const void *header, size_t header_
     if (!dp->waiting || dp->have_reply || dp->body_pending || (dp->want_req != 0 && h.request_id != dp->want_req))
         return UCS_OK; /* late answer to an abandoned request */
     dp->reply_hdr = h;
-    dp->reply_len = length;
+    dp->reply_len = h.meta_len;
     dp->reply_body = NULL;
-    if (length > 0) {
-        dp->reply_body = cm_malloc(&gw_dp_tag, length);
+    if (h.data_len > 0 && dp->target == NULL && dp->want_req == 0) {
+        /* A raw call (tests): take the data into scratch, then drop it. */
+        cm_free(dp->scratch);
+        dp->scratch = cm_malloc(&gw_dp_tag, h.data_len);
+        dp->target = dp->scratch;
+        dp->target_len = dp->scratch ? h.data_len : 0;
+    }
+    if (h.data_len > 0 && (dp->target == NULL || h.data_len > dp->target_len)) {
+        /* Data we did not ask for, or more than the buffer holds. */
+        dp->body_status = UCS_ERR_MESSAGE_TRUNCATED;
+        dp->have_reply = true;
+        return UCS_OK;
+    }
+    if (h.meta_len > 0) {
+        dp->reply_body = cm_malloc(&gw_dp_tag, h.meta_len);
         if (dp->reply_body == NULL) {
             dp->body_status = UCS_ERR_NO_MEMORY;
             dp->have_reply = true;
@@ -105,11 +132,14 @@ static ucs_status_t gw_dp_am_reply(void *arg, const void *header, size_t header_
     if (param->recv_attr & UCP_AM_RECV_ATTR_FLAG_RNDV) {
         ucp_request_param_t prm = {0};
         void *req;
-        prm.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA;
+        prm.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA | UCP_OP_ATTR_FIELD_DATATYPE;
         prm.cb.recv_am = gw_dp_body_done;
         prm.user_data = dp;
+        prm.datatype = ucp_dt_make_iov();
+        dp->iov[0] = (ucp_dt_iov_t){.buffer = dp->reply_body, .length = h.meta_len};
+        dp->iov[1] = (ucp_dt_iov_t){.buffer = dp->target, .length = h.data_len};
         dp->body_pending = true;
-        req = ucp_am_recv_data_nbx(dp->worker, data, dp->reply_body, length, &prm);
+        req = ucp_am_recv_data_nbx(dp->worker, data, dp->iov, h.data_len > 0 ? 2 : 1, &prm);
         if (req == NULL || UCS_PTR_IS_ERR(req)) {
             dp->body_status = req == NULL ? UCS_OK : UCS_PTR_STATUS(req);
             dp->body_pending = false;
@@ -117,8 +147,10 @@ static ucs_status_t gw_dp_am_reply(void *arg, const void *header, size_t header_
         }
         return UCS_INPROGRESS;
     }
-    if (length > 0)
-        memcpy(dp->reply_body, data, length);
+    if (h.meta_len > 0)
+        memcpy(dp->reply_body, data, h.meta_len);
+    if (h.data_len > 0)
+        memcpy(dp->target, (const uint8_t *)data + h.meta_len, h.data_len);
     dp->body_status = UCS_OK;
     dp->have_reply = true;
     return UCS_OK;
@@ -355,9 +387,13 @@ void gw_dp_close(gw_dp_t *dp)
     }
     for (uint32_t i = 0; i < dp->n_regs; i++)
         ucp_mem_unmap(dp->ctx, dp->regs[i]);
+    for (uint32_t i = 0; i < GW_DP_MAX_REGS; i++)
+        if (dp->allocs[i].ptr != NULL)
+            ucp_mem_unmap(dp->ctx, dp->allocs[i].memh);
     ucp_worker_destroy(dp->worker);
     ucp_cleanup(dp->ctx);
     cm_free(dp->reply_body);
+    cm_free(dp->scratch);
     cm_free(dp);
 }
 
@@ -402,8 +438,34 @@ ri_status_t gw_dp_upload(gw_dp_t *dp, bool append, uint32_t layer, uint32_t n_he
 ri_status_t gw_dp_register_cache(gw_dp_t *dp, uint32_t capacity_pages, void *recv, size_t recv_len,
                                  uint32_t *cache_id_p, uint64_t *page_bytes_p)
 {
+    return gw_dp_register_cache_mode(dp, capacity_pages, recv, recv_len, GW_DP_RECV_AUTO, cache_id_p, page_bytes_p);
+}
+
+static bool gw_dp_is_alloc(const gw_dp_t *dp, const void *p)
+{
+    for (uint32_t i = 0; i < GW_DP_MAX_REGS; i++)
+        if (dp->allocs[i].ptr != NULL && dp->allocs[i].ptr == p)
+            return true;
+    return false;
+}
+
+static void gw_dp_cache_note(gw_dp_t *dp, uint32_t id, void *recv, size_t len, bool inline_data)
+{
+    for (uint32_t i = 0; i < GW_DP_MAX_REGS; i++)
+        if (dp->caches[i].id == 0) {
+            dp->caches[i].id = id;
+            dp->caches[i].recv = recv;
+            dp->caches[i].recv_len = len;
+            dp->caches[i].inline_data = inline_data;
+            return;
+        }
+}
+
+ri_status_t gw_dp_register_cache_mode(gw_dp_t *dp, uint32_t capacity_pages, void *recv, size_t recv_len,
+                                      gw_dp_recv_mode_t mode, uint32_t *cache_id_p, uint64_t *page_bytes_p)
+{
     ucp_mem_map_params_t mp = {0};
-    ucp_mem_h memh;
+    ucp_mem_h memh = NULL;
     void *rkey_buf = NULL;
     size_t rkey_len = 0;
     cm_dp_register_t r;
@@ -414,6 +476,24 @@ ri_status_t gw_dp_register_cache(gw_dp_t *dp, uint32_t capacity_pages, void *rec
         return RI_ERR_INVALID;
     if (dp->n_regs == GW_DP_MAX_REGS)
         return RI_ERR_QUOTA;
+    if (mode == GW_DP_RECV_AUTO)
+        mode = gw_dp_is_alloc(dp, recv) ? GW_DP_RECV_RMA : GW_DP_RECV_INLINE;
+    if (mode == GW_DP_RECV_INLINE) {
+        cm_dp_register_t ri = {.capacity_pages = capacity_pages, .rkey_len = 0,
+                               .recv_addr = (uint64_t)(uintptr_t)recv, .recv_len = recv_len, .rkey = NULL};
+        uint8_t m[CM_DP_REGISTER_FIXED];
+        cm_dp_register_encode(m, &ri);
+        st = gw_dp_op(dp, CM_WIRE_OP_REGISTER_CACHE, m, sizeof(m), NULL, 0, 0);
+        if (st != RI_OK)
+            return st;
+        if (dp->reply_hdr.meta_len != 16)
+            return RI_ERR_PROTOCOL;
+        *cache_id_p = cm_dp_get32(dp->reply_body);
+        if (page_bytes_p != NULL)
+            *page_bytes_p = cm_dp_get64(dp->reply_body + 8);
+        gw_dp_cache_note(dp, *cache_id_p, recv, recv_len, true);
+        return RI_OK;
+    }
     mp.field_mask = UCP_MEM_MAP_PARAM_FIELD_ADDRESS | UCP_MEM_MAP_PARAM_FIELD_LENGTH;
     mp.address = recv;
     mp.length = recv_len;
@@ -445,6 +525,7 @@ ri_status_t gw_dp_register_cache(gw_dp_t *dp, uint32_t capacity_pages, void *rec
     if (page_bytes_p != NULL)
         *page_bytes_p = cm_dp_get64(dp->reply_body + 8);
     dp->regs[dp->n_regs++] = memh;
+    gw_dp_cache_note(dp, *cache_id_p, recv, recv_len, false);
     return RI_OK;
 
 err_release:
@@ -474,7 +555,15 @@ ri_status_t gw_dp_fetch_ranked(gw_dp_t *dp, uint32_t cache_id, uint32_t layer, u
     if (meta == NULL)
         return RI_ERR_NOMEM;
     cm_dp_fetch_encode(meta, cache_id, layer, recv_offset, n_heads, heads, counts, ids);
+    dp->target = NULL;
+    dp->target_len = 0;
+    for (uint32_t i = 0; i < GW_DP_MAX_REGS; i++)
+        if (dp->caches[i].id == cache_id && dp->caches[i].inline_data && recv_offset <= dp->caches[i].recv_len) {
+            dp->target = dp->caches[i].recv + recv_offset;
+            dp->target_len = dp->caches[i].recv_len - recv_offset;
+        }
     st = gw_dp_op(dp, CM_WIRE_OP_FETCH_RANKED, meta, (uint32_t)mlen, NULL, 0, timeout_ms);
+    dp->target = NULL;
     cm_free(meta);
     if (st != RI_OK)
         return st;
@@ -498,16 +587,74 @@ ri_status_t gw_dp_release(gw_dp_t *dp, uint32_t cache_id)
 {
     uint8_t meta[8];
 
+    ri_status_t st;
+
     cm_dp_put32(meta, cache_id);
     cm_dp_put32(meta + 4, 0);
-    return gw_dp_op(dp, CM_WIRE_OP_RELEASE, meta, sizeof(meta), NULL, 0, 0);
+    st = gw_dp_op(dp, CM_WIRE_OP_RELEASE, meta, sizeof(meta), NULL, 0, 0);
+    if (st == RI_OK)
+        for (uint32_t i = 0; i < GW_DP_MAX_REGS; i++)
+            if (dp->caches[i].id != 0 && (cache_id == 0 || dp->caches[i].id == cache_id))
+                dp->caches[i].id = 0;
+    return st;
 }
 
 ri_status_t gw_dp_raw(gw_dp_t *dp, const void *hdr, size_t hdr_len, const void *body, size_t body_len,
                       uint32_t timeout_ms, cm_wire_hdr_t *reply_p)
 {
-    ri_status_t st = gw_dp_call(dp, hdr, hdr_len, 0, body, body_len, timeout_ms);
+    ri_status_t st;
+
+    dp->target = NULL;
+    st = gw_dp_call(dp, hdr, hdr_len, 0, body, body_len, timeout_ms);
     if (st == RI_OK && reply_p != NULL)
         *reply_p = dp->reply_hdr;
+    dp->target = NULL;
+    if (!dp->body_pending) {
+        cm_free(dp->scratch);
+        dp->scratch = NULL;
+    }
     return st;
+}
+
+ri_status_t gw_dp_recv_alloc(gw_dp_t *dp, size_t len, void **ptr_p)
+{
+    ucp_mem_map_params_t mp = {0};
+    ucp_mem_attr_t attr = {0};
+    ucp_mem_h memh;
+    uint32_t slot;
+
+    if (dp == NULL || len == 0 || ptr_p == NULL)
+        return RI_ERR_INVALID;
+    for (slot = 0; slot < GW_DP_MAX_REGS && dp->allocs[slot].ptr != NULL; slot++)
+        ;
+    if (slot == GW_DP_MAX_REGS)
+        return RI_ERR_QUOTA;
+    /* UCX allocates: with shared-memory transports the memory comes from a
+     * shared segment, so the server's puts are plain stores into it. */
+    mp.field_mask = UCP_MEM_MAP_PARAM_FIELD_ADDRESS | UCP_MEM_MAP_PARAM_FIELD_LENGTH | UCP_MEM_MAP_PARAM_FIELD_FLAGS;
+    mp.address = NULL;
+    mp.length = len;
+    mp.flags = UCP_MEM_MAP_ALLOCATE;
+    if (ucp_mem_map(dp->ctx, &mp, &memh) != UCS_OK)
+        return RI_ERR_NOMEM;
+    attr.field_mask = UCP_MEM_ATTR_FIELD_ADDRESS;
+    if (ucp_mem_query(memh, &attr) != UCS_OK) {
+        ucp_mem_unmap(dp->ctx, memh);
+        return RI_ERR_TRANSPORT;
+    }
+    dp->allocs[slot].ptr = attr.address;
+    dp->allocs[slot].memh = memh;
+    *ptr_p = attr.address;
+    return RI_OK;
+}
+
+void gw_dp_recv_free(gw_dp_t *dp, void *ptr)
+{
+    if (dp == NULL || ptr == NULL)
+        return;
+    for (uint32_t i = 0; i < GW_DP_MAX_REGS; i++)
+        if (dp->allocs[i].ptr == ptr) {
+            ucp_mem_unmap(dp->ctx, dp->allocs[i].memh);
+            dp->allocs[i].ptr = NULL;
+        }
 }

@@ -50,11 +50,28 @@ ri_status_t gw_dp_upload(gw_dp_t *dp, bool append, uint32_t layer, uint32_t n_he
 /*
  * Announce a block cache of capacity_pages pages and the receive buffer
  * (recv, recv_len bytes; borrowed: it must stay valid until the cache is
- * released or the connection closed) where misses will be written.  The
- * buffer is registered with UCX here.  Writes the cache id and page bytes.
+ * released or the connection closed) where misses will be written.  Mode
+ * AUTO (see gw_dp_register_cache_mode).  Writes the cache id and page bytes.
  */
 ri_status_t gw_dp_register_cache(gw_dp_t *dp, uint32_t capacity_pages, void *recv, size_t recv_len,
                                  uint32_t *cache_id_p, uint64_t *page_bytes_p);
+
+/* How misses reach the receive buffer. */
+typedef enum gw_dp_recv_mode {
+    GW_DP_RECV_AUTO = 0,    /* RMA when recv came from gw_dp_recv_alloc, else INLINE */
+    GW_DP_RECV_RMA = 1,     /* the server ucp_puts them (buffer registered + rkey) */
+    GW_DP_RECV_INLINE = 2,  /* they come in the reply; UCX receives them in place */
+} gw_dp_recv_mode_t;
+
+/* As gw_dp_register_cache, choosing the delivery mode. */
+ri_status_t gw_dp_register_cache_mode(gw_dp_t *dp, uint32_t capacity_pages, void *recv, size_t recv_len,
+                                      gw_dp_recv_mode_t mode, uint32_t *cache_id_p, uint64_t *page_bytes_p);
+
+/* Allocate len bytes of receive buffer from UCX (shared memory when the
+ * shared-memory transports are on), for RMA delivery; freed by
+ * gw_dp_recv_free or gw_dp_close. */
+ri_status_t gw_dp_recv_alloc(gw_dp_t *dp, size_t len, void **ptr_p);
+void gw_dp_recv_free(gw_dp_t *dp, void *ptr);
 
 /* The answer to a ranked fetch; the view points into `buf`. */
 typedef struct gw_dp_fetch_result {

@@ -242,6 +242,40 @@ static void kvs_dp_reply(kvs_dp_t *dp, kvs_conn_t *c, const cm_wire_hdr_t *req, 
     }
 }
 
+ri_status_t kvs_dp_reply_data(kvs_dp_t *dp, void *conn, const cm_wire_hdr_t *req, const uint8_t *meta,
+                              size_t meta_len, const kvs_iov_t *iov, size_t n, uint64_t data_len)
+{
+    kvs_conn_t *c = conn;
+    cm_wire_hdr_t h = {0};
+    uint8_t hdr[CM_WIRE_HDR_SIZE];
+    ucp_dt_iov_t *v;
+    ucp_request_param_t prm = {0};
+    ri_status_t st;
+
+    if (c->failed)
+        return RI_ERR_CONN_RESET;
+    v = cm_malloc(&kvs_dp_tag, (n + 1) * sizeof(*v));
+    if (v == NULL)
+        return RI_ERR_NOMEM;
+    h.magic = CM_WIRE_MAGIC;
+    h.version = CM_WIRE_VERSION;
+    h.op = req->op;
+    h.flags = CM_WIRE_F_REPLY;
+    h.session_id = req->session_id;
+    h.request_id = req->request_id;
+    h.meta_len = (uint32_t)meta_len;
+    h.data_len = data_len;
+    cm_wire_encode(&h, hdr);
+    v[0] = (ucp_dt_iov_t){.buffer = (void *)meta, .length = meta_len};
+    for (size_t i = 0; i < n; i++)
+        v[i + 1] = (ucp_dt_iov_t){.buffer = (void *)iov[i].buf, .length = iov[i].len};
+    prm.op_attr_mask = UCP_OP_ATTR_FIELD_DATATYPE;
+    prm.datatype = ucp_dt_make_iov();
+    st = kvs_dp_wait(dp, ucp_am_send_nbx(c->ep, CM_DP_AM_REPLY, hdr, sizeof(hdr), v, n + 1, &prm), c);
+    cm_free(v);
+    return st;
+}
+
 static void kvs_dreq_release(kvs_dp_t *dp, kvs_dreq_t *r)
 {
     if (r->ucx_owned)
@@ -258,6 +292,7 @@ static void kvs_dp_serve_one(kvs_dp_t *dp, kvs_dreq_t *r)
     cm_wire_hdr_t h = {0};
     uint8_t *body = NULL, *reply = NULL;
     size_t reply_len = 0;
+    bool replied = false;
     ri_status_t st;
 
     st = r->hdr_len == CM_WIRE_HDR_SIZE ? cm_wire_decode(r->hdr, r->hdr_len, 0, &lim, &h)
@@ -286,7 +321,7 @@ static void kvs_dp_serve_one(kvs_dp_t *dp, kvs_dreq_t *r)
         body = r->desc;
     }
     if (st == RI_OK)
-        st = kvs_ops_serve(data, r->conn, &h, body, &reply, &reply_len);
+        st = kvs_ops_serve(data, r->conn, &h, body, &reply, &reply_len, &replied);
     if (st != RI_OK) {
         pthread_mutex_lock(&data->lock);
         kvs_count_error_locked(data, st);
@@ -297,7 +332,10 @@ static void kvs_dp_serve_one(kvs_dp_t *dp, kvs_dreq_t *r)
         reply = NULL;
         reply_len = 0;
     }
-    kvs_dp_reply(dp, r->conn, &h, st, reply, reply_len);
+    if (!replied)
+        kvs_dp_reply(dp, r->conn, &h, st, reply, reply_len);
+    else
+        cm_free(reply);
     if (r->rndv)
         cm_free(body);
     kvs_dreq_release(dp, r);

@@ -163,7 +163,7 @@ void kvs_session_uncharge_locked(kvs_data_t *data, kvs_session_t *s, uint64_t le
  * meta (cm_malloc'd, caller frees; NULL/0 when none) and the status is the
  * reply's status. */
 ri_status_t kvs_ops_serve(kvs_data_t *data, void *conn, const cm_wire_hdr_t *hdr, const uint8_t *body,
-                          uint8_t **reply_p, size_t *reply_len_p);
+                          uint8_t **reply_p, size_t *reply_len_p, bool *replied_p);
 
 /* A connection went away: free the caches it registered (rkeys first). */
 void kvs_ops_conn_closed(kvs_data_t *data, void *conn);
@@ -178,6 +178,18 @@ ri_status_t kvs_dp_put(kvs_dp_t *dp, void *conn, void *rkey, const void *src, si
 
 /* Wait until every put started on conn completed (or failed). */
 ri_status_t kvs_dp_flush(kvs_dp_t *dp, void *conn);
+
+/* One piece of a reply's data block. */
+typedef struct kvs_iov {
+    const void *buf;
+    size_t len;
+} kvs_iov_t;
+
+/* Send an OK reply to req whose meta is meta (meta_len) and whose data block
+ * is the n pieces of iov (data_len bytes), and wait until UCX is done with
+ * the buffers.  Borrowed buffers stay the caller's. */
+ri_status_t kvs_dp_reply_data(kvs_dp_t *dp, void *conn, const cm_wire_hdr_t *req, const uint8_t *meta,
+                              size_t meta_len, const kvs_iov_t *iov, size_t n, uint64_t data_len);
 
 ri_status_t kvs_dp_start(kvs_data_t *data, kvs_dp_t **dp_p);
 /* Stop the thread, finishing in-flight ops within the drain bound. */

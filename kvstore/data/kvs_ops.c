@@ -201,9 +201,11 @@ static ri_status_t kvs_ops_register(kvs_data_t *data, void *conn, kvs_session_t 
     st = kvs_cache_create(r.capacity_pages, &wc->dir);
     if (st != RI_OK)
         goto err_free;
-    st = kvs_dp_rkey_unpack(data->dp, conn, r.rkey, r.rkey_len, &wc->rkey);
-    if (st != RI_OK)
-        goto err_free;
+    if (r.rkey_len > 0) {
+        st = kvs_dp_rkey_unpack(data->dp, conn, r.rkey, r.rkey_len, &wc->rkey);
+        if (st != RI_OK)
+            goto err_free;
+    }
     wc->conn = conn;
     wc->recv_addr = r.recv_addr;
     wc->recv_len = r.recv_len;
@@ -259,7 +261,7 @@ static void kvs_ops_latency_locked(kvs_data_t *data, double secs)
 }
 
 static ri_status_t kvs_ops_fetch(kvs_data_t *data, void *conn, kvs_session_t *s, const cm_wire_hdr_t *hdr,
-                                 const uint8_t *body, uint8_t **reply_p, size_t *reply_len_p)
+                                 const uint8_t *body, uint8_t **reply_p, size_t *reply_len_p, bool *replied_p)
 {
     cm_dp_fetch_view_t v;
     kvs_fetch_plan_t p = {0};
@@ -388,6 +390,31 @@ static ri_status_t kvs_ops_fetch(kvs_data_t *data, void *conn, kvs_session_t *s,
 
     /* Move the misses' bytes without the lock; our reference keeps the
      * session's pages alive even if it is dropped meanwhile. */
+    if (wc->rkey == NULL) {
+        /* Inline: the reply carries them, gathered by UCX from the pool. */
+        kvs_iov_t *iov = cm_malloc(&kvs_ops_tag, (n_ent + 1) * sizeof(*iov));
+        size_t n_iov = 0;
+        if (iov == NULL) {
+            st = RI_ERR_NOMEM;
+        } else {
+            for (uint32_t i = 0; i < n_ent; i++)
+                if (!p.reqs[i].hit)
+                    iov[n_iov++] = (kvs_iov_t){kvs_pool_base(data->pool) + p.src_off[i],
+                                               (size_t)p.reqs[i].pages * s->page_bytes};
+            st = kvs_dp_reply_data(data->dp, conn, hdr, reply, rlen, iov, n_iov, miss_bytes);
+            cm_free(iov);
+            *replied_p = st == RI_OK;
+        }
+        kvs_fetch_plan_free(&p);
+        pthread_mutex_lock(&data->lock);
+        if (st == RI_OK) {
+            data->bytes_sent += miss_bytes;
+            kvs_ops_latency_locked(data, (double)(cm_time_ns() - t0) * 1e-9);
+        }
+        pthread_mutex_unlock(&data->lock);
+        cm_free(reply);
+        return st;
+    }
     roff = v.recv_offset;
     for (uint32_t i = 0; i < n_ent && st == RI_OK; i++) {
         size_t len;
@@ -448,13 +475,14 @@ static ri_status_t kvs_ops_release(kvs_data_t *data, void *conn, kvs_session_t *
 }
 
 ri_status_t kvs_ops_serve(kvs_data_t *data, void *conn, const cm_wire_hdr_t *hdr, const uint8_t *body,
-                          uint8_t **reply_p, size_t *reply_len_p)
+                          uint8_t **reply_p, size_t *reply_len_p, bool *replied_p)
 {
     kvs_session_t *s = NULL;
     ri_status_t st;
 
     *reply_p = NULL;
     *reply_len_p = 0;
+    *replied_p = false;
     pthread_mutex_lock(&data->lock);
     data->ops[hdr->op]++;
     if (hdr->op == CM_WIRE_OP_PING && hdr->session_id == 0) {
@@ -474,7 +502,7 @@ ri_status_t kvs_ops_serve(kvs_data_t *data, void *conn, const cm_wire_hdr_t *hdr
         st = kvs_ops_register(data, conn, s, hdr, body, reply_p, reply_len_p);
         break;
     case CM_WIRE_OP_FETCH_RANKED:
-        st = kvs_ops_fetch(data, conn, s, hdr, body, reply_p, reply_len_p);
+        st = kvs_ops_fetch(data, conn, s, hdr, body, reply_p, reply_len_p, replied_p);
         break;
     case CM_WIRE_OP_RELEASE:
         st = kvs_ops_release(data, conn, s, hdr, body);

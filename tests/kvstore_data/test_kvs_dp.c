@@ -300,18 +300,20 @@ static void fetch_and_check(gw_dp_t *dp, uint32_t cache_id, uint8_t *recv)
     gw_dp_fetch_result_free(&res);
 }
 
-static void test_fetch_model(void **state)
+static void fetch_model(gw_dp_recv_mode_t mode)
 {
-        gw_dp_t *dp;
-    uint8_t *recv = malloc(RECV_BYTES);
+    gw_dp_t *dp;
+    uint8_t *recv = NULL, *heap = malloc(RECV_BYTES);
     uint32_t cache_id;
     uint64_t page_bytes;
     int rc;
     unsigned seed = (unsigned)time(NULL);
 
-    (void)state;
     srand(seed);
-    fprintf(stderr, "seed %u mode %s\n", seed, g_mode);
+    fprintf(stderr, "seed %u mode %s delivery %s\n", seed, g_mode, mode == GW_DP_RECV_RMA ? "rma" : "inline");
+    memset(g_lru, 0, sizeof(g_lru));
+    g_lru_n = 0;
+    memset(g_wcache, 0, sizeof(g_wcache));
     rc = kvs_spawn_start(&g_sp, LAYERS, HEADS, DIM, PT, 64);
     if (rc == 77)
         skip();
@@ -325,7 +327,12 @@ static void test_fetch_model(void **state)
         uint8_t page[PAGE_BYTES] = {0};
         assert_int_equal(gw_dp_upload(dp, false, 0, 1, &h, &n, &t, page, PAGE_BYTES, NULL), RI_ERR_EXISTS);
     }
-    assert_int_equal(gw_dp_register_cache(dp, CAP_PAGES, recv, RECV_BYTES, &cache_id, &page_bytes), RI_OK);
+    if (mode == GW_DP_RECV_RMA)
+        assert_int_equal(gw_dp_recv_alloc(dp, RECV_BYTES, (void **)&recv), RI_OK);
+    else
+        recv = heap;
+    assert_int_equal(gw_dp_register_cache_mode(dp, CAP_PAGES, recv, RECV_BYTES, mode, &cache_id, &page_bytes),
+                     RI_OK);
     assert_int_equal(page_bytes, PAGE_BYTES);
     for (int p = 0; p < CAP_PAGES; p++)
         g_free[p] = 1;
@@ -345,7 +352,19 @@ static void test_fetch_model(void **state)
                 free(g_cl[l][h][c].bytes);
                 g_cl[l][h][c].bytes = NULL;
             }
-    free(recv);
+    free(heap);
+}
+
+static void test_fetch_model_inline(void **state)
+{
+    (void)state;
+    fetch_model(GW_DP_RECV_INLINE);
+}
+
+static void test_fetch_model_rma(void **state)
+{
+    (void)state;
+    fetch_model(GW_DP_RECV_RMA);
 }
 
 /* Send raw bytes; expect an error reply with this status (0 = any error). */
@@ -365,7 +384,7 @@ static void expect_error(gw_dp_t *dp, const void *hdr, size_t hdr_len, const voi
 
 static void test_malformed(void **state)
 {
-        gw_dp_t *dp, *other;
+    gw_dp_t *dp, *other;
     cm_wire_hdr_t h;
     uint8_t hb[CM_WIRE_HDR_SIZE + 16], meta[256];
     uint8_t *recv = malloc(RECV_BYTES);
@@ -539,7 +558,8 @@ static void test_server_dies(void **state)
 int main(int argc, char **argv)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test_teardown(test_fetch_model, teardown_server),
+        cmocka_unit_test_teardown(test_fetch_model_inline, teardown_server),
+        cmocka_unit_test_teardown(test_fetch_model_rma, teardown_server),
         cmocka_unit_test_teardown(test_malformed, teardown_server),
         cmocka_unit_test_teardown(test_server_dies, teardown_server),
     };
