@@ -367,10 +367,57 @@ void kn_group_scores(const float *qs, uint32_t g, uint32_t d, const cm_fp16_t *r
     kn_cpu_scores(qs, g, d, rows, stride, n, out, kn_cpu_simd_ok(g, d));
 }
 
-static ri_status_t kn_cpu_rank(const kn_shape_t *grp, const float *q, const kn_index_t *idx,
-                               uint32_t n_r, uint32_t n_e, uint32_t *ids, uint32_t *n_r_p,
-                               uint32_t *n_e_p)
+/* Estimation from the rank's exponentiated logits ex [g][C] = e^{s_hj - m_h}:
+ * den_h = sum_j n_j ex_hj, o_h = sum_j ex_hj VS_j / den_h, lse_h = m_h + ln den_h.
+ * Terms that underflowed against the best cluster are negligible next to the
+ * exact part, which holds that cluster. */
+static ri_status_t kn_cpu_estimate_from_exp(uint32_t g, uint32_t d, const kn_index_t *idx,
+                                            const float *ex, uint32_t C, const float *mh,
+                                            const uint32_t *ids, size_t n, bool simd, float *o,
+                                            float *lse)
 {
+    float *w = cm_malloc(&kn_tag, ((size_t)g * n + 1) * sizeof(float));
+    float *acc = cm_calloc(&kn_tag, (size_t)g * d, sizeof(float));
+    if (w == NULL || acc == NULL) {
+        cm_free(w);
+        cm_free(acc);
+        return RI_ERR_NOMEM;
+    }
+    for (uint32_t h = 0; h < g; h++) {
+        float den = 0.0f;
+        for (size_t e = 0; e < n; e++) {
+            float x = ex[(size_t)h * C + ids[e]];
+            w[(size_t)h * n + e] = x;
+            den += x * (float)idx->sizes[ids[e]];
+        }
+        lse[h] = den > 0.0f ? mh[h] + logf(den) : -INFINITY;
+        o[(size_t)h * d] = den;  /* stash; divided below */
+    }
+    if (simd) {
+        kn_est_accum_avx2(acc, idx->vsum, ids, w, n, g, d);
+    } else {
+        for (uint32_t h = 0; h < g; h++)
+            for (size_t e = 0; e < n; e++)
+                for (uint32_t i = 0; i < d; i++)
+                    acc[(size_t)h * d + i] += w[(size_t)h * n + e] * idx->vsum[(size_t)ids[e] * d + i];
+    }
+    for (uint32_t h = 0; h < g; h++) {
+        float den = o[(size_t)h * d], inv = den > 0.0f ? 1.0f / den : 0.0f;
+        for (uint32_t i = 0; i < d; i++)
+            o[(size_t)h * d + i] = acc[(size_t)h * d + i] * inv;
+    }
+    cm_free(w);
+    cm_free(acc);
+    return RI_OK;
+}
+
+/* Rank, and when o_e != NULL also the estimation zone from the same
+ * exponentiated logits (no second pass over the centroids). */
+static ri_status_t kn_cpu_rank_impl(const kn_shape_t *grp, const float *q, const kn_index_t *idx,
+                                    uint32_t n_r, uint32_t n_e, uint32_t *ids, uint32_t *n_r_p,
+                                    uint32_t *n_e_p, float *o_e, float *lse_e)
+{
+    float mh[KN_GMAX_STATE];
     uint32_t g = grp->n_q_heads, d = grp->head_dim, C = idx->n_clusters, avail = 0;
     float scale = kn_shape_scale(grp);
     bool simd = kn_cpu_simd_ok(g, d);
@@ -393,8 +440,9 @@ static ri_status_t kn_cpu_rank(const kn_shape_t *grp, const float *q, const kn_i
                 lg[j] = -INFINITY;
             m = CM_MAX(m, lg[j]);
         }
+        mh[h] = m;
         if (m == -INFINITY)
-            break;
+            continue;
         sum = simd ? kn_exp_sub_sum_avx2(lg, C, m) : 0.0f;
         if (!simd)
             for (uint32_t j = 0; j < C; j++)
@@ -428,12 +476,28 @@ static ri_status_t kn_cpu_rank(const kn_shape_t *grp, const float *q, const kn_i
     *n_r_p = n_r;
     *n_e_p = n_e;
     st = RI_OK;
+    if (o_e != NULL)
+        st = kn_cpu_estimate_from_exp(g, d, idx, logit, C, mh, ids + n_r, n_e, simd, o_e, lse_e);
 out:
     cm_free(qs);
     cm_free(logit);
     cm_free(score);
     cm_free(all);
     return st;
+}
+
+static ri_status_t kn_cpu_rank(const kn_shape_t *grp, const float *q, const kn_index_t *idx,
+                               uint32_t n_r, uint32_t n_e, uint32_t *ids, uint32_t *n_r_p,
+                               uint32_t *n_e_p)
+{
+    return kn_cpu_rank_impl(grp, q, idx, n_r, n_e, ids, n_r_p, n_e_p, NULL, NULL);
+}
+
+ri_status_t kn_cpu_rank_estimate(const kn_shape_t *grp, const float *q, const kn_index_t *idx,
+                                 uint32_t n_r, uint32_t n_e, uint32_t *ids, uint32_t *n_r_p,
+                                 uint32_t *n_e_p, float *o_e, float *lse_e)
+{
+    return kn_cpu_rank_impl(grp, q, idx, n_r, n_e, ids, n_r_p, n_e_p, o_e, lse_e);
 }
 
 /* ---- estimate ---- */

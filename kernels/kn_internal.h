@@ -51,6 +51,13 @@ ri_status_t kn_ref_index_build(const kn_build_params_t *p, const cm_fp16_t *k, c
 ri_status_t kn_ref_quest_score(const kn_shape_t *grp, const float *q, const cm_fp16_t *kmin,
                                const cm_fp16_t *kmax, size_t n_pages, float *scores);
 
+/* cpu backend: rank and the estimation zone in one pass (the estimation
+ * reuses the rank's logits instead of reading the centroids again).  Same
+ * contracts as rank + estimate over ids[n_r .. n_r+n_e). */
+ri_status_t kn_cpu_rank_estimate(const kn_shape_t *grp, const float *q, const kn_index_t *idx,
+                                 uint32_t n_r, uint32_t n_e, uint32_t *ids, uint32_t *n_r_p,
+                                 uint32_t *n_e_p, float *o_e, float *lse_e);
+
 /* Partial selection: reorder ids[0..n) (keyed by score[ids[i]]) so that the
  * k largest come first (ties broken by smaller id), in O(n) expected. */
 void kn_select_top(uint32_t *ids, size_t n, size_t k, const float *score);

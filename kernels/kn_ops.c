@@ -182,49 +182,99 @@ uint32_t kn_index_plan(uint32_t n_tokens, uint32_t tokens_per_cluster, uint32_t 
     return C ? C : l;
 }
 
-/* ---- partial selection (quickselect, median of three, ties by id) ---- */
+/* ---- partial selection ----
+ * Quickselect on a copy of the scores (direct floats, no indirection) finds
+ * the k-th largest value; one pass then moves the ids above it to the front
+ * and fills up with the tied ids of smallest number.  O(n) expected. */
 
-static inline bool kn_better(const float *s, uint32_t a, uint32_t b)
+static float kn_kth_largest(float *v, size_t n, size_t k)
 {
-    return s[a] > s[b] || (s[a] == s[b] && a < b);
+    size_t lo = 0, hi = n - 1;  /* answer is v[k-1] once [0,k-1) >= it >= (k-1,n) */
+    size_t want = k - 1;
+    while (lo < hi) {
+        float a = v[lo], b = v[lo + (hi - lo) / 2], c = v[hi], pivot, t;
+        size_t i = lo, j = hi;
+        /* median of three */
+        pivot = a > b ? (b > c ? b : (a > c ? c : a)) : (a > c ? a : (b > c ? c : b));
+        while (i <= j) {
+            while (v[i] > pivot)
+                i++;
+            while (v[j] < pivot)
+                j--;
+            if (i <= j) {
+                t = v[i];
+                v[i] = v[j];
+                v[j] = t;
+                i++;
+                if (j == 0)
+                    break;
+                j--;
+            }
+        }
+        if (want <= j)
+            hi = j;
+        else if (want >= i)
+            lo = i;
+        else
+            return v[want];
+    }
+    return v[want];
+}
+
+static int kn_cmp_u32(const void *a, const void *b)
+{
+    uint32_t x = *(const uint32_t *)a, y = *(const uint32_t *)b;
+    return (x > y) - (x < y);
 }
 
 void kn_select_top(uint32_t *ids, size_t n, size_t k, const float *score)
 {
-    size_t lo = 0, hi = n;  /* the k-th boundary lies in [lo, hi) */
+    float *v, thr;
+    uint32_t *out;
+    size_t gt = 0, ties = 0, w = 0;
+
     if (k == 0 || k >= n)
         return;
-    while (hi - lo > 1) {
-        size_t mid = lo + (hi - lo) / 2, i, store;
-        uint32_t a = ids[lo], b = ids[mid], c = ids[hi - 1], pivot, tmp;
-        /* median of three as pivot */
-        if (kn_better(score, a, b)) { tmp = a; a = b; b = tmp; }
-        if (kn_better(score, b, c)) { tmp = b; b = c; c = tmp; }
-        if (kn_better(score, a, b)) { tmp = a; a = b; b = tmp; }
-        pivot = b;
-        /* partition: better than pivot first */
-        for (i = lo; i < hi; i++)
-            if (ids[i] == pivot)
-                break;
-        ids[i] = ids[hi - 1];
-        ids[hi - 1] = pivot;
-        store = lo;
-        for (i = lo; i + 1 < hi; i++) {
-            if (kn_better(score, ids[i], pivot)) {
-                tmp = ids[i];
-                ids[i] = ids[store];
-                ids[store++] = tmp;
-            }
+    v = cm_malloc(&kn_tag, n * sizeof(float));
+    out = cm_malloc(&kn_tag, n * sizeof(uint32_t));
+    if (v == NULL || out == NULL) {
+        /* no memory: a simple O(n k) selection keeps the contract */
+        for (size_t i = 0; i < k; i++) {
+            size_t best = i;
+            for (size_t j = i + 1; j < n; j++)
+                if (score[ids[j]] > score[ids[best]] ||
+                    (score[ids[j]] == score[ids[best]] && ids[j] < ids[best]))
+                    best = j;
+            uint32_t t = ids[i];
+            ids[i] = ids[best];
+            ids[best] = t;
         }
-        ids[hi - 1] = ids[store];
-        ids[store] = pivot;
-        if (store == k || store + 1 == k)
-            return;
-        if (store > k)
-            hi = store;
-        else
-            lo = store + 1;
+        cm_free(v);
+        cm_free(out);
+        return;
     }
+    for (size_t i = 0; i < n; i++)
+        v[i] = score[ids[i]];
+    thr = kn_kth_largest(v, n, k);
+    for (size_t i = 0; i < n; i++) {
+        gt += score[ids[i]] > thr;
+        ties += score[ids[i]] == thr;
+    }
+    /* front: everything above thr; then the ties (smallest ids first); then the rest */
+    for (size_t i = 0; i < n; i++)
+        if (score[ids[i]] > thr)
+            out[w++] = ids[i];
+    for (size_t i = 0; i < n; i++)
+        if (score[ids[i]] == thr)
+            out[w++] = ids[i];
+    if (ties > k - gt)
+        qsort(out + gt, ties, sizeof(uint32_t), kn_cmp_u32);
+    for (size_t i = 0; i < n; i++)
+        if (score[ids[i]] < thr || isnan(score[ids[i]]))
+            out[w++] = ids[i];
+    memcpy(ids, out, n * sizeof(uint32_t));
+    cm_free(v);
+    cm_free(out);
 }
 
 /* ---- checked wrappers ---- */

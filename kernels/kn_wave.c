@@ -259,8 +259,17 @@ static void kn_wave_decode_task(void *arg, size_t begin, size_t end, unsigned wo
 
         if (!ids || !pages || !part || g > KN_GMAX_LOCAL)
             goto fail;
+        float *o_x = part, *o_e = part + (size_t)g * d;
+        float *l_x = part + (size_t)2 * g * d, *l_e = l_x + g;
+        bool fused = w->ops == kn_ops_cpu() && w->ops->supports(KN_OP_RANK, &grp, KN_DTYPE_F16);
         if (idx->n_clusters > 0) {
-            st = kn_rank(w->ops, &grp, q, idx, job->n_r, job->n_e, ids, &nr, &ne);
+            st = fused ? kn_cpu_rank_estimate(&grp, q, idx, job->n_r, job->n_e, ids, &nr, &ne, o_e, l_e)
+                       : kn_rank(w->ops, &grp, q, idx, job->n_r, job->n_e, ids, &nr, &ne);
+            if (st != RI_OK)
+                goto fail;
+        }
+        if (idx->n_clusters == 0 || !fused) {
+            st = kn_estimate(w->ops, &grp, q, idx, ids + nr, ne, o_e, l_e);
             if (st != RI_OK)
                 goto fail;
         }
@@ -280,12 +289,7 @@ static void kn_wave_decode_task(void *arg, size_t begin, size_t end, unsigned wo
         }
         for (size_t i = 0; i < np; i++)
             exact += pages[i].n_tokens;
-        float *o_x = part, *o_e = part + (size_t)g * d;
-        float *l_x = part + (size_t)2 * g * d, *l_e = l_x + g;
         st = kn_attn_pages(w->ops, &grp, q, pages, np, o_x, l_x);
-        if (st != RI_OK)
-            goto fail;
-        st = kn_estimate(w->ops, &grp, q, idx, ids + nr, ne, o_e, l_e);
         if (st != RI_OK)
             goto fail;
         op[0] = o_x;

@@ -20,6 +20,7 @@
 #include <unistd.h>
 #include <cmocka.h>
 
+#include "kernels/kn_internal.h"
 #include "kernels/kn_ops.h"
 
 #define GUARD 16
@@ -650,6 +651,89 @@ static void test_index_build(void **state)
     assert_int_equal(fails, 0);
 }
 
+/* The cpu backend's fused rank + estimation (used by kn_wave) against the
+ * reference estimation over the same clusters. */
+static int xc_fused(uint32_t g, uint32_t d, uint32_t C, uint32_t n_r, uint32_t n_e)
+{
+    kn_shape_t grp = {g, 1, d, 0};
+    kn_index_t idx;
+    float *q = xc_floats((size_t)g * d, 2.0f);
+    float *ro = malloc((size_t)g * d * sizeof(float)), rl[8];
+    uint32_t *ids = malloc(((size_t)n_r + n_e + 1) * sizeof(uint32_t)), *ids2 = malloc(((size_t)n_r + n_e + 1) * sizeof(uint32_t));
+    uint32_t nr, ne, nr2, ne2;
+    xc_buf_t o = xc_buf((size_t)g * d), l = xc_buf(g);
+    int fails = 0;
+    char what[96];
+    xc_index(&idx, d, C);
+    snprintf(what, sizeof(what), "cpu fused rank+estimate g=%u d=%u C=%u", g, d, C);
+    assert_int_equal(kn_cpu_rank_estimate(&grp, q, &idx, n_r, n_e, ids, &nr, &ne, o.p, l.p), RI_OK);
+    assert_int_equal(kn_ops_cpu()->rank(&grp, q, &idx, n_r, n_e, ids2, &nr2, &ne2), RI_OK);
+    assert_int_equal(nr, nr2);
+    assert_int_equal(ne, ne2);
+    assert_memory_equal(ids, ids2, ((size_t)nr + ne) * sizeof(uint32_t));
+    assert_int_equal(kn_ops_ref()->estimate(&grp, q, &idx, ids + nr, ne, ro, rl), RI_OK);
+    fails += !xc_guards_ok(&o, what) || !xc_guards_ok(&l, what);
+    fails += !xc_close(what, o.p, ro, (size_t)g * d, 2e-5);
+    fails += !xc_close(what, l.p, rl, g, 2e-5);
+    xc_index_free(&idx);
+    free(q);
+    free(ro);
+    free(ids);
+    free(ids2);
+    xc_free(&o);
+    xc_free(&l);
+    return fails;
+}
+
+static void test_rank_estimate_fused(void **state)
+{
+    int fails = 0;
+    fails += xc_fused(4, 128, 1000, 18, 232);
+    fails += xc_fused(3, 64, 113, 2, 26);
+    fails += xc_fused(8, 128, 37, 1, 0);
+    fails += xc_fused(1, 48, 300, 5, 70);  /* scalar path */
+    assert_int_equal(fails, 0);
+}
+
+/* Partial selection: the first k ids are the k best by (score desc, id asc),
+ * with heavy ties, -inf and +inf among the scores. */
+static void test_select_top(void **state)
+{
+    for (int trial = 0; trial < 300; trial++) {
+        size_t n = 1 + xc_next() % 3000, k = xc_next() % (n + 2);
+        float *sc = malloc(n * sizeof(float));
+        uint32_t *ids = malloc(n * sizeof(uint32_t));
+        uint8_t *in = calloc(n, 1);
+        int mode = (int)(xc_next() % 3);
+        for (size_t i = 0; i < n; i++) {
+            sc[i] = mode == 0 ? xc_unif() : (float)(xc_next() % 5);
+            if (xc_next() % 50 == 0)
+                sc[i] = (xc_next() & 1) ? INFINITY : -INFINITY;
+            ids[i] = (uint32_t)(n - 1 - i);  /* not in id order */
+        }
+        kn_select_top(ids, n, k, sc);
+        for (size_t i = 0; i < n; i++) {
+            assert_true(ids[i] < n);
+            assert_false(in[ids[i]]);
+            in[ids[i]] = 1;
+        }
+        if (k > 0 && k < n) {
+            /* the worst of the front must beat the best of the rest */
+            uint32_t a = ids[0], b = ids[k];
+            for (size_t i = 1; i < k; i++)
+                if (sc[ids[i]] < sc[a] || (sc[ids[i]] == sc[a] && ids[i] > a))
+                    a = ids[i];
+            for (size_t j = k + 1; j < n; j++)
+                if (sc[ids[j]] > sc[b] || (sc[ids[j]] == sc[b] && ids[j] < b))
+                    b = ids[j];
+            assert_true(sc[a] > sc[b] || (sc[a] == sc[b] && a < b));
+        }
+        free(sc);
+        free(ids);
+        free(in);
+    }
+}
+
 /* ---- the tester is tested: a corrupted backend must be caught ---- */
 
 static ri_status_t xc_bad_decode(const kn_shape_t *shape, size_t n_seq, const float *q,
@@ -736,6 +820,8 @@ int main(int argc, char **argv)
         cmocka_unit_test(test_attn_pages),
         cmocka_unit_test(test_rank),
         cmocka_unit_test(test_estimate),
+        cmocka_unit_test(test_rank_estimate_fused),
+        cmocka_unit_test(test_select_top),
         cmocka_unit_test(test_merge),
         cmocka_unit_test(test_quest_score),
         cmocka_unit_test(test_index_build),
