@@ -18,14 +18,17 @@ DEST="$DIR/$NAME"
 say() { printf '[model] %s\n' "$*" >&2; }
 
 mkdir -p "$DIR"
-if [ -f "$DEST" ] && [ -f "$DEST.sha256" ]; then
-  rec="$(cut -d' ' -f1 "$DEST.sha256")"
-  if [ "$rec" = "$SHA256" ] && [ "${RI_MODEL_VERIFY:-0}" != 1 ]; then
+if [ -f "$DEST" ]; then
+  if [ -f "$DEST.sha256" ] && [ "$(cut -d' ' -f1 "$DEST.sha256")" = "$SHA256" ] && [ "${RI_MODEL_VERIFY:-0}" != 1 ]; then
     exit 0   # installed and recorded; `ri model verify` rehashes
   fi
   got="$(sha256sum "$DEST" | cut -d' ' -f1)"
-  [ "$got" = "$SHA256" ] && exit 0
-  say "installed model hash mismatch ($got); reinstalling"
+  if [ "$got" = "$SHA256" ]; then
+    echo "$got  $NAME" > "$DEST.sha256"
+    [ "${RI_MODEL_VERIFY:-0}" = 1 ] && say "verified $DEST"
+    exit 0
+  fi
+  say "$DEST has sha256 $got, expected $SHA256; reinstalling"
 fi
 
 tmp="$(mktemp -d)"
