@@ -17,6 +17,7 @@
 #include "common/cm_log.h"
 #include "common/cm_status.h"
 #include "common/cm_thread.h"
+#include "common/cm_time.h"
 #include "kernels/kn_ops.h"
 #include "retroinfer/retroinfer.h"
 
@@ -238,8 +239,12 @@ static ri_status_t gw_attn_decode(void *state, uint32_t layer, size_t pos, const
         kn_shape_t shape = {.n_q_heads = g->n_heads, .n_kv_heads = g->n_kv_heads, .head_dim = g->head_dim};
         kn_kv_view_t kv = {.k = v.k, .v = v.v, .n_tokens = v.n_tokens, .token_stride = v.token_stride,
                            .head_stride = v.head_stride};
+        double t0 = cm_time_s();
         if (kn_attn_decode(NULL, &shape, 1, q, &kv, a->full, NULL) == RI_OK)
             gw_attn_record_err(a, out, g->n_heads, g->head_dim);
+        pthread_mutex_lock(&gw_g.lock);
+        gw_g.tot.compare_s += cm_time_s() - t0;
+        pthread_mutex_unlock(&gw_g.lock);
     }
     return RI_OK;
 }

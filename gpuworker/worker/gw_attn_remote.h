@@ -58,6 +58,7 @@ typedef struct gw_attn_remote_totals {
     uint64_t failures;         /* decode steps that returned an error */
     double build_s;            /* index build (prefill_end and updates) */
     double fetch_wait_s;       /* decode time spent waiting for the kvstore */
+    double compare_s;          /* time spent on the compare_full exact pass */
     /* compare_full: relative L2 error of each query head's output vs exact */
     uint64_t n_err;            /* (layer, head, step) samples */
     double err_median, err_p90, err_p99, err_max;

@@ -139,6 +139,8 @@ static void test_remote_equals_inprocess(void **state)
             double e = wk_rel_err(o2, o1, NQ, D);
             if (e > worst)
                 worst = e;
+            if (e > 0 && getenv("WK_DEBUG"))
+                printf("step %d layer %u: rel err %.3g (updates so far %d)\n", step, l, e, updates);
             for (uint32_t i = 0; i < NQ; i++)
                 assert_true(l2[i] - l1[i] < 1e-4 && l1[i] - l2[i] < 1e-4);
         }
@@ -146,9 +148,9 @@ static void test_remote_equals_inprocess(void **state)
     gw_remote_stats_t st;
     gw_remote_stats(f->r, &st);
     printf("remote vs in-process: worst rel err %.3g over %d layer-steps, %d updates; hits %llu misses %llu, "
-           "%llu fetched bytes, cache %u pages\n",
+           "%llu fetched bytes, cache %u pages, %.1f us waiting per fetch\n",
            worst, 300 * NL, updates, (unsigned long long)st.hits, (unsigned long long)st.misses,
-           (unsigned long long)st.fetched_bytes, st.cache_pages);
+           (unsigned long long)st.fetched_bytes, st.cache_pages, st.fetch_wait_s * 1e6 / (double)(st.fetches ? st.fetches : 1));
     assert_true(updates >= NL);   /* APPEND_CLUSTERS was exercised */
     assert_true(worst <= 1e-6);
     assert_int_equal(gw_remote_error(f->r), RI_OK);
