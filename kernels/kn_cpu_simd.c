@@ -401,29 +401,47 @@ KN_T void kn_quest_score_avx2(const float *q, uint32_t g, uint32_t d, const cm_f
 }
 
 /* acc[h] += sum_e w[h*n + e] * vsum[ids[e]] for G heads.  Rows come in
- * cluster order (random in memory): row-outer with software prefetch a few
- * rows ahead, accumulators in L1. */
+ * cluster order (scattered in memory): blocks of 32 rows, the next block
+ * prefetched while the current one is folded chunk by chunk into register
+ * accumulators (each row read from L1 once per chunk). */
 KN_TI void kn_est_accum_g(float *acc, const float *vsum, const uint32_t *ids, const float *w,
                           size_t n, uint32_t d, const int G)
 {
-    for (size_t e = 0; e < n; e++) {
-        const float *row = vsum + (size_t)ids[e] * d;
-        __m256 wb[KN_GMAX];
-        if (e + 6 < n) {
-            const char *pf = (const char *)(vsum + (size_t)ids[e + 6] * d);
-            for (uint32_t i = 0; i < d * 4; i += 64)
-                _mm_prefetch(pf + i, _MM_HINT_T0);
-        }
+    const int CW = G <= 4 ? 2 : 1;
+    for (size_t e = 0; e < n && e < 32; e++)
+        for (uint32_t i = 0; i < d; i += 16)
+            _mm_prefetch((const char *)(vsum + (size_t)ids[e] * d + i), _MM_HINT_T0);
+    for (size_t e0 = 0; e0 < n; e0 += 32) {
+        size_t e1 = e0 + 32 < n ? e0 + 32 : n;
+        for (size_t e = e1; e < n && e < e1 + 32; e++)
+            for (uint32_t i = 0; i < d; i += 16)
+                _mm_prefetch((const char *)(vsum + (size_t)ids[e] * d + i), _MM_HINT_T0);
+        for (uint32_t c = 0; c < d; c += 8 * CW) {
+            __m256 a[KN_GMAX * 2];
 #pragma GCC unroll 8
-        for (int h = 0; h < G; h++)
-            wb[h] = _mm256_broadcast_ss(w + (size_t)h * n + e);
-        for (uint32_t c = 0; c < d; c += 8) {
-            __m256 v = _mm256_loadu_ps(row + c);
+            for (int h = 0; h < G; h++)
+#pragma GCC unroll 2
+                for (int x = 0; x < CW; x++)
+                    a[h * CW + x] = _mm256_loadu_ps(acc + (size_t)h * d + c + 8 * x);
+            for (size_t e = e0; e < e1; e++) {
+                const float *row = vsum + (size_t)ids[e] * d + c;
+                __m256 vv[2];
+#pragma GCC unroll 2
+                for (int x = 0; x < CW; x++)
+                    vv[x] = _mm256_loadu_ps(row + 8 * x);
 #pragma GCC unroll 8
-            for (int h = 0; h < G; h++) {
-                float *a = acc + (size_t)h * d + c;
-                _mm256_storeu_ps(a, _mm256_fmadd_ps(wb[h], v, _mm256_loadu_ps(a)));
+                for (int h = 0; h < G; h++) {
+                    __m256 wb = _mm256_broadcast_ss(w + (size_t)h * n + e);
+#pragma GCC unroll 2
+                    for (int x = 0; x < CW; x++)
+                        a[h * CW + x] = _mm256_fmadd_ps(wb, vv[x], a[h * CW + x]);
+                }
             }
+#pragma GCC unroll 8
+            for (int h = 0; h < G; h++)
+#pragma GCC unroll 2
+                for (int x = 0; x < CW; x++)
+                    _mm256_storeu_ps(acc + (size_t)h * d + c + 8 * x, a[h * CW + x]);
         }
     }
 }

@@ -267,8 +267,15 @@ void kn_select_top(uint32_t *ids, size_t n, size_t k, const float *score)
     for (size_t i = 0; i < n; i++)
         if (score[ids[i]] == thr)
             out[w++] = ids[i];
-    if (ties > k - gt)
-        qsort(out + gt, ties, sizeof(uint32_t), kn_cmp_u32);
+    if (ties > k - gt) {
+        /* only the smallest tied ids may go to the front; they usually come
+         * in ascending order already (e.g. many underflowed zero scores) */
+        bool sorted = true;
+        for (size_t i = gt + 1; i < gt + ties && sorted; i++)
+            sorted = out[i - 1] < out[i];
+        if (!sorted)
+            qsort(out + gt, ties, sizeof(uint32_t), kn_cmp_u32);
+    }
     for (size_t i = 0; i < n; i++)
         if (score[ids[i]] < thr || isnan(score[ids[i]]))
             out[w++] = ids[i];

@@ -8,7 +8,8 @@
  * the wave-index build throughput.  Prints a table; --json PATH writes
  * shared/BENCH.md's shape.
  *
- *   ri bench kernels [--quick] [--max-n N] [--only N] [--steps S] [--json PATH]
+ *   ri bench kernels [--quick] [--max-n N] [--only N] [--steps S] [--fast-build-from N]
+ *                    [--json PATH]
  */
 #define _GNU_SOURCE
 #include <math.h>
@@ -195,7 +196,7 @@ static void put_summary(cJSON *row, const char *name, const double *v, size_t n,
 }
 
 static int bench_size(bn_report_t *rep, size_t N, int steps, bool quick, int32_t neighbours,
-                      bool compare_final)
+                      bool compare_final, uint32_t iters)
 {
     kn_synth_params_t sp;
     bk_ctx_t x = {.shape = {NQ, NKV, D, 0}};
@@ -242,6 +243,7 @@ static int bench_size(bn_report_t *rep, size_t N, int steps, bool quick, int32_t
     /* index build */
     kn_wave_params_default(&wp);
     wp.build.final_neighbours = neighbours;
+    wp.build.iters = iters;
     if (kn_wave_create(&x.shape, &wp, &x.wave) != RI_OK)
         return -1;
     t_build = cm_time_s();
@@ -265,6 +267,7 @@ static int bench_size(bn_report_t *rep, size_t N, int steps, bool quick, int32_t
         cJSON_AddStringToObject(row, "final_pass", neighbours < 0 ? "global" : "neighbours");
         if (neighbours >= 0)
             cJSON_AddNumberToObject(row, "final_neighbours", neighbours);
+        cJSON_AddNumberToObject(row, "kmeans_iters", iters);
         printf("%-12s N=%-8zu %8.2f s  %10.0f tokens/s per KV head (x%d heads, %u clusters/head, final=%s)\n",
                "index_build", N, t_build, tps / NKV * NKV, NKV, ix->n_clusters,
                neighbours < 0 ? "global" : "neighbours");
@@ -353,8 +356,11 @@ static int bench_size(bn_report_t *rep, size_t N, int steps, bool quick, int32_t
         cJSON_AddNumberToObject(row, "speedup_vs_full_min", best[M_FULL] / best[m]);
         cJSON_AddNumberToObject(row, "accuracy_steps", steps);
         cJSON_AddStringToObject(row, "kv_layout", "head-major");
-        if (m == M_WAVE)
+        if (m == M_WAVE) {
             cJSON_AddStringToObject(row, "final_pass", neighbours < 0 ? "global" : "neighbours");
+            cJSON_AddNumberToObject(row, "final_neighbours", neighbours);
+            cJSON_AddNumberToObject(row, "kmeans_iters", iters);
+        }
         put_summary(row, "rel_err", rel, nq, true);
         put_summary(row, "cosine", cs, nq, false);
         put_summary(row, "dlse", dl, nq, true);
@@ -434,7 +440,7 @@ int main(int argc, char **argv)
 {
     const char *json = bn_parse_json_arg(&argc, argv);
     bool quick = false;
-    size_t max_n = (size_t)1 << 20, only_n = 0;
+    size_t max_n = (size_t)1 << 20, only_n = 0, fast_from = 0;
     int steps = 0;
     static const size_t sizes[] = {8192, 32768, 131072, 524288, 1048576};
     bn_report_t *rep;
@@ -444,12 +450,14 @@ int main(int argc, char **argv)
             quick = true;
         else if (strcmp(argv[i], "--max-n") == 0 && i + 1 < argc)
             max_n = strtoull(argv[++i], NULL, 0);
+        else if (strcmp(argv[i], "--fast-build-from") == 0 && i + 1 < argc)
+            fast_from = strtoull(argv[++i], NULL, 0);
         else if (strcmp(argv[i], "--only") == 0 && i + 1 < argc)
             only_n = strtoull(argv[++i], NULL, 0);
         else if (strcmp(argv[i], "--steps") == 0 && i + 1 < argc)
             steps = atoi(argv[++i]);
         else {
-            fprintf(stderr, "usage: ri bench kernels [--quick] [--max-n N] [--only N] [--steps S] [--json PATH]\n");
+            fprintf(stderr, "usage: ri bench kernels [--quick] [--max-n N] [--only N] [--steps S] [--fast-build-from N] [--json PATH]\n");
             return 2;
         }
     }
@@ -485,7 +493,13 @@ int main(int argc, char **argv)
         }
         /* global final pass up to 128K; beyond, own segment +-1 (the global
          * pass is O(N^2 d): ~2 h per layer at 1M on 2 cores) */
-        bench_size(rep, N, st, quick, N <= 131072 ? -1 : 1, N == 131072 && !quick);
+        /* --fast-build-from N: from that size on, 2 k-means iterations and the
+         * own-segment final pass (decode timing does not depend on the index
+         * quality; the rows say which build their accuracy comes from) */
+        if (fast_from && N >= fast_from)
+            bench_size(rep, N, st, quick, 0, false, 2);
+        else
+            bench_size(rep, N, st, quick, N <= 131072 ? -1 : 1, N == 131072 && !quick, 9);
         fflush(stdout);
     }
     return bn_report_finish(rep, json) == 0 ? 0 : 1;
