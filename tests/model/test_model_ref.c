@@ -193,6 +193,54 @@ static void test_logits_match_reference(void **state)
     mdl_model_destroy(m);
 }
 
+/* A batch of sequences decodes as each one alone (same positions, same logits). */
+static void test_batch_decode_matches_single(void **state)
+{
+    const char *path = *state;
+    char err[512];
+    mdl_model_t *m;
+    assert_int_equal(mdl_model_load(path, &m, err, sizeof(err)), RI_OK);
+    size_t V = mdl_model_hparams(m)->n_vocab, nb = 5;
+    mdl_seq_t *batch[5], *one[1];
+    int32_t next[5];
+    float *lb = malloc(nb * V * sizeof(float)), *l1 = malloc(V * sizeof(float));
+    for (size_t b = 0; b < nb; b++) {
+        const char *p = prompts[b % 3];
+        int32_t *ids;
+        size_t n;
+        assert_int_equal(mdl_tok_encode(mdl_model_tok(m), p, strlen(p), false, &ids, &n), RI_OK);
+        n = n > 4 + b ? 4 + b : n;   /* different lengths */
+        assert_int_equal(mdl_seq_create(m, mdl_attn_find("full"), NULL, n + 4, &batch[b]), RI_OK);
+        assert_int_equal(mdl_prefill(m, batch[b], ids, n, l1, NULL, NULL, NULL), RI_OK);
+        next[b] = mdl_argmax(l1, V);
+        cm_free(ids);
+    }
+    assert_int_equal(mdl_decode(m, batch, next, nb, lb), RI_OK);
+    for (size_t b = 0; b < nb; b++) {
+        /* the same step alone, on a copy taken before the step */
+        mdl_seq_t *s;
+        assert_int_equal(mdl_seq_create(m, mdl_attn_find("full"), NULL, mdl_seq_cap(batch[b]), &s), RI_OK);
+        assert_int_equal(mdl_kv_copy((mdl_kv_t *)mdl_seq_kv(s), mdl_seq_kv(batch[b]), mdl_seq_len(batch[b]) - 1),
+                         RI_OK);
+        one[0] = s;
+        assert_int_equal(mdl_decode(m, one, &next[b], 1, l1), RI_OK);
+        double md = 0;
+        for (size_t i = 0; i < V; i++)
+            md = fmax(md, fabs((double)l1[i] - lb[b * V + i]));
+        printf("batch row %zu: max |dlogit| vs alone %.2e\n", b, md);
+        assert_true(md < 2e-2);   /* batch products sum in another order (3x4 blocks) */
+        assert_int_equal(mdl_argmax(l1, V), mdl_argmax(lb + b * V, V));
+        mdl_seq_destroy(s);
+    }
+    /* the same sequence twice in one batch is refused */
+    mdl_seq_t *dup[2] = {batch[0], batch[0]};
+    assert_int_equal(mdl_decode(m, dup, next, 2, lb), RI_ERR_INVALID);
+    for (size_t b = 0; b < nb; b++)
+        mdl_seq_destroy(batch[b]);
+    free(lb), free(l1);
+    mdl_model_destroy(m);
+}
+
 int main(void)
 {
     const char *path = tm_model_path_or_skip();
@@ -206,6 +254,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test_prestate(test_tokenizer_matches_reference, (void *)path),
         cmocka_unit_test_prestate(test_logits_match_reference, (void *)path),
+        cmocka_unit_test_prestate(test_batch_decode_matches_single, (void *)path),
     };
     int rc = cmocka_run_group_tests(tests, NULL, NULL);
     char cmd[400];
