@@ -163,6 +163,10 @@ int main(int argc, char **argv)
         fprintf(stderr, "ri generate: give --prompt TEXT or --prompt-file FILE (see --help)\n");
         goto out;
     }
+    if (text == NULL) {
+        fprintf(stderr, "ri generate: out of memory\n");
+        goto out;
+    }
     const mdl_attn_ops_t *attn = mdl_attn_find(cfg.attn);
     if (attn == NULL) {
         fprintf(stderr, "ri generate: unknown --attn '%s' (have: %s)\n", cfg.attn, mdl_attn_names());
@@ -266,9 +270,8 @@ int main(int argc, char **argv)
                 "[generate] prefill: %zu tokens in %.2f s (%.1f tok/s)\n"
                 "[generate] decode:  %zu tokens in %.2f s (%.1f tok/s)%s\n",
                 mdl_model_name(model), attn->name, cm_pool_size(cm_pool_default()), n_ids, t_prefill,
-                (double)n_ids / t_prefill, n_dec, t_decode, n_dec ? (double)n_dec / t_decode : 0.0,
-                as.build_s > 0 ? "" : "");
-        if (as.build_s > 0)
+                (double)n_ids / t_prefill, n_dec, t_decode, n_dec ? (double)n_dec / t_decode : 0.0, "");
+        if (as.build_s > 0.0005)
             fprintf(stderr, "[generate] index build: %.3f s\n", as.build_s);
     }
     if (dump != NULL) {
