@@ -219,7 +219,8 @@ static inline void cm_dp_register_encode(uint8_t *buf, const cm_dp_register_t *r
     cm_dp_put32(buf + 4, r->rkey_len);
     cm_dp_put64(buf + 8, r->recv_addr);
     cm_dp_put64(buf + 16, r->recv_len);
-    memcpy(buf + CM_DP_REGISTER_FIXED, r->rkey, r->rkey_len);
+    if (r->rkey_len > 0)
+        memcpy(buf + CM_DP_REGISTER_FIXED, r->rkey, r->rkey_len);
 }
 
 /* ---- FETCH_RANKED request ---- */

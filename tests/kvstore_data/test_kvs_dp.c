@@ -41,13 +41,6 @@
 static const char *g_mode = "tcp";
 static kvs_spawn_t g_sp; /* the server of the running test, stopped by teardown */
 
-static int teardown_server(void **state)
-{
-    (void)state;
-    if (g_sp.pid > 0)
-        kvs_spawn_stop(&g_sp, SIGKILL, 2000);
-    return 0;
-}
 
 /* ---- the uploaded data, kept by the client ---- */
 typedef struct cl {
@@ -57,6 +50,20 @@ typedef struct cl {
 
 static cl_t g_cl[LAYERS][HEADS][CLUSTERS + APPENDED];
 static uint32_t g_n[LAYERS][HEADS];
+
+static int teardown_server(void **state)
+{
+    (void)state;
+    if (g_sp.pid > 0)
+        kvs_spawn_stop(&g_sp, SIGKILL, 2000);
+    for (uint32_t l = 0; l < LAYERS; l++)
+        for (uint32_t h = 0; h < HEADS; h++)
+            for (uint32_t c = 0; c < CLUSTERS + APPENDED; c++) {
+                free(g_cl[l][h][c].bytes);
+                g_cl[l][h][c].bytes = NULL;
+            }
+    return 0;
+}
 
 /* ---- reference model of one worker cache (written from the rule, not the code) ---- */
 typedef struct ment {
@@ -94,6 +101,7 @@ static uint8_t pattern(uint32_t l, uint32_t h, uint32_t c, uint32_t i)
 static void make_cluster(uint32_t l, uint32_t h, uint32_t c, uint32_t tokens)
 {
     cl_t *x = &g_cl[l][h][c];
+    free(x->bytes);
     x->tokens = tokens;
     x->pages = (tokens + PT - 1) / PT;
     x->bytes = calloc(x->pages, PAGE_BYTES);
