@@ -21,6 +21,7 @@ struct gw_io {
     pthread_cond_t cond;       /* queue changed, a job finished */
     gw_io_job_t *head, *tail;  /* FIFO */
     bool busy;                 /* the thread runs a job */
+    bool inline_active;        /* a caller runs a job on its own thread */
     bool stop;                 /* gw_io_stop called */
     ri_status_t err;           /* sticky: first failure */
     uint64_t up_bytes;         /* uploaded so far */
@@ -92,7 +93,7 @@ static void *gw_io_main(void *arg)
     gw_io_t *io = arg;
     pthread_mutex_lock(&io->lock);
     for (;;) {
-        while (io->head == NULL && !io->stop)
+        while ((io->head == NULL && !io->stop) || io->inline_active)
             pthread_cond_wait(&io->cond, &io->lock);
         if (io->head == NULL)
             break; /* stop with an empty queue */
@@ -186,6 +187,33 @@ ri_status_t gw_io_wait(gw_io_t *io, gw_io_job_t *job)
         pthread_cond_wait(&io->cond, &io->lock);
     pthread_mutex_unlock(&io->lock);
     return job->status;
+}
+
+ri_status_t gw_io_call(gw_io_t *io, gw_io_job_t *job)
+{
+    ri_status_t st;
+    pthread_mutex_lock(&io->lock);
+    /* everything queued before (uploads of this layer) goes first */
+    while (io->head != NULL || io->busy || io->inline_active)
+        pthread_cond_wait(&io->cond, &io->lock);
+    st = io->err;
+    io->inline_active = true;
+    pthread_mutex_unlock(&io->lock);
+
+    double t0 = cm_time_s();
+    if (st == RI_OK)
+        st = gw_io_run(io, job);
+    job->seconds = cm_time_s() - t0;
+
+    pthread_mutex_lock(&io->lock);
+    io->inline_active = false;
+    if (st != RI_OK && io->err == RI_OK)
+        io->err = st;
+    job->status = st;
+    job->done = true;
+    pthread_cond_broadcast(&io->cond);
+    pthread_mutex_unlock(&io->lock);
+    return st;
 }
 
 ri_status_t gw_io_drain(gw_io_t *io)

@@ -89,6 +89,7 @@ void gw_remote_params_default(gw_remote_params_t *p)
     p->cache_pages = 0;
     p->min_cache_pages = 64;
     p->timeout_ms = 5000;
+    p->fetch_async = getenv("RI_FETCH_ASYNC") == NULL || atoi(getenv("RI_FETCH_ASYNC")) != 0;
 }
 
 static uint32_t gw_pages(uint32_t tokens)
@@ -611,8 +612,14 @@ ri_status_t gw_remote_decode_begin(gw_remote_t *r, uint32_t layer, const float *
         s->job.ids = s->req;
         s->job.recv_offset = 0;
         s->job.timeout_ms = r->p.timeout_ms;
-        gw_io_submit(r->io, &s->job);
         s->fetching = true;
+        if (r->p.fetch_async) {
+            gw_io_submit(r->io, &s->job);
+        } else {
+            double t0 = cm_time_s();
+            (void)gw_io_call(r->io, &s->job); /* status checked in decode_end */
+            r->st.fetch_wait_s += cm_time_s() - t0;
+        }
     }
     s->active = true;
     return RI_OK;

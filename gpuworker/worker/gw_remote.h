@@ -54,6 +54,9 @@ typedef struct gw_remote_params {
     uint32_t cache_pages;     /* fixed capacity in pages; 0 = from cache_frac */
     uint32_t min_cache_pages; /* floor of the capacity (64) */
     uint32_t timeout_ms;      /* deadline of one data-plane call (5000) */
+    bool fetch_async;         /* fetch on the io thread while the estimation zone is
+                                 computed (true), or on the caller's thread before it
+                                 (false: one thread wake-up less per round trip) */
 } gw_remote_params_t;
 
 void gw_remote_params_default(gw_remote_params_t *p);
