@@ -13,6 +13,7 @@
 CM_ALLOC_TAG(kn_tag, "kernels");
 
 static cm_pool_t *kn_pool_override;
+static const kn_ops_t *_Atomic kn_cuda_registered;
 
 const char *kn_op_name(kn_op_t op)
 {
@@ -61,10 +62,16 @@ const kn_ops_t *kn_ops_cpu(void)
     return &kn_cpu_ops;
 }
 
-/* The CUDA backend joins here (kernels/cuda/), returning NULL without a device. */
+/* The CUDA backend (kernels/cuda/, library ri_kernels_cuda) registers itself
+ * when it is linked in and a device is present. */
+void kn_ops_register_cuda(const kn_ops_t *ops)
+{
+    kn_cuda_registered = ops;
+}
+
 const kn_ops_t *kn_ops_cuda(void)
 {
-    return NULL;
+    return kn_cuda_registered;
 }
 
 const kn_ops_t *kn_ops_default(void)
@@ -292,6 +299,8 @@ static const kn_ops_t *kn_pick(const kn_ops_t *ops, kn_op_t op, const kn_shape_t
         ops = kn_ops_default();
     if (ops->supports(op, shape, KN_DTYPE_F16))
         return ops;
+    if (kn_ops_cpu()->supports(op, shape, KN_DTYPE_F16))
+        return kn_ops_cpu();
     return kn_ops_ref();
 }
 

@@ -194,8 +194,11 @@ typedef struct kn_ops {
 const kn_ops_t *kn_ops_ref(void);
 /* The optimised CPU backend (AVX2/FMA/F16C when present, else scalar). */
 const kn_ops_t *kn_ops_cpu(void);
-/* The CUDA backend, or NULL when not built or no device is present. */
+/* The CUDA backend, or NULL when not linked in (library ri_kernels_cuda) or
+ * no device is present. */
 const kn_ops_t *kn_ops_cuda(void);
+/* Called by the CUDA backend at load time (borrowed, static lifetime). */
+void kn_ops_register_cuda(const kn_ops_t *ops);
 /* The best available backend (cuda if present, else cpu); RI_KERNELS=ref|cpu|cuda overrides. */
 const kn_ops_t *kn_ops_default(void);
 /* Fill up to max backends that run here (ref first); returns how many. */
@@ -212,7 +215,8 @@ cm_pool_t *kn_pool(void);
 
 /* ---------------------------------------------------------------------------
  * Checked wrappers: validate arguments, use ops (NULL = kn_ops_default()) when
- * it supports the case, else the reference.  Same contracts as the table.
+ * it supports the case, else the cpu backend, else the reference.  Same
+ * contracts as the table.
  * ------------------------------------------------------------------------- */
 ri_status_t kn_attn_decode(const kn_ops_t *ops, const kn_shape_t *shape, size_t n_seq,
                            const float *q, const kn_kv_view_t *kv, float *out, float *lse);

@@ -20,6 +20,9 @@
 #include <unistd.h>
 #include <cmocka.h>
 
+#ifdef KN_XC_CUDA
+#include "kernels/cuda/kn_cuda.h"
+#endif
 #include "kernels/kn_internal.h"
 #include "kernels/kn_ops.h"
 
@@ -809,6 +812,13 @@ int main(int argc, char **argv)
                         : ((uint64_t)time(NULL) << 20) ^ (uint64_t)getpid() ^ (uint64_t)clock();
     xc_rng = seed;
     xc_slow = argc > 1 && strcmp(argv[1], "--slow") == 0;
+#ifdef KN_XC_CUDA
+    if (kn_cuda_init() != RI_OK) {
+        printf("no CUDA device: skipped\n");
+        return 77;
+    }
+    n_ops = kn_ops_list(ops, 4);
+#endif
     printf("kernels cross-check: seed %llu (RI_TEST_SEED=%llu reproduces), cpu isa %s, backends:",
            (unsigned long long)seed, (unsigned long long)seed, kn_cpu_isa());
     for (size_t i = 0; i < n_ops; i++)
