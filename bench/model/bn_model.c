@@ -155,22 +155,24 @@ int main(int argc, char **argv)
         double tp = cm_time_s() - t0;
         size_t batches[2] = {1, 4};
         size_t n_b = c == 0 ? 2 : 1;
+        static const mdl_act_mode_t acts[3] = {MDL_ACT_I16, MDL_ACT_I8, MDL_ACT_F32};
+        static const char *const act_names[3] = {"i16", "i8", "f32"};
         for (size_t k = 0; k < n_m; k++)
-            for (int q8 = 0; q8 < 2; q8++)
+            for (int ai = 0; ai < 3; ai++)
                 for (size_t bi = 0; bi < n_b; bi++) {
-                    if (q8 && bi > 0)
-                        continue;   /* batched products use the fp32 path anyway */
+                    if (ai > 0 && bi > 0)
+                        continue;   /* batched products (n > 2) expand weights to fp32 in every mode */
                     bm_result_t r = {0};
-                    mdl_quant_q8_activations(q8 != 0);
+                    mdl_quant_set_act(acts[ai]);
                     ri_status_t st = bm_decode(m, base, logits, methods[k], batches[bi], steps, &r);
-                    mdl_quant_q8_activations(false);
+                    mdl_quant_set_act(MDL_ACT_I16);
                     if (st != RI_OK) {
                         fprintf(stderr, "decode failed: %s\n", ri_status_str(st));
                         return 1;
                     }
                     double floor_tok_s = bw * 1e9 / r.bytes_per_step;
                     printf("%-7zu %-11s %-5s %-5zu %10.1f %10.1f %10.1f %6.0f%% %9.1f %8.0f %8.1f%%\n", n, methods[k],
-                           q8 ? "int8" : "fp32", batches[bi], (double)n / tp, r.decode_tok_s, floor_tok_s,
+                           act_names[ai], batches[bi], (double)n / tp, r.decode_tok_s, floor_tok_s,
                            100.0 * r.decode_tok_s / floor_tok_s, r.bytes_per_step / 1e6, r.exact_tokens,
                            100.0 * r.build_s / tp);
                     fflush(stdout);
@@ -181,7 +183,7 @@ int main(int argc, char **argv)
                     cJSON_AddNumberToObject(row, "prefill_tok_s", (double)n / tp);
                     cJSON_AddNumberToObject(row, "decode_tok_s", r.decode_tok_s);
                     cJSON_AddNumberToObject(row, "floor_tok_s", floor_tok_s);
-                    cJSON_AddStringToObject(row, "activations", q8 ? "int8" : "fp32");
+                    cJSON_AddStringToObject(row, "activations", act_names[ai]);
                     cJSON_AddNumberToObject(row, "bytes_per_step", r.bytes_per_step);
                     cJSON_AddNumberToObject(row, "exact_tokens", r.exact_tokens);
                     cJSON_AddNumberToObject(row, "prefill_s", tp);

@@ -28,16 +28,21 @@ static CM_ALLOC_TAG(mdl_quant_tag, "model.matmul");
 #define QK 32
 
 static bool mdl_force_scalar;
-/* Decode with int8 activations: -1 = not decided yet (RI_MODEL_Q8, default off). */
-static int mdl_q8_mode = -1;
+/* How decode products take their activations: -1 = not decided yet
+ * (RI_MODEL_ACT = f32 | i16 | i8, default i16). */
+static int mdl_act = -1;
 
-static bool mdl_q8_enabled(void)
+static mdl_act_mode_t mdl_act_mode(void)
 {
-    if (mdl_q8_mode < 0) {
-        const char *e = getenv("RI_MODEL_Q8");
-        mdl_q8_mode = e != NULL && (e[0] == '1' || e[0] == 'y' || e[0] == 'o');
+    if (mdl_act < 0) {
+        const char *e = getenv("RI_MODEL_ACT");
+        mdl_act = MDL_ACT_I16;
+        if (e != NULL && strcmp(e, "f32") == 0)
+            mdl_act = MDL_ACT_F32;
+        else if (e != NULL && strcmp(e, "i8") == 0)
+            mdl_act = MDL_ACT_I8;
     }
-    return mdl_q8_mode == 1;
+    return (mdl_act_mode_t)mdl_act;
 }
 
 void mdl_quant_force_scalar(bool on)
@@ -439,6 +444,72 @@ MDL_AVX2 static float mdl_dot_q8act_avx2(const mdl_weight_t *w, size_t r, const 
     }
     return mdl_hsum(acc) + accm;
 }
+
+/* Activations as int16 per 32-block (d = amax/32767; relative error 1.5e-5,
+ * invisible in the logits) with the exact fp32 block sums: the default decode
+ * path.  Weights widen to int16 and multiply with madd_epi16, half the
+ * instructions of expanding them to fp32. */
+MDL_AVX2 static void mdl_quant_act16_avx2(const float *x, size_t n, int16_t *q, float *d, float *sum)
+{
+    __m256 sign = _mm256_set1_ps(-0.0f);
+    for (size_t b = 0; b < n / QK; b++) {
+        const float *xb = x + b * QK;
+        __m256 v[4], mx = _mm256_setzero_ps(), sx = _mm256_setzero_ps();
+        for (int k = 0; k < 4; k++) {
+            v[k] = _mm256_loadu_ps(xb + 8 * k);
+            mx = _mm256_max_ps(mx, _mm256_andnot_ps(sign, v[k]));
+            sx = _mm256_add_ps(sx, v[k]);
+        }
+        __m128 m4 = _mm_max_ps(_mm256_castps256_ps128(mx), _mm256_extractf128_ps(mx, 1));
+        m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
+        m4 = _mm_max_ss(m4, _mm_movehdup_ps(m4));
+        float db = _mm_cvtss_f32(m4) / 32767.0f;
+        __m256 inv = _mm256_set1_ps(db > 0 ? 1.0f / db : 0.0f);
+        __m256i i[4];
+        for (int k = 0; k < 4; k++)
+            i[k] = _mm256_cvtps_epi32(_mm256_round_ps(_mm256_mul_ps(v[k], inv), _MM_FROUND_TO_NEAREST_INT));
+        /* pack to int16 in element order: packs works per 128-bit lane */
+        __m256i p01 = _mm256_permute4x64_epi64(_mm256_packs_epi32(i[0], i[1]), 0xD8);
+        __m256i p23 = _mm256_permute4x64_epi64(_mm256_packs_epi32(i[2], i[3]), 0xD8);
+        _mm256_storeu_si256((__m256i *)(q + b * QK), p01);
+        _mm256_storeu_si256((__m256i *)(q + b * QK + 16), p23);
+        d[b] = db;
+        sum[b] = mdl_hsum(sx);
+    }
+}
+
+MDL_AVX2 static float mdl_dot_q16act_avx2(const mdl_weight_t *w, size_t r, const int16_t *xq, const float *xd,
+                                          const float *xs)
+{
+    const uint8_t *p = mdl_row(w, r);
+    size_t nb = w->cols / QK;
+    __m256 acc = _mm256_setzero_ps();
+    float accm = 0;
+    if (w->type == MDL_GGML_Q8_0) {
+        for (size_t b = 0; b < nb; b++, p += 34) {
+            __m256i w0 = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(p + 2)));
+            __m256i w1 = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(p + 18)));
+            __m256i s = _mm256_add_epi32(_mm256_madd_epi16(w0, _mm256_loadu_si256((const __m256i *)(xq + b * QK))),
+                                         _mm256_madd_epi16(w1, _mm256_loadu_si256((const __m256i *)(xq + b * QK + 16))));
+            acc = _mm256_fmadd_ps(_mm256_set1_ps(mdl_h_avx(p) * xd[b]), _mm256_cvtepi32_ps(s), acc);
+        }
+        return mdl_hsum(acc);
+    }
+    size_t bb = w->type == MDL_GGML_Q4_0 ? 18 : 20, qo = w->type == MDL_GGML_Q4_1 ? 4 : 2;
+    __m128i m4 = _mm_set1_epi8(0x0F);
+    for (size_t b = 0; b < nb; b++, p += bb) {
+        __m128i raw = _mm_loadu_si128((const __m128i *)(p + qo));
+        __m256i lo = _mm256_cvtepu8_epi16(_mm_and_si128(raw, m4));                     /* elements 0..15 */
+        __m256i hi = _mm256_cvtepu8_epi16(_mm_and_si128(_mm_srli_epi16(raw, 4), m4));  /* 16..31 */
+        __m256i s = _mm256_add_epi32(_mm256_madd_epi16(lo, _mm256_loadu_si256((const __m256i *)(xq + b * QK))),
+                                     _mm256_madd_epi16(hi, _mm256_loadu_si256((const __m256i *)(xq + b * QK + 16))));
+        float dw = mdl_h_avx(p);
+        acc = _mm256_fmadd_ps(_mm256_set1_ps(dw * xd[b]), _mm256_cvtepi32_ps(s), acc);
+        /* Q4_0: (q - 8) d = q d - 8 d; Q4_1: q d + m; times the exact block sum of x */
+        accm += (w->type == MDL_GGML_Q4_1 ? mdl_h_avx(p + 2) : -8.0f * dw) * xs[b];
+    }
+    return mdl_hsum(acc) + accm;
+}
 #endif /* MDL_X86 */
 
 void mdl_dequant_row(const mdl_weight_t *w, size_t r, float *out)
@@ -473,6 +544,7 @@ typedef struct mdl_mm_job {
     float *scratch;         /* per worker: 3 * cols floats */
     bool simd;              /* AVX2 available */
     const int8_t *xq;       /* decode: activations as int8 blocks, or NULL */
+    const int16_t *xq16;    /* decode: activations as int16 blocks, or NULL */
     const float *xd, *xs;   /* their block scales and block sums */
 } mdl_mm_job_t;
 
@@ -485,6 +557,14 @@ static void mdl_mm_rows_one(mdl_mm_job_t *j, const mdl_weight_t *w, float *yout,
     if (j->n <= 2 || j->scratch == NULL) {
         /* decode: fused expand-and-dot, each weight byte read once */
 #ifdef MDL_X86
+        if (j->xq16 != NULL) {
+            size_t nb = cols / QK;
+            for (size_t r = r0; r < r1; r++)
+                for (size_t i = 0; i < j->n; i++)
+                    yout[i * rows + r] =
+                        mdl_dot_q16act_avx2(w, r, j->xq16 + i * cols, j->xd + i * nb, j->xs + i * nb);
+            return;
+        }
         if (j->xq != NULL) {
             size_t nb = cols / QK;
             for (size_t r = r0; r < r1; r++)
@@ -585,16 +665,24 @@ ri_status_t mdl_matmul_multi(cm_pool_t *pool, const mdl_weight_t *const *w, size
             return RI_ERR_NOMEM;
     }
 #ifdef MDL_X86
-    else if (j.simd && mdl_q8_enabled() && q8able) {
+    else if (j.simd && q8able && mdl_act_mode() != MDL_ACT_F32) {
         size_t nb = cols / QK;
-        qbuf = cm_malloc(&mdl_quant_tag, n * (cols + 2 * nb * sizeof(float)) + 64);
+        qbuf = cm_malloc(&mdl_quant_tag, n * (2 * cols + 2 * nb * sizeof(float)) + 64);
         if (qbuf == NULL)
             return RI_ERR_NOMEM;
         float *xd = qbuf, *xs = xd + n * nb;
-        int8_t *xq = (int8_t *)(xs + n * nb);
-        for (size_t i = 0; i < n; i++)
-            mdl_quant_act_avx2(x + i * cols, cols, xq + i * cols, xd + i * nb, xs + i * nb);
-        j.xq = xq, j.xd = xd, j.xs = xs;
+        j.xd = xd, j.xs = xs;
+        if (mdl_act_mode() == MDL_ACT_I8) {
+            int8_t *xq = (int8_t *)(xs + n * nb);
+            for (size_t i = 0; i < n; i++)
+                mdl_quant_act_avx2(x + i * cols, cols, xq + i * cols, xd + i * nb, xs + i * nb);
+            j.xq = xq;
+        } else {
+            int16_t *xq = (int16_t *)(xs + n * nb);
+            for (size_t i = 0; i < n; i++)
+                mdl_quant_act16_avx2(x + i * cols, cols, xq + i * cols, xd + i * nb, xs + i * nb);
+            j.xq16 = xq;
+        }
     }
 #endif
     size_t grain = CM_MAX((size_t)2, groups / ((size_t)nt * 8));
@@ -611,7 +699,17 @@ ri_status_t mdl_matmul(cm_pool_t *pool, const mdl_weight_t *w, const float *x, s
     return mdl_matmul_multi(pool, ws, 1, x, n, ys);
 }
 
+void mdl_quant_set_act(mdl_act_mode_t mode)
+{
+    mdl_act = (int)mode;
+}
+
+mdl_act_mode_t mdl_quant_get_act(void)
+{
+    return mdl_act_mode();
+}
+
 void mdl_quant_q8_activations(bool on)
 {
-    mdl_q8_mode = on ? 1 : 0;
+    mdl_act = on ? MDL_ACT_I8 : MDL_ACT_I16;
 }

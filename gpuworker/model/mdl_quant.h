@@ -57,9 +57,15 @@ ri_status_t mdl_matmul_multi(cm_pool_t *pool, const mdl_weight_t *const *w, size
 /* Reference matmul: single thread, mdl_dot_ref. */
 void mdl_matmul_ref(const mdl_weight_t *w, const float *x, size_t n, float *y);
 
-/* Decode products (n <= 2) of Q4_0/Q4_1/Q8_0 weights quantise the
- * activations to int8 per 32-block and multiply with integer instructions
- * (as ggml does); off = expand the weights to fp32 instead.  Default on. */
+/* How decode products (n <= 2) of Q4_0/Q4_1/Q8_0 weights take their
+ * activations: fp32 (weights expanded to fp32), int16 per 32-block (default:
+ * integer madd, relative error 1.5e-5), or int8 per 32-block (maddubs, as
+ * ggml; fastest, ~1e-2 of the logit range).  RI_MODEL_ACT=f32|i16|i8 sets the
+ * initial mode. */
+typedef enum mdl_act_mode { MDL_ACT_F32 = 0, MDL_ACT_I16 = 1, MDL_ACT_I8 = 2 } mdl_act_mode_t;
+void mdl_quant_set_act(mdl_act_mode_t mode);
+mdl_act_mode_t mdl_quant_get_act(void);
+/* Shorthand: on = int8, off = the default int16. */
 void mdl_quant_q8_activations(bool on);
 
 /* True when the optimised paths use AVX2+FMA on this CPU. */

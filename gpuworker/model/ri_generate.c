@@ -46,7 +46,7 @@ typedef struct gen_cfg {
     char *dump_kv;      /* directory for the KV capture */
     bool stream;        /* print tokens as they come */
     bool stats;         /* print the speed summary */
-    bool q8_act;        /* decode with int8 activations */
+    char *act;          /* decode activations: i16, i8, f32 */
 } gen_cfg_t;
 
 #define GEN_ITEM(n, t, d, h, f) {n, t, d, h, offsetof(gen_cfg_t, f), 0, 0}
@@ -71,8 +71,9 @@ static const cm_config_item_t gen_items[] = {
     GEN_ITEM("dump-kv", CM_CFG_STRING, NULL, "write per-layer K/V and decode queries to this directory", dump_kv),
     GEN_ITEM("stream", CM_CFG_BOOL, "true", "print tokens as they are generated", stream),
     GEN_ITEM("stats", CM_CFG_BOOL, "true", "print prefill/decode speed at the end", stats),
-    GEN_ITEM("q8-act", CM_CFG_BOOL, "false",
-             "decode with int8-quantised activations (faster, ~1e-2 logit error; as ggml)", q8_act),
+    GEN_ITEM("act", CM_CFG_STRING, "i16",
+             "decode activations: i16 (int16 blocks, exact to 1e-4), i8 (as ggml: faster, ~1e-2 logit error), f32",
+             act),
 };
 static const cm_config_table_t gen_table = {"ri generate", "RI_GEN_", gen_items, CM_ARRAY_LEN(gen_items)};
 
@@ -186,8 +187,16 @@ int main(int argc, char **argv)
         goto out;
     }
     mdl_model_set_chunk(model, (size_t)cfg.chunk);
-    if (cfg.q8_act)
-        mdl_quant_q8_activations(true);
+    if (strcmp(cfg.act, "f32") == 0)
+        mdl_quant_set_act(MDL_ACT_F32);
+    else if (strcmp(cfg.act, "i8") == 0)
+        mdl_quant_set_act(MDL_ACT_I8);
+    else if (strcmp(cfg.act, "i16") == 0)
+        mdl_quant_set_act(MDL_ACT_I16);
+    else {
+        fprintf(stderr, "ri generate: --act must be i16, i8 or f32\n");
+        goto out;
+    }
     const mdl_hparams_t *hp = mdl_model_hparams(model);
     const mdl_tok_t *tok = mdl_model_tok(model);
     if (cfg.chat)

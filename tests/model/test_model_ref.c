@@ -124,7 +124,7 @@ static void test_logits_match_reference(void **state)
         assert_int_equal(mdl_prefill(m, s, ids, NPOS, NULL, ours + p * NPOS * V, NULL, NULL), RI_OK);
         mdl_seq_destroy(s);
         /* the same last position through prefill of NPOS-1 + one decode step
-         * (int8 activations, the kernels' flash decode) */
+         * (int16 activations, the kernels' flash decode) */
         assert_int_equal(mdl_seq_create(m, mdl_attn_find("full"), NULL, NPOS, &s), RI_OK);
         assert_int_equal(mdl_prefill(m, s, ids, NPOS - 1, NULL, NULL, NULL, NULL), RI_OK);
         mdl_seq_t *one[1] = {s};
