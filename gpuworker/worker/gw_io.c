@@ -227,6 +227,15 @@ ri_status_t gw_io_drain(gw_io_t *io)
     return st;
 }
 
+bool gw_io_done(gw_io_t *io, const gw_io_job_t *job)
+{
+    bool done;
+    pthread_mutex_lock(&io->lock);
+    done = job->done;
+    pthread_mutex_unlock(&io->lock);
+    return done;
+}
+
 ri_status_t gw_io_error(gw_io_t *io)
 {
     ri_status_t st;

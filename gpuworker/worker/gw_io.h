@@ -92,6 +92,9 @@ ri_status_t gw_io_wait(gw_io_t *io, gw_io_job_t *job);
  * error (RI_OK when every call so far succeeded). */
 ri_status_t gw_io_drain(gw_io_t *io);
 
+/* True when a submitted job has finished (no waiting). */
+bool gw_io_done(gw_io_t *io, const gw_io_job_t *job);
+
 /* The sticky error, without waiting. */
 ri_status_t gw_io_error(gw_io_t *io);
 

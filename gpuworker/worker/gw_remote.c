@@ -31,6 +31,9 @@ typedef struct gw_layer {
     uint32_t *rcap;        /* [n_kv] entries allocated in rid[h] */
     uint32_t *n_remote;    /* [n_kv] clusters the kvstore holds for the head */
     uint32_t *max_pages;   /* [n_kv] pages of the largest cluster */
+    uint32_t **lid;        /* [n_kv] -> local cluster id of each kvstore id */
+    uint32_t ***cpg;       /* [n_kv] -> per local cluster: its cache pages (owned), NULL when
+                              not cached: our mirror of the kvstore's directory */
     size_t indexed_end;    /* first position after the indexed range */
     uint32_t n_r, n_e;     /* budgets per head */
 } gw_layer_t;
@@ -47,16 +50,34 @@ typedef struct gw_step {
     size_t cap_ids;        /* allocated: n_kv * want */
     uint32_t *ids;         /* [n_kv][want] local cluster ids from kn_rank */
     uint32_t *req;         /* [n_kv * want] kvstore ids, head by head */
+    uint32_t *lids;        /* [n_kv * want] the same clusters' local ids */
     uint32_t *nr, *ne;     /* [n_kv] counts from kn_rank */
     uint32_t *heads;       /* [n_kv] heads sent */
     uint32_t *counts;      /* [n_kv] ids per head sent */
     uint32_t *ent0;        /* [n_kv] first reply entry of each head */
     float *part;           /* [n_kv][2 g (d + 1)] exact and estimated parts */
     gw_io_job_t job;       /* the fetch */
+    bool predicted;        /* every retrieved cluster was in the mirror: no wait */
+    const uint8_t **paddr; /* page addresses of every entry, in entry order */
+    uint32_t *eoff;        /* [entries] first page of each entry in paddr */
+    uint32_t *etok;        /* [entries] tokens of each entry */
+    size_t cap_paddr, cap_ent;
     _Atomic int status;    /* first failure of a parallel part */
     _Atomic uint64_t exact, retrieved, bytes;
     float *out, *lse;      /* decode_end's outputs */
 } gw_step_t;
+
+#define GW_PEND_MAX 64u
+
+/* A predicted step's fetch and what we expect of its answer. */
+typedef struct gw_pend {
+    gw_io_job_t job;
+    uint32_t layer;
+    uint32_t *heads, *counts;  /* [n_kv] */
+    uint32_t *ids;             /* kvstore ids sent */
+    uint32_t *pages;           /* expected cache pages, entry after entry */
+    size_t cap_ids, cap_pages;
+} gw_pend_t;
 
 struct gw_remote {
     kn_shape_t shape;        /* one layer */
@@ -77,6 +98,10 @@ struct gw_remote {
     void **old_recv;         /* earlier receive buffers, registered until close */
     size_t n_old;
     gw_step_t step;
+    /* fetches sent for their LRU effect only (predicted all-hit steps), not
+     * waited for; checked in order once done */
+    gw_pend_t pend[GW_PEND_MAX];
+    uint32_t pend_first, pend_n;
     ri_status_t err;         /* sticky */
     gw_remote_stats_t st;
 };
@@ -97,16 +122,22 @@ static uint32_t gw_pages(uint32_t tokens)
     return (tokens + GW_REMOTE_PAGE_TOKENS - 1) / GW_REMOTE_PAGE_TOKENS;
 }
 
+static ri_status_t gw_pend_complete(gw_remote_t *r);
+
 static void gw_remote_step_free(gw_step_t *s)
 {
     cm_free(s->ids);
     cm_free(s->req);
+    cm_free(s->lids);
     cm_free(s->nr);
     cm_free(s->ne);
     cm_free(s->heads);
     cm_free(s->counts);
     cm_free(s->ent0);
     cm_free(s->part);
+    cm_free(s->paddr);
+    cm_free(s->eoff);
+    cm_free(s->etok);
 }
 
 ri_status_t gw_remote_create(const char *addr, uint64_t session_id, const uint8_t secret[CM_WIRE_SECRET_SIZE],
@@ -150,7 +181,9 @@ ri_status_t gw_remote_create(const char *addr, uint64_t session_id, const uint8_
         L->rcap = cm_calloc(&gw_remote_tag, r->n_kv, sizeof(*L->rcap));
         L->n_remote = cm_calloc(&gw_remote_tag, r->n_kv, sizeof(*L->n_remote));
         L->max_pages = cm_calloc(&gw_remote_tag, r->n_kv, sizeof(*L->max_pages));
-        if (!L->idx || !L->rid || !L->rcap || !L->n_remote || !L->max_pages)
+        L->lid = cm_calloc(&gw_remote_tag, r->n_kv, sizeof(*L->lid));
+        L->cpg = cm_calloc(&gw_remote_tag, r->n_kv, sizeof(*L->cpg));
+        if (!L->idx || !L->rid || !L->rcap || !L->n_remote || !L->max_pages || !L->lid || !L->cpg)
             goto err_nomem;
         for (uint32_t h = 0; h < r->n_kv; h++)
             kn_index_init(&L->idx[h], r->d);
@@ -194,6 +227,7 @@ void gw_remote_destroy(gw_remote_t *r)
             gw_io_wait(r->io, &r->step.job);
             gw_dp_fetch_result_free(&r->step.job.res);
         }
+        (void)gw_pend_complete(r);
         if (r->registered && gw_io_error(r->io) == RI_OK) {
             gw_io_job_t job = {.kind = GW_IO_RELEASE, .cache_id = 0};
             gw_io_submit(r->io, &job);
@@ -204,11 +238,20 @@ void gw_remote_destroy(gw_remote_t *r)
     for (uint32_t l = 0; r->layers != NULL && l < r->n_layers; l++) {
         gw_layer_t *L = &r->layers[l];
         for (uint32_t h = 0; h < r->n_kv; h++) {
+            if (L->cpg && L->cpg[h]) {
+                for (uint32_t j = 0; j < L->rcap[h]; j++)
+                    cm_free(L->cpg[h][j]);
+                cm_free(L->cpg[h]);
+            }
+            if (L->lid)
+                cm_free(L->lid[h]);
             if (L->idx)
                 kn_index_cleanup(&L->idx[h]);
             if (L->rid)
                 cm_free(L->rid[h]);
         }
+        cm_free(L->lid);
+        cm_free(L->cpg);
         cm_free(L->idx);
         cm_free(L->rid);
         cm_free(L->rcap);
@@ -222,6 +265,12 @@ void gw_remote_destroy(gw_remote_t *r)
     cm_free(r->recv);
     cm_free(r->cache);
     gw_remote_step_free(&r->step);
+    for (uint32_t i = 0; i < GW_PEND_MAX; i++) {
+        cm_free(r->pend[i].heads);
+        cm_free(r->pend[i].counts);
+        cm_free(r->pend[i].ids);
+        cm_free(r->pend[i].pages);
+    }
     cm_free(r);
 }
 
@@ -292,6 +341,15 @@ static ri_status_t gw_remote_queue_upload(gw_remote_t *r, uint32_t layer, const 
             if (nr == NULL)
                 return RI_ERR_NOMEM;
             L->rid[h] = nr;
+            nr = cm_realloc(&gw_remote_tag, L->lid[h], idx->n_clusters * sizeof(uint32_t));
+            if (nr == NULL)
+                return RI_ERR_NOMEM;
+            L->lid[h] = nr;
+            uint32_t **nc = cm_realloc(&gw_remote_tag, L->cpg[h], idx->n_clusters * sizeof(uint32_t *));
+            if (nc == NULL)
+                return RI_ERR_NOMEM;
+            memset(nc + L->rcap[h], 0, (idx->n_clusters - L->rcap[h]) * sizeof(uint32_t *));
+            L->cpg[h] = nc;
             L->rcap[h] = idx->n_clusters;
         }
         for (uint32_t j = first[h]; j < idx->n_clusters; j++) {
@@ -332,6 +390,7 @@ static ri_status_t gw_remote_queue_upload(gw_remote_t *r, uint32_t layer, const 
                 L->rid[h][j] = GW_NO_ID;
                 continue;
             }
+            L->lid[h][L->n_remote[h]] = j;
             L->rid[h][j] = L->n_remote[h]++;
             up->counts[h]++;
             up->tokens[k++] = idx->sizes[j];
@@ -444,6 +503,7 @@ ri_status_t gw_remote_sync(gw_remote_t *r)
         return RI_ERR_INVALID;
     if (r->io == NULL)
         return r->err;
+    (void)gw_pend_complete(r);
     st = gw_io_drain(r->io);
     if (st != RI_OK && r->err == RI_OK)
         r->err = st;
@@ -451,6 +511,199 @@ ri_status_t gw_remote_sync(gw_remote_t *r)
 }
 
 /* ---- the wave buffer: block cache and receive buffer ---- */
+
+/* ---- the mirror of the kvstore's cache directory ----
+ * Only this connection's fetches change the directory of its cache, in the
+ * order we send them, so the worker can know exactly which clusters are
+ * cached where: admissions add, evictions remove, hits never change it.
+ * When every cluster a step retrieves is in the mirror, the step computes at
+ * once from the cache and the fetch (still sent, for the LRU's recency) is
+ * checked later: the round trip leaves the critical path. */
+
+static void gw_mirror_clear(gw_remote_t *r)
+{
+    for (uint32_t l = 0; l < r->n_layers; l++) {
+        gw_layer_t *L = &r->layers[l];
+        for (uint32_t h = 0; h < r->n_kv; h++)
+            for (uint32_t j = 0; L->cpg[h] != NULL && j < L->rcap[h]; j++) {
+                cm_free(L->cpg[h][j]);
+                L->cpg[h][j] = NULL;
+            }
+    }
+}
+
+/* Record what a (checked) reply did to the directory. */
+static ri_status_t gw_mirror_apply(gw_remote_t *r, uint32_t layer, const cm_dp_fetch_reply_view_t *v,
+                                   const uint32_t *lids)
+{
+    for (uint32_t i = 0; i < v->n_evicted; i++) {
+        cm_dp_evict_t ev;
+        cm_dp_reply_evicted(v, i, &ev);
+        if (ev.layer >= r->n_layers || ev.head >= r->n_kv || ev.cluster >= r->layers[ev.layer].n_remote[ev.head])
+            return RI_ERR_PROTOCOL;
+        gw_layer_t *E = &r->layers[ev.layer];
+        uint32_t j = E->lid[ev.head][ev.cluster];
+        cm_free(E->cpg[ev.head][j]);
+        E->cpg[ev.head][j] = NULL;
+    }
+    gw_layer_t *L = &r->layers[layer];
+    uint32_t e = 0;
+    for (uint32_t hi = 0; hi < v->n_heads; hi++) {
+        uint32_t h = cm_dp_reply_head(v, hi), n = cm_dp_reply_head_ids(v, hi);
+        for (uint32_t i = 0; i < n; i++, e++) {
+            cm_dp_entry_t en;
+            uint32_t j = lids[e];
+            cm_dp_reply_entry(v, e, &en);
+            if (!(en.flags & (CM_DP_F_HIT | CM_DP_F_ADMITTED)))
+                continue;
+            uint32_t *pg = L->cpg[h][j];
+            if (pg == NULL) {
+                if (en.flags & CM_DP_F_HIT)
+                    cm_warn("data plane: a hit the worker did not know of (layer %u head %u cluster %u)", layer,
+                            h, en.cluster);
+                pg = cm_malloc(&gw_remote_tag, en.n_pages * sizeof(uint32_t));
+                if (pg == NULL)
+                    return RI_ERR_NOMEM;
+                L->cpg[h][j] = pg;
+            }
+            for (uint32_t p = 0; p < en.n_pages; p++)
+                pg[p] = cm_dp_reply_page(v, en.page_index + p);
+        }
+    }
+    return RI_OK;
+}
+
+/* Check the answer to a predicted step's fetch: every cluster a hit, on
+ * the pages we used, nothing evicted. */
+static ri_status_t gw_pend_check(gw_remote_t *r, gw_pend_t *pd)
+{
+    const cm_dp_fetch_reply_view_t *v = &pd->job.res.view;
+    uint32_t e = 0, pc = 0;
+    if (v->n_evicted != 0 || v->n_heads != pd->job.n_heads)
+        return RI_ERR_PROTOCOL;
+    for (uint32_t hi = 0; hi < v->n_heads; hi++) {
+        if (cm_dp_reply_head(v, hi) != pd->heads[hi] || cm_dp_reply_head_ids(v, hi) != pd->counts[hi])
+            return RI_ERR_PROTOCOL;
+        for (uint32_t i = 0; i < pd->counts[hi]; i++, e++) {
+            cm_dp_entry_t en;
+            cm_dp_reply_entry(v, e, &en);
+            if (!(en.flags & CM_DP_F_HIT) || en.cluster != pd->ids[e] || en.n_pages != gw_pages(en.tokens) ||
+                pc + en.n_pages > pd->cap_pages)
+                return RI_ERR_PROTOCOL;
+            for (uint32_t p = 0; p < en.n_pages; p++)
+                if (cm_dp_reply_page(v, en.page_index + p) != pd->pages[pc++])
+                    return RI_ERR_PROTOCOL;
+        }
+    }
+    return RI_OK;
+}
+
+/* Retire finished predicted fetches in order; with block, all of them. */
+static ri_status_t gw_pend_reap(gw_remote_t *r, bool block)
+{
+    ri_status_t st = RI_OK;
+    while (r->pend_n > 0) {
+        gw_pend_t *pd = &r->pend[r->pend_first];
+        if (!block && !gw_io_done(r->io, &pd->job))
+            break;
+        double t0 = cm_time_s();
+        ri_status_t s1 = gw_io_wait(r->io, &pd->job);
+        r->st.fetch_wait_s += cm_time_s() - t0;
+        r->st.fetches++;
+        if (s1 == RI_OK && (s1 = gw_pend_check(r, pd)) != RI_OK)
+            cm_error("data plane: the kvstore's answer to a predicted all-hit fetch of layer %u differs from the "
+                     "worker's mirror of its cache", pd->layer);
+        gw_dp_fetch_result_free(&pd->job.res);
+        r->pend_first = (r->pend_first + 1) % GW_PEND_MAX;
+        r->pend_n--;
+        if (s1 != RI_OK && st == RI_OK)
+            st = s1;
+    }
+    if (st != RI_OK && r->err == RI_OK)
+        r->err = st;
+    return st;
+}
+
+static ri_status_t gw_pend_complete(gw_remote_t *r)
+{
+    return gw_pend_reap(r, true);
+}
+
+/* Queue the LRU-refreshing fetch of a predicted step (req/lids: k clusters). */
+static ri_status_t gw_pend_submit(gw_remote_t *r, uint32_t layer, uint32_t n_heads, uint64_t k)
+{
+    gw_step_t *s = &r->step;
+    const gw_layer_t *L = &r->layers[layer];
+    ri_status_t st;
+    size_t np = 0;
+
+    if (r->pend_n == GW_PEND_MAX) {
+        /* the oldest is long done in practice; bounded memory either way */
+        gw_pend_t *pd = &r->pend[r->pend_first];
+        double t0 = cm_time_s();
+        (void)gw_io_wait(r->io, &pd->job);
+        r->st.fetch_wait_s += cm_time_s() - t0;
+        if ((st = gw_pend_reap(r, false)) != RI_OK)
+            return st;
+    }
+    gw_pend_t *pd = &r->pend[(r->pend_first + r->pend_n) % GW_PEND_MAX];
+    for (uint64_t e = 0, h = 0, i = 0; e < k; e++) {
+        while (i >= s->counts[h]) {
+            h++;
+            i = 0;
+        }
+        np += gw_pages(L->idx[s->heads[h]].sizes[s->lids[e]]);
+        i++;
+    }
+    if (pd->heads == NULL) {
+        pd->heads = cm_malloc(&gw_remote_tag, r->n_kv * sizeof(uint32_t));
+        pd->counts = cm_malloc(&gw_remote_tag, r->n_kv * sizeof(uint32_t));
+        if (pd->heads == NULL || pd->counts == NULL)
+            return RI_ERR_NOMEM;
+    }
+    if (k > pd->cap_ids) {
+        uint32_t *a = cm_realloc(&gw_remote_tag, pd->ids, k * sizeof(uint32_t));
+        if (a == NULL)
+            return RI_ERR_NOMEM;
+        pd->ids = a;
+        pd->cap_ids = k;
+    }
+    if (np > pd->cap_pages) {
+        uint32_t *a = cm_realloc(&gw_remote_tag, pd->pages, np * sizeof(uint32_t));
+        if (a == NULL)
+            return RI_ERR_NOMEM;
+        pd->pages = a;
+        pd->cap_pages = np;
+    }
+    memcpy(pd->heads, s->heads, n_heads * sizeof(uint32_t));
+    memcpy(pd->counts, s->counts, n_heads * sizeof(uint32_t));
+    memcpy(pd->ids, s->req, k * sizeof(uint32_t));
+    np = 0;
+    for (uint64_t e = 0, h = 0, i = 0; e < k; e++) {
+        while (i >= s->counts[h]) {
+            h++;
+            i = 0;
+        }
+        uint32_t hh = s->heads[h], j = s->lids[e], n = gw_pages(L->idx[hh].sizes[j]);
+        memcpy(pd->pages + np, L->cpg[hh][j], n * sizeof(uint32_t));
+        np += n;
+        i++;
+    }
+    pd->layer = layer;
+    memset(&pd->job, 0, sizeof(pd->job));
+    pd->job.kind = GW_IO_FETCH;
+    pd->job.cache_id = r->cache_id;
+    pd->job.layer = layer;
+    pd->job.n_heads = n_heads;
+    pd->job.heads = pd->heads;
+    pd->job.counts = pd->counts;
+    pd->job.ids = pd->ids;
+    pd->job.timeout_ms = r->p.timeout_ms;
+    gw_io_submit(r->io, &pd->job);
+    r->pend_n++;
+    r->st.hits += k; /* checked when the answer is in (a mismatch breaks the object) */
+    return RI_OK;
+}
 
 /* Register (or re-register, emptying the cache) so that the receive buffer
  * holds at least need bytes. */
@@ -461,6 +714,10 @@ static ri_status_t gw_remote_register(gw_remote_t *r, size_t need)
     uint8_t *recv;
     ri_status_t st;
 
+    st = gw_pend_complete(r); /* they name the old cache */
+    if (st != RI_OK)
+        return st;
+    gw_mirror_clear(r);
     if (!r->registered) {
         uint64_t cap = r->p.cache_pages;
         if (cap == 0)
@@ -532,6 +789,10 @@ static ri_status_t gw_step_reserve(gw_remote_t *r, uint32_t want)
         if (a == NULL)
             return RI_ERR_NOMEM;
         s->req = a;
+        a = cm_realloc(&gw_remote_tag, s->lids, need * sizeof(uint32_t));
+        if (a == NULL)
+            return RI_ERR_NOMEM;
+        s->lids = a;
         s->cap_ids = need;
     }
     s->want = CM_MAX(want, 1u);
@@ -548,6 +809,7 @@ ri_status_t gw_remote_decode_begin(gw_remote_t *r, uint32_t layer, const float *
     kn_shape_t grp;
     uint32_t maxc = 0, n_heads = 0;
     uint64_t k = 0, worst = 0;
+    bool all_cached = true;
     ri_status_t st;
 
     if (r == NULL || q == NULL || layer >= r->n_layers || !gw_kv_valid(kv) || r->step.active)
@@ -558,8 +820,12 @@ ri_status_t gw_remote_decode_begin(gw_remote_t *r, uint32_t layer, const float *
         return RI_ERR_INVALID;
     if (r->err != RI_OK)
         return r->err;
+    st = gw_pend_reap(r, false);
+    if (st != RI_OK)
+        return st;
     s->layer = layer;
     s->q = q;
+    s->predicted = false;
     s->kv = *kv;
     s->n_r = n_r == UINT32_MAX ? L->n_r : n_r;
     s->n_e = n_e == UINT32_MAX ? L->n_e : n_e;
@@ -589,11 +855,21 @@ ri_status_t gw_remote_decode_begin(gw_remote_t *r, uint32_t layer, const float *
             uint32_t j = ids[i];
             if (L->rid[h][j] == GW_NO_ID)
                 return RI_ERR_INTERNAL; /* kn_rank returns non-empty clusters only */
+            s->lids[k] = j;
             s->req[k++] = L->rid[h][j];
             worst += (uint64_t)gw_pages(idx->sizes[j]) * r->page_bytes;
+            if (L->cpg[h][j] == NULL)
+                all_cached = false;
         }
     }
-    if (n_heads > 0) {
+    if (n_heads > 0 && all_cached && r->registered && r->p.fetch_async) {
+        /* Predicted all-hit: compute from the cache now; the fetch only
+         * refreshes the LRU and is checked when its answer is in. */
+        st = gw_pend_submit(r, layer, n_heads, k);
+        if (st != RI_OK)
+            return st;
+        s->predicted = true;
+    } else if (n_heads > 0) {
         if (!r->registered || worst > r->recv_len) {
             st = gw_remote_register(r, (size_t)worst);
             if (st != RI_OK) {
@@ -676,7 +952,6 @@ static void gw_exact_task(void *arg, size_t begin, size_t end, unsigned worker)
     gw_step_t *s = &r->step;
     const gw_layer_t *L = &r->layers[s->layer];
     const kn_kv_view_t *kv = &s->kv;
-    const cm_dp_fetch_reply_view_t *v = &s->job.res.view;
     const uint32_t g = r->g, d = r->d, P = GW_REMOTE_PAGE_TOKENS;
     kn_shape_t grp = {.n_q_heads = g, .n_kv_heads = 1, .head_dim = d, .scale = r->shape.scale};
     (void)worker;
@@ -717,22 +992,17 @@ static void gw_exact_task(void *arg, size_t begin, size_t end, unsigned worker)
                                       (uint32_t)(kv->n_tokens - tail0), (uint32_t)kv->token_stride};
         cm_fp16_t *xk = exec, *xv = exec + n_ret * d;
         for (uint32_t i = 0; i < s->nr[h]; i++) {
-            cm_dp_entry_t en;
-            cm_dp_reply_entry(v, s->ent0[h] + i, &en);
-            pages[np++] = (kn_page_t){xk, xv, en.tokens, d};
-            for (uint32_t p = 0; p < en.n_pages; p++) {
-                const uint8_t *base;
-                uint32_t nt = CM_MIN(P, en.tokens - p * P);
-                if (en.flags & CM_DP_F_HIT)
-                    base = r->cache + (size_t)cm_dp_reply_page(v, en.page_index + p) * r->page_bytes;
-                else
-                    base = r->recv + en.recv_offset + (size_t)p * r->page_bytes;
+            uint32_t e = s->ent0[h] + i, tokens = s->etok[e];
+            pages[np++] = (kn_page_t){xk, xv, tokens, d};
+            for (uint32_t p = 0; p < gw_pages(tokens); p++) {
+                const uint8_t *base = s->paddr[s->eoff[e] + p];
+                uint32_t nt = CM_MIN(P, tokens - p * P);
                 memcpy(xk, base, nt * row);
                 memcpy(xv, base + (size_t)P * row, nt * row);
                 xk += (size_t)nt * d;
                 xv += (size_t)nt * d;
             }
-            retrieved += en.tokens;
+            retrieved += tokens;
         }
         for (size_t i = 0; i < np; i++)
             exact += pages[i].n_tokens;
@@ -770,6 +1040,59 @@ static void gw_step_admit(gw_remote_t *r)
     r->st.fetched_bytes += v->miss_bytes;
 }
 
+/* Where each retrieved cluster's pages are: the cache (hits, predicted
+ * steps) or the receive buffer (misses). */
+static ri_status_t gw_step_resolve(gw_remote_t *r)
+{
+    gw_step_t *s = &r->step;
+    const gw_layer_t *L = &r->layers[s->layer];
+    const cm_dp_fetch_reply_view_t *v = &s->job.res.view;
+    size_t n_ent = 0, n_pg = 0;
+
+    for (uint32_t h = 0; h < r->n_kv; h++)
+        for (uint32_t i = 0; i < s->nr[h]; i++) {
+            n_ent++;
+            n_pg += gw_pages(L->idx[h].sizes[s->ids[(size_t)h * s->want + i]]);
+        }
+    if (n_ent > s->cap_ent) {
+        uint32_t *a = cm_realloc(&gw_remote_tag, s->eoff, n_ent * sizeof(uint32_t));
+        if (a == NULL)
+            return RI_ERR_NOMEM;
+        s->eoff = a;
+        a = cm_realloc(&gw_remote_tag, s->etok, n_ent * sizeof(uint32_t));
+        if (a == NULL)
+            return RI_ERR_NOMEM;
+        s->etok = a;
+        s->cap_ent = n_ent;
+    }
+    if (n_pg > s->cap_paddr) {
+        const uint8_t **a = cm_realloc(&gw_remote_tag, s->paddr, n_pg * sizeof(*a));
+        if (a == NULL)
+            return RI_ERR_NOMEM;
+        s->paddr = a;
+        s->cap_paddr = n_pg;
+    }
+    uint32_t e = 0, pc = 0;
+    for (uint32_t h = 0; h < r->n_kv; h++)
+        for (uint32_t i = 0; i < s->nr[h]; i++, e++) {
+            uint32_t j = s->ids[(size_t)h * s->want + i], tokens = L->idx[h].sizes[j], np = gw_pages(tokens);
+            s->eoff[e] = pc;
+            s->etok[e] = tokens;
+            if (s->predicted) {
+                for (uint32_t p = 0; p < np; p++)
+                    s->paddr[pc++] = r->cache + (size_t)L->cpg[h][j][p] * r->page_bytes;
+                continue;
+            }
+            cm_dp_entry_t en;
+            cm_dp_reply_entry(v, e, &en);
+            for (uint32_t p = 0; p < np; p++)
+                s->paddr[pc++] = (en.flags & CM_DP_F_HIT)
+                                     ? r->cache + (size_t)cm_dp_reply_page(v, en.page_index + p) * r->page_bytes
+                                     : r->recv + en.recv_offset + (size_t)p * r->page_bytes;
+        }
+    return RI_OK;
+}
+
 ri_status_t gw_remote_decode_end(gw_remote_t *r, float *out, float *lse)
 {
     gw_step_t *s;
@@ -796,6 +1119,10 @@ ri_status_t gw_remote_decode_end(gw_remote_t *r, float *out, float *lse)
         r->st.fetches++;
         if (fst == RI_OK)
             fst = gw_step_check_reply(r);
+        if (fst == RI_OK)
+            fst = gw_mirror_apply(r, s->layer, &s->job.res.view, s->lids);
+        if (fst == RI_OK)
+            fst = gw_pend_reap(r, false); /* answered before this one */
         if (fst != RI_OK) {
             cm_error("data plane: ranked fetch of layer %u failed: %s", s->layer, ri_status_str(fst));
             if (r->err == RI_OK)
@@ -812,8 +1139,11 @@ ri_status_t gw_remote_decode_end(gw_remote_t *r, float *out, float *lse)
         atomic_init(&s->bytes, 0);
         if (!s->fetching)
             memset(&s->job.res, 0, sizeof(s->job.res)); /* no entries to read */
-        cm_pool_parallel_for(kn_pool(), r->n_kv, 1, gw_exact_task, r);
-        st = (ri_status_t)atomic_load(&s->status);
+        st = gw_step_resolve(r);
+        if (st == RI_OK) {
+            cm_pool_parallel_for(kn_pool(), r->n_kv, 1, gw_exact_task, r);
+            st = (ri_status_t)atomic_load(&s->status);
+        }
     }
     if (st == RI_OK) {
         if (s->fetching)
@@ -870,6 +1200,8 @@ ri_status_t gw_remote_reconnect(gw_remote_t *r, const char *addr, uint64_t sessi
         }
         r->step.active = r->step.fetching = false;
     }
+    (void)gw_pend_complete(r); /* fails at once on a broken connection */
+    gw_mirror_clear(r);
     gw_io_stop(r->io);
     r->io = NULL;
     for (size_t i = 0; i < r->n_old; i++)
