@@ -8,6 +8,8 @@
 #include "gpuworker/dp/gw_dp.h"
 
 #include <netdb.h>
+#include <poll.h>
+#include <stdlib.h>
 #include <stdio.h>
 #include <string.h>
 #include <sys/socket.h>
@@ -20,6 +22,7 @@
 
 #define GW_DP_MAX_REGS 64
 #define GW_DP_MAX_REPLY (UINT64_C(1) << 30)
+#define GW_DP_SPIN 1000u  /* empty progress calls before sleeping */
 
 static CM_ALLOC_TAG(gw_dp_tag, "gw.dp");
 
@@ -57,6 +60,7 @@ struct gw_dp {
     size_t target_len;
     ucp_dt_iov_t iov[2];           /* rendezvous receive of meta || data */
     uint8_t *scratch;              /* data block of a raw call's reply */
+    int efd;                       /* worker event fd, -1 when none */
 };
 
 static ri_status_t gw_dp_status(ucs_status_t s)
@@ -224,8 +228,20 @@ static ri_status_t gw_dp_call(gw_dp_t *dp, const void *hdr, size_t hdr_len, uint
         dp->waiting = false;
         return gw_dp_status(UCS_PTR_STATUS(sreq));
     }
+    unsigned idle = 0;
     while (sreq != NULL || !dp->have_reply) {
-        ucp_worker_progress(dp->worker);
+        if (ucp_worker_progress(dp->worker) != 0) {
+            idle = 0;
+        } else if (++idle > GW_DP_SPIN && dp->efd >= 0) {
+            /* Nothing moving: sleep on the event fd (1 ms steps, so the
+             * deadline and the error flag are seen) instead of burning a
+             * core the server may need. */
+            if (ucp_worker_arm(dp->worker) == UCS_OK) {
+                struct pollfd pfd = {.fd = dp->efd, .events = POLLIN};
+                (void)poll(&pfd, 1, 1);
+            }
+            idle = 0;
+        }
         if (sreq != NULL && ucp_request_check_status(sreq) != UCS_INPROGRESS) {
             ucs_status_t s = ucp_request_check_status(sreq);
             ucp_request_free(sreq);
@@ -315,10 +331,15 @@ ri_status_t gw_dp_connect(const char *addr, uint64_t session_id, const uint8_t s
     memcpy(dp->secret, secret, CM_WIRE_SECRET_SIZE);
     dp->timeout_ms = opts && opts->timeout_ms ? opts->timeout_ms : 10000;
     st = RI_ERR_TRANSPORT;
+    /* UCX 1.13 leaves its shared-memory transports out of endpoints that ask
+     * for peer-failure handling unless these are on; we need both (shm speed,
+     * and errors instead of hangs when the peer dies).  The user's setting wins. */
+    setenv("UCX_POSIX_ERROR_HANDLING", "y", 0);
+    setenv("UCX_SYSV_ERROR_HANDLING", "y", 0);
     if (ucp_config_read(NULL, NULL, &config) != UCS_OK)
         goto err_free;
     params.field_mask = UCP_PARAM_FIELD_FEATURES | UCP_PARAM_FIELD_NAME;
-    params.features = UCP_FEATURE_AM | UCP_FEATURE_RMA;
+    params.features = UCP_FEATURE_AM | UCP_FEATURE_RMA | UCP_FEATURE_WAKEUP;
     params.name = "ri-gw-dp";
     s = ucp_init(&params, config, &dp->ctx);
     ucp_config_release(config);
@@ -328,6 +349,8 @@ ri_status_t gw_dp_connect(const char *addr, uint64_t session_id, const uint8_t s
     wp.thread_mode = UCS_THREAD_MODE_SINGLE;
     if (ucp_worker_create(dp->ctx, &wp, &dp->worker) != UCS_OK)
         goto err_cleanup;
+    if (ucp_worker_get_efd(dp->worker, &dp->efd) != UCS_OK)
+        dp->efd = -1;
     ah.field_mask = UCP_AM_HANDLER_PARAM_FIELD_ID | UCP_AM_HANDLER_PARAM_FIELD_CB | UCP_AM_HANDLER_PARAM_FIELD_ARG;
     ah.id = CM_DP_AM_REPLY;
     ah.cb = gw_dp_am_reply;
@@ -441,6 +464,18 @@ ri_status_t gw_dp_register_cache(gw_dp_t *dp, uint32_t capacity_pages, void *rec
     return gw_dp_register_cache_mode(dp, capacity_pages, recv, recv_len, GW_DP_RECV_AUTO, cache_id_p, page_bytes_p);
 }
 
+/* Puts are plain stores only over shared memory; over TCP UCX 1.13 emulates
+ * them with a message per put, far slower than an inline reply.  Shared
+ * memory is possible unless UCX_TLS leaves it out. */
+static bool gw_dp_shm_allowed(void)
+{
+    const char *tls = getenv("UCX_TLS");
+    if (tls == NULL || strcmp(tls, "all") == 0)
+        return true;
+    return strstr(tls, "sm") != NULL || strstr(tls, "posix") != NULL || strstr(tls, "sysv") != NULL ||
+           strstr(tls, "shm") != NULL;
+}
+
 static bool gw_dp_is_alloc(const gw_dp_t *dp, const void *p)
 {
     for (uint32_t i = 0; i < GW_DP_MAX_REGS; i++)
@@ -477,7 +512,7 @@ ri_status_t gw_dp_register_cache_mode(gw_dp_t *dp, uint32_t capacity_pages, void
     if (dp->n_regs == GW_DP_MAX_REGS)
         return RI_ERR_QUOTA;
     if (mode == GW_DP_RECV_AUTO)
-        mode = gw_dp_is_alloc(dp, recv) ? GW_DP_RECV_RMA : GW_DP_RECV_INLINE;
+        mode = gw_dp_is_alloc(dp, recv) && gw_dp_shm_allowed() ? GW_DP_RECV_RMA : GW_DP_RECV_INLINE;
     if (mode == GW_DP_RECV_INLINE) {
         cm_dp_register_t ri = {.capacity_pages = capacity_pages, .rkey_len = 0,
                                .recv_addr = (uint64_t)(uintptr_t)recv, .recv_len = recv_len, .rkey = NULL};

@@ -58,7 +58,8 @@ ri_status_t gw_dp_register_cache(gw_dp_t *dp, uint32_t capacity_pages, void *rec
 
 /* How misses reach the receive buffer. */
 typedef enum gw_dp_recv_mode {
-    GW_DP_RECV_AUTO = 0,    /* RMA when recv came from gw_dp_recv_alloc, else INLINE */
+    GW_DP_RECV_AUTO = 0,    /* RMA when recv came from gw_dp_recv_alloc and UCX_TLS allows
+                               shared memory, else INLINE */
     GW_DP_RECV_RMA = 1,     /* the server ucp_puts them (buffer registered + rkey) */
     GW_DP_RECV_INLINE = 2,  /* they come in the reply; UCX receives them in place */
 } gw_dp_recv_mode_t;

@@ -14,6 +14,7 @@
 
 #include <arpa/inet.h>
 #include <netdb.h>
+#include <stdlib.h>
 #include <poll.h>
 #include <stdio.h>
 #include <string.h>
@@ -484,6 +485,11 @@ ri_status_t kvs_dp_start(kvs_data_t *data, kvs_dp_t **dp_p)
         cm_error("dp: bad listen address '%s'", data->cfg.dp_listen_addr);
         goto err_free;
     }
+    /* UCX 1.13 leaves its shared-memory transports out of endpoints that ask
+     * for peer-failure handling unless these are on; we need both (shm speed,
+     * and errors instead of hangs when the peer dies).  The user's setting wins. */
+    setenv("UCX_POSIX_ERROR_HANDLING", "y", 0);
+    setenv("UCX_SYSV_ERROR_HANDLING", "y", 0);
     s = ucp_config_read(NULL, NULL, &config);
     if (s != UCS_OK)
         goto err_ucx;

@@ -415,6 +415,7 @@ static ri_status_t kvs_ops_fetch(kvs_data_t *data, void *conn, kvs_session_t *s,
         cm_free(reply);
         return st;
     }
+    uint64_t t_decided = cm_time_ns();
     roff = v.recv_offset;
     for (uint32_t i = 0; i < n_ent && st == RI_OK; i++) {
         size_t len;
@@ -425,10 +426,13 @@ static ri_status_t kvs_ops_fetch(kvs_data_t *data, void *conn, kvs_session_t *s,
                         wc->recv_addr + roff);
         roff += len;
     }
+    uint64_t t_put = cm_time_ns();
     if (st == RI_OK)
         st = kvs_dp_flush(data->dp, conn);
     else
         (void)kvs_dp_flush(data->dp, conn);
+    cm_debug("fetch: decide %.0f us, puts %.0f us, flush %.0f us (%llu bytes)", (t_decided - t0) / 1e3,
+             (t_put - t_decided) / 1e3, (cm_time_ns() - t_put) / 1e3, (unsigned long long)miss_bytes);
     kvs_fetch_plan_free(&p);
     pthread_mutex_lock(&data->lock);
     if (st == RI_OK) {

@@ -133,14 +133,21 @@ int kvs_spawn_start(kvs_spawn_t *sp, unsigned layers, unsigned kv_heads, unsigne
     }
     close(fds[1]);
     f = fdopen(fds[0], "r");
-    if (f == NULL || fgets(line, sizeof(line), f) == NULL ||
-        sscanf(line, "%255s %llu %63s", sp->addr, &id, hex) != 3 || strlen(hex) != 32) {
+    /* Skip anything else on stdout (UCX may log there); give up after 100 lines. */
+    int ok = 0;
+    for (int i = 0; f != NULL && i < 100 && !ok; i++) {
+        if (fgets(line, sizeof(line), f) == NULL)
+            break;
+        ok = sscanf(line, "%255s %llu %63s", sp->addr, &id, hex) == 3 && strlen(hex) == 32 &&
+             strchr(sp->addr, ':') != NULL;
+    }
+    if (!ok) {
         int status = 0;
         if (f)
             fclose(f);
-        waitpid(sp->pid, &status, 0);
-        sp->pid = 0;
-        return WIFEXITED(status) && WEXITSTATUS(status) == 77 ? 77 : -1;
+        /* It may still be running (it printed something else): stop it. */
+        status = kvs_spawn_stop(sp, SIGKILL, 2000);
+        return status == 77 ? 77 : -1;
     }
     fclose(f);
     sp->session_id = id;
