@@ -451,28 +451,42 @@ static ri_status_t kn_cpu_rank_impl(const kn_shape_t *grp, const float *q, const
         for (uint32_t j = 0; j < C; j++)
             score[j] += lg[j] * inv;
     }
-    for (uint32_t j = 0; j < C; j++)
-        if (idx->sizes[j] != 0)
-            all[avail++] = j;
-    n_r = CM_MIN(n_r, avail);
-    n_e = CM_MIN(n_e, avail - n_r);
-    kn_select_top(all, avail, (size_t)n_r + n_e, score);
-    kn_select_top(all, (size_t)n_r + n_e, n_r, score);
-    /* emit each part in ascending cluster order, so that the estimation and
-     * the retrieval walk memory forwards (O(C), no sort) */
+    /* Thresholds instead of moving ids around: the (R+E)-th and R-th largest
+     * scores by quickselect on plain values, then one ascending pass emits
+     * both parts in cluster order (ties go to the smaller id, as in ref). */
     {
-        uint8_t *flag = (uint8_t *)score;  /* scores are no longer needed */
-        uint32_t a = 0, b = n_r;
-        memset(flag, 0, C);
-        for (uint32_t i = 0; i < n_r + n_e; i++)
-            flag[all[i]] = i < n_r ? 1 : 2;
+        float *vals = (float *)all, thr_e, thr_r;
+        uint32_t above_e = 0, above_r = 0, ties_r, quota_e, a = 0, b;
+        for (uint32_t j = 0; j < C; j++)
+            if (idx->sizes[j] != 0)
+                vals[avail++] = score[j];
+        n_r = CM_MIN(n_r, avail);
+        n_e = CM_MIN(n_e, avail - n_r);
+        b = n_r;
+        if (n_r + n_e == 0)
+            goto done;
+        thr_e = kn_kth_largest(vals, avail, (size_t)n_r + n_e);
+        thr_r = n_r ? kn_kth_largest(vals, (size_t)n_r + n_e, n_r) : INFINITY;
         for (uint32_t j = 0; j < C; j++) {
-            if (flag[j] == 1)
+            if (idx->sizes[j] == 0)
+                continue;
+            above_e += score[j] > thr_e;
+            above_r += score[j] > thr_r;
+        }
+        ties_r = n_r - above_r;
+        /* E-part: the clusters above thr_e that R did not take, then ties at thr_e */
+        quota_e = n_e - (above_e - (thr_r > thr_e ? n_r : above_r));
+        for (uint32_t j = 0; j < C; j++) {
+            float x = score[j];
+            if (idx->sizes[j] == 0)
+                continue;
+            if (x > thr_r || (x == thr_r && ties_r > 0 && (ties_r--, true)))
                 ids[a++] = j;
-            else if (flag[j] == 2)
+            else if (x > thr_e || (x == thr_e && quota_e > 0 && (quota_e--, true)))
                 ids[b++] = j;
         }
     }
+done:
     *n_r_p = n_r;
     *n_e_p = n_e;
     st = RI_OK;

@@ -194,7 +194,7 @@ uint32_t kn_index_plan(uint32_t n_tokens, uint32_t tokens_per_cluster, uint32_t 
  * the k-th largest value; one pass then moves the ids above it to the front
  * and fills up with the tied ids of smallest number.  O(n) expected. */
 
-static float kn_kth_largest(float *v, size_t n, size_t k)
+float kn_kth_largest(float *v, size_t n, size_t k)
 {
     size_t lo = 0, hi = n - 1;  /* answer is v[k-1] once [0,k-1) >= it >= (k-1,n) */
     size_t want = k - 1;
