@@ -71,6 +71,8 @@ struct kvs_dp {
     size_t n_gc, cap_gc;
     uint64_t max_body;
     int efd;                          /* worker event fd, -1 when none */
+    uint8_t *stage;                   /* inline replies are gathered here */
+    size_t stage_len;
 };
 
 static ri_status_t kvs_dp_status(ucs_status_t s)
@@ -249,15 +251,32 @@ ri_status_t kvs_dp_reply_data(kvs_dp_t *dp, void *conn, const cm_wire_hdr_t *req
     kvs_conn_t *c = conn;
     cm_wire_hdr_t h = {0};
     uint8_t hdr[CM_WIRE_HDR_SIZE];
-    ucp_dt_iov_t *v;
     ucp_request_param_t prm = {0};
+    size_t total, off;
     ri_status_t st;
 
     if (c->failed)
         return RI_ERR_CONN_RESET;
-    v = cm_malloc(&kvs_dp_tag, (n + 1) * sizeof(*v));
-    if (v == NULL)
-        return RI_ERR_NOMEM;
+    /* Gather meta || misses into one staging buffer and send it contiguous:
+     * UCX 1.13 moves a many-piece iov over TCP several times slower than one
+     * buffer (measured: ~0.15 vs ~1 GB/s), and the copy costs far less. */
+    total = meta_len + data_len;
+    if (total > dp->stage_len) {
+        uint8_t *nb = cm_malloc(&kvs_dp_tag, total);
+        if (nb == NULL)
+            return RI_ERR_NOMEM;
+        cm_free(dp->stage);
+        dp->stage = nb;
+        dp->stage_len = total;
+    }
+    memcpy(dp->stage, meta, meta_len);
+    off = meta_len;
+    for (size_t i = 0; i < n; i++) {
+        memcpy(dp->stage + off, iov[i].buf, iov[i].len);
+        off += iov[i].len;
+    }
+    if (off != total)
+        return RI_ERR_INTERNAL;
     h.magic = CM_WIRE_MAGIC;
     h.version = CM_WIRE_VERSION;
     h.op = req->op;
@@ -267,13 +286,7 @@ ri_status_t kvs_dp_reply_data(kvs_dp_t *dp, void *conn, const cm_wire_hdr_t *req
     h.meta_len = (uint32_t)meta_len;
     h.data_len = data_len;
     cm_wire_encode(&h, hdr);
-    v[0] = (ucp_dt_iov_t){.buffer = (void *)meta, .length = meta_len};
-    for (size_t i = 0; i < n; i++)
-        v[i + 1] = (ucp_dt_iov_t){.buffer = (void *)iov[i].buf, .length = iov[i].len};
-    prm.op_attr_mask = UCP_OP_ATTR_FIELD_DATATYPE;
-    prm.datatype = ucp_dt_make_iov();
-    st = kvs_dp_wait(dp, ucp_am_send_nbx(c->ep, CM_DP_AM_REPLY, hdr, sizeof(hdr), v, n + 1, &prm), c);
-    cm_free(v);
+    st = kvs_dp_wait(dp, ucp_am_send_nbx(c->ep, CM_DP_AM_REPLY, hdr, sizeof(hdr), dp->stage, total, &prm), c);
     return st;
 }
 
@@ -607,6 +620,7 @@ void kvs_dp_free(kvs_dp_t *dp)
     ucp_worker_destroy(dp->worker);
     ucp_cleanup(dp->ctx);
     cm_free(dp->gc_rkeys);
+    cm_free(dp->stage);
     pthread_mutex_destroy(&dp->gc_lock);
     cm_free(dp);
 }
