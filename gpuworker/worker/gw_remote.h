@@ -56,7 +56,10 @@ typedef struct gw_remote_params {
     uint32_t timeout_ms;      /* deadline of one data-plane call (5000) */
     bool fetch_async;         /* fetch on the io thread while the estimation zone is
                                  computed (true), or on the caller's thread before it
-                                 (false: one thread wake-up less per round trip) */
+                                 (false, default; RI_FETCH_ASYNC=1 flips it) */
+    bool predict;             /* steps whose clusters are all cached (per the mirror of
+                                 the directory) do not wait for the fetch (true;
+                                 RI_PREDICT=0 turns it off) */
 } gw_remote_params_t;
 
 void gw_remote_params_default(gw_remote_params_t *p);
