@@ -514,6 +514,22 @@ static void test_malformed(void **state)
         assert_int_equal(gw_dp_raw(dp, hb, CM_WIRE_HDR_SIZE, meta, CM_DP_REGISTER_FIXED + 16, 3000, &rep), RI_OK);
         assert_int_equal(gw_dp_ping(dp), RI_OK);
     }
+    /* Over the pool / global quota (64 MiB): refused, nothing stored. */
+    {
+        uint32_t hd = 0, n = 6700, first = 99;
+        uint32_t *tok = malloc(n * sizeof(uint32_t));
+        size_t bytes = (size_t)n * 5 * PAGE_BYTES; /* ~68.6 MB */
+        uint8_t *big = calloc(1, bytes);
+        for (uint32_t i = 0; i < n; i++)
+            tok[i] = 40;
+        ri_status_t st = gw_dp_upload(dp, false, 1, 1, &hd, &n, tok, big, bytes, NULL);
+        assert_true(st == RI_ERR_QUOTA || st == RI_ERR_NOSPACE);
+        n = 1;
+        assert_int_equal(gw_dp_upload(dp, false, 1, 1, &hd, &n, tok, big, 5 * PAGE_BYTES, &first), RI_OK);
+        assert_int_equal(first, 0); /* the refused upload left the table empty */
+        free(tok);
+        free(big);
+    }
     /* The other connection was served all along. */
     assert_int_equal(gw_dp_ping(other), RI_OK);
     gw_dp_close(other);
