@@ -144,8 +144,14 @@ static ucs_status_t kvs_dp_am_cb(void *arg, const void *header, size_t header_le
 
     if (param->recv_attr & UCP_AM_RECV_ATTR_FIELD_REPLY_EP)
         c = kvs_dp_conn_of(dp, param->reply_ep);
-    if (c == NULL || c->failed)
-        return UCS_OK; /* nobody to answer: drop (rndv data is declined) */
+    if (c == NULL || c->failed) {
+        /* Nobody to answer (sent without UCP_AM_SEND_FLAG_REPLY, or from a
+         * dying connection): count it and drop it (rndv data is declined). */
+        pthread_mutex_lock(&dp->data->lock);
+        kvs_count_error_locked(dp->data, RI_ERR_PROTOCOL);
+        pthread_mutex_unlock(&dp->data->lock);
+        return UCS_OK;
+    }
     r = cm_calloc(&kvs_dp_tag, 1, sizeof(*r));
     if (r == NULL)
         return UCS_OK;
