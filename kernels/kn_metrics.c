@@ -136,7 +136,7 @@ void kn_summarise(const double *v, size_t n, kn_summary_t *s)
         return;
     c = cm_malloc(&kn_tag, n * sizeof(double));
     if (c == NULL) {
-        s->median = s->p90 = s->p99 = s->max = NAN;
+        s->median = s->p90 = s->p99 = s->max = s->p10 = s->p1 = s->min = NAN;
         return;
     }
     for (size_t i = 0; i < n; i++)
@@ -147,5 +147,8 @@ void kn_summarise(const double *v, size_t n, kn_summary_t *s)
     s->p90 = c[(size_t)ceil(0.90 * n) - 1];
     s->p99 = c[(size_t)ceil(0.99 * n) - 1];
     s->max = c[n - 1];
+    s->p10 = c[(size_t)ceil(0.10 * n) - 1];
+    s->p1 = c[(size_t)ceil(0.01 * n) - 1];
+    s->min = c[0];
     cm_free(c);
 }

@@ -33,9 +33,11 @@ double kn_metric_mass(const double *prob, size_t n, const uint8_t *mask);
 /* Mark the B tokens of largest prob in mask (others 0): the oracle set. */
 ri_status_t kn_oracle_mask(const double *prob, size_t n, size_t B, uint8_t *mask);
 
-/* Distribution summary. */
+/* Distribution summary (nearest rank).  Errors are bad when high (read
+ * p90/p99/max); recall and mass are bad when low (read p10/p1/min). */
 typedef struct kn_summary {
     double median, p90, p99, max;
+    double p10, p1, min;
     size_t n;
 } kn_summary_t;
 

@@ -178,8 +178,10 @@ static ri_status_t bk_mask(int m, bk_ctx_t *x, const float *q, uint32_t h, const
     }
 }
 
+/* all: also the tail on the bad side (high for errors, low for recall/mass) */
 static void put_summary(cJSON *row, const char *name, const double *v, size_t n, bool all)
 {
+    bool low_is_bad = strncmp(name, "recall", 6) == 0 || strcmp(name, "mass") == 0;
     kn_summary_t s;
     char key[64];
     kn_summarise(v, n, &s);
@@ -187,12 +189,12 @@ static void put_summary(cJSON *row, const char *name, const double *v, size_t n,
     cJSON_AddNumberToObject(row, key, s.median);
     if (!all)
         return;
-    snprintf(key, sizeof(key), "%s_p90", name);
-    cJSON_AddNumberToObject(row, key, s.p90);
-    snprintf(key, sizeof(key), "%s_p99", name);
-    cJSON_AddNumberToObject(row, key, s.p99);
-    snprintf(key, sizeof(key), "%s_max", name);
-    cJSON_AddNumberToObject(row, key, s.max);
+    snprintf(key, sizeof(key), "%s_%s", name, low_is_bad ? "p10" : "p90");
+    cJSON_AddNumberToObject(row, key, low_is_bad ? s.p10 : s.p90);
+    snprintf(key, sizeof(key), "%s_%s", name, low_is_bad ? "p1" : "p99");
+    cJSON_AddNumberToObject(row, key, low_is_bad ? s.p1 : s.p99);
+    snprintf(key, sizeof(key), "%s_%s", name, low_is_bad ? "min" : "max");
+    cJSON_AddNumberToObject(row, key, low_is_bad ? s.min : s.max);
 }
 
 static int bench_size(bn_report_t *rep, size_t N, int steps, bool quick, int32_t neighbours,

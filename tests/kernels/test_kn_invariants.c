@@ -362,7 +362,7 @@ static void test_metrics(void **state)
     assert_true(fabs(kn_metric_recall(prob, 5, mask, 2) - 0.5) < 1e-12);
     assert_true(fabs(kn_metric_recall(prob, 5, mask, 1) - 1.0) < 1e-12);
     kn_summarise(v, 5, &s);
-    assert_true(s.median == 3 && s.max == 5 && s.p90 == 5);
+    assert_true(s.median == 3 && s.max == 5 && s.p90 == 5 && s.min == 1 && s.p10 == 1);
 }
 
 int main(void)
