@@ -8,6 +8,7 @@
 #include "gpuworker/dp/gw_dp.h"
 
 #include <netdb.h>
+#include <pthread.h>
 #include <poll.h>
 #include <stdlib.h>
 #include <stdio.h>
@@ -25,6 +26,13 @@
 #define GW_DP_SPIN 1000u  /* empty progress calls before sleeping */
 
 static CM_ALLOC_TAG(gw_dp_tag, "gw.dp");
+static pthread_once_t gw_dp_env_done = PTHREAD_ONCE_INIT;
+
+static void gw_dp_env_once(void)
+{
+    setenv("UCX_POSIX_ERROR_HANDLING", "y", 0);
+    setenv("UCX_SYSV_ERROR_HANDLING", "y", 0);
+}
 
 struct gw_dp {
     ucp_context_h ctx;
@@ -331,11 +339,9 @@ ri_status_t gw_dp_connect(const char *addr, uint64_t session_id, const uint8_t s
     memcpy(dp->secret, secret, CM_WIRE_SECRET_SIZE);
     dp->timeout_ms = opts && opts->timeout_ms ? opts->timeout_ms : 10000;
     st = RI_ERR_TRANSPORT;
-    /* UCX 1.13 leaves its shared-memory transports out of endpoints that ask
-     * for peer-failure handling unless these are on; we need both (shm speed,
-     * and errors instead of hangs when the peer dies).  The user's setting wins. */
-    setenv("UCX_POSIX_ERROR_HANDLING", "y", 0);
-    setenv("UCX_SYSV_ERROR_HANDLING", "y", 0);
+    /* As on the server (kvs_dp.c): keep shared memory usable with
+     * peer-failure handling; once per process, a value the user set wins. */
+    pthread_once(&gw_dp_env_done, gw_dp_env_once);
     if (ucp_config_read(NULL, NULL, &config) != UCS_OK)
         goto err_free;
     params.field_mask = UCP_PARAM_FIELD_FEATURES | UCP_PARAM_FIELD_NAME;

@@ -27,6 +27,7 @@
 #include "common/cm_time.h"
 
 static CM_ALLOC_TAG(kvs_dp_tag, "kvs.dp");
+static pthread_once_t kvs_dp_env_done = PTHREAD_ONCE_INIT;
 
 #define KVS_DP_RKEY_PAD 4096u
 #define KVS_DP_SPIN 2000u  /* empty progress calls before sleeping */
@@ -476,6 +477,24 @@ static ri_status_t kvs_dp_parse_addr(const char *text, struct sockaddr_storage *
     return RI_OK;
 }
 
+/* UCX 1.13 leaves its shared-memory transports out of endpoints that ask
+ * for peer-failure handling unless their ERROR_HANDLING is on; we want both
+ * (shared-memory speed, and errors instead of hangs when the peer dies).
+ * ucp_config_modify does not reach transport settings in 1.13, so this sets
+ * the environment, once per process, before UCX reads it; a value the user
+ * set wins.  (setenv is not safe against concurrent getenv: the daemon calls
+ * kvs_data_create before it starts serving threads.) */
+static void kvs_dp_env_once(void)
+{
+    setenv("UCX_POSIX_ERROR_HANDLING", "y", 0);
+    setenv("UCX_SYSV_ERROR_HANDLING", "y", 0);
+}
+
+static void kvs_dp_config_shm(ucp_config_t *config)
+{
+    (void)config;
+}
+
 ri_status_t kvs_dp_start(kvs_data_t *data, kvs_dp_t **dp_p)
 {
     kvs_dp_t *dp;
@@ -504,14 +523,11 @@ ri_status_t kvs_dp_start(kvs_data_t *data, kvs_dp_t **dp_p)
         cm_error("dp: bad listen address '%s'", data->cfg.dp_listen_addr);
         goto err_free;
     }
-    /* UCX 1.13 leaves its shared-memory transports out of endpoints that ask
-     * for peer-failure handling unless these are on; we need both (shm speed,
-     * and errors instead of hangs when the peer dies).  The user's setting wins. */
-    setenv("UCX_POSIX_ERROR_HANDLING", "y", 0);
-    setenv("UCX_SYSV_ERROR_HANDLING", "y", 0);
+    pthread_once(&kvs_dp_env_done, kvs_dp_env_once);
     s = ucp_config_read(NULL, NULL, &config);
     if (s != UCS_OK)
         goto err_ucx;
+    kvs_dp_config_shm(config);
     params.field_mask = UCP_PARAM_FIELD_FEATURES | UCP_PARAM_FIELD_NAME;
     params.features = UCP_FEATURE_AM | UCP_FEATURE_RMA | UCP_FEATURE_WAKEUP;
     params.name = "ri-kvstore";
