@@ -23,7 +23,7 @@
 
 #define GW_DP_MAX_REGS 64
 #define GW_DP_MAX_REPLY (UINT64_C(1) << 30)
-#define GW_DP_SPIN 1000u  /* empty progress calls before sleeping */
+#define GW_DP_SPIN_NS 200000u  /* idle time before sleeping on the event fd */
 
 static CM_ALLOC_TAG(gw_dp_tag, "gw.dp");
 static pthread_once_t gw_dp_env_done = PTHREAD_ONCE_INIT;
@@ -236,19 +236,21 @@ static ri_status_t gw_dp_call(gw_dp_t *dp, const void *hdr, size_t hdr_len, uint
         dp->waiting = false;
         return gw_dp_status(UCS_PTR_STATUS(sreq));
     }
-    unsigned idle = 0;
+    uint64_t last_busy = cm_time_ns();
     while (sreq != NULL || !dp->have_reply) {
-        if (ucp_worker_progress(dp->worker) != 0) {
-            idle = 0;
-        } else if (++idle > GW_DP_SPIN && dp->efd >= 0) {
-            /* Nothing moving: sleep on the event fd (1 ms steps, so the
-             * deadline and the error flag are seen) instead of burning a
-             * core the server may need. */
+        if (ucp_worker_progress(dp->worker) != 0 || dp->body_pending || sreq != NULL) {
+            /* Keep spinning while our own transfers move: shared-memory
+             * fragments do not always raise the event fd. */
+            last_busy = cm_time_ns();
+        } else if (dp->efd >= 0 && cm_time_ns() - last_busy > GW_DP_SPIN_NS) {
+            /* Only waiting for the server: sleep on the event fd (1 ms steps,
+             * so the deadline and the error flag are seen) instead of
+             * burning a core the server may need. */
             if (ucp_worker_arm(dp->worker) == UCS_OK) {
                 struct pollfd pfd = {.fd = dp->efd, .events = POLLIN};
                 (void)poll(&pfd, 1, 1);
             }
-            idle = 0;
+            last_busy = cm_time_ns();
         }
         if (sreq != NULL && ucp_request_check_status(sreq) != UCS_INPROGRESS) {
             ucs_status_t s = ucp_request_check_status(sreq);

@@ -30,7 +30,8 @@ static CM_ALLOC_TAG(kvs_dp_tag, "kvs.dp");
 static pthread_once_t kvs_dp_env_done = PTHREAD_ONCE_INIT;
 
 #define KVS_DP_RKEY_PAD 4096u
-#define KVS_DP_SPIN 2000u  /* empty progress calls before sleeping */
+#define KVS_DP_SPIN 2000u       /* empty progress calls before sleeping */
+#define KVS_DP_SPIN_NS 200000u  /* and this much idle time */
 
 typedef struct kvs_conn {
     ucp_ep_h ep;              /* server-side endpoint */
@@ -404,7 +405,7 @@ static void kvs_dp_gc(kvs_dp_t *dp)
 static void *kvs_dp_main(void *arg)
 {
     kvs_dp_t *dp = arg;
-    uint64_t idle = 0, stop_deadline = 0;
+    uint64_t idle = 0, stop_deadline = 0, last_busy = cm_time_ns();
 
     for (;;) {
         unsigned n = ucp_worker_progress(dp->worker);
@@ -418,9 +419,12 @@ static void *kvs_dp_main(void *arg)
             else
                 kvs_dp_serve_one(dp, r);
             idle = 0;
+            last_busy = cm_time_ns();
             continue;
         }
         kvs_dp_gc(dp);
+        if (n != 0)
+            last_busy = cm_time_ns();
         if (atomic_load(&dp->stop)) {
             /* Drain: keep serving what arrives for a short while, bounded. */
             if (stop_deadline == 0)
@@ -430,7 +434,8 @@ static void *kvs_dp_main(void *arg)
         }
         if (n != 0) {
             idle = 0;
-        } else if (++idle > KVS_DP_SPIN && dp->efd >= 0 && !atomic_load(&dp->stop)) {
+        } else if (++idle > KVS_DP_SPIN && cm_time_ns() - last_busy > KVS_DP_SPIN_NS && dp->efd >= 0 &&
+                   !atomic_load(&dp->stop)) {
             /* Idle: sleep on the worker's event fd until traffic (or a
              * signal from kvs_dp_stop); 100 ms bound for the gc list. */
             if (ucp_worker_arm(dp->worker) == UCS_OK) {
