@@ -68,6 +68,9 @@ struct gw_dp {
     size_t target_len;
     ucp_dt_iov_t iov[2];           /* rendezvous receive of meta || data */
     uint8_t *scratch;              /* data block of a raw call's reply */
+    void *sreq;                    /* the request send in flight */
+    uint8_t *fetch_meta;           /* meta of a started fetch (owned until it ends) */
+    uint64_t fetch_ids;            /* ids it asked for */
     int efd;                       /* worker event fd, -1 when none */
 };
 
@@ -212,16 +215,18 @@ void gw_dp_header(gw_dp_t *dp, uint16_t op, uint32_t meta_len, uint64_t data_len
 
 /* Send (header, body) and progress until the matching reply or the deadline.
  * want_req 0 accepts any reply (raw).  The reply stays in dp->reply_*. */
-static ri_status_t gw_dp_call(gw_dp_t *dp, const void *hdr, size_t hdr_len, uint64_t want_req, const void *body,
-                              size_t body_len, uint32_t timeout_ms)
+/* Send (header, body) as a request expecting a reply; want_req 0 accepts any
+ * reply (raw).  The send request is tracked in dp->sreq. */
+static ri_status_t gw_dp_send(gw_dp_t *dp, const void *hdr, size_t hdr_len, uint64_t want_req, const void *body,
+                              size_t body_len)
 {
     ucp_request_param_t prm = {0};
-    uint64_t deadline = cm_time_ns() + (uint64_t)(timeout_ms ? timeout_ms : dp->timeout_ms) * 1000000u;
     void *sreq;
-    ri_status_t st = RI_OK;
 
     if (dp->failed)
         return RI_ERR_CONN_RESET;
+    if (dp->waiting)
+        return RI_ERR_BUSY;
     cm_free(dp->reply_body);
     dp->reply_body = NULL;
     dp->have_reply = dp->body_pending = false;
@@ -236,9 +241,22 @@ static ri_status_t gw_dp_call(gw_dp_t *dp, const void *hdr, size_t hdr_len, uint
         dp->waiting = false;
         return gw_dp_status(UCS_PTR_STATUS(sreq));
     }
+    dp->sreq = sreq;
+    return RI_OK;
+}
+
+/* Progress until the reply of the request sent by gw_dp_send is in and the
+ * send completed, or the deadline.  The reply stays in dp->reply_*. */
+static ri_status_t gw_dp_wait(gw_dp_t *dp, uint32_t timeout_ms)
+{
+    uint64_t deadline = cm_time_ns() + (uint64_t)(timeout_ms ? timeout_ms : dp->timeout_ms) * 1000000u;
     uint64_t last_busy = cm_time_ns();
-    while (sreq != NULL || !dp->have_reply) {
-        if (ucp_worker_progress(dp->worker) != 0 || dp->body_pending || sreq != NULL) {
+    ri_status_t st = RI_OK;
+
+    if (!dp->waiting)
+        return RI_ERR_INVALID;
+    while (dp->sreq != NULL || !dp->have_reply) {
+        if (ucp_worker_progress(dp->worker) != 0 || dp->body_pending || dp->sreq != NULL) {
             /* Keep spinning while our own transfers move: shared-memory
              * fragments do not always raise the event fd. */
             last_busy = cm_time_ns();
@@ -252,24 +270,25 @@ static ri_status_t gw_dp_call(gw_dp_t *dp, const void *hdr, size_t hdr_len, uint
             }
             last_busy = cm_time_ns();
         }
-        if (sreq != NULL && ucp_request_check_status(sreq) != UCS_INPROGRESS) {
-            ucs_status_t s = ucp_request_check_status(sreq);
-            ucp_request_free(sreq);
-            sreq = NULL;
+        if (dp->sreq != NULL && ucp_request_check_status(dp->sreq) != UCS_INPROGRESS) {
+            ucs_status_t s = ucp_request_check_status(dp->sreq);
+            ucp_request_free(dp->sreq);
+            dp->sreq = NULL;
             if (s != UCS_OK && st == RI_OK)
                 st = gw_dp_status(s);
         }
-        if (dp->failed || cm_time_ns() > deadline || (st != RI_OK && sreq == NULL)) {
+        if (dp->failed || cm_time_ns() > deadline || (st != RI_OK && dp->sreq == NULL)) {
             if (st == RI_OK)
                 st = dp->failed ? gw_dp_status(dp->ep_status) : RI_ERR_TIMEOUT;
             if (st == RI_ERR_TRANSPORT)
                 st = RI_ERR_CONN_RESET;
             dp->failed = true; /* the connection is unusable from here on */
-            if (sreq != NULL) {
-                ucp_request_cancel(dp->worker, sreq);
+            if (dp->sreq != NULL) {
+                ucp_request_cancel(dp->worker, dp->sreq);
                 /* The send stays owned by UCX until the ep closes; we just
                  * stop tracking it (the ep is force-closed at gw_dp_close). */
-                ucp_request_free(sreq);
+                ucp_request_free(dp->sreq);
+                dp->sreq = NULL;
             }
             dp->waiting = false;
             return st;
@@ -279,6 +298,13 @@ static ri_status_t gw_dp_call(gw_dp_t *dp, const void *hdr, size_t hdr_len, uint
     if (dp->body_status != UCS_OK)
         return gw_dp_status(dp->body_status);
     return st;
+}
+
+static ri_status_t gw_dp_call(gw_dp_t *dp, const void *hdr, size_t hdr_len, uint64_t want_req, const void *body,
+                              size_t body_len, uint32_t timeout_ms)
+{
+    ri_status_t st = gw_dp_send(dp, hdr, hdr_len, want_req, body, body_len);
+    return st != RI_OK ? st : gw_dp_wait(dp, timeout_ms);
 }
 
 /* Call op with meta+data; returns the reply's status. */
@@ -425,6 +451,7 @@ void gw_dp_close(gw_dp_t *dp)
     ucp_cleanup(dp->ctx);
     cm_free(dp->reply_body);
     cm_free(dp->scratch);
+    cm_free(dp->fetch_meta);
     cm_free(dp);
 }
 
@@ -578,26 +605,31 @@ err_unmap:
     return st;
 }
 
-ri_status_t gw_dp_fetch_ranked(gw_dp_t *dp, uint32_t cache_id, uint32_t layer, uint32_t n_heads,
-                               const uint32_t *heads, const uint32_t *counts, const uint32_t *ids,
-                               uint64_t recv_offset, uint32_t timeout_ms, gw_dp_fetch_result_t *res_p)
+ri_status_t gw_dp_fetch_start(gw_dp_t *dp, uint32_t cache_id, uint32_t layer, uint32_t n_heads,
+                              const uint32_t *heads, const uint32_t *counts, const uint32_t *ids,
+                              uint64_t recv_offset)
 {
+    cm_wire_hdr_t h;
+    uint8_t hb[CM_WIRE_HDR_SIZE];
     uint64_t total = 0;
     size_t mlen;
-    uint8_t *meta;
     ri_status_t st;
 
-    if (dp == NULL || res_p == NULL || n_heads == 0 || n_heads > CM_DP_MAX_HEADS)
+    if (dp == NULL || n_heads == 0 || n_heads > CM_DP_MAX_HEADS || heads == NULL || counts == NULL)
         return RI_ERR_INVALID;
+    if (dp->waiting)
+        return RI_ERR_BUSY;
     for (uint32_t i = 0; i < n_heads; i++)
         total += counts[i];
     mlen = cm_dp_fetch_meta_size(n_heads, total);
     if (mlen > UINT32_MAX)
         return RI_ERR_TOO_LARGE;
-    meta = cm_malloc(&gw_dp_tag, mlen);
-    if (meta == NULL)
+    cm_free(dp->fetch_meta);
+    dp->fetch_meta = cm_malloc(&gw_dp_tag, mlen);
+    if (dp->fetch_meta == NULL)
         return RI_ERR_NOMEM;
-    cm_dp_fetch_encode(meta, cache_id, layer, recv_offset, n_heads, heads, counts, ids);
+    cm_dp_fetch_encode(dp->fetch_meta, cache_id, layer, recv_offset, n_heads, heads, counts, ids);
+    dp->fetch_ids = total;
     dp->target = NULL;
     dp->target_len = 0;
     for (uint32_t i = 0; i < GW_DP_MAX_REGS; i++)
@@ -605,17 +637,45 @@ ri_status_t gw_dp_fetch_ranked(gw_dp_t *dp, uint32_t cache_id, uint32_t layer, u
             dp->target = dp->caches[i].recv + recv_offset;
             dp->target_len = dp->caches[i].recv_len - recv_offset;
         }
-    st = gw_dp_op(dp, CM_WIRE_OP_FETCH_RANKED, meta, (uint32_t)mlen, NULL, 0, timeout_ms);
+    gw_dp_header(dp, CM_WIRE_OP_FETCH_RANKED, (uint32_t)mlen, 0, &h);
+    cm_wire_encode(&h, hb);
+    st = gw_dp_send(dp, hb, sizeof(hb), h.request_id, dp->fetch_meta, mlen);
+    if (st != RI_OK)
+        dp->target = NULL;
+    return st;
+}
+
+ri_status_t gw_dp_fetch_finish(gw_dp_t *dp, uint32_t timeout_ms, gw_dp_fetch_result_t *res_p)
+{
+    ri_status_t st;
+
+    if (dp == NULL || res_p == NULL)
+        return RI_ERR_INVALID;
+    st = gw_dp_wait(dp, timeout_ms);
     dp->target = NULL;
-    cm_free(meta);
+    if (!dp->failed) {
+        /* After a failure UCX may still read it; it is freed at close. */
+        cm_free(dp->fetch_meta);
+        dp->fetch_meta = NULL;
+    }
     if (st != RI_OK)
         return st;
+    if (dp->reply_hdr.status != RI_OK)
+        return (ri_status_t)dp->reply_hdr.status;
     st = cm_dp_fetch_reply_decode(dp->reply_body, dp->reply_hdr.meta_len, &res_p->view);
-    if (st != RI_OK || res_p->view.n_entries != total)
+    if (st != RI_OK || res_p->view.n_entries != dp->fetch_ids)
         return st != RI_OK ? st : RI_ERR_PROTOCOL;
     res_p->buf = dp->reply_body; /* hand the reply over */
     dp->reply_body = NULL;
     return RI_OK;
+}
+
+ri_status_t gw_dp_fetch_ranked(gw_dp_t *dp, uint32_t cache_id, uint32_t layer, uint32_t n_heads,
+                               const uint32_t *heads, const uint32_t *counts, const uint32_t *ids,
+                               uint64_t recv_offset, uint32_t timeout_ms, gw_dp_fetch_result_t *res_p)
+{
+    ri_status_t st = gw_dp_fetch_start(dp, cache_id, layer, n_heads, heads, counts, ids, recv_offset);
+    return st != RI_OK ? st : gw_dp_fetch_finish(dp, timeout_ms, res_p);
 }
 
 void gw_dp_fetch_result_free(gw_dp_fetch_result_t *res)

@@ -90,6 +90,17 @@ ri_status_t gw_dp_fetch_ranked(gw_dp_t *dp, uint32_t cache_id, uint32_t layer, u
                                const uint32_t *heads, const uint32_t *counts, const uint32_t *ids,
                                uint64_t recv_offset, uint32_t timeout_ms, gw_dp_fetch_result_t *res_p);
 
+/*
+ * The same in two halves, so that the caller can compute while the request
+ * is served (the estimation-zone kernel overlaps the round trip): start
+ * sends it, finish progresses until the reply (misses in the buffer) or the
+ * deadline.  Nothing else may be called on dp in between (RI_ERR_BUSY).
+ */
+ri_status_t gw_dp_fetch_start(gw_dp_t *dp, uint32_t cache_id, uint32_t layer, uint32_t n_heads,
+                              const uint32_t *heads, const uint32_t *counts, const uint32_t *ids,
+                              uint64_t recv_offset);
+ri_status_t gw_dp_fetch_finish(gw_dp_t *dp, uint32_t timeout_ms, gw_dp_fetch_result_t *res_p);
+
 /* NULL-safe; frees what gw_dp_fetch_ranked put in *res. */
 void gw_dp_fetch_result_free(gw_dp_fetch_result_t *res);
 

@@ -258,7 +258,14 @@ static void fetch_and_check(gw_dp_t *dp, uint32_t cache_id, uint8_t *recv)
     (void)epoch_touched;
 
     memset(recv, 0xee, RECV_BYTES);
-    assert_int_equal(gw_dp_fetch_ranked(dp, cache_id, l, nh, heads, counts, ids, roff, 0, &res), RI_OK);
+    if (rand() % 2) {
+        assert_int_equal(gw_dp_fetch_ranked(dp, cache_id, l, nh, heads, counts, ids, roff, 0, &res), RI_OK);
+    } else {
+        /* Split form: while a fetch is out, other calls are refused. */
+        assert_int_equal(gw_dp_fetch_start(dp, cache_id, l, nh, heads, counts, ids, roff), RI_OK);
+        assert_int_equal(gw_dp_ping(dp), RI_ERR_BUSY);
+        assert_int_equal(gw_dp_fetch_finish(dp, 0, &res), RI_OK);
+    }
     assert_int_equal(res.view.n_heads, nh);
     assert_int_equal(res.view.n_entries, k);
     assert_int_equal(res.view.n_evicted, (uint32_t)n_ev);
