@@ -12,6 +12,7 @@
 
 #include <fcntl.h>
 #include <signal.h>
+#include <sys/prctl.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -56,6 +57,7 @@ static int kvs_spawn_daemon(kvs_spawn_t *sp, const char *path, unsigned layers, 
         return -1;
     if (sp->pid == 0) {
         int devnull = open("/dev/null", O_WRONLY);
+        prctl(PR_SET_PDEATHSIG, SIGTERM); /* a crashed test leaves no daemon behind */
         if (devnull >= 0)
             dup2(devnull, 1);
         execl(path, path, "--listen=127.0.0.1:0", "--dataplane-listen=127.0.0.1:0", "--metrics-listen=off",
@@ -152,6 +154,7 @@ static int kvs_spawn_small(kvs_spawn_t *sp, unsigned layers, unsigned kv_heads, 
     if (sp->pid < 0)
         return -1;
     if (sp->pid == 0) {
+        prctl(PR_SET_PDEATHSIG, SIGTERM); /* a crashed test leaves no server behind */
         dup2(fds[1], 1);
         close(fds[0]);
         close(fds[1]);
