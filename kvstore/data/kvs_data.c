@@ -150,16 +150,29 @@ void kvs_session_uncharge_locked(kvs_data_t *data, kvs_session_t *s, uint64_t le
     data->global_charged -= delta;
 }
 
+ri_status_t kvs_session_reserve_extents_locked(kvs_session_t *s, size_t more)
+{
+    size_t want = s->n_extents + more, cap = s->cap_extents ? s->cap_extents : 16;
+    kvs_sextent_t *ne;
+
+    if (want <= s->cap_extents)
+        return RI_OK;
+    while (cap < want)
+        cap *= 2;
+    ne = cm_realloc(&kvs_catalog_tag, s->extents, cap * sizeof(*ne));
+    if (ne == NULL)
+        return RI_ERR_NOMEM;
+    s->extents = ne;
+    s->cap_extents = cap;
+    return RI_OK;
+}
+
 ri_status_t kvs_session_add_extent_locked(kvs_session_t *s, uint64_t off, uint64_t bytes)
 {
-    if (s->n_extents == s->cap_extents) {
-        size_t cap = s->cap_extents ? s->cap_extents * 2 : 16;
-        kvs_sextent_t *ne = cm_realloc(&kvs_catalog_tag, s->extents, cap * sizeof(*ne));
-        if (ne == NULL)
-            return RI_ERR_NOMEM;
-        s->extents = ne;
-        s->cap_extents = cap;
-    }
+    ri_status_t st = kvs_session_reserve_extents_locked(s, 1);
+
+    if (st != RI_OK)
+        return st;
     s->extents[s->n_extents++] = (kvs_sextent_t){.off = off, .bytes = bytes};
     return RI_OK;
 }

@@ -137,6 +137,9 @@ void kvs_session_unref_locked(kvs_data_t *data, kvs_session_t *s);
 /* Charge `more` pool bytes to s (quota check, nothing changed on failure). */
 ri_status_t kvs_session_charge_locked(kvs_data_t *data, kvs_session_t *s, uint64_t more);
 
+/* Make room to record `more` extents without failing later. */
+ri_status_t kvs_session_reserve_extents_locked(kvs_session_t *s, size_t more);
+
 /* Record an extent as owned by s (after a successful charge + alloc). */
 ri_status_t kvs_session_add_extent_locked(kvs_session_t *s, uint64_t off, uint64_t bytes);
 

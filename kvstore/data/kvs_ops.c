@@ -111,12 +111,9 @@ static ri_status_t kvs_ops_upload(kvs_data_t *data, kvs_session_t *s, const cm_w
             goto err_unlock;
     }
     /* Room for the extents first, so that recording them cannot fail. */
-    while (s->cap_extents < s->n_extents + v.n_heads) {
-        st = kvs_session_add_extent_locked(s, 0, 0);
-        if (st != RI_OK)
-            goto err_unlock;
-        s->n_extents--;
-    }
+    st = kvs_session_reserve_extents_locked(s, v.n_heads);
+    if (st != RI_OK)
+        goto err_unlock;
     st = kvs_session_charge_locked(data, s, charge);
     if (st != RI_OK)
         goto err_unlock;

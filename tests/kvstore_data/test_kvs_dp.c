@@ -415,7 +415,7 @@ static void test_malformed(void **state)
     int rc;
 
     (void)state;
-    rc = kvs_spawn_start(&g_sp, LAYERS, HEADS, DIM, PT, 64);
+    rc = kvs_spawn_start(&g_sp, LAYERS, HEADS, DIM, PT, 16);
     SKIP_IF_77(rc);
     assert_int_equal(rc, 0);
     dp = connect_or_skip(&g_sp);
@@ -521,15 +521,30 @@ static void test_malformed(void **state)
         assert_int_equal(gw_dp_raw(dp, hb, CM_WIRE_HDR_SIZE, meta, CM_DP_REGISTER_FIXED + 16, 3000, &rep), RI_OK);
         assert_int_equal(gw_dp_ping(dp), RI_OK);
     }
-    /* Over the pool / global quota (64 MiB): refused, nothing stored. */
+    /* Mixed one- and two-head appends: the extent list must grow across any
+     * boundary (a multi-head upload once spun here when the list was not full
+     * but too short). */
     {
-        uint32_t hd = 0, n = 6700, first = 99;
+        uint32_t hds[2] = {0, 1}, cnt[2] = {1, 1}, tk[2] = {8, 8}, first[2];
+        uint8_t pg[2 * PAGE_BYTES];
+        memset(pg, 7, sizeof(pg));
+        assert_int_equal(gw_dp_upload(dp, true, 0, 1, hds, cnt, tk, pg, PAGE_BYTES, first), RI_OK);
+        for (int i = 0; i < 40; i++)
+            assert_int_equal(gw_dp_upload(dp, true, 0, 2, hds, cnt, tk, pg, 2 * PAGE_BYTES, first), RI_OK);
+        assert_int_equal(first[0], 4 + 1 + 39);
+        assert_int_equal(first[1], 4 + 39);
+    }
+    /* Over the pool / global quota (16 MiB here): refused, nothing stored. */
+    {
+        uint32_t hd = 0, n = 1700, first = 99;
         uint32_t *tok = malloc(n * sizeof(uint32_t));
-        size_t bytes = (size_t)n * 5 * PAGE_BYTES; /* ~68.6 MB */
+        size_t bytes = (size_t)n * 5 * PAGE_BYTES; /* ~17.4 MB */
         uint8_t *big = calloc(1, bytes);
         for (uint32_t i = 0; i < n; i++)
             tok[i] = 40;
         ri_status_t st = gw_dp_upload(dp, false, 1, 1, &hd, &n, tok, big, bytes, NULL);
+        if (st != RI_ERR_QUOTA && st != RI_ERR_NOSPACE)
+            fprintf(stderr, "big upload: %s\n", ri_status_str(st));
         assert_true(st == RI_ERR_QUOTA || st == RI_ERR_NOSPACE);
         n = 1;
         assert_int_equal(gw_dp_upload(dp, false, 1, 1, &hd, &n, tok, big, 5 * PAGE_BYTES, &first), RI_OK);
