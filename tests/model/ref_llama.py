@@ -11,7 +11,8 @@ tokenizer's ids on ASCII prompts.
 usage: ref_llama.py MODEL logits TOKENS_FILE OUT_FILE   (tokens: one prompt per line, ids
                                                          separated by spaces; out: float32
                                                          [total tokens][vocab])
-       ref_llama.py MODEL tokenize TEXT_FILE OUT_FILE   (out: one id per line)
+       ref_llama.py MODEL tokenize TEXT_FILE OUT_FILE [TEXT_FILE OUT_FILE ...]
+                                                        (out: one id per line)
 Exit 77 when numpy or gguf are missing (the test is then skipped).
 """
 import re
@@ -137,16 +138,17 @@ def tokenize(path, text):
 
 
 def main():
-    if len(sys.argv) != 5:
+    if len(sys.argv) < 5 or len(sys.argv) % 2 == 0:
         print(__doc__, file=sys.stderr)
         return 2
-    model, mode, inp, out = sys.argv[1:]
+    model, mode, inp, out = sys.argv[1:5]
     if mode == "logits":
         prompts = [[int(t) for t in line.split()] for line in open(inp) if line.strip()]
         logits(model, prompts).tofile(out)
     elif mode == "tokenize":
-        ids = tokenize(model, open(inp, encoding="utf-8").read())
-        open(out, "w").write("\n".join(map(str, ids)) + "\n")
+        for inp, out in zip(sys.argv[3::2], sys.argv[4::2]):
+            ids = tokenize(model, open(inp, encoding="utf-8").read())
+            open(out, "w").write("\n".join(map(str, ids)) + "\n")
     else:
         return 2
     return 0
