@@ -3,6 +3,8 @@
 #include "common/cm_thread.h"
 
 #include <pthread.h>
+#include <sched.h>
+#include <stdint.h>
 #include <stdatomic.h>
 #include <stdbool.h>
 #include <stdlib.h>
@@ -13,21 +15,34 @@
 
 static CM_ALLOC_TAG(cm_pool_tag, "cm.pool");
 
+/*
+ * The task counter carries the loop's generation in its top bits, so that a
+ * worker that wakes late (after the caller has finished the loop alone and
+ * perhaps started the next one) can never take an index of a loop whose body
+ * it did not read.  The caller waits for the work to be DONE (items counted
+ * as finished), not for every worker to check in: on a loaded machine a
+ * sleeping worker can take a whole scheduler slice to wake, and short loops
+ * (a few ms of decode) must not pay that.
+ */
+#define CM_POOL_IDX_BITS 40
+#define CM_POOL_IDX_MASK ((UINT64_C(1) << CM_POOL_IDX_BITS) - 1)
+
 struct cm_pool {
     unsigned nthreads;           /* caller included */
     pthread_t *threads;          /* nthreads - 1 workers */
-    pthread_mutex_t lock;        /* guards the fields below */
+    pthread_mutex_t lock;        /* guards the loop descriptor and stop */
     pthread_cond_t wake;         /* workers wait for a new loop */
-    pthread_cond_t done;         /* caller waits for workers to finish */
+    pthread_cond_t done;         /* caller waits for the last item */
     pthread_mutex_t run_lock;    /* one loop at a time */
-    uint64_t generation;         /* bumped per loop */
-    unsigned active;             /* workers still inside the current loop */
+    uint64_t generation;         /* bumped per loop (24 bits used in next) */
     bool stop;                   /* set by destroy */
-    /* the current loop */
+    bool caller_waiting;         /* caller sleeps on done */
+    /* the current loop (written under lock before generation moves) */
     cm_pool_task_fn_t fn;
     void *arg;
     size_t n, chunk;
-    atomic_size_t next;
+    _Atomic uint64_t next;       /* generation tag << 40 | next index */
+    atomic_size_t finished;      /* items whose body has returned */
 };
 
 typedef struct cm_pool_worker_arg {
@@ -35,14 +50,36 @@ typedef struct cm_pool_worker_arg {
     unsigned index;
 } cm_pool_worker_arg_t;
 
-static void cm_pool_drain(cm_pool_t *pool, unsigned worker)
+typedef struct cm_pool_loop {
+    cm_pool_task_fn_t fn;
+    void *arg;
+    size_t n, chunk;
+    uint64_t tag;                /* generation tag of this loop */
+} cm_pool_loop_t;
+
+/* Take chunks of one loop until none is left or the loop has changed. */
+static void cm_pool_drain(cm_pool_t *pool, const cm_pool_loop_t *loop, unsigned worker)
 {
     for (;;) {
-        size_t begin = atomic_fetch_add(&pool->next, pool->chunk);
-        if (begin >= pool->n)
-            break;
-        size_t end = begin + pool->chunk < pool->n ? begin + pool->chunk : pool->n;
-        pool->fn(pool->arg, begin, end, worker);
+        uint64_t cur = atomic_load_explicit(&pool->next, memory_order_acquire);
+        size_t begin;
+        do {
+            if ((cur >> CM_POOL_IDX_BITS) != loop->tag)
+                return;
+            begin = (size_t)(cur & CM_POOL_IDX_MASK);
+            if (begin >= loop->n)
+                return;
+        } while (!atomic_compare_exchange_weak_explicit(&pool->next, &cur, cur + loop->chunk,
+                                                        memory_order_acq_rel, memory_order_acquire));
+        size_t end = begin + loop->chunk < loop->n ? begin + loop->chunk : loop->n;
+        loop->fn(loop->arg, begin, end, worker);
+        size_t fin = atomic_fetch_add_explicit(&pool->finished, end - begin, memory_order_acq_rel) + (end - begin);
+        if (fin == loop->n && worker != 0) {
+            pthread_mutex_lock(&pool->lock);
+            if (pool->caller_waiting)
+                pthread_cond_signal(&pool->done);
+            pthread_mutex_unlock(&pool->lock);
+        }
     }
 }
 
@@ -59,11 +96,10 @@ static void *cm_pool_worker_main(void *p)
         if (pool->stop)
             break;
         seen = pool->generation;
+        cm_pool_loop_t loop = {pool->fn, pool->arg, pool->n, pool->chunk, seen & 0xffffffu};
         pthread_mutex_unlock(&pool->lock);
-        cm_pool_drain(pool, index);
+        cm_pool_drain(pool, &loop, index);
         pthread_mutex_lock(&pool->lock);
-        if (--pool->active == 0)
-            pthread_cond_signal(&pool->done);
     }
     pthread_mutex_unlock(&pool->lock);
     return NULL;
@@ -150,7 +186,7 @@ void cm_pool_parallel_for(cm_pool_t *pool, size_t n, size_t grain, cm_pool_task_
         return;
     if (grain == 0)
         grain = 1;
-    if (pool == NULL || pool->nthreads == 1 || n <= grain) {
+    if (pool == NULL || pool->nthreads == 1 || n <= grain || n > CM_POOL_IDX_MASK / 2) {
         fn(arg, 0, n, 0);
         return;
     }
@@ -160,22 +196,31 @@ void cm_pool_parallel_for(cm_pool_t *pool, size_t n, size_t grain, cm_pool_task_
         chunk = grain;
     pthread_mutex_lock(&pool->run_lock);
     pthread_mutex_lock(&pool->lock);
+    pool->generation++;
+    cm_pool_loop_t loop = {fn, arg, n, chunk, pool->generation & 0xffffffu};
     pool->fn = fn;
     pool->arg = arg;
     pool->n = n;
     pool->chunk = chunk;
-    atomic_store(&pool->next, 0);
-    pool->active = pool->nthreads - 1;
-    pool->generation++;
+    atomic_store(&pool->finished, 0);
+    atomic_store_explicit(&pool->next, loop.tag << CM_POOL_IDX_BITS, memory_order_release);
     pthread_cond_broadcast(&pool->wake);
     pthread_mutex_unlock(&pool->lock);
 
-    cm_pool_drain(pool, 0);
+    cm_pool_drain(pool, &loop, 0);
 
-    pthread_mutex_lock(&pool->lock);
-    while (pool->active != 0)
-        pthread_cond_wait(&pool->done, &pool->lock);
-    pthread_mutex_unlock(&pool->lock);
+    /* Wait until every item's body has returned: spin briefly (workers are
+     * usually just finishing a chunk), then sleep. */
+    for (int spin = 0; spin < 2000 && atomic_load_explicit(&pool->finished, memory_order_acquire) != n; spin++)
+        sched_yield();
+    if (atomic_load_explicit(&pool->finished, memory_order_acquire) != n) {
+        pthread_mutex_lock(&pool->lock);
+        pool->caller_waiting = true;
+        while (atomic_load_explicit(&pool->finished, memory_order_acquire) != n)
+            pthread_cond_wait(&pool->done, &pool->lock);
+        pool->caller_waiting = false;
+        pthread_mutex_unlock(&pool->lock);
+    }
     pthread_mutex_unlock(&pool->run_lock);
 }
 
