@@ -68,6 +68,7 @@
 #define CM_DP_F_HIT 0x1u       /* entry: in the worker cache (pages listed) */
 #define CM_DP_F_MISS 0x2u      /* entry: data written at recv_offset */
 #define CM_DP_F_ADMITTED 0x4u  /* entry: a miss now given cache pages (listed) */
+#define CM_DP_F_FROM_DISK 0x8u /* entry: a miss read back from the spill tier (informational) */
 
 #define CM_DP_ENTRY_SIZE 32u
 #define CM_DP_EVICT_SIZE 12u
@@ -375,8 +376,8 @@ static inline ri_status_t cm_dp_fetch_reply_decode(const void *meta, size_t len,
         const uint8_t *e = v.entries + CM_DP_ENTRY_SIZE * (size_t)i;
         uint32_t flags = cm_dp_get32(e + 4), np = cm_dp_get32(e + 12), pi = cm_dp_get32(e + 16);
         bool hit = flags & CM_DP_F_HIT, miss = flags & CM_DP_F_MISS;
-        if ((flags & ~(CM_DP_F_HIT | CM_DP_F_MISS | CM_DP_F_ADMITTED)) || hit == miss ||
-            (hit && (flags & CM_DP_F_ADMITTED)) || np == 0)
+        if ((flags & ~(CM_DP_F_HIT | CM_DP_F_MISS | CM_DP_F_ADMITTED | CM_DP_F_FROM_DISK)) || hit == miss ||
+            (hit && (flags & (CM_DP_F_ADMITTED | CM_DP_F_FROM_DISK))) || np == 0)
             return RI_ERR_PROTOCOL;
         if ((hit || (flags & CM_DP_F_ADMITTED)) && ((uint64_t)pi + np > v.n_pages))
             return RI_ERR_PROTOCOL;

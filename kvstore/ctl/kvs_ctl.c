@@ -50,6 +50,15 @@ static const cm_config_item_t kvs_ctl_config_items[] = {
             1073741824.0),
     KVS_CFG("log-level", CM_CFG_STRING, "", "error, warn, info, debug or trace (empty = $RI_LOG_LEVEL, else info)",
             log_level, 0, 0),
+    KVS_CFG("spill-dir", CM_CFG_STRING, "",
+            "spill tier directory: cold clusters go to disk when the pool is full (empty = spill off)", spill_dir, 0,
+            0),
+    KVS_CFG("spill-quota", CM_CFG_SIZE, "0", "disk quota of the spill tier (0 = no limit)", spill_quota, 0, 0),
+    KVS_CFG("spill-high-water", CM_CFG_DOUBLE, "0.90", "spill the coldest clusters when pool use passes this share",
+            spill_high_water, 0.05, 1.0),
+    KVS_CFG("recover", CM_CFG_BOOL, "false",
+            "at start, reload the sessions spilled in spill-dir (else the spill directory starts empty)", recover, 0,
+            0),
     KVS_CFG("tls-cert", CM_CFG_STRING, "", "PEM certificate chain: serve gRPC over TLS (empty = plaintext)", tls_cert,
             0, 0),
     KVS_CFG("tls-key", CM_CFG_STRING, "", "PEM private key of tls-cert", tls_key, 0, 0),
@@ -101,6 +110,10 @@ ri_status_t kvs_ctl_config_check(const kvs_ctl_config_t *cfg, char *err, size_t 
     }
     if ((cfg->tls_cert[0] != '\0') != (cfg->tls_key[0] != '\0')) {
         snprintf(err, errlen, "tls-cert and tls-key go together (one of them is empty)");
+        return RI_ERR_INVALID;
+    }
+    if (cfg->recover && cfg->spill_dir[0] == '\0') {
+        snprintf(err, errlen, "recover needs spill-dir (the directory to recover from)");
         return RI_ERR_INVALID;
     }
     if (cfg->tls_ca[0] != '\0' && cfg->tls_cert[0] == '\0') {
@@ -212,6 +225,10 @@ ri_status_t kvs_ctl_start(const kvs_ctl_config_t *cfg, kvs_ctl_t **ctl_p, char *
         .dp_listen_addr = cfg->dataplane_listen,
         .max_msg_bytes = cfg->dataplane_max_message,
         .drain_timeout_ms = (uint32_t)cfg->drain_timeout_ms,
+        .spill_dir = cfg->spill_dir,
+        .spill_quota_bytes = cfg->spill_quota,
+        .spill_high_water = cfg->spill_high_water,
+        .recover = cfg->recover,
     };
     st = kvs_data_create(&dcfg, &ctl->data);
     if (st != RI_OK) {

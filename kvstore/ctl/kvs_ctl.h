@@ -39,6 +39,10 @@ typedef struct kvs_ctl_config {
     int64_t drain_timeout_ms;        /* bound on in-flight work at shutdown */
     uint64_t max_message;            /* gRPC send/receive limit */
     char *log_level;                 /* error|warn|info|debug|trace */
+    char *spill_dir;                 /* spill tier directory, or "" = off */
+    uint64_t spill_quota;            /* spill disk quota; 0 = none */
+    double spill_high_water;         /* pool share that starts spilling */
+    bool recover;                    /* reload spilled sessions at start */
     char *tls_cert;                  /* PEM server certificate chain, or "" for plaintext */
     char *tls_key;                   /* PEM private key of tls_cert */
     char *tls_ca;                    /* PEM CA for client certificates (mutual TLS), or "" */

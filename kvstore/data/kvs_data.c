@@ -60,7 +60,7 @@ static bool kvs_label_valid(const char *l)
 }
 
 /* Geometry check; page_tokens 0 means the default 8 (written back). */
-static bool kvs_geometry_valid(kvs_geometry_t *g)
+bool kvs_geometry_check(kvs_geometry_t *g)
 {
     if (g->page_tokens == 0)
         g->page_tokens = 8;
@@ -77,8 +77,7 @@ static kvs_tenant_t *kvs_tenant_find(kvs_data_t *data, const char *name)
     return NULL;
 }
 
-/* Find or add a tenant record (under lock). */
-static kvs_tenant_t *kvs_tenant_get(kvs_data_t *data, const char *name)
+kvs_tenant_t *kvs_tenant_get_locked(kvs_data_t *data, const char *name)
 {
     kvs_tenant_t *t = kvs_tenant_find(data, name);
 
@@ -190,6 +189,8 @@ void kvs_wcache_free(kvs_data_t *data, kvs_wcache_t *wc)
 /* Free a session nobody references any more. */
 static void kvs_session_free_locked(kvs_data_t *data, kvs_session_t *s)
 {
+    if (kvs_tier_on(data))
+        kvs_tier_session_free_locked(data, s); /* per-cluster extents */
     for (size_t i = 0; i < s->n_extents; i++)
         kvs_pool_free(data->pool, s->extents[i].off, s->extents[i].bytes);
     for (uint32_t i = 0; i < KVS_MAX_CACHES_PER_SESSION; i++)
@@ -264,15 +265,30 @@ ri_status_t kvs_data_create(const kvs_data_config_t *cfg, kvs_data_t **data_p)
         goto err_free_sessions;
     data->global_quota = cfg->global_quota_bytes ? CM_MIN(cfg->global_quota_bytes, kvs_pool_size(data->pool))
                                                  : kvs_pool_size(data->pool);
+    if (cfg->spill_dir != NULL && cfg->spill_dir[0] != '\0') {
+        st = kvs_tier_open(data);
+        if (st != RI_OK)
+            goto err_free_catalog;
+    }
     if (!cfg->no_data_plane) {
         st = kvs_dp_start(data, &data->dp);
         if (st != RI_OK)
-            goto err_free_pool;
+            goto err_free_catalog;
     }
     *data_p = data;
     return RI_OK;
 
-err_free_pool:
+err_free_catalog:
+    /* Sessions a recovery rebuilt; the spill store keeps its files. */
+    pthread_mutex_lock(&data->lock);
+    for (uint32_t i = 0; i < data->n_sessions; i++) {
+        data->sessions[i]->dropped = true;
+        kvs_session_unref_locked(data, data->sessions[i]);
+    }
+    data->n_sessions = 0;
+    pthread_mutex_unlock(&data->lock);
+    kvs_tier_destroy_store(data);
+    cm_free(data->tenants);
     kvs_pool_destroy(data->pool);
 err_free_sessions:
     cm_free(data->sessions);
@@ -292,6 +308,7 @@ void kvs_data_destroy(kvs_data_t *data)
     data->draining = true;
     pthread_mutex_unlock(&data->lock);
     kvs_dp_stop(data->dp);
+    kvs_tier_close(data);
     pthread_mutex_lock(&data->lock);
     for (uint32_t i = 0; i < data->n_sessions; i++) {
         data->sessions[i]->dropped = true;
@@ -300,6 +317,7 @@ void kvs_data_destroy(kvs_data_t *data)
     data->n_sessions = 0;
     pthread_mutex_unlock(&data->lock);
     kvs_dp_free(data->dp);
+    kvs_tier_destroy_store(data);
     kvs_pool_destroy(data->pool);
     cm_free(data->tenants);
     cm_free(data->sessions);
@@ -320,7 +338,7 @@ ri_status_t kvs_data_set_tenant_quota(kvs_data_t *data, const char *tenant, uint
     if (data == NULL || !kvs_tenant_valid(tenant))
         return RI_ERR_INVALID;
     pthread_mutex_lock(&data->lock);
-    t = kvs_tenant_get(data, tenant);
+    t = kvs_tenant_get_locked(data, tenant);
     if (t == NULL) {
         st = RI_ERR_NOMEM;
     } else {
@@ -346,7 +364,7 @@ ri_status_t kvs_data_session_create(kvs_data_t *data, const char *tenant, const 
     if (label == NULL)
         label = "";
     g = *geometry;
-    if (!kvs_geometry_valid(&g) || !kvs_label_valid(label) || expected_tokens > KVS_MAX_EXPECTED_TOKENS)
+    if (!kvs_geometry_check(&g) || !kvs_label_valid(label) || expected_tokens > KVS_MAX_EXPECTED_TOKENS)
         return RI_ERR_INVALID;
     s = cm_calloc(&kvs_catalog_tag, 1, sizeof(*s));
     if (s == NULL)
@@ -379,7 +397,7 @@ ri_status_t kvs_data_session_create(kvs_data_t *data, const char *tenant, const 
         st = RI_ERR_QUOTA;
         goto err_unlock;
     }
-    t = kvs_tenant_get(data, tenant);
+    t = kvs_tenant_get_locked(data, tenant);
     if (t == NULL) {
         st = RI_ERR_NOMEM;
         goto err_unlock;
@@ -391,6 +409,7 @@ ri_status_t kvs_data_session_create(kvs_data_t *data, const char *tenant, const 
     data->global_charged += s->reserved_bytes;
     s->id = data->next_id++;
     data->sessions[data->n_sessions++] = s;
+    kvs_tier_session_created_locked(data);
     *id_p = s->id;
     memcpy(secret_p, s->secret, CM_WIRE_SECRET_SIZE);
     pthread_mutex_unlock(&data->lock);
@@ -426,13 +445,14 @@ ri_status_t kvs_data_session_drop(kvs_data_t *data, const char *tenant, uint64_t
         pthread_mutex_unlock(&data->lock);
         return RI_ERR_NOT_FOUND;
     }
-    freed = s->used_bytes;
+    freed = s->used_bytes + s->disk_bytes;
     charge = kvs_session_charge(s);
     t = kvs_tenant_find(data, s->tenant);
     if (t != NULL)
         t->charged -= charge;
     data->global_charged -= charge;
     s->dropped = true;
+    kvs_tier_session_dropped_locked(data, id);
     /* Pages go back now when the data plane is not using the session, else
      * when its last data-plane reference ends. */
     kvs_session_unref_locked(data, s);
@@ -451,7 +471,7 @@ static void kvs_session_info_fill(const kvs_session_t *s, kvs_session_info_t *in
     snprintf(info->label, sizeof(info->label), "%s", s->label);
     info->geometry = s->geo;
     info->bytes_in_pool = s->used_bytes;
-    info->bytes_on_disk = 0;
+    info->bytes_on_disk = s->disk_bytes;
     info->clusters = s->clusters;
     info->created_unix_ms = s->created_unix_ms;
 }
@@ -491,6 +511,7 @@ void kvs_data_stats(kvs_data_t *data, const char *tenant, kvs_data_stats_t *stat
     kvs_pool_stats(data->pool, &ps);
     s.pool_bytes_total = ps.total_bytes;
     s.pool_bytes_used = ps.used_bytes;
+    s.disk_bytes_used = kvs_tier_disk_bytes(data);
     pthread_mutex_lock(&data->lock);
     s.sessions_all = data->n_sessions;
     for (uint32_t i = 0; i < data->n_sessions; i++) {
@@ -600,5 +621,6 @@ void kvs_data_metrics_write(kvs_data_t *data, FILE *out)
                     s->caches[c]->id, cc.hits + cc.misses ? (double)cc.hits / (double)(cc.hits + cc.misses) : 0.0);
         }
     }
+    kvs_tier_metrics_write_locked(data, out);
     pthread_mutex_unlock(&data->lock);
 }

@@ -21,7 +21,8 @@
 #include "kvstore/data/kvs_pool.h"
 
 #define KVS_TIER_POOL 0u      /* bytes are in the host pool at `off` */
-#define KVS_TIER_DISK 1u      /* spilled (issue 7 hooks in here) */
+#define KVS_TIER_DISK 1u      /* spilled: the spill store holds it under its key */
+#define KVS_TIER_LOST 2u      /* its spill record failed verification: never served */
 
 #define KVS_MAX_SESSIONS 4096u
 #define KVS_MAX_CACHES_PER_SESSION 64u
@@ -34,6 +35,7 @@ typedef struct kvs_cluster {
     uint32_t crc;            /* CRC32C of its pages as uploaded */
     uint64_t last_fetch_ns;  /* last time it was sent: coldness for spill */
     uint8_t tier;            /* KVS_TIER_* */
+    bool no_crc;             /* recovered from disk: crc unknown, the spill record's CRC stands */
 } kvs_cluster_t;
 
 /* The cluster table of one (layer, KV head). */
@@ -68,6 +70,7 @@ typedef struct kvs_session {
     uint64_t reserved_bytes;     /* from expected_tokens, charged to quota */
     uint64_t used_bytes;         /* pool bytes of its extents */
     uint64_t clusters;           /* clusters stored */
+    uint64_t disk_bytes;         /* payload bytes of its clusters in the spill store */
     kvs_table_t *tables;         /* layers * kv_heads, index layer*kv_heads+head */
     kvs_sextent_t *extents;      /* owned pool extents */
     size_t n_extents, cap_extents;
@@ -115,6 +118,12 @@ struct kvs_data {
     uint64_t global_charged;
     bool draining;
     kvs_dp_t *dp;                    /* UCX data plane (NULL when not started) */
+    /* spill tier (kvs_tier.c); spill == NULL when off */
+    char spill_dir[4096];            /* cfg.spill_dir points here */
+    struct kvs_spill *spill;         /* owned */
+    struct kvs_spill_cold *cold;     /* owned: coldness of pool-resident clusters */
+    uint64_t served_pool, served_disk;    /* clusters sent, by the tier they came from */
+    uint64_t spilled_clusters, spilled_bytes, spill_failures, lost_clusters;
     /* counters (under lock) */
     uint64_t fetches, cache_hits, cache_misses, bytes_sent, bytes_received;
     uint64_t errors[KVS_ERRK_COUNT];
@@ -145,6 +154,12 @@ ri_status_t kvs_session_add_extent_locked(kvs_session_t *s, uint64_t off, uint64
 
 /* Free a worker cache's directory and rkey (the transport releases the rkey). */
 void kvs_wcache_free(kvs_data_t *data, kvs_wcache_t *wc);
+
+/* Geometry check; page_tokens 0 means the default 8 (written back). */
+bool kvs_geometry_check(kvs_geometry_t *g);
+
+/* Find or add a tenant record; NULL when out of memory. */
+kvs_tenant_t *kvs_tenant_get_locked(kvs_data_t *data, const char *name);
 
 /* Count an error reply. */
 void kvs_count_error_locked(kvs_data_t *data, ri_status_t st);
@@ -200,5 +215,67 @@ void kvs_dp_stop(kvs_dp_t *dp);
 const char *kvs_dp_address(const kvs_dp_t *dp);
 void kvs_dp_rkey_destroy(kvs_dp_t *dp, void *rkey);
 void kvs_dp_free(kvs_dp_t *dp);
+
+/* --- spill tier (kvs_tier.c); every _locked function takes data->lock held --- */
+
+/* True when a spill directory is configured.  Then every cluster has its own
+ * pool extent (owned by its table entry, not by s->extents), so that spilling
+ * one really gives its pages back. */
+static inline bool kvs_tier_on(const kvs_data_t *data)
+{
+    return data->spill != NULL;
+}
+
+/* Open (or recover) the spill store; called by kvs_data_create. */
+ri_status_t kvs_tier_open(kvs_data_t *data);
+
+/* Write every pool-resident cluster out (so a --recover restart finds it),
+ * write the session manifest and close the store; called by kvs_data_destroy
+ * once the data plane has stopped. */
+void kvs_tier_close(kvs_data_t *data);
+
+/* Allocate one pool extent per cluster (sizes[i] bytes) for s, charging the
+ * quota; when the pool or the quota is short, spill the coldest clusters and
+ * retry once.  All or nothing: on failure nothing is allocated or charged. */
+ri_status_t kvs_tier_alloc_clusters_locked(kvs_data_t *data, kvs_session_t *s, const uint64_t *sizes, size_t n,
+                                           uint64_t *offs);
+
+/* Spill the coldest clusters while the pool is above the high-water mark. */
+void kvs_tier_relieve_locked(kvs_data_t *data);
+
+/* A cluster became pool-resident or was fetched from the pool: make it the
+ * most recently used. */
+void kvs_tier_touch_locked(kvs_data_t *data, const kvs_session_t *s, uint32_t layer, uint32_t head, uint32_t id);
+
+/* Read the disk-resident misses of one fetch in one batch, verify them and
+ * point src[i] into *buf_p (cm_malloc'd, the caller frees).  idx[0..n) are
+ * the plan entries, keys/tokens theirs.  A record failing its checksum marks
+ * the cluster lost and answers RI_ERR_CORRUPT. */
+typedef struct kvs_tier_read {
+    uint32_t layer, head, id;  /* cluster */
+    uint64_t bytes;            /* payload bytes expected */
+    const uint8_t *src;        /* out: where its bytes are */
+} kvs_tier_read_t;
+ri_status_t kvs_tier_read_locked(kvs_data_t *data, kvs_session_t *s, kvs_tier_read_t *rd, size_t n,
+                                 uint8_t **buf_p);
+
+/* Free the pool extents of s's pool-resident clusters (session free). */
+void kvs_tier_session_free_locked(kvs_data_t *data, kvs_session_t *s);
+
+/* A session was dropped: free its spill records and coldness entries, and
+ * rewrite the session manifest. */
+void kvs_tier_session_dropped_locked(kvs_data_t *data, uint64_t id);
+
+/* A session was created: rewrite the session manifest (so --recover finds it). */
+void kvs_tier_session_created_locked(kvs_data_t *data);
+
+/* Append the tier's counters and the spill store's metrics. */
+void kvs_tier_metrics_write_locked(kvs_data_t *data, FILE *out);
+
+/* Close the spill store and the coldness tracker (after every session is freed). */
+void kvs_tier_destroy_store(kvs_data_t *data);
+
+/* Disk bytes of the spill store (0 when off). */
+uint64_t kvs_tier_disk_bytes(kvs_data_t *data);
 
 #endif /* KVS_INTERNAL_H */

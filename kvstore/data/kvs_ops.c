@@ -55,6 +55,49 @@ static ri_status_t kvs_table_reserve(kvs_table_t *t, uint64_t more)
     return RI_OK;
 }
 
+/* Upload with the spill tier on: one pool extent per cluster, owned by its
+ * table entry (so that spilling it frees its pages), then publish and track
+ * coldness.  Validation is done; lock held; tables reserved. */
+static ri_status_t kvs_ops_upload_tiered_locked(kvs_data_t *data, kvs_session_t *s, const cm_dp_clusters_view_t *v,
+                                                const uint8_t *src, uint8_t *reply)
+{
+    uint64_t n = 0, k = 0, *sizes, *offs;
+    ri_status_t st;
+
+    for (uint32_t i = 0; i < v->n_heads; i++)
+        n += cm_dp_clusters_count(v, i);
+    sizes = cm_malloc(&kvs_ops_tag, (n ? n : 1) * sizeof(uint64_t));
+    offs = cm_malloc(&kvs_ops_tag, (n ? n : 1) * sizeof(uint64_t));
+    if (sizes == NULL || offs == NULL) {
+        st = RI_ERR_NOMEM;
+        goto out;
+    }
+    for (uint64_t j = 0; j < n; j++)
+        sizes[j] = kvs_cluster_pages(s, cm_dp_clusters_tokens(v, j)) * s->page_bytes;
+    st = kvs_tier_alloc_clusters_locked(data, s, sizes, n, offs);
+    if (st != RI_OK)
+        goto out;
+    for (uint32_t i = 0; i < v->n_heads; i++) {
+        uint32_t head = cm_dp_clusters_head(v, i), cnt = cm_dp_clusters_count(v, i);
+        kvs_table_t *t = &s->tables[(uint64_t)v->layer * s->geo.kv_heads + head];
+        cm_dp_put32(reply + 8 + 8u * i, head);
+        cm_dp_put32(reply + 12 + 8u * i, t->n);
+        for (uint32_t j = 0; j < cnt; j++, k++) {
+            memcpy(kvs_pool_base(data->pool) + offs[k], src, sizes[k]);
+            t->c[t->n] = (kvs_cluster_t){.off = offs[k], .tokens = cm_dp_clusters_tokens(v, k),
+                                         .tier = KVS_TIER_POOL, .crc = cm_crc32c(0, src, sizes[k])};
+            kvs_tier_touch_locked(data, s, v->layer, head, t->n);
+            t->n++;
+            src += sizes[k];
+        }
+        s->clusters += cnt;
+    }
+out:
+    cm_free(sizes);
+    cm_free(offs);
+    return st;
+}
+
 static ri_status_t kvs_ops_upload(kvs_data_t *data, kvs_session_t *s, const cm_wire_hdr_t *hdr, const uint8_t *body,
                                   bool append, uint8_t **reply_p, size_t *reply_len_p)
 {
@@ -114,6 +157,15 @@ static ri_status_t kvs_ops_upload(kvs_data_t *data, kvs_session_t *s, const cm_w
     st = kvs_session_reserve_extents_locked(s, v.n_heads);
     if (st != RI_OK)
         goto err_unlock;
+    if (kvs_tier_on(data)) {
+        st = kvs_ops_upload_tiered_locked(data, s, &v, src, reply);
+        if (st != RI_OK)
+            goto err_unlock;
+        data->bytes_received += hdr->data_len;
+        kvs_tier_relieve_locked(data);
+        pthread_mutex_unlock(&data->lock);
+        goto done;
+    }
     st = kvs_session_charge_locked(data, s, charge);
     if (st != RI_OK)
         goto err_unlock;
@@ -148,6 +200,7 @@ static ri_status_t kvs_ops_upload(kvs_data_t *data, kvs_session_t *s, const cm_w
     }
     data->bytes_received += hdr->data_len;
     pthread_mutex_unlock(&data->lock);
+done:
     cm_dp_put32(reply, v.n_heads);
     cm_dp_put32(reply + 4, 0);
     *reply_p = reply;
@@ -230,10 +283,20 @@ err_free:
     return st;
 }
 
+/* Whether src points into the pool arena (else into a spill read buffer). */
+static bool kvs_ops_in_pool(kvs_data_t *data, const uint8_t *src)
+{
+    const uint8_t *base = kvs_pool_base(data->pool);
+    return src >= base && src < base + kvs_pool_size(data->pool);
+}
+
 /* Everything a fetch decided, kept while its bytes move. */
 typedef struct kvs_fetch_plan {
     kvs_cache_req_t *reqs;      /* one per requested cluster */
-    uint64_t *src_off;          /* pool offset of each cluster */
+    const uint8_t **src;        /* where each cluster's bytes are (pool, or disk_buf) */
+    uint8_t *disk_buf;          /* clusters read back from the spill tier (owned) */
+    kvs_tier_read_t *rd;        /* disk-resident misses */
+    uint32_t *rd_idx;           /* their plan entries */
     uint32_t *tokens;           /* tokens of each cluster */
     uint32_t *pages_out;        /* cache pages of hits and admissions */
     uint64_t *evicted;          /* evicted keys */
@@ -242,7 +305,10 @@ typedef struct kvs_fetch_plan {
 static void kvs_fetch_plan_free(kvs_fetch_plan_t *p)
 {
     cm_free(p->reqs);
-    cm_free(p->src_off);
+    cm_free(p->src);
+    cm_free(p->disk_buf);
+    cm_free(p->rd);
+    cm_free(p->rd_idx);
     cm_free(p->tokens);
     cm_free(p->pages_out);
     cm_free(p->evicted);
@@ -265,7 +331,7 @@ static ri_status_t kvs_ops_fetch(kvs_data_t *data, void *conn, kvs_session_t *s,
     kvs_wcache_t *wc;
     uint64_t total_pages = 0, miss_bytes = 0, k = 0, roff;
     size_t n_ev = 0, max_ev, rlen;
-    uint32_t n_listed = 0, n_ent;
+    uint32_t n_listed = 0, n_ent, n_rd = 0;
     uint8_t *reply = NULL, *e;
     ri_status_t st;
     uint64_t t0 = cm_time_ns();
@@ -279,9 +345,13 @@ static ri_status_t kvs_ops_fetch(kvs_data_t *data, void *conn, kvs_session_t *s,
         return v.total_ids == 0 ? RI_ERR_PROTOCOL : RI_ERR_RANGE;
     n_ent = (uint32_t)v.total_ids;
     p.reqs = cm_malloc(&kvs_ops_tag, n_ent * sizeof(*p.reqs));
-    p.src_off = cm_malloc(&kvs_ops_tag, n_ent * sizeof(uint64_t));
+    p.src = cm_malloc(&kvs_ops_tag, n_ent * sizeof(*p.src));
     p.tokens = cm_malloc(&kvs_ops_tag, n_ent * sizeof(uint32_t));
-    if (p.reqs == NULL || p.src_off == NULL || p.tokens == NULL) {
+    if (kvs_tier_on(data)) {
+        p.rd = cm_malloc(&kvs_ops_tag, n_ent * sizeof(*p.rd));
+        p.rd_idx = cm_malloc(&kvs_ops_tag, n_ent * sizeof(uint32_t));
+    }
+    if (p.reqs == NULL || p.src == NULL || p.tokens == NULL || (kvs_tier_on(data) && (p.rd == NULL || p.rd_idx == NULL))) {
         kvs_fetch_plan_free(&p);
         return RI_ERR_NOMEM;
     }
@@ -306,19 +376,40 @@ static ri_status_t kvs_ops_fetch(kvs_data_t *data, void *conn, kvs_session_t *s,
                 st = RI_ERR_RANGE;
                 goto err_unlock;
             }
-            if (t->c[id].tier != KVS_TIER_POOL) {
-                st = RI_ERR_UNSUPPORTED; /* spill tier read-back hooks in here */
+            if (t->c[id].tier == KVS_TIER_LOST) {
+                st = RI_ERR_CORRUPT; /* its spill record failed verification */
+                goto err_unlock;
+            }
+            if (t->c[id].tier != KVS_TIER_POOL && !kvs_tier_on(data)) {
+                st = RI_ERR_UNSUPPORTED;
                 goto err_unlock;
             }
             t->c[id].last_fetch_ns = t0; /* coldness, for a spill tier */
             p.reqs[k].key = kvs_cache_key(v.layer, head, id);
             p.reqs[k].pages = (uint32_t)kvs_cluster_pages(s, t->c[id].tokens);
-            p.src_off[k] = t->c[id].off;
+            p.src[k] = t->c[id].tier == KVS_TIER_POOL ? kvs_pool_base(data->pool) + t->c[id].off : NULL;
             p.tokens[k] = t->c[id].tokens;
             total_pages += p.reqs[k].pages;
-            if (!kvs_cache_contains(wc->dir, p.reqs[k].key))
+            if (!kvs_cache_contains(wc->dir, p.reqs[k].key)) {
                 miss_bytes += p.reqs[k].pages * s->page_bytes;
+                if (p.src[k] == NULL) {
+                    p.rd[n_rd] = (kvs_tier_read_t){.layer = v.layer, .head = head, .id = id,
+                                                   .bytes = (uint64_t)p.reqs[k].pages * s->page_bytes};
+                    p.rd_idx[n_rd++] = (uint32_t)k;
+                } else if (kvs_tier_on(data)) {
+                    kvs_tier_touch_locked(data, s, v.layer, head, id);
+                }
+            }
         }
+    }
+    /* The disk-resident misses, in one batch, before the cache directory
+     * moves: a failure leaves the worker's cache as it was. */
+    if (n_rd > 0) {
+        st = kvs_tier_read_locked(data, s, p.rd, n_rd, &p.disk_buf);
+        if (st != RI_OK)
+            goto err_unlock;
+        for (uint32_t i = 0; i < n_rd; i++)
+            p.src[p.rd_idx[i]] = p.rd[i].src;
     }
     /* The misses must fit the receive buffer before anything changes. */
     if (v.recv_offset > wc->recv_len || miss_bytes > wc->recv_len - v.recv_offset) {
@@ -365,7 +456,11 @@ static ri_status_t kvs_ops_fetch(kvs_data_t *data, void *conn, kvs_session_t *s,
             if (p.reqs[i].hit) {
                 ent.flags = CM_DP_F_HIT;
             } else {
-                ent.flags = CM_DP_F_MISS | (p.reqs[i].admitted ? CM_DP_F_ADMITTED : 0);
+                bool from_disk = p.disk_buf != NULL && !kvs_ops_in_pool(data, p.src[i]);
+                ent.flags = CM_DP_F_MISS | (p.reqs[i].admitted ? CM_DP_F_ADMITTED : 0) |
+                            (from_disk ? CM_DP_F_FROM_DISK : 0);
+                data->served_disk += from_disk;
+                data->served_pool += !from_disk;
                 ent.recv_offset = roff;
                 roff += (uint64_t)p.reqs[i].pages * s->page_bytes;
             }
@@ -396,7 +491,7 @@ static ri_status_t kvs_ops_fetch(kvs_data_t *data, void *conn, kvs_session_t *s,
         } else {
             for (uint32_t i = 0; i < n_ent; i++)
                 if (!p.reqs[i].hit)
-                    iov[n_iov++] = (kvs_iov_t){kvs_pool_base(data->pool) + p.src_off[i],
+                    iov[n_iov++] = (kvs_iov_t){p.src[i],
                                                (size_t)p.reqs[i].pages * s->page_bytes};
             st = kvs_dp_reply_data(data->dp, conn, hdr, reply, rlen, iov, n_iov, miss_bytes);
             cm_free(iov);
@@ -419,7 +514,7 @@ static ri_status_t kvs_ops_fetch(kvs_data_t *data, void *conn, kvs_session_t *s,
         if (p.reqs[i].hit)
             continue;
         len = (size_t)p.reqs[i].pages * s->page_bytes;
-        st = kvs_dp_put(data->dp, conn, wc->rkey, kvs_pool_base(data->pool) + p.src_off[i], len,
+        st = kvs_dp_put(data->dp, conn, wc->rkey, p.src[i], len,
                         wc->recv_addr + roff);
         roff += len;
     }

@@ -1,0 +1,610 @@
+/*
+ * The spill tier hooked into the data side (issue 7): when the host pool
+ * passes its high-water mark, the coldest clusters (least recently fetched,
+ * across sessions) are written to the spill store (kvstore/spill) and their
+ * pool pages are freed; a fetch reads its disk-resident misses back in one
+ * batch, verifies them and serves them like pool misses.  A session manifest
+ * next to the spill store's own keeps tenant, label, geometry and secret of
+ * every session, so that --recover can rebuild the catalog.
+ *
+ * Allocation unit: with a spill directory, every cluster has its own pool
+ * extent (its table entry owns it), so spilling one cluster frees exactly its
+ * pages.  Without one, nothing here runs and uploads keep their per-(layer,
+ * head) extents (see docs/spill.md, "Daemon integration").
+ *
+ * Concurrency: the data plane is single-threaded and is the only thread that
+ * uploads, fetches or spills, so no fetch is ever in flight while a spill
+ * runs: "never spill what an in-flight fetch uses" holds without pins.  All
+ * of this runs under data->lock, including the spill store's disk I/O (a few
+ * ms per batch); gRPC calls wait for it meanwhile.
+ */
+#define _GNU_SOURCE
+#include "kvstore/data/kvs_internal.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <inttypes.h>
+#include <stdio.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "common/cm_alloc.h"
+#include "common/cm_crc32c.h"
+#include "common/cm_dp_proto.h"
+#include "common/cm_log.h"
+#include "common/cm_status.h"
+#include "kvstore/spill/kvs_spill.h"
+#include "kvstore/spill/kvs_spill_cold.h"
+
+static CM_ALLOC_TAG(kvs_tier_tag, "kvs.tier");
+
+#define KVS_TIER_BATCH 64u               /* clusters per spill write batch */
+#define KVS_TIER_MAX_RECORD (256u << 10) /* largest cluster record; bigger clusters stay in the pool */
+#define KVS_SMF_NAME "sessions.manifest"
+#define KVS_SMF_MAGIC "RIKVSSES"
+#define KVS_SMF_VERSION 1u
+/* id, created, tenant, label, 5 x geometry, secret */
+#define KVS_SMF_ENTRY (8u + 8u + KVS_TENANT_MAX + KVS_LABEL_MAX + 20u + CM_WIRE_SECRET_SIZE)
+#define KVS_SMF_HEADER 24u               /* magic, version, count, next_id */
+
+static double kvs_tier_high_water(const kvs_data_t *data)
+{
+    double hw = data->cfg.spill_high_water;
+    return hw > 0.0 && hw <= 1.0 ? hw : 0.90;
+}
+
+static kvs_table_t *kvs_tier_table(kvs_session_t *s, uint32_t layer, uint32_t head)
+{
+    if (layer >= s->geo.layers || head >= s->geo.kv_heads)
+        return NULL;
+    return &s->tables[(uint64_t)layer * s->geo.kv_heads + head];
+}
+
+static uint64_t kvs_tier_cluster_bytes(const kvs_session_t *s, const kvs_cluster_t *c)
+{
+    return kvs_cluster_pages(s, c->tokens) * s->page_bytes;
+}
+
+void kvs_tier_touch_locked(kvs_data_t *data, const kvs_session_t *s, uint32_t layer, uint32_t head, uint32_t id)
+{
+    kvs_spill_key_t key = {.session = s->id, .layer = layer, .head = head, .cluster = id};
+    const kvs_cluster_t *c = &s->tables[(uint64_t)layer * s->geo.kv_heads + head].c[id];
+
+    /* A failed touch (out of memory) only means the cluster is never picked. */
+    (void)kvs_spill_cold_touch(data->cold, &key, kvs_pool_round(kvs_tier_cluster_bytes(s, c)));
+}
+
+/* Write the clusters of keys to disk, then mark them DISK and free their pool
+ * pages.  *freed_p gets the pool bytes freed.  Returns RI_OK, or the error
+ * that should stop spilling (quota, I/O). */
+static ri_status_t kvs_tier_spill_keys_locked(kvs_data_t *data, const kvs_spill_key_t *keys, size_t n,
+                                              uint64_t *freed_p)
+{
+    kvs_spill_wreq_t w[KVS_TIER_BATCH];
+    kvs_session_t *ws[KVS_TIER_BATCH];
+    size_t m = 0;
+    ri_status_t st = RI_OK;
+
+    *freed_p = 0;
+    for (size_t i = 0; i < n && m < KVS_TIER_BATCH; i++) {
+        kvs_session_t *s = kvs_session_find_locked(data, keys[i].session);
+        kvs_table_t *t = s ? kvs_tier_table(s, keys[i].layer, keys[i].head) : NULL;
+        kvs_cluster_t *c;
+        uint64_t bytes;
+        if (t == NULL || keys[i].cluster >= t->n || t->c[keys[i].cluster].tier != KVS_TIER_POOL) {
+            kvs_spill_cold_remove(data->cold, &keys[i]); /* stale: dropped or already spilled */
+            continue;
+        }
+        c = &t->c[keys[i].cluster];
+        bytes = kvs_tier_cluster_bytes(s, c);
+        if (bytes + 64u > KVS_TIER_MAX_RECORD) {
+            kvs_spill_cold_remove(data->cold, &keys[i]); /* too large for a record: stays in the pool */
+            continue;
+        }
+        ws[m] = s;
+        w[m++] = (kvs_spill_wreq_t){.key = keys[i], .dtype = (uint16_t)s->geo.dtype, .tokens = c->tokens,
+                                    .payload = kvs_pool_base(data->pool) + c->off,
+                                    .payload_bytes = (uint32_t)bytes};
+    }
+    if (m == 0)
+        return RI_OK;
+    (void)kvs_spill_write(data->spill, w, m);
+    for (size_t i = 0; i < m; i++) {
+        kvs_cluster_t *c = &kvs_tier_table(ws[i], w[i].key.layer, w[i].key.head)->c[w[i].key.cluster];
+        if (w[i].status != RI_OK) {
+            if (st == RI_OK)
+                st = w[i].status;
+            continue;
+        }
+        kvs_pool_free(data->pool, c->off, w[i].payload_bytes);
+        kvs_session_uncharge_locked(data, ws[i], kvs_pool_round(w[i].payload_bytes));
+        c->tier = KVS_TIER_DISK;
+        c->off = 0;
+        ws[i]->disk_bytes += w[i].payload_bytes;
+        kvs_spill_cold_remove(data->cold, &w[i].key);
+        data->spilled_clusters++;
+        data->spilled_bytes += w[i].payload_bytes;
+        *freed_p += kvs_pool_round(w[i].payload_bytes);
+    }
+    if (st != RI_OK) {
+        data->spill_failures++;
+        if (st == RI_ERR_QUOTA)
+            cm_warn("spill: disk quota reached; clusters stay in the pool");
+        else
+            cm_error("spill: write failed: %s", ri_status_str(st));
+    }
+    return st;
+}
+
+/* Spill the coldest clusters until bytes pool bytes are free or nothing is
+ * left to spill.  Returns the bytes freed. */
+static uint64_t kvs_tier_spill_locked(kvs_data_t *data, uint64_t bytes)
+{
+    kvs_spill_key_t keys[KVS_TIER_BATCH];
+    uint64_t freed = 0;
+
+    while (freed < bytes) {
+        uint64_t f = 0;
+        size_t n = kvs_spill_cold_pick(data->cold, KVS_TIER_BATCH, bytes - freed, keys);
+        if (n == 0)
+            break;
+        ri_status_t st = kvs_tier_spill_keys_locked(data, keys, n, &f);
+        freed += f;
+        if (st != RI_OK)
+            break; /* quota or I/O: retrying now would fail the same way */
+    }
+    return freed;
+}
+
+/* Bytes to spill so that `more` bytes fit under the high-water mark. */
+static uint64_t kvs_tier_excess(kvs_data_t *data, uint64_t more)
+{
+    kvs_pool_stats_t ps;
+    double limit;
+
+    kvs_pool_stats(data->pool, &ps);
+    limit = kvs_tier_high_water(data) * (double)ps.total_bytes;
+    if ((double)(ps.used_bytes + more) <= limit)
+        return 0;
+    /* Some slack (1/64 of the pool) so that each small append does not spill alone. */
+    return (uint64_t)((double)(ps.used_bytes + more) - limit) + ps.total_bytes / 64u;
+}
+
+void kvs_tier_relieve_locked(kvs_data_t *data)
+{
+    uint64_t excess;
+
+    if (!kvs_tier_on(data))
+        return;
+    excess = kvs_tier_excess(data, 0);
+    if (excess > 0)
+        (void)kvs_tier_spill_locked(data, excess);
+}
+
+ri_status_t kvs_tier_alloc_clusters_locked(kvs_data_t *data, kvs_session_t *s, const uint64_t *sizes, size_t n,
+                                           uint64_t *offs)
+{
+    uint64_t charge = 0;
+    ri_status_t st = RI_OK;
+
+    for (size_t i = 0; i < n; i++)
+        charge += kvs_pool_round(sizes[i]);
+    for (int attempt = 0; attempt < 2; attempt++) {
+        size_t done = 0;
+        /* First keep under the high-water mark; after a failure (quota or a
+         * pool too fragmented), free the whole request's size once more. */
+        uint64_t want = attempt == 0 ? kvs_tier_excess(data, charge) : charge;
+        if (want > 0)
+            (void)kvs_tier_spill_locked(data, want);
+        st = kvs_session_charge_locked(data, s, charge);
+        if (st == RI_OK) {
+            for (done = 0; done < n; done++) {
+                st = kvs_pool_alloc(data->pool, sizes[done], &offs[done]);
+                if (st != RI_OK)
+                    break;
+            }
+            if (st == RI_OK)
+                return RI_OK;
+            for (size_t i = 0; i < done; i++)
+                kvs_pool_free(data->pool, offs[i], sizes[i]);
+            kvs_session_uncharge_locked(data, s, charge);
+        }
+        if (st != RI_ERR_QUOTA && st != RI_ERR_NOSPACE)
+            return st;
+    }
+    return st;
+}
+
+ri_status_t kvs_tier_read_locked(kvs_data_t *data, kvs_session_t *s, kvs_tier_read_t *rd, size_t n,
+                                 uint8_t **buf_p)
+{
+    kvs_spill_rreq_t *r;
+    uint8_t *buf;
+    uint64_t total = 0, off = 0;
+    ri_status_t st = RI_OK;
+
+    *buf_p = NULL;
+    for (size_t i = 0; i < n; i++)
+        total += rd[i].bytes;
+    r = cm_calloc(&kvs_tier_tag, n, sizeof(*r));
+    buf = cm_malloc(&kvs_tier_tag, total ? total : 1);
+    if (r == NULL || buf == NULL) {
+        cm_free(r);
+        cm_free(buf);
+        return RI_ERR_NOMEM;
+    }
+    for (size_t i = 0; i < n; i++) {
+        r[i] = (kvs_spill_rreq_t){.key = {.session = s->id, .layer = rd[i].layer, .head = rd[i].head,
+                                          .cluster = rd[i].id},
+                                  .buf = buf + off, .buf_bytes = (uint32_t)rd[i].bytes};
+        rd[i].src = buf + off;
+        off += rd[i].bytes;
+    }
+    (void)kvs_spill_read(data->spill, r, n);
+    for (size_t i = 0; i < n; i++) {
+        kvs_cluster_t *c = &kvs_tier_table(s, rd[i].layer, rd[i].head)->c[rd[i].id];
+        ri_status_t e = r[i].status;
+        /* Our own CRC of the upload guards against a record that is intact
+         * but not the one we wrote (e.g. a manifest pointing elsewhere). */
+        if (e == RI_OK && (r[i].payload_bytes != rd[i].bytes ||
+                           (!c->no_crc && cm_crc32c(0, rd[i].src, rd[i].bytes) != c->crc)))
+            e = RI_ERR_CORRUPT;
+        if (e == RI_ERR_CORRUPT) {
+            cm_error("spill: session %" PRIu64 " layer %u head %u cluster %u failed verification: lost", s->id,
+                     rd[i].layer, rd[i].head, rd[i].id);
+            c->tier = KVS_TIER_LOST;
+            data->lost_clusters++;
+        }
+        if (e != RI_OK && (st == RI_OK || e == RI_ERR_CORRUPT))
+            st = e;
+    }
+    cm_free(r);
+    if (st != RI_OK) {
+        cm_free(buf);
+        return st;
+    }
+    *buf_p = buf;
+    return RI_OK;
+}
+
+void kvs_tier_session_free_locked(kvs_data_t *data, kvs_session_t *s)
+{
+    if (s->tables == NULL)
+        return;
+    for (uint64_t i = 0; i < (uint64_t)s->geo.layers * s->geo.kv_heads; i++)
+        for (uint32_t j = 0; j < s->tables[i].n; j++)
+            if (s->tables[i].c[j].tier == KVS_TIER_POOL)
+                kvs_pool_free(data->pool, s->tables[i].c[j].off, kvs_tier_cluster_bytes(s, &s->tables[i].c[j]));
+}
+
+/* --- session manifest ---------------------------------------------------- */
+
+static void kvs_smf_path(const kvs_data_t *data, char *path, size_t len, const char *suffix)
+{
+    snprintf(path, len, "%s/%s%s", data->spill_dir, KVS_SMF_NAME, suffix);
+}
+
+/* Rewrite the session manifest atomically (temp file, fsync, rename, fsync
+ * of the directory).  Errors are logged: the live daemon is unaffected, only
+ * a later --recover would miss the newest sessions. */
+static void kvs_smf_write_locked(kvs_data_t *data)
+{
+    char path[4200], tmp[4200];
+    size_t len = KVS_SMF_HEADER + (size_t)data->n_sessions * KVS_SMF_ENTRY + 4u, off;
+    uint8_t *b = cm_calloc(&kvs_tier_tag, 1, len);
+    int fd = -1;
+
+    if (b == NULL) {
+        cm_error("session manifest: out of memory");
+        return;
+    }
+    memcpy(b, KVS_SMF_MAGIC, 8);
+    cm_dp_put32(b + 8, KVS_SMF_VERSION);
+    cm_dp_put32(b + 12, data->n_sessions);
+    cm_dp_put64(b + 16, data->next_id);
+    off = KVS_SMF_HEADER;
+    for (uint32_t i = 0; i < data->n_sessions; i++, off += KVS_SMF_ENTRY) {
+        const kvs_session_t *s = data->sessions[i];
+        uint8_t *e = b + off;
+        cm_dp_put64(e, s->id);
+        cm_dp_put64(e + 8, s->created_unix_ms);
+        memcpy(e + 16, s->tenant, KVS_TENANT_MAX);
+        memcpy(e + 16 + KVS_TENANT_MAX, s->label, KVS_LABEL_MAX);
+        e += 16 + KVS_TENANT_MAX + KVS_LABEL_MAX;
+        cm_dp_put32(e, s->geo.layers);
+        cm_dp_put32(e + 4, s->geo.kv_heads);
+        cm_dp_put32(e + 8, s->geo.head_dim);
+        cm_dp_put32(e + 12, s->geo.dtype);
+        cm_dp_put32(e + 16, s->geo.page_tokens);
+        memcpy(e + 20, s->secret, CM_WIRE_SECRET_SIZE);
+    }
+    cm_dp_put32(b + off, cm_crc32c(0, b, off));
+    kvs_smf_path(data, path, sizeof(path), "");
+    kvs_smf_path(data, tmp, sizeof(tmp), ".tmp");
+    fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600); /* holds secrets */
+    if (fd < 0 || write(fd, b, len) != (ssize_t)len || fsync(fd) != 0 || close(fd) != 0 ||
+        rename(tmp, path) != 0) {
+        cm_error("session manifest %s: %s", path, strerror(errno));
+        if (fd >= 0)
+            (void)unlink(tmp);
+    } else {
+        int dfd = open(data->spill_dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+        if (dfd >= 0) {
+            (void)fsync(dfd);
+            close(dfd);
+        }
+    }
+    cm_free(b);
+}
+
+void kvs_tier_session_created_locked(kvs_data_t *data)
+{
+    if (kvs_tier_on(data))
+        kvs_smf_write_locked(data);
+}
+
+void kvs_tier_session_dropped_locked(kvs_data_t *data, uint64_t id)
+{
+    if (!kvs_tier_on(data))
+        return;
+    (void)kvs_spill_drop_session(data->spill, id, NULL); /* NOT_FOUND: nothing was spilled */
+    (void)kvs_spill_cold_drop_session(data->cold, id);
+    kvs_smf_write_locked(data);
+}
+
+/* Read the session manifest and recreate its sessions (empty tables). */
+static ri_status_t kvs_smf_load_locked(kvs_data_t *data)
+{
+    char path[4200];
+    FILE *f;
+    uint8_t *b = NULL;
+    long len;
+    uint32_t count;
+    ri_status_t st = RI_ERR_CORRUPT;
+
+    kvs_smf_path(data, path, sizeof(path), "");
+    f = fopen(path, "rbe");
+    if (f == NULL) {
+        cm_warn("recover: no session manifest %s (%s): nothing to recover", path, strerror(errno));
+        return errno == ENOENT ? RI_OK : RI_ERR_IO;
+    }
+    if (fseek(f, 0, SEEK_END) != 0 || (len = ftell(f)) < (long)(KVS_SMF_HEADER + 4u) || len > (64L << 20) ||
+        fseek(f, 0, SEEK_SET) != 0)
+        goto out;
+    b = cm_malloc(&kvs_tier_tag, (size_t)len);
+    if (b == NULL) {
+        st = RI_ERR_NOMEM;
+        goto out;
+    }
+    if (fread(b, 1, (size_t)len, f) != (size_t)len || memcmp(b, KVS_SMF_MAGIC, 8) != 0 ||
+        cm_dp_get32(b + 8) != KVS_SMF_VERSION)
+        goto out;
+    count = cm_dp_get32(b + 12);
+    if (count > KVS_MAX_SESSIONS || (size_t)len != KVS_SMF_HEADER + (size_t)count * KVS_SMF_ENTRY + 4u ||
+        cm_crc32c(0, b, (size_t)len - 4u) != cm_dp_get32(b + len - 4))
+        goto out;
+    data->next_id = cm_dp_get64(b + 16);
+    for (uint32_t i = 0; i < count; i++) {
+        const uint8_t *e = b + KVS_SMF_HEADER + (size_t)i * KVS_SMF_ENTRY;
+        kvs_session_t *s = cm_calloc(&kvs_tier_tag, 1, sizeof(*s));
+        kvs_tenant_t *t;
+        if (s == NULL) {
+            st = RI_ERR_NOMEM;
+            goto out;
+        }
+        s->id = cm_dp_get64(e);
+        s->created_unix_ms = cm_dp_get64(e + 8);
+        memcpy(s->tenant, e + 16, KVS_TENANT_MAX);
+        memcpy(s->label, e + 16 + KVS_TENANT_MAX, KVS_LABEL_MAX);
+        s->tenant[KVS_TENANT_MAX - 1] = '\0';
+        s->label[KVS_LABEL_MAX - 1] = '\0';
+        e += 16 + KVS_TENANT_MAX + KVS_LABEL_MAX;
+        s->geo = (kvs_geometry_t){cm_dp_get32(e), cm_dp_get32(e + 4), cm_dp_get32(e + 8), cm_dp_get32(e + 12),
+                                  cm_dp_get32(e + 16)};
+        memcpy(s->secret, e + 20, CM_WIRE_SECRET_SIZE);
+        if (s->id == 0 || s->id >= data->next_id || !kvs_geometry_check(&s->geo) || s->tenant[0] == '\0' ||
+            kvs_session_find_locked(data, s->id) != NULL) {
+            cm_free(s);
+            goto out;
+        }
+        s->page_bytes = 2ull * s->geo.page_tokens * s->geo.head_dim * 2u;
+        s->tables = cm_calloc(&kvs_tier_tag, (size_t)s->geo.layers * s->geo.kv_heads, sizeof(kvs_table_t));
+        t = kvs_tenant_get_locked(data, s->tenant);
+        if (s->tables == NULL || t == NULL) {
+            cm_free(s->tables);
+            cm_free(s);
+            st = RI_ERR_NOMEM;
+            goto out;
+        }
+        s->refs = 1;
+        data->sessions[data->n_sessions++] = s;
+    }
+    st = RI_OK;
+out:
+    if (st == RI_ERR_CORRUPT)
+        cm_error("recover: session manifest %s is damaged: not recovering", path);
+    cm_free(b);
+    fclose(f);
+    return st;
+}
+
+typedef struct kvs_tier_rebuild {
+    kvs_data_t *data;
+    ri_status_t st;       /* first out-of-memory */
+    uint64_t records, orphans;
+} kvs_tier_rebuild_t;
+
+/* kvs_spill_foreach visitor: put one record into its session's table. */
+static void kvs_tier_rebuild_one(void *arg, const kvs_spill_info_t *info)
+{
+    kvs_tier_rebuild_t *rb = arg;
+    kvs_session_t *s = kvs_session_find_locked(rb->data, info->key.session);
+    kvs_table_t *t = s ? kvs_tier_table(s, info->key.layer, info->key.head) : NULL;
+
+    if (t == NULL || info->key.cluster >= CM_DP_MAX_IDS || info->tokens == 0 ||
+        kvs_cluster_pages(s, info->tokens) * s->page_bytes != info->payload_bytes) {
+        rb->orphans++;
+        return;
+    }
+    if (info->key.cluster >= t->cap) {
+        uint32_t cap = t->cap ? t->cap : 16;
+        while (cap <= info->key.cluster)
+            cap *= 2;
+        kvs_cluster_t *nc = cm_realloc(&kvs_tier_tag, t->c, (size_t)cap * sizeof(*nc));
+        if (nc == NULL) {
+            rb->st = RI_ERR_NOMEM;
+            return;
+        }
+        t->c = nc;
+        t->cap = cap;
+    }
+    /* Ids below this one that have no record stay LOST: never served. */
+    while (t->n <= info->key.cluster)
+        t->c[t->n++] = (kvs_cluster_t){.tier = KVS_TIER_LOST};
+    t->c[info->key.cluster] = (kvs_cluster_t){.tokens = info->tokens, .no_crc = true,
+                                              .tier = info->lost ? KVS_TIER_LOST : KVS_TIER_DISK};
+    s->clusters++;
+    if (!info->lost)
+        s->disk_bytes += info->payload_bytes;
+    rb->records++;
+}
+
+ri_status_t kvs_tier_open(kvs_data_t *data)
+{
+    kvs_spill_config_t sc;
+    kvs_spill_recover_report_t rep = {0};
+    ri_status_t st;
+
+    snprintf(data->spill_dir, sizeof(data->spill_dir), "%s", data->cfg.spill_dir);
+    data->cfg.spill_dir = data->spill_dir;
+    kvs_spill_config_default(&sc);
+    sc.dir = data->spill_dir;
+    sc.quota_bytes = data->cfg.spill_quota_bytes;
+    sc.max_record_bytes = KVS_TIER_MAX_RECORD;
+    st = kvs_spill_cold_create(&data->cold);
+    if (st != RI_OK)
+        return st;
+    st = data->cfg.recover ? kvs_spill_recover(&sc, true, &rep, &data->spill) : kvs_spill_create(&sc, &data->spill);
+    if (st == RI_ERR_UNSUPPORTED) {
+        /* tmpfs and some overlays refuse O_DIRECT: buffered I/O still works. */
+        cm_warn("spill directory %s refuses O_DIRECT: using buffered I/O", data->spill_dir);
+        sc.direct_io = false;
+        st = data->cfg.recover ? kvs_spill_recover(&sc, true, &rep, &data->spill)
+                               : kvs_spill_create(&sc, &data->spill);
+    }
+    if (st != RI_OK) {
+        cm_error("spill directory %s: %s", data->spill_dir, ri_status_str(st));
+        goto err_cold;
+    }
+    if (!data->cfg.recover) {
+        char path[4200];
+        kvs_smf_path(data, path, sizeof(path), "");
+        (void)unlink(path); /* a fresh store: old sessions are gone */
+        kvs_smf_write_locked(data);
+        cm_info("spill tier in %s (quota %" PRIu64 " bytes, high-water %.2f)", data->spill_dir,
+                data->cfg.spill_quota_bytes, kvs_tier_high_water(data));
+        return RI_OK;
+    }
+    pthread_mutex_lock(&data->lock);
+    st = kvs_smf_load_locked(data);
+    if (st == RI_OK) {
+        kvs_tier_rebuild_t rb = {.data = data, .st = RI_OK};
+        kvs_spill_foreach(data->spill, 0, kvs_tier_rebuild_one, &rb);
+        st = rb.st;
+        cm_info("recover: %u session(s), %" PRIu64 " cluster record(s) (%" PRIu64 " corrupt, %" PRIu64
+                " without a session) from %s",
+                data->n_sessions, rb.records, rep.corrupt, rb.orphans, data->spill_dir);
+    }
+    pthread_mutex_unlock(&data->lock);
+    if (st != RI_OK)
+        goto err_spill;
+    return RI_OK;
+
+err_spill:
+    /* Sessions already rebuilt are freed by the caller with the catalog. */
+    kvs_spill_destroy(data->spill);
+    data->spill = NULL;
+err_cold:
+    kvs_spill_cold_destroy(data->cold);
+    data->cold = NULL;
+    return st;
+}
+
+void kvs_tier_close(kvs_data_t *data)
+{
+    kvs_spill_key_t keys[KVS_TIER_BATCH];
+    ri_status_t st = RI_OK;
+    uint64_t freed;
+    size_t n = 0;
+
+    if (!kvs_tier_on(data))
+        return;
+    pthread_mutex_lock(&data->lock);
+    /* Write out what is still only in the pool, so that a restart with
+     * --recover finds every cluster (bounded by the disk quota). */
+    for (uint32_t i = 0; i < data->n_sessions && st == RI_OK; i++) {
+        kvs_session_t *s = data->sessions[i];
+        for (uint32_t l = 0; l < s->geo.layers && st == RI_OK; l++)
+            for (uint32_t h = 0; h < s->geo.kv_heads && st == RI_OK; h++) {
+                kvs_table_t *t = kvs_tier_table(s, l, h);
+                for (uint32_t c = 0; c < t->n && st == RI_OK; c++) {
+                    if (t->c[c].tier != KVS_TIER_POOL)
+                        continue;
+                    keys[n++] = (kvs_spill_key_t){.session = s->id, .layer = l, .head = h, .cluster = c};
+                    if (n == KVS_TIER_BATCH) {
+                        st = kvs_tier_spill_keys_locked(data, keys, n, &freed);
+                        n = 0;
+                    }
+                }
+            }
+    }
+    if (n > 0 && st == RI_OK)
+        st = kvs_tier_spill_keys_locked(data, keys, n, &freed);
+    if (st != RI_OK)
+        cm_warn("shutdown: not every pool cluster reached the spill tier (%s)", ri_status_str(st));
+    kvs_smf_write_locked(data);
+    pthread_mutex_unlock(&data->lock);
+}
+
+void kvs_tier_destroy_store(kvs_data_t *data)
+{
+    kvs_spill_destroy(data->spill); /* writes the final manifest */
+    kvs_spill_cold_destroy(data->cold);
+    data->spill = NULL;
+    data->cold = NULL;
+}
+
+uint64_t kvs_tier_disk_bytes(kvs_data_t *data)
+{
+    kvs_spill_stats_t ss;
+
+    if (!kvs_tier_on(data))
+        return 0;
+    kvs_spill_stats(data->spill, &ss);
+    return ss.used_bytes;
+}
+
+void kvs_tier_metrics_write_locked(kvs_data_t *data, FILE *out)
+{
+    if (!kvs_tier_on(data))
+        return;
+    fprintf(out, "# HELP ri_kvs_served_from_pool_total Clusters sent to workers from the pool.\n"
+                 "# TYPE ri_kvs_served_from_pool_total counter\nri_kvs_served_from_pool_total %" PRIu64 "\n",
+            data->served_pool);
+    fprintf(out, "# HELP ri_kvs_served_from_disk_total Clusters sent to workers from the spill tier.\n"
+                 "# TYPE ri_kvs_served_from_disk_total counter\nri_kvs_served_from_disk_total %" PRIu64 "\n",
+            data->served_disk);
+    fprintf(out, "# HELP ri_kvs_spilled_clusters_total Clusters moved from the pool to disk.\n"
+                 "# TYPE ri_kvs_spilled_clusters_total counter\nri_kvs_spilled_clusters_total %" PRIu64 "\n",
+            data->spilled_clusters);
+    fprintf(out, "# HELP ri_kvs_spilled_bytes_total Payload bytes moved from the pool to disk.\n"
+                 "# TYPE ri_kvs_spilled_bytes_total counter\nri_kvs_spilled_bytes_total %" PRIu64 "\n",
+            data->spilled_bytes);
+    fprintf(out, "# HELP ri_kvs_spill_failures_total Spill batches that stopped on a quota or I/O error.\n"
+                 "# TYPE ri_kvs_spill_failures_total counter\nri_kvs_spill_failures_total %" PRIu64 "\n",
+            data->spill_failures);
+    fprintf(out, "# HELP ri_kvs_clusters_lost_total Clusters whose spill record failed verification.\n"
+                 "# TYPE ri_kvs_clusters_lost_total counter\nri_kvs_clusters_lost_total %" PRIu64 "\n",
+            data->lost_clusters);
+    kvs_spill_metrics_write(data->spill, out);
+}
