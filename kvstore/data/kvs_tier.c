@@ -466,6 +466,8 @@ static void kvs_tier_rebuild_one(void *arg, const kvs_spill_info_t *info)
     s->clusters++;
     if (!info->lost)
         s->disk_bytes += info->payload_bytes;
+    else
+        rb->data->lost_clusters++; /* failed verification at recovery */
     rb->records++;
 }
 

@@ -221,8 +221,11 @@ static void test_recover(void **state)
     assert_int_equal(kvs_test_daemon_stop(&g_d, SIGTERM, 20000), 0);
 }
 
-/* Flip one byte inside the first record of the first segment file. */
-static void flip_a_byte(void)
+/* Records are 64-byte header + 8 KiB payload, aligned to 4 KiB: 12 KiB apart. */
+#define REC_STRIDE 12288
+
+/* Flip one byte of the first segment file. */
+static void flip_a_byte(off_t off)
 {
     DIR *dir = opendir(g_spill);
     struct dirent *e;
@@ -236,9 +239,9 @@ static void flip_a_byte(void)
     int fd = open(path, O_RDWR);
     uint8_t b;
     assert_true(fd >= 0);
-    assert_int_equal(pread(fd, &b, 1, 1000), 1);
+    assert_int_equal(pread(fd, &b, 1, off), 1);
     b ^= 0x5a;
-    assert_int_equal(pwrite(fd, &b, 1, 1000), 1);
+    assert_int_equal(pwrite(fd, &b, 1, off), 1);
     close(fd);
 }
 
@@ -250,13 +253,23 @@ static void test_corruption_detected(void **state)
 
     if (g_skip)
         skip();
-    flip_a_byte();
+    flip_a_byte(1000); /* inside the first record's payload */
     assert_int_equal(start_daemon(true), 0);
     assert_int_equal(gw_dp_connect(g_d.dataplane, g_sess.session_id, g_sess.secret, NULL, &dp), RI_OK);
     /* Exactly the fetch that needs the damaged cluster fails; every byte
      * that is served is right (fetch_all compares them). */
     assert_int_equal(fetch_all(dp, &disk), 1);
     assert_int_equal(disk, (uint64_t)LAYERS * HEADS * CLUSTERS - HEADS * FETCH_N);
+    assert_int_equal(metric("ri_kvs_clusters_lost_total"), 1);
+    /* Now damage a record under the running daemon (a later layer's): the
+     * read-back finds it, answers an error and marks the cluster lost. */
+    flip_a_byte((off_t)REC_STRIDE * 4000 + 2000);
+    assert_int_equal(fetch_all(dp, &disk), 2);
+    assert_int_equal(disk, (uint64_t)LAYERS * HEADS * CLUSTERS - 2 * HEADS * FETCH_N);
+    assert_int_equal(metric("ri_kvs_clusters_lost_total"), 2);
+    assert_true(metric("kvs_spill_checksum_failures_total") >= 1);
+    /* Lost stays lost: asking again answers the error without a read. */
+    assert_int_equal(fetch_all(dp, &disk), 2);
     gw_dp_close(dp);
 }
 
