@@ -57,18 +57,24 @@ static void gen_cluster(uint32_t l, uint32_t h, uint32_t c, uint8_t *out)
     }
 }
 
-static int start_daemon(bool recover)
+static int start_daemon_with(bool recover, const char *more)
 {
-    const char *extra[] = {"--memory=16MiB", "--spill-high-water=0.75", NULL, NULL, NULL};
+    const char *extra[] = {"--memory=16MiB", "--spill-high-water=0.75", NULL, NULL, NULL, NULL};
     char flag[500];
     int rc;
     snprintf(flag, sizeof(flag), "--spill-dir=%s", g_spill);
     extra[2] = flag;
-    extra[3] = recover ? "--recover" : NULL;
+    extra[3] = recover ? "--recover" : more;
+    extra[4] = recover ? more : NULL;
     rc = kvs_test_daemon_start(&g_d, extra, NULL);
     if (rc == 77)
         g_skip = 1;
     return rc;
+}
+
+static int start_daemon(bool recover)
+{
+    return start_daemon_with(recover, NULL);
 }
 
 static uint64_t metric(const char *name)
@@ -293,6 +299,74 @@ static void test_drop_frees_disk(void **state)
     assert_int_equal(kvs_test_daemon_stop(&g_d, SIGTERM, 20000), 0);
 }
 
+/* A disk quota too small for the data: uploads end with a quota error once
+ * neither pool nor disk has room; the daemon keeps serving what it holds. */
+static void test_disk_quota(void **state)
+{
+    (void)state;
+    static const gw_ctl_geometry_t geo = {.layers = LAYERS, .kv_heads = HEADS, .head_dim = DIM, .dtype = 1,
+                                          .page_tokens = PT};
+    uint32_t heads[HEADS], counts[HEADS], tokens[HEADS * UP_CHUNK];
+    uint8_t *buf = malloc((size_t)HEADS * UP_CHUNK * CL_BYTES), *recv = malloc(RECV_BYTES), *want = malloc(CL_BYTES);
+    gw_ctl_session_t sess;
+    gw_ctl_t *ctl;
+    gw_dp_t *dp;
+    ri_status_t st = RI_OK;
+    uint32_t msgs_ok = 0, cache_id;
+
+    if (g_skip)
+        skip();
+    assert_int_equal(start_daemon_with(false, "--spill-quota=8MiB"), 0);
+    assert_int_equal(gw_ctl_create(g_d.grpc, NULL, &ctl), RI_OK);
+    assert_int_equal(gw_ctl_create_session(ctl, 5000, &geo, 1, "quota", &sess, NULL), RI_OK);
+    gw_ctl_destroy(ctl);
+    assert_int_equal(gw_dp_connect(g_d.dataplane, sess.session_id, sess.secret, NULL, &dp), RI_OK);
+    for (uint32_t i = 0; i < HEADS * UP_CHUNK; i++)
+        tokens[i] = TOK;
+    /* 4 MiB messages (layer by layer, appends) until one is refused: the
+     * pool (16 MiB) and the disk quota (8 MiB) hold about 5 of the 16. */
+    for (uint32_t m = 0; m < LAYERS * (CLUSTERS / UP_CHUNK) && st == RI_OK; m++) {
+        uint32_t l = m / (CLUSTERS / UP_CHUNK), c = m % (CLUSTERS / UP_CHUNK);
+        for (uint32_t h = 0; h < HEADS; h++) {
+            heads[h] = h;
+            counts[h] = UP_CHUNK;
+            for (uint32_t j = 0; j < UP_CHUNK; j++)
+                gen_cluster(l, h, c * UP_CHUNK + j, buf + ((size_t)h * UP_CHUNK + j) * CL_BYTES);
+        }
+        st = gw_dp_upload(dp, c > 0, l, HEADS, heads, counts, tokens, buf, (size_t)HEADS * UP_CHUNK * CL_BYTES,
+                          NULL);
+        msgs_ok += st == RI_OK;
+    }
+    assert_true(st == RI_ERR_QUOTA || st == RI_ERR_NOSPACE);
+    assert_true(msgs_ok >= 4 && msgs_ok < 8);
+    assert_true(metric("ri_kvs_spill_failures_total") >= 1);
+    /* What was accepted is all there, bit-exact. */
+    assert_int_equal(gw_dp_register_cache_mode(dp, 64, recv, RECV_BYTES, GW_DP_RECV_INLINE, &cache_id, NULL), RI_OK);
+    for (uint32_t m = 0; m < msgs_ok; m++)
+        for (uint32_t b = 0; b < UP_CHUNK / FETCH_N; b++) {
+            uint32_t l = m / (CLUSTERS / UP_CHUNK), c = m % (CLUSTERS / UP_CHUNK), ids[HEADS * FETCH_N];
+            gw_dp_fetch_result_t res;
+            for (uint32_t h = 0; h < HEADS; h++) {
+                counts[h] = FETCH_N;
+                for (uint32_t j = 0; j < FETCH_N; j++)
+                    ids[h * FETCH_N + j] = c * UP_CHUNK + b * FETCH_N + j;
+            }
+            assert_int_equal(gw_dp_fetch_ranked(dp, cache_id, l, HEADS, heads, counts, ids, 0, 30000, &res), RI_OK);
+            for (uint32_t k = 0; k < HEADS * FETCH_N; k++) {
+                cm_dp_entry_t en;
+                cm_dp_reply_entry(&res.view, k, &en);
+                gen_cluster(l, k / FETCH_N, ids[k], want);
+                assert_memory_equal(recv + en.recv_offset, want, CL_BYTES);
+            }
+            gw_dp_fetch_result_free(&res);
+        }
+    gw_dp_close(dp);
+    free(buf);
+    free(recv);
+    free(want);
+    assert_int_equal(kvs_test_daemon_stop(&g_d, SIGTERM, 20000), 0);
+}
+
 static int group_teardown(void **state)
 {
     (void)state;
@@ -311,6 +385,7 @@ int main(void)
         cmocka_unit_test(test_recover),
         cmocka_unit_test(test_corruption_detected),
         cmocka_unit_test(test_drop_frees_disk),
+        cmocka_unit_test(test_disk_quota),
     };
     int rc = cmocka_run_group_tests(tests, NULL, group_teardown);
     return g_skip ? 77 : rc;
