@@ -214,12 +214,19 @@ static inline ri_status_t cm_dp_register_decode(const void *meta, size_t len, cm
     return RI_OK;
 }
 
-static inline void cm_dp_register_encode(uint8_t *buf, const cm_dp_register_t *r)
+/* The fixed 24 bytes only (an inline-delivery cache has no rkey). */
+static inline void cm_dp_register_encode_fixed(uint8_t buf[CM_DP_REGISTER_FIXED], const cm_dp_register_t *r)
 {
     cm_dp_put32(buf, r->capacity_pages);
     cm_dp_put32(buf + 4, r->rkey_len);
     cm_dp_put64(buf + 8, r->recv_addr);
     cm_dp_put64(buf + 16, r->recv_len);
+}
+
+/* Fixed part and rkey; buf holds CM_DP_REGISTER_FIXED + r->rkey_len bytes. */
+static inline void cm_dp_register_encode(uint8_t *buf, const cm_dp_register_t *r)
+{
+    cm_dp_register_encode_fixed(buf, r);
     if (r->rkey_len > 0)
         memcpy(buf + CM_DP_REGISTER_FIXED, r->rkey, r->rkey_len);
 }

@@ -552,7 +552,7 @@ ri_status_t gw_dp_register_cache_mode(gw_dp_t *dp, uint32_t capacity_pages, void
         cm_dp_register_t ri = {.capacity_pages = capacity_pages, .rkey_len = 0,
                                .recv_addr = (uint64_t)(uintptr_t)recv, .recv_len = recv_len, .rkey = NULL};
         uint8_t m[CM_DP_REGISTER_FIXED];
-        cm_dp_register_encode(m, &ri);
+        cm_dp_register_encode_fixed(m, &ri);
         st = gw_dp_op(dp, CM_WIRE_OP_REGISTER_CACHE, m, sizeof(m), NULL, 0, 0);
         if (st != RI_OK)
             return st;
