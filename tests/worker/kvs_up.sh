@@ -7,7 +7,7 @@ kvs_up() {
   rm -f "$KVS_DIR/ports"
   "$KVS_BIN" --listen="${1:-127.0.0.1:0}" --dataplane-listen=127.0.0.1:0 --metrics-listen=127.0.0.1:0 \
     --memory="${KVS_MEMORY:-256MiB}" --no-hugepages --drain-timeout-ms=3000 --port-file="$KVS_DIR/ports" \
-    >"$KVS_DIR/kvstore.log" 2>&1 &
+    >"$KVS_DIR/kvstore.log" 2>&1 3>&- &
   KVS_PID=$!
   for _ in $(seq 1 1500); do
     [ -s "$KVS_DIR/ports" ] && break
@@ -18,7 +18,12 @@ kvs_up() {
   [ -n "$KVS_GRPC" ]
 }
 kvs_down() {
-  [ -n "${KVS_PID:-}" ] && kill "$KVS_PID" 2>/dev/null && wait "$KVS_PID" 2>/dev/null
+  if [ -n "${KVS_PID:-}" ] && kill "$KVS_PID" 2>/dev/null; then
+    # bounded: a daemon that ignores SIGTERM is killed after 5 s
+    for _ in $(seq 1 50); do kill -0 "$KVS_PID" 2>/dev/null || break; sleep 0.1; done
+    kill -KILL "$KVS_PID" 2>/dev/null || true
+    wait "$KVS_PID" 2>/dev/null || true
+  fi
   KVS_PID=
   rm -rf "$KVS_DIR"
 }
