@@ -1,9 +1,15 @@
 #!/usr/bin/env bash
-# The main job of `./ri demo` (see README.md).  Until the worker lands it
-# starts ri-kvstore on a free port, calls Health over gRPC and stops it.
+# The main job of `./ri demo` (see README.md): the end-to-end demo
+# (tools/demo_e2e.sh: ri-kvstore + ri-worker on a passkey prompt, full vs
+# retroinfer through the kvstore); `./ri demo --kvstore-only` runs the
+# daemon-only check (start, Health over gRPC, clean stop).
 set -euo pipefail
 root="$(cd "$(dirname "$0")/.." && pwd)"
 bin="${RI_BUILD_DIR:-$root/build}/bin"
+if [ "${1:-}" = "--kvstore-only" ]; then
+  shift
+  exec "$root/tools/demo_kvstore.sh" "$@"
+fi
 if [ -x "$root/tools/demo_e2e.sh" ]; then
   exec "$root/tools/demo_e2e.sh" "$@"
 fi
