@@ -28,7 +28,9 @@ for p in ri-kvstore ri-worker; do
   [ -x "$bin/$p" ] || { echo "demo: $bin/$p is not built (./ri build)" >&2; exit 1; }
 done
 
-say "starting ri-kvstore (gRPC, data plane, metrics on free loopback ports)"
+# worker and daemon on one host: UCX over shared memory (tcp only to connect)
+export UCX_TLS="${UCX_TLS:-posix,sysv,cma,tcp,self}"
+say "starting ri-kvstore (gRPC, data plane, metrics on free loopback ports; UCX_TLS=$UCX_TLS)"
 "$bin/ri-kvstore" --listen=127.0.0.1:0 --dataplane-listen=127.0.0.1:0 --metrics-listen=127.0.0.1:0 \
   --memory=1GiB --port-file="$work/ports" >"$work/kvstore.log" 2>&1 &
 pid=$!

@@ -36,6 +36,7 @@
 #include "gpuworker/model/mdl_model.h"
 #include "gpuworker/model/mdl_sample.h"
 #include "gpuworker/worker/gw_attn_remote.h"
+#include "gpuworker/worker/gw_remote.h"
 #include "kernels/kn_synth.h"
 #include "kernels/kn_wave.h"
 #include "retroinfer/retroinfer.h"
@@ -427,6 +428,7 @@ int main(int argc, char **argv)
     int rc = 1;
 
     cm_log_init_from_env();
+    setenv("UCX_TLS", GW_UCX_TLS_LOCAL, 0); /* shared memory, also for the daemon we start */
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--quick"))
             quick = true;

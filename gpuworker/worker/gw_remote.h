@@ -48,6 +48,11 @@
 
 #define GW_REMOTE_PAGE_TOKENS 8u   /* P: tokens per page (cm_dp_proto.h) */
 
+/* UCX transports for a worker and a kvstore on the same host: shared memory
+ * (posix, cma) for the data, tcp for connection set-up.  Both processes must
+ * use them; our programs set UCX_TLS to this when it is unset. */
+#define GW_UCX_TLS_LOCAL "posix,sysv,cma,tcp,self"
+
 typedef struct gw_remote_params {
     kn_wave_params_t wave;    /* index and budget settings (as the in-process backend) */
     float cache_frac;         /* block cache: share of the uploaded pages (0.05) */

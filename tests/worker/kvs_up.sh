@@ -1,6 +1,7 @@
 # Source me: start ri-kvstore on ephemeral loopback ports, set KVS_PID,
 # KVS_GRPC, KVS_DIR; kvs_down stops it.  Exits 77 when it is not built.
 KVS_BIN="${RI_BUILD_DIR:?}/bin/ri-kvstore"
+export UCX_TLS="${UCX_TLS:-posix,sysv,cma,tcp,self}"   # same host: shared memory
 [ -x "$KVS_BIN" ] || { echo "skip: $KVS_BIN not built"; exit 77; }
 KVS_DIR="$(mktemp -d "${TMPDIR:-/tmp}/ri-wk-XXXXXX")"
 kvs_up() {

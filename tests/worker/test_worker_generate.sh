@@ -41,6 +41,7 @@ wait_reply() {  # wait until the output has $1 lines
   echo "no reply within 300 s"; cat "$KVS_DIR/err"; return 1
 }
 check() {  # line N, python condition on r
+  sed -n "${1}p" "$KVS_DIR/out" | cut -c1-200 >&2
   python3 -c "import json,sys; r=json.loads(open('$KVS_DIR/out').read().splitlines()[$1-1]); print(json.dumps(r)[:600]); sys.exit(0 if ($2) else 1)"
 }
 

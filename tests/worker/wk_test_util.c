@@ -4,6 +4,7 @@
 #include <math.h>
 #include <signal.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #define WK_DIRS 24  /* key directions per head */
@@ -35,6 +36,7 @@ int wk_env_start(wk_env_t *env, unsigned memory_mb)
     int ex = 0, rc;
 
     memset(env, 0, sizeof(*env));
+    setenv("UCX_TLS", "posix,sysv,cma,tcp,self", 0); /* daemon and test: shared memory */
     snprintf(mem, sizeof(mem), "--memory=%uMiB", memory_mb);
     rc = kvs_test_daemon_start(&env->daemon, extra, &ex);
     if (rc != 0) {
