@@ -46,10 +46,10 @@ static ri_status_t gw_io_run(gw_io_t *io, gw_io_job_t *job)
     ri_status_t st = RI_ERR_INTERNAL;
     switch (job->kind) {
     case GW_IO_UPLOAD: {
-        /* One message per head.  The kvstore (kvs_ops_upload at 7dd18cb)
-         * spins forever reserving extents for a multi-head upload when its
-         * extent array has between 1 and n_heads-1 free slots; single-head
-         * uploads never take that path.  Costs n_kv messages per layer. */
+        /* One message per head.  The kvstore at 7dd18cb spun forever
+         * reserving extents for some multi-head uploads (fixed in bf3a56e);
+         * single-head uploads work with either daemon.  Costs n_kv messages
+         * per layer at prefill and per update, nothing per decode step. */
         const uint32_t *tok = job->tokens;
         const uint8_t *pages = job->pages;
         st = RI_OK;
