@@ -10,13 +10,15 @@ if command -v pkg-config >/dev/null && command -v cc >/dev/null; then
   out="$KVS_DIR/example-pc"
   san=""
   # a sanitizer build of the library needs its runtime first in the program too
-  if ldd "$RI_BUILD_DIR/lib/libretroinfer.so" | grep -q libasan; then san="-fsanitize=address,undefined"; fi
+  # (grep without -q: with pipefail, an early exit of grep -q would SIGPIPE ldd
+  # and turn a match into a failure)
+  if ldd "$RI_BUILD_DIR/lib/libretroinfer.so" | grep libasan >/dev/null; then san="-fsanitize=address,undefined"; fi
   PKG_CONFIG_PATH="$RI_BUILD_DIR" cc -std=c11 -Wall -Wextra -Werror $san "$RI_SOURCE_DIR/docs/example/example.c" \
     $(PKG_CONFIG_PATH="$RI_BUILD_DIR" pkg-config --cflags --libs retroinfer) -lm -o "$out" 2>"$KVS_DIR/cc.log" || {
     cat "$KVS_DIR/cc.log"; exit 1; }
   "$out" "$KVS_GRPC"
   # only the public API is exported
-  if nm -D --defined-only "$RI_BUILD_DIR/lib/libretroinfer.so" | awk '{print $3}' | grep -v '^ri_' | grep -q .; then
+  if nm -D --defined-only "$RI_BUILD_DIR/lib/libretroinfer.so" | awk '{print $3}' | grep -v '^ri_' | grep . >/dev/null; then
     echo "libretroinfer exports non-ri_ symbols:"; nm -D --defined-only "$RI_BUILD_DIR/lib/libretroinfer.so" | grep -v ' ri_'
     exit 1
   fi
