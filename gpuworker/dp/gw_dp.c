@@ -7,7 +7,6 @@
  */
 #include "gpuworker/dp/gw_dp.h"
 
-#include <netdb.h>
 #include <pthread.h>
 #include <poll.h>
 #include <stdlib.h>
@@ -18,6 +17,7 @@
 
 #include "common/cm_alloc.h"
 #include "common/cm_log.h"
+#include "common/cm_net.h"
 #include "common/cm_status.h"
 #include "common/cm_time.h"
 
@@ -169,35 +169,6 @@ static ucs_status_t gw_dp_am_reply(void *arg, const void *header, size_t header_
     dp->body_status = UCS_OK;
     dp->have_reply = true;
     return UCS_OK;
-}
-
-static ri_status_t gw_dp_parse_addr(const char *text, struct sockaddr_storage *ss, socklen_t *len_p)
-{
-    const char *colon = text ? strrchr(text, ':') : NULL;
-    char host[128], port[16];
-    struct addrinfo hints = {0}, *res = NULL;
-    size_t hl;
-
-    if (colon == NULL || strlen(colon + 1) == 0 || strlen(colon + 1) >= sizeof(port))
-        return RI_ERR_INVALID;
-    hl = (size_t)(colon - text);
-    if (hl >= 2 && text[0] == '[' && text[hl - 1] == ']') {
-        text++;
-        hl -= 2;
-    }
-    if (hl == 0 || hl >= sizeof(host))
-        return RI_ERR_INVALID;
-    memcpy(host, text, hl);
-    host[hl] = '\0';
-    snprintf(port, sizeof(port), "%s", colon + 1);
-    hints.ai_family = AF_UNSPEC;
-    hints.ai_socktype = SOCK_STREAM;
-    if (getaddrinfo(host, port, &hints, &res) != 0 || res == NULL)
-        return RI_ERR_UNREACHABLE;
-    memcpy(ss, res->ai_addr, res->ai_addrlen);
-    *len_p = res->ai_addrlen;
-    freeaddrinfo(res);
-    return RI_OK;
 }
 
 void gw_dp_header(gw_dp_t *dp, uint16_t op, uint32_t meta_len, uint64_t data_len, cm_wire_hdr_t *hdr_p)
@@ -357,9 +328,9 @@ ri_status_t gw_dp_connect(const char *addr, uint64_t session_id, const uint8_t s
 
     if (addr == NULL || secret == NULL || dp_p == NULL)
         return RI_ERR_INVALID;
-    st = gw_dp_parse_addr(addr, &ss, &sl);
+    st = cm_net_resolve(addr, false, &ss, &sl, NULL, 0);
     if (st != RI_OK)
-        return st;
+        return st == RI_ERR_NOT_FOUND ? RI_ERR_UNREACHABLE : st;
     dp = cm_calloc(&gw_dp_tag, 1, sizeof(*dp));
     if (dp == NULL)
         return RI_ERR_NOMEM;

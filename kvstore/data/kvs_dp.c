@@ -13,7 +13,6 @@
 #include "kvstore/data/kvs_internal.h"
 
 #include <arpa/inet.h>
-#include <netdb.h>
 #include <stdlib.h>
 #include <poll.h>
 #include <stdio.h>
@@ -23,6 +22,7 @@
 #include "common/cm_alloc.h"
 #include "common/cm_dp_proto.h"
 #include "common/cm_log.h"
+#include "common/cm_net.h"
 #include "common/cm_status.h"
 #include "common/cm_time.h"
 
@@ -450,38 +450,6 @@ static void *kvs_dp_main(void *arg)
     return NULL;
 }
 
-/* "host:port" or "[v6]:port" -> sockaddr. */
-static ri_status_t kvs_dp_parse_addr(const char *text, struct sockaddr_storage *ss, socklen_t *len_p, char *host,
-                                     size_t host_len)
-{
-    const char *colon = strrchr(text, ':');
-    char port[16];
-    struct addrinfo hints = {0}, *res = NULL;
-    size_t hl;
-
-    if (colon == NULL || strlen(colon + 1) == 0 || strlen(colon + 1) >= sizeof(port))
-        return RI_ERR_INVALID;
-    hl = (size_t)(colon - text);
-    if (hl >= 2 && text[0] == '[' && text[hl - 1] == ']') {
-        text++;
-        hl -= 2;
-    }
-    if (hl == 0 || hl >= host_len)
-        return RI_ERR_INVALID;
-    memcpy(host, text, hl);
-    host[hl] = '\0';
-    snprintf(port, sizeof(port), "%s", colon + 1);
-    hints.ai_family = AF_UNSPEC;
-    hints.ai_socktype = SOCK_STREAM;
-    hints.ai_flags = AI_PASSIVE;
-    if (getaddrinfo(host, port, &hints, &res) != 0 || res == NULL)
-        return RI_ERR_INVALID;
-    memcpy(ss, res->ai_addr, res->ai_addrlen);
-    *len_p = res->ai_addrlen;
-    freeaddrinfo(res);
-    return RI_OK;
-}
-
 /* UCX 1.13 leaves its shared-memory transports out of endpoints that ask
  * for peer-failure handling unless their ERROR_HANDLING is on; we want both
  * (shared-memory speed, and errors instead of hangs when the peer dies).
@@ -523,8 +491,9 @@ ri_status_t kvs_dp_start(kvs_data_t *data, kvs_dp_t **dp_p)
     dp->max_body = data->cfg.max_msg_bytes;
     pthread_mutex_init(&dp->gc_lock, NULL);
     atomic_init(&dp->stop, false);
-    st = kvs_dp_parse_addr(data->cfg.dp_listen_addr, &ss, &sl, host, sizeof(host));
+    st = cm_net_resolve(data->cfg.dp_listen_addr, true, &ss, &sl, host, sizeof(host));
     if (st != RI_OK) {
+        st = RI_ERR_INVALID;
         cm_error("dp: bad listen address '%s'", data->cfg.dp_listen_addr);
         goto err_free;
     }

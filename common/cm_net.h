@@ -1,0 +1,20 @@
+/* Network addresses as our settings write them: "host:port" or "[v6]:port". */
+#ifndef CM_NET_H
+#define CM_NET_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <sys/socket.h>
+
+#include "retroinfer/status.h"
+
+/*
+ * Resolve text into *ss / *len_p (getaddrinfo, first result).  passive: for a
+ * listener (AI_PASSIVE).  host (host_len bytes, may be NULL) gets the host part
+ * without brackets.  Errors: RI_ERR_INVALID (malformed text), RI_ERR_NOT_FOUND
+ * (the name does not resolve).  Outputs are written only on success.
+ */
+ri_status_t cm_net_resolve(const char *text, bool passive, struct sockaddr_storage *ss, socklen_t *len_p,
+                           char *host, size_t host_len);
+
+#endif /* CM_NET_H */
