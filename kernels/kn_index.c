@@ -1,5 +1,5 @@
 /*
- * Wave-index build (DESIGN.md section 3), shared by every CPU backend; only
+ * Wave-index build (docs/architecture.md), shared by every CPU backend; only
  * the assignment kernel (argmax of inner products, the O(n*C*d) part) differs.
  *
  *   1. centre: mu = mean(K), K' = K - mu

@@ -18,7 +18,7 @@ extern cm_alloc_tag_t kn_tag;
 typedef void (*kn_assign_fn_t)(const float *x, size_t n, const float *c, size_t nc, uint32_t d,
                                uint32_t *best);
 
-/* The segmented spherical k-means of DESIGN.md section 3 with the given
+/* The segmented spherical k-means of docs/architecture.md with the given
  * assignment kernel; appends to idx. */
 ri_status_t kn_index_build_impl(const kn_build_params_t *p, const cm_fp16_t *k, const cm_fp16_t *v,
                                 size_t stride, uint32_t n, uint32_t token_base,

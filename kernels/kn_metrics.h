@@ -1,6 +1,6 @@
 /*
  * Accuracy metrics of approximate attention against exact attention, on the
- * same K/V and query (DESIGN.md section 8): relative L2 error and cosine of
+ * same K/V and query (docs/architecture.md): relative L2 error and cosine of
  * the output, Recall@k of the true top-k tokens, softmax mass recovered by the
  * exactly attended set, |delta lse|; and summaries (median/p90/p99/max).
  * Scores and masses are per GQA group: the true group score of token t is

@@ -1,5 +1,5 @@
 /*
- * kernels/: every numeric op of RetroInfer (DESIGN.md sections 3-4), each as a
+ * kernels/: every numeric op of RetroInfer (docs/architecture.md), each as a
  * scalar reference ("ref"), an optimised CPU version ("cpu": AVX2+FMA+F16C
  * chosen at run time, scalar fallback, threads from the common pool) and,
  * later, a CUDA version ("cuda"), behind one ops table (kn_ops_t).
@@ -97,7 +97,7 @@ typedef enum kn_op {
 const char *kn_op_name(kn_op_t op);
 
 /* ---------------------------------------------------------------------------
- * Wave index of one KV head (DESIGN.md section 3).
+ * Wave index of one KV head (docs/architecture.md).
  * Clusters are numbered 0..n_clusters-1; cluster j holds the tokens
  * perm[offsets[j] .. offsets[j+1]) (token positions in the sequence).
  * Appending (decode-time update) adds clusters and perm entries at the end.
@@ -115,7 +115,7 @@ typedef struct kn_index {
     uint32_t *perm;         /* [cap_tokens] token ids, cluster-major */
 } kn_index_t;
 
-/* Clustering settings (defaults from DESIGN.md). */
+/* Clustering settings (defaults in docs/architecture.md). */
 typedef struct kn_build_params {
     uint32_t iters;          /* spherical k-means iterations per segment (9) */
     int32_t final_neighbours;/* final reassignment: -1 = against all centroids;

@@ -1,6 +1,6 @@
 /*
  * The wave index of one layer of one sequence, all its KV heads, and the
- * tripartite decode (DESIGN.md sections 3-4) as one object, for the model
+ * tripartite decode (docs/architecture.md) as one object, for the model
  * runtime's "retroinfer" attention backend and for the benchmarks.
  *
  * The caller owns the K/V cache of the sequence (any kn_kv_view_t layout) and
@@ -28,7 +28,7 @@
 
 #include "kernels/kn_ops.h"
 
-/* Settings (defaults from DESIGN.md). */
+/* Settings (defaults in docs/architecture.md). */
 typedef struct kn_wave_params {
     uint32_t sink_tokens;        /* attention sinks kept exact (4) */
     uint32_t window_tokens;      /* recent tokens kept exact (64) */

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The layer rule of DESIGN.md section 2, checked on #include lines:
+# The layer rule of docs/architecture.md, checked on #include lines:
 #   common/    includes nothing of ours (but the public include/ status type)
 #   kernels/   may include common/
 #   kvstore/   may include common/, proto/

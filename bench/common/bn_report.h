@@ -1,5 +1,5 @@
 /*
- * Shared benchmark plumbing (shared/BENCH.md): the machine block (CPU model,
+ * Shared benchmark plumbing (docs/bench-format.md): the machine block (CPU model,
  * cores, memory read bandwidth measured in this run), the git commit, rows
  * collected as cJSON objects, a printed table and the JSON file.
  *

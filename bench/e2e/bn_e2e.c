@@ -1,6 +1,6 @@
 /*
  * ri bench e2e: end-to-end decode throughput of the real model with three
- * attention paths, side by side in one run (shared/BENCH.md, "e2e" rows):
+ * attention paths, side by side in one run (docs/bench-format.md, "e2e" rows):
  *   full                 exact attention, in-process
  *   retroinfer-local     wave index + tripartite attention, in-process
  *   retroinfer-kvstore   the same through ri-kvstore (clusters in the daemon,

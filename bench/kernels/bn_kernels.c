@@ -6,7 +6,7 @@
  * exact-token budget, oracle top-B and random-B; time (median), bytes read,
  * GB/s next to the memory bandwidth measured in the same run, accuracy; and
  * the wave-index build throughput.  Prints a table; --json PATH writes
- * shared/BENCH.md's shape.
+ * docs/bench-format.md's shape.
  *
  *   ri bench kernels [--quick] [--max-n N] [--only N] [--steps S] [--fast-build-from N]
  *                    [--json PATH]

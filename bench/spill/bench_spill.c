@@ -3,7 +3,7 @@
  * cluster-sized records, on the io_uring path (queue depth 32) and on the
  * pread/pwrite path (one request at a time), next to fio on the same
  * directory with the same block size and queue depth, in the same run
- * (shared/BENCH.md, bench "spill").
+ * (docs/bench-format.md, bench "spill").
  *
  * Records: one cluster of 16 tokens, K and V in fp16:
  *   d = 128: 16 * 128 * 2 * 2 = 8192 payload bytes -> 12288 on disk

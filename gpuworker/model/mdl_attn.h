@@ -63,7 +63,7 @@ void mdl_kv_store(mdl_kv_t *kv, uint32_t layer, size_t pos, size_t n, const floa
 /* Copy the first n tokens of every layer of src into dst (same geometry, dst->cap >= n). */
 ri_status_t mdl_kv_copy(mdl_kv_t *dst, const mdl_kv_t *src, size_t n);
 
-/* Settings of the backends (defaults from DESIGN.md). */
+/* Settings of the backends (defaults in docs/architecture.md). */
 typedef struct mdl_attn_cfg {
     uint32_t sink_tokens;     /* steady zone sinks (4) */
     uint32_t window_tokens;   /* steady zone window (64) */

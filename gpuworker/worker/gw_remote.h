@@ -1,5 +1,5 @@
 /*
- * The remote RetroInfer state of one sequence, all layers (DESIGN.md §3-5):
+ * The remote RetroInfer state of one sequence, all layers (docs/architecture.md):
  * the worker keeps the meta index (centroids, value sums, sizes, token
  * permutation) per (layer, KV head), and a small block cache of clusters in
  * host memory; the kvstore keeps every cluster's K/V and the cache directory.

@@ -3,7 +3,7 @@
  *
  * An inference engine keeps its own K/V cache (fp16, post-RoPE keys) and uses
  * this library for the attention of decode steps: per sequence and layer the
- * library builds the wave index (DESIGN.md §3), uploads the clusters' K/V to
+ * library builds the wave index (docs/architecture.md), uploads the clusters' K/V to
  * a ri-kvstore daemon, and answers each decode step with tripartite attention
  * (steady zone + retrieved clusters exactly, estimated clusters by their
  * centroids) through a small block cache that the kvstore manages (§4-5).
@@ -94,7 +94,7 @@ typedef struct ri_session_params {
     uint32_t n_kv_heads;        /* KV heads */
     uint32_t head_dim;          /* d */
     float scale;                /* logit scale; 0 = 1/sqrt(d) */
-    /* wave index (defaults from DESIGN.md) */
+    /* wave index (defaults in docs/architecture.md) */
     uint32_t sink_tokens;       /* 4 */
     uint32_t window_tokens;     /* 64 */
     uint32_t tokens_per_cluster;/* 16 */

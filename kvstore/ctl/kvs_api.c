@@ -1,5 +1,5 @@
 /*
- * The control API handlers (DESIGN.md section 6): Health, Stats,
+ * The control API handlers (docs/architecture.md): Health, Stats,
  * CreateSession, DropSession, ListSessions, Drain.  Each one unpacks its
  * request with protobuf-c, validates every field (INVALID_ARGUMENT with a
  * message naming the field), calls the data side and packs the answer.  The
