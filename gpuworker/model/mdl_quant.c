@@ -3,8 +3,14 @@
  *   Q4_0: fp16 d, 16 bytes; x = (q - 8) * d
  *   Q4_1: fp16 d, fp16 m, 16 bytes; x = q * d + m
  *   Q8_0: fp16 d, 32 int8;  x = q * d
+ *   Q5_0: fp16 d, 4 bytes of high bits, 16 bytes; x = (q - 16) * d
  * with 4-bit element j in the low nibble of byte j and element j+16 in its
- * high nibble.  The AVX2 paths are compiled with target attributes and chosen
+ * high nibble (Q5_0: bit j of the high bits is element j's fifth bit).
+ * K-quants, super-blocks of 256 (layouts in mdl_kquant_unpack below):
+ *   Q4_K: fp16 d, fp16 dmin, 12 bytes of 6-bit scales/mins, 128 bytes;
+ *         8 groups of 32, x = d*sc*q - dmin*mn
+ *   Q6_K: 128 bytes low nibbles, 64 bytes high 2 bits, 16 int8 scales, fp16 d;
+ *         16 groups of 16, x = d*sc*(q - 32)  The AVX2 paths are compiled with target attributes and chosen
  * once at run time, so the file builds for any x86-64 (and falls back to the
  * scalar code elsewhere).
  */
@@ -26,6 +32,12 @@
 static CM_ALLOC_TAG(mdl_quant_tag, "model.matmul");
 
 #define QK 32
+#define QKK 256   /* K-quant super-block */
+
+static bool mdl_is_kquant(mdl_ggml_type_t t)
+{
+    return t == MDL_GGML_Q4_K || t == MDL_GGML_Q6_K;
+}
 
 static bool mdl_force_scalar;
 /* How decode products take their activations: -1 = not decided yet
@@ -67,7 +79,8 @@ bool mdl_quant_have_simd(void)
 bool mdl_quant_supported(mdl_ggml_type_t t)
 {
     return t == MDL_GGML_F32 || t == MDL_GGML_F16 || t == MDL_GGML_BF16 || t == MDL_GGML_Q4_0 ||
-           t == MDL_GGML_Q4_1 || t == MDL_GGML_Q8_0;
+           t == MDL_GGML_Q4_1 || t == MDL_GGML_Q8_0 || t == MDL_GGML_Q5_0 || t == MDL_GGML_Q4_K ||
+           t == MDL_GGML_Q6_K;
 }
 
 ri_status_t mdl_weight_from_tensor(const mdl_gguf_tensor_t *t, mdl_weight_t *w_p)
@@ -141,6 +154,58 @@ void mdl_dequant_row_ref(const mdl_weight_t *w, size_t r, float *out)
                 out[b * QK + j] = (int8_t)p[2 + j] * d;
         }
         break;
+    case MDL_GGML_Q5_0:
+        for (size_t b = 0; b < n / QK; b++, p += 22) {
+            float d = mdl_h(p);
+            uint32_t qh = (uint32_t)p[2] | (uint32_t)p[3] << 8 | (uint32_t)p[4] << 16 | (uint32_t)p[5] << 24;
+            for (int j = 0; j < 16; j++) {
+                int lo = (p[6 + j] & 0xF) | (int)((qh >> j) & 1) << 4;
+                int hi = (p[6 + j] >> 4) | (int)((qh >> (j + 16)) & 1) << 4;
+                out[b * QK + j] = (lo - 16) * d;
+                out[b * QK + j + 16] = (hi - 16) * d;
+            }
+        }
+        break;
+    case MDL_GGML_Q4_K:
+        for (size_t b = 0; b < n / QKK; b++, p += 144) {
+            float d = mdl_h(p), dmin = mdl_h(p + 2);
+            const uint8_t *sc = p + 4, *q = p + 16;
+            for (int g = 0; g < 8; g++) {
+                /* 6-bit scale and min of group g: groups 0-3 in the low 6
+                 * bits of bytes 0-3 / 4-7; groups 4-7 split over the low or
+                 * high nibble of bytes 8-11 and the top 2 bits of 0-7 */
+                int s6, m6;
+                if (g < 4) {
+                    s6 = sc[g] & 63;
+                    m6 = sc[g + 4] & 63;
+                } else {
+                    s6 = (sc[g + 4] & 0xF) | (sc[g - 4] >> 6) << 4;
+                    m6 = (sc[g + 4] >> 4) | (sc[g] >> 6) << 4;
+                }
+                /* groups 2k and 2k+1 share the 32 bytes q[32k..]: low, high nibble */
+                const uint8_t *qq = q + 32 * (g / 2);
+                for (int l = 0; l < 32; l++) {
+                    int v = g % 2 == 0 ? qq[l] & 0xF : qq[l] >> 4;
+                    out[b * QKK + 32 * g + l] = d * s6 * v - dmin * m6;
+                }
+            }
+        }
+        break;
+    case MDL_GGML_Q6_K:
+        for (size_t b = 0; b < n / QKK; b++, p += 210) {
+            const uint8_t *ql = p, *qh = p + 128;
+            const int8_t *sc = (const int8_t *)(p + 192);
+            float d = mdl_h(p + 208);
+            for (int e = 0; e < QKK; e++) {
+                /* element e: half h = e/128, quarter k = (e%128)/32, l = e%32 */
+                int h = e / 128, k = (e % 128) / 32, l = e % 32;
+                uint8_t lb = ql[64 * h + l + 32 * (k & 1)];
+                int lo = k < 2 ? lb & 0xF : lb >> 4;
+                int hi = (qh[32 * h + l] >> (2 * k)) & 3;
+                out[b * QKK + e] = d * sc[8 * h + 2 * k + l / 16] * ((lo | hi << 4) - 32);
+            }
+        }
+        break;
     default:
         memset(out, 0, n * sizeof(float));   /* unreachable: rejected at load */
         break;
@@ -166,13 +231,16 @@ double mdl_dot_ref(const mdl_weight_t *w, size_t r, const float *x)
         return acc;
     }
     mdl_weight_t blk = *w;
-    size_t bb = w->row_bytes / (w->cols / QK);
-    blk.cols = QK;
-    for (size_t b = 0; b < w->cols / QK; b++) {
+    size_t be = mdl_is_kquant(w->type) ? QKK : QK;
+    size_t bb = w->row_bytes / (w->cols / be);
+    float ktmp[QKK];
+    float *t = be == QK ? tmp : ktmp;
+    blk.cols = be;
+    for (size_t b = 0; b < w->cols / be; b++) {
         blk.data = mdl_row(w, r) + b * bb;
-        mdl_dequant_row_ref(&blk, 0, tmp);
-        for (int j = 0; j < QK; j++)
-            acc += (double)tmp[j] * x[b * QK + j];
+        mdl_dequant_row_ref(&blk, 0, t);
+        for (size_t j = 0; j < be; j++)
+            acc += (double)t[j] * x[b * be + j];
     }
     return acc;
 }
@@ -206,6 +274,114 @@ MDL_AVX2 static inline float mdl_h_avx(const uint8_t *p)
     uint16_t h;
     memcpy(&h, p, 2);
     return _cvtsh_ss(h);
+}
+
+/* One block of Q5_0 (32 elements) or Q4_K / Q6_K (256) as int8 values and a
+ * scale and offset per group of 16: x[e] = sc[e/16] * q[e] - mn[e/16].  The
+ * bit unpacking is the same for every row, the multiply-adds that follow are
+ * vectorised; written independently of the reference loops above, which the
+ * tests compare it with. */
+static size_t mdl_kquant_unpack(mdl_ggml_type_t type, const uint8_t *p, int8_t *q, float *sc, float *mn)
+{
+    if (type == MDL_GGML_Q5_0) {
+        float d = mdl_h(p);
+        uint32_t qh;
+        memcpy(&qh, p + 2, 4);   /* little-endian hosts (x86-64) */
+        for (int j = 0; j < 16; j++) {
+            q[j] = (int8_t)(((p[6 + j] & 0xF) | ((qh >> j) & 1) << 4) - 16);
+            q[j + 16] = (int8_t)(((p[6 + j] >> 4) | ((qh >> (j + 16)) & 1) << 4) - 16);
+        }
+        sc[0] = sc[1] = d;
+        mn[0] = mn[1] = 0.0f;
+        return 32;
+    }
+    if (type == MDL_GGML_Q4_K) {
+        float d = mdl_h(p), dmin = mdl_h(p + 2);
+        const uint8_t *s = p + 4, *qs = p + 16;
+        uint8_t s6[8], m6[8];
+        for (int g = 0; g < 4; g++) {
+            s6[g] = s[g] & 63;
+            m6[g] = s[g + 4] & 63;
+            s6[g + 4] = (uint8_t)((s[g + 8] & 0xF) | (s[g] >> 6) << 4);
+            m6[g + 4] = (uint8_t)((s[g + 8] >> 4) | (s[g + 4] >> 6) << 4);
+        }
+        for (int c = 0; c < 4; c++) {
+            for (int l = 0; l < 32; l++) {
+                q[64 * c + l] = (int8_t)(qs[32 * c + l] & 0xF);
+                q[64 * c + 32 + l] = (int8_t)(qs[32 * c + l] >> 4);
+            }
+        }
+        for (int g = 0; g < 8; g++) {
+            sc[2 * g] = sc[2 * g + 1] = d * s6[g];
+            mn[2 * g] = mn[2 * g + 1] = dmin * m6[g];
+        }
+        return 256;
+    }
+    /* Q6_K */
+    const uint8_t *ql = p, *qh = p + 128;
+    const int8_t *s = (const int8_t *)(p + 192);
+    float d = mdl_h(p + 208);
+    for (int h = 0; h < 2; h++, ql += 64, qh += 32) {
+        int8_t *o = q + 128 * h;
+        for (int l = 0; l < 32; l++) {
+            o[l] = (int8_t)(((ql[l] & 0xF) | (qh[l] & 3) << 4) - 32);
+            o[l + 32] = (int8_t)(((ql[l + 32] & 0xF) | ((qh[l] >> 2) & 3) << 4) - 32);
+            o[l + 64] = (int8_t)(((ql[l] >> 4) | ((qh[l] >> 4) & 3) << 4) - 32);
+            o[l + 96] = (int8_t)(((ql[l + 32] >> 4) | ((qh[l] >> 6) & 3) << 4) - 32);
+        }
+    }
+    for (int g = 0; g < 16; g++) {
+        sc[g] = d * s[g];
+        mn[g] = 0.0f;
+    }
+    return 256;
+}
+
+static size_t mdl_kquant_block_bytes(mdl_ggml_type_t type)
+{
+    return type == MDL_GGML_Q5_0 ? 22 : type == MDL_GGML_Q4_K ? 144 : 210;
+}
+
+MDL_AVX2 static inline __m256 mdl_i8x8_ps(const int8_t *q)
+{
+    return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)q)));
+}
+
+/* Dot product of a Q5_0 / Q4_K / Q6_K row with fp32 x. */
+MDL_AVX2 static float mdl_dot_kq_avx2(const mdl_weight_t *w, size_t r, const float *x)
+{
+    const uint8_t *p = mdl_row(w, r);
+    size_t bb = mdl_kquant_block_bytes(w->type);
+    int8_t q[QKK];
+    float sc[16], mn[16];
+    __m256 acc = _mm256_setzero_ps(), accm = _mm256_setzero_ps();
+    for (size_t c = 0; c < w->cols; p += bb) {
+        size_t ne = mdl_kquant_unpack(w->type, p, q, sc, mn);
+        for (size_t g = 0; g < ne / 16; g++, c += 16) {
+            __m256 x0 = _mm256_loadu_ps(x + c), x1 = _mm256_loadu_ps(x + c + 8);
+            __m256 s = _mm256_fmadd_ps(mdl_i8x8_ps(q + 16 * g + 8), x1, _mm256_mul_ps(mdl_i8x8_ps(q + 16 * g), x0));
+            acc = _mm256_fmadd_ps(_mm256_set1_ps(sc[g]), s, acc);
+            if (mn[g] != 0.0f)
+                accm = _mm256_fmadd_ps(_mm256_set1_ps(mn[g]), _mm256_add_ps(x0, x1), accm);
+        }
+    }
+    return mdl_hsum(_mm256_sub_ps(acc, accm));
+}
+
+MDL_AVX2 static void mdl_dequant_kq_avx2(const mdl_weight_t *w, size_t r, float *out)
+{
+    const uint8_t *p = mdl_row(w, r);
+    size_t bb = mdl_kquant_block_bytes(w->type);
+    int8_t q[QKK];
+    float sc[16], mn[16];
+    for (size_t c = 0; c < w->cols; p += bb) {
+        size_t ne = mdl_kquant_unpack(w->type, p, q, sc, mn);
+        for (size_t g = 0; g < ne / 16; g++, c += 16) {
+            __m256 s = _mm256_set1_ps(sc[g]), m = _mm256_set1_ps(mn[g]);
+            _mm256_storeu_ps(out + c, _mm256_fmsub_ps(mdl_i8x8_ps(q + 16 * g), s, m));
+            _mm256_storeu_ps(out + c + 8, _mm256_fmsub_ps(mdl_i8x8_ps(q + 16 * g + 8), s, m));
+        }
+    }
 }
 
 /* 16 bytes of nibbles -> 4 vectors of 8 floats (elements 0-7, 8-15, 16-23, 24-31). */
@@ -289,6 +465,10 @@ MDL_AVX2 static float mdl_dot_avx2(const mdl_weight_t *w, size_t r, const float 
         }
         return s;
     }
+    case MDL_GGML_Q5_0:
+    case MDL_GGML_Q4_K:
+    case MDL_GGML_Q6_K:
+        return mdl_dot_kq_avx2(w, r, x);
     default:
         return 0.0f;
     }
@@ -317,6 +497,11 @@ MDL_AVX2 static void mdl_dequant_row_avx2(const mdl_weight_t *w, size_t r, float
         }
         return;
     }
+    case MDL_GGML_Q5_0:
+    case MDL_GGML_Q4_K:
+    case MDL_GGML_Q6_K:
+        mdl_dequant_kq_avx2(w, r, out);
+        return;
     default:
         mdl_dequant_row_ref(w, r, out);
         return;

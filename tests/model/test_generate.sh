@@ -23,6 +23,26 @@ cmp -s "$tmp/a" "$tmp/b" || { echo "FAIL: output differs between 1 and 2 threads
 cmp -s "$tmp/b" "$tmp/c" || { echo "FAIL: output differs between two runs"; exit 1; }
 cmp -s "$tmp/a" "$tmp/d" || { echo "FAIL: retroinfer differs from full on a short prompt (decodes densely)"; exit 1; }
 grep -q "Paris" "$tmp/a" || { echo "FAIL: the answer does not mention Paris"; exit 1; }
+# retroinfer on a prompt long enough to be indexed (the short prompt above
+# stays under the indexing threshold of ~1,092 tokens and decodes densely):
+# distinct numbered sentences with one fact, then the question.
+n_sent="${RI_TEST_LONG_SENTENCES:-110}"
+{
+  i=1
+  while [ "$i" -le "$n_sent" ]; do
+    echo "Note $i: the archive room on floor $((i % 7 + 1)) keeps box $((i * 37 % 1000)) next to the window."
+    [ "$i" -eq $((n_sent / 2)) ] && echo "Remember this: the secret colour is turquoise."
+    i=$((i + 1))
+  done
+  echo "Question: what is the secret colour? Answer with one word."
+} > "$tmp/long.txt"
+"$gen" --model "$model" --chat --prompt-file "$tmp/long.txt" --max-tokens 12 --attn retroinfer \
+  > "$tmp/long.out" 2> "$tmp/long.err" || { cat "$tmp/long.err"; exit 1; }
+echo "retroinfer, long: $(cat "$tmp/long.out")"
+ptok=$(sed -n 's/.*prefill: \([0-9]*\) tokens.*/\1/p' "$tmp/long.err")
+[ -n "$ptok" ] && [ "$ptok" -ge 1100 ] || { echo "FAIL: long prompt has ${ptok:-?} tokens, too few to index"; exit 1; }
+grep -q "index build:" "$tmp/long.err" || { echo "FAIL: retroinfer built no index on a $ptok-token prompt"; cat "$tmp/long.err"; exit 1; }
+[ "$(tr -cd 'A-Za-z' < "$tmp/long.out" | wc -c)" -ge 3 ] || { echo "FAIL: no words from retroinfer on the long prompt"; exit 1; }
 # English words, not token soup: mostly letters and spaces
 letters=$(tr -cd 'A-Za-z ' < "$tmp/a" | wc -c)
 total=$(wc -c < "$tmp/a")

@@ -62,6 +62,14 @@ static wbuf_t make_weight(mdl_ggml_type_t type, size_t rows, size_t cols)
                 uint16_t h = type == MDL_GGML_F16 ? cm_f32_to_fp16(frand()) : cm_f32_to_bf16(frand());
                 memcpy(row + 2 * i, &h, 2);
             }
+        } else if (type == MDL_GGML_Q4_K || type == MDL_GGML_Q6_K) {
+            for (size_t blk = 0; blk < cols / 256; blk++) {
+                uint8_t *p = row + blk * bb;
+                uint16_t d = cm_f32_to_fp16(0.001f + 0.01f * fabsf(frand())), m = cm_f32_to_fp16(0.01f * frand());
+                memcpy(p + (type == MDL_GGML_Q6_K ? 208 : 0), &d, 2);
+                if (type == MDL_GGML_Q4_K)
+                    memcpy(p + 2, &m, 2);
+            }
         } else {
             for (size_t blk = 0; blk < cols / 32; blk++) {
                 uint8_t *p = row + blk * bb;
@@ -89,8 +97,10 @@ static double worst_rel(const float *a, const float *b, const double *scale, siz
     return w;
 }
 
-static const mdl_ggml_type_t types[] = {MDL_GGML_F32, MDL_GGML_F16, MDL_GGML_BF16,
-                                        MDL_GGML_Q4_0, MDL_GGML_Q4_1, MDL_GGML_Q8_0};
+static const mdl_ggml_type_t types[] = {MDL_GGML_F32,  MDL_GGML_F16,  MDL_GGML_BF16, MDL_GGML_Q4_0,
+                                        MDL_GGML_Q4_1, MDL_GGML_Q8_0, MDL_GGML_Q5_0};
+/* super-block types: rows a multiple of 256 */
+static const mdl_ggml_type_t ktypes[] = {MDL_GGML_Q4_K, MDL_GGML_Q6_K};
 
 static void check_shape(cm_pool_t *pool, mdl_ggml_type_t type, size_t rows, size_t cols, size_t n)
 {
@@ -153,6 +163,12 @@ static void test_matmul_all_types(void **state)
                 check_shape(pool, types[t], rows_list[r], 96, n_list[n]);
                 check_shape(NULL, types[t], rows_list[r], 32, n_list[n]);
             }
+    for (size_t t = 0; t < sizeof(ktypes) / sizeof(ktypes[0]); t++)
+        for (size_t n = 0; n < sizeof(n_list) / sizeof(n_list[0]); n++) {
+            check_shape(pool, ktypes[t], 37, 512, n_list[n]);
+            check_shape(NULL, ktypes[t], 3, 256, n_list[n]);
+        }
+    check_shape(pool, MDL_GGML_Q6_K, 64, 2048, 17);   /* Gemma's ffn_down shape */
     /* float rows that are not a multiple of the vector width */
     check_shape(pool, MDL_GGML_F32, 5, 113, 1);
     check_shape(pool, MDL_GGML_F16, 5, 113, 6);
@@ -195,8 +211,10 @@ static void test_scalar_path_matches(void **state)
     (void)state;
     if (!mdl_quant_have_simd())
         skip();
-    for (size_t t = 0; t < sizeof(types) / sizeof(types[0]); t++) {
-        wbuf_t wb = make_weight(types[t], 7, 256);
+    static const mdl_ggml_type_t all[] = {MDL_GGML_F32,  MDL_GGML_F16,  MDL_GGML_BF16, MDL_GGML_Q4_0, MDL_GGML_Q4_1,
+                                          MDL_GGML_Q8_0, MDL_GGML_Q5_0, MDL_GGML_Q4_K, MDL_GGML_Q6_K};
+    for (size_t t = 0; t < sizeof(all) / sizeof(all[0]); t++) {
+        wbuf_t wb = make_weight(all[t], 7, 256);
         float x[256];
         for (int i = 0; i < 256; i++)
             x[i] = frand();
@@ -208,6 +226,68 @@ static void test_scalar_path_matches(void **state)
             assert_float_equal(simd, sc, 1e-3 * (1 + fabsf(sc)));
         }
         free(wb.data);
+    }
+}
+
+/* Where each element of Q5_0 / Q4_K / Q6_K lives, from the format, on
+ * hand-built blocks (all quants at one value, one bit moved): a reference
+ * that reads the wrong nibble, bit or scale fails here even when the SIMD
+ * path shares its mistake. */
+static void expand_one(mdl_ggml_type_t type, const uint8_t *blk, size_t n, float *out)
+{
+    mdl_weight_t w = {.type = type, .rows = 1, .cols = n, .row_bytes = 0, .data = blk};
+    mdl_dequant_row_ref(&w, 0, out);
+    float simd[256];
+    mdl_dequant_row(&w, 0, simd);
+    for (size_t i = 0; i < n; i++)
+        assert_true(simd[i] == out[i]);
+}
+
+static void test_block_layouts(void **state)
+{
+    (void)state;
+    uint16_t one = cm_f32_to_fp16(1.0f);
+    float out[256];
+    for (int e = 0; e < 32; e++) {   /* Q5_0: x = (q - 16) d; fifth bit of element e is bit e of qh */
+        uint8_t b[22] = {0};
+        memcpy(b, &one, 2);
+        b[2 + e / 8] = (uint8_t)(1u << (e % 8));
+        b[6 + e % 16] |= (uint8_t)(e < 16 ? 0x01 : 0x10);   /* low nibble: e, high: e + 16 */
+        expand_one(MDL_GGML_Q5_0, b, 32, out);
+        for (int i = 0; i < 32; i++)
+            assert_true(out[i] == (i == e ? 1.0f : -16.0f));
+    }
+    for (int g = 0; g < 8; g++) {    /* Q4_K: group g of 32 gets scale 2 and min 3, others scale 1 */
+        uint8_t b[144] = {0};
+        memcpy(b, &one, 2);
+        memcpy(b + 2, &one, 2);
+        for (int k = 0; k < 4; k++)
+            b[4 + k] = 1, b[12 + k] = 0x01;   /* scales of groups 0-3, 4-7 (low nibble) */
+        if (g < 4)
+            b[4 + g] = 2, b[8 + g] = 3;
+        else
+            b[12 + g - 4] = 0x32;             /* scale 2 (low nibble), min 3 (high nibble) */
+        for (int i = 0; i < 128; i++)
+            b[16 + i] = 0x75;                 /* low nibble 5 (even groups), high 7 (odd groups) */
+        expand_one(MDL_GGML_Q4_K, b, 256, out);
+        for (int i = 0; i < 256; i++) {
+            int gi = i / 32;
+            float q = gi % 2 == 0 ? 5.0f : 7.0f;
+            assert_true(out[i] == (gi == g ? 2.0f * q - 3.0f : q));
+        }
+    }
+    for (int e = 0; e < 256; e += 7) { /* Q6_K: all quants 32 (x = 0) but element e, scales 1..16 */
+        uint8_t b[210] = {0};
+        int h = e / 128, k = (e % 128) / 32, l = e % 32;
+        for (int i = 0; i < 64; i++)
+            b[128 + i] = 0xAA;                /* high 2 bits = 2 everywhere: q = 32 */
+        for (int i = 0; i < 16; i++)
+            b[192 + i] = (uint8_t)(i + 1);
+        memcpy(b + 208, &one, 2);
+        b[64 * h + l + 32 * (k & 1)] = (uint8_t)(k < 2 ? 0x05 : 0x50);   /* q = 37 at e */
+        expand_one(MDL_GGML_Q6_K, b, 256, out);
+        for (int i = 0; i < 256; i++)
+            assert_true(out[i] == (i == e ? 5.0f * (float)(i / 16 + 1) : 0.0f));
     }
 }
 
@@ -246,6 +326,7 @@ int main(void)
         cmocka_unit_test(test_matmul_all_types),
         cmocka_unit_test(test_fused_products),
         cmocka_unit_test(test_scalar_path_matches),
+        cmocka_unit_test(test_block_layouts),
         cmocka_unit_test(test_checker_catches_corruption),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
