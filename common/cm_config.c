@@ -335,6 +335,23 @@ ri_status_t cm_config_load(const cm_config_table_t *table, void *obj, int argc, 
         if (st != RI_OK)
             return st;
     }
+    /* Positional arguments come last: a flag after one means the command line
+     * is not what its writer thinks (e.g. "--chat false --max-tokens 8", where
+     * "false" is not the value of the boolean --chat and --max-tokens would
+     * be dropped).  Name the argument instead of guessing. */
+    if (i < argc && (i == 0 || strcmp(argv[i - 1], "--") != 0)) {
+        for (int j = i + 1; j < argc; j++) {
+            if (strcmp(argv[j], "--") == 0)
+                break;
+            if (argv[j][0] == '-' && argv[j][1] == '-') {
+                snprintf(err, errlen,
+                         "unexpected argument '%s' before the flag '%s' (arguments go after all flags; "
+                         "a boolean flag takes its value as --name=true|false)",
+                         argv[i], argv[j]);
+                return RI_ERR_INVALID;
+            }
+        }
+    }
     res.first_arg = i;
     if (result_p != NULL)
         *result_p = res;

@@ -130,6 +130,30 @@ static void test_precedence(void **state)
     unlink(path);
 }
 
+/* A stray argument among the flags is an error that names it; positional
+ * arguments after every flag, or after "--", are fine. */
+static void test_stray_argument(void **state)
+{
+    test_cfg_t c;
+    char err[256];
+    cm_config_result_t res;
+    (void)state;
+    char *stray[] = {"prog", "--hugepages", "false", "--threads", "8", NULL};
+    assert_int_equal(cm_config_load(&table, &c, 5, stray, &res, err, sizeof(err)), RI_ERR_INVALID);
+    assert_non_null(strstr(err, "'false'"));
+    assert_non_null(strstr(err, "--threads"));
+    cm_config_free(&table, &c);
+    char *tail[] = {"prog", "--threads", "3", "a", "b", NULL};
+    assert_int_equal(cm_config_load(&table, &c, 5, tail, &res, err, sizeof(err)), RI_OK);
+    assert_int_equal(res.first_arg, 3);
+    assert_int_equal(c.threads, 3);
+    cm_config_free(&table, &c);
+    char *dashdash[] = {"prog", "--", "x", "--not-a-flag", NULL};
+    assert_int_equal(cm_config_load(&table, &c, 4, dashdash, &res, err, sizeof(err)), RI_OK);
+    assert_int_equal(res.first_arg, 2);
+    cm_config_free(&table, &c);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -137,6 +161,7 @@ int main(void)
         cmocka_unit_test(test_sizes),
         cmocka_unit_test(test_bad_values_change_nothing),
         cmocka_unit_test(test_precedence),
+        cmocka_unit_test(test_stray_argument),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
