@@ -141,6 +141,46 @@ static float *xc_floats(size_t n, float sd)
     return f;
 }
 
+/* ---- what was checked ----
+ * Every case asks the backend's supports() first.  A declined case is
+ * counted as "not supported", never as a pass; test_every_op_checked fails
+ * when a backend declined every case of an op (it would check nothing). */
+
+#define XC_MAX_BACKENDS 8
+typedef struct xc_count {
+    const char *backend;
+    unsigned checked[KN_OP_COUNT];
+    unsigned unsupported[KN_OP_COUNT];
+} xc_count_t;
+static xc_count_t xc_counts[XC_MAX_BACKENDS];
+
+static xc_count_t *xc_count_of(const kn_ops_t *ops)
+{
+    for (size_t i = 0; i < XC_MAX_BACKENDS; i++) {
+        if (xc_counts[i].backend == NULL)
+            xc_counts[i].backend = ops->name;
+        if (strcmp(xc_counts[i].backend, ops->name) == 0)
+            return &xc_counts[i];
+    }
+    fail_msg("more than %d backends", XC_MAX_BACKENDS);
+    return NULL;
+}
+
+/* True when ops takes the case (counted as checked); false: counted as not
+ * supported, and the caller checks nothing. */
+static bool xc_supported(const kn_ops_t *ops, kn_op_t op, const kn_shape_t *shape, const char *what)
+{
+    xc_count_t *c = xc_count_of(ops);
+    if (ops->supports(op, shape, KN_DTYPE_F16)) {
+        c->checked[op]++;
+        return true;
+    }
+    c->unsupported[op]++;
+    if (!xc_quiet)
+        printf("not supported (not checked): %s\n", what);
+    return false;
+}
+
 /* ---- ops ---- */
 
 /* Full decode for a batch of sequences with the given lengths; layout 0 =
@@ -167,8 +207,8 @@ static int xc_attn_decode(const kn_ops_t *ops, uint32_t nkv, uint32_t g, uint32_
     assert_int_equal(kn_ops_ref()->attn_decode(&sh, n_seq, q, kv, ro, rl), RI_OK);
     snprintf(what, sizeof(what), "%s attn_decode nkv=%u g=%u d=%u n0=%zu seqs=%zu %s", ops->name,
              nkv, g, d, len[0], n_seq, layout ? "head-major" : "token-major");
-    if (!ops->supports(KN_OP_ATTN_DECODE, &sh, KN_DTYPE_F16)) {
-        fails = 0;
+    if (!xc_supported(ops, KN_OP_ATTN_DECODE, &sh, what)) {
+        fails = 0;  /* counted as not supported, not as a pass */
     } else if (ops->attn_decode(&sh, n_seq, q, kv, o.p, l.p) != RI_OK) {
         fails = 1;
     } else {
@@ -252,7 +292,9 @@ static int xc_attn_pages(const kn_ops_t *ops, uint32_t g, uint32_t d, size_t n_p
     }
     assert_int_equal(kn_ops_ref()->attn_pages(&grp, q, pages, n_pages, ro, rl), RI_OK);
     snprintf(what, sizeof(what), "%s attn_pages g=%u d=%u pages=%zu", ops->name, g, d, n_pages);
-    if (ops->attn_pages(&grp, q, pages, n_pages, o.p, l.p) != RI_OK) {
+    if (!xc_supported(ops, KN_OP_ATTN_PAGES, &grp, what)) {
+        /* counted as not supported */
+    } else if (ops->attn_pages(&grp, q, pages, n_pages, o.p, l.p) != RI_OK) {
         fails++;
     } else {
         fails += !xc_guards_ok(&o, what) || !xc_guards_ok(&l, what);
@@ -365,6 +407,8 @@ static int xc_rank(const kn_ops_t *ops, uint32_t g, uint32_t d, uint32_t C, uint
             sorted[avail++] = score[j];
     qsort(sorted, avail, sizeof(double), xc_cmp_desc);
     snprintf(what, sizeof(what), "%s rank g=%u d=%u C=%u R=%u E=%u", ops->name, g, d, C, n_r, n_e);
+    if (!xc_supported(ops, KN_OP_RANK, &grp, what))
+        goto out;
     if (ops->rank(&grp, q, &idx, n_r, n_e, ids, &nr, &ne) != RI_OK) {
         fails++;
         goto out;
@@ -425,7 +469,9 @@ static int xc_estimate(const kn_ops_t *ops, uint32_t g, uint32_t d, uint32_t C, 
         ids[i] = (uint32_t)(xc_next() % C);
     assert_int_equal(kn_ops_ref()->estimate(&grp, q, &idx, ids, n, ro, rl), RI_OK);
     snprintf(what, sizeof(what), "%s estimate g=%u d=%u n=%zu", ops->name, g, d, n);
-    if (ops->estimate(&grp, q, &idx, ids, n, o.p, l.p) != RI_OK) {
+    if (!xc_supported(ops, KN_OP_ESTIMATE, &grp, what)) {
+        /* counted as not supported */
+    } else if (ops->estimate(&grp, q, &idx, ids, n, o.p, l.p) != RI_OK) {
         fails++;
     } else {
         fails += !xc_guards_ok(&o, what) || !xc_guards_ok(&l, what);
@@ -473,7 +519,9 @@ static int xc_merge(const kn_ops_t *ops, size_t rows, uint32_t d, size_t parts)
     assert_int_equal(kn_ops_ref()->merge(rows, d, parts, (const float *const *)op,
                                          (const float *const *)lp, ro, rl), RI_OK);
     snprintf(what, sizeof(what), "%s merge rows=%zu d=%u parts=%zu", ops->name, rows, d, parts);
-    if (ops->merge(rows, d, parts, (const float *const *)op, (const float *const *)lp, o.p, l.p) != RI_OK) {
+    if (!xc_supported(ops, KN_OP_MERGE, &(kn_shape_t){1, 1, d, 0}, what)) {
+        /* counted as not supported */
+    } else if (ops->merge(rows, d, parts, (const float *const *)op, (const float *const *)lp, o.p, l.p) != RI_OK) {
         fails++;
     } else {
         fails += !xc_guards_ok(&o, what) || !xc_guards_ok(&l, what);
@@ -519,7 +567,9 @@ static int xc_quest(const kn_ops_t *ops, uint32_t g, uint32_t d, size_t np)
         mx[i] = cm_f32_to_fp16(cm_fp16_to_f32(mn[i]) + fabsf(xc_gauss()));
     assert_int_equal(kn_ops_ref()->quest_score(&grp, q, mn, mx, np, rs), RI_OK);
     snprintf(what, sizeof(what), "%s quest_score g=%u d=%u pages=%zu", ops->name, g, d, np);
-    if (ops->quest_score(&grp, q, mn, mx, np, s.p) != RI_OK) {
+    if (!xc_supported(ops, KN_OP_QUEST_SCORE, &grp, what)) {
+        /* counted as not supported */
+    } else if (ops->quest_score(&grp, q, mn, mx, np, s.p) != RI_OK) {
         fails++;
     } else {
         fails += !xc_guards_ok(&s, what);
@@ -610,6 +660,8 @@ static int xc_index_build(const kn_ops_t *ops, uint32_t d, uint32_t n, uint32_t 
     kn_index_init(&b, d);
     snprintf(what, sizeof(what), "%s index_build d=%u n=%u C=%u S=%u", ops->name, d, n, C, S);
     assert_int_equal(kn_ops_ref()->index_build(&p, k, v, stride, n, 5, C, S, &a), RI_OK);
+    if (!xc_supported(ops, KN_OP_INDEX_BUILD, &(kn_shape_t){1, 1, d, 0}, what))
+        goto out;
     if (ops->index_build(&p, k, v, stride, n, 5, C, S, &b) != RI_OK) {
         fails++;
         goto out;
@@ -780,6 +832,75 @@ static void test_corrupted_backend_is_caught(void **state)
     assert_int_equal(xc_attn_decode(kn_ops_cpu(), 2, 4, 64, &n, 1, 0), 0);
 }
 
+/* ---- coverage: "supported and checked" apart from "not supported" ---- */
+
+static const kn_op_t xc_ops_checked[] = {KN_OP_ATTN_DECODE, KN_OP_ATTN_PAGES, KN_OP_RANK,
+                                         KN_OP_ESTIMATE,    KN_OP_MERGE,      KN_OP_QUEST_SCORE,
+                                         KN_OP_INDEX_BUILD};
+
+/* Print the backend's counts; false when it checked no case of some op. */
+static bool xc_coverage_ok(const kn_ops_t *ops, bool print)
+{
+    xc_count_t *c = xc_count_of(ops);
+    bool ok = true;
+    for (size_t i = 0; i < sizeof(xc_ops_checked) / sizeof(xc_ops_checked[0]); i++) {
+        kn_op_t op = xc_ops_checked[i];
+        if (print)
+            printf("  %-8s %-12s checked %4u  not supported %3u%s\n", ops->name, kn_op_name(op),
+                   c->checked[op], c->unsupported[op], c->checked[op] ? "" : "  <- NOTHING CHECKED");
+        ok = ok && c->checked[op] > 0;
+    }
+    return ok;
+}
+
+static bool xc_decline(kn_op_t op, const kn_shape_t *shape, kn_dtype_t dtype)
+{
+    (void)op;
+    (void)shape;
+    (void)dtype;
+    return false;
+}
+
+/* The tester is tested: a backend that declines every shape gets every case
+ * counted as not supported, none as checked, and fails the coverage check
+ * (the mutation "an unsupported case counts as a pass" fails here). */
+static void test_declining_backend_is_caught(void **state)
+{
+    kn_ops_t bad = *kn_ops_cpu();
+    size_t n = 113;
+    xc_count_t *c;
+    bad.name = "declining";
+    bad.supports = xc_decline;
+    xc_quiet = true;
+    assert_int_equal(xc_attn_decode(&bad, 2, 4, 64, &n, 1, 0), 0);
+    assert_int_equal(xc_attn_pages(&bad, 4, 64, 3, 5), 0);
+    assert_int_equal(xc_rank(&bad, 4, 128, 100, 2, 10), 0);
+    assert_int_equal(xc_estimate(&bad, 4, 128, 100, 10), 0);
+    assert_int_equal(xc_merge(&bad, 4, 128, 2), 0);
+    assert_int_equal(xc_quest(&bad, 4, 128, 10), 0);
+    assert_int_equal(xc_index_build(&bad, 64, 100, 8, 1, 1, -1), 0);
+    xc_quiet = false;
+    c = xc_count_of(&bad);
+    for (size_t i = 0; i < sizeof(xc_ops_checked) / sizeof(xc_ops_checked[0]); i++) {
+        assert_int_equal(c->checked[xc_ops_checked[i]], 0);
+        assert_int_equal(c->unsupported[xc_ops_checked[i]], 1);
+    }
+    assert_false(xc_coverage_ok(&bad, false));
+}
+
+/* Runs last: every backend under test checked at least one case of every
+ * op (a backend that declines all its shapes checked nothing). */
+static void test_every_op_checked(void **state)
+{
+    const kn_ops_t *ops[4];
+    size_t n_ops = kn_ops_list(ops, 4);
+    bool ok = true;
+    printf("cases per backend and op (not supported = declined by supports(), not a pass):\n");
+    for (size_t b = 1; b < n_ops; b++)
+        ok = xc_coverage_ok(ops[b], true) && ok;
+    assert_true(ok);
+}
+
 /* Unsupported shapes fall back to the reference through the wrappers. */
 static void test_wrapper_fallback(void **state)
 {
@@ -837,6 +958,8 @@ int main(int argc, char **argv)
         cmocka_unit_test(test_index_build),
         cmocka_unit_test(test_corrupted_backend_is_caught),
         cmocka_unit_test(test_wrapper_fallback),
+        cmocka_unit_test(test_declining_backend_is_caught),
+        cmocka_unit_test(test_every_op_checked),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
