@@ -8,8 +8,13 @@
  * the wave-index build throughput.  Prints a table; --json PATH writes
  * docs/bench-format.md's shape.
  *
- *   ri bench kernels [--quick] [--max-n N] [--only N] [--steps S] [--fast-build-from N]
- *                    [--json PATH]
+ *   ri bench kernels [--quick] [--max-n N] [--only N] [--steps S] [--rounds R]
+ *                    [--fast-build-from N] [--json PATH]
+ *
+ * Timing: R rounds (15 up to 128K, 5 above); each round runs every method
+ * once and takes one bandwidth sample, in an order rotated by one per round;
+ * every method gets R samples.  A GB/s figure above the bandwidth reference
+ * by more than the reference's own spread (at least 5%) fails the bench.
  */
 #define _GNU_SOURCE
 #include <math.h>
@@ -101,6 +106,51 @@ static double bk_time(bk_run_fn_t fn, void *ctx, const float *q, float *out, flo
         t[r] = cm_time_s() - t0;
     }
     return bn_median(t, (size_t)reps);
+}
+
+/* The bandwidth reference: one timed streaming read of a 256 MiB buffer
+ * (hugepages, 8x the L3) by the kernels' own pool, the threads that run the
+ * decodes, taken once per round between the decodes. */
+#define BK_BW_BYTES ((size_t)256 << 20)
+#define BK_BW_CHUNK ((size_t)1 << 20)
+#define BK_MAX_ROUNDS 64
+#define BK_BW_NOISE_FLOOR 0.05
+static uint64_t *bk_bw_buf;
+static uint64_t bk_bw_sums[256];
+
+static void bk_bw_task(void *arg, size_t begin, size_t end, unsigned worker)
+{
+    uint64_t a0 = 0, a1 = 0, a2 = 0, a3 = 0, a4 = 0, a5 = 0, a6 = 0, a7 = 0;
+    (void)arg;
+    for (size_t c = begin; c < end; c++) {
+        const uint64_t *p = bk_bw_buf + c * (BK_BW_CHUNK / 8);
+        for (size_t i = 0; i < BK_BW_CHUNK / 8; i += 8) {
+            a0 += p[i];
+            a1 += p[i + 1];
+            a2 += p[i + 2];
+            a3 += p[i + 3];
+            a4 += p[i + 4];
+            a5 += p[i + 5];
+            a6 += p[i + 6];
+            a7 += p[i + 7];
+        }
+    }
+    bk_bw_sums[worker % 256] += a0 + a1 + a2 + a3 + a4 + a5 + a6 + a7;
+}
+
+static double bk_bw_sample(void)
+{
+    double t0;
+    if (bk_bw_buf == NULL) {
+        bk_bw_buf = big_alloc(BK_BW_BYTES);
+        if (bk_bw_buf == NULL)
+            return NAN;
+        for (size_t i = 0; i < BK_BW_BYTES / 8; i++)
+            bk_bw_buf[i] = i * 2654435761u;
+    }
+    t0 = cm_time_s();
+    cm_pool_parallel_for(kn_pool(), BK_BW_BYTES / BK_BW_CHUNK, 8, bk_bw_task, NULL);
+    return (double)BK_BW_BYTES / (cm_time_s() - t0) / 1e9;
 }
 
 typedef struct bk_ctx {
@@ -197,7 +247,9 @@ static void put_summary(cJSON *row, const char *name, const double *v, size_t n,
     cJSON_AddNumberToObject(row, key, low_is_bad ? s.min : s.max);
 }
 
-static int bench_size(bn_report_t *rep, size_t N, int steps, bool quick, int32_t neighbours,
+/* Returns -1 on failure, else the number of figures above the bandwidth
+ * reference by more than its noise. */
+static int bench_size(bn_report_t *rep, size_t N, int steps, int rounds, int32_t neighbours,
                       bool compare_final, uint32_t iters)
 {
     kn_synth_params_t sp;
@@ -210,8 +262,8 @@ static int bench_size(bn_report_t *rep, size_t N, int steps, bool quick, int32_t
     double *prob = malloc(sizeof(double) * N * NKV * (size_t)steps);
     uint8_t *mask = malloc(N);
     kn_wave_params_t wp;
-    double bw_row, t_full = 0, t_build, med[M_COUNT], best[M_COUNT];
-    int reps = N <= 131072 ? 9 : 3;
+    double bw_row, bw_max, bw_min, bw_noise, t_full = 0, t_build, med[M_COUNT], best[M_COUNT];
+    int over = 0;
     const kn_index_t *ix;
     char label[64];
 
@@ -277,30 +329,39 @@ static int bench_size(bn_report_t *rep, size_t N, int steps, bool quick, int32_t
     kn_quest_create(&x.shape, 16, &x.quest);
     kn_quest_update(x.quest, &x.kv);
 
-    /* bandwidth next to the measurements; then every method timed in
-     * interleaved rounds, so that load from other processes hits all alike */
-    bw_row = bn_measure_read_bw(512u << 20, 0, 3);
+    /* every method and the bandwidth reference timed in the same rounds:
+     * each round runs each of them once, in an order rotated by one per
+     * round, so that load from other processes and the position in the
+     * round hit all alike; every method gets the same number of samples */
     kn_wave_decode(x.wave, q, &x.kv, out, lse, &x.wstats);
     x.budget = (uint32_t)(x.wstats.exact_tokens / NKV);
     {
-        /* each round: full once, the cheap methods 4 times (more samples
-         * where one sample costs little); oracle/random 3 rounds only */
-        double tm[M_COUNT][160];
-        size_t ns[M_COUNT] = {0};
-        for (int r = 0; r < reps; r++)
-            for (int m = 0; m < M_COUNT; m++) {
-                int kk = (m == M_FULL || m == M_ORACLE) ? 1 : 4;
-                if ((m == M_ORACLE || m == M_RANDOM) && r >= 3)
+        double tm[M_COUNT][BK_MAX_ROUNDS], bw[BK_MAX_ROUNDS];
+        for (int r = 0; r < rounds; r++)
+            for (int slot = 0; slot <= M_COUNT; slot++) {
+                int m = (slot + r) % (M_COUNT + 1);
+                if (m == M_COUNT) {
+                    bw[r] = bk_bw_sample();
                     continue;
-                for (int j = 0; j < kk; j++) {
-                    const float *qj = q + (size_t)((r * 4 + j) % steps) * NQ * D;  /* vary the query */
-                    tm[m][ns[m]++] = bk_time(m_fn[m], &x, qj, out, lse, 1);
                 }
+                /* vary the query: each step ranks other clusters */
+                const float *qj = q + (size_t)(r % steps) * NQ * D;
+                tm[m][r] = bk_time(m_fn[m], &x, qj, out, lse, 1);
             }
         for (int m = 0; m < M_COUNT; m++) {
-            med[m] = bn_median(tm[m], ns[m]);
-            best[m] = bn_percentile(tm[m], ns[m], 0);
+            med[m] = bn_median(tm[m], (size_t)rounds);
+            best[m] = bn_percentile(tm[m], (size_t)rounds, 0);
         }
+        bw_row = bn_median(bw, (size_t)rounds);
+        bw_max = bn_percentile(bw, (size_t)rounds, 100);
+        bw_min = bn_percentile(bw, (size_t)rounds, 0);
+        /* noise: how far the reference's own samples stray from their median */
+        bw_noise = fmax((bw_max - bw_row) / bw_row, (bw_row - bw_min) / bw_row);
+        if (bw_noise < BK_BW_NOISE_FLOOR)
+            bw_noise = BK_BW_NOISE_FLOOR;
+        printf("bandwidth reference N=%zu: median %.2f GB/s (min %.2f, max %.2f) over %d samples, "
+               "interleaved with the decodes; a figure above %.2f GB/s fails the bench\n",
+               N, bw_row, bw_min, bw_max, rounds, bw_row * (1 + bw_noise));
     }
     t_full = med[M_FULL];
     for (int m = 0; m < M_COUNT; m++) {
@@ -350,7 +411,20 @@ static int bench_size(bn_report_t *rep, size_t N, int steps, bool quick, int32_t
         cJSON_AddNumberToObject(row, "bytes_read", (double)bytes);
         cJSON_AddNumberToObject(row, "gbs", bytes / secs / 1e9);
         cJSON_AddNumberToObject(row, "mem_bw_gbs_here", bw_row);
+        cJSON_AddNumberToObject(row, "mem_bw_gbs_here_min", bw_min);
+        cJSON_AddNumberToObject(row, "mem_bw_gbs_here_max", bw_max);
+        cJSON_AddNumberToObject(row, "mem_bw_noise", bw_noise);
         cJSON_AddNumberToObject(row, "bw_fraction", bytes / secs / 1e9 / bw_row);
+        cJSON_AddNumberToObject(row, "samples", rounds);
+        if (bytes / secs / 1e9 > bw_row * (1 + bw_noise)) {
+            /* a figure above the ceiling measured beside it: the bytes are
+             * miscounted, or the data came from a cache, not from memory */
+            cJSON_AddBoolToObject(row, "exceeds_bandwidth", 1);
+            fprintf(stderr, "BENCH FAILED: %s at N=%zu reads %.2f GB/s, above the bandwidth "
+                    "reference %.2f GB/s + %.0f%% noise measured in the same rounds\n",
+                    m_name[m], N, bytes / secs / 1e9, bw_row, 100 * bw_noise);
+            over++;
+        }
         cJSON_AddNumberToObject(row, "speedup_vs_full", t_full / secs);
         /* under load from other processes the minimum is the steadier figure */
         cJSON_AddNumberToObject(row, "seconds_min", best[m]);
@@ -375,11 +449,11 @@ static int bench_size(bn_report_t *rep, size_t N, int steps, bool quick, int32_t
             kn_summary_t a, b;
             kn_summarise(rel, nq, &a);
             kn_summarise(r100, nk, &b);
-            printf("%-10s N=%-7zu B=%-6u %8.3f ms (min %8.3f) %6.2f GB/s (%3.0f%% of %5.2f) x%-5.2f (min x%-5.2f) rel_err %.4f recall100 %s\n",
+            printf("%-10s N=%-7zu B=%-6u %8.3f ms (min %8.3f) %6.2f GB/s (%3.0f%% of %5.2f) x%-5.2f (min x%-5.2f) rel_err %.4f recall100 %s (%d samples)\n",
                    m_name[m], N, m == M_FULL ? (unsigned)N : x.budget, secs * 1e3, best[m] * 1e3,
                    bytes / secs / 1e9, 100.0 * bytes / secs / 1e9 / bw_row, bw_row, t_full / secs,
                    best[M_FULL] / best[m], a.median,
-                   nk ? (snprintf(label, sizeof(label), "%.3f", b.median), label) : "-");
+                   nk ? (snprintf(label, sizeof(label), "%.3f", b.median), label) : "-", rounds);
         }
         free(rel);
         free(cs);
@@ -435,7 +509,7 @@ static int bench_size(bn_report_t *rep, size_t N, int steps, bool quick, int32_t
     free(ref_lse);
     free(prob);
     free(mask);
-    return 0;
+    return over;
 }
 
 int main(int argc, char **argv)
@@ -443,7 +517,7 @@ int main(int argc, char **argv)
     const char *json = bn_parse_json_arg(&argc, argv);
     bool quick = false;
     size_t max_n = (size_t)1 << 20, only_n = 0, fast_from = 0;
-    int steps = 0;
+    int steps = 0, rounds = 0, over = 0, st_size;
     static const size_t sizes[] = {8192, 32768, 131072, 524288, 1048576};
     bn_report_t *rep;
 
@@ -458,10 +532,16 @@ int main(int argc, char **argv)
             only_n = strtoull(argv[++i], NULL, 0);
         else if (strcmp(argv[i], "--steps") == 0 && i + 1 < argc)
             steps = atoi(argv[++i]);
+        else if (strcmp(argv[i], "--rounds") == 0 && i + 1 < argc)
+            rounds = atoi(argv[++i]);
         else {
-            fprintf(stderr, "usage: ri bench kernels [--quick] [--max-n N] [--only N] [--steps S] [--fast-build-from N] [--json PATH]\n");
+            fprintf(stderr, "usage: ri bench kernels [--quick] [--max-n N] [--only N] [--steps S] [--rounds R] [--fast-build-from N] [--json PATH]\n");
             return 2;
         }
+    }
+    if (rounds < 0 || rounds > BK_MAX_ROUNDS) {
+        fprintf(stderr, "bench: --rounds must be 1..%d\n", BK_MAX_ROUNDS);
+        return 2;
     }
     if (quick && max_n > 32768)
         max_n = 32768;
@@ -498,11 +578,21 @@ int main(int argc, char **argv)
         /* --fast-build-from N: from that size on, 2 k-means iterations and the
          * own-segment final pass (decode timing does not depend on the index
          * quality; the rows say which build their accuracy comes from) */
+        int rd = rounds ? rounds : (N <= 131072 ? 15 : 5);
         if (fast_from && N >= fast_from)
-            bench_size(rep, N, st, quick, 0, false, 2);
+            st_size = bench_size(rep, N, st, rd, 0, false, 2);
         else
-            bench_size(rep, N, st, quick, N <= 131072 ? -1 : 1, N == 131072 && !quick, 9);
+            st_size = bench_size(rep, N, st, rd, N <= 131072 ? -1 : 1, N == 131072 && !quick, 9);
+        if (st_size < 0)
+            over = -1;
+        else if (over >= 0)
+            over += st_size;
         fflush(stdout);
     }
-    return bn_report_finish(rep, json) == 0 ? 0 : 1;
+    if (bn_report_finish(rep, json) != 0)
+        return 1;
+    if (over != 0)
+        fprintf(stderr, "BENCH FAILED: %s\n", over < 0 ? "a size failed to run"
+                                                        : "figures above the measured bandwidth (see above)");
+    return over != 0 ? 1 : 0;
 }
