@@ -19,6 +19,7 @@
 #include "retroinfer.pb-c.h"
 
 #define KVS_API_MAX_TOKENS (1ull << 30) /* expected_tokens upper bound */
+#define KVS_API_SESSION_TABLE 4096u     /* sessions of all tenants the store holds (its table size) */
 
 static CM_ALLOC_TAG(kvs_api_tag, "kvs.api");
 
@@ -170,6 +171,32 @@ static ri_status_t kvs_api_check_create(const Retroinfer__V1__CreateSessionReque
     return RI_OK;
 }
 
+/* Per-tenant session count (max-sessions-per-tenant): one tenant must not
+ * fill the shared session table.  Checked before the store is asked, so the
+ * error names this limit; concurrent creates of one tenant may overshoot it
+ * by at most the number of gRPC threads. */
+static ri_status_t kvs_api_check_session_count(kvs_ctl_t *ctl, const char *tenant, kvs_reply_t *reply)
+{
+    kvs_data_stats_t s;
+    memset(&s, 0, sizeof(s));
+    kvs_data_stats(ctl->data, tenant, &s);
+    if (ctl->cfg.max_sessions_per_tenant > 0 && s.sessions_tenant >= (uint64_t)ctl->cfg.max_sessions_per_tenant) {
+        atomic_fetch_add(&ctl->session_limit_refusals, 1);
+        snprintf(reply->msg, sizeof(reply->msg),
+                 "CreateSession: tenant '%s' already holds %u session(s), its limit (max-sessions-per-tenant=%lld); "
+                 "drop some first",
+                 tenant, s.sessions_tenant, (long long)ctl->cfg.max_sessions_per_tenant);
+        return RI_ERR_QUOTA;
+    }
+    if (s.sessions_all >= KVS_API_SESSION_TABLE) {
+        atomic_fetch_add(&ctl->table_full_refusals, 1);
+        snprintf(reply->msg, sizeof(reply->msg),
+                 "CreateSession: the kvstore's session table is full (%u sessions of all tenants)", s.sessions_all);
+        return RI_ERR_NOSPACE;
+    }
+    return RI_OK;
+}
+
 static ri_status_t kvs_api_create_session(void *app, const kvs_caller_t *caller, const uint8_t *req, size_t len,
                                           kvs_reply_t *reply)
 {
@@ -191,6 +218,9 @@ static ri_status_t kvs_api_create_session(void *app, const kvs_caller_t *caller,
         snprintf(reply->msg, sizeof(reply->msg), "CreateSession: the kvstore is draining; no new sessions");
         goto out_free;
     }
+    st = kvs_api_check_session_count(ctl, caller->tenant, reply);
+    if (st != RI_OK)
+        goto out_free;
     st = kvs_data_session_create(ctl->data, caller->tenant, &g, in->expected_tokens, in->label ? in->label : "",
                                  &id, secret);
     if (st == RI_ERR_QUOTA || st == RI_ERR_NOSPACE) {
@@ -334,8 +364,12 @@ static ri_status_t kvs_api_drain(void *app, const kvs_caller_t *caller, const ui
         return kvs_api_bad_message("Drain", reply);
     retroinfer__v1__drain_request__free_unpacked(in, &kvs_pb_allocator);
     if (!caller->admin) {
-        snprintf(reply->msg, sizeof(reply->msg), "Drain: tenant '%s' is not an admin (mark its token 'admin')",
-                 caller->tenant);
+        if (ctl->tokens_mode)
+            snprintf(reply->msg, sizeof(reply->msg), "Drain: tenant '%s' is not an admin (mark its token 'admin')",
+                     caller->tenant);
+        else
+            snprintf(reply->msg, sizeof(reply->msg),
+                     "Drain: admin calls need a tokens-file with an admin token (or start with --insecure-admin)");
         return RI_ERR_PERMISSION;
     }
     atomic_store(&ctl->draining, true);

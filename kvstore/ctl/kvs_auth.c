@@ -174,6 +174,13 @@ ri_status_t kvs_auth_load(const char *path, kvs_auth_t **auth_p, char *err, size
         st = RI_ERR_TOO_LARGE;
         goto err_close;
     }
+    /* Anyone who can write the file can make themselves an admin tenant. */
+    if (sb.st_mode & (S_IWOTH | S_IWGRP)) {
+        snprintf(err, errlen, "tokens file %s is writable by %s (mode %04o); refused: chmod 600 it", path,
+                 (sb.st_mode & S_IWOTH) ? "every user" : "its group", (unsigned)(sb.st_mode & 07777));
+        st = RI_ERR_PERMISSION;
+        goto err_close;
+    }
     if (sb.st_mode & S_IROTH)
         cm_warn("tokens file %s is readable by every user; chmod 600 it", path);
     text = cm_calloc(&kvs_auth_tag, 1, (size_t)sb.st_size + 1);

@@ -6,6 +6,8 @@
 #include "kvstore/ctl/kvs_ctl.h"
 
 #include <arpa/inet.h>
+#include <errno.h>
+#include <sys/resource.h>
 #include <stddef.h>
 #include <string.h>
 #include <strings.h>
@@ -46,7 +48,8 @@ static const cm_config_item_t kvs_ctl_config_items[] = {
     KVS_CFG("threads", CM_CFG_INT, "2", "gRPC serving threads", threads, 1, 64),
     KVS_CFG("drain-timeout-ms", CM_CFG_INT, "5000", "at shutdown, how long in-flight calls may run before cancel",
             drain_timeout_ms, 0, 600000),
-    KVS_CFG("max-message", CM_CFG_SIZE, "16MiB", "gRPC send and receive message limit", max_message, 1024.0,
+    KVS_CFG("max-message", CM_CFG_SIZE, "64KiB",
+            "largest gRPC request accepted (the API needs a few KiB; replies may reach 16 MiB)", max_message, 1024.0,
             1073741824.0),
     KVS_CFG("log-level", CM_CFG_STRING, "", "error, warn, info, debug or trace (empty = $RI_LOG_LEVEL, else info)",
             log_level, 0, 0),
@@ -64,6 +67,19 @@ static const cm_config_item_t kvs_ctl_config_items[] = {
     KVS_CFG("tls-key", CM_CFG_STRING, "", "PEM private key of tls-cert", tls_key, 0, 0),
     KVS_CFG("tls-ca", CM_CFG_STRING, "", "PEM CA bundle: require client certificates signed by it (mutual TLS)",
             tls_ca, 0, 0),
+    KVS_CFG("insecure", CM_CFG_BOOL, "false",
+            "allow listen beyond loopback without a tokens-file (anyone who can connect is the default tenant)",
+            insecure, 0, 0),
+    KVS_CFG("insecure-admin", CM_CFG_BOOL, "false",
+            "without a tokens-file, give every caller admin rights (Drain); else Drain needs an admin token",
+            insecure_admin, 0, 0),
+    KVS_CFG("max-sessions-per-tenant", CM_CFG_INT, "256", "open sessions one tenant may hold (0 = no limit)",
+            max_sessions_per_tenant, 0, 1000000),
+    KVS_CFG("max-connections", CM_CFG_INT, "1024",
+            "gRPC client connections the fd limit must leave room for (checked at start)", max_connections, 16,
+            1000000),
+    KVS_CFG("idle-timeout-ms", CM_CFG_INT, "300000", "close gRPC client connections idle this long",
+            idle_timeout_ms, 1000, 86400000),
 };
 
 const cm_config_table_t kvs_ctl_config_table = {
@@ -120,10 +136,10 @@ ri_status_t kvs_ctl_config_check(const kvs_ctl_config_t *cfg, char *err, size_t 
         snprintf(err, errlen, "tls-ca (client certificates) needs tls-cert and tls-key");
         return RI_ERR_INVALID;
     }
-    if (cfg->tokens_file[0] == '\0' && !kvs_ctl_addr_is_loopback(cfg->listen)) {
+    if (cfg->tokens_file[0] == '\0' && !cfg->insecure && !kvs_ctl_addr_is_loopback(cfg->listen)) {
         snprintf(err, errlen,
                  "listen '%s' is not a loopback address: without a tokens-file the daemon has no authentication "
-                 "and serves loopback only; set tokens-file",
+                 "and serves loopback only; set tokens-file (or --insecure to serve it unauthenticated)",
                  cfg->listen);
         return RI_ERR_INVALID;
     }
@@ -181,6 +197,41 @@ static ri_status_t kvs_ctl_load_tls(kvs_ctl_t *ctl, char *err, size_t errlen)
     return RI_OK;
 }
 
+/* File descriptors the daemon needs besides client connections: metrics
+ * connections, data-plane endpoints, spill files, logs, gRPC internals. */
+#define KVS_CTL_FD_RESERVE 256u
+
+/* Raise the soft fd limit to the hard one and refuse to start when even that
+ * cannot hold max-connections plus the reserve: running out of descriptors
+ * makes the gRPC core stop accepting for good (accept fails with EMFILE and
+ * the listener is not re-armed), so it must not be reachable by opening
+ * connections within the configured caps. */
+static ri_status_t kvs_ctl_check_fds(const kvs_ctl_config_t *cfg, char *err, size_t errlen)
+{
+    struct rlimit rl;
+    uint64_t need = (uint64_t)cfg->max_connections + KVS_CTL_FD_RESERVE;
+    if (getrlimit(RLIMIT_NOFILE, &rl) != 0) {
+        snprintf(err, errlen, "getrlimit(RLIMIT_NOFILE): %s", strerror(errno));
+        return RI_ERR_INTERNAL;
+    }
+    if (rl.rlim_cur != rl.rlim_max) {
+        rlim_t old = rl.rlim_cur;
+        rl.rlim_cur = rl.rlim_max;
+        if (setrlimit(RLIMIT_NOFILE, &rl) != 0)
+            rl.rlim_cur = old;
+    }
+    if (rl.rlim_cur != RLIM_INFINITY && (uint64_t)rl.rlim_cur < need) {
+        snprintf(err, errlen,
+                 "file descriptor limit %llu (hard limit of ulimit -n) is below the %llu that max-connections=%lld "
+                 "needs (+%u for the rest of the daemon); raise the limit or lower max-connections",
+                 (unsigned long long)rl.rlim_cur, (unsigned long long)need, (long long)cfg->max_connections,
+                 KVS_CTL_FD_RESERVE);
+        return RI_ERR_INVALID;
+    }
+    cm_info("fd limit %llu (max-connections %lld)", (unsigned long long)rl.rlim_cur, (long long)cfg->max_connections);
+    return RI_OK;
+}
+
 static void kvs_ctl_render(void *arg, FILE *out)
 {
     kvs_ctl_metrics_write(arg, out);
@@ -193,6 +244,9 @@ ri_status_t kvs_ctl_start(const kvs_ctl_config_t *cfg, kvs_ctl_t **ctl_p, char *
     kvs_ctl_t *ctl;
 
     st = kvs_ctl_config_check(cfg, err, errlen);
+    if (st != RI_OK)
+        return st;
+    st = kvs_ctl_check_fds(cfg, err, errlen);
     if (st != RI_OK)
         return st;
     if (cfg->log_level[0] != '\0' && cm_log_level_parse(cfg->log_level, &level) == RI_OK)
@@ -213,8 +267,9 @@ ri_status_t kvs_ctl_start(const kvs_ctl_config_t *cfg, kvs_ctl_t **ctl_p, char *
         cm_info("auth: %zu token(s) from %s", kvs_auth_count(ctl->auth), cfg->tokens_file);
         ctl->tokens_mode = true;
     } else {
-        cm_warn("auth: no tokens-file; single-tenant mode (tenant '%s', no tokens checked), loopback only",
-                KVS_DEFAULT_TENANT);
+        cm_warn("auth: no tokens-file; single-tenant mode (tenant '%s', no tokens checked), %s, admin calls %s",
+                KVS_DEFAULT_TENANT, cfg->insecure ? "ANY ADDRESS (--insecure)" : "loopback only",
+                cfg->insecure_admin ? "open to every caller (--insecure-admin)" : "refused (no admin token)");
     }
 
     kvs_data_config_t dcfg = {
@@ -264,6 +319,8 @@ ri_status_t kvs_ctl_start(const kvs_ctl_config_t *cfg, kvs_ctl_t **ctl_p, char *
         .tls_cert_pem = ctl->tls_cert_pem,
         .tls_key_pem = ctl->tls_key_pem,
         .tls_ca_pem = ctl->tls_ca_pem,
+        .admin_without_tokens = cfg->insecure_admin,
+        .idle_timeout_ms = (uint32_t)cfg->idle_timeout_ms,
     };
     st = kvs_grpc_start(&gcfg, &ctl->grpc, err, errlen);
     if (st != RI_OK)
@@ -383,6 +440,12 @@ void kvs_ctl_metrics_write(kvs_ctl_t *ctl, FILE *out)
     fprintf(out, "ri_kvs_build_info{version=\"%s\",auth_mode=\"%s\",tls=\"%s\"} 1\n", KVS_VERSION,
             ctl->tokens_mode ? "tokens" : "single-tenant",
             ctl->tls_ca_pem ? "mutual" : ctl->tls_cert_pem ? "on" : "off");
+    fprintf(out, "# HELP ri_kvs_limit_refusals_total Calls refused by a configured limit, by limit.\n");
+    fprintf(out, "# TYPE ri_kvs_limit_refusals_total counter\n");
+    fprintf(out, "ri_kvs_limit_refusals_total{limit=\"max-sessions-per-tenant\"} %llu\n",
+            (unsigned long long)atomic_load(&ctl->session_limit_refusals));
+    fprintf(out, "ri_kvs_limit_refusals_total{limit=\"session-table\"} %llu\n",
+            (unsigned long long)atomic_load(&ctl->table_full_refusals));
     kvs_grpc_metrics_write(ctl->grpc, out);
     fprintf(out, "# HELP ri_kvs_alloc_bytes Live heap bytes by allocation tag.\n");
     fprintf(out, "# TYPE ri_kvs_alloc_bytes gauge\n");

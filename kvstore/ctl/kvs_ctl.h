@@ -46,6 +46,11 @@ typedef struct kvs_ctl_config {
     char *tls_cert;                  /* PEM server certificate chain, or "" for plaintext */
     char *tls_key;                   /* PEM private key of tls_cert */
     char *tls_ca;                    /* PEM CA for client certificates (mutual TLS), or "" */
+    bool insecure;                   /* allow listening beyond loopback without tokens */
+    bool insecure_admin;             /* without tokens, give local callers admin rights (Drain) */
+    int64_t max_sessions_per_tenant; /* open sessions of one tenant; 0 = no limit */
+    int64_t max_connections;         /* fd budget of gRPC client connections (startup check) */
+    int64_t idle_timeout_ms;         /* close gRPC connections idle this long */
 } kvs_ctl_config_t;
 
 extern const cm_config_table_t kvs_ctl_config_table;
@@ -57,6 +62,8 @@ typedef struct kvs_ctl {
     bool tokens_mode;               /* started with a tokens file (fixed) */
     _Atomic uint64_t reloads;       /* successful token reloads */
     _Atomic uint64_t reload_failures; /* refused token reloads */
+    _Atomic uint64_t session_limit_refusals; /* CreateSession over max-sessions-per-tenant */
+    _Atomic uint64_t table_full_refusals;    /* CreateSession with the session table full */
     kvs_data_t *data;               /* owned */
     kvs_grpc_t *grpc;               /* owned */
     struct kvs_http *http;          /* owned; NULL when metrics are off */

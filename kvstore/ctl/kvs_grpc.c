@@ -195,7 +195,7 @@ static ri_status_t kvs_grpc_authenticate(kvs_grpc_t *srv, kvs_rpc_t *rpc, kvs_ca
 
     if (srv->cfg.auth == NULL) {
         caller->tenant = srv->default_tenant;
-        caller->admin = true;
+        caller->admin = srv->cfg.admin_without_tokens;
         return RI_OK;
     }
     for (size_t i = 0; i < rpc->md.count; i++) {
@@ -427,7 +427,12 @@ ri_status_t kvs_grpc_start(const kvs_grpc_config_t *cfg, kvs_grpc_t **grpc_p, ch
     grpc_resource_quota_resize(quota, (size_t)CM_MAX(KVS_GRPC_MEM_MIN, KVS_GRPC_MEM_MESSAGES * cfg->max_message));
     grpc_arg args[] = {
         {.type = GRPC_ARG_INTEGER, .key = GRPC_ARG_MAX_RECEIVE_MESSAGE_LENGTH, .value.integer = (int)cfg->max_message},
-        {.type = GRPC_ARG_INTEGER, .key = GRPC_ARG_MAX_SEND_MESSAGE_LENGTH, .value.integer = (int)cfg->max_message},
+        {.type = GRPC_ARG_INTEGER,
+         .key = GRPC_ARG_MAX_SEND_MESSAGE_LENGTH,
+         .value.integer = (int)CM_MAX(cfg->max_message, (uint64_t)KVS_GRPC_MAX_SEND)},
+        {.type = GRPC_ARG_INTEGER,
+         .key = GRPC_ARG_MAX_CONNECTION_IDLE_MS,
+         .value.integer = cfg->idle_timeout_ms ? (int)cfg->idle_timeout_ms : INT32_MAX},
         {.type = GRPC_ARG_INTEGER, .key = GRPC_ARG_MAX_CONCURRENT_STREAMS, .value.integer = KVS_GRPC_MAX_STREAMS},
         {.type = GRPC_ARG_POINTER,
          .key = GRPC_ARG_RESOURCE_QUOTA,

@@ -50,7 +50,7 @@ typedef struct kvs_method {
 typedef struct kvs_grpc_config {
     const char *listen;             /* "host:port"; port 0 = ephemeral */
     unsigned threads;               /* serving threads, >= 1 */
-    uint64_t max_message;           /* send and receive limit, bytes */
+    uint64_t max_message;           /* receive limit, bytes (replies may be up to KVS_GRPC_MAX_SEND) */
     kvs_auth_t *auth;               /* borrowed until swapped out; NULL = single-tenant mode */
     const char *default_tenant;     /* tenant when auth is NULL */
     const kvs_method_t *methods;    /* borrowed, static */
@@ -59,7 +59,12 @@ typedef struct kvs_grpc_config {
     const char *tls_cert_pem;       /* server certificate chain (PEM text); NULL = plaintext */
     const char *tls_key_pem;        /* its private key (PEM text) */
     const char *tls_ca_pem;         /* client CA (PEM text): require and verify client certificates; NULL = no */
+    bool admin_without_tokens;      /* auth NULL: callers are admins (else no caller is) */
+    uint32_t idle_timeout_ms;       /* close client connections idle this long; 0 = never */
 } kvs_grpc_config_t;
+
+/* Largest reply: ListSessions of a full session table fits with room. */
+#define KVS_GRPC_MAX_SEND (16u << 20)
 
 typedef struct kvs_grpc kvs_grpc_t;
 

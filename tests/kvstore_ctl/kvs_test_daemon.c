@@ -92,6 +92,7 @@ int kvs_test_daemon_start(kvs_test_daemon_t *d, const char *const *extra, int *e
     argv[n++] = bin;
     argv[n++] = "--listen=127.0.0.1:0";
     argv[n++] = "--dataplane-listen=127.0.0.1:0";
+    argv[n++] = "--insecure-admin"; /* tests Drain without a tokens file */
     argv[n++] = "--metrics-listen=127.0.0.1:0";
     argv[n++] = "--memory=64MiB";
     argv[n++] = "--no-hugepages";

@@ -61,7 +61,7 @@ static int kvs_spawn_daemon(kvs_spawn_t *sp, const char *path, unsigned layers, 
         if (devnull >= 0)
             dup2(devnull, 1);
         execl(path, path, "--listen=127.0.0.1:0", "--dataplane-listen=127.0.0.1:0", "--metrics-listen=off",
-              "--memory", mem, "--port-file", portfile, "--drain-timeout-ms=2000", (char *)NULL);
+              "--insecure-admin", "--memory", mem, "--port-file", portfile, "--drain-timeout-ms=2000", (char *)NULL);
         _exit(127);
     }
     for (int i = 0; i < 500 && f == NULL; i++) {

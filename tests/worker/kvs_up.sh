@@ -6,7 +6,7 @@ export UCX_TLS="${UCX_TLS:-posix,sysv,cma,tcp,self}"   # same host: shared memor
 KVS_DIR="$(mktemp -d "${TMPDIR:-/tmp}/ri-wk-XXXXXX")"
 kvs_up() {
   rm -f "$KVS_DIR/ports"
-  "$KVS_BIN" --listen="${1:-127.0.0.1:0}" --dataplane-listen=127.0.0.1:0 --metrics-listen=127.0.0.1:0 \
+  "$KVS_BIN" --listen="${1:-127.0.0.1:0}" --dataplane-listen=127.0.0.1:0 --metrics-listen=127.0.0.1:0 --insecure-admin \
     --memory="${KVS_MEMORY:-256MiB}" --no-hugepages --drain-timeout-ms=3000 --port-file="$KVS_DIR/ports" \
     >"$KVS_DIR/kvstore.log" 2>&1 3>&- &
   KVS_PID=$!
