@@ -72,8 +72,13 @@ static void test_kill9_and_recover(void **state)
     (void)state;
 
     int rc = wk_env_start(&env, 256);
-    if (rc == 77)
-        skip();
+    if (rc == 77) {
+        /* cmocka's skip() would still report Passed to CTest: exit 77 so
+         * that the run shows Skipped (the reason was printed above). */
+        printf("test_worker_kill: SKIPPED: no kvstore environment (see above)\n");
+        fflush(stdout);
+        exit(77);
+    }
     assert_int_equal(rc, 0);
     ri_client_params_init(&cp);
     cp.address = env.daemon.grpc;
