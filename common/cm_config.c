@@ -263,6 +263,14 @@ static ri_status_t cm_config_flag(const cm_config_table_t *table, void *obj, int
     if (eq != NULL) {
         value = eq + 1;
     } else if (it->type == CM_CFG_BOOL) {
+        /* "--chat false" reads as chat on plus a stray word "false": the
+         * writer meant the opposite, so refuse it instead of guessing. */
+        bool b;
+        if (*i + 1 < argc && cm_config_parse_bool(argv[*i + 1], &b) == RI_OK) {
+            snprintf(err, errlen, "boolean flag '--%s' followed by '%s': write --%s=%s or --%s%s", name, argv[*i + 1],
+                     name, argv[*i + 1], b ? "" : "no-", name);
+            return RI_ERR_INVALID;
+        }
         value = "true";
     } else if (*i + 1 < argc) {
         value = argv[++*i];
@@ -352,6 +360,15 @@ ri_status_t cm_config_load(const cm_config_table_t *table, void *obj, int argc, 
             }
         }
     }
+    if (argc - i > table->max_args) {
+        if (table->max_args == 0)
+            snprintf(err, errlen, "unexpected argument '%s' (%s takes no arguments, only --flags)", argv[i],
+                     table->program);
+        else
+            snprintf(err, errlen, "unexpected argument '%s' (%s takes at most %d: %s)", argv[i + table->max_args],
+                     table->program, table->max_args, table->args_usage ? table->args_usage : "");
+        return RI_ERR_INVALID;
+    }
     res.first_arg = i;
     if (result_p != NULL)
         *result_p = res;
@@ -388,8 +405,10 @@ void cm_config_dump(const cm_config_table_t *table, const void *obj, FILE *out)
 void cm_config_usage(const cm_config_table_t *table, FILE *out)
 {
     static const char *const types[] = {"bool", "int", "size", "number", "text"};
-    fprintf(out, "usage: %s [--config FILE] [--dump-config] [--help] [--SETTING=VALUE ...]\n\nsettings "
-                 "(environment: %sNAME):\n", table->program, table->env_prefix ? table->env_prefix : "");
+    fprintf(out, "usage: %s [--config FILE] [--dump-config] [--help] [--SETTING=VALUE ...]%s%s\n\nsettings "
+                 "(environment: %sNAME; a boolean is --NAME, --no-NAME or --NAME=true|false):\n",
+            table->program, table->max_args > 0 ? " " : "", table->max_args > 0 && table->args_usage ? table->args_usage : "",
+            table->env_prefix ? table->env_prefix : "");
     for (size_t i = 0; i < table->n_items; i++) {
         const cm_config_item_t *it = &table->items[i];
         fprintf(out, "  --%-24s %-6s %s (default: %s)\n", it->name, types[it->type], it->help,

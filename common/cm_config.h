@@ -41,6 +41,12 @@ typedef struct cm_config_table {
     const char *env_prefix;         /* e.g. "RI_KVS_" */
     const cm_config_item_t *items;  /* the settings */
     size_t n_items;
+    /* Positional arguments the program takes after its flags: at most
+     * max_args of them, shown in --help as args_usage (e.g. "[PROMPT]").
+     * Zero (a table that leaves these out) means none: a stray word is an
+     * error that names it rather than something silently ignored. */
+    int max_args;
+    const char *args_usage;
 } cm_config_table_t;
 
 /* What cm_config_load found besides settings. */
@@ -67,7 +73,10 @@ ri_status_t cm_config_load_file(const cm_config_table_t *table, void *obj, const
 ri_status_t cm_config_load_env(const cm_config_table_t *table, void *obj, char *err, size_t errlen);
 
 /* Defaults, then --config file, environment, flags.  Options stop at "--" or
- * the first non-option argument. */
+ * the first non-option argument.  Errors (RI_ERR_INVALID, naming the word):
+ * a flag after a positional argument, more positional arguments than the
+ * table's max_args, and a boolean flag followed by a boolean word
+ * ("--chat false": write --chat=false or --no-chat). */
 ri_status_t cm_config_load(const cm_config_table_t *table, void *obj, int argc, char **argv,
                            cm_config_result_t *result_p, char *err, size_t errlen);
 

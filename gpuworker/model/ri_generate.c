@@ -75,7 +75,8 @@ static const cm_config_item_t gen_items[] = {
              "decode activations: i16 (int16 blocks, exact to 1e-4), i8 (as ggml: faster, ~1e-2 logit error), f32",
              act),
 };
-static const cm_config_table_t gen_table = {"ri generate", "RI_GEN_", gen_items, CM_ARRAY_LEN(gen_items)};
+/* The prompt may also come as the one positional argument (after the flags). */
+static const cm_config_table_t gen_table = {"ri generate", "RI_GEN_", gen_items, CM_ARRAY_LEN(gen_items), 1, "[PROMPT]"};
 
 static char *gen_read_file(const char *path)
 {

@@ -69,7 +69,7 @@ static const cm_config_item_t wk_items[] = {
     {"max-tokens", CM_CFG_INT, "32", "one-shot: tokens to generate", offsetof(wk_cfg_t, max_tokens), 1, 1 << 20},
     WK_ITEM("chat", CM_CFG_BOOL, "false", "one-shot: apply the chat template", chat),
 };
-static const cm_config_table_t wk_table = {"ri-worker", "RI_WORKER_", wk_items, CM_ARRAY_LEN(wk_items)};
+static const cm_config_table_t wk_table = {"ri-worker", "RI_WORKER_", wk_items, CM_ARRAY_LEN(wk_items), 0, NULL};
 
 typedef struct wk_req {
     const char *prompt;

@@ -83,7 +83,7 @@ static const cm_config_item_t kvs_ctl_config_items[] = {
 };
 
 const cm_config_table_t kvs_ctl_config_table = {
-    "ri-kvstore", "RI_KVS_", kvs_ctl_config_items, CM_ARRAY_LEN(kvs_ctl_config_items)};
+    "ri-kvstore", "RI_KVS_", kvs_ctl_config_items, CM_ARRAY_LEN(kvs_ctl_config_items), 0, NULL};
 
 bool kvs_ctl_addr_is_loopback(const char *addr)
 {

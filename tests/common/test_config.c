@@ -27,7 +27,8 @@ static const cm_config_item_t items[] = {
     {"hugepages", CM_CFG_BOOL, "true", "use hugepages", offsetof(test_cfg_t, hugepages), 0, 0},
     {"listen-addr", CM_CFG_STRING, "127.0.0.1:0", "address", offsetof(test_cfg_t, listen), 0, 0},
 };
-static const cm_config_table_t table = {"test", "RI_TEST_", items, 5};
+static const cm_config_table_t table = {"test", "RI_TEST_", items, 5, 2, "[A [B]]"};
+static const cm_config_table_t no_args_table = {"test", "RI_TEST_", items, 5, 0, NULL};
 
 static void test_defaults(void **state)
 {
@@ -138,10 +139,32 @@ static void test_stray_argument(void **state)
     char err[256];
     cm_config_result_t res;
     (void)state;
-    char *stray[] = {"prog", "--hugepages", "false", "--threads", "8", NULL};
+    char *stray[] = {"prog", "--hugepages", "extra", "--threads", "8", NULL};
     assert_int_equal(cm_config_load(&table, &c, 5, stray, &res, err, sizeof(err)), RI_ERR_INVALID);
-    assert_non_null(strstr(err, "'false'"));
+    assert_non_null(strstr(err, "'extra'"));
     assert_non_null(strstr(err, "--threads"));
+    cm_config_free(&table, &c);
+    /* a boolean flag followed by a boolean word: the writer meant its value */
+    const char *words[] = {"false", "true", "no", "on", "0"};
+    for (size_t w = 0; w < sizeof(words) / sizeof(words[0]); w++) {
+        char *boolword[] = {"prog", "--hugepages", (char *)words[w], NULL};
+        assert_int_equal(cm_config_load(&table, &c, 3, boolword, &res, err, sizeof(err)), RI_ERR_INVALID);
+        assert_non_null(strstr(err, "--hugepages="));
+        cm_config_free(&table, &c);
+    }
+    char *boolok[] = {"prog", "--no-hugepages", "--hugepages=false", "pos", NULL};
+    assert_int_equal(cm_config_load(&table, &c, 4, boolok, &res, err, sizeof(err)), RI_OK);
+    assert_false(c.hugepages);
+    cm_config_free(&table, &c);
+    /* more positional arguments than the program takes, each named */
+    char *three[] = {"prog", "a", "b", "c", NULL};
+    assert_int_equal(cm_config_load(&table, &c, 4, three, &res, err, sizeof(err)), RI_ERR_INVALID);
+    assert_non_null(strstr(err, "'c'"));
+    cm_config_free(&table, &c);
+    char *one[] = {"prog", "--threads=2", "lonely", NULL};
+    assert_int_equal(cm_config_load(&no_args_table, &c, 3, one, &res, err, sizeof(err)), RI_ERR_INVALID);
+    assert_non_null(strstr(err, "'lonely'"));
+    assert_non_null(strstr(err, "no arguments"));
     cm_config_free(&table, &c);
     char *tail[] = {"prog", "--threads", "3", "a", "b", NULL};
     assert_int_equal(cm_config_load(&table, &c, 5, tail, &res, err, sizeof(err)), RI_OK);
