@@ -291,8 +291,8 @@ static bool cm_config_takes_next(const cm_config_table_t *table, const char *fla
     return it != NULL && it->type != CM_CFG_BOOL;
 }
 
-ri_status_t cm_config_load(const cm_config_table_t *table, void *obj, int argc, char **argv,
-                           cm_config_result_t *result_p, char *err, size_t errlen)
+static ri_status_t cm_config_load_all(const cm_config_table_t *table, void *obj, int argc, char **argv,
+                                      cm_config_result_t *result_p, char *err, size_t errlen)
 {
     cm_config_result_t res = {.first_arg = argc};
     const char *config_path = NULL;
@@ -373,6 +373,20 @@ ri_status_t cm_config_load(const cm_config_table_t *table, void *obj, int argc, 
     if (result_p != NULL)
         *result_p = res;
     return RI_OK;
+}
+
+ri_status_t cm_config_load(const cm_config_table_t *table, void *obj, int argc, char **argv,
+                           cm_config_result_t *result_p, char *err, size_t errlen)
+{
+    /* Every string field is NULL before the defaults run, so that a failure
+     * at any step can free exactly what was set. */
+    for (size_t i = 0; i < table->n_items; i++)
+        if (table->items[i].type == CM_CFG_STRING)
+            *(char **)((char *)obj + table->items[i].offset) = NULL;
+    ri_status_t st = cm_config_load_all(table, obj, argc, argv, result_p, err, errlen);
+    if (st != RI_OK)
+        cm_config_free(table, obj);
+    return st;
 }
 
 static void cm_config_print_value(const cm_config_item_t *it, const void *obj, FILE *out)

@@ -76,7 +76,9 @@ ri_status_t cm_config_load_env(const cm_config_table_t *table, void *obj, char *
  * the first non-option argument.  Errors (RI_ERR_INVALID, naming the word):
  * a flag after a positional argument, more positional arguments than the
  * table's max_args, and a boolean flag followed by a boolean word
- * ("--chat false": write --chat=false or --no-chat). */
+ * ("--chat false": write --chat=false or --no-chat).  On failure nothing
+ * is left allocated in obj (its strings are NULL); on success the caller
+ * frees obj with cm_config_free. */
 ri_status_t cm_config_load(const cm_config_table_t *table, void *obj, int argc, char **argv,
                            cm_config_result_t *result_p, char *err, size_t errlen);
 
