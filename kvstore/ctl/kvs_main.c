@@ -30,8 +30,8 @@ static int kvs_main_write_port_file(const char *path, const kvs_ctl_t *ctl)
         return -1;
     }
     const char *dp = kvs_data_address(ctl->data);
-    fprintf(f, "grpc=%s\nmetrics=%s\ndataplane=%s\npid=%d\n", ctl->grpc_addr, ctl->metrics_addr, dp ? dp : "",
-            (int)getpid());
+    fprintf(f, "grpc=%s\nmetrics=%s\ndataplane=%s\ndataplane_advertised=%s\npid=%d\n", ctl->grpc_addr,
+            ctl->metrics_addr, dp ? dp : "", ctl->dp_advertised, (int)getpid());
     if (fclose(f) != 0 || rename(tmp, path) != 0) {
         cm_error("port-file %s: %s", path, strerror(errno));
         unlink(tmp);
@@ -97,6 +97,8 @@ int main(int argc, char **argv)
     if (ctl->metrics_addr[0] != '\0')
         printf("ri-kvstore: metrics on http://%s/metrics\n", ctl->metrics_addr);
     printf("ri-kvstore: dataplane on %s\n", dp && dp[0] ? dp : "(none)");
+    if (dp && strcmp(dp, ctl->dp_advertised) != 0)
+        printf("ri-kvstore: dataplane advertised as %s\n", ctl->dp_advertised);
     printf("ri-kvstore: auth %s\n", ctl->tokens_mode ? "tokens" : "single-tenant (loopback only)");
     fflush(stdout);
     if (cfg.port_file[0] != '\0' && kvs_main_write_port_file(cfg.port_file, ctl) != 0)

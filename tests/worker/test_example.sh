@@ -29,4 +29,25 @@ if "$RI_BUILD_DIR/tests/ri-example-api" 127.0.0.1:1 2>"$KVS_DIR/err"; then
 fi
 grep -q "127.0.0.1:1" "$KVS_DIR/err" || { echo "error does not name the address:"; cat "$KVS_DIR/err"; exit 1; }
 cat "$KVS_DIR/err"
+
+# A data plane on a wildcard address: the library connects to the host it
+# reached gRPC at (and says so); with dataplane-advertise it uses exactly
+# the advertised address, so a wrong one fails naming it.
+kvs_stop
+KVS_DP_LISTEN=0.0.0.0:0 kvs_up
+"$RI_BUILD_DIR/tests/ri-example-api" "$KVS_GRPC" 2>"$KVS_DIR/err" || { cat "$KVS_DIR/err"; exit 1; }
+grep -q "wildcard address: using 127.0.0.1:" "$KVS_DIR/err" || {
+  echo "wildcard data plane not replaced by the gRPC host:"; cat "$KVS_DIR/err"; exit 1; }
+kvs_stop
+KVS_DP_LISTEN=0.0.0.0:0 KVS_EXTRA="--dataplane-advertise=127.0.0.1" kvs_up
+dp_port="$(sed -n 's/^dataplane=.*://p' "$KVS_DIR/ports")"
+grep -qx "dataplane_advertised=127.0.0.1:$dp_port" "$KVS_DIR/ports" || {
+  echo "advertised address is not 127.0.0.1:$dp_port:"; cat "$KVS_DIR/ports"; exit 1; }
+"$RI_BUILD_DIR/tests/ri-example-api" "$KVS_GRPC"
+kvs_stop
+KVS_EXTRA="--dataplane-advertise=127.0.0.1:1" kvs_up
+if "$RI_BUILD_DIR/tests/ri-example-api" "$KVS_GRPC" 2>"$KVS_DIR/err"; then
+  echo "example succeeded through an advertised address where nothing listens"; exit 1
+fi
+grep -q "127.0.0.1:1" "$KVS_DIR/err" || { echo "error does not name the advertised address:"; cat "$KVS_DIR/err"; exit 1; }
 echo "example: ok"
