@@ -26,7 +26,7 @@ static void ri_ctl_usage(FILE *out)
             "  stats     pool, session and cache counters of your tenant\n"
             "  sessions  list your tenant's sessions\n"
             "  drain     stop the kvstore accepting new sessions (admin token)\n"
-            "defaults: --addr $RI_KVS_ADDR or %s; token from $RI_KVS_TOKEN; --tls-ca from $RI_KVS_TLS_CA\n",
+            "defaults: --addr $RI_KVS_ADDR or %s; token from $RI_KVS_TOKEN; --tls-ca/--tls-cert/--tls-key from $RI_CTL_TLS_CA/$RI_CTL_TLS_CERT/$RI_CTL_TLS_KEY\n",
             RI_CTL_DEFAULT_ADDR);
 }
 
@@ -171,7 +171,11 @@ int main(int argc, char **argv)
     const char *token_file = NULL;
     char tokbuf[512];
     uint32_t timeout_ms = 5000;
-    gw_ctl_tls_t tls = {.ca_file = getenv("RI_KVS_TLS_CA")};
+    /* Not RI_KVS_TLS_CA: that is the daemon's own setting (client CAs for
+     * mutual TLS), and exported in a shell it would also change a daemon
+     * started from there. */
+    gw_ctl_tls_t tls = {.ca_file = getenv("RI_CTL_TLS_CA"), .cert_file = getenv("RI_CTL_TLS_CERT"),
+                        .key_file = getenv("RI_CTL_TLS_KEY")};
     gw_ctl_t *ctl = NULL;
     int rc;
 
@@ -179,9 +183,17 @@ int main(int argc, char **argv)
         addr = RI_CTL_DEFAULT_ADDR;
     if (tls.ca_file != NULL && tls.ca_file[0] == '\0')
         tls.ca_file = NULL;
+    if (tls.cert_file != NULL && tls.cert_file[0] == '\0')
+        tls.cert_file = NULL;
+    if (tls.key_file != NULL && tls.key_file[0] == '\0')
+        tls.key_file = NULL;
     if (strcmp(cmd, "help") == 0 || strcmp(cmd, "--help") == 0 || strcmp(cmd, "-h") == 0) {
         ri_ctl_usage(stdout);
         return 0;
+    }
+    if (cmd[0] == '-') {
+        fprintf(stderr, "ri: '%s' before the command: write ri status|stats|sessions|drain [options]\n", cmd);
+        return 2;
     }
     for (int i = 2; i < argc; i++) {
         const char *a = argv[i];

@@ -35,6 +35,7 @@ expect "--insecure-admin=" ri-kvstore --insecure-admin yes
 expect "'x'" ri-kvstore x
 expect "--frobnicate" ri-kvstore --frobnicate
 expect "stray" ri-ctl status stray
+expect "'--bogus'" ri-ctl --bogus status
 expect "--addr" ri-ctl status --addr
 
 # Nothing was created by the refused runs (no port file, no spill dir).
