@@ -279,6 +279,9 @@ ri_status_t gw_attn_remote_configure(const gw_attn_remote_cfg_t *cfg, char *err,
     cp.address = cfg->address;
     cp.token = cfg->token;
     cp.timeout_ms = cfg->timeout_ms;
+    cp.tls_ca_file = cfg->tls_ca;
+    cp.tls_cert_file = cfg->tls_cert;
+    cp.tls_key_file = cfg->tls_key;
     st = ri_client_connect(&cp, &client);
     if (st != RI_OK) {
         snprintf(err, errlen, "%s", ri_last_error());
@@ -300,6 +303,8 @@ ri_status_t gw_attn_remote_configure(const gw_attn_remote_cfg_t *cfg, char *err,
     gw_g.token = cfg->token ? cm_strdup(&gw_attn_tag, cfg->token) : NULL;
     gw_g.cfg.address = gw_g.address;
     gw_g.cfg.token = gw_g.token;
+    /* the certificate files were read by ri_client_connect: not kept */
+    gw_g.cfg.tls_ca = gw_g.cfg.tls_cert = gw_g.cfg.tls_key = NULL;
     bool reg = !gw_g.registered;
     gw_g.registered = true;
     pthread_mutex_unlock(&gw_g.lock);

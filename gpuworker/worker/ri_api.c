@@ -109,7 +109,18 @@ ri_status_t ri_client_connect(const ri_client_params_t *params, ri_client_h *cli
         st = RI_ERR_NOMEM;
         goto err_free;
     }
-    st = gw_ctl_create(p.address, p.token, &c->ctl);
+    if (p.tls_ca_file != NULL && p.tls_ca_file[0] != '\0') {
+        gw_ctl_tls_t tls = {.ca_file = p.tls_ca_file,
+                            .cert_file = p.tls_cert_file && p.tls_cert_file[0] ? p.tls_cert_file : NULL,
+                            .key_file = p.tls_key_file && p.tls_key_file[0] ? p.tls_key_file : NULL};
+        st = gw_ctl_create_tls(p.address, p.token, &tls, &c->ctl);
+    } else if ((p.tls_cert_file && p.tls_cert_file[0]) || (p.tls_key_file && p.tls_key_file[0])) {
+        ri_err_set("ri_client_connect: a client certificate needs tls_ca_file (the daemon's CA)");
+        st = RI_ERR_INVALID;
+        goto err_free;
+    } else {
+        st = gw_ctl_create(p.address, p.token, &c->ctl);
+    }
     if (st != RI_OK) {
         ri_err_set("kvstore %s: %s", p.address, ri_status_str(st));
         goto err_free;

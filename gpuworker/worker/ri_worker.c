@@ -39,6 +39,9 @@ typedef struct wk_cfg {
     char *model;         /* GGUF path; empty = the default model */
     char *kvstore;       /* ri-kvstore gRPC address; empty = no kvstore */
     char *token;         /* bearer token */
+    char *tls_ca;        /* TLS of the kvstore connection: CA, client certificate, key */
+    char *tls_cert;
+    char *tls_key;
     int64_t timeout_ms;  /* kvstore deadline */
     double cache_frac;   /* block cache share */
     bool compare_full;   /* record attention error vs exact */
@@ -55,6 +58,9 @@ static const cm_config_item_t wk_items[] = {
     WK_ITEM("model", CM_CFG_STRING, NULL, "GGUF model file (default: the installed SmolLM2)", model),
     WK_ITEM("kvstore", CM_CFG_STRING, NULL, "ri-kvstore gRPC address host:port (enables retroinfer-remote)", kvstore),
     WK_ITEM("token", CM_CFG_STRING, NULL, "bearer token for the kvstore", token),
+    WK_ITEM("tls-ca", CM_CFG_STRING, NULL, "PEM CA of the kvstore's TLS certificate (empty = plaintext gRPC)", tls_ca),
+    WK_ITEM("tls-cert", CM_CFG_STRING, NULL, "PEM client certificate for a kvstore with mutual TLS", tls_cert),
+    WK_ITEM("tls-key", CM_CFG_STRING, NULL, "PEM private key of tls-cert", tls_key),
     {"timeout-ms", CM_CFG_INT, "5000", "kvstore call deadline", offsetof(wk_cfg_t, timeout_ms), 100, 600000},
     {"cache-frac", CM_CFG_DOUBLE, "0.05", "block cache size as a share of a sequence's KV pages",
      offsetof(wk_cfg_t, cache_frac), 0.0001, 1.0},
@@ -358,7 +364,10 @@ int main(int argc, char **argv)
     if (have_kvs) {
         gw_attn_remote_cfg_t rc_cfg = {.address = cfg.kvstore, .token = cfg.token && cfg.token[0] ? cfg.token : NULL,
                                        .timeout_ms = (uint32_t)cfg.timeout_ms, .cache_frac = (float)cfg.cache_frac,
-                                       .compare_full = cfg.compare_full};
+                                       .compare_full = cfg.compare_full,
+                                       .tls_ca = cfg.tls_ca && cfg.tls_ca[0] ? cfg.tls_ca : NULL,
+                                       .tls_cert = cfg.tls_cert && cfg.tls_cert[0] ? cfg.tls_cert : NULL,
+                                       .tls_key = cfg.tls_key && cfg.tls_key[0] ? cfg.tls_key : NULL};
         ri_status_t st = gw_attn_remote_configure(&rc_cfg, err, sizeof(err));
         if (st != RI_OK) {
             fprintf(stderr, "ri-worker: cannot use the kvstore at %s: %s\n", cfg.kvstore, err);

@@ -6,7 +6,7 @@
  * library builds the wave index (docs/architecture.md), uploads the clusters' K/V to
  * a ri-kvstore daemon, and answers each decode step with tripartite attention
  * (steady zone + retrieved clusters exactly, estimated clusters by their
- * centroids) through a small block cache that the kvstore manages (§4-5).
+ * centroids) through a small block cache that the kvstore manages.
  *
  *   ri_client_params_t cp;  ri_client_params_init(&cp);  cp.address = "127.0.0.1:7070";
  *   ri_client_h c;          ri_client_connect(&cp, &c);
@@ -68,6 +68,15 @@ typedef struct ri_client_params {
     const char *address;       /* ri-kvstore gRPC address "host:port"; required */
     const char *token;         /* bearer token of the tenant, or NULL (single-tenant daemons) */
     uint32_t timeout_ms;       /* deadline of each control call and data-plane round trip (0 = 5000) */
+    /* TLS of the control connection (fields added in API version 1; a caller
+     * whose struct_size ends before them gets plaintext).  tls_ca_file NULL
+     * or "": plaintext.  Set: the daemon's certificate must be signed by
+     * this PEM CA bundle.  tls_cert_file + tls_key_file (PEM, both or
+     * neither): a client certificate for a daemon that requires mutual TLS.
+     * The files are read during ri_client_connect. */
+    const char *tls_ca_file;
+    const char *tls_cert_file;
+    const char *tls_key_file;
 } ri_client_params_t;
 
 /* Fill defaults and struct_size. */
