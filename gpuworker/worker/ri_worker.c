@@ -285,7 +285,9 @@ static void wk_emit(cJSON *reply)
 }
 
 /* One request line -> one reply line. */
-static void wk_handle_line(mdl_model_t *m, const wk_cfg_t *cfg, const char *line, const char *default_attn)
+/* Answer one request line; returns whether the reply says ok, so that the
+ * exit status can tell a caller (a script, a pipe) that something failed. */
+static bool wk_handle_line(mdl_model_t *m, const wk_cfg_t *cfg, const char *line, const char *default_attn)
 {
     cJSON *rq = cJSON_Parse(line), *reply = cJSON_CreateObject(), *it;
     char *file_text = NULL;
@@ -322,11 +324,13 @@ static void wk_handle_line(mdl_model_t *m, const wk_cfg_t *cfg, const char *line
         goto out;
     }
     wk_serve(m, &r, reply);
-out:
+out:;
+    bool ok = cJSON_IsTrue(cJSON_GetObjectItem(reply, "ok"));
     wk_emit(reply);
     cJSON_Delete(reply);
     cJSON_Delete(rq);
     cm_free(file_text);
+    return ok;
 }
 
 int main(int argc, char **argv)
@@ -399,22 +403,28 @@ int main(int argc, char **argv)
         cJSON_AddNumberToObject(rq, "max_tokens", (double)cfg.max_tokens);
         cJSON_AddBoolToObject(rq, "chat", cfg.chat);
         char *line = cJSON_PrintUnformatted(rq);
-        wk_handle_line(model, &cfg, line, default_attn);
+        bool ok = wk_handle_line(model, &cfg, line, default_attn);
         cJSON_free(line);
         cJSON_Delete(rq);
-        rc = 0;
+        rc = ok ? 0 : 1;
         goto out;
     }
     fprintf(stderr, "ri-worker: ready: one JSON request per line on stdin\n");
     char *line = NULL;
     size_t cap = 0;
+    size_t failed = 0;
     while (getline(&line, &cap, stdin) > 0) {
         if (line[strspn(line, " \t\r\n")] == '\0')
             continue;
-        wk_handle_line(model, &cfg, line, default_attn);
+        if (!wk_handle_line(model, &cfg, line, default_attn))
+            failed++;
     }
     free(line);
-    rc = 0;
+    /* Every request was answered (failures in their replies); the status
+     * says whether all of them succeeded. */
+    if (failed > 0)
+        fprintf(stderr, "ri-worker: %zu request(s) failed\n", failed);
+    rc = failed > 0 ? 1 : 0;
 out:
     mdl_model_destroy(model);
     gw_attn_remote_shutdown();

@@ -38,6 +38,24 @@ expect "stray" ri-ctl status stray
 expect "'--bogus'" ri-ctl --bogus status
 expect "--addr" ri-ctl status --addr
 
+# A request ri-worker cannot serve is answered {"ok": false} and makes the
+# exit status non-zero (it was 0: a script could not tell).  Needs the model.
+if [ -x "$bin/ri-worker" ]; then
+  (cd "$tmp" && printf '{"id": 1}\nnot json\n' | "$bin/ri-worker" --attn=full) > "$tmp/out" 2>&1
+  rc=$?
+  if grep -q '"ok":false' "$tmp/out"; then
+    if [ "$rc" -ne 1 ] || ! grep -q "2 request(s) failed" "$tmp/out"; then
+      echo "FAIL: ri-worker with 2 failed requests -> exit $rc, wanted 1 and a count:"; sed 's/^/    /' "$tmp/out"
+      fails=$((fails + 1))
+    else
+      echo "ok: ri-worker failed requests -> exit 1"
+    fi
+  else
+    echo "note: ri-worker did not serve (no model?), its exit status is not checked: $(tail -n1 "$tmp/out")"
+  fi
+  rm -f "$tmp/out"
+fi
+
 # Nothing was created by the refused runs (no port file, no spill dir).
 if [ -n "$(ls -A "$tmp" | grep -v '^out$')" ]; then
   echo "FAIL: a refused command line left files behind: $(ls -A "$tmp")"

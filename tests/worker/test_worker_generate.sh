@@ -61,5 +61,7 @@ req 3 >&3; wait_reply 3
 check 3 "r['ok'] and r['runs'][1]['decode_steps'] >= 1"
 
 exec 3>&-
-wait "$wpid"
+# request 2 failed (kvstore gone), so the worker's exit status says 1
+wrc=0; wait "$wpid" || wrc=$?
+[ "$wrc" = 1 ] || { echo "ri-worker exited $wrc after a failed request, wanted 1"; cat "$KVS_DIR/err"; exit 1; }
 echo "ri-worker: served, survived kill -9 of the kvstore, served again"
