@@ -1,6 +1,7 @@
 /*
  * Shutdown and process behaviour of the real daemon: SIGTERM while clients
- * hammer every method -> exit 0 within drain-timeout; SIGINT -> exit 0; two
+ * hammer every method (Drain once, the other five in a loop) -> exit 0
+ * within drain-timeout; SIGINT -> exit 0; two
  * daemons side by side on ephemeral ports; --dump-config / --help / the
  * environment.
  */
@@ -45,13 +46,15 @@ static void *load_thread(void *arg)
         gw_ctl_health_t h;
         gw_ctl_session_info_t *infos = NULL;
         size_t n;
-        ri_status_t st[4];
+        gw_ctl_stats_t stats;
+        ri_status_t st[5];
         st[0] = gw_ctl_create_session(c, 1000, &g, 64, "load", &s, NULL);
         st[1] = gw_ctl_list_sessions(c, 1000, &infos, &n, NULL);
         cm_free(infos);
         st[2] = st[0] == RI_OK ? gw_ctl_drop_session(c, 1000, s.session_id, NULL, NULL) : RI_OK;
         st[3] = gw_ctl_health(c, 1000, &h, NULL);
-        for (int i = 0; i < 4; i++) {
+        st[4] = gw_ctl_stats(c, 1000, &stats, NULL);
+        for (int i = 0; i < 5; i++) {
             if (st[i] == RI_OK)
                 atomic_fetch_add(&l->ok, 1);
             else if (st[i] == RI_ERR_UNREACHABLE || st[i] == RI_ERR_CANCELLED || st[i] == RI_ERR_TIMEOUT ||
@@ -69,13 +72,24 @@ static void test_sigterm_under_load(void **state)
 {
     (void)state;
     kvs_test_daemon_t d = {0};
-    const char *extra[] = {"--drain-timeout-ms=2000", "--threads=2", NULL};
+    /* --insecure-admin: the sixth method, Drain, needs admin rights */
+    const char *extra[] = {"--drain-timeout-ms=2000", "--threads=2", "--insecure-admin", NULL};
     assert_int_equal(kvs_test_daemon_start(&d, extra, NULL), 0);
     load_t l = {.addr = d.grpc};
     pthread_t th[LOAD_THREADS];
     for (int i = 0; i < LOAD_THREADS; i++)
         assert_int_equal(pthread_create(&th[i], NULL, load_thread, &l), 0);
     while (atomic_load(&l.ok) < 200)
+        usleep(5000);
+    /* Drain while the load runs: from now on CreateSession is refused
+     * (SHUTDOWN, counted as refused), everything else still answers. */
+    gw_ctl_t *admin = NULL;
+    uint32_t open_sessions = 0;
+    assert_int_equal(gw_ctl_create(d.grpc, NULL, &admin), RI_OK);
+    assert_int_equal(gw_ctl_drain(admin, 2000, &open_sessions, NULL), RI_OK);
+    gw_ctl_destroy(admin);
+    unsigned long ok_at_drain = atomic_load(&l.ok);
+    while (atomic_load(&l.ok) < ok_at_drain + 50)
         usleep(5000);
     uint64_t t0 = cm_time_ns();
     int code = kvs_test_daemon_stop(&d, SIGTERM, 10000);
