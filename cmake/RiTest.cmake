@@ -12,8 +12,10 @@ function(ri_add_test)
   if(NOT T_LABELS)
     set(T_LABELS unit)
   endif()
+  # A cmocka skip() without exit 77 would show as Passed: fail it instead
+  # (exit 77 still shows as skipped: CTest checks SKIP_RETURN_CODE first).
   set_tests_properties(${T_NAME} PROPERTIES SKIP_RETURN_CODE 77 TIMEOUT ${T_TIMEOUT}
-    LABELS "${T_LABELS}"
+    LABELS "${T_LABELS}" FAIL_REGULAR_EXPRESSION "\\[  SKIPPED \\]"
     ENVIRONMENT "RI_BUILD_DIR=${CMAKE_BINARY_DIR};RI_SOURCE_DIR=${CMAKE_SOURCE_DIR}")
 endfunction()
 

@@ -207,8 +207,6 @@ static void test_short_transfers(void **state)
 static void test_lost_completion(void **state)
 {
     fixture_t *f = *state;
-    if (!g_uring)
-        skip();
     assert_int_equal(put(f->sp, 0, 32, 1, NULL), RI_OK);
     ri_status_t st[32];
     st_fault_arm(ST_F_CQE, ST_K_LOST, 0, 5, 1);
@@ -320,11 +318,16 @@ int main(int argc, char **argv)
         cmocka_unit_test_setup_teardown(test_persistent_eio, setup, teardown),
         cmocka_unit_test_setup_teardown(test_enospc, setup, teardown),
         cmocka_unit_test_setup_teardown(test_short_transfers, setup, teardown),
-        cmocka_unit_test_setup_teardown(test_lost_completion, setup, teardown),
         cmocka_unit_test_setup_teardown(test_uring_refused, setup, teardown),
         cmocka_unit_test_setup_teardown(test_manifest_failures, setup, teardown),
         cmocka_unit_test_setup_teardown(test_open_fails_at_create, setup, teardown),
         cmocka_unit_test_setup_teardown(test_out_of_memory, setup, teardown),
+        /* last: a lost completion exists only on the io_uring path, so the
+         * pread run does not register it (rather than skip() and pass) */
+        cmocka_unit_test_setup_teardown(test_lost_completion, setup, teardown),
     };
-    return cmocka_run_group_tests(tests, NULL, NULL);
+    size_t n = sizeof(tests) / sizeof(tests[0]) - (g_uring ? 0 : 1);
+    if (!g_uring)
+        printf("pread path: test_lost_completion does not apply (io_uring only)\n");
+    return _cmocka_run_group_tests("test_spill_faults", tests, n, NULL, NULL);
 }
