@@ -203,11 +203,41 @@ static void test_cache_edges(void **state)
     /* zero pages: invalid */
     req[0] = (kvs_cache_req_t){.key = 1, .pages = 0};
     assert_int_equal(kvs_cache_fetch(c, req, 1, pages, ev, 8, &n_ev), RI_ERR_INVALID);
-    /* too little room for evictions: RI_ERR_RANGE before any change */
-    req[0] = (kvs_cache_req_t){.key = 2, .pages = 2};
+    kvs_cache_destroy(c);
+
+    /* Too little room for evictions: a full cache of clusters 1..4 (one
+     * page each, 1 least recent), a fetch of hit 1 and miss 9 (two pages,
+     * so two evictions) with room for one evicted key: RI_ERR_RANGE, and
+     * nothing changed -- not the contents, not the counters, and not the
+     * recency (had hit 1 been moved to most recent, the next fetch would
+     * evict 2 and 3 instead of 1 and 2). */
+    kvs_cache_counters_t before, after;
+    assert_int_equal(kvs_cache_create(4, &c), RI_OK);
+    for (uint64_t k = 1; k <= 4; k++) {
+        req[0] = (kvs_cache_req_t){.key = k, .pages = 1};
+        assert_int_equal(kvs_cache_fetch(c, req, 1, pages, ev, 8, &n_ev), RI_OK);
+        assert_true(req[0].admitted);
+    }
+    assert_int_equal(kvs_cache_free_pages(c), 0);
+    kvs_cache_counters(c, &before);
+    req[0] = (kvs_cache_req_t){.key = 1, .pages = 1};
+    req[1] = (kvs_cache_req_t){.key = 9, .pages = 2};
+    n_ev = 77;
+    assert_int_equal(kvs_cache_fetch(c, req, 2, pages, ev, 1, &n_ev), RI_ERR_RANGE);
+    assert_int_equal(n_ev, 77);
+    kvs_cache_counters(c, &after);
+    assert_memory_equal(&before, &after, sizeof(before));
+    assert_int_equal(kvs_cache_clusters(c), 4);
+    assert_int_equal(kvs_cache_free_pages(c), 0);
+    for (uint64_t k = 1; k <= 4; k++)
+        assert_true(kvs_cache_contains(c, k));
+    assert_false(kvs_cache_contains(c, 9));
+    req[0] = (kvs_cache_req_t){.key = 9, .pages = 2};
     assert_int_equal(kvs_cache_fetch(c, req, 1, pages, ev, 8, &n_ev), RI_OK);
     assert_true(req[0].admitted);
-    assert_int_equal(kvs_cache_fetch(c, req, 1, pages, ev, 0, &n_ev), RI_ERR_RANGE);
+    assert_int_equal(n_ev, 2);
+    assert_true((ev[0] == 1 && ev[1] == 2) || (ev[0] == 2 && ev[1] == 1));
+    assert_true(kvs_cache_contains(c, 3) && kvs_cache_contains(c, 4));
     kvs_cache_destroy(c);
     kvs_cache_destroy(NULL);
 }
