@@ -1,9 +1,42 @@
 /* "host:port" parsing and resolution, shared by the data-plane server and client. */
 #include "common/cm_net.h"
 
+#include <errno.h>
 #include <netdb.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
+
+bool cm_net_split(const char *addr, char *host, size_t hostlen, unsigned *port_p)
+{
+    const char *colon, *hs = addr, *he;
+    if (addr == NULL)
+        return false;
+    if (addr[0] == '[') {
+        he = strchr(addr, ']');
+        if (he == NULL || he[1] != ':')
+            return false;
+        hs = addr + 1;
+        colon = he + 1;
+    } else {
+        colon = strrchr(addr, ':');
+        if (colon == NULL)
+            return false;
+        he = colon;
+    }
+    size_t hl = (size_t)(he - hs);
+    if (hl == 0 || hl >= hostlen)
+        return false;
+    char *end = NULL;
+    errno = 0;
+    unsigned long port = strtoul(colon + 1, &end, 10);
+    if (colon[1] == '\0' || *end != '\0' || errno != 0 || port > 65535)
+        return false;
+    memcpy(host, hs, hl);
+    host[hl] = '\0';
+    *port_p = (unsigned)port;
+    return true;
+}
 
 ri_status_t cm_net_resolve(const char *text, bool passive, struct sockaddr_storage *ss, socklen_t *len_p,
                            char *host, size_t host_len)

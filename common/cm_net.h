@@ -17,4 +17,8 @@
 ri_status_t cm_net_resolve(const char *text, bool passive, struct sockaddr_storage *ss, socklen_t *len_p,
                            char *host, size_t host_len);
 
+/* Split "host:port" or "[v6]:port" into host (no brackets, NUL-terminated,
+ * hostlen bytes) and a port 0..65535.  false for anything else. */
+bool cm_net_split(const char *addr, char *host, size_t hostlen, unsigned *port_p);
+
 #endif /* CM_NET_H */

@@ -13,6 +13,7 @@
 
 #include "common/cm_alloc.h"
 #include "common/cm_log.h"
+#include "common/cm_net.h"
 #include "common/cm_status.h"
 #include "common/cm_time.h"
 #include "gpuworker/ctl/gw_ctl.h"
@@ -192,30 +193,6 @@ static void ri_session_remote_params(const ri_session_h s, gw_remote_params_t *g
 }
 
 /* CreateSession on the client's kvstore. */
-/* Split "host:port" / "[v6]:port" into host (without brackets) and the
- * ":port" tail; false when addr has neither form. */
-static bool ri_addr_split(const char *addr, char *host, size_t hostlen, const char **port_p)
-{
-    const char *hs = addr, *he, *colon;
-    if (addr[0] == '[') {
-        he = strchr(addr, ']');
-        if (he == NULL || he[1] != ':')
-            return false;
-        hs = addr + 1;
-        colon = he + 1;
-    } else {
-        if ((colon = strrchr(addr, ':')) == NULL)
-            return false;
-        he = colon;
-    }
-    if ((size_t)(he - hs) >= hostlen)
-        return false;
-    memcpy(host, hs, (size_t)(he - hs));
-    host[he - hs] = '\0';
-    *port_p = colon;
-    return true;
-}
-
 /* A kvstore whose data plane listens on a wildcard (0.0.0.0, ::) and that
  * advertises no address hands out that wildcard, which no peer can connect
  * to: use the host this client reached the control API at, with the data
@@ -223,16 +200,16 @@ static bool ri_addr_split(const char *addr, char *host, size_t hostlen, const ch
 static void ri_dp_address_fix(const char *grpc_addr, char *dp, size_t len)
 {
     char host[256], ghost[256], out[256];
-    const char *port, *gport;
-    if (!ri_addr_split(dp, host, sizeof(host), &port))
+    unsigned port, gport;
+    if (!cm_net_split(dp, host, sizeof(host), &port))
         return;
     if (strcmp(host, "0.0.0.0") != 0 && strcmp(host, "::") != 0)
         return;
     if (strncmp(grpc_addr, "ipv4:", 5) == 0 || strncmp(grpc_addr, "ipv6:", 5) == 0)
         grpc_addr += 5;
-    if (!ri_addr_split(grpc_addr, ghost, sizeof(ghost), &gport))
+    if (!cm_net_split(grpc_addr, ghost, sizeof(ghost), &gport))
         return;
-    if (snprintf(out, sizeof(out), strchr(ghost, ':') ? "[%s]%s" : "%s%s", ghost, port) < (int)sizeof(out) &&
+    if (snprintf(out, sizeof(out), strchr(ghost, ':') ? "[%s]:%u" : "%s:%u", ghost, port) < (int)sizeof(out) &&
         strlen(out) < len) {
         cm_info("kvstore data plane %s is a wildcard address: using %s (the control API's host)", dp, out);
         memcpy(dp, out, strlen(out) + 1);

@@ -17,6 +17,7 @@
 
 #include "common/cm_alloc.h"
 #include "common/cm_log.h"
+#include "common/cm_net.h"
 
 static CM_ALLOC_TAG(kvs_http_tag, "kvs.http");
 
@@ -29,33 +30,7 @@ struct kvs_http {
 
 bool kvs_http_split_addr(const char *addr, char *host, size_t hostlen, unsigned *port_p)
 {
-    const char *colon, *hs = addr, *he;
-    if (addr == NULL)
-        return false;
-    if (addr[0] == '[') {
-        he = strchr(addr, ']');
-        if (he == NULL || he[1] != ':')
-            return false;
-        hs = addr + 1;
-        colon = he + 1;
-    } else {
-        colon = strrchr(addr, ':');
-        if (colon == NULL)
-            return false;
-        he = colon;
-    }
-    size_t hl = (size_t)(he - hs);
-    if (hl == 0 || hl >= hostlen)
-        return false;
-    char *end = NULL;
-    errno = 0;
-    unsigned long port = strtoul(colon + 1, &end, 10);
-    if (colon[1] == '\0' || *end != '\0' || errno != 0 || port > 65535)
-        return false;
-    memcpy(host, hs, hl);
-    host[hl] = '\0';
-    *port_p = (unsigned)port;
-    return true;
+    return cm_net_split(addr, host, hostlen, port_p);
 }
 
 static enum MHD_Result kvs_http_answer(void *cls, struct MHD_Connection *conn, const char *url, const char *method,
