@@ -163,6 +163,13 @@ static int ri_ctl_drain(gw_ctl_t *ctl, const char *addr, uint32_t timeout_ms)
     return 0;
 }
 
+/* An environment variable, NULL when unset or empty. */
+static const char *ri_ctl_env(const char *name)
+{
+    const char *v = getenv(name);
+    return v != NULL && v[0] != '\0' ? v : NULL;
+}
+
 int main(int argc, char **argv)
 {
     const char *cmd = argc > 1 ? argv[1] : "";
@@ -174,19 +181,13 @@ int main(int argc, char **argv)
     /* Not RI_KVS_TLS_CA: that is the daemon's own setting (client CAs for
      * mutual TLS), and exported in a shell it would also change a daemon
      * started from there. */
-    gw_ctl_tls_t tls = {.ca_file = getenv("RI_CTL_TLS_CA"), .cert_file = getenv("RI_CTL_TLS_CERT"),
-                        .key_file = getenv("RI_CTL_TLS_KEY")};
+    gw_ctl_tls_t tls = {.ca_file = ri_ctl_env("RI_CTL_TLS_CA"), .cert_file = ri_ctl_env("RI_CTL_TLS_CERT"),
+                        .key_file = ri_ctl_env("RI_CTL_TLS_KEY")};
     gw_ctl_t *ctl = NULL;
     int rc;
 
     if (addr == NULL || addr[0] == '\0')
         addr = RI_CTL_DEFAULT_ADDR;
-    if (tls.ca_file != NULL && tls.ca_file[0] == '\0')
-        tls.ca_file = NULL;
-    if (tls.cert_file != NULL && tls.cert_file[0] == '\0')
-        tls.cert_file = NULL;
-    if (tls.key_file != NULL && tls.key_file[0] == '\0')
-        tls.key_file = NULL;
     if (strcmp(cmd, "help") == 0 || strcmp(cmd, "--help") == 0 || strcmp(cmd, "-h") == 0) {
         ri_ctl_usage(stdout);
         return 0;

@@ -38,6 +38,11 @@ bool cm_net_split(const char *addr, char *host, size_t hostlen, unsigned *port_p
     return true;
 }
 
+bool cm_net_host_is_wildcard(const char *host)
+{
+    return strcmp(host, "0.0.0.0") == 0 || strcmp(host, "::") == 0;
+}
+
 ri_status_t cm_net_resolve(const char *text, bool passive, struct sockaddr_storage *ss, socklen_t *len_p,
                            char *host, size_t host_len)
 {

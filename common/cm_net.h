@@ -21,4 +21,8 @@ ri_status_t cm_net_resolve(const char *text, bool passive, struct sockaddr_stora
  * hostlen bytes) and a port 0..65535.  false for anything else. */
 bool cm_net_split(const char *addr, char *host, size_t hostlen, unsigned *port_p);
 
+/* Is host (as cm_net_split gives it) a wildcard that listens everywhere but
+ * that no peer can connect to (0.0.0.0, ::)? */
+bool cm_net_host_is_wildcard(const char *host);
+
 #endif /* CM_NET_H */

@@ -34,7 +34,7 @@ typedef struct gw_attn_remote_cfg {
     const char *address;    /* ri-kvstore gRPC "host:port" (copied) */
     const char *token;      /* bearer token or NULL (copied) */
     uint32_t timeout_ms;    /* control and data-plane deadline (0 = 5000) */
-    const char *tls_ca;     /* TLS of the control connection: CA, client cert, key (NULL = plaintext) */
+    const char *tls_ca;     /* TLS of the control connection: CA, client cert, key (NULL or "" = plaintext) */
     const char *tls_cert;
     const char *tls_key;
     float cache_frac;       /* block cache share of the sequence's pages (0 = 0.05) */

@@ -85,6 +85,12 @@ void ri_client_params_init(ri_client_params_t *p)
     p->timeout_ms = RI_DEFAULT_TIMEOUT_MS;
 }
 
+/* Optional strings of the parameter structs: NULL and "" both mean unset. */
+static const char *ri_str_or_null(const char *s)
+{
+    return s != NULL && s[0] != '\0' ? s : NULL;
+}
+
 ri_status_t ri_client_connect(const ri_client_params_t *params, ri_client_h *client_p)
 {
     ri_client_params_t p;
@@ -110,12 +116,11 @@ ri_status_t ri_client_connect(const ri_client_params_t *params, ri_client_h *cli
         st = RI_ERR_NOMEM;
         goto err_free;
     }
-    if (p.tls_ca_file != NULL && p.tls_ca_file[0] != '\0') {
-        gw_ctl_tls_t tls = {.ca_file = p.tls_ca_file,
-                            .cert_file = p.tls_cert_file && p.tls_cert_file[0] ? p.tls_cert_file : NULL,
-                            .key_file = p.tls_key_file && p.tls_key_file[0] ? p.tls_key_file : NULL};
+    gw_ctl_tls_t tls = {.ca_file = ri_str_or_null(p.tls_ca_file), .cert_file = ri_str_or_null(p.tls_cert_file),
+                        .key_file = ri_str_or_null(p.tls_key_file)};
+    if (tls.ca_file != NULL) {
         st = gw_ctl_create_tls(p.address, p.token, &tls, &c->ctl);
-    } else if ((p.tls_cert_file && p.tls_cert_file[0]) || (p.tls_key_file && p.tls_key_file[0])) {
+    } else if (tls.cert_file != NULL || tls.key_file != NULL) {
         ri_err_set("ri_client_connect: a client certificate needs tls_ca_file (the daemon's CA)");
         st = RI_ERR_INVALID;
         goto err_free;
@@ -192,7 +197,6 @@ static void ri_session_remote_params(const ri_session_h s, gw_remote_params_t *g
     g->timeout_ms = s->client->timeout_ms;
 }
 
-/* CreateSession on the client's kvstore. */
 /* A kvstore whose data plane listens on a wildcard (0.0.0.0, ::) and that
  * advertises no address hands out that wildcard, which no peer can connect
  * to: use the host this client reached the control API at, with the data
@@ -203,7 +207,7 @@ static void ri_dp_address_fix(const char *grpc_addr, char *dp, size_t len)
     unsigned port, gport;
     if (!cm_net_split(dp, host, sizeof(host), &port))
         return;
-    if (strcmp(host, "0.0.0.0") != 0 && strcmp(host, "::") != 0)
+    if (!cm_net_host_is_wildcard(host))
         return;
     if (strncmp(grpc_addr, "ipv4:", 5) == 0 || strncmp(grpc_addr, "ipv6:", 5) == 0)
         grpc_addr += 5;
@@ -216,6 +220,7 @@ static void ri_dp_address_fix(const char *grpc_addr, char *dp, size_t len)
     }
 }
 
+/* CreateSession on the client's kvstore. */
 static ri_status_t ri_session_open(ri_session_h s, gw_ctl_session_t *out)
 {
     gw_ctl_geometry_t geo = {.layers = s->p.n_layers, .kv_heads = s->p.n_kv_heads, .head_dim = s->p.head_dim,

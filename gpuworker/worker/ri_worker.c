@@ -284,9 +284,9 @@ static void wk_emit(cJSON *reply)
     }
 }
 
-/* One request line -> one reply line. */
-/* Answer one request line; returns whether the reply says ok, so that the
- * exit status can tell a caller (a script, a pipe) that something failed. */
+/* One request line -> one reply line.  Returns whether the reply says ok,
+ * so that the exit status can tell a caller (a script, a pipe) that
+ * something failed. */
 static bool wk_handle_line(mdl_model_t *m, const wk_cfg_t *cfg, const char *line, const char *default_attn)
 {
     cJSON *rq = cJSON_Parse(line), *reply = cJSON_CreateObject(), *it;
@@ -369,9 +369,7 @@ int main(int argc, char **argv)
         gw_attn_remote_cfg_t rc_cfg = {.address = cfg.kvstore, .token = cfg.token && cfg.token[0] ? cfg.token : NULL,
                                        .timeout_ms = (uint32_t)cfg.timeout_ms, .cache_frac = (float)cfg.cache_frac,
                                        .compare_full = cfg.compare_full,
-                                       .tls_ca = cfg.tls_ca && cfg.tls_ca[0] ? cfg.tls_ca : NULL,
-                                       .tls_cert = cfg.tls_cert && cfg.tls_cert[0] ? cfg.tls_cert : NULL,
-                                       .tls_key = cfg.tls_key && cfg.tls_key[0] ? cfg.tls_key : NULL};
+                                       .tls_ca = cfg.tls_ca, .tls_cert = cfg.tls_cert, .tls_key = cfg.tls_key};
         ri_status_t st = gw_attn_remote_configure(&rc_cfg, err, sizeof(err));
         if (st != RI_OK) {
             fprintf(stderr, "ri-worker: cannot use the kvstore at %s: %s\n", cfg.kvstore, err);

@@ -15,6 +15,7 @@
 #include "common/cm_alloc.h"
 #include "common/cm_file.h"
 #include "common/cm_log.h"
+#include "common/cm_net.h"
 #include "common/cm_status.h"
 #include "common/cm_time.h"
 #include "kvstore/ctl/kvs_http.h"
@@ -128,16 +129,6 @@ static bool kvs_ctl_advertise_ok(const char *a)
            (a[0] == '[' || strchr(host, ':') == NULL);
 }
 
-/* Is host (of "host:port") a wildcard that no peer can connect to? */
-static bool kvs_ctl_addr_is_wildcard(const char *addr)
-{
-    char host[256];
-    unsigned port;
-    if (!kvs_http_split_addr(addr, host, sizeof(host), &port))
-        return false;
-    return host[0] == '\0' || strcmp(host, "0.0.0.0") == 0 || strcmp(host, "::") == 0;
-}
-
 /* What workers are told: the advertised host (and port, if it names one),
  * else the bound address.  A wildcard bound address is passed on as it is:
  * the worker library replaces its host with the host it reached the gRPC
@@ -147,7 +138,9 @@ static void kvs_ctl_set_advertised(kvs_ctl_t *ctl)
     const char *bound = kvs_data_address(ctl->data);
     const char *adv = ctl->cfg.dataplane_advertise;
     const char *colon = strrchr(bound, ':');
-    bool has_port = adv[0] == '[' ? strstr(adv, "]:") != NULL : strchr(adv, ':') != NULL;
+    char host[256];
+    unsigned port;
+    bool has_port = cm_net_split(adv, host, sizeof(host), &port);
 
     if (adv[0] == '\0' || bound[0] == '\0')
         snprintf(ctl->dp_advertised, sizeof(ctl->dp_advertised), "%s", bound);
@@ -155,7 +148,8 @@ static void kvs_ctl_set_advertised(kvs_ctl_t *ctl)
         snprintf(ctl->dp_advertised, sizeof(ctl->dp_advertised), "%s", adv);
     else
         snprintf(ctl->dp_advertised, sizeof(ctl->dp_advertised), "%s%s", adv, colon);
-    if (adv[0] == '\0' && kvs_ctl_addr_is_wildcard(ctl->cfg.dataplane_listen))
+    if (adv[0] == '\0' && cm_net_split(ctl->cfg.dataplane_listen, host, sizeof(host), &port) &&
+        cm_net_host_is_wildcard(host))
         cm_warn("dataplane-listen %s is a wildcard and dataplane-advertise is empty: workers will use the host "
                 "they reach gRPC at; set dataplane-advertise if the data plane is reached at another address",
                 ctl->cfg.dataplane_listen);
