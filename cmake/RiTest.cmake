@@ -33,3 +33,14 @@ function(ri_add_script_test)
     LABELS "${T_LABELS}"
     ENVIRONMENT "RI_BUILD_DIR=${CMAKE_BINARY_DIR};RI_SOURCE_DIR=${CMAKE_SOURCE_DIR}")
 endfunction()
+
+# ri_add_mutant_test(NAME name TARGET test-executable EXPECT regex ARGS ...
+#                    [LABELS ...] [TIMEOUT s])
+# Runs an existing test with a deliberate fault turned on (through ARGS): it
+# passes only when the test fails, and fails with output matching EXPECT.
+function(ri_add_mutant_test)
+  cmake_parse_arguments(T "" "NAME;TARGET;EXPECT;TIMEOUT" "ARGS;LABELS" ${ARGN})
+  ri_add_script_test(NAME ${T_NAME} TIMEOUT ${T_TIMEOUT} LABELS ${T_LABELS}
+    COMMAND sh ${CMAKE_SOURCE_DIR}/tests/common/expect_fail.sh "${T_EXPECT}"
+            $<TARGET_FILE:${T_TARGET}> ${T_ARGS})
+endfunction()

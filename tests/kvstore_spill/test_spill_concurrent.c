@@ -3,7 +3,11 @@
  * reader threads fetch random records already acknowledged, background
  * compaction runs, and sessions are dropped mid-way.  Every record served must
  * be bit-exact; the only other answer allowed is RI_ERR_NOT_FOUND for a
- * dropped session.  argv[1]: uring|pread.
+ * record of a session whose drop the reader saw begin before it asked.
+ * argv[1]: uring|pread.  argv[2] = "mutant-miss" turns on an injected fault
+ * (every read of a first-half session answers "not found", as a store that
+ * lost its index would): the test must then fail, and CTest runs it that way
+ * (WILL_FAIL) to prove it.
  */
 #include <pthread.h>
 #include <setjmp.h>
@@ -16,10 +20,12 @@
 #include <string.h>
 #include <cmocka.h>
 
+#include "common/cm_time.h"
 #include "kvstore/spill/kvs_spill.h"
 #include "spill_test_util.h"
 
 static bool g_uring = true;
+static bool g_mutant_miss = false;
 
 enum { WRITERS = 2, READERS = 2, PER_WRITER = 3000, BATCH = 50 };
 
@@ -68,6 +74,14 @@ static void *writer(void *arg)
     return NULL;
 }
 
+/* The mutation: a read of the first-half sessions answers "not found". */
+static void inject_miss(kvs_spill_rreq_t *r, int n)
+{
+    for (int i = 0; i < n; i++)
+        if (r[i].key.session < 200)
+            r[i].status = RI_ERR_NOT_FOUND;
+}
+
 static void *reader(void *arg)
 {
     warg_t *a = arg;
@@ -76,7 +90,7 @@ static void *reader(void *arg)
     unsigned seed = (unsigned)a->id * 7919u + 1;
     while (!atomic_load(&sh->stop)) {
         kvs_spill_rreq_t r[16];
-        bool maybe_dropped[16];
+        bool drop_seen[16];
         for (int i = 0; i < 16; i++) {
             int w = rand_r(&seed) % WRITERS;
             bool dropped = atomic_load(&sh->dropped[w]);
@@ -86,19 +100,24 @@ static void *reader(void *arg)
                 i--;
                 continue;
             }
-            maybe_dropped[i] = dropped || idx < PER_WRITER / 2;
+            /* The writer sets dropped[] before it drops, so a miss is
+             * excused only for the dropped session, and only when the drop
+             * had begun before this request was made. */
+            drop_seen[i] = dropped && idx < PER_WRITER / 2;
             r[i] = (kvs_spill_rreq_t){.key = wkey(w, idx), .buf = buf[i], .buf_bytes = 8192};
         }
         kvs_spill_read(sh->sp, r, 16);
+        if (g_mutant_miss)
+            inject_miss(r, 16);
         for (int i = 0; i < 16; i++) {
             if (r[i].status == RI_OK && st_check(buf[i], 8192, &r[i].key, 3)) {
                 atomic_fetch_add(&sh->reads_ok, 1);
-            } else if (r[i].status == RI_ERR_NOT_FOUND && maybe_dropped[i] && r[i].key.session < 200) {
+            } else if (r[i].status == RI_ERR_NOT_FOUND && drop_seen[i]) {
                 atomic_fetch_add(&sh->reads_missing, 1);
             } else {
-                fprintf(stderr, "bad read: session %llu cluster %u status %s\n",
-                        (unsigned long long)r[i].key.session, r[i].key.cluster, ri_status_str(r[i].status));
-                atomic_fetch_add(&sh->bad, 1);
+                if (atomic_fetch_add(&sh->bad, 1) < 10)
+                    fprintf(stderr, "bad read: session %llu cluster %u status %s\n",
+                            (unsigned long long)r[i].key.session, r[i].key.cluster, ri_status_str(r[i].status));
             }
         }
     }
@@ -126,11 +145,16 @@ static void test_concurrent(void **state)
     }
     for (int i = 0; i < WRITERS; i++)
         pthread_join(wt[i], NULL);
+    /* Both drops are done: let the readers ask for dropped records too, so
+     * the "not found" answer is exercised, not only allowed (bounded wait). */
+    for (int spin = 0; spin < 1000 && atomic_load(&sh->reads_missing) < 50; spin++)
+        cm_time_sleep_ns(10 * 1000 * 1000);
     atomic_store(&sh->stop, true);
     for (int i = 0; i < READERS; i++)
         pthread_join(rt[i], NULL);
     assert_int_equal(atomic_load(&sh->bad), 0);
     assert_true(atomic_load(&sh->reads_ok) > 100);
+    assert_true(atomic_load(&sh->reads_missing) >= 50);
     /* Compaction reclaims the dropped sessions; the rest is intact. */
     assert_int_equal(kvs_spill_compact(sh->sp, NULL), RI_OK);
     kvs_spill_stats_t s;
@@ -161,6 +185,9 @@ static void test_concurrent(void **state)
 int main(int argc, char **argv)
 {
     g_uring = st_mode_uring(argc, argv);
+    g_mutant_miss = argc > 2 && strcmp(argv[2], "mutant-miss") == 0;
+    if (g_mutant_miss)
+        printf("mutation on: reads of sessions 100-101 answer not found (this run must fail)\n");
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_concurrent),
     };

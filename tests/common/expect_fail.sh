@@ -1,0 +1,26 @@
+#!/bin/sh
+# expect_fail.sh REGEX PROGRAM [ARGS...]
+# A mutation check: PROGRAM runs with a deliberate fault turned on and must
+# catch it.  Passes only when PROGRAM exits with a failure (not 0, not 77 =
+# skipped) and its output matches REGEX (the check that was meant to fire),
+# so a test that fails for an unrelated reason, or skips, does not count.
+set -u
+re=$1
+shift
+out=$("$@" 2>&1)
+rc=$?
+printf '%s\n' "$out" | tail -n 40
+if [ "$rc" -eq 0 ]; then
+    echo "expect_fail: '$*' passed with its mutation on: the test cannot catch it"
+    exit 1
+fi
+if [ "$rc" -eq 77 ]; then
+    echo "expect_fail: '$*' skipped (77): the mutation was not checked"
+    exit 1
+fi
+if ! printf '%s\n' "$out" | grep -Eq -- "$re"; then
+    echo "expect_fail: '$*' failed (exit $rc) but not with /$re/"
+    exit 1
+fi
+echo "expect_fail: the mutation was caught (exit $rc, /$re/ seen)"
+exit 0
