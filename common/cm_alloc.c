@@ -152,6 +152,11 @@ void cm_alloc_fail_after(uint64_t n)
     atomic_store(&cm_alloc_fail_countdown, n);
 }
 
+uint64_t cm_alloc_fail_pending(void)
+{
+    return (uint64_t)atomic_load(&cm_alloc_fail_countdown);
+}
+
 void cm_alloc_visit(cm_alloc_visit_fn_t fn, void *arg)
 {
     pthread_mutex_lock(&cm_alloc_lock);

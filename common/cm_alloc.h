@@ -48,6 +48,10 @@ void cm_free(void *ptr);
 /* Fault injection: the n-th allocation from now fails (n >= 1); 0 disables. */
 void cm_alloc_fail_after(uint64_t n);
 
+/* Allocations left before the armed failure; 0 when none is armed or it has
+ * fired (a test tells "the fault hit" from "the code allocated less"). */
+uint64_t cm_alloc_fail_pending(void);
+
 /* Visit every registered tag (for metrics and dumps); holds a lock meanwhile. */
 typedef void (*cm_alloc_visit_fn_t)(const cm_alloc_tag_t *tag, void *arg);
 void cm_alloc_visit(cm_alloc_visit_fn_t fn, void *arg);

@@ -24,6 +24,18 @@
 #include "spill_test_util.h"
 
 static bool g_uring = true;
+static bool g_mutant_swallow = false;   /* argv[2] = mutant-swallow-nomem */
+
+/* The mutation: a write batch that reports success for the entries that ran
+ * out of memory, as a store that ignored a failed index insert would. */
+static void swallow_nomem(ri_status_t *ret, ri_status_t *st, uint32_t n)
+{
+    for (uint32_t i = 0; i < n; i++)
+        if (st[i] == RI_ERR_NOMEM)
+            st[i] = RI_OK;
+    if (*ret == RI_ERR_NOMEM)
+        *ret = RI_OK;
+}
 
 typedef struct fixture {
     char *dir;
@@ -294,25 +306,127 @@ static void test_open_fails_at_create(void **state)
     f->sp = st_create_or_skip(&f->cfg);
 }
 
+/* A store of BASE records (salt 1) whose index and last segment are almost
+ * full, so that the OOM batch below allocates in the middle: a new segment
+ * after its 7th record, a bigger index and hash table at its 13th. */
+enum { OOM_BASE = 1016, OOM_REWRITE = 4, OOM_BATCH = 16 };
+
+static kvs_spill_t *oom_store(fixture_t *f)
+{
+    kvs_spill_t *sp = st_create_or_skip(&f->cfg);
+    for (uint32_t c = 0; c < OOM_BASE; c += 64)
+        assert_int_equal(put(sp, c, OOM_BASE - c < 64 ? OOM_BASE - c : 64, 1, NULL), RI_OK);
+    return sp;
+}
+
+/* What cluster c must read after the batch, given its entry's status: the new
+ * version (salt 2) when written, else the old one (salt 1) or nothing. */
+static void oom_check_entry(kvs_spill_t *sp, uint32_t c, ri_status_t st)
+{
+    static uint8_t buf[8192];
+    kvs_spill_rreq_t r = {.key = key(c), .buf = buf, .buf_bytes = sizeof(buf)};
+    kvs_spill_read(sp, &r, 1);
+    if (st == RI_OK) {
+        if (r.status != RI_OK || !st_check(buf, sizeof(buf), &r.key, 2))
+            fail_msg("cluster %u: the batch said written, a read says %s%s", c, ri_status_str(r.status),
+                     r.status == RI_OK ? " with other contents" : "");
+    } else if (c < OOM_BASE) {
+        if (r.status != RI_OK || !st_check(buf, sizeof(buf), &r.key, 1))
+            fail_msg("cluster %u: a failed rewrite lost the old version (%s)", c, ri_status_str(r.status));
+    } else if (r.status != RI_ERR_NOT_FOUND) {
+        fail_msg("cluster %u: a failed write of a new record left %s", c, ri_status_str(r.status));
+    }
+}
+
+/* Out of memory at every allocation point of a write batch and of a read
+ * batch, in turn: the batch reports NOMEM (never swallows it), each entry's
+ * status says what the store now holds, an entry that failed keeps its old
+ * version, and the store works and recovers afterwards.  Also checks that
+ * some point falls mid-batch (entries before it written, after it not). */
 static void test_out_of_memory(void **state)
 {
     fixture_t *f = *state;
-    assert_int_equal(put(f->sp, 0, 8, 1, NULL), RI_OK);
-    for (uint64_t n = 1; n <= 12; n++) {
+    kvs_spill_destroy(f->sp);
+    f->sp = NULL;
+    st_rmtree(f->dir);
+    int points = 0, mid_batch = 0;
+    uint64_t n;
+    for (n = 1; n <= 64; n++) {
+        kvs_spill_t *sp = oom_store(f);
+        kvs_spill_stats_t s0, s1;
+        kvs_spill_stats(sp, &s0);
+        ri_status_t st[OOM_BATCH];
         cm_alloc_fail_after(n);
-        ri_status_t w = put(f->sp, 100, 8, 1, NULL);
-        cm_alloc_fail_after(n);
-        ri_status_t r = get(f->sp, 0, 8, 1, NULL);
+        ri_status_t w = put(sp, OOM_BASE - OOM_REWRITE, OOM_BATCH, 2, st);
+        bool fired = cm_alloc_fail_pending() == 0;
         cm_alloc_fail_after(0);
-        assert_true(w == RI_OK || w == RI_ERR_NOMEM);
-        assert_true(r == RI_OK || r == RI_ERR_NOMEM);
+        if (g_mutant_swallow)
+            swallow_nomem(&w, st, OOM_BATCH);
+        uint32_t ok = 0, first_bad = OOM_BATCH, new_ok = 0;
+        for (uint32_t i = 0; i < OOM_BATCH; i++) {
+            uint32_t c = OOM_BASE - OOM_REWRITE + i;
+            if (st[i] == RI_OK) {
+                ok++;
+                new_ok += c >= OOM_BASE;
+            } else {
+                assert_int_equal(st[i], RI_ERR_NOMEM);
+                if (first_bad == OOM_BATCH)
+                    first_bad = i;
+            }
+            oom_check_entry(sp, c, st[i]);
+        }
+        kvs_spill_stats(sp, &s1);
+        assert_int_equal(s1.records, s0.records + new_ok);
+        if (!fired) {
+            /* Every allocation of the batch passed: the sweep is complete. */
+            assert_int_equal(w, RI_OK);
+            assert_int_equal(ok, OOM_BATCH);
+            kvs_spill_destroy(sp);
+            break;
+        }
+        points++;
+        assert_int_equal(w, RI_ERR_NOMEM);
+        assert_true(ok < OOM_BATCH);
+        if (first_bad > 0)
+            mid_batch++;
+        /* A read batch that runs out of memory fails whole and changes
+         * nothing; the next one serves everything. */
+        ri_status_t rst[OOM_BATCH];
+        cm_alloc_fail_after(1);
+        ri_status_t r = get(sp, 0, OOM_BATCH, 1, rst);
+        assert_int_equal(cm_alloc_fail_pending(), 0);
+        cm_alloc_fail_after(0);
+        assert_int_equal(r, RI_ERR_NOMEM);
+        for (uint32_t i = 0; i < OOM_BATCH; i++)
+            assert_int_equal(rst[i], RI_ERR_NOMEM);
+        assert_int_equal(get(sp, 0, OOM_BATCH, 1, NULL), RI_OK);
+        /* Recovery: the failed entries can be written again, and all of it
+         * survives a restart. */
+        assert_int_equal(put(sp, OOM_BASE - OOM_REWRITE, OOM_BATCH, 2, NULL), RI_OK);
+        assert_int_equal(kvs_spill_sync(sp), RI_OK);
+        kvs_spill_destroy(sp);
+        kvs_spill_recover_report_t rep;
+        assert_int_equal(kvs_spill_recover(&f->cfg, true, &rep, &sp), RI_OK);
+        assert_int_equal(rep.records, OOM_BASE - OOM_REWRITE + OOM_BATCH);
+        assert_int_equal(get(sp, OOM_BASE - OOM_REWRITE, OOM_BATCH, 2, NULL), RI_OK);
+        kvs_spill_destroy(sp);
+        st_rmtree(f->dir);
     }
-    assert_int_equal(get(f->sp, 0, 8, 1, NULL), RI_OK);
+    printf("# out-of-memory points in the write batch: %d (%d mid-batch), sweep ended at %llu\n", points,
+           mid_batch, (unsigned long long)n);
+    assert_true(n <= 64);
+    assert_true(points >= 3);
+    assert_true(mid_batch >= 1);
+    st_rmtree(f->dir);
+    f->sp = st_create_or_skip(&f->cfg);
 }
 
 int main(int argc, char **argv)
 {
     g_uring = st_mode_uring(argc, argv);
+    g_mutant_swallow = argc > 2 && strcmp(argv[2], "mutant-swallow-nomem") == 0;
+    if (g_mutant_swallow)
+        printf("mutation on: out-of-memory entries of a write batch report success (this run must fail)\n");
     const struct CMUnitTest tests[] = {
         cmocka_unit_test_setup_teardown(test_transient_eio_is_retried, setup, teardown),
         cmocka_unit_test_setup_teardown(test_persistent_eio, setup, teardown),
