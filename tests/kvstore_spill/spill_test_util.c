@@ -2,10 +2,13 @@
 #define _GNU_SOURCE
 #include "spill_test_util.h"
 
+#include "common/cm_alloc.h"
+
 #include <errno.h>
 #include <fcntl.h>
 #include <ftw.h>
 #include <liburing.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -129,7 +132,34 @@ void st_fault_arm(st_fault_op_t op, st_fault_kind_t kind, int err, int skip, int
     atomic_store(&g_fault.op, op);
 }
 
-void st_fault_off(void) { atomic_store(&g_fault.op, ST_F_NONE); }
+/* Copies kept by ST_K_RETAIN: a list of blocks, each starting with the link. */
+static CM_ALLOC_TAG(st_retained_tag, "test.spill.retained");
+static pthread_mutex_t g_retained_mu = PTHREAD_MUTEX_INITIALIZER;
+static void *g_retained;
+
+static void retain_copy(const void *buf, size_t len)
+{
+    void **blk = cm_malloc(&st_retained_tag, sizeof(void *) + len);
+    if (blk == NULL)
+        return;
+    memcpy(blk + 1, buf, len);
+    pthread_mutex_lock(&g_retained_mu);
+    *blk = g_retained;
+    g_retained = blk;
+    pthread_mutex_unlock(&g_retained_mu);
+}
+
+void st_fault_off(void)
+{
+    atomic_store(&g_fault.op, ST_F_NONE);
+    pthread_mutex_lock(&g_retained_mu);
+    while (g_retained != NULL) {
+        void **blk = g_retained;
+        g_retained = *blk;
+        cm_free(blk);
+    }
+    pthread_mutex_unlock(&g_retained_mu);
+}
 
 /* Should this call of op fail? */
 static bool fire(st_fault_op_t op)
@@ -190,6 +220,10 @@ static int f_unlink(void *arg, const char *path) { return unlink(path); }
 static ssize_t f_pwrite(void *arg, int fd, const void *buf, size_t len, off_t off)
 {
     if (fire(ST_F_PWRITE)) {
+        if (g_fault.kind == ST_K_RETAIN) {
+            retain_copy(buf, len);
+            return pwrite(fd, buf, len, off);
+        }
         if (g_fault.kind == ST_K_SHORT) {
             /* Write half for real, as a device that stopped early would. */
             return pwrite(fd, buf, len / 2 / 4096 * 4096, off);

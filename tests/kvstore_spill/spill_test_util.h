@@ -54,6 +54,9 @@ typedef enum st_fault_kind {
     ST_K_ERR = 0,     /* fail with errno err */
     ST_K_SHORT,       /* transfer half */
     ST_K_LOST,        /* (CQE only) the completion never arrives */
+    ST_K_RETAIN,      /* (PWRITE only) succeed, and keep a copy in memory (tag
+                         "test.spill.retained"), as a tier that never lets go of
+                         what it spilled would; freed by st_fault_off */
 } st_fault_kind_t;
 
 /* Fault state read by the injecting table; set fields, then arm. */
