@@ -3,7 +3,16 @@
 # English, identical across runs and thread counts, for full and retroinfer
 # attention; --dump-kv writes a capture that ri-bench-attn-accuracy reads.
 # Skipped (77) without the model.
+# "test_generate.sh mutant-no-index" turns on a mutation for the long-prompt
+# check (an update size so large that nothing is ever indexed: retroinfer
+# silently decodes densely): the script must then fail, and CTest runs it that
+# way to prove the check can fail.
 set -u
+mutant_env=""
+if [ "${1:-}" = "mutant-no-index" ]; then
+  echo "mutation on: retroinfer never indexes (this run must fail)"
+  mutant_env="RI_GEN_UPDATE_TOKENS=1000000"
+fi
 bin="$RI_BUILD_DIR/bin"
 gen="$bin/ri-generate"
 model="${RI_TEST_MODEL:-${RI_MODEL_DIR:-$HOME/.cache/retroinfer/models}/SmolLM2-135M-Instruct.Q4_1.gguf}"
@@ -11,6 +20,7 @@ model="${RI_TEST_MODEL:-${RI_MODEL_DIR:-$HOME/.cache/retroinfer/models}/SmolLM2-
 tmp="$(mktemp -d)"
 trap 'rm -rf "$tmp"' EXIT
 prompt="What is the capital of France? Answer in one sentence."
+[ -n "$mutant_env" ] || {
 run() { "$gen" --model "$model" --chat --prompt "$prompt" --max-tokens 24 --stats=false "$@"; }
 RI_THREADS=1 run --attn full > "$tmp/a" || exit 1
 RI_THREADS=2 run --attn full > "$tmp/b" || exit 1
@@ -23,6 +33,7 @@ cmp -s "$tmp/a" "$tmp/b" || { echo "FAIL: output differs between 1 and 2 threads
 cmp -s "$tmp/b" "$tmp/c" || { echo "FAIL: output differs between two runs"; exit 1; }
 cmp -s "$tmp/a" "$tmp/d" || { echo "FAIL: retroinfer differs from full on a short prompt (decodes densely)"; exit 1; }
 grep -q "Paris" "$tmp/a" || { echo "FAIL: the answer does not mention Paris"; exit 1; }
+}
 # retroinfer on a prompt long enough to be indexed (the short prompt above
 # stays under the indexing threshold of ~1,092 tokens and decodes densely):
 # distinct numbered sentences with one fact, then the question.
@@ -36,12 +47,18 @@ n_sent="${RI_TEST_LONG_SENTENCES:-110}"
   done
   echo "Question: what is the secret colour? Answer with one word."
 } > "$tmp/long.txt"
-"$gen" --model "$model" --chat --prompt-file "$tmp/long.txt" --max-tokens 12 --attn retroinfer \
+env $mutant_env "$gen" --model "$model" --chat --prompt-file "$tmp/long.txt" --max-tokens 12 --attn retroinfer \
   > "$tmp/long.out" 2> "$tmp/long.err" || { cat "$tmp/long.err"; exit 1; }
 echo "retroinfer, long: $(cat "$tmp/long.out")"
 ptok=$(sed -n 's/.*prefill: \([0-9]*\) tokens.*/\1/p' "$tmp/long.err")
 [ -n "$ptok" ] && [ "$ptok" -ge 1100 ] || { echo "FAIL: long prompt has ${ptok:-?} tokens, too few to index"; exit 1; }
 grep -q "index build:" "$tmp/long.err" || { echo "FAIL: retroinfer built no index on a $ptok-token prompt"; cat "$tmp/long.err"; exit 1; }
+# ... and decode used it: a small share of the context attended exactly
+# (sinks + window + ~1.8% retrieved; dense would be 100%).
+share=$(sed -n 's/.*exact attention: .* tokens per step, \([0-9]*\)\..*% of the context.*/\1/p' "$tmp/long.err")
+echo "retroinfer, long: ${share:-?}% of the context attended exactly per step"
+[ -n "$share" ] && [ "$share" -lt 25 ] || { echo "FAIL: retroinfer attended ${share:-?}% exactly: not sparse"; exit 1; }
+[ -z "$mutant_env" ] || { echo "FAIL: the mutation was not caught"; exit 1; }
 [ "$(tr -cd 'A-Za-z' < "$tmp/long.out" | wc -c)" -ge 3 ] || { echo "FAIL: no words from retroinfer on the long prompt"; exit 1; }
 # English words, not token soup: mostly letters and spaces
 letters=$(tr -cd 'A-Za-z ' < "$tmp/a" | wc -c)
