@@ -3,6 +3,9 @@
 #include "bench/common/bn_report.h"
 
 #include <pthread.h>
+#include <signal.h>
+#include <sys/prctl.h>
+#include <sys/wait.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -108,6 +111,54 @@ static void bn_git_sha(char *out, size_t len)
     pclose(p);
 }
 
+void bn_loadavg(double la[3])
+{
+    la[0] = la[1] = la[2] = 0;
+    FILE *f = fopen("/proc/loadavg", "r");
+    if (f == NULL)
+        return;
+    if (fscanf(f, "%lf %lf %lf", &la[0], &la[1], &la[2]) != 3)
+        la[0] = la[1] = la[2] = 0;
+    fclose(f);
+}
+
+static pid_t bn_hogs[64];
+static unsigned bn_n_hogs;
+
+int bn_hog_start(unsigned n)
+{
+    if (n > 64 || bn_n_hogs != 0) {
+        fprintf(stderr, "bench: at most 64 CPU hogs, started once\n");
+        return -1;
+    }
+    for (unsigned i = 0; i < n; i++) {
+        pid_t p = fork();
+        if (p < 0) {
+            perror("bench: fork of a CPU hog");
+            bn_hog_stop();
+            return -1;
+        }
+        if (p == 0) {
+            /* Dies with the benchmark, whatever way it ends. */
+            prctl(PR_SET_PDEATHSIG, SIGKILL);
+            volatile uint64_t x = 0;
+            for (;;)
+                x = x * 6364136223846793005ull + 1;
+        }
+        bn_hogs[bn_n_hogs++] = p;
+    }
+    return 0;
+}
+
+void bn_hog_stop(void)
+{
+    for (unsigned i = 0; i < bn_n_hogs; i++) {
+        kill(bn_hogs[i], SIGKILL);
+        waitpid(bn_hogs[i], NULL, 0);
+    }
+    bn_n_hogs = 0;
+}
+
 bn_report_t *bn_report_create(const char *bench)
 {
     bn_report_t *r = calloc(1, sizeof(*r));
@@ -122,8 +173,13 @@ bn_report_t *bn_report_create(const char *bench)
     bn_cpu_model(buf, sizeof(buf));
     cJSON_AddStringToObject(m, "cpu", buf);
     cJSON_AddNumberToObject(m, "cores", cm_cpu_count());
+    double la[3];
+    bn_loadavg(la);
+    cJSON_AddNumberToObject(m, "load_avg", la[0]);
     r->mem_bw = bn_measure_read_bw((size_t)512 << 20, 0, 3);
     cJSON_AddNumberToObject(m, "mem_bw_gbs", r->mem_bw);
+    printf("machine: %s, %u cores, memory read %.1f GB/s, load average %.2f %.2f %.2f\n", buf, cm_cpu_count(),
+           r->mem_bw, la[0], la[1], la[2]);
     r->rows = cJSON_AddArrayToObject(r->root, "rows");
     r->skipped = cJSON_AddArrayToObject(r->root, "skipped");
     return r;
@@ -137,7 +193,10 @@ double bn_report_mem_bw_gbs(const bn_report_t *r)
 cJSON *bn_report_row(bn_report_t *r)
 {
     cJSON *row = cJSON_CreateObject();
+    double la[3];
+    bn_loadavg(la);
     cJSON_AddItemToArray(r->rows, row);
+    cJSON_AddNumberToObject(row, "load_avg", la[0]);
     return row;
 }
 
@@ -158,6 +217,10 @@ cJSON *bn_report_root(bn_report_t *r)
 int bn_report_finish(bn_report_t *r, const char *json_path)
 {
     int rc = 0;
+    double la[3];
+    bn_loadavg(la);
+    cJSON_AddNumberToObject(cJSON_GetObjectItem(r->root, "machine"), "load_avg_end", la[0]);
+    printf("load average at the end: %.2f %.2f %.2f\n", la[0], la[1], la[2]);
     if (json_path != NULL) {
         char *text = cJSON_Print(r->root);
         FILE *f = fopen(json_path, "w");

@@ -41,6 +41,17 @@ double bn_measure_read_bw(size_t bytes, unsigned nthreads, int reps);
 /* Parse "--json PATH" out of argv (removing it); returns the path or NULL. */
 const char *bn_parse_json_arg(int *argc, char **argv);
 
+/* The 1-, 5- and 15-minute load averages (/proc/loadavg); zeros if unreadable.
+ * The report records them at create ("machine.load_avg"), at finish
+ * ("machine.load_avg_end") and in every row ("load_avg"). */
+void bn_loadavg(double la[3]);
+
+/* Share the CPU the way a busy server does: start n processes that spin until
+ * bn_hog_stop (they die with the caller too).  Returns 0, or -1 (message
+ * printed).  At most 64. */
+int bn_hog_start(unsigned n);
+void bn_hog_stop(void);
+
 /* Median of n doubles (sorts a copy). */
 double bn_median(const double *v, size_t n);
 
