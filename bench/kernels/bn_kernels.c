@@ -24,6 +24,7 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
+#include "bench/common/bn_bw.h"
 #include "bench/common/bn_report.h"
 #include "common/cm_status.h"
 #include "common/cm_thread.h"
@@ -108,50 +109,7 @@ static double bk_time(bk_run_fn_t fn, void *ctx, const float *q, float *out, flo
     return bn_median(t, (size_t)reps);
 }
 
-/* The bandwidth reference: one timed streaming read of a 256 MiB buffer
- * (hugepages, 8x the L3) by the kernels' own pool, the threads that run the
- * decodes, taken once per round between the decodes. */
-#define BK_BW_BYTES ((size_t)256 << 20)
-#define BK_BW_CHUNK ((size_t)1 << 20)
 #define BK_MAX_ROUNDS 64
-#define BK_BW_NOISE_FLOOR 0.05
-static uint64_t *bk_bw_buf;
-static uint64_t bk_bw_sums[256];
-
-static void bk_bw_task(void *arg, size_t begin, size_t end, unsigned worker)
-{
-    uint64_t a0 = 0, a1 = 0, a2 = 0, a3 = 0, a4 = 0, a5 = 0, a6 = 0, a7 = 0;
-    (void)arg;
-    for (size_t c = begin; c < end; c++) {
-        const uint64_t *p = bk_bw_buf + c * (BK_BW_CHUNK / 8);
-        for (size_t i = 0; i < BK_BW_CHUNK / 8; i += 8) {
-            a0 += p[i];
-            a1 += p[i + 1];
-            a2 += p[i + 2];
-            a3 += p[i + 3];
-            a4 += p[i + 4];
-            a5 += p[i + 5];
-            a6 += p[i + 6];
-            a7 += p[i + 7];
-        }
-    }
-    bk_bw_sums[worker % 256] += a0 + a1 + a2 + a3 + a4 + a5 + a6 + a7;
-}
-
-static double bk_bw_sample(void)
-{
-    double t0;
-    if (bk_bw_buf == NULL) {
-        bk_bw_buf = big_alloc(BK_BW_BYTES);
-        if (bk_bw_buf == NULL)
-            return NAN;
-        for (size_t i = 0; i < BK_BW_BYTES / 8; i++)
-            bk_bw_buf[i] = i * 2654435761u;
-    }
-    t0 = cm_time_s();
-    cm_pool_parallel_for(kn_pool(), BK_BW_BYTES / BK_BW_CHUNK, 8, bk_bw_task, NULL);
-    return (double)BK_BW_BYTES / (cm_time_s() - t0) / 1e9;
-}
 
 typedef struct bk_ctx {
     kn_shape_t shape;
@@ -341,7 +299,7 @@ static int bench_size(bn_report_t *rep, size_t N, int steps, int rounds, int32_t
             for (int slot = 0; slot <= M_COUNT; slot++) {
                 int m = (slot + r) % (M_COUNT + 1);
                 if (m == M_COUNT) {
-                    bw[r] = bk_bw_sample();
+                    bw[r] = bn_bw_sample(kn_pool());
                     continue;
                 }
                 /* vary the query: each step ranks other clusters */
@@ -352,13 +310,12 @@ static int bench_size(bn_report_t *rep, size_t N, int steps, int rounds, int32_t
             med[m] = bn_median(tm[m], (size_t)rounds);
             best[m] = bn_percentile(tm[m], (size_t)rounds, 0);
         }
-        bw_row = bn_median(bw, (size_t)rounds);
-        bw_max = bn_percentile(bw, (size_t)rounds, 100);
-        bw_min = bn_percentile(bw, (size_t)rounds, 0);
-        /* noise: how far the reference's own samples stray from their median */
-        bw_noise = fmax((bw_max - bw_row) / bw_row, (bw_row - bw_min) / bw_row);
-        if (bw_noise < BK_BW_NOISE_FLOOR)
-            bw_noise = BK_BW_NOISE_FLOOR;
+        bn_bw_ref_t bref;
+        bn_bw_summarise(bw, (size_t)rounds, &bref);
+        bw_row = bref.median;
+        bw_max = bref.max;
+        bw_min = bref.min;
+        bw_noise = bref.noise;
         printf("bandwidth reference N=%zu: median %.2f GB/s (min %.2f, max %.2f) over %d samples, "
                "interleaved with the decodes; a figure above %.2f GB/s fails the bench\n",
                N, bw_row, bw_min, bw_max, rounds, bw_row * (1 + bw_noise));

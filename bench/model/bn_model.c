@@ -4,8 +4,12 @@
  * by every method), then decode tokens/s with full and retroinfer attention
  * side by side from the same prefilled state, next to the floor set by the
  * bytes one decode step must read (weights + the K/V the method touches)
- * over the memory bandwidth measured in this run, and the wave-index build
- * time as a share of the prefill.  Batch 4 decode at the smallest context.
+ * over the memory bandwidth measured in the same rounds, and the wave-index
+ * build time as a share of the prefill.  Batch 4 decode at the smallest
+ * context.  Every configuration of a context and a bandwidth sample take one
+ * step each per round, round robin in a rotating order; the first step (index
+ * build) is timed apart and counted in an end-to-end tok/s.  A figure above
+ * the measured bandwidth by more than its noise fails the bench (exit 1).
  *
  *   ri bench model [--json PATH] [--contexts 512,2048,8192] [--steps N]
  *                  [--methods full,retroinfer] [--model PATH]
@@ -15,6 +19,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "bench/common/bn_bw.h"
 #include "bench/common/bn_report.h"
 #include "bench/model/bn_filler.h"
 #include "common/cm_log.h"
@@ -24,56 +29,84 @@
 #include "gpuworker/model/mdl_quant.h"
 #include "gpuworker/model/mdl_sample.h"
 
-typedef struct bm_result {
-    double decode_tok_s;   /* tokens per second over the timed steps (all sequences) */
-    double bytes_per_step; /* bytes one step reads per sequence (weights + K/V + index) */
-    double build_s;        /* index build at the first step */
-    double exact_tokens;   /* tokens attended exactly per layer-step */
-} bm_result_t;
+#define BM_MAX_CASES 32
+#define BM_MAX_STEPS 256
 
-/* Decode `steps` tokens on `batch` forks of base with attn; the first step
- * (which builds the index) is timed apart. */
-static ri_status_t bm_decode(mdl_model_t *m, const mdl_seq_t *base, const float *logits0, const char *attn,
-                             size_t batch, int steps, bm_result_t *r)
+/* One decode configuration on one prefilled context: batch forks of the base
+ * sequence under one backend and activation mode, and its timed steps. */
+typedef struct bm_case {
+    const char *attn;
+    int act;                 /* index into bm_acts */
+    size_t batch;
+    mdl_seq_t *seqs[8];      /* owned */
+    int32_t toks[8];
+    float *logits;           /* [batch][n_vocab], owned */
+    mdl_attn_stats_t s0;     /* sequence 0's counters after the first step */
+    double first_s;          /* the first step (builds the index) */
+    double t[BM_MAX_STEPS];  /* the timed steps after it */
+    int n;
+    bool failed;
+} bm_case_t;
+
+static const mdl_act_mode_t bm_acts[3] = {MDL_ACT_I16, MDL_ACT_I8, MDL_ACT_F32};
+static const char *const bm_act_names[3] = {"i16", "i8", "f32"};
+
+static ri_status_t bm_case_init(bm_case_t *c, mdl_model_t *m, const mdl_seq_t *base, const float *logits0)
 {
     const mdl_hparams_t *hp = mdl_model_hparams(m);
-    mdl_seq_t *seqs[8] = {0};
-    int32_t toks[8];
-    float *logits = malloc(batch * hp->n_vocab * sizeof(float));
-    ri_status_t st = RI_OK;
-    for (size_t b = 0; b < batch && st == RI_OK; b++)
-        st = mdl_seq_fork(base, mdl_attn_find(attn), NULL, &seqs[b]);
-    for (size_t b = 0; b < batch; b++)
-        toks[b] = mdl_argmax(logits0, hp->n_vocab);
+    c->logits = malloc(c->batch * hp->n_vocab * sizeof(float));
+    if (c->logits == NULL)
+        return RI_ERR_NOMEM;
+    for (size_t b = 0; b < c->batch; b++) {
+        ri_status_t st = mdl_seq_fork(base, mdl_attn_find(c->attn), NULL, &c->seqs[b]);
+        if (st != RI_OK)
+            return st;
+        c->toks[b] = mdl_argmax(logits0, hp->n_vocab);
+    }
+    return RI_OK;
+}
+
+static void bm_case_free(bm_case_t *c)
+{
+    for (size_t b = 0; b < c->batch; b++)
+        mdl_seq_destroy(c->seqs[b]);
+    free(c->logits);
+}
+
+/* One decode step of the case under its activation mode; its seconds. */
+static double bm_case_step(bm_case_t *c, mdl_model_t *m)
+{
+    const mdl_hparams_t *hp = mdl_model_hparams(m);
+    mdl_quant_set_act(bm_acts[c->act]);
     double t0 = cm_time_s();
-    if (st == RI_OK)
-        st = mdl_decode(m, seqs, toks, batch, logits);
-    double t1 = cm_time_s();
-    mdl_attn_stats_t s0 = {0}, s1 = {0};
-    if (st == RI_OK)
-        mdl_seq_attn_stats(seqs[0], &s0);
-    r->build_s = s0.build_s;
-    (void)t1;
-    double ts = cm_time_s();
-    for (int i = 0; i < steps && st == RI_OK; i++) {
-        for (size_t b = 0; b < batch; b++)
-            toks[b] = mdl_argmax(logits + b * hp->n_vocab, hp->n_vocab);
-        st = mdl_decode(m, seqs, toks, batch, logits);
+    ri_status_t st = mdl_decode(m, c->seqs, c->toks, c->batch, c->logits);
+    double dt = cm_time_s() - t0;
+    mdl_quant_set_act(MDL_ACT_I16);
+    if (st != RI_OK) {
+        fprintf(stderr, "ri bench model: %s decode failed: %s\n", c->attn, ri_status_str(st));
+        c->failed = true;
+        return 0;
     }
-    double dt = cm_time_s() - ts;
-    (void)t0;
-    if (st == RI_OK) {
-        mdl_seq_attn_stats(seqs[0], &s1);
-        double layer_steps = (double)(s1.decode_steps - s0.decode_steps);
-        r->decode_tok_s = (double)steps * (double)batch / dt;
-        r->bytes_per_step = (double)mdl_model_weight_bytes(m) / (double)batch +
-                            (double)(s1.bytes_read - s0.bytes_read) / (double)steps;
-        r->exact_tokens = layer_steps > 0 ? (double)(s1.exact_tokens - s0.exact_tokens) / layer_steps : 0;
-    }
-    for (size_t b = 0; b < batch; b++)
-        mdl_seq_destroy(seqs[b]);
-    free(logits);
-    return st;
+    for (size_t b = 0; b < c->batch; b++)
+        c->toks[b] = mdl_argmax(c->logits + b * hp->n_vocab, hp->n_vocab);
+    return dt;
+}
+
+/* Time every case and the bandwidth reference in the same rounds: each round
+ * runs each once, the order rotated by one per round, so that a swing in the
+ * machine's speed hits all alike and each gets the same number of samples. */
+static void bm_rounds(bm_case_t *cs, size_t n_cs, mdl_model_t *m, int steps, double *bw)
+{
+    for (int r = 0; r < steps; r++)
+        for (size_t slot = 0; slot <= n_cs; slot++) {
+            size_t k = (slot + (size_t)r) % (n_cs + 1);
+            if (k == n_cs) {
+                bw[r] = bn_bw_sample(cm_pool_default());
+                continue;
+            }
+            if (!cs[k].failed)
+                cs[k].t[cs[k].n++] = bm_case_step(&cs[k], m);
+        }
 }
 
 static const char *bm_arg(int *i, int argc, char **argv, const char *name)
@@ -97,7 +130,7 @@ int main(int argc, char **argv)
         if ((v = bm_arg(&i, argc, argv, "--contexts")) != NULL)
             n_ctx = bn_parse_list(v, ctxs, 8);
         else if ((v = bm_arg(&i, argc, argv, "--steps")) != NULL)
-            steps = atoi(v) > 0 ? atoi(v) : 32;
+            steps = atoi(v) > 0 && atoi(v) <= BM_MAX_STEPS ? atoi(v) : 32;
         else if ((v = bm_arg(&i, argc, argv, "--methods")) != NULL)
             snprintf(methods_buf, sizeof(methods_buf), "%s", v);
         else if ((v = bm_arg(&i, argc, argv, "--model")) != NULL)
@@ -131,6 +164,7 @@ int main(int argc, char **argv)
     if (rep == NULL)
         return 1;
     double bw = bn_report_mem_bw_gbs(rep);
+    int over = 0;
     cJSON_AddStringToObject(bn_report_root(rep), "model", mdl_model_name(m));
     cJSON_AddNumberToObject(bn_report_root(rep), "threads", cm_pool_size(cm_pool_default()));
     cJSON_AddNumberToObject(bn_report_root(rep), "weight_bytes", (double)mdl_model_weight_bytes(m));
@@ -138,8 +172,11 @@ int main(int argc, char **argv)
     float *logits = malloc(hp->n_vocab * sizeof(float));
     printf("memory read bandwidth %.1f GB/s, weights %.1f MB per step, %u threads\n", bw,
            mdl_model_weight_bytes(m) / 1e6, cm_pool_size(cm_pool_default()));
-    printf("%-7s %-11s %-5s %-5s %10s %10s %10s %7s %9s %8s %9s\n", "context", "attn", "act", "batch", "prefill/s",
-           "decode/s", "floor/s", "%floor", "MB/step", "exact", "build%");
+    printf("decode/s: median of %d steps, all cases and a bandwidth sample interleaved round robin; e2e/s counts\n"
+           "the first step (index build) too; floor/s: the bandwidth measured in the same rounds / bytes per token\n",
+           steps);
+    printf("%-7s %-11s %-5s %-5s %10s %10s %10s %10s %7s %9s %8s %9s\n", "context", "attn", "act", "batch",
+           "prefill/s", "decode/s", "e2e/s", "floor/s", "%floor", "MB/step", "exact", "build%");
     for (size_t c = 0; c < n_ctx; c++) {
         size_t ctx = (size_t)ctxs[c];
         int32_t *ids;
@@ -153,47 +190,103 @@ int main(int argc, char **argv)
         if (mdl_prefill(m, base, ids, n, logits, NULL, NULL, NULL) != RI_OK)
             return 1;
         double tp = cm_time_s() - t0;
-        size_t batches[2] = {1, 4};
-        size_t n_b = c == 0 ? 2 : 1;
-        static const mdl_act_mode_t acts[3] = {MDL_ACT_I16, MDL_ACT_I8, MDL_ACT_F32};
-        static const char *const act_names[3] = {"i16", "i8", "f32"};
+        static const size_t batches[2] = {1, 4};
+        size_t n_b = c == 0 ? 2 : 1, n_cs = 0;
+        bm_case_t *cs = calloc(BM_MAX_CASES, sizeof(*cs));
+        double bw_s[BM_MAX_STEPS];
+        if (cs == NULL)
+            return 1;
         for (size_t k = 0; k < n_m; k++)
             for (int ai = 0; ai < 3; ai++)
-                for (size_t bi = 0; bi < n_b; bi++) {
+                for (size_t bi = 0; bi < n_b && n_cs < BM_MAX_CASES; bi++) {
                     if (ai > 0 && bi > 0)
                         continue;   /* batched products (n > 2) expand weights to fp32 in every mode */
-                    bm_result_t r = {0};
-                    mdl_quant_set_act(acts[ai]);
-                    ri_status_t st = bm_decode(m, base, logits, methods[k], batches[bi], steps, &r);
-                    mdl_quant_set_act(MDL_ACT_I16);
-                    if (st != RI_OK) {
-                        fprintf(stderr, "decode failed: %s\n", ri_status_str(st));
+                    bm_case_t *x = &cs[n_cs++];
+                    x->attn = methods[k];
+                    x->act = ai;
+                    x->batch = batches[bi];
+                    if (bm_case_init(x, m, base, logits) != RI_OK) {
+                        fprintf(stderr, "ri bench model: cannot set up %s at %zu tokens\n", x->attn, n);
                         return 1;
                     }
-                    double floor_tok_s = bw * 1e9 / r.bytes_per_step;
-                    printf("%-7zu %-11s %-5s %-5zu %10.1f %10.1f %10.1f %6.0f%% %9.1f %8.0f %8.1f%%\n", n, methods[k],
-                           act_names[ai], batches[bi], (double)n / tp, r.decode_tok_s, floor_tok_s,
-                           100.0 * r.decode_tok_s / floor_tok_s, r.bytes_per_step / 1e6, r.exact_tokens,
-                           100.0 * r.build_s / tp);
-                    fflush(stdout);
-                    cJSON *row = bn_report_row(rep);
-                    cJSON_AddStringToObject(row, "attn", methods[k]);
-                    cJSON_AddNumberToObject(row, "context", (double)n);
-                    cJSON_AddNumberToObject(row, "batch", (double)batches[bi]);
-                    cJSON_AddNumberToObject(row, "prefill_tok_s", (double)n / tp);
-                    cJSON_AddNumberToObject(row, "decode_tok_s", r.decode_tok_s);
-                    cJSON_AddNumberToObject(row, "floor_tok_s", floor_tok_s);
-                    cJSON_AddStringToObject(row, "activations", act_names[ai]);
-                    cJSON_AddNumberToObject(row, "bytes_per_step", r.bytes_per_step);
-                    cJSON_AddNumberToObject(row, "exact_tokens", r.exact_tokens);
-                    cJSON_AddNumberToObject(row, "prefill_s", tp);
-                    cJSON_AddNumberToObject(row, "index_build_s", r.build_s);
-                    cJSON_AddNumberToObject(row, "index_build_share", r.build_s / tp);
                 }
+        /* The first step of each case builds its index: timed apart. */
+        for (size_t k = 0; k < n_cs; k++) {
+            cs[k].first_s = bm_case_step(&cs[k], m);
+            mdl_seq_attn_stats(cs[k].seqs[0], &cs[k].s0);
+        }
+        bm_rounds(cs, n_cs, m, steps, bw_s);
+        bn_bw_ref_t bref;
+        bn_bw_summarise(bw_s, (size_t)steps, &bref);
+        printf("-- context %zu: bandwidth reference median %.2f GB/s (min %.2f, max %.2f) over %d samples "
+               "interleaved with the decodes\n", n, bref.median, bref.min, bref.max, steps);
+        for (size_t k = 0; k < n_cs; k++) {
+            bm_case_t *x = &cs[k];
+            if (x->failed)
+                return 1;
+            mdl_attn_stats_t s1;
+            mdl_seq_attn_stats(x->seqs[0], &s1);
+            double layer_steps = (double)(s1.decode_steps - x->s0.decode_steps);
+            double med = bn_median(x->t, (size_t)x->n), sum = 0;
+            for (int i = 0; i < x->n; i++)
+                sum += x->t[i];
+            double tok_s = (double)x->batch / med;
+            double bytes_per_step = (double)mdl_model_weight_bytes(m) / (double)x->batch +
+                                    (double)(s1.bytes_read - x->s0.bytes_read) / (double)x->n;
+            double exact = layer_steps > 0 ? (double)(s1.exact_tokens - x->s0.exact_tokens) / layer_steps : 0;
+            double floor_tok_s = bref.median * 1e9 / bytes_per_step;
+            double e2e_tok_s = (double)x->batch * (x->n + 1) / (x->first_s + sum);
+            printf("%-7zu %-11s %-5s %-5zu %10.1f %10.1f %10.1f %10.1f %6.0f%% %9.1f %8.0f %8.1f%%\n", n, x->attn,
+                   bm_act_names[x->act], x->batch, (double)n / tp, tok_s, e2e_tok_s, floor_tok_s,
+                   100.0 * tok_s / floor_tok_s, bytes_per_step / 1e6, exact, 100.0 * x->s0.build_s / tp);
+            fflush(stdout);
+            cJSON *row = bn_report_row(rep);
+            cJSON_AddStringToObject(row, "attn", x->attn);
+            cJSON_AddNumberToObject(row, "context", (double)n);
+            cJSON_AddNumberToObject(row, "batch", (double)x->batch);
+            cJSON_AddNumberToObject(row, "prefill_tok_s", (double)n / tp);
+            cJSON_AddNumberToObject(row, "decode_tok_s", tok_s);
+            cJSON_AddNumberToObject(row, "decode_tok_s_p10", (double)x->batch / bn_percentile(x->t, (size_t)x->n, 90));
+            cJSON_AddNumberToObject(row, "decode_tok_s_p90", (double)x->batch / bn_percentile(x->t, (size_t)x->n, 10));
+            cJSON_AddNumberToObject(row, "samples", x->n);
+            cJSON_AddNumberToObject(row, "first_step_ms", x->first_s * 1e3);
+            cJSON_AddNumberToObject(row, "e2e_tok_s", e2e_tok_s);
+            cJSON_AddNumberToObject(row, "floor_tok_s", floor_tok_s);
+            cJSON_AddNumberToObject(row, "mem_bw_gbs_here", bref.median);
+            cJSON_AddNumberToObject(row, "mem_bw_gbs_here_min", bref.min);
+            cJSON_AddNumberToObject(row, "mem_bw_gbs_here_max", bref.max);
+            cJSON_AddNumberToObject(row, "mem_bw_noise", bref.noise);
+            cJSON_AddStringToObject(row, "activations", bm_act_names[x->act]);
+            cJSON_AddNumberToObject(row, "bytes_per_step", bytes_per_step);
+            cJSON_AddNumberToObject(row, "exact_tokens", exact);
+            cJSON_AddNumberToObject(row, "prefill_s", tp);
+            cJSON_AddNumberToObject(row, "index_build_s", x->s0.build_s);
+            cJSON_AddNumberToObject(row, "index_build_share", x->s0.build_s / tp);
+            /* The floor is a ceiling on tok/s: above it by more than the
+             * reference's own noise, the bytes are miscounted or cached. */
+            if (tok_s * bytes_per_step / 1e9 > bn_bw_ceiling(&bref)) {
+                cJSON_AddBoolToObject(row, "exceeds_bandwidth", 1);
+                fprintf(stderr, "BENCH FAILED: %s %s batch %zu at %zu tokens reads %.2f GB/s, above the bandwidth "
+                        "reference %.2f GB/s + %.0f%% noise measured in the same rounds\n", x->attn,
+                        bm_act_names[x->act], x->batch, n, tok_s * bytes_per_step / 1e9, bref.median,
+                        100 * bref.noise);
+                over++;
+            }
+        }
+        for (size_t k = 0; k < n_cs; k++)
+            bm_case_free(&cs[k]);
+        free(cs);
         mdl_seq_destroy(base);
         cm_free(ids);
     }
     free(logits);
     mdl_model_destroy(m);
-    return bn_report_finish(rep, json) == 0 ? 0 : 1;
+    cJSON_AddNumberToObject(bn_report_root(rep), "over_bandwidth", over);
+    if (bn_report_finish(rep, json) != 0)
+        return 1;
+    if (over > 0) {
+        fprintf(stderr, "BENCH FAILED: %d figure(s) above the bandwidth measured beside them\n", over);
+        return 1;
+    }
+    return 0;
 }
