@@ -271,10 +271,15 @@ static ri_status_t kvs_api_drop_session(void *app, const kvs_caller_t *caller, c
         snprintf(reply->msg, sizeof(reply->msg), "DropSession: session_id is required (ids start at 1)");
         return RI_ERR_INVALID;
     }
-    ri_status_t st = kvs_data_session_drop(ctl->data, caller->tenant, id, &freed);
+    /* An admin may drop any tenant's session (e.g. one left by a tenant
+     * whose token was removed); everyone else only their own. */
+    ri_status_t st = kvs_data_session_drop(ctl->data, caller->admin ? NULL : caller->tenant, id, &freed);
     if (st == RI_ERR_NOT_FOUND) {
-        snprintf(reply->msg, sizeof(reply->msg), "DropSession: no session %" PRIu64 " for tenant '%s'", id,
-                 caller->tenant);
+        if (caller->admin)
+            snprintf(reply->msg, sizeof(reply->msg), "DropSession: no session %" PRIu64, id);
+        else
+            snprintf(reply->msg, sizeof(reply->msg), "DropSession: no session %" PRIu64 " for tenant '%s'", id,
+                     caller->tenant);
         return st;
     }
     if (st != RI_OK) {
@@ -303,7 +308,8 @@ static ri_status_t kvs_api_list_sessions(void *app, const kvs_caller_t *caller, 
         return kvs_api_bad_message("ListSessions", reply);
     retroinfer__v1__list_sessions_request__free_unpacked(in, &kvs_pb_allocator);
 
-    st = kvs_data_session_list(ctl->data, caller->tenant, &infos, &n);
+    /* An admin sees every tenant's sessions (each names its tenant). */
+    st = kvs_data_session_list(ctl->data, caller->admin ? NULL : caller->tenant, &infos, &n);
     if (st != RI_OK) {
         snprintf(reply->msg, sizeof(reply->msg), "ListSessions: %s", ri_status_str(st));
         return st;

@@ -426,6 +426,36 @@ void kvs_ctl_destroy(kvs_ctl_t *ctl)
     cm_free(ctl);
 }
 
+static bool kvs_auth_has_tenant(const kvs_auth_t *auth, const char *tenant)
+{
+    for (size_t i = 0; i < kvs_auth_count(auth); i++)
+        if (strcmp(kvs_auth_entry(auth, i)->tenant, tenant) == 0)
+            return true;
+    return false;
+}
+
+/* A tenant with no token left has lost its access: drop its sessions, so that
+ * the session secrets it holds stop working on the data plane too (the new
+ * tokens are already in force, so it cannot create new ones meanwhile). */
+static void kvs_ctl_revoke_removed(kvs_ctl_t *ctl, const kvs_auth_t *old, const kvs_auth_t *fresh)
+{
+    for (size_t i = 0; i < kvs_auth_count(old); i++) {
+        const char *tenant = kvs_auth_entry(old, i)->tenant;
+        bool seen = false;
+        for (size_t k = 0; k < i && !seen; k++)
+            seen = strcmp(kvs_auth_entry(old, k)->tenant, tenant) == 0;
+        if (seen || kvs_auth_has_tenant(fresh, tenant))
+            continue;
+        uint32_t n = 0;
+        uint64_t bytes = 0;
+        if (kvs_data_drop_tenant(ctl->data, tenant, &n, &bytes) == RI_OK) {
+            atomic_fetch_add(&ctl->revoked_sessions, n);
+            cm_warn("auth: tenant '%s' has no token any more: %u session(s) dropped (%llu bytes), their secrets "
+                    "revoked", tenant, n, (unsigned long long)bytes);
+        }
+    }
+}
+
 ri_status_t kvs_ctl_reload_tokens(kvs_ctl_t *ctl, char *err, size_t errlen)
 {
     kvs_auth_t *fresh = NULL;
@@ -459,6 +489,7 @@ ri_status_t kvs_ctl_reload_tokens(kvs_ctl_t *ctl, char *err, size_t errlen)
     }
     kvs_auth_t *old = kvs_grpc_swap_auth(ctl->grpc, fresh);
     ctl->auth = fresh;
+    kvs_ctl_revoke_removed(ctl, old, fresh);
     kvs_auth_destroy(old);
     atomic_fetch_add(&ctl->reloads, 1);
     cm_info("auth: reloaded %zu token(s) from %s", kvs_auth_count(fresh), ctl->cfg.tokens_file);
@@ -496,6 +527,10 @@ void kvs_ctl_metrics_write(kvs_ctl_t *ctl, FILE *out)
     fprintf(out, "ri_kvs_token_reloads_total{result=\"ok\"} %llu\n", (unsigned long long)atomic_load(&ctl->reloads));
     fprintf(out, "ri_kvs_token_reloads_total{result=\"refused\"} %llu\n",
             (unsigned long long)atomic_load(&ctl->reload_failures));
+    fprintf(out, "# HELP ri_kvs_revoked_sessions_total Sessions dropped because their tenant's last token was "
+                 "removed (SIGHUP).\n");
+    fprintf(out, "# TYPE ri_kvs_revoked_sessions_total counter\n");
+    fprintf(out, "ri_kvs_revoked_sessions_total %llu\n", (unsigned long long)atomic_load(&ctl->revoked_sessions));
     fprintf(out, "ri_kvs_build_info{version=\"%s\",auth_mode=\"%s\",tls=\"%s\"} 1\n", KVS_VERSION,
             ctl->tokens_mode ? "tokens" : "single-tenant",
             ctl->tls_ca_pem ? "mutual" : ctl->tls_cert_pem ? "on" : "off");

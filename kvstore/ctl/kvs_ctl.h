@@ -63,6 +63,7 @@ typedef struct kvs_ctl {
     bool tokens_mode;               /* started with a tokens file (fixed) */
     _Atomic uint64_t reloads;       /* successful token reloads */
     _Atomic uint64_t reload_failures; /* refused token reloads */
+    _Atomic uint64_t revoked_sessions; /* sessions dropped when their tenant lost its last token */
     _Atomic uint64_t session_limit_refusals; /* CreateSession over max-sessions-per-tenant */
     _Atomic uint64_t table_full_refusals;    /* CreateSession with the session table full */
     kvs_data_t *data;               /* owned */

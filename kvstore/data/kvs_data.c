@@ -425,17 +425,23 @@ err_free_session:
     return st;
 }
 
+/* Does a session owned by `have` belong to the scope `want` (NULL = every tenant)? */
+static bool kvs_tenant_in_scope(const char *want, const char *have)
+{
+    return want == NULL || strcmp(want, have) == 0;
+}
+
 ri_status_t kvs_data_session_drop(kvs_data_t *data, const char *tenant, uint64_t id, uint64_t *bytes_freed_p)
 {
     kvs_session_t *s = NULL;
     kvs_tenant_t *t;
     uint64_t freed, charge;
 
-    if (data == NULL || tenant == NULL)
+    if (data == NULL)
         return RI_ERR_INVALID;
     pthread_mutex_lock(&data->lock);
     for (uint32_t i = 0; i < data->n_sessions; i++) {
-        if (data->sessions[i]->id == id && strcmp(data->sessions[i]->tenant, tenant) == 0) {
+        if (data->sessions[i]->id == id && kvs_tenant_in_scope(tenant, data->sessions[i]->tenant)) {
             s = data->sessions[i];
             data->sessions[i] = data->sessions[--data->n_sessions];
             break;
@@ -481,11 +487,11 @@ ri_status_t kvs_data_session_list(kvs_data_t *data, const char *tenant, kvs_sess
     kvs_session_info_t *infos = NULL;
     size_t n = 0;
 
-    if (data == NULL || tenant == NULL || infos_p == NULL || n_p == NULL)
+    if (data == NULL || infos_p == NULL || n_p == NULL)
         return RI_ERR_INVALID;
     pthread_mutex_lock(&data->lock);
     for (uint32_t i = 0; i < data->n_sessions; i++)
-        n += strcmp(data->sessions[i]->tenant, tenant) == 0;
+        n += kvs_tenant_in_scope(tenant, data->sessions[i]->tenant);
     if (n > 0) {
         infos = cm_malloc(&kvs_catalog_tag, n * sizeof(*infos));
         if (infos == NULL) {
@@ -494,12 +500,42 @@ ri_status_t kvs_data_session_list(kvs_data_t *data, const char *tenant, kvs_sess
         }
         n = 0;
         for (uint32_t i = 0; i < data->n_sessions; i++)
-            if (strcmp(data->sessions[i]->tenant, tenant) == 0)
+            if (kvs_tenant_in_scope(tenant, data->sessions[i]->tenant))
                 kvs_session_info_fill(data->sessions[i], &infos[n++]);
     }
     pthread_mutex_unlock(&data->lock);
     *infos_p = infos;
     *n_p = n;
+    return RI_OK;
+}
+
+ri_status_t kvs_data_drop_tenant(kvs_data_t *data, const char *tenant, uint32_t *n_dropped_p,
+                                 uint64_t *bytes_freed_p)
+{
+    kvs_session_info_t *infos = NULL;
+    size_t n = 0;
+    uint32_t dropped = 0;
+    uint64_t bytes = 0;
+
+    if (tenant == NULL)
+        return RI_ERR_INVALID;
+    ri_status_t st = kvs_data_session_list(data, tenant, &infos, &n);
+    if (st != RI_OK)
+        return st;
+    /* One at a time through the ordinary drop: a session the data plane is
+     * using goes away when its last reference ends, as for DropSession. */
+    for (size_t i = 0; i < n; i++) {
+        uint64_t freed = 0;
+        if (kvs_data_session_drop(data, tenant, infos[i].id, &freed) == RI_OK) {
+            dropped++;
+            bytes += freed;
+        }
+    }
+    cm_free(infos);
+    if (n_dropped_p != NULL)
+        *n_dropped_p = dropped;
+    if (bytes_freed_p != NULL)
+        *bytes_freed_p = bytes;
     return RI_OK;
 }
 

@@ -110,14 +110,20 @@ ri_status_t kvs_data_session_create(kvs_data_t *data, const char *tenant, const 
                                     uint64_t expected_tokens, const char *label, uint64_t *id_p,
                                     uint8_t secret_p[CM_WIRE_SECRET_SIZE]);
 
-/* Drop a session of this tenant and free its pages.  RI_ERR_NOT_FOUND when
- * it does not exist or belongs to another tenant. */
+/* Drop a session of this tenant (NULL: of any tenant, for an admin) and free
+ * its pages.  RI_ERR_NOT_FOUND when it does not exist or belongs to another
+ * tenant. */
 ri_status_t kvs_data_session_drop(kvs_data_t *data, const char *tenant, uint64_t id, uint64_t *bytes_freed_p);
 
-/* List this tenant's sessions.  *infos_p is allocated with cm_malloc (caller
- * frees with cm_free; NULL when *n_p is 0). */
+/* List this tenant's sessions (NULL: every tenant's, for an admin).  *infos_p
+ * is allocated with cm_malloc (caller frees with cm_free; NULL when *n_p is 0). */
 ri_status_t kvs_data_session_list(kvs_data_t *data, const char *tenant, kvs_session_info_t **infos_p,
                                   size_t *n_p);
+
+/* Drop every session of a tenant (its access was revoked): their secrets stop
+ * working on the data plane at once.  Counts what went. */
+ri_status_t kvs_data_drop_tenant(kvs_data_t *data, const char *tenant, uint32_t *n_dropped_p,
+                                 uint64_t *bytes_freed_p);
 
 /* Counters, scoped to tenant where the field says so. */
 void kvs_data_stats(kvs_data_t *data, const char *tenant, kvs_data_stats_t *stats_p);

@@ -3,7 +3,10 @@
  * tokens file: no token / wrong token / wrong scheme -> UNAUTHENTICATED
  * (Health needs none); a tenant never sees or drops another's sessions
  * (NOT_FOUND); over-quota CreateSession -> RESOURCE_EXHAUSTED and nothing
- * created; Drain only for admin tokens; the auth-failure counter in /metrics.
+ * created; Drain only for admin tokens; the auth-failure counter in /metrics;
+ * an admin lists and drops every tenant's sessions; a tenant whose last token
+ * is removed (SIGHUP) loses its sessions, and their secrets stop working on
+ * the data plane.
  * Also the start-up rules: no tokens file off loopback, bad tokens files.
  */
 #define _GNU_SOURCE
@@ -20,6 +23,7 @@
 
 #include "common/cm_alloc.h"
 #include "gpuworker/ctl/gw_ctl.h"
+#include "gpuworker/dp/gw_dp.h"
 #include "kvs_test_daemon.h"
 
 #define TOK_ALICE "alice-token-0123456789"
@@ -228,6 +232,79 @@ static void test_sighup_reloads_tokens(void **state)
     gw_ctl_destroy(bob2);
 }
 
+static bool lists_session(gw_ctl_t *c, uint64_t id, const char *tenant)
+{
+    gw_ctl_session_info_t *infos = NULL;
+    size_t n = 0;
+    bool found = false;
+    assert_int_equal(gw_ctl_list_sessions(c, 2000, &infos, &n, NULL), RI_OK);
+    for (size_t i = 0; i < n; i++)
+        found |= infos[i].session_id == id && strcmp(infos[i].tenant, tenant) == 0;
+    cm_free(infos);
+    return found;
+}
+
+static void test_admin_sees_all_and_removed_tenant_is_revoked(void **state)
+{
+    (void)state;
+    char path[600];
+    gw_ctl_session_t sa, sb;
+    gw_ctl_error_t err;
+    gw_ctl_t *bob2 = NULL;
+    gw_dp_t *dp = NULL, *dp2 = NULL;
+    static char body[1 << 20];
+
+    /* tokens as the reload test left them: alice, bob (rotated), ops */
+    assert_int_equal(gw_ctl_create(daemon_.grpc, "bob-rotated-token-99", &bob2), RI_OK);
+    assert_int_equal(gw_ctl_create_session(alice_, 2000, &geo, 256, "alice-revoked", &sa, &err), RI_OK);
+    assert_int_equal(gw_ctl_create_session(bob2, 2000, &geo, 256, "bob-admin-drop", &sb, &err), RI_OK);
+    assert_int_equal(gw_dp_connect(sa.dataplane_address, sa.session_id, sa.secret, NULL, &dp), RI_OK);
+    assert_int_equal(gw_dp_ping(dp), RI_OK);
+
+    /* the admin lists every tenant's sessions and drops another tenant's;
+     * a tenant still sees only its own */
+    assert_true(lists_session(ops_, sa.session_id, "alice"));
+    assert_true(lists_session(ops_, sb.session_id, "bob"));
+    assert_false(lists_session(bob2, sa.session_id, "alice"));
+    assert_int_equal(gw_ctl_drop_session(ops_, 2000, sb.session_id, NULL, &err), RI_OK);
+    assert_false(lists_session(bob2, sb.session_id, "bob"));
+    assert_int_equal(gw_ctl_drop_session(ops_, 2000, sb.session_id, NULL, &err), RI_ERR_NOT_FOUND);
+
+    /* alice's last token goes: her session is dropped on the reload and its
+     * secret no longer works on the data plane, on the open connection or a
+     * new one */
+    assert_int_equal(kvs_test_daemon_write_file(&daemon_, "tokens",
+                                                "bob-rotated-token-99 bob\n" TOK_OPS " ops - admin\n", path,
+                                                sizeof(path)),
+                     0);
+    assert_int_equal(kill(daemon_.pid, SIGHUP), 0);
+    assert_int_equal(stats_until(alice_, RI_ERR_UNAUTHENTICATED), RI_ERR_UNAUTHENTICATED);
+    /* the revocation follows the token swap in the same reload: wait for it */
+    for (int i = 0; i < 500 && lists_session(ops_, sa.session_id, "alice"); i++)
+        usleep(10000);
+    ri_status_t ping = gw_dp_ping(dp);
+    if (ping == RI_OK)
+        fail_msg("session %llu of removed tenant alice still answers on the data plane",
+                 (unsigned long long)sa.session_id);
+    assert_int_not_equal(gw_dp_connect(sa.dataplane_address, sa.session_id, sa.secret, NULL, &dp2), RI_OK);
+    assert_null(dp2);
+    assert_false(lists_session(ops_, sa.session_id, "alice"));
+    assert_int_equal(kvs_test_http_get(daemon_.metrics, "/metrics", body, sizeof(body)), 200);
+    assert_non_null(strstr(body, "ri_kvs_revoked_sessions_total 1"));
+    gw_dp_close(dp);
+
+    /* alice back (the next test needs her): a fresh start, no old sessions */
+    assert_int_equal(kvs_test_daemon_write_file(&daemon_, "tokens",
+                                                TOK_ALICE " alice 1MiB\nbob-rotated-token-99 bob\n" TOK_OPS
+                                                          " ops - admin\n",
+                                                path, sizeof(path)),
+                     0);
+    assert_int_equal(kill(daemon_.pid, SIGHUP), 0);
+    assert_int_equal(stats_until(alice_, RI_OK), RI_OK);
+    assert_int_equal(count_sessions(alice_), 0);
+    gw_ctl_destroy(bob2);
+}
+
 static void test_drain_needs_admin_and_metrics_count_failures(void **state)
 {
     (void)state;
@@ -302,6 +379,7 @@ int main(void)
         cmocka_unit_test(test_tenants_are_isolated),
         cmocka_unit_test(test_quota_is_resource_exhausted),
         cmocka_unit_test(test_sighup_reloads_tokens),
+        cmocka_unit_test(test_admin_sees_all_and_removed_tenant_is_revoked),
         cmocka_unit_test(test_drain_needs_admin_and_metrics_count_failures),
         cmocka_unit_test(test_startup_rules),
     };
