@@ -221,8 +221,12 @@ static ri_status_t kvs_api_create_session(void *app, const kvs_caller_t *caller,
         goto out_free;
     st = kvs_data_session_create(ctl->data, caller->tenant, &g, in->expected_tokens, in->label ? in->label : "",
                                  &id, secret);
-    if (st == RI_ERR_QUOTA || st == RI_ERR_NOSPACE) {
-        st = RI_ERR_QUOTA;
+    if (st == RI_ERR_NOSPACE || st == RI_ERR_IO) {
+        /* The session manifest could not be written: nothing was created. */
+        snprintf(reply->msg, sizeof(reply->msg),
+                 "CreateSession: the spill directory could not record the session (%s%s); nothing was created",
+                 ri_status_str(st), st == RI_ERR_NOSPACE ? ": the disk is full" : "");
+    } else if (st == RI_ERR_QUOTA) {
         snprintf(reply->msg, sizeof(reply->msg),
                  "CreateSession: %" PRIu64 " tokens of %ux%ux%u would exceed the memory quota of tenant '%s' or "
                  "of the kvstore",

@@ -409,7 +409,15 @@ ri_status_t kvs_data_session_create(kvs_data_t *data, const char *tenant, const 
     data->global_charged += s->reserved_bytes;
     s->id = data->next_id++;
     data->sessions[data->n_sessions++] = s;
-    kvs_tier_session_created_locked(data);
+    /* Acknowledge only what --recover would find: a session the manifest
+     * could not record (disk full) is undone and the call fails. */
+    st = kvs_tier_session_created_locked(data);
+    if (st != RI_OK) {
+        data->n_sessions--;
+        t->charged -= s->reserved_bytes;
+        data->global_charged -= s->reserved_bytes;
+        goto err_unlock;
+    }
     *id_p = s->id;
     memcpy(secret_p, s->secret, CM_WIRE_SECRET_SIZE);
     pthread_mutex_unlock(&data->lock);

@@ -105,7 +105,8 @@ ri_status_t kvs_data_set_tenant_quota(kvs_data_t *data, const char *tenant, uint
 
 /* Create a session.  Errors: RI_ERR_INVALID (bad geometry, tenant or label),
  * RI_ERR_QUOTA (expected_tokens would not fit the tenant's or global quota),
- * RI_ERR_SHUTDOWN (draining).  Writes id and secret only on success. */
+ * RI_ERR_SHUTDOWN (draining), RI_ERR_NOSPACE / RI_ERR_IO (the spill tier's
+ * session manifest could not record it; nothing is created).  Writes id and secret only on success. */
 ri_status_t kvs_data_session_create(kvs_data_t *data, const char *tenant, const kvs_geometry_t *geometry,
                                     uint64_t expected_tokens, const char *label, uint64_t *id_p,
                                     uint8_t secret_p[CM_WIRE_SECRET_SIZE]);

@@ -266,8 +266,10 @@ void kvs_tier_session_free_locked(kvs_data_t *data, kvs_session_t *s);
  * rewrite the session manifest. */
 void kvs_tier_session_dropped_locked(kvs_data_t *data, uint64_t id);
 
-/* A session was created: rewrite the session manifest (so --recover finds it). */
-void kvs_tier_session_created_locked(kvs_data_t *data);
+/* A session was created: rewrite the session manifest (so --recover finds it).
+ * Returns the write's error (RI_ERR_NOSPACE on a full disk): the caller undoes
+ * the creation. */
+ri_status_t kvs_tier_session_created_locked(kvs_data_t *data);
 
 /* Append the tier's counters and the spill store's metrics. */
 void kvs_tier_metrics_write_locked(kvs_data_t *data, FILE *out);

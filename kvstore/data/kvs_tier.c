@@ -285,18 +285,19 @@ static void kvs_smf_path(const kvs_data_t *data, char *path, size_t len, const c
 }
 
 /* Rewrite the session manifest atomically (temp file, fsync, rename, fsync
- * of the directory).  Errors are logged: the live daemon is unaffected, only
- * a later --recover would miss the newest sessions. */
-static void kvs_smf_write_locked(kvs_data_t *data)
+ * of the directory).  Returns RI_OK, or the error (logged): RI_ERR_NOSPACE
+ * for a full disk.  The old manifest stays in place on failure. */
+static ri_status_t kvs_smf_write_locked(kvs_data_t *data)
 {
     char path[4200], tmp[4200];
     size_t len = KVS_SMF_HEADER + (size_t)data->n_sessions * KVS_SMF_ENTRY + 4u, off;
     uint8_t *b = cm_calloc(&kvs_tier_tag, 1, len);
     int fd = -1;
+    ri_status_t st = RI_OK;
 
     if (b == NULL) {
         cm_error("session manifest: out of memory");
-        return;
+        return RI_ERR_NOMEM;
     }
     memcpy(b, KVS_SMF_MAGIC, 8);
     cm_dp_put32(b + 8, KVS_SMF_VERSION);
@@ -322,9 +323,17 @@ static void kvs_smf_write_locked(kvs_data_t *data)
     kvs_smf_path(data, path, sizeof(path), "");
     kvs_smf_path(data, tmp, sizeof(tmp), ".tmp");
     fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600); /* holds secrets */
-    if (fd < 0 || write(fd, b, len) != (ssize_t)len || fsync(fd) != 0 || close(fd) != 0 ||
-        rename(tmp, path) != 0) {
-        cm_error("session manifest %s: %s", path, strerror(errno));
+    ssize_t wr = fd >= 0 ? write(fd, b, len) : -1;
+    int err = fd < 0 || wr < 0 ? errno : wr != (ssize_t)len ? ENOSPC : 0;
+    if (err == 0 && fsync(fd) != 0)
+        err = errno;
+    if (fd >= 0 && close(fd) != 0 && err == 0)
+        err = errno;
+    if (err == 0 && rename(tmp, path) != 0)
+        err = errno;
+    if (err != 0) {
+        cm_error("session manifest %s: %s", path, strerror(err));
+        st = cm_status_from_errno(err);
         if (fd >= 0)
             (void)unlink(tmp);
     } else {
@@ -335,12 +344,12 @@ static void kvs_smf_write_locked(kvs_data_t *data)
         }
     }
     cm_free(b);
+    return st;
 }
 
-void kvs_tier_session_created_locked(kvs_data_t *data)
+ri_status_t kvs_tier_session_created_locked(kvs_data_t *data)
 {
-    if (kvs_tier_on(data))
-        kvs_smf_write_locked(data);
+    return kvs_tier_on(data) ? kvs_smf_write_locked(data) : RI_OK;
 }
 
 void kvs_tier_session_dropped_locked(kvs_data_t *data, uint64_t id)
@@ -349,7 +358,9 @@ void kvs_tier_session_dropped_locked(kvs_data_t *data, uint64_t id)
         return;
     (void)kvs_spill_drop_session(data->spill, id, NULL); /* NOT_FOUND: nothing was spilled */
     (void)kvs_spill_cold_drop_session(data->cold, id);
-    kvs_smf_write_locked(data);
+    /* A failure leaves the dropped session in the old manifest: a later
+     * --recover brings it back empty (its spilled records are gone). */
+    (void)kvs_smf_write_locked(data);
 }
 
 /* Read the session manifest and recreate its sessions (empty tables). */
@@ -502,7 +513,7 @@ ri_status_t kvs_tier_open(kvs_data_t *data)
         char path[4200];
         kvs_smf_path(data, path, sizeof(path), "");
         (void)unlink(path); /* a fresh store: old sessions are gone */
-        kvs_smf_write_locked(data);
+        (void)kvs_smf_write_locked(data);
         cm_info("spill tier in %s (quota %" PRIu64 " bytes, high-water %.2f)", data->spill_dir,
                 data->cfg.spill_quota_bytes, kvs_tier_high_water(data));
         return RI_OK;
@@ -564,7 +575,7 @@ void kvs_tier_close(kvs_data_t *data)
         st = kvs_tier_spill_keys_locked(data, keys, n, &freed);
     if (st != RI_OK)
         cm_warn("shutdown: not every pool cluster reached the spill tier (%s)", ri_status_str(st));
-    kvs_smf_write_locked(data);
+    (void)kvs_smf_write_locked(data);
     pthread_mutex_unlock(&data->lock);
 }
 

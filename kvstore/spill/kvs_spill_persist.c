@@ -603,12 +603,25 @@ ri_status_t kvs_spill_recover(const kvs_spill_config_t *cfg, bool verify, kvs_sp
             goto err_free;
     }
     rep.records = sp->n_live - sp->st.lost_records;
+    /* A disk still too full for a new segment must not keep the recovered
+     * data from being served: spilling resumes when a write finds room. */
     st = spill_seg_open(sp, sp->next_seg_id, true, &sp->active);
-    if (st != RI_OK)
+    if (st == RI_ERR_NOSPACE) {
+        cm_warn("spill: no room for a new %llu-byte segment in %s: the recovered records are served, new spills "
+                "fail until space is freed", (unsigned long long)sp->cfg.segment_bytes, sp->cfg.dir);
+        sp->active = NULL;
+    } else if (st != RI_OK) {
         goto err_free;
-    sp->active->active = true;
+    } else {
+        sp->active->active = true;
+    }
+    /* On a full disk the manifest already there still describes what was
+     * recovered (scanned tails are found again by the next scan): keep it and
+     * write the new one at the next checkpoint. */
     st = spill_checkpoint(sp);
-    if (st != RI_OK)
+    if (st == RI_ERR_NOSPACE)
+        cm_warn("spill: disk full, the manifest of %s stays as it was until the next checkpoint", sp->cfg.dir);
+    else if (st != RI_OK)
         goto err_free;
     st = spill_compactor_start(sp);
     if (st != RI_OK)
