@@ -51,6 +51,15 @@ static uint32_t kvs_cache_hash(uint64_t key)
     return (uint32_t)key;
 }
 
+size_t kvs_cache_bytes_for(uint32_t capacity)
+{
+    size_t slots = 2;
+    while (slots < 2 * (size_t)capacity)
+        slots <<= 1;
+    return sizeof(kvs_cache_t) + ((size_t)capacity + 63) / 64 * sizeof(uint64_t) +
+           (size_t)capacity * (sizeof(uint32_t) + sizeof(kvs_centry_t)) + slots * sizeof(uint32_t);
+}
+
 ri_status_t kvs_cache_create(uint32_t capacity, kvs_cache_t **cache_p)
 {
     kvs_cache_t *c;

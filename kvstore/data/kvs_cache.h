@@ -55,6 +55,10 @@ typedef struct kvs_cache_counters {
 /* A directory for a cache of capacity pages (1..2^26).  Caller destroys. */
 ri_status_t kvs_cache_create(uint32_t capacity, kvs_cache_t **cache_p);
 
+/* The memory kvs_cache_create(capacity) takes (charged to the tenant before
+ * it is allocated). */
+size_t kvs_cache_bytes_for(uint32_t capacity);
+
 /* NULL is a no-op. */
 void kvs_cache_destroy(kvs_cache_t *cache);
 

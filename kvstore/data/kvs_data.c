@@ -100,7 +100,7 @@ kvs_tenant_t *kvs_tenant_get_locked(kvs_data_t *data, const char *name)
 
 static uint64_t kvs_session_charge(const kvs_session_t *s)
 {
-    return CM_MAX(s->reserved_bytes, s->used_bytes);
+    return CM_MAX(s->reserved_bytes, s->used_bytes) + s->meta_bytes;
 }
 
 static ri_status_t kvs_quota_check_locked(kvs_data_t *data, kvs_tenant_t *t, uint64_t delta)
@@ -149,6 +149,32 @@ void kvs_session_uncharge_locked(kvs_data_t *data, kvs_session_t *s, uint64_t le
     data->global_charged -= delta;
 }
 
+ri_status_t kvs_session_charge_meta_locked(kvs_data_t *data, kvs_session_t *s, uint64_t bytes)
+{
+    kvs_tenant_t *t = kvs_tenant_find(data, s->tenant);
+    if (t == NULL || s->dropped)
+        return RI_ERR_NOT_FOUND;
+    ri_status_t st = kvs_quota_check_locked(data, t, bytes);
+    if (st != RI_OK)
+        return st;
+    s->meta_bytes += bytes;
+    t->charged += bytes;
+    data->global_charged += bytes;
+    return RI_OK;
+}
+
+void kvs_session_uncharge_meta_locked(kvs_data_t *data, kvs_session_t *s, uint64_t bytes)
+{
+    kvs_tenant_t *t = kvs_tenant_find(data, s->tenant);
+    bytes = CM_MIN(bytes, s->meta_bytes);
+    s->meta_bytes -= bytes;
+    if (s->dropped)
+        return; /* a dropped session's charge was given back at drop */
+    if (t != NULL)
+        t->charged -= bytes;
+    data->global_charged -= bytes;
+}
+
 ri_status_t kvs_session_reserve_extents_locked(kvs_session_t *s, size_t more)
 {
     size_t want = s->n_extents + more, cap = s->cap_extents ? s->cap_extents : 16;
@@ -180,6 +206,8 @@ void kvs_wcache_free(kvs_data_t *data, kvs_wcache_t *wc)
 {
     if (wc == NULL)
         return;
+    if (wc->owner != NULL && wc->charged != 0)
+        kvs_session_uncharge_meta_locked(data, wc->owner, wc->charged);
     if (wc->rkey != NULL)
         kvs_dp_rkey_destroy(data->dp, wc->rkey);
     kvs_cache_destroy(wc->dir);

@@ -57,6 +57,8 @@ typedef struct kvs_wcache {
     uint64_t recv_addr;      /* receive buffer address in the worker */
     uint64_t recv_len;       /* its length */
     kvs_cache_t *dir;        /* directory + LRU */
+    struct kvs_session *owner; /* the session it belongs to (outlives it) */
+    uint64_t charged;        /* directory bytes charged to the owner's tenant */
 } kvs_wcache_t;
 
 typedef struct kvs_session {
@@ -69,6 +71,7 @@ typedef struct kvs_session {
     uint64_t page_bytes;         /* 2 * page_tokens * head_dim * 2 (K and V) */
     uint64_t reserved_bytes;     /* from expected_tokens, charged to quota */
     uint64_t used_bytes;         /* pool bytes of its extents */
+    uint64_t meta_bytes;         /* daemon memory of its caches' directories, charged on top */
     uint64_t clusters;           /* clusters stored */
     uint64_t disk_bytes;         /* payload bytes of its clusters in the spill store */
     kvs_table_t *tables;         /* layers * kv_heads, index layer*kv_heads+head */
@@ -153,7 +156,13 @@ ri_status_t kvs_session_reserve_extents_locked(kvs_session_t *s, size_t more);
 ri_status_t kvs_session_add_extent_locked(kvs_session_t *s, uint64_t off, uint64_t bytes);
 
 /* Free a worker cache's directory and rkey (the transport releases the rkey). */
-void kvs_wcache_free(kvs_data_t *data, kvs_wcache_t *wc);
+void kvs_wcache_free(kvs_data_t *data, kvs_wcache_t *wc);   /* data->lock held; gives back its charge */
+
+/* Charge / give back daemon memory a session's requests make us hold
+ * (cache directories) against its tenant's and the global quota, on top of
+ * its pool bytes (data->lock held).  RI_ERR_QUOTA when it does not fit. */
+ri_status_t kvs_session_charge_meta_locked(kvs_data_t *data, struct kvs_session *s, uint64_t bytes);
+void kvs_session_uncharge_meta_locked(kvs_data_t *data, struct kvs_session *s, uint64_t bytes);
 
 /* Geometry check; page_tokens 0 means the default 8 (written back). */
 bool kvs_geometry_check(kvs_geometry_t *g);

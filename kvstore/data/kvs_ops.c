@@ -248,6 +248,17 @@ static ri_status_t kvs_ops_register(kvs_data_t *data, void *conn, kvs_session_t 
         st = RI_ERR_NOMEM;
         goto err_free;
     }
+    /* The directory is daemon memory the worker asks for: charged to its
+     * tenant before it is allocated, so a huge capacity is refused (QUOTA)
+     * instead of taking gigabytes and seconds of the data thread. */
+    pthread_mutex_lock(&data->lock);
+    wc->owner = s;
+    st = kvs_session_charge_meta_locked(data, s, kvs_cache_bytes_for(r.capacity_pages));
+    if (st == RI_OK)
+        wc->charged = kvs_cache_bytes_for(r.capacity_pages);
+    pthread_mutex_unlock(&data->lock);
+    if (st != RI_OK)
+        goto err_free; /* counted as errors{kind="quota"} by the dispatcher */
     st = kvs_cache_create(r.capacity_pages, &wc->dir);
     if (st != RI_OK)
         goto err_free;
@@ -278,7 +289,9 @@ static ri_status_t kvs_ops_register(kvs_data_t *data, void *conn, kvs_session_t 
     return RI_OK;
 
 err_free:
+    pthread_mutex_lock(&data->lock);
     kvs_wcache_free(data, wc);
+    pthread_mutex_unlock(&data->lock);
     cm_free(reply);
     return st;
 }

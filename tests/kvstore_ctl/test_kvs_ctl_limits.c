@@ -11,7 +11,11 @@
  *  - a group- or world-writable tokens file is refused at start;
  *  - without a tokens file Drain is refused unless --insecure-admin;
  *  - a fd hard limit below what max-connections needs stops the start with
- *    an error naming the setting.
+ *    an error naming the setting;
+ *  - a data-plane REGISTER_CACHE is daemon memory charged to the tenant's
+ *    quota before it is allocated (#5): 2^26 pages is refused at once with
+ *    QUOTA and the daemon's memory does not grow; a directory that fits
+ *    holds quota that a session then cannot have, until it is released.
  */
 #define _GNU_SOURCE
 #include <setjmp.h>
@@ -29,6 +33,7 @@
 
 #include "common/cm_alloc.h"
 #include "gpuworker/ctl/gw_ctl.h"
+#include "gpuworker/dp/gw_dp.h"
 #include "kvs_test_daemon.h"
 
 #define TOK_ALICE "alice-token-0123456789"
@@ -133,6 +138,65 @@ static void test_sessions_per_tenant(void **state)
     kvs_test_daemon_cleanup(&d);
 }
 
+/* Resident memory of a process, KiB (VmRSS). */
+static long rss_kib(pid_t pid)
+{
+    char path[64], line[256];
+    long kib = -1;
+    snprintf(path, sizeof(path), "/proc/%d/status", (int)pid);
+    FILE *f = fopen(path, "r");
+    if (f == NULL)
+        return -1;
+    while (fgets(line, sizeof(line), f))
+        if (sscanf(line, "VmRSS: %ld kB", &kib) == 1)
+            break;
+    fclose(f);
+    return kib;
+}
+
+static void test_register_cache_is_charged(void **state)
+{
+    (void)state;
+    kvs_test_daemon_t d;
+    gw_ctl_t *alice = NULL;
+    gw_ctl_error_t err;
+    gw_ctl_session_t s, big;
+    gw_dp_t *dp = NULL;
+    static uint8_t recv[1 << 16];
+    uint32_t cache_id = 0;
+
+    start_daemon(&d, TOK_ALICE " alice 4MiB\n", NULL);
+    assert_int_equal(gw_ctl_create(d.grpc, TOK_ALICE, &alice), RI_OK);
+    assert_int_equal(gw_ctl_create_session(alice, 5000, &geo, 64, "small", &s, &err), RI_OK);
+    assert_int_equal(gw_dp_connect(d.dataplane, s.session_id, s.secret, NULL, &dp), RI_OK);
+
+    /* 2^26 pages: gigabytes of directory for a 4 MiB tenant */
+    long before = rss_kib(d.pid);
+    double t0 = now_s();
+    ri_status_t st = gw_dp_register_cache_mode(dp, 1u << 26, recv, sizeof(recv), GW_DP_RECV_INLINE, &cache_id, NULL);
+    double dt = now_s() - t0;
+    long after = rss_kib(d.pid);
+    printf("# REGISTER_CACHE of 2^26 pages: %s in %.3f s, daemon RSS %ld -> %ld KiB\n", ri_status_str(st), dt,
+           before, after);
+    if (st == RI_OK)
+        fail_msg("a 2^26-page cache directory was accepted for a tenant with a 4 MiB quota");
+    assert_int_equal(st, RI_ERR_QUOTA);
+    assert_true(dt < 2.0);
+    assert_true(after - before < 64 * 1024);
+
+    /* 64K pages (~2.8 MiB of directory) fit, and hold that quota */
+    assert_int_equal(gw_dp_register_cache_mode(dp, 65536, recv, sizeof(recv), GW_DP_RECV_INLINE, &cache_id, NULL),
+                     RI_OK);
+    assert_int_equal(gw_ctl_create_session(alice, 5000, &geo, 8192, "needs-2MiB", &big, &err), RI_ERR_QUOTA);
+    assert_non_null(strstr(err.message, "quota"));
+    assert_int_equal(gw_dp_release(dp, cache_id), RI_OK);
+    assert_int_equal(gw_ctl_create_session(alice, 5000, &geo, 8192, "needs-2MiB", &big, &err), RI_OK);
+    gw_dp_close(dp);
+    gw_ctl_destroy(alice);
+    assert_int_equal(kvs_test_daemon_stop(&d, SIGTERM, 10000), 0);
+    kvs_test_daemon_cleanup(&d);
+}
+
 /* Start with a tokens file of this mode; returns the exit status, or 0 if it served. */
 static int start_with_mode(mode_t mode, char *log, size_t loglen)
 {
@@ -209,6 +273,7 @@ int main(void)
         cmocka_unit_test(test_writable_tokens_file_refused),
         cmocka_unit_test(test_tokenless_admin_needs_flag),
         cmocka_unit_test(test_fd_limit_checked_at_start),
+        cmocka_unit_test(test_register_cache_is_charged),
     };
     char bin[512];
     if (access(kvs_test_bin("ri-kvstore", bin, sizeof(bin)), X_OK) != 0)
