@@ -527,6 +527,10 @@ void kvs_ctl_metrics_write(kvs_ctl_t *ctl, FILE *out)
     fprintf(out, "ri_kvs_token_reloads_total{result=\"ok\"} %llu\n", (unsigned long long)atomic_load(&ctl->reloads));
     fprintf(out, "ri_kvs_token_reloads_total{result=\"refused\"} %llu\n",
             (unsigned long long)atomic_load(&ctl->reload_failures));
+    fprintf(out, "# HELP ri_kvs_metrics_overran_total /metrics connections shut for taking over 3 s for one "
+                 "request and its answer (a trickling client).\n");
+    fprintf(out, "# TYPE ri_kvs_metrics_overran_total counter\n");
+    fprintf(out, "ri_kvs_metrics_overran_total %llu\n", (unsigned long long)kvs_http_overran(ctl->http));
     fprintf(out, "# HELP ri_kvs_revoked_sessions_total Sessions dropped because their tenant's last token was "
                  "removed (SIGHUP).\n");
     fprintf(out, "# TYPE ri_kvs_revoked_sessions_total counter\n");

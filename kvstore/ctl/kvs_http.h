@@ -8,6 +8,7 @@
 
 #include <stdbool.h>
 #include <stddef.h>
+#include <stdint.h>
 #include <stdio.h>
 
 #include "retroinfer/status.h"
@@ -24,6 +25,10 @@ ri_status_t kvs_http_start(const char *listen, kvs_http_render_fn_t render, void
 
 /* The bound port. */
 int kvs_http_port(const kvs_http_t *http);
+
+/* Connections shut because one request/response cycle took longer than the
+ * bound (a client trickling its request). */
+uint64_t kvs_http_overran(const kvs_http_t *http);
 
 /* Stop the thread and free.  NULL is a no-op. */
 void kvs_http_destroy(kvs_http_t *http);

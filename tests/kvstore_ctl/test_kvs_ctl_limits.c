@@ -15,9 +15,13 @@
  *  - a data-plane REGISTER_CACHE is daemon memory charged to the tenant's
  *    quota before it is allocated (#5): 2^26 pages is refused at once with
  *    QUOTA and the daemon's memory does not grow; a directory that fits
- *    holds quota that a session then cannot have, until it is released.
+ *    holds quota that a session then cannot have, until it is released;
+ *  - 16 clients trickling a /metrics request (a byte a second, under the
+ *    idle timeout) do not shut scraping out (#8): their connections are cut
+ *    after the 3 s bound and a scrape gets through.
  */
 #define _GNU_SOURCE
+#include <errno.h>
 #include <setjmp.h>
 #include <signal.h>
 #include <stdarg.h>
@@ -26,6 +30,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
@@ -197,6 +204,60 @@ static void test_register_cache_is_charged(void **state)
     kvs_test_daemon_cleanup(&d);
 }
 
+/* A TCP connection to "127.0.0.1:PORT" that has sent the start of a request. */
+static int trickle_open(const char *addr)
+{
+    const char *colon = strrchr(addr, ':');
+    struct sockaddr_in sin = {.sin_family = AF_INET, .sin_port = htons((uint16_t)atoi(colon + 1))};
+    inet_pton(AF_INET, "127.0.0.1", &sin.sin_addr);
+    int fd = socket(AF_INET, SOCK_STREAM, 0);
+    assert_true(fd >= 0);
+    assert_int_equal(connect(fd, (struct sockaddr *)&sin, sizeof(sin)), 0);
+    static const char start[] = "GET /metrics HTTP/1.1\r\nX-Slow: ";
+    assert_int_equal(send(fd, start, sizeof(start) - 1, MSG_NOSIGNAL), (ssize_t)(sizeof(start) - 1));
+    return fd;
+}
+
+static void test_slow_metrics_clients(void **state)
+{
+    (void)state;
+    enum { SLOW = 16 };
+    kvs_test_daemon_t d;
+    int fds[SLOW];
+    static char body[1 << 18];
+    start_daemon(&d, NULL, NULL);
+    for (int i = 0; i < SLOW; i++)
+        fds[i] = trickle_open(d.metrics);
+    /* Keep trickling (a byte every 0.5 s each) while trying to scrape. */
+    double t0 = now_s(), got = -1, last_byte = 0;
+    while (now_s() - t0 < 10.0 && got < 0) {
+        if (now_s() - last_byte >= 0.5) {
+            for (int i = 0; i < SLOW; i++)
+                (void)send(fds[i], "x", 1, MSG_NOSIGNAL | MSG_DONTWAIT);
+            last_byte = now_s();
+        }
+        if (kvs_test_http_get(d.metrics, "/metrics", body, sizeof(body)) == 200)
+            got = now_s() - t0;
+        else
+            usleep(100 * 1000);
+    }
+    printf("# 16 trickling clients: a scrape got through after %.1f s\n", got);
+    if (got < 0)
+        fail_msg("16 trickling clients kept /metrics shut out for 10 s");
+    assert_true(got < 6.0);
+    assert_non_null(strstr(body, "ri_kvs_metrics_overran_total "));
+    /* the trickling connections were closed by the daemon */
+    int closed = 0;
+    for (int i = 0; i < SLOW; i++) {
+        char c;
+        closed += recv(fds[i], &c, 1, MSG_DONTWAIT) == 0 || errno == ECONNRESET;
+        close(fds[i]);
+    }
+    assert_int_equal(closed, SLOW);
+    assert_int_equal(kvs_test_daemon_stop(&d, SIGTERM, 10000), 0);
+    kvs_test_daemon_cleanup(&d);
+}
+
 /* Start with a tokens file of this mode; returns the exit status, or 0 if it served. */
 static int start_with_mode(mode_t mode, char *log, size_t loglen)
 {
@@ -274,6 +335,7 @@ int main(void)
         cmocka_unit_test(test_tokenless_admin_needs_flag),
         cmocka_unit_test(test_fd_limit_checked_at_start),
         cmocka_unit_test(test_register_cache_is_charged),
+        cmocka_unit_test(test_slow_metrics_clients),
     };
     char bin[512];
     if (access(kvs_test_bin("ri-kvstore", bin, sizeof(bin)), X_OK) != 0)
