@@ -327,6 +327,11 @@ static void kvs_dp_serve_one(kvs_dp_t *dp, kvs_dreq_t *r)
         st = RI_ERR_TOO_LARGE;
     if (st == RI_OK && (uint64_t)h.meta_len + h.data_len != r->len)
         st = (uint64_t)h.meta_len + h.data_len > r->len ? RI_ERR_TRUNCATED : RI_ERR_PROTOCOL;
+    /* Authenticate from the header alone before a rendezvous body is pulled
+     * in: a wrong secret costs the daemon no allocation and no transfer (the
+     * descriptor is released, which declines the data). */
+    if (st == RI_OK && r->rndv)
+        st = kvs_ops_precheck(data, &h);
     if (st == RI_OK && r->rndv) {
         ucp_request_param_t prm = {0};
         void *req;

@@ -189,6 +189,11 @@ void kvs_session_uncharge_locked(kvs_data_t *data, kvs_session_t *s, uint64_t le
  * connection it came on.  On return *reply_p / *reply_len_p hold the reply
  * meta (cm_malloc'd, caller frees; NULL/0 when none) and the status is the
  * reply's status. */
+/* Is the header's session known and its secret right?  Checked before a
+ * large body is received, so that a caller without the secret cannot make
+ * the daemon take it in (RI_ERR_UNAUTHENTICATED otherwise). */
+ri_status_t kvs_ops_precheck(kvs_data_t *data, const cm_wire_hdr_t *hdr);
+
 ri_status_t kvs_ops_serve(kvs_data_t *data, void *conn, const cm_wire_hdr_t *hdr, const uint8_t *body,
                           uint8_t **reply_p, size_t *reply_len_p, bool *replied_p);
 

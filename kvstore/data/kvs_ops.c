@@ -34,6 +34,19 @@ static ri_status_t kvs_ops_auth_locked(kvs_data_t *data, const cm_wire_hdr_t *hd
     return RI_OK;
 }
 
+ri_status_t kvs_ops_precheck(kvs_data_t *data, const cm_wire_hdr_t *hdr)
+{
+    kvs_session_t *s = NULL;
+    if (hdr->op == CM_WIRE_OP_PING && hdr->session_id == 0)
+        return RI_OK;
+    pthread_mutex_lock(&data->lock);
+    ri_status_t st = kvs_ops_auth_locked(data, hdr, &s);
+    if (st == RI_OK)
+        kvs_session_unref_locked(data, s);
+    pthread_mutex_unlock(&data->lock);
+    return st;
+}
+
 static ri_status_t kvs_table_reserve(kvs_table_t *t, uint64_t more)
 {
     uint64_t want = (uint64_t)t->n + more;

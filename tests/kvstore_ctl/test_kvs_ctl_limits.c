@@ -16,6 +16,9 @@
  *    quota before it is allocated (#5): 2^26 pages is refused at once with
  *    QUOTA and the daemon's memory does not grow; a directory that fits
  *    holds quota that a session then cannot have, until it is released;
+ *  - a data-plane UPLOAD of 128 MiB with a wrong session secret is refused
+ *    from its header (#3): UNAUTHENTICATED, and the daemon's peak memory
+ *    does not grow by the body;
  *  - 16 clients trickling a /metrics request (a byte a second, under the
  *    idle timeout) do not shut scraping out (#8): their connections are cut
  *    after the 3 s bound and a scrape gets through.
@@ -145,20 +148,65 @@ static void test_sessions_per_tenant(void **state)
     kvs_test_daemon_cleanup(&d);
 }
 
-/* Resident memory of a process, KiB (VmRSS). */
-static long rss_kib(pid_t pid)
+/* Resident memory of a process, KiB: "VmRSS" now, "VmHWM" the peak. */
+static long status_kib(pid_t pid, const char *field)
 {
-    char path[64], line[256];
+    char path[64], line[256], want[32];
     long kib = -1;
     snprintf(path, sizeof(path), "/proc/%d/status", (int)pid);
+    snprintf(want, sizeof(want), "%s: %%ld kB", field);
     FILE *f = fopen(path, "r");
     if (f == NULL)
         return -1;
     while (fgets(line, sizeof(line), f))
-        if (sscanf(line, "VmRSS: %ld kB", &kib) == 1)
+        if (sscanf(line, want, &kib) == 1)
             break;
     fclose(f);
     return kib;
+}
+
+static void test_wrong_secret_body_not_taken(void **state)
+{
+    (void)state;
+    enum { BODY = 128 << 20 };
+    kvs_test_daemon_t d;
+    gw_ctl_t *c = NULL;
+    gw_ctl_error_t err;
+    gw_ctl_session_t s;
+    gw_dp_t *dp = NULL;
+    cm_wire_hdr_t h, rep;
+    uint8_t hb[CM_WIRE_HDR_SIZE];
+    start_daemon(&d, NULL, NULL);
+    assert_int_equal(gw_ctl_create(d.grpc, NULL, &c), RI_OK);
+    assert_int_equal(gw_ctl_create_session(c, 5000, &geo, 64, "victim", &s, &err), RI_OK);
+    assert_int_equal(gw_dp_connect(d.dataplane, s.session_id, s.secret, NULL, &dp), RI_OK);
+    uint8_t *body = malloc(BODY);
+    assert_non_null(body);
+    memset(body, 0x11, BODY);
+    long peak0 = status_kib(d.pid, "VmHWM");
+    gw_dp_header(dp, CM_WIRE_OP_UPLOAD_CLUSTERS, 0, BODY, &h);
+    h.secret[0] ^= 0x5a; /* not the session's secret */
+    cm_wire_encode(&h, hb);
+    assert_int_equal(gw_dp_raw(dp, hb, sizeof(hb), body, BODY, 30000, &rep), RI_OK);
+    long peak1 = status_kib(d.pid, "VmHWM");
+    printf("# UPLOAD of 128 MiB with a wrong secret: %s, daemon peak RSS %ld -> %ld KiB\n",
+           ri_status_str((ri_status_t)rep.status), peak0, peak1);
+    assert_int_equal(rep.status, RI_ERR_UNAUTHENTICATED);
+    if (peak1 - peak0 > 32 * 1024)
+        fail_msg("the daemon took in the %d-byte body of a request with a wrong secret (peak +%ld KiB)", BODY,
+                 peak1 - peak0);
+    /* the connection and the session still work */
+    assert_int_equal(gw_dp_ping(dp), RI_OK);
+    free(body);
+    gw_dp_close(dp);
+    gw_ctl_destroy(c);
+    assert_int_equal(kvs_test_daemon_stop(&d, SIGTERM, 10000), 0);
+    kvs_test_daemon_cleanup(&d);
+}
+
+static long rss_kib(pid_t pid)
+{
+    return status_kib(pid, "VmRSS");
 }
 
 static void test_register_cache_is_charged(void **state)
@@ -335,6 +383,7 @@ int main(void)
         cmocka_unit_test(test_tokenless_admin_needs_flag),
         cmocka_unit_test(test_fd_limit_checked_at_start),
         cmocka_unit_test(test_register_cache_is_charged),
+        cmocka_unit_test(test_wrong_secret_body_not_taken),
         cmocka_unit_test(test_slow_metrics_clients),
     };
     char bin[512];
