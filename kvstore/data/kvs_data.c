@@ -100,7 +100,15 @@ kvs_tenant_t *kvs_tenant_get_locked(kvs_data_t *data, const char *name)
 
 static uint64_t kvs_session_charge(const kvs_session_t *s)
 {
-    return CM_MAX(s->reserved_bytes, s->used_bytes) + s->meta_bytes;
+    return CM_MAX(s->reserved_bytes, s->used_bytes);
+}
+
+/* Cache directories live on the heap, not in the pool: they count against
+ * the tenant's quota and against their own daemon-wide cap (a quarter of the
+ * pool, at least 64 MiB), not against the pool's global quota. */
+static uint64_t kvs_meta_cap(const kvs_data_t *data)
+{
+    return CM_MAX((uint64_t)64 << 20, (uint64_t)kvs_pool_size(data->pool) / 4);
 }
 
 static ri_status_t kvs_quota_check_locked(kvs_data_t *data, kvs_tenant_t *t, uint64_t delta)
@@ -154,12 +162,13 @@ ri_status_t kvs_session_charge_meta_locked(kvs_data_t *data, kvs_session_t *s, u
     kvs_tenant_t *t = kvs_tenant_find(data, s->tenant);
     if (t == NULL || s->dropped)
         return RI_ERR_NOT_FOUND;
-    ri_status_t st = kvs_quota_check_locked(data, t, bytes);
-    if (st != RI_OK)
-        return st;
+    if (t->quota != 0 && (bytes > t->quota || t->charged > t->quota - bytes))
+        return RI_ERR_QUOTA;
+    if (bytes > kvs_meta_cap(data) || data->meta_charged > kvs_meta_cap(data) - bytes)
+        return RI_ERR_QUOTA;
     s->meta_bytes += bytes;
     t->charged += bytes;
-    data->global_charged += bytes;
+    data->meta_charged += bytes;
     return RI_OK;
 }
 
@@ -172,7 +181,7 @@ void kvs_session_uncharge_meta_locked(kvs_data_t *data, kvs_session_t *s, uint64
         return; /* a dropped session's charge was given back at drop */
     if (t != NULL)
         t->charged -= bytes;
-    data->global_charged -= bytes;
+    data->meta_charged -= bytes;
 }
 
 ri_status_t kvs_session_reserve_extents_locked(kvs_session_t *s, size_t more)
@@ -491,8 +500,9 @@ ri_status_t kvs_data_session_drop(kvs_data_t *data, const char *tenant, uint64_t
     charge = kvs_session_charge(s);
     t = kvs_tenant_find(data, s->tenant);
     if (t != NULL)
-        t->charged -= charge;
+        t->charged -= charge + s->meta_bytes;
     data->global_charged -= charge;
+    data->meta_charged -= s->meta_bytes;
     s->dropped = true;
     kvs_tier_session_dropped_locked(data, id);
     /* Pages go back now when the data plane is not using the session, else

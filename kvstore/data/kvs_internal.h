@@ -71,7 +71,7 @@ typedef struct kvs_session {
     uint64_t page_bytes;         /* 2 * page_tokens * head_dim * 2 (K and V) */
     uint64_t reserved_bytes;     /* from expected_tokens, charged to quota */
     uint64_t used_bytes;         /* pool bytes of its extents */
-    uint64_t meta_bytes;         /* daemon memory of its caches' directories, charged on top */
+    uint64_t meta_bytes;         /* heap bytes of its caches' directories (tenant quota + own cap) */
     uint64_t clusters;           /* clusters stored */
     uint64_t disk_bytes;         /* payload bytes of its clusters in the spill store */
     kvs_table_t *tables;         /* layers * kv_heads, index layer*kv_heads+head */
@@ -119,6 +119,7 @@ struct kvs_data {
     size_t n_tenants, cap_tenants;
     uint64_t global_quota;
     uint64_t global_charged;
+    uint64_t meta_charged;           /* cache directories of all sessions (heap, own cap) */
     bool draining;
     kvs_dp_t *dp;                    /* UCX data plane (NULL when not started) */
     /* spill tier (kvs_tier.c); spill == NULL when off */
@@ -158,9 +159,10 @@ ri_status_t kvs_session_add_extent_locked(kvs_session_t *s, uint64_t off, uint64
 /* Free a worker cache's directory and rkey (the transport releases the rkey). */
 void kvs_wcache_free(kvs_data_t *data, kvs_wcache_t *wc);   /* data->lock held; gives back its charge */
 
-/* Charge / give back daemon memory a session's requests make us hold
- * (cache directories) against its tenant's and the global quota, on top of
- * its pool bytes (data->lock held).  RI_ERR_QUOTA when it does not fit. */
+/* Charge / give back heap memory a session's requests make us hold (cache
+ * directories) against its tenant's quota and the daemon-wide directory cap
+ * (a quarter of the pool, at least 64 MiB), data->lock held.  RI_ERR_QUOTA
+ * when it does not fit. */
 ri_status_t kvs_session_charge_meta_locked(kvs_data_t *data, struct kvs_session *s, uint64_t bytes);
 void kvs_session_uncharge_meta_locked(kvs_data_t *data, struct kvs_session *s, uint64_t bytes);
 
