@@ -143,18 +143,25 @@ ri_status_t kvs_session_charge_locked(kvs_data_t *data, kvs_session_t *s, uint64
     return RI_OK;
 }
 
+/* Give back pool and directory bytes a live session held (a dropped
+ * session's charge was given back whole at drop). */
+static void kvs_give_back_locked(kvs_data_t *data, const kvs_session_t *s, uint64_t pool, uint64_t meta)
+{
+    if (s->dropped)
+        return;
+    kvs_tenant_t *t = kvs_tenant_find(data, s->tenant);
+    if (t != NULL)
+        t->charged -= pool + meta;
+    data->global_charged -= pool;
+    data->meta_charged -= meta;
+}
+
 void kvs_session_uncharge_locked(kvs_data_t *data, kvs_session_t *s, uint64_t less)
 {
-    kvs_tenant_t *t = kvs_tenant_find(data, s->tenant);
-    uint64_t before = kvs_session_charge(s), delta;
+    uint64_t before = kvs_session_charge(s);
 
     s->used_bytes -= CM_MIN(less, s->used_bytes);
-    delta = before - kvs_session_charge(s);
-    if (s->dropped)
-        return; /* a dropped session's charge was given back at drop */
-    if (t != NULL)
-        t->charged -= delta;
-    data->global_charged -= delta;
+    kvs_give_back_locked(data, s, before - kvs_session_charge(s), 0);
 }
 
 ri_status_t kvs_session_charge_meta_locked(kvs_data_t *data, kvs_session_t *s, uint64_t bytes)
@@ -174,14 +181,9 @@ ri_status_t kvs_session_charge_meta_locked(kvs_data_t *data, kvs_session_t *s, u
 
 void kvs_session_uncharge_meta_locked(kvs_data_t *data, kvs_session_t *s, uint64_t bytes)
 {
-    kvs_tenant_t *t = kvs_tenant_find(data, s->tenant);
     bytes = CM_MIN(bytes, s->meta_bytes);
     s->meta_bytes -= bytes;
-    if (s->dropped)
-        return; /* a dropped session's charge was given back at drop */
-    if (t != NULL)
-        t->charged -= bytes;
-    data->meta_charged -= bytes;
+    kvs_give_back_locked(data, s, 0, bytes);
 }
 
 ri_status_t kvs_session_reserve_extents_locked(kvs_session_t *s, size_t more)

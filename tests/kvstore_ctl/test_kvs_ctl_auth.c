@@ -196,28 +196,32 @@ static ri_status_t stats_until(gw_ctl_t *c, ri_status_t want)
     return got;
 }
 
+/* Tokens after the rotation: alice, bob's new token, ops. */
+#define TOKENS_ROTATED TOK_ALICE " alice 1MiB\nbob-rotated-token-99 bob\n" TOK_OPS " ops - admin\n"
+
+/* Replace the tokens file and tell the daemon (SIGHUP, asynchronous). */
+static void reload_tokens(const char *text)
+{
+    char path[600];
+    assert_int_equal(kvs_test_daemon_write_file(&daemon_, "tokens", text, path, sizeof(path)), 0);
+    assert_int_equal(kill(daemon_.pid, SIGHUP), 0);
+}
+
 static void test_sighup_reloads_tokens(void **state)
 {
     (void)state;
-    char path[600];
     gw_ctl_t *bob2 = NULL;
     assert_int_equal(gw_ctl_create(daemon_.grpc, "bob-rotated-token-99", &bob2), RI_OK);
     assert_int_equal(stats_until(bob2, RI_ERR_UNAUTHENTICATED), RI_ERR_UNAUTHENTICATED);
 
     /* rotate bob's token */
-    assert_int_equal(kvs_test_daemon_write_file(&daemon_, "tokens",
-                                                TOK_ALICE " alice 1MiB\nbob-rotated-token-99 bob\n" TOK_OPS
-                                                          " ops - admin\n",
-                                                path, sizeof(path)),
-                     0);
-    assert_int_equal(kill(daemon_.pid, SIGHUP), 0);
+    reload_tokens(TOKENS_ROTATED);
     assert_int_equal(stats_until(bob2, RI_OK), RI_OK);
     assert_int_equal(stats_until(bob_, RI_ERR_UNAUTHENTICATED), RI_ERR_UNAUTHENTICATED);
     assert_int_equal(stats_until(alice_, RI_OK), RI_OK);
 
     /* a broken file is refused: the current tokens stay */
-    assert_int_equal(kvs_test_daemon_write_file(&daemon_, "tokens", "broken\n", path, sizeof(path)), 0);
-    assert_int_equal(kill(daemon_.pid, SIGHUP), 0);
+    reload_tokens("broken\n");
     static char body[1 << 20];
     bool refused = false;
     for (int i = 0; i < 500 && !refused; i++) {
@@ -247,7 +251,6 @@ static bool lists_session(gw_ctl_t *c, uint64_t id, const char *tenant)
 static void test_admin_sees_all_and_removed_tenant_is_revoked(void **state)
 {
     (void)state;
-    char path[600];
     gw_ctl_session_t sa, sb;
     gw_ctl_error_t err;
     gw_ctl_t *bob2 = NULL;
@@ -273,11 +276,7 @@ static void test_admin_sees_all_and_removed_tenant_is_revoked(void **state)
     /* alice's last token goes: her session is dropped on the reload and its
      * secret no longer works on the data plane, on the open connection or a
      * new one */
-    assert_int_equal(kvs_test_daemon_write_file(&daemon_, "tokens",
-                                                "bob-rotated-token-99 bob\n" TOK_OPS " ops - admin\n", path,
-                                                sizeof(path)),
-                     0);
-    assert_int_equal(kill(daemon_.pid, SIGHUP), 0);
+    reload_tokens("bob-rotated-token-99 bob\n" TOK_OPS " ops - admin\n");
     assert_int_equal(stats_until(alice_, RI_ERR_UNAUTHENTICATED), RI_ERR_UNAUTHENTICATED);
     /* the revocation follows the token swap in the same reload: wait for it */
     for (int i = 0; i < 500 && lists_session(ops_, sa.session_id, "alice"); i++)
@@ -294,12 +293,7 @@ static void test_admin_sees_all_and_removed_tenant_is_revoked(void **state)
     gw_dp_close(dp);
 
     /* alice back (the next test needs her): a fresh start, no old sessions */
-    assert_int_equal(kvs_test_daemon_write_file(&daemon_, "tokens",
-                                                TOK_ALICE " alice 1MiB\nbob-rotated-token-99 bob\n" TOK_OPS
-                                                          " ops - admin\n",
-                                                path, sizeof(path)),
-                     0);
-    assert_int_equal(kill(daemon_.pid, SIGHUP), 0);
+    reload_tokens(TOKENS_ROTATED);
     assert_int_equal(stats_until(alice_, RI_OK), RI_OK);
     assert_int_equal(count_sessions(alice_), 0);
     gw_ctl_destroy(bob2);
