@@ -1,0 +1,136 @@
+/*
+ * libFuzzer target: every decoder the daemon runs on bytes from the network.
+ * The first input byte picks the decoder, the rest is the message:
+ *   0 the 64-byte data-plane header (cm_wire_decode), with and without a
+ *     whole-message length;
+ *   1-4 the data-plane meta blocks (clusters, register, fetch, fetch reply);
+ *     after a successful decode every element the view promises is read, so
+ *     an over-read of what the decoder checked shows under ASan;
+ *   5-10 the gRPC request messages (protobuf-c unpack, as the handlers call it).
+ * Built with clang -fsanitize=fuzzer,address,undefined (tests/kvstore_data).
+ */
+#include <stddef.h>
+#include <stdint.h>
+
+#include "common/cm_dp_proto.h"
+#include "common/cm_wire.h"
+#include "retroinfer.pb-c.h"
+
+static volatile uint64_t sink;
+
+static void fz_wire(const uint8_t *p, size_t n)
+{
+    cm_wire_limits_t lim = {.max_meta_len = 1u << 20, .max_data_len = 1ull << 30};
+    cm_wire_hdr_t h;
+    if (cm_wire_decode(p, n, 0, &lim, &h) == RI_OK)
+        sink += h.meta_len + h.data_len;
+    if (cm_wire_decode(p, n, n, &lim, &h) == RI_OK)
+        sink += h.op;
+}
+
+static void fz_clusters(const uint8_t *p, size_t n)
+{
+    cm_dp_clusters_view_t v;
+    if (cm_dp_clusters_decode(p, n, &v) != RI_OK)
+        return;
+    uint64_t total = 0;
+    for (uint32_t i = 0; i < v.n_heads; i++)
+        total += cm_dp_clusters_head(&v, i) + cm_dp_clusters_count(&v, i);
+    for (uint64_t k = 0; k < v.total_clusters; k++)
+        total += cm_dp_clusters_tokens(&v, k);
+    sink += total;
+}
+
+static void fz_register(const uint8_t *p, size_t n)
+{
+    cm_dp_register_t r;
+    if (cm_dp_register_decode(p, n, &r) != RI_OK)
+        return;
+    uint64_t s = r.capacity_pages + r.recv_len;
+    for (size_t i = 0; i < r.rkey_len; i++)
+        s += ((const uint8_t *)r.rkey)[i];
+    sink += s;
+}
+
+static void fz_fetch(const uint8_t *p, size_t n)
+{
+    cm_dp_fetch_view_t v;
+    if (cm_dp_fetch_decode(p, n, &v) != RI_OK)
+        return;
+    uint64_t s = 0;
+    for (uint32_t i = 0; i < v.n_heads; i++)
+        s += cm_dp_get32(v.heads + 8u * i) + cm_dp_get32(v.heads + 8u * i + 4);
+    for (uint64_t k = 0; k < v.total_ids; k++)
+        s += cm_dp_get32(v.ids + 4u * k);
+    sink += s;
+}
+
+static void fz_fetch_reply(const uint8_t *p, size_t n)
+{
+    cm_dp_fetch_reply_view_t v;
+    if (cm_dp_fetch_reply_decode(p, n, &v) != RI_OK)
+        return;
+    uint64_t s = 0;
+    for (uint32_t i = 0; i < v.n_heads; i++)
+        s += cm_dp_reply_head(&v, i) + cm_dp_reply_head_ids(&v, i);
+    for (uint32_t i = 0; i < v.n_entries; i++) {
+        cm_dp_entry_t e;
+        cm_dp_reply_entry(&v, i, &e);
+        for (uint32_t k = 0; k < e.n_pages; k++)
+            s += cm_dp_reply_page(&v, e.page_index + k); /* the decoder promised these exist */
+    }
+    for (uint32_t i = 0; i < v.n_evicted; i++) {
+        cm_dp_evict_t e;
+        cm_dp_reply_evicted(&v, i, &e);
+        s += e.cluster;
+    }
+    sink += s;
+}
+
+/* Unpack and free, as a gRPC handler does with a request body. */
+#define FZ_PB(Type, name, p, n)                                                        \
+    do {                                                                               \
+        Retroinfer__V1__##Type *m = retroinfer__v1__##name##__unpack(NULL, (n), (p));  \
+        if (m != NULL)                                                                 \
+            retroinfer__v1__##name##__free_unpacked(m, NULL);                          \
+    } while (0)
+
+static void fz_proto(uint8_t which, const uint8_t *p, size_t n)
+{
+    switch (which) {
+    case 5: {
+        Retroinfer__V1__CreateSessionRequest *m = retroinfer__v1__create_session_request__unpack(NULL, n, p);
+        if (m != NULL) {
+            if (m->geometry != NULL)
+                sink += m->geometry->layers + m->geometry->kv_heads + m->geometry->head_dim;
+            if (m->label != NULL)
+                for (const char *c = m->label; *c; c++)
+                    sink += (uint8_t)*c;
+            retroinfer__v1__create_session_request__free_unpacked(m, NULL);
+        }
+        break;
+    }
+    case 6: FZ_PB(DropSessionRequest, drop_session_request, p, n); break;
+    case 7: FZ_PB(ListSessionsRequest, list_sessions_request, p, n); break;
+    case 8: FZ_PB(StatsRequest, stats_request, p, n); break;
+    case 9: FZ_PB(HealthRequest, health_request, p, n); break;
+    default: FZ_PB(DrainRequest, drain_request, p, n); break;
+    }
+}
+
+int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
+{
+    if (size == 0)
+        return 0;
+    const uint8_t *p = data + 1;
+    size_t n = size - 1;
+    switch (data[0] % 11) {
+    case 0: fz_wire(p, n); break;
+    case 1: fz_clusters(p, n); break;
+    case 2: fz_register(p, n); break;
+    case 3: fz_fetch(p, n); break;
+    case 4: fz_fetch_reply(p, n); break;
+    default: fz_proto((uint8_t)(data[0] % 11), p, n); break;
+    }
+    return 0;
+}
