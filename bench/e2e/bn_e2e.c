@@ -30,6 +30,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include "bench/common/bn_daemon.h"
 #include "bench/common/bn_report.h"
 #include "bench/model/bn_filler.h"
 #include "common/cm_alloc.h"
@@ -46,83 +47,6 @@
 #include "retroinfer/retroinfer.h"
 
 static CM_ALLOC_TAG(e2e_tag, "bench.e2e");
-
-/* ---- a ri-kvstore child on free ports ---- */
-
-typedef struct e2e_daemon {
-    pid_t pid;
-    char dir[256];
-    char grpc[400];
-} e2e_daemon_t;
-
-static int e2e_daemon_start(e2e_daemon_t *d, const char *argv0, const char *memory)
-{
-    char bin[PATH_MAX], ports[400], flag_ports[420], flag_mem[64];
-    const char *bd = getenv("RI_BUILD_DIR");
-    memset(d, 0, sizeof(*d));
-    if (bd != NULL)
-        snprintf(bin, sizeof(bin), "%s/bin/ri-kvstore", bd);
-    else {
-        snprintf(bin, sizeof(bin), "%s", argv0);
-        char *slash = strrchr(bin, '/');
-        snprintf(slash ? slash + 1 : bin, sizeof(bin) - (size_t)(slash ? slash + 1 - bin : 0), "ri-kvstore");
-    }
-    if (access(bin, X_OK) != 0) {
-        fprintf(stderr, "ri-bench-e2e: %s not found (build it, or pass --kvstore ADDR)\n", bin);
-        return -1;
-    }
-    snprintf(d->dir, sizeof(d->dir), "%s/ri-e2e-XXXXXX", getenv("TMPDIR") ? getenv("TMPDIR") : "/tmp");
-    if (mkdtemp(d->dir) == NULL)
-        return -1;
-    snprintf(ports, sizeof(ports), "%s/ports", d->dir);
-    snprintf(flag_ports, sizeof(flag_ports), "--port-file=%s", ports);
-    snprintf(flag_mem, sizeof(flag_mem), "--memory=%s", memory);
-    d->pid = fork();
-    if (d->pid == 0) {
-        int fd = open("/dev/null", 1);
-        if (fd >= 0) {
-            dup2(fd, 1);
-            dup2(fd, 2);
-        }
-        execl(bin, bin, "--listen=127.0.0.1:0", "--dataplane-listen=127.0.0.1:0", "--metrics-listen=127.0.0.1:0",
-              flag_mem, flag_ports, (char *)NULL);
-        _exit(127);
-    }
-    for (int i = 0; i < 1500; i++) {
-        FILE *f = fopen(ports, "r");
-        if (f != NULL) {
-            char line[400];
-            while (fgets(line, sizeof(line), f))
-                if (strncmp(line, "grpc=", 5) == 0) {
-                    line[strcspn(line, "\n")] = '\0';
-                    snprintf(d->grpc, sizeof(d->grpc), "%s", line + 5);
-                }
-            fclose(f);
-            if (d->grpc[0])
-                return 0;
-        }
-        if (waitpid(d->pid, NULL, WNOHANG) == d->pid) {
-            d->pid = 0;
-            break;
-        }
-        usleep(10000);
-    }
-    fprintf(stderr, "ri-bench-e2e: ri-kvstore did not start\n");
-    return -1;
-}
-
-static void e2e_daemon_stop(e2e_daemon_t *d)
-{
-    char p[400];
-    if (d->pid > 0) {
-        kill(d->pid, SIGTERM);
-        waitpid(d->pid, NULL, 0);
-    }
-    snprintf(p, sizeof(p), "%s/ports", d->dir);
-    unlink(p);
-    if (d->dir[0])
-        rmdir(d->dir);
-}
 
 /* ---- the real model ---- */
 
@@ -515,7 +439,7 @@ int main(int argc, char **argv)
     const char *json = bn_parse_json_arg(&argc, argv), *kvs = NULL, *model = NULL;
     e2e_opts_t o = {.contexts = {2048, 4096, 8000}, .n_contexts = 3, .batches = {1, 4}, .n_batches = 2, .steps = 12};
     bool quick = false, synthetic = false;
-    e2e_daemon_t d = {0};
+    bn_daemon_t d = {0};
     int rc = 1;
 
     cm_log_init_from_env();
@@ -558,7 +482,7 @@ int main(int argc, char **argv)
         return 2;
     }
     if (kvs == NULL) {
-        if (e2e_daemon_start(&d, argv[0], "3GiB") != 0)
+        if (bn_daemon_start(&d, argv[0], "3GiB") != 0)
             return 1;
         kvs = d.grpc;
     }
@@ -584,6 +508,6 @@ int main(int argc, char **argv)
 out:
     bn_hog_stop();
     if (d.pid > 0 || d.dir[0])
-        e2e_daemon_stop(&d);
+        bn_daemon_stop(&d);
     return rc;
 }

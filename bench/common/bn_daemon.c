@@ -1,0 +1,113 @@
+/* A ri-kvstore child for benchmarks (see bn_daemon.h). */
+#define _GNU_SOURCE
+#include "bench/common/bn_daemon.h"
+
+#include <fcntl.h>
+#include <limits.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+static void bn_daemon_bin(const char *argv0, char *bin, size_t len)
+{
+    const char *bd = getenv("RI_BUILD_DIR");
+    if (bd != NULL) {
+        snprintf(bin, len, "%s/bin/ri-kvstore", bd);
+        return;
+    }
+    snprintf(bin, len, "%s", argv0);
+    char *slash = strrchr(bin, '/');
+    snprintf(slash ? slash + 1 : bin, len - (size_t)(slash ? slash + 1 - bin : 0), "ri-kvstore");
+}
+
+/* Read grpc=, dataplane=, metrics= lines; true once grpc is known. */
+static int bn_daemon_read_ports(bn_daemon_t *d, const char *ports)
+{
+    FILE *f = fopen(ports, "r");
+    char line[400];
+    if (f == NULL)
+        return 0;
+    while (fgets(line, sizeof(line), f)) {
+        line[strcspn(line, "\n")] = '\0';
+        if (strncmp(line, "grpc=", 5) == 0)
+            snprintf(d->grpc, sizeof(d->grpc), "%s", line + 5);
+        else if (strncmp(line, "dataplane=", 10) == 0)
+            snprintf(d->dataplane, sizeof(d->dataplane), "%s", line + 10);
+        else if (strncmp(line, "metrics=", 8) == 0)
+            snprintf(d->metrics, sizeof(d->metrics), "%s", line + 8);
+    }
+    fclose(f);
+    return d->grpc[0] != '\0';
+}
+
+int bn_daemon_start(bn_daemon_t *d, const char *argv0, const char *memory)
+{
+    char bin[PATH_MAX], ports[400], flag_ports[420], flag_mem[64];
+    memset(d, 0, sizeof(*d));
+    bn_daemon_bin(argv0, bin, sizeof(bin));
+    if (access(bin, X_OK) != 0) {
+        fprintf(stderr, "bench: %s not found (build it, or pass --kvstore ADDR)\n", bin);
+        return -1;
+    }
+    snprintf(d->dir, sizeof(d->dir), "%s/ri-bench-XXXXXX", getenv("TMPDIR") ? getenv("TMPDIR") : "/tmp");
+    if (mkdtemp(d->dir) == NULL)
+        return -1;
+    snprintf(ports, sizeof(ports), "%s/ports", d->dir);
+    snprintf(flag_ports, sizeof(flag_ports), "--port-file=%s", ports);
+    snprintf(flag_mem, sizeof(flag_mem), "--memory=%s", memory);
+    d->pid = fork();
+    if (d->pid == 0) {
+        int fd = open("/dev/null", O_WRONLY);
+        if (fd >= 0) {
+            dup2(fd, 1);
+            dup2(fd, 2);
+        }
+        execl(bin, bin, "--listen=127.0.0.1:0", "--dataplane-listen=127.0.0.1:0", "--metrics-listen=127.0.0.1:0",
+              flag_mem, flag_ports, (char *)NULL);
+        _exit(127);
+    }
+    for (int i = 0; i < 1500; i++) {
+        if (bn_daemon_read_ports(d, ports))
+            return 0;
+        if (waitpid(d->pid, NULL, WNOHANG) == d->pid) {
+            d->pid = 0;
+            break;
+        }
+        usleep(10000);
+    }
+    fprintf(stderr, "bench: ri-kvstore did not start\n");
+    return -1;
+}
+
+void bn_daemon_stop(bn_daemon_t *d)
+{
+    char p[400];
+    if (d->pid > 0) {
+        kill(d->pid, SIGTERM);
+        waitpid(d->pid, NULL, 0);
+        d->pid = 0;
+    }
+    if (d->dir[0]) {
+        snprintf(p, sizeof(p), "%s/ports", d->dir);
+        unlink(p);
+        rmdir(d->dir);
+    }
+}
+
+long bn_daemon_rss_kib(const bn_daemon_t *d)
+{
+    char path[64], line[256];
+    long kib = -1;
+    snprintf(path, sizeof(path), "/proc/%d/status", (int)d->pid);
+    FILE *f = fopen(path, "r");
+    if (f == NULL)
+        return -1;
+    while (fgets(line, sizeof(line), f))
+        if (sscanf(line, "VmRSS: %ld kB", &kib) == 1)
+            break;
+    fclose(f);
+    return kib;
+}

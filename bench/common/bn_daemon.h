@@ -1,0 +1,28 @@
+/*
+ * A ri-kvstore child for a benchmark: started on free loopback ports (gRPC,
+ * data plane, metrics), its addresses read from --port-file, stopped with
+ * SIGTERM.  The binary is $RI_BUILD_DIR/bin/ri-kvstore, else next to argv0.
+ */
+#ifndef BN_DAEMON_H
+#define BN_DAEMON_H
+
+#include <sys/types.h>
+
+typedef struct bn_daemon {
+    pid_t pid;            /* 0 when not running */
+    char dir[256];        /* temporary folder (port file) */
+    char grpc[400];       /* "127.0.0.1:PORT" */
+    char dataplane[400];  /* as the daemon reports it */
+    char metrics[400];    /* "127.0.0.1:PORT" */
+} bn_daemon_t;
+
+/* Start with --memory=memory; returns 0, or -1 (message printed). */
+int bn_daemon_start(bn_daemon_t *d, const char *argv0, const char *memory);
+
+/* SIGTERM, wait, remove the folder.  Safe on a daemon that did not start. */
+void bn_daemon_stop(bn_daemon_t *d);
+
+/* The daemon's resident memory, KiB ("VmRSS"), or -1. */
+long bn_daemon_rss_kib(const bn_daemon_t *d);
+
+#endif /* BN_DAEMON_H */

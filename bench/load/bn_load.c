@@ -1,0 +1,232 @@
+/*
+ * ri bench load: many clients against one real ri-kvstore for a fixed time,
+ * some of them killed with SIGKILL mid-call, then proof that the daemon still
+ * serves.  Each client is a process running, in a loop: CreateSession,
+ * a data-plane connect + UPLOAD of a few clusters + PING, ListSessions,
+ * DropSession (it keeps up to --sessions open, dropping the oldest).  Every
+ * --kill-ms the parent SIGKILLs a random client and starts a new one.
+ * Reported: requests served, errors by kind, clients killed, the daemon's
+ * RSS before and after, and whether it answered Health, CreateSession and a
+ * data-plane PING at the end (`served_after`).  Exit 1 when it did not.
+ *
+ *   ri bench load [--json PATH] [--clients N] [--sessions M] [--seconds S]
+ *                 [--kill-ms MS]
+ */
+#define _GNU_SOURCE
+#include <errno.h>
+#include <signal.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "bench/common/bn_daemon.h"
+#include "bench/common/bn_report.h"
+#include "common/cm_alloc.h"
+#include "common/cm_log.h"
+#include "common/cm_time.h"
+#include "gpuworker/ctl/gw_ctl.h"
+#include "gpuworker/dp/gw_dp.h"
+
+#define BL_MAX_CLIENTS 64
+#define BL_MAX_SESSIONS 16
+
+/* Error kinds counted across all clients (shared memory). */
+enum { BL_OK, BL_E_CREATE, BL_E_CONNECT, BL_E_UPLOAD, BL_E_PING, BL_E_LIST, BL_E_DROP, BL_KINDS };
+static const char *const bl_kind[BL_KINDS] = {"ok", "create", "connect", "upload", "ping", "list", "drop"};
+
+typedef struct bl_shared {
+    _Atomic uint64_t count[BL_KINDS];
+} bl_shared_t;
+
+static const gw_ctl_geometry_t bl_geo = {.layers = 2, .kv_heads = 2, .head_dim = 64, .dtype = 1, .page_tokens = 8};
+
+/* Upload 4 clusters of 16 tokens to layer 0, heads 0 and 1. */
+static ri_status_t bl_upload(gw_dp_t *dp)
+{
+    static uint8_t kv[2 * 4 * 16 * 64 * 2 * 2];
+    uint32_t heads[2] = {0, 1}, counts[2] = {4, 4}, tokens[8];
+    for (int i = 0; i < 8; i++)
+        tokens[i] = 16;
+    uint32_t first[2];
+    return gw_dp_upload(dp, false, 0, 2, heads, counts, tokens, kv, sizeof(kv), first);
+}
+
+static void bl_count(bl_shared_t *sh, int kind)
+{
+    atomic_fetch_add(&sh->count[kind], 1);
+}
+
+/* One client process: runs until killed or the deadline passes. */
+static void bl_client(const bn_daemon_t *d, bl_shared_t *sh, unsigned max_sessions, double deadline, unsigned seed)
+{
+    gw_ctl_t *c = NULL;
+    uint64_t ids[BL_MAX_SESSIONS];
+    unsigned n = 0;
+    srand(seed);
+    if (gw_ctl_create(d->grpc, NULL, &c) != RI_OK)
+        _exit(1);
+    while (cm_time_s() < deadline) {
+        gw_ctl_session_t s;
+        gw_dp_t *dp = NULL;
+        if (gw_ctl_create_session(c, 5000, &bl_geo, 256, "load", &s, NULL) != RI_OK) {
+            bl_count(sh, BL_E_CREATE);
+            usleep(10000);
+            continue;
+        }
+        bl_count(sh, BL_OK);
+        ids[n++] = s.session_id;
+        if (gw_dp_connect(d->dataplane, s.session_id, s.secret, NULL, &dp) != RI_OK) {
+            bl_count(sh, BL_E_CONNECT);
+        } else {
+            bl_count(sh, bl_upload(dp) == RI_OK ? BL_OK : BL_E_UPLOAD);
+            bl_count(sh, gw_dp_ping(dp) == RI_OK ? BL_OK : BL_E_PING);
+            gw_dp_close(dp);
+        }
+        gw_ctl_session_info_t *infos = NULL;
+        size_t ni = 0;
+        bl_count(sh, gw_ctl_list_sessions(c, 5000, &infos, &ni, NULL) == RI_OK ? BL_OK : BL_E_LIST);
+        cm_free(infos);
+        if (n >= max_sessions) {
+            bl_count(sh, gw_ctl_drop_session(c, 5000, ids[0], NULL, NULL) == RI_OK ? BL_OK : BL_E_DROP);
+            memmove(ids, ids + 1, (--n) * sizeof(ids[0]));
+        }
+    }
+    while (n > 0)
+        (void)gw_ctl_drop_session(c, 5000, ids[--n], NULL, NULL);
+    gw_ctl_destroy(c);
+    _exit(0);
+}
+
+static pid_t bl_spawn(const bn_daemon_t *d, bl_shared_t *sh, unsigned sessions, double deadline, unsigned seed)
+{
+    pid_t p = fork();
+    if (p == 0)
+        bl_client(d, sh, sessions, deadline, seed);
+    return p;
+}
+
+/* After the storm: Health, a session, a data-plane ping; *open_p = the
+ * sessions still open before ours (those of killed clients stay). */
+static bool bl_still_serves(const bn_daemon_t *d, size_t *open_p)
+{
+    gw_ctl_t *c = NULL;
+    gw_ctl_health_t h;
+    gw_ctl_session_t s;
+    gw_dp_t *dp = NULL;
+    gw_ctl_session_info_t *infos = NULL;
+    *open_p = 0;
+    bool ok = gw_ctl_create(d->grpc, NULL, &c) == RI_OK && gw_ctl_health(c, 5000, &h, NULL) == RI_OK &&
+              gw_ctl_list_sessions(c, 5000, &infos, open_p, NULL) == RI_OK &&
+              gw_ctl_create_session(c, 5000, &bl_geo, 256, "after", &s, NULL) == RI_OK &&
+              gw_dp_connect(d->dataplane, s.session_id, s.secret, NULL, &dp) == RI_OK && gw_dp_ping(dp) == RI_OK;
+    cm_free(infos);
+    gw_dp_close(dp);
+    gw_ctl_destroy(c);
+    return ok;
+}
+
+int main(int argc, char **argv)
+{
+    const char *json = bn_parse_json_arg(&argc, argv);
+    unsigned clients = 8, sessions = 4, kill_ms = 500;
+    double seconds = 20;
+    bn_daemon_t d = {0};
+    pid_t pids[BL_MAX_CLIENTS] = {0};
+    int rc = 1;
+
+    cm_log_init_from_env();
+    setenv("UCX_TLS", "posix,sysv,cma,tcp,self", 0);
+    for (int i = 1; i < argc; i++) {
+        if (!strcmp(argv[i], "--clients") && i + 1 < argc)
+            clients = (unsigned)strtoul(argv[++i], NULL, 10);
+        else if (!strcmp(argv[i], "--sessions") && i + 1 < argc)
+            sessions = (unsigned)strtoul(argv[++i], NULL, 10);
+        else if (!strcmp(argv[i], "--seconds") && i + 1 < argc)
+            seconds = strtod(argv[++i], NULL);
+        else if (!strcmp(argv[i], "--kill-ms") && i + 1 < argc)
+            kill_ms = (unsigned)strtoul(argv[++i], NULL, 10);
+        else {
+            fprintf(stderr, "usage: ri bench load [--json PATH] [--clients N] [--sessions M] [--seconds S] "
+                            "[--kill-ms MS]\n");
+            return 2;
+        }
+    }
+    if (clients == 0 || clients > BL_MAX_CLIENTS || sessions == 0 || sessions > BL_MAX_SESSIONS || seconds <= 0 ||
+        kill_ms == 0) {
+        fprintf(stderr, "ri bench load: clients 1..%d, sessions 1..%d, seconds > 0, kill-ms > 0\n", BL_MAX_CLIENTS,
+                BL_MAX_SESSIONS);
+        return 2;
+    }
+    bl_shared_t *sh = mmap(NULL, sizeof(*sh), PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+    if (sh == MAP_FAILED)
+        return 1;
+    memset(sh, 0, sizeof(*sh));
+    bn_report_t *rep = bn_report_create("load");
+    if (rep == NULL || bn_daemon_start(&d, argv[0], "256MiB") != 0)
+        goto out;
+    long rss0 = bn_daemon_rss_kib(&d);
+    double t0 = cm_time_s(), deadline = t0 + seconds, next_kill = t0 + kill_ms / 1000.0;
+    unsigned killed = 0, seed = 1;
+    for (unsigned i = 0; i < clients; i++)
+        pids[i] = bl_spawn(&d, sh, sessions, deadline, seed++);
+    while (cm_time_s() < deadline) {
+        usleep(20000);
+        if (cm_time_s() >= next_kill) {
+            unsigned v = (unsigned)rand() % clients;
+            kill(pids[v], SIGKILL);
+            waitpid(pids[v], NULL, 0);
+            killed++;
+            pids[v] = bl_spawn(&d, sh, sessions, deadline, seed++);
+            next_kill += kill_ms / 1000.0;
+        }
+    }
+    for (unsigned i = 0; i < clients; i++)
+        waitpid(pids[i], NULL, 0);
+    double dt = cm_time_s() - t0;
+    usleep(500000); /* let the daemon notice the last dead connections */
+    long rss1 = bn_daemon_rss_kib(&d);
+    size_t left_open = 0;
+    bool served = bl_still_serves(&d, &left_open);
+    uint64_t errors = 0;
+    for (int k = 1; k < BL_KINDS; k++)
+        errors += atomic_load(&sh->count[k]);
+
+    cJSON *row = bn_report_row(rep);
+    cJSON_AddNumberToObject(row, "clients", clients);
+    cJSON_AddNumberToObject(row, "sessions", sessions);
+    cJSON_AddNumberToObject(row, "seconds", dt);
+    cJSON_AddNumberToObject(row, "requests", (double)atomic_load(&sh->count[BL_OK]));
+    cJSON_AddNumberToObject(row, "requests_per_s", (double)atomic_load(&sh->count[BL_OK]) / dt);
+    cJSON *ek = cJSON_AddObjectToObject(row, "errors");
+    for (int k = 1; k < BL_KINDS; k++)
+        cJSON_AddNumberToObject(ek, bl_kind[k], (double)atomic_load(&sh->count[k]));
+    cJSON_AddNumberToObject(row, "clients_killed", killed);
+    cJSON_AddNumberToObject(row, "rss_before", (double)rss0 * 1024);
+    cJSON_AddNumberToObject(row, "rss_after", (double)rss1 * 1024);
+    cJSON_AddBoolToObject(row, "served_after", served);
+    cJSON_AddNumberToObject(row, "sessions_left_open", (double)left_open);
+
+    printf("%-8s %-8s %-8s %-10s %-9s %-8s %-8s %-12s %-12s %s\n", "clients", "sessions", "seconds", "requests",
+           "req/s", "errors", "killed", "rss before", "rss after", "served after");
+    printf("%-8u %-8u %-8.1f %-10llu %-9.0f %-8llu %-8u %-12ld %-12ld %s\n", clients, sessions, dt,
+           (unsigned long long)atomic_load(&sh->count[BL_OK]), (double)atomic_load(&sh->count[BL_OK]) / dt,
+           (unsigned long long)errors, killed, rss0, rss1, served ? "yes" : "NO");
+    printf("errors by kind:");
+    for (int k = 1; k < BL_KINDS; k++)
+        printf(" %s %llu", bl_kind[k], (unsigned long long)atomic_load(&sh->count[k]));
+    printf("\nsessions left open by killed clients: %zu (the daemon keeps a session until it is dropped)\n",
+           left_open);
+    rc = served ? 0 : 1;
+    if (!served)
+        fprintf(stderr, "BENCH FAILED: the daemon did not serve after the load\n");
+out:
+    bn_daemon_stop(&d);
+    if (rep != NULL && bn_report_finish(rep, json) != 0)
+        rc = 1;
+    munmap(sh, sizeof(*sh));
+    return rc;
+}
