@@ -13,6 +13,9 @@
 #include "kvstore/data/kvs_internal.h"
 
 #include <arpa/inet.h>
+#include <ifaddrs.h>
+#include <net/if.h>
+#include <stdbool.h>
 #include <stdlib.h>
 #include <poll.h>
 #include <stdio.h>
@@ -468,9 +471,41 @@ static void kvs_dp_env_once(void)
     setenv("UCX_SYSV_ERROR_HANDLING", "y", 0);
 }
 
-static void kvs_dp_config_shm(ucp_config_t *config)
+/* Same address?  (IPv4 or IPv6, port ignored.) */
+static bool kvs_dp_same_ip(const struct sockaddr *a, const struct sockaddr_storage *b)
 {
-    (void)config;
+    if (a == NULL || a->sa_family != b->ss_family)
+        return false;
+    if (a->sa_family == AF_INET)
+        return ((const struct sockaddr_in *)a)->sin_addr.s_addr == ((const struct sockaddr_in *)b)->sin_addr.s_addr;
+    if (a->sa_family == AF_INET6)
+        return memcmp(&((const struct sockaddr_in6 *)a)->sin6_addr, &((const struct sockaddr_in6 *)b)->sin6_addr,
+                      sizeof(struct in6_addr)) == 0;
+    return false;
+}
+
+/* Keep UCX's own network interfaces (its TCP transport listens on every
+ * device it uses) on the interface of the configured data-plane address:
+ * listening on 127.0.0.1 must not open a port on the external interface.  A
+ * wildcard address, or UCX_NET_DEVICES set by the user, leaves UCX's choice. */
+static void kvs_dp_config_devices(ucp_config_t *config, const struct sockaddr_storage *ss, const char *host)
+{
+    struct ifaddrs *ifs = NULL;
+    char dev[IF_NAMESIZE + 1] = "";
+    if (getenv("UCX_NET_DEVICES") != NULL || cm_net_host_is_wildcard(host) || getifaddrs(&ifs) != 0)
+        return;
+    for (struct ifaddrs *i = ifs; i != NULL && dev[0] == '\0'; i = i->ifa_next)
+        if (kvs_dp_same_ip(i->ifa_addr, ss))
+            snprintf(dev, sizeof(dev), "%s", i->ifa_name);
+    freeifaddrs(ifs);
+    if (dev[0] == '\0') {
+        cm_warn("dp: no interface has address %s; UCX picks its network devices", host);
+        return;
+    }
+    if (ucp_config_modify(config, "NET_DEVICES", dev) != UCS_OK)
+        cm_warn("dp: could not restrict UCX to interface %s", dev);
+    else
+        cm_info("dp: UCX network devices restricted to %s (the interface of %s)", dev, host);
 }
 
 ri_status_t kvs_dp_start(kvs_data_t *data, kvs_dp_t **dp_p)
@@ -506,7 +541,7 @@ ri_status_t kvs_dp_start(kvs_data_t *data, kvs_dp_t **dp_p)
     s = ucp_config_read(NULL, NULL, &config);
     if (s != UCS_OK)
         goto err_ucx;
-    kvs_dp_config_shm(config);
+    kvs_dp_config_devices(config, &ss, host);
     params.field_mask = UCP_PARAM_FIELD_FEATURES | UCP_PARAM_FIELD_NAME;
     params.features = UCP_FEATURE_AM | UCP_FEATURE_RMA | UCP_FEATURE_WAKEUP;
     params.name = "ri-kvstore";

@@ -19,6 +19,8 @@
  *  - a data-plane UPLOAD of 128 MiB with a wrong session secret is refused
  *    from its header (#3): UNAUTHENTICATED, and the daemon's peak memory
  *    does not grow by the body;
+ *  - with every address on loopback (the test default), no socket of the
+ *    daemon listens beyond it, UCX's own TCP interface included (#12);
  *  - 16 clients trickling a /metrics request (a byte a second, under the
  *    idle timeout) do not shut scraping out (#8): their connections are cut
  *    after the 3 s bound and a scrape gets through.
@@ -252,6 +254,72 @@ static void test_register_cache_is_charged(void **state)
     kvs_test_daemon_cleanup(&d);
 }
 
+/* Is this /proc/net/tcp{,6} local address (hex, kernel byte order) loopback? */
+static bool proc_addr_is_loopback(const char *hex, bool v6)
+{
+    char w[9] = {0};
+    if (!v6) {
+        memcpy(w, hex, 8);
+        return (strtoul(w, NULL, 16) & 0xffu) == 127u;
+    }
+    if (strncmp(hex, "00000000000000000000000001000000", 32) == 0)
+        return true; /* ::1 */
+    memcpy(w, hex + 24, 8);
+    return strncmp(hex, "0000000000000000FFFF0000", 24) == 0 && (strtoul(w, NULL, 16) & 0xffu) == 127u;
+}
+
+/* Count the process's listening TCP sockets, and those not on loopback. */
+static void listeners_of(pid_t pid, int *all_p, int *outside_p)
+{
+    char path[128], link[128];
+    unsigned long inodes[512];
+    int n_in = 0;
+    *all_p = *outside_p = 0;
+    for (int fd = 0; fd < 4096 && n_in < 512; fd++) {
+        snprintf(path, sizeof(path), "/proc/%d/fd/%d", (int)pid, fd);
+        ssize_t l = readlink(path, link, sizeof(link) - 1);
+        if (l <= 0)
+            continue;
+        link[l] = '\0';
+        if (strncmp(link, "socket:[", 8) == 0)
+            inodes[n_in++] = strtoul(link + 8, NULL, 10);
+    }
+    for (int v6 = 0; v6 < 2; v6++) {
+        FILE *f = fopen(v6 ? "/proc/net/tcp6" : "/proc/net/tcp", "r");
+        char line[512], local[64], st[8];
+        unsigned long inode;
+        if (f == NULL)
+            continue;
+        while (fgets(line, sizeof(line), f))
+            if (sscanf(line, " %*d: %63s %*s %7s %*s %*s %*s %*s %*s %lu", local, st, &inode) == 3 &&
+                strcmp(st, "0A") == 0)
+                for (int i = 0; i < n_in; i++)
+                    if (inodes[i] == inode) {
+                        (*all_p)++;
+                        if (!proc_addr_is_loopback(local, v6)) {
+                            printf("# listening outside loopback: %s (%s)\n", local, v6 ? "tcp6" : "tcp");
+                            (*outside_p)++;
+                        }
+                    }
+        fclose(f);
+    }
+}
+
+static void test_loopback_only_listeners(void **state)
+{
+    (void)state;
+    kvs_test_daemon_t d;
+    int all = 0, outside = 0;
+    start_daemon(&d, NULL, NULL);
+    listeners_of(d.pid, &all, &outside);
+    printf("# daemon on loopback: %d listening sockets, %d beyond loopback\n", all, outside);
+    assert_true(all >= 3); /* gRPC, metrics, data plane */
+    if (outside != 0)
+        fail_msg("%d listening socket(s) of a loopback-only daemon are reachable from other interfaces", outside);
+    assert_int_equal(kvs_test_daemon_stop(&d, SIGTERM, 10000), 0);
+    kvs_test_daemon_cleanup(&d);
+}
+
 /* A TCP connection to "127.0.0.1:PORT" that has sent the start of a request. */
 static int trickle_open(const char *addr)
 {
@@ -385,6 +453,7 @@ int main(void)
         cmocka_unit_test(test_register_cache_is_charged),
         cmocka_unit_test(test_wrong_secret_body_not_taken),
         cmocka_unit_test(test_slow_metrics_clients),
+        cmocka_unit_test(test_loopback_only_listeners),
     };
     char bin[512];
     if (access(kvs_test_bin("ri-kvstore", bin, sizeof(bin)), X_OK) != 0)
