@@ -96,7 +96,7 @@ bool kvs_ctl_addr_is_loopback(const char *addr)
     unsigned port;
     struct in_addr a4;
     struct in6_addr a6;
-    if (!kvs_http_split_addr(addr, host, sizeof(host), &port))
+    if (!cm_net_split(addr, host, sizeof(host), &port))
         return false;
     if (strcasecmp(host, "localhost") == 0)
         return true;
@@ -125,7 +125,7 @@ static bool kvs_ctl_advertise_ok(const char *a)
         return n > 2 && strchr(a + 1, '[') == NULL && strchr(a, ']') == a + n - 1;
     if (a[0] != '[' && strchr(a, ':') == NULL)
         return true;
-    return kvs_http_split_addr(a, host, sizeof(host), &port) && host[0] != '\0' && port >= 1 && port <= 65535 &&
+    return cm_net_split(a, host, sizeof(host), &port) && host[0] != '\0' && port >= 1 && port <= 65535 &&
            (a[0] == '[' || strchr(host, ':') == NULL);
 }
 
@@ -161,11 +161,11 @@ ri_status_t kvs_ctl_config_check(const kvs_ctl_config_t *cfg, char *err, size_t 
     unsigned port;
     cm_log_level_t level;
 
-    if (!kvs_http_split_addr(cfg->listen, host, sizeof(host), &port)) {
+    if (!cm_net_split(cfg->listen, host, sizeof(host), &port)) {
         snprintf(err, errlen, "listen '%s' is not host:port", cfg->listen);
         return RI_ERR_INVALID;
     }
-    if (!kvs_http_split_addr(cfg->dataplane_listen, host, sizeof(host), &port)) {
+    if (!cm_net_split(cfg->dataplane_listen, host, sizeof(host), &port)) {
         snprintf(err, errlen, "dataplane-listen '%s' is not host:port", cfg->dataplane_listen);
         return RI_ERR_INVALID;
     }
@@ -174,7 +174,7 @@ ri_status_t kvs_ctl_config_check(const kvs_ctl_config_t *cfg, char *err, size_t 
                  cfg->dataplane_advertise);
         return RI_ERR_INVALID;
     }
-    if (strcmp(cfg->metrics_listen, "off") != 0 && !kvs_http_split_addr(cfg->metrics_listen, host, sizeof(host), &port)) {
+    if (strcmp(cfg->metrics_listen, "off") != 0 && !cm_net_split(cfg->metrics_listen, host, sizeof(host), &port)) {
         snprintf(err, errlen, "metrics-listen '%s' is not host:port or 'off'", cfg->metrics_listen);
         return RI_ERR_INVALID;
     }
@@ -209,7 +209,7 @@ static void kvs_ctl_bound_addr(const char *cfg_addr, int port, char *out, size_t
 {
     char host[256];
     unsigned p;
-    if (!kvs_http_split_addr(cfg_addr, host, sizeof(host), &p))
+    if (!cm_net_split(cfg_addr, host, sizeof(host), &p))
         snprintf(host, sizeof(host), "?");
     if (strchr(host, ':') != NULL)
         snprintf(out, len, "[%s]:%d", host, port);
@@ -441,14 +441,12 @@ static void kvs_ctl_revoke_removed(kvs_ctl_t *ctl, const kvs_auth_t *old, const 
 {
     for (size_t i = 0; i < kvs_auth_count(old); i++) {
         const char *tenant = kvs_auth_entry(old, i)->tenant;
-        bool seen = false;
-        for (size_t k = 0; k < i && !seen; k++)
-            seen = strcmp(kvs_auth_entry(old, k)->tenant, tenant) == 0;
-        if (seen || kvs_auth_has_tenant(fresh, tenant))
+        if (kvs_auth_has_tenant(fresh, tenant))
             continue;
         uint32_t n = 0;
         uint64_t bytes = 0;
-        if (kvs_data_drop_tenant(ctl->data, tenant, &n, &bytes) == RI_OK) {
+        /* A tenant with several old tokens comes by again and finds none. */
+        if (kvs_data_drop_tenant(ctl->data, tenant, &n, &bytes) == RI_OK && n > 0) {
             atomic_fetch_add(&ctl->revoked_sessions, n);
             cm_warn("auth: tenant '%s' has no token any more: %u session(s) dropped (%llu bytes), their secrets "
                     "revoked", tenant, n, (unsigned long long)bytes);

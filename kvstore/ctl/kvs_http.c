@@ -122,11 +122,6 @@ uint64_t kvs_http_overran(const kvs_http_t *http)
     return http ? atomic_load(&((kvs_http_t *)http)->overran) : 0;
 }
 
-bool kvs_http_split_addr(const char *addr, char *host, size_t hostlen, unsigned *port_p)
-{
-    return cm_net_split(addr, host, hostlen, port_p);
-}
-
 static enum MHD_Result kvs_http_answer(void *cls, struct MHD_Connection *conn, const char *url, const char *method,
                                        const char *version, const char *upload_data, size_t *upload_size,
                                        void **con_cls)
@@ -177,7 +172,7 @@ ri_status_t kvs_http_start(const char *listen, kvs_http_render_fn_t render, void
     unsigned flags = MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_POLL;
 
     memset(&ss, 0, sizeof(ss));
-    if (!kvs_http_split_addr(listen, host, sizeof(host), &port)) {
+    if (!cm_net_split(listen, host, sizeof(host), &port)) {
         snprintf(err, errlen, "metrics-listen '%s' is not host:port", listen);
         return RI_ERR_INVALID;
     }

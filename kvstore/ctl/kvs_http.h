@@ -33,7 +33,5 @@ uint64_t kvs_http_overran(const kvs_http_t *http);
 /* Stop the thread and free.  NULL is a no-op. */
 void kvs_http_destroy(kvs_http_t *http);
 
-/* Split "host:port" (host may be "[v6]") into host and port; false if malformed. */
-bool kvs_http_split_addr(const char *addr, char *host, size_t hostlen, unsigned *port_p);
 
 #endif /* KVS_HTTP_H */

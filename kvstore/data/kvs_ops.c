@@ -264,11 +264,12 @@ static ri_status_t kvs_ops_register(kvs_data_t *data, void *conn, kvs_session_t 
     /* The directory is daemon memory the worker asks for: charged to its
      * tenant before it is allocated, so a huge capacity is refused (QUOTA)
      * instead of taking gigabytes and seconds of the data thread. */
+    uint64_t dir_bytes = kvs_cache_bytes_for(r.capacity_pages);
     pthread_mutex_lock(&data->lock);
     wc->owner = s;
-    st = kvs_session_charge_meta_locked(data, s, kvs_cache_bytes_for(r.capacity_pages));
+    st = kvs_session_charge_meta_locked(data, s, dir_bytes);
     if (st == RI_OK)
-        wc->charged = kvs_cache_bytes_for(r.capacity_pages);
+        wc->charged = dir_bytes;
     pthread_mutex_unlock(&data->lock);
     if (st != RI_OK)
         goto err_free; /* counted as errors{kind="quota"} by the dispatcher */

@@ -207,11 +207,6 @@ static void test_wrong_secret_body_not_taken(void **state)
     kvs_test_daemon_cleanup(&d);
 }
 
-static long rss_kib(pid_t pid)
-{
-    return status_kib(pid, "VmRSS");
-}
-
 static void test_register_cache_is_charged(void **state)
 {
     (void)state;
@@ -229,11 +224,11 @@ static void test_register_cache_is_charged(void **state)
     assert_int_equal(gw_dp_connect(d.dataplane, s.session_id, s.secret, NULL, &dp), RI_OK);
 
     /* 2^26 pages: gigabytes of directory for a 4 MiB tenant */
-    long before = rss_kib(d.pid);
+    long before = status_kib(d.pid, "VmRSS");
     double t0 = now_s();
     ri_status_t st = gw_dp_register_cache_mode(dp, 1u << 26, recv, sizeof(recv), GW_DP_RECV_INLINE, &cache_id, NULL);
     double dt = now_s() - t0;
-    long after = rss_kib(d.pid);
+    long after = status_kib(d.pid, "VmRSS");
     printf("# REGISTER_CACHE of 2^26 pages: %s in %.3f s, daemon RSS %ld -> %ld KiB\n", ri_status_str(st), dt,
            before, after);
     if (st == RI_OK)
