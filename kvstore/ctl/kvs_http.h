@@ -33,5 +33,4 @@ uint64_t kvs_http_overran(const kvs_http_t *http);
 /* Stop the thread and free.  NULL is a no-op. */
 void kvs_http_destroy(kvs_http_t *http);
 
-
 #endif /* KVS_HTTP_H */
