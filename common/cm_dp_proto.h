@@ -46,6 +46,24 @@
  * RELEASE request meta: u32 cache_id (0 = every cache this connection
  *   registered on the session), u32 0.  reply meta: empty.
  * PING: meta empty, data empty (session_id 0 needs no secret).
+ * CONNECT: the first request of every connection, for a session that exists
+ *   and with its secret: meta = the worker's UCX worker address (packed by
+ *   ucp_worker_get_address, at most CM_DP_MAX_WORKER_ADDR bytes), data
+ *   empty, sent inline (never rendezvous).  The server checks the secret,
+ *   has the address parsed by a throw-away process first (UCX does not
+ *   validate packed addresses: a malformed one crashes whoever unpacks it),
+ *   then opens an endpoint of its own to it, with peer-failure handling, and
+ *   answers this and every later request of the connection over that
+ *   endpoint.  Requests arriving on a UCX connection that has not sent an
+ *   accepted CONNECT are dropped unanswered (and counted).  reply meta: empty.
+ *
+ * Addresses.  The kvstore has no data-plane listener, so no socket of ours
+ * takes bytes from someone who has not authenticated: its data-plane address,
+ * handed to workers only by CreateSession and Health over the authenticated
+ * control API, is the packed UCX worker address of the data thread serving
+ * the session, as text: "ucx:" then the bytes in lower-case hex
+ * (cm_dp_addr_format / cm_dp_addr_parse).  The address names UCX's own
+ * transports (shared memory, and the TCP interface of --dataplane-listen).
  */
 #ifndef CM_DP_PROTO_H
 #define CM_DP_PROTO_H
@@ -64,6 +82,9 @@
 #define CM_DP_MAX_IDS (1u << 24)         /* clusters per head in one message */
 #define CM_DP_MAX_RKEY 4096u             /* packed rkey bytes */
 #define CM_DP_MAX_CLUSTER_TOKENS 65535u  /* tokens in one cluster */
+#define CM_DP_MAX_WORKER_ADDR 2048u      /* packed UCX worker address bytes */
+#define CM_DP_ADDR_PREFIX "ucx:"
+#define CM_DP_ADDR_MAX (4u + 2u * CM_DP_MAX_WORKER_ADDR + 1u) /* text form with its NUL */
 
 #define CM_DP_F_HIT 0x1u       /* entry: in the worker cache (pages listed) */
 #define CM_DP_F_MISS 0x2u      /* entry: data written at recv_offset */
@@ -427,6 +448,59 @@ static inline void cm_dp_reply_evicted(const cm_dp_fetch_reply_view_t *v, uint32
     e->layer = cm_dp_get32(p);
     e->head = cm_dp_get32(p + 4);
     e->cluster = cm_dp_get32(p + 8);
+}
+
+/* Text form of a packed worker address into out (cap bytes, NUL-terminated).
+ * RI_ERR_TOO_LARGE when it does not fit or len exceeds CM_DP_MAX_WORKER_ADDR. */
+static inline ri_status_t cm_dp_addr_format(const void *addr, size_t len, char *out, size_t cap)
+{
+    static const char hex[] = "0123456789abcdef";
+    const uint8_t *a = (const uint8_t *)addr;
+    size_t pre = sizeof(CM_DP_ADDR_PREFIX) - 1;
+    if (len == 0 || len > CM_DP_MAX_WORKER_ADDR || cap < pre + 2 * len + 1)
+        return RI_ERR_TOO_LARGE;
+    memcpy(out, CM_DP_ADDR_PREFIX, pre);
+    for (size_t i = 0; i < len; i++) {
+        out[pre + 2 * i] = hex[a[i] >> 4];
+        out[pre + 2 * i + 1] = hex[a[i] & 15];
+    }
+    out[pre + 2 * len] = '\0';
+    return RI_OK;
+}
+
+static inline int cm_dp_hex_digit(char c)
+{
+    if (c >= '0' && c <= '9')
+        return c - '0';
+    if (c >= 'a' && c <= 'f')
+        return c - 'a' + 10;
+    if (c >= 'A' && c <= 'F')
+        return c - 'A' + 10;
+    return -1;
+}
+
+/* Parse the text form into out (cap bytes); *len_p = bytes.  RI_ERR_INVALID
+ * for anything that is not "ucx:" and an even, non-empty run of hex digits
+ * (e.g. an old "host:port" address), RI_ERR_TOO_LARGE past cap. */
+static inline ri_status_t cm_dp_addr_parse(const char *text, uint8_t *out, size_t cap, size_t *len_p)
+{
+    size_t pre = sizeof(CM_DP_ADDR_PREFIX) - 1, n;
+    if (text == NULL || strncmp(text, CM_DP_ADDR_PREFIX, pre) != 0)
+        return RI_ERR_INVALID;
+    text += pre;
+    n = strlen(text);
+    if (n == 0 || n % 2 != 0)
+        return RI_ERR_INVALID;
+    if (n / 2 > cap)
+        return RI_ERR_TOO_LARGE;
+    for (size_t i = 0; i < n / 2; i++) {
+        int hi = cm_dp_hex_digit(text[2 * i]), lo = cm_dp_hex_digit(text[2 * i + 1]);
+        if (hi < 0 || lo < 0)
+            return RI_ERR_INVALID;
+        out[i] = (uint8_t)(hi << 4 | lo);
+    }
+    *len_p = n / 2;
+    return RI_OK;
 }
 
 #endif /* CM_DP_PROTO_H */

@@ -40,7 +40,8 @@ typedef enum cm_wire_op {
     CM_WIRE_OP_FETCH_RANKED = 4,    /* ranked retrieval ids -> hit/miss plan */
     CM_WIRE_OP_RELEASE = 5,         /* worker lets go of a cache / session */
     CM_WIRE_OP_PING = 6,            /* liveness and latency */
-    CM_WIRE_OP_MAX = 6,
+    CM_WIRE_OP_CONNECT = 7,         /* first message of a connection: the worker's UCX address */
+    CM_WIRE_OP_MAX = 7,
 } cm_wire_op_t;
 
 #define CM_WIRE_F_REPLY 0x1u     /* this message answers request_id */

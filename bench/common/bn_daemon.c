@@ -27,17 +27,17 @@ static void bn_daemon_bin(const char *argv0, char *bin, size_t len)
 static int bn_daemon_read_ports(bn_daemon_t *d, const char *ports)
 {
     FILE *f = fopen(ports, "r");
-    char line[400];
+    char line[CM_DP_ADDR_MAX + 16]; /* the dataplane= line is the longest */
     if (f == NULL)
         return 0;
     while (fgets(line, sizeof(line), f)) {
         line[strcspn(line, "\n")] = '\0';
         if (strncmp(line, "grpc=", 5) == 0)
-            snprintf(d->grpc, sizeof(d->grpc), "%s", line + 5);
+            snprintf(d->grpc, sizeof(d->grpc), "%.*s", (int)sizeof(d->grpc) - 1, line + 5);
         else if (strncmp(line, "dataplane=", 10) == 0)
-            snprintf(d->dataplane, sizeof(d->dataplane), "%s", line + 10);
+            snprintf(d->dataplane, sizeof(d->dataplane), "%.*s", (int)sizeof(d->dataplane) - 1, line + 10);
         else if (strncmp(line, "metrics=", 8) == 0)
-            snprintf(d->metrics, sizeof(d->metrics), "%s", line + 8);
+            snprintf(d->metrics, sizeof(d->metrics), "%.*s", (int)sizeof(d->metrics) - 1, line + 8);
     }
     fclose(f);
     return d->grpc[0] != '\0';

@@ -8,11 +8,13 @@
 
 #include <sys/types.h>
 
+#include "common/cm_dp_proto.h"
+
 typedef struct bn_daemon {
     pid_t pid;            /* 0 when not running */
     char dir[256];        /* temporary folder (port file) */
     char grpc[400];       /* "127.0.0.1:PORT" */
-    char dataplane[400];  /* as the daemon reports it */
+    char dataplane[CM_DP_ADDR_MAX]; /* as the daemon reports it ("ucx:HEX") */
     char metrics[400];    /* "127.0.0.1:PORT" */
 } bn_daemon_t;
 

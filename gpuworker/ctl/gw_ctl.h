@@ -15,6 +15,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "common/cm_dp_proto.h"
 #include "common/cm_wire.h"
 #include "retroinfer/status.h"
 
@@ -30,7 +31,7 @@ typedef struct gw_ctl_health {
     int status;                    /* 1 = SERVING, 2 = DRAINING */
     char version[32];              /* daemon version */
     uint64_t uptime_ms;            /* since the daemon started */
-    char dataplane_address[256];   /* UCX listener, "" when none */
+    char dataplane_address[CM_DP_ADDR_MAX]; /* the data plane's UCX address ("ucx:HEX"), "" when none */
     char auth_mode[32];            /* "tokens" or "single-tenant" */
 } gw_ctl_health_t;
 
@@ -52,7 +53,7 @@ typedef struct gw_ctl_geometry {
 
 typedef struct gw_ctl_session {
     uint64_t session_id;                  /* never 0 */
-    char dataplane_address[256];          /* where to send data-plane messages */
+    char dataplane_address[CM_DP_ADDR_MAX]; /* where to send data-plane messages ("ucx:HEX") */
     uint8_t secret[CM_WIRE_SECRET_SIZE];  /* put in every data-plane header */
 } gw_ctl_session_t;
 

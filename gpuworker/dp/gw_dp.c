@@ -1,6 +1,9 @@
 /*
  * UCX data-plane client (see gw_dp.h).  One ucp context/worker/ep per
  * connection; the caller's thread progresses the worker inside each call.
+ * It connects to the kvstore's packed worker address (from CreateSession),
+ * then sends CONNECT with the session secret and its own worker address: the
+ * kvstore answers over an endpoint it opens to that address.
  * Replies are matched on request_id; a late reply to an abandoned request is
  * dropped.  Receive buffers are registered with ucp_mem_map and their packed
  * rkey is sent in REGISTER_CACHE, so the server writes misses with ucp_put.
@@ -24,6 +27,7 @@
 #define GW_DP_MAX_REGS 64
 #define GW_DP_MAX_REPLY (UINT64_C(1) << 30)
 #define GW_DP_SPIN_NS 200000u  /* idle time before sleeping on the event fd */
+#define GW_DP_CONNECT_MS 5000u /* CONNECT deadline: the kvstore vets our address first */
 
 static CM_ALLOC_TAG(gw_dp_tag, "gw.dp");
 static pthread_once_t gw_dp_env_done = PTHREAD_ONCE_INIT;
@@ -312,6 +316,33 @@ static ri_status_t gw_dp_op(gw_dp_t *dp, uint16_t op, const void *meta, uint32_t
     return (ri_status_t)dp->reply_hdr.status;
 }
 
+/* CONNECT: our worker address, so that the kvstore can answer.  The
+ * kvstore answers nothing to a wrong secret or a refused address, so a
+ * refusal shows as a timeout, bounded apart from the caller's deadline. */
+static ri_status_t gw_dp_hello(gw_dp_t *dp)
+{
+    ucp_address_t *self = NULL;
+    size_t len = 0;
+    ri_status_t st;
+    ucs_status_t s = ucp_worker_get_address(dp->worker, &self, &len);
+
+    if (s != UCS_OK)
+        return gw_dp_status(s);
+    if (len > CM_DP_MAX_WORKER_ADDR) {
+        cm_error("dp client: our UCX address takes %zu bytes, more than the kvstore accepts (%u)", len,
+                 CM_DP_MAX_WORKER_ADDR);
+        ucp_worker_release_address(dp->worker, self);
+        return RI_ERR_TOO_LARGE;
+    }
+    st = gw_dp_op(dp, CM_WIRE_OP_CONNECT, self, (uint32_t)len, NULL, 0, CM_MIN(dp->timeout_ms, GW_DP_CONNECT_MS));
+    ucp_worker_release_address(dp->worker, self);
+    if (st == RI_ERR_TIMEOUT)
+        cm_warn("dp client: the kvstore did not accept the connection (session %llu unknown or dropped, wrong "
+                "secret, too many connections, or our address refused: its log says which)",
+                (unsigned long long)dp->session_id);
+    return st;
+}
+
 ri_status_t gw_dp_connect(const char *addr, uint64_t session_id, const uint8_t secret[CM_WIRE_SECRET_SIZE],
                           const gw_dp_options_t *opts, gw_dp_t **dp_p)
 {
@@ -321,19 +352,28 @@ ri_status_t gw_dp_connect(const char *addr, uint64_t session_id, const uint8_t s
     ucp_worker_params_t wp = {0};
     ucp_am_handler_param_t ah = {0};
     ucp_ep_params_t ep = {0};
-    struct sockaddr_storage ss;
-    socklen_t sl;
+    uint8_t *raddr = NULL;
+    size_t raddr_len = 0;
     ucs_status_t s;
     ri_status_t st;
 
     if (addr == NULL || secret == NULL || dp_p == NULL)
         return RI_ERR_INVALID;
-    st = cm_net_resolve(addr, false, &ss, &sl, NULL, 0);
-    if (st != RI_OK)
-        return st == RI_ERR_NOT_FOUND ? RI_ERR_UNREACHABLE : st;
-    dp = cm_calloc(&gw_dp_tag, 1, sizeof(*dp));
-    if (dp == NULL)
+    raddr = cm_malloc(&gw_dp_tag, CM_DP_MAX_WORKER_ADDR);
+    if (raddr == NULL)
         return RI_ERR_NOMEM;
+    st = cm_dp_addr_parse(addr, raddr, CM_DP_MAX_WORKER_ADDR, &raddr_len);
+    if (st != RI_OK) {
+        cm_error("dp client: '%.40s%s' is not a kvstore data-plane address (\"ucx:\" and hex digits, from "
+                 "CreateSession)", addr, strlen(addr) > 40 ? "..." : "");
+        cm_free(raddr);
+        return RI_ERR_INVALID;
+    }
+    dp = cm_calloc(&gw_dp_tag, 1, sizeof(*dp));
+    if (dp == NULL) {
+        cm_free(raddr);
+        return RI_ERR_NOMEM;
+    }
     dp->session_id = session_id;
     memcpy(dp->secret, secret, CM_WIRE_SECRET_SIZE);
     dp->timeout_ms = opts && opts->timeout_ms ? opts->timeout_ms : 10000;
@@ -362,11 +402,9 @@ ri_status_t gw_dp_connect(const char *addr, uint64_t session_id, const uint8_t s
     ah.arg = dp;
     if (ucp_worker_set_am_recv_handler(dp->worker, &ah) != UCS_OK)
         goto err_worker;
-    ep.field_mask = UCP_EP_PARAM_FIELD_FLAGS | UCP_EP_PARAM_FIELD_SOCK_ADDR | UCP_EP_PARAM_FIELD_ERR_HANDLER |
+    ep.field_mask = UCP_EP_PARAM_FIELD_REMOTE_ADDRESS | UCP_EP_PARAM_FIELD_ERR_HANDLER |
                     UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE;
-    ep.flags = UCP_EP_PARAMS_FLAGS_CLIENT_SERVER;
-    ep.sockaddr.addr = (const struct sockaddr *)&ss;
-    ep.sockaddr.addrlen = sl;
+    ep.address = (const ucp_address_t *)raddr;
     ep.err_mode = UCP_ERR_HANDLING_MODE_PEER;
     ep.err_handler.cb = gw_dp_ep_error;
     ep.err_handler.arg = dp;
@@ -375,7 +413,10 @@ ri_status_t gw_dp_connect(const char *addr, uint64_t session_id, const uint8_t s
         st = gw_dp_status(s);
         goto err_worker;
     }
-    st = gw_dp_ping(dp);
+    cm_free(raddr);
+    st = gw_dp_hello(dp);
+    if (st == RI_OK)
+        st = gw_dp_ping(dp);
     if (st != RI_OK) {
         gw_dp_close(dp);
         return st;
@@ -388,6 +429,7 @@ err_worker:
 err_cleanup:
     ucp_cleanup(dp->ctx);
 err_free:
+    cm_free(raddr);
     cm_free(dp);
     return st;
 }

@@ -24,9 +24,12 @@ typedef struct gw_dp_options {
     uint32_t timeout_ms;       /* default deadline of a call (0 = 10000) */
 } gw_dp_options_t;
 
-/* Connect to addr ("host:port", as kvs_data_address / CreateSession give it)
- * for session_id with its secret, and check the path with a PING.  opts may
- * be NULL.  Caller closes with gw_dp_close. */
+/* Connect to addr (the kvstore's "ucx:HEX" worker address, as CreateSession
+ * gives it) for session_id with its secret: CONNECT (our own UCX address, so
+ * the kvstore can answer), then a PING.  RI_ERR_INVALID for an address not
+ * in that form; RI_ERR_TIMEOUT when the kvstore does not accept the
+ * connection (it answers nothing to a wrong secret).  opts may be NULL.
+ * Caller closes with gw_dp_close. */
 ri_status_t gw_dp_connect(const char *addr, uint64_t session_id, const uint8_t secret[CM_WIRE_SECRET_SIZE],
                           const gw_dp_options_t *opts, gw_dp_t **dp_p);
 

@@ -197,29 +197,6 @@ static void ri_session_remote_params(const ri_session_h s, gw_remote_params_t *g
     g->timeout_ms = s->client->timeout_ms;
 }
 
-/* A kvstore whose data plane listens on a wildcard (0.0.0.0, ::) and that
- * advertises no address hands out that wildcard, which no peer can connect
- * to: use the host this client reached the control API at, with the data
- * plane's port.  Any other address is used as the kvstore gave it. */
-static void ri_dp_address_fix(const char *grpc_addr, char *dp, size_t len)
-{
-    char host[256], ghost[256], out[256];
-    unsigned port, gport;
-    if (!cm_net_split(dp, host, sizeof(host), &port))
-        return;
-    if (!cm_net_host_is_wildcard(host))
-        return;
-    if (strncmp(grpc_addr, "ipv4:", 5) == 0 || strncmp(grpc_addr, "ipv6:", 5) == 0)
-        grpc_addr += 5;
-    if (!cm_net_split(grpc_addr, ghost, sizeof(ghost), &gport))
-        return;
-    if (snprintf(out, sizeof(out), strchr(ghost, ':') ? "[%s]:%u" : "%s:%u", ghost, port) < (int)sizeof(out) &&
-        strlen(out) < len) {
-        cm_info("kvstore data plane %s is a wildcard address: using %s (the control API's host)", dp, out);
-        memcpy(dp, out, strlen(out) + 1);
-    }
-}
-
 /* CreateSession on the client's kvstore. */
 static ri_status_t ri_session_open(ri_session_h s, gw_ctl_session_t *out)
 {
@@ -231,8 +208,6 @@ static ri_status_t ri_session_open(ri_session_h s, gw_ctl_session_t *out)
                                            s->label ? s->label : "", out, &err);
     if (st != RI_OK)
         ri_err_set("kvstore %s: CreateSession: %s (%s)", s->client->address, ri_status_str(st), err.message);
-    else
-        ri_dp_address_fix(s->client->address, out->dataplane_address, sizeof(out->dataplane_address));
     return st;
 }
 
@@ -277,7 +252,8 @@ ri_status_t ri_session_create(ri_client_h client, const ri_session_params_t *par
     ri_session_remote_params(s, &g);
     st = gw_remote_create(sess.dataplane_address, sess.session_id, sess.secret, &s->shape, s->p.n_layers, &g, &s->r);
     if (st != RI_OK) {
-        ri_err_set("kvstore data plane %s: %s", sess.dataplane_address, ri_status_str(st));
+        ri_err_set("kvstore %s: data plane of session %llu: %s", s->client->address,
+                   (unsigned long long)sess.session_id, ri_status_str(st));
         goto err_free;
     }
     *session_p = s;
@@ -410,7 +386,8 @@ ri_status_t ri_session_recover(ri_session_h s, const ri_kv_view_t *kv)
     if (st == RI_OK) {
         st = gw_remote_reconnect(s->r, sess.dataplane_address, sess.session_id, sess.secret, views);
         if (st != RI_OK) {
-            ri_err_set("kvstore data plane %s: re-fill failed: %s", sess.dataplane_address, ri_status_str(st));
+            ri_err_set("kvstore %s: data plane of session %llu: re-fill failed: %s", s->client->address,
+                       (unsigned long long)sess.session_id, ri_status_str(st));
             (void)gw_ctl_drop_session(s->client->ctl, 1000, sess.session_id, NULL, NULL);
         } else {
             old = s->session_id;

@@ -77,7 +77,7 @@ static ri_status_t kvs_api_health(void *app, const kvs_caller_t *caller, const u
                                              : RETROINFER__V1__HEALTH_RESPONSE__SERVING_STATUS__SERVING;
     out.version = (char *)KVS_VERSION;
     out.uptime_ms = kvs_api_uptime_ms(ctl);
-    out.dataplane_address = ctl->dp_advertised;
+    out.dataplane_address = (char *)kvs_data_address(ctl->data);
     out.auth_mode = (char *)(ctl->tokens_mode ? "tokens" : "single-tenant");
     return kvs_api_pack(&out.base, reply);
 }
@@ -243,7 +243,7 @@ static ri_status_t kvs_api_create_session(void *app, const kvs_caller_t *caller,
 
     Retroinfer__V1__CreateSessionResponse out = RETROINFER__V1__CREATE_SESSION_RESPONSE__INIT;
     out.session_id = id;
-    out.dataplane_address = ctl->dp_advertised;
+    out.dataplane_address = (char *)kvs_data_address(ctl->data);
     out.session_secret.data = secret;
     out.session_secret.len = sizeof(secret);
     st = kvs_api_pack(&out.base, reply);

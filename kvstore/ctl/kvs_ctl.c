@@ -34,12 +34,10 @@ static const cm_config_item_t kvs_ctl_config_items[] = {
             port_file, 0, 0),
     KVS_CFG("memory", CM_CFG_SIZE, "1GiB", "host block pool size", memory, 1048576.0, 17592186044416.0),
     KVS_CFG("hugepages", CM_CFG_BOOL, "true", "back the pool with hugepages when available", hugepages, 0, 0),
-    KVS_CFG("dataplane-listen", CM_CFG_STRING, "127.0.0.1:7071", "UCX data-plane address host:port (port 0 = any)",
-            dataplane_listen, 0, 0),
-    KVS_CFG("dataplane-advertise", CM_CFG_STRING, "",
-            "data-plane address workers are told: host or host:port (empty = the bound address; "
-            "host alone = that host, the bound port)",
-            dataplane_advertise, 0, 0),
+    KVS_CFG("dataplane-listen", CM_CFG_STRING, "127.0.0.1:7071",
+            "data plane: the interface (by its address) UCX's TCP transport uses, and its port (0 = any; a "
+            "wildcard host = every interface).  No listener takes connections: workers get the UCX address from "
+            "CreateSession", dataplane_listen, 0, 0),
     KVS_CFG("dataplane-max-message", CM_CFG_SIZE, "256MiB", "largest data-plane message accepted",
             dataplane_max_message, 4096.0, 17179869184.0),
     KVS_CFG("tokens-file", CM_CFG_STRING, "",
@@ -107,54 +105,6 @@ bool kvs_ctl_addr_is_loopback(const char *addr)
     return false;
 }
 
-/* "" (not set), "host", "[v6]", or "host:port" / "[v6]:port" with a port
- * 1..65535; no blanks or control characters. */
-static bool kvs_ctl_advertise_ok(const char *a)
-{
-    char host[256];
-    unsigned port;
-    size_t n = strlen(a);
-    if (n == 0)
-        return true;
-    if (n >= 256)
-        return false;
-    for (const char *c = a; *c; c++)
-        if (*c <= ' ' || *c == '/' || *c == '\x7f')
-            return false;
-    if (a[0] == '[' && a[n - 1] == ']')
-        return n > 2 && strchr(a + 1, '[') == NULL && strchr(a, ']') == a + n - 1;
-    if (a[0] != '[' && strchr(a, ':') == NULL)
-        return true;
-    return cm_net_split(a, host, sizeof(host), &port) && host[0] != '\0' && port >= 1 && port <= 65535 &&
-           (a[0] == '[' || strchr(host, ':') == NULL);
-}
-
-/* What workers are told: the advertised host (and port, if it names one),
- * else the bound address.  A wildcard bound address is passed on as it is:
- * the worker library replaces its host with the host it reached the gRPC
- * address at, which is right when both listen on the same interfaces. */
-static void kvs_ctl_set_advertised(kvs_ctl_t *ctl)
-{
-    const char *bound = kvs_data_address(ctl->data);
-    const char *adv = ctl->cfg.dataplane_advertise;
-    const char *colon = strrchr(bound, ':');
-    char host[256];
-    unsigned port;
-    bool has_port = cm_net_split(adv, host, sizeof(host), &port);
-
-    if (adv[0] == '\0' || bound[0] == '\0')
-        snprintf(ctl->dp_advertised, sizeof(ctl->dp_advertised), "%s", bound);
-    else if (has_port || colon == NULL)
-        snprintf(ctl->dp_advertised, sizeof(ctl->dp_advertised), "%s", adv);
-    else
-        snprintf(ctl->dp_advertised, sizeof(ctl->dp_advertised), "%s%s", adv, colon);
-    if (adv[0] == '\0' && cm_net_split(ctl->cfg.dataplane_listen, host, sizeof(host), &port) &&
-        cm_net_host_is_wildcard(host))
-        cm_warn("dataplane-listen %s is a wildcard and dataplane-advertise is empty: workers will use the host "
-                "they reach gRPC at; set dataplane-advertise if the data plane is reached at another address",
-                ctl->cfg.dataplane_listen);
-}
-
 ri_status_t kvs_ctl_config_check(const kvs_ctl_config_t *cfg, char *err, size_t errlen)
 {
     char host[256];
@@ -167,11 +117,6 @@ ri_status_t kvs_ctl_config_check(const kvs_ctl_config_t *cfg, char *err, size_t 
     }
     if (!cm_net_split(cfg->dataplane_listen, host, sizeof(host), &port)) {
         snprintf(err, errlen, "dataplane-listen '%s' is not host:port", cfg->dataplane_listen);
-        return RI_ERR_INVALID;
-    }
-    if (!kvs_ctl_advertise_ok(cfg->dataplane_advertise)) {
-        snprintf(err, errlen, "dataplane-advertise '%s' is not host or host:port (a port 1..65535)",
-                 cfg->dataplane_advertise);
         return RI_ERR_INVALID;
     }
     if (strcmp(cfg->metrics_listen, "off") != 0 && !cm_net_split(cfg->metrics_listen, host, sizeof(host), &port)) {
@@ -349,7 +294,6 @@ ri_status_t kvs_ctl_start(const kvs_ctl_config_t *cfg, kvs_ctl_t **ctl_p, char *
                  cfg->dataplane_listen, ri_status_str(st));
         goto err_free_auth;
     }
-    kvs_ctl_set_advertised(ctl);
     for (size_t i = 0; i < kvs_auth_count(ctl->auth); i++) {
         const kvs_auth_entry_t *e = kvs_auth_entry(ctl->auth, i);
         if (!e->has_quota)

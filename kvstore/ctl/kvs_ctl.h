@@ -29,8 +29,7 @@ typedef struct kvs_ctl_config {
     char *port_file;                 /* where to write the bound addresses, or "" */
     uint64_t memory;                 /* host block pool bytes */
     bool hugepages;                  /* try hugepages for the pool */
-    char *dataplane_listen;          /* UCX listener "host:port" */
-    char *dataplane_advertise;       /* address workers are told ("host" or "host:port"), or "" = the bound one */
+    char *dataplane_listen;          /* data plane: UCX TCP interface address and port "host:port" */
     uint64_t dataplane_max_message;  /* largest data-plane message */
     char *tokens_file;               /* bearer tokens -> tenants, or "" */
     uint64_t tenant_quota;           /* default per-tenant memory quota; 0 = none */
@@ -73,7 +72,6 @@ typedef struct kvs_ctl {
     atomic_bool draining;           /* Drain was called or shutdown began */
     char grpc_addr[300];            /* bound gRPC address "host:port" */
     char metrics_addr[300];         /* bound metrics address, or "" */
-    char dp_advertised[300];        /* data-plane address given to workers (Health, CreateSession) */
     char *tls_cert_pem;             /* owned PEM texts, NULL without TLS */
     char *tls_key_pem;
     char *tls_ca_pem;

@@ -30,8 +30,8 @@ static int kvs_main_write_port_file(const char *path, const kvs_ctl_t *ctl)
         return -1;
     }
     const char *dp = kvs_data_address(ctl->data);
-    fprintf(f, "grpc=%s\nmetrics=%s\ndataplane=%s\ndataplane_advertised=%s\npid=%d\n", ctl->grpc_addr,
-            ctl->metrics_addr, dp ? dp : "", ctl->dp_advertised, (int)getpid());
+    fprintf(f, "grpc=%s\nmetrics=%s\ndataplane=%s\ndataplane_interface=%s\npid=%d\n", ctl->grpc_addr,
+            ctl->metrics_addr, dp ? dp : "", ctl->cfg.dataplane_listen, (int)getpid());
     if (fclose(f) != 0 || rename(tmp, path) != 0) {
         cm_error("port-file %s: %s", path, strerror(errno));
         unlink(tmp);
@@ -96,9 +96,11 @@ int main(int argc, char **argv)
            ctl->tls_ca_pem ? " (mutual TLS)" : ctl->tls_cert_pem ? " (TLS)" : "");
     if (ctl->metrics_addr[0] != '\0')
         printf("ri-kvstore: metrics on http://%s/metrics\n", ctl->metrics_addr);
-    printf("ri-kvstore: dataplane on %s\n", dp && dp[0] ? dp : "(none)");
-    if (dp && strcmp(dp, ctl->dp_advertised) != 0)
-        printf("ri-kvstore: dataplane advertised as %s\n", ctl->dp_advertised);
+    if (dp && dp[0])
+        printf("ri-kvstore: dataplane over UCX on the interface of %s (no listener; workers get the address, "
+               "%zu characters, from CreateSession)\n", cfg.dataplane_listen, strlen(dp));
+    else
+        printf("ri-kvstore: dataplane (none)\n");
     printf("ri-kvstore: auth %s\n", ctl->tokens_mode ? "tokens" : "single-tenant (loopback only)");
     fflush(stdout);
     if (cfg.port_file[0] != '\0' && kvs_main_write_port_file(cfg.port_file, ctl) != 0)

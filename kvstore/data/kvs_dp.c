@@ -1,7 +1,16 @@
 /*
  * The UCX data plane of ri-kvstore: one ucp context (AM + RMA) and worker,
- * a listener on dp_listen_addr, and one thread that progresses the worker and
- * serves requests in arrival order.  AM callbacks only queue a request (the
+ * and one thread that progresses the worker and serves requests in arrival
+ * order.  There is no listener: workers learn the worker's packed address
+ * from CreateSession over the authenticated control API and connect to it,
+ * and the first request of a connection, CONNECT, carries the session secret
+ * and the worker's own address.  Only then does the server open an endpoint
+ * of its own to that address (after ri-kvstore-addrcheck survived unpacking
+ * it, kvs_dp_check.c), which answers every request of the connection and
+ * reports the peer's failure.  Requests are tied to their connection by the
+ * UCX reply endpoint they arrive on, used as a key only: UCX 1.13 crashes
+ * when a reply endpoint of a peer that went away is sent on.
+ * AM callbacks only queue a request (the
  * 64-byte wire header copied, the body kept as a UCX descriptor); the thread
  * decodes it, fetches a rendezvous body, calls kvs_ops_serve and sends the
  * reply.  Misses of a fetch go to the worker with ucp_put into the receive
@@ -28,6 +37,7 @@
 #include "common/cm_net.h"
 #include "common/cm_status.h"
 #include "common/cm_time.h"
+#include "kvstore/data/kvs_dp_check.h"
 
 static CM_ALLOC_TAG(kvs_dp_tag, "kvs.dp");
 static pthread_once_t kvs_dp_env_done = PTHREAD_ONCE_INIT;
@@ -35,9 +45,13 @@ static pthread_once_t kvs_dp_env_done = PTHREAD_ONCE_INIT;
 #define KVS_DP_RKEY_PAD 4096u
 #define KVS_DP_SPIN 2000u       /* empty progress calls before sleeping */
 #define KVS_DP_SPIN_NS 200000u  /* and this much idle time */
+#define KVS_DP_MAX_CONNS 1024u          /* connections of the daemon */
+#define KVS_DP_MAX_CONNS_PER_SESSION 16u /* connections of one session */
 
 typedef struct kvs_conn {
-    ucp_ep_h ep;              /* server-side endpoint */
+    ucp_ep_h ep;              /* our endpoint to the worker's address */
+    const void *peer_key;     /* the UCX reply ep its requests arrive on; compared, never used */
+    uint64_t session_id;      /* the session its CONNECT named */
     kvs_dp_t *dp;             /* owner */
     bool failed;              /* error handler fired; close at the next turn */
     uint64_t puts;            /* puts issued since the last flush */
@@ -45,7 +59,8 @@ typedef struct kvs_conn {
 } kvs_conn_t;
 
 typedef struct kvs_dreq {
-    kvs_conn_t *conn;                 /* where to reply */
+    const void *peer_key;             /* the UCX connection it came on (see kvs_conn_t) */
+    kvs_conn_t *conn;                 /* where to reply; resolved by the data thread */
     uint8_t hdr[CM_WIRE_HDR_SIZE];    /* the header bytes (first 64) */
     size_t hdr_len;                   /* header length as received */
     void *desc;                       /* UCX data (persistent or rndv) or our copy */
@@ -63,9 +78,10 @@ struct kvs_dp {
     kvs_data_t *data;
     ucp_context_h ctx;
     ucp_worker_h worker;
-    ucp_listener_h listener;
     ucp_mem_h pool_memh;
-    char address[160];
+    char address[CM_DP_ADDR_MAX];     /* the worker's packed address, as text */
+    char net_dev[IF_NAMESIZE + 1];    /* UCX network device we restrict to ("" = all) */
+    uint32_t n_conns;
     pthread_t thread;
     bool thread_started;
     atomic_bool stop;
@@ -102,40 +118,12 @@ static void kvs_dp_ep_error(void *arg, ucp_ep_h ep, ucs_status_t status)
     c->failed = true;
 }
 
-static void kvs_dp_conn_cb(ucp_conn_request_h req, void *arg)
-{
-    kvs_dp_t *dp = arg;
-    kvs_conn_t *c;
-    ucp_ep_params_t ep = {0};
-    ucs_status_t s;
-
-    c = cm_calloc(&kvs_dp_tag, 1, sizeof(*c));
-    if (c == NULL || atomic_load(&dp->stop)) {
-        ucp_listener_reject(dp->listener, req);
-        cm_free(c);
-        return;
-    }
-    c->dp = dp;
-    ep.field_mask = UCP_EP_PARAM_FIELD_CONN_REQUEST | UCP_EP_PARAM_FIELD_ERR_HANDLER |
-                    UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE;
-    ep.conn_request = req;
-    ep.err_mode = UCP_ERR_HANDLING_MODE_PEER;
-    ep.err_handler.cb = kvs_dp_ep_error;
-    ep.err_handler.arg = c;
-    s = ucp_ep_create(dp->worker, &ep, &c->ep);
-    if (s != UCS_OK) {
-        cm_warn("dp: cannot accept a connection: %s", ucs_status_string(s));
-        cm_free(c);
-        return;
-    }
-    c->next = dp->conns;
-    dp->conns = c;
-}
-
-static kvs_conn_t *kvs_dp_conn_of(kvs_dp_t *dp, ucp_ep_h ep)
+/* The newest live connection whose CONNECT came on peer_key (a worker that
+ * connects again on the same UCX connection replaces its older one). */
+static kvs_conn_t *kvs_dp_conn_of(kvs_dp_t *dp, const void *peer_key)
 {
     for (kvs_conn_t *c = dp->conns; c != NULL; c = c->next)
-        if (c->ep == ep)
+        if (c->peer_key == peer_key && !c->failed)
             return c;
     return NULL;
 }
@@ -144,14 +132,11 @@ static ucs_status_t kvs_dp_am_cb(void *arg, const void *header, size_t header_le
                                  const ucp_am_recv_param_t *param)
 {
     kvs_dp_t *dp = arg;
-    kvs_conn_t *c = NULL;
     kvs_dreq_t *r;
 
-    if (param->recv_attr & UCP_AM_RECV_ATTR_FIELD_REPLY_EP)
-        c = kvs_dp_conn_of(dp, param->reply_ep);
-    if (c == NULL || c->failed) {
-        /* Nobody to answer (sent without UCP_AM_SEND_FLAG_REPLY, or from a
-         * dying connection): count it and drop it (rndv data is declined). */
+    if (!(param->recv_attr & UCP_AM_RECV_ATTR_FIELD_REPLY_EP)) {
+        /* Sent without UCP_AM_SEND_FLAG_REPLY: we could never tie it to a
+         * connection.  Count it and drop it (rndv data is declined). */
         pthread_mutex_lock(&dp->data->lock);
         kvs_count_error_locked(dp->data, RI_ERR_PROTOCOL);
         pthread_mutex_unlock(&dp->data->lock);
@@ -160,7 +145,7 @@ static ucs_status_t kvs_dp_am_cb(void *arg, const void *header, size_t header_le
     r = cm_calloc(&kvs_dp_tag, 1, sizeof(*r));
     if (r == NULL)
         return UCS_OK;
-    r->conn = c;
+    r->peer_key = param->reply_ep;
     r->hdr_len = header_length;
     memcpy(r->hdr, header, CM_MIN(header_length, (size_t)CM_WIRE_HDR_SIZE));
     r->len = length;
@@ -310,26 +295,140 @@ static void kvs_dreq_release(kvs_dp_t *dp, kvs_dreq_t *r)
     cm_free(r);
 }
 
+static void kvs_dp_ep_close(kvs_dp_t *dp, ucp_ep_h ep)
+{
+    ucp_request_param_t prm = {.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS, .flags = UCP_EP_CLOSE_FLAG_FORCE};
+    void *req;
+    uint64_t deadline = cm_time_ns() + 1000000000ull;
+
+    req = ucp_ep_close_nbx(ep, &prm);
+    if (req != NULL && !UCS_PTR_IS_ERR(req)) {
+        while (ucp_request_check_status(req) == UCS_INPROGRESS && cm_time_ns() < deadline)
+            ucp_worker_progress(dp->worker);
+        ucp_request_free(req);
+    }
+}
+
+static uint32_t kvs_dp_session_conns(const kvs_dp_t *dp, uint64_t session_id)
+{
+    uint32_t n = 0;
+    for (const kvs_conn_t *c = dp->conns; c != NULL; c = c->next)
+        n += c->session_id == session_id && !c->failed;
+    return n;
+}
+
+/* CONNECT (h decoded): check the secret, the caps and the worker's address,
+ * then open our endpoint to it and answer over it.  Nothing is answered when
+ * any check fails: answering means opening an endpoint to an address that has
+ * not been vetted, for a caller that has not proved it holds the secret.  The
+ * worker sees a timeout; the log and the error counters say why. */
+static ri_status_t kvs_dp_connect(kvs_dp_t *dp, kvs_dreq_t *r, const cm_wire_hdr_t *h)
+{
+    ucp_ep_params_t ep = {0};
+    kvs_conn_t *c;
+    ucs_status_t s;
+    ri_status_t st;
+
+    if (r->rndv || r->desc == NULL || h->data_len != 0 || h->meta_len == 0 ||
+        h->meta_len > CM_DP_MAX_WORKER_ADDR)
+        return RI_ERR_PROTOCOL;
+    st = kvs_ops_precheck(dp->data, h);
+    if (st == RI_OK && h->session_id == 0)
+        st = RI_ERR_UNAUTHENTICATED; /* a connection belongs to a session */
+    if (st != RI_OK)
+        return st;
+    if (dp->n_conns >= KVS_DP_MAX_CONNS || kvs_dp_session_conns(dp, h->session_id) >= KVS_DP_MAX_CONNS_PER_SESSION) {
+        cm_warn("dp: session %llu: connection refused, %s holds the most connections allowed (%u per session, "
+                "%u in all)", (unsigned long long)h->session_id,
+                dp->n_conns >= KVS_DP_MAX_CONNS ? "the daemon" : "the session", KVS_DP_MAX_CONNS_PER_SESSION,
+                KVS_DP_MAX_CONNS);
+        return RI_ERR_QUOTA;
+    }
+    st = kvs_dp_check_address(r->desc, h->meta_len, dp->net_dev);
+    if (st != RI_OK)
+        return st;
+    c = cm_calloc(&kvs_dp_tag, 1, sizeof(*c));
+    if (c == NULL)
+        return RI_ERR_NOMEM;
+    c->dp = dp;
+    c->peer_key = r->peer_key;
+    c->session_id = h->session_id;
+    ep.field_mask = UCP_EP_PARAM_FIELD_REMOTE_ADDRESS | UCP_EP_PARAM_FIELD_ERR_HANDLER |
+                    UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE;
+    ep.address = (const ucp_address_t *)r->desc;
+    ep.err_mode = UCP_ERR_HANDLING_MODE_PEER;
+    ep.err_handler.cb = kvs_dp_ep_error;
+    ep.err_handler.arg = c;
+    s = ucp_ep_create(dp->worker, &ep, &c->ep);
+    if (s != UCS_OK) {
+        cm_warn("dp: cannot open an endpoint to a worker: %s", ucs_status_string(s));
+        cm_free(c);
+        return kvs_dp_status(s);
+    }
+    c->next = dp->conns;
+    dp->conns = c;
+    dp->n_conns++;
+    pthread_mutex_lock(&dp->data->lock);
+    dp->data->ops[CM_WIRE_OP_CONNECT]++;
+    pthread_mutex_unlock(&dp->data->lock);
+    cm_debug("dp: session %llu connected (%u connections)", (unsigned long long)h->session_id, dp->n_conns);
+    kvs_dp_reply(dp, c, h, RI_OK, NULL, 0);
+    return RI_OK;
+}
+
+/* Decode r's header; RI_OK or the error to answer (h->request_id is set
+ * whenever the bytes hold one). */
+static ri_status_t kvs_dp_decode(kvs_dp_t *dp, kvs_dreq_t *r, cm_wire_hdr_t *h)
+{
+    cm_wire_limits_t lim = {.max_meta_len = (uint32_t)CM_MIN(dp->max_body, UINT32_MAX), .max_data_len = dp->max_body};
+    ri_status_t st;
+
+    st = r->hdr_len == CM_WIRE_HDR_SIZE ? cm_wire_decode(r->hdr, r->hdr_len, 0, &lim, h)
+                                        : (r->hdr_len < CM_WIRE_HDR_SIZE ? RI_ERR_TRUNCATED : RI_ERR_PROTOCOL);
+    if (st != RI_OK && r->hdr_len >= 48) /* answer to the caller's id when we can read it */
+        h->request_id = cm_dp_get64(r->hdr + 40);
+    if (st == RI_OK && (h->flags & CM_WIRE_F_REPLY))
+        st = RI_ERR_PROTOCOL;
+    if (st == RI_OK && (r->len == SIZE_MAX || (uint64_t)h->meta_len + h->data_len > dp->max_body))
+        st = RI_ERR_TOO_LARGE;
+    if (st == RI_OK && (uint64_t)h->meta_len + h->data_len != r->len)
+        st = (uint64_t)h->meta_len + h->data_len > r->len ? RI_ERR_TRUNCATED : RI_ERR_PROTOCOL;
+    return st;
+}
+
+static void kvs_dp_count_error(kvs_dp_t *dp, ri_status_t st)
+{
+    pthread_mutex_lock(&dp->data->lock);
+    kvs_count_error_locked(dp->data, st);
+    pthread_mutex_unlock(&dp->data->lock);
+}
+
 static void kvs_dp_serve_one(kvs_dp_t *dp, kvs_dreq_t *r)
 {
     kvs_data_t *data = dp->data;
-    cm_wire_limits_t lim = {.max_meta_len = (uint32_t)CM_MIN(dp->max_body, UINT32_MAX), .max_data_len = dp->max_body};
     cm_wire_hdr_t h = {0};
     uint8_t *body = NULL, *reply = NULL;
     size_t reply_len = 0;
     bool replied = false;
     ri_status_t st;
 
-    st = r->hdr_len == CM_WIRE_HDR_SIZE ? cm_wire_decode(r->hdr, r->hdr_len, 0, &lim, &h)
-                                        : (r->hdr_len < CM_WIRE_HDR_SIZE ? RI_ERR_TRUNCATED : RI_ERR_PROTOCOL);
-    if (st != RI_OK && r->hdr_len >= 48) /* answer to the caller's id when we can read it */
-        h.request_id = cm_dp_get64(r->hdr + 40);
-    if (st == RI_OK && (h.flags & CM_WIRE_F_REPLY))
-        st = RI_ERR_PROTOCOL;
-    if (st == RI_OK && (r->len == SIZE_MAX || (uint64_t)h.meta_len + h.data_len > dp->max_body))
-        st = RI_ERR_TOO_LARGE;
-    if (st == RI_OK && (uint64_t)h.meta_len + h.data_len != r->len)
-        st = (uint64_t)h.meta_len + h.data_len > r->len ? RI_ERR_TRUNCATED : RI_ERR_PROTOCOL;
+    st = kvs_dp_decode(dp, r, &h);
+    if (st == RI_OK && h.op == CM_WIRE_OP_CONNECT) {
+        st = kvs_dp_connect(dp, r, &h);
+        if (st != RI_OK) {
+            kvs_dp_count_error(dp, st);
+            cm_debug("dp: CONNECT refused: %s", ri_status_str(st));
+        }
+        kvs_dreq_release(dp, r);
+        return;
+    }
+    r->conn = kvs_dp_conn_of(dp, r->peer_key);
+    if (r->conn == NULL) {
+        /* Not connected (or its connection failed): nobody to answer. */
+        kvs_dp_count_error(dp, RI_ERR_PROTOCOL);
+        kvs_dreq_release(dp, r);
+        return;
+    }
     /* Authenticate from the header alone before a rendezvous body is pulled
      * in: a wrong secret costs the daemon no allocation and no transfer (the
      * descriptor is released, which declines the data). */
@@ -353,9 +452,7 @@ static void kvs_dp_serve_one(kvs_dp_t *dp, kvs_dreq_t *r)
     if (st == RI_OK)
         st = kvs_ops_serve(data, r->conn, &h, body, &reply, &reply_len, &replied);
     if (st != RI_OK) {
-        pthread_mutex_lock(&data->lock);
-        kvs_count_error_locked(data, st);
-        pthread_mutex_unlock(&data->lock);
+        kvs_dp_count_error(dp, st);
         cm_debug("dp: %s request %llu: %s", cm_wire_op_name(h.op), (unsigned long long)h.request_id,
                  ri_status_str(st));
         cm_free(reply);
@@ -373,18 +470,10 @@ static void kvs_dp_serve_one(kvs_dp_t *dp, kvs_dreq_t *r)
 
 static void kvs_dp_close_conn(kvs_dp_t *dp, kvs_conn_t *c)
 {
-    ucp_request_param_t prm = {.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS, .flags = UCP_EP_CLOSE_FLAG_FORCE};
-    void *req;
-    uint64_t deadline = cm_time_ns() + 1000000000ull;
-
     /* Caches (and their rkeys) go before the ep they were unpacked on. */
     kvs_ops_conn_closed(dp->data, c);
-    req = ucp_ep_close_nbx(c->ep, &prm);
-    if (req != NULL && !UCS_PTR_IS_ERR(req)) {
-        while (ucp_request_check_status(req) == UCS_INPROGRESS && cm_time_ns() < deadline)
-            ucp_worker_progress(dp->worker);
-        ucp_request_free(req);
-    }
+    kvs_dp_ep_close(dp, c->ep);
+    dp->n_conns--;
     cm_free(c);
 }
 
@@ -398,10 +487,8 @@ static void kvs_dp_gc(kvs_dp_t *dp)
     for (kvs_conn_t **pc = &dp->conns; *pc != NULL;) {
         kvs_conn_t *c = *pc;
         if (c->failed) {
-            /* Requests still queued from it are answered nowhere. */
-            for (kvs_dreq_t *r = dp->q_head; r != NULL; r = r->next)
-                if (r->conn == c)
-                    r->conn = NULL;
+            /* Requests still queued from it find no connection when served
+             * (kvs_dp_conn_of skips failed ones) and are answered nowhere. */
             *pc = c->next;
             kvs_dp_close_conn(dp, c);
         } else {
@@ -422,10 +509,7 @@ static void *kvs_dp_main(void *arg)
             dp->q_head = r->next;
             if (dp->q_head == NULL)
                 dp->q_tail = NULL;
-            if (r->conn == NULL || r->conn->failed)
-                kvs_dreq_release(dp, r);
-            else
-                kvs_dp_serve_one(dp, r);
+            kvs_dp_serve_one(dp, r);
             idle = 0;
             last_busy = cm_time_ns();
             continue;
@@ -488,7 +572,8 @@ static bool kvs_dp_same_ip(const struct sockaddr *a, const struct sockaddr_stora
  * device it uses) on the interface of the configured data-plane address:
  * listening on 127.0.0.1 must not open a port on the external interface.  A
  * wildcard address, or UCX_NET_DEVICES set by the user, leaves UCX's choice. */
-static void kvs_dp_config_devices(ucp_config_t *config, const struct sockaddr_storage *ss, const char *host)
+static void kvs_dp_config_devices(kvs_dp_t *dp, ucp_config_t *config, const struct sockaddr_storage *ss,
+                                  const char *host)
 {
     struct ifaddrs *ifs = NULL;
     char dev[IF_NAMESIZE + 1] = "";
@@ -502,10 +587,42 @@ static void kvs_dp_config_devices(ucp_config_t *config, const struct sockaddr_st
         cm_warn("dp: no interface has address %s; UCX picks its network devices", host);
         return;
     }
-    if (ucp_config_modify(config, "NET_DEVICES", dev) != UCS_OK)
+    if (ucp_config_modify(config, "NET_DEVICES", dev) != UCS_OK) {
         cm_warn("dp: could not restrict UCX to interface %s", dev);
-    else
+    } else {
         cm_info("dp: UCX network devices restricted to %s (the interface of %s)", dev, host);
+        snprintf(dp->net_dev, sizeof(dp->net_dev), "%s", dev);
+    }
+}
+
+/* The port of dp_listen_addr, when it names one, is where UCX's TCP
+ * transport listens (a firewall can then name it); 0 leaves it to UCX.  A
+ * transport setting: only the environment reaches it in UCX 1.13, and a value
+ * the user set wins. */
+static void kvs_dp_config_port(unsigned port)
+{
+    char range[32];
+    if (port == 0 || getenv("UCX_TCP_PORT_RANGE") != NULL)
+        return;
+    snprintf(range, sizeof(range), "%u-%u", port, port);
+    setenv("UCX_TCP_PORT_RANGE", range, 0);
+}
+
+/* Our address in text form (dp->address). */
+static ri_status_t kvs_dp_publish_address(kvs_dp_t *dp)
+{
+    ucp_address_t *a = NULL;
+    size_t len = 0;
+    ri_status_t st;
+    ucs_status_t s = ucp_worker_get_address(dp->worker, &a, &len);
+    if (s != UCS_OK)
+        return kvs_dp_status(s);
+    st = cm_dp_addr_format(a, len, dp->address, sizeof(dp->address));
+    if (st != RI_OK)
+        cm_error("dp: the UCX worker address takes %zu bytes, more than the %u a worker accepts", len,
+                 CM_DP_MAX_WORKER_ADDR);
+    ucp_worker_release_address(dp->worker, a);
+    return st;
 }
 
 ri_status_t kvs_dp_start(kvs_data_t *data, kvs_dp_t **dp_p)
@@ -515,12 +632,11 @@ ri_status_t kvs_dp_start(kvs_data_t *data, kvs_dp_t **dp_p)
     ucp_params_t params = {0};
     ucp_worker_params_t wp = {0};
     ucp_am_handler_param_t ah = {0};
-    ucp_listener_params_t lp = {0};
-    ucp_listener_attr_t la = {0};
     ucp_mem_map_params_t mp = {0};
     struct sockaddr_storage ss;
     socklen_t sl;
     char host[128];
+    unsigned port = 0;
     ucs_status_t s;
     ri_status_t st;
 
@@ -537,11 +653,14 @@ ri_status_t kvs_dp_start(kvs_data_t *data, kvs_dp_t **dp_p)
         cm_error("dp: bad listen address '%s'", data->cfg.dp_listen_addr);
         goto err_free;
     }
+    if (!cm_net_split(data->cfg.dp_listen_addr, host, sizeof(host), &port))
+        port = 0;
     pthread_once(&kvs_dp_env_done, kvs_dp_env_once);
+    kvs_dp_config_port(port);
     s = ucp_config_read(NULL, NULL, &config);
     if (s != UCS_OK)
         goto err_ucx;
-    kvs_dp_config_devices(config, &ss, host);
+    kvs_dp_config_devices(dp, config, &ss, host);
     params.field_mask = UCP_PARAM_FIELD_FEATURES | UCP_PARAM_FIELD_NAME;
     params.features = UCP_FEATURE_AM | UCP_FEATURE_RMA | UCP_FEATURE_WAKEUP;
     params.name = "ri-kvstore";
@@ -574,42 +693,24 @@ ri_status_t kvs_dp_start(kvs_data_t *data, kvs_dp_t **dp_p)
     s = ucp_mem_map(dp->ctx, &mp, &dp->pool_memh);
     if (s != UCS_OK)
         goto err_destroy_worker;
-    lp.field_mask = UCP_LISTENER_PARAM_FIELD_SOCK_ADDR | UCP_LISTENER_PARAM_FIELD_CONN_HANDLER;
-    lp.sockaddr.addr = (const struct sockaddr *)&ss;
-    lp.sockaddr.addrlen = sl;
-    lp.conn_handler.cb = kvs_dp_conn_cb;
-    lp.conn_handler.arg = dp;
-    s = ucp_listener_create(dp->worker, &lp, &dp->listener);
-    if (s != UCS_OK)
-        goto err_unmap;
-    la.field_mask = UCP_LISTENER_ATTR_FIELD_SOCKADDR;
-    s = ucp_listener_query(dp->listener, &la);
-    if (s != UCS_OK)
-        goto err_destroy_listener;
-    {
-        uint16_t port = la.sockaddr.ss_family == AF_INET6 ? ntohs(((struct sockaddr_in6 *)&la.sockaddr)->sin6_port)
-                                                          : ntohs(((struct sockaddr_in *)&la.sockaddr)->sin_port);
-        snprintf(dp->address, sizeof(dp->address), strchr(host, ':') ? "[%s]:%u" : "%s:%u", host, port);
-    }
+    st = kvs_dp_publish_address(dp);
+    if (st != RI_OK)
+        goto err_unmap_st;
     if (pthread_create(&dp->thread, NULL, kvs_dp_main, dp) != 0) {
         st = RI_ERR_NOMEM;
-        goto err_destroy_listener_st;
+        goto err_unmap_st;
     }
     dp->thread_started = true;
-    cm_info("dp: listening on %s", dp->address);
+    cm_info("dp: serving (no listener; workers connect to the address CreateSession gives, %zu characters)",
+            strlen(dp->address));
     *dp_p = dp;
     return RI_OK;
 
-err_destroy_listener:
-    st = kvs_dp_status(s);
-err_destroy_listener_st:
-    ucp_listener_destroy(dp->listener);
+err_unmap_st:
     ucp_mem_unmap(dp->ctx, dp->pool_memh);
     ucp_worker_destroy(dp->worker);
     ucp_cleanup(dp->ctx);
     goto err_free;
-err_unmap:
-    ucp_mem_unmap(dp->ctx, dp->pool_memh);
 err_destroy_worker:
     ucp_worker_destroy(dp->worker);
 err_cleanup_ctx:
@@ -651,7 +752,6 @@ void kvs_dp_free(kvs_dp_t *dp)
         dp->conns = c->next;
         kvs_dp_close_conn(dp, c);
     }
-    ucp_listener_destroy(dp->listener);
     ucp_mem_unmap(dp->ctx, dp->pool_memh);
     ucp_worker_destroy(dp->worker);
     ucp_cleanup(dp->ctx);

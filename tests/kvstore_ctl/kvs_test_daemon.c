@@ -56,18 +56,18 @@ int kvs_test_daemon_write_file(const kvs_test_daemon_t *d, const char *name, con
 
 static int kvs_test_read_ports(kvs_test_daemon_t *d, const char *path)
 {
-    char line[290];
+    char line[CM_DP_ADDR_MAX + 16]; /* the dataplane= line is the longest */
     FILE *f = fopen(path, "r");
     if (f == NULL)
         return -1;
     while (fgets(line, sizeof(line), f) != NULL) {
         line[strcspn(line, "\n")] = '\0';
         if (strncmp(line, "grpc=", 5) == 0)
-            snprintf(d->grpc, sizeof(d->grpc), "%s", line + 5);
+            snprintf(d->grpc, sizeof(d->grpc), "%.*s", (int)sizeof(d->grpc) - 1, line + 5);
         else if (strncmp(line, "metrics=", 8) == 0)
-            snprintf(d->metrics, sizeof(d->metrics), "%s", line + 8);
+            snprintf(d->metrics, sizeof(d->metrics), "%.*s", (int)sizeof(d->metrics) - 1, line + 8);
         else if (strncmp(line, "dataplane=", 10) == 0)
-            snprintf(d->dataplane, sizeof(d->dataplane), "%s", line + 10);
+            snprintf(d->dataplane, sizeof(d->dataplane), "%.*s", (int)sizeof(d->dataplane) - 1, line + 10);
     }
     fclose(f);
     return d->grpc[0] ? 0 : -1;

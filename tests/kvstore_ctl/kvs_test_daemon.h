@@ -10,12 +10,14 @@
 #include <stdbool.h>
 #include <sys/types.h>
 
+#include "common/cm_dp_proto.h"
+
 typedef struct kvs_test_daemon {
     pid_t pid;               /* child, 0 once reaped */
     char dir[256];           /* temporary folder (port file, tokens file) */
     char grpc[300];          /* "127.0.0.1:PORT" */
     char metrics[300];       /* "127.0.0.1:PORT" or "" */
-    char dataplane[300];     /* as the daemon reports it */
+    char dataplane[CM_DP_ADDR_MAX]; /* as the daemon reports it ("ucx:HEX") */
 } kvs_test_daemon_t;
 
 /* Make a temporary folder for a daemon (before writing a tokens file into it). */

@@ -9,9 +9,11 @@
 #include <stdint.h>
 #include <sys/types.h>
 
+#include "common/cm_dp_proto.h"
+
 typedef struct kvs_spawn {
     pid_t pid;              /* server process */
-    char addr[256];         /* "127.0.0.1:port" */
+    char addr[CM_DP_ADDR_MAX]; /* the data-plane address CreateSession gave ("ucx:HEX") */
     uint64_t session_id;    /* session created for us */
     uint8_t secret[16];     /* its secret */
     int real_daemon;        /* 1 when this is ri-kvstore (else kvs-test-server) */
