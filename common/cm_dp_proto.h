@@ -55,7 +55,14 @@
  *   then opens an endpoint of its own to it, with peer-failure handling, and
  *   answers this and every later request of the connection over that
  *   endpoint.  Requests arriving on a UCX connection that has not sent an
- *   accepted CONNECT are dropped unanswered (and counted).  reply meta: empty.
+ *   accepted CONNECT are dropped unanswered (and counted); a refused CONNECT
+ *   on a connection that already has an accepted one is answered over it.
+ *   reply meta: empty.
+ * DISCONNECT: the worker is going away: every cache the connection
+ *   registered is released and the server closes its endpoint once the
+ *   reply is out.  (A worker that dies without it is noticed by UCX's
+ *   peer-failure handling, more slowly.)  meta and data empty; reply meta:
+ *   empty.
  *
  * Addresses.  The kvstore has no data-plane listener, so no socket of ours
  * takes bytes from someone who has not authenticated: its data-plane address,

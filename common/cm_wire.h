@@ -41,7 +41,8 @@ typedef enum cm_wire_op {
     CM_WIRE_OP_RELEASE = 5,         /* worker lets go of a cache / session */
     CM_WIRE_OP_PING = 6,            /* liveness and latency */
     CM_WIRE_OP_CONNECT = 7,         /* first message of a connection: the worker's UCX address */
-    CM_WIRE_OP_MAX = 7,
+    CM_WIRE_OP_DISCONNECT = 8,      /* last message: release the connection's caches and close it */
+    CM_WIRE_OP_MAX = 8,
 } cm_wire_op_t;
 
 #define CM_WIRE_F_REPLY 0x1u     /* this message answers request_id */

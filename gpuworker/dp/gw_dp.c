@@ -28,6 +28,7 @@
 #define GW_DP_MAX_REPLY (UINT64_C(1) << 30)
 #define GW_DP_SPIN_NS 200000u  /* idle time before sleeping on the event fd */
 #define GW_DP_CONNECT_MS 5000u /* CONNECT deadline: the kvstore vets our address first */
+#define GW_DP_DISCONNECT_MS 500u /* DISCONNECT deadline at close */
 
 static CM_ALLOC_TAG(gw_dp_tag, "gw.dp");
 static pthread_once_t gw_dp_env_done = PTHREAD_ONCE_INIT;
@@ -442,6 +443,11 @@ void gw_dp_close(gw_dp_t *dp)
 
     if (dp == NULL)
         return;
+    /* Tell the kvstore, so that it releases our caches now rather than when
+     * UCX notices we are gone.  Best effort: a kvstore that does not answer
+     * in time finds out the slow way. */
+    if (!dp->failed && !dp->waiting)
+        (void)gw_dp_op(dp, CM_WIRE_OP_DISCONNECT, NULL, 0, NULL, 0, GW_DP_DISCONNECT_MS);
     prm.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS;
     prm.flags = dp->failed ? UCP_EP_CLOSE_FLAG_FORCE : 0;
     req = ucp_ep_close_nbx(dp->ep, &prm);

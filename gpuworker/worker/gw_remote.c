@@ -205,7 +205,7 @@ ri_status_t gw_remote_create(const char *addr, uint64_t session_id, const uint8_
     dopt.timeout_ms = params->timeout_ms;
     st = gw_dp_connect(addr, session_id, secret, &dopt, &dp);
     if (st != RI_OK) {
-        cm_error("data plane %s: cannot connect: %s", addr, ri_status_str(st));
+        cm_error("data plane of session %llu: cannot connect: %s", (unsigned long long)session_id, ri_status_str(st));
         gw_remote_destroy(r);
         return st;
     }
@@ -1224,7 +1224,7 @@ ri_status_t gw_remote_reconnect(gw_remote_t *r, const char *addr, uint64_t sessi
     if (st == RI_OK)
         st = gw_io_start(dp, &r->io);
     if (st != RI_OK) {
-        cm_error("data plane %s: cannot reconnect: %s", addr, ri_status_str(st));
+        cm_error("data plane of session %llu: cannot reconnect: %s", (unsigned long long)session_id, ri_status_str(st));
         r->err = st;
         return st;
     }

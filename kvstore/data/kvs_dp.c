@@ -53,7 +53,8 @@ typedef struct kvs_conn {
     const void *peer_key;     /* the UCX reply ep its requests arrive on; compared, never used */
     uint64_t session_id;      /* the session its CONNECT named */
     kvs_dp_t *dp;             /* owner */
-    bool failed;              /* error handler fired; close at the next turn */
+    bool failed;              /* error handler fired or DISCONNECT; close at the next turn */
+    bool graceful;            /* DISCONNECT: flush the reply out before the close */
     uint64_t puts;            /* puts issued since the last flush */
     struct kvs_conn *next;
 } kvs_conn_t;
@@ -295,9 +296,10 @@ static void kvs_dreq_release(kvs_dp_t *dp, kvs_dreq_t *r)
     cm_free(r);
 }
 
-static void kvs_dp_ep_close(kvs_dp_t *dp, ucp_ep_h ep)
+static void kvs_dp_ep_close(kvs_dp_t *dp, ucp_ep_h ep, bool graceful)
 {
-    ucp_request_param_t prm = {.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS, .flags = UCP_EP_CLOSE_FLAG_FORCE};
+    ucp_request_param_t prm = {.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS,
+                               .flags = graceful ? 0 : UCP_EP_CLOSE_FLAG_FORCE};
     void *req;
     uint64_t deadline = cm_time_ns() + 1000000000ull;
 
@@ -376,6 +378,26 @@ static ri_status_t kvs_dp_connect(kvs_dp_t *dp, kvs_dreq_t *r, const cm_wire_hdr
     return RI_OK;
 }
 
+/* DISCONNECT on r->conn: answer, then the connection closes at the next gc
+ * turn (its caches are released there, as for a failed one). */
+static void kvs_dp_disconnect(kvs_dp_t *dp, kvs_dreq_t *r, const cm_wire_hdr_t *h)
+{
+    ri_status_t st = h->meta_len == 0 && h->data_len == 0 ? kvs_ops_precheck(dp->data, h) : RI_ERR_PROTOCOL;
+    if (st == RI_OK && h->session_id != r->conn->session_id)
+        st = RI_ERR_UNAUTHENTICATED;
+    pthread_mutex_lock(&dp->data->lock);
+    dp->data->ops[CM_WIRE_OP_DISCONNECT]++;
+    if (st != RI_OK)
+        kvs_count_error_locked(dp->data, st);
+    pthread_mutex_unlock(&dp->data->lock);
+    kvs_dp_reply(dp, r->conn, h, st, NULL, 0);
+    if (st == RI_OK) {
+        r->conn->failed = true;
+        r->conn->graceful = true;
+    }
+    kvs_dreq_release(dp, r);
+}
+
 /* Decode r's header; RI_OK or the error to answer (h->request_id is set
  * whenever the bytes hold one). */
 static ri_status_t kvs_dp_decode(kvs_dp_t *dp, kvs_dreq_t *r, cm_wire_hdr_t *h)
@@ -416,8 +438,13 @@ static void kvs_dp_serve_one(kvs_dp_t *dp, kvs_dreq_t *r)
     if (st == RI_OK && h.op == CM_WIRE_OP_CONNECT) {
         st = kvs_dp_connect(dp, r, &h);
         if (st != RI_OK) {
+            kvs_conn_t *c = kvs_dp_conn_of(dp, r->peer_key);
             kvs_dp_count_error(dp, st);
             cm_debug("dp: CONNECT refused: %s", ri_status_str(st));
+            /* A connection that already has an accepted CONNECT hears why;
+             * a stranger hears nothing (see kvs_dp_connect). */
+            if (c != NULL)
+                kvs_dp_reply(dp, c, &h, st, NULL, 0);
         }
         kvs_dreq_release(dp, r);
         return;
@@ -427,6 +454,10 @@ static void kvs_dp_serve_one(kvs_dp_t *dp, kvs_dreq_t *r)
         /* Not connected (or its connection failed): nobody to answer. */
         kvs_dp_count_error(dp, RI_ERR_PROTOCOL);
         kvs_dreq_release(dp, r);
+        return;
+    }
+    if (st == RI_OK && h.op == CM_WIRE_OP_DISCONNECT) {
+        kvs_dp_disconnect(dp, r, &h);
         return;
     }
     /* Authenticate from the header alone before a rendezvous body is pulled
@@ -472,7 +503,7 @@ static void kvs_dp_close_conn(kvs_dp_t *dp, kvs_conn_t *c)
 {
     /* Caches (and their rkeys) go before the ep they were unpacked on. */
     kvs_ops_conn_closed(dp->data, c);
-    kvs_dp_ep_close(dp, c->ep);
+    kvs_dp_ep_close(dp, c->ep, c->graceful);
     dp->n_conns--;
     cm_free(c);
 }

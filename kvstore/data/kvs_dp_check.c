@@ -37,7 +37,7 @@ static bool kvs_dp_check_path(char *out, size_t len)
     char self[PATH_MAX];
     ssize_t n = readlink("/proc/self/exe", self, sizeof(self) - 1);
     struct stat sb;
-    const char *env = getenv("RI_KVS_ADDRCHECK");
+    const char *env = getenv("RI_ADDRCHECK_PROGRAM");
 
     if (env != NULL && env[0] != '\0') {
         snprintf(out, len, "%s", env);
@@ -62,10 +62,13 @@ static bool kvs_dp_check_path(char *out, size_t len)
 #endif
 }
 
-/* environ plus UCX_NET_DEVICES=net_devices (unless the user set it). */
+/* environ plus UCX_NET_DEVICES=net_devices (unless the user set it), less
+ * UCX_TCP_PORT_RANGE: the daemon holds that port, and a checker that cannot
+ * bind it would refuse every address. */
 static char **kvs_dp_check_env(const char *net_devices, char *dev_var, size_t dev_len)
 {
-    size_t n = 0;
+    static const char port_var[] = "UCX_TCP_PORT_RANGE=";
+    size_t n = 0, m = 0;
     char **env;
     bool add = net_devices != NULL && net_devices[0] != '\0' && getenv("UCX_NET_DEVICES") == NULL;
 
@@ -74,7 +77,10 @@ static char **kvs_dp_check_env(const char *net_devices, char *dev_var, size_t de
     env = cm_calloc(&kvs_check_tag, n + 2, sizeof(*env));
     if (env == NULL)
         return NULL;
-    memcpy(env, environ, n * sizeof(*env));
+    for (size_t i = 0; i < n; i++)
+        if (strncmp(environ[i], port_var, sizeof(port_var) - 1) != 0)
+            env[m++] = environ[i];
+    n = m;
     if (add) {
         snprintf(dev_var, dev_len, "UCX_NET_DEVICES=%s", net_devices);
         env[n++] = dev_var;
@@ -96,7 +102,7 @@ ri_status_t kvs_dp_check_address(const void *addr, size_t len, const char *net_d
 
     if (!kvs_dp_check_path(path, sizeof(path))) {
         cm_error("dp: %s not found next to the program or at its build location: CONNECT refused "
-                 "(set RI_KVS_ADDRCHECK to its path)", KVS_CHECK_NAME);
+                 "(set RI_ADDRCHECK_PROGRAM to its path)", KVS_CHECK_NAME);
         return RI_ERR_NOT_FOUND;
     }
     text = cm_malloc(&kvs_check_tag, CM_DP_ADDR_MAX);

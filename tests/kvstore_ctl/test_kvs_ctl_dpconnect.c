@@ -1,0 +1,273 @@
+/*
+ * How a worker reaches the data plane, against the real daemon on loopback:
+ *  - raw bytes (17 x 0xff, 17 and 64 zero bytes, 64 KiB of random bytes) to
+ *    every TCP port the daemon listens on leave it up and serving gRPC and
+ *    the data plane (17 bytes to UCX 1.13's sockaddr listener aborted it:
+ *    the daemon has no such listener any more);
+ *  - a CONNECT with a wrong secret is answered nothing, and no connection
+ *    is made;
+ *  - CONNECTs carrying malformed UCX addresses are refused (the address
+ *    checker unpacks them in a process of its own) and the daemon survives;
+ *    with the checker replaced by /bin/true (argv[1] = "no-check", the
+ *    mutation run) the daemon itself unpacks them and dies, which this test
+ *    must report;
+ *  - a session holds at most 16 connections.
+ */
+#define _GNU_SOURCE
+#include <errno.h>
+#include <setjmp.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+#include <cmocka.h>
+
+#include "common/cm_dp_proto.h"
+#include "gpuworker/ctl/gw_ctl.h"
+#include "gpuworker/dp/gw_dp.h"
+#include "kvs_test_daemon.h"
+
+#define MAX_PORTS 32
+
+static const gw_ctl_geometry_t geo = {.layers = 1, .kv_heads = 1, .head_dim = 64, .dtype = 1, .page_tokens = 8};
+static bool g_no_check; /* the mutation run: the address checker is /bin/true */
+
+static void start_daemon(kvs_test_daemon_t *d)
+{
+    assert_int_equal(kvs_test_daemon_prepare(d), 0);
+    assert_int_equal(kvs_test_daemon_start(d, NULL, NULL), 0);
+}
+
+static bool daemon_alive(kvs_test_daemon_t *d)
+{
+    int wst;
+    pid_t r = waitpid(d->pid, &wst, WNOHANG);
+    if (r == d->pid) {
+        printf("# daemon exited: %s %d\n", WIFSIGNALED(wst) ? "signal" : "status",
+               WIFSIGNALED(wst) ? WTERMSIG(wst) : WEXITSTATUS(wst));
+        d->pid = 0;
+        return false;
+    }
+    return true;
+}
+
+/* The TCP ports the process listens on (from /proc/PID/fd and /proc/net/tcp). */
+static int listening_ports(pid_t pid, unsigned *ports, int max)
+{
+    char path[128], link[128], line[512], local[64], st[8];
+    unsigned long inodes[512], inode;
+    int n_in = 0, n = 0;
+    for (int fd = 0; fd < 4096 && n_in < 512; fd++) {
+        snprintf(path, sizeof(path), "/proc/%d/fd/%d", (int)pid, fd);
+        ssize_t l = readlink(path, link, sizeof(link) - 1);
+        if (l <= 0)
+            continue;
+        link[l] = '\0';
+        if (strncmp(link, "socket:[", 8) == 0)
+            inodes[n_in++] = strtoul(link + 8, NULL, 10);
+    }
+    FILE *f = fopen("/proc/net/tcp", "r");
+    if (f == NULL)
+        return 0;
+    while (fgets(line, sizeof(line), f) && n < max)
+        if (sscanf(line, " %*d: %63s %*s %7s %*s %*s %*s %*s %*s %lu", local, st, &inode) == 3 &&
+            strcmp(st, "0A") == 0)
+            for (int i = 0; i < n_in; i++)
+                if (inodes[i] == inode) {
+                    const char *colon = strchr(local, ':');
+                    ports[n++] = colon ? (unsigned)strtoul(colon + 1, NULL, 16) : 0;
+                }
+    fclose(f);
+    return n;
+}
+
+static void send_raw(unsigned port, const void *buf, size_t len)
+{
+    struct sockaddr_in sin = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port)};
+    inet_pton(AF_INET, "127.0.0.1", &sin.sin_addr);
+    int fd = socket(AF_INET, SOCK_STREAM, 0);
+    assert_true(fd >= 0);
+    if (connect(fd, (struct sockaddr *)&sin, sizeof(sin)) == 0)
+        (void)send(fd, buf, len, MSG_NOSIGNAL);
+    usleep(50 * 1000); /* let the daemon read it before the close */
+    close(fd);
+}
+
+/* The daemon answers gRPC and a new data-plane connection pings. */
+static void assert_serving(kvs_test_daemon_t *d)
+{
+    gw_ctl_t *c = NULL;
+    gw_ctl_error_t err;
+    gw_ctl_session_t s;
+    gw_dp_t *dp = NULL;
+    assert_true(daemon_alive(d));
+    assert_int_equal(gw_ctl_create(d->grpc, NULL, &c), RI_OK);
+    assert_int_equal(gw_ctl_create_session(c, 5000, &geo, 64, "probe", &s, &err), RI_OK);
+    assert_int_equal(gw_dp_connect(s.dataplane_address, s.session_id, s.secret, NULL, &dp), RI_OK);
+    assert_int_equal(gw_dp_ping(dp), RI_OK);
+    gw_dp_close(dp);
+    assert_int_equal(gw_ctl_drop_session(c, 5000, s.session_id, NULL, &err), RI_OK);
+    gw_ctl_destroy(c);
+}
+
+static void test_raw_bytes_on_every_port(void **state)
+{
+    (void)state;
+    kvs_test_daemon_t d;
+    unsigned ports[MAX_PORTS];
+    static uint8_t junk[65536];
+    uint8_t ff[17], zero[64] = {0};
+    start_daemon(&d);
+    int n = listening_ports(d.pid, ports, MAX_PORTS);
+    printf("# the daemon listens on %d TCP port(s)\n", n);
+    assert_true(n >= 2); /* gRPC, metrics (and UCX's own TCP interface) */
+    memset(ff, 0xff, sizeof(ff));
+    srand((unsigned)time(NULL));
+    for (size_t i = 0; i < sizeof(junk); i++)
+        junk[i] = (uint8_t)rand();
+    for (int i = 0; i < n; i++) {
+        send_raw(ports[i], ff, sizeof(ff));
+        send_raw(ports[i], zero, 17);
+        send_raw(ports[i], zero, sizeof(zero));
+        send_raw(ports[i], junk, sizeof(junk));
+        if (!daemon_alive(&d))
+            fail_msg("raw bytes to port %u took the daemon down", ports[i]);
+    }
+    usleep(300 * 1000);
+    if (!daemon_alive(&d))
+        fail_msg("raw bytes to the daemon's ports took it down");
+    assert_serving(&d);
+    assert_int_equal(kvs_test_daemon_stop(&d, SIGTERM, 10000), 0);
+    kvs_test_daemon_cleanup(&d);
+}
+
+static void test_wrong_secret_gets_no_connection(void **state)
+{
+    (void)state;
+    kvs_test_daemon_t d;
+    gw_ctl_t *c = NULL;
+    gw_ctl_error_t err;
+    gw_ctl_session_t s;
+    gw_dp_t *dp = NULL;
+    gw_dp_options_t o = {.timeout_ms = 1500};
+    start_daemon(&d);
+    assert_int_equal(gw_ctl_create(d.grpc, NULL, &c), RI_OK);
+    assert_int_equal(gw_ctl_create_session(c, 5000, &geo, 64, "s", &s, &err), RI_OK);
+    s.secret[3] ^= 0x40;
+    assert_int_equal(gw_dp_connect(s.dataplane_address, s.session_id, s.secret, &o, &dp), RI_ERR_TIMEOUT);
+    assert_null(dp);
+    s.secret[3] ^= 0x40;
+    assert_int_equal(gw_dp_connect(s.dataplane_address, s.session_id, s.secret, &o, &dp), RI_OK);
+    gw_dp_close(dp);
+    /* an address that is not the kvstore's form is refused by the client */
+    assert_int_equal(gw_dp_connect("127.0.0.1:7071", s.session_id, s.secret, &o, &dp), RI_ERR_INVALID);
+    gw_ctl_destroy(c);
+    assert_int_equal(kvs_test_daemon_stop(&d, SIGTERM, 10000), 0);
+    kvs_test_daemon_cleanup(&d);
+}
+
+static void test_malformed_addresses_refused(void **state)
+{
+    (void)state;
+    enum { PROBES = 12, ALEN = 215 };
+    kvs_test_daemon_t d;
+    gw_ctl_t *c = NULL;
+    gw_ctl_error_t err;
+    gw_ctl_session_t s;
+    gw_dp_t *dp = NULL;
+    cm_wire_hdr_t h, rep;
+    uint8_t hb[CM_WIRE_HDR_SIZE], addr[ALEN];
+    int refused = 0;
+    if (g_no_check)
+        setenv("RI_ADDRCHECK_PROGRAM", "/bin/true", 1);
+    start_daemon(&d);
+    unsetenv("RI_ADDRCHECK_PROGRAM");
+    assert_int_equal(gw_ctl_create(d.grpc, NULL, &c), RI_OK);
+    assert_int_equal(gw_ctl_create_session(c, 5000, &geo, 64, "s", &s, &err), RI_OK);
+    assert_int_equal(gw_dp_connect(s.dataplane_address, s.session_id, s.secret, NULL, &dp), RI_OK);
+    srand(12345);
+    for (int i = 0; i < PROBES; i++) {
+        for (int j = 0; j < ALEN; j++)
+            addr[j] = (uint8_t)rand();
+        gw_dp_header(dp, CM_WIRE_OP_CONNECT, ALEN, 0, &h);
+        cm_wire_encode(&h, hb);
+        ri_status_t st = gw_dp_raw(dp, hb, sizeof(hb), addr, ALEN, 4000, &rep);
+        if (!daemon_alive(&d))
+            fail_msg("a CONNECT with a malformed UCX address (probe %d) took the daemon down", i);
+        assert_int_equal(st, RI_OK); /* answered over the connection we already have */
+        if (rep.status != RI_OK)
+            refused++;
+    }
+    printf("# %d of %d CONNECTs with random addresses refused\n", refused, PROBES);
+    assert_int_equal(refused, PROBES);
+    assert_int_equal(gw_dp_ping(dp), RI_OK);
+    gw_dp_close(dp);
+    assert_serving(&d);
+    gw_ctl_destroy(c);
+    assert_int_equal(kvs_test_daemon_stop(&d, SIGTERM, 10000), 0);
+    kvs_test_daemon_cleanup(&d);
+}
+
+static void test_connections_per_session_capped(void **state)
+{
+    (void)state;
+    enum { CAP = 16 };
+    kvs_test_daemon_t d;
+    gw_ctl_t *c = NULL;
+    gw_ctl_error_t err;
+    gw_ctl_session_t s;
+    gw_dp_t *dp[CAP + 1] = {0};
+    gw_dp_options_t o = {.timeout_ms = 1500};
+    start_daemon(&d);
+    assert_int_equal(gw_ctl_create(d.grpc, NULL, &c), RI_OK);
+    assert_int_equal(gw_ctl_create_session(c, 5000, &geo, 64, "s", &s, &err), RI_OK);
+    for (int i = 0; i < CAP; i++)
+        assert_int_equal(gw_dp_connect(s.dataplane_address, s.session_id, s.secret, NULL, &dp[i]), RI_OK);
+    assert_int_equal(gw_dp_connect(s.dataplane_address, s.session_id, s.secret, &o, &dp[CAP]), RI_ERR_TIMEOUT);
+    /* one closes (the daemon sees its endpoint fail), then another fits */
+    gw_dp_close(dp[0]);
+    dp[0] = NULL;
+    ri_status_t st = RI_ERR_TIMEOUT;
+    for (int t = 0; t < 20 && st != RI_OK; t++) {
+        st = gw_dp_connect(s.dataplane_address, s.session_id, s.secret, &o, &dp[0]);
+        if (st != RI_OK)
+            usleep(500 * 1000);
+    }
+    assert_int_equal(st, RI_OK);
+    for (int i = 0; i <= CAP; i++)
+        gw_dp_close(dp[i]);
+    gw_ctl_destroy(c);
+    assert_int_equal(kvs_test_daemon_stop(&d, SIGTERM, 10000), 0);
+    kvs_test_daemon_cleanup(&d);
+}
+
+int main(int argc, char **argv)
+{
+    const struct CMUnitTest all[] = {
+        cmocka_unit_test(test_raw_bytes_on_every_port),
+        cmocka_unit_test(test_wrong_secret_gets_no_connection),
+        cmocka_unit_test(test_malformed_addresses_refused),
+        cmocka_unit_test(test_connections_per_session_capped),
+    };
+    const struct CMUnitTest mutant[] = {
+        cmocka_unit_test(test_malformed_addresses_refused),
+    };
+    char bin[512];
+    if (access(kvs_test_bin("ri-kvstore", bin, sizeof(bin)), X_OK) != 0)
+        return 77;
+    signal(SIGPIPE, SIG_IGN);
+    if (argc > 1 && strcmp(argv[1], "no-check") == 0) {
+        g_no_check = true;
+        return cmocka_run_group_tests(mutant, NULL, NULL);
+    }
+    return cmocka_run_group_tests(all, NULL, NULL);
+}
