@@ -490,6 +490,7 @@ ri_status_t gw_ctl_list_sessions(gw_ctl_t *ctl, uint32_t timeout_ms, gw_ctl_sess
         infos[i].bytes_on_disk = s->bytes_on_disk;
         infos[i].clusters = s->clusters;
         infos[i].created_unix_ms = s->created_unix_ms;
+        gw_ctl_copy_str(infos[i].dataplane_address, sizeof(infos[i].dataplane_address), s->dataplane_address);
     }
     *n_p = r->n_sessions;
     *infos_p = infos;

@@ -63,6 +63,7 @@ typedef struct gw_ctl_session_info {
     char label[128];
     gw_ctl_geometry_t geometry;
     uint64_t bytes_in_pool, bytes_on_disk, clusters, created_unix_ms;
+    char dataplane_address[CM_DP_ADDR_MAX]; /* where its worker connects now ("ucx:HEX") */
 } gw_ctl_session_info_t;
 
 typedef struct gw_ctl gw_ctl_t;

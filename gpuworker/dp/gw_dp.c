@@ -738,6 +738,19 @@ ri_status_t gw_dp_raw(gw_dp_t *dp, const void *hdr, size_t hdr_len, const void *
     return st;
 }
 
+ri_status_t gw_dp_raw_start(gw_dp_t *dp, const void *hdr, size_t hdr_len, const void *body, size_t body_len,
+                            uint32_t progress_ms)
+{
+    uint64_t until = cm_time_ns() + (uint64_t)progress_ms * 1000000u;
+    ri_status_t st = gw_dp_send(dp, hdr, hdr_len, 0, body, body_len);
+    if (st != RI_OK)
+        return st;
+    while (cm_time_ns() < until)
+        ucp_worker_progress(dp->worker);
+    dp->failed = true; /* the request is abandoned half way */
+    return RI_OK;
+}
+
 ri_status_t gw_dp_recv_alloc(gw_dp_t *dp, size_t len, void **ptr_p)
 {
     ucp_mem_map_params_t mp = {0};

@@ -118,6 +118,13 @@ ri_status_t gw_dp_release(gw_dp_t *dp, uint32_t cache_id);
 ri_status_t gw_dp_raw(gw_dp_t *dp, const void *hdr, size_t hdr_len, const void *body, size_t body_len,
                       uint32_t timeout_ms, cm_wire_hdr_t *reply_p);
 
+/* Testing: send raw bytes as a request and progress the connection for
+ * progress_ms without waiting for the reply: a sender that stops half way
+ * (the caller then stops itself).  The connection is unusable afterwards
+ * except for gw_dp_close. */
+ri_status_t gw_dp_raw_start(gw_dp_t *dp, const void *hdr, size_t hdr_len, const void *body, size_t body_len,
+                            uint32_t progress_ms);
+
 /* Fill a request header for this connection's session (request id set). */
 void gw_dp_header(gw_dp_t *dp, uint16_t op, uint32_t meta_len, uint64_t data_len, cm_wire_hdr_t *hdr_p);
 

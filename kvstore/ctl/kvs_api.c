@@ -77,7 +77,7 @@ static ri_status_t kvs_api_health(void *app, const kvs_caller_t *caller, const u
                                              : RETROINFER__V1__HEALTH_RESPONSE__SERVING_STATUS__SERVING;
     out.version = (char *)KVS_VERSION;
     out.uptime_ms = kvs_api_uptime_ms(ctl);
-    out.dataplane_address = (char *)kvs_data_address(ctl->data);
+    out.dataplane_address = (char *)kvs_data_address(ctl->data, 0);
     out.auth_mode = (char *)(ctl->tokens_mode ? "tokens" : "single-tenant");
     return kvs_api_pack(&out.base, reply);
 }
@@ -243,7 +243,7 @@ static ri_status_t kvs_api_create_session(void *app, const kvs_caller_t *caller,
 
     Retroinfer__V1__CreateSessionResponse out = RETROINFER__V1__CREATE_SESSION_RESPONSE__INIT;
     out.session_id = id;
-    out.dataplane_address = (char *)kvs_data_address(ctl->data);
+    out.dataplane_address = (char *)kvs_data_address(ctl->data, id);
     out.session_secret.data = secret;
     out.session_secret.len = sizeof(secret);
     st = kvs_api_pack(&out.base, reply);
@@ -346,6 +346,7 @@ static ri_status_t kvs_api_list_sessions(void *app, const kvs_caller_t *caller, 
         items[i].bytes_on_disk = s->bytes_on_disk;
         items[i].clusters = s->clusters;
         items[i].created_unix_ms = s->created_unix_ms;
+        items[i].dataplane_address = (char *)kvs_data_address(ctl->data, s->id);
         ptrs[i] = &items[i];
     }
     Retroinfer__V1__ListSessionsResponse out = RETROINFER__V1__LIST_SESSIONS_RESPONSE__INIT;

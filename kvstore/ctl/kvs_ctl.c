@@ -38,6 +38,9 @@ static const cm_config_item_t kvs_ctl_config_items[] = {
             "data plane: the interface (by its address) UCX's TCP transport uses, and its port (0 = any; a "
             "wildcard host = every interface).  No listener takes connections: workers get the UCX address from "
             "CreateSession", dataplane_listen, 0, 0),
+    KVS_CFG("dataplane-threads", CM_CFG_INT, "2",
+            "data-plane threads, each with its own UCX worker; a session is served by one of them, so a slow "
+            "client delays only the sessions of its thread", dataplane_threads, 1, 64),
     KVS_CFG("dataplane-max-message", CM_CFG_SIZE, "256MiB", "largest data-plane message accepted",
             dataplane_max_message, 4096.0, 17179869184.0),
     KVS_CFG("tokens-file", CM_CFG_STRING, "",
@@ -282,6 +285,7 @@ ri_status_t kvs_ctl_start(const kvs_ctl_config_t *cfg, kvs_ctl_t **ctl_p, char *
         .tenant_quota_bytes = cfg->tenant_quota,
         .dp_listen_addr = cfg->dataplane_listen,
         .max_msg_bytes = cfg->dataplane_max_message,
+        .dp_lanes = (uint32_t)cfg->dataplane_threads,
         .drain_timeout_ms = (uint32_t)cfg->drain_timeout_ms,
         .spill_dir = cfg->spill_dir,
         .spill_quota_bytes = cfg->spill_quota,

@@ -29,7 +29,7 @@ static int kvs_main_write_port_file(const char *path, const kvs_ctl_t *ctl)
         cm_error("port-file %s: %s", tmp, strerror(errno));
         return -1;
     }
-    const char *dp = kvs_data_address(ctl->data);
+    const char *dp = kvs_data_address(ctl->data, 0);
     fprintf(f, "grpc=%s\nmetrics=%s\ndataplane=%s\ndataplane_interface=%s\npid=%d\n", ctl->grpc_addr,
             ctl->metrics_addr, dp ? dp : "", ctl->cfg.dataplane_listen, (int)getpid());
     if (fclose(f) != 0 || rename(tmp, path) != 0) {
@@ -91,7 +91,7 @@ int main(int argc, char **argv)
         cm_config_free(&kvs_ctl_config_table, &cfg);
         return 1;
     }
-    const char *dp = kvs_data_address(ctl->data);
+    const char *dp = kvs_data_address(ctl->data, 0);
     printf("ri-kvstore: grpc listening on %s%s\n", ctl->grpc_addr,
            ctl->tls_ca_pem ? " (mutual TLS)" : ctl->tls_cert_pem ? " (TLS)" : "");
     if (ctl->metrics_addr[0] != '\0')

@@ -220,7 +220,7 @@ void kvs_wcache_free(kvs_data_t *data, kvs_wcache_t *wc)
     if (wc->owner != NULL && wc->charged != 0)
         kvs_session_uncharge_meta_locked(data, wc->owner, wc->charged);
     if (wc->rkey != NULL)
-        kvs_dp_rkey_destroy(data->dp, wc->rkey);
+        kvs_dp_rkey_destroy(data->dp, wc->conn, wc->rkey);
     kvs_cache_destroy(wc->dir);
     cm_free(wc);
 }
@@ -364,9 +364,9 @@ void kvs_data_destroy(kvs_data_t *data)
     cm_free(data);
 }
 
-const char *kvs_data_address(const kvs_data_t *data)
+const char *kvs_data_address(const kvs_data_t *data, uint64_t session_id)
 {
-    return data->dp ? kvs_dp_address(data->dp) : "";
+    return data->dp ? kvs_dp_address(data->dp, session_id) : "";
 }
 
 ri_status_t kvs_data_set_tenant_quota(kvs_data_t *data, const char *tenant, uint64_t bytes)

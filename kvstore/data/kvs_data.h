@@ -48,7 +48,8 @@ typedef struct kvs_data_config {
     bool hugepages;               /* try explicit hugepages, then THP via madvise */
     uint64_t global_quota_bytes;  /* 0 = the pool size */
     uint64_t tenant_quota_bytes;  /* default per-tenant limit; 0 = no limit */
-    const char *dp_listen_addr;   /* "host:port" for the UCX listener; port 0 = any */
+    const char *dp_listen_addr;   /* "host:port": the interface (and port) of UCX's TCP transport; port 0 = any */
+    uint32_t dp_lanes;            /* data-plane threads, each with its own UCX worker (0 = 2) */
     uint64_t max_msg_bytes;       /* largest data-plane message accepted */
     uint32_t drain_timeout_ms;    /* bound on in-flight work at shutdown */
     bool no_data_plane;           /* added: catalog and pool only, no UCX (tests) */
@@ -96,9 +97,10 @@ ri_status_t kvs_data_create(const kvs_data_config_t *cfg, kvs_data_t **data_p);
  * free every session and the pool.  NULL is a no-op. */
 void kvs_data_destroy(kvs_data_t *data);
 
-/* The data-plane address workers connect to ("127.0.0.1:41234"); borrowed,
- * valid until destroy. */
-const char *kvs_data_address(const kvs_data_t *data);
+/* The data-plane address a worker of session_id connects to: the packed UCX
+ * address of the lane that serves it ("ucx:HEX"; session 0: lane 0), "" when
+ * the data plane is off.  Borrowed, valid until destroy. */
+const char *kvs_data_address(const kvs_data_t *data, uint64_t session_id);
 
 /* Set a tenant's memory quota (bytes; 0 = unlimited), e.g. from the tokens file. */
 ri_status_t kvs_data_set_tenant_quota(kvs_data_t *data, const char *tenant, uint64_t bytes);

@@ -1,7 +1,7 @@
 /*
- * The UCX data plane of ri-kvstore: one ucp context (AM + RMA) and worker,
- * and one thread that progresses the worker and serves requests in arrival
- * order.  There is no listener: workers learn the worker's packed address
+ * Serving the UCX data plane of ri-kvstore: one thread per lane
+ * (kvs_dp_lane.h) progresses its ucp worker and serves its requests in
+ * arrival order.  There is no listener: workers learn a lane's packed address
  * from CreateSession over the authenticated control API and connect to it,
  * and the first request of a connection, CONNECT, carries the session secret
  * and the worker's own address.  Only then does the server open an endpoint
@@ -10,37 +10,32 @@
  * reports the peer's failure.  Requests are tied to their connection by the
  * UCX reply endpoint they arrive on, used as a key only: UCX 1.13 crashes
  * when a reply endpoint of a peer that went away is sent on.
- * AM callbacks only queue a request (the
- * 64-byte wire header copied, the body kept as a UCX descriptor); the thread
- * decodes it, fetches a rendezvous body, calls kvs_ops_serve and sends the
- * reply.  Misses of a fetch go to the worker with ucp_put into the receive
- * buffer it registered (its rkey), then an ep flush, then the reply, so the
- * worker may read the bytes as soon as it sees the reply.
+ *
+ * AM callbacks only queue a request (the 64-byte wire header copied, the body
+ * kept as a UCX descriptor).  The thread decodes it; a rendezvous body is
+ * received in the background (the secret is checked from the header first),
+ * and the request is served when it is in, so a sender that stalls mid-body
+ * holds no thread.  kvs_ops_serve decides; the reply goes out without waiting
+ * for the peer (inline fetch data is copied to a buffer owned by the send).
+ * Misses of an RMA fetch go with ucp_put into the buffer the worker
+ * registered, then an ep flush, then the reply.
  * Idle policy: spin while there is traffic, then sleep on the worker's event
  * fd (ucp_worker_arm + poll) so that an idle daemon costs no CPU.
  */
-#include "kvstore/data/kvs_internal.h"
+#include "kvstore/data/kvs_dp_lane.h"
 
-#include <arpa/inet.h>
-#include <ifaddrs.h>
-#include <net/if.h>
-#include <stdbool.h>
-#include <stdlib.h>
 #include <poll.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
-#include <ucp/api/ucp.h>
 
 #include "common/cm_alloc.h"
-#include "common/cm_dp_proto.h"
 #include "common/cm_log.h"
-#include "common/cm_net.h"
 #include "common/cm_status.h"
 #include "common/cm_time.h"
 #include "kvstore/data/kvs_dp_check.h"
 
 static CM_ALLOC_TAG(kvs_dp_tag, "kvs.dp");
-static pthread_once_t kvs_dp_env_done = PTHREAD_ONCE_INIT;
 
 #define KVS_DP_RKEY_PAD 4096u
 #define KVS_DP_SPIN 2000u       /* empty progress calls before sleeping */
@@ -48,68 +43,53 @@ static pthread_once_t kvs_dp_env_done = PTHREAD_ONCE_INIT;
 #define KVS_DP_MAX_CONNS 1024u          /* connections of the daemon */
 #define KVS_DP_MAX_CONNS_PER_SESSION 16u /* connections of one session */
 
-typedef struct kvs_conn {
-    ucp_ep_h ep;              /* our endpoint to the worker's address */
-    const void *peer_key;     /* the UCX reply ep its requests arrive on; compared, never used */
-    uint64_t session_id;      /* the session its CONNECT named */
-    kvs_dp_t *dp;             /* owner */
-    bool failed;              /* error handler fired or DISCONNECT; close at the next turn */
-    bool graceful;            /* DISCONNECT: flush the reply out before the close */
-    uint64_t puts;            /* puts issued since the last flush */
-    struct kvs_conn *next;
-} kvs_conn_t;
-
-typedef struct kvs_dreq {
-    const void *peer_key;             /* the UCX connection it came on (see kvs_conn_t) */
-    kvs_conn_t *conn;                 /* where to reply; resolved by the data thread */
-    uint8_t hdr[CM_WIRE_HDR_SIZE];    /* the header bytes (first 64) */
-    size_t hdr_len;                   /* header length as received */
-    void *desc;                       /* UCX data (persistent or rndv) or our copy */
-    size_t len;                       /* body length */
-    bool rndv, ucx_owned;             /* kind of desc */
-    struct kvs_dreq *next;
-} kvs_dreq_t;
-
+/* A reply in flight: what the send owns until its callback. */
 typedef struct kvs_reply {
     uint8_t hdr[CM_WIRE_HDR_SIZE];
-    uint8_t *meta;                    /* cm_malloc'd */
+    uint8_t *meta;                    /* cm_malloc'd, or the lane's stage */
+    kvs_dpw_t *stage_of;              /* meta is this lane's stage: mark it free */
 } kvs_reply_t;
 
-struct kvs_dp {
-    kvs_data_t *data;
-    ucp_context_h ctx;
-    ucp_worker_h worker;
-    ucp_mem_h pool_memh;
-    char address[CM_DP_ADDR_MAX];     /* the worker's packed address, as text */
-    char net_dev[IF_NAMESIZE + 1];    /* UCX network device we restrict to ("" = all) */
-    uint32_t n_conns;
-    pthread_t thread;
-    bool thread_started;
-    atomic_bool stop;
-    kvs_conn_t *conns;
-    kvs_dreq_t *q_head, *q_tail;
-    pthread_mutex_t gc_lock;          /* guards gc_rkeys (other threads add) */
-    ucp_rkey_h *gc_rkeys;
-    size_t n_gc, cap_gc;
-    uint64_t max_body;
-    int efd;                          /* worker event fd, -1 when none */
-    uint8_t *stage;                   /* inline replies are gathered here */
-    size_t stage_len;
-};
+/* ---- queues ---- */
 
-static ri_status_t kvs_dp_status(ucs_status_t s)
+static void kvs_dq_push(kvs_dq_t *q, kvs_dreq_t *r)
 {
-    switch (s) {
-    case UCS_OK: return RI_OK;
-    case UCS_ERR_NO_MEMORY: return RI_ERR_NOMEM;
-    case UCS_ERR_TIMED_OUT: return RI_ERR_TIMEOUT;
-    case UCS_ERR_UNREACHABLE: return RI_ERR_UNREACHABLE;
-    case UCS_ERR_CONNECTION_RESET:
-    case UCS_ERR_ENDPOINT_TIMEOUT: return RI_ERR_CONN_RESET;
-    case UCS_ERR_CANCELED: return RI_ERR_CANCELLED;
-    default: return RI_ERR_TRANSPORT;
+    r->next = NULL;
+    if (q->tail)
+        q->tail->next = r;
+    else
+        q->head = r;
+    q->tail = r;
+}
+
+static kvs_dreq_t *kvs_dq_pop(kvs_dq_t *q)
+{
+    kvs_dreq_t *r = q->head;
+    if (r != NULL) {
+        q->head = r->next;
+        if (q->head == NULL)
+            q->tail = NULL;
+    }
+    return r;
+}
+
+static void kvs_dq_remove(kvs_dq_t *q, kvs_dreq_t *r)
+{
+    kvs_dreq_t *prev = NULL;
+    for (kvs_dreq_t *p = q->head; p != NULL; prev = p, p = p->next) {
+        if (p != r)
+            continue;
+        if (prev)
+            prev->next = p->next;
+        else
+            q->head = p->next;
+        if (q->tail == p)
+            q->tail = prev;
+        return;
     }
 }
+
+/* ---- connections ---- */
 
 static void kvs_dp_ep_error(void *arg, ucp_ep_h ep, ucs_status_t status)
 {
@@ -121,26 +101,31 @@ static void kvs_dp_ep_error(void *arg, ucp_ep_h ep, ucs_status_t status)
 
 /* The newest live connection whose CONNECT came on peer_key (a worker that
  * connects again on the same UCX connection replaces its older one). */
-static kvs_conn_t *kvs_dp_conn_of(kvs_dp_t *dp, const void *peer_key)
+static kvs_conn_t *kvs_dp_conn_of(kvs_dpw_t *w, const void *peer_key)
 {
-    for (kvs_conn_t *c = dp->conns; c != NULL; c = c->next)
+    for (kvs_conn_t *c = w->conns; c != NULL; c = c->next)
         if (c->peer_key == peer_key && !c->failed)
             return c;
     return NULL;
 }
 
-static ucs_status_t kvs_dp_am_cb(void *arg, const void *header, size_t header_length, void *data, size_t length,
-                                 const ucp_am_recv_param_t *param)
+static void kvs_dp_count_error(kvs_dpw_t *w, ri_status_t st)
 {
-    kvs_dp_t *dp = arg;
+    pthread_mutex_lock(&w->dp->data->lock);
+    kvs_count_error_locked(w->dp->data, st);
+    pthread_mutex_unlock(&w->dp->data->lock);
+}
+
+ucs_status_t kvs_dp_am_cb(void *arg, const void *header, size_t header_length, void *data, size_t length,
+                          const ucp_am_recv_param_t *param)
+{
+    kvs_dpw_t *w = arg;
     kvs_dreq_t *r;
 
     if (!(param->recv_attr & UCP_AM_RECV_ATTR_FIELD_REPLY_EP)) {
         /* Sent without UCP_AM_SEND_FLAG_REPLY: we could never tie it to a
          * connection.  Count it and drop it (rndv data is declined). */
-        pthread_mutex_lock(&dp->data->lock);
-        kvs_count_error_locked(dp->data, RI_ERR_PROTOCOL);
-        pthread_mutex_unlock(&dp->data->lock);
+        kvs_dp_count_error(w, RI_ERR_PROTOCOL);
         return UCS_OK;
     }
     r = cm_calloc(&kvs_dp_tag, 1, sizeof(*r));
@@ -154,7 +139,7 @@ static ucs_status_t kvs_dp_am_cb(void *arg, const void *header, size_t header_le
         r->desc = data;
         r->rndv = (param->recv_attr & UCP_AM_RECV_ATTR_FLAG_RNDV) != 0;
         r->ucx_owned = true;
-    } else if (length > 0 && length <= dp->max_body) {
+    } else if (length > 0 && length <= w->dp->max_body) {
         r->desc = cm_malloc(&kvs_dp_tag, length);
         if (r->desc != NULL)
             memcpy(r->desc, data, length);
@@ -163,18 +148,14 @@ static ucs_status_t kvs_dp_am_cb(void *arg, const void *header, size_t header_le
     } else if (length > 0) {
         r->len = SIZE_MAX;
     }
-    if (dp->q_tail)
-        dp->q_tail->next = r;
-    else
-        dp->q_head = r;
-    dp->q_tail = r;
+    kvs_dq_push(&w->queue, r);
     return r->ucx_owned ? UCS_INPROGRESS : UCS_OK;
 }
 
 /* Progress until req completes (or the connection fails / time runs out). */
-static ri_status_t kvs_dp_wait(kvs_dp_t *dp, void *req, kvs_conn_t *c)
+static ri_status_t kvs_dp_wait(kvs_dpw_t *w, void *req, kvs_conn_t *c)
 {
-    uint64_t deadline = cm_time_ns() + (uint64_t)dp->data->cfg.drain_timeout_ms * 1000000u;
+    uint64_t deadline = cm_time_ns() + (uint64_t)w->dp->data->cfg.drain_timeout_ms * 1000000u;
     ucs_status_t s;
 
     if (req == NULL)
@@ -182,11 +163,11 @@ static ri_status_t kvs_dp_wait(kvs_dp_t *dp, void *req, kvs_conn_t *c)
     if (UCS_PTR_IS_ERR(req))
         return kvs_dp_status(UCS_PTR_STATUS(req));
     while ((s = ucp_request_check_status(req)) == UCS_INPROGRESS) {
-        ucp_worker_progress(dp->worker);
+        ucp_worker_progress(w->worker);
         if ((c != NULL && c->failed) || cm_time_ns() > deadline) {
-            ucp_request_cancel(dp->worker, req);
+            ucp_request_cancel(w->worker, req);
             while (ucp_request_check_status(req) == UCS_INPROGRESS)
-                ucp_worker_progress(dp->worker);
+                ucp_worker_progress(w->worker);
             ucp_request_free(req);
             return c != NULL && c->failed ? RI_ERR_CONN_RESET : RI_ERR_TIMEOUT;
         }
@@ -195,31 +176,46 @@ static ri_status_t kvs_dp_wait(kvs_dp_t *dp, void *req, kvs_conn_t *c)
     return kvs_dp_status(s);
 }
 
+/* ---- replies ---- */
+
+static void kvs_dp_reply_free(kvs_reply_t *r)
+{
+    if (r->stage_of != NULL)
+        r->stage_of->stage_busy = false;
+    else
+        cm_free(r->meta);
+    cm_free(r);
+}
+
 static void kvs_dp_reply_done(void *request, ucs_status_t status, void *user_data)
 {
-    kvs_reply_t *r = user_data;
     (void)status;
-    cm_free(r->meta);
-    cm_free(r);
+    kvs_dp_reply_free(user_data);
     ucp_request_free(request);
 }
 
-/* Send a reply (takes ownership of meta). */
-static void kvs_dp_reply(kvs_dp_t *dp, kvs_conn_t *c, const cm_wire_hdr_t *req, ri_status_t st, uint8_t *meta,
-                         size_t meta_len)
+/* Send r (header in r->hdr, body r->meta of len bytes) on c; r is freed when
+ * UCX is done with it.  Never waits for the peer. */
+static void kvs_dp_send(kvs_conn_t *c, kvs_reply_t *r, size_t len)
 {
-    cm_wire_hdr_t h = {0};
-    kvs_reply_t *r;
     ucp_request_param_t prm = {0};
     void *sp;
 
-    (void)dp;
-    r = cm_malloc(&kvs_dp_tag, sizeof(*r));
-    if (r == NULL || c->failed) {
-        cm_free(r);
-        cm_free(meta);
-        return;
+    prm.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA;
+    prm.cb.send = kvs_dp_reply_done;
+    prm.user_data = r;
+    sp = ucp_am_send_nbx(c->ep, CM_DP_AM_REPLY, r->hdr, CM_WIRE_HDR_SIZE, r->meta, len, &prm);
+    if (sp == NULL || UCS_PTR_IS_ERR(sp)) {
+        if (UCS_PTR_IS_ERR(sp))
+            cm_debug("dp: reply send failed: %s", ucs_status_string(UCS_PTR_STATUS(sp)));
+        kvs_dp_reply_free(r);
     }
+}
+
+static void kvs_dp_reply_hdr(const cm_wire_hdr_t *req, ri_status_t st, uint32_t meta_len, uint64_t data_len,
+                             uint8_t out[CM_WIRE_HDR_SIZE])
+{
+    cm_wire_hdr_t h = {0};
     h.magic = CM_WIRE_MAGIC;
     h.version = CM_WIRE_VERSION;
     h.op = req->op >= 1 && req->op <= CM_WIRE_OP_MAX ? req->op : CM_WIRE_OP_PING;
@@ -227,76 +223,95 @@ static void kvs_dp_reply(kvs_dp_t *dp, kvs_conn_t *c, const cm_wire_hdr_t *req, 
     h.status = st;
     h.session_id = req->session_id;
     h.request_id = req->request_id;
-    h.meta_len = st == RI_OK ? (uint32_t)meta_len : 0;
-    cm_wire_encode(&h, r->hdr);
-    r->meta = meta;
-    prm.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA;
-    prm.cb.send = kvs_dp_reply_done;
-    prm.user_data = r;
-    sp = ucp_am_send_nbx(c->ep, CM_DP_AM_REPLY, r->hdr, CM_WIRE_HDR_SIZE, meta, h.meta_len, &prm);
-    if (sp == NULL || UCS_PTR_IS_ERR(sp)) {
-        if (UCS_PTR_IS_ERR(sp))
-            cm_debug("dp: reply send failed: %s", ucs_status_string(UCS_PTR_STATUS(sp)));
-        cm_free(r->meta);
+    h.meta_len = meta_len;
+    h.data_len = data_len;
+    cm_wire_encode(&h, out);
+}
+
+/* Send a reply (takes ownership of meta). */
+static void kvs_dp_reply(kvs_conn_t *c, const cm_wire_hdr_t *req, ri_status_t st, uint8_t *meta, size_t meta_len)
+{
+    kvs_reply_t *r = cm_calloc(&kvs_dp_tag, 1, sizeof(*r));
+    if (r == NULL || c->failed) {
         cm_free(r);
+        cm_free(meta);
+        return;
     }
+    if (st != RI_OK)
+        meta_len = 0;
+    kvs_dp_reply_hdr(req, st, (uint32_t)meta_len, 0, r->hdr);
+    r->meta = meta;
+    kvs_dp_send(c, r, meta_len);
 }
 
 ri_status_t kvs_dp_reply_data(kvs_dp_t *dp, void *conn, const cm_wire_hdr_t *req, const uint8_t *meta,
                               size_t meta_len, const kvs_iov_t *iov, size_t n, uint64_t data_len)
 {
     kvs_conn_t *c = conn;
-    cm_wire_hdr_t h = {0};
-    uint8_t hdr[CM_WIRE_HDR_SIZE];
-    ucp_request_param_t prm = {0};
-    size_t total, off;
-    ri_status_t st;
+    kvs_dpw_t *w = c->lane;
+    kvs_reply_t *r;
+    size_t total = meta_len + data_len, off;
+    uint8_t *buf;
 
+    (void)dp;
     if (c->failed)
         return RI_ERR_CONN_RESET;
-    /* Gather meta || misses into one staging buffer and send it contiguous:
-     * UCX 1.13 moves a many-piece iov over TCP several times slower than one
-     * buffer (measured: ~0.15 vs ~1 GB/s), and the copy costs far less. */
-    total = meta_len + data_len;
-    if (total > dp->stage_len) {
+    r = cm_calloc(&kvs_dp_tag, 1, sizeof(*r));
+    if (r == NULL)
+        return RI_ERR_NOMEM;
+    /* Gather meta || misses into one buffer and send it contiguous: UCX 1.13
+     * moves a many-piece iov over TCP several times slower than one buffer
+     * (measured: ~0.15 vs ~1 GB/s), and the copy costs far less.  The lane's
+     * stage is reused while no earlier reply holds it; otherwise the reply
+     * gets a buffer of its own, so a slow reader never makes us wait. */
+    if (!w->stage_busy && total > w->stage_len) {
         uint8_t *nb = cm_malloc(&kvs_dp_tag, total);
-        if (nb == NULL)
-            return RI_ERR_NOMEM;
-        cm_free(dp->stage);
-        dp->stage = nb;
-        dp->stage_len = total;
+        if (nb != NULL) {
+            cm_free(w->stage);
+            w->stage = nb;
+            w->stage_len = total;
+        }
     }
-    memcpy(dp->stage, meta, meta_len);
+    if (!w->stage_busy && total <= w->stage_len) {
+        buf = w->stage;
+        w->stage_busy = true;
+        r->stage_of = w;
+    } else {
+        buf = cm_malloc(&kvs_dp_tag, total);
+        if (buf == NULL) {
+            cm_free(r);
+            return RI_ERR_NOMEM;
+        }
+    }
+    r->meta = buf;
+    memcpy(buf, meta, meta_len);
     off = meta_len;
     for (size_t i = 0; i < n; i++) {
-        memcpy(dp->stage + off, iov[i].buf, iov[i].len);
+        memcpy(buf + off, iov[i].buf, iov[i].len);
         off += iov[i].len;
     }
-    if (off != total)
+    if (off != total) {
+        kvs_dp_reply_free(r);
         return RI_ERR_INTERNAL;
-    h.magic = CM_WIRE_MAGIC;
-    h.version = CM_WIRE_VERSION;
-    h.op = req->op;
-    h.flags = CM_WIRE_F_REPLY;
-    h.session_id = req->session_id;
-    h.request_id = req->request_id;
-    h.meta_len = (uint32_t)meta_len;
-    h.data_len = data_len;
-    cm_wire_encode(&h, hdr);
-    st = kvs_dp_wait(dp, ucp_am_send_nbx(c->ep, CM_DP_AM_REPLY, hdr, sizeof(hdr), dp->stage, total, &prm), c);
-    return st;
+    }
+    kvs_dp_reply_hdr(req, RI_OK, (uint32_t)meta_len, data_len, r->hdr);
+    kvs_dp_send(c, r, total);
+    return RI_OK;
 }
 
-static void kvs_dreq_release(kvs_dp_t *dp, kvs_dreq_t *r)
+static void kvs_dreq_release(kvs_dpw_t *w, kvs_dreq_t *r)
 {
     if (r->ucx_owned)
-        ucp_am_data_release(dp->worker, r->desc);
+        ucp_am_data_release(w->worker, r->desc);
     else
         cm_free(r->desc);
+    cm_free(r->body);
     cm_free(r);
 }
 
-static void kvs_dp_ep_close(kvs_dp_t *dp, ucp_ep_h ep, bool graceful)
+/* ---- CONNECT / DISCONNECT ---- */
+
+static void kvs_dp_ep_close(kvs_dpw_t *w, ucp_ep_h ep, bool graceful)
 {
     ucp_request_param_t prm = {.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS,
                                .flags = graceful ? 0 : UCP_EP_CLOSE_FLAG_FORCE};
@@ -306,26 +321,30 @@ static void kvs_dp_ep_close(kvs_dp_t *dp, ucp_ep_h ep, bool graceful)
     req = ucp_ep_close_nbx(ep, &prm);
     if (req != NULL && !UCS_PTR_IS_ERR(req)) {
         while (ucp_request_check_status(req) == UCS_INPROGRESS && cm_time_ns() < deadline)
-            ucp_worker_progress(dp->worker);
+            ucp_worker_progress(w->worker);
+        if (ucp_request_check_status(req) == UCS_INPROGRESS)
+            ucp_request_cancel(w->worker, req);
         ucp_request_free(req);
     }
 }
 
-static uint32_t kvs_dp_session_conns(const kvs_dp_t *dp, uint64_t session_id)
+static uint32_t kvs_dp_session_conns(const kvs_dpw_t *w, uint64_t session_id)
 {
     uint32_t n = 0;
-    for (const kvs_conn_t *c = dp->conns; c != NULL; c = c->next)
+    for (const kvs_conn_t *c = w->conns; c != NULL; c = c->next)
         n += c->session_id == session_id && !c->failed;
     return n;
 }
 
-/* CONNECT (h decoded): check the secret, the caps and the worker's address,
- * then open our endpoint to it and answer over it.  Nothing is answered when
- * any check fails: answering means opening an endpoint to an address that has
- * not been vetted, for a caller that has not proved it holds the secret.  The
- * worker sees a timeout; the log and the error counters say why. */
-static ri_status_t kvs_dp_connect(kvs_dp_t *dp, kvs_dreq_t *r, const cm_wire_hdr_t *h)
+/* CONNECT (h decoded): check the secret, the lane, the caps and the worker's
+ * address, then open our endpoint to it and answer over it.  Nothing is
+ * answered when a check fails: answering means opening an endpoint to an
+ * address that has not been vetted, for a caller that may not hold the
+ * secret.  The worker sees a timeout; the log and the error counters say
+ * why. */
+static ri_status_t kvs_dp_connect(kvs_dpw_t *w, kvs_dreq_t *r, const cm_wire_hdr_t *h)
 {
+    kvs_dp_t *dp = w->dp;
     ucp_ep_params_t ep = {0};
     kvs_conn_t *c;
     ucs_status_t s;
@@ -339,11 +358,17 @@ static ri_status_t kvs_dp_connect(kvs_dp_t *dp, kvs_dreq_t *r, const cm_wire_hdr
         st = RI_ERR_UNAUTHENTICATED; /* a connection belongs to a session */
     if (st != RI_OK)
         return st;
-    if (dp->n_conns >= KVS_DP_MAX_CONNS || kvs_dp_session_conns(dp, h->session_id) >= KVS_DP_MAX_CONNS_PER_SESSION) {
+    if (h->session_id % dp->n_lanes != w->index) {
+        cm_warn("dp: session %llu connected to lane %u; it is served by lane %u (the address CreateSession gave)",
+                (unsigned long long)h->session_id, w->index, (unsigned)(h->session_id % dp->n_lanes));
+        return RI_ERR_PROTOCOL;
+    }
+    if (atomic_load(&dp->n_conns) >= KVS_DP_MAX_CONNS ||
+        kvs_dp_session_conns(w, h->session_id) >= KVS_DP_MAX_CONNS_PER_SESSION) {
         cm_warn("dp: session %llu: connection refused, %s holds the most connections allowed (%u per session, "
                 "%u in all)", (unsigned long long)h->session_id,
-                dp->n_conns >= KVS_DP_MAX_CONNS ? "the daemon" : "the session", KVS_DP_MAX_CONNS_PER_SESSION,
-                KVS_DP_MAX_CONNS);
+                atomic_load(&dp->n_conns) >= KVS_DP_MAX_CONNS ? "the daemon" : "the session",
+                KVS_DP_MAX_CONNS_PER_SESSION, KVS_DP_MAX_CONNS);
         return RI_ERR_QUOTA;
     }
     st = kvs_dp_check_address(r->desc, h->meta_len, dp->net_dev);
@@ -352,7 +377,7 @@ static ri_status_t kvs_dp_connect(kvs_dp_t *dp, kvs_dreq_t *r, const cm_wire_hdr
     c = cm_calloc(&kvs_dp_tag, 1, sizeof(*c));
     if (c == NULL)
         return RI_ERR_NOMEM;
-    c->dp = dp;
+    c->lane = w;
     c->peer_key = r->peer_key;
     c->session_id = h->session_id;
     ep.field_mask = UCP_EP_PARAM_FIELD_REMOTE_ADDRESS | UCP_EP_PARAM_FIELD_ERR_HANDLER |
@@ -361,48 +386,52 @@ static ri_status_t kvs_dp_connect(kvs_dp_t *dp, kvs_dreq_t *r, const cm_wire_hdr
     ep.err_mode = UCP_ERR_HANDLING_MODE_PEER;
     ep.err_handler.cb = kvs_dp_ep_error;
     ep.err_handler.arg = c;
-    s = ucp_ep_create(dp->worker, &ep, &c->ep);
+    s = ucp_ep_create(w->worker, &ep, &c->ep);
     if (s != UCS_OK) {
         cm_warn("dp: cannot open an endpoint to a worker: %s", ucs_status_string(s));
         cm_free(c);
         return kvs_dp_status(s);
     }
-    c->next = dp->conns;
-    dp->conns = c;
-    dp->n_conns++;
+    c->next = w->conns;
+    w->conns = c;
+    w->n_conns++;
+    atomic_fetch_add(&dp->n_conns, 1);
     pthread_mutex_lock(&dp->data->lock);
     dp->data->ops[CM_WIRE_OP_CONNECT]++;
     pthread_mutex_unlock(&dp->data->lock);
-    cm_debug("dp: session %llu connected (%u connections)", (unsigned long long)h->session_id, dp->n_conns);
-    kvs_dp_reply(dp, c, h, RI_OK, NULL, 0);
+    cm_debug("dp: session %llu connected on lane %u (%u connections there)", (unsigned long long)h->session_id,
+             w->index, w->n_conns);
+    kvs_dp_reply(c, h, RI_OK, NULL, 0);
     return RI_OK;
 }
 
-/* DISCONNECT on r->conn: answer, then the connection closes at the next gc
- * turn (its caches are released there, as for a failed one). */
-static void kvs_dp_disconnect(kvs_dp_t *dp, kvs_dreq_t *r, const cm_wire_hdr_t *h)
+/* DISCONNECT on c: answer, then the connection closes at the next gc turn
+ * (its caches are released there, as for a failed one). */
+static void kvs_dp_disconnect(kvs_dpw_t *w, kvs_conn_t *c, const cm_wire_hdr_t *h)
 {
-    ri_status_t st = h->meta_len == 0 && h->data_len == 0 ? kvs_ops_precheck(dp->data, h) : RI_ERR_PROTOCOL;
-    if (st == RI_OK && h->session_id != r->conn->session_id)
+    ri_status_t st = h->meta_len == 0 && h->data_len == 0 ? kvs_ops_precheck(w->dp->data, h) : RI_ERR_PROTOCOL;
+    if (st == RI_OK && h->session_id != c->session_id)
         st = RI_ERR_UNAUTHENTICATED;
-    pthread_mutex_lock(&dp->data->lock);
-    dp->data->ops[CM_WIRE_OP_DISCONNECT]++;
+    pthread_mutex_lock(&w->dp->data->lock);
+    w->dp->data->ops[CM_WIRE_OP_DISCONNECT]++;
     if (st != RI_OK)
-        kvs_count_error_locked(dp->data, st);
-    pthread_mutex_unlock(&dp->data->lock);
-    kvs_dp_reply(dp, r->conn, h, st, NULL, 0);
+        kvs_count_error_locked(w->dp->data, st);
+    pthread_mutex_unlock(&w->dp->data->lock);
+    kvs_dp_reply(c, h, st, NULL, 0);
     if (st == RI_OK) {
-        r->conn->failed = true;
-        r->conn->graceful = true;
+        c->failed = true;
+        c->graceful = true;
     }
-    kvs_dreq_release(dp, r);
 }
+
+/* ---- serving ---- */
 
 /* Decode r's header; RI_OK or the error to answer (h->request_id is set
  * whenever the bytes hold one). */
-static ri_status_t kvs_dp_decode(kvs_dp_t *dp, kvs_dreq_t *r, cm_wire_hdr_t *h)
+static ri_status_t kvs_dp_decode(kvs_dpw_t *w, kvs_dreq_t *r, cm_wire_hdr_t *h)
 {
-    cm_wire_limits_t lim = {.max_meta_len = (uint32_t)CM_MIN(dp->max_body, UINT32_MAX), .max_data_len = dp->max_body};
+    uint64_t max = w->dp->max_body;
+    cm_wire_limits_t lim = {.max_meta_len = (uint32_t)CM_MIN(max, UINT32_MAX), .max_data_len = max};
     ri_status_t st;
 
     st = r->hdr_len == CM_WIRE_HDR_SIZE ? cm_wire_decode(r->hdr, r->hdr_len, 0, &lim, h)
@@ -411,142 +440,208 @@ static ri_status_t kvs_dp_decode(kvs_dp_t *dp, kvs_dreq_t *r, cm_wire_hdr_t *h)
         h->request_id = cm_dp_get64(r->hdr + 40);
     if (st == RI_OK && (h->flags & CM_WIRE_F_REPLY))
         st = RI_ERR_PROTOCOL;
-    if (st == RI_OK && (r->len == SIZE_MAX || (uint64_t)h->meta_len + h->data_len > dp->max_body))
+    if (st == RI_OK && (r->len == SIZE_MAX || (uint64_t)h->meta_len + h->data_len > max))
         st = RI_ERR_TOO_LARGE;
     if (st == RI_OK && (uint64_t)h->meta_len + h->data_len != r->len)
         st = (uint64_t)h->meta_len + h->data_len > r->len ? RI_ERR_TRUNCATED : RI_ERR_PROTOCOL;
     return st;
 }
 
-static void kvs_dp_count_error(kvs_dp_t *dp, ri_status_t st)
+/* Serve r (header decoded into r->h with status st, body complete) on its
+ * connection, reply, and free r. */
+static void kvs_dp_finish(kvs_dpw_t *w, kvs_dreq_t *r, ri_status_t st, const uint8_t *body)
 {
-    pthread_mutex_lock(&dp->data->lock);
-    kvs_count_error_locked(dp->data, st);
-    pthread_mutex_unlock(&dp->data->lock);
-}
-
-static void kvs_dp_serve_one(kvs_dp_t *dp, kvs_dreq_t *r)
-{
-    kvs_data_t *data = dp->data;
-    cm_wire_hdr_t h = {0};
-    uint8_t *body = NULL, *reply = NULL;
+    kvs_conn_t *c = kvs_dp_conn_of(w, r->peer_key);
+    uint8_t *reply = NULL;
     size_t reply_len = 0;
     bool replied = false;
-    ri_status_t st;
 
-    st = kvs_dp_decode(dp, r, &h);
-    if (st == RI_OK && h.op == CM_WIRE_OP_CONNECT) {
-        st = kvs_dp_connect(dp, r, &h);
-        if (st != RI_OK) {
-            kvs_conn_t *c = kvs_dp_conn_of(dp, r->peer_key);
-            kvs_dp_count_error(dp, st);
-            cm_debug("dp: CONNECT refused: %s", ri_status_str(st));
-            /* A connection that already has an accepted CONNECT hears why;
-             * a stranger hears nothing (see kvs_dp_connect). */
-            if (c != NULL)
-                kvs_dp_reply(dp, c, &h, st, NULL, 0);
-        }
-        kvs_dreq_release(dp, r);
+    if (c == NULL) {
+        /* Not connected, or its connection went while the body came in. */
+        kvs_dp_count_error(w, RI_ERR_PROTOCOL);
+        kvs_dreq_release(w, r);
         return;
-    }
-    r->conn = kvs_dp_conn_of(dp, r->peer_key);
-    if (r->conn == NULL) {
-        /* Not connected (or its connection failed): nobody to answer. */
-        kvs_dp_count_error(dp, RI_ERR_PROTOCOL);
-        kvs_dreq_release(dp, r);
-        return;
-    }
-    if (st == RI_OK && h.op == CM_WIRE_OP_DISCONNECT) {
-        kvs_dp_disconnect(dp, r, &h);
-        return;
-    }
-    /* Authenticate from the header alone before a rendezvous body is pulled
-     * in: a wrong secret costs the daemon no allocation and no transfer (the
-     * descriptor is released, which declines the data). */
-    if (st == RI_OK && r->rndv)
-        st = kvs_ops_precheck(data, &h);
-    if (st == RI_OK && r->rndv) {
-        ucp_request_param_t prm = {0};
-        void *req;
-        body = cm_malloc(&kvs_dp_tag, r->len);
-        if (body == NULL) {
-            st = RI_ERR_NOMEM;
-        } else {
-            req = ucp_am_recv_data_nbx(dp->worker, r->desc, body, r->len, &prm);
-            r->ucx_owned = false; /* UCX owns the descriptor now */
-            r->desc = NULL;
-            st = kvs_dp_wait(dp, req, r->conn);
-        }
-    } else if (st == RI_OK) {
-        body = r->desc;
     }
     if (st == RI_OK)
-        st = kvs_ops_serve(data, r->conn, &h, body, &reply, &reply_len, &replied);
+        st = kvs_ops_serve(w->dp->data, c, &r->h, body, &reply, &reply_len, &replied);
     if (st != RI_OK) {
-        kvs_dp_count_error(dp, st);
-        cm_debug("dp: %s request %llu: %s", cm_wire_op_name(h.op), (unsigned long long)h.request_id,
+        kvs_dp_count_error(w, st);
+        cm_debug("dp: %s request %llu: %s", cm_wire_op_name(r->h.op), (unsigned long long)r->h.request_id,
                  ri_status_str(st));
         cm_free(reply);
         reply = NULL;
         reply_len = 0;
     }
     if (!replied)
-        kvs_dp_reply(dp, r->conn, &h, st, reply, reply_len);
+        kvs_dp_reply(c, &r->h, st, reply, reply_len);
     else
         cm_free(reply);
-    if (r->rndv)
-        cm_free(body);
-    kvs_dreq_release(dp, r);
+    kvs_dreq_release(w, r);
 }
 
-static void kvs_dp_close_conn(kvs_dp_t *dp, kvs_conn_t *c)
+static void kvs_dp_body_done(void *request, ucs_status_t status, size_t length, void *user_data)
+{
+    kvs_dreq_t *r = user_data;
+    (void)length;
+    r->recv_status = status;
+    r->recv_req = NULL;
+    ucp_request_free(request);
+    /* The lane moves it to the ready queue (kvs_dp_collect): callbacks run
+     * inside ucp_worker_progress, where we keep to bookkeeping. */
+}
+
+/* Start receiving r's rendezvous body in the background. */
+static ri_status_t kvs_dp_receive(kvs_dpw_t *w, kvs_dreq_t *r)
+{
+    ucp_request_param_t prm = {0};
+    void *req;
+
+    r->body = cm_malloc(&kvs_dp_tag, r->len);
+    if (r->body == NULL)
+        return RI_ERR_NOMEM;
+    prm.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA;
+    prm.cb.recv_am = kvs_dp_body_done;
+    prm.user_data = r;
+    r->recv_status = UCS_OK;
+    req = ucp_am_recv_data_nbx(w->worker, r->desc, r->body, r->len, &prm);
+    r->ucx_owned = false; /* UCX owns the descriptor now */
+    r->desc = NULL;
+    if (UCS_PTR_IS_ERR(req))
+        return kvs_dp_status(UCS_PTR_STATUS(req));
+    if (req == NULL) {
+        kvs_dq_push(&w->ready, r); /* completed in place */
+        return RI_OK;
+    }
+    r->recv_req = req;
+    r->deadline_ns = cm_time_ns() + (uint64_t)w->dp->data->cfg.drain_timeout_ms * 1000000u;
+    kvs_dq_push(&w->receiving, r);
+    return RI_OK;
+}
+
+/* Move finished receives to the ready queue; cancel those past their
+ * deadline (their callback then reports the cancel). */
+static void kvs_dp_collect(kvs_dpw_t *w)
+{
+    uint64_t now = 0;
+    for (kvs_dreq_t *r = w->receiving.head, *next; r != NULL; r = next) {
+        next = r->next;
+        if (r->recv_req == NULL) {
+            kvs_dq_remove(&w->receiving, r);
+            kvs_dq_push(&w->ready, r);
+        } else if ((now ? now : (now = cm_time_ns())) > r->deadline_ns) {
+            ucp_request_cancel(w->worker, r->recv_req);
+        }
+    }
+}
+
+static void kvs_dp_serve_ready(kvs_dpw_t *w, kvs_dreq_t *r)
+{
+    kvs_dp_finish(w, r, r->recv_status == UCS_OK ? RI_OK : kvs_dp_status(r->recv_status), r->body);
+}
+
+static void kvs_dp_serve_new(kvs_dpw_t *w, kvs_dreq_t *r)
+{
+    kvs_conn_t *c;
+    ri_status_t st = kvs_dp_decode(w, r, &r->h);
+
+    if (st == RI_OK && r->h.op == CM_WIRE_OP_CONNECT) {
+        st = kvs_dp_connect(w, r, &r->h);
+        if (st != RI_OK) {
+            kvs_dp_count_error(w, st);
+            cm_debug("dp: CONNECT refused: %s", ri_status_str(st));
+            /* A connection that already has an accepted CONNECT hears why;
+             * a stranger hears nothing (see kvs_dp_connect). */
+            c = kvs_dp_conn_of(w, r->peer_key);
+            if (c != NULL)
+                kvs_dp_reply(c, &r->h, st, NULL, 0);
+        }
+        kvs_dreq_release(w, r);
+        return;
+    }
+    c = kvs_dp_conn_of(w, r->peer_key);
+    if (c != NULL && st == RI_OK && r->h.op == CM_WIRE_OP_DISCONNECT) {
+        kvs_dp_disconnect(w, c, &r->h);
+        kvs_dreq_release(w, r);
+        return;
+    }
+    /* Authenticate from the header alone before a rendezvous body is pulled
+     * in: a wrong secret costs the daemon no allocation and no transfer (the
+     * descriptor is released, which declines the data). */
+    if (c != NULL && st == RI_OK && r->rndv)
+        st = kvs_ops_precheck(w->dp->data, &r->h);
+    if (c != NULL && st == RI_OK && r->rndv) {
+        st = kvs_dp_receive(w, r);
+        if (st == RI_OK)
+            return; /* served when the body is in */
+    }
+    kvs_dp_finish(w, r, st, r->rndv ? NULL : r->desc);
+}
+
+static void kvs_dp_close_conn(kvs_dpw_t *w, kvs_conn_t *c)
 {
     /* Caches (and their rkeys) go before the ep they were unpacked on. */
-    kvs_ops_conn_closed(dp->data, c);
-    kvs_dp_ep_close(dp, c->ep, c->graceful);
-    dp->n_conns--;
+    kvs_ops_conn_closed(w->dp->data, c);
+    kvs_dp_ep_close(w, c->ep, c->graceful);
+    w->n_conns--;
+    atomic_fetch_sub(&w->dp->n_conns, 1);
     cm_free(c);
 }
 
-static void kvs_dp_gc(kvs_dp_t *dp)
+static void kvs_dp_gc(kvs_dpw_t *w)
 {
-    pthread_mutex_lock(&dp->gc_lock);
-    for (size_t i = 0; i < dp->n_gc; i++)
-        ucp_rkey_destroy(dp->gc_rkeys[i]);
-    dp->n_gc = 0;
-    pthread_mutex_unlock(&dp->gc_lock);
-    for (kvs_conn_t **pc = &dp->conns; *pc != NULL;) {
+    pthread_mutex_lock(&w->gc_lock);
+    for (size_t i = 0; i < w->n_gc; i++)
+        ucp_rkey_destroy(w->gc_rkeys[i]);
+    w->n_gc = 0;
+    pthread_mutex_unlock(&w->gc_lock);
+    for (kvs_conn_t **pc = &w->conns; *pc != NULL;) {
         kvs_conn_t *c = *pc;
         if (c->failed) {
             /* Requests still queued from it find no connection when served
              * (kvs_dp_conn_of skips failed ones) and are answered nowhere. */
             *pc = c->next;
-            kvs_dp_close_conn(dp, c);
+            kvs_dp_close_conn(w, c);
         } else {
             pc = &c->next;
         }
     }
 }
 
-static void *kvs_dp_main(void *arg)
+/* Sleep on the event fd until traffic (or a signal from kvs_dp_stop); 100 ms
+ * bound for the gc list and the receive deadlines. */
+static void kvs_dp_idle(kvs_dpw_t *w)
 {
-    kvs_dp_t *dp = arg;
+    if (w->efd < 0) {
+        cm_time_sleep_ns(100000);
+        return;
+    }
+    if (ucp_worker_arm(w->worker) == UCS_OK) {
+        struct pollfd pfd = {.fd = w->efd, .events = POLLIN};
+        (void)poll(&pfd, 1, 100);
+    }
+}
+
+void *kvs_dp_lane_main(void *arg)
+{
+    kvs_dpw_t *w = arg;
+    kvs_dp_t *dp = w->dp;
     uint64_t idle = 0, stop_deadline = 0, last_busy = cm_time_ns();
 
     for (;;) {
-        unsigned n = ucp_worker_progress(dp->worker);
-        kvs_dreq_t *r = dp->q_head;
+        unsigned n = ucp_worker_progress(w->worker);
+        kvs_dreq_t *r;
+        kvs_dp_collect(w);
+        if ((r = kvs_dq_pop(&w->ready)) != NULL)
+            kvs_dp_serve_ready(w, r);
+        else if ((r = kvs_dq_pop(&w->queue)) != NULL)
+            kvs_dp_serve_new(w, r);
         if (r != NULL) {
-            dp->q_head = r->next;
-            if (dp->q_head == NULL)
-                dp->q_tail = NULL;
-            kvs_dp_serve_one(dp, r);
             idle = 0;
             last_busy = cm_time_ns();
             continue;
         }
-        kvs_dp_gc(dp);
-        if (n != 0)
+        kvs_dp_gc(w);
+        if (n != 0 || w->receiving.head != NULL)
             last_busy = cm_time_ns();
         if (atomic_load(&dp->stop)) {
             /* Drain: keep serving what arrives for a short while, bounded. */
@@ -557,269 +652,69 @@ static void *kvs_dp_main(void *arg)
         }
         if (n != 0) {
             idle = 0;
-        } else if (++idle > KVS_DP_SPIN && cm_time_ns() - last_busy > KVS_DP_SPIN_NS && dp->efd >= 0 &&
-                   !atomic_load(&dp->stop)) {
-            /* Idle: sleep on the worker's event fd until traffic (or a
-             * signal from kvs_dp_stop); 100 ms bound for the gc list. */
-            if (ucp_worker_arm(dp->worker) == UCS_OK) {
-                struct pollfd pfd = {.fd = dp->efd, .events = POLLIN};
-                (void)poll(&pfd, 1, 100);
-            }
+        } else if (++idle > KVS_DP_SPIN && cm_time_ns() - last_busy > KVS_DP_SPIN_NS && !atomic_load(&dp->stop)) {
+            kvs_dp_idle(w);
             idle = 0;
-        } else if (idle > KVS_DP_SPIN && dp->efd < 0) {
-            cm_time_sleep_ns(100000);
         }
     }
     return NULL;
 }
 
-/* UCX 1.13 leaves its shared-memory transports out of endpoints that ask
- * for peer-failure handling unless their ERROR_HANDLING is on; we want both
- * (shared-memory speed, and errors instead of hangs when the peer dies).
- * ucp_config_modify does not reach transport settings in 1.13, so this sets
- * the environment, once per process, before UCX reads it; a value the user
- * set wins.  (setenv is not safe against concurrent getenv: the daemon calls
- * kvs_data_create before it starts serving threads.) */
-static void kvs_dp_env_once(void)
+void kvs_dp_lane_drain(kvs_dpw_t *w)
 {
-    setenv("UCX_POSIX_ERROR_HANDLING", "y", 0);
-    setenv("UCX_SYSV_ERROR_HANDLING", "y", 0);
-}
+    kvs_dreq_t *r;
+    uint64_t deadline = cm_time_ns() + 1000000000ull;
 
-/* Same address?  (IPv4 or IPv6, port ignored.) */
-static bool kvs_dp_same_ip(const struct sockaddr *a, const struct sockaddr_storage *b)
-{
-    if (a == NULL || a->sa_family != b->ss_family)
-        return false;
-    if (a->sa_family == AF_INET)
-        return ((const struct sockaddr_in *)a)->sin_addr.s_addr == ((const struct sockaddr_in *)b)->sin_addr.s_addr;
-    if (a->sa_family == AF_INET6)
-        return memcmp(&((const struct sockaddr_in6 *)a)->sin6_addr, &((const struct sockaddr_in6 *)b)->sin6_addr,
-                      sizeof(struct in6_addr)) == 0;
-    return false;
-}
-
-/* Keep UCX's own network interfaces (its TCP transport listens on every
- * device it uses) on the interface of the configured data-plane address:
- * listening on 127.0.0.1 must not open a port on the external interface.  A
- * wildcard address, or UCX_NET_DEVICES set by the user, leaves UCX's choice. */
-static void kvs_dp_config_devices(kvs_dp_t *dp, ucp_config_t *config, const struct sockaddr_storage *ss,
-                                  const char *host)
-{
-    struct ifaddrs *ifs = NULL;
-    char dev[IF_NAMESIZE + 1] = "";
-    if (getenv("UCX_NET_DEVICES") != NULL || cm_net_host_is_wildcard(host) || getifaddrs(&ifs) != 0)
-        return;
-    for (struct ifaddrs *i = ifs; i != NULL && dev[0] == '\0'; i = i->ifa_next)
-        if (kvs_dp_same_ip(i->ifa_addr, ss))
-            snprintf(dev, sizeof(dev), "%s", i->ifa_name);
-    freeifaddrs(ifs);
-    if (dev[0] == '\0') {
-        cm_warn("dp: no interface has address %s; UCX picks its network devices", host);
-        return;
+    /* Receives in flight own a request: cancel them and let their callbacks
+     * run (bounded) before anything is freed. */
+    for (r = w->receiving.head; r != NULL; r = r->next)
+        if (r->recv_req != NULL)
+            ucp_request_cancel(w->worker, r->recv_req);
+    while (w->receiving.head != NULL && cm_time_ns() < deadline) {
+        ucp_worker_progress(w->worker);
+        kvs_dp_collect(w);
     }
-    if (ucp_config_modify(config, "NET_DEVICES", dev) != UCS_OK) {
-        cm_warn("dp: could not restrict UCX to interface %s", dev);
-    } else {
-        cm_info("dp: UCX network devices restricted to %s (the interface of %s)", dev, host);
-        snprintf(dp->net_dev, sizeof(dp->net_dev), "%s", dev);
+    while ((r = kvs_dq_pop(&w->ready)) != NULL || (r = kvs_dq_pop(&w->queue)) != NULL)
+        kvs_dreq_release(w, r);
+    kvs_dp_gc(w);
+    while (w->conns != NULL) {
+        kvs_conn_t *c = w->conns;
+        w->conns = c->next;
+        kvs_dp_close_conn(w, c);
     }
+    /* a reply still holding the stage is dropped with the worker */
+    w->stage_busy = false;
 }
 
-/* The port of dp_listen_addr, when it names one, is where UCX's TCP
- * transport listens (a firewall can then name it); 0 leaves it to UCX.  A
- * transport setting: only the environment reaches it in UCX 1.13, and a value
- * the user set wins. */
-static void kvs_dp_config_port(unsigned port)
+/* ---- what kvs_ops calls ---- */
+
+void kvs_dp_rkey_destroy(kvs_dp_t *dp, void *conn, void *rkey)
 {
-    char range[32];
-    if (port == 0 || getenv("UCX_TCP_PORT_RANGE") != NULL)
-        return;
-    snprintf(range, sizeof(range), "%u-%u", port, port);
-    setenv("UCX_TCP_PORT_RANGE", range, 0);
-}
+    kvs_conn_t *c = conn;
+    kvs_dpw_t *w;
 
-/* Our address in text form (dp->address). */
-static ri_status_t kvs_dp_publish_address(kvs_dp_t *dp)
-{
-    ucp_address_t *a = NULL;
-    size_t len = 0;
-    ri_status_t st;
-    ucs_status_t s = ucp_worker_get_address(dp->worker, &a, &len);
-    if (s != UCS_OK)
-        return kvs_dp_status(s);
-    st = cm_dp_addr_format(a, len, dp->address, sizeof(dp->address));
-    if (st != RI_OK)
-        cm_error("dp: the UCX worker address takes %zu bytes, more than the %u a worker accepts", len,
-                 CM_DP_MAX_WORKER_ADDR);
-    ucp_worker_release_address(dp->worker, a);
-    return st;
-}
-
-ri_status_t kvs_dp_start(kvs_data_t *data, kvs_dp_t **dp_p)
-{
-    kvs_dp_t *dp;
-    ucp_config_t *config = NULL;
-    ucp_params_t params = {0};
-    ucp_worker_params_t wp = {0};
-    ucp_am_handler_param_t ah = {0};
-    ucp_mem_map_params_t mp = {0};
-    struct sockaddr_storage ss;
-    socklen_t sl;
-    char host[128];
-    unsigned port = 0;
-    ucs_status_t s;
-    ri_status_t st;
-
-    dp = cm_calloc(&kvs_dp_tag, 1, sizeof(*dp));
-    if (dp == NULL)
-        return RI_ERR_NOMEM;
-    dp->data = data;
-    dp->max_body = data->cfg.max_msg_bytes;
-    pthread_mutex_init(&dp->gc_lock, NULL);
-    atomic_init(&dp->stop, false);
-    st = cm_net_resolve(data->cfg.dp_listen_addr, true, &ss, &sl, host, sizeof(host));
-    if (st != RI_OK) {
-        st = RI_ERR_INVALID;
-        cm_error("dp: bad listen address '%s'", data->cfg.dp_listen_addr);
-        goto err_free;
-    }
-    if (!cm_net_split(data->cfg.dp_listen_addr, host, sizeof(host), &port))
-        port = 0;
-    pthread_once(&kvs_dp_env_done, kvs_dp_env_once);
-    kvs_dp_config_port(port);
-    s = ucp_config_read(NULL, NULL, &config);
-    if (s != UCS_OK)
-        goto err_ucx;
-    kvs_dp_config_devices(dp, config, &ss, host);
-    params.field_mask = UCP_PARAM_FIELD_FEATURES | UCP_PARAM_FIELD_NAME;
-    params.features = UCP_FEATURE_AM | UCP_FEATURE_RMA | UCP_FEATURE_WAKEUP;
-    params.name = "ri-kvstore";
-    s = ucp_init(&params, config, &dp->ctx);
-    ucp_config_release(config);
-    if (s != UCS_OK)
-        goto err_ucx;
-    wp.field_mask = UCP_WORKER_PARAM_FIELD_THREAD_MODE;
-    wp.thread_mode = UCS_THREAD_MODE_SINGLE;
-    s = ucp_worker_create(dp->ctx, &wp, &dp->worker);
-    if (s != UCS_OK)
-        goto err_cleanup_ctx;
-    if (ucp_worker_get_efd(dp->worker, &dp->efd) != UCS_OK) {
-        cm_warn("dp: no UCX event fd; idle loop sleeps in 100 us steps");
-        dp->efd = -1;
-    }
-    ah.field_mask = UCP_AM_HANDLER_PARAM_FIELD_ID | UCP_AM_HANDLER_PARAM_FIELD_CB | UCP_AM_HANDLER_PARAM_FIELD_ARG |
-                    UCP_AM_HANDLER_PARAM_FIELD_FLAGS;
-    ah.id = CM_DP_AM_REQUEST;
-    ah.cb = kvs_dp_am_cb;
-    ah.arg = dp;
-    ah.flags = UCP_AM_FLAG_PERSISTENT_DATA;
-    s = ucp_worker_set_am_recv_handler(dp->worker, &ah);
-    if (s != UCS_OK)
-        goto err_destroy_worker;
-    /* Register the pool once; puts from it then need no per-op registration. */
-    mp.field_mask = UCP_MEM_MAP_PARAM_FIELD_ADDRESS | UCP_MEM_MAP_PARAM_FIELD_LENGTH;
-    mp.address = kvs_pool_base(data->pool);
-    mp.length = kvs_pool_size(data->pool);
-    s = ucp_mem_map(dp->ctx, &mp, &dp->pool_memh);
-    if (s != UCS_OK)
-        goto err_destroy_worker;
-    st = kvs_dp_publish_address(dp);
-    if (st != RI_OK)
-        goto err_unmap_st;
-    if (pthread_create(&dp->thread, NULL, kvs_dp_main, dp) != 0) {
-        st = RI_ERR_NOMEM;
-        goto err_unmap_st;
-    }
-    dp->thread_started = true;
-    cm_info("dp: serving (no listener; workers connect to the address CreateSession gives, %zu characters)",
-            strlen(dp->address));
-    *dp_p = dp;
-    return RI_OK;
-
-err_unmap_st:
-    ucp_mem_unmap(dp->ctx, dp->pool_memh);
-    ucp_worker_destroy(dp->worker);
-    ucp_cleanup(dp->ctx);
-    goto err_free;
-err_destroy_worker:
-    ucp_worker_destroy(dp->worker);
-err_cleanup_ctx:
-    ucp_cleanup(dp->ctx);
-err_ucx:
-    cm_error("dp: UCX start failed on %s: %s", data->cfg.dp_listen_addr, ucs_status_string(s));
-    st = s == UCS_ERR_BUSY ? RI_ERR_BUSY : RI_ERR_TRANSPORT;
-err_free:
-    pthread_mutex_destroy(&dp->gc_lock);
-    cm_free(dp);
-    return st;
-}
-
-void kvs_dp_stop(kvs_dp_t *dp)
-{
-    if (dp == NULL || !dp->thread_started)
-        return;
-    atomic_store(&dp->stop, true);
-    ucp_worker_signal(dp->worker); /* wake it from poll */
-    pthread_join(dp->thread, NULL);
-    dp->thread_started = false;
-    /* The thread is gone: requests still queued are dropped unanswered. */
-    while (dp->q_head != NULL) {
-        kvs_dreq_t *r = dp->q_head;
-        dp->q_head = r->next;
-        kvs_dreq_release(dp, r);
-    }
-    dp->q_tail = NULL;
-}
-
-void kvs_dp_free(kvs_dp_t *dp)
-{
-    if (dp == NULL)
-        return;
-    kvs_dp_stop(dp);
-    kvs_dp_gc(dp);
-    while (dp->conns != NULL) {
-        kvs_conn_t *c = dp->conns;
-        dp->conns = c->next;
-        kvs_dp_close_conn(dp, c);
-    }
-    ucp_mem_unmap(dp->ctx, dp->pool_memh);
-    ucp_worker_destroy(dp->worker);
-    ucp_cleanup(dp->ctx);
-    cm_free(dp->gc_rkeys);
-    cm_free(dp->stage);
-    pthread_mutex_destroy(&dp->gc_lock);
-    cm_free(dp);
-}
-
-const char *kvs_dp_address(const kvs_dp_t *dp)
-{
-    return dp->address;
-}
-
-void kvs_dp_rkey_destroy(kvs_dp_t *dp, void *rkey)
-{
     if (rkey == NULL)
         return;
-    if (dp == NULL || !dp->thread_started || pthread_equal(dp->thread, pthread_self())) {
+    w = c != NULL ? c->lane : NULL;
+    if (dp == NULL || w == NULL || !w->thread_started || pthread_equal(w->thread, pthread_self())) {
         ucp_rkey_destroy(rkey);
         return;
     }
-    /* Another thread (a gRPC DropSession): the data-plane thread destroys it. */
-    pthread_mutex_lock(&dp->gc_lock);
-    if (dp->n_gc == dp->cap_gc) {
-        size_t cap = dp->cap_gc ? dp->cap_gc * 2 : 16;
-        ucp_rkey_h *n = cm_realloc(&kvs_dp_tag, dp->gc_rkeys, cap * sizeof(*n));
+    /* Another thread (a gRPC DropSession): the lane's thread destroys it. */
+    pthread_mutex_lock(&w->gc_lock);
+    if (w->n_gc == w->cap_gc) {
+        size_t cap = w->cap_gc ? w->cap_gc * 2 : 16;
+        ucp_rkey_h *n = cm_realloc(&kvs_dp_tag, w->gc_rkeys, cap * sizeof(*n));
         if (n == NULL) {
-            pthread_mutex_unlock(&dp->gc_lock);
+            pthread_mutex_unlock(&w->gc_lock);
             cm_error("dp: out of memory; leaking one rkey");
             return;
         }
-        dp->gc_rkeys = n;
-        dp->cap_gc = cap;
+        w->gc_rkeys = n;
+        w->cap_gc = cap;
     }
-    dp->gc_rkeys[dp->n_gc++] = rkey;
-    pthread_mutex_unlock(&dp->gc_lock);
+    w->gc_rkeys[w->n_gc++] = rkey;
+    pthread_mutex_unlock(&w->gc_lock);
 }
 
 ri_status_t kvs_dp_rkey_unpack(kvs_dp_t *dp, void *conn, const void *buf, size_t len, void **rkey_p)
@@ -869,8 +764,9 @@ ri_status_t kvs_dp_flush(kvs_dp_t *dp, void *conn)
     kvs_conn_t *c = conn;
     ucp_request_param_t prm = {0};
 
+    (void)dp;
     if (c->puts == 0)
         return c->failed ? RI_ERR_CONN_RESET : RI_OK;
     c->puts = 0;
-    return kvs_dp_wait(dp, ucp_ep_flush_nbx(c->ep, &prm), c);
+    return kvs_dp_wait(c->lane, ucp_ep_flush_nbx(c->ep, &prm), c);
 }

@@ -210,7 +210,8 @@ ri_status_t kvs_dp_rkey_unpack(kvs_dp_t *dp, void *conn, const void *buf, size_t
 /* Start a put of len bytes at src (inside the pool) to raddr on conn. */
 ri_status_t kvs_dp_put(kvs_dp_t *dp, void *conn, void *rkey, const void *src, size_t len, uint64_t raddr);
 
-/* Wait until every put started on conn completed (or failed). */
+/* Wait until every put started on conn completed (or failed): the one wait
+ * on the peer left (over shared memory it needs nothing of the peer's CPU). */
 ri_status_t kvs_dp_flush(kvs_dp_t *dp, void *conn);
 
 /* One piece of a reply's data block. */
@@ -220,16 +221,20 @@ typedef struct kvs_iov {
 } kvs_iov_t;
 
 /* Send an OK reply to req whose meta is meta (meta_len) and whose data block
- * is the n pieces of iov (data_len bytes), and wait until UCX is done with
- * the buffers.  Borrowed buffers stay the caller's. */
+ * is the n pieces of iov (data_len bytes).  The bytes are copied first, so
+ * the borrowed buffers are the caller's again on return and nothing waits
+ * for the peer. */
 ri_status_t kvs_dp_reply_data(kvs_dp_t *dp, void *conn, const cm_wire_hdr_t *req, const uint8_t *meta,
                               size_t meta_len, const kvs_iov_t *iov, size_t n, uint64_t data_len);
 
 ri_status_t kvs_dp_start(kvs_data_t *data, kvs_dp_t **dp_p);
 /* Stop the thread, finishing in-flight ops within the drain bound. */
 void kvs_dp_stop(kvs_dp_t *dp);
-const char *kvs_dp_address(const kvs_dp_t *dp);
-void kvs_dp_rkey_destroy(kvs_dp_t *dp, void *rkey);
+/* The data-plane address of the lane that serves session_id ("ucx:HEX"). */
+const char *kvs_dp_address(const kvs_dp_t *dp, uint64_t session_id);
+uint32_t kvs_dp_lanes(const kvs_dp_t *dp);
+/* Destroy an rkey unpacked on conn; from another thread, its lane does it. */
+void kvs_dp_rkey_destroy(kvs_dp_t *dp, void *conn, void *rkey);
 void kvs_dp_free(kvs_dp_t *dp);
 
 /* --- spill tier (kvs_tier.c); every _locked function takes data->lock held --- */

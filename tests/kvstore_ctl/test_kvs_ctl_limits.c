@@ -182,7 +182,7 @@ static void test_wrong_secret_body_not_taken(void **state)
     start_daemon(&d, NULL, NULL);
     assert_int_equal(gw_ctl_create(d.grpc, NULL, &c), RI_OK);
     assert_int_equal(gw_ctl_create_session(c, 5000, &geo, 64, "victim", &s, &err), RI_OK);
-    assert_int_equal(gw_dp_connect(d.dataplane, s.session_id, s.secret, NULL, &dp), RI_OK);
+    assert_int_equal(gw_dp_connect(s.dataplane_address, s.session_id, s.secret, NULL, &dp), RI_OK);
     uint8_t *body = malloc(BODY);
     assert_non_null(body);
     memset(body, 0x11, BODY);
@@ -221,7 +221,7 @@ static void test_register_cache_is_charged(void **state)
     start_daemon(&d, TOK_ALICE " alice 4MiB\n", NULL);
     assert_int_equal(gw_ctl_create(d.grpc, TOK_ALICE, &alice), RI_OK);
     assert_int_equal(gw_ctl_create_session(alice, 5000, &geo, 64, "small", &s, &err), RI_OK);
-    assert_int_equal(gw_dp_connect(d.dataplane, s.session_id, s.secret, NULL, &dp), RI_OK);
+    assert_int_equal(gw_dp_connect(s.dataplane_address, s.session_id, s.secret, NULL, &dp), RI_OK);
 
     /* 2^26 pages: gigabytes of directory for a 4 MiB tenant */
     long before = status_kib(d.pid, "VmRSS");

@@ -39,7 +39,7 @@ static int kvs_spawn_probe(kvs_spawn_t *sp)
 static int kvs_spawn_daemon(kvs_spawn_t *sp, const char *path, unsigned layers, unsigned kv_heads,
                             unsigned head_dim, unsigned page_tokens, unsigned memory_mb)
 {
-    char portfile[256], mem[32], line[512], grpc[200] = "";
+    char portfile[256], mem[32], line[CM_DP_ADDR_MAX + 128], grpc[200] = "";
     gw_ctl_t *ctl = NULL;
     gw_ctl_geometry_t g = {.layers = layers, .kv_heads = kv_heads, .head_dim = head_dim, .dtype = 1,
                            .page_tokens = page_tokens};
@@ -132,7 +132,7 @@ static int kvs_spawn_small(kvs_spawn_t *sp, unsigned layers, unsigned kv_heads, 
                     unsigned memory_mb)
 {
     const char *bdir = getenv("RI_BUILD_DIR");
-    char path[512], a[5][16], line[512], hex[64];
+    char path[512], a[5][16], line[CM_DP_ADDR_MAX + 128], hex[64];
     int fds[2];
     FILE *f;
     unsigned long long id;
@@ -168,8 +168,8 @@ static int kvs_spawn_small(kvs_spawn_t *sp, unsigned layers, unsigned kv_heads, 
     for (int i = 0; f != NULL && i < 100 && !ok; i++) {
         if (fgets(line, sizeof(line), f) == NULL)
             break;
-        ok = sscanf(line, "%255s %llu %63s", sp->addr, &id, hex) == 3 && strlen(hex) == 32 &&
-             strchr(sp->addr, ':') != NULL;
+        ok = sscanf(line, "%4100s %llu %63s", sp->addr, &id, hex) == 3 && strlen(hex) == 32 &&
+             strncmp(sp->addr, CM_DP_ADDR_PREFIX, strlen(CM_DP_ADDR_PREFIX)) == 0;
     }
     if (!ok) {
         int status = 0;

@@ -53,7 +53,7 @@ int main(int argc, char **argv)
         kvs_data_destroy(data);
         return 1;
     }
-    printf("%s %llu ", kvs_data_address(data), (unsigned long long)id);
+    printf("%s %llu ", kvs_data_address(data, id), (unsigned long long)id);
     for (int i = 0; i < 16; i++)
         printf("%02x", secret[i]);
     printf("\n");

@@ -77,6 +77,21 @@ static int start_daemon(bool recover)
     return start_daemon_with(recover, NULL);
 }
 
+/* The address the (restarted) daemon lists for g_sess. */
+static void refresh_address(void)
+{
+    gw_ctl_t *ctl = NULL;
+    gw_ctl_session_info_t *infos = NULL;
+    size_t n = 0;
+    assert_int_equal(gw_ctl_create(g_d.grpc, NULL, &ctl), RI_OK);
+    assert_int_equal(gw_ctl_list_sessions(ctl, 5000, &infos, &n, NULL), RI_OK);
+    for (size_t i = 0; i < n; i++)
+        if (infos[i].session_id == g_sess.session_id)
+            snprintf(g_sess.dataplane_address, sizeof(g_sess.dataplane_address), "%s", infos[i].dataplane_address);
+    cm_free(infos);
+    gw_ctl_destroy(ctl);
+}
+
 static uint64_t metric(const char *name)
 {
     static char body[1 << 18];
@@ -166,7 +181,7 @@ static void test_spill_and_read_back(void **state)
     assert_int_equal(gw_ctl_create(g_d.grpc, NULL, &ctl), RI_OK);
     assert_int_equal(gw_ctl_create_session(ctl, 5000, &geo, 1, "tier", &g_sess, NULL), RI_OK);
     gw_ctl_destroy(ctl);
-    assert_int_equal(gw_dp_connect(g_d.dataplane, g_sess.session_id, g_sess.secret, NULL, &dp), RI_OK);
+    assert_int_equal(gw_dp_connect(g_sess.dataplane_address, g_sess.session_id, g_sess.secret, NULL, &dp), RI_OK);
     for (uint32_t i = 0; i < HEADS * UP_CHUNK; i++)
         tokens[i] = TOK;
     for (uint32_t l = 0; l < LAYERS; l++)
@@ -217,10 +232,13 @@ static void test_recover(void **state)
     assert_int_equal(infos[0].geometry.layers, LAYERS);
     assert_int_equal(infos[0].clusters, (uint64_t)LAYERS * HEADS * CLUSTERS);
     assert_true(infos[0].bytes_on_disk >= (uint64_t)64 << 20);
+    /* The worker reconnects with the id and secret it already had, at the
+     * address the restarted daemon lists for the session. */
+    assert_int_equal(strncmp(infos[0].dataplane_address, "ucx:", 4), 0);
+    snprintf(g_sess.dataplane_address, sizeof(g_sess.dataplane_address), "%s", infos[0].dataplane_address);
     cm_free(infos);
     gw_ctl_destroy(ctl);
-    /* The worker reconnects with the id and secret it already had. */
-    assert_int_equal(gw_dp_connect(g_d.dataplane, g_sess.session_id, g_sess.secret, NULL, &dp), RI_OK);
+    assert_int_equal(gw_dp_connect(g_sess.dataplane_address, g_sess.session_id, g_sess.secret, NULL, &dp), RI_OK);
     assert_int_equal(fetch_all(dp, &disk), 0);
     assert_int_equal(disk, (uint64_t)LAYERS * HEADS * CLUSTERS);
     gw_dp_close(dp);
@@ -261,7 +279,8 @@ static void test_corruption_detected(void **state)
         skip();
     flip_a_byte(1000); /* inside the first record's payload */
     assert_int_equal(start_daemon(true), 0);
-    assert_int_equal(gw_dp_connect(g_d.dataplane, g_sess.session_id, g_sess.secret, NULL, &dp), RI_OK);
+    refresh_address();
+    assert_int_equal(gw_dp_connect(g_sess.dataplane_address, g_sess.session_id, g_sess.secret, NULL, &dp), RI_OK);
     /* Exactly the fetch that needs the damaged cluster fails; every byte
      * that is served is right (fetch_all compares them). */
     assert_int_equal(fetch_all(dp, &disk), 1);
@@ -320,7 +339,7 @@ static void test_disk_quota(void **state)
     assert_int_equal(gw_ctl_create(g_d.grpc, NULL, &ctl), RI_OK);
     assert_int_equal(gw_ctl_create_session(ctl, 5000, &geo, 1, "quota", &sess, NULL), RI_OK);
     gw_ctl_destroy(ctl);
-    assert_int_equal(gw_dp_connect(g_d.dataplane, sess.session_id, sess.secret, NULL, &dp), RI_OK);
+    assert_int_equal(gw_dp_connect(sess.dataplane_address, sess.session_id, sess.secret, NULL, &dp), RI_OK);
     for (uint32_t i = 0; i < HEADS * UP_CHUNK; i++)
         tokens[i] = TOK;
     /* 4 MiB messages (layer by layer, appends) until one is refused: the

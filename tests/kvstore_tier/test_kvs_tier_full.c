@@ -87,14 +87,19 @@ static void fill_disk(char *path, size_t len)
     close(fd);
 }
 
-static bool listed(gw_ctl_t *c, uint64_t id)
+/* Is session s listed?  Then s->dataplane_address becomes the address the
+ * daemon lists for it (it changes when the daemon restarts). */
+static bool listed(gw_ctl_t *c, gw_ctl_session_t *s)
 {
     gw_ctl_session_info_t *infos = NULL;
     size_t n = 0;
     bool found = false;
     assert_int_equal(gw_ctl_list_sessions(c, 5000, &infos, &n, NULL), RI_OK);
     for (size_t i = 0; i < n; i++)
-        found |= infos[i].session_id == id;
+        if (infos[i].session_id == s->session_id) {
+            found = true;
+            snprintf(s->dataplane_address, sizeof(s->dataplane_address), "%s", infos[i].dataplane_address);
+        }
     cm_free(infos);
     return found;
 }
@@ -120,7 +125,7 @@ static void test_full_disk(void **state)
                  (unsigned long long)b.session_id);
     assert_int_equal(err.grpc_code, 8); /* RESOURCE_EXHAUSTED */
     assert_non_null(strstr(err.message, "could not record the session"));
-    assert_true(listed(c, a.session_id));
+    assert_true(listed(c, &a));
     gw_ctl_session_info_t *infos = NULL;
     size_t n = 0;
     assert_int_equal(gw_ctl_list_sessions(c, 5000, &infos, &n, NULL), RI_OK);
@@ -136,16 +141,16 @@ static void test_full_disk(void **state)
     if (rc != 0)
         fail_msg("--recover did not start on a full disk (rc %d)", rc);
     assert_int_equal(gw_ctl_create(g_d.grpc, NULL, &c), RI_OK);
-    assert_true(listed(c, a.session_id));
+    assert_true(listed(c, &a));
     /* the secret still works, at the restarted daemon's data-plane port */
-    assert_int_equal(gw_dp_connect(g_d.dataplane, a.session_id, a.secret, NULL, &dp), RI_OK);
+    assert_int_equal(gw_dp_connect(a.dataplane_address, a.session_id, a.secret, NULL, &dp), RI_OK);
     assert_int_equal(gw_dp_ping(dp), RI_OK);
     gw_dp_close(dp);
 
     /* Space back: sessions can be created (and recorded) again. */
     assert_int_equal(unlink(filler), 0);
     assert_int_equal(gw_ctl_create_session(c, 5000, &geo, 256, "after-full", &b, &err), RI_OK);
-    assert_true(listed(c, b.session_id));
+    assert_true(listed(c, &b));
     gw_ctl_destroy(c);
     assert_int_equal(kvs_test_daemon_stop(&g_d, SIGTERM, 15000), 0);
 }

@@ -1,0 +1,310 @@
+/*
+ * Starting and stopping the UCX data plane of ri-kvstore: one ucp context
+ * (AM + RMA) with the pool registered once, and N lanes (kvs_dp_lane.h),
+ * each a ucp worker with its own serving thread and address.  No listener:
+ * the addresses are handed out by CreateSession and Health only.  UCX is
+ * kept on the interface of dp_listen_addr (and on its port when it names
+ * one), so a loopback daemon opens nothing beyond loopback.
+ */
+#include "kvstore/data/kvs_dp_lane.h"
+
+#include <arpa/inet.h>
+#include <ifaddrs.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "common/cm_alloc.h"
+#include "common/cm_log.h"
+#include "common/cm_net.h"
+#include "common/cm_status.h"
+
+static CM_ALLOC_TAG(kvs_dp_setup_tag, "kvs.dp");
+static pthread_once_t kvs_dp_env_done = PTHREAD_ONCE_INIT;
+
+ri_status_t kvs_dp_status(ucs_status_t s)
+{
+    switch (s) {
+    case UCS_OK: return RI_OK;
+    case UCS_ERR_NO_MEMORY: return RI_ERR_NOMEM;
+    case UCS_ERR_TIMED_OUT: return RI_ERR_TIMEOUT;
+    case UCS_ERR_UNREACHABLE: return RI_ERR_UNREACHABLE;
+    case UCS_ERR_CONNECTION_RESET:
+    case UCS_ERR_ENDPOINT_TIMEOUT: return RI_ERR_CONN_RESET;
+    case UCS_ERR_CANCELED: return RI_ERR_CANCELLED;
+    default: return RI_ERR_TRANSPORT;
+    }
+}
+
+/* UCX 1.13 leaves its shared-memory transports out of endpoints that ask
+ * for peer-failure handling unless their ERROR_HANDLING is on; we want both
+ * (shared-memory speed, and errors instead of hangs when the peer dies).
+ * ucp_config_modify does not reach transport settings in 1.13, so this sets
+ * the environment, once per process, before UCX reads it; a value the user
+ * set wins.  (setenv is not safe against concurrent getenv: the daemon calls
+ * kvs_data_create before it starts serving threads.) */
+static void kvs_dp_env_once(void)
+{
+    setenv("UCX_POSIX_ERROR_HANDLING", "y", 0);
+    setenv("UCX_SYSV_ERROR_HANDLING", "y", 0);
+}
+
+/* Same address?  (IPv4 or IPv6, port ignored.) */
+static bool kvs_dp_same_ip(const struct sockaddr *a, const struct sockaddr_storage *b)
+{
+    if (a == NULL || a->sa_family != b->ss_family)
+        return false;
+    if (a->sa_family == AF_INET)
+        return ((const struct sockaddr_in *)a)->sin_addr.s_addr == ((const struct sockaddr_in *)b)->sin_addr.s_addr;
+    if (a->sa_family == AF_INET6)
+        return memcmp(&((const struct sockaddr_in6 *)a)->sin6_addr, &((const struct sockaddr_in6 *)b)->sin6_addr,
+                      sizeof(struct in6_addr)) == 0;
+    return false;
+}
+
+/* Keep UCX's own network interfaces (its TCP transport listens on every
+ * device it uses) on the interface of the configured data-plane address:
+ * 127.0.0.1 must not open a port on the external interface.  A wildcard
+ * address, or UCX_NET_DEVICES set by the user, leaves UCX's choice. */
+static void kvs_dp_config_devices(kvs_dp_t *dp, ucp_config_t *config, const struct sockaddr_storage *ss,
+                                  const char *host)
+{
+    struct ifaddrs *ifs = NULL;
+    char dev[IF_NAMESIZE + 1] = "";
+    if (getenv("UCX_NET_DEVICES") != NULL || cm_net_host_is_wildcard(host) || getifaddrs(&ifs) != 0)
+        return;
+    for (struct ifaddrs *i = ifs; i != NULL && dev[0] == '\0'; i = i->ifa_next)
+        if (kvs_dp_same_ip(i->ifa_addr, ss))
+            snprintf(dev, sizeof(dev), "%s", i->ifa_name);
+    freeifaddrs(ifs);
+    if (dev[0] == '\0') {
+        cm_warn("dp: no interface has address %s; UCX picks its network devices", host);
+        return;
+    }
+    if (ucp_config_modify(config, "NET_DEVICES", dev) != UCS_OK) {
+        cm_warn("dp: could not restrict UCX to interface %s", dev);
+    } else {
+        cm_info("dp: UCX network devices restricted to %s (the interface of %s)", dev, host);
+        snprintf(dp->net_dev, sizeof(dp->net_dev), "%s", dev);
+    }
+}
+
+/* The port of dp_listen_addr, when it names one, is where UCX's TCP
+ * transport listens (a firewall can then name it): the port and the next
+ * lanes-1 ports, one per lane; 0 leaves it to UCX.  A transport setting: only
+ * the environment reaches it in UCX 1.13, and a value the user set wins. */
+static void kvs_dp_config_port(unsigned port, uint32_t lanes)
+{
+    char range[32];
+    if (port == 0 || getenv("UCX_TCP_PORT_RANGE") != NULL)
+        return;
+    snprintf(range, sizeof(range), "%u-%u", port, port + lanes - 1);
+    setenv("UCX_TCP_PORT_RANGE", range, 0);
+}
+
+/* A lane's address in text form (w->address). */
+static ri_status_t kvs_dp_publish_address(kvs_dpw_t *w)
+{
+    ucp_address_t *a = NULL;
+    size_t len = 0;
+    ri_status_t st;
+    ucs_status_t s = ucp_worker_get_address(w->worker, &a, &len);
+    if (s != UCS_OK)
+        return kvs_dp_status(s);
+    st = cm_dp_addr_format(a, len, w->address, sizeof(w->address));
+    if (st != RI_OK)
+        cm_error("dp: the UCX worker address takes %zu bytes, more than the %u a worker accepts", len,
+                 CM_DP_MAX_WORKER_ADDR);
+    ucp_worker_release_address(w->worker, a);
+    return st;
+}
+
+/* Create lane i's worker, handler and address (not its thread). */
+static ri_status_t kvs_dp_lane_open(kvs_dp_t *dp, uint32_t i)
+{
+    kvs_dpw_t *w = &dp->lanes[i];
+    ucp_worker_params_t wp = {0};
+    ucp_am_handler_param_t ah = {0};
+    ucs_status_t s;
+    ri_status_t st;
+
+    w->dp = dp;
+    w->index = i;
+    w->efd = -1;
+    pthread_mutex_init(&w->gc_lock, NULL);
+    wp.field_mask = UCP_WORKER_PARAM_FIELD_THREAD_MODE;
+    wp.thread_mode = UCS_THREAD_MODE_SINGLE;
+    s = ucp_worker_create(dp->ctx, &wp, &w->worker);
+    if (s != UCS_OK) {
+        w->worker = NULL;
+        return kvs_dp_status(s);
+    }
+    if (ucp_worker_get_efd(w->worker, &w->efd) != UCS_OK) {
+        cm_warn("dp: no UCX event fd; idle lane %u sleeps in 100 us steps", i);
+        w->efd = -1;
+    }
+    ah.field_mask = UCP_AM_HANDLER_PARAM_FIELD_ID | UCP_AM_HANDLER_PARAM_FIELD_CB | UCP_AM_HANDLER_PARAM_FIELD_ARG |
+                    UCP_AM_HANDLER_PARAM_FIELD_FLAGS;
+    ah.id = CM_DP_AM_REQUEST;
+    ah.cb = kvs_dp_am_cb;
+    ah.arg = w;
+    ah.flags = UCP_AM_FLAG_PERSISTENT_DATA;
+    s = ucp_worker_set_am_recv_handler(w->worker, &ah);
+    if (s != UCS_OK)
+        return kvs_dp_status(s);
+    st = kvs_dp_publish_address(w);
+    return st;
+}
+
+static void kvs_dp_lane_close(kvs_dpw_t *w)
+{
+    if (w->worker == NULL)
+        return;
+    kvs_dp_lane_drain(w);
+    ucp_worker_destroy(w->worker);
+    w->worker = NULL;
+    cm_free(w->gc_rkeys);
+    cm_free(w->stage);
+    pthread_mutex_destroy(&w->gc_lock);
+}
+
+/* ucp context with the pool registered; dp->ctx/pool_memh on success. */
+static ri_status_t kvs_dp_context(kvs_dp_t *dp, const struct sockaddr_storage *ss, const char *host)
+{
+    kvs_data_t *data = dp->data;
+    ucp_config_t *config = NULL;
+    ucp_params_t params = {0};
+    ucp_mem_map_params_t mp = {0};
+    ucs_status_t s;
+
+    s = ucp_config_read(NULL, NULL, &config);
+    if (s != UCS_OK)
+        goto err;
+    kvs_dp_config_devices(dp, config, ss, host);
+    params.field_mask = UCP_PARAM_FIELD_FEATURES | UCP_PARAM_FIELD_NAME;
+    params.features = UCP_FEATURE_AM | UCP_FEATURE_RMA | UCP_FEATURE_WAKEUP;
+    params.name = "ri-kvstore";
+    s = ucp_init(&params, config, &dp->ctx);
+    ucp_config_release(config);
+    if (s != UCS_OK)
+        goto err;
+    /* Register the pool once; puts from it then need no per-op registration. */
+    mp.field_mask = UCP_MEM_MAP_PARAM_FIELD_ADDRESS | UCP_MEM_MAP_PARAM_FIELD_LENGTH;
+    mp.address = kvs_pool_base(data->pool);
+    mp.length = kvs_pool_size(data->pool);
+    s = ucp_mem_map(dp->ctx, &mp, &dp->pool_memh);
+    if (s != UCS_OK) {
+        ucp_cleanup(dp->ctx);
+        goto err;
+    }
+    return RI_OK;
+err:
+    cm_error("dp: UCX start failed on %s: %s", data->cfg.dp_listen_addr, ucs_status_string(s));
+    return s == UCS_ERR_BUSY ? RI_ERR_BUSY : RI_ERR_TRANSPORT;
+}
+
+ri_status_t kvs_dp_start(kvs_data_t *data, kvs_dp_t **dp_p)
+{
+    kvs_dp_t *dp;
+    struct sockaddr_storage ss;
+    socklen_t sl;
+    char host[128];
+    unsigned port = 0;
+    uint32_t i;
+    ri_status_t st;
+
+    dp = cm_calloc(&kvs_dp_setup_tag, 1, sizeof(*dp));
+    if (dp == NULL)
+        return RI_ERR_NOMEM;
+    dp->data = data;
+    dp->max_body = data->cfg.max_msg_bytes;
+    dp->n_lanes = data->cfg.dp_lanes ? CM_MIN(data->cfg.dp_lanes, KVS_DP_MAX_LANES) : 2;
+    atomic_init(&dp->stop, false);
+    atomic_init(&dp->n_conns, 0);
+    dp->lanes = cm_calloc(&kvs_dp_setup_tag, dp->n_lanes, sizeof(*dp->lanes));
+    if (dp->lanes == NULL) {
+        st = RI_ERR_NOMEM;
+        goto err_free;
+    }
+    if (cm_net_resolve(data->cfg.dp_listen_addr, true, &ss, &sl, host, sizeof(host)) != RI_OK) {
+        st = RI_ERR_INVALID;
+        cm_error("dp: bad interface address '%s'", data->cfg.dp_listen_addr);
+        goto err_free;
+    }
+    if (!cm_net_split(data->cfg.dp_listen_addr, host, sizeof(host), &port))
+        port = 0;
+    pthread_once(&kvs_dp_env_done, kvs_dp_env_once);
+    kvs_dp_config_port(port, dp->n_lanes);
+    st = kvs_dp_context(dp, &ss, host);
+    if (st != RI_OK)
+        goto err_free;
+    for (i = 0; i < dp->n_lanes; i++) {
+        st = kvs_dp_lane_open(dp, i);
+        if (st != RI_OK) {
+            cm_error("dp: lane %u: %s", i, ri_status_str(st));
+            goto err_lanes;
+        }
+    }
+    for (i = 0; i < dp->n_lanes; i++) {
+        if (pthread_create(&dp->lanes[i].thread, NULL, kvs_dp_lane_main, &dp->lanes[i]) != 0) {
+            st = RI_ERR_NOMEM;
+            goto err_threads;
+        }
+        dp->lanes[i].thread_started = true;
+    }
+    cm_info("dp: %u lane(s) serving (no listener; workers connect to the address CreateSession gives)", dp->n_lanes);
+    *dp_p = dp;
+    return RI_OK;
+
+err_threads:
+    kvs_dp_stop(dp);
+err_lanes:
+    for (i = 0; i < dp->n_lanes; i++)
+        kvs_dp_lane_close(&dp->lanes[i]);
+    ucp_mem_unmap(dp->ctx, dp->pool_memh);
+    ucp_cleanup(dp->ctx);
+err_free:
+    cm_free(dp->lanes);
+    cm_free(dp);
+    return st;
+}
+
+void kvs_dp_stop(kvs_dp_t *dp)
+{
+    if (dp == NULL)
+        return;
+    atomic_store(&dp->stop, true);
+    for (uint32_t i = 0; i < dp->n_lanes; i++)
+        if (dp->lanes[i].thread_started)
+            ucp_worker_signal(dp->lanes[i].worker); /* wake it from poll */
+    for (uint32_t i = 0; i < dp->n_lanes; i++) {
+        kvs_dpw_t *w = &dp->lanes[i];
+        if (!w->thread_started)
+            continue;
+        pthread_join(w->thread, NULL);
+        w->thread_started = false;
+    }
+}
+
+void kvs_dp_free(kvs_dp_t *dp)
+{
+    if (dp == NULL)
+        return;
+    kvs_dp_stop(dp);
+    for (uint32_t i = 0; i < dp->n_lanes; i++)
+        kvs_dp_lane_close(&dp->lanes[i]);
+    ucp_mem_unmap(dp->ctx, dp->pool_memh);
+    ucp_cleanup(dp->ctx);
+    cm_free(dp->lanes);
+    cm_free(dp);
+}
+
+const char *kvs_dp_address(const kvs_dp_t *dp, uint64_t session_id)
+{
+    return dp->lanes[session_id % dp->n_lanes].address;
+}
+
+uint32_t kvs_dp_lanes(const kvs_dp_t *dp)
+{
+    return dp->n_lanes;
+}
