@@ -11,6 +11,8 @@
  * on the client (request sent -> reply received, misses in the receive
  * buffer).  Next to it, in the same run: single-thread memcpy of the same
  * bytes.  Usage: ri-bench-dataplane [--json PATH] [--iters N] [--transport shm|tcp]
+ * [--clients N,..]: with --clients, N client processes at once instead
+ * (bench_dataplane_clients.c), on shm unless --transport says tcp.
  */
 #include <limits.h>
 #include <stdbool.h>
@@ -21,20 +23,20 @@
 #include <unistd.h>
 
 #include "bench/common/bn_report.h"
+#include "bench/dataplane/bench_dataplane.h"
 #include "common/cm_time.h"
 #include "gpuworker/dp/gw_dp.h"
 #include "tests/kvstore_data/kvs_spawn.h"
 
-#define HEADS 8u
-#define DIM 128u
-#define PT 8u
-#define CTOK 16u
-#define PER_STEP 150u            /* clusters per head per fetch */
+#define HEADS BD_HEADS
+#define DIM BD_DIM
+#define PT BD_PT
+#define CTOK BD_CTOK
+#define PER_STEP BD_PER_STEP     /* clusters per head per fetch */
 #define STORED 1500u             /* clusters stored per head */
 #define HOT 135u                 /* 90% of PER_STEP */
-#define PAGE_BYTES (4u * PT * DIM)
-#define CLUSTER_BYTES (2u * PAGE_BYTES)
-#define STEP_BYTES ((size_t)HEADS * PER_STEP * CLUSTER_BYTES)
+#define CLUSTER_BYTES BD_CLUSTER_BYTES
+#define STEP_BYTES BD_STEP_BYTES
 
 static double memcpy_gbs(size_t bytes, int reps)
 {
@@ -173,11 +175,21 @@ int main(int argc, char **argv)
     char exe[PATH_MAX];
 
     const char *only = NULL;
+    int clients[16], n_clients = 0;
     for (int i = 1; i < argc; i++) {
-        if (strcmp(argv[i], "--iters") == 0 && i + 1 < argc)
+        if (strcmp(argv[i], "--iters") == 0 && i + 1 < argc) {
             iters = atoi(argv[++i]);
-        else if (strcmp(argv[i], "--transport") == 0 && i + 1 < argc)
+        } else if (strcmp(argv[i], "--transport") == 0 && i + 1 < argc) {
             only = argv[++i];
+        } else if (strcmp(argv[i], "--clients") == 0 && i + 1 < argc) {
+            for (char *tok = strtok(argv[++i], ","); tok != NULL && n_clients < 16; tok = strtok(NULL, ","))
+                if (atoi(tok) >= 1 && atoi(tok) <= 64)
+                    clients[n_clients++] = atoi(tok);
+        } else {
+            fprintf(stderr, "usage: ri-bench-dataplane [--json PATH] [--iters N] [--transport shm|tcp] "
+                            "[--clients N,..]\n");
+            return 2;
+        }
     }
     if (iters < 10)
         iters = 10;
@@ -217,6 +229,14 @@ int main(int argc, char **argv)
             fclose(lf);
         }
         cJSON_AddNumberToObject(bn_report_root(rep), "loadavg_1m", la[0]);
+    }
+    if (n_clients > 0) {
+        int m = only != NULL && strcmp(only, "tcp") == 0;
+        bd_run_clients(rep, modes[m], tls[m], clients, n_clients, iters);
+        free(recv);
+        free(g_src);
+        free(g_dst);
+        return bn_report_finish(rep, json) == 0 ? 0 : 1;
     }
     printf("%-5s %-7s %9s %10s %10s %10s %8s %11s %s\n", "tport", "deliver", "hit_ratio", "bytes", "p50_us", "p99_us", "gbs",
            "memcpy_gbs", "ratio");

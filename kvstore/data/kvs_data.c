@@ -294,6 +294,7 @@ ri_status_t kvs_data_create(const kvs_data_config_t *cfg, kvs_data_t **data_p)
         data->cfg.drain_timeout_ms = 5000;
     data->next_id = 1;
     pthread_mutex_init(&data->lock, NULL);
+    pthread_rwlock_init(&data->move_lock, NULL);
     data->sessions = cm_calloc(&kvs_catalog_tag, KVS_MAX_SESSIONS, sizeof(*data->sessions));
     if (data->sessions == NULL) {
         st = RI_ERR_NOMEM;
@@ -333,6 +334,7 @@ err_free_sessions:
     cm_free(data->sessions);
 err_free_data:
     pthread_mutex_destroy(&data->lock);
+    pthread_rwlock_destroy(&data->move_lock);
     cm_free(data);
     return st;
 }
@@ -361,6 +363,7 @@ void kvs_data_destroy(kvs_data_t *data)
     cm_free(data->tenants);
     cm_free(data->sessions);
     pthread_mutex_destroy(&data->lock);
+    pthread_rwlock_destroy(&data->move_lock);
     cm_free(data);
 }
 

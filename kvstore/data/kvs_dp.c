@@ -103,6 +103,8 @@ static void kvs_dp_ep_error(void *arg, ucp_ep_h ep, ucs_status_t status)
  * connects again on the same UCX connection replaces its older one). */
 static kvs_conn_t *kvs_dp_conn_of(kvs_dpw_t *w, const void *peer_key)
 {
+    if (peer_key == NULL)
+        return NULL;
     for (kvs_conn_t *c = w->conns; c != NULL; c = c->next)
         if (c->peer_key == peer_key && !c->failed)
             return c;
@@ -122,16 +124,15 @@ ucs_status_t kvs_dp_am_cb(void *arg, const void *header, size_t header_length, v
     kvs_dpw_t *w = arg;
     kvs_dreq_t *r;
 
-    if (!(param->recv_attr & UCP_AM_RECV_ATTR_FIELD_REPLY_EP)) {
-        /* Sent without UCP_AM_SEND_FLAG_REPLY: we could never tie it to a
-         * connection.  Count it and drop it (rndv data is declined). */
-        kvs_dp_count_error(w, RI_ERR_PROTOCOL);
-        return UCS_OK;
-    }
+    /* Callbacks run inside ucp_worker_progress, also while a fetch of this
+     * thread holds data->move_lock: nothing here may take data->lock.  A
+     * request sent without UCP_AM_SEND_FLAG_REPLY (peer_key NULL) can never
+     * be tied to a connection: it is counted and dropped when served. */
     r = cm_calloc(&kvs_dp_tag, 1, sizeof(*r));
     if (r == NULL)
         return UCS_OK;
-    r->peer_key = param->reply_ep;
+    if (param->recv_attr & UCP_AM_RECV_ATTR_FIELD_REPLY_EP)
+        r->peer_key = param->reply_ep;
     r->hdr_len = header_length;
     memcpy(r->hdr, header, CM_MIN(header_length, (size_t)CM_WIRE_HDR_SIZE));
     r->len = length;
@@ -350,7 +351,7 @@ static ri_status_t kvs_dp_connect(kvs_dpw_t *w, kvs_dreq_t *r, const cm_wire_hdr
     ucs_status_t s;
     ri_status_t st;
 
-    if (r->rndv || r->desc == NULL || h->data_len != 0 || h->meta_len == 0 ||
+    if (r->peer_key == NULL || r->rndv || r->desc == NULL || h->data_len != 0 || h->meta_len == 0 ||
         h->meta_len > CM_DP_MAX_WORKER_ADDR)
         return RI_ERR_PROTOCOL;
     st = kvs_ops_precheck(dp->data, h);

@@ -5,10 +5,12 @@
  * (kvs_dp.c).  Not for use outside kvstore/data.
  *
  * Locking: data->lock guards the session list, tenants, every session's
- * tables/extents/caches and the counters that are not atomics.  The
- * data-plane thread holds it while it decides an op, and drops it while bulk
- * bytes move (uploads copy into pool pages that nobody else references yet;
- * fetches read pool pages of a session it holds a reference to).
+ * tables/extents/caches and the counters that are not atomics.  A data-plane
+ * thread holds it while it decides an op, and drops it while bulk bytes move
+ * (uploads copy into pool pages that nobody else references yet; fetches read
+ * pool pages of a session they hold a reference to, under move_lock so that
+ * no spill frees them meanwhile).  Each session is served by one data-plane
+ * thread only (its lane), so its caches are touched by one thread.
  */
 #ifndef KVS_INTERNAL_H
 #define KVS_INTERNAL_H
@@ -112,6 +114,10 @@ struct kvs_data {
     char listen_addr[128];
     kvs_pool_t *pool;
     pthread_mutex_t lock;
+    /* Read-held by a fetch while its bytes move (taken with lock held,
+     * released without it); write-held by a spill (with lock held) before it
+     * frees pool pages: no page a fetch is sending is freed under it. */
+    pthread_rwlock_t move_lock;
     kvs_session_t **sessions;        /* KVS_MAX_SESSIONS slots */
     uint32_t n_sessions;
     uint64_t next_id;

@@ -505,6 +505,8 @@ static ri_status_t kvs_ops_fetch(kvs_data_t *data, void *conn, kvs_session_t *s,
         data->cache_hits += p.reqs[i].hit;
         data->cache_misses += !p.reqs[i].hit;
     }
+    /* Taken before the lock goes, so no spill slips in between. */
+    pthread_rwlock_rdlock(&data->move_lock);
     pthread_mutex_unlock(&data->lock);
 
     /* Move the misses' bytes without the lock; our reference keeps the
@@ -524,6 +526,7 @@ static ri_status_t kvs_ops_fetch(kvs_data_t *data, void *conn, kvs_session_t *s,
             cm_free(iov);
             *replied_p = st == RI_OK;
         }
+        pthread_rwlock_unlock(&data->move_lock);
         kvs_fetch_plan_free(&p);
         pthread_mutex_lock(&data->lock);
         if (st == RI_OK) {
@@ -550,6 +553,7 @@ static ri_status_t kvs_ops_fetch(kvs_data_t *data, void *conn, kvs_session_t *s,
         st = kvs_dp_flush(data->dp, conn);
     else
         (void)kvs_dp_flush(data->dp, conn);
+    pthread_rwlock_unlock(&data->move_lock);
     cm_debug("fetch: decide %.0f us, puts %.0f us, flush %.0f us (%llu bytes)", (t_decided - t0) / 1e3,
              (t_put - t_decided) / 1e3, (cm_time_ns() - t_put) / 1e3, (unsigned long long)miss_bytes);
     kvs_fetch_plan_free(&p);

@@ -12,11 +12,13 @@
  * pages.  Without one, nothing here runs and uploads keep their per-(layer,
  * head) extents (see docs/spill.md, "Daemon integration").
  *
- * Concurrency: the data plane is single-threaded and is the only thread that
- * uploads, fetches or spills, so no fetch is ever in flight while a spill
- * runs: "never spill what an in-flight fetch uses" holds without pins.  All
- * of this runs under data->lock, including the spill store's disk I/O (a few
- * ms per batch); gRPC calls wait for it meanwhile.
+ * Concurrency: the data plane has several threads (one per lane), and a
+ * fetch moves pool bytes without data->lock.  "Never spill what an in-flight
+ * fetch uses" holds through data->move_lock: a fetch read-locks it before it
+ * drops data->lock and until its bytes are out; a spill write-locks it (with
+ * data->lock held, so no new fetch can start meanwhile).  All of this runs
+ * under data->lock, including the spill store's disk I/O (a few ms per
+ * batch); gRPC calls wait for it meanwhile.
  */
 #define _GNU_SOURCE
 #include "kvstore/data/kvs_internal.h"
@@ -143,6 +145,9 @@ static uint64_t kvs_tier_spill_locked(kvs_data_t *data, uint64_t bytes)
     kvs_spill_key_t keys[KVS_TIER_BATCH];
     uint64_t freed = 0;
 
+    /* Fetches of other data-plane threads may be moving pool bytes without
+     * data->lock: wait until none is before pages are freed (see move_lock). */
+    pthread_rwlock_wrlock(&data->move_lock);
     while (freed < bytes) {
         uint64_t f = 0;
         size_t n = kvs_spill_cold_pick(data->cold, KVS_TIER_BATCH, bytes - freed, keys);
@@ -153,6 +158,7 @@ static uint64_t kvs_tier_spill_locked(kvs_data_t *data, uint64_t bytes)
         if (st != RI_OK)
             break; /* quota or I/O: retrying now would fail the same way */
     }
+    pthread_rwlock_unlock(&data->move_lock);
     return freed;
 }
 

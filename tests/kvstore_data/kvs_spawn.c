@@ -99,6 +99,7 @@ static int kvs_spawn_daemon(kvs_spawn_t *sp, const char *path, unsigned layers, 
     sp->session_id = s.session_id;
     memcpy(sp->secret, s.secret, 16);
     sp->real_daemon = 1;
+    snprintf(sp->grpc, sizeof(sp->grpc), "%s", grpc);
     return 0;
 
 err_kill:

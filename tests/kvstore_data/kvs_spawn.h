@@ -17,6 +17,7 @@ typedef struct kvs_spawn {
     uint64_t session_id;    /* session created for us */
     uint8_t secret[16];     /* its secret */
     int real_daemon;        /* 1 when this is ri-kvstore (else kvs-test-server) */
+    char grpc[200];         /* its gRPC address (ri-kvstore only; "" otherwise) */
 } kvs_spawn_t;
 
 /* Start the server with this geometry; 0 on success, 77 when it cannot run
