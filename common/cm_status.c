@@ -28,6 +28,7 @@ static const cm_status_desc_t cm_status_table[] = {
     {RI_ERR_CORRUPT, "RI_ERR_CORRUPT", "data corrupted (checksum mismatch)"},
     {RI_ERR_EOF, "RI_ERR_EOF", "unexpected end of file"},
     {RI_ERR_FORMAT, "RI_ERR_FORMAT", "bad file format"},
+    {RI_ERR_LOST, "RI_ERR_LOST", "data lost in a daemon crash (it was in memory only): rebuild it"},
     {RI_ERR_TRANSPORT, "RI_ERR_TRANSPORT", "transport error"},
     {RI_ERR_UNREACHABLE, "RI_ERR_UNREACHABLE", "peer unreachable"},
     {RI_ERR_CONN_RESET, "RI_ERR_CONN_RESET", "connection reset by peer"},

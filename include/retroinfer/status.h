@@ -34,6 +34,7 @@ typedef enum ri_status {
     RI_ERR_CORRUPT = -22,       /* checksum or structure mismatch */
     RI_ERR_EOF = -23,           /* unexpected end of file */
     RI_ERR_FORMAT = -24,        /* file is not in the expected format */
+    RI_ERR_LOST = -25,          /* data gone: held only in memory by a daemon that crashed; rebuild it */
 
     /* transport */
     RI_ERR_TRANSPORT = -40,     /* transport-level failure */

@@ -24,7 +24,8 @@
 
 #define KVS_TIER_POOL 0u      /* bytes are in the host pool at `off` */
 #define KVS_TIER_DISK 1u      /* spilled: the spill store holds it under its key */
-#define KVS_TIER_LOST 2u      /* its spill record failed verification: never served */
+#define KVS_TIER_LOST 2u      /* its spill record failed verification: never served (CORRUPT) */
+#define KVS_TIER_GONE 3u      /* no record after a crash: it was in memory only (LOST) */
 
 #define KVS_MAX_SESSIONS 4096u
 #define KVS_MAX_CACHES_PER_SESSION 64u
@@ -83,6 +84,7 @@ typedef struct kvs_session {
     uint32_t next_cache_id;
     int refs;                    /* list reference + data-plane users (under lock) */
     bool dropped;                /* no longer in the list */
+    bool recovered;              /* rebuilt by --recover: clusters past its tables were lost, not never made */
 } kvs_session_t;
 
 typedef struct kvs_tenant {

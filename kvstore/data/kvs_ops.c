@@ -399,8 +399,10 @@ static ri_status_t kvs_ops_fetch(kvs_data_t *data, void *conn, kvs_session_t *s,
         t = &s->tables[(uint64_t)v.layer * s->geo.kv_heads + head];
         for (uint32_t j = 0; j < n; j++, k++) {
             uint32_t id = cm_dp_get32(v.ids + 4u * k);
-            if (id >= t->n) {
-                st = RI_ERR_RANGE;
+            if (id >= t->n || t->c[id].tier == KVS_TIER_GONE) {
+                /* After a crash, what was only in memory is gone: the worker
+                 * is told so (and rebuilds), not that it asked out of range. */
+                st = s->recovered ? RI_ERR_LOST : RI_ERR_RANGE;
                 goto err_unlock;
             }
             if (t->c[id].tier == KVS_TIER_LOST) {

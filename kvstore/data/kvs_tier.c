@@ -419,6 +419,7 @@ static ri_status_t kvs_smf_load_locked(kvs_data_t *data)
         s->geo = (kvs_geometry_t){cm_dp_get32(e), cm_dp_get32(e + 4), cm_dp_get32(e + 8), cm_dp_get32(e + 12),
                                   cm_dp_get32(e + 16)};
         memcpy(s->secret, e + 20, CM_WIRE_SECRET_SIZE);
+        s->recovered = true;
         if (s->id == 0 || s->id >= data->next_id || !kvs_geometry_check(&s->geo) || s->tenant[0] == '\0' ||
             kvs_session_find_locked(data, s->id) != NULL) {
             cm_free(s);
@@ -475,9 +476,10 @@ static void kvs_tier_rebuild_one(void *arg, const kvs_spill_info_t *info)
         t->c = nc;
         t->cap = cap;
     }
-    /* Ids below this one that have no record stay LOST: never served. */
+    /* Ids below this one that have no record were in memory only when the
+     * daemon stopped (a crash): GONE, answered RI_ERR_LOST. */
     while (t->n <= info->key.cluster)
-        t->c[t->n++] = (kvs_cluster_t){.tier = KVS_TIER_LOST};
+        t->c[t->n++] = (kvs_cluster_t){.tier = KVS_TIER_GONE};
     t->c[info->key.cluster] = (kvs_cluster_t){.tokens = info->tokens, .no_crc = true,
                                               .tier = info->lost ? KVS_TIER_LOST : KVS_TIER_DISK};
     s->clusters++;

@@ -298,6 +298,70 @@ static void test_corruption_detected(void **state)
     gw_dp_close(dp);
 }
 
+/* Fetch FETCH_N clusters per head of layer l from first; the status. */
+static ri_status_t fetch_some(gw_dp_t *dp, uint32_t l, uint32_t first)
+{
+    uint8_t *recv = malloc(RECV_BYTES);
+    uint32_t heads[HEADS], counts[HEADS], ids[HEADS * FETCH_N], cache_id;
+    gw_dp_fetch_result_t res;
+    ri_status_t st;
+    assert_non_null(recv);
+    assert_int_equal(gw_dp_register_cache_mode(dp, 64, recv, RECV_BYTES, GW_DP_RECV_INLINE, &cache_id, NULL), RI_OK);
+    for (uint32_t h = 0; h < HEADS; h++) {
+        heads[h] = h;
+        counts[h] = FETCH_N;
+        for (uint32_t j = 0; j < FETCH_N; j++)
+            ids[h * FETCH_N + j] = first + j;
+    }
+    st = gw_dp_fetch_ranked(dp, cache_id, l, HEADS, heads, counts, ids, 0, 30000, &res);
+    if (st == RI_OK)
+        gw_dp_fetch_result_free(&res);
+    assert_int_equal(gw_dp_release(dp, cache_id), RI_OK);
+    free(recv);
+    return st;
+}
+
+/* kill -9: what was only in the pool is gone after --recover, and a worker
+ * asking for it is told RI_ERR_LOST (rebuild), not RI_ERR_RANGE. */
+static void test_kill9_memory_only_lost(void **state)
+{
+    (void)state;
+    uint32_t heads[HEADS], counts[HEADS], tokens[HEADS * FETCH_N], first[HEADS];
+    uint8_t *buf = malloc((size_t)HEADS * FETCH_N * CL_BYTES);
+    gw_dp_t *dp;
+
+    if (g_skip)
+        skip();
+    assert_non_null(buf);
+    /* the daemon of the last test is running: append clusters that stay in
+     * the pool (everything else is on disk, so there is room) */
+    assert_int_equal(gw_dp_connect(g_sess.dataplane_address, g_sess.session_id, g_sess.secret, NULL, &dp), RI_OK);
+    for (uint32_t h = 0; h < HEADS; h++) {
+        heads[h] = h;
+        counts[h] = FETCH_N;
+        for (uint32_t j = 0; j < FETCH_N; j++) {
+            tokens[h * FETCH_N + j] = TOK;
+            gen_cluster(0, h, CLUSTERS + j, buf + ((size_t)h * FETCH_N + j) * CL_BYTES);
+        }
+    }
+    assert_int_equal(gw_dp_upload(dp, true, 0, HEADS, heads, counts, tokens, buf, (size_t)HEADS * FETCH_N * CL_BYTES,
+                                  first),
+                     RI_OK);
+    assert_int_equal(first[0], CLUSTERS);
+    assert_int_equal(fetch_some(dp, 0, CLUSTERS), RI_OK);
+    gw_dp_close(dp);
+    assert_int_equal(kvs_test_daemon_stop(&g_d, SIGKILL, 10000), 128 + SIGKILL);
+    assert_int_equal(start_daemon(true), 0);
+    refresh_address();
+    assert_int_equal(gw_dp_connect(g_sess.dataplane_address, g_sess.session_id, g_sess.secret, NULL, &dp), RI_OK);
+    ri_status_t st = fetch_some(dp, 0, CLUSTERS);
+    printf("# after kill -9 and --recover, memory-only clusters answer %s\n", ri_status_str(st));
+    assert_int_equal(st, RI_ERR_LOST);
+    assert_int_equal(fetch_some(dp, 1, 0), RI_OK); /* what was on disk is served */
+    gw_dp_close(dp);
+    free(buf);
+}
+
 static void test_drop_frees_disk(void **state)
 {
     (void)state;
@@ -403,6 +467,7 @@ int main(void)
         cmocka_unit_test(test_spill_and_read_back),
         cmocka_unit_test(test_recover),
         cmocka_unit_test(test_corruption_detected),
+        cmocka_unit_test(test_kill9_memory_only_lost),
         cmocka_unit_test(test_drop_frees_disk),
         cmocka_unit_test(test_disk_quota),
     };
