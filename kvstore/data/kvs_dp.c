@@ -42,6 +42,8 @@ static CM_ALLOC_TAG(kvs_dp_tag, "kvs.dp");
 #define KVS_DP_SPIN_NS 200000u  /* and this much idle time */
 #define KVS_DP_MAX_CONNS 1024u          /* connections of the daemon */
 #define KVS_DP_MAX_CONNS_PER_SESSION 16u /* connections of one session */
+#define KVS_DP_MAX_INFLIGHT 32u         /* requests of one connection queued at once */
+#define KVS_DP_MAX_UNCONNECTED 64u      /* requests of no connection queued in a lane */
 
 /* A reply in flight: what the send owns until its callback. */
 typedef struct kvs_reply {
@@ -128,11 +130,32 @@ ucs_status_t kvs_dp_am_cb(void *arg, const void *header, size_t header_length, v
      * thread holds data->move_lock: nothing here may take data->lock.  A
      * request sent without UCP_AM_SEND_FLAG_REPLY (peer_key NULL) can never
      * be tied to a connection: it is counted and dropped when served. */
+    const void *key = (param->recv_attr & UCP_AM_RECV_ATTR_FIELD_REPLY_EP) ? param->reply_ep : NULL;
+    kvs_conn_t *c = kvs_dp_conn_of(w, key);
+
+    /* Bounds on what a peer can make us hold: a connection has at most
+     * KVS_DP_MAX_INFLIGHT requests queued (our client has one); a peer with
+     * no accepted connection may only send small messages (a CONNECT), at
+     * most KVS_DP_MAX_UNCONNECTED of them queued per lane.  Refused ones are
+     * released at once (rendezvous data declined) and counted. */
+    if (c != NULL && c->inflight >= KVS_DP_MAX_INFLIGHT) {
+        w->dropped_quota++;
+        return UCS_OK;
+    }
+    if (c == NULL && (length > CM_DP_MAX_WORKER_ADDR || w->unconnected >= KVS_DP_MAX_UNCONNECTED)) {
+        w->dropped_proto++;
+        return UCS_OK;
+    }
     r = cm_calloc(&kvs_dp_tag, 1, sizeof(*r));
     if (r == NULL)
         return UCS_OK;
-    if (param->recv_attr & UCP_AM_RECV_ATTR_FIELD_REPLY_EP)
-        r->peer_key = param->reply_ep;
+    r->peer_key = key;
+    if (c != NULL) {
+        c->inflight++;
+    } else {
+        r->unconnected = true;
+        w->unconnected++;
+    }
     r->hdr_len = header_length;
     memcpy(r->hdr, header, CM_MIN(header_length, (size_t)CM_WIRE_HDR_SIZE));
     r->len = length;
@@ -302,6 +325,12 @@ ri_status_t kvs_dp_reply_data(kvs_dp_t *dp, void *conn, const cm_wire_hdr_t *req
 
 static void kvs_dreq_release(kvs_dpw_t *w, kvs_dreq_t *r)
 {
+    kvs_conn_t *c;
+    if (r->unconnected) {
+        w->unconnected--;
+    } else if ((c = kvs_dp_conn_of(w, r->peer_key)) != NULL && c->inflight > 0) {
+        c->inflight--; /* a soft count: a replaced connection's requests may land on its successor */
+    }
     if (r->ucx_owned)
         ucp_am_data_release(w->worker, r->desc);
     else
@@ -590,6 +619,17 @@ static void kvs_dp_close_conn(kvs_dpw_t *w, kvs_conn_t *c)
 
 static void kvs_dp_gc(kvs_dpw_t *w)
 {
+    if (w->dropped_proto != 0 || w->dropped_quota != 0) {
+        kvs_data_t *data = w->dp->data;
+        cm_warn("dp: lane %u refused %llu message(s) beyond %u queued per connection and %llu from peers with no "
+                "connection", w->index, (unsigned long long)w->dropped_quota, KVS_DP_MAX_INFLIGHT,
+                (unsigned long long)w->dropped_proto);
+        pthread_mutex_lock(&data->lock);
+        data->errors[KVS_ERRK_QUOTA] += w->dropped_quota;
+        data->errors[KVS_ERRK_PROTOCOL] += w->dropped_proto;
+        pthread_mutex_unlock(&data->lock);
+        w->dropped_proto = w->dropped_quota = 0;
+    }
     pthread_mutex_lock(&w->gc_lock);
     for (size_t i = 0; i < w->n_gc; i++)
         ucp_rkey_destroy(w->gc_rkeys[i]);

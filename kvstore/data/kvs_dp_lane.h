@@ -34,6 +34,7 @@ typedef struct kvs_conn {
     bool failed;              /* error handler fired or DISCONNECT; close at the next turn */
     bool graceful;            /* DISCONNECT: flush the reply out before the close */
     uint64_t puts;            /* puts issued since the last flush */
+    uint32_t inflight;        /* its requests queued or being served */
     struct kvs_conn *next;
 } kvs_conn_t;
 
@@ -45,6 +46,7 @@ typedef struct kvs_dreq {
     void *desc;                       /* UCX data (persistent or rndv) or our copy */
     size_t len;                       /* body length */
     bool rndv, ucx_owned;             /* kind of desc */
+    bool unconnected;                 /* arrived on no accepted connection (counted in the lane) */
     /* a rendezvous body being received (kvs_dp.c) */
     cm_wire_hdr_t h;                  /* decoded header */
     uint8_t *body;                    /* receive buffer (cm_malloc'd) */
@@ -78,6 +80,8 @@ struct kvs_dpw {
     uint8_t *stage;                   /* inline replies are gathered here when it is free */
     size_t stage_len;
     bool stage_busy;                  /* a reply from stage is still being sent */
+    uint32_t unconnected;             /* queued requests from no accepted connection */
+    uint64_t dropped_proto, dropped_quota; /* refused in the AM callback, not yet counted in data */
 };
 
 struct kvs_dp {
