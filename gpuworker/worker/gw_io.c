@@ -7,6 +7,7 @@
 #include "gpuworker/worker/gw_io.h"
 
 #include <pthread.h>
+#include <time.h>
 
 #include "common/cm_alloc.h"
 #include "common/cm_log.h"
@@ -138,7 +139,14 @@ ri_status_t gw_io_start(gw_dp_t *dp, gw_io_t **io_p)
     }
     io->dp = dp;
     pthread_mutex_init(&io->lock, NULL);
-    pthread_cond_init(&io->cond, NULL);
+    {
+        /* timed waits (gw_io_wait_until) count on the monotonic clock */
+        pthread_condattr_t ca;
+        pthread_condattr_init(&ca);
+        pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
+        pthread_cond_init(&io->cond, &ca);
+        pthread_condattr_destroy(&ca);
+    }
     if (pthread_create(&io->thread, NULL, gw_io_main, io) != 0) {
         pthread_cond_destroy(&io->cond);
         pthread_mutex_destroy(&io->lock);
@@ -225,6 +233,18 @@ ri_status_t gw_io_drain(gw_io_t *io)
     st = io->err;
     pthread_mutex_unlock(&io->lock);
     return st;
+}
+
+bool gw_io_wait_until(gw_io_t *io, gw_io_job_t *job, uint64_t deadline_ns)
+{
+    struct timespec ts = {.tv_sec = (time_t)(deadline_ns / 1000000000u), .tv_nsec = (long)(deadline_ns % 1000000000u)};
+    bool done;
+    pthread_mutex_lock(&io->lock);
+    while (!job->done && pthread_cond_timedwait(&io->cond, &io->lock, &ts) == 0)
+        ;
+    done = job->done;
+    pthread_mutex_unlock(&io->lock);
+    return done;
 }
 
 bool gw_io_done(gw_io_t *io, const gw_io_job_t *job)

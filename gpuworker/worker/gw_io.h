@@ -95,6 +95,10 @@ ri_status_t gw_io_drain(gw_io_t *io);
 /* True when a submitted job has finished (no waiting). */
 bool gw_io_done(gw_io_t *io, const gw_io_job_t *job);
 
+/* Wait for job until the CLOCK_MONOTONIC time deadline_ns; true when it is
+ * done (then gw_io_wait returns at once with its status). */
+bool gw_io_wait_until(gw_io_t *io, gw_io_job_t *job, uint64_t deadline_ns);
+
 /* The sticky error, without waiting. */
 ri_status_t gw_io_error(gw_io_t *io);
 

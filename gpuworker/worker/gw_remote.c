@@ -58,6 +58,14 @@ typedef struct gw_step {
     float *part;           /* [n_kv][2 g (d + 1)] exact and estimated parts */
     gw_io_job_t job;       /* the fetch */
     bool predicted;        /* every retrieved cluster was in the mirror: no wait */
+    bool degraded;         /* an earlier fetch is late: no fetch, mirror hits only */
+    uint64_t submit_ns;    /* when the fetch was submitted (its deadline counts from here) */
+    uint32_t *nl;          /* [n_kv] late clusters per head (after the retrieved ones in ids) */
+    /* the fetch's own copies of what it asked (the io thread reads them, and
+     * a late answer is checked against them after later steps reused ids) */
+    uint32_t *jheads, *jcounts, *jreq, *jlids;
+    size_t cap_j;
+    uint32_t jn_heads;
     const uint8_t **paddr; /* page addresses of every entry, in entry order */
     uint32_t *eoff;        /* [entries] first page of each entry in paddr */
     uint32_t *etok;        /* [entries] tokens of each entry */
@@ -102,6 +110,10 @@ struct gw_remote {
      * waited for; checked in order once done */
     gw_pend_t pend[GW_PEND_MAX];
     uint32_t pend_first, pend_n;
+    /* a fetch that missed its step's deadline, still in flight in step.job;
+     * no new fetch is sent until it is applied (its misses sit in recv) */
+    bool late;
+    uint32_t late_layer;
     ri_status_t err;         /* sticky */
     gw_remote_stats_t st;
 };
@@ -119,6 +131,7 @@ void gw_remote_params_default(gw_remote_params_t *p)
      * zone it could overlap is tiny on the CPU backend. */
     p->fetch_async = getenv("RI_FETCH_ASYNC") != NULL && atoi(getenv("RI_FETCH_ASYNC")) != 0;
     p->predict = getenv("RI_PREDICT") == NULL || atoi(getenv("RI_PREDICT")) != 0;
+    p->deadline_us = getenv("RI_DEADLINE_US") != NULL ? (uint32_t)strtoul(getenv("RI_DEADLINE_US"), NULL, 10) : 0;
 }
 
 static uint32_t gw_pages(uint32_t tokens)
@@ -139,6 +152,11 @@ static void gw_remote_step_free(gw_step_t *s)
     cm_free(s->counts);
     cm_free(s->ent0);
     cm_free(s->part);
+    cm_free(s->nl);
+    cm_free(s->jheads);
+    cm_free(s->jcounts);
+    cm_free(s->jreq);
+    cm_free(s->jlids);
     cm_free(s->paddr);
     cm_free(s->eoff);
     cm_free(s->etok);
@@ -173,6 +191,8 @@ ri_status_t gw_remote_create(const char *addr, uint64_t session_id, const uint8_
     r->g = shape->n_q_heads / shape->n_kv_heads;
     r->d = shape->head_dim;
     r->p = *params;
+    if (r->p.deadline_us > 0)
+        r->p.fetch_async = true; /* only an asynchronous fetch can be left behind */
     r->ops = params->wave.ops ? params->wave.ops : kn_ops_default();
     r->page_bytes = (size_t)4 * GW_REMOTE_PAGE_TOKENS * r->d;
     r->layers = cm_calloc(&gw_remote_tag, n_layers, sizeof(*r->layers));
@@ -198,8 +218,11 @@ ri_status_t gw_remote_create(const char *addr, uint64_t session_id, const uint8_
     r->step.heads = cm_calloc(&gw_remote_tag, r->n_kv, sizeof(uint32_t));
     r->step.counts = cm_calloc(&gw_remote_tag, r->n_kv, sizeof(uint32_t));
     r->step.ent0 = cm_calloc(&gw_remote_tag, r->n_kv, sizeof(uint32_t));
-    r->step.part = cm_malloc(&gw_remote_tag, (size_t)r->n_kv * 2 * r->g * (r->d + 1) * sizeof(float));
-    if (!r->step.nr || !r->step.ne || !r->step.heads || !r->step.counts || !r->step.ent0 || !r->step.part)
+    /* per head: exact, estimated and late parts, each [g][d] + [g] */
+    r->step.part = cm_malloc(&gw_remote_tag, (size_t)r->n_kv * 3 * r->g * (r->d + 1) * sizeof(float));
+    r->step.nl = cm_calloc(&gw_remote_tag, r->n_kv, sizeof(uint32_t));
+    if (!r->step.nr || !r->step.ne || !r->step.heads || !r->step.counts || !r->step.ent0 || !r->step.part ||
+        !r->step.nl)
         goto err_nomem;
 
     dopt.timeout_ms = params->timeout_ms;
@@ -628,9 +651,13 @@ static ri_status_t gw_pend_reap(gw_remote_t *r, bool block)
     return st;
 }
 
+static ri_status_t gw_late_reap(gw_remote_t *r, bool block);
+
 static ri_status_t gw_pend_complete(gw_remote_t *r)
 {
-    return gw_pend_reap(r, true);
+    ri_status_t st = gw_pend_reap(r, true);
+    ri_status_t st2 = gw_late_reap(r, true);
+    return st != RI_OK ? st : st2;
 }
 
 /* Queue the LRU-refreshing fetch of a predicted step (req/lids: k clusters). */
@@ -803,6 +830,133 @@ static ri_status_t gw_step_reserve(gw_remote_t *r, uint32_t want)
     return RI_OK;
 }
 
+/* ---- late fetches (deadline_us) ---- */
+
+/* The fetch's own copies of heads, counts, kvstore ids and local ids. */
+static ri_status_t gw_job_arrays(gw_remote_t *r, uint32_t n_heads, uint64_t k)
+{
+    gw_step_t *s = &r->step;
+    size_t need = CM_MAX((size_t)k, (size_t)r->n_kv);
+    if (need > s->cap_j) {
+        uint32_t **arr[4] = {&s->jheads, &s->jcounts, &s->jreq, &s->jlids};
+        for (int i = 0; i < 4; i++) {
+            uint32_t *a = cm_realloc(&gw_remote_tag, *arr[i], need * sizeof(uint32_t));
+            if (a == NULL)
+                return RI_ERR_NOMEM;
+            *arr[i] = a;
+        }
+        s->cap_j = need;
+    }
+    memcpy(s->jheads, s->heads, n_heads * sizeof(uint32_t));
+    memcpy(s->jcounts, s->counts, n_heads * sizeof(uint32_t));
+    memcpy(s->jreq, s->req, k * sizeof(uint32_t));
+    memcpy(s->jlids, s->lids, k * sizeof(uint32_t));
+    s->jn_heads = n_heads;
+    return RI_OK;
+}
+
+/* Check a late answer against what was asked (the fetch's own copies). */
+static ri_status_t gw_late_check(gw_remote_t *r)
+{
+    const gw_step_t *s = &r->step;
+    const cm_dp_fetch_reply_view_t *v = &s->job.res.view;
+    const gw_layer_t *L = &r->layers[r->late_layer];
+    uint32_t e = 0;
+    if (v->n_heads != s->jn_heads)
+        return RI_ERR_PROTOCOL;
+    for (uint32_t hi = 0; hi < v->n_heads; hi++) {
+        uint32_t h = s->jheads[hi];
+        if (cm_dp_reply_head(v, hi) != h || cm_dp_reply_head_ids(v, hi) != s->jcounts[hi])
+            return RI_ERR_PROTOCOL;
+        for (uint32_t i = 0; i < s->jcounts[hi]; i++, e++) {
+            uint32_t j = s->jlids[e];
+            cm_dp_entry_t en;
+            cm_dp_reply_entry(v, e, &en);
+            if (en.cluster != s->jreq[e] || en.tokens != L->idx[h].sizes[j] || en.n_pages != gw_pages(en.tokens))
+                return RI_ERR_PROTOCOL;
+            if (en.flags & (CM_DP_F_HIT | CM_DP_F_ADMITTED))
+                for (uint32_t p = 0; p < en.n_pages; p++)
+                    if (cm_dp_reply_page(v, en.page_index + p) >= r->cache_pages)
+                        return RI_ERR_PROTOCOL;
+            if ((en.flags & CM_DP_F_MISS) &&
+                (en.recv_offset > r->recv_len || (uint64_t)en.n_pages * r->page_bytes > r->recv_len - en.recv_offset))
+                return RI_ERR_PROTOCOL;
+            if (en.flags & CM_DP_F_HIT)
+                r->st.hits++;
+            else
+                r->st.misses++;
+        }
+    }
+    return RI_OK;
+}
+
+static void gw_step_admit(gw_remote_t *r);
+
+/* Apply the late fetch once it is in (with block: wait for it): its
+ * evictions and admissions go into the mirror and its admitted misses into
+ * the cache.  Between two steps only, so no step reads a page meanwhile. */
+static ri_status_t gw_late_reap(gw_remote_t *r, bool block)
+{
+    gw_step_t *s = &r->step;
+    ri_status_t st;
+    if (!r->late)
+        return RI_OK;
+    if (!block && !gw_io_done(r->io, &s->job))
+        return RI_OK;
+    (void)gw_pend_reap(r, true); /* sent before it, so done before it */
+    st = gw_io_wait(r->io, &s->job);
+    r->st.fetches++;
+    if (st == RI_OK)
+        st = gw_late_check(r);
+    if (st == RI_OK)
+        st = gw_mirror_apply(r, r->late_layer, &s->job.res.view, s->jlids);
+    if (st == RI_OK)
+        gw_step_admit(r);
+    else
+        cm_error("data plane: the late fetch of layer %u failed: %s", r->late_layer, ri_status_str(st));
+    gw_dp_fetch_result_free(&s->job.res);
+    r->late = false;
+    if (st != RI_OK && r->err == RI_OK)
+        r->err = st;
+    return st;
+}
+
+/* The step could not wait for (all) its misses: in each head, the retrieved
+ * clusters our cache holds (per the mirror) stay exact, moved to the front;
+ * the others are estimated from their centroid like the estimation zone
+ * (part 3), and counted late.  The cache pages are read as they are: the
+ * late answer changes them only when it is applied, between steps. */
+static ri_status_t gw_step_degrade(gw_remote_t *r, const kn_shape_t *grp)
+{
+    gw_step_t *s = &r->step;
+    const gw_layer_t *L = &r->layers[s->layer];
+    uint32_t k = 0, late = 0;
+    ri_status_t st = RI_OK;
+    for (uint32_t h = 0; h < r->n_kv && st == RI_OK; h++) {
+        uint32_t *ids = s->ids + (size_t)h * s->want, keep = 0;
+        for (uint32_t i = 0; i < s->nr[h]; i++)
+            if (L->cpg[h][ids[i]] != NULL) {
+                uint32_t t = ids[keep];
+                ids[keep++] = ids[i];
+                ids[i] = t;
+            }
+        s->nl[h] = s->nr[h] - keep;
+        s->nr[h] = keep;
+        s->ent0[h] = k;
+        k += keep;
+        late += s->nl[h];
+        if (s->nl[h] > 0) {
+            float *o_l = s->part + (size_t)h * 3 * r->g * (r->d + 1) + (size_t)2 * r->g * r->d;
+            float *l_l = o_l + (size_t)r->g * r->d + 2u * r->g;
+            st = kn_estimate(r->ops, grp, s->q + (size_t)h * r->g * r->d, &L->idx[h], ids + keep, s->nl[h], o_l, l_l);
+        }
+    }
+    s->predicted = true; /* every page from the mirror */
+    r->st.late_steps++;
+    r->st.late_clusters += late;
+    return st;
+}
+
 /* ---- decode ---- */
 
 ri_status_t gw_remote_decode_begin(gw_remote_t *r, uint32_t layer, const float *q, const kn_kv_view_t *kv,
@@ -825,11 +979,14 @@ ri_status_t gw_remote_decode_begin(gw_remote_t *r, uint32_t layer, const float *
     if (r->err != RI_OK)
         return r->err;
     st = gw_pend_reap(r, false);
+    if (st == RI_OK)
+        st = gw_late_reap(r, false);
     if (st != RI_OK)
         return st;
     s->layer = layer;
     s->q = q;
     s->predicted = false;
+    s->degraded = r->late; /* an earlier fetch is still out: none sent now */
     s->kv = *kv;
     s->n_r = n_r == UINT32_MAX ? L->n_r : n_r;
     s->n_e = n_e == UINT32_MAX ? L->n_e : n_e;
@@ -843,7 +1000,7 @@ ri_status_t gw_remote_decode_begin(gw_remote_t *r, uint32_t layer, const float *
     for (uint32_t h = 0; h < r->n_kv; h++) {
         const kn_index_t *idx = &L->idx[h];
         uint32_t *ids = s->ids + (size_t)h * s->want;
-        s->nr[h] = s->ne[h] = 0;
+        s->nr[h] = s->ne[h] = s->nl[h] = 0;
         s->ent0[h] = (uint32_t)k;
         if (idx->n_clusters > 0) {
             st = kn_rank(r->ops, &grp, q + (size_t)h * r->g * r->d, idx, s->n_r, s->n_e, ids, &s->nr[h], &s->ne[h]);
@@ -866,7 +1023,9 @@ ri_status_t gw_remote_decode_begin(gw_remote_t *r, uint32_t layer, const float *
                 all_cached = false;
         }
     }
-    if (n_heads > 0 && all_cached && r->registered && r->p.predict) {
+    if (s->degraded) {
+        /* mirror hits exact, the rest estimated (decode_end) */
+    } else if (n_heads > 0 && all_cached && r->registered && r->p.predict) {
         /* Predicted all-hit: compute from the cache now; the fetch only
          * refreshes the LRU and is checked when its answer is in. */
         st = gw_pend_submit(r, layer, n_heads, k);
@@ -882,17 +1041,21 @@ ri_status_t gw_remote_decode_begin(gw_remote_t *r, uint32_t layer, const float *
                 return st;
             }
         }
+        st = gw_job_arrays(r, n_heads, k);
+        if (st != RI_OK)
+            return st;
         memset(&s->job, 0, sizeof(s->job));
         s->job.kind = GW_IO_FETCH;
         s->job.cache_id = r->cache_id;
         s->job.layer = layer;
         s->job.n_heads = n_heads;
-        s->job.heads = s->heads;
-        s->job.counts = s->counts;
-        s->job.ids = s->req;
+        s->job.heads = s->jheads;
+        s->job.counts = s->jcounts;
+        s->job.ids = s->jreq;
         s->job.recv_offset = 0;
         s->job.timeout_ms = r->p.timeout_ms;
         s->fetching = true;
+        s->submit_ns = cm_time_ns();
         if (r->p.fetch_async) {
             gw_io_submit(r->io, &s->job);
         } else {
@@ -966,10 +1129,10 @@ static void gw_exact_task(void *arg, size_t begin, size_t end, unsigned worker)
         size_t np = 0, maxp = 2, sink = CM_MIN((size_t)r->p.wave.sink_tokens, kv->n_tokens);
         size_t tail0 = CM_MAX(L->indexed_end, sink), hoff = h * kv->head_stride;
         uint64_t exact = 0, retrieved = 0;
-        float *o_x = s->part + h * 2 * g * (d + 1), *o_e = o_x + (size_t)g * d;
-        float *l_x = o_x + (size_t)2 * g * d, *l_e = l_x + g;
+        float *o_x = s->part + h * 3 * g * (d + 1), *o_e = o_x + (size_t)g * d, *o_l = o_e + (size_t)g * d;
+        float *l_x = o_x + (size_t)3 * g * d, *l_e = l_x + g, *l_l = l_e + g;
         float lse_tmp[GW_GMAX];
-        const float *op[2] = {o_x, o_e}, *lp[2] = {l_x, l_e};
+        const float *op[3] = {o_x, o_e, o_l}, *lp[3] = {l_x, l_e, l_l};
         size_t row = (size_t)d * sizeof(cm_fp16_t);
         kn_page_t *pages;
         cm_fp16_t *exec;
@@ -1014,7 +1177,8 @@ static void gw_exact_task(void *arg, size_t begin, size_t end, unsigned worker)
         cm_free(pages);
         cm_free(exec);
         if (st == RI_OK)
-            st = kn_merge(r->ops, g, d, 2, op, lp, s->out + h * g * d, s->lse ? s->lse + h * g : lse_tmp);
+            st = kn_merge(r->ops, g, d, s->nl[h] > 0 ? 3 : 2, op, lp, s->out + h * g * d,
+                          s->lse ? s->lse + h * g : lse_tmp);
         if (st != RI_OK) {
             gw_step_fail(s, st);
             continue;
@@ -1111,15 +1275,34 @@ ri_status_t gw_remote_decode_end(gw_remote_t *r, float *out, float *lse)
     grp = (kn_shape_t){.n_q_heads = r->g, .n_kv_heads = 1, .head_dim = r->d, .scale = r->shape.scale};
     /* estimation zone while the fetch is on its way */
     for (uint32_t h = 0; h < r->n_kv && st == RI_OK; h++) {
-        float *o_e = s->part + (size_t)h * 2 * r->g * (r->d + 1) + (size_t)r->g * r->d;
-        float *l_e = o_e + (size_t)r->g * r->d + r->g;
+        float *o_e = s->part + (size_t)h * 3 * r->g * (r->d + 1) + (size_t)r->g * r->d;
+        float *l_e = o_e + (size_t)2 * r->g * r->d + r->g;
         st = kn_estimate(r->ops, &grp, s->q + (size_t)h * r->g * r->d, &L->idx[h], s->ids + (size_t)h * s->want + s->nr[h],
                          s->ne[h], o_e, l_e);
     }
+    if (s->fetching && r->p.deadline_us > 0) {
+        double t0 = cm_time_s();
+        bool in = gw_io_wait_until(r->io, &s->job, s->submit_ns + (uint64_t)r->p.deadline_us * 1000u);
+        double w = cm_time_s() - t0;
+        r->st.fetch_wait_s += w;
+        r->st.max_wait_s = CM_MAX(r->st.max_wait_s, w);
+        if (!in) {
+            /* The answer is late: this step goes on without its misses, and
+             * the fetch stays in flight until a later step applies it. */
+            r->late = true;
+            r->late_layer = s->layer;
+            s->fetching = false;
+            s->degraded = true;
+        }
+    }
+    if (s->degraded && st == RI_OK)
+        st = gw_step_degrade(r, &grp);
     if (s->fetching) {
         double t0 = cm_time_s();
         ri_status_t fst = gw_io_wait(r->io, &s->job);
-        r->st.fetch_wait_s += cm_time_s() - t0;
+        double w = cm_time_s() - t0;
+        r->st.fetch_wait_s += w;
+        r->st.max_wait_s = CM_MAX(r->st.max_wait_s, w);
         r->st.fetches++;
         if (fst == RI_OK)
             fst = gw_step_check_reply(r);
@@ -1141,8 +1324,8 @@ ri_status_t gw_remote_decode_end(gw_remote_t *r, float *out, float *lse)
         atomic_init(&s->exact, 0);
         atomic_init(&s->retrieved, 0);
         atomic_init(&s->bytes, 0);
-        if (!s->fetching)
-            memset(&s->job.res, 0, sizeof(s->job.res)); /* no entries to read */
+        if (!s->fetching && !r->late)
+            memset(&s->job.res, 0, sizeof(s->job.res)); /* no entries to read (a late job owns it) */
         st = gw_step_resolve(r);
         if (st == RI_OK) {
             cm_pool_parallel_for(kn_pool(), r->n_kv, 1, gw_exact_task, r);

@@ -65,6 +65,12 @@ typedef struct gw_remote_params {
     bool predict;             /* steps whose clusters are all cached (per the mirror of
                                  the directory) do not wait for the fetch (true;
                                  RI_PREDICT=0 turns it off) */
+    uint32_t deadline_us;     /* a layer-step waits at most this long (from the fetch's
+                                 submission) for its misses; those not in by then are
+                                 attended through their centroid estimate and counted
+                                 late, and the fetch is applied when it lands.  0 = wait
+                                 for every fetch (exact; RI_DEADLINE_US sets it).  A
+                                 deadline makes fetches asynchronous. */
 } gw_remote_params_t;
 
 void gw_remote_params_default(gw_remote_params_t *p);
@@ -86,6 +92,9 @@ typedef struct gw_remote_stats {
     uint32_t registrations;    /* caches registered (> 1: receive buffer grew) */
     double build_s;            /* index build (prefill and updates) */
     double fetch_wait_s;       /* time decode waited for fetches */
+    double max_wait_s;         /* longest wait of one layer-step for its fetch */
+    uint64_t late_steps;       /* layer-steps that did not wait for (all) their misses */
+    uint64_t late_clusters;    /* retrieved clusters attended through their estimate instead */
     double upload_s;           /* io thread time in uploads */
 } gw_remote_stats_t;
 

@@ -3,8 +3,13 @@
  * ephemeral loopback ports): remote decode equals the in-process kn_wave
  * decode on the same K/V (<= 1e-6 relative), through index updates
  * (APPEND_CLUSTERS); retrieving every cluster equals full attention; a
- * workload whose queries repeat reaches a cache hit ratio >= 0.9.
+ * workload whose queries repeat reaches a cache hit ratio >= 0.9; with a
+ * 1 us deadline (deadline_us) steps go on without their misses: they are
+ * counted late, no step waits longer than the deadline (plus scheduling
+ * slack), the late answers are applied later without error, and the output
+ * error against the in-process decode is reported.
  */
+#include <math.h>
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -211,6 +216,60 @@ static void test_hit_ratio_repeating(void **state)
     assert_true(ratio >= 0.9);
 }
 
+static void test_deadline_late(void **state)
+{
+    fx_t *f = *state;
+    gw_ctl_session_t sess;
+    gw_remote_params_t p = f->p;
+    gw_remote_t *r = NULL;
+    kn_wave_t *w[NL];
+    float q[NQ * D], o1[NQ * D], o2[NQ * D];
+    double errs[40 * NL], worst = 0;
+    int n_err = 0;
+    gw_remote_stats_t st;
+
+    assert_int_equal(wk_env_session(&f->env, NL, NKV, D, &sess), 0);
+    p.deadline_us = 1;
+    assert_int_equal(gw_remote_create(sess.dataplane_address, sess.session_id, sess.secret, &f->shape, NL, &p, &r),
+                     RI_OK);
+    for (uint32_t l = 0; l < NL; l++) {
+        kn_kv_view_t kv = fx_view(f, l);
+        assert_int_equal(kn_wave_create(&f->shape, &f->p.wave, &w[l]), RI_OK);
+        assert_int_equal(kn_wave_build(w[l], &kv), RI_OK);
+        assert_int_equal(gw_remote_build(r, l, &kv), RI_OK);
+    }
+    assert_int_equal(gw_remote_sync(r), RI_OK);
+    for (int step = 0; step < 40; step++)
+        for (uint32_t l = 0; l < NL; l++) {
+            kn_kv_view_t kv = fx_view(f, l);
+            wk_synth_q(q, NQ, D, 90000 + (uint64_t)step * NL + l);
+            assert_int_equal(kn_wave_decode(w[l], q, &kv, o1, NULL, NULL), RI_OK);
+            assert_int_equal(gw_remote_decode(r, l, q, &kv, o2, NULL), RI_OK);
+            for (size_t i = 0; i < NQ * D; i++)
+                assert_true(isfinite(o2[i]));
+            errs[n_err] = wk_rel_err(o2, o1, NQ, D);
+            worst = errs[n_err] > worst ? errs[n_err] : worst;
+            n_err++;
+        }
+    assert_int_equal(gw_remote_sync(r), RI_OK); /* every late answer applied, none wrong */
+    gw_remote_stats(r, &st);
+    double sum = 0;
+    for (int i = 0; i < n_err; i++)
+        sum += errs[i];
+    printf("deadline 1 us: %llu of %llu layer-steps late, %.1f late clusters per late step, longest wait %.0f us; "
+           "rel err vs in-process mean %.3g, worst %.3g; hits %llu misses %llu\n",
+           (unsigned long long)st.late_steps, (unsigned long long)st.steps,
+           st.late_steps ? (double)st.late_clusters / (double)st.late_steps : 0.0, st.max_wait_s * 1e6,
+           sum / n_err, worst, (unsigned long long)st.hits, (unsigned long long)st.misses);
+    assert_true(st.late_steps > 0);
+    assert_true(st.late_clusters > 0);
+    assert_true(st.max_wait_s < 0.005); /* the deadline, plus a wake-up's slack */
+    assert_int_equal(gw_remote_error(r), RI_OK);
+    gw_remote_destroy(r);
+    for (uint32_t l = 0; l < NL; l++)
+        kn_wave_destroy(w[l]);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -218,6 +277,7 @@ int main(void)
         cmocka_unit_test(test_remote_equals_inprocess),
         cmocka_unit_test(test_hit_ratio_repeating),
         cmocka_unit_test(test_all_clusters_is_full),
+        cmocka_unit_test(test_deadline_late),
     };
     return cmocka_run_group_tests(tests, fx_setup, fx_teardown);
 }
