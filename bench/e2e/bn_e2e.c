@@ -55,6 +55,7 @@ typedef struct e2e_opts {
     size_t batches[8], n_batches;
     size_t steps;
     unsigned hog;   /* spinning processes sharing the CPU during the run */
+    uint32_t deadline_us; /* retroinfer-kvstore: per layer-step wait bound (0 = wait) */
 } e2e_opts_t;
 
 static size_t e2e_list(const char *s, size_t *out, size_t max)
@@ -168,6 +169,9 @@ static void e2e_case_report(bn_report_t *rep, const e2e_case_t *c, size_t ctx, u
         cJSON_AddNumberToObject(row, "hit_ratio", hr);
         cJSON_AddNumberToObject(row, "fetched_bytes_per_token", fb);
         cJSON_AddNumberToObject(row, "fetch_wait_s_per_token", t.fetch_wait_s / (double)(c->batch * c->n_steps));
+        cJSON_AddNumberToObject(row, "late_clusters_per_token", (double)t.late_clusters / (double)(c->batch * c->n_steps));
+        cJSON_AddNumberToObject(row, "late_steps", (double)t.late_steps);
+        cJSON_AddNumberToObject(row, "max_wait_ms", t.max_wait_s * 1e3);
     } else {
         cJSON_AddNullToObject(row, "hit_ratio");
         cJSON_AddNumberToObject(row, "fetched_bytes_per_token", 0);
@@ -225,7 +229,7 @@ static int e2e_model(bn_report_t *rep, const char *model_path, const char *kvs, 
 {
     char path[4096], err[512];
     mdl_model_t *m = NULL;
-    gw_attn_remote_cfg_t rc_cfg = {.address = kvs, .timeout_ms = 10000};
+    gw_attn_remote_cfg_t rc_cfg = {.address = kvs, .timeout_ms = 10000, .deadline_us = o->deadline_us};
     int rc = 1;
 
     if (model_path)
@@ -461,9 +465,12 @@ int main(int argc, char **argv)
             o.steps = strtoul(argv[++i], NULL, 10);
         else if (!strcmp(argv[i], "--hog") && i + 1 < argc)
             o.hog = (unsigned)strtoul(argv[++i], NULL, 10);
+        else if (!strcmp(argv[i], "--deadline-us") && i + 1 < argc)
+            o.deadline_us = (uint32_t)strtoul(argv[++i], NULL, 10);
         else {
             fprintf(stderr, "usage: ri-bench-e2e [--json PATH] [--quick] [--synthetic] [--contexts 2048,4096,8000] "
-                            "[--batches 1,4] [--steps N] [--hog N] [--kvstore ADDR] [--model PATH]\n");
+                            "[--batches 1,4] [--steps N] [--hog N] [--deadline-us US] [--kvstore ADDR] "
+                            "[--model PATH]\n");
             return 2;
         }
     }
@@ -491,6 +498,7 @@ int main(int argc, char **argv)
         goto out;
     cJSON_AddStringToObject(bn_report_root(rep), "kvstore", kvs);
     cJSON_AddNumberToObject(bn_report_root(rep), "hog", o.hog);
+    cJSON_AddNumberToObject(bn_report_root(rep), "deadline_us", o.deadline_us);
     if (o.hog && bn_hog_start(o.hog) != 0)
         goto out;
     if (!synthetic) {

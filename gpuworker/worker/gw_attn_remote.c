@@ -67,6 +67,9 @@ static void gw_attn_account(gw_attn_t *a)
     gw_g.tot.recoveries += now.recoveries - a->last.recoveries;
     gw_g.tot.build_s += now.build_s - a->last.build_s;
     gw_g.tot.fetch_wait_s += now.fetch_wait_s - a->last.fetch_wait_s;
+    gw_g.tot.late_steps += now.late_steps - a->last.late_steps;
+    gw_g.tot.late_clusters += now.late_clusters - a->last.late_clusters;
+    gw_g.tot.max_wait_s = CM_MAX(gw_g.tot.max_wait_s, now.max_wait_s);
     pthread_mutex_unlock(&gw_g.lock);
     a->st.build_s += now.build_s - a->last.build_s;
     a->last = now;
@@ -97,6 +100,7 @@ static ri_status_t gw_attn_create(const mdl_attn_cfg_t *cfg, mdl_kv_t *kv, void 
     pthread_mutex_lock(&gw_g.lock);
     ri_client_h client = gw_g.client;
     float cache_frac = gw_g.cfg.cache_frac;
+    uint32_t deadline_us = gw_g.cfg.deadline_us;
     bool compare = gw_g.cfg.compare_full;
     if (client != NULL)
         gw_g.live++;
@@ -131,6 +135,7 @@ static ri_status_t gw_attn_create(const mdl_attn_cfg_t *cfg, mdl_kv_t *kv, void 
     sp.update_tokens = cfg->update_tokens;
     if (cache_frac > 0)
         sp.cache_frac = cache_frac;
+    sp.deadline_us = deadline_us;
     sp.expected_tokens = kv->cap;
     sp.label = "ri-worker";
     st = ri_session_create(client, &sp, &a->sess);

@@ -40,6 +40,7 @@ typedef struct gw_attn_remote_cfg {
     float cache_frac;       /* block cache share of the sequence's pages (0 = 0.05) */
     bool compare_full;      /* also compute exact attention per decode step and
                                record the relative error (costs a full pass) */
+    uint32_t deadline_us;   /* per layer-step wait bound for misses (0 = the library default) */
 } gw_attn_remote_cfg_t;
 
 /* Connect to the kvstore (Health) and register the backend with the model
@@ -61,6 +62,9 @@ typedef struct gw_attn_remote_totals {
     uint64_t failures;         /* decode steps that returned an error */
     double build_s;            /* index build (prefill_end and updates) */
     double fetch_wait_s;       /* decode time spent waiting for the kvstore */
+    double max_wait_s;         /* longest wait of one layer-step */
+    uint64_t late_steps;       /* layer-steps that went on without (some of) their misses */
+    uint64_t late_clusters;    /* retrieved clusters estimated because they were late */
     double compare_s;          /* time spent on the compare_full exact pass */
     /* compare_full: relative L2 error of each query head's output vs exact */
     uint64_t n_err;            /* (layer, head, step) samples */

@@ -195,6 +195,8 @@ static void ri_session_remote_params(const ri_session_h s, gw_remote_params_t *g
     g->cache_frac = s->p.cache_frac;
     g->cache_pages = s->p.cache_pages;
     g->timeout_ms = s->client->timeout_ms;
+    if (s->p.deadline_us > 0)
+        g->deadline_us = s->p.deadline_us; /* else the default (RI_DEADLINE_US) */
 }
 
 /* CreateSession on the client's kvstore. */
@@ -430,6 +432,9 @@ ri_status_t ri_session_stats(ri_session_h s, ri_session_stats_t *stats)
     o.build_s = g.build_s;
     o.fetch_wait_s = g.fetch_wait_s;
     o.session_id = s->session_id;
+    o.late_steps = g.late_steps;
+    o.late_clusters = g.late_clusters;
+    o.max_wait_s = g.max_wait_s;
     memcpy(stats, &o, CM_MIN(stats->struct_size, sizeof(o)));
     return RI_OK;
 }

@@ -45,6 +45,7 @@ typedef struct wk_cfg {
     int64_t timeout_ms;  /* kvstore deadline */
     double cache_frac;   /* block cache share */
     bool compare_full;   /* record attention error vs exact */
+    int64_t deadline_us; /* per layer-step wait bound for the kvstore's misses */
     int64_t threads;     /* 0 = all CPUs */
     char *prompt_file;   /* one-shot request */
     char *attn;          /* one-shot: backend */
@@ -66,6 +67,10 @@ static const cm_config_item_t wk_items[] = {
      offsetof(wk_cfg_t, cache_frac), 0.0001, 1.0},
     WK_ITEM("compare-full", CM_CFG_BOOL, "false",
             "retroinfer-remote also computes exact attention and reports the error", compare_full),
+    {"deadline-us", CM_CFG_INT, "0",
+     "retroinfer-remote: a layer-step waits at most this for the kvstore's misses; late clusters are attended "
+     "through their centroid estimate and counted (0 = always wait: exact)",
+     offsetof(wk_cfg_t, deadline_us), 0, 10000000},
     {"threads", CM_CFG_INT, "0", "threads (0 = RI_THREADS or all CPUs)", offsetof(wk_cfg_t, threads), 0, 1024},
     WK_ITEM("prompt-file", CM_CFG_STRING, NULL, "answer this prompt once and exit (no stdin requests)", prompt_file),
     WK_ITEM("attn", CM_CFG_STRING, NULL, "backend of the one-shot request (default: retroinfer-remote with "
@@ -145,6 +150,9 @@ static void wk_add_remote_stats(cJSON *run, size_t steps)
     cJSON_AddNumberToObject(run, "uploaded_bytes", (double)t.uploaded_bytes);
     cJSON_AddNumberToObject(run, "index_build_s", t.build_s);
     cJSON_AddNumberToObject(run, "fetch_wait_s", t.fetch_wait_s);
+    cJSON_AddNumberToObject(run, "max_wait_ms", t.max_wait_s * 1e3);
+    cJSON_AddNumberToObject(run, "late_steps", (double)t.late_steps);
+    cJSON_AddNumberToObject(run, "late_clusters", (double)t.late_clusters);
     cJSON_AddNumberToObject(run, "compare_s", t.compare_s);
     cJSON_AddNumberToObject(run, "recoveries", (double)t.recoveries);
     if (t.n_err > 0) {
@@ -368,7 +376,7 @@ int main(int argc, char **argv)
     if (have_kvs) {
         gw_attn_remote_cfg_t rc_cfg = {.address = cfg.kvstore, .token = cfg.token && cfg.token[0] ? cfg.token : NULL,
                                        .timeout_ms = (uint32_t)cfg.timeout_ms, .cache_frac = (float)cfg.cache_frac,
-                                       .compare_full = cfg.compare_full,
+                                       .compare_full = cfg.compare_full, .deadline_us = (uint32_t)cfg.deadline_us,
                                        .tls_ca = cfg.tls_ca, .tls_cert = cfg.tls_cert, .tls_key = cfg.tls_key};
         ri_status_t st = gw_attn_remote_configure(&rc_cfg, err, sizeof(err));
         if (st != RI_OK) {

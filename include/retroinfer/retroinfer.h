@@ -117,6 +117,10 @@ typedef struct ri_session_params {
     /* kvstore */
     uint64_t expected_tokens;   /* sizing hint for the kvstore (0 = 8192) */
     const char *label;          /* shown by ri-ctl sessions; may be NULL */
+    /* appended (read only when struct_size covers it) */
+    uint32_t deadline_us;       /* a layer-step waits at most this for the kvstore's misses;
+                                   late ones are attended through their centroid estimate
+                                   and counted (0 = always wait: exact) */
 } ri_session_params_t;
 
 /* Fill defaults (geometry 0) and struct_size. */
@@ -189,6 +193,10 @@ typedef struct ri_session_stats {
     double build_s;             /* seconds building indexes */
     double fetch_wait_s;        /* seconds decode waited for the kvstore */
     uint64_t session_id;        /* the kvstore's id of the current session */
+    /* appended (written only when struct_size covers them) */
+    uint64_t late_steps;        /* layer-steps that went on without (some of) their misses */
+    uint64_t late_clusters;     /* retrieved clusters attended through their estimate instead */
+    double max_wait_s;          /* longest wait of one layer-step for the kvstore */
 } ri_session_stats_t;
 
 /* Counters since creation.  stats->struct_size must be set. */
