@@ -100,6 +100,10 @@ for run in r["runs"]:
               f" {run['cache_misses']:.0f} misses); fetched {run['fetched_bytes_per_token']/1024:.1f} KiB per token;"
               f" uploaded {run['uploaded_bytes']/2**20:.1f} MiB; index build {run['index_build_s']:.2f} s;"
               f" waiting for the kvstore {run['fetch_wait_s']:.2f} s")
+        if "late_steps" in run:
+            print(f"demo:   deadline-bounded steps: {run['late_steps']:.0f} layer-steps went on without (some of) their"
+                  f" misses, {run['late_clusters']:.0f} clusters estimated instead; longest wait"
+                  f" {run['max_wait_ms']:.2f} ms (ri-worker --deadline-us; 0 = always wait)")
         if "attn_rel_err_median" in run:
             print(f"demo:   attention output vs exact, relative L2 over {run['attn_err_samples']:.0f} (layer, head, step):"
                   f" median {run['attn_rel_err_median']:.3f}, p90 {run['attn_rel_err_p90']:.3f},"
