@@ -41,6 +41,10 @@ static const cm_config_item_t kvs_ctl_config_items[] = {
     KVS_CFG("dataplane-threads", CM_CFG_INT, "2",
             "data-plane threads, each with its own UCX worker; a session is served by one of them, so a slow "
             "client delays only the sessions of its thread", dataplane_threads, 1, 64),
+    KVS_CFG("dataplane-nice", CM_CFG_INT, "-10",
+            "nice value of the data-plane threads: a worker's step waits on them, so they go before batch work "
+            "on a shared CPU (below 0 needs CAP_SYS_NICE; without it they keep the process's and a warning says so)",
+            dataplane_nice, -20, 19),
     KVS_CFG("dataplane-max-message", CM_CFG_SIZE, "256MiB", "largest data-plane message accepted",
             dataplane_max_message, 4096.0, 17179869184.0),
     KVS_CFG("tokens-file", CM_CFG_STRING, "",
@@ -286,6 +290,7 @@ ri_status_t kvs_ctl_start(const kvs_ctl_config_t *cfg, kvs_ctl_t **ctl_p, char *
         .dp_listen_addr = cfg->dataplane_listen,
         .max_msg_bytes = cfg->dataplane_max_message,
         .dp_lanes = (uint32_t)cfg->dataplane_threads,
+        .dp_nice = (int32_t)cfg->dataplane_nice,
         .drain_timeout_ms = (uint32_t)cfg->drain_timeout_ms,
         .spill_dir = cfg->spill_dir,
         .spill_quota_bytes = cfg->spill_quota,

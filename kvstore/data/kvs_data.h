@@ -50,6 +50,7 @@ typedef struct kvs_data_config {
     uint64_t tenant_quota_bytes;  /* default per-tenant limit; 0 = no limit */
     const char *dp_listen_addr;   /* "host:port": the interface (and port) of UCX's TCP transport; port 0 = any */
     uint32_t dp_lanes;            /* data-plane threads, each with its own UCX worker (0 = 2) */
+    int32_t dp_nice;              /* nice value of the data-plane threads (0 = as the process) */
     uint64_t max_msg_bytes;       /* largest data-plane message accepted */
     uint32_t drain_timeout_ms;    /* bound on in-flight work at shutdown */
     bool no_data_plane;           /* added: catalog and pool only, no UCX (tests) */

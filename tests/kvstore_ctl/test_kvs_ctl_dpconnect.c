@@ -15,9 +15,12 @@
  *  - a sender stopped (SIGSTOP) half way through a 128 MiB upload does not
  *    hold up another client of the same data-plane thread: its connect and
  *    pings are answered at once (the daemon served one request at a time and
- *    waited up to 5 s for the stalled body: issue 11 row 4).
+ *    waited up to 5 s for the stalled body: issue 11 row 4);
+ *  - the data-plane threads run at --dataplane-nice (-10 by default) when the
+ *    daemon may raise priority (root here), else at the process's.
  */
 #define _GNU_SOURCE
+#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <setjmp.h>
@@ -267,6 +270,54 @@ static void test_connections_per_session_capped(void **state)
     kvs_test_daemon_cleanup(&d);
 }
 
+/* Threads of pid whose nice value is nice (field 19 of /proc/PID/task/TID/stat). */
+static int threads_at_nice(pid_t pid, long nice)
+{
+    char path[320], buf[1024];
+    int n = 0;
+    snprintf(path, sizeof(path), "/proc/%d/task", (int)pid);
+    DIR *dir = opendir(path);
+    struct dirent *e;
+    if (dir == NULL)
+        return -1;
+    while ((e = readdir(dir)) != NULL) {
+        if (e->d_name[0] == '.')
+            continue;
+        snprintf(path, sizeof(path), "/proc/%d/task/%s/stat", (int)pid, e->d_name);
+        FILE *f = fopen(path, "r");
+        if (f == NULL)
+            continue;
+        size_t len = fread(buf, 1, sizeof(buf) - 1, f);
+        fclose(f);
+        buf[len] = '\0';
+        char *p = strrchr(buf, ')'); /* the name may hold spaces */
+        long v = 0;
+        /* after ")": state(3) ppid pgrp session tty tpgid flags minflt cminflt majflt cmajflt utime stime
+         * cutime cstime priority(18) nice(19) */
+        if (p != NULL && sscanf(p + 2, "%*c %*d %*d %*d %*d %*d %*u %*u %*u %*u %*u %*u %*u %*d %*d %*d %ld", &v) == 1 &&
+            v == nice)
+            n++;
+    }
+    closedir(dir);
+    return n;
+}
+
+static void test_lanes_nice(void **state)
+{
+    (void)state;
+    kvs_test_daemon_t d;
+    start_daemon(&d);
+    int n = threads_at_nice(d.pid, -10);
+    printf("# %d thread(s) of the daemon at nice -10 (euid %d)\n", n, (int)geteuid());
+    if (geteuid() == 0)
+        assert_int_equal(n, 2); /* the two data-plane lanes, nothing else */
+    else
+        assert_int_equal(n, 0); /* not allowed: the daemon warns and goes on */
+    assert_serving(&d);
+    assert_int_equal(kvs_test_daemon_stop(&d, SIGTERM, 10000), 0);
+    kvs_test_daemon_cleanup(&d);
+}
+
 #define STALL_BYTES (128u << 20)
 
 /* The stalled sender, run as "THIS stall ADDR SESSION SECRETHEX": connect,
@@ -393,6 +444,7 @@ int main(int argc, char **argv)
         cmocka_unit_test(test_malformed_addresses_refused),
         cmocka_unit_test(test_connections_per_session_capped),
         cmocka_unit_test_teardown(test_stalled_sender_blocks_nobody, kill_staller),
+        cmocka_unit_test(test_lanes_nice),
     };
     const struct CMUnitTest mutant[] = {
         cmocka_unit_test(test_malformed_addresses_refused),
