@@ -41,7 +41,8 @@ for _ in $(seq 1 150); do
 done
 [ -s "$work/ports" ] || { echo "demo: ri-kvstore did not start within 15 s" >&2; exit 1; }
 addr="$(sed -n 's/^grpc=//p' "$work/ports")"
-say "ri-kvstore pid $pid: gRPC $addr, data plane $(sed -n 's/^dataplane=//p' "$work/ports")"
+dp="$(sed -n 's/^dataplane=//p' "$work/ports")"
+say "ri-kvstore pid $pid: gRPC $addr, data plane: UCX address ${dp:0:24}... (${#dp} characters; no listener, handed out by CreateSession)"
 
 stop_daemon() {
   kill -TERM "$pid"

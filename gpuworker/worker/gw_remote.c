@@ -1061,7 +1061,9 @@ ri_status_t gw_remote_decode_begin(gw_remote_t *r, uint32_t layer, const float *
         } else {
             double t0 = cm_time_s();
             (void)gw_io_call(r->io, &s->job); /* status checked in decode_end */
-            r->st.fetch_wait_s += cm_time_s() - t0;
+            double w = cm_time_s() - t0;
+            r->st.fetch_wait_s += w;
+            r->st.max_wait_s = CM_MAX(r->st.max_wait_s, w);
         }
     }
     s->active = true;
