@@ -1375,9 +1375,9 @@ ri_status_t gw_remote_reconnect(gw_remote_t *r, const char *addr, uint64_t sessi
     uint32_t *zero;
     ri_status_t st;
 
-    if (r == NULL || addr == NULL || secret == NULL || kv == NULL)
+    if (r == NULL || addr == NULL || secret == NULL)
         return RI_ERR_INVALID;
-    for (uint32_t l = 0; l < r->n_layers; l++)
+    for (uint32_t l = 0; kv != NULL && l < r->n_layers; l++)
         if (!gw_kv_valid(&kv[l]) || kv[l].n_tokens < r->layers[l].indexed_end)
             return RI_ERR_INVALID;
     /* Forget the old connection: pending jobs fail at once once it broke;
@@ -1402,7 +1402,8 @@ ri_status_t gw_remote_reconnect(gw_remote_t *r, const char *addr, uint64_t sessi
     cm_free(r->cache);
     r->cache = NULL;
     r->registered = false;
-    r->pages_uploaded = 0;
+    if (kv != NULL)
+        r->pages_uploaded = 0; /* a re-attach keeps what the kvstore still holds */
     r->err = RI_OK;
 
     st = gw_dp_connect(addr, session_id, secret, &dopt, &dp);
@@ -1413,6 +1414,8 @@ ri_status_t gw_remote_reconnect(gw_remote_t *r, const char *addr, uint64_t sessi
         r->err = st;
         return st;
     }
+    if (kv == NULL)
+        return RI_OK; /* re-attached: the kvstore holds every cluster already */
     zero = cm_calloc(&gw_remote_tag, r->n_kv, sizeof(uint32_t));
     if (zero == NULL) {
         r->err = RI_ERR_NOMEM;
@@ -1429,6 +1432,15 @@ ri_status_t gw_remote_reconnect(gw_remote_t *r, const char *addr, uint64_t sessi
     if (st != RI_OK)
         r->err = st;
     return st;
+}
+
+uint64_t gw_remote_clusters(const gw_remote_t *r)
+{
+    uint64_t n = 0;
+    for (uint32_t l = 0; r != NULL && l < r->n_layers; l++)
+        for (uint32_t h = 0; h < r->n_kv; h++)
+            n += r->layers[l].n_remote[h];
+    return n;
 }
 
 void gw_remote_stats(gw_remote_t *r, gw_remote_stats_t *st_p)

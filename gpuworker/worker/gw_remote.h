@@ -147,13 +147,19 @@ ri_status_t gw_remote_decode_end(gw_remote_t *r, float *out, float *lse);
  * connection, connect to (addr, session_id, secret) -- a NEW, empty kvstore
  * session -- and re-fill it: every cluster of the existing index is
  * re-packed from kv[layer] (n_layers views, borrowed for the call) and
- * uploaded, so that decoding continues exactly where it stopped.  The block
- * cache starts empty.  Errors as gw_remote_create; on failure the object
- * stays broken and the call may be repeated. */
+ * uploaded, so that decoding continues exactly where it stopped.  With kv
+ * NULL, re-attach instead: the session is the one we had, recovered by a
+ * restarted kvstore (--recover) with every cluster we uploaded; nothing is
+ * uploaded.  The block cache starts empty.  Errors as gw_remote_create; on
+ * failure the object stays broken and the call may be repeated. */
 ri_status_t gw_remote_reconnect(gw_remote_t *r, const char *addr, uint64_t session_id,
                                 const uint8_t secret[CM_WIRE_SECRET_SIZE], const kn_kv_view_t *kv);
 
 void gw_remote_stats(gw_remote_t *r, gw_remote_stats_t *st_p);
+
+/* Clusters the kvstore holds for this object (all layers and heads), as far
+ * as the worker knows: what a recovered session must list to re-attach. */
+uint64_t gw_remote_clusters(const gw_remote_t *r);
 
 /* The index of (layer, kv_head) (borrowed, valid until the next build/update). */
 const kn_index_t *gw_remote_index(const gw_remote_t *r, uint32_t layer, uint32_t kv_head);

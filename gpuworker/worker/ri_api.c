@@ -10,6 +10,7 @@
 #include <stdarg.h>
 #include <stdio.h>
 #include <string.h>
+#include <time.h>
 
 #include "common/cm_alloc.h"
 #include "common/cm_log.h"
@@ -35,10 +36,29 @@ struct ri_session {
     char *label;
     kn_shape_t shape;
     uint64_t session_id;     /* current kvstore session */
+    uint8_t secret[CM_WIRE_SECRET_SIZE]; /* its secret (a re-attach presents it again) */
     double opened_s;         /* when it was created (cm_time_s) */
+    uint64_t opened_unix_ms; /* the same, wall clock (to recognise it in ListSessions) */
     gw_remote_t *r;
     uint32_t recoveries;
+    uint32_t reattached;     /* recoveries that re-attached to a recovered session */
 };
+
+static uint64_t ri_unix_ms(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    return (uint64_t)ts.tv_sec * 1000u + (uint64_t)ts.tv_nsec / 1000000u;
+}
+
+/* Remember the kvstore session s now uses. */
+static void ri_session_remember(ri_session_h s, const gw_ctl_session_t *sess)
+{
+    s->session_id = sess->session_id;
+    memcpy(s->secret, sess->secret, CM_WIRE_SECRET_SIZE);
+    s->opened_s = cm_time_s();
+    s->opened_unix_ms = ri_unix_ms();
+}
 
 static _Thread_local char ri_err_buf[512];
 
@@ -249,8 +269,7 @@ ri_status_t ri_session_create(ri_client_h client, const ri_session_params_t *par
     st = ri_session_open(s, &sess);
     if (st != RI_OK)
         goto err_free;
-    s->session_id = sess.session_id;
-    s->opened_s = cm_time_s();
+    ri_session_remember(s, &sess);
     ri_session_remote_params(s, &g);
     st = gw_remote_create(sess.dataplane_address, sess.session_id, sess.secret, &s->shape, s->p.n_layers, &g, &s->r);
     if (st != RI_OK) {
@@ -358,6 +377,40 @@ ri_status_t ri_decode(ri_session_h const *sessions, size_t n, uint32_t layer, co
     return st;
 }
 
+/* A restarted kvstore that recovered our session (--recover) with every
+ * cluster we uploaded: re-attach to it, uploading nothing.  RI_OK when
+ * re-attached; anything else means "re-create and re-fill instead".  The
+ * listed session must be ours: same id, our label, created before we opened
+ * it (ids restart at 1 on a daemon that did not recover), and hold as many
+ * clusters as we uploaded (a crash loses what was only in memory). */
+static ri_status_t ri_session_reattach(ri_session_h s)
+{
+    gw_ctl_session_info_t *infos = NULL, *mine = NULL;
+    size_t n = 0;
+    ri_status_t st = gw_ctl_list_sessions(s->client->ctl, s->client->timeout_ms, &infos, &n, NULL);
+    if (st != RI_OK)
+        return st;
+    for (size_t i = 0; i < n; i++)
+        if (infos[i].session_id == s->session_id)
+            mine = &infos[i];
+    if (mine == NULL || strcmp(mine->label, s->label ? s->label : "") != 0 ||
+        mine->created_unix_ms > s->opened_unix_ms + 1000 || mine->clusters != gw_remote_clusters(s->r) ||
+        mine->dataplane_address[0] == '\0') {
+        if (mine != NULL)
+            cm_info("kvstore %s: session %llu is back but not whole (%llu of %llu clusters): re-filling a new one",
+                    s->client->address, (unsigned long long)s->session_id, (unsigned long long)mine->clusters,
+                    (unsigned long long)gw_remote_clusters(s->r));
+        cm_free(infos);
+        return RI_ERR_NOT_FOUND;
+    }
+    st = gw_remote_reconnect(s->r, mine->dataplane_address, s->session_id, s->secret, NULL);
+    if (st == RI_OK)
+        cm_info("kvstore %s: re-attached to recovered session %llu (%llu clusters, nothing uploaded)",
+                s->client->address, (unsigned long long)s->session_id, (unsigned long long)mine->clusters);
+    cm_free(infos);
+    return st;
+}
+
 ri_status_t ri_session_recover(ri_session_h s, const ri_kv_view_t *kv)
 {
     gw_ctl_session_t sess;
@@ -374,8 +427,14 @@ ri_status_t ri_session_recover(ri_session_h s, const ri_kv_view_t *kv)
      * network failure, not a restart): its old session is dropped below.  A
      * restarted daemon numbers sessions afresh, so the old id may now name
      * another session: never drop it then. */
-    if (gw_ctl_health(s->client->ctl, s->client->timeout_ms, &health, NULL) == RI_OK)
-        same_daemon = (double)health.uptime_ms * 1e-3 > cm_time_s() - s->opened_s;
+    if (gw_ctl_health(s->client->ctl, s->client->timeout_ms, &health, NULL) != RI_OK)
+        health.uptime_ms = 0;
+    else if (!(same_daemon = (double)health.uptime_ms * 1e-3 > cm_time_s() - s->opened_s) &&
+             ri_session_reattach(s) == RI_OK) {
+        s->recoveries++;
+        s->reattached++;
+        return RI_OK;
+    }
     views = cm_malloc(&ri_api_tag, s->p.n_layers * sizeof(*views));
     if (views == NULL)
         return RI_ERR_NOMEM;
@@ -393,8 +452,7 @@ ri_status_t ri_session_recover(ri_session_h s, const ri_kv_view_t *kv)
             (void)gw_ctl_drop_session(s->client->ctl, 1000, sess.session_id, NULL, NULL);
         } else {
             old = s->session_id;
-            s->session_id = sess.session_id;
-            s->opened_s = cm_time_s();
+            ri_session_remember(s, &sess);
         }
     }
     cm_free(views);
@@ -432,6 +490,7 @@ ri_status_t ri_session_stats(ri_session_h s, ri_session_stats_t *stats)
     o.build_s = g.build_s;
     o.fetch_wait_s = g.fetch_wait_s;
     o.session_id = s->session_id;
+    o.reattached = s->reattached;
     o.late_steps = g.late_steps;
     o.late_clusters = g.late_clusters;
     o.max_wait_s = g.max_wait_s;

@@ -172,7 +172,10 @@ ri_status_t ri_decode(ri_session_h const *sessions, size_t n, uint32_t layer, co
 /* Re-create a broken session on the client's kvstore (a new CreateSession:
  * a daemon that restarted has lost the old one) and re-fill it from the
  * caller's K/V: kv[layer] for every layer, as passed to ri_decode.  The
- * index is kept, so decoding continues with the same results.  Errors as
+ * index is kept, so decoding continues with the same results.  When the
+ * kvstore was restarted with --recover and lists our session whole (every
+ * cluster we uploaded: a clean stop), the session re-attaches to it instead
+ * and uploads nothing (ri_session_stats_t.reattached counts it).  Errors as
  * ri_session_create; the session stays broken on failure and the call may
  * be repeated (e.g. until the daemon is back). */
 ri_status_t ri_session_recover(ri_session_h session, const ri_kv_view_t *kv);
@@ -197,6 +200,8 @@ typedef struct ri_session_stats {
     uint64_t late_steps;        /* layer-steps that went on without (some of) their misses */
     uint64_t late_clusters;     /* retrieved clusters attended through their estimate instead */
     double max_wait_s;          /* longest wait of one layer-step for the kvstore */
+    uint32_t reattached;        /* recoveries that re-attached to the session a restarted
+                                   kvstore recovered (--recover), uploading nothing */
 } ri_session_stats_t;
 
 /* Counters since creation.  stats->struct_size must be set. */

@@ -7,7 +7,10 @@
  *    reports itself broken, recovery fails cleanly while the daemon is down;
  *  - the daemon restarted on the same address: ri_session_recover re-creates
  *    and re-fills the session and decoding continues with exactly the results
- *    of an in-process kn_wave on the same K/V.
+ *    of an in-process kn_wave on the same K/V;
+ *  - a daemon with a spill directory stopped cleanly (SIGTERM) and restarted
+ *    with --recover: ri_session_recover re-attaches to the recovered session
+ *    (same id, nothing uploaded again) and decoding goes on exactly as well.
  */
 #include <setjmp.h>
 #include <signal.h>
@@ -190,11 +193,119 @@ static void test_kill9_and_recover(void **state)
     wk_env_stop(&env);
 }
 
+/* Restart with --recover after a clean stop: the session comes back whole,
+ * and recovery re-attaches instead of re-filling. */
+static void test_clean_restart_reattaches(void **state)
+{
+    kvs_test_daemon_t d;
+    ri_client_params_t cp;
+    ri_session_params_t sp;
+    ri_client_h client = NULL;
+    ri_session_h sess = NULL;
+    kn_wave_t *w[NL];
+    kn_wave_params_t wp;
+    cm_fp16_t *k[NL], *v[NL];
+    ri_kv_view_t kv[NL];
+    kn_shape_t shape = {.n_q_heads = NQ, .n_kv_heads = NKV, .head_dim = D};
+    float q[NQ * D], o_rem[NQ * D], o_loc[NQ * D];
+    size_t n = N0;
+    char sflag[400], port[400];
+    ri_session_stats_t s0 = {.struct_size = sizeof(s0)}, s1 = {.struct_size = sizeof(s1)};
+    ri_status_t st;
+    (void)state;
+
+    setenv("UCX_TLS", "posix,sysv,cma,tcp,self", 0);
+    assert_int_equal(kvs_test_daemon_prepare(&d), 0);
+    snprintf(sflag, sizeof(sflag), "--spill-dir=%s/spill", d.dir);
+    const char *extra1[] = {"--memory=256MiB", sflag, NULL};
+    assert_int_equal(kvs_test_daemon_start(&d, extra1, NULL), 0);
+    ri_client_params_init(&cp);
+    cp.address = d.grpc;
+    cp.timeout_ms = 2000;
+    assert_int_equal(ri_client_connect(&cp, &client), RI_OK);
+    ri_session_params_init(&sp);
+    sp.n_layers = NL;
+    sp.n_q_heads = NQ;
+    sp.n_kv_heads = NKV;
+    sp.head_dim = D;
+    sp.label = "reattach-test";
+    assert_int_equal(ri_session_create(client, &sp, &sess), RI_OK);
+    kn_wave_params_default(&wp);
+    for (uint32_t l = 0; l < NL; l++) {
+        k[l] = calloc((size_t)NKV * CAP * D, sizeof(cm_fp16_t));
+        v[l] = calloc((size_t)NKV * CAP * D, sizeof(cm_fp16_t));
+        wk_synth_kv(k[l], v[l], CAP, NKV, D, 0, CAP, l);
+        kv[l] = (ri_kv_view_t){.struct_size = sizeof(ri_kv_view_t), .k = k[l], .v = v[l], .n_tokens = n,
+                               .token_stride = D, .head_stride = (size_t)CAP * D};
+        assert_int_equal(kn_wave_create(&shape, &wp, &w[l]), RI_OK);
+        kn_kv_view_t lv = {.k = k[l], .v = v[l], .n_tokens = n, .token_stride = D, .head_stride = (size_t)CAP * D};
+        assert_int_equal(kn_wave_build(w[l], &lv), RI_OK);
+        assert_int_equal(ri_prefill(sess, l, &kv[l]), RI_OK);
+    }
+    assert_int_equal(ri_prefill_wait(sess), RI_OK);
+    for (uint32_t l = 0; l < NL; l++) {
+        wk_synth_q(q, NQ, D, 700 + l);
+        assert_int_equal(ri_decode(&sess, 1, l, q, &kv[l], o_rem), RI_OK);
+    }
+    assert_int_equal(ri_session_stats(sess, &s0), RI_OK);
+
+    /* a clean stop writes every cluster out; the restart recovers them */
+    snprintf(port, sizeof(port), "--listen=%s", d.grpc);
+    assert_int_equal(kvs_test_daemon_stop(&d, SIGTERM, 15000), 0);
+    const char *extra2[] = {"--memory=256MiB", sflag, "--recover", port, NULL};
+    assert_int_equal(kvs_test_daemon_start(&d, extra2, NULL), 0);
+    double t0 = now_s();
+    do {
+        st = ri_session_recover(sess, kv);
+        if (st != RI_OK) {
+            struct timespec ts = {0, 200000000};
+            nanosleep(&ts, NULL);
+        }
+    } while (st != RI_OK && now_s() - t0 < 15.0);
+    assert_int_equal(st, RI_OK);
+    assert_int_equal(ri_session_stats(sess, &s1), RI_OK);
+    printf("after a clean restart with --recover: session %llu -> %llu, re-attached %u, uploaded %llu -> %llu "
+           "bytes, in %.2f s\n",
+           (unsigned long long)s0.session_id, (unsigned long long)s1.session_id, s1.reattached,
+           (unsigned long long)s0.uploaded_bytes, (unsigned long long)s1.uploaded_bytes, now_s() - t0);
+    assert_int_equal(s1.reattached, 1);
+    assert_int_equal(s1.recoveries, 1);
+    assert_int_equal(s1.session_id, s0.session_id);
+    assert_int_equal(s1.uploaded_bytes, s0.uploaded_bytes); /* nothing re-filled */
+
+    double worst = 0;
+    for (int step = 0; step < 10; step++) {
+        n++;
+        for (uint32_t l = 0; l < NL; l++) {
+            kv[l].n_tokens = n;
+            kn_kv_view_t lv = {.k = k[l], .v = v[l], .n_tokens = n, .token_stride = D, .head_stride = (size_t)CAP * D};
+            wk_synth_q(q, NQ, D, 800 + (uint64_t)step * NL + l);
+            assert_int_equal(kn_wave_update(w[l], &lv, NULL), RI_OK);
+            assert_int_equal(kn_wave_decode(w[l], q, &lv, o_loc, NULL, NULL), RI_OK);
+            assert_int_equal(ri_decode(&sess, 1, l, q, &kv[l], o_rem), RI_OK);
+            double e = wk_rel_err(o_rem, o_loc, NQ, D);
+            worst = e > worst ? e : worst;
+        }
+    }
+    printf("after re-attaching: worst rel err vs in-process %.3g\n", worst);
+    assert_true(worst <= 1e-6);
+    ri_session_close(sess);
+    ri_client_close(client);
+    for (uint32_t l = 0; l < NL; l++) {
+        kn_wave_destroy(w[l]);
+        free(k[l]);
+        free(v[l]);
+    }
+    kvs_test_daemon_stop(&d, SIGTERM, 10000);
+    kvs_test_daemon_cleanup(&d);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_unreachable),
         cmocka_unit_test(test_kill9_and_recover),
+        cmocka_unit_test(test_clean_restart_reattaches),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
