@@ -160,6 +160,14 @@ static void e2e_case_report(bn_report_t *rep, const e2e_case_t *c, size_t ctx, u
     cJSON_AddNumberToObject(row, "decode_tok_s_p90", (double)c->batch / p10);
     cJSON_AddNumberToObject(row, "first_step_ms", c->first_s * 1e3);
     cJSON_AddNumberToObject(row, "e2e_tok_s", e2e_tok_s);
+    /* Worker memory per sequence: the engine's K/V of its tokens (our model
+     * runtime keeps all of it, in every mode), plus what the remote backend
+     * holds (block cache, receive buffer, meta index); against the sequence's
+     * whole K/V, which the kvstore holds. */
+    const mdl_kv_t *kvc = mdl_seq_kv(c->seqs[0]);
+    double full_kv = (double)mdl_seq_len(c->seqs[0]) * kvc->geom.n_layers * kvc->geom.n_kv_heads *
+                     kvc->geom.head_dim * 2.0 * sizeof(cm_fp16_t);
+    double worker_kv = full_kv;
     double hr = 0, fb = 0;
     if (c->remote) {
         gw_attn_remote_totals_t t;
@@ -170,17 +178,21 @@ static void e2e_case_report(bn_report_t *rep, const e2e_case_t *c, size_t ctx, u
         cJSON_AddNumberToObject(row, "fetched_bytes_per_token", fb);
         cJSON_AddNumberToObject(row, "fetch_wait_s_per_token", t.fetch_wait_s / (double)(c->batch * c->n_steps));
         cJSON_AddNumberToObject(row, "late_clusters_per_token", (double)t.late_clusters / (double)(c->batch * c->n_steps));
+        worker_kv += (double)t.resident_bytes / (double)c->batch;
+        cJSON_AddNumberToObject(row, "remote_resident_bytes", (double)t.resident_bytes / (double)c->batch);
         cJSON_AddNumberToObject(row, "late_steps", (double)t.late_steps);
         cJSON_AddNumberToObject(row, "max_wait_ms", t.max_wait_s * 1e3);
     } else {
         cJSON_AddNullToObject(row, "hit_ratio");
         cJSON_AddNumberToObject(row, "fetched_bytes_per_token", 0);
     }
+    cJSON_AddNumberToObject(row, "full_kv_bytes", full_kv);
+    cJSON_AddNumberToObject(row, "worker_kv_bytes", worker_kv);
     char hrs[16] = "-";
     if (c->remote)
         snprintf(hrs, sizeof(hrs), "%.3f", hr);
-    printf("%-20s %7zu %5zu %9.2f %8.1f-%-8.1f %10.1f %9.2f %9s %13.0f\n", c->mode, ctx, c->batch, tok_s,
-           (double)c->batch / p90, (double)c->batch / p10, c->first_s * 1e3, e2e_tok_s, hrs, fb);
+    printf("%-20s %7zu %5zu %9.2f %8.1f-%-8.1f %10.1f %9.2f %9s %13.0f %11.2f\n", c->mode, ctx, c->batch, tok_s,
+           (double)c->batch / p90, (double)c->batch / p10, c->first_s * 1e3, e2e_tok_s, hrs, fb, worker_kv / full_kv);
     fflush(stdout);
     *tok_s_p = tok_s;
 }
@@ -252,8 +264,8 @@ static int e2e_model(bn_report_t *rep, const char *model_path, const char *kvs, 
            mdl_model_name(m), o->steps, o->hog ? "; the CPU is shared with spinning processes" : "");
     if (o->hog)
         printf("CPU shared: %u spinning processes\n", o->hog);
-    printf("%-20s %7s %5s %9s %17s %10s %9s %9s %13s\n", "mode", "context", "batch", "tok/s", "p10-p90 tok/s",
-           "first ms", "e2e tok/s", "hit ratio", "fetched B/tok");
+    printf("%-20s %7s %5s %9s %17s %10s %9s %9s %13s %11s\n", "mode", "context", "batch", "tok/s", "p10-p90 tok/s",
+           "first ms", "e2e tok/s", "hit ratio", "fetched B/tok", "worker/full");
     for (size_t c = 0; c < o->n_contexts; c++) {
         size_t ctx = o->contexts[c], n_ids = 0;
         int32_t *ids = NULL;

@@ -69,6 +69,7 @@ static void gw_attn_account(gw_attn_t *a)
     gw_g.tot.fetch_wait_s += now.fetch_wait_s - a->last.fetch_wait_s;
     gw_g.tot.late_steps += now.late_steps - a->last.late_steps;
     gw_g.tot.late_clusters += now.late_clusters - a->last.late_clusters;
+    gw_g.tot.resident_bytes += now.resident_bytes - a->last.resident_bytes; /* a gauge: the sum of the latest */
     gw_g.tot.max_wait_s = CM_MAX(gw_g.tot.max_wait_s, now.max_wait_s);
     pthread_mutex_unlock(&gw_g.lock);
     a->st.build_s += now.build_s - a->last.build_s;
@@ -85,10 +86,11 @@ static void gw_attn_destroy(void *state)
         ri_session_close(a->sess);
     }
     cm_free(a->full);
-    cm_free(a);
     pthread_mutex_lock(&gw_g.lock);
     gw_g.live--;
+    gw_g.tot.resident_bytes -= CM_MIN(gw_g.tot.resident_bytes, a->last.resident_bytes); /* no longer held */
     pthread_mutex_unlock(&gw_g.lock);
+    cm_free(a);
 }
 
 static ri_status_t gw_attn_create(const mdl_attn_cfg_t *cfg, mdl_kv_t *kv, void **state_p)
@@ -364,7 +366,9 @@ void gw_attn_remote_totals(gw_attn_remote_totals_t *t_p)
 void gw_attn_remote_reset_totals(void)
 {
     pthread_mutex_lock(&gw_g.lock);
+    uint64_t resident = gw_g.tot.resident_bytes; /* a gauge of live sequences, not a count */
     memset(&gw_g.tot, 0, sizeof(gw_g.tot));
+    gw_g.tot.resident_bytes = resident;
     gw_g.n_errs = 0;
     pthread_mutex_unlock(&gw_g.lock);
 }

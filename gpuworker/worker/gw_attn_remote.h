@@ -65,6 +65,7 @@ typedef struct gw_attn_remote_totals {
     double max_wait_s;         /* longest wait of one layer-step */
     uint64_t late_steps;       /* layer-steps that went on without (some of) their misses */
     uint64_t late_clusters;    /* retrieved clusters estimated because they were late */
+    uint64_t resident_bytes;   /* now, over live sequences: block caches, receive buffers, meta indexes */
     double compare_s;          /* time spent on the compare_full exact pass */
     /* compare_full: relative L2 error of each query head's output vs exact */
     uint64_t n_err;            /* (layer, head, step) samples */

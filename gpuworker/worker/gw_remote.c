@@ -1448,6 +1448,14 @@ void gw_remote_stats(gw_remote_t *r, gw_remote_stats_t *st_p)
     uint64_t bytes;
     double secs;
     *st_p = r->st;
+    st_p->resident_bytes = (uint64_t)r->cache_pages * r->page_bytes * (r->cache != NULL) + r->recv_len;
+    for (uint32_t l = 0; l < r->n_layers; l++)
+        for (uint32_t h = 0; h < r->n_kv; h++) {
+            const kn_index_t *idx = &r->layers[l].idx[h];
+            st_p->resident_bytes += (uint64_t)idx->cap_clusters * (idx->head_dim * (sizeof(cm_fp16_t) + sizeof(float)) +
+                                                                   2 * sizeof(uint32_t)) +
+                                    (uint64_t)idx->cap_tokens * sizeof(uint32_t);
+        }
     if (r->io != NULL) {
         gw_io_upload_totals(r->io, &bytes, &secs);
         st_p->upload_s = secs;

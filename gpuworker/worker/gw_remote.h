@@ -95,6 +95,8 @@ typedef struct gw_remote_stats {
     double max_wait_s;         /* longest wait of one layer-step for its fetch */
     uint64_t late_steps;       /* layer-steps that did not wait for (all) their misses */
     uint64_t late_clusters;    /* retrieved clusters attended through their estimate instead */
+    uint64_t resident_bytes;   /* held now: block cache + receive buffer + meta index
+                                  (centroids, value sums, sizes, offsets, permutation) */
     double upload_s;           /* io thread time in uploads */
 } gw_remote_stats_t;
 

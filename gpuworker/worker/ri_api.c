@@ -491,6 +491,7 @@ ri_status_t ri_session_stats(ri_session_h s, ri_session_stats_t *stats)
     o.fetch_wait_s = g.fetch_wait_s;
     o.session_id = s->session_id;
     o.reattached = s->reattached;
+    o.resident_bytes = g.resident_bytes;
     o.late_steps = g.late_steps;
     o.late_clusters = g.late_clusters;
     o.max_wait_s = g.max_wait_s;

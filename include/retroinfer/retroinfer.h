@@ -202,6 +202,9 @@ typedef struct ri_session_stats {
     double max_wait_s;          /* longest wait of one layer-step for the kvstore */
     uint32_t reattached;        /* recoveries that re-attached to the session a restarted
                                    kvstore recovered (--recover), uploading nothing */
+    uint64_t resident_bytes;    /* K/V-related bytes the library holds for the session now:
+                                   block cache, receive buffer, meta index (the engine's own
+                                   K/V not included) */
 } ri_session_stats_t;
 
 /* Counters since creation.  stats->struct_size must be set. */
