@@ -94,6 +94,19 @@ def test_stats_counts_the_tenants_sessions(daemon):
         assert alice.stats().sessions == before.sessions
 
 
+def test_single_tenant_daemon_needs_no_token(tmp_path):
+    d = start_daemon(tmp_path / "kvs", tokens=False)
+    try:
+        with client(d) as kv:
+            assert kv.health().auth_mode == "single-tenant"
+            s = kv.create_session(GEO, 64, "no-token")
+            rows = {r.session_id: r for r in kv.list_sessions()}
+            assert rows[s.session_id].tenant == "default"
+            kv.drop_session(s.session_id)
+    finally:
+        assert d.stop() == 0, d.output()
+
+
 # -- tokens and tenants --------------------------------------------------------
 
 @pytest.mark.parametrize("call", ["stats", "list_sessions", "create_session", "drop_session", "drain"])
