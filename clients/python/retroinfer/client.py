@@ -11,8 +11,8 @@ unary and short (session set-up, stats polling), each bounded by a timeout.
         print(s.session_id, kv.stats().sessions)
         kv.drop_session(s.session_id)
 """
-from typing import List, Optional, Sequence, Tuple, Union
 import os
+from typing import List, Optional, Sequence, Tuple, Union
 
 import grpc
 
@@ -55,7 +55,7 @@ class Client:
         server_name: name to check the daemon's certificate against when it
             differs from the host in address.
         timeout: default per-call timeout in seconds (each method takes its
-            own ``timeout=`` too).
+            own ``timeout=`` too); None waits without a bound.
         options: extra gRPC channel options, as for grpc.insecure_channel.
 
     Raises ValueError for contradictory or unreadable options.  Nothing is
@@ -66,7 +66,7 @@ class Client:
     def __init__(self, address: str = DEFAULT_ADDRESS, *, token: Optional[str] = None,
                  token_file: Optional[PathLike] = None, tls: bool = False, ca_file: Optional[PathLike] = None,
                  cert_file: Optional[PathLike] = None, key_file: Optional[PathLike] = None,
-                 server_name: Optional[str] = None, timeout: float = DEFAULT_TIMEOUT,
+                 server_name: Optional[str] = None, timeout: Optional[float] = DEFAULT_TIMEOUT,
                  options: Sequence[Tuple[str, object]] = ()) -> None:
         if token is not None and token_file is not None:
             raise ValueError("give token or token_file, not both")
