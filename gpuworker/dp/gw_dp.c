@@ -23,6 +23,7 @@
 #include "common/cm_net.h"
 #include "common/cm_status.h"
 #include "common/cm_time.h"
+#include "common/cm_ucx.h"
 
 #define GW_DP_MAX_REGS 64
 #define GW_DP_MAX_REPLY (UINT64_C(1) << 30)
@@ -31,14 +32,6 @@
 #define GW_DP_DISCONNECT_MS 500u /* DISCONNECT deadline at close */
 
 static CM_ALLOC_TAG(gw_dp_tag, "gw.dp");
-static pthread_once_t gw_dp_env_done = PTHREAD_ONCE_INIT;
-
-static void gw_dp_env_once(void)
-{
-    setenv("UCX_POSIX_ERROR_HANDLING", "y", 0);
-    setenv("UCX_SYSV_ERROR_HANDLING", "y", 0);
-}
-
 struct gw_dp {
     ucp_context_h ctx;
     ucp_worker_h worker;
@@ -81,16 +74,7 @@ struct gw_dp {
 
 static ri_status_t gw_dp_status(ucs_status_t s)
 {
-    switch (s) {
-    case UCS_OK: return RI_OK;
-    case UCS_ERR_NO_MEMORY: return RI_ERR_NOMEM;
-    case UCS_ERR_TIMED_OUT: return RI_ERR_TIMEOUT;
-    case UCS_ERR_UNREACHABLE: return RI_ERR_UNREACHABLE;
-    case UCS_ERR_CONNECTION_RESET:
-    case UCS_ERR_ENDPOINT_TIMEOUT:
-    case UCS_ERR_REJECTED: return RI_ERR_CONN_RESET;
-    default: return RI_ERR_TRANSPORT;
-    }
+    return cm_ucx_status(s);
 }
 
 static void gw_dp_ep_error(void *arg, ucp_ep_h ep, ucs_status_t status)
@@ -348,9 +332,6 @@ ri_status_t gw_dp_connect(const char *addr, uint64_t session_id, const uint8_t s
                           const gw_dp_options_t *opts, gw_dp_t **dp_p)
 {
     gw_dp_t *dp;
-    ucp_config_t *config;
-    ucp_params_t params = {0};
-    ucp_worker_params_t wp = {0};
     ucp_am_handler_param_t ah = {0};
     ucp_ep_params_t ep = {0};
     uint8_t *raddr = NULL;
@@ -379,24 +360,12 @@ ri_status_t gw_dp_connect(const char *addr, uint64_t session_id, const uint8_t s
     memcpy(dp->secret, secret, CM_WIRE_SECRET_SIZE);
     dp->timeout_ms = opts && opts->timeout_ms ? opts->timeout_ms : 10000;
     st = RI_ERR_TRANSPORT;
-    /* As on the server (kvs_dp.c): keep shared memory usable with
-     * peer-failure handling; once per process, a value the user set wins. */
-    pthread_once(&gw_dp_env_done, gw_dp_env_once);
-    if (ucp_config_read(NULL, NULL, &config) != UCS_OK)
+    /* As on the server: shared memory usable with peer-failure handling. */
+    cm_ucx_env_once();
+    if (cm_ucx_context("ri-gw-dp", NULL, &dp->ctx) != RI_OK)
         goto err_free;
-    params.field_mask = UCP_PARAM_FIELD_FEATURES | UCP_PARAM_FIELD_NAME;
-    params.features = UCP_FEATURE_AM | UCP_FEATURE_RMA | UCP_FEATURE_WAKEUP;
-    params.name = "ri-gw-dp";
-    s = ucp_init(&params, config, &dp->ctx);
-    ucp_config_release(config);
-    if (s != UCS_OK)
-        goto err_free;
-    wp.field_mask = UCP_WORKER_PARAM_FIELD_THREAD_MODE;
-    wp.thread_mode = UCS_THREAD_MODE_SINGLE;
-    if (ucp_worker_create(dp->ctx, &wp, &dp->worker) != UCS_OK)
+    if (cm_ucx_worker(dp->ctx, &dp->worker, &dp->efd) != RI_OK)
         goto err_cleanup;
-    if (ucp_worker_get_efd(dp->worker, &dp->efd) != UCS_OK)
-        dp->efd = -1;
     ah.field_mask = UCP_AM_HANDLER_PARAM_FIELD_ID | UCP_AM_HANDLER_PARAM_FIELD_CB | UCP_AM_HANDLER_PARAM_FIELD_ARG;
     ah.id = CM_DP_AM_REPLY;
     ah.cb = gw_dp_am_reply;

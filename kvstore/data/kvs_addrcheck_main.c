@@ -23,6 +23,7 @@
 
 #include "common/cm_dp_proto.h"
 #include "common/cm_time.h"
+#include "common/cm_ucx.h"
 
 #define ADDRCHECK_PROGRESS_NS 20000000u /* progress the endpoint for 20 ms */
 
@@ -36,9 +37,6 @@ static void addrcheck_ep_error(void *arg, ucp_ep_h ep, ucs_status_t status)
 int main(int argc, char **argv)
 {
     static uint8_t addr[CM_DP_MAX_WORKER_ADDR];
-    ucp_config_t *config = NULL;
-    ucp_params_t params = {0};
-    ucp_worker_params_t wp = {0};
     ucp_ep_params_t ep = {0};
     ucp_context_h ctx;
     ucp_worker_h worker;
@@ -52,16 +50,7 @@ int main(int argc, char **argv)
     }
     /* The daemon's environment reaches us (error handling of the shared
      * memory transports, UCX_NET_DEVICES): the same lanes get chosen. */
-    if (ucp_config_read(NULL, NULL, &config) != UCS_OK)
-        return 4;
-    params.field_mask = UCP_PARAM_FIELD_FEATURES;
-    params.features = UCP_FEATURE_AM | UCP_FEATURE_RMA | UCP_FEATURE_WAKEUP;
-    if (ucp_init(&params, config, &ctx) != UCS_OK)
-        return 4;
-    ucp_config_release(config);
-    wp.field_mask = UCP_WORKER_PARAM_FIELD_THREAD_MODE;
-    wp.thread_mode = UCS_THREAD_MODE_SINGLE;
-    if (ucp_worker_create(ctx, &wp, &worker) != UCS_OK)
+    if (cm_ucx_context("ri-kvstore-addrcheck", NULL, &ctx) != RI_OK || cm_ucx_worker(ctx, &worker, NULL) != RI_OK)
         return 4;
     ep.field_mask = UCP_EP_PARAM_FIELD_REMOTE_ADDRESS | UCP_EP_PARAM_FIELD_ERR_HANDLER |
                     UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE;

@@ -18,35 +18,13 @@
 #include "common/cm_log.h"
 #include "common/cm_net.h"
 #include "common/cm_status.h"
+#include "common/cm_ucx.h"
 
 static CM_ALLOC_TAG(kvs_dp_setup_tag, "kvs.dp");
-static pthread_once_t kvs_dp_env_done = PTHREAD_ONCE_INIT;
 
 ri_status_t kvs_dp_status(ucs_status_t s)
 {
-    switch (s) {
-    case UCS_OK: return RI_OK;
-    case UCS_ERR_NO_MEMORY: return RI_ERR_NOMEM;
-    case UCS_ERR_TIMED_OUT: return RI_ERR_TIMEOUT;
-    case UCS_ERR_UNREACHABLE: return RI_ERR_UNREACHABLE;
-    case UCS_ERR_CONNECTION_RESET:
-    case UCS_ERR_ENDPOINT_TIMEOUT: return RI_ERR_CONN_RESET;
-    case UCS_ERR_CANCELED: return RI_ERR_CANCELLED;
-    default: return RI_ERR_TRANSPORT;
-    }
-}
-
-/* UCX 1.13 leaves its shared-memory transports out of endpoints that ask
- * for peer-failure handling unless their ERROR_HANDLING is on; we want both
- * (shared-memory speed, and errors instead of hangs when the peer dies).
- * ucp_config_modify does not reach transport settings in 1.13, so this sets
- * the environment, once per process, before UCX reads it; a value the user
- * set wins.  (setenv is not safe against concurrent getenv: the daemon calls
- * kvs_data_create before it starts serving threads.) */
-static void kvs_dp_env_once(void)
-{
-    setenv("UCX_POSIX_ERROR_HANDLING", "y", 0);
-    setenv("UCX_SYSV_ERROR_HANDLING", "y", 0);
+    return cm_ucx_status(s);
 }
 
 /* Same address?  (IPv4 or IPv6, port ignored.) */
@@ -123,7 +101,6 @@ static ri_status_t kvs_dp_publish_address(kvs_dpw_t *w)
 static ri_status_t kvs_dp_lane_open(kvs_dp_t *dp, uint32_t i)
 {
     kvs_dpw_t *w = &dp->lanes[i];
-    ucp_worker_params_t wp = {0};
     ucp_am_handler_param_t ah = {0};
     ucs_status_t s;
     ri_status_t st;
@@ -132,17 +109,13 @@ static ri_status_t kvs_dp_lane_open(kvs_dp_t *dp, uint32_t i)
     w->index = i;
     w->efd = -1;
     pthread_mutex_init(&w->gc_lock, NULL);
-    wp.field_mask = UCP_WORKER_PARAM_FIELD_THREAD_MODE;
-    wp.thread_mode = UCS_THREAD_MODE_SINGLE;
-    s = ucp_worker_create(dp->ctx, &wp, &w->worker);
-    if (s != UCS_OK) {
+    st = cm_ucx_worker(dp->ctx, &w->worker, &w->efd);
+    if (st != RI_OK) {
         w->worker = NULL;
-        return kvs_dp_status(s);
+        return st;
     }
-    if (ucp_worker_get_efd(w->worker, &w->efd) != UCS_OK) {
+    if (w->efd < 0)
         cm_warn("dp: no UCX event fd; idle lane %u sleeps in 100 us steps", i);
-        w->efd = -1;
-    }
     ah.field_mask = UCP_AM_HANDLER_PARAM_FIELD_ID | UCP_AM_HANDLER_PARAM_FIELD_CB | UCP_AM_HANDLER_PARAM_FIELD_ARG |
                     UCP_AM_HANDLER_PARAM_FIELD_FLAGS;
     ah.id = CM_DP_AM_REQUEST;
@@ -173,34 +146,30 @@ static ri_status_t kvs_dp_context(kvs_dp_t *dp, const struct sockaddr_storage *s
 {
     kvs_data_t *data = dp->data;
     ucp_config_t *config = NULL;
-    ucp_params_t params = {0};
     ucp_mem_map_params_t mp = {0};
-    ucs_status_t s;
+    ri_status_t st;
 
-    s = ucp_config_read(NULL, NULL, &config);
-    if (s != UCS_OK)
+    st = cm_ucx_status(ucp_config_read(NULL, NULL, &config));
+    if (st != RI_OK)
         goto err;
     kvs_dp_config_devices(dp, config, ss, host);
-    params.field_mask = UCP_PARAM_FIELD_FEATURES | UCP_PARAM_FIELD_NAME;
-    params.features = UCP_FEATURE_AM | UCP_FEATURE_RMA | UCP_FEATURE_WAKEUP;
-    params.name = "ri-kvstore";
-    s = ucp_init(&params, config, &dp->ctx);
+    st = cm_ucx_context("ri-kvstore", config, &dp->ctx);
     ucp_config_release(config);
-    if (s != UCS_OK)
+    if (st != RI_OK)
         goto err;
     /* Register the pool once; puts from it then need no per-op registration. */
     mp.field_mask = UCP_MEM_MAP_PARAM_FIELD_ADDRESS | UCP_MEM_MAP_PARAM_FIELD_LENGTH;
     mp.address = kvs_pool_base(data->pool);
     mp.length = kvs_pool_size(data->pool);
-    s = ucp_mem_map(dp->ctx, &mp, &dp->pool_memh);
-    if (s != UCS_OK) {
+    st = cm_ucx_status(ucp_mem_map(dp->ctx, &mp, &dp->pool_memh));
+    if (st != RI_OK) {
         ucp_cleanup(dp->ctx);
         goto err;
     }
     return RI_OK;
 err:
-    cm_error("dp: UCX start failed on %s: %s", data->cfg.dp_listen_addr, ucs_status_string(s));
-    return s == UCS_ERR_BUSY ? RI_ERR_BUSY : RI_ERR_TRANSPORT;
+    cm_error("dp: UCX start failed on %s: %s", data->cfg.dp_listen_addr, ri_status_str(st));
+    return st == RI_ERR_BUSY ? RI_ERR_BUSY : RI_ERR_TRANSPORT;
 }
 
 ri_status_t kvs_dp_start(kvs_data_t *data, kvs_dp_t **dp_p)
@@ -233,7 +202,7 @@ ri_status_t kvs_dp_start(kvs_data_t *data, kvs_dp_t **dp_p)
     }
     if (!cm_net_split(data->cfg.dp_listen_addr, host, sizeof(host), &port))
         port = 0;
-    pthread_once(&kvs_dp_env_done, kvs_dp_env_once);
+    cm_ucx_env_once();
     kvs_dp_config_port(port, dp->n_lanes);
     st = kvs_dp_context(dp, &ss, host);
     if (st != RI_OK)
