@@ -855,12 +855,14 @@ static ri_status_t gw_job_arrays(gw_remote_t *r, uint32_t n_heads, uint64_t k)
     return RI_OK;
 }
 
-/* Check a late answer against what was asked (the fetch's own copies). */
-static ri_status_t gw_late_check(gw_remote_t *r)
+/* Check the answer to step.job against what it asked (the fetch's own
+ * copies of heads, counts and ids): entry order, sizes, page bounds; count
+ * hits and misses. */
+static ri_status_t gw_fetch_check(gw_remote_t *r, uint32_t layer)
 {
     const gw_step_t *s = &r->step;
     const cm_dp_fetch_reply_view_t *v = &s->job.res.view;
-    const gw_layer_t *L = &r->layers[r->late_layer];
+    const gw_layer_t *L = &r->layers[layer];
     uint32_t e = 0;
     if (v->n_heads != s->jn_heads)
         return RI_ERR_PROTOCOL;
@@ -907,7 +909,7 @@ static ri_status_t gw_late_reap(gw_remote_t *r, bool block)
     st = gw_io_wait(r->io, &s->job);
     r->st.fetches++;
     if (st == RI_OK)
-        st = gw_late_check(r);
+        st = gw_fetch_check(r, r->late_layer);
     if (st == RI_OK)
         st = gw_mirror_apply(r, r->late_layer, &s->job.res.view, s->jlids);
     if (st == RI_OK)
@@ -1067,43 +1069,6 @@ ri_status_t gw_remote_decode_begin(gw_remote_t *r, uint32_t layer, const float *
         }
     }
     s->active = true;
-    return RI_OK;
-}
-
-/* Check the reply against what we asked: entry order, sizes, page bounds. */
-static ri_status_t gw_step_check_reply(gw_remote_t *r)
-{
-    gw_step_t *s = &r->step;
-    const cm_dp_fetch_reply_view_t *v = &s->job.res.view;
-    const gw_layer_t *L = &r->layers[s->layer];
-    uint32_t e = 0;
-
-    if (v->n_heads != s->job.n_heads)
-        return RI_ERR_PROTOCOL;
-    for (uint32_t i = 0; i < v->n_heads; i++)
-        if (cm_dp_reply_head(v, i) != s->heads[i] || cm_dp_reply_head_ids(v, i) != s->counts[i])
-            return RI_ERR_PROTOCOL;
-    for (uint32_t h = 0; h < r->n_kv; h++) {
-        const kn_index_t *idx = &L->idx[h];
-        for (uint32_t i = 0; i < s->nr[h]; i++, e++) {
-            uint32_t j = s->ids[(size_t)h * s->want + i];
-            cm_dp_entry_t en;
-            cm_dp_reply_entry(v, e, &en);
-            if (en.cluster != L->rid[h][j] || en.tokens != idx->sizes[j] || en.n_pages != gw_pages(en.tokens))
-                return RI_ERR_PROTOCOL;
-            if (en.flags & (CM_DP_F_HIT | CM_DP_F_ADMITTED))
-                for (uint32_t p = 0; p < en.n_pages; p++)
-                    if (cm_dp_reply_page(v, en.page_index + p) >= r->cache_pages)
-                        return RI_ERR_PROTOCOL;
-            if ((en.flags & CM_DP_F_MISS) &&
-                (en.recv_offset > r->recv_len || (uint64_t)en.n_pages * r->page_bytes > r->recv_len - en.recv_offset))
-                return RI_ERR_PROTOCOL;
-            if (en.flags & CM_DP_F_HIT)
-                r->st.hits++;
-            else
-                r->st.misses++;
-        }
-    }
     return RI_OK;
 }
 
@@ -1307,7 +1272,7 @@ ri_status_t gw_remote_decode_end(gw_remote_t *r, float *out, float *lse)
         r->st.max_wait_s = CM_MAX(r->st.max_wait_s, w);
         r->st.fetches++;
         if (fst == RI_OK)
-            fst = gw_step_check_reply(r);
+            fst = gw_fetch_check(r, s->layer);
         if (fst == RI_OK)
             fst = gw_mirror_apply(r, s->layer, &s->job.res.view, s->lids);
         if (fst == RI_OK)
