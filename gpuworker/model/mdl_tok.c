@@ -620,40 +620,54 @@ ri_status_t mdl_tok_decode(const mdl_tok_t *t, const int32_t *ids, size_t n, boo
     return RI_OK;
 }
 
-ri_status_t mdl_tok_chat(const mdl_tok_t *t, const char *system, const char *user, int32_t **ids_p, size_t *n_p)
+/* Append the ids of len bytes of text to all (parse_special as mdl_tok_encode). */
+static ri_status_t mdl_tok_append(const mdl_tok_t *t, const char *text, size_t len, bool parse_special,
+                                  mdl_ids_t *all)
 {
-    static const char *const def_system = "You are a helpful AI assistant named SmolLM, trained by Hugging Face";
-    if (system == NULL)
-        system = def_system;
-    size_t n = strlen(system) + strlen(user) + 128;
-    char *buf = cm_malloc(&mdl_tok_tag, n);
-    if (buf == NULL)
-        return RI_ERR_NOMEM;
-    /* The template of SmolLM2-Instruct (ChatML); the user text is not parsed
-     * for special tokens, so a prompt cannot forge a turn. */
-    int l = snprintf(buf, n, "<|im_start|>system\n%s<|im_end|>\n<|im_start|>user\n", system);
-    mdl_ids_t all = {0};
     int32_t *ids = NULL;
     size_t k = 0;
-    ri_status_t st = mdl_tok_encode(t, buf, (size_t)l, true, &ids, &k);
+    ri_status_t st = mdl_tok_encode(t, text, len, parse_special, &ids, &k);
     for (size_t i = 0; st == RI_OK && i < k; i++)
-        st = mdl_ids_push(&all, ids[i]);
+        st = mdl_ids_push(all, ids[i]);
     cm_free(ids);
-    ids = NULL;
-    if (st == RI_OK)
-        st = mdl_tok_encode(t, user, strlen(user), false, &ids, &k);
-    for (size_t i = 0; st == RI_OK && i < k; i++)
-        st = mdl_ids_push(&all, ids[i]);
-    cm_free(ids);
-    ids = NULL;
-    if (st == RI_OK) {
-        l = snprintf(buf, n, "<|im_end|>\n<|im_start|>assistant\n");
-        st = mdl_tok_encode(t, buf, (size_t)l, true, &ids, &k);
+    return st;
+}
+
+ri_status_t mdl_tok_chat_msgs(const mdl_tok_t *t, const mdl_chat_msg_t *msgs, size_t n_msgs, int32_t **ids_p,
+                              size_t *n_p)
+{
+    static const char *const def_system = "You are a helpful AI assistant named SmolLM, trained by Hugging Face";
+    static const char *const start = "<|im_start|>", *const end = "<|im_end|>\n";
+    mdl_ids_t all = {0};
+    ri_status_t st = RI_OK;
+
+    /* The template of SmolLM2-Instruct (ChatML), with its default system
+     * turn when the conversation has none.  "role\ncontent" is one plain
+     * segment, as a tokenizer of the whole rendered template sees it; neither
+     * is parsed for special tokens, so a message cannot forge a turn. */
+    bool def = n_msgs == 0 || strcmp(msgs[0].role, "system") != 0;
+    for (size_t i = 0; st == RI_OK && i < n_msgs + def; i++) {
+        const mdl_chat_msg_t *m = def ? (i == 0 ? &(mdl_chat_msg_t){"system", def_system} : &msgs[i - 1]) : &msgs[i];
+        size_t lr = strlen(m->role), lc = strlen(m->content);
+        char *seg = cm_malloc(&mdl_tok_tag, lr + lc + 2);
+        if (seg == NULL) {
+            st = RI_ERR_NOMEM;
+            break;
+        }
+        memcpy(seg, m->role, lr);
+        seg[lr] = '\n';
+        memcpy(seg + lr + 1, m->content, lc);
+        st = mdl_tok_append(t, start, strlen(start), true, &all);
+        if (st == RI_OK)
+            st = mdl_tok_append(t, seg, lr + 1 + lc, false, &all);
+        if (st == RI_OK)
+            st = mdl_tok_append(t, end, strlen(end), true, &all);
+        cm_free(seg);
     }
-    for (size_t i = 0; st == RI_OK && i < k; i++)
-        st = mdl_ids_push(&all, ids[i]);
-    cm_free(ids);
-    cm_free(buf);
+    if (st == RI_OK)
+        st = mdl_tok_append(t, start, strlen(start), true, &all);
+    if (st == RI_OK)
+        st = mdl_tok_append(t, "assistant\n", 10, false, &all);
     if (st != RI_OK) {
         cm_free(all.v);
         return st;
@@ -661,4 +675,10 @@ ri_status_t mdl_tok_chat(const mdl_tok_t *t, const char *system, const char *use
     *ids_p = all.v;
     *n_p = all.n;
     return RI_OK;
+}
+
+ri_status_t mdl_tok_chat(const mdl_tok_t *t, const char *system, const char *user, int32_t **ids_p, size_t *n_p)
+{
+    mdl_chat_msg_t m[2] = {{"system", system}, {"user", user}};
+    return system != NULL ? mdl_tok_chat_msgs(t, m, 2, ids_p, n_p) : mdl_tok_chat_msgs(t, m + 1, 1, ids_p, n_p);
 }

@@ -55,6 +55,20 @@ int mdl_tok_piece(const mdl_tok_t *tok, int32_t id, char *buf, size_t cap);
  * skip_special leaves out control tokens. */
 ri_status_t mdl_tok_decode(const mdl_tok_t *tok, const int32_t *ids, size_t n, bool skip_special, char **text_p);
 
+/* One chat message: role ("system", "user", "assistant", ...) and content,
+ * both UTF-8 text (borrowed). */
+typedef struct mdl_chat_msg {
+    const char *role;
+    const char *content;
+} mdl_chat_msg_t;
+
+/* Apply the chat template to a conversation of n_msgs messages (a default
+ * system turn first when msgs[0] is not one), ending with the assistant turn
+ * opener, and encode it.  Neither roles nor contents are parsed for special
+ * tokens.  Output as mdl_tok_encode. */
+ri_status_t mdl_tok_chat_msgs(const mdl_tok_t *tok, const mdl_chat_msg_t *msgs, size_t n_msgs, int32_t **ids_p,
+                              size_t *n_p);
+
 /* Apply the chat template to one user message (system prompt optional: NULL
  * uses the model's default), ending with the assistant turn opener, and
  * encode it.  Output as mdl_tok_encode. */
