@@ -15,12 +15,19 @@
  * A request that fails (kvstore gone and not back) gets {"ok": false,
  * "error": ...}; the process stays up, and the next request opens a new
  * kvstore session (the gRPC channel reconnects by itself).
+ *
+ * With --listen HOST:PORT it is a service instead: an OpenAI-compatible
+ * HTTP API (gw_http.h) over continuous batching (gw_sched.h), until SIGTERM
+ * or SIGINT, which drain it (bounded by --drain-timeout-ms).
  */
 #define _GNU_SOURCE
 #include <cjson/cJSON.h>
+#include <errno.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "common/cm_alloc.h"
 #include "common/cm_config.h"
@@ -31,7 +38,9 @@
 #include "gpuworker/model/mdl_model.h"
 #include "gpuworker/model/mdl_sample.h"
 #include "gpuworker/worker/gw_attn_remote.h"
+#include "gpuworker/worker/gw_http.h"
 #include "gpuworker/worker/gw_remote.h"
+#include "gpuworker/worker/gw_sched.h"
 
 static CM_ALLOC_TAG(wk_tag, "ri-worker");
 
@@ -52,6 +61,16 @@ typedef struct wk_cfg {
     char *compare_attn;  /* one-shot: second backend */
     int64_t max_tokens;  /* one-shot: tokens */
     bool chat;           /* one-shot: chat template */
+    char *listen;        /* HTTP service address; empty = stdin requests */
+    char *port_file;     /* HTTP service: write the bound address here */
+    char *model_name;    /* HTTP service: the model's id; empty = the file name without .gguf */
+    int64_t max_batch;   /* HTTP service: requests decoded together */
+    int64_t queue_size;  /* HTTP service: requests waiting before 429 */
+    int64_t prefill_chunk; /* HTTP service: prompt tokens per scheduler round */
+    int64_t ctx;         /* HTTP service: context limit; 0 = the model's */
+    char *allow_attn;    /* HTTP service: backends a request may choose */
+    int64_t http_max_conn; /* HTTP service: connections at once */
+    int64_t drain_timeout_ms; /* HTTP service: shutdown waits this long for running requests */
 } wk_cfg_t;
 
 #define WK_ITEM(n, t, d, h, f) {n, t, d, h, offsetof(wk_cfg_t, f), 0, 0}
@@ -77,8 +96,29 @@ static const cm_config_item_t wk_items[] = {
             "--kvstore, else full)", attn),
     WK_ITEM("compare-attn", CM_CFG_STRING, NULL, "one-shot: also answer with this backend on the same prefill",
             compare_attn),
-    {"max-tokens", CM_CFG_INT, "32", "one-shot: tokens to generate", offsetof(wk_cfg_t, max_tokens), 1, 1 << 20},
+    {"max-tokens", CM_CFG_INT, "32", "tokens to generate (one-shot; stdin and HTTP requests without max_tokens)",
+     offsetof(wk_cfg_t, max_tokens), 1, 1 << 20},
     WK_ITEM("chat", CM_CFG_BOOL, "false", "one-shot: apply the chat template", chat),
+    WK_ITEM("listen", CM_CFG_STRING, NULL, "serve the OpenAI-compatible HTTP API on host:port (port 0 = any free "
+            "port) instead of reading stdin", listen),
+    WK_ITEM("port-file", CM_CFG_STRING, NULL, "HTTP service: write http=HOST:PORT and pid=N here once serving",
+            port_file),
+    WK_ITEM("model-name", CM_CFG_STRING, NULL, "HTTP service: the model id requests name (default: the model file's "
+            "name without .gguf)", model_name),
+    {"max-batch", CM_CFG_INT, "8", "HTTP service: requests decoded together (continuous batching)",
+     offsetof(wk_cfg_t, max_batch), 1, 64},
+    {"queue-size", CM_CFG_INT, "32", "HTTP service: requests waiting for a batch slot; more get 429",
+     offsetof(wk_cfg_t, queue_size), 1, 1000000},
+    {"prefill-chunk", CM_CFG_INT, "256", "HTTP service: prompt tokens prefilled between two decode steps "
+     "(a multiple of 64)", offsetof(wk_cfg_t, prefill_chunk), 64, 1 << 20},
+    {"ctx", CM_CFG_INT, "0", "HTTP service: prompt + max_tokens limit (0 = the model's trained context)",
+     offsetof(wk_cfg_t, ctx), 0, 1 << 24},
+    WK_ITEM("allow-attn", CM_CFG_STRING, "full,retroinfer,retroinfer-remote",
+            "HTTP service: backends a request's \"attn\" may choose (retroinfer-remote needs --kvstore)", allow_attn),
+    {"http-max-conn", CM_CFG_INT, "256", "HTTP service: connections at once (one thread each)",
+     offsetof(wk_cfg_t, http_max_conn), 4, 65536},
+    {"drain-timeout-ms", CM_CFG_INT, "10000", "HTTP service: on SIGTERM/SIGINT, running requests get this long to "
+     "finish before they are cancelled", offsetof(wk_cfg_t, drain_timeout_ms), 0, 3600000},
 };
 static const cm_config_table_t wk_table = {"ri-worker", "RI_WORKER_", wk_items, CM_ARRAY_LEN(wk_items), 0, NULL};
 
@@ -341,6 +381,93 @@ out:;
     return ok;
 }
 
+/* Write the bound address to path atomically (tmp file + rename), as
+ * ri-kvstore's port file, so that a reader sees all of it or nothing. */
+static ri_status_t wk_write_port_file(const char *path, const char *addr)
+{
+    char tmp[4096];
+    if (snprintf(tmp, sizeof(tmp), "%s.tmp.%d", path, (int)getpid()) >= (int)sizeof(tmp))
+        return RI_ERR_RANGE;
+    FILE *f = fopen(tmp, "we");
+    if (f == NULL) {
+        fprintf(stderr, "ri-worker: port-file %s: %s\n", tmp, strerror(errno));
+        return RI_ERR_IO;
+    }
+    fprintf(f, "http=%s\npid=%d\n", addr, (int)getpid());
+    if (fclose(f) != 0 || rename(tmp, path) != 0) {
+        fprintf(stderr, "ri-worker: port-file %s: %s\n", path, strerror(errno));
+        unlink(tmp);
+        return RI_ERR_IO;
+    }
+    return RI_OK;
+}
+
+/* The HTTP service, until SIGTERM/SIGINT (blocked by main before any
+ * thread started, so that only sigwait sees them).  Returns the exit
+ * status: 0 after a clean stop, 1 when it could not start. */
+static int wk_serve_http(mdl_model_t *model, const wk_cfg_t *cfg, const char *path, const char *default_attn,
+                         bool have_kvs, const sigset_t *sigs)
+{
+    char err[512] = "", name[4096];
+    gw_sched_t *sched = NULL;
+    gw_http_t *http = NULL;
+    int rc = 1, sig = 0;
+
+    if (cfg->model_name != NULL && cfg->model_name[0] != '\0') {
+        snprintf(name, sizeof(name), "%s", cfg->model_name);
+    } else {
+        const char *base = strrchr(path, '/');
+        snprintf(name, sizeof(name), "%s", base ? base + 1 : path);
+        size_t l = strlen(name);
+        if (l > 5 && strcmp(name + l - 5, ".gguf") == 0)
+            name[l - 5] = '\0';
+    }
+    const mdl_hparams_t *hp = mdl_model_hparams(model);
+    size_t ctx = cfg->ctx > 0 ? (size_t)cfg->ctx : hp->n_ctx;
+    gw_sched_cfg_t scfg = {.max_batch = (size_t)cfg->max_batch, .queue_size = (size_t)cfg->queue_size,
+                           .prefill_chunk = (size_t)cfg->prefill_chunk};
+    ri_status_t st = gw_sched_create(model, &scfg, &sched);
+    if (st != RI_OK) {
+        fprintf(stderr, "ri-worker: cannot start the scheduler: %s\n", ri_status_str(st));
+        goto out;
+    }
+    gw_http_cfg_t hcfg = {.listen = cfg->listen, .model_id = name, .default_attn = default_attn,
+                          .allow_attn = cfg->allow_attn ? cfg->allow_attn : "", .ctx = ctx,
+                          .default_max_tokens = (size_t)cfg->max_tokens, .max_conn = (unsigned)cfg->http_max_conn,
+                          .kvstore = have_kvs};
+    if (gw_http_start(&hcfg, model, sched, &http, err, sizeof(err)) != RI_OK) {
+        fprintf(stderr, "ri-worker: cannot serve HTTP: %s\n", err);
+        goto out;
+    }
+    if (cfg->port_file != NULL && cfg->port_file[0] != '\0' &&
+        wk_write_port_file(cfg->port_file, gw_http_address(http)) != RI_OK)
+        goto out;
+    fprintf(stderr, "ri-worker: serving http://%s (model '%s', context %zu, batch %lld, queue %lld, attn %s; "
+            "a request's attn may be: %s)\n", gw_http_address(http), name, ctx, (long long)cfg->max_batch,
+            (long long)cfg->queue_size, default_attn, gw_http_allowed(http));
+    for (;;) {
+        int e = sigwait(sigs, &sig);
+        if (e == 0)
+            break;
+        if (e != EINTR) {
+            fprintf(stderr, "ri-worker: sigwait: %s\n", strerror(e));
+            break;
+        }
+    }
+    fprintf(stderr, "ri-worker: %s: draining (up to %lld ms)\n", sig ? strsignal(sig) : "stop",
+            (long long)cfg->drain_timeout_ms);
+    size_t cancelled = gw_sched_drain(sched, (uint32_t)cfg->drain_timeout_ms);
+    if (cancelled > 0)
+        fprintf(stderr, "ri-worker: %zu request(s) cancelled at the drain deadline\n", cancelled);
+    rc = 0;
+out:
+    gw_http_destroy(http); /* after the drain: no connection still waits for text */
+    gw_sched_destroy(sched);
+    if (cfg->port_file != NULL && cfg->port_file[0] != '\0' && rc == 0)
+        unlink(cfg->port_file);
+    return rc;
+}
+
 int main(int argc, char **argv)
 {
     wk_cfg_t cfg;
@@ -365,6 +492,28 @@ int main(int argc, char **argv)
             cm_config_dump(&wk_table, &cfg, stdout);
         cm_config_free(&wk_table, &cfg);
         return 0;
+    }
+    bool serve = cfg.listen != NULL && cfg.listen[0] != '\0';
+    sigset_t sigs;
+    sigemptyset(&sigs);
+    if (serve) {
+        if (cfg.prompt_file != NULL && cfg.prompt_file[0] != '\0') {
+            fprintf(stderr, "ri-worker: --listen and --prompt-file exclude each other (try --help)\n");
+            cm_config_free(&wk_table, &cfg);
+            return 2;
+        }
+        if (cfg.prefill_chunk % 64 != 0) {
+            fprintf(stderr, "ri-worker: --prefill-chunk %lld is not a multiple of 64 (the model's chunk)\n",
+                    (long long)cfg.prefill_chunk);
+            cm_config_free(&wk_table, &cfg);
+            return 2;
+        }
+        /* Before any thread exists (thread pool, gRPC, HTTP): every thread
+         * inherits the mask, so the signals reach only sigwait. */
+        sigaddset(&sigs, SIGTERM);
+        sigaddset(&sigs, SIGINT);
+        pthread_sigmask(SIG_BLOCK, &sigs, NULL);
+        signal(SIGPIPE, SIG_IGN);
     }
     if (cfg.threads > 0) {
         char t[32];
@@ -400,6 +549,10 @@ int main(int argc, char **argv)
             mdl_model_name(model), cm_pool_size(cm_pool_default()), have_kvs ? cfg.kvstore : "(none)", default_attn,
             mdl_attn_names());
 
+    if (serve) {
+        rc = wk_serve_http(model, &cfg, path, default_attn, have_kvs, &sigs);
+        goto out;
+    }
     if (cfg.prompt_file != NULL && cfg.prompt_file[0] != '\0') {
         cJSON *rq = cJSON_CreateObject();
         cJSON_AddStringToObject(rq, "prompt_file", cfg.prompt_file);

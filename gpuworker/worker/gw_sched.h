@@ -1,0 +1,143 @@
+/*
+ * Continuous batching of generation requests over the model runtime's batched
+ * decode (ri-worker's HTTP service, docs/worker.md "HTTP service").
+ *
+ * One scheduler thread owns the model (the runtime takes one model call at a
+ * time per process) and runs rounds: admit waiting requests into free batch
+ * slots, prefill one chunk of one newly admitted prompt, then one decode step
+ * for every admitted request that has its prompt in, all sequences in one
+ * mdl_decode call.  So a request joins the batch at a step boundary and
+ * leaves it when it is done, and a long prompt delays the others' tokens by
+ * one chunk at a time, not by its whole prefill.  Any thread submits requests
+ * and waits for their text (gw_req_take); the scheduler appends text as the
+ * tokens come, holding back bytes that may still turn into a stop string or
+ * that end inside a UTF-8 sequence.
+ *
+ * Workload: a few to a few dozen concurrent requests, prompts of up to the
+ * model's context, tens to hundreds of generated tokens each.
+ */
+#ifndef GW_SCHED_H
+#define GW_SCHED_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "gpuworker/model/mdl_model.h"
+#include "gpuworker/model/mdl_sample.h"
+#include "retroinfer/status.h"
+
+typedef struct gw_sched gw_sched_t;
+typedef struct gw_req gw_req_t;
+
+typedef struct gw_sched_cfg {
+    size_t max_batch;      /* requests decoded together (>= 1) */
+    size_t queue_size;     /* requests waiting for a batch slot before submit says busy (>= 1) */
+    size_t prefill_chunk;  /* prompt tokens prefilled per round (a multiple of 64, the model's chunk) */
+} gw_sched_cfg_t;
+
+/* Why a request ended. */
+typedef enum gw_finish {
+    GW_FINISH_NONE = 0,    /* still running */
+    GW_FINISH_STOP,        /* end-of-turn token or a stop string */
+    GW_FINISH_LENGTH,      /* max_tokens or the sequence's capacity */
+    GW_FINISH_ERROR,       /* the model failed (status and error say why) */
+    GW_FINISH_CANCELLED,   /* gw_req_cancel, or cancelled by a shutdown */
+} gw_finish_t;
+
+/* What a request asks for.  Everything is copied by gw_req_create. */
+typedef struct gw_req_params {
+    const int32_t *ids;            /* prompt tokens (>= 1) */
+    size_t n_ids;
+    size_t max_tokens;             /* tokens to generate (>= 1) */
+    mdl_sampler_cfg_t sampler;     /* temperature 0 = greedy */
+    const mdl_attn_ops_t *attn;    /* attention backend (registered, lives for the process) */
+    const char *const *stop;       /* stop strings (not part of the text), n_stop of them */
+    size_t n_stop;
+} gw_req_params_t;
+
+/* A snapshot of a request's progress. */
+typedef struct gw_req_view {
+    bool done;                 /* finished: text is complete */
+    gw_finish_t finish;        /* why, once done */
+    ri_status_t status;        /* RI_OK, or the error of GW_FINISH_ERROR / _CANCELLED */
+    char error[256];           /* message for a failure */
+    bool started;              /* admitted into the batch */
+    size_t prompt_tokens;      /* tokens of the prompt */
+    size_t completion_tokens;  /* tokens generated so far */
+} gw_req_view_t;
+
+/* Scheduler figures for /metrics (cumulative unless said otherwise). */
+#define GW_HIST_BUCKETS 14
+typedef struct gw_hist {
+    double le[GW_HIST_BUCKETS];        /* upper bounds, increasing */
+    uint64_t count[GW_HIST_BUCKETS];   /* observations <= le[i] (not cumulative) */
+    uint64_t n;                        /* every observation (le = +Inf) */
+    double sum;                        /* their sum */
+} gw_hist_t;
+
+typedef struct gw_sched_stats {
+    size_t queued;                /* now: requests waiting for a slot */
+    size_t running;               /* now: requests admitted (prefilling or decoding) */
+    size_t batch_now;             /* sequences in the last decode step */
+    size_t batch_max;             /* the largest decode step so far */
+    uint64_t submitted;           /* requests accepted by submit */
+    uint64_t rejected_busy;       /* submits refused because the queue was full */
+    uint64_t finished[5];         /* requests ended, by gw_finish_t */
+    uint64_t prompt_tokens;       /* prompt tokens prefilled */
+    uint64_t generated_tokens;    /* tokens generated */
+    uint64_t decode_steps;        /* mdl_decode calls */
+    gw_hist_t batch;              /* sequences per decode step */
+    gw_hist_t ttft_s;             /* submit to first generated token, seconds */
+    gw_hist_t itl_s;              /* between two tokens of one request, seconds */
+} gw_sched_stats_t;
+
+/* A new request with one reference (the caller's).  Errors: RI_ERR_INVALID
+ * (no prompt, max_tokens 0, no backend), RI_ERR_NOMEM.  Release with
+ * gw_req_release. */
+ri_status_t gw_req_create(const gw_req_params_t *p, gw_req_t **req_p);
+
+/* Drop one reference; the last frees.  NULL is a no-op. */
+void gw_req_release(gw_req_t *req);
+
+/* Ask the scheduler to stop the request at the next step boundary (it ends
+ * GW_FINISH_CANCELLED unless it ended first).  Any thread. */
+void gw_req_cancel(gw_req_t *req);
+
+/* Wait until the request has text beyond byte `from`, or is done, or
+ * timeout_ms passed; then *text_p gets a new copy of the text from `from`
+ * to what is ready (caller frees with cm_free; NULL when empty), *len_p its
+ * length, and *view_p the progress.  Errors: RI_ERR_TIMEOUT (outputs still
+ * written, text empty), RI_ERR_NOMEM. */
+ri_status_t gw_req_take(gw_req_t *req, size_t from, uint32_t timeout_ms, char **text_p, size_t *len_p,
+                        gw_req_view_t *view_p);
+
+/* Start the scheduler thread over a loaded model (borrowed: it must outlive
+ * the scheduler, and no other thread may call the model meanwhile).
+ * Errors: RI_ERR_INVALID (bad cfg), RI_ERR_NOMEM.  Caller frees with
+ * gw_sched_destroy. */
+ri_status_t gw_sched_create(mdl_model_t *m, const gw_sched_cfg_t *cfg, gw_sched_t **s_p);
+
+/* Queue a request; the scheduler takes its own reference.  The request
+ * counts for TTFT from now.  Errors: RI_ERR_BUSY (the queue is full: try
+ * later), RI_ERR_SHUTDOWN (draining), RI_ERR_INVALID (already submitted). */
+ri_status_t gw_sched_submit(gw_sched_t *s, gw_req_t *req);
+
+/* Stop taking requests, let the admitted and queued ones finish for up to
+ * timeout_ms, then cancel what is left (status RI_ERR_SHUTDOWN) and wait
+ * for the scheduler to let go of them.  Returns the number cancelled. */
+size_t gw_sched_drain(gw_sched_t *s, uint32_t timeout_ms);
+
+/* True once gw_sched_drain has started. */
+bool gw_sched_draining(gw_sched_t *s);
+
+/* Copy the figures (any thread). */
+void gw_sched_stats(gw_sched_t *s, gw_sched_stats_t *st_p);
+
+/* Stop the thread (cancelling whatever is left) and free.  NULL is a no-op. */
+void gw_sched_destroy(gw_sched_t *s);
+
+/* "stop", "length", or NULL for the others (not an OpenAI reason). */
+const char *gw_finish_str(gw_finish_t f);
+
+#endif /* GW_SCHED_H */
