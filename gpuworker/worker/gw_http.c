@@ -17,6 +17,7 @@
 #include <sys/random.h>
 #include <sys/socket.h>
 #include <time.h>
+#include <unistd.h>
 
 #include <microhttpd.h>
 
@@ -63,6 +64,7 @@ struct gw_http {
     char addr[300];               /* bound "host:port" */
     long created;                 /* start time, for /v1/models */
     _Atomic uint64_t counts[GW_EP_N][GW_N_CODES];
+    _Atomic int inflight;         /* generation requests whose answer is not all sent */
 };
 
 /* What a connection accumulates: the request body. */
@@ -70,6 +72,7 @@ typedef struct gw_conn {
     char *body;      /* cm_malloc, NUL-terminated */
     size_t len, cap;
     bool too_large;  /* over GW_HTTP_MAX_BODY: answered 413 */
+    bool inflight;   /* counted in gw_http_t.inflight until the answer is sent */
 } gw_conn_t;
 
 /* An error answer, OpenAI's shape. */
@@ -471,6 +474,9 @@ static bool gw_parse_prompt(gw_http_t *h, const cJSON *b, gw_gen_t *g, gw_err_t 
         return true;
     }
     int n = cJSON_IsArray(p) ? cJSON_GetArraySize(p) : 0;
+    if (n > 1 && (cJSON_IsString(p->child) || cJSON_IsArray(p->child)))
+        return gw_err_set(e, 400, "invalid_request_error", "prompt", "unsupported_value",
+                          "several prompts in one request are not supported: send one request per prompt");
     if (n == 0)
         return GW_BAD(e, "prompt", "prompt must be a string, a list of one string, or a list of token ids "
                       "(several prompts in one request are not supported)");
@@ -1034,15 +1040,22 @@ static enum MHD_Result gw_http_answer(void *cls, struct MHD_Connection *conn, co
                    "the request body is over %u bytes", GW_HTTP_MAX_BODY);
         return gw_http_fail(h, conn, ep, &e);
     }
-    return gen ? gw_http_generate(h, conn, ep, c) : gw_http_get(h, conn, ep, url);
+    if (!gen)
+        return gw_http_get(h, conn, ep, url);
+    c->inflight = true;
+    atomic_fetch_add(&h->inflight, 1);
+    return gw_http_generate(h, conn, ep, c);
 }
 
 static void gw_http_completed(void *cls, struct MHD_Connection *conn, void **con_cls,
                               enum MHD_RequestTerminationCode toe)
 {
+    gw_http_t *h = cls;
     gw_conn_t *c = *con_cls;
-    (void)cls, (void)conn, (void)toe;
+    (void)conn, (void)toe;
     if (c != NULL) {
+        if (c->inflight)
+            atomic_fetch_sub(&h->inflight, 1);
         cm_free(c->body);
         cm_free(c);
         *con_cls = NULL;
@@ -1076,7 +1089,7 @@ ri_status_t gw_http_start(const gw_http_cfg_t *cfg, mdl_model_t *m, gw_sched_t *
     char host[256];
     unsigned port;
     struct sockaddr_storage ss;
-    unsigned flags = MHD_USE_THREAD_PER_CONNECTION | MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_POLL;
+    unsigned flags = MHD_USE_THREAD_PER_CONNECTION | MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_POLL | MHD_USE_ITC;
     ri_status_t st;
 
     memset(&ss, 0, sizeof(ss));
@@ -1159,8 +1172,17 @@ void gw_http_destroy(gw_http_t *h)
 {
     if (h == NULL)
         return;
-    if (h->mhd != NULL)
+    if (h->mhd != NULL) {
+        /* Stop accepting, then let answers that are complete but not yet
+         * sent go out (the scheduler is drained, so none still waits for
+         * text; a stuck client cannot hold the stop for more than 10 s). */
+        MHD_socket lfd = MHD_quiesce_daemon(h->mhd);
+        for (int i = 0; i < 1000 && atomic_load(&h->inflight) > 0; i++)
+            cm_time_sleep_ns(10 * 1000000ull);
         MHD_stop_daemon(h->mhd);
+        if (lfd != MHD_INVALID_SOCKET)
+            close(lfd);
+    }
     free(h->model_id);
     free(h->allow_attn);
     cm_free(h);
