@@ -47,7 +47,8 @@ struct gw_req {
     const mdl_attn_ops_t *attn;   /* registered backend (process lifetime) */
     char **stop;                  /* owned strings */
     size_t n_stop;
-    /* the scheduler's (queue link under the scheduler's mu; the rest its thread only) */
+    /* the scheduler's (these two under the scheduler's mu; the rest its thread only) */
+    bool submitted;               /* gw_sched_submit took it */
     gw_req_t *next;               /* queue link */
     gw_phase_t phase;
     mdl_seq_t *seq;               /* owned while admitted */
@@ -578,7 +579,7 @@ ri_status_t gw_sched_submit(gw_sched_t *s, gw_req_t *r)
 {
     ri_status_t st = RI_OK;
     pthread_mutex_lock(&s->mu);
-    if (r->phase != GW_PHASE_NEW) {
+    if (r->submitted) {
         st = RI_ERR_INVALID;
     } else if (s->draining) {
         st = RI_ERR_SHUTDOWN;
@@ -587,6 +588,7 @@ ri_status_t gw_sched_submit(gw_sched_t *s, gw_req_t *r)
         st = RI_ERR_BUSY;
     } else {
         atomic_fetch_add(&r->refs, 1);
+        r->submitted = true;
         r->phase = GW_PHASE_QUEUED;
         r->t_submit_ns = cm_time_ns();
         r->next = NULL;

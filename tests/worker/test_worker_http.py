@@ -351,6 +351,12 @@ def test_api(tmp):
         busy.stop()
     p = subprocess.run([WORKER, "--listen", "localhost:x"], capture_output=True, text=True, timeout=120)
     check(p.returncode == 1, "listen on a bad address -> exit 1 (%d)" % p.returncode)
+    p = subprocess.run([WORKER, "--listen", "127.0.0.1:0", "--kvstore", "127.0.0.1:1"], capture_output=True,
+                       text=True, timeout=120)
+    check(p.returncode == 1, "--kvstore unreachable -> exit 1 (%d)" % p.returncode)
+    p = subprocess.run([WORKER, "--listen", "127.0.0.1:0", "--model", os.path.join(tmp, "none.gguf")],
+                       capture_output=True, text=True, timeout=120)
+    check(p.returncode == 1, "a model that cannot be loaded -> exit 1 (%d)" % p.returncode)
     p = subprocess.run([WORKER, "--listen", "127.0.0.1:0", "--prefill-chunk", "100"], capture_output=True,
                        text=True, timeout=60)
     check(p.returncode == 2, "--prefill-chunk 100 -> exit 2 (%d)" % p.returncode)
@@ -455,6 +461,10 @@ def test_shutdown(tmp):
     try:
         st, _, h = w.request("GET", "/health")
         check(st == 503 and h["status"] == "draining", "while draining /health -> 503 draining")
+        st, r, c = w.request("POST", "/v1/completions", completion(max_tokens=4))
+        check_error(st, c, 503, what="a new request while draining")
+        check(r.getheader("Retry-After") is not None and c["error"]["code"] == "shutting_down",
+              "503 while draining: Retry-After, code shutting_down")
     except OSError as e:
         check(False, "while draining /health answers (%s)" % e)
     t.join(120)
