@@ -86,7 +86,8 @@ static const cm_config_item_t kvs_ctl_config_items[] = {
     KVS_CFG("max-sessions-per-tenant", CM_CFG_INT, "256", "open sessions one tenant may hold (0 = no limit)",
             max_sessions_per_tenant, 0, 1000000),
     KVS_CFG("max-connections", CM_CFG_INT, "1024",
-            "gRPC client connections the fd limit must leave room for (checked at start)", max_connections, 16,
+            "gRPC client connections held at once; one more is reset at once (without TLS), and the fd limit must "
+            "leave room for them (checked at start)", max_connections, 16,
             1000000),
     KVS_CFG("idle-timeout-ms", CM_CFG_INT, "300000", "close gRPC client connections idle this long",
             idle_timeout_ms, 1000, 86400000),
@@ -212,10 +213,9 @@ static ri_status_t kvs_ctl_load_tls(kvs_ctl_t *ctl, char *err, size_t errlen)
 #define KVS_CTL_FD_RESERVE 256u
 
 /* Raise the soft fd limit to the hard one and refuse to start when even that
- * cannot hold max-connections plus the reserve: running out of descriptors
- * makes the gRPC core stop accepting for good (accept fails with EMFILE and
- * the listener is not re-armed), so it must not be reachable by opening
- * connections within the configured caps. */
+ * cannot hold max-connections plus the reserve: the listener (kvs_accept.c)
+ * resets connections beyond max-connections, and with this much room the
+ * rest of the daemon does not run out of descriptors because of them. */
 static ri_status_t kvs_ctl_check_fds(const kvs_ctl_config_t *cfg, char *err, size_t errlen)
 {
     struct rlimit rl;
@@ -333,6 +333,7 @@ ri_status_t kvs_ctl_start(const kvs_ctl_config_t *cfg, kvs_ctl_t **ctl_p, char *
         .tls_ca_pem = ctl->tls_ca_pem,
         .admin_without_tokens = cfg->insecure_admin,
         .idle_timeout_ms = (uint32_t)cfg->idle_timeout_ms,
+        .max_connections = (uint32_t)cfg->max_connections,
     };
     st = kvs_grpc_start(&gcfg, &ctl->grpc, err, errlen);
     if (st != RI_OK)

@@ -51,7 +51,7 @@ typedef struct kvs_ctl_config {
     bool insecure;                   /* allow listening beyond loopback without tokens */
     bool insecure_admin;             /* without tokens, give local callers admin rights (Drain) */
     int64_t max_sessions_per_tenant; /* open sessions of one tenant; 0 = no limit */
-    int64_t max_connections;         /* fd budget of gRPC client connections (startup check) */
+    int64_t max_connections;         /* gRPC client connections held at once (and their fd budget) */
     int64_t idle_timeout_ms;         /* close gRPC connections idle this long */
 } kvs_ctl_config_t;
 

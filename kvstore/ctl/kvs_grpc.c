@@ -21,6 +21,7 @@
 #include <grpc/byte_buffer.h>
 #include <grpc/byte_buffer_reader.h>
 #include <grpc/grpc.h>
+#include <grpc/grpc_posix.h>
 #include <grpc/grpc_security.h>
 #include <grpc/slice.h>
 #include <grpc/support/time.h>
@@ -29,12 +30,14 @@
 #include "common/cm_log.h"
 #include "common/cm_status.h"
 #include "common/cm_time.h"
+#include "kvstore/ctl/kvs_accept.h"
 
 #define KVS_GRPC_CODES 17           /* grpc_status_code 0..16 */
 #define KVS_GRPC_POST_PER_THREAD 2  /* outstanding requests per method and thread */
 #define KVS_GRPC_MAX_STREAMS 64     /* concurrent calls per client connection */
 #define KVS_GRPC_MEM_MESSAGES 4u    /* gRPC memory quota, in maximal messages ... */
 #define KVS_GRPC_MEM_MIN (64ull << 20) /* ... but at least this */
+#define KVS_GRPC_MAX_CONN 1024u     /* client connections when the config gives 0 */
 
 static CM_ALLOC_TAG(kvs_grpc_tag, "kvs.grpc");
 
@@ -73,6 +76,8 @@ struct kvs_grpc {
     kvs_grpc_config_t cfg;                 /* copy; methods/auth borrowed */
     char *default_tenant;                  /* owned copy */
     grpc_server *server;                   /* owned */
+    kvs_accept_t *accept;                  /* owned; our listener (plaintext), NULL with TLS */
+    grpc_server_credentials *fd_creds;     /* owned; insecure, for the connections accept hands over */
     grpc_completion_queue *cq;             /* owned, shared by the threads */
     void **handles;                        /* registered method handles */
     pthread_t *threads;                    /* serving threads */
@@ -385,6 +390,53 @@ static void *kvs_grpc_thread(void *arg)
     return NULL;
 }
 
+/* The listener admitted a connection: gRPC takes the socket over (and closes
+ * it when the connection ends), with the server's channel arguments (message
+ * sizes, idle timeout, memory quota). */
+static void kvs_grpc_adopt(void *arg, int fd)
+{
+    kvs_grpc_t *srv = arg;
+    grpc_server_add_channel_from_fd(srv->server, fd, srv->fd_creds);
+}
+
+/* Set up where connections come from, before the server starts.  Plaintext:
+ * our listener (kvs_accept.h), bound now so that an address in use fails the
+ * start, hands connections over.  TLS: gRPC 1.51 takes over a connected
+ * socket only without TLS (grpc_server_add_channel_from_fd refuses other
+ * credentials), so gRPC's own listener serves, with no connection cap (see
+ * docs/kvstore.md "Security and limits"). */
+static ri_status_t kvs_grpc_listen(kvs_grpc_t *srv, const kvs_grpc_config_t *cfg, char *err, size_t errlen)
+{
+    if (cfg->tls_cert_pem == NULL) {
+        kvs_accept_config_t acfg = {.listen = cfg->listen,
+                                    .max_conns = cfg->max_connections ? cfg->max_connections : KVS_GRPC_MAX_CONN,
+                                    .fn = kvs_grpc_adopt,
+                                    .arg = srv};
+        srv->fd_creds = grpc_insecure_server_credentials_create();
+        ri_status_t st = kvs_accept_create(&acfg, &srv->accept, err, errlen);
+        srv->port = kvs_accept_port(srv->accept);
+        return st;
+    }
+    grpc_ssl_pem_key_cert_pair pair = {.private_key = cfg->tls_key_pem, .cert_chain = cfg->tls_cert_pem};
+    grpc_server_credentials *creds = grpc_ssl_server_credentials_create_ex(
+        cfg->tls_ca_pem, &pair, 1,
+        cfg->tls_ca_pem ? GRPC_SSL_REQUEST_AND_REQUIRE_CLIENT_CERTIFICATE_AND_VERIFY
+                        : GRPC_SSL_DONT_REQUEST_CLIENT_CERTIFICATE,
+        NULL);
+    if (creds == NULL) {
+        snprintf(err, errlen, "grpc: cannot create TLS server credentials (check tls-cert / tls-key)");
+        return RI_ERR_INVALID;
+    }
+    srv->port = grpc_server_add_http2_port(srv->server, cfg->listen, creds);
+    grpc_server_credentials_release(creds);
+    if (srv->port <= 0) {
+        snprintf(err, errlen, "grpc: cannot listen on %s (address in use or invalid)", cfg->listen);
+        return RI_ERR_TRANSPORT;
+    }
+    cm_warn("grpc: with TLS, gRPC's own listener accepts: max-connections is not enforced");
+    return RI_OK;
+}
+
 ri_status_t kvs_grpc_start(const kvs_grpc_config_t *cfg, kvs_grpc_t **grpc_p, char *err, size_t errlen)
 {
     ri_status_t st = RI_OK;
@@ -452,29 +504,9 @@ ri_status_t kvs_grpc_start(const kvs_grpc_config_t *cfg, kvs_grpc_t **grpc_p, ch
             goto err_destroy_server;
         }
     }
-    grpc_server_credentials *creds;
-    if (cfg->tls_cert_pem != NULL) {
-        grpc_ssl_pem_key_cert_pair pair = {.private_key = cfg->tls_key_pem, .cert_chain = cfg->tls_cert_pem};
-        creds = grpc_ssl_server_credentials_create_ex(
-            cfg->tls_ca_pem, &pair, 1,
-            cfg->tls_ca_pem ? GRPC_SSL_REQUEST_AND_REQUIRE_CLIENT_CERTIFICATE_AND_VERIFY
-                            : GRPC_SSL_DONT_REQUEST_CLIENT_CERTIFICATE,
-            NULL);
-    } else {
-        creds = grpc_insecure_server_credentials_create();
-    }
-    if (creds == NULL) {
-        snprintf(err, errlen, "grpc: cannot create TLS server credentials (check tls-cert / tls-key)");
-        st = RI_ERR_INVALID;
+    st = kvs_grpc_listen(srv, cfg, err, errlen);
+    if (st != RI_OK)
         goto err_destroy_server;
-    }
-    srv->port = grpc_server_add_http2_port(srv->server, cfg->listen, creds);
-    grpc_server_credentials_release(creds);
-    if (srv->port <= 0) {
-        snprintf(err, errlen, "grpc: cannot listen on %s (address in use or invalid)", cfg->listen);
-        st = RI_ERR_TRANSPORT;
-        goto err_destroy_server;
-    }
     grpc_server_start(srv->server);
     for (size_t i = 0; i < cfg->n_methods; i++)
         for (unsigned k = 0; k < cfg->threads * KVS_GRPC_POST_PER_THREAD; k++)
@@ -493,11 +525,22 @@ ri_status_t kvs_grpc_start(const kvs_grpc_config_t *cfg, kvs_grpc_t **grpc_p, ch
         }
         srv->n_threads++;
     }
+    if (srv->accept != NULL) {
+        st = kvs_accept_start(srv->accept);
+        if (st != RI_OK) {
+            snprintf(err, errlen, "grpc: cannot start the accept thread");
+            kvs_grpc_destroy(srv);
+            return st;
+        }
+    }
     *grpc_p = srv;
     return RI_OK;
 
 err_destroy_server:
     /* Never started and no listener bound: the core allows a plain destroy. */
+    kvs_accept_destroy(srv->accept);
+    if (srv->fd_creds != NULL)
+        grpc_server_credentials_release(srv->fd_creds);
     grpc_server_destroy(srv->server);
     grpc_completion_queue_shutdown(srv->cq);
     while (grpc_completion_queue_next(srv->cq, gpr_inf_future(GPR_CLOCK_MONOTONIC), NULL).type != GRPC_QUEUE_SHUTDOWN)
@@ -562,6 +605,8 @@ unsigned kvs_grpc_shutdown(kvs_grpc_t *srv, uint32_t timeout_ms)
         return 0;
 
     atomic_store(&srv->stopping, true);
+    /* No connection is handed to a server that is shutting down. */
+    kvs_accept_stop(srv->accept);
     grpc_server_shutdown_and_notify(srv->server, srv->cq, &srv->shutdown_tag);
     /* The core's shutdown tag also waits for idle client connections to go
      * away, which clients may keep open for long.  So wait only for our own
@@ -603,6 +648,9 @@ void kvs_grpc_destroy(kvs_grpc_t *srv)
     if (!srv->threads_joined)
         return; /* see kvs_grpc_shutdown: unsafe to free */
     grpc_completion_queue_destroy(srv->cq);
+    kvs_accept_destroy(srv->accept);
+    if (srv->fd_creds != NULL)
+        grpc_server_credentials_release(srv->fd_creds);
     grpc_shutdown();
     pthread_cond_destroy(&srv->cond);
     pthread_rwlock_destroy(&srv->auth_lock);
@@ -635,6 +683,8 @@ void kvs_grpc_metrics_write(kvs_grpc_t *srv, FILE *out)
     fprintf(out, "# HELP ri_kvs_grpc_bad_messages_total Requests whose protobuf could not be parsed.\n");
     fprintf(out, "# TYPE ri_kvs_grpc_bad_messages_total counter\n");
     fprintf(out, "ri_kvs_grpc_bad_messages_total %llu\n", (unsigned long long)atomic_load(&srv->bad_messages));
+    if (srv->accept != NULL)
+        kvs_accept_metrics_write(srv->accept, out);
     fprintf(out, "# HELP ri_kvs_grpc_inflight Calls being handled or answered now.\n");
     fprintf(out, "# TYPE ri_kvs_grpc_inflight gauge\n");
     fprintf(out, "ri_kvs_grpc_inflight %u\n", atomic_load(&srv->inflight));

@@ -6,6 +6,11 @@
  * synchronous (they call kvs_data_*), so a serving thread runs one to the end
  * and then starts one batch that sends the reply and the status.
  *
+ * Plaintext connections come from our own listener (kvs_accept.h), which caps
+ * them at max_connections and survives running out of descriptors; gRPC 1.51
+ * can take over a connected socket only without TLS, so with TLS gRPC's own
+ * listener serves and the cap is not enforced (see kvs_grpc_start).
+ *
  * Authentication happens here, before a handler runs: methods marked
  * needs_auth get the caller's tenant from the `authorization: Bearer` metadata
  * (or the default tenant when no tokens file is configured).
@@ -61,6 +66,7 @@ typedef struct kvs_grpc_config {
     const char *tls_ca_pem;         /* client CA (PEM text): require and verify client certificates; NULL = no */
     bool admin_without_tokens;      /* auth NULL: callers are admins (else no caller is) */
     uint32_t idle_timeout_ms;       /* close client connections idle this long; 0 = never */
+    uint32_t max_connections;       /* client connections held at once (plaintext; see kvs_accept.h) */
 } kvs_grpc_config_t;
 
 /* Largest reply: ListSessions of a full session table fits with room. */
