@@ -8,6 +8,13 @@
  *     an over-read of what the decoder checked shows under ASan;
  *   5-10 the gRPC request messages (protobuf-c unpack, as the handlers call it).
  * Built with clang -fsanitize=fuzzer,address,undefined (tests/kvstore_data).
+ *
+ * Mutation check: built again with -DFZ_MUTANT_SLACK=1 (fuzz_decoders_mutant),
+ * the data-plane decoders (0-4) are told every message is one byte longer than
+ * the bytes that exist, which is what a decoder with a bounds check off by one
+ * believes: it then reads the byte past the message.  The real decoders run
+ * unchanged on that wrong length, so the over-read happens in their code, and
+ * test_kvs_fuzz_decoders_mutant passes only when the fuzzer reports it.
  */
 #include <stddef.h>
 #include <stdint.h>
@@ -15,6 +22,10 @@
 #include "common/cm_dp_proto.h"
 #include "common/cm_wire.h"
 #include "retroinfer.pb-c.h"
+
+#ifndef FZ_MUTANT_SLACK
+#define FZ_MUTANT_SLACK 0 /* bytes a decoder is told exist past the message (0: the real target) */
+#endif
 
 static volatile uint64_t sink;
 
@@ -124,12 +135,13 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         return 0;
     const uint8_t *p = data + 1;
     size_t n = size - 1;
+    size_t claimed = n + FZ_MUTANT_SLACK; /* the length the data-plane decoders are given */
     switch (data[0] % 11) {
-    case 0: fz_wire(p, n); break;
-    case 1: fz_clusters(p, n); break;
-    case 2: fz_register(p, n); break;
-    case 3: fz_fetch(p, n); break;
-    case 4: fz_fetch_reply(p, n); break;
+    case 0: fz_wire(p, claimed); break;
+    case 1: fz_clusters(p, claimed); break;
+    case 2: fz_register(p, claimed); break;
+    case 3: fz_fetch(p, claimed); break;
+    case 4: fz_fetch_reply(p, claimed); break;
     default: fz_proto((uint8_t)(data[0] % 11), p, n); break;
     }
     return 0;
