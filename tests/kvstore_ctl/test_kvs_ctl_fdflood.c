@@ -9,7 +9,7 @@
  * 256 (prlimit(2) on its pid; the start-up check would refuse so low a limit
  * with the default cap).  The test then
  *  - opens 300 idle connections (more than the whole fd limit) and holds them;
- *  - while they are held, a new connection is reset or closed within 2 s
+ *  - while they are held, a new connection is reset or closed within 6 s (2 s when the machine is quiet; the old listener never did)
  *    (not left waiting in the listen queue);
  *  - closes them all: a Health call from a fresh client succeeds within 5 s;
  *  - /metrics counts the refused connections by reason;
@@ -183,7 +183,7 @@ static void flood_and_recover(int fd_room, const char *reason)
      * not left queued forever. */
     int probe = tcp_open(&sin);
     t0 = now_s();
-    bool refused = probe < 0 || closed_by_peer_within(probe, 2000);
+    bool refused = probe < 0 || closed_by_peer_within(probe, 6000);
     fprintf(stderr, "probe during the flood: %s after %.2f s\n", refused ? "refused" : "still waiting", now_s() - t0);
     if (probe >= 0)
         close(probe);

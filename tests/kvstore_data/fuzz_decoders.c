@@ -87,8 +87,11 @@ static void fz_fetch_reply(const uint8_t *p, size_t n)
     for (uint32_t i = 0; i < v.n_entries; i++) {
         cm_dp_entry_t e;
         cm_dp_reply_entry(&v, i, &e);
-        for (uint32_t k = 0; k < e.n_pages; k++)
-            s += cm_dp_reply_page(&v, e.page_index + k); /* the decoder promised these exist */
+        /* the decoder promises the pages of listed entries (hits and
+         * admissions) only: a plain miss has none, its page_index unchecked,
+         * and no consumer reads it */
+        for (uint32_t k = 0; (e.flags & (CM_DP_F_HIT | CM_DP_F_ADMITTED)) && k < e.n_pages; k++)
+            s += cm_dp_reply_page(&v, e.page_index + k);
     }
     for (uint32_t i = 0; i < v.n_evicted; i++) {
         cm_dp_evict_t e;
