@@ -117,6 +117,21 @@ static void gw_hist_add(gw_hist_t *h, double v)
         }
 }
 
+/* timeout_ms from now on the monotonic clock, for pthread_cond_clockwait
+ * (explicit about its clock, unlike a condition variable's attribute). */
+static struct timespec gw_deadline(uint32_t timeout_ms)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    ts.tv_sec += timeout_ms / 1000;
+    ts.tv_nsec += (long)(timeout_ms % 1000) * 1000000L;
+    if (ts.tv_nsec >= 1000000000L) {
+        ts.tv_sec++;
+        ts.tv_nsec -= 1000000000L;
+    }
+    return ts;
+}
+
 const char *gw_finish_str(gw_finish_t f)
 {
     return f == GW_FINISH_STOP ? "stop" : f == GW_FINISH_LENGTH ? "length" : NULL;
@@ -134,11 +149,7 @@ ri_status_t gw_req_create(const gw_req_params_t *p, gw_req_t **req_p)
     atomic_init(&r->refs, 1);
     atomic_init(&r->cancel, false);
     pthread_mutex_init(&r->mu, NULL);
-    pthread_condattr_t ca;
-    pthread_condattr_init(&ca);
-    pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
-    pthread_cond_init(&r->cv, &ca);
-    pthread_condattr_destroy(&ca);
+    pthread_cond_init(&r->cv, NULL);
     r->n_ids = p->n_ids;
     r->max_tokens = p->max_tokens;
     r->scfg = p->sampler;
@@ -189,18 +200,11 @@ void gw_req_cancel(gw_req_t *r)
 ri_status_t gw_req_take(gw_req_t *r, size_t from, uint32_t timeout_ms, char **text_p, size_t *len_p,
                         gw_req_view_t *view_p)
 {
-    struct timespec ts;
+    struct timespec ts = gw_deadline(timeout_ms);
     ri_status_t st = RI_OK;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    ts.tv_sec += timeout_ms / 1000;
-    ts.tv_nsec += (long)(timeout_ms % 1000) * 1000000L;
-    if (ts.tv_nsec >= 1000000000L) {
-        ts.tv_sec++;
-        ts.tv_nsec -= 1000000000L;
-    }
     pthread_mutex_lock(&r->mu);
     while (!r->view.done && r->ready <= from) {
-        if (pthread_cond_timedwait(&r->cv, &r->mu, &ts) == ETIMEDOUT) {
+        if (pthread_cond_clockwait(&r->cv, &r->mu, CLOCK_MONOTONIC, &ts) == ETIMEDOUT) {
             st = RI_ERR_TIMEOUT;
             break;
         }
@@ -545,11 +549,7 @@ ri_status_t gw_sched_create(mdl_model_t *m, const gw_sched_cfg_t *cfg, gw_sched_
     s->cfg = *cfg;
     pthread_mutex_init(&s->mu, NULL);
     pthread_cond_init(&s->work_cv, NULL);
-    pthread_condattr_t ca;
-    pthread_condattr_init(&ca);
-    pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
-    pthread_cond_init(&s->idle_cv, &ca);
-    pthread_condattr_destroy(&ca);
+    pthread_cond_init(&s->idle_cv, NULL);
     gw_hist_init(&s->st.batch, gw_le_batch);
     gw_hist_init(&s->st.ttft_s, gw_le_ttft);
     gw_hist_init(&s->st.itl_s, gw_le_itl);
@@ -616,19 +616,12 @@ bool gw_sched_draining(gw_sched_t *s)
 
 size_t gw_sched_drain(gw_sched_t *s, uint32_t timeout_ms)
 {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    ts.tv_sec += timeout_ms / 1000;
-    ts.tv_nsec += (long)(timeout_ms % 1000) * 1000000L;
-    if (ts.tv_nsec >= 1000000000L) {
-        ts.tv_sec++;
-        ts.tv_nsec -= 1000000000L;
-    }
+    struct timespec ts = gw_deadline(timeout_ms);
     pthread_mutex_lock(&s->mu);
     s->draining = true;
     uint64_t cancelled0 = s->st.finished[GW_FINISH_CANCELLED];
     while (s->n_queued + s->n_running > 0)
-        if (pthread_cond_timedwait(&s->idle_cv, &s->mu, &ts) == ETIMEDOUT)
+        if (pthread_cond_clockwait(&s->idle_cv, &s->mu, CLOCK_MONOTONIC, &ts) == ETIMEDOUT)
             break;
     if (s->n_queued + s->n_running > 0) {
         /* The scheduler cancels at its next step boundary: after at most
