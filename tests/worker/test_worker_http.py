@@ -444,9 +444,33 @@ def test_queue(tmp):
 
 
 def test_shutdown(tmp):
-    # a running request finishes within the drain timeout; /health says draining
     w = Worker("--drain-timeout-ms", "60000", tmp=tmp)
+    # a client that goes away mid-stream: its request leaves the batch
+    c = w.conn()
+    c.request("POST", "/v1/completions", body=json.dumps(completion(prompt="Once upon a time", max_tokens=4000,
+                                                                    temperature=0.8, stream=True)).encode(),
+              headers={"Content-Type": "application/json"})
+    r = c.getresponse()
+    got = 0
+    for line in r:
+        got += line.startswith(b"data: ")
+        if got >= 3:
+            break
+    c.sock.shutdown(2)
+    c.close()
+    deadline = time.time() + 30
+    while time.time() < deadline:
+        m = w.metrics()
+        if m['ri_worker_requests_finished_total{reason="cancelled"}'] >= 1:
+            break
+        time.sleep(0.05)
+    check(m['ri_worker_requests_finished_total{reason="cancelled"}'] == 1 and m["ri_worker_running_requests"] == 0
+          and m["ri_worker_generated_tokens_total"] < 4000,
+          "a stream closed by its client is cancelled (%g tokens generated)" % m["ri_worker_generated_tokens_total"])
+
+    # a running request finishes within the drain timeout; /health says draining
     out = {}
+    gen0 = m["ri_worker_generated_tokens_total"]
 
     def long_one():
         out["r"] = w.request("POST", "/v1/completions", completion(prompt="Once upon a time", max_tokens=96,
@@ -454,7 +478,7 @@ def test_shutdown(tmp):
 
     t = threading.Thread(target=long_one)
     t.start()
-    while w.metrics().get("ri_worker_generated_tokens_total", 0) < 2:
+    while w.metrics().get("ri_worker_generated_tokens_total", 0) < gen0 + 2:
         time.sleep(0.02)
     w.proc.send_signal(signal.SIGTERM)
     time.sleep(0.3)
@@ -546,6 +570,8 @@ def main():
         try:
             {"api": test_api, "batch": test_batch, "queue": test_queue, "shutdown": test_shutdown,
              "remote": test_remote}[mode](tmp)
+        except Exception as e:  # a dead worker shows as a reset connection: show its log too
+            check(False, "%s: %s" % (type(e).__name__, e))
         finally:
             log = os.path.join(tmp, "worker.log")
             if failures and os.path.exists(log):
