@@ -1,6 +1,7 @@
 /* "host:port" parsing and resolution, shared by the data-plane server and client. */
 #include "common/cm_net.h"
 
+#include <arpa/inet.h>
 #include <errno.h>
 #include <netdb.h>
 #include <stdio.h>
@@ -36,6 +37,32 @@ bool cm_net_split(const char *addr, char *host, size_t hostlen, unsigned *port_p
     host[hl] = '\0';
     *port_p = (unsigned)port;
     return true;
+}
+
+ri_status_t cm_net_parse_numeric(const char *addr, struct sockaddr_storage *ss, char *host, size_t hostlen,
+                                 unsigned *port_p, bool *ipv6_p)
+{
+    struct sockaddr_in *sin = (struct sockaddr_in *)ss;
+    struct sockaddr_in6 *sin6 = (struct sockaddr_in6 *)ss;
+    unsigned port;
+
+    memset(ss, 0, sizeof(*ss));
+    if (!cm_net_split(addr, host, hostlen, &port))
+        return RI_ERR_INVALID;
+    *port_p = port;
+    if (inet_pton(AF_INET, host, &sin->sin_addr) == 1) {
+        sin->sin_family = AF_INET;
+        sin->sin_port = htons((uint16_t)port);
+        *ipv6_p = false;
+        return RI_OK;
+    }
+    if (inet_pton(AF_INET6, host, &sin6->sin6_addr) == 1) {
+        sin6->sin6_family = AF_INET6;
+        sin6->sin6_port = htons((uint16_t)port);
+        *ipv6_p = true;
+        return RI_OK;
+    }
+    return RI_ERR_UNSUPPORTED;
 }
 
 bool cm_net_host_is_wildcard(const char *host)

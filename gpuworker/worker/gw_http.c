@@ -1087,29 +1087,23 @@ ri_status_t gw_http_start(const gw_http_cfg_t *cfg, mdl_model_t *m, gw_sched_t *
                           size_t errlen)
 {
     char host[256];
-    unsigned port;
+    unsigned port = 0;
     struct sockaddr_storage ss;
     unsigned flags = MHD_USE_THREAD_PER_CONNECTION | MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_POLL | MHD_USE_ITC;
     ri_status_t st;
 
-    memset(&ss, 0, sizeof(ss));
-    if (!cm_net_split(cfg->listen, host, sizeof(host), &port)) {
+    bool v6 = false;
+    st = cm_net_parse_numeric(cfg->listen, &ss, host, sizeof(host), &port, &v6);
+    if (st == RI_ERR_INVALID) {
         snprintf(err, errlen, "listen '%s' is not host:port", cfg->listen);
         return RI_ERR_INVALID;
     }
-    struct sockaddr_in *sin = (struct sockaddr_in *)&ss;
-    struct sockaddr_in6 *sin6 = (struct sockaddr_in6 *)&ss;
-    if (inet_pton(AF_INET, host, &sin->sin_addr) == 1) {
-        sin->sin_family = AF_INET;
-        sin->sin_port = htons((uint16_t)port);
-    } else if (inet_pton(AF_INET6, host, &sin6->sin6_addr) == 1) {
-        sin6->sin6_family = AF_INET6;
-        sin6->sin6_port = htons((uint16_t)port);
-        flags |= MHD_USE_IPv6;
-    } else {
+    if (st != RI_OK) {
         snprintf(err, errlen, "listen '%s': the host must be a numeric IPv4 or IPv6 address", cfg->listen);
         return RI_ERR_INVALID;
     }
+    if (v6)
+        flags |= MHD_USE_IPv6;
     const mdl_attn_ops_t *def = mdl_attn_find(cfg->default_attn);
     if (def == NULL) {
         snprintf(err, errlen, "default attn '%s' is not a backend (have: %s)", cfg->default_attn, mdl_attn_names());

@@ -167,28 +167,22 @@ ri_status_t kvs_http_start(const char *listen, kvs_http_render_fn_t render, void
                            char *err, size_t errlen)
 {
     char host[256];
-    unsigned port;
+    unsigned port = 0;
     struct sockaddr_storage ss;
     unsigned flags = MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_POLL;
 
-    memset(&ss, 0, sizeof(ss));
-    if (!cm_net_split(listen, host, sizeof(host), &port)) {
+    bool v6 = false;
+    ri_status_t pst = cm_net_parse_numeric(listen, &ss, host, sizeof(host), &port, &v6);
+    if (pst == RI_ERR_INVALID) {
         snprintf(err, errlen, "metrics-listen '%s' is not host:port", listen);
         return RI_ERR_INVALID;
     }
-    struct sockaddr_in *sin = (struct sockaddr_in *)&ss;
-    struct sockaddr_in6 *sin6 = (struct sockaddr_in6 *)&ss;
-    if (inet_pton(AF_INET, host, &sin->sin_addr) == 1) {
-        sin->sin_family = AF_INET;
-        sin->sin_port = htons((uint16_t)port);
-    } else if (inet_pton(AF_INET6, host, &sin6->sin6_addr) == 1) {
-        sin6->sin6_family = AF_INET6;
-        sin6->sin6_port = htons((uint16_t)port);
-        flags |= MHD_USE_IPv6;
-    } else {
+    if (pst != RI_OK) {
         snprintf(err, errlen, "metrics-listen '%s': host must be a numeric IPv4 or IPv6 address", listen);
         return RI_ERR_INVALID;
     }
+    if (v6)
+        flags |= MHD_USE_IPv6;
     kvs_http_t *http = cm_calloc(&kvs_http_tag, 1, sizeof(*http));
     if (http == NULL) {
         snprintf(err, errlen, "metrics: out of memory");
