@@ -5,7 +5,9 @@
 #   package;
 # - grpcio, grpcio-tools, pytest (+ setuptools and wheel to build the package
 #   without network): the Python client in clients/python and its pytest tests
-#   against the real daemon (tests/python_client).
+#   against the real daemon (tests/python_client);
+# - openai: ri-worker's HTTP service checked with the official client
+#   (tests/worker/test_worker_openai.py).
 # Installed only when missing; the tests skip (exit 77) without them, so a
 # failed install (offline) is reported once and is not fatal
 # (RI_PYDEPS_REQUIRED=1 makes it fatal).
@@ -18,6 +20,11 @@ fi
 if ! python3 -c 'import grpc, grpc_tools, pytest, setuptools, wheel' >/dev/null 2>&1; then
   need+=(grpcio grpcio-tools pytest setuptools wheel)
   skips+=("the Python client tests")
+fi
+# find_spec, not import: importing openai takes ~1 s, and this runs on every ./ri test.
+if ! python3 -c 'import importlib.util as u, sys; sys.exit(u.find_spec("openai") is None)' >/dev/null 2>&1; then
+  need+=(openai)
+  skips+=("the openai client test")
 fi
 [ ${#need[@]} -eq 0 ] && exit 0
 echo "[pytest-deps] installing ${need[*]} with pip" >&2
