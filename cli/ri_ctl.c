@@ -13,6 +13,7 @@
 #include <time.h>
 
 #include "common/cm_alloc.h"
+#include "common/cm_file.h"
 #include "gpuworker/ctl/gw_ctl.h"
 
 #define RI_CTL_DEFAULT_ADDR "127.0.0.1:7070"
@@ -45,28 +46,15 @@ static void ri_ctl_bytes(uint64_t b, char *buf, size_t len)
         snprintf(buf, len, "%.1f %s", v, units[u]);
 }
 
-/* Read the first line of path as the token (no trailing whitespace). */
+/* The token of a token file (cm_file_read_token: its first word that is not a
+ * comment, so a kvstore tokens file works too), or a message and -1. */
 static int ri_ctl_read_token(const char *path, char *buf, size_t len)
 {
-    FILE *f = fopen(path, "re");
-    if (f == NULL) {
-        fprintf(stderr, "ri: token file %s: %s\n", path, strerror(errno));
-        return -1;
-    }
-    if (fgets(buf, (int)len, f) == NULL) {
-        fprintf(stderr, "ri: token file %s is empty\n", path);
-        fclose(f);
-        return -1;
-    }
-    fclose(f);
-    size_t n = strlen(buf);
-    while (n > 0 && (buf[n - 1] == '\n' || buf[n - 1] == '\r' || buf[n - 1] == ' ' || buf[n - 1] == '\t'))
-        buf[--n] = '\0';
-    if (n == 0) {
-        fprintf(stderr, "ri: token file %s has an empty first line\n", path);
-        return -1;
-    }
-    return 0;
+    ri_status_t st = cm_file_read_token(path, buf, len);
+    if (st == RI_OK)
+        return 0;
+    fprintf(stderr, "ri: token file %s: %s\n", path, st == RI_ERR_FORMAT ? "holds no token" : ri_status_str(st));
+    return -1;
 }
 
 static int ri_ctl_fail(const char *what, const char *addr, ri_status_t st, const gw_ctl_error_t *err)

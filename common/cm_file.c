@@ -4,6 +4,7 @@
 
 #include <errno.h>
 #include <fcntl.h>
+#include <string.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -57,5 +58,30 @@ err_free:
     cm_free(buf);
 err_close:
     close(fd);
+    return st;
+}
+
+ri_status_t cm_file_read_token(const char *path, char *buf, size_t len)
+{
+    char *text = NULL;
+    ri_status_t st = cm_file_read(path, 64 * 1024, &text, NULL);
+    if (st != RI_OK)
+        return st;
+    st = RI_ERR_FORMAT;
+    for (char *save = NULL, *line = strtok_r(text, "\n", &save); line != NULL; line = strtok_r(NULL, "\n", &save)) {
+        line += strspn(line, " \t\r");
+        if (line[0] == '\0' || line[0] == '#')
+            continue;
+        size_t n = strcspn(line, " \t\r");
+        if (n + 1 > len) {
+            st = RI_ERR_TOO_LARGE;
+        } else {
+            memcpy(buf, line, n);
+            buf[n] = '\0';
+            st = RI_OK;
+        }
+        break;
+    }
+    cm_free(text);
     return st;
 }

@@ -14,4 +14,15 @@
  */
 ri_status_t cm_file_read(const char *path, size_t max, char **buf_p, size_t *len_p);
 
+/*
+ * Read a bearer token from path: the first word of the first line that is
+ * neither blank nor a '#' comment.  So a file holding one token and a
+ * kvstore tokens file (TOKEN TENANT ...) both work; the latter gives its
+ * first token.  The token is copied into buf (len bytes, NUL-terminated).
+ * Errors: as cm_file_read (file at most 64 KiB), RI_ERR_FORMAT when no
+ * line holds a token, RI_ERR_TOO_LARGE when it does not fit buf.  buf is
+ * written only on success.
+ */
+ri_status_t cm_file_read_token(const char *path, char *buf, size_t len);
+
 #endif /* CM_FILE_H */

@@ -31,6 +31,7 @@
 
 #include "common/cm_alloc.h"
 #include "common/cm_config.h"
+#include "common/cm_file.h"
 #include "common/cm_log.h"
 #include "common/cm_status.h"
 #include "common/cm_thread.h"
@@ -48,6 +49,7 @@ typedef struct wk_cfg {
     char *model;         /* GGUF path; empty = the default model */
     char *kvstore;       /* ri-kvstore gRPC address; empty = no kvstore */
     char *token;         /* bearer token */
+    char *token_file;    /* bearer token read from this file (a secret mounted in a container) */
     char *tls_ca;        /* TLS of the kvstore connection: CA, client certificate, key */
     char *tls_cert;
     char *tls_key;
@@ -78,6 +80,8 @@ static const cm_config_item_t wk_items[] = {
     WK_ITEM("model", CM_CFG_STRING, NULL, "GGUF model file (default: the installed SmolLM2)", model),
     WK_ITEM("kvstore", CM_CFG_STRING, NULL, "ri-kvstore gRPC address host:port (enables retroinfer-remote)", kvstore),
     WK_ITEM("token", CM_CFG_STRING, NULL, "bearer token for the kvstore", token),
+    WK_ITEM("token-file", CM_CFG_STRING, NULL, "read the bearer token from this file: the first word of its first "
+            "line that is not blank or a # comment (a kvstore tokens file gives its first token)", token_file),
     WK_ITEM("tls-ca", CM_CFG_STRING, NULL, "PEM CA of the kvstore's TLS certificate (empty = plaintext gRPC)", tls_ca),
     WK_ITEM("tls-cert", CM_CFG_STRING, NULL, "PEM client certificate for a kvstore with mutual TLS", tls_cert),
     WK_ITEM("tls-key", CM_CFG_STRING, NULL, "PEM private key of tls-cert", tls_key),
@@ -521,9 +525,24 @@ int main(int argc, char **argv)
         setenv("RI_THREADS", t, 1);
     }
     bool have_kvs = cfg.kvstore != NULL && cfg.kvstore[0] != '\0';
+    char file_token[512];
+    if (cfg.token_file != NULL && cfg.token_file[0] != '\0') {
+        ri_status_t st = cm_file_read_token(cfg.token_file, file_token, sizeof(file_token));
+        if (st != RI_OK) {
+            fprintf(stderr, "ri-worker: token file %s: %s\n", cfg.token_file,
+                    st == RI_ERR_FORMAT ? "holds no token" : ri_status_str(st));
+            goto out;
+        }
+        if (cfg.token != NULL && cfg.token[0] != '\0') {
+            fprintf(stderr, "ri-worker: --token and --token-file exclude each other (try --help)\n");
+            rc = 2;
+            goto out;
+        }
+    }
+    const char *token = cfg.token_file && cfg.token_file[0] ? file_token : cfg.token && cfg.token[0] ? cfg.token : NULL;
     const char *default_attn = cfg.attn && cfg.attn[0] ? cfg.attn : have_kvs ? GW_ATTN_REMOTE_NAME : "full";
     if (have_kvs) {
-        gw_attn_remote_cfg_t rc_cfg = {.address = cfg.kvstore, .token = cfg.token && cfg.token[0] ? cfg.token : NULL,
+        gw_attn_remote_cfg_t rc_cfg = {.address = cfg.kvstore, .token = token,
                                        .timeout_ms = (uint32_t)cfg.timeout_ms, .cache_frac = (float)cfg.cache_frac,
                                        .compare_full = cfg.compare_full, .deadline_us = (uint32_t)cfg.deadline_us,
                                        .tls_ca = cfg.tls_ca, .tls_cert = cfg.tls_cert, .tls_key = cfg.tls_key};
