@@ -114,11 +114,19 @@ typedef struct mdl_exact_job {
     const mdl_kv_t *kv;
     uint32_t layer;
     size_t pos, n, n_qblocks;
+    size_t window;      /* keys each query sees (itself included); 0 = all */
     const float *q;
     float *out;
     float *scratch;     /* per worker: K tile, V tile, scores, acc, m, l */
     size_t scratch_per; /* floats per worker */
 } mdl_exact_job_t;
+
+/* First key that query i of the job (position pos + i) attends to. */
+static size_t mdl_exact_first(const mdl_exact_job_t *j, size_t i)
+{
+    size_t p = j->pos + i;
+    return j->window > 0 && p >= j->window ? p + 1 - j->window : 0;
+}
 
 static void mdl_exact_task(void *arg, size_t begin, size_t end, unsigned worker)
 {
@@ -141,22 +149,24 @@ static void mdl_exact_task(void *arg, size_t begin, size_t end, unsigned worker)
         const cm_fp16_t *kh = j->kv->k[j->layer] + (size_t)h * j->kv->cap * d;
         const cm_fp16_t *vh = j->kv->v[j->layer] + (size_t)h * j->kv->cap * d;
         size_t nk = j->pos + i1;   /* keys the last query of the block sees */
+        size_t kfirst = mdl_exact_first(j, i0);   /* first key the first query sees */
         memset(acc, 0, rows * d * sizeof(float));
         for (size_t r = 0; r < rows; r++)
             mrow[r] = -INFINITY, lrow[r] = 0.0f;
-        for (size_t k0 = 0; k0 < nk; k0 += MDL_KTILE) {
+        for (size_t k0 = kfirst; k0 < nk; k0 += MDL_KTILE) {
             size_t k1 = CM_MIN(k0 + MDL_KTILE, nk);
             cm_fp16_to_f32_n(kt, kh + k0 * d, (k1 - k0) * d);
             cm_fp16_to_f32_n(vt, vh + k0 * d, (k1 - k0) * d);
             for (size_t i = i0; i < i1; i++) {
                 size_t lim = CM_MIN(k1, j->pos + i + 1);   /* causal */
-                if (lim <= k0)
+                size_t first = CM_MAX(k0, mdl_exact_first(j, i));   /* sliding window */
+                if (lim <= first)
                     continue;
-                size_t nt = lim - k0;
+                size_t nt = lim - first;
                 for (uint32_t t = 0; t < gs; t++) {
                     size_t r = (i - i0) * gs + t;
                     const float *qr = j->q + (i * g->n_heads + h * gs + t) * d;
-                    mdl_vec_scores(qr, kt, nt, d, scale, s);
+                    mdl_vec_scores(qr, kt + (first - k0) * d, nt, d, scale, s);
                     float mx = -INFINITY;
                     for (size_t kk = 0; kk < nt; kk++)
                         mx = s[kk] > mx ? s[kk] : mx;
@@ -166,7 +176,7 @@ static void mdl_exact_task(void *arg, size_t begin, size_t end, unsigned worker)
                     float *ar = acc + r * d;
                     if (corr != 1.0f)
                         mdl_vec_scale(ar, corr, d);
-                    mdl_vec_pv(ar, s, vt, nt, d);
+                    mdl_vec_pv(ar, s, vt + (first - k0) * d, nt, d);
                     lrow[r] = lrow[r] * corr + sum;
                     mrow[r] = mnew;
                 }
@@ -186,6 +196,12 @@ static void mdl_exact_task(void *arg, size_t begin, size_t end, unsigned worker)
 ri_status_t mdl_attn_exact(cm_pool_t *pool, const mdl_kv_t *kv, uint32_t layer, size_t pos, size_t n,
                            const float *q, float *out)
 {
+    return mdl_attn_exact_win(pool, kv, layer, pos, n, 0, q, out);
+}
+
+ri_status_t mdl_attn_exact_win(cm_pool_t *pool, const mdl_kv_t *kv, uint32_t layer, size_t pos, size_t n,
+                               size_t window, const float *q, float *out)
+{
     const mdl_attn_geom_t *g = &kv->geom;
     uint32_t gs = g->n_heads / g->n_kv_heads;
     if (gs == 0 || gs > MDL_MAX_GROUP || g->n_heads % g->n_kv_heads != 0 || pos + n > kv->cap)
@@ -193,7 +209,7 @@ ri_status_t mdl_attn_exact(cm_pool_t *pool, const mdl_kv_t *kv, uint32_t layer, 
     if (n == 0)
         return RI_OK;
     unsigned nt = pool != NULL ? cm_pool_size(pool) : 1;
-    mdl_exact_job_t j = {.kv = kv, .layer = layer, .pos = pos, .n = n, .q = q, .out = out};
+    mdl_exact_job_t j = {.kv = kv, .layer = layer, .pos = pos, .n = n, .window = window, .q = q, .out = out};
     j.n_qblocks = (n + MDL_QBLOCK - 1) / MDL_QBLOCK;
     j.scratch_per = (size_t)MDL_KTILE * g->head_dim * 2 + MDL_KTILE + (size_t)MDL_QBLOCK * gs * (g->head_dim + 2);
     j.scratch = cm_malloc_aligned(&mdl_attn_tag, nt * j.scratch_per * sizeof(float), 64);
@@ -206,6 +222,12 @@ ri_status_t mdl_attn_exact(cm_pool_t *pool, const mdl_kv_t *kv, uint32_t layer, 
 
 void mdl_attn_exact_ref(const mdl_kv_t *kv, uint32_t layer, size_t pos, size_t n, const float *q, float *out)
 {
+    mdl_attn_exact_win_ref(kv, layer, pos, n, 0, q, out);
+}
+
+void mdl_attn_exact_win_ref(const mdl_kv_t *kv, uint32_t layer, size_t pos, size_t n, size_t window, const float *q,
+                            float *out)
+{
     const mdl_attn_geom_t *g = &kv->geom;
     uint32_t d = g->head_dim, gs = g->n_heads / g->n_kv_heads;
     double scale = 1.0 / sqrt((double)d);
@@ -216,15 +238,16 @@ void mdl_attn_exact_ref(const mdl_kv_t *kv, uint32_t layer, size_t pos, size_t n
             const cm_fp16_t *kh = kv->k[layer] + (size_t)h * kv->cap * d;
             const cm_fp16_t *vh = kv->v[layer] + (size_t)h * kv->cap * d;
             size_t nk = pos + i + 1;
+            size_t t0 = window > 0 && nk > window ? nk - window : 0;
             double mx = -INFINITY, l = 0;
-            for (size_t t = 0; t < nk; t++) {
+            for (size_t t = t0; t < nk; t++) {
                 double sdot = 0;
                 for (uint32_t e = 0; e < d; e++)
                     sdot += (double)qr[e] * cm_fp16_to_f32(kh[t * d + e]);
                 mx = fmax(mx, sdot * scale);
             }
             double o[512] = {0};
-            for (size_t t = 0; t < nk; t++) {
+            for (size_t t = t0; t < nk; t++) {
                 double sdot = 0;
                 for (uint32_t e = 0; e < d; e++)
                     sdot += (double)qr[e] * cm_fp16_to_f32(kh[t * d + e]);

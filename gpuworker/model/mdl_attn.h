@@ -111,8 +111,15 @@ const char *mdl_attn_names(void);
 ri_status_t mdl_attn_exact(cm_pool_t *pool, const mdl_kv_t *kv, uint32_t layer, size_t pos, size_t n,
                            const float *q, float *out);
 
+/* The same with a sliding window: the query at position p attends to keys
+ * (p - window, p] (Gemma 3's local layers); window 0 = all, as above. */
+ri_status_t mdl_attn_exact_win(cm_pool_t *pool, const mdl_kv_t *kv, uint32_t layer, size_t pos, size_t n,
+                               size_t window, const float *q, float *out);
+
 /* The exact attention, scalar double-precision reference (tests). */
 void mdl_attn_exact_ref(const mdl_kv_t *kv, uint32_t layer, size_t pos, size_t n, const float *q, float *out);
+void mdl_attn_exact_win_ref(const mdl_kv_t *kv, uint32_t layer, size_t pos, size_t n, size_t window, const float *q,
+                            float *out);
 
 /* Default budget: sink + window + round(0.018 * n_tokens). */
 uint32_t mdl_attn_auto_budget(const mdl_attn_cfg_t *cfg, size_t n_tokens);

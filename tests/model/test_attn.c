@@ -56,7 +56,8 @@ static double rel_l2(const float *a, const float *b, size_t n)
     return sqrt(e / (s > 0 ? s : 1));
 }
 
-static void check_exact(cm_pool_t *pool, uint32_t nh, uint32_t nkv, uint32_t d, size_t pos, size_t n)
+static void check_exact_win(cm_pool_t *pool, uint32_t nh, uint32_t nkv, uint32_t d, size_t pos, size_t n,
+                            size_t window)
 {
     mdl_kv_t *kv = make_kv(nh, nkv, d, pos + n, 2.0f);
     size_t qn = n * nh * d;
@@ -65,14 +66,38 @@ static void check_exact(cm_pool_t *pool, uint32_t nh, uint32_t nkv, uint32_t d, 
         q[i] = frand();
     for (int g = 0; g < 4; g++)
         o[qn + g] = -777.0f;
-    assert_int_equal(mdl_attn_exact(pool, kv, 1, pos, n, q, o), RI_OK);
-    mdl_attn_exact_ref(kv, 1, pos, n, q, r);
+    if (window == 0) {
+        assert_int_equal(mdl_attn_exact(pool, kv, 1, pos, n, q, o), RI_OK);
+        mdl_attn_exact_ref(kv, 1, pos, n, q, r);
+    } else {
+        assert_int_equal(mdl_attn_exact_win(pool, kv, 1, pos, n, window, q, o), RI_OK);
+        mdl_attn_exact_win_ref(kv, 1, pos, n, window, q, r);
+    }
     double e = rel_l2(o, r, qn);
     if (!(e < 1e-5))
-        fail_msg("exact attention h%u/%u d%u pos %zu n %zu: rel err %.3g", nh, nkv, d, pos, n, e);
+        fail_msg("exact attention h%u/%u d%u pos %zu n %zu window %zu: rel err %.3g", nh, nkv, d, pos, n, window, e);
     for (int g = 0; g < 4; g++)
         assert_true(o[qn + g] == -777.0f);
     free(q), free(o), free(r);
+    mdl_kv_destroy(kv);
+}
+
+static void check_exact(cm_pool_t *pool, uint32_t nh, uint32_t nkv, uint32_t d, size_t pos, size_t n)
+{
+    check_exact_win(pool, nh, nkv, d, pos, n, 0);
+}
+
+/* A windowed result must differ from the full one where the window cuts
+ * keys off: the reference honours the window, not just the kernel. */
+static void check_window_matters(void)
+{
+    mdl_kv_t *kv = make_kv(4, 1, 256, 40, 2.0f);
+    float q[4 * 256], full[4 * 256], win[4 * 256];
+    for (size_t i = 0; i < 4 * 256; i++)
+        q[i] = frand();
+    mdl_attn_exact_win_ref(kv, 1, 39, 1, 0, q, full);
+    mdl_attn_exact_win_ref(kv, 1, 39, 1, 8, q, win);
+    assert_true(rel_l2(win, full, 4 * 256) > 1e-3);
     mdl_kv_destroy(kv);
 }
 
@@ -87,6 +112,13 @@ static void test_exact_matches_reference(void **state)
     check_exact(pool, 4, 4, 32, 40, 33);      /* no GQA, generic head_dim */
     check_exact(pool, 8, 1, 24, 7, 9);        /* one KV head, odd width */
     check_exact(pool, 2, 2, 64, 1000, 3);
+    /* Gemma 3's local layers: 4 query heads on 1 KV head of 256, sliding window */
+    check_exact_win(pool, 4, 1, 256, 0, 40, 16);      /* window inside the first block */
+    check_exact_win(pool, 4, 1, 256, 300, 70, 130);   /* window crosses key tiles */
+    check_exact_win(NULL, 4, 1, 256, 700, 1, 512);    /* decode: one query */
+    check_exact_win(pool, 4, 1, 256, 0, 100, 1);      /* each query sees itself only */
+    check_exact_win(pool, 9, 3, 64, 5, 20, 1000);     /* window wider than the context */
+    check_window_matters();
 }
 
 /* Attention that is sparse, as in real models: weak random keys, and a few
