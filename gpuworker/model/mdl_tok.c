@@ -36,6 +36,11 @@ typedef struct mdl_special {
 } mdl_special_t;
 
 struct mdl_tok {
+    bool spm;                /* SentencePiece (tokenizer.ggml.model "llama") rather than byte-level BPE */
+    bool add_bos;            /* tokenizer.ggml.add_bos_token: prompts start with bos */
+    float *score;            /* SPM: merge priority of each token; NULL for BPE */
+    int32_t byte_id[256];    /* SPM: the <0xXX> byte-fallback tokens (-1: none) */
+    uint32_t sp_first[257];  /* special[sp_first[c] .. sp_first[c+1]) start with byte c */
     size_t n_vocab;          /* tokens */
     const char **text;       /* token texts (in the byte-level alphabet), in arena */
     uint32_t *text_len;      /* their lengths */
@@ -201,6 +206,8 @@ static mdl_class_t mdl_classify(uint32_t c)
     return MDL_CL_LETTER;
 }
 
+static ri_status_t mdl_tok_spm_init(mdl_tok_t *t, const mdl_gguf_t *g, char *err, size_t errlen);
+
 static ri_status_t mdl_tok_fail(char *err, size_t errlen, ri_status_t st, const char *msg, const char *key)
 {
     if (err != NULL && errlen > 0)
@@ -208,10 +215,23 @@ static ri_status_t mdl_tok_fail(char *err, size_t errlen, ri_status_t st, const 
     return st;
 }
 
+/* By first byte, then longest first (the longest special token wins). */
 static int mdl_special_cmp(const void *a, const void *b)
 {
     const mdl_special_t *x = a, *y = b;
+    if ((uint8_t)x->s[0] != (uint8_t)y->s[0])
+        return (int)(uint8_t)x->s[0] - (int)(uint8_t)y->s[0];
     return (int)y->len - (int)x->len;
+}
+
+static void mdl_special_index(mdl_tok_t *t)
+{
+    size_t k = 0;
+    for (unsigned c = 0; c <= 256; c++) {
+        while (c < 256 && k < t->n_special && (uint8_t)t->special[k].s[0] < c)
+            k++;
+        t->sp_first[c] = (uint32_t)(c == 256 ? t->n_special : k);
+    }
 }
 
 static int32_t mdl_tok_id_opt(const mdl_gguf_t *g, const char *key, size_t n)
@@ -220,6 +240,27 @@ static int32_t mdl_tok_id_opt(const mdl_gguf_t *g, const char *key, size_t n)
     if (mdl_gguf_get_u64(g, key, &v) != RI_OK || v >= n)
         return -1;
     return (int32_t)v;
+}
+
+
+/* SentencePiece extras: the score of every token (merge priority) and the
+ * byte-fallback tokens "<0xXX>". */
+static ri_status_t mdl_tok_spm_init(mdl_tok_t *t, const mdl_gguf_t *g, char *err, size_t errlen)
+{
+    const mdl_gguf_kv_t *sc = mdl_gguf_find(g, "tokenizer.ggml.scores");
+    if (sc == NULL || sc->type != MDL_GGUF_ARRAY || sc->arr_type != MDL_GGUF_F32 || sc->arr_n != t->n_vocab)
+        return mdl_tok_fail(err, errlen, RI_ERR_FORMAT, "missing or bad f32 array", "tokenizer.ggml.scores");
+    t->spm = true;
+    t->score = cm_malloc(&mdl_tok_tag, t->n_vocab * sizeof(float));
+    if (t->score == NULL)
+        return RI_ERR_NOMEM;
+    memcpy(t->score, sc->arr_data, t->n_vocab * sizeof(float));
+    for (int b = 0; b < 256; b++) {
+        char name[8];
+        snprintf(name, sizeof(name), "<0x%02X>", b);
+        t->byte_id[b] = mdl_htab_get(&t->vocab, name, 6);
+    }
+    return RI_OK;
 }
 
 ri_status_t mdl_tok_create(const mdl_gguf_t *g, mdl_tok_t **tok_p, char *err, size_t errlen)
@@ -233,13 +274,18 @@ ri_status_t mdl_tok_create(const mdl_gguf_t *g, mdl_tok_t **tok_p, char *err, si
 
     if (model == NULL || model->type != MDL_GGUF_STRING)
         return mdl_tok_fail(err, errlen, RI_ERR_FORMAT, "missing string", "tokenizer.ggml.model");
-    if (model->v.s.len != 4 || memcmp(model->v.s.ptr, "gpt2", 4) != 0)
-        return mdl_tok_fail(err, errlen, RI_ERR_UNSUPPORTED, "only byte-level BPE (gpt2) is supported", NULL);
+    bool spm = model->v.s.len == 5 && memcmp(model->v.s.ptr, "llama", 5) == 0;
+    if (!spm && (model->v.s.len != 4 || memcmp(model->v.s.ptr, "gpt2", 4) != 0))
+        return mdl_tok_fail(err, errlen, RI_ERR_UNSUPPORTED,
+                            "only byte-level BPE (gpt2) and SentencePiece (llama) are supported", NULL);
     if (toks == NULL || toks->type != MDL_GGUF_ARRAY || toks->arr_type != MDL_GGUF_STRING || toks->arr_n == 0 ||
         toks->arr_n > (1u << 24))
         return mdl_tok_fail(err, errlen, RI_ERR_FORMAT, "missing or bad string array", "tokenizer.ggml.tokens");
-    if (merges == NULL || merges->type != MDL_GGUF_ARRAY || merges->arr_type != MDL_GGUF_STRING ||
-        merges->arr_n > (1u << 24))
+    /* SentencePiece merges by token score: its merges list is optional and unused */
+    if (spm)
+        merges = NULL;
+    else if (merges == NULL || merges->type != MDL_GGUF_ARRAY || merges->arr_type != MDL_GGUF_STRING ||
+             merges->arr_n > (1u << 24))
         return mdl_tok_fail(err, errlen, RI_ERR_FORMAT, "missing or bad string array", "tokenizer.ggml.merges");
     if (types != NULL && (types->type != MDL_GGUF_ARRAY || types->arr_type != MDL_GGUF_I32 ||
                           types->arr_n != toks->arr_n))
@@ -252,7 +298,8 @@ ri_status_t mdl_tok_create(const mdl_gguf_t *g, mdl_tok_t **tok_p, char *err, si
     t->n_vocab = n;
     for (size_t i = 0; i < n; i++)
         total += toks->arr_str[i].len + 1;
-    for (size_t i = 0; i < merges->arr_n; i++)
+    size_t n_merges = merges != NULL ? merges->arr_n : 0;
+    for (size_t i = 0; i < n_merges; i++)
         total += merges->arr_str[i].len + 1;
     t->arena = cm_malloc(&mdl_tok_tag, total ? total : 1);
     t->text = cm_calloc(&mdl_tok_tag, n, sizeof(*t->text));
@@ -263,7 +310,7 @@ ri_status_t mdl_tok_create(const mdl_gguf_t *g, mdl_tok_t **tok_p, char *err, si
         st = RI_ERR_NOMEM;
         goto err_free_tok;
     }
-    if ((st = mdl_htab_init(&t->vocab, n)) != RI_OK || (st = mdl_htab_init(&t->merges, merges->arr_n)) != RI_OK)
+    if ((st = mdl_htab_init(&t->vocab, n)) != RI_OK || (st = mdl_htab_init(&t->merges, n_merges)) != RI_OK)
         goto err_free_tok;
     char *a = t->arena;
     for (size_t i = 0; i < n; i++) {
@@ -285,7 +332,7 @@ ri_status_t mdl_tok_create(const mdl_gguf_t *g, mdl_tok_t **tok_p, char *err, si
         if ((ty == MDL_TT_CONTROL || ty == MDL_TT_USER) && s->len > 0)
             t->special[t->n_special++] = (mdl_special_t){.id = (int32_t)i, .s = t->text[i], .len = t->text_len[i]};
     }
-    for (size_t i = 0; i < merges->arr_n; i++) {
+    for (size_t i = 0; i < n_merges; i++) {
         const mdl_gguf_str_t *s = &merges->arr_str[i];
         if (memchr(s->ptr, ' ', s->len) == NULL) {
             st = mdl_tok_fail(err, errlen, RI_ERR_FORMAT, "merge without a space separator", NULL);
@@ -297,10 +344,18 @@ ri_status_t mdl_tok_create(const mdl_gguf_t *g, mdl_tok_t **tok_p, char *err, si
         a += s->len + 1;
     }
     qsort(t->special, t->n_special, sizeof(*t->special), mdl_special_cmp);
+    mdl_special_index(t);
     mdl_tok_init_bytes(t);
+    if (spm && (st = mdl_tok_spm_init(t, g, err, errlen)) != RI_OK)
+        goto err_free_tok;
     t->bos = mdl_tok_id_opt(g, "tokenizer.ggml.bos_token_id", n);
     t->eos = mdl_tok_id_opt(g, "tokenizer.ggml.eos_token_id", n);
     t->eot = mdl_htab_get(&t->vocab, "<|im_end|>", 10);
+    if (t->eot < 0)   /* Gemma's end of turn */
+        t->eot = mdl_htab_get(&t->vocab, "<end_of_turn>", 13);
+    bool add_bos = spm;   /* SentencePiece models default to a leading bos */
+    mdl_gguf_get_bool(g, "tokenizer.ggml.add_bos_token", &add_bos);
+    t->add_bos = add_bos && t->bos >= 0;
     /* The pre-tokenizers we know: "smollm" (and the StarCoder family) split
      * digits one by one before the GPT-2 regex; "gpt2"/default do not. */
     t->digits_split = false;
@@ -328,6 +383,7 @@ void mdl_tok_destroy(mdl_tok_t *t)
     cm_free(t->vocab.e);
     cm_free(t->merges.e);
     cm_free(t->special);
+    cm_free(t->score);
     cm_free(t->type);
     cm_free(t->text_len);
     cm_free(t->text);
@@ -353,6 +409,16 @@ int32_t mdl_tok_eos(const mdl_tok_t *t)
 int32_t mdl_tok_eot(const mdl_tok_t *t)
 {
     return t->eot;
+}
+
+bool mdl_tok_add_bos(const mdl_tok_t *t)
+{
+    return t->add_bos;
+}
+
+bool mdl_tok_has_chat(const mdl_tok_t *t)
+{
+    return mdl_htab_get(&t->vocab, "<|im_start|>", 12) >= 0;
 }
 
 bool mdl_tok_is_stop(const mdl_tok_t *t, int32_t id)
@@ -528,6 +594,199 @@ static ri_status_t mdl_tok_encode_plain(const mdl_tok_t *t, const uint8_t *s, si
     return RI_OK;
 }
 
+
+/* ---- SentencePiece (BPE by score, as llama.cpp's SPM tokenizer) ---- */
+
+/* A candidate merge of symbols left and right into a token of that score. */
+typedef struct mdl_spm_pair {
+    float score;
+    uint32_t left, right;
+    uint32_t size;      /* bytes of the merged text when the pair was made */
+} mdl_spm_pair_t;
+
+/* Symbols of one fragment: byte ranges linked in a list; len 0 = merged away. */
+typedef struct mdl_spm {
+    const mdl_tok_t *t;
+    const char *s;               /* escaped text */
+    uint32_t *start, *len;       /* [n] */
+    int32_t *prev, *next;        /* [n] */
+    mdl_spm_pair_t *heap;        /* max-heap: score, then leftmost */
+    size_t n_heap, cap_heap;
+} mdl_spm_t;
+
+static bool mdl_spm_before(const mdl_spm_pair_t *a, const mdl_spm_pair_t *b)
+{
+    return a->score > b->score || (a->score == b->score && a->left < b->left);
+}
+
+static ri_status_t mdl_spm_push(mdl_spm_t *w, int32_t l, int32_t r)
+{
+    if (l < 0 || r < 0)
+        return RI_OK;
+    uint32_t size = w->len[l] + w->len[r];
+    int32_t id = mdl_htab_get(&w->t->vocab, w->s + w->start[l], size);
+    if (id < 0)
+        return RI_OK;
+    if (w->n_heap == w->cap_heap) {
+        size_t cap = w->cap_heap ? 2 * w->cap_heap : 64;
+        mdl_spm_pair_t *h = cm_realloc(&mdl_tok_tag, w->heap, cap * sizeof(*h));
+        if (h == NULL)
+            return RI_ERR_NOMEM;
+        w->heap = h, w->cap_heap = cap;
+    }
+    size_t i = w->n_heap++;
+    mdl_spm_pair_t p = {.score = w->t->score[id], .left = (uint32_t)l, .right = (uint32_t)r, .size = size};
+    for (; i > 0 && mdl_spm_before(&p, &w->heap[(i - 1) / 2]); i = (i - 1) / 2)
+        w->heap[i] = w->heap[(i - 1) / 2];
+    w->heap[i] = p;
+    return RI_OK;
+}
+
+static mdl_spm_pair_t mdl_spm_pop(mdl_spm_t *w)
+{
+    mdl_spm_pair_t top = w->heap[0], last = w->heap[--w->n_heap];
+    size_t i = 0;
+    for (;;) {
+        size_t c = 2 * i + 1;
+        if (c >= w->n_heap)
+            break;
+        if (c + 1 < w->n_heap && mdl_spm_before(&w->heap[c + 1], &w->heap[c]))
+            c++;
+        if (!mdl_spm_before(&w->heap[c], &last))
+            break;
+        w->heap[i] = w->heap[c];
+        i = c;
+    }
+    if (w->n_heap > 0)
+        w->heap[i] = last;
+    return top;
+}
+
+/* Merge the best pair until none is in the vocabulary. */
+static ri_status_t mdl_spm_merge(mdl_spm_t *w)
+{
+    ri_status_t st = RI_OK;
+    while (w->n_heap > 0 && st == RI_OK) {
+        mdl_spm_pair_t p = mdl_spm_pop(w);
+        uint32_t l = p.left, r = p.right;
+        if (w->len[l] == 0 || w->len[r] == 0 || w->len[l] + w->len[r] != p.size)
+            continue;   /* one side changed since the pair was made */
+        w->len[l] += w->len[r];
+        w->len[r] = 0;
+        w->next[l] = w->next[r];
+        if (w->next[r] >= 0)
+            w->prev[w->next[r]] = (int32_t)l;
+        st = mdl_spm_push(w, w->prev[l], (int32_t)l);
+        if (st == RI_OK)
+            st = mdl_spm_push(w, (int32_t)l, w->next[l]);
+    }
+    return st;
+}
+
+/* The ids of the merged symbols; a symbol outside the vocabulary becomes its
+ * bytes' <0xXX> tokens (byte fallback), or unk without them. */
+static ri_status_t mdl_spm_emit(const mdl_spm_t *w, mdl_ids_t *ids)
+{
+    ri_status_t st = RI_OK;
+    for (int32_t i = w->len[0] > 0 ? 0 : -1; i >= 0 && st == RI_OK; i = w->next[i]) {
+        int32_t id = mdl_htab_get(&w->t->vocab, w->s + w->start[i], w->len[i]);
+        if (id >= 0) {
+            st = mdl_ids_push(ids, id);
+            continue;
+        }
+        for (uint32_t k = 0; k < w->len[i] && st == RI_OK; k++) {
+            int32_t b = w->t->byte_id[(uint8_t)w->s[w->start[i] + k]];
+            b = b >= 0 ? b : w->t->unk;
+            if (b >= 0)
+                st = mdl_ids_push(ids, b);
+        }
+    }
+    return st;
+}
+
+/* Spaces become U+2581 ("▁"), as SentencePiece escapes them; no dummy
+ * prefix (Gemma's add_space_prefix is false). */
+static char *mdl_spm_escape(const uint8_t *s, size_t n, size_t *out_n)
+{
+    size_t spaces = 0;
+    for (size_t i = 0; i < n; i++)
+        spaces += s[i] == ' ';
+    char *e = cm_malloc(&mdl_tok_tag, n + 2 * spaces + 1);
+    if (e == NULL)
+        return NULL;
+    size_t k = 0;
+    for (size_t i = 0; i < n; i++) {
+        if (s[i] == ' ') {
+            memcpy(e + k, "\xe2\x96\x81", 3);
+            k += 3;
+        } else {
+            e[k++] = (char)s[i];
+        }
+    }
+    *out_n = k;
+    return e;
+}
+
+/* One fragment of plain text (no special tokens in it): escape, one symbol
+ * per UTF-8 character, merge by score, emit. */
+static ri_status_t mdl_tok_encode_spm(const mdl_tok_t *t, const uint8_t *s, size_t n, mdl_ids_t *ids)
+{
+    if (n == 0)
+        return RI_OK;
+    size_t en = 0, ns = 0;
+    mdl_spm_t w = {.t = t};
+    char *e = mdl_spm_escape(s, n, &en);
+    ri_status_t st = RI_ERR_NOMEM;
+    w.s = e;
+    w.start = cm_malloc(&mdl_tok_tag, en * sizeof(uint32_t));
+    w.len = cm_malloc(&mdl_tok_tag, en * sizeof(uint32_t));
+    w.prev = cm_malloc(&mdl_tok_tag, en * sizeof(int32_t));
+    w.next = cm_malloc(&mdl_tok_tag, en * sizeof(int32_t));
+    if (e == NULL || w.start == NULL || w.len == NULL || w.prev == NULL || w.next == NULL)
+        goto out;
+    for (size_t i = 0; i < en; ns++) {
+        uint32_t cp;
+        size_t l = mdl_utf8_get((const uint8_t *)e + i, en - i, &cp);
+        w.start[ns] = (uint32_t)i, w.len[ns] = (uint32_t)l;
+        w.prev[ns] = (int32_t)ns - 1, w.next[ns] = (int32_t)ns + 1;
+        i += l;
+    }
+    w.next[ns - 1] = -1;
+    st = RI_OK;
+    for (size_t i = 0; i + 1 < ns && st == RI_OK; i++)
+        st = mdl_spm_push(&w, (int32_t)i, (int32_t)i + 1);
+    if (st == RI_OK)
+        st = mdl_spm_merge(&w);
+    if (st == RI_OK)
+        st = mdl_spm_emit(&w, ids);
+out:
+    cm_free(w.heap);
+    cm_free(w.next);
+    cm_free(w.prev);
+    cm_free(w.len);
+    cm_free(w.start);
+    cm_free(e);
+    return st;
+}
+
+/* The special token at s[0..n) to split out, or NULL.  BPE (SmolLM2) splits
+ * out control and user-defined tokens only with parse_special; SentencePiece
+ * always splits out its user-defined tokens (Gemma's "\n", "\n\n", tabs, ...),
+ * as llama.cpp does, and control tokens only with parse_special. */
+static const mdl_special_t *mdl_tok_special_at(const mdl_tok_t *t, const uint8_t *s, size_t n, bool parse_special)
+{
+    if (!parse_special && !t->spm)
+        return NULL;
+    for (uint32_t k = t->sp_first[s[0]]; k < t->sp_first[s[0] + 1]; k++) {
+        const mdl_special_t *sp = &t->special[k];
+        if (!parse_special && t->type[sp->id] != MDL_TT_USER)
+            continue;
+        if (sp->len <= n && memcmp(s, sp->s, sp->len) == 0)
+            return sp;
+    }
+    return NULL;
+}
+
 ri_status_t mdl_tok_encode(const mdl_tok_t *t, const char *text, size_t len, bool parse_special, int32_t **ids_p,
                            size_t *n_p)
 {
@@ -536,19 +795,15 @@ ri_status_t mdl_tok_encode(const mdl_tok_t *t, const char *text, size_t len, boo
     size_t i = 0, seg = 0;
     ri_status_t st = RI_OK;
     while (i <= len && st == RI_OK) {
-        const mdl_special_t *hit = NULL;
-        if (parse_special && i < len && s[i] == '<') {
-            for (size_t k = 0; k < t->n_special; k++)
-                if (t->special[k].len <= len - i && memcmp(s + i, t->special[k].s, t->special[k].len) == 0) {
-                    hit = &t->special[k];
-                    break;
-                }
-        }
+        const mdl_special_t *hit = i < len ? mdl_tok_special_at(t, s + i, len - i, parse_special) : NULL;
         if (hit == NULL && i < len) {
             i++;
             continue;
         }
-        st = mdl_tok_encode_plain(t, s + seg, i - seg, &ids);
+        if (t->spm)
+            st = mdl_tok_encode_spm(t, s + seg, i - seg, &ids);
+        else
+            st = mdl_tok_encode_plain(t, s + seg, i - seg, &ids);
         if (hit == NULL)
             break;
         if (st == RI_OK)
@@ -567,10 +822,53 @@ ri_status_t mdl_tok_encode(const mdl_tok_t *t, const char *text, size_t len, boo
     return RI_OK;
 }
 
+/* SentencePiece piece: byte tokens give their byte, "▁" gives a space. */
+static int mdl_spm_piece(const mdl_tok_t *t, int32_t id, char *buf, size_t cap)
+{
+    const char *s = t->text[id];
+    size_t n = t->text_len[id], out = 0;
+    if (t->type[id] == MDL_TT_BYTE && n == 6) {
+        if (cap > 0)
+            buf[0] = (char)strtol(s + 3, NULL, 16);
+        return 1;
+    }
+    for (size_t i = 0; i < n; out++) {
+        bool sp = t->type[id] == MDL_TT_NORMAL && i + 3 <= n && memcmp(s + i, "\xe2\x96\x81", 3) == 0;
+        if (out < cap)
+            buf[out] = sp ? ' ' : s[i];
+        i += sp ? 3 : 1;
+    }
+    return (int)out;
+}
+
+ri_status_t mdl_tok_encode_prompt(const mdl_tok_t *t, const char *text, size_t len, int32_t **ids_p, size_t *n_p)
+{
+    int32_t *ids;
+    size_t n;
+    ri_status_t st = mdl_tok_encode(t, text, len, false, &ids, &n);
+    if (st != RI_OK || !t->add_bos) {
+        if (st == RI_OK)
+            *ids_p = ids, *n_p = n;
+        return st;
+    }
+    int32_t *all = cm_realloc(&mdl_tok_tag, ids, (n + 1) * sizeof(int32_t));
+    if (all == NULL) {
+        cm_free(ids);
+        return RI_ERR_NOMEM;
+    }
+    memmove(all + 1, all, n * sizeof(int32_t));
+    all[0] = t->bos;
+    *ids_p = all;
+    *n_p = n + 1;
+    return RI_OK;
+}
+
 int mdl_tok_piece(const mdl_tok_t *t, int32_t id, char *buf, size_t cap)
 {
     if (id < 0 || (size_t)id >= t->n_vocab)
         return -1;
+    if (t->spm)
+        return mdl_spm_piece(t, id, buf, cap);
     const uint8_t *s = (const uint8_t *)t->text[id];
     size_t n = t->text_len[id], out = 0;
     bool raw = t->type[id] == MDL_TT_CONTROL || t->type[id] == MDL_TT_USER;
@@ -636,6 +934,8 @@ static ri_status_t mdl_tok_append(const mdl_tok_t *t, const char *text, size_t l
 ri_status_t mdl_tok_chat_msgs(const mdl_tok_t *t, const mdl_chat_msg_t *msgs, size_t n_msgs, int32_t **ids_p,
                               size_t *n_p)
 {
+    if (!mdl_tok_has_chat(t))
+        return RI_ERR_UNSUPPORTED;   /* a base model (Gemma 3 270M) has no template */
     static const char *const def_system = "You are a helpful AI assistant named SmolLM, trained by Hugging Face";
     static const char *const start = "<|im_start|>", *const end = "<|im_end|>\n";
     mdl_ids_t all = {0};
