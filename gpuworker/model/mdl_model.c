@@ -1,8 +1,10 @@
 /*
- * Llama forward pass (see mdl_model.h).  One routine runs a set of rows
- * (token, sequence, position) through every layer; prefill passes one
+ * Llama and Gemma 3 forward pass (see mdl_model.h).  One routine runs a set
+ * of rows (token, sequence, position) through every layer; prefill passes one
  * sequence's consecutive positions, decode one row per sequence.  Only the
- * attention call differs.
+ * attention call differs.  The Gemma 3 extras (QK norm, post-norms, GeGLU,
+ * sliding windows, NEOX RoPE) are switched by flags in the hyper-parameters,
+ * so one loop serves both.
  */
 #define _GNU_SOURCE
 #include "gpuworker/model/mdl_model.h"
@@ -25,6 +27,11 @@ static CM_ALLOC_TAG(mdl_act_tag, "model.activations");
 typedef struct mdl_layer {
     float *attn_norm;              /* [n_embd], owned */
     float *ffn_norm;               /* [n_embd], owned */
+    float *q_norm, *k_norm;        /* [head_dim], owned; gemma3 only */
+    float *post_attn_norm;         /* [n_embd], owned; gemma3 only */
+    float *post_ffn_norm;          /* [n_embd], owned; gemma3 only */
+    uint32_t window;               /* sliding window (tokens); 0 = global */
+    const double *inv_freq;        /* RoPE frequencies of this layer (borrowed) */
     mdl_weight_t wq, wk, wv, wo;   /* attention projections */
     mdl_weight_t w_gate, w_up, w_down; /* FFN */
 } mdl_layer_t;
@@ -37,7 +44,8 @@ struct mdl_model {
     mdl_weight_t embd;       /* token embedding [n_vocab][n_embd] */
     mdl_weight_t output;     /* output head (the embedding when tied) */
     float *output_norm;      /* [n_embd], owned */
-    double *inv_freq;        /* [n_rot/2] RoPE frequencies */
+    double *inv_freq;        /* [n_rot/2] RoPE frequencies (global layers) */
+    double *inv_freq_swa;    /* [n_rot/2] those of the sliding-window layers */
     char name[128];          /* for messages */
     size_t chunk;            /* prefill chunk */
     uint64_t weight_bytes;   /* bytes read per decode step */
@@ -116,6 +124,59 @@ static ri_status_t mdl_get_u32(const mdl_gguf_t *g, const char *arch, const char
     return RI_OK;
 }
 
+/* Gemma 3's extras.  Defaults are those of the released models, for files
+ * whose converter did not write the key (ours has no freq_base_swa and no
+ * layer pattern): local RoPE base 10000, every sixth layer global. */
+static ri_status_t mdl_hparams_gemma3(const mdl_gguf_t *g, const char *arch, mdl_hparams_t *hp, char *err,
+                                      size_t errlen)
+{
+    char key[160];
+    ri_status_t st;
+    hp->rope_neox = hp->qk_norm = hp->post_norms = hp->geglu = true;
+    hp->embd_scale = sqrtf((float)hp->n_embd);
+    hp->rope_theta_swa = 10000.0f;
+    hp->swa_period = 6;
+    snprintf(key, sizeof(key), "%s.rope.freq_base_swa", arch);
+    mdl_gguf_get_f32(g, key, &hp->rope_theta_swa);
+    snprintf(key, sizeof(key), "%s.final_logit_softcapping", arch);
+    mdl_gguf_get_f32(g, key, &hp->logit_softcap);
+    if ((st = mdl_get_u32(g, arch, "attention.sliding_window", &hp->n_swa, false, err, errlen)) != RI_OK)
+        return st;
+    snprintf(key, sizeof(key), "%s.attention.sliding_window_pattern", arch);
+    const mdl_gguf_kv_t *pat = mdl_gguf_find(g, key);
+    if (pat != NULL && pat->type != MDL_GGUF_ARRAY) {   /* a period */
+        uint64_t v;
+        if (mdl_gguf_get_u64(g, key, &v) != RI_OK || v == 0 || v > hp->n_layers)
+            return mdl_fail(err, errlen, RI_ERR_FORMAT, "model: bad %s", key);
+        hp->swa_period = (uint32_t)v;
+    }
+    if (!(hp->rope_theta_swa > 0) || !(hp->logit_softcap >= 0))
+        return mdl_fail(err, errlen, RI_ERR_FORMAT, "model: bad rope.freq_base_swa or final_logit_softcapping");
+    return RI_OK;
+}
+
+/* Sliding window of each layer: from a per-layer array in the metadata
+ * (true / non-zero = sliding) when there is one, else the period. */
+static ri_status_t mdl_layer_windows(mdl_model_t *m, char *err, size_t errlen)
+{
+    const mdl_hparams_t *hp = &m->hp;
+    const mdl_gguf_kv_t *pat = mdl_gguf_find(m->gguf, "gemma3.attention.sliding_window_pattern");
+    bool from_array = hp->arch == MDL_ARCH_GEMMA3 && pat != NULL && pat->type == MDL_GGUF_ARRAY;
+    if (from_array && (pat->arr_n != hp->n_layers || (pat->arr_type != MDL_GGUF_BOOL && pat->arr_type != MDL_GGUF_U8 &&
+                                                      pat->arr_type != MDL_GGUF_I8)))
+        return mdl_fail(err, errlen, RI_ERR_FORMAT, "model: sliding_window_pattern is not one flag per layer");
+    for (uint32_t l = 0; l < hp->n_layers; l++) {
+        bool swa = false;
+        if (hp->n_swa > 0 && from_array)
+            swa = ((const uint8_t *)pat->arr_data)[l] != 0;
+        else if (hp->n_swa > 0)
+            swa = (l + 1) % hp->swa_period != 0;
+        m->layers[l].window = swa ? hp->n_swa : 0;
+        m->layers[l].inv_freq = swa ? m->inv_freq_swa : m->inv_freq;
+    }
+    return RI_OK;
+}
+
 static ri_status_t mdl_model_hparams_load(mdl_model_t *m, char *err, size_t errlen)
 {
     const mdl_gguf_t *g = m->gguf;
@@ -124,9 +185,13 @@ static ri_status_t mdl_model_hparams_load(mdl_model_t *m, char *err, size_t errl
     ri_status_t st = mdl_gguf_get_str(g, "general.architecture", &arch);
     if (st != RI_OK)
         return mdl_fail(err, errlen, RI_ERR_FORMAT, "model: general.architecture is missing");
-    if (strcmp(arch, "llama") != 0) {
-        st = mdl_fail(err, errlen, RI_ERR_UNSUPPORTED, "model: architecture '%.64s' is not supported (llama only)",
-                      arch);
+    if (strcmp(arch, "llama") == 0) {
+        hp->arch = MDL_ARCH_LLAMA;
+    } else if (strcmp(arch, "gemma3") == 0) {
+        hp->arch = MDL_ARCH_GEMMA3;
+    } else {
+        st = mdl_fail(err, errlen, RI_ERR_UNSUPPORTED,
+                      "model: architecture '%.64s' is not supported (llama and gemma3 only)", arch);
         cm_free(arch);
         return st;
     }
@@ -140,13 +205,16 @@ static ri_status_t mdl_model_hparams_load(mdl_model_t *m, char *err, size_t errl
     hp->n_kv_heads = hp->n_heads;
     if ((st = mdl_get_u32(g, arch, "attention.head_count_kv", &hp->n_kv_heads, false, err, errlen)) != RI_OK)
         goto out;
-    if (hp->n_embd % hp->n_heads != 0 || hp->n_heads % hp->n_kv_heads != 0 || hp->n_heads / hp->n_kv_heads > 16 ||
-        hp->n_layers > 1024) {
+    /* Gemma's heads are wider than n_embd / n_heads (256 vs 160): key_length says so */
+    hp->head_dim = hp->n_embd / hp->n_heads;
+    if ((st = mdl_get_u32(g, arch, "attention.key_length", &hp->head_dim, false, err, errlen)) != RI_OK)
+        goto out;
+    if ((hp->head_dim * hp->n_heads != hp->n_embd && hp->arch == MDL_ARCH_LLAMA) ||
+        hp->n_heads % hp->n_kv_heads != 0 || hp->n_heads / hp->n_kv_heads > 16 || hp->n_layers > 1024) {
         st = mdl_fail(err, errlen, RI_ERR_FORMAT, "model: inconsistent head counts (%u heads, %u KV heads, %u dims)",
                       hp->n_heads, hp->n_kv_heads, hp->n_embd);
         goto out;
     }
-    hp->head_dim = hp->n_embd / hp->n_heads;
     hp->n_rot = hp->head_dim;
     if ((st = mdl_get_u32(g, arch, "rope.dimension_count", &hp->n_rot, false, err, errlen)) != RI_OK)
         goto out;
@@ -179,9 +247,36 @@ static ri_status_t mdl_model_hparams_load(mdl_model_t *m, char *err, size_t errl
         st = mdl_fail(err, errlen, RI_ERR_FORMAT, "model: bad rope.freq_base or norm epsilon");
         goto out;
     }
-    st = RI_OK;
+    hp->rope_theta_swa = hp->rope_theta;
+    hp->embd_scale = 1.0f;
+    st = hp->arch == MDL_ARCH_GEMMA3 ? mdl_hparams_gemma3(g, arch, hp, err, errlen) : RI_OK;
 out:
     cm_free(arch);
+    return st;
+}
+
+/* Gemma 3's per-layer norms (nothing for llama). */
+static ri_status_t mdl_layer_gemma3(mdl_model_t *m, uint32_t l, char *err, size_t errlen)
+{
+    const mdl_hparams_t *hp = &m->hp;
+    mdl_layer_t *L = &m->layers[l];
+    char n[96];
+    ri_status_t st = RI_OK;
+    if (hp->qk_norm) {
+        snprintf(n, sizeof(n), "blk.%u.attn_q_norm.weight", l);
+        if ((st = mdl_get_vector(m, n, hp->head_dim, &L->q_norm, err, errlen)) != RI_OK)
+            return st;
+        snprintf(n, sizeof(n), "blk.%u.attn_k_norm.weight", l);
+        if ((st = mdl_get_vector(m, n, hp->head_dim, &L->k_norm, err, errlen)) != RI_OK)
+            return st;
+    }
+    if (hp->post_norms) {
+        snprintf(n, sizeof(n), "blk.%u.post_attention_norm.weight", l);
+        if ((st = mdl_get_vector(m, n, hp->n_embd, &L->post_attn_norm, err, errlen)) != RI_OK)
+            return st;
+        snprintf(n, sizeof(n), "blk.%u.post_ffw_norm.weight", l);
+        st = mdl_get_vector(m, n, hp->n_embd, &L->post_ffn_norm, err, errlen);
+    }
     return st;
 }
 
@@ -223,7 +318,8 @@ ri_status_t mdl_model_load(const char *path, mdl_model_t **m_p, char *err, size_
         goto err_free_model;
     m->layers = cm_calloc(&mdl_model_tag, hp->n_layers, sizeof(*m->layers));
     m->inv_freq = cm_calloc(&mdl_model_tag, hp->n_rot / 2 + 1, sizeof(double));
-    if (m->layers == NULL || m->inv_freq == NULL) {
+    m->inv_freq_swa = cm_calloc(&mdl_model_tag, hp->n_rot / 2 + 1, sizeof(double));
+    if (m->layers == NULL || m->inv_freq == NULL || m->inv_freq_swa == NULL) {
         st = RI_ERR_NOMEM;
         goto err_free_model;
     }
@@ -249,9 +345,15 @@ ri_status_t mdl_model_load(const char *path, mdl_model_t **m_p, char *err, size_
         snprintf(n, sizeof(n), "blk.%u.ffn_norm.weight", l);
         if ((st = mdl_get_vector(m, n, hp->n_embd, &L->ffn_norm, err, errlen)) != RI_OK)
             goto err_free_model;
+        if ((st = mdl_layer_gemma3(m, l, err, errlen)) != RI_OK)
+            goto err_free_model;
     }
-    for (uint32_t i = 0; i < hp->n_rot / 2; i++)
+    for (uint32_t i = 0; i < hp->n_rot / 2; i++) {
         m->inv_freq[i] = pow((double)hp->rope_theta, -2.0 * i / hp->n_rot);
+        m->inv_freq_swa[i] = pow((double)hp->rope_theta_swa, -2.0 * i / hp->n_rot);
+    }
+    if ((st = mdl_layer_windows(m, err, errlen)) != RI_OK)
+        goto err_free_model;
     const mdl_gguf_kv_t *nm = mdl_gguf_find(m->gguf, "general.name");
     if (nm != NULL && nm->type == MDL_GGUF_STRING)
         snprintf(m->name, sizeof(m->name), "%.*s", (int)CM_MIN(nm->v.s.len, 127), nm->v.s.ptr);
@@ -273,12 +375,18 @@ void mdl_model_destroy(mdl_model_t *m)
         return;
     if (m->layers != NULL)
         for (uint32_t l = 0; l < m->hp.n_layers; l++) {
-            cm_free(m->layers[l].attn_norm);
-            cm_free(m->layers[l].ffn_norm);
+            mdl_layer_t *L = &m->layers[l];
+            cm_free(L->attn_norm);
+            cm_free(L->ffn_norm);
+            cm_free(L->q_norm);
+            cm_free(L->k_norm);
+            cm_free(L->post_attn_norm);
+            cm_free(L->post_ffn_norm);
         }
     cm_free(m->layers);
     cm_free(m->output_norm);
     cm_free(m->inv_freq);
+    cm_free(m->inv_freq_swa);
     mdl_tok_destroy(m->tok);
     mdl_gguf_close(m->gguf);
     cm_free(m);
@@ -302,6 +410,11 @@ const mdl_gguf_t *mdl_model_gguf(const mdl_model_t *m)
 const char *mdl_model_name(const mdl_model_t *m)
 {
     return m->name;
+}
+
+uint32_t mdl_model_layer_window(const mdl_model_t *m, uint32_t l)
+{
+    return l < m->hp.n_layers ? m->layers[l].window : 0;
 }
 
 uint64_t mdl_model_weight_bytes(const mdl_model_t *m)
@@ -438,21 +551,32 @@ static ri_status_t mdl_act_alloc(const mdl_hparams_t *hp, size_t r, mdl_act_t *a
     return RI_OK;
 }
 
-/* Rotate adjacent pairs (2i, 2i+1) of each head by pos * inv_freq[i]. */
-static void mdl_rope(const mdl_model_t *m, float *x, uint32_t n_heads, size_t pos)
+/* Rotate each head's pairs by pos * inv_freq[i]: adjacent pairs (2i, 2i+1)
+ * for llama (the layout its GGUF tensors have), (i, i + n_rot/2) for NEOX
+ * models (Gemma), whose GGUF rows are not permuted. */
+static void mdl_rope(const mdl_model_t *m, const double *inv_freq, float *x, uint32_t n_heads, size_t pos)
 {
     const mdl_hparams_t *hp = &m->hp;
     double p = (double)pos / hp->rope_scale;
-    for (uint32_t i = 0; i < hp->n_rot / 2; i++) {
-        double a = p * m->inv_freq[i];
+    uint32_t half = hp->n_rot / 2;
+    for (uint32_t i = 0; i < half; i++) {
+        double a = p * inv_freq[i];
         float c = (float)cos(a), s = (float)sin(a);
+        uint32_t i0 = hp->rope_neox ? i : 2 * i, i1 = hp->rope_neox ? i + half : 2 * i + 1;
         for (uint32_t h = 0; h < n_heads; h++) {
-            float *e = x + (size_t)h * hp->head_dim + 2 * i;
-            float x0 = e[0], x1 = e[1];
-            e[0] = x0 * c - x1 * s;
-            e[1] = x0 * s + x1 * c;
+            float *e = x + (size_t)h * hp->head_dim;
+            float x0 = e[i0], x1 = e[i1];
+            e[i0] = x0 * c - x1 * s;
+            e[i1] = x0 * s + x1 * c;
         }
     }
+}
+
+/* RMS norm of each of n_heads heads of x in place (Gemma's QK norm). */
+static void mdl_head_norm(const mdl_hparams_t *hp, float *x, uint32_t n_heads, const float *w)
+{
+    for (uint32_t h = 0; h < n_heads; h++)
+        mdl_vec_rmsnorm(x + (size_t)h * hp->head_dim, x + (size_t)h * hp->head_dim, w, hp->head_dim, hp->eps);
 }
 
 /* Rows: prefill = one sequence, positions pos0.. ; decode = seqs[r] at its length. */
@@ -470,17 +594,82 @@ static size_t mdl_row_pos(const mdl_rows_t *rw, size_t r)
 }
 
 
+/* Q/K norm and RoPE of every row; decode rows store their K/V here, a
+ * prefill chunk stores its rows at once. */
+static void mdl_qk_prepare(mdl_model_t *m, const mdl_rows_t *rw, uint32_t l, mdl_act_t *a)
+{
+    const mdl_hparams_t *hp = &m->hp;
+    const mdl_layer_t *L = &m->layers[l];
+    size_t qd = (size_t)hp->n_heads * hp->head_dim, kvd = (size_t)hp->n_kv_heads * hp->head_dim;
+    for (size_t r = 0; r < rw->n; r++) {
+        size_t pos = mdl_row_pos(rw, r);
+        if (L->q_norm != NULL) {
+            mdl_head_norm(hp, a->q + r * qd, hp->n_heads, L->q_norm);
+            mdl_head_norm(hp, a->k + r * kvd, hp->n_kv_heads, L->k_norm);
+        }
+        mdl_rope(m, L->inv_freq, a->q + r * qd, hp->n_heads, pos);
+        mdl_rope(m, L->inv_freq, a->k + r * kvd, hp->n_kv_heads, pos);
+        if (!rw->prefill)
+            mdl_kv_store(rw->seqs[r]->kv, l, pos, 1, a->k + r * kvd, a->v + r * kvd);
+    }
+    if (rw->prefill)
+        mdl_kv_store(rw->seqs[0]->kv, l, rw->pos0, rw->n, a->k, a->v);
+}
+
+/* Attention of layer l for every row into a->att.  A sliding-window layer
+ * attends exactly over its window here (whatever the backend: its context
+ * never grows past the window, so there is nothing to make sparse); a global
+ * layer goes through the sequence's backend. */
+static ri_status_t mdl_attention(mdl_model_t *m, const mdl_rows_t *rw, uint32_t l, mdl_act_t *a)
+{
+    const mdl_hparams_t *hp = &m->hp;
+    uint32_t win = m->layers[l].window;
+    size_t qd = (size_t)hp->n_heads * hp->head_dim;
+    ri_status_t st = RI_OK;
+    mdl_qk_prepare(m, rw, l, a);
+    if (rw->prefill) {
+        mdl_seq_t *s = rw->seqs[0];
+        if (win > 0)
+            return mdl_attn_exact_win(cm_pool_default(), s->kv, l, rw->pos0, rw->n, win, a->q, a->att);
+        return s->attn->prefill(s->attn_state, l, rw->pos0, rw->n, a->q, a->att);
+    }
+    for (size_t r = 0; r < rw->n && st == RI_OK; r++) {
+        mdl_seq_t *s = rw->seqs[r];
+        size_t pos = mdl_row_pos(rw, r);
+        if (s->qhook != NULL)
+            s->qhook(s->qhook_arg, l, pos, a->q + r * qd);
+        if (win > 0)
+            st = mdl_attn_exact_win(cm_pool_default(), s->kv, l, pos, 1, win, a->q + r * qd, a->att + r * qd);
+        else
+            st = s->attn->decode(s->attn_state, l, pos, a->q + r * qd, a->att + r * qd);
+    }
+    return st;
+}
+
+/* x += out (a->xb), after Gemma's post-norm when there is one. */
+static void mdl_residual(const mdl_hparams_t *hp, mdl_act_t *a, size_t R, const float *post_norm)
+{
+    size_t E = hp->n_embd;
+    if (post_norm != NULL)
+        for (size_t r = 0; r < R; r++)
+            mdl_vec_rmsnorm(a->xb + r * E, a->xb + r * E, post_norm, E, hp->eps);
+    for (size_t i = 0; i < R * E; i++)
+        a->x[i] += a->xb[i];
+}
+
 /* Run rows through all layers; logits for rows with want[r] into logits (packed). */
 static ri_status_t mdl_forward(mdl_model_t *m, const mdl_rows_t *rw, mdl_act_t *a, const bool *want, float *logits)
 {
     const mdl_hparams_t *hp = &m->hp;
     cm_pool_t *pool = cm_pool_default();
-    size_t R = rw->n, E = hp->n_embd, qd = (size_t)hp->n_heads * hp->head_dim;
-    size_t kvd = (size_t)hp->n_kv_heads * hp->head_dim;
+    size_t R = rw->n, E = hp->n_embd;
     ri_status_t st = RI_OK;
 
-    for (size_t r = 0; r < R; r++)
+    for (size_t r = 0; r < R; r++) {
         mdl_dequant_row(&m->embd, (size_t)rw->tokens[r], a->x + r * E);
+        if (hp->embd_scale != 1.0f)
+            mdl_vec_scale(a->x + r * E, hp->embd_scale, E);
+    }
     for (uint32_t l = 0; l < hp->n_layers; l++) {
         const mdl_layer_t *L = &m->layers[l];
         for (size_t r = 0; r < R; r++)
@@ -489,43 +678,24 @@ static ri_status_t mdl_forward(mdl_model_t *m, const mdl_rows_t *rw, mdl_act_t *
         float *qkv_out[3] = {a->q, a->k, a->v};
         if ((st = mdl_matmul_multi(pool, qkv, 3, a->xb, R, qkv_out)) != RI_OK)
             return st;
-        for (size_t r = 0; r < R; r++) {
-            size_t pos = mdl_row_pos(rw, r);
-            mdl_rope(m, a->q + r * qd, hp->n_heads, pos);
-            mdl_rope(m, a->k + r * kvd, hp->n_kv_heads, pos);
-            if (!rw->prefill)
-                mdl_kv_store(rw->seqs[r]->kv, l, pos, 1, a->k + r * kvd, a->v + r * kvd);
-        }
-        if (rw->prefill) {
-            mdl_seq_t *s = rw->seqs[0];
-            mdl_kv_store(s->kv, l, rw->pos0, R, a->k, a->v);
-            st = s->attn->prefill(s->attn_state, l, rw->pos0, R, a->q, a->att);
-        } else {
-            for (size_t r = 0; r < R && st == RI_OK; r++) {
-                mdl_seq_t *s = rw->seqs[r];
-                size_t pos = mdl_row_pos(rw, r);
-                if (s->qhook != NULL)
-                    s->qhook(s->qhook_arg, l, pos, a->q + r * qd);
-                st = s->attn->decode(s->attn_state, l, pos, a->q + r * qd, a->att + r * qd);
-            }
-        }
-        if (st != RI_OK)
+        if ((st = mdl_attention(m, rw, l, a)) != RI_OK)
             return st;
         if ((st = mdl_matmul(pool, &L->wo, a->att, R, a->xb)) != RI_OK)
             return st;
-        for (size_t i = 0; i < R * E; i++)
-            a->x[i] += a->xb[i];
+        mdl_residual(hp, a, R, L->post_attn_norm);
         for (size_t r = 0; r < R; r++)
             mdl_vec_rmsnorm(a->xb + r * E, a->x + r * E, L->ffn_norm, E, hp->eps);
         const mdl_weight_t *gu[2] = {&L->w_gate, &L->w_up};
         float *gu_out[2] = {a->g, a->u};
         if ((st = mdl_matmul_multi(pool, gu, 2, a->xb, R, gu_out)) != RI_OK)
             return st;
-        mdl_vec_swiglu(a->g, a->u, R * hp->n_ff);
+        if (hp->geglu)
+            mdl_vec_geglu(a->g, a->u, R * hp->n_ff);
+        else
+            mdl_vec_swiglu(a->g, a->u, R * hp->n_ff);
         if ((st = mdl_matmul(pool, &L->w_down, a->g, R, a->xb)) != RI_OK)
             return st;
-        for (size_t i = 0; i < R * E; i++)
-            a->x[i] += a->xb[i];
+        mdl_residual(hp, a, R, L->post_ffn_norm);
     }
     /* output head only for the rows that want logits, packed */
     size_t nw = 0;
@@ -534,6 +704,9 @@ static ri_status_t mdl_forward(mdl_model_t *m, const mdl_rows_t *rw, mdl_act_t *
             mdl_vec_rmsnorm(a->xb + (nw++) * E, a->x + r * E, m->output_norm, E, hp->eps);
     if (nw > 0 && logits != NULL)
         st = mdl_matmul(pool, &m->output, a->xb, nw, logits);
+    if (st == RI_OK && logits != NULL && hp->logit_softcap > 0)
+        for (size_t i = 0; i < nw * hp->n_vocab; i++)
+            logits[i] = hp->logit_softcap * tanhf(logits[i] / hp->logit_softcap);
     return st;
 }
 
@@ -618,7 +791,8 @@ ri_status_t mdl_decode(mdl_model_t *m, mdl_seq_t *const *seqs, const int32_t *to
         if (s->decoding)
             continue;
         for (uint32_t l = 0; l < m->hp.n_layers; l++)
-            if (s->attn->prefill_end != NULL && (st = s->attn->prefill_end(s->attn_state, l)) != RI_OK)
+            if (m->layers[l].window == 0 && s->attn->prefill_end != NULL &&
+                (st = s->attn->prefill_end(s->attn_state, l)) != RI_OK)
                 return st;
         s->decoding = true;
     }

@@ -1,8 +1,16 @@
 /*
- * Llama-architecture forward pass on GGUF weights (SmolLM2-135M-Instruct by
- * default): token embedding, RMSNorm, RoPE (adjacent pairs, as GGUF llama
- * tensors expect: the converter permutes Q/K rows), GQA attention through an
- * attention backend (mdl_attn.h), SwiGLU FFN, tied or separate output head.
+ * Forward pass on GGUF weights of two architectures:
+ *  - llama (SmolLM2-135M-Instruct, the default): token embedding, RMSNorm,
+ *    RoPE on adjacent pairs (GGUF llama tensors expect this: the converter
+ *    permutes Q/K rows), GQA attention through an attention backend
+ *    (mdl_attn.h), SwiGLU FFN, tied or separate output head;
+ *  - gemma3 (Gemma 3 270M): embeddings scaled by sqrt(n_embd), RMS norm of
+ *    each Q and K head, NEOX RoPE (pairs (i, i + n_rot/2)) with one base for
+ *    the sliding-window layers and another for the global ones, norms before
+ *    and after attention and FFN, GeGLU (tanh GELU), optional final logit
+ *    soft-capping.  Sliding-window layers attend exactly over their window
+ *    in the model itself; only the global layers go through the backend, so
+ *    sparse attention (RetroInfer) applies where the context is long.
  *
  * A model (weights, tokenizer; read-only after load, shareable) serves many
  * sequences (mdl_seq_t: K/V cache + attention backend object).  Prefill runs
@@ -26,20 +34,34 @@
 #include "gpuworker/model/mdl_tok.h"
 #include "retroinfer/status.h"
 
+/* Architectures the runtime runs. */
+typedef enum mdl_arch { MDL_ARCH_LLAMA = 0, MDL_ARCH_GEMMA3 = 1 } mdl_arch_t;
+
 /* Hyper-parameters from the GGUF metadata. */
 typedef struct mdl_hparams {
+    mdl_arch_t arch;       /* general.architecture */
     uint32_t n_layers;     /* blocks */
     uint32_t n_embd;       /* hidden size */
     uint32_t n_ff;         /* FFN size */
     uint32_t n_heads;      /* query heads */
     uint32_t n_kv_heads;   /* KV heads */
-    uint32_t head_dim;     /* n_embd / n_heads */
+    uint32_t head_dim;     /* attention.key_length, else n_embd / n_heads */
     uint32_t n_rot;        /* rotated dims per head (rope.dimension_count) */
     uint32_t n_vocab;      /* output rows */
     uint32_t n_ctx;        /* trained context length */
     float rope_theta;      /* rope.freq_base */
     float rope_scale;      /* linear position scale factor (1 = none) */
     float eps;             /* RMSNorm epsilon */
+    float rope_theta_swa;  /* rope base of the sliding-window layers */
+    uint32_t n_swa;        /* sliding window in tokens (0: every layer global) */
+    uint32_t swa_period;   /* with n_swa: layer l is global when (l+1) % period == 0,
+                              unless the metadata lists the layers */
+    float embd_scale;      /* token embedding multiplier (1; sqrt(n_embd) for gemma3) */
+    float logit_softcap;   /* final logits -> cap * tanh(logit / cap); 0 = none */
+    bool rope_neox;        /* rotate pairs (i, i + n_rot/2) instead of (2i, 2i+1) */
+    bool qk_norm;          /* RMS norm of each Q and K head before RoPE */
+    bool post_norms;       /* RMS norm of the attention and FFN outputs */
+    bool geglu;            /* FFN gate: tanh GELU (else SiLU) */
 } mdl_hparams_t;
 
 typedef struct mdl_model mdl_model_t;
@@ -58,6 +80,9 @@ const mdl_tok_t *mdl_model_tok(const mdl_model_t *m);
 const mdl_gguf_t *mdl_model_gguf(const mdl_model_t *m);
 /* general.name or the file name. */
 const char *mdl_model_name(const mdl_model_t *m);
+/* Sliding window of layer l in tokens; 0 for a global layer (all of them
+ * in a llama model).  Only global layers reach the attention backend. */
+uint32_t mdl_model_layer_window(const mdl_model_t *m, uint32_t l);
 /* Bytes of weights read per decode step (every tensor once). */
 uint64_t mdl_model_weight_bytes(const mdl_model_t *m);
 
@@ -110,10 +135,22 @@ ri_status_t mdl_decode(mdl_model_t *m, mdl_seq_t *const *seqs, const int32_t *to
 
 /* File name of the default model (installed by `ri model fetch` / `ri setup`). */
 #define MDL_DEFAULT_MODEL_FILE "SmolLM2-135M-Instruct.Q4_1.gguf"
+/* The second model (deps/setup.d/11-model-gemma3.sh). */
+#define MDL_GEMMA3_MODEL_FILE "gemma-3-270m-q4_k_m.gguf"
 
 /* Path of the default model: $RI_MODEL_DIR/<file> or
  * ~/.cache/retroinfer/models/<file>.  Always fills buf; RI_ERR_NOT_FOUND when
  * the file is not there, RI_ERR_RANGE when buf is too small. */
 ri_status_t mdl_model_default_path(char *buf, size_t len);
+
+/* The value of a --model flag: a model name ("smollm2-135m" = the default,
+ * "gemma3-270m") becomes the path of its file in the model directory (as
+ * above); anything else is taken as a path and copied.  name NULL or "" =
+ * the default.  RI_ERR_NOT_FOUND when the file is not there (buf still
+ * holds the path, for the message), RI_ERR_RANGE when buf is too small. */
+ri_status_t mdl_model_resolve(const char *name, char *buf, size_t len);
+
+/* Comma-separated model names mdl_model_resolve knows, for --help. */
+const char *mdl_model_names(void);
 
 #endif /* MDL_MODEL_H */

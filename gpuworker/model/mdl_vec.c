@@ -198,6 +198,15 @@ void mdl_vec_swiglu(float *g, const float *u, size_t n)
         g[i] = g[i] / (1.0f + expf(-g[i])) * u[i];
 }
 
+void mdl_vec_geglu(float *g, const float *u, size_t n)
+{
+    const float c = 0.7978845608028654f;   /* sqrt(2 / pi) */
+    for (size_t i = 0; i < n; i++) {
+        float x = g[i];
+        g[i] = 0.5f * x * (1.0f + tanhf(c * (x + 0.044715f * x * x * x))) * u[i];
+    }
+}
+
 void mdl_vec_scores(const float *q, const float *K, size_t nk, size_t d, float scale, float *s)
 {
 #ifdef MDL_AVX2

@@ -25,5 +25,7 @@ void mdl_vec_scores(const float *q, const float *K, size_t nk, size_t d, float s
 void mdl_vec_pv(float *acc, const float *p, const float *V, size_t nk, size_t d);
 /* g[i] = silu(g[i]) * u[i] */
 void mdl_vec_swiglu(float *g, const float *u, size_t n);
+/* g[i] = gelu(g[i]) * u[i], GELU in its tanh form (Gemma's GeGLU) */
+void mdl_vec_geglu(float *g, const float *u, size_t n);
 
 #endif /* MDL_VEC_H */

@@ -2,7 +2,7 @@
  * ri generate: run the model runtime on a prompt and stream the reply.
  *
  *   ri generate --prompt "Why is the sky blue?" --chat [--attn retroinfer]
- *               [--max-tokens N] [--model PATH] [--dump-kv DIR]
+ *               [--max-tokens N] [--model NAME|PATH] [--dump-kv DIR]
  *
  * Prints the generated text as it comes (stdout), a progress bar during long
  * prefills when stdout is a terminal, and prefill / decode tokens per second
@@ -52,7 +52,7 @@ typedef struct gen_cfg {
 
 #define GEN_ITEM(n, t, d, h, f) {n, t, d, h, offsetof(gen_cfg_t, f), 0, 0}
 static const cm_config_item_t gen_items[] = {
-    GEN_ITEM("model", CM_CFG_STRING, NULL, "GGUF model file (default: the installed SmolLM2)", model),
+    GEN_ITEM("model", CM_CFG_STRING, NULL, "model name (smollm2-135m, gemma3-270m) or GGUF file (default: smollm2-135m)", model),
     GEN_ITEM("prompt", CM_CFG_STRING, NULL, "prompt text", prompt),
     GEN_ITEM("prompt-file", CM_CFG_STRING, NULL, "read the prompt from this file", prompt_file),
     GEN_ITEM("chat", CM_CFG_BOOL, "false", "apply the model's chat template", chat),
@@ -179,11 +179,9 @@ int main(int argc, char **argv)
         goto out;
     }
     char path[4096];
-    if (cfg.model != NULL && cfg.model[0] != '\0') {
-        snprintf(path, sizeof(path), "%s", cfg.model);
-    } else if (mdl_model_default_path(path, sizeof(path)) != RI_OK) {
-        fprintf(stderr, "ri generate: no model at %s; run `./ri model fetch` (or ./ri setup) or pass --model PATH\n",
-                path);
+    if (mdl_model_resolve(cfg.model, path, sizeof(path)) != RI_OK) {
+        fprintf(stderr, "ri generate: cannot find a model at %s; run `./ri model fetch` (or ./ri setup) or pass --model "
+                        "NAME|PATH (names: %s)\n", path, mdl_model_names());
         goto out;
     }
     ri_status_t st = mdl_model_load(path, &model, err, sizeof(err));
@@ -204,10 +202,14 @@ int main(int argc, char **argv)
     }
     const mdl_hparams_t *hp = mdl_model_hparams(model);
     const mdl_tok_t *tok = mdl_model_tok(model);
+    if (cfg.chat && !mdl_tok_has_chat(tok)) {
+        fprintf(stderr, "ri generate: %s has no chat template (a base model): drop --chat\n", mdl_model_name(model));
+        goto out;
+    }
     if (cfg.chat)
         st = mdl_tok_chat(tok, cfg.system && cfg.system[0] ? cfg.system : NULL, text, &ids, &n_ids);
     else
-        st = mdl_tok_encode(tok, text, strlen(text), false, &ids, &n_ids);
+        st = mdl_tok_encode_prompt(tok, text, strlen(text), &ids, &n_ids);
     if (st != RI_OK || n_ids == 0) {
         fprintf(stderr, "ri generate: cannot tokenize the prompt: %s\n", st ? ri_status_str(st) : "it is empty");
         goto out;
