@@ -85,6 +85,7 @@ static int upload_all(gw_dp_t *dp)
 
 typedef struct result {
     double p50_us, p99_us, gbs, hit_ratio, memcpy_gbs;
+    double pct_us[101]; /* percentile i of the fetch latency: the CDF ./ri plot draws */
     size_t bytes;
 } result_t;
 
@@ -152,6 +153,8 @@ static int run_case(gw_dp_t *dp, uint8_t *recv, size_t recv_len, gw_dp_recv_mode
     if (rc == 0) {
         out->p50_us = bn_percentile(lat, (size_t)iters, 50) * 1e6;
         out->p99_us = bn_percentile(lat, (size_t)iters, 99) * 1e6;
+        for (int q = 0; q <= 100; q++)
+            out->pct_us[q] = bn_percentile(lat, (size_t)iters, q) * 1e6;
         out->bytes = (size_t)(miss_bytes / (uint64_t)iters);
         out->gbs = (double)out->bytes / (out->p50_us * 1e-6) / 1e9;
         out->hit_ratio = total ? (double)hits / (double)total : 0;
@@ -284,6 +287,7 @@ int main(int argc, char **argv)
             cJSON_AddNumberToObject(row, "p50_us", r.p50_us);
             cJSON_AddNumberToObject(row, "p99_us", r.p99_us);
             cJSON_AddNumberToObject(row, "gbs", r.gbs);
+            cJSON_AddItemToObject(row, "latency_us_pct", cJSON_CreateDoubleArray(r.pct_us, 101));
             cJSON_AddNumberToObject(row, "memcpy_gbs", mcb);
             cJSON_AddNumberToObject(row, "step_bytes", (double)STEP_BYTES);
             cJSON_AddNumberToObject(row, "iters", iters);

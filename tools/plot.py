@@ -1,0 +1,173 @@
+#!/usr/bin/env python3
+"""./ri plot: bench JSON files (docs/bench-format.md) -> PNG charts, through gnuplot.
+
+  ./ri plot [--out DIR] FILE.json...      (DIR defaults to docs/img)
+
+Each file is charted by its "bench" field; the PNG is named after the file
+(e2e.json -> DIR/e2e-throughput.png):
+  e2e            decode tokens/s against context, one line per (mode, batch)
+  dataplane      fetch latency CDF, one line per row (from the rows' percentile
+                 array latency_us_pct; rows without it give their p50 and p99)
+  attn-accuracy  median relative error against the exact-token budget, one line
+                 per method (layer "all" rows)
+  serve          aggregate tokens/s against concurrent clients, one line per backend
+Other benches are reported and skipped.
+
+Why gnuplot and not matplotlib: the python3 on PATH is not always Debian's
+(a pyenv one here), so Debian's python3-matplotlib would not import, while
+gnuplot is one Debian package (gnuplot-nox, in deps/apt.txt) driven through a
+pipe; this script needs only Python's standard library.  Exits 1 when
+gnuplot is missing or fails, 2 on bad arguments.
+"""
+import json
+import os
+import shutil
+import subprocess
+import sys
+
+HEAD = """set terminal pngcairo size 900,540 enhanced font "DejaVu Sans,11"
+set output "{out}"
+set title "{title}" noenhanced
+set grid
+set key {key} opaque box noenhanced
+set format x "%.0f"
+"""
+
+
+def machine_note(doc):
+    """The subtitle every chart carries: commit, CPU, load: what the figures depend on."""
+    m = doc.get("machine", {})
+    la = m.get("load_avg")
+    return "commit %s, %s x%s, load %s" % ((doc.get("git") or "?")[:7], m.get("cpu", "?"), m.get("cores", "?"),
+                                          "?" if la is None else "%.1f" % la)
+
+
+def series_block(points):
+    """Gnuplot inline data: one 'x y' line per point, ended by 'e'."""
+    return "".join("%r %r\n" % (x, y) for x, y in points) + "e\n"
+
+
+def lines_plot(out, title, xlabel, ylabel, series, logx=False, logy=False, style="linespoints", key="inside left top"):
+    """series: [(label, [(x, y), ...])] -> one PNG with a line each."""
+    script = HEAD.format(out=out, title=title, key=key)
+    script += 'set xlabel "%s"\nset ylabel "%s"\n' % (xlabel, ylabel)
+    script += ("set logscale x\n" if logx else "") + ("set logscale y\n" if logy else "")
+    script += "plot " + ", ".join('"-" using 1:2 with %s lw 2 title "%s"' % (style, label.replace('"', "'"))
+                                   for label, _ in series) + "\n"
+    script += "".join(series_block(pts) for _, pts in series)
+    return script
+
+
+def plot_e2e(doc):
+    hog = doc.get("hog") or any(r.get("hog") for r in doc["rows"])
+    by = {}
+    for r in doc["rows"]:
+        if r.get("decode_tok_s") is None or r.get("context") is None:
+            continue
+        key = "%s, batch %s" % (r.get("mode", "?"), r.get("batch", 1))
+        by.setdefault(key, []).append((r["context"], r["decode_tok_s"]))
+    series = [(k, sorted(v)) for k, v in sorted(by.items())]
+    title = "Decode throughput vs context%s\\n%s" % (" (CPU hog)" if hog else "", machine_note(doc))
+    return "throughput", lines_plot(None, title, "context (tokens)", "decode tokens/s (median step)", series,
+                                    logx=True), series
+
+
+def plot_dataplane(doc):
+    series = []
+    for r in doc["rows"]:
+        label = "%s %s, hit %.2f%s" % (r.get("transport", "?"), r.get("delivery", ""), r.get("hit_ratio", 0),
+                                      "" if r.get("clients", 1) == 1 else ", %d clients" % r["clients"])
+        pct = r.get("latency_us_pct")
+        if pct:
+            pts = [(v, i / 100.0) for i, v in enumerate(pct)]
+        elif r.get("p50_us") is not None:  # older files: the two quantiles they have
+            pts = [(r["p50_us"], 0.5), (r["p99_us"], 0.99)]
+        else:
+            continue
+        series.append((label, pts))
+    title = "Fetch latency CDF (one FETCH\\_RANKED per step)\\n%s" % machine_note(doc)
+    # A row with only p50/p99 is drawn with its two points, so it is not read as a measured curve.
+    style = "lines" if all(len(p) > 2 for _, p in series) else "linespoints"
+    script = lines_plot(None, title, "latency (µs)", "fraction of fetches <=", series, logx=True, style=style,
+                        key="inside right bottom")
+    script = script.replace("set grid\n", "set grid\nset yrange [0:1]\n")
+    return "fetch-cdf", script, series
+
+
+def plot_accuracy(doc):
+    by = {}
+    rows = [r for r in doc["rows"] if r.get("layer") == "all"] or doc["rows"]
+    for r in rows:
+        if r.get("rel_err_median") is None or not r.get("budget_tokens"):
+            continue
+        by.setdefault(r["method"], []).append((r["budget_tokens"], r["rel_err_median"]))
+    series = [(k, sorted(v)) for k, v in sorted(by.items())]
+    src = rows[0].get("source", "") if rows else ""
+    title = "Attention accuracy vs budget (%s)\\n%s" % (src, machine_note(doc))
+    return "accuracy", lines_plot(None, title, "exact tokens attended (budget)",
+                                  "median relative error of the output (lower is better)", series,
+                                  logx=True, logy=True), series
+
+
+def plot_serve(doc):
+    by = {}
+    for r in doc["rows"]:
+        by.setdefault(r["attn"], []).append((r["clients"], r["tok_s"]))
+    series = [(k, sorted(v)) for k, v in sorted(by.items())]
+    title = "ri-worker HTTP service: aggregate tokens/s%s\\n%s" % (" (CPU hog)" if doc.get("hog") else "",
+                                                                    machine_note(doc))
+    return "serve", lines_plot(None, title, "concurrent streaming clients", "generated tokens/s (all clients)",
+                               series, logx=True), series
+
+
+PLOTS = {"e2e": plot_e2e, "dataplane": plot_dataplane, "attn-accuracy": plot_accuracy, "serve": plot_serve}
+
+
+def main(argv):
+    out_dir = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "docs", "img")
+    files = []
+    it = iter(argv)
+    for a in it:
+        if a == "--out":
+            out_dir = next(it, None)
+            if out_dir is None:
+                break
+        elif a.startswith("-"):
+            out_dir = None
+            break
+        else:
+            files.append(a)
+    if not files or out_dir is None:
+        print("usage: ./ri plot [--out DIR] FILE.json...  (benches: %s)" % ", ".join(sorted(PLOTS)), file=sys.stderr)
+        return 2
+    gnuplot = shutil.which("gnuplot")
+    if gnuplot is None:
+        print("ri plot: gnuplot not found (Debian package gnuplot-nox; ./ri setup installs it)", file=sys.stderr)
+        return 1
+    os.makedirs(out_dir, exist_ok=True)
+    rc = 0
+    for path in files:
+        with open(path) as f:
+            doc = json.load(f)
+        fn = PLOTS.get(doc.get("bench"))
+        if fn is None:
+            print("ri plot: %s: no chart for bench %r, skipped" % (path, doc.get("bench")), file=sys.stderr)
+            continue
+        kind, script, series = fn(doc)
+        if not series:
+            print("ri plot: %s: no rows to chart, skipped" % path, file=sys.stderr)
+            continue
+        stem = os.path.splitext(os.path.basename(path))[0]
+        out = os.path.join(out_dir, "%s-%s.png" % (stem, kind))
+        script = script.replace('set output "None"', 'set output "%s"' % out.replace('"', '\\"'))
+        p = subprocess.run([gnuplot], input=script, text=True, capture_output=True)
+        if p.returncode != 0:
+            print("ri plot: gnuplot failed on %s:\n%s" % (path, p.stderr), file=sys.stderr)
+            rc = 1
+            continue
+        print(out)
+    return rc
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
