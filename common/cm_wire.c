@@ -117,7 +117,8 @@ bool cm_wire_secret_equal(const uint8_t a[CM_WIRE_SECRET_SIZE], const uint8_t b[
 const char *cm_wire_op_name(uint32_t op)
 {
     static const char *const names[] = {"UNKNOWN", "UPLOAD_CLUSTERS", "APPEND_CLUSTERS", "REGISTER_CACHE",
-                                        "FETCH_RANKED", "RELEASE", "PING", "CONNECT", "DISCONNECT"};
+                                        "FETCH_RANKED", "RELEASE", "PING", "CONNECT", "DISCONNECT",
+                                        "MAP", "LOCATE", "TOUCH"};
     return op <= CM_WIRE_OP_MAX ? names[op] : "UNKNOWN";
 }
 

@@ -42,7 +42,10 @@ typedef enum cm_wire_op {
     CM_WIRE_OP_PING = 6,            /* liveness and latency */
     CM_WIRE_OP_CONNECT = 7,         /* first message of a connection: the worker's UCX address */
     CM_WIRE_OP_DISCONNECT = 8,      /* last message: release the connection's caches and close it */
-    CM_WIRE_OP_MAX = 8,
+    CM_WIRE_OP_MAP = 9,             /* the session's direct region: address, length, packed rkey */
+    CM_WIRE_OP_LOCATE = 10,         /* where clusters lie in the direct region */
+    CM_WIRE_OP_TOUCH = 11,          /* access records of direct reads, in a batch */
+    CM_WIRE_OP_MAX = 11,
 } cm_wire_op_t;
 
 #define CM_WIRE_F_REPLY 0x1u     /* this message answers request_id */

@@ -19,6 +19,7 @@
 #include <ucp/api/ucp.h>
 
 #include "common/cm_alloc.h"
+#include "common/cm_dp_direct.h"
 #include "common/cm_log.h"
 #include "common/cm_net.h"
 #include "common/cm_status.h"
@@ -70,6 +71,7 @@ struct gw_dp {
     uint8_t *fetch_meta;           /* meta of a started fetch (owned until it ends) */
     uint64_t fetch_ids;            /* ids it asked for */
     int efd;                       /* worker event fd, -1 when none */
+    ucp_rkey_h direct_rkey;        /* key of the session's direct region (gw_dp_map), or NULL */
 };
 
 static ri_status_t gw_dp_status(ucs_status_t s)
@@ -419,6 +421,8 @@ void gw_dp_close(gw_dp_t *dp)
         (void)gw_dp_op(dp, CM_WIRE_OP_DISCONNECT, NULL, 0, NULL, 0, GW_DP_DISCONNECT_MS);
     prm.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS;
     prm.flags = dp->failed ? UCP_EP_CLOSE_FLAG_FORCE : 0;
+    if (dp->direct_rkey != NULL)
+        ucp_rkey_destroy(dp->direct_rkey); /* unmaps the region here */
     req = ucp_ep_close_nbx(dp->ep, &prm);
     if (req != NULL && !UCS_PTR_IS_ERR(req)) {
         deadline = cm_time_ns() + 2000000000ull;
@@ -441,6 +445,75 @@ void gw_dp_close(gw_dp_t *dp)
     cm_free(dp->scratch);
     cm_free(dp->fetch_meta);
     cm_free(dp);
+}
+
+ri_status_t gw_dp_map(gw_dp_t *dp, uint8_t **local_p, uint64_t *bytes_p)
+{
+    cm_dp_map_t m;
+    ucp_rkey_h rkey = NULL;
+    void *local = NULL;
+    ri_status_t st;
+
+    if (dp == NULL || local_p == NULL || bytes_p == NULL || dp->direct_rkey != NULL)
+        return RI_ERR_INVALID;
+    st = gw_dp_op(dp, CM_WIRE_OP_MAP, NULL, 0, NULL, 0, 0);
+    if (st != RI_OK)
+        return st;
+    st = cm_dp_map_decode(dp->reply_body, dp->reply_hdr.meta_len, &m);
+    if (st != RI_OK)
+        return st;
+    if (ucp_ep_rkey_unpack(dp->ep, m.rkey, &rkey) != UCS_OK)
+        return RI_ERR_PROTOCOL;
+    /* A pointer only where the region can be mapped into this process
+     * (shared memory on the same host); elsewhere reads stay two-sided. */
+    if (ucp_rkey_ptr(rkey, m.base, &local) != UCS_OK || local == NULL) {
+        ucp_rkey_destroy(rkey);
+        return RI_ERR_UNSUPPORTED;
+    }
+    dp->direct_rkey = rkey;
+    *local_p = local;
+    *bytes_p = m.bytes;
+    return RI_OK;
+}
+
+ri_status_t gw_dp_locate(gw_dp_t *dp, uint32_t layer, uint32_t head, uint32_t first, uint32_t count,
+                         uint64_t *offs)
+{
+    cm_dp_locate_t l = {layer, head, first, count};
+    uint8_t meta[CM_DP_LOCATE_SIZE];
+    ri_status_t st;
+
+    if (dp == NULL || offs == NULL || count == 0)
+        return RI_ERR_INVALID;
+    cm_dp_locate_encode(meta, &l);
+    st = gw_dp_op(dp, CM_WIRE_OP_LOCATE, meta, sizeof(meta), NULL, 0, 0);
+    if (st != RI_OK)
+        return st;
+    if (dp->reply_hdr.meta_len != (uint64_t)count * 8u)
+        return RI_ERR_PROTOCOL;
+    for (uint32_t i = 0; i < count; i++)
+        offs[i] = cm_dp_get64(dp->reply_body + 8u * i);
+    return RI_OK;
+}
+
+ri_status_t gw_dp_touch(gw_dp_t *dp, const uint32_t *recs, uint32_t n)
+{
+    uint8_t *meta;
+    ri_status_t st;
+
+    if (dp == NULL || recs == NULL || n == 0 || n > CM_DP_MAX_TOUCH)
+        return RI_ERR_INVALID;
+    meta = cm_malloc(&gw_dp_tag, CM_DP_TOUCH_FIXED + (size_t)n * CM_DP_TOUCH_ENTRY);
+    if (meta == NULL)
+        return RI_ERR_NOMEM;
+    cm_dp_put32(meta, n);
+    cm_dp_put32(meta + 4, 0);
+    for (size_t i = 0; i < 3u * (size_t)n; i++)
+        cm_dp_put32(meta + CM_DP_TOUCH_FIXED + 4u * i, recs[i]);
+    st = gw_dp_op(dp, CM_WIRE_OP_TOUCH, meta, (uint32_t)(CM_DP_TOUCH_FIXED + (size_t)n * CM_DP_TOUCH_ENTRY), NULL,
+                  0, 0);
+    cm_free(meta);
+    return st;
 }
 
 ri_status_t gw_dp_ping(gw_dp_t *dp)

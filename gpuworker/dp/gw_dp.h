@@ -37,6 +37,21 @@ ri_status_t gw_dp_connect(const char *addr, uint64_t session_id, const uint8_t s
  * NULL is a no-op. */
 void gw_dp_close(gw_dp_t *dp);
 
+/* Direct reads (common/cm_dp_direct.h).  MAP: ask the kvstore for the
+ * session's direct region and map it here; *local_p then points at its first
+ * byte, valid until gw_dp_close.  RI_ERR_UNSUPPORTED when the kvstore has no
+ * region to give or it cannot be mapped into this process (another host):
+ * the connection stays usable, two-sided. */
+ri_status_t gw_dp_map(gw_dp_t *dp, uint8_t **local_p, uint64_t *bytes_p);
+
+/* LOCATE: offsets in the region of clusters [first, first + count) of
+ * (layer, head) into offs (CM_DP_NOT_DIRECT for those not in it). */
+ri_status_t gw_dp_locate(gw_dp_t *dp, uint32_t layer, uint32_t head, uint32_t first, uint32_t count,
+                         uint64_t *offs);
+
+/* TOUCH: n access records, recs = n x {layer, head, cluster id}. */
+ri_status_t gw_dp_touch(gw_dp_t *dp, const uint32_t *recs, uint32_t n);
+
 /* PING: a round trip (authenticated for the session). */
 ri_status_t gw_dp_ping(gw_dp_t *dp);
 

@@ -25,9 +25,20 @@ struct gw_io {
     bool inline_active;        /* a caller runs a job on its own thread */
     bool stop;                 /* gw_io_stop called */
     ri_status_t err;           /* sticky: first failure */
+    gw_io_job_t *located, *located_tail; /* done UPLOADs with locate, for the owner */
     uint64_t up_bytes;         /* uploaded so far */
     double up_s;               /* time in uploads */
 };
+
+gw_io_job_t *gw_io_take_located(gw_io_t *io)
+{
+    gw_io_job_t *list;
+    pthread_mutex_lock(&io->lock);
+    list = io->located;
+    io->located = io->located_tail = NULL;
+    pthread_mutex_unlock(&io->lock);
+    return list;
+}
 
 void gw_io_job_free(gw_io_job_t *job)
 {
@@ -38,6 +49,8 @@ void gw_io_job_free(gw_io_job_t *job)
     cm_free(job->tokens);
     cm_free(job->expect_first);
     cm_free(job->pages);
+    cm_free(job->offs);
+    cm_free(job->recs);
     cm_free(job);
 }
 
@@ -63,6 +76,9 @@ static ri_status_t gw_io_run(gw_io_t *io, gw_io_job_t *job)
                 continue;
             st = gw_dp_upload(io->dp, job->append, job->layer, 1, &job->heads[i], &job->counts[i], tok, pages, bytes,
                               &first);
+            if (st == RI_OK && job->locate)
+                st = gw_dp_locate(io->dp, job->layer, job->heads[i], first, job->counts[i],
+                                  job->offs + (tok - job->tokens));
             /* The worker numbers clusters itself; the kvstore must agree. */
             if (st == RI_OK && job->expect_first != NULL && first != job->expect_first[i]) {
                 cm_error("data plane: layer %u head %u got first cluster id %u, expected %u", job->layer,
@@ -85,6 +101,14 @@ static ri_status_t gw_io_run(gw_io_t *io, gw_io_job_t *job)
                                     &job->out_page_bytes);
     case GW_IO_RELEASE:
         return gw_dp_release(io->dp, job->cache_id);
+    case GW_IO_TOUCH:
+        st = gw_dp_touch(io->dp, job->recs, job->n_recs);
+        if (st != RI_OK && st != RI_ERR_CONN_RESET && st != RI_ERR_TIMEOUT) {
+            /* The records only inform the kvstore's coldness: not fatal. */
+            cm_warn("data plane: access records refused: %s", ri_status_str(st));
+            st = RI_OK;
+        }
+        return st;
     }
     return st;
 }
@@ -119,6 +143,17 @@ static void *gw_io_main(void *arg)
                 io->up_bytes += job->bytes;
                 io->up_s += job->seconds;
             }
+            if (st == RI_OK && job->locate) {
+                job->next = NULL;
+                if (io->located_tail != NULL)
+                    io->located_tail->next = job;
+                else
+                    io->located = job;
+                io->located_tail = job;
+            } else {
+                gw_io_job_free(job);
+            }
+        } else if (job->kind == GW_IO_TOUCH) {
             gw_io_job_free(job);
         } else {
             job->status = st;
@@ -167,6 +202,11 @@ void gw_io_stop(gw_io_t *io)
     pthread_cond_broadcast(&io->cond);
     pthread_mutex_unlock(&io->lock);
     pthread_join(io->thread, NULL);
+    while (io->located != NULL) {
+        gw_io_job_t *next = io->located->next;
+        gw_io_job_free(io->located);
+        io->located = next;
+    }
     gw_dp_close(io->dp);
     pthread_cond_destroy(&io->cond);
     pthread_mutex_destroy(&io->lock);

@@ -29,6 +29,7 @@ typedef enum gw_io_kind {
     GW_IO_FETCH,        /* gw_dp_fetch_ranked; the caller waits */
     GW_IO_REGISTER,     /* gw_dp_register_cache; the caller waits */
     GW_IO_RELEASE,      /* gw_dp_release; the caller waits */
+    GW_IO_TOUCH,        /* gw_dp_touch; detached, a failure is logged only */
 } gw_io_kind_t;
 
 typedef struct gw_io_job {
@@ -44,6 +45,11 @@ typedef struct gw_io_job {
     void *pages;              /* UPLOAD: page-format data (owned) */
     size_t bytes;             /* UPLOAD: its length */
     uint32_t page_tokens;     /* UPLOAD: P, to split the data per head */
+    bool locate;              /* UPLOAD: then LOCATE the clusters; the job is kept
+                                 for gw_io_take_located instead of freed */
+    uint64_t *offs;           /* UPLOAD with locate: region offset of every cluster (owned) */
+    uint32_t *recs;           /* TOUCH: n_recs x {layer, head, id} (owned) */
+    uint32_t n_recs;
     size_t page_bytes;        /* UPLOAD: bytes of one page */
     /* FETCH (borrowed until done) */
     uint32_t cache_id;        /* FETCH, RELEASE */
@@ -104,6 +110,10 @@ ri_status_t gw_io_error(gw_io_t *io);
 
 /* Bytes uploaded so far and seconds the io thread spent in uploads. */
 void gw_io_upload_totals(gw_io_t *io, uint64_t *bytes_p, double *seconds_p);
+
+/* The UPLOAD jobs with locate that completed since the last call, oldest
+ * first (linked by next); the caller frees each with gw_io_job_free. */
+gw_io_job_t *gw_io_take_located(gw_io_t *io);
 
 /* Free an UPLOAD job and its owned arrays (for callers that never submitted it). */
 void gw_io_job_free(gw_io_job_t *job);

@@ -17,6 +17,7 @@
 #include "common/cm_status.h"
 #include "common/cm_time.h"
 #include "gpuworker/dp/gw_dp.h"
+#include "gpuworker/worker/gw_direct.h"
 #include "gpuworker/worker/gw_io.h"
 
 static CM_ALLOC_TAG(gw_remote_tag, "gw.remote");
@@ -58,6 +59,7 @@ typedef struct gw_step {
     float *part;           /* [n_kv][2 g (d + 1)] exact and estimated parts */
     gw_io_job_t job;       /* the fetch */
     bool predicted;        /* every retrieved cluster was in the mirror: no wait */
+    bool direct;           /* every retrieved cluster read from the kvstore's region: no fetch */
     bool degraded;         /* an earlier fetch is late: no fetch, mirror hits only */
     uint64_t submit_ns;    /* when the fetch was submitted (its deadline counts from here) */
     uint32_t *nl;          /* [n_kv] late clusters per head (after the retrieved ones in ids) */
@@ -93,6 +95,7 @@ struct gw_remote {
     gw_remote_params_t p;
     const kn_ops_t *ops;
     gw_io_t *io;             /* the connection and its thread */
+    gw_direct_t *direct;     /* the session's region mapped here, or NULL (two-sided) */
     gw_layer_t *layers;      /* [n_layers] */
     uint64_t pages_uploaded; /* over all layers */
     size_t page_bytes;       /* 4 * P * d */
@@ -132,6 +135,34 @@ void gw_remote_params_default(gw_remote_params_t *p)
     p->fetch_async = getenv("RI_FETCH_ASYNC") != NULL && atoi(getenv("RI_FETCH_ASYNC")) != 0;
     p->predict = getenv("RI_PREDICT") == NULL || atoi(getenv("RI_PREDICT")) != 0;
     p->deadline_us = getenv("RI_DEADLINE_US") != NULL ? (uint32_t)strtoul(getenv("RI_DEADLINE_US"), NULL, 10) : 0;
+    p->direct = getenv("RI_DIRECT") == NULL || atoi(getenv("RI_DIRECT")) != 0;
+}
+
+/* Connect, map the session's region when asked and possible, start the io
+ * thread (which owns the connection from then on). */
+static ri_status_t gw_remote_open(gw_remote_t *r, const char *addr, uint64_t session_id,
+                                  const uint8_t secret[CM_WIRE_SECRET_SIZE])
+{
+    gw_dp_options_t dopt = {.timeout_ms = r->p.timeout_ms};
+    gw_dp_t *dp = NULL;
+    ri_status_t st;
+
+    gw_direct_close(r->direct);
+    r->direct = NULL;
+    st = gw_dp_connect(addr, session_id, secret, &dopt, &dp);
+    if (st != RI_OK)
+        return st;
+    if (r->p.direct) {
+        st = gw_direct_open(dp, r->n_layers, r->n_kv, r->page_bytes, &r->direct);
+        if (st == RI_ERR_UNSUPPORTED)
+            cm_info("data plane of session %llu: no direct region; reads stay two-sided",
+                    (unsigned long long)session_id);
+        else if (st != RI_OK) {
+            gw_dp_close(dp);
+            return st;
+        }
+    }
+    return gw_io_start(dp, &r->io); /* owns dp from here, even on failure */
 }
 
 static uint32_t gw_pages(uint32_t tokens)
@@ -167,8 +198,6 @@ ri_status_t gw_remote_create(const char *addr, uint64_t session_id, const uint8_
                              gw_remote_t **r_p)
 {
     gw_remote_params_t defaults;
-    gw_dp_options_t dopt = {0};
-    gw_dp_t *dp = NULL;
     gw_remote_t *r;
     ri_status_t st;
 
@@ -225,15 +254,9 @@ ri_status_t gw_remote_create(const char *addr, uint64_t session_id, const uint8_
         !r->step.nl)
         goto err_nomem;
 
-    dopt.timeout_ms = params->timeout_ms;
-    st = gw_dp_connect(addr, session_id, secret, &dopt, &dp);
+    st = gw_remote_open(r, addr, session_id, secret);
     if (st != RI_OK) {
         cm_error("data plane of session %llu: cannot connect: %s", (unsigned long long)session_id, ri_status_str(st));
-        gw_remote_destroy(r);
-        return st;
-    }
-    st = gw_io_start(dp, &r->io); /* owns dp from here, even on failure */
-    if (st != RI_OK) {
         gw_remote_destroy(r);
         return st;
     }
@@ -260,8 +283,11 @@ void gw_remote_destroy(gw_remote_t *r)
             gw_io_submit(r->io, &job);
             (void)gw_io_wait(r->io, &job);
         }
+        if (gw_io_error(r->io) == RI_OK)
+            gw_direct_flush(r->direct, r->io);
         gw_io_stop(r->io); /* closes the connection: unregisters the buffers */
     }
+    gw_direct_close(r->direct);
     for (uint32_t l = 0; r->layers != NULL && l < r->n_layers; l++) {
         gw_layer_t *L = &r->layers[l];
         for (uint32_t h = 0; h < r->n_kv; h++) {
@@ -403,7 +429,10 @@ static ri_status_t gw_remote_queue_upload(gw_remote_t *r, uint32_t layer, const 
     up->page_tokens = GW_REMOTE_PAGE_TOKENS;
     up->page_bytes = r->page_bytes;
     up->pages = cm_malloc(&gw_remote_tag, up->bytes);
-    if (!up->heads || !up->counts || !up->expect_first || !up->tokens || !up->pages) {
+    up->locate = r->direct != NULL;
+    if (up->locate)
+        up->offs = cm_malloc(&gw_remote_tag, total_clusters * sizeof(uint64_t));
+    if (!up->heads || !up->counts || !up->expect_first || !up->tokens || !up->pages || (up->locate && !up->offs)) {
         gw_io_job_free(up);
         return RI_ERR_NOMEM;
     }
@@ -969,7 +998,7 @@ ri_status_t gw_remote_decode_begin(gw_remote_t *r, uint32_t layer, const float *
     kn_shape_t grp;
     uint32_t maxc = 0, n_heads = 0;
     uint64_t k = 0, worst = 0;
-    bool all_cached = true;
+    bool all_cached = true, all_direct = r != NULL && r->direct != NULL;
     ri_status_t st;
 
     if (r == NULL || q == NULL || layer >= r->n_layers || !gw_kv_valid(kv) || r->step.active)
@@ -983,11 +1012,14 @@ ri_status_t gw_remote_decode_begin(gw_remote_t *r, uint32_t layer, const float *
     st = gw_pend_reap(r, false);
     if (st == RI_OK)
         st = gw_late_reap(r, false);
+    if (st == RI_OK && r->direct != NULL)
+        st = gw_direct_apply(r->direct, r->io);
     if (st != RI_OK)
         return st;
     s->layer = layer;
     s->q = q;
     s->predicted = false;
+    s->direct = false;
     s->degraded = r->late; /* an earlier fetch is still out: none sent now */
     s->kv = *kv;
     s->n_r = n_r == UINT32_MAX ? L->n_r : n_r;
@@ -1023,9 +1055,19 @@ ri_status_t gw_remote_decode_begin(gw_remote_t *r, uint32_t layer, const float *
             worst += (uint64_t)gw_pages(idx->sizes[j]) * r->page_bytes;
             if (L->cpg[h][j] == NULL)
                 all_cached = false;
+            if (all_direct && gw_direct_pages(r->direct, layer, h, L->rid[h][j], gw_pages(idx->sizes[j])) == NULL)
+                all_direct = false;
         }
     }
-    if (s->degraded) {
+    if (n_heads > 0 && all_direct) {
+        /* Every retrieved cluster is in the kvstore's region, mapped here:
+         * read in place, nothing sent now; the kvstore hears of it later. */
+        s->direct = true;
+        s->degraded = false;
+        for (uint64_t e = 0, hi = 0; hi < n_heads; hi++)
+            for (uint32_t i = 0; i < s->counts[hi]; i++, e++)
+                gw_direct_touch(r->direct, r->io, layer, s->heads[hi], s->req[e]);
+    } else if (s->degraded) {
         /* mirror hits exact, the rest estimated (decode_end) */
     } else if (n_heads > 0 && all_cached && r->registered && r->p.predict) {
         /* Predicted all-hit: compute from the cache now; the fetch only
@@ -1213,6 +1255,14 @@ static ri_status_t gw_step_resolve(gw_remote_t *r)
             uint32_t j = s->ids[(size_t)h * s->want + i], tokens = L->idx[h].sizes[j], np = gw_pages(tokens);
             s->eoff[e] = pc;
             s->etok[e] = tokens;
+            if (s->direct) {
+                const uint8_t *base = gw_direct_pages(r->direct, s->layer, h, L->rid[h][j], np);
+                if (base == NULL)
+                    return RI_ERR_INTERNAL; /* checked at begin */
+                for (uint32_t p = 0; p < np; p++)
+                    s->paddr[pc++] = base + (size_t)p * r->page_bytes;
+                continue;
+            }
             if (s->predicted) {
                 for (uint32_t p = 0; p < np; p++)
                     s->paddr[pc++] = r->cache + (size_t)L->cpg[h][j][p] * r->page_bytes;
@@ -1302,6 +1352,11 @@ ri_status_t gw_remote_decode_end(gw_remote_t *r, float *out, float *lse)
     if (st == RI_OK) {
         if (s->fetching)
             gw_step_admit(r);
+        if (s->direct) {
+            r->st.direct_steps++;
+            for (uint32_t h = 0; h < r->n_kv; h++)
+                r->st.direct_clusters += s->nr[h];
+        }
         r->st.steps++;
         r->st.exact_tokens += atomic_load(&s->exact);
         r->st.retrieved_tokens += atomic_load(&s->retrieved);
@@ -1335,8 +1390,6 @@ ri_status_t gw_remote_decode(gw_remote_t *r, uint32_t layer, const float *q, con
 ri_status_t gw_remote_reconnect(gw_remote_t *r, const char *addr, uint64_t session_id,
                                 const uint8_t secret[CM_WIRE_SECRET_SIZE], const kn_kv_view_t *kv)
 {
-    gw_dp_options_t dopt = {.timeout_ms = r ? r->p.timeout_ms : 0};
-    gw_dp_t *dp = NULL;
     uint32_t *zero;
     ri_status_t st;
 
@@ -1371,9 +1424,7 @@ ri_status_t gw_remote_reconnect(gw_remote_t *r, const char *addr, uint64_t sessi
         r->pages_uploaded = 0; /* a re-attach keeps what the kvstore still holds */
     r->err = RI_OK;
 
-    st = gw_dp_connect(addr, session_id, secret, &dopt, &dp);
-    if (st == RI_OK)
-        st = gw_io_start(dp, &r->io);
+    st = gw_remote_open(r, addr, session_id, secret);
     if (st != RI_OK) {
         cm_error("data plane of session %llu: cannot reconnect: %s", (unsigned long long)session_id, ri_status_str(st));
         r->err = st;

@@ -71,6 +71,10 @@ typedef struct gw_remote_params {
                                  late, and the fetch is applied when it lands.  0 = wait
                                  for every fetch (exact; RI_DEADLINE_US sets it).  A
                                  deadline makes fetches asynchronous. */
+    bool direct;              /* read retrieved clusters straight from the session's
+                                 region in the kvstore when it can be mapped here
+                                 (same host): no request per step (true; RI_DIRECT=0
+                                 keeps every read two-sided) */
 } gw_remote_params_t;
 
 void gw_remote_params_default(gw_remote_params_t *p);
@@ -98,6 +102,8 @@ typedef struct gw_remote_stats {
     uint64_t resident_bytes;   /* held now: block cache + receive buffer + meta index
                                   (centroids, value sums, sizes, offsets, permutation) */
     double upload_s;           /* io thread time in uploads */
+    uint64_t direct_steps;     /* layer-steps read wholly from the mapped region */
+    uint64_t direct_clusters;  /* retrieved clusters read there */
 } gw_remote_stats_t;
 
 typedef struct gw_remote gw_remote_t;

@@ -234,6 +234,7 @@ static void kvs_session_free_locked(kvs_data_t *data, kvs_session_t *s)
         kvs_pool_free(data->pool, s->extents[i].off, s->extents[i].bytes);
     for (uint32_t i = 0; i < KVS_MAX_CACHES_PER_SESSION; i++)
         kvs_wcache_free(data, s->caches[i]);
+    kvs_direct_free_locked(data, s);
     if (s->tables != NULL)
         for (uint64_t i = 0; i < (uint64_t)s->geo.layers * s->geo.kv_heads; i++)
             cm_free(s->tables[i].c);
@@ -682,6 +683,13 @@ void kvs_data_metrics_write(kvs_data_t *data, FILE *out)
     fprintf(out, "# HELP ri_kvs_dp_ops_total Data-plane requests, by op.\n# TYPE ri_kvs_dp_ops_total counter\n");
     for (uint32_t op = 1; op <= CM_WIRE_OP_MAX; op++)
         fprintf(out, "ri_kvs_dp_ops_total{op=\"%s\"} %" PRIu64 "\n", cm_wire_op_name(op), data->ops[op]);
+    fprintf(out, "# HELP ri_kvs_direct_regions Sessions with a direct region (workers read it themselves).\n"
+                 "# TYPE ri_kvs_direct_regions gauge\nri_kvs_direct_regions %" PRIu64 "\n"
+                 "# HELP ri_kvs_direct_bytes Bytes of the direct regions.\n"
+                 "# TYPE ri_kvs_direct_bytes gauge\nri_kvs_direct_bytes %" PRIu64 "\n"
+                 "# HELP ri_kvs_direct_reads_total Clusters workers read directly (their TOUCH records).\n"
+                 "# TYPE ri_kvs_direct_reads_total counter\nri_kvs_direct_reads_total %" PRIu64 "\n",
+            data->direct_regions, data->direct_bytes, data->direct_reads);
     fprintf(out, "# HELP ri_kvs_dp_errors_total Data-plane error replies, by kind.\n"
                  "# TYPE ri_kvs_dp_errors_total counter\n");
     for (int k = 0; k < KVS_ERRK_COUNT; k++)

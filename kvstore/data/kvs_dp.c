@@ -801,7 +801,8 @@ ri_status_t kvs_dp_rkey_unpack(kvs_dp_t *dp, void *conn, const void *buf, size_t
     return RI_OK;
 }
 
-ri_status_t kvs_dp_put(kvs_dp_t *dp, void *conn, void *rkey, const void *src, size_t len, uint64_t raddr)
+ri_status_t kvs_dp_put(kvs_dp_t *dp, void *conn, void *rkey, const void *src, size_t len, uint64_t raddr,
+                       void *memh)
 {
     kvs_conn_t *c = conn;
     ucp_request_param_t prm = {0};
@@ -809,8 +810,11 @@ ri_status_t kvs_dp_put(kvs_dp_t *dp, void *conn, void *rkey, const void *src, si
 
     if (c->failed)
         return RI_ERR_CONN_RESET;
-    prm.op_attr_mask = UCP_OP_ATTR_FIELD_MEMH;
-    prm.memh = dp->pool_memh;
+    (void)dp;
+    if (memh != NULL) {
+        prm.op_attr_mask = UCP_OP_ATTR_FIELD_MEMH;
+        prm.memh = memh;
+    }
     req = ucp_put_nbx(c->ep, src, len, raddr, rkey, &prm);
     if (UCS_PTR_IS_ERR(req))
         return kvs_dp_status(UCS_PTR_STATUS(req));

@@ -38,6 +38,7 @@ typedef struct kvs_cluster {
     uint32_t crc;            /* CRC32C of its pages as uploaded */
     uint64_t last_fetch_ns;  /* last time it was sent: coldness for spill */
     uint8_t tier;            /* KVS_TIER_* */
+    bool direct;             /* off is in the session's direct region, not the pool */
     bool no_crc;             /* recovered from disk: crc unknown, the spill record's CRC stands */
 } kvs_cluster_t;
 
@@ -64,6 +65,23 @@ typedef struct kvs_wcache {
     uint64_t charged;        /* directory bytes charged to the owner's tenant */
 } kvs_wcache_t;
 
+/* A session's direct region (kvs_direct.c): memory of its own, allocated
+ * through UCX (shared memory on one host), that its worker maps with the key
+ * MAP hands out and reads clusters from without our threads.  Clusters are
+ * carved from it front to back and never freed before it (it is not
+ * spillable: a worker may read any of it at any time), so it is freed whole
+ * with the session; a worker still mapping it keeps its own session's bytes. */
+typedef struct kvs_region {
+    uint8_t *base;               /* its memory */
+    uint64_t bytes;              /* length */
+    uint64_t used;               /* carved so far */
+    uint64_t hold_off;           /* pool extent held so the pool's budget counts it */
+    void *memh;                  /* ucp_mem_h (kvs_dp_region_alloc) */
+    uint8_t *rkey;               /* packed key (owned) */
+    size_t rkey_len;
+    uint64_t touches;            /* access records received (TOUCH) */
+} kvs_region_t;
+
 typedef struct kvs_session {
     uint64_t id;
     char tenant[KVS_TENANT_MAX];
@@ -79,6 +97,7 @@ typedef struct kvs_session {
     uint64_t disk_bytes;         /* payload bytes of its clusters in the spill store */
     kvs_table_t *tables;         /* layers * kv_heads, index layer*kv_heads+head */
     kvs_sextent_t *extents;      /* owned pool extents */
+    kvs_region_t *region;        /* direct region (owned), NULL until MAP */
     size_t n_extents, cap_extents;
     kvs_wcache_t *caches[KVS_MAX_CACHES_PER_SESSION]; /* NULL = free slot */
     uint32_t next_cache_id;
@@ -138,6 +157,7 @@ struct kvs_data {
     uint64_t spilled_clusters, spilled_bytes, spill_failures, lost_clusters;
     /* counters (under lock) */
     uint64_t fetches, cache_hits, cache_misses, bytes_sent, bytes_received;
+    uint64_t direct_regions, direct_bytes, direct_reads; /* live regions, their bytes, records */
     uint64_t errors[KVS_ERRK_COUNT];
     uint64_t ops[CM_WIRE_OP_MAX + 1];
     uint64_t lat_bucket[KVS_LAT_BUCKETS + 1]; /* fetch latency histogram (+Inf last) */
@@ -192,6 +212,28 @@ static inline uint64_t kvs_cluster_pages(const kvs_session_t *s, uint32_t tokens
 /* Give back `less` pool bytes charged to s (after a failed allocation). */
 void kvs_session_uncharge_locked(kvs_data_t *data, kvs_session_t *s, uint64_t less);
 
+/* Where a pool- or region-resident cluster's bytes are. */
+static inline uint8_t *kvs_cluster_data(kvs_data_t *data, const kvs_session_t *s, const kvs_cluster_t *c)
+{
+    return c->direct ? s->region->base + c->off : kvs_pool_base(data->pool) + c->off;
+}
+
+/* --- direct reads (kvs_direct.c) --- */
+
+/* MAP / LOCATE / TOUCH (common/cm_dp_direct.h); lock not held. */
+ri_status_t kvs_direct_map(kvs_data_t *data, kvs_session_t *s, const cm_wire_hdr_t *hdr, uint8_t **reply_p,
+                           size_t *reply_len_p);
+ri_status_t kvs_direct_locate(kvs_data_t *data, kvs_session_t *s, const cm_wire_hdr_t *hdr, const uint8_t *body,
+                              uint8_t **reply_p, size_t *reply_len_p);
+ri_status_t kvs_direct_touch(kvs_data_t *data, kvs_session_t *s, const cm_wire_hdr_t *hdr, const uint8_t *body);
+
+/* Carve bytes for an upload from s's region; false (nothing taken) when it
+ * has none or no room: the caller uses the pool.  Lock held. */
+bool kvs_direct_take_locked(kvs_session_t *s, uint64_t bytes, uint64_t *off_p);
+
+/* Free s's region (session free); lock held. */
+void kvs_direct_free_locked(kvs_data_t *data, kvs_session_t *s);
+
 /* --- op handlers (kvs_ops.c), called by the data-plane thread, lock not held --- */
 
 /* Serve one request whose header decoded and whose body (meta || data,
@@ -215,8 +257,21 @@ void kvs_ops_conn_closed(kvs_data_t *data, void *conn);
 /* Unpack a worker's rkey on conn (data-plane thread). */
 ri_status_t kvs_dp_rkey_unpack(kvs_dp_t *dp, void *conn, const void *buf, size_t len, void **rkey_p);
 
-/* Start a put of len bytes at src (inside the pool) to raddr on conn. */
-ri_status_t kvs_dp_put(kvs_dp_t *dp, void *conn, void *rkey, const void *src, size_t len, uint64_t raddr);
+/* Start a put of len bytes at src to raddr on conn; memh: src's
+ * registration (the pool's or a region's), NULL for other memory. */
+ri_status_t kvs_dp_put(kvs_dp_t *dp, void *conn, void *rkey, const void *src, size_t len, uint64_t raddr,
+                       void *memh);
+
+/* The pool's registration, for kvs_dp_put. */
+void *kvs_dp_pool_memh(kvs_dp_t *dp);
+
+/* Allocate a direct region of bytes through UCX (shared memory when the
+ * transports allow) and pack its key: fills base, bytes, memh, rkey,
+ * rkey_len of r.  Any thread. */
+ri_status_t kvs_dp_region_alloc(kvs_dp_t *dp, uint64_t bytes, kvs_region_t *r);
+
+/* Unmap a region made by kvs_dp_region_alloc (its key too); any thread. */
+void kvs_dp_region_free(kvs_dp_t *dp, kvs_region_t *r);
 
 /* Wait until every put started on conn completed (or failed): the one wait
  * on the peer left (over shared memory it needs nothing of the peer's CPU). */

@@ -116,7 +116,8 @@ static ri_status_t kvs_ops_upload(kvs_data_t *data, kvs_session_t *s, const cm_w
 {
     cm_dp_clusters_view_t v;
     uint64_t head_bytes[CM_DP_MAX_HEADS], head_off[CM_DP_MAX_HEADS], total = 0, charge = 0, k = 0;
-    bool seen[CM_DP_MAX_HEADS] = {false};
+    bool seen[CM_DP_MAX_HEADS] = {false}, in_region[CM_DP_MAX_HEADS] = {false};
+    uint64_t region_used0 = 0;
     const uint8_t *src = body + hdr->meta_len;
     uint32_t n_alloc = 0;
     uint8_t *reply;
@@ -179,11 +180,23 @@ static ri_status_t kvs_ops_upload(kvs_data_t *data, kvs_session_t *s, const cm_w
         pthread_mutex_unlock(&data->lock);
         goto done;
     }
+    /* Heads that fit go to the session's direct region (charged when it was
+     * made); the rest to the pool, charged now. */
+    region_used0 = s->region != NULL ? s->region->used : 0;
+    charge = 0;
+    for (uint32_t i = 0; i < v.n_heads; i++) {
+        in_region[i] = head_bytes[i] != 0 && kvs_direct_take_locked(s, head_bytes[i], &head_off[i]);
+        if (!in_region[i] && head_bytes[i] != 0)
+            charge += kvs_pool_round(head_bytes[i]);
+    }
     st = kvs_session_charge_locked(data, s, charge);
-    if (st != RI_OK)
+    if (st != RI_OK) {
+        if (s->region != NULL)
+            s->region->used = region_used0;
         goto err_unlock;
+    }
     for (n_alloc = 0; n_alloc < v.n_heads; n_alloc++) {
-        if (head_bytes[n_alloc] == 0)
+        if (head_bytes[n_alloc] == 0 || in_region[n_alloc])
             continue;
         st = kvs_pool_alloc(data->pool, head_bytes[n_alloc], &head_off[n_alloc]);
         if (st != RI_OK)
@@ -199,13 +212,17 @@ static ri_status_t kvs_ops_upload(kvs_data_t *data, kvs_session_t *s, const cm_w
         cm_dp_put32(reply + 12 + 8u * i, t->n);
         if (head_bytes[i] == 0)
             continue;
-        kvs_session_add_extent_locked(s, off, head_bytes[i]);
-        memcpy(kvs_pool_base(data->pool) + off, src, head_bytes[i]);
+        if (in_region[i]) {
+            memcpy(s->region->base + off, src, head_bytes[i]);
+        } else {
+            kvs_session_add_extent_locked(s, off, head_bytes[i]);
+            memcpy(kvs_pool_base(data->pool) + off, src, head_bytes[i]);
+        }
         for (uint32_t j = 0; j < n; j++, k++) {
             uint32_t tok = cm_dp_clusters_tokens(&v, k);
             uint64_t bytes = kvs_cluster_pages(s, tok) * s->page_bytes;
             t->c[t->n++] = (kvs_cluster_t){.off = off, .tokens = tok, .tier = KVS_TIER_POOL,
-                                           .crc = cm_crc32c(0, src, bytes)};
+                                           .direct = in_region[i], .crc = cm_crc32c(0, src, bytes)};
             off += bytes;
             src += bytes;
         }
@@ -222,9 +239,11 @@ done:
 
 err_free_extents:
     for (uint32_t i = 0; i < n_alloc; i++)
-        if (head_bytes[i] != 0)
+        if (head_bytes[i] != 0 && !in_region[i])
             kvs_pool_free(data->pool, head_off[i], head_bytes[i]);
     kvs_session_uncharge_locked(data, s, charge);
+    if (s->region != NULL)
+        s->region->used = region_used0;
 err_unlock:
     pthread_mutex_unlock(&data->lock);
     cm_free(reply);
@@ -315,6 +334,17 @@ static bool kvs_ops_in_pool(kvs_data_t *data, const uint8_t *src)
 {
     const uint8_t *base = kvs_pool_base(data->pool);
     return src >= base && src < base + kvs_pool_size(data->pool);
+}
+
+/* The registration src lies in: the pool's, the session's region's, or
+ * none (a spill read buffer: UCX registers it for the put). */
+static void *kvs_ops_src_memh(kvs_data_t *data, const kvs_session_t *s, const uint8_t *src)
+{
+    if (kvs_ops_in_pool(data, src))
+        return kvs_dp_pool_memh(data->dp);
+    if (s->region != NULL && src >= s->region->base && src < s->region->base + s->region->bytes)
+        return s->region->memh;
+    return NULL;
 }
 
 /* Everything a fetch decided, kept while its bytes move. */
@@ -416,7 +446,7 @@ static ri_status_t kvs_ops_fetch(kvs_data_t *data, void *conn, kvs_session_t *s,
             t->c[id].last_fetch_ns = t0; /* coldness, for a spill tier */
             p.reqs[k].key = kvs_cache_key(v.layer, head, id);
             p.reqs[k].pages = (uint32_t)kvs_cluster_pages(s, t->c[id].tokens);
-            p.src[k] = t->c[id].tier == KVS_TIER_POOL ? kvs_pool_base(data->pool) + t->c[id].off : NULL;
+            p.src[k] = t->c[id].tier == KVS_TIER_POOL ? kvs_cluster_data(data, s, &t->c[id]) : NULL;
             p.tokens[k] = t->c[id].tokens;
             total_pages += p.reqs[k].pages;
             if (!kvs_cache_contains(wc->dir, p.reqs[k].key)) {
@@ -546,8 +576,8 @@ static ri_status_t kvs_ops_fetch(kvs_data_t *data, void *conn, kvs_session_t *s,
         if (p.reqs[i].hit)
             continue;
         len = (size_t)p.reqs[i].pages * s->page_bytes;
-        st = kvs_dp_put(data->dp, conn, wc->rkey, p.src[i], len,
-                        wc->recv_addr + roff);
+        st = kvs_dp_put(data->dp, conn, wc->rkey, p.src[i], len, wc->recv_addr + roff,
+                        kvs_ops_src_memh(data, s, p.src[i]));
         roff += len;
     }
     uint64_t t_put = cm_time_ns();
@@ -638,6 +668,15 @@ ri_status_t kvs_ops_serve(kvs_data_t *data, void *conn, const cm_wire_hdr_t *hdr
         break;
     case CM_WIRE_OP_PING:
         st = hdr->meta_len == 0 && hdr->data_len == 0 ? RI_OK : RI_ERR_PROTOCOL;
+        break;
+    case CM_WIRE_OP_MAP:
+        st = kvs_direct_map(data, s, hdr, reply_p, reply_len_p);
+        break;
+    case CM_WIRE_OP_LOCATE:
+        st = kvs_direct_locate(data, s, hdr, body, reply_p, reply_len_p);
+        break;
+    case CM_WIRE_OP_TOUCH:
+        st = kvs_direct_touch(data, s, hdr, body);
         break;
     default:
         st = RI_ERR_PROTOCOL;

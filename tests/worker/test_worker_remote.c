@@ -8,6 +8,12 @@
  * counted late, no step waits longer than the deadline (plus scheduling
  * slack), the late answers are applied later without error, and the output
  * error against the in-process decode is reported.
+ *
+ * Two remotes decode side by side: one reading the kvstore's region directly
+ * (the default on one host) and one two-sided (direct = false), which the
+ * cache and deadline tests use.  Direct reads must carry the steps once the
+ * clusters are located, and the kvstore must hear of them (TOUCH records in
+ * its metrics).
  */
 #include <math.h>
 #include <setjmp.h>
@@ -16,6 +22,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include <cmocka.h>
 
@@ -34,7 +41,9 @@
 typedef struct fx {
     wk_env_t env;
     gw_ctl_session_t sess;
-    gw_remote_t *r;
+    gw_ctl_session_t sess2;
+    gw_remote_t *r;          /* direct reads */
+    gw_remote_t *r2;         /* two-sided */
     kn_wave_t *w[NL];
     cm_fp16_t *k[NL], *v[NL];
     size_t n;
@@ -63,9 +72,17 @@ static int fx_setup_common(void **state, uint32_t update_tokens, uint32_t update
     f->p.wave.update_tokens = update_tokens;
     f->p.wave.update_clusters = update_clusters;
     f->p.timeout_ms = 5000;
+    f->p.direct = true;
     if (gw_remote_create(f->sess.dataplane_address, f->sess.session_id, f->sess.secret, &f->shape, NL, &f->p,
                          &f->r) != RI_OK)
         return -1;
+    gw_remote_params_t p2 = f->p;
+    p2.direct = false;
+    if (wk_env_session(&f->env, NL, NKV, D, &f->sess2) != 0 ||
+        gw_remote_create(f->sess2.dataplane_address, f->sess2.session_id, f->sess2.secret, &f->shape, NL, &p2,
+                         &f->r2) != RI_OK)
+        return -1;
+    f->p.direct = false; /* what the later remotes of the tests use */
     f->n = N0;
     for (uint32_t l = 0; l < NL; l++) {
         f->k[l] = calloc((size_t)NKV * CAP * D, sizeof(cm_fp16_t));
@@ -74,10 +91,11 @@ static int fx_setup_common(void **state, uint32_t update_tokens, uint32_t update
         if (kn_wave_create(&f->shape, &f->p.wave, &f->w[l]) != RI_OK)
             return -1;
         kn_kv_view_t kv = fx_view(f, l);
-        if (kn_wave_build(f->w[l], &kv) != RI_OK || gw_remote_build(f->r, l, &kv) != RI_OK)
+        if (kn_wave_build(f->w[l], &kv) != RI_OK || gw_remote_build(f->r, l, &kv) != RI_OK ||
+            gw_remote_build(f->r2, l, &kv) != RI_OK)
             return -1;
     }
-    return gw_remote_sync(f->r) == RI_OK ? 0 : -1;
+    return gw_remote_sync(f->r) == RI_OK && gw_remote_sync(f->r2) == RI_OK ? 0 : -1;
 }
 
 static int fx_setup(void **state)
@@ -91,6 +109,7 @@ static int fx_teardown(void **state)
     if (f == NULL)
         return 0;
     gw_remote_destroy(f->r);
+    gw_remote_destroy(f->r2);
     for (uint32_t l = 0; l < NL; l++) {
         kn_wave_destroy(f->w[l]);
         free(f->k[l]);
@@ -125,40 +144,90 @@ static void test_index_matches(void **state)
 static void test_remote_equals_inprocess(void **state)
 {
     fx_t *f = *state;
-    float q[NQ * D], o1[NQ * D], o2[NQ * D], l1[NQ], l2[NQ];
-    double worst = 0;
+    float q[NQ * D], o1[NQ * D], o2[NQ * D], o3[NQ * D], l1[NQ], l2[NQ], l3[NQ];
+    double worst = 0, worst2 = 0;
     int updates = 0;
 
     for (int step = 0; step < 300; step++) {
         f->n++; /* the new token's K/V is already in the arrays */
         for (uint32_t l = 0; l < NL; l++) {
             kn_kv_view_t kv = fx_view(f, l);
-            bool u1 = false, u2 = false;
+            bool u1 = false, u2 = false, u3 = false;
             assert_int_equal(kn_wave_update(f->w[l], &kv, &u1), RI_OK);
             assert_int_equal(gw_remote_update(f->r, l, &kv, &u2), RI_OK);
+            assert_int_equal(gw_remote_update(f->r2, l, &kv, &u3), RI_OK);
             assert_int_equal(u1, u2);
+            assert_int_equal(u1, u3);
             updates += u1;
             wk_synth_q(q, NQ, D, (uint64_t)step * NL + l);
             assert_int_equal(kn_wave_decode(f->w[l], q, &kv, o1, l1, NULL), RI_OK);
             assert_int_equal(gw_remote_decode(f->r, l, q, &kv, o2, l2), RI_OK);
-            double e = wk_rel_err(o2, o1, NQ, D);
+            assert_int_equal(gw_remote_decode(f->r2, l, q, &kv, o3, l3), RI_OK);
+            double e = wk_rel_err(o2, o1, NQ, D), e2 = wk_rel_err(o3, o1, NQ, D);
             if (e > worst)
                 worst = e;
+            if (e2 > worst2)
+                worst2 = e2;
             if (e > 0 && getenv("WK_DEBUG"))
                 printf("step %d layer %u: rel err %.3g (updates so far %d)\n", step, l, e, updates);
-            for (uint32_t i = 0; i < NQ; i++)
+            for (uint32_t i = 0; i < NQ; i++) {
                 assert_true(l2[i] - l1[i] < 1e-4 && l1[i] - l2[i] < 1e-4);
+                assert_true(l3[i] - l1[i] < 1e-4 && l1[i] - l3[i] < 1e-4);
+            }
         }
     }
-    gw_remote_stats_t st;
+    gw_remote_stats_t st, st2;
     gw_remote_stats(f->r, &st);
-    printf("remote vs in-process: worst rel err %.3g over %d layer-steps, %d updates; hits %llu misses %llu, "
-           "%llu fetched bytes, cache %u pages, %.1f us waiting per fetch\n",
-           worst, 300 * NL, updates, (unsigned long long)st.hits, (unsigned long long)st.misses,
-           (unsigned long long)st.fetched_bytes, st.cache_pages, st.fetch_wait_s * 1e6 / (double)(st.fetches ? st.fetches : 1));
+    gw_remote_stats(f->r2, &st2);
+    printf("direct vs in-process: worst rel err %.3g over %d layer-steps, %d updates; %llu of %llu steps direct "
+           "(%llu clusters), %llu fetches\n",
+           worst, 300 * NL, updates, (unsigned long long)st.direct_steps, (unsigned long long)st.steps,
+           (unsigned long long)st.direct_clusters, (unsigned long long)st.fetches);
+    printf("two-sided vs in-process: worst rel err %.3g; hits %llu misses %llu, %llu fetched bytes, cache %u pages, "
+           "%.1f us waiting per fetch\n",
+           worst2, (unsigned long long)st2.hits, (unsigned long long)st2.misses, (unsigned long long)st2.fetched_bytes,
+           st2.cache_pages, st2.fetch_wait_s * 1e6 / (double)(st2.fetches ? st2.fetches : 1));
     assert_true(updates >= NL);   /* APPEND_CLUSTERS was exercised */
     assert_true(worst <= 1e-6);
+    assert_true(worst2 <= 1e-6);
+    /* Direct reads carry the steps; a step falls back to a fetch only while
+     * an update's clusters are not located yet. */
+    assert_true(st.direct_steps * 10 >= st.steps * 9);
+    assert_true(st.direct_clusters > 0);
+    assert_int_equal(st2.direct_steps, 0);
+    assert_true(st2.fetches > 0);
     assert_int_equal(gw_remote_error(f->r), RI_OK);
+    assert_int_equal(gw_remote_error(f->r2), RI_OK);
+}
+
+/* The kvstore hears of the direct reads: TOUCH records, once flushed (at
+ * the latest when the remote goes away), show in its metrics. */
+static void test_direct_reads_reported(void **state)
+{
+    fx_t *f = *state;
+    char body[65536];
+    const char *line;
+    unsigned long long reads = 0;
+    gw_remote_stats_t st;
+
+    if (f->env.daemon.metrics[0] == '\0')
+        skip();
+    gw_remote_stats(f->r, &st);
+    gw_remote_destroy(f->r); /* flushes the records still held */
+    f->r = NULL;
+    for (int i = 0; i < 50; i++) {
+        assert_int_equal(kvs_test_http_get(f->env.daemon.metrics, "/metrics", body, sizeof(body)), 200);
+        line = strstr(body, "\nri_kvs_direct_reads_total ");
+        assert_non_null(line);
+        reads = strtoull(line + strlen("\nri_kvs_direct_reads_total "), NULL, 10);
+        if (reads >= st.direct_clusters)
+            break;
+        usleep(20000);
+    }
+    printf("direct reads: the worker made %llu, the kvstore heard of %llu\n", (unsigned long long)st.direct_clusters,
+           reads);
+    assert_true(st.direct_clusters > 0);
+    assert_int_equal(reads, st.direct_clusters);
 }
 
 /* Every cluster retrieved, nothing estimated: full attention. */
@@ -173,7 +242,7 @@ static void test_all_clusters_is_full(void **state)
             kn_kv_view_t kv = fx_view(f, l);
             wk_synth_q(q, NQ, D, 1000 + (uint64_t)step);
             assert_int_equal(kn_attn_decode(NULL, &f->shape, 1, q, &kv, o_full, NULL), RI_OK);
-            assert_int_equal(gw_remote_decode_budget(f->r, l, q, &kv, UINT32_MAX - 1, 0, o_rem, NULL), RI_OK);
+            assert_int_equal(gw_remote_decode_budget(f->r2, l, q, &kv, UINT32_MAX - 1, 0, o_rem, NULL), RI_OK);
             assert_int_equal(kn_wave_decode_budget(f->w[l], q, &kv, UINT32_MAX - 1, 0, o_wave, NULL, NULL), RI_OK);
             double e = wk_rel_err(o_rem, o_full, NQ, D), e2 = wk_rel_err(o_rem, o_wave, NQ, D);
             worst_full = e > worst_full ? e : worst_full;
@@ -199,16 +268,16 @@ static void test_hit_ratio_repeating(void **state)
 
     for (int step = 0; step < 60; step++) {
         if (step == 12)
-            gw_remote_stats(f->r, &s0);
+            gw_remote_stats(f->r2, &s0);
         for (uint32_t l = 0; l < NL; l++) {
             kn_kv_view_t kv = fx_view(f, l);
             wk_synth_q(noise, NQ, D, 7000 + (uint64_t)step);
             for (size_t i = 0; i < NQ * D; i++)
                 q[i] = base[l][i] + 0.02f * noise[i];
-            assert_int_equal(gw_remote_decode(f->r, l, q, &kv, o, NULL), RI_OK);
+            assert_int_equal(gw_remote_decode(f->r2, l, q, &kv, o, NULL), RI_OK);
         }
     }
-    gw_remote_stats(f->r, &s1);
+    gw_remote_stats(f->r2, &s1);
     uint64_t h = s1.hits - s0.hits, m = s1.misses - s0.misses;
     double ratio = (double)h / (double)(h + m);
     printf("repeating queries: hit ratio %.3f after warm-up (%llu hits, %llu misses), cache %u pages\n", ratio,
@@ -278,6 +347,7 @@ int main(void)
         cmocka_unit_test(test_hit_ratio_repeating),
         cmocka_unit_test(test_all_clusters_is_full),
         cmocka_unit_test(test_deadline_late),
+        cmocka_unit_test(test_direct_reads_reported),
     };
     return cmocka_run_group_tests(tests, fx_setup, fx_teardown);
 }

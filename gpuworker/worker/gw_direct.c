@@ -1,0 +1,170 @@
+/* Direct reads, the worker's side (gw_direct.h). */
+#include "gpuworker/worker/gw_direct.h"
+
+#include <string.h>
+
+#include "common/cm_alloc.h"
+#include "common/cm_dp_direct.h"
+#include "common/cm_log.h"
+
+static CM_ALLOC_TAG(gw_direct_tag, "gw.direct");
+
+/* Records per TOUCH: a few steps' worth, so the kvstore gets a message every
+ * few tokens rather than one per layer-step. */
+#define GW_TOUCH_BATCH 4096u
+
+struct gw_direct {
+    uint8_t *base;           /* the region, mapped (owned by the connection) */
+    uint64_t bytes;
+    size_t page_bytes;
+    uint32_t n_layers, n_kv;
+    uint64_t **off;          /* [layer * n_kv + head] -> per kvstore id: offset or CM_DP_NOT_DIRECT */
+    uint32_t *cap;           /* entries allocated per table */
+    uint32_t *recs;          /* pending access records, 3 u32 each */
+    uint32_t n_recs;
+    uint64_t reads;
+};
+
+ri_status_t gw_direct_open(gw_dp_t *dp, uint32_t n_layers, uint32_t n_kv, size_t page_bytes, gw_direct_t **d_p)
+{
+    gw_direct_t *d;
+    ri_status_t st;
+
+    *d_p = NULL;
+    d = cm_calloc(&gw_direct_tag, 1, sizeof(*d));
+    if (d == NULL)
+        return RI_ERR_NOMEM;
+    d->n_layers = n_layers;
+    d->n_kv = n_kv;
+    d->page_bytes = page_bytes;
+    d->off = cm_calloc(&gw_direct_tag, (size_t)n_layers * n_kv, sizeof(*d->off));
+    d->cap = cm_calloc(&gw_direct_tag, (size_t)n_layers * n_kv, sizeof(*d->cap));
+    d->recs = cm_malloc(&gw_direct_tag, 3u * GW_TOUCH_BATCH * sizeof(uint32_t));
+    if (d->off == NULL || d->cap == NULL || d->recs == NULL) {
+        gw_direct_close(d);
+        return RI_ERR_NOMEM;
+    }
+    st = gw_dp_map(dp, &d->base, &d->bytes);
+    if (st != RI_OK) {
+        gw_direct_close(d);
+        return st;
+    }
+    *d_p = d;
+    return RI_OK;
+}
+
+void gw_direct_close(gw_direct_t *d)
+{
+    if (d == NULL)
+        return;
+    for (size_t i = 0; d->off != NULL && i < (size_t)d->n_layers * d->n_kv; i++)
+        cm_free(d->off[i]);
+    cm_free(d->off);
+    cm_free(d->cap);
+    cm_free(d->recs);
+    cm_free(d);
+}
+
+/* Make room for ids [0, want) of table t; new entries not located. */
+static ri_status_t gw_direct_reserve(gw_direct_t *d, size_t t, uint64_t want)
+{
+    uint64_t *n;
+    uint32_t cap = d->cap[t] ? d->cap[t] : 256;
+
+    if (want <= d->cap[t])
+        return RI_OK;
+    if (want > UINT32_MAX / 2)
+        return RI_ERR_RANGE;
+    while (cap < want)
+        cap *= 2;
+    n = cm_realloc(&gw_direct_tag, d->off[t], (size_t)cap * sizeof(uint64_t));
+    if (n == NULL)
+        return RI_ERR_NOMEM;
+    for (uint32_t i = d->cap[t]; i < cap; i++)
+        n[i] = CM_DP_NOT_DIRECT;
+    d->off[t] = n;
+    d->cap[t] = cap;
+    return RI_OK;
+}
+
+ri_status_t gw_direct_apply(gw_direct_t *d, gw_io_t *io)
+{
+    gw_io_job_t *job = gw_io_take_located(io);
+    ri_status_t st = RI_OK;
+
+    while (job != NULL) {
+        gw_io_job_t *next = job->next;
+        uint64_t k = 0;
+        for (uint32_t i = 0; st == RI_OK && i < job->n_heads; i++) {
+            size_t t = (size_t)job->layer * d->n_kv + job->heads[i];
+            uint64_t first = job->expect_first[i];
+            if (job->layer >= d->n_layers || job->heads[i] >= d->n_kv) {
+                st = RI_ERR_INTERNAL;
+                break;
+            }
+            st = gw_direct_reserve(d, t, first + job->counts[i]);
+            for (uint32_t c = 0; st == RI_OK && c < job->counts[i]; c++, k++)
+                d->off[t][first + c] = job->offs[k];
+        }
+        gw_io_job_free(job);
+        job = next;
+    }
+    return st;
+}
+
+const uint8_t *gw_direct_pages(const gw_direct_t *d, uint32_t layer, uint32_t head, uint32_t id, uint32_t n_pages)
+{
+    size_t t;
+    uint64_t off, len;
+
+    if (d == NULL)
+        return NULL;
+    t = (size_t)layer * d->n_kv + head;
+    if (id >= d->cap[t])
+        return NULL;
+    off = d->off[t][id];
+    len = (uint64_t)n_pages * d->page_bytes;
+    /* The kvstore says where; we still keep every read inside the mapping. */
+    if (off == CM_DP_NOT_DIRECT || off > d->bytes || len > d->bytes - off)
+        return NULL;
+    return d->base + off;
+}
+
+void gw_direct_flush(gw_direct_t *d, gw_io_t *io)
+{
+    gw_io_job_t *job;
+
+    if (d == NULL || d->n_recs == 0)
+        return;
+    job = cm_calloc(&gw_direct_tag, 1, sizeof(*job));
+    if (job == NULL)
+        return; /* the records are advisory: dropped under memory pressure */
+    job->kind = GW_IO_TOUCH;
+    job->recs = d->recs;
+    job->n_recs = d->n_recs;
+    d->recs = cm_malloc(&gw_direct_tag, 3u * GW_TOUCH_BATCH * sizeof(uint32_t));
+    d->n_recs = 0;
+    if (d->recs == NULL) {
+        d->recs = job->recs; /* keep ours, drop this batch */
+        job->recs = NULL;
+        gw_io_job_free(job);
+        return;
+    }
+    gw_io_submit(io, job); /* detached: the io thread frees it */
+}
+
+void gw_direct_touch(gw_direct_t *d, gw_io_t *io, uint32_t layer, uint32_t head, uint32_t id)
+{
+    uint32_t *r = d->recs + 3u * d->n_recs;
+    r[0] = layer;
+    r[1] = head;
+    r[2] = id;
+    d->reads++;
+    if (++d->n_recs == GW_TOUCH_BATCH)
+        gw_direct_flush(d, io);
+}
+
+uint64_t gw_direct_reads(const gw_direct_t *d)
+{
+    return d != NULL ? d->reads : 0;
+}

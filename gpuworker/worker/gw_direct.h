@@ -1,0 +1,48 @@
+/*
+ * Direct reads, the worker's side (docs/worker.md, "The data path"): the
+ * kvstore's region for our session mapped into this process, where each
+ * uploaded cluster lies in it, and the access records owed to the kvstore.
+ * A step whose retrieved clusters are all located reads their pages straight
+ * from the mapping: no request, no thread of the kvstore's, no wait.  The
+ * kvstore learns what was read afterwards, in TOUCH batches sent by the io
+ * thread (it keeps the coldness; nothing waits for the answer).
+ *
+ * Owned by one gw_remote_t and used from its owner's thread only; the io
+ * thread fills offsets into UPLOAD jobs that gw_direct_apply then records.
+ */
+#ifndef GW_DIRECT_H
+#define GW_DIRECT_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "gpuworker/worker/gw_io.h"
+#include "retroinfer/status.h"
+
+typedef struct gw_direct gw_direct_t;
+
+/* MAP on dp (before the io thread owns it).  RI_ERR_UNSUPPORTED: no region
+ * to be had (another host, a kvstore with a spill tier): *d_p = NULL and the
+ * connection stays two-sided.  page_bytes: bytes of one page. */
+ri_status_t gw_direct_open(gw_dp_t *dp, uint32_t n_layers, uint32_t n_kv, size_t page_bytes, gw_direct_t **d_p);
+
+/* NULL-safe.  The mapping itself goes with the connection (gw_dp_close). */
+void gw_direct_close(gw_direct_t *d);
+
+/* Record the offsets of every located upload the io thread finished. */
+ri_status_t gw_direct_apply(gw_direct_t *d, gw_io_t *io);
+
+/* The first page of cluster `id` (kvstore id) of (layer, head), n_pages long,
+ * when it is located and inside the region; else NULL (fetch it). */
+const uint8_t *gw_direct_pages(const gw_direct_t *d, uint32_t layer, uint32_t head, uint32_t id, uint32_t n_pages);
+
+/* Note that the cluster was read; a full batch goes to the io thread. */
+void gw_direct_touch(gw_direct_t *d, gw_io_t *io, uint32_t layer, uint32_t head, uint32_t id);
+
+/* Send the records still held (at the end of a sequence). */
+void gw_direct_flush(gw_direct_t *d, gw_io_t *io);
+
+/* Clusters read directly so far. */
+uint64_t gw_direct_reads(const gw_direct_t *d);
+
+#endif /* GW_DIRECT_H */
