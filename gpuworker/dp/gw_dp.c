@@ -447,7 +447,7 @@ void gw_dp_close(gw_dp_t *dp)
     cm_free(dp);
 }
 
-ri_status_t gw_dp_map(gw_dp_t *dp, uint8_t **local_p, uint64_t *bytes_p)
+ri_status_t gw_dp_map(gw_dp_t *dp, uint8_t **local_p, uint64_t *bytes_p, uint64_t *remote_p)
 {
     cm_dp_map_t m;
     ucp_rkey_h rkey = NULL;
@@ -473,7 +473,33 @@ ri_status_t gw_dp_map(gw_dp_t *dp, uint8_t **local_p, uint64_t *bytes_p)
     dp->direct_rkey = rkey;
     *local_p = local;
     *bytes_p = m.bytes;
+    if (remote_p != NULL)
+        *remote_p = m.base;
     return RI_OK;
+}
+
+ri_status_t gw_dp_direct_get(gw_dp_t *dp, uint64_t raddr, void *buf, size_t len)
+{
+    ucp_request_param_t prm = {0};
+    ucs_status_t s;
+    void *req;
+
+    if (dp == NULL || dp->direct_rkey == NULL || buf == NULL || len == 0)
+        return RI_ERR_INVALID;
+    req = ucp_get_nbx(dp->ep, buf, len, raddr, dp->direct_rkey, &prm);
+    if (UCS_PTR_IS_ERR(req))
+        return gw_dp_status(UCS_PTR_STATUS(req));
+    if (req == NULL)
+        return RI_OK;
+    uint64_t deadline = cm_time_ns() + (uint64_t)dp->timeout_ms * 1000000u;
+    while ((s = ucp_request_check_status(req)) == UCS_INPROGRESS && cm_time_ns() < deadline)
+        ucp_worker_progress(dp->worker);
+    if (s == UCS_INPROGRESS) {
+        ucp_request_cancel(dp->worker, req);
+        s = UCS_ERR_TIMED_OUT;
+    }
+    ucp_request_free(req);
+    return gw_dp_status(s);
 }
 
 ri_status_t gw_dp_locate(gw_dp_t *dp, uint32_t layer, uint32_t head, uint32_t first, uint32_t count,
