@@ -38,6 +38,7 @@
 #include "common/cm_log.h"
 #include "common/cm_status.h"
 #include "common/cm_time.h"
+#include "gpuworker/model/mdl_kv_mem.h"
 #include "gpuworker/model/mdl_model.h"
 #include "gpuworker/model/mdl_sample.h"
 #include "gpuworker/worker/gw_attn_remote.h"
@@ -160,14 +161,17 @@ static void e2e_case_report(bn_report_t *rep, const e2e_case_t *c, size_t ctx, u
     cJSON_AddNumberToObject(row, "decode_tok_s_p90", (double)c->batch / p10);
     cJSON_AddNumberToObject(row, "first_step_ms", c->first_s * 1e3);
     cJSON_AddNumberToObject(row, "e2e_tok_s", e2e_tok_s);
-    /* Worker memory per sequence: the engine's K/V of its tokens (our model
-     * runtime keeps all of it, in every mode), plus what the remote backend
-     * holds (block cache, receive buffer, meta index); against the sequence's
-     * whole K/V, which the kvstore holds. */
+    /* Worker memory per sequence: the engine's K/V arrays as far as they are
+     * resident (the kernel's page table: the remote backend gives back what
+     * the kvstore holds), plus what the remote backend holds (block cache,
+     * receive buffer, meta index: its allocator's count); against the
+     * sequence's whole K/V. */
     const mdl_kv_t *kvc = mdl_seq_kv(c->seqs[0]);
     double full_kv = (double)mdl_seq_len(c->seqs[0]) * kvc->geom.n_layers * kvc->geom.n_kv_heads *
                      kvc->geom.head_dim * 2.0 * sizeof(cm_fp16_t);
-    double worker_kv = full_kv;
+    double engine_kv = (double)mdl_kv_resident_bytes(kvc);
+    double worker_kv = engine_kv;
+    cJSON_AddNumberToObject(row, "engine_kv_resident_bytes", engine_kv);
     double hr = 0, fb = 0;
     if (c->remote) {
         gw_attn_remote_totals_t t;
@@ -177,6 +181,8 @@ static void e2e_case_report(bn_report_t *rep, const e2e_case_t *c, size_t ctx, u
         cJSON_AddNumberToObject(row, "hit_ratio", hr);
         cJSON_AddNumberToObject(row, "fetched_bytes_per_token", fb);
         cJSON_AddNumberToObject(row, "fetch_wait_s_per_token", t.fetch_wait_s / (double)(c->batch * c->n_steps));
+        /* what one layer-step waited for its fetch: the link's latency as the decode sees it */
+        cJSON_AddNumberToObject(row, "fetch_wait_ms_per_layer_step", t.steps ? t.fetch_wait_s * 1e3 / (double)t.steps : 0);
         cJSON_AddNumberToObject(row, "late_clusters_per_token", (double)t.late_clusters / (double)(c->batch * c->n_steps));
         worker_kv += (double)t.resident_bytes / (double)c->batch;
         cJSON_AddNumberToObject(row, "remote_resident_bytes", (double)t.resident_bytes / (double)c->batch);

@@ -19,6 +19,7 @@
 #include "common/cm_thread.h"
 #include "common/cm_time.h"
 #include "kernels/kn_ops.h"
+#include "gpuworker/model/mdl_kv_mem.h"
 #include "retroinfer/retroinfer.h"
 
 static CM_ALLOC_TAG(gw_attn_tag, "gw.attn.remote");
@@ -44,7 +45,27 @@ typedef struct gw_attn {
     ri_session_stats_t last;  /* counters already added to the totals */
     bool compare;
     float *full;              /* [n_heads][d] exact output (compare) */
+    bool release;             /* give back each layer's K/V once in the kvstore */
+    size_t *released;         /* [n_layers] tokens [sink, released[l]) given back */
 } gw_attn_t;
+
+/* Give back the tokens of layer the library no longer reads: they are in
+ * the kvstore (ri_session_indexed_end).  Not with compare_full, whose exact
+ * pass reads every token. */
+static void gw_attn_release(gw_attn_t *a, uint32_t layer)
+{
+    size_t end = 0, from;
+    if (!a->release || ri_session_indexed_end(a->sess, layer, &end) != RI_OK)
+        return;
+    from = CM_MAX(a->released[layer], (size_t)a->cfg.sink_tokens);
+    if (end <= from)
+        return;
+    uint64_t b = mdl_kv_release(a->kv, layer, from, end);
+    a->released[layer] = end;
+    pthread_mutex_lock(&gw_g.lock);
+    gw_g.tot.released_bytes += b;
+    pthread_mutex_unlock(&gw_g.lock);
+}
 
 static ri_kv_view_t gw_attn_view(const mdl_kv_t *kv, uint32_t layer, size_t n)
 {
@@ -86,6 +107,7 @@ static void gw_attn_destroy(void *state)
         ri_session_close(a->sess);
     }
     cm_free(a->full);
+    cm_free(a->released);
     pthread_mutex_lock(&gw_g.lock);
     gw_g.live--;
     gw_g.tot.resident_bytes -= CM_MIN(gw_g.tot.resident_bytes, a->last.resident_bytes); /* no longer held */
@@ -119,6 +141,12 @@ static ri_status_t gw_attn_create(const mdl_attn_cfg_t *cfg, mdl_kv_t *kv, void 
     a->kv = kv;
     a->cfg = *cfg;
     a->compare = compare;
+    a->release = !compare && (getenv("RI_KEEP_KV") == NULL || atoi(getenv("RI_KEEP_KV")) == 0);
+    a->released = cm_calloc(&gw_attn_tag, kv->geom.n_layers, sizeof(size_t));
+    if (a->released == NULL) {
+        st = RI_ERR_NOMEM;
+        goto err;
+    }
     a->last.struct_size = sizeof(a->last);
     if (compare) {
         a->full = cm_malloc(&gw_attn_tag, (size_t)kv->geom.n_heads * kv->geom.head_dim * sizeof(float));
@@ -172,6 +200,8 @@ static ri_status_t gw_attn_prefill_end(void *state, uint32_t layer)
     ri_status_t st = ri_prefill(a->sess, layer, &v);
     if (st != RI_OK)
         cm_error("attention backend %s: %s", GW_ATTN_REMOTE_NAME, ri_last_error());
+    else
+        gw_attn_release(a, layer); /* packed for upload already: the layer's retrieval zone goes */
     return st;
 }
 
@@ -179,8 +209,22 @@ static ri_status_t gw_attn_prefill_end(void *state, uint32_t layer)
 static ri_status_t gw_attn_recover(gw_attn_t *a)
 {
     uint32_t nl = a->kv->geom.n_layers;
-    ri_kv_view_t *views = cm_malloc(&gw_attn_tag, nl * sizeof(*views));
+    ri_kv_view_t *views;
     ri_status_t st;
+    bool gone = false;
+    for (uint32_t l = 0; l < nl; l++)
+        gone = gone || a->released[l] > 0;
+    if (gone) {
+        /* Our copy of the indexed tokens is gone: re-attach, or tell the
+         * caller to rebuild the sequence from its token ids (RI_ERR_LOST). */
+        st = ri_session_recover(a->sess, NULL);
+        if (st == RI_OK)
+            cm_warn("attention backend %s: re-attached to the recovered kvstore session", GW_ATTN_REMOTE_NAME);
+        else
+            cm_error("attention backend %s: %s", GW_ATTN_REMOTE_NAME, ri_last_error());
+        return st;
+    }
+    views = cm_malloc(&gw_attn_tag, nl * sizeof(*views));
     if (views == NULL)
         return RI_ERR_NOMEM;
     /* kv->len tokens are complete in every layer: they cover every index. */
@@ -234,6 +278,8 @@ static ri_status_t gw_attn_decode(void *state, uint32_t layer, size_t pos, const
             st = ri_decode(&a->sess, 1, layer, q, &v, out);
     }
     a->st.decode_steps++;
+    if (st == RI_OK)
+        gw_attn_release(a, layer); /* an update may have moved the indexed end */
     gw_attn_account(a);
     if (st != RI_OK) {
         pthread_mutex_lock(&gw_g.lock);

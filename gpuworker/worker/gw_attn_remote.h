@@ -12,11 +12,19 @@
  * creating sequences, plus its own name, keeps the model runtime unaware of
  * the kvstore.  ri-worker maps --kvstore ADDR to this backend.
  *
+ * Memory: once a layer's tokens are clustered and uploaded (prefill, then
+ * every update), the sequence's K/V pages holding them are given back to
+ * the system (mdl_kv_release): the worker keeps the steady zone, the block
+ * cache and the meta index.  compare_full keeps everything (its exact pass
+ * reads every token), and so does RI_KEEP_KV=1.
+ *
  * Failure: when a decode step finds the kvstore gone (connection reset or no
- * answer within timeout_ms), the backend tries once to re-create and re-fill
- * the session from the sequence's own K/V (kept whole in host memory by the
- * model runtime) and repeats the step; when that fails too, decode returns
- * the error, the sequence is lost to the caller and the process carries on.
+ * answer within timeout_ms), the backend tries once to recover and repeats
+ * the step: with the K/V given back, only by re-attaching to the session a
+ * restarted kvstore recovered (--recover), else decode returns RI_ERR_LOST
+ * and the caller rebuilds the sequence by prefilling its tokens again (the
+ * HTTP service does); with the K/V kept, by re-creating and re-filling the
+ * session from it.
  */
 #ifndef GW_ATTN_REMOTE_H
 #define GW_ATTN_REMOTE_H
@@ -67,6 +75,7 @@ typedef struct gw_attn_remote_totals {
     uint64_t late_clusters;    /* retrieved clusters estimated because they were late */
     uint64_t resident_bytes;   /* now, over live sequences: block caches, receive buffers, meta indexes */
     double compare_s;          /* time spent on the compare_full exact pass */
+    uint64_t released_bytes;   /* engine K/V given back once in the kvstore (mdl_kv_release) */
     /* compare_full: relative L2 error of each query head's output vs exact */
     uint64_t n_err;            /* (layer, head, step) samples */
     double err_median, err_p90, err_p99, err_max;

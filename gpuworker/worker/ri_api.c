@@ -421,7 +421,7 @@ ri_status_t ri_session_recover(ri_session_h s, const ri_kv_view_t *kv)
     ri_status_t st;
 
     ri_err_clear();
-    if (s == NULL || kv == NULL)
+    if (s == NULL)
         return RI_ERR_INVALID;
     /* A daemon up for longer than our session is the one that holds it (a
      * network failure, not a restart): its old session is dropped below.  A
@@ -434,6 +434,12 @@ ri_status_t ri_session_recover(ri_session_h s, const ri_kv_view_t *kv)
         s->recoveries++;
         s->reattached++;
         return RI_OK;
+    }
+    if (kv == NULL) {
+        /* The engine no longer has the K/V to re-fill from: it rebuilds. */
+        ri_err_set("kvstore %s: session %llu is not recoverable (no re-attach possible); re-prefill it",
+                   s->client->address, (unsigned long long)s->session_id);
+        return RI_ERR_LOST;
     }
     views = cm_malloc(&ri_api_tag, s->p.n_layers * sizeof(*views));
     if (views == NULL)
@@ -461,6 +467,14 @@ ri_status_t ri_session_recover(ri_session_h s, const ri_kv_view_t *kv)
     if (old != 0 && same_daemon)
         (void)gw_ctl_drop_session(s->client->ctl, 1000, old, NULL, NULL);
     s->recoveries++;
+    return RI_OK;
+}
+
+ri_status_t ri_session_indexed_end(ri_session_h s, uint32_t layer, size_t *end_p)
+{
+    if (s == NULL || end_p == NULL || layer >= s->p.n_layers)
+        return RI_ERR_INVALID;
+    *end_p = gw_remote_indexed_end(s->r, layer);
     return RI_OK;
 }
 
@@ -495,6 +509,8 @@ ri_status_t ri_session_stats(ri_session_h s, ri_session_stats_t *stats)
     o.late_steps = g.late_steps;
     o.late_clusters = g.late_clusters;
     o.max_wait_s = g.max_wait_s;
+    o.direct_steps = g.direct_steps;
+    o.direct_clusters = g.direct_clusters;
     memcpy(stats, &o, CM_MIN(stats->struct_size, sizeof(o)));
     return RI_OK;
 }

@@ -50,7 +50,9 @@
 extern "C" {
 #endif
 
-#define RI_API_VERSION 1
+/* 2: ri_session_indexed_end (an engine may free the K/V the kvstore holds),
+ *    ri_session_recover with kv NULL, direct-read counters in the stats. */
+#define RI_API_VERSION 2
 
 /* The API version the library was built with (RI_API_VERSION). */
 int ri_api_version(void);
@@ -177,8 +179,20 @@ ri_status_t ri_decode(ri_session_h const *sessions, size_t n, uint32_t layer, co
  * cluster we uploaded: a clean stop), the session re-attaches to it instead
  * and uploads nothing (ri_session_stats_t.reattached counts it).  Errors as
  * ri_session_create; the session stays broken on failure and the call may
- * be repeated (e.g. until the daemon is back). */
+ * be repeated (e.g. until the daemon is back).  kv NULL (an engine that
+ * freed the indexed tokens, see ri_session_indexed_end): re-attach only;
+ * RI_ERR_LOST when that is not possible, and the engine rebuilds the
+ * sequence by prefilling its tokens again into a new session. */
 ri_status_t ri_session_recover(ri_session_h session, const ri_kv_view_t *kv);
+
+/* First token after layer's indexed range: tokens [sink_tokens, *end_p)
+ * are clustered, their K/V copied out (to the kvstore) when ri_prefill or
+ * ri_decode returned, and the library never reads them from the engine's
+ * views again (only ri_session_recover's re-fill would).  An engine may
+ * free them: the steady zone (the sinks and the tokens from *end_p on) is
+ * all the views must still hold.  Grows at prefill and every update_tokens
+ * decode steps. */
+ri_status_t ri_session_indexed_end(ri_session_h session, uint32_t layer, size_t *end_p);
 
 /* RI_OK while the session is healthy, else the error that broke it. */
 ri_status_t ri_session_status(ri_session_h session);
@@ -205,6 +219,9 @@ typedef struct ri_session_stats {
     uint64_t resident_bytes;    /* K/V-related bytes the library holds for the session now:
                                    block cache, receive buffer, meta index (the engine's own
                                    K/V not included) */
+    uint64_t direct_steps;      /* layer-steps whose retrieved clusters were read in place from
+                                   the kvstore's memory (same host), with no request */
+    uint64_t direct_clusters;   /* clusters read that way */
 } ri_session_stats_t;
 
 /* Counters since creation.  stats->struct_size must be set. */

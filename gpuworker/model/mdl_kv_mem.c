@@ -1,0 +1,76 @@
+/* Residency of a K/V cache (mdl_kv_mem.h). */
+#include "gpuworker/model/mdl_kv_mem.h"
+
+#include <stdlib.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include "common/cm_alloc.h"
+#include "common/cm_half.h"
+
+static CM_ALLOC_TAG(mdl_kv_mem_tag, "model.kv.mincore");
+
+static size_t mdl_page(void)
+{
+    long p = sysconf(_SC_PAGESIZE);
+    return p > 0 ? (size_t)p : 4096;
+}
+
+/* madvise the whole pages inside [a, a + n). */
+static uint64_t mdl_release_range(uint8_t *a, size_t n)
+{
+    size_t pg = mdl_page();
+    uintptr_t lo = ((uintptr_t)a + pg - 1) / pg * pg, hi = ((uintptr_t)a + n) / pg * pg;
+    if (hi <= lo)
+        return 0;
+    if (madvise((void *)lo, hi - lo, MADV_DONTNEED) != 0)
+        return 0;
+    return hi - lo;
+}
+
+uint64_t mdl_kv_release(mdl_kv_t *kv, uint32_t layer, size_t t0, size_t t1)
+{
+    const size_t d = kv->geom.head_dim, row = d * sizeof(cm_fp16_t);
+    uint64_t done = 0;
+
+    if (layer >= kv->geom.n_layers || t1 > kv->cap || t1 <= t0)
+        return 0;
+    for (uint32_t h = 0; h < kv->geom.n_kv_heads; h++) {
+        size_t off = ((size_t)h * kv->cap + t0) * d;
+        done += mdl_release_range((uint8_t *)(kv->k[layer] + off), (t1 - t0) * row);
+        done += mdl_release_range((uint8_t *)(kv->v[layer] + off), (t1 - t0) * row);
+    }
+    return done;
+}
+
+/* Resident bytes of [a, a + n), whole pages counted. */
+static uint64_t mdl_resident_range(const uint8_t *a, size_t n, unsigned char *vec, size_t vec_len)
+{
+    size_t pg = mdl_page();
+    uintptr_t lo = (uintptr_t)a / pg * pg, hi = ((uintptr_t)a + n + pg - 1) / pg * pg;
+    size_t pages = (hi - lo) / pg;
+    uint64_t res = 0;
+
+    if (pages > vec_len || mincore((void *)lo, hi - lo, vec) != 0)
+        return n; /* cannot tell: count it all */
+    for (size_t i = 0; i < pages; i++)
+        res += (vec[i] & 1) ? pg : 0;
+    return res;
+}
+
+uint64_t mdl_kv_resident_bytes(const mdl_kv_t *kv)
+{
+    size_t bytes = (size_t)kv->geom.n_kv_heads * kv->cap * kv->geom.head_dim * sizeof(cm_fp16_t);
+    size_t vec_len = bytes / mdl_page() + 2;
+    unsigned char *vec = cm_malloc(&mdl_kv_mem_tag, vec_len);
+    uint64_t res = 0;
+
+    if (vec == NULL)
+        return 2ull * bytes * kv->geom.n_layers;
+    for (uint32_t l = 0; l < kv->geom.n_layers; l++) {
+        res += mdl_resident_range((const uint8_t *)kv->k[l], bytes, vec, vec_len);
+        res += mdl_resident_range((const uint8_t *)kv->v[l], bytes, vec, vec_len);
+    }
+    cm_free(vec);
+    return res;
+}
