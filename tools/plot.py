@@ -9,7 +9,9 @@ Each file is charted by its "bench" field; the PNG is named after the file
   dataplane      fetch latency CDF, one line per row (from the rows' percentile
                  array latency_us_pct; rows without it give their p50 and p99)
   attn-accuracy  median relative error against the exact-token budget, one line
-                 per method (layer "all" rows)
+                 per method (layer "all" rows); all attn-accuracy files given
+                 (runs at several --retrieval-frac) go in one chart,
+                 DIR/attn-accuracy.png
   serve          aggregate tokens/s against concurrent clients, one line per backend
 Other benches are reported and skipped.
 
@@ -97,6 +99,8 @@ def plot_dataplane(doc):
 def plot_accuracy(doc):
     by = {}
     rows = [r for r in doc["rows"] if r.get("layer") == "all"] or doc["rows"]
+    for d in doc.get("more", []):  # the other files of the same chart
+        rows += [r for r in d["rows"] if r.get("layer") == "all"] or d["rows"]
     for r in rows:
         if r.get("rel_err_median") is None or not r.get("budget_tokens"):
             continue
@@ -104,7 +108,7 @@ def plot_accuracy(doc):
     series = [(k, sorted(v)) for k, v in sorted(by.items())]
     src = rows[0].get("source", "") if rows else ""
     title = "Attention accuracy vs budget (%s)\\n%s" % (src, machine_note(doc))
-    return "accuracy", lines_plot(None, title, "exact tokens attended (budget)",
+    return "budget", lines_plot(None, title, "exact tokens attended (budget)",
                                   "median relative error of the output (lower is better)", series,
                                   logx=True, logy=True), series
 
@@ -146,9 +150,18 @@ def main(argv):
         return 1
     os.makedirs(out_dir, exist_ok=True)
     rc = 0
+    docs, acc = [], None
     for path in files:
         with open(path) as f:
             doc = json.load(f)
+        if doc.get("bench") == "attn-accuracy" and acc is not None:
+            acc.setdefault("more", []).append(doc)
+            continue
+        if doc.get("bench") == "attn-accuracy":
+            acc = doc
+            path = "attn-accuracy.json"  # names the merged chart
+        docs.append((path, doc))
+    for path, doc in docs:
         fn = PLOTS.get(doc.get("bench"))
         if fn is None:
             print("ri plot: %s: no chart for bench %r, skipped" % (path, doc.get("bench")), file=sys.stderr)

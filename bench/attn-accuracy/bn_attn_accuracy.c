@@ -14,7 +14,11 @@
  * Recall and mass need the method's token set; Quest's is internal to
  * kernels/, so its rows report null there.
  *
- *   ri bench attn-accuracy --kv DIR [--json PATH] [--layers N]
+ * --retrieval-frac F changes retroinfer's retrieval zone (R = F x clusters),
+ * and so everyone's budget: runs at several F give accuracy against budget
+ * (./ri plot charts the files together).
+ *
+ *   ri bench attn-accuracy --kv DIR [--json PATH] [--layers N] [--retrieval-frac F]
  */
 #define _GNU_SOURCE
 #include <math.h>
@@ -140,6 +144,7 @@ int main(int argc, char **argv)
     const char *json = bn_parse_json_arg(&argc, argv);
     const char *dir = NULL;
     int max_layers = 1 << 30;
+    double rfrac = 0; /* 0 = the default of kn_wave_params_default */
     cm_log_init_from_env();
     for (int i = 1; i < argc; i++) {
         const char *v;
@@ -147,8 +152,11 @@ int main(int argc, char **argv)
             dir = v;
         else if ((v = arg(&i, argc, argv, "--layers")) != NULL)
             max_layers = atoi(v);
+        else if ((v = arg(&i, argc, argv, "--retrieval-frac")) != NULL && atof(v) > 0 && atof(v) <= 1)
+            rfrac = atof(v);
         else {
-            fprintf(stderr, "usage: ri bench attn-accuracy --kv DIR [--json PATH] [--layers N]\n");
+            fprintf(stderr, "usage: ri bench attn-accuracy --kv DIR [--json PATH] [--layers N] "
+                            "[--retrieval-frac F (0-1]]\n");
             return 2;
         }
     }
@@ -183,6 +191,9 @@ int main(int argc, char **argv)
     bn_report_t *rep = bn_report_create("attn-accuracy");
     if (rep == NULL)
         return 1;
+    kn_wave_params_t wp0;
+    kn_wave_params_default(&wp0);
+    cJSON_AddNumberToObject(bn_report_root(rep), "retrieval_frac", rfrac > 0 ? rfrac : wp0.retrieval_frac);
     acc_t all[M_COUNT] = {0};
     printf("%-6s %-11s %8s %10s %10s %10s %9s %9s\n", "layer", "method", "budget", "err_med", "err_p90", "err_p99",
            "recall100", "mass");
@@ -200,6 +211,8 @@ int main(int argc, char **argv)
         kn_kv_view_t view = {.k = L.k, .v = L.v, .token_stride = d, .head_stride = L.n_tokens * d};
         kn_wave_params_t wp;
         kn_wave_params_default(&wp);
+        if (rfrac > 0)
+            wp.retrieval_frac = (float)rfrac;
         kn_wave_t *wave = NULL;
         kn_quest_t *quest = NULL;
         if (kn_wave_create(&shape, &wp, &wave) != RI_OK || kn_quest_create(&shape, 16, &quest) != RI_OK)
