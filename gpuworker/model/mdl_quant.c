@@ -663,6 +663,37 @@ MDL_AVX2 static void mdl_quant_act16_avx2(const float *x, size_t n, int16_t *q, 
     }
 }
 
+/* Q5_0 with int16 activations: the fifth bit of element j is bit j of qh;
+ * it is spread to the int16 lanes by comparing (qh & 1<<j) with 1<<j.  The
+ * -16 offset goes through the exact block sum of x, as Q4_0's -8 does. */
+MDL_AVX2 static float mdl_dot_q5_0_q16act_avx2(const uint8_t *p, size_t nb, const int16_t *xq, const float *xd,
+                                               const float *xs)
+{
+    const __m256i bit = _mm256_setr_epi16(1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384,
+                                          (short)0x8000);
+    const __m256i b4 = _mm256_set1_epi16(0x10);
+    const __m128i m4 = _mm_set1_epi8(0x0F);
+    __m256 acc = _mm256_setzero_ps();
+    float accm = 0;
+    for (size_t b = 0; b < nb; b++, p += 22) {
+        uint32_t qh;
+        memcpy(&qh, p + 2, 4);
+        __m128i raw = _mm_loadu_si128((const __m128i *)(p + 6));
+        __m256i lo = _mm256_cvtepu8_epi16(_mm_and_si128(raw, m4));
+        __m256i hi = _mm256_cvtepu8_epi16(_mm_and_si128(_mm_srli_epi16(raw, 4), m4));
+        __m256i hl = _mm256_and_si256(_mm256_set1_epi16((short)(qh & 0xFFFF)), bit);
+        __m256i hh = _mm256_and_si256(_mm256_set1_epi16((short)(qh >> 16)), bit);
+        lo = _mm256_or_si256(lo, _mm256_and_si256(_mm256_cmpeq_epi16(hl, bit), b4));
+        hi = _mm256_or_si256(hi, _mm256_and_si256(_mm256_cmpeq_epi16(hh, bit), b4));
+        __m256i s = _mm256_add_epi32(_mm256_madd_epi16(lo, _mm256_loadu_si256((const __m256i *)(xq + b * QK))),
+                                     _mm256_madd_epi16(hi, _mm256_loadu_si256((const __m256i *)(xq + b * QK + 16))));
+        float dw = mdl_h_avx(p);
+        acc = _mm256_fmadd_ps(_mm256_set1_ps(dw * xd[b]), _mm256_cvtepi32_ps(s), acc);
+        accm -= 16.0f * dw * xs[b];
+    }
+    return mdl_hsum(acc) + accm;
+}
+
 MDL_AVX2 static float mdl_dot_q16act_avx2(const mdl_weight_t *w, size_t r, const int16_t *xq, const float *xd,
                                           const float *xs)
 {
@@ -670,6 +701,8 @@ MDL_AVX2 static float mdl_dot_q16act_avx2(const mdl_weight_t *w, size_t r, const
     size_t nb = w->cols / QK;
     __m256 acc = _mm256_setzero_ps();
     float accm = 0;
+    if (w->type == MDL_GGML_Q5_0)
+        return mdl_dot_q5_0_q16act_avx2(p, nb, xq, xd, xs);
     if (w->type == MDL_GGML_Q8_0) {
         for (size_t b = 0; b < nb; b++, p += 34) {
             __m256i w0 = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(p + 2)));
@@ -831,7 +864,7 @@ ri_status_t mdl_matmul_multi(cm_pool_t *pool, const mdl_weight_t *const *w, size
         return RI_ERR_INVALID;
     mdl_mm_job_t j = {.w = w, .y = y, .nw = nw, .x = x, .n = n, .simd = mdl_quant_have_simd()};
     size_t cols = w[0]->cols, groups = 0, macs = 0;
-    bool q8able = true;
+    bool q8able = true, q16able = true;   /* weight types the integer decode paths take */
     for (size_t k = 0; k < nw; k++) {
         if (w[k]->cols != cols)
             return RI_ERR_INVALID;
@@ -839,7 +872,11 @@ ri_status_t mdl_matmul_multi(cm_pool_t *pool, const mdl_weight_t *const *w, size
         j.g_end[k] = groups;
         macs += w[k]->rows * cols * n;
         q8able = q8able && (w[k]->type == MDL_GGML_Q4_0 || w[k]->type == MDL_GGML_Q4_1 || w[k]->type == MDL_GGML_Q8_0);
+        q16able = q16able && (w[k]->type == MDL_GGML_Q4_0 || w[k]->type == MDL_GGML_Q4_1 ||
+                              w[k]->type == MDL_GGML_Q8_0 || w[k]->type == MDL_GGML_Q5_0);
     }
+    if (mdl_act_mode() == MDL_ACT_I16)
+        q8able = q16able;
     if (macs < mdl_par_min_macs())
         pool = NULL;
     unsigned nt = pool != NULL ? cm_pool_size(pool) : 1;
