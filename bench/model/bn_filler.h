@@ -61,7 +61,7 @@ static ri_status_t bn_passkey_prompt(const mdl_tok_t *tok, size_t n_tokens, doub
     if (at >= reps)
         p += sprintf(p, "%s", needle);
     sprintf(p, "%s", BN_QUESTION);
-    ri_status_t st = mdl_tok_encode(tok, text, strlen(text), false, ids_p, n_p);
+    ri_status_t st = mdl_tok_encode_prompt(tok, text, strlen(text), ids_p, n_p);   /* bos where the model wants it */
     cm_free(text);
     return st;
 }

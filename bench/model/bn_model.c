@@ -12,7 +12,7 @@
  * the measured bandwidth by more than its noise fails the bench (exit 1).
  *
  *   ri bench model [--json PATH] [--contexts 512,2048,8192] [--steps N]
- *                  [--methods full,retroinfer] [--model PATH]
+ *                  [--methods full,retroinfer] [--model NAME|PATH]
  */
 #define _GNU_SOURCE
 #include <stdio.h>
@@ -137,7 +137,7 @@ int main(int argc, char **argv)
             snprintf(model_path, sizeof(model_path), "%s", v);
         else {
             fprintf(stderr, "usage: ri bench model [--json PATH] [--contexts L,..] [--steps N] [--methods M,..] "
-                            "[--model PATH]\n");
+                            "[--model NAME|PATH]\n");
             return 2;
         }
     }
@@ -150,8 +150,10 @@ int main(int argc, char **argv)
         }
         methods[n_m++] = t;
     }
-    if (model_path[0] == '\0' && mdl_model_default_path(model_path, sizeof(model_path)) != RI_OK) {
-        fprintf(stderr, "ri bench model: no model at %s; run ./ri model fetch\n", model_path);
+    char model_arg[4096];   /* a name (gemma3-270m) or a path */
+    snprintf(model_arg, sizeof(model_arg), "%s", model_path);
+    if (mdl_model_resolve(model_arg, model_path, sizeof(model_path)) != RI_OK) {
+        fprintf(stderr, "ri bench model: no model at %s; run ./ri setup (names: %s)\n", model_path, mdl_model_names());
         return 1;
     }
     char err[512];

@@ -7,7 +7,7 @@
  *
  *   ri bench passkey [--json PATH] [--contexts 1024,2048,4096,8192]
  *                    [--depths 0.1,0.5,0.9] [--trials N] [--methods full,retroinfer,quest,streaming]
- *                    [--model PATH]
+ *                    [--model NAME|PATH]
  */
 #define _GNU_SOURCE
 #include <stdio.h>
@@ -92,7 +92,7 @@ int main(int argc, char **argv)
             snprintf(model_path, sizeof(model_path), "%s", v);
         else {
             fprintf(stderr, "usage: ri bench passkey [--json PATH] [--contexts L,..] [--depths D,..] [--trials N] "
-                            "[--methods M,..] [--model PATH]\n");
+                            "[--methods M,..] [--model NAME|PATH]\n");
             return 2;
         }
     }
@@ -105,8 +105,10 @@ int main(int argc, char **argv)
         }
         methods[n_m++] = t;
     }
-    if (model_path[0] == '\0' && mdl_model_default_path(model_path, sizeof(model_path)) != RI_OK) {
-        fprintf(stderr, "ri bench passkey: no model at %s; run ./ri model fetch\n", model_path);
+    char model_arg[4096];   /* a name (gemma3-270m) or a path */
+    snprintf(model_arg, sizeof(model_arg), "%s", model_path);
+    if (mdl_model_resolve(model_arg, model_path, sizeof(model_path)) != RI_OK) {
+        fprintf(stderr, "ri bench passkey: no model at %s; run ./ri setup (names: %s)\n", model_path, mdl_model_names());
         return 1;
     }
     char err[512];
