@@ -895,6 +895,8 @@ static void gw_http_render_metrics(gw_http_t *h, FILE *f)
                 (unsigned long long)st.finished[i]);
     gw_metric(f, "ri_worker_prompt_tokens_total", "counter", "Prompt tokens prefilled.", (double)st.prompt_tokens);
     gw_metric(f, "ri_worker_generated_tokens_total", "counter", "Tokens generated.", (double)st.generated_tokens);
+    gw_metric(f, "ri_worker_sequences_rebuilt_total", "counter",
+              "Sequences rebuilt by prefilling their tokens again after the kvstore lost them.", (double)st.rebuilt);
     gw_metric(f, "ri_worker_decode_steps_total", "counter", "Batched decode steps.", (double)st.decode_steps);
     gw_metric(f, "ri_worker_queue_rejected_total", "counter", "Requests refused with 429 (queue full).",
               (double)st.rejected_busy);
@@ -920,6 +922,8 @@ static void gw_http_render_metrics(gw_http_t *h, FILE *f)
                   (double)t.fetched_bytes);
         gw_metric(f, "ri_worker_kvstore_uploaded_bytes_total", "counter", "Cluster bytes uploaded.",
                   (double)t.uploaded_bytes);
+        gw_metric(f, "ri_worker_kvstore_released_bytes_total", "counter",
+                  "Engine K/V bytes given back once the kvstore held them.", (double)t.released_bytes);
         gw_metric(f, "ri_worker_kvstore_fetch_wait_seconds_total", "counter", "Decode time spent waiting for the "
                   "kvstore.", t.fetch_wait_s);
         gw_metric(f, "ri_worker_kvstore_late_steps_total", "counter", "Layer-steps that went on without some misses.",

@@ -56,6 +56,8 @@ struct gw_req {
     size_t prefilled;             /* prompt tokens in the sequence */
     int32_t last;                 /* token to feed at the next decode step */
     size_t n_gen;                 /* tokens generated */
+    int32_t *gen;                 /* their ids (a lost sequence is rebuilt from them), owned */
+    size_t gen_cap;
     uint64_t t_submit_ns;         /* for TTFT */
     uint64_t t_last_ns;           /* last token, for the inter-token latency */
     /* what waiters read, under mu */
@@ -185,6 +187,7 @@ void gw_req_release(gw_req_t *r)
         cm_free(r->stop[i]);
     cm_free(r->stop);
     cm_free(r->ids);
+    cm_free(r->gen);
     cm_free(r->text);
     pthread_cond_destroy(&r->cv);
     pthread_mutex_destroy(&r->mu);
@@ -344,7 +347,17 @@ static void gw_sched_step(gw_sched_t *s, gw_req_t *r, const float *logits)
     s->st.generated_tokens++;
     pthread_mutex_unlock(&s->mu);
     r->t_last_ns = now;
-    r->n_gen++;
+    if (r->n_gen == r->gen_cap) {
+        size_t cap = r->gen_cap ? 2 * r->gen_cap : 64;
+        int32_t *g = cm_realloc(&gw_sched_tag, r->gen, cap * sizeof(int32_t));
+        if (g == NULL) {
+            gw_sched_finish(s, r, GW_FINISH_ERROR, RI_ERR_NOMEM, "out of memory");
+            return;
+        }
+        r->gen = g;
+        r->gen_cap = cap;
+    }
+    r->gen[r->n_gen++] = id;
     r->last = id;
 
     char *piece = NULL;
@@ -402,6 +415,35 @@ static void gw_sched_prefill(gw_sched_t *s, gw_req_t *r)
     }
 }
 
+/* The kvstore lost r's session and the worker no longer holds the K/V it
+ * had uploaded (RI_ERR_LOST): rebuild the sequence from its token ids, the
+ * prompt and every generated token but the last (which the next decode step
+ * feeds), in a new sequence and so a new kvstore session. */
+static ri_status_t gw_sched_rebuild(gw_sched_t *s, gw_req_t *r)
+{
+    mdl_attn_cfg_t acfg;
+    mdl_seq_t *seq = NULL;
+    ri_status_t st;
+
+    mdl_attn_cfg_default(&acfg);
+    st = mdl_seq_create(s->m, r->attn, &acfg, mdl_seq_cap(r->seq), &seq);
+    if (st == RI_OK)
+        st = mdl_prefill(s->m, seq, r->ids, r->n_ids, NULL, NULL, NULL, NULL);
+    if (st == RI_OK && r->n_gen > 1)
+        st = mdl_prefill(s->m, seq, r->gen, r->n_gen - 1, NULL, NULL, NULL, NULL);
+    if (st != RI_OK) {
+        mdl_seq_destroy(seq);
+        return st;
+    }
+    mdl_seq_destroy(r->seq);
+    r->seq = seq;
+    pthread_mutex_lock(&s->mu);
+    s->st.rebuilt++;
+    pthread_mutex_unlock(&s->mu);
+    cm_warn("request: sequence rebuilt from its %zu tokens after its kvstore session was lost", r->n_ids + r->n_gen - 1);
+    return RI_OK;
+}
+
 /* One decode step for every request in the batch.  When the batched call
  * fails the step is repeated one sequence at a time, so that one failing
  * sequence (a lost kvstore session) does not take the others with it. */
@@ -431,6 +473,10 @@ static void gw_sched_decode(gw_sched_t *s)
         ri_status_t sb = st;
         if (st != RI_OK && nb > 1)
             sb = mdl_decode(s->m, &s->bseq[b], &s->btok[b], 1, row);
+        if (sb == RI_ERR_LOST && (sb = gw_sched_rebuild(s, r)) == RI_OK) {
+            s->bseq[b] = r->seq;
+            sb = mdl_decode(s->m, &s->bseq[b], &s->btok[b], 1, row);
+        }
         if (sb != RI_OK) {
             cm_error("request: decode with attn %s failed: %s", r->attn->name, ri_status_str(sb));
             gw_sched_finish(s, r, GW_FINISH_ERROR, sb, "decode with attn %s failed: %s", r->attn->name,

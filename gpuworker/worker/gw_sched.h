@@ -86,6 +86,7 @@ typedef struct gw_sched_stats {
     uint64_t finished[5];         /* requests ended, by gw_finish_t */
     uint64_t prompt_tokens;       /* prompt tokens prefilled */
     uint64_t generated_tokens;    /* tokens generated */
+    uint64_t rebuilt;             /* sequences rebuilt by prefilling their tokens again (kvstore lost them) */
     uint64_t decode_steps;        /* mdl_decode calls */
     gw_hist_t batch;              /* sequences per decode step */
     gw_hist_t ttft_s;             /* submit to first generated token, seconds */

@@ -285,12 +285,26 @@ err_free:
     return st;
 }
 
+/* A broken session whose daemon restarted since we opened it (or cannot be
+ * reached) is gone already, and its id may now name another session, even
+ * one of ours: it must not be dropped by id. */
+static bool ri_session_gone(ri_session_h s)
+{
+    gw_ctl_health_t health;
+    if (gw_remote_error(s->r) == RI_OK)
+        return false;
+    if (gw_ctl_health(s->client->ctl, 1000, &health, NULL) != RI_OK)
+        return true;
+    return (double)health.uptime_ms * 1e-3 < cm_time_s() - s->opened_s;
+}
+
 void ri_session_close(ri_session_h s)
 {
     if (s == NULL)
         return;
+    bool drop = s->session_id != 0 && !ri_session_gone(s);
     gw_remote_destroy(s->r);
-    if (s->session_id != 0)
+    if (drop)
         (void)gw_ctl_drop_session(s->client->ctl, 1000, s->session_id, NULL, NULL);
     cm_free(s->label);
     cm_free(s);
