@@ -198,12 +198,36 @@ void mdl_vec_swiglu(float *g, const float *u, size_t n)
         g[i] = g[i] / (1.0f + expf(-g[i])) * u[i];
 }
 
+#define MDL_GELU_C 0.7978845608028654f   /* sqrt(2 / pi) */
+
+#ifdef MDL_AVX2
+/* 0.5 (1 + tanh y) = 1 / (1 + exp(-2y)): the tanh GELU on the vector exp
+ * (whose clamp keeps large |x| finite: gelu -> x or -> 0). */
+MDL_AVX2 static size_t mdl_geglu_avx2(float *g, const float *u, size_t n)
+{
+    const __m256 c2 = _mm256_set1_ps(-2.0f * MDL_GELU_C), k = _mm256_set1_ps(0.044715f), one = _mm256_set1_ps(1.0f);
+    size_t i = 0;
+    for (; i + 8 <= n; i += 8) {
+        __m256 x = _mm256_loadu_ps(g + i);
+        __m256 y = _mm256_mul_ps(x, _mm256_fmadd_ps(_mm256_mul_ps(k, x), x, one));   /* x + k x^3 */
+        __m256 e = mdl_exp8(_mm256_mul_ps(c2, y));
+        __m256 gl = _mm256_div_ps(x, _mm256_add_ps(one, e));
+        _mm256_storeu_ps(g + i, _mm256_mul_ps(gl, _mm256_loadu_ps(u + i)));
+    }
+    return i;
+}
+#endif
+
 void mdl_vec_geglu(float *g, const float *u, size_t n)
 {
-    const float c = 0.7978845608028654f;   /* sqrt(2 / pi) */
-    for (size_t i = 0; i < n; i++) {
+    size_t i = 0;
+#ifdef MDL_AVX2
+    if (mdl_quant_have_simd())
+        i = mdl_geglu_avx2(g, u, n);
+#endif
+    for (; i < n; i++) {
         float x = g[i];
-        g[i] = 0.5f * x * (1.0f + tanhf(c * (x + 0.044715f * x * x * x))) * u[i];
+        g[i] = 0.5f * x * (1.0f + tanhf(MDL_GELU_C * (x + 0.044715f * x * x * x))) * u[i];
     }
 }
 

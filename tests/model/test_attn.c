@@ -20,6 +20,7 @@
 #include "common/cm_half.h"
 #include "common/cm_thread.h"
 #include "gpuworker/model/mdl_attn.h"
+#include "gpuworker/model/mdl_vec.h"
 
 static uint64_t rng;
 
@@ -99,6 +100,26 @@ static void check_window_matters(void)
     mdl_attn_exact_win_ref(kv, 1, 39, 1, 8, q, win);
     assert_true(rel_l2(win, full, 4 * 256) > 1e-3);
     mdl_kv_destroy(kv);
+}
+
+/* Gemma's GeGLU (vector exp path and scalar tail) against the tanh GELU in
+ * double, over lengths that leave tails and arguments up to |x| = 12. */
+static void test_vec_geglu(void **state)
+{
+    (void)state;
+    for (size_t n = 1; n <= 37; n += 4) {
+        float g[40], u[40];
+        double want[40];
+        for (size_t i = 0; i < n; i++) {
+            g[i] = 12.0f * frand(), u[i] = frand();
+            double x = g[i];
+            want[i] = 0.5 * x * (1 + tanh(sqrt(2 / M_PI) * (x + 0.044715 * x * x * x))) * u[i];
+        }
+        mdl_vec_geglu(g, u, n);
+        for (size_t i = 0; i < n; i++)
+            if (!(fabs(g[i] - want[i]) <= 1e-5 * (1 + fabs(want[i]))))
+                fail_msg("geglu n %zu [%zu]: %.8g, want %.8g", n, i, g[i], want[i]);
+    }
 }
 
 static void test_exact_matches_reference(void **state)
@@ -235,6 +256,7 @@ int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_exact_matches_reference),
+        cmocka_unit_test(test_vec_geglu),
         cmocka_unit_test(test_backends_decode),
         cmocka_unit_test(test_registry),
     };
