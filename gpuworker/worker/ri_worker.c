@@ -77,7 +77,8 @@ typedef struct wk_cfg {
 
 #define WK_ITEM(n, t, d, h, f) {n, t, d, h, offsetof(wk_cfg_t, f), 0, 0}
 static const cm_config_item_t wk_items[] = {
-    WK_ITEM("model", CM_CFG_STRING, NULL, "GGUF model file (default: the installed SmolLM2)", model),
+    WK_ITEM("model", CM_CFG_STRING, NULL,
+            "model name (smollm2-135m, gemma3-270m) or GGUF file (default: smollm2-135m)", model),
     WK_ITEM("kvstore", CM_CFG_STRING, NULL, "ri-kvstore gRPC address host:port (enables retroinfer-remote)", kvstore),
     WK_ITEM("token", CM_CFG_STRING, NULL, "bearer token for the kvstore", token),
     WK_ITEM("token-file", CM_CFG_STRING, NULL, "read the bearer token from this file: the first word of its first "
@@ -233,7 +234,7 @@ static void wk_serve(mdl_model_t *m, const wk_req_t *rq, cJSON *reply)
         n_runs = 2;
     }
     st = rq->chat ? mdl_tok_chat(tok, NULL, rq->prompt, &ids, &n_ids)
-                  : mdl_tok_encode(tok, rq->prompt, strlen(rq->prompt), false, &ids, &n_ids);
+                  : mdl_tok_encode_prompt(tok, rq->prompt, strlen(rq->prompt), &ids, &n_ids);
     if (st != RI_OK || n_ids == 0) {
         snprintf(err, sizeof(err), "cannot tokenize the prompt: %s", st ? ri_status_str(st) : "it is empty");
         goto fail;
@@ -552,11 +553,11 @@ int main(int argc, char **argv)
             goto out;
         }
     }
-    if (cfg.model != NULL && cfg.model[0] != '\0') {
-        snprintf(path, sizeof(path), "%s", cfg.model);
-    } else if (mdl_model_default_path(path, sizeof(path)) != RI_OK) {
-        fprintf(stderr, "ri-worker: no model at %s; run `./ri model fetch` (or ./ri setup) or pass --model PATH\n",
-                path);
+    /* a missing default is exit 3; a named or given file that is missing fails to load below (exit 1) */
+    ri_status_t pst = mdl_model_resolve(cfg.model, path, sizeof(path));
+    if (pst != RI_OK && !(pst == RI_ERR_NOT_FOUND && cfg.model != NULL && cfg.model[0] != '\0')) {
+        fprintf(stderr,
+                "ri-worker: no model at %s; run `./ri model fetch` (or ./ri setup) or pass --model NAME|PATH\n", path);
         rc = 3;
         goto out;
     }

@@ -1,0 +1,50 @@
+#!/usr/bin/env bash
+# Gemma 3 270M through a real ri-kvstore (label "slow": one ~2K-token
+# prefill).  One ri-worker request answers a passkey prompt with full
+# attention and with retroinfer-remote from the same prefill:
+#  - both replies hold the key (the kvstore path works for 1 KV head, d = 256);
+#  - the remote run fetched clusters from the kvstore;
+#  - it uploaded the K/V of the 3 global layers only, not of the 15
+#    sliding-window layers (those keep their exact 512-token window in the
+#    worker): uploaded bytes <= 1.5 x 3 layers x tokens x 1 KiB of K+V.
+# Skips (77) without the Gemma model file or the programs.
+set -euo pipefail
+here="$(cd "$(dirname "$0")" && pwd)"
+model="${RI_MODEL_DIR:-$HOME/.cache/retroinfer/models}/gemma-3-270m-q4_k_m.gguf"
+[ -f "$model" ] || { echo "skip: no Gemma 3 model at $model (deps/setup.d/11-model-gemma3.sh)"; exit 77; }
+[ -x "$RI_BUILD_DIR/bin/ri-worker" ] || { echo "skip: ri-worker not built"; exit 77; }
+. "$here/../worker/kvs_up.sh"
+KVS_MEMORY=1GiB kvs_up
+
+key=52817
+python3 - "$key" >"$KVS_DIR/prompt.txt" <<'PY'
+import sys
+key = sys.argv[1]
+f = " The grass is green. The sky is blue. The sun is yellow. Here we go. There and back again."
+print("There is an important info hidden inside a lot of irrelevant text. Find it and memorize it." + f * 40 +
+      f" The pass key is {key}. Remember it. {key} is the pass key." + f * 40 +
+      " What is the pass key? The pass key is", end="")
+PY
+printf '{"id": 1, "prompt_file": "%s", "max_tokens": 6, "attn": "full", "compare_attn": "retroinfer-remote"}\n' \
+  "$KVS_DIR/prompt.txt" |
+  timeout 600 "$RI_BUILD_DIR/bin/ri-worker" --model "$model" --kvstore "$KVS_GRPC" --timeout-ms 3000 \
+    >"$KVS_DIR/out" 2>"$KVS_DIR/err" || { echo "FAIL: ri-worker"; cat "$KVS_DIR/err"; exit 1; }
+cut -c1-600 "$KVS_DIR/out"
+python3 - "$KVS_DIR/out" "$key" <<'PY'
+import json, sys
+r = json.loads(open(sys.argv[1]).read().splitlines()[0])
+key = sys.argv[2]
+assert r["ok"], r
+full, remote = r["runs"]
+n = r["prompt_tokens"]
+assert n > 1500, n   # past RetroInfer's indexing threshold (1,092 tokens)
+assert remote["attn"] == "retroinfer-remote"
+assert key in full["text"], "full attention missed the key: %r" % full["text"]
+assert key in remote["text"], "retroinfer-remote missed the key: %r" % remote["text"]
+assert remote["cache_hits"] + remote["cache_misses"] > 0, "no cluster fetched from the kvstore"
+limit = 1.5 * 3 * n * 1024
+assert 0 < remote["uploaded_bytes"] <= limit, \
+    "uploaded %d bytes for %d tokens: more than the 3 global layers (limit %d)" % (remote["uploaded_bytes"], n, limit)
+print("ok: key found by both; %d bytes uploaded for %d tokens (3 global layers: %d)" %
+      (remote["uploaded_bytes"], n, 3 * n * 1024))
+PY
