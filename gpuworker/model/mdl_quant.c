@@ -694,6 +694,67 @@ MDL_AVX2 static float mdl_dot_q5_0_q16act_avx2(const uint8_t *p, size_t nb, cons
     return mdl_hsum(acc) + accm;
 }
 
+/* Q4_K with int16 activations: each 32-element group of a super-block has
+ * its own 6-bit scale and min and coincides with one activation block; the
+ * min goes through the block sum of x. */
+MDL_AVX2 static float mdl_dot_q4_k_q16act_avx2(const uint8_t *p, size_t nsb, const int16_t *xq, const float *xd,
+                                               const float *xs)
+{
+    const __m128i m4 = _mm_set1_epi8(0x0F);
+    __m256 acc = _mm256_setzero_ps();
+    float accm = 0;
+    for (size_t sb = 0; sb < nsb; sb++, p += 144, xq += QKK, xd += 8, xs += 8) {
+        float d = mdl_h_avx(p), dmin = mdl_h_avx(p + 2);
+        const uint8_t *s = p + 4;
+        for (int g = 0; g < 8; g++) {
+            int s6 = g < 4 ? s[g] & 63 : (s[g + 4] & 0xF) | (s[g - 4] >> 6) << 4;
+            int m6 = g < 4 ? s[g + 4] & 63 : (s[g + 4] >> 4) | (s[g] >> 6) << 4;
+            const uint8_t *qq = p + 16 + 32 * (g / 2);   /* groups 2k, 2k+1: low, high nibbles */
+            __m128i r0 = _mm_loadu_si128((const __m128i *)qq), r1 = _mm_loadu_si128((const __m128i *)(qq + 16));
+            if (g & 1)
+                r0 = _mm_srli_epi16(r0, 4), r1 = _mm_srli_epi16(r1, 4);
+            __m256i w0 = _mm256_cvtepu8_epi16(_mm_and_si128(r0, m4)), w1 = _mm256_cvtepu8_epi16(_mm_and_si128(r1, m4));
+            __m256i sum = _mm256_add_epi32(_mm256_madd_epi16(w0, _mm256_loadu_si256((const __m256i *)(xq + 32 * g))),
+                                           _mm256_madd_epi16(w1, _mm256_loadu_si256((const __m256i *)(xq + 32 * g + 16))));
+            acc = _mm256_fmadd_ps(_mm256_set1_ps(d * (float)s6 * xd[g]), _mm256_cvtepi32_ps(sum), acc);
+            accm -= dmin * (float)m6 * xs[g];
+        }
+    }
+    return mdl_hsum(acc) + accm;
+}
+
+/* Q6_K with int16 activations: 32-element quarter k of half h takes low or
+ * high nibbles of 32 ql bytes and bits 2k, 2k+1 of 32 qh bytes; its two
+ * halves of 16 have their own int8 scales.  The -32 is applied in int16. */
+MDL_AVX2 static float mdl_dot_q6_k_q16act_avx2(const uint8_t *p, size_t nsb, const int16_t *xq, const float *xd)
+{
+    const __m128i m4 = _mm_set1_epi8(0x0F), m2 = _mm_set1_epi8(0x03);
+    const __m256i off = _mm256_set1_epi16(32);
+    __m256 acc = _mm256_setzero_ps();
+    for (size_t sb = 0; sb < nsb; sb++, p += 210) {
+        const int8_t *sc = (const int8_t *)(p + 192);
+        float d = mdl_h_avx(p + 208);
+        for (int b = 0; b < 8; b++, xq += QK, xd++) {
+            int h = b / 4, k = b % 4;
+            const uint8_t *lb = p + 64 * h + 32 * (k & 1), *hb = p + 128 + 32 * h;
+            __m128i l0 = _mm_loadu_si128((const __m128i *)lb), l1 = _mm_loadu_si128((const __m128i *)(lb + 16));
+            if (k >= 2)
+                l0 = _mm_srli_epi16(l0, 4), l1 = _mm_srli_epi16(l1, 4);
+            __m128i h0 = _mm_and_si128(_mm_srli_epi16(_mm_loadu_si128((const __m128i *)hb), 2 * k), m2);
+            __m128i h1 = _mm_and_si128(_mm_srli_epi16(_mm_loadu_si128((const __m128i *)(hb + 16)), 2 * k), m2);
+            __m128i q0 = _mm_or_si128(_mm_and_si128(l0, m4), _mm_slli_epi16(h0, 4));
+            __m128i q1 = _mm_or_si128(_mm_and_si128(l1, m4), _mm_slli_epi16(h1, 4));
+            __m256i w0 = _mm256_sub_epi16(_mm256_cvtepu8_epi16(q0), off);
+            __m256i w1 = _mm256_sub_epi16(_mm256_cvtepu8_epi16(q1), off);
+            __m256i s0 = _mm256_madd_epi16(w0, _mm256_loadu_si256((const __m256i *)xq));
+            __m256i s1 = _mm256_madd_epi16(w1, _mm256_loadu_si256((const __m256i *)(xq + 16)));
+            acc = _mm256_fmadd_ps(_mm256_set1_ps(d * sc[8 * h + 2 * k] * xd[0]), _mm256_cvtepi32_ps(s0), acc);
+            acc = _mm256_fmadd_ps(_mm256_set1_ps(d * sc[8 * h + 2 * k + 1] * xd[0]), _mm256_cvtepi32_ps(s1), acc);
+        }
+    }
+    return mdl_hsum(acc);
+}
+
 MDL_AVX2 static float mdl_dot_q16act_avx2(const mdl_weight_t *w, size_t r, const int16_t *xq, const float *xd,
                                           const float *xs)
 {
@@ -703,6 +764,10 @@ MDL_AVX2 static float mdl_dot_q16act_avx2(const mdl_weight_t *w, size_t r, const
     float accm = 0;
     if (w->type == MDL_GGML_Q5_0)
         return mdl_dot_q5_0_q16act_avx2(p, nb, xq, xd, xs);
+    if (w->type == MDL_GGML_Q4_K)
+        return mdl_dot_q4_k_q16act_avx2(p, w->cols / QKK, xq, xd, xs);
+    if (w->type == MDL_GGML_Q6_K)
+        return mdl_dot_q6_k_q16act_avx2(p, w->cols / QKK, xq, xd);
     if (w->type == MDL_GGML_Q8_0) {
         for (size_t b = 0; b < nb; b++, p += 34) {
             __m256i w0 = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(p + 2)));
@@ -873,7 +938,8 @@ ri_status_t mdl_matmul_multi(cm_pool_t *pool, const mdl_weight_t *const *w, size
         macs += w[k]->rows * cols * n;
         q8able = q8able && (w[k]->type == MDL_GGML_Q4_0 || w[k]->type == MDL_GGML_Q4_1 || w[k]->type == MDL_GGML_Q8_0);
         q16able = q16able && (w[k]->type == MDL_GGML_Q4_0 || w[k]->type == MDL_GGML_Q4_1 ||
-                              w[k]->type == MDL_GGML_Q8_0 || w[k]->type == MDL_GGML_Q5_0);
+                              w[k]->type == MDL_GGML_Q8_0 || w[k]->type == MDL_GGML_Q5_0 ||
+                              w[k]->type == MDL_GGML_Q4_K || w[k]->type == MDL_GGML_Q6_K);
     }
     if (mdl_act_mode() == MDL_ACT_I16)
         q8able = q16able;

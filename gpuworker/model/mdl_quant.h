@@ -1,6 +1,6 @@
 /*
  * Dequantising matrix products for the model runtime: weights stay in their
- * GGUF storage type (Q4_0, Q4_1, Q8_0, F16, BF16, F32) and are expanded block
+ * GGUF storage type (Q4_0, Q4_1, Q5_0, Q8_0, Q4_K, Q6_K, F16, BF16, F32) and are expanded block
  * by block while multiplying fp32 activations.  Each operation has a scalar
  * reference (mdl_*_ref, plain loops, the oracle of the tests) and an optimised
  * version (AVX2/FMA/F16C chosen at run time, threads through cm_pool).
@@ -57,7 +57,8 @@ ri_status_t mdl_matmul_multi(cm_pool_t *pool, const mdl_weight_t *const *w, size
 /* Reference matmul: single thread, mdl_dot_ref. */
 void mdl_matmul_ref(const mdl_weight_t *w, const float *x, size_t n, float *y);
 
-/* How decode products (n <= 2) of Q4_0/Q4_1/Q8_0 weights take their
+/* How decode products (n <= 2) of Q4_0/Q4_1/Q8_0 weights (int16 also
+ * Q5_0/Q4_K/Q6_K; int8 falls back to fp32 for those) take their
  * activations: fp32 (weights expanded to fp32), int16 per 32-block (default:
  * integer madd, relative error 1.5e-5), or int8 per 32-block (maddubs, as
  * ggml; fastest, ~1e-2 of the logit range).  RI_MODEL_ACT=f32|i16|i8 sets the
