@@ -941,8 +941,10 @@ ri_status_t mdl_matmul_multi(cm_pool_t *pool, const mdl_weight_t *const *w, size
                               w[k]->type == MDL_GGML_Q8_0 || w[k]->type == MDL_GGML_Q5_0 ||
                               w[k]->type == MDL_GGML_Q4_K || w[k]->type == MDL_GGML_Q6_K);
     }
-    if (mdl_act_mode() == MDL_ACT_I16)
-        q8able = q16able;
+    /* int8 where the weights have an int8 path, else int16 where they have
+     * one (Gemma's Q5_0/K-quants under --act i8), else fp32 */
+    bool use_i8 = mdl_act_mode() == MDL_ACT_I8 && q8able;
+    bool use_i16 = !use_i8 && mdl_act_mode() != MDL_ACT_F32 && q16able;
     if (macs < mdl_par_min_macs())
         pool = NULL;
     unsigned nt = pool != NULL ? cm_pool_size(pool) : 1;
@@ -953,14 +955,14 @@ ri_status_t mdl_matmul_multi(cm_pool_t *pool, const mdl_weight_t *const *w, size
             return RI_ERR_NOMEM;
     }
 #ifdef MDL_X86
-    else if (j.simd && q8able && mdl_act_mode() != MDL_ACT_F32) {
+    else if (j.simd && (use_i8 || use_i16)) {
         size_t nb = cols / QK;
         qbuf = cm_malloc(&mdl_quant_tag, n * (2 * cols + 2 * nb * sizeof(float)) + 64);
         if (qbuf == NULL)
             return RI_ERR_NOMEM;
         float *xd = qbuf, *xs = xd + n * nb;
         j.xd = xd, j.xs = xs;
-        if (mdl_act_mode() == MDL_ACT_I8) {
+        if (use_i8) {
             int8_t *xq = (int8_t *)(xs + n * nb);
             for (size_t i = 0; i < n; i++)
                 mdl_quant_act_avx2(x + i * cols, cols, xq + i * cols, xd + i * nb, xs + i * nb);

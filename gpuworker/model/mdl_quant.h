@@ -58,7 +58,7 @@ ri_status_t mdl_matmul_multi(cm_pool_t *pool, const mdl_weight_t *const *w, size
 void mdl_matmul_ref(const mdl_weight_t *w, const float *x, size_t n, float *y);
 
 /* How decode products (n <= 2) of Q4_0/Q4_1/Q8_0 weights (int16 also
- * Q5_0/Q4_K/Q6_K; int8 falls back to fp32 for those) take their
+ * Q5_0/Q4_K/Q6_K, which take int16 under int8 too) take their
  * activations: fp32 (weights expanded to fp32), int16 per 32-block (default:
  * integer madd, relative error 1.5e-5), or int8 per 32-block (maddubs, as
  * ggml; fastest, ~1e-2 of the logit range).  RI_MODEL_ACT=f32|i16|i8 sets the
