@@ -15,7 +15,7 @@
  * --kvstore ADDR is given.
  *
  *   ri bench e2e [--json PATH] [--quick] [--contexts 2048,4096,8192]
- *                [--batches 1,4] [--steps N] [--hog N] [--kvstore ADDR] [--model PATH]
+ *                [--batches 1,4] [--steps N] [--hog N] [--kvstore ADDR] [--model NAME|PATH]
  *   ri bench e2e --synthetic [--kvstore ADDR]   (no model: synthetic K/V)
  */
 #define _GNU_SOURCE
@@ -250,9 +250,7 @@ static int e2e_model(bn_report_t *rep, const char *model_path, const char *kvs, 
     gw_attn_remote_cfg_t rc_cfg = {.address = kvs, .timeout_ms = 10000, .deadline_us = o->deadline_us};
     int rc = 1;
 
-    if (model_path)
-        snprintf(path, sizeof(path), "%s", model_path);
-    else if (mdl_model_default_path(path, sizeof(path)) != RI_OK) {
+    if (mdl_model_resolve(model_path, path, sizeof(path)) != RI_OK) {   /* a name (gemma3-270m) or a path */
         fprintf(stderr, "ri-bench-e2e: no model at %s (./ri model fetch); try --synthetic\n", path);
         return 3;
     }
@@ -488,7 +486,7 @@ int main(int argc, char **argv)
         else {
             fprintf(stderr, "usage: ri-bench-e2e [--json PATH] [--quick] [--synthetic] [--contexts 2048,4096,8000] "
                             "[--batches 1,4] [--steps N] [--hog N] [--deadline-us US] [--kvstore ADDR] "
-                            "[--model PATH]\n");
+                            "[--model NAME|PATH]\n");
             return 2;
         }
     }
