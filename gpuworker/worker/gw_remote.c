@@ -1007,6 +1007,8 @@ ri_status_t gw_remote_decode_begin(gw_remote_t *r, uint32_t layer, const float *
     L = &r->layers[layer];
     if (kv->n_tokens < L->indexed_end)
         return RI_ERR_INVALID;
+    if (r->err == RI_OK)
+        r->err = gw_io_error(r->io); /* a failed upload: the kvstore and our index disagree */
     if (r->err != RI_OK)
         return r->err;
     st = gw_pend_reap(r, false);

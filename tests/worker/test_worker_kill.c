@@ -8,6 +8,12 @@
  *  - the daemon restarted on the same address: ri_session_recover re-creates
  *    and re-fills the session and decoding continues with exactly the results
  *    of an in-process kn_wave on the same K/V;
+ *    (these steps read two-sided, RI_DIRECT=0, so that every step needs the
+ *    daemon);
+ *  - with direct reads (the default on one host), a kill -9 does not stop
+ *    decoding: the retrieved clusters are read from the dead daemon's
+ *    memory, still mapped here and never changed, with the in-process
+ *    results; the loss shows at the next index update, whose upload fails;
  *  - a daemon with a spill directory stopped cleanly (SIGTERM) and restarted
  *    with --recover: ri_session_recover re-attaches to the recovered session
  *    (same id, nothing uploaded again) and decoding goes on exactly as well.
@@ -74,6 +80,7 @@ static void test_kill9_and_recover(void **state)
     ri_status_t st;
     (void)state;
 
+    setenv("RI_DIRECT", "0", 1); /* every step asks the daemon (see test_kill9_direct_reads_go_on) */
     int rc = wk_env_start(&env, 256);
     if (rc == 77) {
         /* cmocka's skip() would still report Passed to CTest: exit 77 so
@@ -195,6 +202,106 @@ static void test_kill9_and_recover(void **state)
 
 /* Restart with --recover after a clean stop: the session comes back whole,
  * and recovery re-attaches instead of re-filling. */
+static void test_kill9_direct_reads_go_on(void **state)
+{
+    wk_env_t env;
+    ri_client_params_t cp;
+    ri_session_params_t sp;
+    ri_client_h client = NULL;
+    ri_session_h sess = NULL;
+    ri_session_stats_t st0 = {.struct_size = sizeof(st0)}, st1 = {.struct_size = sizeof(st1)};
+    kn_wave_t *w[NL];
+    kn_wave_params_t wp;
+    cm_fp16_t *k[NL], *v[NL];
+    ri_kv_view_t kv[NL];
+    kn_shape_t shape = {.n_q_heads = NQ, .n_kv_heads = NKV, .head_dim = D};
+    float q[NQ * D], o_rem[NQ * D], o_loc[NQ * D];
+    size_t n = N0;
+    double worst = 0;
+    int steps_after = 0;
+    ri_status_t st = RI_OK;
+    (void)state;
+
+    unsetenv("RI_DIRECT");
+    if (wk_env_start(&env, 256) != 0)
+        skip();
+    ri_client_params_init(&cp);
+    cp.address = env.daemon.grpc;
+    cp.timeout_ms = 2000;
+    assert_int_equal(ri_client_connect(&cp, &client), RI_OK);
+    ri_session_params_init(&sp);
+    sp.n_layers = NL;
+    sp.n_q_heads = NQ;
+    sp.n_kv_heads = NKV;
+    sp.head_dim = D;
+    sp.update_tokens = 64;  /* an update (an upload) soon after the kill */
+    sp.update_clusters = 4;
+    sp.label = "kill-direct";
+    assert_int_equal(ri_session_create(client, &sp, &sess), RI_OK);
+    kn_wave_params_default(&wp);
+    wp.update_tokens = sp.update_tokens;
+    wp.update_clusters = sp.update_clusters;
+    for (uint32_t l = 0; l < NL; l++) {
+        k[l] = calloc((size_t)NKV * CAP * D, sizeof(cm_fp16_t));
+        v[l] = calloc((size_t)NKV * CAP * D, sizeof(cm_fp16_t));
+        wk_synth_kv(k[l], v[l], CAP, NKV, D, 0, CAP, l);
+        kv[l] = (ri_kv_view_t){.struct_size = sizeof(ri_kv_view_t), .k = k[l], .v = v[l], .n_tokens = n,
+                               .token_stride = D, .head_stride = (size_t)CAP * D};
+        assert_int_equal(kn_wave_create(&shape, &wp, &w[l]), RI_OK);
+        kn_kv_view_t lv = {.k = k[l], .v = v[l], .n_tokens = n, .token_stride = D, .head_stride = (size_t)CAP * D};
+        assert_int_equal(kn_wave_build(w[l], &lv), RI_OK);
+        assert_int_equal(ri_prefill(sess, l, &kv[l]), RI_OK);
+    }
+    assert_int_equal(ri_prefill_wait(sess), RI_OK);
+    assert_int_equal(ri_decode(&sess, 1, 0, q, &kv[0], o_rem), RI_OK); /* regions located */
+    assert_int_equal(ri_decode(&sess, 1, 1, q, &kv[1], o_rem), RI_OK);
+    assert_int_equal(ri_session_stats(sess, &st0), RI_OK);
+    assert_int_equal(kvs_test_daemon_stop(&env.daemon, SIGKILL, 5000), 128 + SIGKILL);
+    /* Decode on (past an update, whose upload goes to no one), then wait for
+     * that upload to fail. */
+    for (int step = 0; n + 2 < CAP && st == RI_OK; step++) {
+        n++;
+        for (uint32_t l = 0; l < NL && st == RI_OK; l++) {
+            kv[l].n_tokens = n;
+            kn_kv_view_t lv = {.k = k[l], .v = v[l], .n_tokens = n, .token_stride = D, .head_stride = (size_t)CAP * D};
+            bool updated = false;
+            wk_synth_q(q, NQ, D, 500 + (uint64_t)step * NL + l);
+            assert_int_equal(kn_wave_update(w[l], &lv, &updated), RI_OK);
+            assert_int_equal(kn_wave_decode(w[l], q, &lv, o_loc, NULL, NULL), RI_OK);
+            st = ri_decode(&sess, 1, l, q, &kv[l], o_rem);
+            if (st == RI_OK && !updated) {
+                double e = wk_rel_err(o_rem, o_loc, NQ, D);
+                worst = e > worst ? e : worst;
+            }
+        }
+        steps_after += st == RI_OK;
+    }
+    assert_int_equal(ri_session_stats(sess, &st1), RI_OK);
+    double t0 = now_s();
+    while (ri_session_status(sess) == RI_OK && now_s() - t0 < 10.0) {
+        struct timespec ts = {0, 50000000};
+        nanosleep(&ts, NULL);
+    }
+    printf("kill -9 under direct reads: %d more steps decoded (%llu layer-steps direct, worst rel err vs "
+           "in-process %.3g, last %s); the session broke %.2f s later: %s\n", steps_after,
+           (unsigned long long)(st1.direct_steps - st0.direct_steps), worst, ri_status_name(st), now_s() - t0,
+           ri_status_name(ri_session_status(sess)));
+    assert_int_equal(st, RI_OK);
+    assert_true(steps_after >= 64); /* past the update */
+    assert_true(st1.direct_steps - st0.direct_steps >= 64);
+    assert_true(worst <= 1e-6);
+    assert_int_not_equal(ri_session_status(sess), RI_OK); /* the update's upload found the daemon gone */
+    assert_int_not_equal(ri_decode(&sess, 1, 0, q, &kv[0], o_rem), RI_OK);
+    ri_session_close(sess);
+    ri_client_close(client);
+    for (uint32_t l = 0; l < NL; l++) {
+        kn_wave_destroy(w[l]);
+        free(k[l]);
+        free(v[l]);
+    }
+    wk_env_stop(&env);
+}
+
 static void test_clean_restart_reattaches(void **state)
 {
     kvs_test_daemon_t d;
@@ -305,6 +412,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_unreachable),
         cmocka_unit_test(test_kill9_and_recover),
+        cmocka_unit_test(test_kill9_direct_reads_go_on),
         cmocka_unit_test(test_clean_restart_reattaches),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
