@@ -78,7 +78,7 @@ say "prompt: ~$tokens tokens of filler with the pass key $key at depth 0.5"
 say "ri-worker: one exact prefill, then full (in-process) and retroinfer-remote (through ri-kvstore)"
 t0=$(date +%s)
 "$bin/ri-worker" --kvstore "$addr" --prompt-file "$work/prompt.txt" --attn full \
-  --compare-attn retroinfer-remote --compare-full --max-tokens "$gen" >"$work/reply.json" 2>"$work/worker.log" || {
+  --compare-attn retroinfer-remote --max-tokens "$gen" >"$work/reply.json" 2>"$work/worker.log" || {
   rc=$?
   [ "$rc" = 3 ] && synthetic     # ri-worker: no model installed
   echo "demo: ri-worker failed:" >&2; cat "$work/worker.log" >&2; exit 1; }
@@ -96,11 +96,20 @@ for run in r["runs"]:
     print(f"demo:   answer: {run.get('text','').strip()!r}  (pass key {key}: {ok})")
     print(f"demo:   decode {run['decode_tok_s']:.1f} tok/s over {run['decode_steps']} steps"
           f" (first step {run['first_step_s']:.2f} s{', builds + uploads the index' if 'hit_ratio' in run else ''})")
-    if "hit_ratio" in run:
-        print(f"demo:   block cache hit ratio {run['hit_ratio']:.3f} ({run['cache_hits']:.0f} hits,"
+    if "hit_ratio" in run and run["cache_hits"] + run["cache_misses"] > 0:
+        print(f"demo:   two-sided reads: block cache hit ratio {run['hit_ratio']:.3f} ({run['cache_hits']:.0f} hits,"
               f" {run['cache_misses']:.0f} misses); fetched {run['fetched_bytes_per_token']/1024:.1f} KiB per token;"
-              f" uploaded {run['uploaded_bytes']/2**20:.1f} MiB; index build {run['index_build_s']:.2f} s;"
               f" waiting for the kvstore {run['fetch_wait_s']:.2f} s")
+    if "hit_ratio" in run:
+        print(f"demo:   uploaded {run['uploaded_bytes']/2**20:.1f} MiB; index build {run['index_build_s']:.2f} s")
+        if "direct_steps" in run:
+            print(f"demo:   read in place from the kvstore's memory (no request): {run['direct_clusters']:.0f} clusters"
+                  f" in {run['direct_steps']:.0f} layer-steps")
+    if "worker_kv_bytes" in run and run.get("full_kv_bytes"):
+        print(f"demo:   worker memory for this sequence's K/V: {run['worker_kv_bytes']/2**20:.1f} MiB"
+              f" = {100*run['worker_kv_bytes']/run['full_kv_bytes']:.0f}% of its full K/V"
+              f" ({run['full_kv_bytes']/2**20:.1f} MiB){'; the rest is in ri-kvstore' if 'hit_ratio' in run else ''}")
+    if "hit_ratio" in run:
         if "late_steps" in run:
             print(f"demo:   deadline-bounded steps: {run['late_steps']:.0f} layer-steps went on without (some of) their"
                   f" misses, {run['late_clusters']:.0f} clusters estimated instead; longest wait"

@@ -90,6 +90,8 @@ static void gw_attn_account(gw_attn_t *a)
     gw_g.tot.fetch_wait_s += now.fetch_wait_s - a->last.fetch_wait_s;
     gw_g.tot.late_steps += now.late_steps - a->last.late_steps;
     gw_g.tot.late_clusters += now.late_clusters - a->last.late_clusters;
+    gw_g.tot.direct_steps += now.direct_steps - a->last.direct_steps;
+    gw_g.tot.direct_clusters += now.direct_clusters - a->last.direct_clusters;
     gw_g.tot.resident_bytes += now.resident_bytes - a->last.resident_bytes; /* a gauge: the sum of the latest */
     gw_g.tot.max_wait_s = CM_MAX(gw_g.tot.max_wait_s, now.max_wait_s);
     pthread_mutex_unlock(&gw_g.lock);

@@ -76,6 +76,8 @@ typedef struct gw_attn_remote_totals {
     uint64_t resident_bytes;   /* now, over live sequences: block caches, receive buffers, meta indexes */
     double compare_s;          /* time spent on the compare_full exact pass */
     uint64_t released_bytes;   /* engine K/V given back once in the kvstore (mdl_kv_release) */
+    uint64_t direct_steps;     /* layer-steps read in place from the kvstore's region */
+    uint64_t direct_clusters;  /* clusters read that way */
     /* compare_full: relative L2 error of each query head's output vs exact */
     uint64_t n_err;            /* (layer, head, step) samples */
     double err_median, err_p90, err_p99, err_max;

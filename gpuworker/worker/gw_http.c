@@ -922,6 +922,9 @@ static void gw_http_render_metrics(gw_http_t *h, FILE *f)
                   (double)t.fetched_bytes);
         gw_metric(f, "ri_worker_kvstore_uploaded_bytes_total", "counter", "Cluster bytes uploaded.",
                   (double)t.uploaded_bytes);
+        gw_metric(f, "ri_worker_kvstore_direct_clusters_total", "counter",
+                  "Retrieved clusters read in place from the kvstore's region (no request).",
+                  (double)t.direct_clusters);
         gw_metric(f, "ri_worker_kvstore_released_bytes_total", "counter",
                   "Engine K/V bytes given back once the kvstore held them.", (double)t.released_bytes);
         gw_metric(f, "ri_worker_kvstore_fetch_wait_seconds_total", "counter", "Decode time spent waiting for the "

@@ -36,6 +36,7 @@
 #include "common/cm_status.h"
 #include "common/cm_thread.h"
 #include "common/cm_time.h"
+#include "gpuworker/model/mdl_kv_mem.h"
 #include "gpuworker/model/mdl_model.h"
 #include "gpuworker/model/mdl_sample.h"
 #include "gpuworker/worker/gw_attn_remote.h"
@@ -198,6 +199,8 @@ static void wk_add_remote_stats(cJSON *run, size_t steps)
     cJSON_AddNumberToObject(run, "max_wait_ms", t.max_wait_s * 1e3);
     cJSON_AddNumberToObject(run, "late_steps", (double)t.late_steps);
     cJSON_AddNumberToObject(run, "late_clusters", (double)t.late_clusters);
+    cJSON_AddNumberToObject(run, "direct_steps", (double)t.direct_steps);
+    cJSON_AddNumberToObject(run, "direct_clusters", (double)t.direct_clusters);
     cJSON_AddNumberToObject(run, "compare_s", t.compare_s);
     cJSON_AddNumberToObject(run, "recoveries", (double)t.recoveries);
     if (t.n_err > 0) {
@@ -207,6 +210,26 @@ static void wk_add_remote_stats(cJSON *run, size_t steps)
         cJSON_AddNumberToObject(run, "attn_rel_err_max", t.err_max);
         cJSON_AddNumberToObject(run, "attn_err_samples", (double)t.n_err);
     }
+}
+
+/* K/V memory of the sequence: its whole K/V (fp16), what of the engine's
+ * arrays is resident (the kernel's count: retroinfer-remote gives back what
+ * the kvstore holds), and the remote backend's own bytes (block cache,
+ * receive buffer, meta index). */
+static void wk_add_memory(cJSON *run, const mdl_seq_t *seq, bool remote)
+{
+    const mdl_kv_t *kv = mdl_seq_kv(seq);
+    double full = (double)mdl_seq_len(seq) * kv->geom.n_layers * kv->geom.n_kv_heads * kv->geom.head_dim * 2.0 *
+                  sizeof(cm_fp16_t);
+    double engine = (double)mdl_kv_resident_bytes(kv), lib = 0;
+    if (remote) {
+        gw_attn_remote_totals_t t;
+        gw_attn_remote_totals(&t);
+        lib = (double)t.resident_bytes;
+    }
+    cJSON_AddNumberToObject(run, "full_kv_bytes", full);
+    cJSON_AddNumberToObject(run, "engine_kv_resident_bytes", engine);
+    cJSON_AddNumberToObject(run, "worker_kv_bytes", engine + lib);
 }
 
 /* Serve one request; the reply (ok or error) goes into reply. */
@@ -274,6 +297,7 @@ static void wk_serve(mdl_model_t *m, const wk_req_t *rq, cJSON *reply)
         if (remote)
             gw_attn_remote_reset_totals();
         st = wk_generate(m, seq[r], logits, rq->max_tokens, run);
+        wk_add_memory(run, seq[r], remote);
         if (remote) {
             cJSON *steps = cJSON_GetObjectItem(run, "decode_steps");
             size_t n = steps ? (size_t)steps->valuedouble : 0;
