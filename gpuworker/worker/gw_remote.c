@@ -60,6 +60,7 @@ typedef struct gw_step {
     gw_io_job_t job;       /* the fetch */
     bool predicted;        /* every retrieved cluster was in the mirror: no wait */
     bool direct;           /* every retrieved cluster read from the kvstore's region: no fetch */
+    bool estimated;        /* the estimation zone was computed at begin, with the ranking */
     bool degraded;         /* an earlier fetch is late: no fetch, mirror hits only */
     uint64_t submit_ns;    /* when the fetch was submitted (its deadline counts from here) */
     uint32_t *nl;          /* [n_kv] late clusters per head (after the retrieved ones in ids) */
@@ -990,6 +991,42 @@ static ri_status_t gw_step_degrade(gw_remote_t *r, const kn_shape_t *grp)
 
 /* ---- decode ---- */
 
+/* Rank (and, when no fetch could overlap it, estimate) every KV head of a
+ * step, one task per head as kn_wave does in-process. */
+typedef struct gw_rank_job {
+    gw_remote_t *r;
+    const gw_layer_t *L;
+    const kn_shape_t *grp;
+    bool estimate;
+    _Atomic int status;
+} gw_rank_job_t;
+
+static void gw_rank_task(void *arg, size_t begin, size_t end, unsigned worker)
+{
+    gw_rank_job_t *job = arg;
+    gw_remote_t *r = job->r;
+    gw_step_t *s = &r->step;
+    (void)worker;
+    for (size_t h = begin; h < end; h++) {
+        const kn_index_t *idx = &job->L->idx[h];
+        const float *q = s->q + h * r->g * r->d;
+        uint32_t *ids = s->ids + h * s->want;
+        ri_status_t st = RI_OK;
+        s->nr[h] = s->ne[h] = s->nl[h] = 0;
+        if (idx->n_clusters > 0)
+            st = kn_rank(r->ops, job->grp, q, idx, s->n_r, s->n_e, ids, &s->nr[h], &s->ne[h]);
+        if (st == RI_OK && job->estimate) {
+            float *o_e = s->part + h * 3 * r->g * (r->d + 1) + (size_t)r->g * r->d;
+            float *l_e = o_e + (size_t)2 * r->g * r->d + r->g;
+            st = kn_estimate(r->ops, job->grp, q, idx, ids + s->nr[h], s->ne[h], o_e, l_e);
+        }
+        if (st != RI_OK) {
+            int expect = RI_OK;
+            atomic_compare_exchange_strong(&job->status, &expect, (int)st);
+        }
+    }
+}
+
 ri_status_t gw_remote_decode_begin(gw_remote_t *r, uint32_t layer, const float *q, const kn_kv_view_t *kv,
                                    uint32_t n_r, uint32_t n_e)
 {
@@ -1033,16 +1070,18 @@ ri_status_t gw_remote_decode_begin(gw_remote_t *r, uint32_t layer, const float *
     if (st != RI_OK)
         return st;
     grp = (kn_shape_t){.n_q_heads = r->g, .n_kv_heads = 1, .head_dim = r->d, .scale = r->shape.scale};
+    /* The estimation zone overlaps only an asynchronous fetch: otherwise it
+     * is computed here, with the ranking, in parallel over the heads. */
+    gw_rank_job_t rj = {.r = r, .L = L, .grp = &grp, .estimate = !r->p.fetch_async};
+    atomic_init(&rj.status, RI_OK);
+    cm_pool_parallel_for(kn_pool(), r->n_kv, 1, gw_rank_task, &rj);
+    if ((st = (ri_status_t)atomic_load(&rj.status)) != RI_OK)
+        return st;
+    s->estimated = rj.estimate;
     for (uint32_t h = 0; h < r->n_kv; h++) {
         const kn_index_t *idx = &L->idx[h];
         uint32_t *ids = s->ids + (size_t)h * s->want;
-        s->nr[h] = s->ne[h] = s->nl[h] = 0;
         s->ent0[h] = (uint32_t)k;
-        if (idx->n_clusters > 0) {
-            st = kn_rank(r->ops, &grp, q + (size_t)h * r->g * r->d, idx, s->n_r, s->n_e, ids, &s->nr[h], &s->ne[h]);
-            if (st != RI_OK)
-                return st;
-        }
         if (s->nr[h] == 0)
             continue;
         s->heads[n_heads] = h;
@@ -1292,8 +1331,8 @@ ri_status_t gw_remote_decode_end(gw_remote_t *r, float *out, float *lse)
     s = &r->step;
     L = &r->layers[s->layer];
     grp = (kn_shape_t){.n_q_heads = r->g, .n_kv_heads = 1, .head_dim = r->d, .scale = r->shape.scale};
-    /* estimation zone while the fetch is on its way */
-    for (uint32_t h = 0; h < r->n_kv && st == RI_OK; h++) {
+    /* estimation zone while the fetch is on its way (unless done at begin) */
+    for (uint32_t h = 0; h < r->n_kv && st == RI_OK && !s->estimated; h++) {
         float *o_e = s->part + (size_t)h * 3 * r->g * (r->d + 1) + (size_t)r->g * r->d;
         float *l_e = o_e + (size_t)2 * r->g * r->d + r->g;
         st = kn_estimate(r->ops, &grp, s->q + (size_t)h * r->g * r->d, &L->idx[h], s->ids + (size_t)h * s->want + s->nr[h],
