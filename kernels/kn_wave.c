@@ -32,8 +32,8 @@ void kn_wave_params_default(kn_wave_params_t *p)
     p->window_tokens = 64;
     p->tokens_per_cluster = 16;
     p->segment_tokens = 8192;
-    p->retrieval_frac = 0.018f;
-    p->estimation_frac = 0.232f;
+    p->retrieval_frac = KN_WAVE_RETRIEVAL_FRAC;
+    p->estimation_frac = KN_WAVE_ESTIMATION_FRAC;
     p->update_tokens = 1024;
     p->update_clusters = 64;
     kn_build_params_default(&p->build);
@@ -177,19 +177,20 @@ static ri_status_t kn_wave_cluster(kn_wave_t *w, const kn_kv_view_t *kv, size_t 
                                    uint32_t C, uint32_t S)
 {
     kn_wave_job_t job = {.w = w, .kv = kv, .t0 = t0, .n = n, .C = C, .S = S};
-    uint32_t add_r, add_e, total;
     atomic_init(&job.status, RI_OK);
     cm_pool_parallel_for(kn_pool(), w->shape.n_kv_heads, 1, kn_wave_cluster_task, &job);
     if (atomic_load(&job.status) != RI_OK)
         return (ri_status_t)atomic_load(&job.status);
     w->indexed_end = t0 + n;
-    add_r = (uint32_t)lround(w->p.retrieval_frac * C);
-    add_r = add_r ? add_r : 1;
-    add_e = (uint32_t)lround(w->p.estimation_frac * C);
-    total = w->idx[0].n_clusters;
-    w->n_r = CM_MIN(w->n_r + add_r, total);
-    w->n_e = CM_MIN(w->n_e + add_e, total - w->n_r);
+    kn_wave_budget_grow(&w->p, C, w->idx[0].n_clusters, &w->n_r, &w->n_e);
     return RI_OK;
+}
+
+void kn_wave_budget_grow(const kn_wave_params_t *p, uint32_t C, uint32_t total, uint32_t *n_r, uint32_t *n_e)
+{
+    uint32_t add_r = (uint32_t)lround(p->retrieval_frac * C), add_e = (uint32_t)lround(p->estimation_frac * C);
+    *n_r = CM_MIN(*n_r + (add_r ? add_r : 1), total);
+    *n_e = CM_MIN(*n_e + add_e, total - *n_r);
 }
 
 static bool kn_kv_valid(const kn_wave_t *w, const kn_kv_view_t *kv)

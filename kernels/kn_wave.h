@@ -28,6 +28,12 @@
 
 #include "kernels/kn_ops.h"
 
+/* The paper's shares of the clusters: retrieved exactly / estimated.  The
+ * one place they are written down (the budget-matched baselines of the
+ * model runtime use the retrieval share too). */
+#define KN_WAVE_RETRIEVAL_FRAC 0.018f
+#define KN_WAVE_ESTIMATION_FRAC 0.232f
+
 /* Settings (defaults in docs/architecture.md). */
 typedef struct kn_wave_params {
     uint32_t sink_tokens;        /* attention sinks kept exact (4) */
@@ -43,6 +49,13 @@ typedef struct kn_wave_params {
 } kn_wave_params_t;
 
 void kn_wave_params_default(kn_wave_params_t *p);
+
+/* The budget rule, shared by every engine that keeps a wave index (in
+ * process and remote): after C clusters were added (a build or an update)
+ * to an index now of `total` clusters, R grows by max(round(retrieval_frac *
+ * C), 1) and E by round(estimation_frac * C), R capped at total and E at
+ * total - R. */
+void kn_wave_budget_grow(const kn_wave_params_t *p, uint32_t C, uint32_t total, uint32_t *n_r, uint32_t *n_e);
 
 typedef struct kn_wave kn_wave_t;
 

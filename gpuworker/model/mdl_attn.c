@@ -15,6 +15,7 @@
 #include "common/cm_log.h"
 #include "common/cm_status.h"
 #include "gpuworker/model/mdl_vec.h"
+#include "kernels/kn_wave.h" /* the retrieval share (a header only: no kernels needed) */
 
 static CM_ALLOC_TAG(mdl_kv_tag, "model.kv");
 static CM_ALLOC_TAG(mdl_attn_tag, "model.attn");
@@ -101,7 +102,7 @@ uint32_t mdl_attn_auto_budget(const mdl_attn_cfg_t *cfg, size_t n_tokens)
 {
     if (cfg->budget_tokens > 0)
         return cfg->budget_tokens;
-    return cfg->sink_tokens + cfg->window_tokens + (uint32_t)lround(0.018 * (double)n_tokens);
+    return cfg->sink_tokens + cfg->window_tokens + (uint32_t)lround(KN_WAVE_RETRIEVAL_FRAC * (double)n_tokens);
 }
 
 /* ---- exact causal attention ---- */

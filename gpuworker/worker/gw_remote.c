@@ -470,7 +470,6 @@ static ri_status_t gw_remote_cluster(gw_remote_t *r, uint32_t layer, const kn_kv
 {
     gw_layer_t *L = &r->layers[layer];
     gw_build_job_t job = {.r = r, .L = L, .kv = kv, .t0 = t0, .n = n, .C = C, .S = S};
-    uint32_t add_r, add_e, total;
     double t_start = cm_time_s();
     ri_status_t st;
 
@@ -483,14 +482,8 @@ static ri_status_t gw_remote_cluster(gw_remote_t *r, uint32_t layer, const kn_kv
     if (st == RI_OK)
         st = gw_remote_queue_upload(r, layer, kv, job.first, append);
     if (st == RI_OK) {
-        /* the same budget arithmetic as kn_wave_cluster */
         L->indexed_end = t0 + n;
-        add_r = (uint32_t)lround(r->p.wave.retrieval_frac * C);
-        add_r = add_r ? add_r : 1;
-        add_e = (uint32_t)lround(r->p.wave.estimation_frac * C);
-        total = L->idx[0].n_clusters;
-        L->n_r = CM_MIN(L->n_r + add_r, total);
-        L->n_e = CM_MIN(L->n_e + add_e, total - L->n_r);
+        kn_wave_budget_grow(&r->p.wave, C, L->idx[0].n_clusters, &L->n_r, &L->n_e);
     }
     cm_free(job.first);
     r->st.build_s += cm_time_s() - t_start;
