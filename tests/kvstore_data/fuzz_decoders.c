@@ -6,11 +6,13 @@
  *   1-4 the data-plane meta blocks (clusters, register, fetch, fetch reply);
  *     after a successful decode every element the view promises is read, so
  *     an over-read of what the decoder checked shows under ASan;
- *   5-10 the gRPC request messages (protobuf-c unpack, as the handlers call it).
+ *   5-10 the gRPC request messages (protobuf-c unpack, as the handlers call it);
+ *   11-13 the direct-read meta blocks (MAP reply, LOCATE, TOUCH), every
+ *     promised byte read as for 1-4.
  * Built with clang -fsanitize=fuzzer,address,undefined (tests/kvstore_data).
  *
  * Mutation check: built again with -DFZ_MUTANT_SLACK=1 (fuzz_decoders_mutant),
- * the data-plane decoders (0-4) are told every message is one byte longer than
+ * the data-plane decoders (0-4, 11-13) are told every message is one byte longer than
  * the bytes that exist, which is what a decoder with a bounds check off by one
  * believes: it then reads the byte past the message.  The real decoders run
  * unchanged on that wrong length, so the over-read happens in their code, and
@@ -19,6 +21,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "common/cm_dp_direct.h"
 #include "common/cm_dp_proto.h"
 #include "common/cm_wire.h"
 #include "retroinfer.pb-c.h"
@@ -101,6 +104,29 @@ static void fz_fetch_reply(const uint8_t *p, size_t n)
     sink += s;
 }
 
+static void fz_direct(uint8_t which, const uint8_t *p, size_t n)
+{
+    uint64_t s = 0;
+    if (which == 11) {
+        cm_dp_map_t m;
+        if (cm_dp_map_decode(p, n, &m) == RI_OK)
+            for (uint32_t i = 0; i < m.rkey_len; i++)
+                s += m.rkey[i];
+    } else if (which == 12) {
+        cm_dp_locate_t l;
+        if (cm_dp_locate_decode(p, n, &l) == RI_OK)
+            s += l.layer + l.head + l.first + l.count;
+    } else {
+        uint32_t cnt, layer, head, id;
+        if (cm_dp_touch_decode(p, n, &cnt) == RI_OK)
+            for (uint32_t i = 0; i < cnt; i++) {
+                cm_dp_touch_entry(p, i, &layer, &head, &id);
+                s += layer + head + id;
+            }
+    }
+    sink += s;
+}
+
 /* Unpack and free, as a gRPC handler does with a request body. */
 #define FZ_PB(Type, name, p, n)                                                        \
     do {                                                                               \
@@ -139,13 +165,15 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     const uint8_t *p = data + 1;
     size_t n = size - 1;
     size_t claimed = n + FZ_MUTANT_SLACK; /* the length the data-plane decoders are given */
-    switch (data[0] % 11) {
+    uint8_t which = (uint8_t)(data[0] % 14);
+    switch (which) {
     case 0: fz_wire(p, claimed); break;
     case 1: fz_clusters(p, claimed); break;
     case 2: fz_register(p, claimed); break;
     case 3: fz_fetch(p, claimed); break;
     case 4: fz_fetch_reply(p, claimed); break;
-    default: fz_proto((uint8_t)(data[0] % 11), p, n); break;
+    case 11: case 12: case 13: fz_direct(which, p, claimed); break;
+    default: fz_proto(which, p, n); break;
     }
     return 0;
 }
