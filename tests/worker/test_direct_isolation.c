@@ -10,7 +10,10 @@
  *     something else, or dies trying;
  *   - alice's secret does not connect her to bob's session at all.
  * The key covers one session's region, allocated for that session alone, so
- * no address makes it reach another's.
+ * no address makes it reach another's.  And the direct-read ops refuse bad
+ * input with a clear status, changing nothing: LOCATE out of range, TOUCH
+ * with one bad record among good ones; a second MAP of a session gives the
+ * same region.
  */
 #include <inttypes.h>
 #include <setjmp.h>
@@ -207,6 +210,31 @@ static void test_secret_does_not_open_other_session(void **state)
     assert_null(dp);
 }
 
+static void test_bad_requests_refused(void **state)
+{
+    uint64_t off = 0, bytes, remote;
+    uint8_t *local;
+    uint32_t good_bad[6] = {0, 0, 0, /* a real cluster */ 0, 0, 99 /* no such cluster */};
+    gw_dp_t *dp2 = NULL;
+    (void)state;
+    assert_int_equal(gw_dp_locate(alice_.dp, 0, 0, 1, 1, &off), RI_ERR_RANGE);  /* one cluster only */
+    assert_int_equal(gw_dp_locate(alice_.dp, 5, 0, 0, 1, &off), RI_ERR_RANGE);  /* one layer only */
+    assert_int_equal(gw_dp_locate(alice_.dp, 0, 3, 0, 1, &off), RI_ERR_RANGE);  /* one head only */
+    assert_int_equal(gw_dp_touch(alice_.dp, good_bad, 2), RI_ERR_RANGE);
+    assert_int_equal(gw_dp_touch(alice_.dp, good_bad, 1), RI_OK);
+    /* the connection is still good, and the cluster where it was */
+    assert_int_equal(gw_dp_locate(alice_.dp, 0, 0, 0, 1, &off), RI_OK);
+    assert_int_equal(off, alice_.off);
+    /* a second connection of the same session maps the same region */
+    assert_int_equal(gw_dp_connect(alice_.sess.dataplane_address, alice_.sess.session_id, alice_.sess.secret, NULL,
+                                   &dp2), RI_OK);
+    assert_int_equal(gw_dp_map(dp2, &local, &bytes, &remote), RI_OK);
+    assert_int_equal(remote, alice_.remote);
+    assert_int_equal(bytes, alice_.bytes);
+    assert_memory_equal(local + alice_.off, alice_.page, PAGE_BYTES);
+    gw_dp_close(dp2);
+}
+
 int main(int argc, char **argv)
 {
     self_ = argv[0];
@@ -216,6 +244,7 @@ int main(int argc, char **argv)
         cmocka_unit_test(test_own_cluster_readable),
         cmocka_unit_test(test_key_does_not_reach_other_tenant),
         cmocka_unit_test(test_secret_does_not_open_other_session),
+        cmocka_unit_test(test_bad_requests_refused),
     };
     return cmocka_run_group_tests(tests, group_setup, group_teardown);
 }
