@@ -1,0 +1,163 @@
+#!/usr/bin/env bash
+# docker/compose.yaml on a real Docker engine (label "docker"; `./ri test
+# --docker` runs it):
+#  1. builds the three images (kvstore, worker, nginx front door) from this
+#     tree and starts the stack with one worker; every service turns healthy;
+#  2. completions through the front door: a short greedy one, and a long
+#     prompt on retroinfer-remote, which must reach the kvstore's data plane
+#     from the worker's container over TCP (the kvstore's fetch counter
+#     grows; the UCX address it hands out carries its container's address,
+#     not loopback); the same on the shared-memory sidecar (profile shm)
+#     with UCX limited to shared memory (no TCP at all);
+#  3. scales to 2 workers: the front door finds the new replica (both
+#     answer, per its upstream log) and both give the same greedy text;
+#  4. kills one worker container: every request after it still succeeds,
+#     served by the other;
+#  5. tears everything down (containers, network; the images stay cached).
+# The engine: one that answers is used as is; else, as root, Debian's
+# docker.io/docker-compose/debootstrap are installed and dockerd started with
+# the settings that need no kernel extras (vfs storage, no NAT rules; data in
+# /var/tmp/dockerd), and stopped again at the end; the base image debian:12
+# is made with debootstrap when missing.  No engine to be had: skip (77).
+set -euo pipefail
+here="$(cd "$(dirname "$0")" && pwd)"
+src="${RI_SOURCE_DIR:-$(cd "$here/../.." && pwd)}"
+model_dir="${RI_MODEL_DIR:-$HOME/.cache/retroinfer/models}"
+model_file=SmolLM2-135M-Instruct.Q4_1.gguf
+[ -f "$model_dir/$model_file" ] || { echo "skip: no model at $model_dir/$model_file"; exit 77; }
+t_start=$(date +%s)
+say() { echo "[$(( $(date +%s) - t_start ))s] $*"; }
+
+# ---- the engine ----
+dd=/var/tmp/dockerd
+started_engine=0
+engine_up() { timeout 10 docker info >/dev/null 2>&1; }
+if ! command -v docker >/dev/null || ! engine_up; then
+  [ "$(id -u)" = 0 ] || { echo "skip: no Docker engine answers and not root to start one"; exit 77; }
+  if ! command -v dockerd >/dev/null || ! command -v debootstrap >/dev/null ||
+     { ! command -v docker-compose >/dev/null && ! docker compose version >/dev/null 2>&1; }; then
+    say "installing docker.io docker-compose debootstrap"
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq docker.io docker-compose debootstrap >/dev/null 2>&1 ||
+      { echo "skip: cannot install a Docker engine (apt-get failed)"; exit 77; }
+  fi
+  mkdir -p "$dd"
+  say "starting dockerd (data in $dd)"
+  dockerd --data-root "$dd/root" --exec-root "$dd/exec" --pidfile "$dd/pid" --iptables=false --ip-masq=false \
+    --storage-driver=vfs >>"$dd/log" 2>&1 &
+  started_engine=1
+  for _ in $(seq 1 60); do engine_up && break; sleep 0.5; done
+  engine_up || { tail -20 "$dd/log"; echo "skip: dockerd did not come up"; kill "$(cat "$dd/pid" 2>/dev/null)" 2>/dev/null; exit 77; }
+fi
+if docker compose version >/dev/null 2>&1; then compose=(docker compose)
+elif command -v docker-compose >/dev/null; then compose=(docker-compose)
+else echo "skip: neither 'docker compose' nor docker-compose"; exit 77; fi
+if ! docker image inspect debian:12 >/dev/null 2>&1; then
+  [ "$(id -u)" = 0 ] && command -v debootstrap >/dev/null || { echo "skip: no debian:12 base image and no debootstrap"; exit 77; }
+  mirror=$(awk '/^URIs:/{print $2; exit}' /etc/apt/sources.list.d/debian.sources 2>/dev/null || true)
+  say "making the debian:12 base image with debootstrap (${mirror:-http://deb.debian.org/debian})"
+  rm -rf /var/tmp/deb12root
+  debootstrap --variant=minbase bookworm /var/tmp/deb12root "${mirror:-http://deb.debian.org/debian}" >/dev/null
+  tar -C /var/tmp/deb12root -c . | docker import - debian:12 >/dev/null
+  rm -rf /var/tmp/deb12root
+fi
+
+# ---- the stack ----
+work="$(mktemp -d "${TMPDIR:-/tmp}/ri-compose-XXXXXX")"
+chmod 755 "$work"
+project="ricompose$$"
+free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'; }
+export RI_TOKENS_FILE="$work/tokens" RI_MODEL_DIR="$model_dir" RI_MODEL_FILE="$model_file"
+export RI_HTTP_PORT="$(free_port)" RI_METRICS_PORT="$(free_port)" RI_SHM_HTTP_PORT="$(free_port)"
+export RI_SHM_UCX_TLS=posix,sysv,self   # the sidecar: shared memory or nothing
+printf '# compose test\n%s compose-test\n' "$(od -An -tx1 -N16 /dev/urandom | tr -d ' \n')" >"$RI_TOKENS_FILE"
+# the containers' user (uid 10001) reads the secret; nobody else does
+chown 10001 "$RI_TOKENS_FILE" 2>/dev/null || chmod 644 "$RI_TOKENS_FILE"
+[ "$(stat -c %u "$RI_TOKENS_FILE")" = 10001 ] && chmod 400 "$RI_TOKENS_FILE"
+dc() { "${compose[@]}" -f "$src/docker/compose.yaml" -p "$project" --profile shm "$@"; }
+cleanup() {
+  set +e
+  if [ "${RI_COMPOSE_KEEP:-0}" != 1 ]; then
+    dc logs --no-color >"$work/stack.log" 2>&1
+    [ "$ok" = 1 ] || { echo "---- stack logs (last 80 lines) ----"; tail -80 "$work/stack.log"; }
+    dc down -v --remove-orphans -t 5 >/dev/null 2>&1
+  fi
+  if [ "$started_engine" = 1 ]; then
+    kill "$(cat "$dd/pid")" 2>/dev/null
+    for _ in $(seq 1 100); do [ -e "$dd/pid" ] || break; sleep 0.1; done
+  fi
+  rm -rf "$work"
+  say "torn down"
+}
+ok=0
+trap cleanup EXIT
+
+say "building the images"
+dc build -q >"$work/build.log" 2>&1 || { tail -40 "$work/build.log"; echo "FAIL: image build"; exit 1; }
+say "starting kvstore, 1 worker, the shared-memory sidecar, front door"
+dc up -d --scale worker=1 >"$work/up.log" 2>&1 || { cat "$work/up.log"; echo "FAIL: compose up"; exit 1; }
+
+# Container ids of a service, and waiting until each is healthy.
+ids() { dc ps -q "$1"; }
+wait_healthy() {  # SERVICE COUNT SECONDS
+  local end=$(( $(date +%s) + $3 )) n st
+  while :; do
+    n=0
+    for c in $(ids "$1"); do
+      st="$(docker inspect -f '{{.State.Status}}/{{if .State.Health}}{{.State.Health.Status}}{{end}}' "$c")"
+      case "$st" in running/healthy) n=$((n + 1)) ;; exited/*|dead/*) echo "FAIL: $1 container $c $st"; return 1 ;; esac
+    done
+    [ "$n" -ge "$2" ] && return 0
+    [ "$(date +%s)" -lt "$end" ] || { echo "FAIL: $1: $n of $2 healthy after $3 s"; return 1; }
+    sleep 1
+  done
+}
+wait_healthy kvstore 1 60
+wait_healthy worker 1 180
+wait_healthy worker-shm 1 180
+wait_healthy frontdoor 1 60
+say "healthy: kvstore, worker, worker-shm, frontdoor"
+
+# The checks talk HTTP from Python (no curl needed).
+py() { python3 "$here/compose_client.py" "$@"; }
+front="http://127.0.0.1:$RI_HTTP_PORT"
+py models "$front"
+py complete "$front" 3 >"$work/text1"
+say "3 greedy completions through the front door: $(cat "$work/text1")"
+f0="$(py kvs-fetches "http://127.0.0.1:$RI_METRICS_PORT/metrics")"
+py remote "$front"
+f1="$(py kvs-fetches "http://127.0.0.1:$RI_METRICS_PORT/metrics")"
+[ "$f1" -gt "$f0" ] || { echo "FAIL: the kvstore served no fetch ($f0 -> $f1): the worker did not reach its data plane"; exit 1; }
+say "retroinfer-remote from the worker's container: kvstore fetches $f0 -> $f1"
+kvs="$(ids kvstore)"
+kip="$(docker inspect -f '{{range .NetworkSettings.Networks}}{{.IPAddress}}{{end}}' "$kvs")"
+dpaddr="$(docker exec "$kvs" ri status --addr 127.0.0.1:7070 | sed -n 's/^ *dataplane *//p')"
+case "$dpaddr" in
+  *"$(printf '%02x' ${kip//./ })"*) ;;
+  *) echo "FAIL: the kvstore's data-plane address does not carry its address $kip: $dpaddr"; exit 1 ;;
+esac
+case "$dpaddr" in *7f000001*) echo "FAIL: the data-plane address carries 127.0.0.1: $dpaddr"; exit 1 ;; esac
+say "the data-plane address carries the kvstore container's $kip"
+py remote "http://127.0.0.1:$RI_SHM_HTTP_PORT"
+f2="$(py kvs-fetches "http://127.0.0.1:$RI_METRICS_PORT/metrics")"
+[ "$f2" -gt "$f1" ] || { echo "FAIL: the shared-memory sidecar fetched nothing ($f1 -> $f2)"; exit 1; }
+say "retroinfer-remote from the sidecar over shared memory only (UCX_TLS=$RI_SHM_UCX_TLS): fetches $f1 -> $f2"
+
+say "scaling to 2 workers"
+dc up -d --no-recreate --scale worker=2 >>"$work/up.log" 2>&1 || { cat "$work/up.log"; exit 1; }
+wait_healthy worker 2 180
+py complete "$front" 8 >"$work/text2"
+[ "$(cat "$work/text1")" = "$(cat "$work/text2")" ] || { echo "FAIL: greedy text differs: $(cat "$work/text1") vs $(cat "$work/text2")"; exit 1; }
+ups="$(dc logs --no-color frontdoor 2>/dev/null | grep -o 'upstream=[0-9.]*:8080' | sort -u | wc -l)"
+[ "$ups" -ge 2 ] || { echo "FAIL: the front door used $ups worker(s), wanted 2"; exit 1; }
+say "8 completions over 2 workers: same text, both replicas answered"
+
+victim="$(ids worker | head -1)"
+say "killing worker container ${victim:0:12}"
+docker kill "$victim" >/dev/null
+py complete "$front" 6 >"$work/text3"
+[ "$(cat "$work/text1")" = "$(cat "$work/text3")" ] || { echo "FAIL: after the kill: $(cat "$work/text3")"; exit 1; }
+running="$(for c in $(ids worker); do docker inspect -f '{{.State.Running}}' "$c"; done | grep -c true || true)"
+[ "$running" = 1 ] || { echo "FAIL: $running workers running after the kill, wanted 1"; exit 1; }
+say "6 completions after the kill: all served by the surviving worker"
+ok=1
+say "compose: build, health, front door, data plane, scale, kill: ok"
