@@ -24,15 +24,17 @@ static uint64_t kvs_direct_size(const kvs_session_t *s)
 
 /* Make s's region; lock held.  The pool lends an extent of the same size
  * that nobody touches, so that the pool's budget and pressure count the
- * region, and the session is charged for it once, up front. */
+ * region, and the session is charged for it once, up front.  With a spill
+ * tier, the region's clusters are pinned (written out only at a clean stop);
+ * what does not fit in it goes to the pool and may spill. */
 static ri_status_t kvs_direct_make_locked(kvs_data_t *data, kvs_session_t *s)
 {
     kvs_region_t *r;
     uint64_t bytes = kvs_direct_size(s);
     ri_status_t st;
 
-    if (kvs_tier_on(data) || data->dp == NULL || bytes == 0)
-        return RI_ERR_UNSUPPORTED; /* spillable clusters must stay in the pool */
+    if (data->dp == NULL || bytes == 0)
+        return RI_ERR_UNSUPPORTED;
     r = cm_calloc(&kvs_direct_tag, 1, sizeof(*r));
     if (r == NULL)
         return RI_ERR_NOMEM;

@@ -171,7 +171,10 @@ static ri_status_t kvs_ops_upload(kvs_data_t *data, kvs_session_t *s, const cm_w
     st = kvs_session_reserve_extents_locked(s, v.n_heads);
     if (st != RI_OK)
         goto err_unlock;
-    if (kvs_tier_on(data)) {
+    /* With a spill tier, an upload that fits the session's direct region
+     * whole goes there (pinned); otherwise one extent per cluster, so that
+     * each can spill. */
+    if (kvs_tier_on(data) && !(s->region != NULL && total <= s->region->bytes - s->region->used)) {
         st = kvs_ops_upload_tiered_locked(data, s, &v, src, reply);
         if (st != RI_OK)
             goto err_unlock;

@@ -72,15 +72,19 @@ void kvs_tier_touch_locked(kvs_data_t *data, const kvs_session_t *s, uint32_t la
     kvs_spill_key_t key = {.session = s->id, .layer = layer, .head = head, .cluster = id};
     const kvs_cluster_t *c = &s->tables[(uint64_t)layer * s->geo.kv_heads + head].c[id];
 
+    if (c->direct)
+        return; /* in a direct region: read in place by a worker, never spilled */
     /* A failed touch (out of memory) only means the cluster is never picked. */
     (void)kvs_spill_cold_touch(data->cold, &key, kvs_pool_round(kvs_tier_cluster_bytes(s, c)));
 }
 
 /* Write the clusters of keys to disk, then mark them DISK and free their pool
- * pages.  *freed_p gets the pool bytes freed.  Returns RI_OK, or the error
- * that should stop spilling (quota, I/O). */
+ * pages.  *freed_p gets the pool bytes freed.  Clusters of a direct region
+ * are written only when closing (so that --recover finds them; a worker may
+ * read them at any time until then, so they never leave before).  Returns
+ * RI_OK, or the error that should stop spilling (quota, I/O). */
 static ri_status_t kvs_tier_spill_keys_locked(kvs_data_t *data, const kvs_spill_key_t *keys, size_t n,
-                                              uint64_t *freed_p)
+                                              bool closing, uint64_t *freed_p)
 {
     kvs_spill_wreq_t w[KVS_TIER_BATCH];
     kvs_session_t *ws[KVS_TIER_BATCH];
@@ -93,7 +97,8 @@ static ri_status_t kvs_tier_spill_keys_locked(kvs_data_t *data, const kvs_spill_
         kvs_table_t *t = s ? kvs_tier_table(s, keys[i].layer, keys[i].head) : NULL;
         kvs_cluster_t *c;
         uint64_t bytes;
-        if (t == NULL || keys[i].cluster >= t->n || t->c[keys[i].cluster].tier != KVS_TIER_POOL) {
+        if (t == NULL || keys[i].cluster >= t->n || t->c[keys[i].cluster].tier != KVS_TIER_POOL ||
+            (t->c[keys[i].cluster].direct && !closing)) {
             kvs_spill_cold_remove(data->cold, &keys[i]); /* stale: dropped or already spilled */
             continue;
         }
@@ -105,7 +110,7 @@ static ri_status_t kvs_tier_spill_keys_locked(kvs_data_t *data, const kvs_spill_
         }
         ws[m] = s;
         w[m++] = (kvs_spill_wreq_t){.key = keys[i], .dtype = (uint16_t)s->geo.dtype, .tokens = c->tokens,
-                                    .payload = kvs_pool_base(data->pool) + c->off,
+                                    .payload = kvs_cluster_data(data, s, c),
                                     .payload_bytes = (uint32_t)bytes};
     }
     if (m == 0)
@@ -118,15 +123,18 @@ static ri_status_t kvs_tier_spill_keys_locked(kvs_data_t *data, const kvs_spill_
                 st = w[i].status;
             continue;
         }
-        kvs_pool_free(data->pool, c->off, w[i].payload_bytes);
-        kvs_session_uncharge_locked(data, ws[i], kvs_pool_round(w[i].payload_bytes));
+        if (!c->direct) { /* a region's bytes go with the region */
+            kvs_pool_free(data->pool, c->off, w[i].payload_bytes);
+            kvs_session_uncharge_locked(data, ws[i], kvs_pool_round(w[i].payload_bytes));
+            *freed_p += kvs_pool_round(w[i].payload_bytes);
+        }
         c->tier = KVS_TIER_DISK;
+        c->direct = false;
         c->off = 0;
         ws[i]->disk_bytes += w[i].payload_bytes;
         kvs_spill_cold_remove(data->cold, &w[i].key);
         data->spilled_clusters++;
         data->spilled_bytes += w[i].payload_bytes;
-        *freed_p += kvs_pool_round(w[i].payload_bytes);
     }
     if (st != RI_OK) {
         data->spill_failures++;
@@ -153,7 +161,7 @@ static uint64_t kvs_tier_spill_locked(kvs_data_t *data, uint64_t bytes)
         size_t n = kvs_spill_cold_pick(data->cold, KVS_TIER_BATCH, bytes - freed, keys);
         if (n == 0)
             break;
-        ri_status_t st = kvs_tier_spill_keys_locked(data, keys, n, &f);
+        ri_status_t st = kvs_tier_spill_keys_locked(data, keys, n, false, &f);
         freed += f;
         if (st != RI_OK)
             break; /* quota or I/O: retrying now would fail the same way */
@@ -279,7 +287,7 @@ void kvs_tier_session_free_locked(kvs_data_t *data, kvs_session_t *s)
         return;
     for (uint64_t i = 0; i < (uint64_t)s->geo.layers * s->geo.kv_heads; i++)
         for (uint32_t j = 0; j < s->tables[i].n; j++)
-            if (s->tables[i].c[j].tier == KVS_TIER_POOL)
+            if (s->tables[i].c[j].tier == KVS_TIER_POOL && !s->tables[i].c[j].direct)
                 kvs_pool_free(data->pool, s->tables[i].c[j].off, kvs_tier_cluster_bytes(s, &s->tables[i].c[j]));
 }
 
@@ -573,14 +581,14 @@ void kvs_tier_close(kvs_data_t *data)
                         continue;
                     keys[n++] = (kvs_spill_key_t){.session = s->id, .layer = l, .head = h, .cluster = c};
                     if (n == KVS_TIER_BATCH) {
-                        st = kvs_tier_spill_keys_locked(data, keys, n, &freed);
+                        st = kvs_tier_spill_keys_locked(data, keys, n, true, &freed);
                         n = 0;
                     }
                 }
             }
     }
     if (n > 0 && st == RI_OK)
-        st = kvs_tier_spill_keys_locked(data, keys, n, &freed);
+        st = kvs_tier_spill_keys_locked(data, keys, n, true, &freed);
     if (st != RI_OK)
         cm_warn("shutdown: not every pool cluster reached the spill tier (%s)", ri_status_str(st));
     (void)kvs_smf_write_locked(data);

@@ -14,7 +14,8 @@
  *    decoding: the retrieved clusters are read from the dead daemon's
  *    memory, still mapped here and never changed, with the in-process
  *    results; the loss shows at the next index update, whose upload fails;
- *  - a daemon with a spill directory stopped cleanly (SIGTERM) and restarted
+ *  - a daemon with a spill directory (the session's clusters in its pinned
+ *    direct region, read in place) stopped cleanly (SIGTERM) and restarted
  *    with --recover: ri_session_recover re-attaches to the recovered session
  *    (same id, nothing uploaded again) and decoding goes on exactly as well.
  */
@@ -355,8 +356,13 @@ static void test_clean_restart_reattaches(void **state)
         assert_int_equal(ri_decode(&sess, 1, l, q, &kv[l], o_rem), RI_OK);
     }
     assert_int_equal(ri_session_stats(sess, &s0), RI_OK);
+    /* the spill tier and direct reads together: the session's clusters sit in
+     * its pinned region and were read in place */
+    assert_int_equal(s0.direct_steps, NL);
+    assert_int_equal(s0.misses, 0);
 
-    /* a clean stop writes every cluster out; the restart recovers them */
+    /* a clean stop writes every cluster out, the region's too; the restart
+     * recovers them */
     snprintf(port, sizeof(port), "--listen=%s", d.grpc);
     assert_int_equal(kvs_test_daemon_stop(&d, SIGTERM, 15000), 0);
     const char *extra2[] = {"--memory=256MiB", sflag, "--recover", port, NULL};
