@@ -7,7 +7,8 @@
  *  - the last 8 positions of a prompt longer than the 512-token sliding
  *    window, where local and global layers differ (prefill and decode);
  *  - our SentencePiece ids (bos, digits, user-defined newline tokens, byte
- *    fallback, non-ASCII) equal to the reference tokenizer's.
+ *    fallback, non-ASCII, and 24 KB of this repository's prose) equal to the
+ *    reference tokenizer's.
  * Skipped (77) without the model file, python3, numpy or gguf.
  */
 #include <math.h>
@@ -73,13 +74,33 @@ static void write_text(const char *path, const char *text)
     fclose(f);
 }
 
+/* Real prose with markdown, code and non-ASCII: this repository's
+ * docs/architecture.md, its first 24 KB cut at a line end (NULL if absent). */
+static char *read_prose(void)
+{
+    char path[4096];
+    const char *src = getenv("RI_SOURCE_DIR");
+    snprintf(path, sizeof(path), "%s/docs/architecture.md", src ? src : ".");
+    FILE *f = fopen(path, "rb");
+    if (f == NULL)
+        return NULL;
+    char *buf = calloc(1, 24577);
+    size_t n = buf ? fread(buf, 1, 24576, f) : 0;
+    fclose(f);
+    while (n > 0 && buf[n - 1] != '\n')
+        buf[--n] = '\0';
+    return buf;
+}
+
 static void test_tokenizer_matches_reference(void **state)
 {
     mdl_model_t *m = *state;
-    const char *texts[5] = {prompts[0], prompts[1], prompts[2], tok_only[0], tok_only[1]};
+    char *prose = read_prose();
+    const char *texts[6] = {prompts[0], prompts[1], prompts[2], tok_only[0], tok_only[1], prose};
+    int nt = prose != NULL ? 6 : 5;
     char args[4096], *a = args;
     a += snprintf(args, sizeof(args), "'%s' tokenize", getenv("RI_T_PATH"));
-    for (int p = 0; p < 5; p++) {
+    for (int p = 0; p < nt; p++) {
         char in[300];
         snprintf(in, sizeof(in), "%s/text%d.txt", tmpdir, p);
         write_text(in, texts[p]);
@@ -89,7 +110,7 @@ static void test_tokenizer_matches_reference(void **state)
     if (rc == 77)
         skip();
     assert_int_equal(rc, 0);
-    for (int p = 0; p < 5; p++) {
+    for (int p = 0; p < nt; p++) {
         char out[300];
         snprintf(out, sizeof(out), "%s/ids%d.txt", tmpdir, p);
         int32_t *ids;
@@ -109,8 +130,11 @@ static void test_tokenizer_matches_reference(void **state)
         assert_int_equal(mdl_tok_decode(mdl_model_tok(m), ids, n, true, &back), RI_OK);
         assert_string_equal(back, texts[p]);
         cm_free(back);
+        if (p == 5)
+            printf("prose: %zu bytes, %zu tokens, equal to the reference\n", strlen(texts[p]), n);
         cm_free(ids);
     }
+    free(prose);
 }
 
 /* Max |a - b| over V as a share of b's range; fails on another argmax. */
@@ -134,12 +158,12 @@ static double check_row(const float *a, const float *b, size_t V, const char *wh
 static void our_logits(mdl_model_t *m, const int32_t *ids, size_t n, float *pre, float *dec)
 {
     mdl_seq_t *s;
-    mdl_model_set_chunk(m, 4);
     assert_int_equal(mdl_seq_create(m, mdl_attn_find("full"), NULL, n, &s), RI_OK);
     assert_int_equal(mdl_prefill(m, s, ids, n - NPOS, NULL, NULL, NULL, NULL), RI_OK);
+    mdl_model_set_chunk(m, 4);   /* the checked positions in two chunks: chunked prefill is what is checked */
     assert_int_equal(mdl_prefill(m, s, ids + n - NPOS, NPOS, NULL, pre, NULL, NULL), RI_OK);
-    mdl_seq_destroy(s);
     mdl_model_set_chunk(m, 64);
+    mdl_seq_destroy(s);
     assert_int_equal(mdl_seq_create(m, mdl_attn_find("full"), NULL, n, &s), RI_OK);
     assert_int_equal(mdl_prefill(m, s, ids, n - 1, NULL, NULL, NULL, NULL), RI_OK);
     mdl_seq_t *one[1] = {s};
