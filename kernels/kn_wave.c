@@ -234,6 +234,23 @@ ri_status_t kn_wave_update(kn_wave_t *w, const kn_kv_view_t *kv, bool *updated_p
 
 /* ---- tripartite decode ---- */
 
+ri_status_t kn_wave_rank_estimate(const kn_ops_t *ops, const kn_shape_t *grp, const float *q, const kn_index_t *idx,
+                                  uint32_t n_r, uint32_t n_e, uint32_t *ids, uint32_t *nr, uint32_t *ne, float *o_e,
+                                  float *l_e)
+{
+    bool fused = ops == kn_ops_cpu() && ops->supports(KN_OP_RANK, grp, KN_DTYPE_F16);
+    ri_status_t st;
+
+    *nr = *ne = 0;
+    if (idx->n_clusters > 0) {
+        st = fused ? kn_cpu_rank_estimate(grp, q, idx, n_r, n_e, ids, nr, ne, o_e, l_e)
+                   : kn_rank(ops, grp, q, idx, n_r, n_e, ids, nr, ne);
+        if (st != RI_OK || fused)
+            return st;
+    }
+    return kn_estimate(ops, grp, q, idx, ids + *nr, *ne, o_e, l_e);
+}
+
 static void kn_wave_decode_task(void *arg, size_t begin, size_t end, unsigned worker)
 {
     kn_wave_job_t *job = arg;
@@ -262,18 +279,9 @@ static void kn_wave_decode_task(void *arg, size_t begin, size_t end, unsigned wo
             goto fail;
         float *o_x = part, *o_e = part + (size_t)g * d;
         float *l_x = part + (size_t)2 * g * d, *l_e = l_x + g;
-        bool fused = w->ops == kn_ops_cpu() && w->ops->supports(KN_OP_RANK, &grp, KN_DTYPE_F16);
-        if (idx->n_clusters > 0) {
-            st = fused ? kn_cpu_rank_estimate(&grp, q, idx, job->n_r, job->n_e, ids, &nr, &ne, o_e, l_e)
-                       : kn_rank(w->ops, &grp, q, idx, job->n_r, job->n_e, ids, &nr, &ne);
-            if (st != RI_OK)
-                goto fail;
-        }
-        if (idx->n_clusters == 0 || !fused) {
-            st = kn_estimate(w->ops, &grp, q, idx, ids + nr, ne, o_e, l_e);
-            if (st != RI_OK)
-                goto fail;
-        }
+        st = kn_wave_rank_estimate(w->ops, &grp, q, idx, job->n_r, job->n_e, ids, &nr, &ne, o_e, l_e);
+        if (st != RI_OK)
+            goto fail;
         /* exact part: sinks, steady tail, retrieved clusters */
         size_t hoff = h * kv->head_stride;
         pages[np++] = (kn_page_t){kv->k + hoff, kv->v + hoff, (uint32_t)sink,

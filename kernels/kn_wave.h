@@ -57,6 +57,16 @@ void kn_wave_params_default(kn_wave_params_t *p);
  * total - R. */
 void kn_wave_budget_grow(const kn_wave_params_t *p, uint32_t C, uint32_t total, uint32_t *n_r, uint32_t *n_e);
 
+/* The first phase of a decode step for one KV head group, shared by every
+ * engine: rank the index's clusters for q (grp: g query heads, one KV head)
+ * into the retrieval zone ids[0, *nr) and the estimation zone ids[*nr,
+ * *nr + *ne), and attend the estimation zone through its centroids into
+ * (o_e [g][d], l_e [g]).  One pass over the centroids on the CPU backend
+ * (rank and estimate fused), two elsewhere.  ids has room for n_r + n_e. */
+ri_status_t kn_wave_rank_estimate(const kn_ops_t *ops, const kn_shape_t *grp, const float *q, const kn_index_t *idx,
+                                  uint32_t n_r, uint32_t n_e, uint32_t *ids, uint32_t *nr, uint32_t *ne, float *o_e,
+                                  float *l_e);
+
 typedef struct kn_wave kn_wave_t;
 
 /* Per-step figures (summed over KV heads). */

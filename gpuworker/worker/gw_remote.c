@@ -1006,12 +1006,13 @@ static void gw_rank_task(void *arg, size_t begin, size_t end, unsigned worker)
         uint32_t *ids = s->ids + h * s->want;
         ri_status_t st = RI_OK;
         s->nr[h] = s->ne[h] = s->nl[h] = 0;
-        if (idx->n_clusters > 0)
-            st = kn_rank(r->ops, job->grp, q, idx, s->n_r, s->n_e, ids, &s->nr[h], &s->ne[h]);
-        if (st == RI_OK && job->estimate) {
+        if (job->estimate) {
             float *o_e = s->part + h * 3 * r->g * (r->d + 1) + (size_t)r->g * r->d;
             float *l_e = o_e + (size_t)2 * r->g * r->d + r->g;
-            st = kn_estimate(r->ops, job->grp, q, idx, ids + s->nr[h], s->ne[h], o_e, l_e);
+            st = kn_wave_rank_estimate(r->ops, job->grp, q, idx, s->n_r, s->n_e, ids, &s->nr[h], &s->ne[h], o_e,
+                                       l_e);
+        } else if (idx->n_clusters > 0) {
+            st = kn_rank(r->ops, job->grp, q, idx, s->n_r, s->n_e, ids, &s->nr[h], &s->ne[h]);
         }
         if (st != RI_OK) {
             int expect = RI_OK;
