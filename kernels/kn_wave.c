@@ -13,6 +13,8 @@
 #include "kernels/kn_internal.h"
 #include "kernels/kn_wave.h"
 
+#define KN_WAVE_MAX_KV_LOCAL 64 /* KV heads whose first-cluster ids fit on the stack */
+
 struct kn_wave {
     kn_shape_t shape;      /* layer geometry */
     kn_wave_params_t p;    /* settings */
@@ -20,6 +22,7 @@ struct kn_wave {
     uint32_t g, d;         /* group size, head dim */
     size_t indexed_end;    /* first position after the indexed range */
     kn_index_t *idx;       /* [n_kv] */
+    const kn_wave_store_t *store; /* NULL: the clusters are copied into ck/cv */
     cm_fp16_t **ck, **cv;  /* [n_kv] cluster-major K/V of indexed tokens [cap][d] */
     size_t *cap;           /* [n_kv] rows allocated in ck/cv */
     uint32_t n_r, n_e;     /* retrieval / estimation clusters per head */
@@ -43,6 +46,12 @@ void kn_wave_params_default(kn_wave_params_t *p)
 ri_status_t kn_wave_create(const kn_shape_t *shape, const kn_wave_params_t *params,
                            kn_wave_t **wave_p)
 {
+    return kn_wave_create_store(shape, params, NULL, wave_p);
+}
+
+ri_status_t kn_wave_create_store(const kn_shape_t *shape, const kn_wave_params_t *params,
+                                 const kn_wave_store_t *store, kn_wave_t **wave_p)
+{
     kn_wave_t *w;
     uint32_t nkv;
 
@@ -56,6 +65,7 @@ ri_status_t kn_wave_create(const kn_shape_t *shape, const kn_wave_params_t *para
         return RI_ERR_NOMEM;
     w->shape = *shape;
     w->p = *params;
+    w->store = store;
     w->ops = params->ops ? params->ops : kn_ops_default();
     w->g = shape->n_q_heads / nkv;
     w->d = shape->head_dim;
@@ -119,6 +129,7 @@ typedef struct kn_wave_job {
     size_t t0;                /* first token clustered */
     uint32_t n, C, S;         /* tokens, clusters, segments */
     uint32_t n_r, n_e;        /* decode budgets */
+    uint32_t *first;          /* [n_kv] first new cluster of each head (build, update) */
     _Atomic int status;       /* first failure */
     _Atomic uint64_t exact, retrieved, est, bytes;
 } kn_wave_job_t;
@@ -163,10 +174,11 @@ static void kn_wave_cluster_task(void *arg, size_t begin, size_t end, unsigned w
         kn_index_t *idx = &w->idx[h];
         uint32_t r0 = idx->n_tokens;
         size_t off = h * job->kv->head_stride + job->t0 * job->kv->token_stride;
+        job->first[h] = idx->n_clusters;
         ri_status_t st = kn_index_build(w->ops, &w->p.build, job->kv->k + off, job->kv->v + off,
                                         job->kv->token_stride, job->n, (uint32_t)job->t0, job->C,
                                         job->S, idx);
-        if (st == RI_OK)
+        if (st == RI_OK && w->store == NULL)
             st = kn_wave_copy_clusters(w, (uint32_t)h, job->kv, r0);
         if (st != RI_OK)
             kn_wave_fail(job, st);
@@ -176,11 +188,22 @@ static void kn_wave_cluster_task(void *arg, size_t begin, size_t end, unsigned w
 static ri_status_t kn_wave_cluster(kn_wave_t *w, const kn_kv_view_t *kv, size_t t0, uint32_t n,
                                    uint32_t C, uint32_t S)
 {
+    uint32_t first[KN_WAVE_MAX_KV_LOCAL], *fp = first;
     kn_wave_job_t job = {.w = w, .kv = kv, .t0 = t0, .n = n, .C = C, .S = S};
+    ri_status_t st;
+    if (w->shape.n_kv_heads > KN_WAVE_MAX_KV_LOCAL &&
+        (fp = cm_malloc(&kn_tag, w->shape.n_kv_heads * sizeof(uint32_t))) == NULL)
+        return RI_ERR_NOMEM;
+    job.first = fp;
     atomic_init(&job.status, RI_OK);
     cm_pool_parallel_for(kn_pool(), w->shape.n_kv_heads, 1, kn_wave_cluster_task, &job);
-    if (atomic_load(&job.status) != RI_OK)
-        return (ri_status_t)atomic_load(&job.status);
+    st = (ri_status_t)atomic_load(&job.status);
+    if (st == RI_OK && w->store != NULL)
+        st = w->store->append(w->store->ctx, w->idx, fp, kv);
+    if (fp != first)
+        cm_free(fp);
+    if (st != RI_OK)
+        return st;
     w->indexed_end = t0 + n;
     kn_wave_budget_grow(&w->p, C, w->idx[0].n_clusters, &w->n_r, &w->n_e);
     return RI_OK;
@@ -331,7 +354,7 @@ ri_status_t kn_wave_decode_budget(kn_wave_t *w, const float *q, const kn_kv_view
                                   kn_wave_stats_t *stats_p)
 {
     kn_wave_job_t job = {.w = w, .kv = kv, .q = q, .out = out, .lse = lse, .n_r = n_r, .n_e = n_e};
-    if (w == NULL || q == NULL || out == NULL || !kn_kv_valid(w, kv) ||
+    if (w == NULL || w->store != NULL || q == NULL || out == NULL || !kn_kv_valid(w, kv) ||
         kv->n_tokens < w->indexed_end)
         return RI_ERR_INVALID;
     atomic_init(&job.status, RI_OK);

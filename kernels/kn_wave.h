@@ -69,6 +69,21 @@ ri_status_t kn_wave_rank_estimate(const kn_ops_t *ops, const kn_shape_t *grp, co
 
 typedef struct kn_wave kn_wave_t;
 
+/* Where a wave keeps its clusters' K/V.  Without one (kn_wave_create) the
+ * wave keeps its own cluster-major copy and decodes in process; with one
+ * (kn_wave_create_store: the remote store of gpuworker/worker) the store
+ * keeps them wherever it likes, and the wave is the index, the budgets and
+ * the build/update schedule, while the caller decodes with
+ * kn_wave_rank_estimate over kn_wave_index. */
+typedef struct kn_wave_store {
+    void *ctx;
+    /* After a build or an update clustered every head: clusters
+     * [first[h], idx[h].n_clusters) of each head h are new (their tokens are
+     * idx[h].perm[idx[h].offsets[c] ...], positions in kv).  Caller's thread;
+     * an error fails the build or update. */
+    ri_status_t (*append)(void *ctx, const kn_index_t *idx, const uint32_t *first, const kn_kv_view_t *kv);
+} kn_wave_store_t;
+
 /* Per-step figures (summed over KV heads). */
 typedef struct kn_wave_stats {
     uint64_t exact_tokens;     /* steady + retrieved tokens attended exactly */
@@ -81,6 +96,11 @@ typedef struct kn_wave_stats {
  * Errors: RI_ERR_INVALID (shape/params), RI_ERR_NOMEM. */
 ri_status_t kn_wave_create(const kn_shape_t *shape, const kn_wave_params_t *params,
                            kn_wave_t **wave_p);
+
+/* The same with the clusters kept by store (borrowed: it must outlive the
+ * wave).  kn_wave_decode then answers RI_ERR_INVALID (the caller decodes). */
+ri_status_t kn_wave_create_store(const kn_shape_t *shape, const kn_wave_params_t *params,
+                                 const kn_wave_store_t *store, kn_wave_t **wave_p);
 
 void kn_wave_destroy(kn_wave_t *wave);
 

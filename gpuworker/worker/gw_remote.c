@@ -25,9 +25,16 @@ static CM_ALLOC_TAG(gw_remote_tag, "gw.remote");
 #define GW_NO_ID UINT32_MAX
 #define GW_GMAX 64u   /* query heads per group handled on the stack */
 
-/* Index state of one layer, all KV heads. */
+/* Index state of one layer, all KV heads.  The index, its budgets and its
+ * build/update schedule are kn_wave's (one engine for in-process and remote);
+ * the layer's store (gw_store_append) uploads what it clusters. */
 typedef struct gw_layer {
-    kn_index_t *idx;       /* [n_kv] meta index */
+    kn_wave_t *wave;       /* index, budgets, schedule; clusters kept by our store */
+    kn_wave_store_t store; /* ctx = this layer */
+    struct gw_remote *r;   /* owner, for the store */
+    uint32_t layer;
+    bool appendable;       /* the store's next upload is an APPEND (the layer was indexed) */
+    const kn_index_t *idx; /* [n_kv] the wave's meta index (borrowed) */
     uint32_t **rid;        /* [n_kv] -> kvstore id of each cluster (GW_NO_ID: empty, never uploaded) */
     uint32_t *rcap;        /* [n_kv] entries allocated in rid[h] */
     uint32_t *n_remote;    /* [n_kv] clusters the kvstore holds for the head */
@@ -35,8 +42,6 @@ typedef struct gw_layer {
     uint32_t **lid;        /* [n_kv] -> local cluster id of each kvstore id */
     uint32_t ***cpg;       /* [n_kv] -> per local cluster: its cache pages (owned), NULL when
                               not cached: our mirror of the kvstore's directory */
-    size_t indexed_end;    /* first position after the indexed range */
-    uint32_t n_r, n_e;     /* budgets per head */
 } gw_layer_t;
 
 /* One decode step in flight (between decode_begin and decode_end). */
@@ -172,6 +177,8 @@ static uint32_t gw_pages(uint32_t tokens)
 }
 
 static ri_status_t gw_pend_complete(gw_remote_t *r);
+static ri_status_t gw_store_append(void *ctx, const kn_index_t *idx, const uint32_t *first,
+                                   const kn_kv_view_t *kv);
 
 static void gw_remote_step_free(gw_step_t *s)
 {
@@ -230,18 +237,20 @@ ri_status_t gw_remote_create(const char *addr, uint64_t session_id, const uint8_
         goto err_nomem;
     for (uint32_t l = 0; l < n_layers; l++) {
         gw_layer_t *L = &r->layers[l];
-        L->idx = cm_calloc(&gw_remote_tag, r->n_kv, sizeof(*L->idx));
         L->rid = cm_calloc(&gw_remote_tag, r->n_kv, sizeof(*L->rid));
         L->rcap = cm_calloc(&gw_remote_tag, r->n_kv, sizeof(*L->rcap));
         L->n_remote = cm_calloc(&gw_remote_tag, r->n_kv, sizeof(*L->n_remote));
         L->max_pages = cm_calloc(&gw_remote_tag, r->n_kv, sizeof(*L->max_pages));
         L->lid = cm_calloc(&gw_remote_tag, r->n_kv, sizeof(*L->lid));
         L->cpg = cm_calloc(&gw_remote_tag, r->n_kv, sizeof(*L->cpg));
-        if (!L->idx || !L->rid || !L->rcap || !L->n_remote || !L->max_pages || !L->lid || !L->cpg)
+        if (!L->rid || !L->rcap || !L->n_remote || !L->max_pages || !L->lid || !L->cpg)
             goto err_nomem;
-        for (uint32_t h = 0; h < r->n_kv; h++)
-            kn_index_init(&L->idx[h], r->d);
-        L->indexed_end = params->wave.sink_tokens;
+        L->r = r;
+        L->layer = l;
+        L->store = (kn_wave_store_t){.ctx = L, .append = gw_store_append};
+        if (kn_wave_create_store(shape, &r->p.wave, &L->store, &L->wave) != RI_OK)
+            goto err_nomem;
+        L->idx = kn_wave_index(L->wave, 0);
     }
     r->step.nr = cm_calloc(&gw_remote_tag, r->n_kv, sizeof(uint32_t));
     r->step.ne = cm_calloc(&gw_remote_tag, r->n_kv, sizeof(uint32_t));
@@ -299,14 +308,12 @@ void gw_remote_destroy(gw_remote_t *r)
             }
             if (L->lid)
                 cm_free(L->lid[h]);
-            if (L->idx)
-                kn_index_cleanup(&L->idx[h]);
             if (L->rid)
                 cm_free(L->rid[h]);
         }
         cm_free(L->lid);
         cm_free(L->cpg);
-        cm_free(L->idx);
+        kn_wave_destroy(L->wave);
         cm_free(L->rid);
         cm_free(L->rcap);
         cm_free(L->n_remote);
@@ -329,34 +336,6 @@ void gw_remote_destroy(gw_remote_t *r)
 }
 
 /* ---- index build and upload ---- */
-
-typedef struct gw_build_job {
-    gw_remote_t *r;
-    gw_layer_t *L;
-    const kn_kv_view_t *kv;
-    size_t t0;
-    uint32_t n, C, S;
-    uint32_t *first;       /* [n_kv] first new cluster of each head */
-    _Atomic int status;
-} gw_build_job_t;
-
-static void gw_build_task(void *arg, size_t begin, size_t end, unsigned worker)
-{
-    gw_build_job_t *job = arg;
-    gw_remote_t *r = job->r;
-    (void)worker;
-    for (size_t h = begin; h < end; h++) {
-        kn_index_t *idx = &job->L->idx[h];
-        size_t off = h * job->kv->head_stride + job->t0 * job->kv->token_stride;
-        job->first[h] = idx->n_clusters;
-        ri_status_t st = kn_index_build(r->ops, &r->p.wave.build, job->kv->k + off, job->kv->v + off,
-                                        job->kv->token_stride, job->n, (uint32_t)job->t0, job->C, job->S, idx);
-        if (st != RI_OK) {
-            int expect = RI_OK;
-            atomic_compare_exchange_strong(&job->status, &expect, (int)st);
-        }
-    }
-}
 
 /* Write cluster j of head h of L in page format at dst (pages zero-padded). */
 static void gw_pack_cluster(const gw_remote_t *r, const kn_index_t *idx, uint32_t h, const kn_kv_view_t *kv,
@@ -462,33 +441,18 @@ static ri_status_t gw_remote_queue_upload(gw_remote_t *r, uint32_t layer, const 
     return st;
 }
 
-/* Cluster tokens [t0, t0+n) of every head of layer into C clusters over S
- * segments, append them to the index (kn_wave_cluster's rule) and queue the
- * upload of the new clusters. */
-static ri_status_t gw_remote_cluster(gw_remote_t *r, uint32_t layer, const kn_kv_view_t *kv, size_t t0, uint32_t n,
-                                     uint32_t C, uint32_t S, bool append)
+/* The layer's store (kn_wave_store_t): kn_wave clustered new clusters of
+ * every head; pack and queue their upload (the first one of a layer an
+ * UPLOAD, later ones APPEND). */
+static ri_status_t gw_store_append(void *ctx, const kn_index_t *idx, const uint32_t *first, const kn_kv_view_t *kv)
 {
-    gw_layer_t *L = &r->layers[layer];
-    gw_build_job_t job = {.r = r, .L = L, .kv = kv, .t0 = t0, .n = n, .C = C, .S = S};
-    double t_start = cm_time_s();
+    gw_layer_t *L = ctx;
     ri_status_t st;
-
-    job.first = cm_malloc(&gw_remote_tag, r->n_kv * sizeof(uint32_t));
-    if (job.first == NULL)
-        return RI_ERR_NOMEM;
-    atomic_init(&job.status, RI_OK);
-    cm_pool_parallel_for(kn_pool(), r->n_kv, 1, gw_build_task, &job);
-    st = (ri_status_t)atomic_load(&job.status);
+    (void)idx; /* the same array as L->idx */
+    st = gw_remote_queue_upload(L->r, L->layer, kv, first, L->appendable);
     if (st == RI_OK)
-        st = gw_remote_queue_upload(r, layer, kv, job.first, append);
-    if (st == RI_OK) {
-        L->indexed_end = t0 + n;
-        kn_wave_budget_grow(&r->p.wave, C, L->idx[0].n_clusters, &L->n_r, &L->n_e);
-    }
-    cm_free(job.first);
-    r->st.build_s += cm_time_s() - t_start;
-    if (st != RI_OK && r->err == RI_OK)
-        r->err = st; /* the index and the kvstore may disagree from here on */
+        for (uint32_t h = 0; h < L->r->n_kv; h++)
+            L->appendable = L->appendable || L->n_remote[h] != 0;
     return st;
 }
 
@@ -497,53 +461,39 @@ static bool gw_kv_valid(const kn_kv_view_t *kv)
     return kv != NULL && (kv->n_tokens == 0 || (kv->k != NULL && kv->v != NULL)) && kv->n_tokens < UINT32_MAX / 2;
 }
 
+/* kn_wave's build or update of layer (its store uploads); times it and
+ * makes a failure sticky: the index and the kvstore may disagree after it. */
+static ri_status_t gw_remote_index_step(gw_remote_t *r, uint32_t layer, const kn_kv_view_t *kv, bool build,
+                                        bool *updated_p)
+{
+    double t0 = cm_time_s();
+    ri_status_t st = build ? kn_wave_build(r->layers[layer].wave, kv)
+                           : kn_wave_update(r->layers[layer].wave, kv, updated_p);
+    r->st.build_s += cm_time_s() - t0;
+    if (st != RI_OK && st != RI_ERR_INVALID && r->err == RI_OK)
+        r->err = st;
+    return st;
+}
+
 ri_status_t gw_remote_build(gw_remote_t *r, uint32_t layer, const kn_kv_view_t *kv)
 {
-    size_t sink, n_idx;
-    uint32_t S, C;
-
     if (r == NULL || layer >= r->n_layers || !gw_kv_valid(kv) || r->layers[layer].idx[0].n_clusters != 0 ||
         r->step.active)
         return RI_ERR_INVALID;
     if (r->err != RI_OK)
         return r->err;
-    sink = r->p.wave.sink_tokens;
-    if (kv->n_tokens < sink + r->p.wave.window_tokens + r->p.wave.update_tokens)
-        return RI_OK; /* too short: dense until the first update */
-    n_idx = kv->n_tokens - sink - r->p.wave.window_tokens;
-    C = kn_index_plan((uint32_t)n_idx, r->p.wave.tokens_per_cluster, r->p.wave.segment_tokens, &S);
-    C = CM_MIN(C, (uint32_t)n_idx);
-    S = CM_MIN(S, C);
-    return gw_remote_cluster(r, layer, kv, sink, (uint32_t)n_idx, C, S, false);
+    return gw_remote_index_step(r, layer, kv, true, NULL);
 }
 
 ri_status_t gw_remote_update(gw_remote_t *r, uint32_t layer, const kn_kv_view_t *kv, bool *updated_p)
 {
-    bool any = false;
-    ri_status_t st = RI_OK;
-    gw_layer_t *L;
-
     if (r == NULL || layer >= r->n_layers || !gw_kv_valid(kv) || r->step.active)
         return RI_ERR_INVALID;
-    L = &r->layers[layer];
-    if (kv->n_tokens < L->indexed_end)
+    if (kv->n_tokens < kn_wave_indexed_end(r->layers[layer].wave))
         return RI_ERR_INVALID;
     if (r->err != RI_OK)
         return r->err;
-    while (kv->n_tokens >= L->indexed_end + r->p.wave.window_tokens + r->p.wave.update_tokens) {
-        /* the first update of a never-indexed layer is an UPLOAD (empty tables) */
-        bool append = L->n_remote[0] != 0;
-        for (uint32_t h = 1; h < r->n_kv; h++)
-            append = append || L->n_remote[h] != 0;
-        st = gw_remote_cluster(r, layer, kv, L->indexed_end, r->p.wave.update_tokens, r->p.wave.update_clusters, 1,
-                               append);
-        if (st != RI_OK)
-            break;
-        any = true;
-    }
-    if (updated_p)
-        *updated_p = any;
-    return st;
+    return gw_remote_index_step(r, layer, kv, false, updated_p);
 }
 
 ri_status_t gw_remote_sync(gw_remote_t *r)
@@ -800,8 +750,10 @@ static ri_status_t gw_remote_register(gw_remote_t *r, size_t need)
     /* A step's worst case: every head's n_r largest clusters all missing. */
     for (uint32_t l = 0; l < r->n_layers; l++) {
         size_t b = 0;
+        uint32_t nr, ne;
+        kn_wave_budget(r->layers[l].wave, &nr, &ne);
         for (uint32_t h = 0; h < r->n_kv; h++)
-            b += (size_t)r->layers[l].n_r * r->layers[l].max_pages[h] * r->page_bytes;
+            b += (size_t)nr * r->layers[l].max_pages[h] * r->page_bytes;
         bound = CM_MAX(bound, b);
     }
     len = CM_MAX(need + need / 4, bound);
@@ -1036,7 +988,7 @@ ri_status_t gw_remote_decode_begin(gw_remote_t *r, uint32_t layer, const float *
         return RI_ERR_INVALID;
     s = &r->step;
     L = &r->layers[layer];
-    if (kv->n_tokens < L->indexed_end)
+    if (kv->n_tokens < kn_wave_indexed_end(L->wave))
         return RI_ERR_INVALID;
     if (r->err == RI_OK)
         r->err = gw_io_error(r->io); /* a failed upload: the kvstore and our index disagree */
@@ -1055,8 +1007,10 @@ ri_status_t gw_remote_decode_begin(gw_remote_t *r, uint32_t layer, const float *
     s->direct = false;
     s->degraded = r->late; /* an earlier fetch is still out: none sent now */
     s->kv = *kv;
-    s->n_r = n_r == UINT32_MAX ? L->n_r : n_r;
-    s->n_e = n_e == UINT32_MAX ? L->n_e : n_e;
+    uint32_t l_r, l_e;
+    kn_wave_budget(L->wave, &l_r, &l_e);
+    s->n_r = n_r == UINT32_MAX ? l_r : n_r;
+    s->n_e = n_e == UINT32_MAX ? l_e : n_e;
     s->fetching = false;
     for (uint32_t h = 0; h < r->n_kv; h++)
         maxc = CM_MAX(maxc, L->idx[h].n_clusters);
@@ -1171,7 +1125,7 @@ static void gw_exact_task(void *arg, size_t begin, size_t end, unsigned worker)
         const kn_index_t *idx = &L->idx[h];
         const uint32_t *ids = s->ids + h * s->want;
         size_t np = 0, maxp = 2, sink = CM_MIN((size_t)r->p.wave.sink_tokens, kv->n_tokens);
-        size_t tail0 = CM_MAX(L->indexed_end, sink), hoff = h * kv->head_stride;
+        size_t tail0 = CM_MAX(kn_wave_indexed_end(L->wave), sink), hoff = h * kv->head_stride;
         uint64_t exact = 0, retrieved = 0;
         float *o_x = s->part + h * 3 * g * (d + 1), *o_e = o_x + (size_t)g * d, *o_l = o_e + (size_t)g * d;
         float *l_x = o_x + (size_t)3 * g * d, *l_e = l_x + g, *l_l = l_e + g;
@@ -1431,7 +1385,7 @@ ri_status_t gw_remote_reconnect(gw_remote_t *r, const char *addr, uint64_t sessi
     if (r == NULL || addr == NULL || secret == NULL)
         return RI_ERR_INVALID;
     for (uint32_t l = 0; kv != NULL && l < r->n_layers; l++)
-        if (!gw_kv_valid(&kv[l]) || kv[l].n_tokens < r->layers[l].indexed_end)
+        if (!gw_kv_valid(&kv[l]) || kv[l].n_tokens < kn_wave_indexed_end(r->layers[l].wave))
             return RI_ERR_INVALID;
     /* Forget the old connection: pending jobs fail at once once it broke;
      * a still-healthy one is closed in order. */
@@ -1517,18 +1471,19 @@ const kn_index_t *gw_remote_index(const gw_remote_t *r, uint32_t layer, uint32_t
 {
     if (r == NULL || layer >= r->n_layers || kv_head >= r->n_kv)
         return NULL;
-    return &r->layers[layer].idx[kv_head];
+    return kn_wave_index(r->layers[layer].wave, kv_head);
 }
 
 size_t gw_remote_indexed_end(const gw_remote_t *r, uint32_t layer)
 {
-    return layer < r->n_layers ? r->layers[layer].indexed_end : 0;
+    return layer < r->n_layers ? kn_wave_indexed_end(r->layers[layer].wave) : 0;
 }
 
 void gw_remote_budget(const gw_remote_t *r, uint32_t layer, uint32_t *n_r_p, uint32_t *n_e_p)
 {
-    *n_r_p = layer < r->n_layers ? r->layers[layer].n_r : 0;
-    *n_e_p = layer < r->n_layers ? r->layers[layer].n_e : 0;
+    *n_r_p = *n_e_p = 0;
+    if (layer < r->n_layers)
+        kn_wave_budget(r->layers[layer].wave, n_r_p, n_e_p);
 }
 
 ri_status_t gw_remote_error(gw_remote_t *r)

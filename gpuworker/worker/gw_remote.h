@@ -6,10 +6,12 @@
  *
  * The caller owns the sequence's K/V (any kn_kv_view_t layout, covering every
  * token so far) and passes a view to each call, exactly as with kn_wave_*.
- * Indexing mirrors kernels/kn_wave.c (indexed range [sink, n - window), the
- * budgets R and E, the update rule), so that a remote decode equals the
- * in-process one: the same clusters are retrieved, their tokens attended in
- * the same order, and the estimation zone is the same.
+ * Indexing is kernels/kn_wave.c itself (one kn_wave per layer, created with
+ * a store that uploads what it clusters: the indexed range [sink, n -
+ * window), the budgets R and E and the update rule are the same code), and
+ * the first phase of a step is kn_wave_rank_estimate, so a remote decode
+ * equals the in-process one: the same clusters are retrieved, their tokens
+ * attended in the same order, and the estimation zone is the same.
  *
  *   gw_remote_build(r, layer, kv)      after prefill: index + async upload
  *   per step and layer (new token's K/V in kv):
