@@ -274,6 +274,51 @@ ri_status_t kn_wave_rank_estimate(const kn_ops_t *ops, const kn_shape_t *grp, co
     return kn_estimate(ops, grp, q, idx, ids + *nr, *ne, o_e, l_e);
 }
 
+#define KN_WAVE_MAX_PARTS 4 /* exact + estimated + late, and room */
+
+ri_status_t kn_wave_exact_merge(const kn_wave_t *w, uint32_t h, const float *q, const kn_kv_view_t *kv,
+                                const kn_page_t *ret, size_t n_ret, float *o_x, float *l_x,
+                                const float *const *part_o, const float *const *part_l, uint32_t n_parts,
+                                float *out, float *lse, uint64_t *exact_p)
+{
+    kn_shape_t grp = {.n_q_heads = w->g, .n_kv_heads = 1, .head_dim = w->d, .scale = w->shape.scale};
+    size_t sink = CM_MIN((size_t)w->p.sink_tokens, kv->n_tokens), tail0 = CM_MAX(w->indexed_end, sink);
+    size_t np = 0, hoff = (size_t)h * kv->head_stride;
+    const float *op[KN_WAVE_MAX_PARTS], *lp[KN_WAVE_MAX_PARTS];
+    float lse_tmp[KN_GMAX_LOCAL];
+    uint64_t exact = 0;
+    kn_page_t *pages;
+    ri_status_t st;
+
+    if (n_parts + 1 > KN_WAVE_MAX_PARTS || w->g > KN_GMAX_LOCAL)
+        return RI_ERR_INVALID;
+    pages = cm_malloc(&kn_tag, (n_ret + 2) * sizeof(kn_page_t));
+    if (pages == NULL)
+        return RI_ERR_NOMEM;
+    pages[np++] = (kn_page_t){kv->k + hoff, kv->v + hoff, (uint32_t)sink, (uint32_t)kv->token_stride};
+    if (kv->n_tokens > tail0)
+        pages[np++] = (kn_page_t){kv->k + hoff + tail0 * kv->token_stride, kv->v + hoff + tail0 * kv->token_stride,
+                                  (uint32_t)(kv->n_tokens - tail0), (uint32_t)kv->token_stride};
+    memcpy(pages + np, ret, n_ret * sizeof(kn_page_t));
+    np += n_ret;
+    for (size_t i = 0; i < np; i++)
+        exact += pages[i].n_tokens;
+    st = kn_attn_pages(w->ops, &grp, q, pages, np, o_x, l_x);
+    cm_free(pages);
+    if (st != RI_OK)
+        return st;
+    op[0] = o_x;
+    lp[0] = l_x;
+    for (uint32_t i = 0; i < n_parts; i++) {
+        op[i + 1] = part_o[i];
+        lp[i + 1] = part_l[i];
+    }
+    st = kn_merge(w->ops, w->g, w->d, n_parts + 1, op, lp, out, lse ? lse : lse_tmp);
+    if (st == RI_OK && exact_p != NULL)
+        *exact_p = exact;
+    return st;
+}
+
 static void kn_wave_decode_task(void *arg, size_t begin, size_t end, unsigned worker)
 {
     kn_wave_job_t *job = arg;
@@ -288,15 +333,12 @@ static void kn_wave_decode_task(void *arg, size_t begin, size_t end, unsigned wo
         const float *q = job->q + h * g * d;
         float *out = job->out + h * g * d;
         uint32_t nr = 0, ne = 0, want = CM_MIN(job->n_r + job->n_e, idx->n_clusters);
-        size_t np = 0, sink = CM_MIN((size_t)w->p.sink_tokens, kv->n_tokens);
-        size_t tail0 = CM_MAX(w->indexed_end, sink);
+        size_t np = 0;
         uint64_t exact = 0, retrieved = 0;
         ri_status_t st = RI_ERR_NOMEM;
         uint32_t *ids = cm_malloc(&kn_tag, ((size_t)want + 1) * sizeof(uint32_t));
-        kn_page_t *pages = cm_malloc(&kn_tag, ((size_t)want + 2) * sizeof(kn_page_t));
+        kn_page_t *pages = cm_malloc(&kn_tag, ((size_t)want + 1) * sizeof(kn_page_t));
         float *part = cm_malloc(&kn_tag, (size_t)2 * g * (d + 1) * sizeof(float));
-        float lse_tmp[KN_GMAX_LOCAL];
-        const float *op[2], *lp[2];
 
         if (!ids || !pages || !part || g > KN_GMAX_LOCAL)
             goto fail;
@@ -305,30 +347,16 @@ static void kn_wave_decode_task(void *arg, size_t begin, size_t end, unsigned wo
         st = kn_wave_rank_estimate(w->ops, &grp, q, idx, job->n_r, job->n_e, ids, &nr, &ne, o_e, l_e);
         if (st != RI_OK)
             goto fail;
-        /* exact part: sinks, steady tail, retrieved clusters */
-        size_t hoff = h * kv->head_stride;
-        pages[np++] = (kn_page_t){kv->k + hoff, kv->v + hoff, (uint32_t)sink,
-                                  (uint32_t)kv->token_stride};
-        if (kv->n_tokens > tail0)
-            pages[np++] = (kn_page_t){kv->k + hoff + tail0 * kv->token_stride,
-                                      kv->v + hoff + tail0 * kv->token_stride,
-                                      (uint32_t)(kv->n_tokens - tail0), (uint32_t)kv->token_stride};
+        /* exact part: the retrieved clusters from our cluster-major copy */
         for (uint32_t i = 0; i < nr; i++) {
             uint32_t j = ids[i];
             pages[np++] = (kn_page_t){w->ck[h] + (size_t)idx->offsets[j] * d,
                                       w->cv[h] + (size_t)idx->offsets[j] * d, idx->sizes[j], d};
             retrieved += idx->sizes[j];
         }
-        for (size_t i = 0; i < np; i++)
-            exact += pages[i].n_tokens;
-        st = kn_attn_pages(w->ops, &grp, q, pages, np, o_x, l_x);
-        if (st != RI_OK)
-            goto fail;
-        op[0] = o_x;
-        op[1] = o_e;
-        lp[0] = l_x;
-        lp[1] = l_e;
-        st = kn_merge(w->ops, g, d, 2, op, lp, out, job->lse ? job->lse + h * g : lse_tmp);
+        const float *op[1] = {o_e}, *lp[1] = {l_e};
+        st = kn_wave_exact_merge(w, (uint32_t)h, q, kv, pages, np, o_x, l_x, op, lp, 1, out,
+                                 job->lse ? job->lse + h * g : NULL, &exact);
         if (st != RI_OK)
             goto fail;
         atomic_fetch_add(&job->exact, exact);

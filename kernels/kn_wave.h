@@ -69,6 +69,19 @@ ri_status_t kn_wave_rank_estimate(const kn_ops_t *ops, const kn_shape_t *grp, co
 
 typedef struct kn_wave kn_wave_t;
 
+/* The second phase of a decode step for KV head h of a wave's layer, shared
+ * by every engine: exact attention over the steady zone (the sinks and the
+ * tokens from the indexed end on, read from kv) and the retrieval zone's
+ * pages, which the caller supplies wherever they are (ret, n_ret pages, in
+ * rank order), into (o_x [g][d], l_x [g]); then the log-sum-exp merge of
+ * that with the caller's n_parts other parts (the estimation zone, and the
+ * remote engine's late clusters) into out [g][d] and lse [g] (may be NULL).
+ * *exact_p (may be NULL) gets the tokens attended exactly. */
+ri_status_t kn_wave_exact_merge(const kn_wave_t *w, uint32_t h, const float *q, const kn_kv_view_t *kv,
+                                const kn_page_t *ret, size_t n_ret, float *o_x, float *l_x,
+                                const float *const *part_o, const float *const *part_l, uint32_t n_parts,
+                                float *out, float *lse, uint64_t *exact_p);
+
 /* Where a wave keeps its clusters' K/V.  Without one (kn_wave_create) the
  * wave keeps its own cluster-major copy and decodes in process; with one
  * (kn_wave_create_store: the remote store of gpuworker/worker) the store

@@ -1118,19 +1118,16 @@ static void gw_exact_task(void *arg, size_t begin, size_t end, unsigned worker)
     const gw_layer_t *L = &r->layers[s->layer];
     const kn_kv_view_t *kv = &s->kv;
     const uint32_t g = r->g, d = r->d, P = GW_REMOTE_PAGE_TOKENS;
-    kn_shape_t grp = {.n_q_heads = g, .n_kv_heads = 1, .head_dim = d, .scale = r->shape.scale};
     (void)worker;
 
     for (size_t h = begin; h < end; h++) {
         const kn_index_t *idx = &L->idx[h];
         const uint32_t *ids = s->ids + h * s->want;
-        size_t np = 0, maxp = 2, sink = CM_MIN((size_t)r->p.wave.sink_tokens, kv->n_tokens);
-        size_t tail0 = CM_MAX(kn_wave_indexed_end(L->wave), sink), hoff = h * kv->head_stride;
+        size_t np = 0, maxp = 0;
         uint64_t exact = 0, retrieved = 0;
         float *o_x = s->part + h * 3 * g * (d + 1), *o_e = o_x + (size_t)g * d, *o_l = o_e + (size_t)g * d;
         float *l_x = o_x + (size_t)3 * g * d, *l_e = l_x + g, *l_l = l_e + g;
-        float lse_tmp[GW_GMAX];
-        const float *op[3] = {o_x, o_e, o_l}, *lp[3] = {l_x, l_e, l_l};
+        const float *op[2] = {o_e, o_l}, *lp[2] = {l_e, l_l};
         size_t row = (size_t)d * sizeof(cm_fp16_t);
         kn_page_t *pages;
         cm_fp16_t *exec;
@@ -1143,7 +1140,7 @@ static void gw_exact_task(void *arg, size_t begin, size_t end, unsigned worker)
         /* The execution buffer: each retrieved cluster gathered into
          * contiguous K and V rows, so that the kernel sees the same rows in
          * the same runs as the in-process decode (bit-identical results). */
-        pages = cm_malloc(&gw_remote_tag, maxp * sizeof(kn_page_t));
+        pages = cm_malloc(&gw_remote_tag, (maxp ? maxp : 1) * sizeof(kn_page_t));
         exec = cm_malloc(&gw_remote_tag, (n_ret ? n_ret : 1) * 2 * row);
         if (pages == NULL || exec == NULL) {
             cm_free(pages);
@@ -1151,10 +1148,6 @@ static void gw_exact_task(void *arg, size_t begin, size_t end, unsigned worker)
             gw_step_fail(s, RI_ERR_NOMEM);
             continue;
         }
-        pages[np++] = (kn_page_t){kv->k + hoff, kv->v + hoff, (uint32_t)sink, (uint32_t)kv->token_stride};
-        if (kv->n_tokens > tail0)
-            pages[np++] = (kn_page_t){kv->k + hoff + tail0 * kv->token_stride, kv->v + hoff + tail0 * kv->token_stride,
-                                      (uint32_t)(kv->n_tokens - tail0), (uint32_t)kv->token_stride};
         cm_fp16_t *xk = exec, *xv = exec + n_ret * d;
         for (uint32_t i = 0; i < s->nr[h]; i++) {
             uint32_t e = s->ent0[h] + i, tokens = s->etok[e];
@@ -1169,14 +1162,12 @@ static void gw_exact_task(void *arg, size_t begin, size_t end, unsigned worker)
             }
             retrieved += tokens;
         }
-        for (size_t i = 0; i < np; i++)
-            exact += pages[i].n_tokens;
-        st = kn_attn_pages(r->ops, &grp, s->q + h * g * d, pages, np, o_x, l_x);
+        /* steady zone + these, merged with the estimated (and late) parts:
+         * kn_wave's second phase, as in process */
+        st = kn_wave_exact_merge(L->wave, (uint32_t)h, s->q + h * g * d, kv, pages, np, o_x, l_x, op, lp,
+                                 s->nl[h] > 0 ? 2 : 1, s->out + h * g * d, s->lse ? s->lse + h * g : NULL, &exact);
         cm_free(pages);
         cm_free(exec);
-        if (st == RI_OK)
-            st = kn_merge(r->ops, g, d, s->nl[h] > 0 ? 3 : 2, op, lp, s->out + h * g * d,
-                          s->lse ? s->lse + h * g : lse_tmp);
         if (st != RI_OK) {
             gw_step_fail(s, st);
             continue;

@@ -332,7 +332,10 @@ static void test_deadline_late(void **state)
            sum / n_err, worst, (unsigned long long)st.hits, (unsigned long long)st.misses);
     assert_true(st.late_steps > 0);
     assert_true(st.late_clusters > 0);
-    assert_true(st.max_wait_s < 0.005); /* the deadline, plus a wake-up's slack */
+    /* the deadline, plus a wake-up's slack: on a loaded 2-core box a
+     * waiting thread can take several ms to be scheduled (5 ms failed once
+     * under a parallel test run) */
+    assert_true(st.max_wait_s < 0.025);
     assert_int_equal(gw_remote_error(r), RI_OK);
     gw_remote_destroy(r);
     for (uint32_t l = 0; l < NL; l++)
