@@ -25,6 +25,17 @@ static CM_ALLOC_TAG(gw_remote_tag, "gw.remote");
 #define GW_NO_ID UINT32_MAX
 #define GW_GMAX 64u   /* query heads per group handled on the stack */
 
+/* What is remote of one KV head of a layer. */
+typedef struct gw_head {
+    uint32_t *rid;         /* local cluster id -> kvstore id (GW_NO_ID: empty, never uploaded) */
+    uint32_t rcap;         /* entries allocated in rid, lid, cpg */
+    uint32_t n_remote;     /* clusters the kvstore holds for the head */
+    uint32_t max_pages;    /* pages of the largest cluster */
+    uint32_t *lid;         /* kvstore id -> local cluster id */
+    uint32_t **cpg;        /* per local cluster: its cache pages (owned), NULL when not
+                              cached: our mirror of the kvstore's directory */
+} gw_head_t;
+
 /* Index state of one layer, all KV heads.  The index, its budgets and its
  * build/update schedule are kn_wave's (one engine for in-process and remote);
  * the layer's store (gw_store_append) uploads what it clusters. */
@@ -35,13 +46,7 @@ typedef struct gw_layer {
     uint32_t layer;
     bool appendable;       /* the store's next upload is an APPEND (the layer was indexed) */
     const kn_index_t *idx; /* [n_kv] the wave's meta index (borrowed) */
-    uint32_t **rid;        /* [n_kv] -> kvstore id of each cluster (GW_NO_ID: empty, never uploaded) */
-    uint32_t *rcap;        /* [n_kv] entries allocated in rid[h] */
-    uint32_t *n_remote;    /* [n_kv] clusters the kvstore holds for the head */
-    uint32_t *max_pages;   /* [n_kv] pages of the largest cluster */
-    uint32_t **lid;        /* [n_kv] -> local cluster id of each kvstore id */
-    uint32_t ***cpg;       /* [n_kv] -> per local cluster: its cache pages (owned), NULL when
-                              not cached: our mirror of the kvstore's directory */
+    gw_head_t *hd;         /* [n_kv] what is remote of each KV head */
 } gw_layer_t;
 
 /* One decode step in flight (between decode_begin and decode_end). */
@@ -237,13 +242,8 @@ ri_status_t gw_remote_create(const char *addr, uint64_t session_id, const uint8_
         goto err_nomem;
     for (uint32_t l = 0; l < n_layers; l++) {
         gw_layer_t *L = &r->layers[l];
-        L->rid = cm_calloc(&gw_remote_tag, r->n_kv, sizeof(*L->rid));
-        L->rcap = cm_calloc(&gw_remote_tag, r->n_kv, sizeof(*L->rcap));
-        L->n_remote = cm_calloc(&gw_remote_tag, r->n_kv, sizeof(*L->n_remote));
-        L->max_pages = cm_calloc(&gw_remote_tag, r->n_kv, sizeof(*L->max_pages));
-        L->lid = cm_calloc(&gw_remote_tag, r->n_kv, sizeof(*L->lid));
-        L->cpg = cm_calloc(&gw_remote_tag, r->n_kv, sizeof(*L->cpg));
-        if (!L->rid || !L->rcap || !L->n_remote || !L->max_pages || !L->lid || !L->cpg)
+        L->hd = cm_calloc(&gw_remote_tag, r->n_kv, sizeof(*L->hd));
+        if (L->hd == NULL)
             goto err_nomem;
         L->r = r;
         L->layer = l;
@@ -300,24 +300,16 @@ void gw_remote_destroy(gw_remote_t *r)
     gw_direct_close(r->direct);
     for (uint32_t l = 0; r->layers != NULL && l < r->n_layers; l++) {
         gw_layer_t *L = &r->layers[l];
-        for (uint32_t h = 0; h < r->n_kv; h++) {
-            if (L->cpg && L->cpg[h]) {
-                for (uint32_t j = 0; j < L->rcap[h]; j++)
-                    cm_free(L->cpg[h][j]);
-                cm_free(L->cpg[h]);
-            }
-            if (L->lid)
-                cm_free(L->lid[h]);
-            if (L->rid)
-                cm_free(L->rid[h]);
+        for (uint32_t h = 0; L->hd != NULL && h < r->n_kv; h++) {
+            gw_head_t *H = &L->hd[h];
+            for (uint32_t j = 0; H->cpg != NULL && j < H->rcap; j++)
+                cm_free(H->cpg[j]);
+            cm_free(H->cpg);
+            cm_free(H->lid);
+            cm_free(H->rid);
         }
-        cm_free(L->lid);
-        cm_free(L->cpg);
+        cm_free(L->hd);
         kn_wave_destroy(L->wave);
-        cm_free(L->rid);
-        cm_free(L->rcap);
-        cm_free(L->n_remote);
-        cm_free(L->max_pages);
     }
     cm_free(r->layers);
     for (size_t i = 0; i < r->n_old; i++)
@@ -369,21 +361,21 @@ static ri_status_t gw_remote_queue_upload(gw_remote_t *r, uint32_t layer, const 
 
     for (uint32_t h = 0; h < r->n_kv; h++) {
         const kn_index_t *idx = &L->idx[h];
-        if (idx->n_clusters > L->rcap[h]) {
-            uint32_t *nr = cm_realloc(&gw_remote_tag, L->rid[h], idx->n_clusters * sizeof(uint32_t));
+        if (idx->n_clusters > L->hd[h].rcap) {
+            uint32_t *nr = cm_realloc(&gw_remote_tag, L->hd[h].rid, idx->n_clusters * sizeof(uint32_t));
             if (nr == NULL)
                 return RI_ERR_NOMEM;
-            L->rid[h] = nr;
-            nr = cm_realloc(&gw_remote_tag, L->lid[h], idx->n_clusters * sizeof(uint32_t));
+            L->hd[h].rid = nr;
+            nr = cm_realloc(&gw_remote_tag, L->hd[h].lid, idx->n_clusters * sizeof(uint32_t));
             if (nr == NULL)
                 return RI_ERR_NOMEM;
-            L->lid[h] = nr;
-            uint32_t **nc = cm_realloc(&gw_remote_tag, L->cpg[h], idx->n_clusters * sizeof(uint32_t *));
+            L->hd[h].lid = nr;
+            uint32_t **nc = cm_realloc(&gw_remote_tag, L->hd[h].cpg, idx->n_clusters * sizeof(uint32_t *));
             if (nc == NULL)
                 return RI_ERR_NOMEM;
-            memset(nc + L->rcap[h], 0, (idx->n_clusters - L->rcap[h]) * sizeof(uint32_t *));
-            L->cpg[h] = nc;
-            L->rcap[h] = idx->n_clusters;
+            memset(nc + L->hd[h].rcap, 0, (idx->n_clusters - L->hd[h].rcap) * sizeof(uint32_t *));
+            L->hd[h].cpg = nc;
+            L->hd[h].rcap = idx->n_clusters;
         }
         for (uint32_t j = first[h]; j < idx->n_clusters; j++) {
             if (idx->sizes[j] == 0)
@@ -420,19 +412,19 @@ static ri_status_t gw_remote_queue_upload(gw_remote_t *r, uint32_t layer, const 
     for (uint32_t h = 0; h < r->n_kv; h++) {
         const kn_index_t *idx = &L->idx[h];
         up->heads[h] = h;
-        up->expect_first[h] = L->n_remote[h];
+        up->expect_first[h] = L->hd[h].n_remote;
         for (uint32_t j = first[h]; j < idx->n_clusters; j++) {
             if (idx->sizes[j] == 0) {
-                L->rid[h][j] = GW_NO_ID;
+                L->hd[h].rid[j] = GW_NO_ID;
                 continue;
             }
-            L->lid[h][L->n_remote[h]] = j;
-            L->rid[h][j] = L->n_remote[h]++;
+            L->hd[h].lid[L->hd[h].n_remote] = j;
+            L->hd[h].rid[j] = L->hd[h].n_remote++;
             up->counts[h]++;
             up->tokens[k++] = idx->sizes[j];
             gw_pack_cluster(r, idx, h, kv, j, dst);
             dst += (size_t)gw_pages(idx->sizes[j]) * r->page_bytes;
-            L->max_pages[h] = CM_MAX(L->max_pages[h], gw_pages(idx->sizes[j]));
+            L->hd[h].max_pages = CM_MAX(L->hd[h].max_pages, gw_pages(idx->sizes[j]));
         }
     }
     r->pages_uploaded += total_pages;
@@ -452,7 +444,7 @@ static ri_status_t gw_store_append(void *ctx, const kn_index_t *idx, const uint3
     st = gw_remote_queue_upload(L->r, L->layer, kv, first, L->appendable);
     if (st == RI_OK)
         for (uint32_t h = 0; h < L->r->n_kv; h++)
-            L->appendable = L->appendable || L->n_remote[h] != 0;
+            L->appendable = L->appendable || L->hd[h].n_remote != 0;
     return st;
 }
 
@@ -525,9 +517,9 @@ static void gw_mirror_clear(gw_remote_t *r)
     for (uint32_t l = 0; l < r->n_layers; l++) {
         gw_layer_t *L = &r->layers[l];
         for (uint32_t h = 0; h < r->n_kv; h++)
-            for (uint32_t j = 0; L->cpg[h] != NULL && j < L->rcap[h]; j++) {
-                cm_free(L->cpg[h][j]);
-                L->cpg[h][j] = NULL;
+            for (uint32_t j = 0; L->hd[h].cpg != NULL && j < L->hd[h].rcap; j++) {
+                cm_free(L->hd[h].cpg[j]);
+                L->hd[h].cpg[j] = NULL;
             }
     }
 }
@@ -539,12 +531,12 @@ static ri_status_t gw_mirror_apply(gw_remote_t *r, uint32_t layer, const cm_dp_f
     for (uint32_t i = 0; i < v->n_evicted; i++) {
         cm_dp_evict_t ev;
         cm_dp_reply_evicted(v, i, &ev);
-        if (ev.layer >= r->n_layers || ev.head >= r->n_kv || ev.cluster >= r->layers[ev.layer].n_remote[ev.head])
+        if (ev.layer >= r->n_layers || ev.head >= r->n_kv || ev.cluster >= r->layers[ev.layer].hd[ev.head].n_remote)
             return RI_ERR_PROTOCOL;
         gw_layer_t *E = &r->layers[ev.layer];
-        uint32_t j = E->lid[ev.head][ev.cluster];
-        cm_free(E->cpg[ev.head][j]);
-        E->cpg[ev.head][j] = NULL;
+        uint32_t j = E->hd[ev.head].lid[ev.cluster];
+        cm_free(E->hd[ev.head].cpg[j]);
+        E->hd[ev.head].cpg[j] = NULL;
     }
     gw_layer_t *L = &r->layers[layer];
     uint32_t e = 0;
@@ -556,7 +548,7 @@ static ri_status_t gw_mirror_apply(gw_remote_t *r, uint32_t layer, const cm_dp_f
             cm_dp_reply_entry(v, e, &en);
             if (!(en.flags & (CM_DP_F_HIT | CM_DP_F_ADMITTED)))
                 continue;
-            uint32_t *pg = L->cpg[h][j];
+            uint32_t *pg = L->hd[h].cpg[j];
             if (pg == NULL) {
                 if (en.flags & CM_DP_F_HIT)
                     cm_warn("data plane: a hit the worker did not know of (layer %u head %u cluster %u)", layer,
@@ -564,7 +556,7 @@ static ri_status_t gw_mirror_apply(gw_remote_t *r, uint32_t layer, const cm_dp_f
                 pg = cm_malloc(&gw_remote_tag, en.n_pages * sizeof(uint32_t));
                 if (pg == NULL)
                     return RI_ERR_NOMEM;
-                L->cpg[h][j] = pg;
+                L->hd[h].cpg[j] = pg;
             }
             for (uint32_t p = 0; p < en.n_pages; p++)
                 pg[p] = cm_dp_reply_page(v, en.page_index + p);
@@ -689,7 +681,7 @@ static ri_status_t gw_pend_submit(gw_remote_t *r, uint32_t layer, uint32_t n_hea
             i = 0;
         }
         uint32_t hh = s->heads[h], j = s->lids[e], n = gw_pages(L->idx[hh].sizes[j]);
-        memcpy(pd->pages + np, L->cpg[hh][j], n * sizeof(uint32_t));
+        memcpy(pd->pages + np, L->hd[hh].cpg[j], n * sizeof(uint32_t));
         np += n;
         i++;
     }
@@ -753,7 +745,7 @@ static ri_status_t gw_remote_register(gw_remote_t *r, size_t need)
         uint32_t nr, ne;
         kn_wave_budget(r->layers[l].wave, &nr, &ne);
         for (uint32_t h = 0; h < r->n_kv; h++)
-            b += (size_t)nr * r->layers[l].max_pages[h] * r->page_bytes;
+            b += (size_t)nr * r->layers[l].hd[h].max_pages * r->page_bytes;
         bound = CM_MAX(bound, b);
     }
     len = CM_MAX(need + need / 4, bound);
@@ -912,7 +904,7 @@ static ri_status_t gw_step_degrade(gw_remote_t *r, const kn_shape_t *grp)
     for (uint32_t h = 0; h < r->n_kv && st == RI_OK; h++) {
         uint32_t *ids = s->ids + (size_t)h * s->want, keep = 0;
         for (uint32_t i = 0; i < s->nr[h]; i++)
-            if (L->cpg[h][ids[i]] != NULL) {
+            if (L->hd[h].cpg[ids[i]] != NULL) {
                 uint32_t t = ids[keep];
                 ids[keep++] = ids[i];
                 ids[i] = t;
@@ -1037,14 +1029,14 @@ ri_status_t gw_remote_decode_begin(gw_remote_t *r, uint32_t layer, const float *
         n_heads++;
         for (uint32_t i = 0; i < s->nr[h]; i++) {
             uint32_t j = ids[i];
-            if (L->rid[h][j] == GW_NO_ID)
+            if (L->hd[h].rid[j] == GW_NO_ID)
                 return RI_ERR_INTERNAL; /* kn_rank returns non-empty clusters only */
             s->lids[k] = j;
-            s->req[k++] = L->rid[h][j];
+            s->req[k++] = L->hd[h].rid[j];
             worst += (uint64_t)gw_pages(idx->sizes[j]) * r->page_bytes;
-            if (L->cpg[h][j] == NULL)
+            if (L->hd[h].cpg[j] == NULL)
                 all_cached = false;
-            if (all_direct && gw_direct_pages(r->direct, layer, h, L->rid[h][j], gw_pages(idx->sizes[j])) == NULL)
+            if (all_direct && gw_direct_pages(r->direct, layer, h, L->hd[h].rid[j], gw_pages(idx->sizes[j])) == NULL)
                 all_direct = false;
         }
     }
@@ -1236,7 +1228,7 @@ static ri_status_t gw_step_resolve(gw_remote_t *r)
             s->eoff[e] = pc;
             s->etok[e] = tokens;
             if (s->direct) {
-                const uint8_t *base = gw_direct_pages(r->direct, s->layer, h, L->rid[h][j], np);
+                const uint8_t *base = gw_direct_pages(r->direct, s->layer, h, L->hd[h].rid[j], np);
                 if (base == NULL)
                     return RI_ERR_INTERNAL; /* checked at begin */
                 for (uint32_t p = 0; p < np; p++)
@@ -1245,7 +1237,7 @@ static ri_status_t gw_step_resolve(gw_remote_t *r)
             }
             if (s->predicted) {
                 for (uint32_t p = 0; p < np; p++)
-                    s->paddr[pc++] = r->cache + (size_t)L->cpg[h][j][p] * r->page_bytes;
+                    s->paddr[pc++] = r->cache + (size_t)L->hd[h].cpg[j][p] * r->page_bytes;
                 continue;
             }
             cm_dp_entry_t en;
@@ -1419,7 +1411,8 @@ ri_status_t gw_remote_reconnect(gw_remote_t *r, const char *addr, uint64_t sessi
     }
     /* Re-fill: the same index, every cluster re-packed from the caller's K/V. */
     for (uint32_t l = 0; l < r->n_layers && st == RI_OK; l++) {
-        memset(r->layers[l].n_remote, 0, r->n_kv * sizeof(uint32_t));
+        for (uint32_t h = 0; h < r->n_kv; h++)
+            r->layers[l].hd[h].n_remote = 0;
         st = gw_remote_queue_upload(r, l, &kv[l], zero, false);
     }
     cm_free(zero);
@@ -1435,7 +1428,7 @@ uint64_t gw_remote_clusters(const gw_remote_t *r)
     uint64_t n = 0;
     for (uint32_t l = 0; r != NULL && l < r->n_layers; l++)
         for (uint32_t h = 0; h < r->n_kv; h++)
-            n += r->layers[l].n_remote[h];
+            n += r->layers[l].hd[h].n_remote;
     return n;
 }
 
