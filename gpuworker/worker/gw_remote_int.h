@@ -1,0 +1,165 @@
+/*
+ * Private to gw_remote*.c: the remote state of one sequence (gw_remote.h)
+ * and the functions its three files share.  gw_remote.c: creation, upload,
+ * the index (kn_wave with an uploading store), reconnect, stats;
+ * gw_remote_mirror.c: the block cache, the mirror of the kvstore's cache
+ * directory and the checking of fetch answers; gw_remote_decode.c: a step.
+ */
+#ifndef GW_REMOTE_INT_H
+#define GW_REMOTE_INT_H
+
+#include <stdatomic.h>
+
+#include "common/cm_dp_proto.h"
+#include "gpuworker/worker/gw_direct.h"
+#include "gpuworker/worker/gw_io.h"
+#include "gpuworker/worker/gw_remote.h"
+
+#define GW_NO_ID UINT32_MAX
+#define GW_GMAX 64u   /* query heads per group handled on the stack */
+
+/* What is remote of one KV head of a layer. */
+typedef struct gw_head {
+    uint32_t *rid;         /* local cluster id -> kvstore id (GW_NO_ID: empty, never uploaded) */
+    uint32_t rcap;         /* entries allocated in rid, lid, cpg */
+    uint32_t n_remote;     /* clusters the kvstore holds for the head */
+    uint32_t max_pages;    /* pages of the largest cluster */
+    uint32_t *lid;         /* kvstore id -> local cluster id */
+    uint32_t **cpg;        /* per local cluster: its cache pages (owned), NULL when not
+                              cached: our mirror of the kvstore's directory */
+} gw_head_t;
+
+/* Index state of one layer, all KV heads.  The index, its budgets and its
+ * build/update schedule are kn_wave's (one engine for in-process and remote);
+ * the layer's store (gw_store_append) uploads what it clusters. */
+typedef struct gw_layer {
+    kn_wave_t *wave;       /* index, budgets, schedule; clusters kept by our store */
+    kn_wave_store_t store; /* ctx = this layer */
+    struct gw_remote *r;   /* owner, for the store */
+    uint32_t layer;
+    bool appendable;       /* the store's next upload is an APPEND (the layer was indexed) */
+    const kn_index_t *idx; /* [n_kv] the wave's meta index (borrowed) */
+    gw_head_t *hd;         /* [n_kv] what is remote of each KV head */
+} gw_layer_t;
+
+/* One decode step in flight (between decode_begin and decode_end). */
+typedef struct gw_step {
+    bool active;           /* begin done, end not yet */
+    bool fetching;         /* job submitted */
+    uint32_t layer;
+    const float *q;        /* borrowed [n_q][d] */
+    kn_kv_view_t kv;       /* copy of the caller's view */
+    uint32_t n_r, n_e;     /* requested budgets */
+    uint32_t want;         /* room per head in ids */
+    size_t cap_ids;        /* allocated: n_kv * want */
+    uint32_t *ids;         /* [n_kv][want] local cluster ids from kn_rank */
+    uint32_t *req;         /* [n_kv * want] kvstore ids, head by head */
+    uint32_t *lids;        /* [n_kv * want] the same clusters' local ids */
+    uint32_t *nr, *ne;     /* [n_kv] counts from kn_rank */
+    uint32_t *heads;       /* [n_kv] heads sent */
+    uint32_t *counts;      /* [n_kv] ids per head sent */
+    uint32_t *ent0;        /* [n_kv] first reply entry of each head */
+    float *part;           /* [n_kv][2 g (d + 1)] exact and estimated parts */
+    gw_io_job_t job;       /* the fetch */
+    bool predicted;        /* every retrieved cluster was in the mirror: no wait */
+    bool direct;           /* every retrieved cluster read from the kvstore's region: no fetch */
+    bool estimated;        /* the estimation zone was computed at begin, with the ranking */
+    bool degraded;         /* an earlier fetch is late: no fetch, mirror hits only */
+    uint64_t submit_ns;    /* when the fetch was submitted (its deadline counts from here) */
+    uint32_t *nl;          /* [n_kv] late clusters per head (after the retrieved ones in ids) */
+    /* the fetch's own copies of what it asked (the io thread reads them, and
+     * a late answer is checked against them after later steps reused ids) */
+    uint32_t *jheads, *jcounts, *jreq, *jlids;
+    size_t cap_j;
+    uint32_t jn_heads;
+    const uint8_t **paddr; /* page addresses of every entry, in entry order */
+    uint32_t *eoff;        /* [entries] first page of each entry in paddr */
+    uint32_t *etok;        /* [entries] tokens of each entry */
+    size_t cap_paddr, cap_ent;
+    _Atomic int status;    /* first failure of a parallel part */
+    _Atomic uint64_t exact, retrieved, bytes;
+    float *out, *lse;      /* decode_end's outputs */
+} gw_step_t;
+
+#define GW_PEND_MAX 64u
+
+/* A predicted step's fetch and what we expect of its answer. */
+typedef struct gw_pend {
+    gw_io_job_t job;
+    uint32_t layer;
+    uint32_t *heads, *counts;  /* [n_kv] */
+    uint32_t *ids;             /* kvstore ids sent */
+    uint32_t *pages;           /* expected cache pages, entry after entry */
+    size_t cap_ids, cap_pages;
+} gw_pend_t;
+
+struct gw_remote {
+    kn_shape_t shape;        /* one layer */
+    uint32_t n_layers, n_kv, g, d;
+    gw_remote_params_t p;
+    const kn_ops_t *ops;
+    gw_io_t *io;             /* the connection and its thread */
+    gw_direct_t *direct;     /* the session's region mapped here, or NULL (two-sided) */
+    gw_layer_t *layers;      /* [n_layers] */
+    uint64_t pages_uploaded; /* over all layers */
+    size_t page_bytes;       /* 4 * P * d */
+    /* wave buffer */
+    bool registered;
+    uint32_t cache_id;
+    uint32_t cache_pages;
+    uint8_t *cache;          /* [cache_pages][page_bytes] */
+    uint8_t *recv;           /* receive buffer (UCX-registered) */
+    size_t recv_len;
+    void **old_recv;         /* earlier receive buffers, registered until close */
+    size_t n_old;
+    gw_step_t step;
+    /* fetches sent for their LRU effect only (predicted all-hit steps), not
+     * waited for; checked in order once done */
+    gw_pend_t pend[GW_PEND_MAX];
+    uint32_t pend_first, pend_n;
+    /* a fetch that missed its step's deadline, still in flight in step.job;
+     * no new fetch is sent until it is applied (its misses sit in recv) */
+    bool late;
+    uint32_t late_layer;
+    ri_status_t err;         /* sticky */
+    gw_remote_stats_t st;
+};
+
+static inline uint32_t gw_pages(uint32_t tokens)
+{
+    return (tokens + GW_REMOTE_PAGE_TOKENS - 1) / GW_REMOTE_PAGE_TOKENS;
+}
+
+static inline bool gw_kv_valid(const kn_kv_view_t *kv)
+{
+    return kv != NULL && (kv->n_tokens == 0 || (kv->k != NULL && kv->v != NULL)) && kv->n_tokens < UINT32_MAX / 2;
+}
+
+/* --- gw_remote_mirror.c --- */
+
+/* Forget every cached cluster (a new connection's cache starts empty). */
+void gw_mirror_clear(gw_remote_t *r);
+
+/* Record what a checked answer did to the directory: admissions, evictions. */
+ri_status_t gw_mirror_apply(gw_remote_t *r, uint32_t layer, const cm_dp_fetch_reply_view_t *v, const uint32_t *lids);
+
+/* Predicted steps' fetches: send one (its answer checked later), check those
+ * that are in (block: wait for all), and wait for all of them. */
+ri_status_t gw_pend_submit(gw_remote_t *r, uint32_t layer, uint32_t n_heads, uint64_t k);
+ri_status_t gw_pend_reap(gw_remote_t *r, bool block);
+ri_status_t gw_pend_complete(gw_remote_t *r);
+
+/* Register (or re-register, emptying the cache) a receive buffer of at
+ * least need bytes. */
+ri_status_t gw_remote_register(gw_remote_t *r, size_t need);
+
+/* Check step.job's answer against what it asked; count hits and misses. */
+ri_status_t gw_fetch_check(gw_remote_t *r, uint32_t layer);
+
+/* Apply the late fetch once it is in (block: wait for it), between steps. */
+ri_status_t gw_late_reap(gw_remote_t *r, bool block);
+
+/* Copy the admitted misses of step.job's answer into their cache pages. */
+void gw_step_admit(gw_remote_t *r);
+
+#endif /* GW_REMOTE_INT_H */
