@@ -49,6 +49,120 @@ static double now_s(void)
     return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
 }
 
+/* One sequence of the tests: a session on the daemon at grpc, synthetic K/V
+ * of NL layers prefilled into it, and the in-process waves that say what
+ * each step must give. */
+typedef struct kfx {
+    ri_client_h client;
+    ri_session_h sess;
+    kn_wave_t *w[NL];
+    cm_fp16_t *k[NL], *v[NL];
+    ri_kv_view_t kv[NL];
+    size_t n;
+} kfx_t;
+
+static kn_kv_view_t kfx_local(const kfx_t *f, uint32_t l)
+{
+    return (kn_kv_view_t){.k = f->k[l], .v = f->v[l], .n_tokens = f->n, .token_stride = D,
+                          .head_stride = (size_t)CAP * D};
+}
+
+/* update_tokens 0: the defaults. */
+static void kfx_open(kfx_t *f, const char *grpc, const char *label, uint32_t update_tokens, uint32_t update_clusters)
+{
+    ri_client_params_t cp;
+    ri_session_params_t sp;
+    kn_wave_params_t wp;
+    kn_shape_t shape = {.n_q_heads = NQ, .n_kv_heads = NKV, .head_dim = D};
+
+    memset(f, 0, sizeof(*f));
+    f->n = N0;
+    ri_client_params_init(&cp);
+    cp.address = grpc;
+    cp.timeout_ms = 2000;
+    assert_int_equal(ri_client_connect(&cp, &f->client), RI_OK);
+    ri_session_params_init(&sp);
+    kn_wave_params_default(&wp);
+    sp.n_layers = NL;
+    sp.n_q_heads = NQ;
+    sp.n_kv_heads = NKV;
+    sp.head_dim = D;
+    sp.label = label;
+    if (update_tokens > 0) {
+        sp.update_tokens = wp.update_tokens = update_tokens;
+        sp.update_clusters = wp.update_clusters = update_clusters;
+    }
+    assert_int_equal(ri_session_create(f->client, &sp, &f->sess), RI_OK);
+    for (uint32_t l = 0; l < NL; l++) {
+        f->k[l] = calloc((size_t)NKV * CAP * D, sizeof(cm_fp16_t));
+        f->v[l] = calloc((size_t)NKV * CAP * D, sizeof(cm_fp16_t));
+        wk_synth_kv(f->k[l], f->v[l], CAP, NKV, D, 0, CAP, l);
+        f->kv[l] = (ri_kv_view_t){.struct_size = sizeof(ri_kv_view_t), .k = f->k[l], .v = f->v[l], .n_tokens = f->n,
+                                  .token_stride = D, .head_stride = (size_t)CAP * D};
+        kn_kv_view_t lv = kfx_local(f, l);
+        assert_int_equal(kn_wave_create(&shape, &wp, &f->w[l]), RI_OK);
+        assert_int_equal(kn_wave_build(f->w[l], &lv), RI_OK);
+        assert_int_equal(ri_prefill(f->sess, l, &f->kv[l]), RI_OK);
+    }
+    assert_int_equal(ri_prefill_wait(f->sess), RI_OK);
+}
+
+/* One more token, every layer: the in-process reference and the remote
+ * decode.  Returns the remote status (the first failing layer's); *worst
+ * gets the largest relative error of the layers that decoded, skipping
+ * steps where the index was updated when skip_updates. */
+static ri_status_t kfx_step(kfx_t *f, uint64_t seed, bool skip_updates, double *worst)
+{
+    float q[NQ * D], o_rem[NQ * D], o_loc[NQ * D];
+    f->n++;
+    for (uint32_t l = 0; l < NL; l++) {
+        kn_kv_view_t lv = kfx_local(f, l);
+        bool updated = false;
+        ri_status_t st;
+        f->kv[l].n_tokens = f->n;
+        wk_synth_q(q, NQ, D, seed + l);
+        assert_int_equal(kn_wave_update(f->w[l], &lv, &updated), RI_OK);
+        assert_int_equal(kn_wave_decode(f->w[l], q, &lv, o_loc, NULL, NULL), RI_OK);
+        if ((st = ri_decode(&f->sess, 1, l, q, &f->kv[l], o_rem)) != RI_OK)
+            return st;
+        double e = wk_rel_err(o_rem, o_loc, NQ, D);
+        if (!(skip_updates && updated) && e > *worst)
+            *worst = e;
+    }
+    return RI_OK;
+}
+
+static void kfx_close(kfx_t *f)
+{
+    ri_session_close(f->sess);
+    ri_client_close(f->client);
+    for (uint32_t l = 0; l < NL; l++) {
+        kn_wave_destroy(f->w[l]);
+        free(f->k[l]);
+        free(f->v[l]);
+    }
+}
+
+/* Retry ri_session_recover for up to 15 s (a daemon coming back, a gRPC
+ * channel in its reconnect back-off), as a worker would. */
+static ri_status_t kfx_recover(kfx_t *f, const ri_kv_view_t *kv, int *tries_p)
+{
+    double t0 = now_s();
+    ri_status_t st;
+    int tries = 0;
+    do {
+        st = ri_session_recover(f->sess, kv);
+        tries++;
+        if (st != RI_OK) {
+            struct timespec ts = {0, 200000000};
+            nanosleep(&ts, NULL);
+        }
+    } while (st != RI_OK && now_s() - t0 < 15.0);
+    if (tries_p)
+        *tries_p = tries;
+    return st;
+}
+
 static void test_unreachable(void **state)
 {
     ri_client_params_t cp;
@@ -67,18 +181,11 @@ static void test_unreachable(void **state)
 static void test_kill9_and_recover(void **state)
 {
     wk_env_t env;
-    ri_client_params_t cp;
-    ri_session_params_t sp;
-    ri_client_h client = NULL;
-    ri_session_h sess = NULL;
-    kn_wave_t *w[NL];
-    kn_wave_params_t wp;
-    cm_fp16_t *k[NL], *v[NL];
-    ri_kv_view_t kv[NL];
-    kn_shape_t shape = {.n_q_heads = NQ, .n_kv_heads = NKV, .head_dim = D};
-    float q[NQ * D], o_rem[NQ * D], o_loc[NQ * D];
-    size_t n = N0;
+    kfx_t f;
+    float q[NQ * D], o_rem[NQ * D];
     char port[400];
+    double worst = 0;
+    int tries = 0;
     ri_status_t st;
     (void)state;
 
@@ -92,61 +199,30 @@ static void test_kill9_and_recover(void **state)
         exit(77);
     }
     assert_int_equal(rc, 0);
-    ri_client_params_init(&cp);
-    cp.address = env.daemon.grpc;
-    cp.timeout_ms = 2000;
-    assert_int_equal(ri_client_connect(&cp, &client), RI_OK);
-    ri_session_params_init(&sp);
-    sp.n_layers = NL;
-    sp.n_q_heads = NQ;
-    sp.n_kv_heads = NKV;
-    sp.head_dim = D;
-    sp.label = "kill-test";
-    assert_int_equal(ri_session_create(client, &sp, &sess), RI_OK);
-    kn_wave_params_default(&wp);
-    for (uint32_t l = 0; l < NL; l++) {
-        k[l] = calloc((size_t)NKV * CAP * D, sizeof(cm_fp16_t));
-        v[l] = calloc((size_t)NKV * CAP * D, sizeof(cm_fp16_t));
-        wk_synth_kv(k[l], v[l], CAP, NKV, D, 0, CAP, l);
-        kv[l] = (ri_kv_view_t){.struct_size = sizeof(ri_kv_view_t), .k = k[l], .v = v[l], .n_tokens = n,
-                               .token_stride = D, .head_stride = (size_t)CAP * D};
-        assert_int_equal(kn_wave_create(&shape, &wp, &w[l]), RI_OK);
-        kn_kv_view_t lv = {.k = k[l], .v = v[l], .n_tokens = n, .token_stride = D, .head_stride = (size_t)CAP * D};
-        assert_int_equal(kn_wave_build(w[l], &lv), RI_OK);
-        assert_int_equal(ri_prefill(sess, l, &kv[l]), RI_OK);
-    }
-    assert_int_equal(ri_prefill_wait(sess), RI_OK);
-
-    /* a few healthy steps */
-    for (int step = 0; step < 5; step++) {
-        n++;
-        for (uint32_t l = 0; l < NL; l++) {
-            kv[l].n_tokens = n;
-            wk_synth_q(q, NQ, D, (uint64_t)step * NL + l);
-            assert_int_equal(ri_decode(&sess, 1, l, q, &kv[l], o_rem), RI_OK);
-        }
-    }
+    kfx_open(&f, env.daemon.grpc, "kill-test", 0, 0);
+    for (int step = 0; step < 5; step++) /* a few healthy steps */
+        assert_int_equal(kfx_step(&f, (uint64_t)step * NL, false, &worst), RI_OK);
 
     /* kill -9 mid-generation */
     snprintf(port, sizeof(port), "--listen=%s", env.daemon.grpc);
     assert_int_equal(kvs_test_daemon_stop(&env.daemon, SIGKILL, 5000), 128 + SIGKILL);
-    n++;
+    f.n++;
     double t0 = now_s();
     st = RI_OK;
     for (uint32_t l = 0; l < NL && st == RI_OK; l++) {
-        kv[l].n_tokens = n;
+        f.kv[l].n_tokens = f.n;
         wk_synth_q(q, NQ, D, 999);
-        st = ri_decode(&sess, 1, l, q, &kv[l], o_rem);
+        st = ri_decode(&f.sess, 1, l, q, &f.kv[l], o_rem);
     }
     double waited = now_s() - t0;
     printf("decode after kill -9: %s after %.2f s (%s)\n", ri_status_name(st), waited, ri_last_error());
     assert_true(st == RI_ERR_CONN_RESET || st == RI_ERR_TIMEOUT || st == RI_ERR_TRANSPORT);
-    assert_true(waited < cp.timeout_ms / 1000.0 + 3.0);
-    assert_int_not_equal(ri_session_status(sess), RI_OK);
+    assert_true(waited < 2.0 + 3.0); /* the client's timeout_ms, plus slack */
+    assert_int_not_equal(ri_session_status(f.sess), RI_OK);
     /* still broken, no hang, no crash */
-    assert_int_not_equal(ri_decode(&sess, 1, 0, q, &kv[0], o_rem), RI_OK);
+    assert_int_not_equal(ri_decode(&f.sess, 1, 0, q, &f.kv[0], o_rem), RI_OK);
     t0 = now_s();
-    st = ri_session_recover(sess, kv);
+    st = ri_session_recover(f.sess, f.kv);
     printf("recover while down: %s after %.2f s (%s)\n", ri_status_name(st), now_s() - t0, ri_last_error());
     assert_int_not_equal(st, RI_OK);
 
@@ -154,71 +230,31 @@ static void test_kill9_and_recover(void **state)
     const char *extra[3] = {"--memory=256MiB", port, NULL};
     int ex = 0;
     assert_int_equal(kvs_test_daemon_start(&env.daemon, extra, &ex), 0);
-    /* the gRPC channel may still be in its reconnect back-off: retry, as a
-     * worker would, for a bounded time */
     t0 = now_s();
-    int tries = 0;
-    do {
-        st = ri_session_recover(sess, kv);
-        tries++;
-        if (st != RI_OK) {
-            struct timespec ts = {0, 200000000};
-            nanosleep(&ts, NULL);
-        }
-    } while (st != RI_OK && now_s() - t0 < 15.0);
+    st = kfx_recover(&f, f.kv, &tries);
     printf("recovered (re-created + re-filled) in %.2f s, %d tries (%s)\n", now_s() - t0, tries, ri_last_error());
     assert_int_equal(st, RI_OK);
-    assert_int_equal(ri_session_status(sess), RI_OK);
+    assert_int_equal(ri_session_status(f.sess), RI_OK);
 
     /* and decodes exactly as the in-process wave on the same K/V */
-    double worst = 0;
-    for (int step = 0; step < 20; step++) {
-        n++;
-        for (uint32_t l = 0; l < NL; l++) {
-            kv[l].n_tokens = n;
-            kn_kv_view_t lv = {.k = k[l], .v = v[l], .n_tokens = n, .token_stride = D, .head_stride = (size_t)CAP * D};
-            wk_synth_q(q, NQ, D, 300 + (uint64_t)step * NL + l);
-            assert_int_equal(kn_wave_update(w[l], &lv, NULL), RI_OK);
-            assert_int_equal(kn_wave_decode(w[l], q, &lv, o_loc, NULL, NULL), RI_OK);
-            assert_int_equal(ri_decode(&sess, 1, l, q, &kv[l], o_rem), RI_OK);
-            double e = wk_rel_err(o_rem, o_loc, NQ, D);
-            worst = e > worst ? e : worst;
-        }
-    }
+    worst = 0;
+    for (int step = 0; step < 20; step++)
+        assert_int_equal(kfx_step(&f, 300 + (uint64_t)step * NL, false, &worst), RI_OK);
     ri_session_stats_t ss = {.struct_size = sizeof(ss)};
-    assert_int_equal(ri_session_stats(sess, &ss), RI_OK);
+    assert_int_equal(ri_session_stats(f.sess, &ss), RI_OK);
     printf("after recovery: worst rel err vs in-process %.3g; recoveries %u, %llu hits, %llu misses\n", worst,
            ss.recoveries, (unsigned long long)ss.hits, (unsigned long long)ss.misses);
     assert_true(worst <= 1e-6);
     assert_int_equal(ss.recoveries, 1);
-
-    ri_session_close(sess);
-    ri_client_close(client);
-    for (uint32_t l = 0; l < NL; l++) {
-        kn_wave_destroy(w[l]);
-        free(k[l]);
-        free(v[l]);
-    }
+    kfx_close(&f);
     wk_env_stop(&env);
 }
 
-/* Restart with --recover after a clean stop: the session comes back whole,
- * and recovery re-attaches instead of re-filling. */
 static void test_kill9_direct_reads_go_on(void **state)
 {
     wk_env_t env;
-    ri_client_params_t cp;
-    ri_session_params_t sp;
-    ri_client_h client = NULL;
-    ri_session_h sess = NULL;
+    kfx_t f;
     ri_session_stats_t st0 = {.struct_size = sizeof(st0)}, st1 = {.struct_size = sizeof(st1)};
-    kn_wave_t *w[NL];
-    kn_wave_params_t wp;
-    cm_fp16_t *k[NL], *v[NL];
-    ri_kv_view_t kv[NL];
-    kn_shape_t shape = {.n_q_heads = NQ, .n_kv_heads = NKV, .head_dim = D};
-    float q[NQ * D], o_rem[NQ * D], o_loc[NQ * D];
-    size_t n = N0;
     double worst = 0;
     int steps_after = 0;
     ri_status_t st = RI_OK;
@@ -227,99 +263,46 @@ static void test_kill9_direct_reads_go_on(void **state)
     unsetenv("RI_DIRECT");
     if (wk_env_start(&env, 256) != 0)
         skip();
-    ri_client_params_init(&cp);
-    cp.address = env.daemon.grpc;
-    cp.timeout_ms = 2000;
-    assert_int_equal(ri_client_connect(&cp, &client), RI_OK);
-    ri_session_params_init(&sp);
-    sp.n_layers = NL;
-    sp.n_q_heads = NQ;
-    sp.n_kv_heads = NKV;
-    sp.head_dim = D;
-    sp.update_tokens = 64;  /* an update (an upload) soon after the kill */
-    sp.update_clusters = 4;
-    sp.label = "kill-direct";
-    assert_int_equal(ri_session_create(client, &sp, &sess), RI_OK);
-    kn_wave_params_default(&wp);
-    wp.update_tokens = sp.update_tokens;
-    wp.update_clusters = sp.update_clusters;
-    for (uint32_t l = 0; l < NL; l++) {
-        k[l] = calloc((size_t)NKV * CAP * D, sizeof(cm_fp16_t));
-        v[l] = calloc((size_t)NKV * CAP * D, sizeof(cm_fp16_t));
-        wk_synth_kv(k[l], v[l], CAP, NKV, D, 0, CAP, l);
-        kv[l] = (ri_kv_view_t){.struct_size = sizeof(ri_kv_view_t), .k = k[l], .v = v[l], .n_tokens = n,
-                               .token_stride = D, .head_stride = (size_t)CAP * D};
-        assert_int_equal(kn_wave_create(&shape, &wp, &w[l]), RI_OK);
-        kn_kv_view_t lv = {.k = k[l], .v = v[l], .n_tokens = n, .token_stride = D, .head_stride = (size_t)CAP * D};
-        assert_int_equal(kn_wave_build(w[l], &lv), RI_OK);
-        assert_int_equal(ri_prefill(sess, l, &kv[l]), RI_OK);
-    }
-    assert_int_equal(ri_prefill_wait(sess), RI_OK);
-    assert_int_equal(ri_decode(&sess, 1, 0, q, &kv[0], o_rem), RI_OK); /* regions located */
-    assert_int_equal(ri_decode(&sess, 1, 1, q, &kv[1], o_rem), RI_OK);
-    assert_int_equal(ri_session_stats(sess, &st0), RI_OK);
+    kfx_open(&f, env.daemon.grpc, "kill-direct", 64, 4); /* an update (an upload) soon after the kill */
+    assert_int_equal(kfx_step(&f, 1, false, &worst), RI_OK); /* the clusters located */
+    assert_int_equal(ri_session_stats(f.sess, &st0), RI_OK);
     assert_int_equal(kvs_test_daemon_stop(&env.daemon, SIGKILL, 5000), 128 + SIGKILL);
     /* Decode on (past an update, whose upload goes to no one), then wait for
      * that upload to fail. */
-    for (int step = 0; n + 2 < CAP && st == RI_OK; step++) {
-        n++;
-        for (uint32_t l = 0; l < NL && st == RI_OK; l++) {
-            kv[l].n_tokens = n;
-            kn_kv_view_t lv = {.k = k[l], .v = v[l], .n_tokens = n, .token_stride = D, .head_stride = (size_t)CAP * D};
-            bool updated = false;
-            wk_synth_q(q, NQ, D, 500 + (uint64_t)step * NL + l);
-            assert_int_equal(kn_wave_update(w[l], &lv, &updated), RI_OK);
-            assert_int_equal(kn_wave_decode(w[l], q, &lv, o_loc, NULL, NULL), RI_OK);
-            st = ri_decode(&sess, 1, l, q, &kv[l], o_rem);
-            if (st == RI_OK && !updated) {
-                double e = wk_rel_err(o_rem, o_loc, NQ, D);
-                worst = e > worst ? e : worst;
-            }
-        }
+    worst = 0;
+    for (int step = 0; f.n + 2 < CAP && st == RI_OK; step++) {
+        st = kfx_step(&f, 500 + (uint64_t)step * NL, true, &worst);
         steps_after += st == RI_OK;
     }
-    assert_int_equal(ri_session_stats(sess, &st1), RI_OK);
+    assert_int_equal(ri_session_stats(f.sess, &st1), RI_OK);
     double t0 = now_s();
-    while (ri_session_status(sess) == RI_OK && now_s() - t0 < 10.0) {
+    while (ri_session_status(f.sess) == RI_OK && now_s() - t0 < 10.0) {
         struct timespec ts = {0, 50000000};
         nanosleep(&ts, NULL);
     }
     printf("kill -9 under direct reads: %d more steps decoded (%llu layer-steps direct, worst rel err vs "
            "in-process %.3g, last %s); the session broke %.2f s later: %s\n", steps_after,
            (unsigned long long)(st1.direct_steps - st0.direct_steps), worst, ri_status_name(st), now_s() - t0,
-           ri_status_name(ri_session_status(sess)));
+           ri_status_name(ri_session_status(f.sess)));
     assert_int_equal(st, RI_OK);
     assert_true(steps_after >= 64); /* past the update */
     assert_true(st1.direct_steps - st0.direct_steps >= 64);
     assert_true(worst <= 1e-6);
-    assert_int_not_equal(ri_session_status(sess), RI_OK); /* the update's upload found the daemon gone */
-    assert_int_not_equal(ri_decode(&sess, 1, 0, q, &kv[0], o_rem), RI_OK);
-    ri_session_close(sess);
-    ri_client_close(client);
-    for (uint32_t l = 0; l < NL; l++) {
-        kn_wave_destroy(w[l]);
-        free(k[l]);
-        free(v[l]);
-    }
+    assert_int_not_equal(ri_session_status(f.sess), RI_OK); /* the update's upload found the daemon gone */
+    assert_int_not_equal(kfx_step(&f, 7, false, &worst), RI_OK);
+    kfx_close(&f);
     wk_env_stop(&env);
 }
 
+/* Restart with --recover after a clean stop: the session comes back whole,
+ * and recovery re-attaches instead of re-filling. */
 static void test_clean_restart_reattaches(void **state)
 {
     kvs_test_daemon_t d;
-    ri_client_params_t cp;
-    ri_session_params_t sp;
-    ri_client_h client = NULL;
-    ri_session_h sess = NULL;
-    kn_wave_t *w[NL];
-    kn_wave_params_t wp;
-    cm_fp16_t *k[NL], *v[NL];
-    ri_kv_view_t kv[NL];
-    kn_shape_t shape = {.n_q_heads = NQ, .n_kv_heads = NKV, .head_dim = D};
-    float q[NQ * D], o_rem[NQ * D], o_loc[NQ * D];
-    size_t n = N0;
+    kfx_t f;
     char sflag[400], port[400];
     ri_session_stats_t s0 = {.struct_size = sizeof(s0)}, s1 = {.struct_size = sizeof(s1)};
+    double worst = 0;
     ri_status_t st;
     (void)state;
 
@@ -328,35 +311,9 @@ static void test_clean_restart_reattaches(void **state)
     snprintf(sflag, sizeof(sflag), "--spill-dir=%s/spill", d.dir);
     const char *extra1[] = {"--memory=256MiB", sflag, NULL};
     assert_int_equal(kvs_test_daemon_start(&d, extra1, NULL), 0);
-    ri_client_params_init(&cp);
-    cp.address = d.grpc;
-    cp.timeout_ms = 2000;
-    assert_int_equal(ri_client_connect(&cp, &client), RI_OK);
-    ri_session_params_init(&sp);
-    sp.n_layers = NL;
-    sp.n_q_heads = NQ;
-    sp.n_kv_heads = NKV;
-    sp.head_dim = D;
-    sp.label = "reattach-test";
-    assert_int_equal(ri_session_create(client, &sp, &sess), RI_OK);
-    kn_wave_params_default(&wp);
-    for (uint32_t l = 0; l < NL; l++) {
-        k[l] = calloc((size_t)NKV * CAP * D, sizeof(cm_fp16_t));
-        v[l] = calloc((size_t)NKV * CAP * D, sizeof(cm_fp16_t));
-        wk_synth_kv(k[l], v[l], CAP, NKV, D, 0, CAP, l);
-        kv[l] = (ri_kv_view_t){.struct_size = sizeof(ri_kv_view_t), .k = k[l], .v = v[l], .n_tokens = n,
-                               .token_stride = D, .head_stride = (size_t)CAP * D};
-        assert_int_equal(kn_wave_create(&shape, &wp, &w[l]), RI_OK);
-        kn_kv_view_t lv = {.k = k[l], .v = v[l], .n_tokens = n, .token_stride = D, .head_stride = (size_t)CAP * D};
-        assert_int_equal(kn_wave_build(w[l], &lv), RI_OK);
-        assert_int_equal(ri_prefill(sess, l, &kv[l]), RI_OK);
-    }
-    assert_int_equal(ri_prefill_wait(sess), RI_OK);
-    for (uint32_t l = 0; l < NL; l++) {
-        wk_synth_q(q, NQ, D, 700 + l);
-        assert_int_equal(ri_decode(&sess, 1, l, q, &kv[l], o_rem), RI_OK);
-    }
-    assert_int_equal(ri_session_stats(sess, &s0), RI_OK);
+    kfx_open(&f, d.grpc, "reattach-test", 0, 0);
+    assert_int_equal(kfx_step(&f, 700, false, &worst), RI_OK);
+    assert_int_equal(ri_session_stats(f.sess, &s0), RI_OK);
     /* the spill tier and direct reads together: the session's clusters sit in
      * its pinned region and were read in place */
     assert_int_equal(s0.direct_steps, NL);
@@ -369,16 +326,10 @@ static void test_clean_restart_reattaches(void **state)
     const char *extra2[] = {"--memory=256MiB", sflag, "--recover", port, NULL};
     assert_int_equal(kvs_test_daemon_start(&d, extra2, NULL), 0);
     double t0 = now_s();
-    do {
-        /* no K/V given: an engine that gave its copy back can only re-attach */
-        st = ri_session_recover(sess, NULL);
-        if (st != RI_OK) {
-            struct timespec ts = {0, 200000000};
-            nanosleep(&ts, NULL);
-        }
-    } while (st != RI_OK && now_s() - t0 < 15.0);
+    /* no K/V given: an engine that gave its copy back can only re-attach */
+    st = kfx_recover(&f, NULL, NULL);
     assert_int_equal(st, RI_OK);
-    assert_int_equal(ri_session_stats(sess, &s1), RI_OK);
+    assert_int_equal(ri_session_stats(f.sess, &s1), RI_OK);
     printf("after a clean restart with --recover: session %llu -> %llu, re-attached %u, uploaded %llu -> %llu "
            "bytes, in %.2f s\n",
            (unsigned long long)s0.session_id, (unsigned long long)s1.session_id, s1.reattached,
@@ -388,29 +339,12 @@ static void test_clean_restart_reattaches(void **state)
     assert_int_equal(s1.session_id, s0.session_id);
     assert_int_equal(s1.uploaded_bytes, s0.uploaded_bytes); /* nothing re-filled */
 
-    double worst = 0;
-    for (int step = 0; step < 10; step++) {
-        n++;
-        for (uint32_t l = 0; l < NL; l++) {
-            kv[l].n_tokens = n;
-            kn_kv_view_t lv = {.k = k[l], .v = v[l], .n_tokens = n, .token_stride = D, .head_stride = (size_t)CAP * D};
-            wk_synth_q(q, NQ, D, 800 + (uint64_t)step * NL + l);
-            assert_int_equal(kn_wave_update(w[l], &lv, NULL), RI_OK);
-            assert_int_equal(kn_wave_decode(w[l], q, &lv, o_loc, NULL, NULL), RI_OK);
-            assert_int_equal(ri_decode(&sess, 1, l, q, &kv[l], o_rem), RI_OK);
-            double e = wk_rel_err(o_rem, o_loc, NQ, D);
-            worst = e > worst ? e : worst;
-        }
-    }
+    worst = 0;
+    for (int step = 0; step < 10; step++)
+        assert_int_equal(kfx_step(&f, 800 + (uint64_t)step * NL, false, &worst), RI_OK);
     printf("after re-attaching: worst rel err vs in-process %.3g\n", worst);
     assert_true(worst <= 1e-6);
-    ri_session_close(sess);
-    ri_client_close(client);
-    for (uint32_t l = 0; l < NL; l++) {
-        kn_wave_destroy(w[l]);
-        free(k[l]);
-        free(v[l]);
-    }
+    kfx_close(&f);
     kvs_test_daemon_stop(&d, SIGTERM, 10000);
     kvs_test_daemon_cleanup(&d);
 }
