@@ -184,6 +184,9 @@ static void e2e_case_report(bn_report_t *rep, const e2e_case_t *c, size_t ctx, u
         /* what one layer-step waited for its fetch: the link's latency as the decode sees it */
         cJSON_AddNumberToObject(row, "fetch_wait_ms_per_layer_step", t.steps ? t.fetch_wait_s * 1e3 / (double)t.steps : 0);
         cJSON_AddNumberToObject(row, "late_clusters_per_token", (double)t.late_clusters / (double)(c->batch * c->n_steps));
+        /* retrieved clusters read in place from the kvstore's region (no request) */
+        cJSON_AddNumberToObject(row, "direct_clusters_per_token",
+                                (double)t.direct_clusters / (double)(c->batch * c->n_steps));
         worker_kv += (double)t.resident_bytes / (double)c->batch;
         cJSON_AddNumberToObject(row, "remote_resident_bytes", (double)t.resident_bytes / (double)c->batch);
         cJSON_AddNumberToObject(row, "late_steps", (double)t.late_steps);
