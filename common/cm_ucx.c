@@ -33,11 +33,11 @@ void cm_ucx_env_once(void)
     pthread_once(&cm_ucx_env_done, cm_ucx_env_set);
 }
 
-ri_status_t cm_ucx_context(const char *name, const ucp_config_t *config, ucp_context_h *ctx_p)
+ri_status_t cm_ucx_context(const char *name, const ucp_config_t *config, bool rma, ucp_context_h *ctx_p)
 {
     ucp_params_t params = {0};
     params.field_mask = UCP_PARAM_FIELD_FEATURES | UCP_PARAM_FIELD_NAME | UCP_PARAM_FIELD_MT_WORKERS_SHARED;
-    params.features = UCP_FEATURE_AM | UCP_FEATURE_RMA | UCP_FEATURE_WAKEUP;
+    params.features = UCP_FEATURE_AM | UCP_FEATURE_WAKEUP | (rma ? UCP_FEATURE_RMA : 0);
     /* Several workers (the kvstore's lanes) share one context, and memory is
      * mapped and unmapped from more than one thread (direct regions). */
     params.mt_workers_shared = 1;

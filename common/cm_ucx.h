@@ -8,6 +8,7 @@
 #ifndef CM_UCX_H
 #define CM_UCX_H
 
+#include <stdbool.h>
 #include <ucp/api/ucp.h>
 
 #include "retroinfer/status.h"
@@ -26,9 +27,13 @@ ri_status_t cm_ucx_status(ucs_status_t s);
  */
 void cm_ucx_env_once(void);
 
-/* A ucp context with active messages, RMA and wake-ups, named name; config
- * (may be NULL: the environment's) is borrowed.  Caller ucp_cleanup()s it. */
-ri_status_t cm_ucx_context(const char *name, const ucp_config_t *config, ucp_context_h *ctx_p);
+/* A ucp context with active messages and wake-ups, named name; config (may
+ * be NULL: the environment's) is borrowed.  rma adds one-sided operations:
+ * a worker's, to read and map.  Never for a server: over TCP, UCX serves
+ * one-sided reads in software, from whatever address the peer names (no
+ * bounds: a key of one region read another tenant's memory that way, and a
+ * bad address would crash the server).  Caller ucp_cleanup()s it. */
+ri_status_t cm_ucx_context(const char *name, const ucp_config_t *config, bool rma, ucp_context_h *ctx_p);
 
 /* A single-threaded worker of ctx and its event fd (-1 when UCX has none).
  * Caller ucp_worker_destroy()s it. */

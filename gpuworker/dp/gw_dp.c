@@ -364,7 +364,7 @@ ri_status_t gw_dp_connect(const char *addr, uint64_t session_id, const uint8_t s
     st = RI_ERR_TRANSPORT;
     /* As on the server: shared memory usable with peer-failure handling. */
     cm_ucx_env_once();
-    if (cm_ucx_context("ri-gw-dp", NULL, &dp->ctx) != RI_OK)
+    if (cm_ucx_context("ri-gw-dp", NULL, true, &dp->ctx) != RI_OK)
         goto err_free;
     if (cm_ucx_worker(dp->ctx, &dp->worker, &dp->efd) != RI_OK)
         goto err_cleanup;
@@ -466,11 +466,9 @@ ri_status_t gw_dp_map(gw_dp_t *dp, uint8_t **local_p, uint64_t *bytes_p, uint64_
         return RI_ERR_PROTOCOL;
     /* A pointer only where the region can be mapped into this process
      * (shared memory on the same host); elsewhere reads stay two-sided. */
-    if (ucp_rkey_ptr(rkey, m.base, &local) != UCS_OK || local == NULL) {
-        ucp_rkey_destroy(rkey);
+    dp->direct_rkey = rkey; /* unpacked either way (gw_dp_direct_get), destroyed at close */
+    if (ucp_rkey_ptr(rkey, m.base, &local) != UCS_OK || local == NULL)
         return RI_ERR_UNSUPPORTED;
-    }
-    dp->direct_rkey = rkey;
     *local_p = local;
     *bytes_p = m.bytes;
     if (remote_p != NULL)
@@ -586,26 +584,6 @@ ri_status_t gw_dp_register_cache(gw_dp_t *dp, uint32_t capacity_pages, void *rec
     return gw_dp_register_cache_mode(dp, capacity_pages, recv, recv_len, GW_DP_RECV_AUTO, cache_id_p, page_bytes_p);
 }
 
-/* Puts are plain stores only over shared memory; over TCP UCX 1.13 emulates
- * them with a message per put, far slower than an inline reply.  Shared
- * memory is possible unless UCX_TLS leaves it out. */
-static bool gw_dp_shm_allowed(void)
-{
-    const char *tls = getenv("UCX_TLS");
-    if (tls == NULL || strcmp(tls, "all") == 0)
-        return true;
-    return strstr(tls, "sm") != NULL || strstr(tls, "posix") != NULL || strstr(tls, "sysv") != NULL ||
-           strstr(tls, "shm") != NULL;
-}
-
-static bool gw_dp_is_alloc(const gw_dp_t *dp, const void *p)
-{
-    for (uint32_t i = 0; i < GW_DP_MAX_REGS; i++)
-        if (dp->allocs[i].ptr != NULL && dp->allocs[i].ptr == p)
-            return true;
-    return false;
-}
-
 static void gw_dp_cache_note(gw_dp_t *dp, uint32_t id, void *recv, size_t len, bool inline_data)
 {
     for (uint32_t i = 0; i < GW_DP_MAX_REGS; i++)
@@ -634,7 +612,7 @@ ri_status_t gw_dp_register_cache_mode(gw_dp_t *dp, uint32_t capacity_pages, void
     if (dp->n_regs == GW_DP_MAX_REGS)
         return RI_ERR_QUOTA;
     if (mode == GW_DP_RECV_AUTO)
-        mode = gw_dp_is_alloc(dp, recv) && gw_dp_shm_allowed() ? GW_DP_RECV_RMA : GW_DP_RECV_INLINE;
+        mode = GW_DP_RECV_INLINE; /* the kvstore puts nothing (RMA is off in its context) */
     if (mode == GW_DP_RECV_INLINE) {
         cm_dp_register_t ri = {.capacity_pages = capacity_pages, .rkey_len = 0,
                                .recv_addr = (uint64_t)(uintptr_t)recv, .recv_len = recv_len, .rkey = NULL};

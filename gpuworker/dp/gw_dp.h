@@ -40,7 +40,8 @@ void gw_dp_close(gw_dp_t *dp);
 /* Direct reads (common/cm_dp_direct.h).  MAP: ask the kvstore for the
  * session's direct region and map it here; *local_p then points at its first
  * byte, valid until gw_dp_close; *remote_p (may be NULL) its address in the
- * kvstore.  RI_ERR_UNSUPPORTED when the kvstore has no
+ * kvstore.  The key stays unpacked on the connection even when it cannot be
+ * mapped (gw_dp_direct_get may still be tried with it).  RI_ERR_UNSUPPORTED when the kvstore has no
  * region to give or it cannot be mapped into this process (another host):
  * the connection stays usable, two-sided. */
 ri_status_t gw_dp_map(gw_dp_t *dp, uint8_t **local_p, uint64_t *bytes_p, uint64_t *remote_p);
@@ -82,9 +83,10 @@ ri_status_t gw_dp_register_cache(gw_dp_t *dp, uint32_t capacity_pages, void *rec
 
 /* How misses reach the receive buffer. */
 typedef enum gw_dp_recv_mode {
-    GW_DP_RECV_AUTO = 0,    /* RMA when recv came from gw_dp_recv_alloc and UCX_TLS allows
-                               shared memory, else INLINE */
-    GW_DP_RECV_RMA = 1,     /* the server ucp_puts them (buffer registered + rkey) */
+    GW_DP_RECV_AUTO = 0,    /* INLINE: today's kvstore refuses RMA delivery */
+    GW_DP_RECV_RMA = 1,     /* the server would ucp_put them (buffer registered + rkey);
+                               ri-kvstore answers RI_ERR_UNSUPPORTED: RMA in a server's
+                               UCX context also serves any peer's reads (cm_ucx.h) */
     GW_DP_RECV_INLINE = 2,  /* they come in the reply; UCX receives them in place */
 } gw_dp_recv_mode_t;
 

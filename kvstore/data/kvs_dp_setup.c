@@ -153,7 +153,7 @@ static ri_status_t kvs_dp_context(kvs_dp_t *dp, const struct sockaddr_storage *s
     if (st != RI_OK)
         goto err;
     kvs_dp_config_devices(dp, config, ss, host);
-    st = cm_ucx_context("ri-kvstore", config, &dp->ctx);
+    st = cm_ucx_context("ri-kvstore", config, false, &dp->ctx);
     ucp_config_release(config);
     if (st != RI_OK)
         goto err;

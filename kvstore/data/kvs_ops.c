@@ -277,6 +277,12 @@ static ri_status_t kvs_ops_register(kvs_data_t *data, void *conn, kvs_session_t 
         return st;
     if (r.capacity_pages > (1u << 26) || r.recv_len == 0)
         return RI_ERR_RANGE;
+    /* Misses are never put into a worker's buffer: that needs RMA in our UCX
+     * context, and with it UCX would also serve any peer's one-sided reads
+     * over TCP from any address (cm_ucx.h).  Inline delivery only; same-host
+     * workers read their region directly instead. */
+    if (r.rkey_len > 0)
+        return RI_ERR_UNSUPPORTED;
     wc = cm_calloc(&kvs_ops_tag, 1, sizeof(*wc));
     reply = cm_malloc(&kvs_ops_tag, 16);
     if (wc == NULL || reply == NULL) {

@@ -8,6 +8,11 @@
  *     the attacker) aims a one-sided get at bob's cluster, at bob's region
  *     address, and must not come back with bob's bytes: it is refused, reads
  *     something else, or dies trying;
+ *   - the same from a process whose UCX has TCP only (another host, or a
+ *     worker that chose to): the key cannot be mapped, and a one-sided get
+ *     through it is not served (the kvstore's UCX context has no RMA; with
+ *     it, UCX answered such gets in software from any address: bob's bytes
+ *     came back, which is why it is off);
  *   - alice's secret does not connect her to bob's session at all.
  * The key covers one session's region, allocated for that session alone, so
  * no address makes it reach another's.  And the direct-read ops refuse bad
@@ -71,14 +76,17 @@ static int attacker_main(char **argv)
     uint8_t secret[CM_WIRE_SECRET_SIZE], buf[PAGE_BYTES], *local;
     char out[2 * PAGE_BYTES + 1];
     uint64_t bytes, raddr = strtoull(argv[4], NULL, 16);
+    gw_dp_options_t o = {.timeout_ms = 3000};
     gw_dp_t *dp = NULL;
     ri_status_t st;
 
     if (unhex(argv[3], secret, sizeof(secret)) != 0)
         return 2;
-    st = gw_dp_connect(argv[1], strtoull(argv[2], NULL, 10), secret, NULL, &dp);
+    st = gw_dp_connect(argv[1], strtoull(argv[2], NULL, 10), secret, &o, &dp);
     if (st == RI_OK)
         st = gw_dp_map(dp, &local, &bytes, NULL);
+    if (st == RI_ERR_UNSUPPORTED)
+        st = RI_OK; /* not mappable here (TCP only): try the key one-sided anyway */
     if (st == RI_OK)
         st = gw_dp_direct_get(dp, raddr, buf, sizeof(buf));
     if (st != RI_OK) {
@@ -87,7 +95,7 @@ static int attacker_main(char **argv)
         return 3;
     }
     hex(buf, sizeof(buf), out);
-    printf("%s\n", out);
+    printf("HEX:%s\n", out);
     fflush(stdout);
     gw_dp_close(dp);
     return 0;
@@ -173,7 +181,7 @@ static void test_own_cluster_readable(void **state)
     assert_memory_equal(bob_.local + bob_.off, bob_.page, PAGE_BYTES);
     /* through the key, from another process: the attacker's tool works */
     assert_int_equal(attack(alice_.remote + alice_.off, out, sizeof(out)), 0);
-    assert_int_equal(unhex(out, got, PAGE_BYTES), 0);
+    assert_int_equal(unhex(strstr(out, "HEX:") + 4, got, PAGE_BYTES), 0);
     assert_memory_equal(got, alice_.page, PAGE_BYTES);
     printf("alice reads her own cluster in place and through her key (regions at %#" PRIx64 " and %#" PRIx64
            ", %" PRIu64 " bytes each)\n", alice_.remote, bob_.remote, alice_.bytes);
@@ -187,7 +195,8 @@ static void test_key_does_not_reach_other_tenant(void **state)
     (void)state;
     rc = attack(bob_.remote + bob_.off, out, sizeof(out));
     if (rc == 0) {
-        assert_int_equal(unhex(out, got, PAGE_BYTES), 0);
+        assert_non_null(strstr(out, "HEX:"));
+        assert_int_equal(unhex(strstr(out, "HEX:") + 4, got, PAGE_BYTES), 0);
         assert_memory_not_equal(got, bob_.page, PAGE_BYTES);
         printf("alice's key aimed at bob's cluster: read bytes that are not bob's\n");
     } else {
@@ -196,6 +205,31 @@ static void test_key_does_not_reach_other_tenant(void **state)
     /* bob's cluster lies outside anything alice's key was made for */
     assert_true(bob_.remote + bob_.off < alice_.remote || bob_.remote + bob_.off >= alice_.remote + alice_.bytes);
     /* The kvstore took no part in it: bob is served as before. */
+    assert_int_equal(gw_dp_ping(bob_.dp), RI_OK);
+    assert_memory_equal(bob_.local + bob_.off, bob_.page, PAGE_BYTES);
+}
+
+static void test_tcp_key_does_not_reach_other_tenant(void **state)
+{
+    uint8_t got[PAGE_BYTES];
+    char out[4 * PAGE_BYTES];
+    const char *tls = getenv("UCX_TLS");
+    char saved[256];
+    int rc;
+    (void)state;
+    snprintf(saved, sizeof(saved), "%s", tls ? tls : "");
+    setenv("UCX_TLS", "tcp,self", 1); /* the attacker's UCX only (ours is up already) */
+    rc = attack(bob_.remote + bob_.off, out, sizeof(out));
+    setenv("UCX_TLS", saved, 1);
+    if (rc == 0) {
+        assert_non_null(strstr(out, "HEX:"));
+        assert_int_equal(unhex(strstr(out, "HEX:") + 4, got, PAGE_BYTES), 0);
+        assert_memory_not_equal(got, bob_.page, PAGE_BYTES);
+        printf("alice's key over TCP aimed at bob's cluster: read bytes that are not bob's\n");
+    } else {
+        printf("alice's key over TCP aimed at bob's cluster: refused (exit %d: %.80s)\n", rc,
+               strstr(out, "refused") ? strstr(out, "refused") : out);
+    }
     assert_int_equal(gw_dp_ping(bob_.dp), RI_OK);
     assert_memory_equal(bob_.local + bob_.off, bob_.page, PAGE_BYTES);
 }
@@ -243,6 +277,7 @@ int main(int argc, char **argv)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_own_cluster_readable),
         cmocka_unit_test(test_key_does_not_reach_other_tenant),
+        cmocka_unit_test(test_tcp_key_does_not_reach_other_tenant),
         cmocka_unit_test(test_secret_does_not_open_other_session),
         cmocka_unit_test(test_bad_requests_refused),
     };
