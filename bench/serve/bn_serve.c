@@ -21,6 +21,9 @@
  *   ri bench serve [--json PATH] [--clients 1,4,16] [--attn full,retroinfer,retroinfer-remote]
  *                  [--requests 1] [--max-tokens 32] [--prompt-words 1100] [--seconds 300]
  *                  [--max-batch 8] [--hog] [--worker http://HOST:PORT] [--model PATH]
+ *
+ * Exit status: 0, 1 when a request failed or nothing ran, 2 for bad flags,
+ * 3 when the worker it starts has no model.
  */
 #define _GNU_SOURCE
 #include <errno.h>
@@ -248,7 +251,7 @@ static void sv_request(const sv_opts_t *o, const char *body, sv_result_t *r)
             if (end == NULL)
                 continue;
             *end = '\0';
-            r->status = atoi(buf + 9); /* "HTTP/1.1 200 OK" */
+            r->status = strlen(buf) > 9 ? atoi(buf + 9) : 0; /* "HTTP/1.1 200 OK" */
             chunked = strcasestr(buf, "\r\ntransfer-encoding: chunked") != NULL;
             in_body = true;
             len -= (size_t)(end + 4 - buf);
@@ -427,7 +430,8 @@ typedef struct sv_worker {
 } sv_worker_t;
 
 /* Start ri-worker --listen on a free port, wait for its port file (model
- * loading takes seconds).  Fills o->host/o->port.  0 or -1 (message printed). */
+ * loading takes seconds).  Fills o->host/o->port.  0, 3 when the worker found
+ * no model (its exit status), or -1 (message printed). */
 static int sv_worker_start(sv_worker_t *w, sv_opts_t *o, const char *argv0, const char *kvs, const char *model)
 {
     char bin[PATH_MAX], pf[300], log[300], mb[16], line[512];
@@ -481,7 +485,7 @@ static int sv_worker_start(sv_worker_t *w, sv_opts_t *o, const char *argv0, cons
             fprintf(stderr, "ri-bench-serve: ri-worker exited (status %d; exit 3 = no model: ./ri setup); log %s\n",
                     WIFEXITED(status) ? WEXITSTATUS(status) : -1, log);
             w->pid = 0;
-            return -1;
+            return WIFEXITED(status) && WEXITSTATUS(status) == 3 ? 3 : -1;
         }
         usleep(10000);
     }
@@ -615,8 +619,11 @@ int main(int argc, char **argv)
         setenv("UCX_TLS", GW_UCX_TLS_LOCAL, 0); /* same host: shared memory, for both children */
         if (bn_daemon_start(&d, argv[0], "2GiB") != 0)
             return 1;
-        if (sv_worker_start(&w, &o, argv[0], d.grpc, model) != 0)
+        int ws = sv_worker_start(&w, &o, argv[0], d.grpc, model);
+        if (ws != 0) {
+            rc = ws == 3 ? 3 : 1; /* 3: no model, as ri-worker says it */
             goto out;
+        }
     }
     if (sv_model_id(&o) != 0) {
         fprintf(stderr, "ri-bench-serve: no model listed by http://%s:%s/v1/models\n", o.host, o.port);
@@ -650,6 +657,13 @@ int main(int argc, char **argv)
                 break; /* refused: the other client counts would be refused too */
     bn_hog_stop();
     cJSON *rows = cJSON_GetObjectItem(root, "rows"), *row;
+    /* Our own worker offers every backend: a refusal there is a failure. */
+    if (worker == NULL && cJSON_GetArraySize(cJSON_GetObjectItem(root, "skipped")) > 0)
+        rc = 1;
+    if (cJSON_GetArraySize(rows) == 0) {
+        fprintf(stderr, "ri-bench-serve: no case ran\n");
+        rc = 1;
+    }
     cJSON_ArrayForEach(row, rows)
         if (cJSON_GetNumberValue(cJSON_GetObjectItem(row, "errors")) > 0)
             rc = 1; /* failed requests: the figures are not to be trusted */
