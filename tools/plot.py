@@ -33,15 +33,19 @@ set title "{title}" noenhanced
 set grid
 set key {key} opaque box noenhanced
 set format x "%.0f"
+set format y "%g"
 """
 
 
 def machine_note(doc):
     """The subtitle every chart carries: commit, CPU, load: what the figures depend on."""
     m = doc.get("machine", {})
-    la = m.get("load_avg")
-    return "commit %s, %s x%s, load %s" % ((doc.get("git") or "?")[:7], m.get("cpu", "?"), m.get("cores", "?"),
-                                          "?" if la is None else "%.1f" % la)
+    # The range of the 1-minute load average over the run: at start, per row, at the end.
+    la = [v for v in [m.get("load_avg"), m.get("load_avg_end")] + [r.get("load_avg") for r in doc.get("rows", [])]
+          if isinstance(v, (int, float))]
+    load = "?" if not la else "%.1f" % la[0] if min(la) == max(la) else "%.1f-%.1f" % (min(la), max(la))
+    return "commit %s, %s x%s, load average %s" % ((doc.get("git") or "?")[:7], m.get("cpu", "?"),
+                                                  m.get("cores", "?"), load)
 
 
 def series_block(points):
@@ -49,11 +53,20 @@ def series_block(points):
     return "".join("%r %r\n" % (x, y) for x, y in points) + "e\n"
 
 
-def lines_plot(out, title, xlabel, ylabel, series, logx=False, logy=False, style="linespoints", key="inside left top"):
-    """series: [(label, [(x, y), ...])] -> one PNG with a line each."""
+def lines_plot(out, title, xlabel, ylabel, series, logx=False, logy=False, style="linespoints", key="inside left top",
+               xtics=False, y0=False):
+    """series: [(label, [(x, y), ...])] -> one PNG with a line each.  xtics: a tic
+    at each x of the data (few values: contexts, client counts); y0: y from 0,
+    so that a rate's differences are not magnified."""
     script = HEAD.format(out=out, title=title, key=key)
     script += 'set xlabel "%s"\nset ylabel "%s"\n' % (xlabel, ylabel)
     script += ("set logscale x\n" if logx else "") + ("set logscale y\n" if logy else "")
+    if xtics:
+        xs = sorted({x for _, pts in series for x, _ in pts})
+        script += "set xtics (%s)\nset autoscale xfix\nset offsets graph 0.05, graph 0.05, 0, 0\n" % ", ".join(
+            "%r" % x for x in xs)
+    if y0:
+        script += "set yrange [0:*]\n"
     script += "plot " + ", ".join('"-" using 1:2 with %s lw 2 title "%s"' % (style, label.replace('"', "'"))
                                    for label, _ in series) + "\n"
     script += "".join(series_block(pts) for _, pts in series)
@@ -71,7 +84,7 @@ def plot_e2e(doc):
     series = [(k, sorted(v)) for k, v in sorted(by.items())]
     title = "Decode throughput vs context%s\\n%s" % (" (CPU hog)" if hog else "", machine_note(doc))
     return "throughput", lines_plot(None, title, "context (tokens)", "decode tokens/s (median step)", series,
-                                    logx=True), series
+                                    logx=True, xtics=True, y0=True, key="inside left bottom"), series
 
 
 def plot_dataplane(doc):
@@ -105,9 +118,13 @@ def plot_accuracy(doc):
         if r.get("rel_err_median") is None or not r.get("budget_tokens"):
             continue
         by.setdefault(r["method"], []).append((r["budget_tokens"], r["rel_err_median"]))
+    # Full attention is the reference (rounding error only, at the whole context):
+    # named in the title rather than drawn, where it would flatten the others.
+    full = by.pop("full", [])
     series = [(k, sorted(v)) for k, v in sorted(by.items())]
     src = rows[0].get("source", "") if rows else ""
-    title = "Attention accuracy vs budget (%s)\\n%s" % (src, machine_note(doc))
+    ref = "; full attention: %.1g at %d tokens" % (full[0][1], full[0][0]) if full else ""
+    title = "Attention accuracy vs budget (%s%s)\\n%s" % (src, ref, machine_note(doc))
     return "budget", lines_plot(None, title, "exact tokens attended (budget)",
                                   "median relative error of the output (lower is better)", series,
                                   logx=True, logy=True), series
@@ -121,7 +138,7 @@ def plot_serve(doc):
     title = "ri-worker HTTP service: aggregate tokens/s%s\\n%s" % (" (CPU hog)" if doc.get("hog") else "",
                                                                     machine_note(doc))
     return "serve", lines_plot(None, title, "concurrent streaming clients", "generated tokens/s (all clients)",
-                               series, logx=True), series
+                               series, logx=True, xtics=True, y0=True, key="inside right bottom"), series
 
 
 PLOTS = {"e2e": plot_e2e, "dataplane": plot_dataplane, "attn-accuracy": plot_accuracy, "serve": plot_serve}
