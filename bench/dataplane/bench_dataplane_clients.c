@@ -66,7 +66,7 @@ static int cl_main(const gw_ctl_session_t *s, int iters, int go_fd, int out_fd)
 
     if (lat == NULL || gw_dp_connect(s->dataplane_address, s->session_id, s->secret, NULL, &dp) != RI_OK ||
         cl_upload(dp) != 0 || gw_dp_recv_alloc(dp, recv_len, (void **)&recv) != RI_OK ||
-        gw_dp_register_cache_mode(dp, 1, recv, recv_len, GW_DP_RECV_RMA, &cache_id, NULL) != RI_OK)
+        gw_dp_register_cache_mode(dp, 1, recv, recv_len, GW_DP_RECV_INLINE, &cache_id, NULL) != RI_OK)
         goto out;
     memset(recv, 0, recv_len);
     if (read(go_fd, &go, 1) != 1)
@@ -204,7 +204,7 @@ int bd_run_clients(bn_report_t *rep, const char *transport, const char *tls, con
             kvs_spawn_stop(&sp, SIGTERM, 5000);
         return 0;
     }
-    printf("\n%-5s %7s %10s %10s %10s %8s  (all-miss RMA fetches, %d per client, one session each)\n", "tport",
+    printf("\n%-5s %7s %10s %10s %10s %8s  (all-miss inline fetches, %d per client, one session each)\n", "tport",
            "clients", "bytes", "p50_us", "p99_us", "agg_gbs", iters);
     for (int i = 0; i < n_clients; i++) {
         bd_clients_result_t r = {0};
