@@ -151,11 +151,41 @@ static void sv_event(sv_result_t *r, const char *data)
     cJSON_Delete(o);
 }
 
-/* The body's bytes, as they come: split into lines, "data: " lines are events. */
+/* The body's bytes, as they come, parsed as server-sent events: "data:"
+ * lines gather (joined by newlines) until a blank line ends the event; lines
+ * starting with ':' are comments.  Strict on purpose: a server that ends
+ * events wrongly runs two events together, which then fail to parse. */
 typedef struct sv_sse {
-    char line[1 << 16];
+    char line[1 << 16];   /* the line being read */
     size_t len;
+    char data[1 << 16];   /* the event's data so far */
+    size_t dlen;
+    bool has_data;
 } sv_sse_t;
+
+static void sv_sse_line(sv_sse_t *s, sv_result_t *r)
+{
+    if (s->len == 0) { /* blank line: dispatch */
+        if (s->has_data) {
+            s->data[s->dlen] = '\0';
+            sv_event(r, s->data);
+        }
+        s->dlen = 0;
+        s->has_data = false;
+        return;
+    }
+    if (strncmp(s->line, "data:", 5) != 0)
+        return; /* a comment (": waiting") or a field we do not use */
+    const char *v = s->line + 5 + (s->line[5] == ' ');
+    size_t n = strlen(v);
+    if (s->has_data && s->dlen + 1 < sizeof(s->data))
+        s->data[s->dlen++] = '\n';
+    if (s->dlen + n < sizeof(s->data)) {
+        memcpy(s->data + s->dlen, v, n);
+        s->dlen += n;
+    }
+    s->has_data = true;
+}
 
 static void sv_sse_feed(sv_sse_t *s, sv_result_t *r, const char *p, size_t n)
 {
@@ -165,11 +195,10 @@ static void sv_sse_feed(sv_sse_t *s, sv_result_t *r, const char *p, size_t n)
                 s->line[s->len++] = p[i];
             continue;
         }
-        s->line[s->len] = '\0';
         if (s->len > 0 && s->line[s->len - 1] == '\r')
-            s->line[--s->len] = '\0';
-        if (strncmp(s->line, "data: ", 6) == 0)
-            sv_event(r, s->line + 6);
+            s->len--;
+        s->line[s->len] = '\0';
+        sv_sse_line(s, r);
         s->len = 0;
     }
 }
