@@ -219,8 +219,6 @@ void kvs_wcache_free(kvs_data_t *data, kvs_wcache_t *wc)
         return;
     if (wc->owner != NULL && wc->charged != 0)
         kvs_session_uncharge_meta_locked(data, wc->owner, wc->charged);
-    if (wc->rkey != NULL)
-        kvs_dp_rkey_destroy(data->dp, wc->conn, wc->rkey);
     kvs_cache_destroy(wc->dir);
     cm_free(wc);
 }

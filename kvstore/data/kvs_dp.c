@@ -181,30 +181,6 @@ ucs_status_t kvs_dp_am_cb(void *arg, const void *header, size_t header_length, v
     return r->ucx_owned ? UCS_INPROGRESS : UCS_OK;
 }
 
-/* Progress until req completes (or the connection fails / time runs out). */
-static ri_status_t kvs_dp_wait(kvs_dpw_t *w, void *req, kvs_conn_t *c)
-{
-    uint64_t deadline = cm_time_ns() + (uint64_t)w->dp->data->cfg.drain_timeout_ms * 1000000u;
-    ucs_status_t s;
-
-    if (req == NULL)
-        return RI_OK;
-    if (UCS_PTR_IS_ERR(req))
-        return kvs_dp_status(UCS_PTR_STATUS(req));
-    while ((s = ucp_request_check_status(req)) == UCS_INPROGRESS) {
-        ucp_worker_progress(w->worker);
-        if ((c != NULL && c->failed) || cm_time_ns() > deadline) {
-            ucp_request_cancel(w->worker, req);
-            while (ucp_request_check_status(req) == UCS_INPROGRESS)
-                ucp_worker_progress(w->worker);
-            ucp_request_free(req);
-            return c != NULL && c->failed ? RI_ERR_CONN_RESET : RI_ERR_TIMEOUT;
-        }
-    }
-    ucp_request_free(req);
-    return kvs_dp_status(s);
-}
-
 /* ---- replies ---- */
 
 static void kvs_dp_reply_free(kvs_reply_t *r)
@@ -614,7 +590,7 @@ static void kvs_dp_serve_new(kvs_dpw_t *w, kvs_dreq_t *r)
 
 static void kvs_dp_close_conn(kvs_dpw_t *w, kvs_conn_t *c)
 {
-    /* Caches (and their rkeys) go before the ep they were unpacked on. */
+    /* The connection's caches go with it. */
     kvs_ops_conn_closed(w->dp->data, c);
     kvs_dp_ep_close(w, c->ep, c->graceful);
     w->n_conns--;
@@ -635,11 +611,6 @@ static void kvs_dp_gc(kvs_dpw_t *w)
         pthread_mutex_unlock(&data->lock);
         w->dropped_proto = w->dropped_quota = 0;
     }
-    pthread_mutex_lock(&w->gc_lock);
-    for (size_t i = 0; i < w->n_gc; i++)
-        ucp_rkey_destroy(w->gc_rkeys[i]);
-    w->n_gc = 0;
-    pthread_mutex_unlock(&w->gc_lock);
     for (kvs_conn_t **pc = &w->conns; *pc != NULL;) {
         kvs_conn_t *c = *pc;
         if (c->failed) {
@@ -749,89 +720,3 @@ void kvs_dp_lane_drain(kvs_dpw_t *w)
 
 /* ---- what kvs_ops calls ---- */
 
-void kvs_dp_rkey_destroy(kvs_dp_t *dp, void *conn, void *rkey)
-{
-    kvs_conn_t *c = conn;
-    kvs_dpw_t *w;
-
-    if (rkey == NULL)
-        return;
-    w = c != NULL ? c->lane : NULL;
-    if (dp == NULL || w == NULL || !w->thread_started || pthread_equal(w->thread, pthread_self())) {
-        ucp_rkey_destroy(rkey);
-        return;
-    }
-    /* Another thread (a gRPC DropSession): the lane's thread destroys it. */
-    pthread_mutex_lock(&w->gc_lock);
-    if (w->n_gc == w->cap_gc) {
-        size_t cap = w->cap_gc ? w->cap_gc * 2 : 16;
-        ucp_rkey_h *n = cm_realloc(&kvs_dp_tag, w->gc_rkeys, cap * sizeof(*n));
-        if (n == NULL) {
-            pthread_mutex_unlock(&w->gc_lock);
-            cm_error("dp: out of memory; leaking one rkey");
-            return;
-        }
-        w->gc_rkeys = n;
-        w->cap_gc = cap;
-    }
-    w->gc_rkeys[w->n_gc++] = rkey;
-    pthread_mutex_unlock(&w->gc_lock);
-}
-
-ri_status_t kvs_dp_rkey_unpack(kvs_dp_t *dp, void *conn, const void *buf, size_t len, void **rkey_p)
-{
-    kvs_conn_t *c = conn;
-    ucp_rkey_h rkey;
-    ucs_status_t s;
-    uint8_t *padded;
-
-    /* ucp_ep_rkey_unpack takes no length: it parses what the packed key says
-     * it holds.  Unpack from a zero-padded copy so that a lying key reads our
-     * zeros, not past the client's message. */
-    (void)dp;
-    padded = cm_calloc(&kvs_dp_tag, 1, len + KVS_DP_RKEY_PAD);
-    if (padded == NULL)
-        return RI_ERR_NOMEM;
-    memcpy(padded, buf, len);
-    s = ucp_ep_rkey_unpack(c->ep, padded, &rkey);
-    cm_free(padded);
-    if (s != UCS_OK)
-        return RI_ERR_PROTOCOL; /* a bad packed key is the client's fault */
-    *rkey_p = rkey;
-    return RI_OK;
-}
-
-ri_status_t kvs_dp_put(kvs_dp_t *dp, void *conn, void *rkey, const void *src, size_t len, uint64_t raddr,
-                       void *memh)
-{
-    kvs_conn_t *c = conn;
-    ucp_request_param_t prm = {0};
-    void *req;
-
-    if (c->failed)
-        return RI_ERR_CONN_RESET;
-    (void)dp;
-    if (memh != NULL) {
-        prm.op_attr_mask = UCP_OP_ATTR_FIELD_MEMH;
-        prm.memh = memh;
-    }
-    req = ucp_put_nbx(c->ep, src, len, raddr, rkey, &prm);
-    if (UCS_PTR_IS_ERR(req))
-        return kvs_dp_status(UCS_PTR_STATUS(req));
-    if (req != NULL)
-        ucp_request_free(req); /* completion is awaited by the flush */
-    c->puts++;
-    return RI_OK;
-}
-
-ri_status_t kvs_dp_flush(kvs_dp_t *dp, void *conn)
-{
-    kvs_conn_t *c = conn;
-    ucp_request_param_t prm = {0};
-
-    (void)dp;
-    if (c->puts == 0)
-        return c->failed ? RI_ERR_CONN_RESET : RI_OK;
-    c->puts = 0;
-    return kvs_dp_wait(c->lane, ucp_ep_flush_nbx(c->ep, &prm), c);
-}

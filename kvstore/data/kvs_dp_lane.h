@@ -33,7 +33,6 @@ typedef struct kvs_conn {
     kvs_dpw_t *lane;          /* owner */
     bool failed;              /* error handler fired or DISCONNECT; close at the next turn */
     bool graceful;            /* DISCONNECT: flush the reply out before the close */
-    uint64_t puts;            /* puts issued since the last flush */
     uint32_t inflight;        /* its requests queued or being served */
     struct kvs_conn *next;
 } kvs_conn_t;
@@ -74,9 +73,6 @@ struct kvs_dpw {
     kvs_dq_t queue;                   /* arrived, not yet looked at */
     kvs_dq_t receiving;               /* rendezvous bodies on their way in */
     kvs_dq_t ready;                   /* bodies in (or failed): serve next */
-    pthread_mutex_t gc_lock;          /* guards gc_rkeys (other threads add) */
-    ucp_rkey_h *gc_rkeys;
-    size_t n_gc, cap_gc;
     uint8_t *stage;                   /* inline replies are gathered here when it is free */
     size_t stage_len;
     bool stage_busy;                  /* a reply from stage is still being sent */
@@ -87,7 +83,6 @@ struct kvs_dpw {
 struct kvs_dp {
     kvs_data_t *data;
     ucp_context_h ctx;
-    ucp_mem_h pool_memh;              /* the pool, registered once for all lanes */
     char net_dev[IF_NAMESIZE + 1];    /* UCX network device we restrict to ("" = all) */
     uint64_t max_body;
     atomic_bool stop;

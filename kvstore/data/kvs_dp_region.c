@@ -22,11 +22,6 @@ static CM_ALLOC_TAG(kvs_region_tag, "kvs.region");
  * (a session dropped over gRPC); one lock keeps them apart. */
 static pthread_mutex_t kvs_region_lock = PTHREAD_MUTEX_INITIALIZER;
 
-void *kvs_dp_pool_memh(kvs_dp_t *dp)
-{
-    return dp->pool_memh;
-}
-
 ri_status_t kvs_dp_region_alloc(kvs_dp_t *dp, uint64_t bytes, kvs_region_t *r)
 {
     ucp_mem_map_params_t mp = {0};

@@ -108,7 +108,6 @@ static ri_status_t kvs_dp_lane_open(kvs_dp_t *dp, uint32_t i)
     w->dp = dp;
     w->index = i;
     w->efd = -1;
-    pthread_mutex_init(&w->gc_lock, NULL);
     st = cm_ucx_worker(dp->ctx, &w->worker, &w->efd);
     if (st != RI_OK) {
         w->worker = NULL;
@@ -136,17 +135,14 @@ static void kvs_dp_lane_close(kvs_dpw_t *w)
     kvs_dp_lane_drain(w);
     ucp_worker_destroy(w->worker);
     w->worker = NULL;
-    cm_free(w->gc_rkeys);
     cm_free(w->stage);
-    pthread_mutex_destroy(&w->gc_lock);
 }
 
-/* ucp context with the pool registered; dp->ctx/pool_memh on success. */
+/* The ucp context (no RMA: cm_ucx.h); dp->ctx on success. */
 static ri_status_t kvs_dp_context(kvs_dp_t *dp, const struct sockaddr_storage *ss, const char *host)
 {
     kvs_data_t *data = dp->data;
     ucp_config_t *config = NULL;
-    ucp_mem_map_params_t mp = {0};
     ri_status_t st;
 
     st = cm_ucx_status(ucp_config_read(NULL, NULL, &config));
@@ -157,15 +153,6 @@ static ri_status_t kvs_dp_context(kvs_dp_t *dp, const struct sockaddr_storage *s
     ucp_config_release(config);
     if (st != RI_OK)
         goto err;
-    /* Register the pool once; puts from it then need no per-op registration. */
-    mp.field_mask = UCP_MEM_MAP_PARAM_FIELD_ADDRESS | UCP_MEM_MAP_PARAM_FIELD_LENGTH;
-    mp.address = kvs_pool_base(data->pool);
-    mp.length = kvs_pool_size(data->pool);
-    st = cm_ucx_status(ucp_mem_map(dp->ctx, &mp, &dp->pool_memh));
-    if (st != RI_OK) {
-        ucp_cleanup(dp->ctx);
-        goto err;
-    }
     return RI_OK;
 err:
     cm_error("dp: UCX start failed on %s: %s", data->cfg.dp_listen_addr, ri_status_str(st));
@@ -230,7 +217,6 @@ err_threads:
 err_lanes:
     for (i = 0; i < dp->n_lanes; i++)
         kvs_dp_lane_close(&dp->lanes[i]);
-    ucp_mem_unmap(dp->ctx, dp->pool_memh);
     ucp_cleanup(dp->ctx);
 err_free:
     cm_free(dp->lanes);
@@ -262,7 +248,6 @@ void kvs_dp_free(kvs_dp_t *dp)
     kvs_dp_stop(dp);
     for (uint32_t i = 0; i < dp->n_lanes; i++)
         kvs_dp_lane_close(&dp->lanes[i]);
-    ucp_mem_unmap(dp->ctx, dp->pool_memh);
     ucp_cleanup(dp->ctx);
     cm_free(dp->lanes);
     cm_free(dp);

@@ -57,7 +57,6 @@ typedef struct kvs_sextent {
 typedef struct kvs_wcache {
     uint32_t id;             /* 1.. within the session */
     void *conn;              /* transport connection that registered it (kvs_dp) */
-    void *rkey;              /* ucp_rkey_h of the worker's receive buffer */
     uint64_t recv_addr;      /* receive buffer address in the worker */
     uint64_t recv_len;       /* its length */
     kvs_cache_t *dir;        /* directory + LRU */
@@ -184,7 +183,7 @@ ri_status_t kvs_session_reserve_extents_locked(kvs_session_t *s, size_t more);
 /* Record an extent as owned by s (after a successful charge + alloc). */
 ri_status_t kvs_session_add_extent_locked(kvs_session_t *s, uint64_t off, uint64_t bytes);
 
-/* Free a worker cache's directory and rkey (the transport releases the rkey). */
+/* Free a worker cache's directory. */
 void kvs_wcache_free(kvs_data_t *data, kvs_wcache_t *wc);   /* data->lock held; gives back its charge */
 
 /* Charge / give back heap memory a session's requests make us hold (cache
@@ -249,21 +248,11 @@ ri_status_t kvs_ops_precheck(kvs_data_t *data, const cm_wire_hdr_t *hdr);
 ri_status_t kvs_ops_serve(kvs_data_t *data, void *conn, const cm_wire_hdr_t *hdr, const uint8_t *body,
                           uint8_t **reply_p, size_t *reply_len_p, bool *replied_p);
 
-/* A connection went away: free the caches it registered (rkeys first). */
+/* A connection went away: free the caches it registered. */
 void kvs_ops_conn_closed(kvs_data_t *data, void *conn);
 
 /* --- transport (kvs_dp.c) --- */
 
-/* Unpack a worker's rkey on conn (data-plane thread). */
-ri_status_t kvs_dp_rkey_unpack(kvs_dp_t *dp, void *conn, const void *buf, size_t len, void **rkey_p);
-
-/* Start a put of len bytes at src to raddr on conn; memh: src's
- * registration (the pool's or a region's), NULL for other memory. */
-ri_status_t kvs_dp_put(kvs_dp_t *dp, void *conn, void *rkey, const void *src, size_t len, uint64_t raddr,
-                       void *memh);
-
-/* The pool's registration, for kvs_dp_put. */
-void *kvs_dp_pool_memh(kvs_dp_t *dp);
 
 /* Allocate a direct region of bytes through UCX (shared memory when the
  * transports allow) and pack its key: fills base, bytes, memh, rkey,
@@ -272,10 +261,6 @@ ri_status_t kvs_dp_region_alloc(kvs_dp_t *dp, uint64_t bytes, kvs_region_t *r);
 
 /* Unmap a region made by kvs_dp_region_alloc (its key too); any thread. */
 void kvs_dp_region_free(kvs_dp_t *dp, kvs_region_t *r);
-
-/* Wait until every put started on conn completed (or failed): the one wait
- * on the peer left (over shared memory it needs nothing of the peer's CPU). */
-ri_status_t kvs_dp_flush(kvs_dp_t *dp, void *conn);
 
 /* One piece of a reply's data block. */
 typedef struct kvs_iov {
@@ -296,8 +281,6 @@ void kvs_dp_stop(kvs_dp_t *dp);
 /* The data-plane address of the lane that serves session_id ("ucx:HEX"). */
 const char *kvs_dp_address(const kvs_dp_t *dp, uint64_t session_id);
 uint32_t kvs_dp_lanes(const kvs_dp_t *dp);
-/* Destroy an rkey unpacked on conn; from another thread, its lane does it. */
-void kvs_dp_rkey_destroy(kvs_dp_t *dp, void *conn, void *rkey);
 void kvs_dp_free(kvs_dp_t *dp);
 
 /* --- spill tier (kvs_tier.c); every _locked function takes data->lock held --- */

@@ -304,11 +304,6 @@ static ri_status_t kvs_ops_register(kvs_data_t *data, void *conn, kvs_session_t 
     st = kvs_cache_create(r.capacity_pages, &wc->dir);
     if (st != RI_OK)
         goto err_free;
-    if (r.rkey_len > 0) {
-        st = kvs_dp_rkey_unpack(data->dp, conn, r.rkey, r.rkey_len, &wc->rkey);
-        if (st != RI_OK)
-            goto err_free;
-    }
     wc->conn = conn;
     wc->recv_addr = r.recv_addr;
     wc->recv_len = r.recv_len;
@@ -343,17 +338,6 @@ static bool kvs_ops_in_pool(kvs_data_t *data, const uint8_t *src)
 {
     const uint8_t *base = kvs_pool_base(data->pool);
     return src >= base && src < base + kvs_pool_size(data->pool);
-}
-
-/* The registration src lies in: the pool's, the session's region's, or
- * none (a spill read buffer: UCX registers it for the put). */
-static void *kvs_ops_src_memh(kvs_data_t *data, const kvs_session_t *s, const uint8_t *src)
-{
-    if (kvs_ops_in_pool(data, src))
-        return kvs_dp_pool_memh(data->dp);
-    if (s->region != NULL && src >= s->region->base && src < s->region->base + s->region->bytes)
-        return s->region->memh;
-    return NULL;
 }
 
 /* Everything a fetch decided, kept while its bytes move. */
@@ -550,53 +534,23 @@ static ri_status_t kvs_ops_fetch(kvs_data_t *data, void *conn, kvs_session_t *s,
     pthread_rwlock_rdlock(&data->move_lock);
     pthread_mutex_unlock(&data->lock);
 
-    /* Move the misses' bytes without the lock; our reference keeps the
-     * session's pages alive even if it is dropped meanwhile. */
-    if (wc->rkey == NULL) {
-        /* Inline: the reply carries them, gathered by UCX from the pool. */
-        kvs_iov_t *iov = cm_malloc(&kvs_ops_tag, (n_ent + 1) * sizeof(*iov));
-        size_t n_iov = 0;
-        if (iov == NULL) {
-            st = RI_ERR_NOMEM;
-        } else {
-            for (uint32_t i = 0; i < n_ent; i++)
-                if (!p.reqs[i].hit)
-                    iov[n_iov++] = (kvs_iov_t){p.src[i],
-                                               (size_t)p.reqs[i].pages * s->page_bytes};
-            st = kvs_dp_reply_data(data->dp, conn, hdr, reply, rlen, iov, n_iov, miss_bytes);
-            cm_free(iov);
-            *replied_p = st == RI_OK;
-        }
-        pthread_rwlock_unlock(&data->move_lock);
-        kvs_fetch_plan_free(&p);
-        pthread_mutex_lock(&data->lock);
-        if (st == RI_OK) {
-            data->bytes_sent += miss_bytes;
-            kvs_ops_latency_locked(data, (double)(cm_time_ns() - t0) * 1e-9);
-        }
-        pthread_mutex_unlock(&data->lock);
-        cm_free(reply);
-        return st;
+    /* Move the misses' bytes without the lock (our reference keeps the
+     * session's pages alive even if it is dropped meanwhile): the reply
+     * carries them, gathered from the pool, the session's region or a spill
+     * read buffer. */
+    kvs_iov_t *iov = cm_malloc(&kvs_ops_tag, (n_ent + 1) * sizeof(*iov));
+    size_t n_iov = 0;
+    if (iov == NULL) {
+        st = RI_ERR_NOMEM;
+    } else {
+        for (uint32_t i = 0; i < n_ent; i++)
+            if (!p.reqs[i].hit)
+                iov[n_iov++] = (kvs_iov_t){p.src[i], (size_t)p.reqs[i].pages * s->page_bytes};
+        st = kvs_dp_reply_data(data->dp, conn, hdr, reply, rlen, iov, n_iov, miss_bytes);
+        cm_free(iov);
+        *replied_p = st == RI_OK;
     }
-    uint64_t t_decided = cm_time_ns();
-    roff = v.recv_offset;
-    for (uint32_t i = 0; i < n_ent && st == RI_OK; i++) {
-        size_t len;
-        if (p.reqs[i].hit)
-            continue;
-        len = (size_t)p.reqs[i].pages * s->page_bytes;
-        st = kvs_dp_put(data->dp, conn, wc->rkey, p.src[i], len, wc->recv_addr + roff,
-                        kvs_ops_src_memh(data, s, p.src[i]));
-        roff += len;
-    }
-    uint64_t t_put = cm_time_ns();
-    if (st == RI_OK)
-        st = kvs_dp_flush(data->dp, conn);
-    else
-        (void)kvs_dp_flush(data->dp, conn);
     pthread_rwlock_unlock(&data->move_lock);
-    cm_debug("fetch: decide %.0f us, puts %.0f us, flush %.0f us (%llu bytes)", (t_decided - t0) / 1e3,
-             (t_put - t_decided) / 1e3, (cm_time_ns() - t_put) / 1e3, (unsigned long long)miss_bytes);
     kvs_fetch_plan_free(&p);
     pthread_mutex_lock(&data->lock);
     if (st == RI_OK) {
@@ -604,13 +558,8 @@ static ri_status_t kvs_ops_fetch(kvs_data_t *data, void *conn, kvs_session_t *s,
         kvs_ops_latency_locked(data, (double)(cm_time_ns() - t0) * 1e-9);
     }
     pthread_mutex_unlock(&data->lock);
-    if (st != RI_OK) {
-        cm_free(reply);
-        return st;
-    }
-    *reply_p = reply;
-    *reply_len_p = rlen;
-    return RI_OK;
+    cm_free(reply);
+    return st;
 
 err_unlock:
     pthread_mutex_unlock(&data->lock);
