@@ -4,7 +4,7 @@ kvstore's /metrics (standard library only).
   compose_client.py models URL          the one model is listed
   compose_client.py complete URL N      N greedy completions; all the same text, printed
   compose_client.py remote URL          a ~1.3K-token prompt on retroinfer-remote
-  compose_client.py kvs-fetches URL     ri_kvs_fetches_total, summed over its labels
+  compose_client.py metric URL NAME     a Prometheus metric of URL, summed over its labels
 """
 import json
 import sys
@@ -54,10 +54,11 @@ def main():
                   f * 27 + " The pass key is 52817. Remember it. 52817 is the pass key." + f * 27 +
                   " What is the pass key? The pass key is")
         print("retroinfer-remote:", json.dumps(complete(base, prompt, "retroinfer-remote", 6)), file=sys.stderr)
-    elif cmd == "kvs-fetches":
+    elif cmd == "metric":
+        name = sys.argv[3]
         text = call(base).decode()
         print(int(sum(float(line.split()[-1]) for line in text.splitlines()
-                      if line.startswith("ri_kvs_fetches_total"))))
+                      if line.split("{")[0].split(" ")[0] == name)))
     else:
         sys.exit(f"unknown command {cmd}")
 
