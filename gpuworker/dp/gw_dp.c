@@ -72,6 +72,8 @@ struct gw_dp {
     uint64_t fetch_ids;            /* ids it asked for */
     int efd;                       /* worker event fd, -1 when none */
     ucp_rkey_h direct_rkey;        /* key of the session's direct region (gw_dp_map), or NULL */
+    void **orphans;                /* send buffers of calls that failed (owned; freed after the worker) */
+    size_t n_orphans;
 };
 
 static ri_status_t gw_dp_status(ucs_status_t s)
@@ -294,10 +296,17 @@ static ri_status_t gw_dp_op(gw_dp_t *dp, uint16_t op, const void *meta, uint32_t
         send_body = meta_len > 0 ? meta : data;
     }
     st = gw_dp_call(dp, hb, sizeof(hb), h.request_id, send_body, meta_len + data_len, timeout_ms);
-    if (!dp->failed || st == RI_OK)
+    if (!dp->failed || st == RI_OK || body == NULL) {
         cm_free(body);
-    /* else: UCX may still read the buffer of a cancelled send; it is leaked
-     * rather than freed under it (the connection is dead anyway). */
+    } else {
+        /* UCX may still read the buffer of a cancelled send: it is freed
+         * only once the worker is gone (gw_dp_close). */
+        void **o = cm_realloc(&gw_dp_tag, dp->orphans, (dp->n_orphans + 1) * sizeof(void *));
+        if (o != NULL) {
+            dp->orphans = o;
+            dp->orphans[dp->n_orphans++] = body;
+        } /* else leaked: never freed under UCX */
+    }
     if (st != RI_OK)
         return st;
     return (ri_status_t)dp->reply_hdr.status;
@@ -440,6 +449,9 @@ void gw_dp_close(gw_dp_t *dp)
         if (dp->allocs[i].ptr != NULL)
             ucp_mem_unmap(dp->ctx, dp->allocs[i].memh);
     ucp_worker_destroy(dp->worker);
+    for (size_t i = 0; i < dp->n_orphans; i++)
+        cm_free(dp->orphans[i]);
+    cm_free(dp->orphans);
     ucp_cleanup(dp->ctx);
     cm_free(dp->reply_body);
     cm_free(dp->scratch);
