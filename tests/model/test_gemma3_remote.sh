@@ -7,9 +7,18 @@
 #  - it uploaded the K/V of the 3 global layers only, not of the 15
 #    sliding-window layers (those keep their exact 512-token window in the
 #    worker): uploaded bytes <= 1.5 x 3 layers x tokens x 1 KiB of K+V.
+# Then the same prompt through ri-generate with in-process retroinfer: the
+# key again, and the global layers attend under 25% of the context exactly
+# (an index was built and used).  "test_gemma3_remote.sh mutant-no-index"
+# sets an update size so large that nothing is indexed: that check must fail.
 # Skips (77) without the Gemma model file or the programs.
 set -euo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
+mutant_env=""
+if [ "${1:-}" = "mutant-no-index" ]; then
+  echo "mutation on: retroinfer never indexes (this run must fail)"
+  mutant_env="RI_GEN_UPDATE_TOKENS=1000000"
+fi
 model="${RI_MODEL_DIR:-$HOME/.cache/retroinfer/models}/gemma-3-270m-q4_k_m.gguf"
 [ -f "$model" ] || { echo "skip: no Gemma 3 model at $model (deps/setup.d/11-model-gemma3.sh)"; exit 77; }
 [ -x "$RI_BUILD_DIR/bin/ri-worker" ] || { echo "skip: ri-worker not built"; exit 77; }
@@ -48,3 +57,13 @@ assert 0 < remote["uploaded_bytes"] <= limit, \
 print("ok: key found by both; %d bytes uploaded for %d tokens (3 global layers: %d)" %
       (remote["uploaded_bytes"], n, 3 * n * 1024))
 PY
+
+env $mutant_env "$RI_BUILD_DIR/bin/ri-generate" --model "$model" --attn retroinfer --max-tokens 8 \
+  --prompt-file "$KVS_DIR/prompt.txt" >"$KVS_DIR/gen" 2>"$KVS_DIR/gen.err" || { cat "$KVS_DIR/gen.err"; exit 1; }
+echo "retroinfer in-process: $(cat "$KVS_DIR/gen")"
+grep "exact attention" "$KVS_DIR/gen.err"
+grep -q "$key" "$KVS_DIR/gen" || { echo "FAIL: in-process retroinfer missed the key"; exit 1; }
+share=$(sed -n 's/.*tokens per step, \([0-9.]*\)% of the context.*/\1/p' "$KVS_DIR/gen.err")
+python3 -c "import sys; sys.exit(0 if float('$share') < 25 else 1)" ||
+  { echo "FAIL: not sparse: global layers attended $share% of the context exactly"; exit 1; }
+
