@@ -1,3 +1,4 @@
+# shellcheck shell=bash
 # Source me: two network namespaces joined by a veth pair, for running the
 # kvstore and a worker as if on two hosts (tests/deploy/test_multinode.sh,
 # bench/netns).  Everything lives inside the namespaces this file makes:
@@ -44,8 +45,8 @@ ns_pair_up() {
   ip -n "$NS_B" link set lo up
   ip -n "$NS_A" link set "$NS_VETH_A" up
   ip -n "$NS_B" link set "$NS_VETH_B" up
-  local i
-  for i in $(seq 1 50); do   # wait for both ends' carrier
+  local _
+  for _ in $(seq 1 50); do   # wait for both ends' carrier
     [ "$(ns_a cat "/sys/class/net/$NS_VETH_A/operstate")" = up ] &&
       [ "$(ns_b cat "/sys/class/net/$NS_VETH_B/operstate")" = up ] && return 0
     sleep 0.1

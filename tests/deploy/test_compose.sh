@@ -67,7 +67,8 @@ chmod 755 "$work"
 project="ricompose$$"
 free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'; }
 export RI_TOKENS_FILE="$work/tokens" RI_MODEL_DIR="$model_dir" RI_MODEL_FILE="$model_file"
-export RI_HTTP_PORT="$(free_port)" RI_METRICS_PORT="$(free_port)" RI_SHM_HTTP_PORT="$(free_port)"
+RI_HTTP_PORT="$(free_port)"; RI_METRICS_PORT="$(free_port)"; RI_SHM_HTTP_PORT="$(free_port)"
+export RI_HTTP_PORT RI_METRICS_PORT RI_SHM_HTTP_PORT
 export RI_SHM_UCX_TLS=posix,sysv,self   # the sidecar: shared memory or nothing
 printf '# compose test\n%s compose-test\n' "$(od -An -tx1 -N16 /dev/urandom | tr -d ' \n')" >"$RI_TOKENS_FILE"
 # the containers' user (uid 10001) reads the secret; nobody else does
