@@ -122,6 +122,22 @@ typedef struct mdl_exact_job {
     size_t scratch_per; /* floats per worker */
 } mdl_exact_job_t;
 
+/* Fold nt new scores of one query row into its running max m and sum l:
+ * s becomes exp(s - m_new); the accumulator is rescaled by exp(m - m_new). */
+static void mdl_exact_softmax_step(float *s, size_t nt, float *acc, uint32_t d, float *m, float *l)
+{
+    float mx = -INFINITY;
+    for (size_t kk = 0; kk < nt; kk++)
+        mx = s[kk] > mx ? s[kk] : mx;
+    float mnew = mx > *m ? mx : *m;
+    float corr = expf(*m - mnew);   /* exp(-inf) = 0 on the first tile */
+    float sum = mdl_vec_exp_sub(s, nt, mnew);
+    if (corr != 1.0f)
+        mdl_vec_scale(acc, corr, d);
+    *l = *l * corr + sum;
+    *m = mnew;
+}
+
 /* First key that query i of the job (position pos + i) attends to. */
 static size_t mdl_exact_first(const mdl_exact_job_t *j, size_t i)
 {
@@ -137,8 +153,8 @@ static void mdl_exact_task(void *arg, size_t begin, size_t end, unsigned worker)
     float scale = 1.0f / sqrtf((float)d);
     float *kt = j->scratch + (size_t)worker * j->scratch_per;
     float *vt = kt + (size_t)MDL_KTILE * d;
-    float *s = vt + (size_t)MDL_KTILE * d;
-    float *acc = s + MDL_KTILE;
+    float *s = vt + (size_t)MDL_KTILE * d;   /* [gs][MDL_KTILE] scores */
+    float *acc = s + (size_t)MDL_KTILE * gs;
     float *mrow = acc + (size_t)MDL_QBLOCK * gs * d;
     float *lrow = mrow + (size_t)MDL_QBLOCK * gs;
 
@@ -163,24 +179,14 @@ static void mdl_exact_task(void *arg, size_t begin, size_t end, unsigned worker)
                 size_t first = CM_MAX(k0, mdl_exact_first(j, i));   /* sliding window */
                 if (lim <= first)
                     continue;
-                size_t nt = lim - first;
-                for (uint32_t t = 0; t < gs; t++) {
-                    size_t r = (i - i0) * gs + t;
-                    const float *qr = j->q + (i * g->n_heads + h * gs + t) * d;
-                    mdl_vec_scores(qr, kt + (first - k0) * d, nt, d, scale, s);
-                    float mx = -INFINITY;
-                    for (size_t kk = 0; kk < nt; kk++)
-                        mx = s[kk] > mx ? s[kk] : mx;
-                    float mnew = mx > mrow[r] ? mx : mrow[r];
-                    float corr = expf(mrow[r] - mnew);   /* exp(-inf) = 0 on the first tile */
-                    float sum = mdl_vec_exp_sub(s, nt, mnew);
-                    float *ar = acc + r * d;
-                    if (corr != 1.0f)
-                        mdl_vec_scale(ar, corr, d);
-                    mdl_vec_pv(ar, s, vt + (first - k0) * d, nt, d);
-                    lrow[r] = lrow[r] * corr + sum;
-                    mrow[r] = mnew;
-                }
+                /* the gs query heads of this KV head see the same keys: their
+                 * scores and P.V in one pass over the tile */
+                size_t nt = lim - first, r0 = (i - i0) * gs;
+                const float *q0 = j->q + (i * g->n_heads + h * gs) * d;
+                mdl_vec_scores_rows(q0, gs, kt + (first - k0) * d, nt, d, scale, s);
+                for (uint32_t t = 0; t < gs; t++)
+                    mdl_exact_softmax_step(s + t * nt, nt, acc + (r0 + t) * d, d, &mrow[r0 + t], &lrow[r0 + t]);
+                mdl_vec_pv_rows(acc + r0 * d, gs, s, nt, vt + (first - k0) * d, nt, d);
             }
         }
         for (size_t i = i0; i < i1; i++)
@@ -212,7 +218,8 @@ ri_status_t mdl_attn_exact_win(cm_pool_t *pool, const mdl_kv_t *kv, uint32_t lay
     unsigned nt = pool != NULL ? cm_pool_size(pool) : 1;
     mdl_exact_job_t j = {.kv = kv, .layer = layer, .pos = pos, .n = n, .window = window, .q = q, .out = out};
     j.n_qblocks = (n + MDL_QBLOCK - 1) / MDL_QBLOCK;
-    j.scratch_per = (size_t)MDL_KTILE * g->head_dim * 2 + MDL_KTILE + (size_t)MDL_QBLOCK * gs * (g->head_dim + 2);
+    j.scratch_per = (size_t)MDL_KTILE * g->head_dim * 2 + (size_t)MDL_KTILE * gs +
+                    (size_t)MDL_QBLOCK * gs * (g->head_dim + 2);
     j.scratch = cm_malloc_aligned(&mdl_attn_tag, nt * j.scratch_per * sizeof(float), 64);
     if (j.scratch == NULL)
         return RI_ERR_NOMEM;

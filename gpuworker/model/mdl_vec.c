@@ -254,3 +254,77 @@ void mdl_vec_pv(float *acc, const float *p, const float *V, size_t nk, size_t d)
     for (size_t j = 0; j < nk; j++)
         mdl_vec_axpy(acc, p[j], V + j * d, d);
 }
+
+#ifdef MDL_AVX2
+/* 4 rows at once, in registers: one load of K[j] feeds 4 accumulators. */
+MDL_AVX2 static void mdl_scores4_avx2(const float *q, const float *K, size_t nk, size_t d, float scale, float *s)
+{
+    for (size_t j = 0; j < nk; j++) {
+        const float *k = K + j * d;
+        __m256 a0 = _mm256_setzero_ps(), a1 = _mm256_setzero_ps(), a2 = _mm256_setzero_ps(), a3 = _mm256_setzero_ps();
+        for (size_t c = 0; c < d; c += 8) {
+            __m256 kv = _mm256_loadu_ps(k + c);
+            a0 = _mm256_fmadd_ps(_mm256_loadu_ps(q + c), kv, a0);
+            a1 = _mm256_fmadd_ps(_mm256_loadu_ps(q + d + c), kv, a1);
+            a2 = _mm256_fmadd_ps(_mm256_loadu_ps(q + 2 * d + c), kv, a2);
+            a3 = _mm256_fmadd_ps(_mm256_loadu_ps(q + 3 * d + c), kv, a3);
+        }
+        /* the 4 horizontal sums in one go */
+        __m256 t0 = _mm256_hadd_ps(a0, a1), t1 = _mm256_hadd_ps(a2, a3);
+        t0 = _mm256_hadd_ps(t0, t1);
+        __m128 r = _mm_add_ps(_mm256_castps256_ps128(t0), _mm256_extractf128_ps(t0, 1));
+        float o[4];
+        _mm_storeu_ps(o, _mm_mul_ps(r, _mm_set1_ps(scale)));
+        s[j] = o[0], s[nk + j] = o[1], s[2 * nk + j] = o[2], s[3 * nk + j] = o[3];
+    }
+}
+
+/* 4 rows, 16 output lanes at a time: 8 accumulators in registers over all
+ * keys; one load of V[j] feeds every row. */
+MDL_AVX2 static void mdl_pv4_avx2(float *acc, const float *p, size_t ps, const float *V, size_t nk, size_t d)
+{
+    for (size_t c = 0; c < d; c += 16) {
+        __m256 a0 = _mm256_loadu_ps(acc + c), a1 = _mm256_loadu_ps(acc + d + c);
+        __m256 a2 = _mm256_loadu_ps(acc + 2 * d + c), a3 = _mm256_loadu_ps(acc + 3 * d + c);
+        __m256 b0 = _mm256_loadu_ps(acc + c + 8), b1 = _mm256_loadu_ps(acc + d + c + 8);
+        __m256 b2 = _mm256_loadu_ps(acc + 2 * d + c + 8), b3 = _mm256_loadu_ps(acc + 3 * d + c + 8);
+        for (size_t j = 0; j < nk; j++) {
+            __m256 v = _mm256_loadu_ps(V + j * d + c), w = _mm256_loadu_ps(V + j * d + c + 8);
+            __m256 p0 = _mm256_broadcast_ss(p + j), p1 = _mm256_broadcast_ss(p + ps + j);
+            __m256 p2 = _mm256_broadcast_ss(p + 2 * ps + j), p3 = _mm256_broadcast_ss(p + 3 * ps + j);
+            a0 = _mm256_fmadd_ps(p0, v, a0), b0 = _mm256_fmadd_ps(p0, w, b0);
+            a1 = _mm256_fmadd_ps(p1, v, a1), b1 = _mm256_fmadd_ps(p1, w, b1);
+            a2 = _mm256_fmadd_ps(p2, v, a2), b2 = _mm256_fmadd_ps(p2, w, b2);
+            a3 = _mm256_fmadd_ps(p3, v, a3), b3 = _mm256_fmadd_ps(p3, w, b3);
+        }
+        _mm256_storeu_ps(acc + c, a0), _mm256_storeu_ps(acc + d + c, a1);
+        _mm256_storeu_ps(acc + 2 * d + c, a2), _mm256_storeu_ps(acc + 3 * d + c, a3);
+        _mm256_storeu_ps(acc + c + 8, b0), _mm256_storeu_ps(acc + d + c + 8, b1);
+        _mm256_storeu_ps(acc + 2 * d + c + 8, b2), _mm256_storeu_ps(acc + 3 * d + c + 8, b3);
+    }
+}
+#endif
+
+void mdl_vec_scores_rows(const float *q, size_t nr, const float *K, size_t nk, size_t d, float scale, float *s)
+{
+    size_t r = 0;
+#ifdef MDL_AVX2
+    if (d % 16 == 0 && d != 64 && mdl_quant_have_simd())
+        for (; r + 4 <= nr; r += 4)
+            mdl_scores4_avx2(q + r * d, K, nk, d, scale, s + r * nk);
+#endif
+    for (; r < nr; r++)
+        mdl_vec_scores(q + r * d, K, nk, d, scale, s + r * nk);
+}
+
+void mdl_vec_pv_rows(float *acc, size_t nr, const float *p, size_t p_stride, const float *V, size_t nk, size_t d)
+{
+    size_t r = 0;
+#ifdef MDL_AVX2
+    if (d % 16 == 0 && d != 64 && mdl_quant_have_simd())
+        for (; r + 4 <= nr; r += 4)
+            mdl_pv4_avx2(acc + r * d, p + r * p_stride, p_stride, V, nk, d);
+#endif
+    for (; r < nr; r++)
+        mdl_vec_pv(acc + r * d, p + r * p_stride, V, nk, d);
+}

@@ -23,6 +23,13 @@ void mdl_vec_rmsnorm(float *out, const float *x, const float *w, size_t n, float
 void mdl_vec_scores(const float *q, const float *K, size_t nk, size_t d, float scale, float *s);
 /* acc[0..d) += sum_j p[j] * V[j] */
 void mdl_vec_pv(float *acc, const float *p, const float *V, size_t nk, size_t d);
+/* The same for nr query rows sharing the keys / values (the query heads of
+ * one KV head): s[r * nk + j] = scale * q[r * d ..].K[j], and
+ * acc[r * d ..] += sum_j p[r * p_stride + j] * V[j].  Each K / V row is read
+ * once for each group of 4 rows (AVX2 when d is a multiple of 16 other than
+ * 64; d = 64 and leftover rows use the one-row kernels). */
+void mdl_vec_scores_rows(const float *q, size_t nr, const float *K, size_t nk, size_t d, float scale, float *s);
+void mdl_vec_pv_rows(float *acc, size_t nr, const float *p, size_t p_stride, const float *V, size_t nk, size_t d);
 /* g[i] = silu(g[i]) * u[i] */
 void mdl_vec_swiglu(float *g, const float *u, size_t n);
 /* g[i] = gelu(g[i]) * u[i], GELU in its tanh form (Gemma's GeGLU) */

@@ -139,6 +139,8 @@ static void test_exact_matches_reference(void **state)
     check_exact_win(NULL, 4, 1, 256, 700, 1, 512);    /* decode: one query */
     check_exact_win(pool, 4, 1, 256, 0, 100, 1);      /* each query sees itself only */
     check_exact_win(pool, 9, 3, 64, 5, 20, 1000);     /* window wider than the context */
+    check_exact(pool, 8, 1, 32, 30, 150);             /* two groups of 4 rows per KV head */
+    check_exact(pool, 12, 2, 48, 3, 40);              /* 4 + 2 rows: the one-row kernels finish */
     check_window_matters();
 }
 
