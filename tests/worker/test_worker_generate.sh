@@ -46,7 +46,7 @@ check() {  # line N, python condition on r
 }
 
 req 1 >&3; wait_reply 1
-check 1 "r['ok'] and '$key' in r['runs'][0]['text'] and r['runs'][1]['attn'] == 'retroinfer-remote' and r['runs'][1]['cache_hits'] + r['runs'][1]['cache_misses'] > 0"
+check 1 "r['ok'] and '$key' in r['runs'][0]['text'] and r['runs'][1]['attn'] == 'retroinfer-remote' and r['runs'][1]['direct_clusters'] + r['runs'][1]['cache_hits'] + r['runs'][1]['cache_misses'] > 0"
 
 kill -KILL "$KVS_PID"; wait "$KVS_PID" 2>/dev/null || true; KVS_PID=
 req 2 >&3; wait_reply 2

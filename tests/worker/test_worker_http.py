@@ -546,8 +546,9 @@ def test_remote(tmp):
                   "attn retroinfer-remote answers (%d, %s)" % (st, json.dumps(c)[:200]))
             m = w.metrics()
             check(m.get("ri_worker_kvstore_cache_hits_total", 0) + m.get("ri_worker_kvstore_cache_misses_total", 0)
-                  > 0 and m.get("ri_worker_kvstore_uploaded_bytes_total", 0) > 0,
-                  "metrics: the kvstore's hits/misses and uploads")
+                  + m.get("ri_worker_kvstore_direct_clusters_total", 0) > 0
+                  and m.get("ri_worker_kvstore_uploaded_bytes_total", 0) > 0,
+                  "metrics: clusters read from the kvstore (in place or fetched) and uploads")
             st, _, c = w.request("POST", "/v1/completions", completion(max_tokens=4))
             check(st == 200, "the server default (full) still answers")
         finally:

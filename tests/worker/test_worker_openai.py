@@ -85,7 +85,8 @@ def run(tmp):
             m = w.metrics()
             check(m.get("ri_worker_kvstore_uploaded_bytes_total", 0) > 0 and
                   m.get("ri_worker_kvstore_cache_hits_total", 0) + m.get("ri_worker_kvstore_cache_misses_total", 0)
-                  > 0, "the stream went through the kvstore (uploads and fetches in /metrics)")
+                  + m.get("ri_worker_kvstore_direct_clusters_total", 0) > 0,
+                  "the stream went through the kvstore (uploads, and clusters read from it, in /metrics)")
 
             whole = client.chat.completions.create(model=wh.MODEL_ID, messages=msgs, max_tokens=12, temperature=0)
             check(whole.choices[0].message.content == text and whole.object == "chat.completion",
