@@ -93,7 +93,14 @@ ok=0
 trap cleanup EXIT
 
 say "building the images"
-dc build -q >"$work/build.log" 2>&1 || { tail -40 "$work/build.log"; echo "FAIL: image build"; exit 1; }
+# The build stage gets a tag of its own so that its compiled layers stay
+# cached when the stale images of earlier runs are pruned (below).
+docker build -q --network host -f "$src/docker/Dockerfile" --target build -t retroinfer/build-cache "$src" \
+  >"$work/build.log" 2>&1 &&
+  dc build -q >>"$work/build.log" 2>&1 || { tail -40 "$work/build.log"; echo "FAIL: image build"; exit 1; }
+# vfs storage copies every layer: drop this Dockerfile's images that no tag
+# uses any more (earlier runs' layers), nobody else's.
+docker image prune -f --filter label=org.retroinfer.dockerfile >/dev/null 2>&1 || true
 say "starting kvstore, 1 worker, the shared-memory sidecar, front door"
 dc up -d --scale worker=1 >"$work/up.log" 2>&1 || { cat "$work/up.log"; echo "FAIL: compose up"; exit 1; }
 
