@@ -468,7 +468,8 @@ static bool gw_parse_prompt(gw_http_t *h, const cJSON *b, gw_gen_t *g, gw_err_t 
     if (cJSON_IsArray(p) && cJSON_GetArraySize(p) == 1 && (cJSON_IsString(p->child) || cJSON_IsArray(p->child)))
         p = p->child;
     if (cJSON_IsString(p)) {
-        ri_status_t st = mdl_tok_encode(h->tok, p->valuestring, strlen(p->valuestring), false, &g->ids, &g->n_ids);
+        /* with the model's bos when it wants one (Gemma does, SmolLM2 not) */
+        ri_status_t st = mdl_tok_encode_prompt(h->tok, p->valuestring, strlen(p->valuestring), &g->ids, &g->n_ids);
         if (st != RI_OK)
             return gw_err_set(e, 500, "server_error", NULL, NULL, "cannot tokenize the prompt: %s", ri_status_str(st));
         return true;
