@@ -8,7 +8,9 @@
 #
 #   ns_pair_check              exit 77 unless root with ip-netns support
 #   ns_pair_up                 make NS_A, NS_B, the veth pair and addresses
-#   ns_a CMD... / ns_b CMD...  run a command in one of them
+#   ns_a CMD... / ns_b CMD...  run a command in one of them (in the
+#                              background, call `ip netns exec "$NS_A" CMD &`
+#                              instead, so that $! is the command's pid)
 #   ns_pair_down               remove both (idempotent; also on EXIT if you trap it)
 # NS_TAG (default: this shell's pid) keeps concurrent users apart.
 NS_TAG="${NS_TAG:-$$}"
@@ -59,6 +61,19 @@ ns_pair_up() {
 ns_b_rx_bytes() { ns_b cat "/sys/class/net/$NS_VETH_B/statistics/rx_bytes"; }
 
 ns_pair_down() {
+  # Processes still inside our namespaces are ours (nothing else runs in
+  # them): stop them first, or the namespaces outlive their names.
+  local ns pids _
+  for ns in "$NS_A" "$NS_B"; do
+    pids="$(ip netns pids "$ns" 2>/dev/null || true)"
+    [ -n "$pids" ] || continue
+    # shellcheck disable=SC2086
+    kill $pids 2>/dev/null || true
+    for _ in $(seq 1 30); do [ -z "$(ip netns pids "$ns" 2>/dev/null)" ] && break; sleep 0.1; done
+    pids="$(ip netns pids "$ns" 2>/dev/null || true)"
+    # shellcheck disable=SC2086
+    [ -z "$pids" ] || kill -KILL $pids 2>/dev/null || true
+  done
   # deleting a namespace removes its end of the veth pair, and with it the peer
   ip netns del "$NS_A" 2>/dev/null || true
   ip netns del "$NS_B" 2>/dev/null || true

@@ -34,7 +34,7 @@ ns_pair_up
 export UCX_TLS=tcp,self   # across hosts: TCP (shared memory would bypass the link)
 
 # the kvstore in A; private namespaces, so no tokens file (--insecure)
-ns_a "$bin/ri-kvstore" --listen="$NS_ADDR_A:0" --dataplane-listen="$NS_ADDR_A:0" --insecure --insecure-admin \
+ip netns exec "$NS_A" "$bin/ri-kvstore" --listen="$NS_ADDR_A:0" --dataplane-listen="$NS_ADDR_A:0" --insecure --insecure-admin \
   --metrics-listen=off --memory=3GiB --no-hugepages --port-file="$dir/ports" >"$dir/kvstore.log" 2>&1 &
 kpid=$!
 for _ in $(seq 1 500); do

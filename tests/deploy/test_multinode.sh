@@ -39,7 +39,7 @@ ns_pair_up
 export UCX_TLS=tcp,self
 printf '# test tokens\n%s mn-tenant\n' "$(od -An -tx1 -N16 /dev/urandom | tr -d ' \n')" >"$dir/tokens"
 chmod 600 "$dir/tokens"
-ns_a "$bin/ri-kvstore" --listen="$NS_ADDR_A:0" --dataplane-listen="$NS_ADDR_A:0" --tokens-file="$dir/tokens" \
+ip netns exec "$NS_A" "$bin/ri-kvstore" --listen="$NS_ADDR_A:0" --dataplane-listen="$NS_ADDR_A:0" --tokens-file="$dir/tokens" \
   --metrics-listen=off --memory=512MiB --no-hugepages --port-file="$dir/ports" >"$dir/kvstore.log" 2>&1 &
 kpid=$!
 for _ in $(seq 1 500); do
