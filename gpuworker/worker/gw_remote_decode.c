@@ -244,16 +244,7 @@ ri_status_t gw_remote_decode_begin(gw_remote_t *r, uint32_t layer, const float *
         st = gw_job_arrays(r, n_heads, k);
         if (st != RI_OK)
             return st;
-        memset(&s->job, 0, sizeof(s->job));
-        s->job.kind = GW_IO_FETCH;
-        s->job.cache_id = r->cache_id;
-        s->job.layer = layer;
-        s->job.n_heads = n_heads;
-        s->job.heads = s->jheads;
-        s->job.counts = s->jcounts;
-        s->job.ids = s->jreq;
-        s->job.recv_offset = 0;
-        s->job.timeout_ms = r->p.timeout_ms;
+        gw_fetch_job_init(&s->job, r, layer, n_heads, s->jheads, s->jcounts, s->jreq);
         s->fetching = true;
         s->submit_ns = cm_time_ns();
         if (r->p.fetch_async) {

@@ -9,6 +9,7 @@
 #define GW_REMOTE_INT_H
 
 #include <stdatomic.h>
+#include <string.h>
 
 #include "common/cm_dp_proto.h"
 #include "gpuworker/worker/gw_direct.h"
@@ -133,6 +134,23 @@ static inline uint32_t gw_pages(uint32_t tokens)
 static inline bool gw_kv_valid(const kn_kv_view_t *kv)
 {
     return kv != NULL && (kv->n_tokens == 0 || (kv->k != NULL && kv->v != NULL)) && kv->n_tokens < UINT32_MAX / 2;
+}
+
+/* A ranked fetch of layer for n_heads heads (arrays borrowed by the job
+ * until it is done), into the cache registered now. */
+static inline void gw_fetch_job_init(gw_io_job_t *job, const gw_remote_t *r, uint32_t layer, uint32_t n_heads,
+                                     uint32_t *heads, uint32_t *counts, const uint32_t *ids)
+{
+    memset(job, 0, sizeof(*job));
+    job->kind = GW_IO_FETCH;
+    job->cache_id = r->cache_id;
+    job->layer = layer;
+    job->n_heads = n_heads;
+    job->heads = heads;
+    job->counts = counts;
+    job->ids = ids;
+    job->recv_offset = 0;
+    job->timeout_ms = r->p.timeout_ms;
 }
 
 /* --- gw_remote_mirror.c --- */

@@ -198,15 +198,7 @@ ri_status_t gw_pend_submit(gw_remote_t *r, uint32_t layer, uint32_t n_heads, uin
         i++;
     }
     pd->layer = layer;
-    memset(&pd->job, 0, sizeof(pd->job));
-    pd->job.kind = GW_IO_FETCH;
-    pd->job.cache_id = r->cache_id;
-    pd->job.layer = layer;
-    pd->job.n_heads = n_heads;
-    pd->job.heads = pd->heads;
-    pd->job.counts = pd->counts;
-    pd->job.ids = pd->ids;
-    pd->job.timeout_ms = r->p.timeout_ms;
+    gw_fetch_job_init(&pd->job, r, layer, n_heads, pd->heads, pd->counts, pd->ids);
     gw_io_submit(r->io, &pd->job);
     r->pend_n++;
     r->st.hits += k; /* checked when the answer is in (a mismatch breaks the object) */
