@@ -19,6 +19,7 @@
 #include "common/cm_time.h"
 #include "gpuworker/ctl/gw_ctl.h"
 #include "gpuworker/worker/gw_remote.h"
+#include "gpuworker/worker/ri_steady.h"
 
 static CM_ALLOC_TAG(ri_api_tag, "ri.api");
 
@@ -42,6 +43,7 @@ struct ri_session {
     gw_remote_t *r;
     uint32_t recoveries;
     uint32_t reattached;     /* recoveries that re-attached to a recovered session */
+    ri_steady_t *steady;     /* K/V kept for an engine that keeps none (ri_prefill_kept), or NULL */
 };
 
 static uint64_t ri_unix_ms(void)
@@ -304,6 +306,7 @@ void ri_session_close(ri_session_h s)
         return;
     bool drop = s->session_id != 0 && !ri_session_gone(s);
     gw_remote_destroy(s->r);
+    ri_steady_destroy(s->steady);
     if (drop)
         (void)gw_ctl_drop_session(s->client->ctl, 1000, s->session_id, NULL, NULL);
     cm_free(s->label);
@@ -346,29 +349,50 @@ ri_status_t ri_prefill_wait(ri_session_h s)
     return st;
 }
 
-ri_status_t ri_decode(ri_session_h const *sessions, size_t n, uint32_t layer, const float *q,
-                      const ri_kv_view_t *kv, float *out)
+/* A batch of distinct sessions of one geometry, layer in range. */
+static bool ri_batch_ok(ri_session_h const *sessions, size_t n, uint32_t layer)
 {
-    size_t begun = 0, qrow;
-    ri_status_t st = RI_OK;
-
-    ri_err_clear();
-    if (sessions == NULL || n == 0 || q == NULL || kv == NULL || out == NULL)
-        return RI_ERR_INVALID;
     for (size_t b = 0; b < n; b++) {
         if (sessions[b] == NULL || layer >= sessions[b]->p.n_layers ||
             sessions[b]->p.n_q_heads != sessions[0]->p.n_q_heads || sessions[b]->p.head_dim != sessions[0]->p.head_dim)
-            return RI_ERR_INVALID;
+            return false;
         for (size_t c = 0; c < b; c++)
             if (sessions[c] == sessions[b])
-                return RI_ERR_INVALID;
+                return false;
     }
-    qrow = (size_t)sessions[0]->p.n_q_heads * sessions[0]->p.head_dim;
+    return true;
+}
+
+/* Session b's view of every token so far: the library's own (kept) or the
+ * engine's. */
+static bool ri_batch_view(ri_session_h s, uint32_t layer, const ri_kv_view_t *kv, kn_kv_view_t *v)
+{
+    if (s->steady != NULL) {
+        *v = ri_steady_view(s->steady, layer);
+        return true;
+    }
+    return ri_view_convert(s, kv, v);
+}
+
+/* Give back what the kvstore holds of layer from a kept K/V. */
+static void ri_steady_trim(ri_session_h s, uint32_t layer)
+{
+    if (s->steady != NULL)
+        ri_steady_release(s->steady, layer, s->p.sink_tokens, gw_remote_indexed_end(s->r, layer));
+}
+
+/* ri_decode and ri_decode_token once the views are known. */
+static ri_status_t ri_decode_batch(ri_session_h const *sessions, size_t n, uint32_t layer, const float *q,
+                                   const ri_kv_view_t *kv, float *out)
+{
+    size_t begun = 0, qrow = (size_t)sessions[0]->p.n_q_heads * sessions[0]->p.head_dim;
+    ri_status_t st = RI_OK;
+
     /* all fetches in flight first, then each session's estimation + exact part */
     for (; begun < n; begun++) {
         ri_session_h s = sessions[begun];
         kn_kv_view_t v;
-        if (!ri_view_convert(s, &kv[begun], &v)) {
+        if (!ri_batch_view(s, layer, kv != NULL ? &kv[begun] : NULL, &v)) {
             st = RI_ERR_INVALID;
             break;
         }
@@ -388,7 +412,75 @@ ri_status_t ri_decode(ri_session_h const *sessions, size_t n, uint32_t layer, co
     if (st != RI_OK && begun < n)
         ri_err_set("decode of layer %u, batch entry %zu (kvstore %s): %s", layer, begun,
                    sessions[begun]->client->address, ri_status_str(st));
+    for (size_t b = 0; st == RI_OK && b < n; b++)
+        ri_steady_trim(sessions[b], layer); /* an update may have moved the indexed end */
     return st;
+}
+
+ri_status_t ri_decode(ri_session_h const *sessions, size_t n, uint32_t layer, const float *q,
+                      const ri_kv_view_t *kv, float *out)
+{
+    ri_err_clear();
+    if (sessions == NULL || n == 0 || q == NULL || kv == NULL || out == NULL || !ri_batch_ok(sessions, n, layer))
+        return RI_ERR_INVALID;
+    for (size_t b = 0; b < n; b++)
+        if (sessions[b]->steady != NULL)
+            return RI_ERR_INVALID; /* a kept session takes ri_decode_token */
+    return ri_decode_batch(sessions, n, layer, q, kv, out);
+}
+
+ri_status_t ri_prefill_kept(ri_session_h s, uint32_t layer, const ri_kv_view_t *kv)
+{
+    kn_kv_view_t v;
+    ri_status_t st;
+
+    ri_err_clear();
+    if (s == NULL || layer >= s->p.n_layers || !ri_view_convert(s, kv, &v))
+        return RI_ERR_INVALID;
+    if (s->steady == NULL) {
+        size_t cap = s->p.expected_tokens ? s->p.expected_tokens : 8192;
+        st = ri_steady_create(s->p.n_layers, s->p.n_kv_heads, s->p.head_dim, cap, &s->steady);
+        if (st != RI_OK)
+            return st;
+    }
+    if (ri_steady_view(s->steady, layer).n_tokens != 0)
+        return RI_ERR_INVALID; /* once per layer */
+    st = ri_steady_append(s->steady, layer, kv->k, kv->v, kv->n_tokens, kv->token_stride, kv->head_stride);
+    if (st != RI_OK) {
+        ri_err_set("prefill of layer %u: %zu tokens do not fit the session's %llu expected tokens", layer,
+                   kv->n_tokens, (unsigned long long)s->p.expected_tokens);
+        return st;
+    }
+    v = ri_steady_view(s->steady, layer);
+    st = gw_remote_build(s->r, layer, &v);
+    if (st != RI_OK) {
+        ri_err_set("prefill of layer %u: %s", layer, ri_status_str(st));
+        return st;
+    }
+    ri_steady_trim(s, layer); /* packed for the upload already */
+    return RI_OK;
+}
+
+ri_status_t ri_decode_token(ri_session_h const *sessions, size_t n, uint32_t layer, const float *q,
+                            const ri_kv_view_t *new_kv, float *out)
+{
+    ri_err_clear();
+    if (sessions == NULL || n == 0 || q == NULL || new_kv == NULL || out == NULL || !ri_batch_ok(sessions, n, layer))
+        return RI_ERR_INVALID;
+    for (size_t b = 0; b < n; b++)
+        if (sessions[b]->steady == NULL || new_kv[b].struct_size < sizeof(ri_kv_view_t) || new_kv[b].n_tokens != 1 ||
+            new_kv[b].k == NULL || new_kv[b].v == NULL)
+            return RI_ERR_INVALID;
+    for (size_t b = 0; b < n; b++) {
+        ri_status_t st = ri_steady_append(sessions[b]->steady, layer, new_kv[b].k, new_kv[b].v, 1,
+                                          new_kv[b].token_stride, new_kv[b].head_stride);
+        if (st != RI_OK) {
+            ri_err_set("decode of layer %u, batch entry %zu: past the session's %llu expected tokens", layer, b,
+                       (unsigned long long)sessions[b]->p.expected_tokens);
+            return st;
+        }
+    }
+    return ri_decode_batch(sessions, n, layer, q, NULL, out);
 }
 
 /* A restarted kvstore that recovered our session (--recover) with every
@@ -437,6 +529,8 @@ ri_status_t ri_session_recover(ri_session_h s, const ri_kv_view_t *kv)
     ri_err_clear();
     if (s == NULL)
         return RI_ERR_INVALID;
+    if (s->steady != NULL)
+        kv = NULL; /* a kept session gave its indexed tokens back: re-attach or rebuild */
     /* A daemon up for longer than our session is the one that holds it (a
      * network failure, not a restart): its old session is dropped below.  A
      * restarted daemon numbers sessions afresh, so the old id may now name
@@ -523,6 +617,7 @@ ri_status_t ri_session_stats(ri_session_h s, ri_session_stats_t *stats)
     o.late_steps = g.late_steps;
     o.late_clusters = g.late_clusters;
     o.max_wait_s = g.max_wait_s;
+    o.resident_bytes += ri_steady_bytes(s->steady);
     o.direct_steps = g.direct_steps;
     o.direct_clusters = g.direct_clusters;
     memcpy(stats, &o, CM_MIN(stats->struct_size, sizeof(o)));

@@ -16,6 +16,8 @@
  *   ri_prefill_wait(s);
  *   per decode step, for each layer (new token's K/V already in kv):
  *       ri_decode(&s, 1, layer, q, &kv[layer], out);
+ *   (or, keeping no K/V in the engine: ri_prefill_kept once per layer, then
+ *    ri_decode_token with only the new token's K/V; see below)
  *   ri_session_close(s);  ri_client_close(c);
  *
  * Conventions.
@@ -50,8 +52,10 @@
 extern "C" {
 #endif
 
-/* 2: ri_session_indexed_end (an engine may free the K/V the kvstore holds),
- *    ri_session_recover with kv NULL, direct-read counters in the stats. */
+/* 2: ri_prefill_kept / ri_decode_token (the engine hands each token's K/V
+ *    over once and keeps none), ri_session_indexed_end (an engine that keeps
+ *    its K/V may free what the kvstore holds), ri_session_recover with kv
+ *    NULL, direct-read counters in the stats. */
 #define RI_API_VERSION 2
 
 /* The API version the library was built with (RI_API_VERSION). */
@@ -170,6 +174,23 @@ ri_status_t ri_prefill_wait(ri_session_h session);
  * unspecified. */
 ri_status_t ri_decode(ri_session_h const *sessions, size_t n, uint32_t layer, const float *q,
                       const ri_kv_view_t *kv, float *out);
+
+/*
+ * An engine that keeps no K/V of its own: hand the library the prompt's K/V
+ * once per layer (ri_prefill_kept, in place of ri_prefill; the library
+ * copies it and the engine may free its copy on return), then at each decode
+ * step only the new token's K/V (ri_decode_token, in place of ri_decode:
+ * new_kv[b] covers one token, n_tokens = 1, laid out as any view).  The
+ * session keeps the steady zone (sinks and the tokens not yet clustered) and
+ * gives back the rest once the kvstore holds it; ri_session_stats'
+ * resident_bytes counts what it keeps.  Capacity: the session's
+ * expected_tokens (RI_ERR_RANGE past it).  A session is used either this
+ * way or with ri_prefill / ri_decode (RI_ERR_INVALID when mixed), and it
+ * recovers only by re-attaching (ri_session_recover ignores kv for it).
+ */
+ri_status_t ri_prefill_kept(ri_session_h session, uint32_t layer, const ri_kv_view_t *kv);
+ri_status_t ri_decode_token(ri_session_h const *sessions, size_t n, uint32_t layer, const float *q,
+                            const ri_kv_view_t *new_kv, float *out);
 
 /* Re-create a broken session on the client's kvstore (a new CreateSession:
  * a daemon that restarted has lost the old one) and re-fill it from the
