@@ -164,6 +164,12 @@ void gw_direct_touch(gw_direct_t *d, gw_io_t *io, uint32_t layer, uint32_t head,
         gw_direct_flush(d, io);
 }
 
+void gw_direct_mapping(const gw_direct_t *d, const uint8_t **base_p, uint64_t *bytes_p)
+{
+    *base_p = d->base;
+    *bytes_p = d->bytes;
+}
+
 uint64_t gw_direct_reads(const gw_direct_t *d)
 {
     return d != NULL ? d->reads : 0;

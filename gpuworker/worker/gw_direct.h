@@ -42,6 +42,9 @@ void gw_direct_touch(gw_direct_t *d, gw_io_t *io, uint32_t layer, uint32_t head,
 /* Send the records still held (at the end of a sequence). */
 void gw_direct_flush(gw_direct_t *d, gw_io_t *io);
 
+/* The mapped region (for prefaulting its pages off the decode path). */
+void gw_direct_mapping(const gw_direct_t *d, const uint8_t **base_p, uint64_t *bytes_p);
+
 /* Clusters read directly so far. */
 uint64_t gw_direct_reads(const gw_direct_t *d);
 

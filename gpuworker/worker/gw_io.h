@@ -48,6 +48,10 @@ typedef struct gw_io_job {
     bool locate;              /* UPLOAD: then LOCATE the clusters; the job is kept
                                  for gw_io_take_located instead of freed */
     uint64_t *offs;           /* UPLOAD with locate: region offset of every cluster (owned) */
+    const uint8_t *map_base;  /* UPLOAD with locate: the region mapped here (its pages are
+                                 faulted in on the io thread, not at the first step that
+                                 reads them); NULL: not mapped */
+    uint64_t map_bytes;
     uint32_t *recs;           /* TOUCH: n_recs x {layer, head, id} (owned) */
     uint32_t n_recs;
     size_t page_bytes;        /* UPLOAD: bytes of one page */

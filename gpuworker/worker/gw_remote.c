@@ -285,6 +285,8 @@ static ri_status_t gw_remote_queue_upload(gw_remote_t *r, uint32_t layer, const 
     up->pages = cm_malloc(&gw_remote_tag, up->bytes);
     up->locate = r->direct != NULL;
     if (up->locate)
+        gw_direct_mapping(r->direct, &up->map_base, &up->map_bytes);
+    if (up->locate)
         up->offs = cm_malloc(&gw_remote_tag, total_clusters * sizeof(uint64_t));
     if (!up->heads || !up->counts || !up->expect_first || !up->tokens || !up->pages || (up->locate && !up->offs)) {
         gw_io_job_free(up);
