@@ -5,6 +5,8 @@
 #include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
+#include <unistd.h>
 
 #define CM_ALLOC_MAGIC 0x52494d41u /* "RIMA" */
 #define CM_ALLOC_ALIGN_UP_INTERNAL(x, a) ((((x) + (a) - 1) / (a)) * (a))
@@ -173,4 +175,15 @@ size_t cm_alloc_total_bytes(void)
         total += atomic_load(&t->bytes);
     pthread_mutex_unlock(&cm_alloc_lock);
     return total;
+}
+
+uint64_t cm_release_pages(void *addr, size_t len)
+{
+    long p = sysconf(_SC_PAGESIZE);
+    size_t pg = p > 0 ? (size_t)p : 4096;
+    uintptr_t lo = ((uintptr_t)addr + pg - 1) / pg * pg, hi = ((uintptr_t)addr + len) / pg * pg;
+
+    if (hi <= lo || madvise((void *)lo, hi - lo, MADV_DONTNEED) != 0)
+        return 0;
+    return hi - lo;
 }

@@ -59,4 +59,9 @@ void cm_alloc_visit(cm_alloc_visit_fn_t fn, void *arg);
 /* Total live bytes over all tags. */
 size_t cm_alloc_total_bytes(void);
 
+/* Give the whole pages inside [addr, addr + len) back to the system
+ * (madvise MADV_DONTNEED on anonymous memory): they read as zeros after,
+ * and the mapping stays.  Returns the bytes given back (0 on failure). */
+uint64_t cm_release_pages(void *addr, size_t len);
+
 #endif /* CM_ALLOC_H */

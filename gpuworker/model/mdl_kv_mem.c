@@ -16,18 +16,6 @@ static size_t mdl_page(void)
     return p > 0 ? (size_t)p : 4096;
 }
 
-/* madvise the whole pages inside [a, a + n). */
-static uint64_t mdl_release_range(uint8_t *a, size_t n)
-{
-    size_t pg = mdl_page();
-    uintptr_t lo = ((uintptr_t)a + pg - 1) / pg * pg, hi = ((uintptr_t)a + n) / pg * pg;
-    if (hi <= lo)
-        return 0;
-    if (madvise((void *)lo, hi - lo, MADV_DONTNEED) != 0)
-        return 0;
-    return hi - lo;
-}
-
 uint64_t mdl_kv_release(mdl_kv_t *kv, uint32_t layer, size_t t0, size_t t1)
 {
     const size_t d = kv->geom.head_dim, row = d * sizeof(cm_fp16_t);
@@ -37,8 +25,8 @@ uint64_t mdl_kv_release(mdl_kv_t *kv, uint32_t layer, size_t t0, size_t t1)
         return 0;
     for (uint32_t h = 0; h < kv->geom.n_kv_heads; h++) {
         size_t off = ((size_t)h * kv->cap + t0) * d;
-        done += mdl_release_range((uint8_t *)(kv->k[layer] + off), (t1 - t0) * row);
-        done += mdl_release_range((uint8_t *)(kv->v[layer] + off), (t1 - t0) * row);
+        done += cm_release_pages(kv->k[layer] + off, (t1 - t0) * row);
+        done += cm_release_pages(kv->v[layer] + off, (t1 - t0) * row);
     }
     return done;
 }

@@ -3,7 +3,6 @@
 
 #include <string.h>
 #include <sys/mman.h>
-#include <unistd.h>
 
 #include "common/cm_alloc.h"
 #include "common/cm_half.h"
@@ -95,15 +94,6 @@ kn_kv_view_t ri_steady_view(const ri_steady_t *st, uint32_t layer)
                           .n_tokens = st->len[layer], .token_stride = st->d, .head_stride = st->cap * st->d};
 }
 
-/* madvise the whole pages inside [a, a + n). */
-static void ri_steady_drop(uint16_t *a, size_t n)
-{
-    size_t pg = (size_t)sysconf(_SC_PAGESIZE);
-    uintptr_t lo = ((uintptr_t)a + pg - 1) / pg * pg, hi = ((uintptr_t)a + n) / pg * pg;
-    if (hi > lo)
-        (void)madvise((void *)lo, hi - lo, MADV_DONTNEED);
-}
-
 void ri_steady_release(ri_steady_t *st, uint32_t layer, size_t from, size_t to)
 {
     size_t row = (size_t)st->d;
@@ -115,8 +105,8 @@ void ri_steady_release(ri_steady_t *st, uint32_t layer, size_t from, size_t to)
         return;
     for (uint32_t h = 0; h < st->n_kv; h++) {
         size_t off = ((size_t)h * st->cap + from) * row;
-        ri_steady_drop(st->k[layer] + off, (to - from) * row * sizeof(uint16_t));
-        ri_steady_drop(st->v[layer] + off, (to - from) * row * sizeof(uint16_t));
+        (void)cm_release_pages(st->k[layer] + off, (to - from) * row * sizeof(uint16_t));
+        (void)cm_release_pages(st->v[layer] + off, (to - from) * row * sizeof(uint16_t));
     }
     st->rel_end[layer] = to;
 }
