@@ -25,7 +25,8 @@ struct kn_wave {
     const kn_wave_store_t *store; /* NULL: the clusters are copied into ck/cv */
     cm_fp16_t **ck, **cv;  /* [n_kv] cluster-major K/V of indexed tokens [cap][d] */
     size_t *cap;           /* [n_kv] rows allocated in ck/cv */
-    uint32_t n_r, n_e;     /* retrieval / estimation clusters per head */
+    uint32_t n_r, n_e;     /* share-based retrieval / estimation clusters per head
+                              (kn_wave_budget adds the minimums) */
 };
 
 void kn_wave_params_default(kn_wave_params_t *p)
@@ -37,6 +38,9 @@ void kn_wave_params_default(kn_wave_params_t *p)
     p->segment_tokens = 8192;
     p->retrieval_frac = KN_WAVE_RETRIEVAL_FRAC;
     p->estimation_frac = KN_WAVE_ESTIMATION_FRAC;
+    p->retrieval_min_tokens = KN_WAVE_RETRIEVAL_MIN_TOKENS;
+    p->estimation_min_tokens = 0;
+    p->adapt_tau = 0.0f;
     p->update_tokens = 1024;
     p->update_clusters = 64;
     kn_build_params_default(&p->build);
@@ -57,7 +61,8 @@ ri_status_t kn_wave_create_store(const kn_shape_t *shape, const kn_wave_params_t
 
     if (!kn_shape_valid(shape) || params == NULL || wave_p == NULL || params->update_tokens == 0 ||
         params->update_clusters == 0 || params->update_clusters > params->update_tokens ||
-        params->retrieval_frac < 0 || params->estimation_frac < 0)
+        params->retrieval_frac < 0 || params->estimation_frac < 0 || !(params->adapt_tau >= 0.0f) ||
+        params->adapt_tau >= 1.0f)
         return RI_ERR_INVALID;
     nkv = shape->n_kv_heads;
     w = cm_calloc(&kn_tag, 1, sizeof(*w));
@@ -115,8 +120,12 @@ size_t kn_wave_indexed_end(const kn_wave_t *w)
 
 void kn_wave_budget(const kn_wave_t *w, uint32_t *n_r_p, uint32_t *n_e_p)
 {
-    *n_r_p = w->n_r;
-    *n_e_p = w->n_e;
+    kn_wave_budget_floor(&w->p, w->idx[0].n_clusters, w->n_r, w->n_e, n_r_p, n_e_p);
+}
+
+const kn_wave_params_t *kn_wave_params(const kn_wave_t *w)
+{
+    return &w->p;
 }
 
 /* ---- clustering a token range of every head (build and update) ---- */
@@ -332,7 +341,9 @@ static void kn_wave_decode_task(void *arg, size_t begin, size_t end, unsigned wo
         const kn_index_t *idx = &w->idx[h];
         const float *q = job->q + h * g * d;
         float *out = job->out + h * g * d;
-        uint32_t nr = 0, ne = 0, want = CM_MIN(job->n_r + job->n_e, idx->n_clusters);
+        uint32_t nr = 0, ne = 0, rr, re;
+        kn_wave_rank_counts(&w->p, idx->n_clusters, job->n_r, job->n_e, &rr, &re);
+        uint32_t want = (uint32_t)CM_MIN((uint64_t)rr + re, idx->n_clusters);
         size_t np = 0;
         uint64_t exact = 0, retrieved = 0;
         ri_status_t st = RI_ERR_NOMEM;
@@ -344,7 +355,9 @@ static void kn_wave_decode_task(void *arg, size_t begin, size_t end, unsigned wo
             goto fail;
         float *o_x = part, *o_e = part + (size_t)g * d;
         float *l_x = part + (size_t)2 * g * d, *l_e = l_x + g;
-        st = kn_wave_rank_estimate(w->ops, &grp, q, idx, job->n_r, job->n_e, ids, &nr, &ne, o_e, l_e);
+        st = kn_wave_rank_estimate(w->ops, &grp, q, idx, rr, re, ids, &nr, &ne, o_e, l_e);
+        if (st == RI_OK)
+            st = kn_wave_adapt(&w->p, w->ops, &grp, q, idx, job->n_r, ids, &nr, &ne, o_e, l_e);
         if (st != RI_OK)
             goto fail;
         /* exact part: the retrieved clusters from our cluster-major copy */
@@ -403,7 +416,9 @@ ri_status_t kn_wave_decode(kn_wave_t *w, const float *q, const kn_kv_view_t *kv,
 {
     if (w == NULL)
         return RI_ERR_INVALID;
-    return kn_wave_decode_budget(w, q, kv, w->n_r, w->n_e, out, lse, stats_p);
+    uint32_t n_r, n_e;
+    kn_wave_budget(w, &n_r, &n_e);
+    return kn_wave_decode_budget(w, q, kv, n_r, n_e, out, lse, stats_p);
 }
 
 ri_status_t kn_wave_exact_mask(kn_wave_t *w, const float *q, const kn_kv_view_t *kv,

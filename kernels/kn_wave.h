@@ -33,6 +33,10 @@
  * model runtime use the retrieval share too). */
 #define KN_WAVE_RETRIEVAL_FRAC 0.018f
 #define KN_WAVE_ESTIMATION_FRAC 0.232f
+/* The floor under the retrieval share, in tokens: at 2K the share gives 2
+ * clusters (32 tokens), too few to hold a needle the model needs (the
+ * accuracy-vs-budget curve in docs/accuracy.md chose it). */
+#define KN_WAVE_RETRIEVAL_MIN_TOKENS 256u
 
 /* Settings (defaults in docs/architecture.md). */
 typedef struct kn_wave_params {
@@ -42,6 +46,16 @@ typedef struct kn_wave_params {
     uint32_t segment_tokens;     /* 8192 */
     float retrieval_frac;        /* R = max(round(frac*C), 1) (0.018) */
     float estimation_frac;       /* E = min(round(frac*C), C-R) (0.232) */
+    uint32_t retrieval_min_tokens;  /* R is at least this many tokens' worth of
+                                       clusters (ceil(tokens / tokens_per_cluster));
+                                       the shares starve short contexts (256) */
+    uint32_t estimation_min_tokens; /* the same floor for E (0) */
+    float adapt_tau;             /* output-aware per-head retrieval: 0 = off
+                                    (every head retrieves R); > 0: each head
+                                    ranks 2R candidates and retrieves the
+                                    fewest (at least R/4) whose leftover share
+                                    of the candidates' estimated attention mass
+                                    is <= adapt_tau; the rest is estimated */
     uint32_t update_tokens;      /* tokens clustered per update (1024) */
     uint32_t update_clusters;    /* clusters per update (64) */
     kn_build_params_t build;     /* k-means settings */
@@ -56,6 +70,32 @@ void kn_wave_params_default(kn_wave_params_t *p);
  * C), 1) and E by round(estimation_frac * C), R capped at total and E at
  * total - R. */
 void kn_wave_budget_grow(const kn_wave_params_t *p, uint32_t C, uint32_t total, uint32_t *n_r, uint32_t *n_e);
+
+/* The decode budget of an index of `total` clusters of about tpc tokens each,
+ * from the share-based counts n_r, n_e (kn_wave_budget_grow): each raised to
+ * its minimum in tokens, R capped at total and E at total - R. */
+void kn_wave_budget_floor(const kn_wave_params_t *p, uint32_t total, uint32_t n_r, uint32_t n_e, uint32_t *r_p,
+                          uint32_t *e_p);
+
+/* What a decode step ranks for a budget (n_r, n_e): (n_r, n_e) itself, or,
+ * with adapt_tau > 0, 2 n_r candidates for retrieval (capped at total) and
+ * n_e after them. */
+void kn_wave_rank_counts(const kn_wave_params_t *p, uint32_t total, uint32_t n_r, uint32_t n_e, uint32_t *rank_r_p,
+                         uint32_t *rank_e_p);
+
+/* The output-aware cut, after kn_wave_rank_estimate (or kn_rank) ranked the
+ * counts of kn_wave_rank_counts into ids: with adapt_tau > 0, keep in
+ * ids[0, *nr) the fewest retrieval candidates (at least max(n_r / 4, 1)) that
+ * leave at most adapt_tau of the candidates' estimated mass (centroid logit
+ * + ln size, softmax per query head, averaged over the group) outside, and
+ * move the rest to the front of the estimation zone (*ne grows by as many).
+ * When o_e / l_e hold the estimate of the old estimation zone, the moved
+ * clusters' estimate is merged into them; pass NULL when the estimation zone
+ * is estimated later.  The kept ids are left in ascending order.  A no-op
+ * with adapt_tau == 0. */
+ri_status_t kn_wave_adapt(const kn_wave_params_t *p, const kn_ops_t *ops, const kn_shape_t *grp, const float *q,
+                          const kn_index_t *idx, uint32_t n_r, uint32_t *ids, uint32_t *nr, uint32_t *ne, float *o_e,
+                          float *l_e);
 
 /* The first phase of a decode step for one KV head group, shared by every
  * engine: rank the index's clusters for q (grp: g query heads, one KV head)
@@ -151,7 +191,11 @@ const kn_index_t *kn_wave_index(const kn_wave_t *wave, uint32_t kv_head);
 /* First token position after the indexed range. */
 size_t kn_wave_indexed_end(const kn_wave_t *wave);
 
-/* Retrieval and estimation counts per head for the current index. */
+/* Retrieval and estimation counts per head for the current index (the
+ * shares with their minimums: kn_wave_budget_floor). */
 void kn_wave_budget(const kn_wave_t *wave, uint32_t *n_r_p, uint32_t *n_e_p);
+
+/* The wave's settings (borrowed). */
+const kn_wave_params_t *kn_wave_params(const kn_wave_t *wave);
 
 #endif /* KN_WAVE_H */

@@ -96,13 +96,16 @@ void mdl_attn_cfg_default(mdl_attn_cfg_t *cfg)
     cfg->window_tokens = 64;
     cfg->budget_tokens = 0;
     cfg->update_tokens = 1024;
+    cfg->retrieval_min_tokens = KN_WAVE_RETRIEVAL_MIN_TOKENS;
+    cfg->adapt_tau = 0.0f;
 }
 
 uint32_t mdl_attn_auto_budget(const mdl_attn_cfg_t *cfg, size_t n_tokens)
 {
     if (cfg->budget_tokens > 0)
         return cfg->budget_tokens;
-    return cfg->sink_tokens + cfg->window_tokens + (uint32_t)lround(KN_WAVE_RETRIEVAL_FRAC * (double)n_tokens);
+    uint32_t share = (uint32_t)lround(KN_WAVE_RETRIEVAL_FRAC * (double)n_tokens);
+    return cfg->sink_tokens + cfg->window_tokens + CM_MAX(share, cfg->retrieval_min_tokens);
 }
 
 /* ---- exact causal attention ---- */

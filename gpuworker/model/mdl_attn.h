@@ -68,8 +68,11 @@ typedef struct mdl_attn_cfg {
     uint32_t sink_tokens;     /* steady zone sinks (4) */
     uint32_t window_tokens;   /* steady zone window (64) */
     uint32_t budget_tokens;   /* exact tokens for quest/streaming/oracle; 0 = auto:
-                                 sink + window + round(0.018 * n) (RetroInfer's exact part) */
+                                 sink + window + max(round(0.018 * n), retrieval_min_tokens)
+                                 (RetroInfer's exact part) */
     uint32_t update_tokens;   /* retroinfer: tokens per index update (1024) */
+    uint32_t retrieval_min_tokens; /* retroinfer: floor of the retrieval zone (256) */
+    float adapt_tau;          /* retroinfer: output-aware per-head cut (0 = off; kn_wave.h) */
 } mdl_attn_cfg_t;
 
 void mdl_attn_cfg_default(mdl_attn_cfg_t *cfg);
@@ -121,7 +124,7 @@ void mdl_attn_exact_ref(const mdl_kv_t *kv, uint32_t layer, size_t pos, size_t n
 void mdl_attn_exact_win_ref(const mdl_kv_t *kv, uint32_t layer, size_t pos, size_t n, size_t window, const float *q,
                             float *out);
 
-/* Default budget: sink + window + round(0.018 * n_tokens). */
+/* Default budget: sink + window + max(round(0.018 * n_tokens), retrieval_min_tokens). */
 uint32_t mdl_attn_auto_budget(const mdl_attn_cfg_t *cfg, size_t n_tokens);
 
 #endif /* MDL_ATTN_H */

@@ -61,6 +61,8 @@ static ri_status_t mdl_be_create(mdl_be_kind_t kind, const mdl_attn_cfg_t *cfg, 
         wp.sink_tokens = cfg->sink_tokens;
         wp.window_tokens = cfg->window_tokens;
         wp.update_tokens = cfg->update_tokens;
+        wp.retrieval_min_tokens = cfg->retrieval_min_tokens;
+        wp.adapt_tau = cfg->adapt_tau;
         b->wave = cm_calloc(&mdl_be_tag, g->n_layers, sizeof(*b->wave));
         if (b->wave == NULL)
             st = RI_ERR_NOMEM;

@@ -165,6 +165,8 @@ static ri_status_t gw_attn_create(const mdl_attn_cfg_t *cfg, mdl_kv_t *kv, void 
     sp.sink_tokens = cfg->sink_tokens;
     sp.window_tokens = cfg->window_tokens;
     sp.update_tokens = cfg->update_tokens;
+    sp.retrieval_min_tokens = cfg->retrieval_min_tokens;
+    sp.adapt_tau = cfg->adapt_tau;
     if (cache_frac > 0)
         sp.cache_frac = cache_frac;
     sp.deadline_us = deadline_us;

@@ -124,15 +124,22 @@ static void gw_rank_task(void *arg, size_t begin, size_t end, unsigned worker)
         const float *q = s->q + h * r->g * r->d;
         uint32_t *ids = s->ids + h * s->want;
         ri_status_t st = RI_OK;
+        const kn_wave_params_t *wp = kn_wave_params(job->L->wave);
+        float *o_e = NULL, *l_e = NULL;
+        uint32_t rr, re;
         s->nr[h] = s->ne[h] = s->nl[h] = 0;
+        kn_wave_rank_counts(wp, idx->n_clusters, s->n_r, s->n_e, &rr, &re);
         if (job->estimate) {
-            float *o_e = s->part + h * 3 * r->g * (r->d + 1) + (size_t)r->g * r->d;
-            float *l_e = o_e + (size_t)2 * r->g * r->d + r->g;
-            st = kn_wave_rank_estimate(r->ops, job->grp, q, idx, s->n_r, s->n_e, ids, &s->nr[h], &s->ne[h], o_e,
-                                       l_e);
+            o_e = s->part + h * 3 * r->g * (r->d + 1) + (size_t)r->g * r->d;
+            l_e = o_e + (size_t)2 * r->g * r->d + r->g;
+            st = kn_wave_rank_estimate(r->ops, job->grp, q, idx, rr, re, ids, &s->nr[h], &s->ne[h], o_e, l_e);
         } else if (idx->n_clusters > 0) {
-            st = kn_rank(r->ops, job->grp, q, idx, s->n_r, s->n_e, ids, &s->nr[h], &s->ne[h]);
+            st = kn_rank(r->ops, job->grp, q, idx, rr, re, ids, &s->nr[h], &s->ne[h]);
         }
+        /* the same per-head cut as in process; an estimate still to come
+         * covers the moved clusters, as they join the estimation zone */
+        if (st == RI_OK)
+            st = kn_wave_adapt(wp, r->ops, job->grp, q, idx, s->n_r, ids, &s->nr[h], &s->ne[h], o_e, l_e);
         if (st != RI_OK) {
             int expect = RI_OK;
             atomic_compare_exchange_strong(&job->status, &expect, (int)st);
@@ -181,7 +188,9 @@ ri_status_t gw_remote_decode_begin(gw_remote_t *r, uint32_t layer, const float *
     s->fetching = false;
     for (uint32_t h = 0; h < r->n_kv; h++)
         maxc = CM_MAX(maxc, L->idx[h].n_clusters);
-    st = gw_step_reserve(r, (uint32_t)CM_MIN((uint64_t)s->n_r + s->n_e, (uint64_t)maxc));
+    uint32_t rank_r, rank_e;
+    kn_wave_rank_counts(kn_wave_params(L->wave), maxc, s->n_r, s->n_e, &rank_r, &rank_e);
+    st = gw_step_reserve(r, (uint32_t)CM_MIN((uint64_t)rank_r + rank_e, (uint64_t)maxc));
     if (st != RI_OK)
         return st;
     grp = (kn_shape_t){.n_q_heads = r->g, .n_kv_heads = 1, .head_dim = r->d, .scale = r->shape.scale};

@@ -246,10 +246,13 @@ ri_status_t gw_remote_register(gw_remote_t *r, size_t need)
     /* A step's worst case: every head's n_r largest clusters all missing. */
     for (uint32_t l = 0; l < r->n_layers; l++) {
         size_t b = 0;
-        uint32_t nr, ne;
+        uint32_t nr, ne, rr, re;
         kn_wave_budget(r->layers[l].wave, &nr, &ne);
-        for (uint32_t h = 0; h < r->n_kv; h++)
-            b += (size_t)nr * r->layers[l].hd[h].max_pages * r->page_bytes;
+        for (uint32_t h = 0; h < r->n_kv; h++) {
+            /* ranked candidates: the per-head cut may keep all of them */
+            kn_wave_rank_counts(kn_wave_params(r->layers[l].wave), r->layers[l].idx[h].n_clusters, nr, ne, &rr, &re);
+            b += (size_t)rr * r->layers[l].hd[h].max_pages * r->page_bytes;
+        }
         bound = CM_MAX(bound, b);
     }
     len = CM_MAX(need + need / 4, bound);

@@ -202,6 +202,9 @@ void ri_session_params_init(ri_session_params_t *p)
     p->cache_frac = g.cache_frac;
     p->cache_pages = 0;
     p->expected_tokens = 8192;
+    p->retrieval_min_tokens = w.retrieval_min_tokens;
+    p->estimation_min_tokens = w.estimation_min_tokens;
+    p->adapt_tau = w.adapt_tau;
 }
 
 static void ri_session_remote_params(const ri_session_h s, gw_remote_params_t *g)
@@ -214,6 +217,9 @@ static void ri_session_remote_params(const ri_session_h s, gw_remote_params_t *g
     g->wave.update_clusters = s->p.update_clusters;
     g->wave.retrieval_frac = s->p.retrieval_frac;
     g->wave.estimation_frac = s->p.estimation_frac;
+    g->wave.retrieval_min_tokens = s->p.retrieval_min_tokens;
+    g->wave.estimation_min_tokens = s->p.estimation_min_tokens;
+    g->wave.adapt_tau = s->p.adapt_tau;
     g->cache_frac = s->p.cache_frac;
     g->cache_pages = s->p.cache_pages;
     g->timeout_ms = s->client->timeout_ms;

@@ -127,6 +127,13 @@ typedef struct ri_session_params {
     uint32_t deadline_us;       /* a layer-step waits at most this for the kvstore's misses;
                                    late ones are attended through their centroid estimate
                                    and counted (0 = always wait: exact) */
+    uint32_t retrieval_min_tokens; /* floor of the retrieval zone in tokens (256):
+                                   the share alone starves short contexts */
+    uint32_t estimation_min_tokens;/* floor of the estimation zone in tokens (0) */
+    float adapt_tau;            /* output-aware per-head retrieval (0 = off): each KV
+                                   head keeps the fewest of 2R ranked clusters that
+                                   leave at most this share of their estimated mass
+                                   to the estimation zone */
 } ri_session_params_t;
 
 /* Fill defaults (geometry 0) and struct_size. */

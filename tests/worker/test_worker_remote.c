@@ -57,6 +57,9 @@ static kn_kv_view_t fx_view(const fx_t *f, uint32_t l)
 }
 
 /* Small update period so that a few hundred steps exercise APPEND. */
+/* The output-aware cut of the fixture's remotes and waves (0: off). */
+static float fx_tau;
+
 static int fx_setup_common(void **state, uint32_t update_tokens, uint32_t update_clusters)
 {
     fx_t *f = calloc(1, sizeof(*f));
@@ -71,6 +74,10 @@ static int fx_setup_common(void **state, uint32_t update_tokens, uint32_t update
     gw_remote_params_default(&f->p);
     f->p.wave.update_tokens = update_tokens;
     f->p.wave.update_clusters = update_clusters;
+    /* The plain fixture tests the share rule (its contexts are short: the
+     * floor would retrieve most clusters); the adaptive one keeps the floor. */
+    f->p.wave.retrieval_min_tokens = fx_tau > 0 ? f->p.wave.retrieval_min_tokens : 0;
+    f->p.wave.adapt_tau = fx_tau;
     f->p.timeout_ms = 5000;
     f->p.direct = true;
     if (gw_remote_create(f->sess.dataplane_address, f->sess.session_id, f->sess.secret, &f->shape, NL, &f->p,
@@ -78,6 +85,9 @@ static int fx_setup_common(void **state, uint32_t update_tokens, uint32_t update
         return -1;
     gw_remote_params_t p2 = f->p;
     p2.direct = false;
+    /* adaptive: the two-sided remote estimates the moved clusters later, in
+     * one estimation zone; in process they are merged in at once */
+    p2.fetch_async = fx_tau > 0;
     if (wk_env_session(&f->env, NL, NKV, D, &f->sess2) != 0 ||
         gw_remote_create(f->sess2.dataplane_address, f->sess2.session_id, f->sess2.secret, &f->shape, NL, &p2,
                          &f->r2) != RI_OK)
@@ -100,6 +110,13 @@ static int fx_setup_common(void **state, uint32_t update_tokens, uint32_t update
 
 static int fx_setup(void **state)
 {
+    fx_tau = 0;
+    return fx_setup_common(state, 256, 16);
+}
+
+static int fx_setup_adapt(void **state)
+{
+    fx_tau = 0.3f;
     return fx_setup_common(state, 256, 16);
 }
 
@@ -351,6 +368,8 @@ int main(void)
         cmocka_unit_test(test_all_clusters_is_full),
         cmocka_unit_test(test_deadline_late),
         cmocka_unit_test(test_direct_reads_reported),
+        /* the per-head cut chooses the same clusters in both engines */
+        cmocka_unit_test_setup_teardown(test_remote_equals_inprocess, fx_setup_adapt, fx_teardown),
     };
     return cmocka_run_group_tests(tests, fx_setup, fx_teardown);
 }
