@@ -1,15 +1,38 @@
 /*
  * The CUDA backend of kernels/ (library ri_kernels_cuda, built when nvcc is
- * found).  Call kn_cuda_init() once: with a device present it registers the
- * backend, so that kn_ops_cuda() and kn_ops_default() return it.
+ * found; docs/cuda.md).  Call kn_cuda_init() once: with a device present it
+ * registers the backend, so that kn_ops_cuda() and kn_ops_default() return
+ * it.  Every op of the table runs on the device; inputs may be host or
+ * device memory (host spans are staged), outputs host or device memory.
  */
 #ifndef KN_CUDA_H
 #define KN_CUDA_H
 
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {  /* kn_ops.h has no guard of its own */
+#endif
+
+#include "kernels/kn_ops.h"
 #include "retroinfer/status.h"
 
 /* RI_OK when a device is present and the backend is registered;
  * RI_ERR_NO_DEVICE otherwise (the CPU backend stays the default). */
 ri_status_t kn_cuda_init(void);
+
+/* Rank and the estimation zone of one group in one pass over the centroids
+ * (the device twin of the cpu backend's kn_cpu_rank_estimate): same
+ * contracts as rank + estimate over ids[n_r .. n_r+n_e); ids come back in
+ * score order.  o_e [g][d], lse_e [g].  RI_ERR_INVALID for a shape the
+ * device does not take (g > 8, d > 256) or NULL pointers; RI_ERR_DEVICE on
+ * a CUDA error. */
+ri_status_t kn_cuda_rank_estimate(const kn_shape_t *grp, const float *q, const kn_index_t *idx,
+                                  uint32_t n_r, uint32_t n_e, uint32_t *ids, uint32_t *n_r_p,
+                                  uint32_t *n_e_p, float *o_e, float *lse_e);
+
+#ifdef __cplusplus
+}
+#endif
 
 #endif /* KN_CUDA_H */

@@ -700,6 +700,7 @@ static void test_index_build(void **state)
         fails += xc_index_build(ops[b], 128, 1000, 64, 2, 1, -1);
         fails += xc_index_build(ops[b], 64, 1000, 64, 4, 1, 1);    /* neighbour-restricted final */
         fails += xc_index_build(ops[b], 48, 200, 16, 2, 1, 0);     /* off the SIMD path */
+        fails += xc_index_build(ops[b], 128, 1024, 64, 1, 9, -1);  /* the decode-time update */
     }
     assert_int_equal(fails, 0);
 }
@@ -747,6 +748,99 @@ static void test_rank_estimate_fused(void **state)
     fails += xc_fused(1, 48, 300, 5, 70);  /* scalar path */
     assert_int_equal(fails, 0);
 }
+
+#ifdef KN_XC_CUDA
+/* The CUDA fused rank + estimation (kn_cuda_rank_estimate) against ref rank +
+ * ref estimate: the ids must be a right selection up to near-ties (scores
+ * recomputed here in double, as in xc_rank; the device returns them in score
+ * order), and (o, lse) must equal the reference estimation over the E ids it
+ * returned. */
+static int xc_fused_cuda(uint32_t g, uint32_t d, uint32_t C, uint32_t n_r, uint32_t n_e)
+{
+    kn_shape_t grp = {g, 1, d, 0};
+    kn_index_t idx;
+    float *q = xc_floats((size_t)g * d, 2.0f), rl[8];
+    float *ro = malloc((size_t)g * d * sizeof(float));
+    double *score = calloc(C + 1, sizeof(double)), *sorted = malloc((C + 1) * sizeof(double));
+    uint32_t *ids = malloc(((size_t)n_r + n_e + 1) * sizeof(uint32_t));
+    uint32_t nr, ne, avail = 0, want[2];
+    uint8_t *seen = calloc(C + 1, 1);
+    xc_buf_t o = xc_buf((size_t)g * d), l = xc_buf(g);
+    int fails = 0;
+    char what[96];
+
+    xc_index(&idx, d, C);
+    snprintf(what, sizeof(what), "cuda fused rank+estimate g=%u d=%u C=%u", g, d, C);
+    for (uint32_t h = 0; h < g; h++) {
+        double m = -INFINITY, sum = 0;
+        double *lg = malloc((C + 1) * sizeof(double));
+        for (uint32_t j = 0; j < C; j++) {
+            double s = 0;
+            for (uint32_t i = 0; i < d; i++)
+                s += (double)q[(size_t)h * d + i] * cm_fp16_to_f32(idx.centroids[(size_t)j * d + i]);
+            lg[j] = s / sqrt((double)d);
+            if (idx.sizes[j])
+                m = fmax(m, lg[j]);
+        }
+        for (uint32_t j = 0; j < C; j++)
+            if (idx.sizes[j])
+                sum += exp(lg[j] - m);
+        for (uint32_t j = 0; j < C; j++)
+            if (idx.sizes[j])
+                score[j] += exp(lg[j] - m) / sum;
+        free(lg);
+    }
+    for (uint32_t j = 0; j < C; j++)
+        if (idx.sizes[j])
+            sorted[avail++] = score[j];
+    qsort(sorted, avail, sizeof(double), xc_cmp_desc);
+    want[0] = n_r < avail ? n_r : avail;
+    want[1] = n_e < avail - want[0] ? n_e : avail - want[0];
+    assert_int_equal(kn_cuda_rank_estimate(&grp, q, &idx, n_r, n_e, ids, &nr, &ne, o.p, l.p), RI_OK);
+    if (nr != want[0] || ne != want[1]) {
+        fprintf(stderr, "FAIL %s: counts %u+%u, want %u+%u\n", what, nr, ne, want[0], want[1]);
+        fails++;
+        goto out;
+    }
+    for (uint32_t i = 0; i < nr + ne; i++) {
+        uint32_t j = ids[i];
+        double cut = i < nr ? sorted[nr - 1] : sorted[nr + ne - 1];
+        if (j >= C || idx.sizes[j] == 0 || seen[j] || score[j] < cut - 1e-6) {
+            fprintf(stderr, "FAIL %s: id %u (pos %u) wrong\n", what, j, i);
+            fails++;
+            goto out;
+        }
+        seen[j] = 1;
+    }
+    assert_int_equal(kn_ops_ref()->estimate(&grp, q, &idx, ids + nr, ne, ro, rl), RI_OK);
+    fails += !xc_guards_ok(&o, what) || !xc_guards_ok(&l, what);
+    fails += !xc_close(what, o.p, ro, (size_t)g * d, 2e-5);
+    fails += !xc_close(what, l.p, rl, g, 2e-5);
+out:
+    xc_index_free(&idx);
+    free(q);
+    free(ro);
+    free(score);
+    free(sorted);
+    free(ids);
+    free(seen);
+    xc_free(&o);
+    xc_free(&l);
+    return fails;
+}
+
+static void test_rank_estimate_fused_cuda(void **state)
+{
+    int fails = 0;
+    fails += xc_fused_cuda(4, 128, 1000, 18, 232);
+    fails += xc_fused_cuda(3, 64, 113, 2, 26);
+    fails += xc_fused_cuda(8, 128, 37, 1, 0);
+    fails += xc_fused_cuda(1, 48, 300, 5, 70);
+    fails += xc_fused_cuda(4, 128, 8192, 147, 1900);  /* 128K tokens' worth of clusters */
+    fails += xc_fused_cuda(1, 64, 50, 60, 60);        /* asks for more than there is */
+    assert_int_equal(fails, 0);
+}
+#endif
 
 /* Partial selection: the first k ids are the k best by (score desc, id asc),
  * with heavy ties, -inf and +inf among the scores. */
@@ -949,6 +1043,9 @@ int main(int argc, char **argv)
         cmocka_unit_test(test_rank),
         cmocka_unit_test(test_estimate),
         cmocka_unit_test(test_rank_estimate_fused),
+#ifdef KN_XC_CUDA
+        cmocka_unit_test(test_rank_estimate_fused_cuda),
+#endif
         cmocka_unit_test(test_select_top),
         cmocka_unit_test(test_merge),
         cmocka_unit_test(test_quest_score),
