@@ -16,9 +16,13 @@
  *
  * --retrieval-frac F changes retroinfer's retrieval zone (R = F x clusters),
  * and so everyone's budget: runs at several F give accuracy against budget
- * (./ri plot charts the files together).
+ * (./ri plot charts the files together).  --retrieval-min T sets the floor
+ * of the retrieval zone in tokens, --adapt-tau X the output-aware per-head
+ * cut (kn_wave.h); the others' budget follows retroinfer's exact tokens of
+ * each step, so adaptive and fixed are compared at equal bytes.
  *
  *   ri bench attn-accuracy --kv DIR [--json PATH] [--layers N] [--retrieval-frac F]
+ *                          [--retrieval-min T] [--adapt-tau X]
  */
 #define _GNU_SOURCE
 #include <math.h>
@@ -145,6 +149,7 @@ int main(int argc, char **argv)
     const char *dir = NULL;
     int max_layers = 1 << 30;
     double rfrac = 0; /* 0 = the default of kn_wave_params_default */
+    double rmin = -1, tau = 0; /* -1: the default floor; tau 0: no per-head cut */
     cm_log_init_from_env();
     for (int i = 1; i < argc; i++) {
         const char *v;
@@ -154,9 +159,13 @@ int main(int argc, char **argv)
             max_layers = atoi(v);
         else if ((v = arg(&i, argc, argv, "--retrieval-frac")) != NULL && atof(v) > 0 && atof(v) <= 1)
             rfrac = atof(v);
+        else if ((v = arg(&i, argc, argv, "--retrieval-min")) != NULL && atof(v) >= 0)
+            rmin = atof(v);
+        else if ((v = arg(&i, argc, argv, "--adapt-tau")) != NULL && atof(v) >= 0 && atof(v) < 1)
+            tau = atof(v);
         else {
             fprintf(stderr, "usage: ri bench attn-accuracy --kv DIR [--json PATH] [--layers N] "
-                            "[--retrieval-frac F (0-1]]\n");
+                            "[--retrieval-frac F (0-1]] [--retrieval-min TOKENS] [--adapt-tau X [0-1)]\n");
             return 2;
         }
     }
@@ -194,6 +203,8 @@ int main(int argc, char **argv)
     kn_wave_params_t wp0;
     kn_wave_params_default(&wp0);
     cJSON_AddNumberToObject(bn_report_root(rep), "retrieval_frac", rfrac > 0 ? rfrac : wp0.retrieval_frac);
+    cJSON_AddNumberToObject(bn_report_root(rep), "retrieval_min_tokens", rmin >= 0 ? rmin : wp0.retrieval_min_tokens);
+    cJSON_AddNumberToObject(bn_report_root(rep), "adapt_tau", tau);
     acc_t all[M_COUNT] = {0};
     printf("%-6s %-11s %8s %10s %10s %10s %9s %9s\n", "layer", "method", "budget", "err_med", "err_p90", "err_p99",
            "recall100", "mass");
@@ -213,6 +224,9 @@ int main(int argc, char **argv)
         kn_wave_params_default(&wp);
         if (rfrac > 0)
             wp.retrieval_frac = (float)rfrac;
+        if (rmin >= 0)
+            wp.retrieval_min_tokens = (uint32_t)rmin;
+        wp.adapt_tau = (float)tau;
         kn_wave_t *wave = NULL;
         kn_quest_t *quest = NULL;
         if (kn_wave_create(&shape, &wp, &wave) != RI_OK || kn_quest_create(&shape, 16, &quest) != RI_OK)

@@ -1,19 +1,29 @@
 /*
  * ri bench passkey: passkey retrieval with the real model.  For each context
- * length and depth, the prompt (filler text with a 5-digit key) is prefilled
- * once with exact attention; then each attention method decodes greedily
- * from a copy of that state, and passes when the key appears in the first
- * 12 generated tokens.
+ * length, depth and trial (a random 5-digit key), the prompt (filler text
+ * with the key) is prefilled once with exact attention; then each attention
+ * method decodes greedily from a copy of that state, and passes when the key
+ * appears in the first 12 generated tokens.  retroinfer-remote runs through
+ * a real ri-kvstore (started here unless --kvstore names one).
+ *
+ * --retrieval-min T,.. and --adapt-tau X,.. sweep retroinfer's budget: each
+ * value makes a variant of the sparse methods (quest and streaming follow
+ * the floor, so budgets stay equal); the rows carry the exact tokens per head
+ * and layer-step each variant attended, for accuracy-vs-budget charts.
  *
  *   ri bench passkey [--json PATH] [--contexts 1024,2048,4096,8192]
- *                    [--depths 0.1,0.5,0.9] [--trials N] [--methods full,retroinfer,quest,streaming]
+ *                    [--depths 0.1,0.5,0.9] [--trials N (10)] [--seed S]
+ *                    [--methods full,retroinfer,quest,streaming[,retroinfer-remote]]
+ *                    [--retrieval-min T,..] [--adapt-tau X,..] [--kvstore ADDR]
  *                    [--model NAME|PATH]
  */
 #define _GNU_SOURCE
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "bench/common/bn_daemon.h"
 #include "bench/common/bn_report.h"
 #include "bench/model/bn_filler.h"
 #include "common/cm_alloc.h"
@@ -21,8 +31,24 @@
 #include "common/cm_time.h"
 #include "gpuworker/model/mdl_model.h"
 #include "gpuworker/model/mdl_sample.h"
+#include "gpuworker/worker/gw_attn_remote.h"
+#include "gpuworker/worker/gw_remote.h" /* GW_UCX_TLS_LOCAL */
 
 #define PK_GEN_TOKENS 12
+#define PK_MAX_VARIANTS 32
+#define PK_MAX_CTX 8
+#define PK_MAX_DEPTH 8
+
+/* One attention method with one budget setting. */
+typedef struct pk_variant {
+    char label[64];          /* "retroinfer", "retroinfer min=128 tau=0.2" */
+    const char *attn;        /* backend name */
+    mdl_attn_cfg_t cfg;      /* its settings */
+    bool sweep;              /* the budget lists apply */
+    int passed[PK_MAX_CTX][PK_MAX_DEPTH];
+    uint64_t exact[PK_MAX_CTX], steps[PK_MAX_CTX]; /* exact tokens per head, layer-steps */
+    double decode_s[PK_MAX_CTX];
+} pk_variant_t;
 
 static const char *pk_arg(int *i, int argc, char **argv, const char *name)
 {
@@ -31,14 +57,15 @@ static const char *pk_arg(int *i, int argc, char **argv, const char *name)
     return NULL;
 }
 
-/* Greedy decode from a fork of base with method attn; true when key appears. */
-static ri_status_t pk_try(mdl_model_t *m, const mdl_seq_t *base, const float *logits0, const char *attn, int key,
-                          bool *pass_p, char *out, size_t outlen)
+/* Greedy decode from a fork of base with variant v; true when key appears. */
+static ri_status_t pk_try(mdl_model_t *m, const mdl_seq_t *base, const float *logits0, pk_variant_t *v, size_t c,
+                          int key, bool *pass_p, char *out, size_t outlen)
 {
     const mdl_hparams_t *hp = mdl_model_hparams(m);
     const mdl_tok_t *tok = mdl_model_tok(m);
     mdl_seq_t *s;
-    ri_status_t st = mdl_seq_fork(base, mdl_attn_find(attn), NULL, &s);
+    double t0 = cm_time_s();
+    ri_status_t st = mdl_seq_fork(base, mdl_attn_find(v->attn), &v->cfg, &s);
     if (st != RI_OK)
         return st;
     float *logits = malloc(hp->n_vocab * sizeof(float));
@@ -58,137 +85,276 @@ static ri_status_t pk_try(mdl_model_t *m, const mdl_seq_t *base, const float *lo
             st = mdl_decode(m, one, &next, 1, logits);
         }
     }
+    mdl_attn_stats_t as;
+    mdl_seq_attn_stats(s, &as);
+    v->exact[c] += as.exact_tokens;
+    v->steps[c] += as.decode_steps;
+    v->decode_s[c] += cm_time_s() - t0;
     char keytext[16];
     snprintf(keytext, sizeof(keytext), "%d", key);
     *pass_p = strstr(out, keytext) != NULL;
-    for (char *c = out; *c; c++)
-        if (*c == '\n')
-            *c = ' ';
+    for (char *ch = out; *ch; ch++)
+        if (*ch == '\n')
+            *ch = ' ';
     free(logits);
     mdl_seq_destroy(s);
     return st;
 }
 
-int main(int argc, char **argv)
+static bool pk_sparse(const char *attn)
 {
-    const char *json = bn_parse_json_arg(&argc, argv);
-    double ctxs[8] = {1024, 2048, 4096, 8192}, depths[8] = {0.1, 0.5, 0.9};
-    size_t n_ctx = 4, n_depth = 3;
-    int trials = 1;
-    char methods_buf[256] = "full,retroinfer,quest,streaming";
-    char model_path[4096] = "";
-    cm_log_init_from_env();
-    for (int i = 1; i < argc; i++) {
-        const char *v;
-        if ((v = pk_arg(&i, argc, argv, "--contexts")) != NULL)
-            n_ctx = bn_parse_list(v, ctxs, 8);
-        else if ((v = pk_arg(&i, argc, argv, "--depths")) != NULL)
-            n_depth = bn_parse_list(v, depths, 8);
-        else if ((v = pk_arg(&i, argc, argv, "--trials")) != NULL)
-            trials = atoi(v) > 0 ? atoi(v) : 1;
-        else if ((v = pk_arg(&i, argc, argv, "--methods")) != NULL)
-            snprintf(methods_buf, sizeof(methods_buf), "%s", v);
-        else if ((v = pk_arg(&i, argc, argv, "--model")) != NULL)
-            snprintf(model_path, sizeof(model_path), "%s", v);
-        else {
-            fprintf(stderr, "usage: ri bench passkey [--json PATH] [--contexts L,..] [--depths D,..] [--trials N] "
-                            "[--methods M,..] [--model NAME|PATH]\n");
-            return 2;
-        }
-    }
-    const char *methods[8];
-    size_t n_m = 0;
-    for (char *save = NULL, *t = strtok_r(methods_buf, ",", &save); t && n_m < 8; t = strtok_r(NULL, ",", &save)) {
+    return strcmp(attn, "full") != 0;
+}
+
+static bool pk_retro(const char *attn)
+{
+    return strncmp(attn, "retroinfer", 10) == 0;
+}
+
+/* Methods x budget lists -> variants.  Returns the count, or 0 (message). */
+static size_t pk_variants(char *methods, const double *mins, size_t n_min, const double *taus, size_t n_tau,
+                          pk_variant_t *v)
+{
+    size_t n = 0;
+    for (char *save = NULL, *t = strtok_r(methods, ",", &save); t; t = strtok_r(NULL, ",", &save)) {
         if (mdl_attn_find(t) == NULL) {
             fprintf(stderr, "ri bench passkey: unknown method '%s' (have: %s)\n", t, mdl_attn_names());
-            return 2;
+            return 0;
         }
-        methods[n_m++] = t;
+        size_t nm = pk_sparse(t) && n_min ? n_min : 1, nt = pk_retro(t) && n_tau ? n_tau : 1;
+        for (size_t a = 0; a < nm; a++)
+            for (size_t b = 0; b < nt; b++) {
+                if (n == PK_MAX_VARIANTS) {
+                    fprintf(stderr, "ri bench passkey: at most %d method variants\n", PK_MAX_VARIANTS);
+                    return 0;
+                }
+                pk_variant_t *x = &v[n++];
+                memset(x, 0, sizeof(*x));
+                x->attn = t;
+                mdl_attn_cfg_default(&x->cfg);
+                int l = snprintf(x->label, sizeof(x->label), "%s", t);
+                if (pk_sparse(t) && n_min) {
+                    x->cfg.retrieval_min_tokens = (uint32_t)mins[a];
+                    l += snprintf(x->label + l, sizeof(x->label) - (size_t)l, " min=%u", (unsigned)mins[a]);
+                }
+                if (pk_retro(t) && n_tau) {
+                    x->cfg.adapt_tau = (float)taus[b];
+                    snprintf(x->label + l, sizeof(x->label) - (size_t)l, " tau=%g", taus[b]);
+                }
+                x->sweep = n_min || n_tau;
+            }
     }
-    char model_arg[4096];   /* a name (gemma3-270m) or a path */
-    snprintf(model_arg, sizeof(model_arg), "%s", model_path);
-    if (mdl_model_resolve(model_arg, model_path, sizeof(model_path)) != RI_OK) {
-        fprintf(stderr, "ri bench passkey: no model at %s; run ./ri setup (names: %s)\n", model_path, mdl_model_names());
-        return 1;
+    return n;
+}
+
+static void pk_rows(bn_report_t *rep, const pk_variant_t *v, size_t n_v, const double *ctxs, size_t n_ctx,
+                    const double *depths, size_t n_depth, int trials, const bool *ran)
+{
+    for (size_t k = 0; k < n_v; k++)
+        for (size_t c = 0; c < n_ctx; c++) {
+            if (!ran[c])
+                continue;
+            double per_head = v[k].steps[c] ? (double)v[k].exact[c] / (double)v[k].steps[c] : 0;
+            for (size_t d = 0; d < n_depth; d++) {
+                cJSON *row = bn_report_row(rep);
+                cJSON_AddStringToObject(row, "attn", v[k].attn);
+                cJSON_AddStringToObject(row, "variant", v[k].label);
+                cJSON_AddNumberToObject(row, "context", ctxs[c]);
+                cJSON_AddNumberToObject(row, "depth", depths[d]);
+                cJSON_AddNumberToObject(row, "trials", trials);
+                cJSON_AddNumberToObject(row, "passed", v[k].passed[c][d]);
+                cJSON_AddNumberToObject(row, "retrieval_min_tokens", v[k].cfg.retrieval_min_tokens);
+                cJSON_AddNumberToObject(row, "adapt_tau", v[k].cfg.adapt_tau);
+                cJSON_AddNumberToObject(row, "exact_tokens_per_head", per_head);
+                cJSON_AddNumberToObject(row, "decode_s", v[k].decode_s[c]);
+            }
+        }
+}
+
+static void pk_summary(const pk_variant_t *v, size_t n_v, const double *ctxs, size_t n_ctx, size_t n_depth,
+                       int trials, const bool *ran)
+{
+    printf("\nsummary (passed / trials over depths; exact tokens per head and layer-step):\n%-32s", "method");
+    for (size_t c = 0; c < n_ctx; c++)
+        printf(" %16zu", (size_t)ctxs[c]);
+    printf("\n");
+    for (size_t k = 0; k < n_v; k++) {
+        printf("%-32s", v[k].label);
+        for (size_t c = 0; c < n_ctx; c++) {
+            int p = 0;
+            for (size_t d = 0; d < n_depth; d++)
+                p += v[k].passed[c][d];
+            if (!ran[c]) {
+                printf(" %16s", "-");
+                continue;
+            }
+            printf("   %3d/%-3d %6.0f", p, (int)(n_depth * (size_t)trials),
+                   v[k].steps[c] ? (double)v[k].exact[c] / (double)v[k].steps[c] : 0.0);
+        }
+        printf("\n");
     }
-    char err[512];
-    mdl_model_t *m;
-    if (mdl_model_load(model_path, &m, err, sizeof(err)) != RI_OK) {
-        fprintf(stderr, "ri bench passkey: %s\n", err);
-        return 1;
-    }
-    bn_report_t *rep = bn_report_create("passkey");
-    if (rep == NULL)
-        return 1;
-    cJSON_AddStringToObject(bn_report_root(rep), "model", mdl_model_name(m));
+}
+
+static int pk_usage(void)
+{
+    fprintf(stderr, "usage: ri bench passkey [--json PATH] [--contexts L,..] [--depths D,..] [--trials N] [--seed S] "
+                    "[--methods M,..] [--retrieval-min T,..] [--adapt-tau X,..] [--kvstore ADDR] "
+                    "[--model NAME|PATH]\n");
+    return 2;
+}
+
+/* Run every (context, depth, trial) for every variant. */
+static int pk_run(mdl_model_t *m, bn_report_t *rep, pk_variant_t *v, size_t n_v, const double *ctxs, size_t n_ctx,
+                  const double *depths, size_t n_depth, int trials, uint64_t rng, bool *ran)
+{
     const mdl_hparams_t *hp = mdl_model_hparams(m);
     float *logits = malloc(hp->n_vocab * sizeof(float));
-    int passed[8][8][8] = {{{0}}};
-    uint64_t rng = 0xC0FFEEull;
-    printf("%-8s %-6s %-11s %-6s %s\n", "context", "depth", "method", "pass", "output");
+    int rc = 1;
+    if (logits == NULL)
+        return 1;
+    printf("%-8s %-6s %-32s %-6s %s\n", "context", "depth", "method", "pass", "output");
     for (size_t c = 0; c < n_ctx; c++) {
         size_t ctx = (size_t)ctxs[c];
         if (ctx + PK_GEN_TOKENS > hp->n_ctx + 64) {
-            char why[128];
+            char why[128], name[64];
             snprintf(why, sizeof(why), "beyond the model's trained context of %u", hp->n_ctx);
-            char name[64];
             snprintf(name, sizeof(name), "context=%zu", ctx);
             bn_report_skip(rep, name, why);
             continue;
         }
+        ran[c] = true;
         for (size_t d = 0; d < n_depth; d++)
             for (int t = 0; t < trials; t++) {
                 rng = rng * 6364136223846793005ull + 1442695040888963407ull;
                 int key = 10000 + (int)((rng >> 33) % 90000);
                 int32_t *ids;
                 size_t n;
-                if (bn_passkey_prompt(mdl_model_tok(m), ctx, depths[d], key, &ids, &n) != RI_OK)
-                    return 1;
                 mdl_seq_t *base;
-                if (mdl_seq_create(m, mdl_attn_find("full"), NULL, n + PK_GEN_TOKENS, &base) != RI_OK)
-                    return 1;
+                if (bn_passkey_prompt(mdl_model_tok(m), ctx, depths[d], key, &ids, &n) != RI_OK)
+                    goto out;
+                if (mdl_seq_create(m, mdl_attn_find("full"), NULL, n + PK_GEN_TOKENS, &base) != RI_OK) {
+                    cm_free(ids);
+                    goto out;
+                }
                 double t0 = cm_time_s();
-                if (mdl_prefill(m, base, ids, n, logits, NULL, NULL, NULL) != RI_OK)
-                    return 1;
+                ri_status_t st = mdl_prefill(m, base, ids, n, logits, NULL, NULL, NULL);
                 double tp = cm_time_s() - t0;
-                for (size_t k = 0; k < n_m; k++) {
+                for (size_t k = 0; k < n_v && st == RI_OK; k++) {
                     bool ok = false;
                     char out[512];
-                    if (pk_try(m, base, logits, methods[k], key, &ok, out, sizeof(out)) != RI_OK)
-                        return 1;
-                    passed[c][d][k] += ok;
-                    printf("%-8zu %-6.2f %-11s %-6s key %d:%s  (prompt %zu tok, prefill %.1fs)\n", ctx, depths[d],
-                           methods[k], ok ? "PASS" : "fail", key, out, n, tp);
+                    st = pk_try(m, base, logits, &v[k], c, key, &ok, out, sizeof(out));
+                    v[k].passed[c][d] += ok;
+                    printf("%-8zu %-6.2f %-32s %-6s key %d:%s  (prompt %zu tok, prefill %.1fs)\n", ctx, depths[d],
+                           v[k].label, ok ? "PASS" : "fail", key, out, n, tp);
                     fflush(stdout);
                 }
                 mdl_seq_destroy(base);
                 cm_free(ids);
-            }
-        for (size_t d = 0; d < n_depth; d++)
-            for (size_t k = 0; k < n_m; k++) {
-                cJSON *row = bn_report_row(rep);
-                cJSON_AddStringToObject(row, "attn", methods[k]);
-                cJSON_AddNumberToObject(row, "context", (double)ctx);
-                cJSON_AddNumberToObject(row, "depth", depths[d]);
-                cJSON_AddNumberToObject(row, "trials", trials);
-                cJSON_AddNumberToObject(row, "passed", passed[c][d][k]);
+                if (st != RI_OK) {
+                    fprintf(stderr, "ri bench passkey: %s\n", ri_status_str(st));
+                    goto out;
+                }
             }
     }
-    printf("\nsummary (passed / trials over depths):\n%-11s", "method");
-    for (size_t c = 0; c < n_ctx; c++)
-        printf(" %8zu", (size_t)ctxs[c]);
-    printf("\n");
-    for (size_t k = 0; k < n_m; k++) {
-        printf("%-11s", methods[k]);
-        for (size_t c = 0; c < n_ctx; c++) {
-            int p = 0;
-            for (size_t d = 0; d < n_depth; d++)
-                p += passed[c][d][k];
-            printf("   %2d/%-3d", p, (int)(n_depth * (size_t)trials));
-        }
-        printf("\n");
-    }
+    rc = 0;
+out:
     free(logits);
+    return rc;
+}
+
+int main(int argc, char **argv)
+{
+    const char *json = bn_parse_json_arg(&argc, argv), *kvs = NULL;
+    double ctxs[PK_MAX_CTX] = {1024, 2048, 4096, 8192}, depths[PK_MAX_DEPTH] = {0.1, 0.5, 0.9};
+    double mins[PK_MAX_VARIANTS], taus[PK_MAX_VARIANTS];
+    size_t n_ctx = 4, n_depth = 3, n_min = 0, n_tau = 0;
+    int trials = 10, rc = 1;
+    uint64_t seed = 0xC0FFEEull;
+    char methods_buf[256] = "full,retroinfer,quest,streaming";
+    char model_path[4096] = "", err[512];
+    static pk_variant_t v[PK_MAX_VARIANTS];
+    bool ran[PK_MAX_CTX] = {false}, remote = false;
+    bn_daemon_t dmn = {0};
+    mdl_model_t *m = NULL;
+    bn_report_t *rep = NULL;
+
+    cm_log_init_from_env();
+    setenv("UCX_TLS", GW_UCX_TLS_LOCAL, 0); /* shared memory, also for the daemon we start */
+    for (int i = 1; i < argc; i++) {
+        const char *a;
+        if ((a = pk_arg(&i, argc, argv, "--contexts")) != NULL)
+            n_ctx = bn_parse_list(a, ctxs, PK_MAX_CTX);
+        else if ((a = pk_arg(&i, argc, argv, "--depths")) != NULL)
+            n_depth = bn_parse_list(a, depths, PK_MAX_DEPTH);
+        else if ((a = pk_arg(&i, argc, argv, "--trials")) != NULL)
+            trials = atoi(a);
+        else if ((a = pk_arg(&i, argc, argv, "--seed")) != NULL)
+            seed = strtoull(a, NULL, 0);
+        else if ((a = pk_arg(&i, argc, argv, "--methods")) != NULL)
+            snprintf(methods_buf, sizeof(methods_buf), "%s", a);
+        else if ((a = pk_arg(&i, argc, argv, "--retrieval-min")) != NULL)
+            n_min = bn_parse_list(a, mins, PK_MAX_VARIANTS);
+        else if ((a = pk_arg(&i, argc, argv, "--adapt-tau")) != NULL)
+            n_tau = bn_parse_list(a, taus, PK_MAX_VARIANTS);
+        else if ((a = pk_arg(&i, argc, argv, "--kvstore")) != NULL)
+            kvs = a;
+        else if ((a = pk_arg(&i, argc, argv, "--model")) != NULL)
+            snprintf(model_path, sizeof(model_path), "%s", a);
+        else
+            return pk_usage();
+    }
+    if (trials < 1 || n_ctx == 0 || n_depth == 0)
+        return pk_usage();
+    for (size_t t = 0; t < n_tau; t++)
+        if (!(taus[t] >= 0 && taus[t] < 1)) {
+            fprintf(stderr, "ri bench passkey: --adapt-tau values lie in [0, 1)\n");
+            return 2;
+        }
+    remote = strstr(methods_buf, "retroinfer-remote") != NULL;
+    if (remote) {
+        if (kvs == NULL) {
+            if (bn_daemon_start(&dmn, argv[0], "3GiB") != 0)
+                return 1;
+            kvs = dmn.grpc;
+        }
+        gw_attn_remote_cfg_t rcfg = {.address = kvs, .timeout_ms = 10000};
+        if (gw_attn_remote_configure(&rcfg, err, sizeof(err)) != RI_OK) {
+            fprintf(stderr, "ri bench passkey: kvstore %s: %s\n", kvs, err);
+            goto out;
+        }
+    }
+    size_t n_v = pk_variants(methods_buf, mins, n_min, taus, n_tau, v);
+    if (n_v == 0)
+        goto out;
+    char model_arg[4096]; /* a name (gemma3-270m) or a path */
+    snprintf(model_arg, sizeof(model_arg), "%s", model_path);
+    if (mdl_model_resolve(model_arg, model_path, sizeof(model_path)) != RI_OK) {
+        fprintf(stderr, "ri bench passkey: no model at %s; run ./ri setup (names: %s)\n", model_path,
+                mdl_model_names());
+        goto out;
+    }
+    if (mdl_model_load(model_path, &m, err, sizeof(err)) != RI_OK) {
+        fprintf(stderr, "ri bench passkey: %s\n", err);
+        goto out;
+    }
+    if ((rep = bn_report_create("passkey")) == NULL)
+        goto out;
+    cJSON_AddStringToObject(bn_report_root(rep), "model", mdl_model_name(m));
+    cJSON_AddNumberToObject(bn_report_root(rep), "seed", (double)seed);
+    if (remote)
+        cJSON_AddStringToObject(bn_report_root(rep), "kvstore", kvs);
+    if (pk_run(m, rep, v, n_v, ctxs, n_ctx, depths, n_depth, trials, seed, ran) != 0)
+        goto out;
+    pk_rows(rep, v, n_v, ctxs, n_ctx, depths, n_depth, trials, ran);
+    pk_summary(v, n_v, ctxs, n_ctx, n_depth, trials, ran);
+    rc = bn_report_finish(rep, json) == 0 ? 0 : 1;
+    rep = NULL;
+out:
+    if (rep != NULL)
+        (void)bn_report_finish(rep, NULL);
     mdl_model_destroy(m);
-    return bn_report_finish(rep, json) == 0 ? 0 : 1;
+    if (remote)
+        gw_attn_remote_shutdown();
+    bn_daemon_stop(&dmn);
+    return rc;
 }

@@ -90,8 +90,22 @@ ri_status_t mdl_kv_copy(mdl_kv_t *dst, const mdl_kv_t *src, size_t n)
     return RI_OK;
 }
 
+static bool mdl_cfg_set;        /* mdl_cfg_override holds the defaults */
+static mdl_attn_cfg_t mdl_cfg_override;
+
+void mdl_attn_cfg_set_default(const mdl_attn_cfg_t *cfg)
+{
+    mdl_cfg_set = cfg != NULL;
+    if (cfg != NULL)
+        mdl_cfg_override = *cfg;
+}
+
 void mdl_attn_cfg_default(mdl_attn_cfg_t *cfg)
 {
+    if (mdl_cfg_set) {
+        *cfg = mdl_cfg_override;
+        return;
+    }
     cfg->sink_tokens = 4;
     cfg->window_tokens = 64;
     cfg->budget_tokens = 0;

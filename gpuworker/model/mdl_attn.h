@@ -77,6 +77,11 @@ typedef struct mdl_attn_cfg {
 
 void mdl_attn_cfg_default(mdl_attn_cfg_t *cfg);
 
+/* Make cfg what mdl_attn_cfg_default gives from now on (a server's settings
+ * for every sequence it creates); call once at start, before any thread
+ * reads the defaults.  NULL restores the built-in defaults. */
+void mdl_attn_cfg_set_default(const mdl_attn_cfg_t *cfg);
+
 /* Per-backend statistics (summed over layers and steps). */
 typedef struct mdl_attn_stats {
     uint64_t decode_steps;    /* layer-steps decoded */

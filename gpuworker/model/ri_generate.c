@@ -37,6 +37,8 @@ typedef struct gen_cfg {
     char *attn;         /* attention backend */
     int64_t max_tokens; /* tokens to generate */
     double temperature; /* 0 = greedy */
+    int64_t retrieval_min; /* retroinfer's retrieval floor, tokens */
+    double adapt_tau;   /* retroinfer's per-head cut (0 = off) */
     double top_p;       /* nucleus */
     int64_t seed;       /* sampling seed */
     int64_t threads;    /* 0 = RI_THREADS or all CPUs */
@@ -72,6 +74,12 @@ static const cm_config_item_t gen_items[] = {
     {"update-tokens", CM_CFG_INT, "1024",
      "retroinfer: tokens clustered per index update; a prompt under sink + window + this decodes densely",
      offsetof(gen_cfg_t, update_tokens), 16, 1 << 24},
+    {"retrieval-min", CM_CFG_INT, "256",
+     "retroinfer: floor of the retrieval zone in tokens (the 1.8% share starves short contexts)",
+     offsetof(gen_cfg_t, retrieval_min), 0, 1 << 24},
+    {"adapt-tau", CM_CFG_DOUBLE, "0",
+     "retroinfer: output-aware per-head cut, the estimated mass a head may leave to estimation (0 = off)",
+     offsetof(gen_cfg_t, adapt_tau), 0, 0.99},
     GEN_ITEM("dump-kv", CM_CFG_STRING, NULL, "write per-layer K/V and decode queries to this directory", dump_kv),
     GEN_ITEM("stream", CM_CFG_BOOL, "true", "print tokens as they are generated", stream),
     GEN_ITEM("stats", CM_CFG_BOOL, "true", "print prefill/decode speed at the end", stats),
@@ -226,6 +234,8 @@ int main(int argc, char **argv)
     mdl_attn_cfg_default(&acfg);
     acfg.budget_tokens = (uint32_t)cfg.budget;
     acfg.update_tokens = (uint32_t)cfg.update_tokens;
+    acfg.retrieval_min_tokens = (uint32_t)cfg.retrieval_min;
+    acfg.adapt_tau = (float)cfg.adapt_tau;
     if ((st = mdl_seq_create(model, attn, &acfg, cap, &seq)) != RI_OK) {
         fprintf(stderr, "ri generate: cannot create a %zu-token sequence: %s\n", cap, ri_status_str(st));
         goto out;

@@ -58,6 +58,8 @@ typedef struct wk_cfg {
     double cache_frac;   /* block cache share */
     bool compare_full;   /* record attention error vs exact */
     int64_t deadline_us; /* per layer-step wait bound for the kvstore's misses */
+    int64_t retrieval_min; /* retroinfer(-remote): retrieval floor in tokens */
+    double adapt_tau;    /* retroinfer(-remote): per-head cut (0 = off) */
     int64_t threads;     /* 0 = all CPUs */
     char *prompt_file;   /* one-shot request */
     char *attn;          /* one-shot: backend */
@@ -96,6 +98,12 @@ static const cm_config_item_t wk_items[] = {
      "retroinfer-remote: a layer-step waits at most this for the kvstore's misses; late clusters are attended "
      "through their centroid estimate and counted (0 = always wait: exact)",
      offsetof(wk_cfg_t, deadline_us), 0, 10000000},
+    {"retrieval-min", CM_CFG_INT, "256",
+     "retroinfer and retroinfer-remote: floor of the retrieval zone in tokens (the 1.8% share starves short "
+     "contexts)", offsetof(wk_cfg_t, retrieval_min), 0, 1 << 24},
+    {"adapt-tau", CM_CFG_DOUBLE, "0",
+     "retroinfer and retroinfer-remote: output-aware per-head cut, the estimated mass a head may leave to "
+     "estimation (0 = off)", offsetof(wk_cfg_t, adapt_tau), 0, 0.99},
     {"threads", CM_CFG_INT, "0", "threads (0 = RI_THREADS or all CPUs)", offsetof(wk_cfg_t, threads), 0, 1024},
     WK_ITEM("prompt-file", CM_CFG_STRING, NULL, "answer this prompt once and exit (no stdin requests)", prompt_file),
     WK_ITEM("attn", CM_CFG_STRING, NULL, "backend of the one-shot request (default: retroinfer-remote with "
@@ -543,6 +551,13 @@ int main(int argc, char **argv)
         sigaddset(&sigs, SIGINT);
         pthread_sigmask(SIG_BLOCK, &sigs, NULL);
         signal(SIGPIPE, SIG_IGN);
+    }
+    {
+        mdl_attn_cfg_t acfg; /* every sequence this worker creates */
+        mdl_attn_cfg_default(&acfg);
+        acfg.retrieval_min_tokens = (uint32_t)cfg.retrieval_min;
+        acfg.adapt_tau = (float)cfg.adapt_tau;
+        mdl_attn_cfg_set_default(&acfg);
     }
     if (cfg.threads > 0) {
         char t[32];
