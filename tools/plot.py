@@ -13,6 +13,8 @@ Each file is charted by its "bench" field; the PNG is named after the file
                  (runs at several --retrieval-frac) go in one chart,
                  DIR/attn-accuracy.png
   serve          aggregate tokens/s against concurrent clients, one line per backend
+  ruler          pass rate per task (and context), one bar per attention method,
+                 with its 95% Wilson interval as an error bar
 Other benches are reported and skipped.
 
 Why gnuplot and not matplotlib: the python3 on PATH is not always Debian's
@@ -141,7 +143,45 @@ def plot_serve(doc):
                                series, logx=True, xtics=True, y0=True, key="inside right bottom"), series
 
 
-PLOTS = {"e2e": plot_e2e, "dataplane": plot_dataplane, "attn-accuracy": plot_accuracy, "serve": plot_serve}
+def plot_ruler(doc):
+    rows = [r for r in doc["rows"] if r.get("pass_rate") is not None]
+    cats, methods = [], []
+    for r in rows:  # the bench's order: tasks (per context), methods
+        c = (r.get("context"), r.get("task"))
+        if c not in cats:
+            cats.append(c)
+        if r.get("attn") not in methods:
+            methods.append(r.get("attn"))
+    many = len({c for c, _ in cats}) > 1
+    by = {(r.get("context"), r.get("task"), r.get("attn")): r for r in rows}
+    series = []
+    for m in methods:
+        pts = []
+        for ctx, task in cats:
+            r = by.get((ctx, task, m))
+            label = "%s %dK" % (task, round(ctx / 1024)) if many and ctx else task
+            if r is None:
+                pts.append((label, "NaN", "NaN", "NaN"))
+            else:
+                pts.append((label, r["pass_rate"], r.get("ci_low", r["pass_rate"]), r.get("ci_high", r["pass_rate"])))
+        series.append((m, pts))
+    ctxs = sorted({c for c, _ in cats if c})
+    trials = sorted({r.get("trials") for r in rows if r.get("trials")})
+    title = "RULER-style pass rate, %s, %s tokens, %s trials per bar (95%% Wilson interval)\\n%s" % (
+        doc.get("model", "?"), "/".join("%dK" % round(c / 1024) for c in ctxs) or "?",
+        "/".join(str(t) for t in trials) or "?", machine_note(doc))
+    script = HEAD.format(out=None, title=title, key="outside right top")
+    script += ("set termoption noenhanced\nset style data histogram\nset style histogram errorbars gap 1 lw 1\n"
+               "set style fill solid 0.8 border -1\nset yrange [0:1.05]\nset ylabel \"pass rate\"\n"
+               "set xtics rotate by -30\nset format x \"%s\"\n")
+    script += "plot " + ", ".join('"-" using 2:3:4%s title "%s"' % (":xtic(1)" if i == 0 else "", m.replace('"', "'"))
+                                   for i, (m, _) in enumerate(series)) + "\n"
+    for _, pts in series:
+        script += "".join('"%s" %s %s %s\n' % (lab, y, lo, hi) for lab, y, lo, hi in pts) + "e\n"
+    return "pass", script, series
+
+
+PLOTS = {"ruler": plot_ruler, "e2e": plot_e2e, "dataplane": plot_dataplane, "attn-accuracy": plot_accuracy, "serve": plot_serve}
 
 
 def main(argv):

@@ -1,0 +1,288 @@
+/*
+ * ri bench ruler: a RULER-style long-context accuracy suite on the real
+ * model (rl_task.h: niah_single, niah_multikey, niah_multivalue, vt, cwe,
+ * qa).  Per trial the prompt (generated prose or word list, fixed by the
+ * seed) is sized to the context, prefilled once with exact attention and
+ * decoded greedily by every method from a fork of that state; a trial
+ * passes when the output contains every expected item.  Per cell (model,
+ * task, context, method): pass rate with its 95% Wilson interval, the share
+ * of expected items found, agreement with full attention's tokens, the
+ * exact tokens attended per head and layer-step, prefill and decode time.
+ *
+ *   ri bench ruler [--model NAME|PATH] [--contexts L,..] [--tasks T,..] [--trials N]
+ *                  [--methods full,retroinfer,quest,streaming[,retroinfer-remote]]
+ *                  [--seed S] [--quick] [--quiet] [--show-prompt] [--json PATH]
+ *
+ * Defaults: 4K, 8K, 16K, 32K for a model trained to 32K (Gemma 3 270M), the
+ * lengths up to the trained context otherwise (4K, 8K for SmolLM2); 10
+ * trials per cell up to 8K, 5 beyond; seed 1.  --quick: one trial of every
+ * task at 1,200 tokens (for tests).
+ */
+#define _GNU_SOURCE
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "bench/common/bn_report.h"
+#include "bench/ruler/rl_run.h"
+#include "bench/ruler/rl_score.h"
+#include "common/cm_alloc.h"
+#include "common/cm_log.h"
+
+#define RL_MAX_CTX 8
+#define RL_REMOTE "retroinfer-remote"
+
+typedef struct rl_opts {
+    const char *model;                 /* --model (NULL: the default) */
+    size_t ctx[RL_MAX_CTX];            /* --contexts */
+    size_t n_ctx;                      /* 0: the default for the model */
+    rl_task_t tasks[RL_N_TASKS];       /* --tasks */
+    size_t n_tasks;
+    int trials;                        /* --trials (0: by context) */
+    char methods[256];                 /* --methods */
+    uint64_t seed;                     /* --seed */
+    bool quick, quiet, show_prompt;
+} rl_opts_t;
+
+static void rl_usage(void)
+{
+    fprintf(stderr, "usage: ri bench ruler [--model NAME|PATH] [--contexts L,..] [--tasks T,..] [--trials N]\n"
+                    "                      [--methods M,..] [--seed S] [--quick] [--quiet] [--show-prompt] [--json PATH]\n"
+                    "tasks: niah_single,niah_multikey,niah_multivalue,vt,cwe,qa; methods: full,retroinfer,quest,"
+                    "streaming,oracle," RL_REMOTE "\n");
+}
+
+static int rl_parse(int argc, char **argv, rl_opts_t *o)
+{
+    *o = (rl_opts_t){.seed = 1};
+    snprintf(o->methods, sizeof(o->methods), "full,retroinfer,quest,streaming");
+    for (int t = 0; t < RL_N_TASKS; t++)
+        o->tasks[o->n_tasks++] = (rl_task_t)t;
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
+        if (!strcmp(a, "--quick")) {
+            o->quick = true;
+            continue;
+        }
+        if (!strcmp(a, "--quiet")) {
+            o->quiet = true;
+            continue;
+        }
+        if (!strcmp(a, "--show-prompt")) {
+            o->show_prompt = true;
+            continue;
+        }
+        if (v == NULL) {
+            fprintf(stderr, "ri bench ruler: %s needs a value\n", a);
+            return -1;
+        }
+        i++;
+        if (!strcmp(a, "--model")) {
+            o->model = v;
+        } else if (!strcmp(a, "--contexts")) {
+            o->n_ctx = 0;
+            for (const char *p = v; *p && o->n_ctx < RL_MAX_CTX;) {
+                char *end;
+                unsigned long n = strtoul(p, &end, 10);
+                if (end == p || n == 0) {
+                    fprintf(stderr, "ri bench ruler: bad --contexts '%s'\n", v);
+                    return -1;
+                }
+                if (*end == 'K' || *end == 'k')
+                    n *= 1024, end++;
+                o->ctx[o->n_ctx++] = n;
+                p = *end == ',' ? end + 1 : end;
+            }
+        } else if (!strcmp(a, "--tasks")) {
+            char buf[256];
+            snprintf(buf, sizeof(buf), "%s", v);
+            o->n_tasks = 0;
+            for (char *save = NULL, *t = strtok_r(buf, ",", &save); t; t = strtok_r(NULL, ",", &save))
+                if (o->n_tasks >= RL_N_TASKS || !rl_task_parse(t, &o->tasks[o->n_tasks++])) {
+                    fprintf(stderr, "ri bench ruler: unknown task '%s'\n", t);
+                    return -1;
+                }
+        } else if (!strcmp(a, "--trials")) {
+            o->trials = atoi(v);
+            if (o->trials <= 0) {
+                fprintf(stderr, "ri bench ruler: --trials must be >= 1\n");
+                return -1;
+            }
+        } else if (!strcmp(a, "--methods")) {
+            snprintf(o->methods, sizeof(o->methods), "%s", v);
+        } else if (!strcmp(a, "--seed")) {
+            o->seed = strtoull(v, NULL, 0);
+        } else {
+            fprintf(stderr, "ri bench ruler: unknown flag '%s'\n", a);
+            return -1;
+        }
+    }
+    return 0;
+}
+
+/* Methods in run order: full first (the reference of agreement), then
+ * retroinfer (whose budget the baselines take), then the others as given. */
+static int rl_methods(char *list, const char **out, size_t *n_p, bool *remote_p)
+{
+    const char *given[RL_MAX_METHODS];
+    size_t n = 0, k = 0;
+    for (char *save = NULL, *t = strtok_r(list, ",", &save); t; t = strtok_r(NULL, ",", &save)) {
+        if (n >= RL_MAX_METHODS - 1) {
+            fprintf(stderr, "ri bench ruler: at most %d methods\n", RL_MAX_METHODS - 1);
+            return -1;
+        }
+        given[n++] = t;
+    }
+    *remote_p = false;
+    out[k++] = "full";
+    const char *first[] = {"retroinfer", RL_REMOTE};
+    for (size_t f = 0; f < 2; f++)
+        for (size_t i = 0; i < n; i++)
+            if (!strcmp(given[i], first[f])) {
+                out[k++] = first[f];
+                break;
+            }
+    for (size_t i = 0; i < n; i++) {
+        bool dup = false;
+        for (size_t j = 0; j < k && !dup; j++)
+            dup = !strcmp(out[j], given[i]);
+        if (!dup)
+            out[k++] = given[i];
+        *remote_p |= !strcmp(given[i], RL_REMOTE);
+    }
+    *n_p = k;
+    return 0;
+}
+
+static void rl_row(bn_report_t *rep, const char *model, rl_task_t t, size_t ctx, const char *method,
+                   const rl_cell_t *c)
+{
+    double lo, hi, rate = (double)c->passed / c->trials;
+    rl_score_wilson(c->passed, c->trials, &lo, &hi);
+    double budget = c->decode_steps ? (double)c->exact_tokens / (double)c->decode_steps : 0;
+    double agree = c->agree_n ? (double)c->agree_prefix / (double)c->agree_n : 1;
+    double agree_all = c->agree_n ? (double)c->agree_same / (double)c->agree_n : 1;
+    cJSON *row = bn_report_row(rep);
+    cJSON_AddStringToObject(row, "model", model);
+    cJSON_AddStringToObject(row, "task", rl_task_name(t));
+    cJSON_AddNumberToObject(row, "context", (double)ctx);
+    cJSON_AddStringToObject(row, "attn", method);
+    cJSON_AddNumberToObject(row, "trials", c->trials);
+    cJSON_AddNumberToObject(row, "passed", c->passed);
+    cJSON_AddNumberToObject(row, "budget_tokens", budget);
+    cJSON_AddNumberToObject(row, "pass_rate", rate);
+    cJSON_AddNumberToObject(row, "ci_low", lo);
+    cJSON_AddNumberToObject(row, "ci_high", hi);
+    cJSON_AddNumberToObject(row, "recall", c->recall_sum / c->trials);
+    cJSON_AddNumberToObject(row, "agreement", agree);
+    cJSON_AddNumberToObject(row, "agreement_all", agree_all);
+    cJSON_AddNumberToObject(row, "prefill_s", c->prefill_s / c->trials);
+    cJSON_AddNumberToObject(row, "decode_s", c->decode_s / c->trials);
+    cJSON_AddNumberToObject(row, "prompt_tokens", (double)c->prompt_tokens / c->trials);
+    cJSON_AddNumberToObject(row, "gen_tokens", (double)c->gen_tokens / c->trials);
+    printf("%-16s %6zu %-18s %3d/%-3d %5.2f [%4.2f, %4.2f] %6.2f %6.2f %8.0f %8.1f %8.2f\n", rl_task_name(t), ctx,
+           method, c->passed, c->trials, rate, lo, hi, c->recall_sum / c->trials, agree, budget,
+           c->prefill_s / c->trials, c->decode_s / c->trials);
+}
+
+static void rl_table_head(void)
+{
+    printf("%-16s %6s %-18s %7s %5s %12s %6s %6s %8s %8s %8s\n", "task", "ctx", "method", "passed", "rate",
+           "95% CI", "recall", "agree", "budget", "prefill", "decode");
+}
+
+int main(int argc, char **argv)
+{
+    const char *json = bn_parse_json_arg(&argc, argv);
+    rl_opts_t o;
+    cm_log_init_from_env();
+    if (rl_parse(argc, argv, &o) != 0) {
+        rl_usage();
+        return 2;
+    }
+    rl_run_t run = {.seed = o.seed, .verbose = !o.quiet, .show_prompt = o.show_prompt};
+    bool remote;
+    if (rl_methods(o.methods, run.methods, &run.n_methods, &remote) != 0)
+        return 2;
+    char path[4096], err[512];
+    if (mdl_model_resolve(o.model, path, sizeof(path)) != RI_OK) {
+        fprintf(stderr, "ri bench ruler: no model at %s; run ./ri setup (names: %s)\n", path, mdl_model_names());
+        return 1;
+    }
+    if (remote && rl_remote_start(argv[0]) != 0)
+        return 1;
+    for (size_t k = 0; k < run.n_methods; k++)
+        if (mdl_attn_find(run.methods[k]) == NULL) {
+            fprintf(stderr, "ri bench ruler: unknown method '%s' (have: %s)\n", run.methods[k], mdl_attn_names());
+            rl_remote_stop();
+            return 2;
+        }
+    if (mdl_model_load(path, &run.model, err, sizeof(err)) != RI_OK) {
+        fprintf(stderr, "ri bench ruler: %s\n", err);
+        rl_remote_stop();
+        return 1;
+    }
+    const mdl_hparams_t *hp = mdl_model_hparams(run.model);
+    const char *model = o.model && o.model[0] ? o.model : "smollm2-135m";
+    if (o.quick) {   /* just over retroinfer's indexing threshold (sinks + window + 1,024) */
+        if (o.n_ctx == 0)
+            o.ctx[0] = 1200, o.n_ctx = 1;
+        o.trials = o.trials ? o.trials : 1;
+    } else if (o.n_ctx == 0) {
+        const size_t def[] = {4096, 8192, 16384, 32768};
+        for (size_t i = 0; i < 4; i++)
+            if (def[i] <= hp->n_ctx)
+                o.ctx[o.n_ctx++] = def[i];
+    }
+    bn_report_t *rep = bn_report_create("ruler");
+    if (rep == NULL)
+        return 1;
+    cJSON *root = bn_report_root(rep);
+    cJSON_AddStringToObject(root, "model", model);
+    cJSON_AddStringToObject(root, "model_name", mdl_model_name(run.model));
+    cJSON_AddBoolToObject(root, "chat_template", mdl_tok_has_chat(mdl_model_tok(run.model)));
+    cJSON_AddNumberToObject(root, "seed", (double)o.seed);
+    run.outputs = cJSON_AddArrayToObject(root, "outputs");
+    cJSON_AddStringToObject(root, "scoring", "pass: every expected item in the output (case-insensitive, whole "
+                                             "words); recall: the share of items found");
+    printf("ri bench ruler: model %s (%s prompts), seed %llu, methods", model,
+           mdl_tok_has_chat(mdl_model_tok(run.model)) ? "chat-template" : "completion", (unsigned long long)o.seed);
+    for (size_t k = 0; k < run.n_methods; k++)
+        printf(" %s", run.methods[k]);
+    printf("\n");
+    int rc = 0;
+    for (size_t c = 0; c < o.n_ctx && rc == 0; c++) {
+        size_t ctx = o.ctx[c];
+        int trials = o.trials ? o.trials : ctx <= 8192 ? 10 : 5;
+        if (ctx > hp->n_ctx) {
+            char name[64], why[128];
+            snprintf(name, sizeof(name), "context=%zu", ctx);
+            snprintf(why, sizeof(why), "beyond the model's trained context of %u", hp->n_ctx);
+            bn_report_skip(rep, name, why);
+            printf("context %zu skipped: %s\n", ctx, why);
+            continue;
+        }
+        rl_cell_t cells[RL_N_TASKS][RL_MAX_METHODS];
+        memset(cells, 0, sizeof(cells));
+        for (size_t t = 0; t < o.n_tasks && rc == 0; t++)
+            for (int i = 0; i < trials && rc == 0; i++)
+                if (rl_run_trial(&run, o.tasks[t], ctx, i, trials, cells[t]) != RI_OK)
+                    rc = 1;
+        if (rc != 0)
+            break;
+        printf("\ncontext %zu: %d trials per cell; budget = exact tokens per head and layer-step; times in s per "
+               "trial\n",
+               ctx, trials);
+        rl_table_head();
+        for (size_t t = 0; t < o.n_tasks; t++)
+            for (size_t k = 0; k < run.n_methods; k++)
+                rl_row(rep, model, o.tasks[t], ctx, run.methods[k], &cells[t][k]);
+        printf("\n");
+        fflush(stdout);
+    }
+    mdl_model_destroy(run.model);
+    rl_remote_stop();
+    if (bn_report_finish(rep, json) != 0)
+        rc = 1;
+    return rc;
+}
