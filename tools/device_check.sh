@@ -1,0 +1,155 @@
+#!/usr/bin/env bash
+# The CUDA backend's device check (docs/cuda.md), for a GPU machine without
+# internet, from the repository alone (plus, where the machine lacks the
+# build's packages, the carried build outputs below).  About 3-6 minutes:
+#
+#   1. build the CUDA parts for sm_90 (only test_kn_xcheck_cuda and
+#      ri-bench-cuda) in $RI_DEVICE_BUILD (default ./build-device)
+#   2. the cross-check harness with the cuda backend registered (every op
+#      against the reference at the harness's awkward shapes)
+#   3. ri-bench-cuda: HBM bandwidth (read kernel, device-to-device copy), the
+#      device index build, full / tripartite / Quest decode at 128K and 1M
+#      with the K/V in HBM, and the wave object with the cuda table at 32K
+#   4. a short table of timings; logs and JSON under $OUT (default ./device-out)
+#
+# Usage:
+#   tools/device_check.sh               build (or use the carried binaries), run
+#   tools/device_check.sh --build-only  build and gather the carried set, run
+#                                       nothing (works on a machine without GPU)
+# Environment: OUT, RI_DEVICE_BUILD, RI_JOBS (default: all CPUs),
+#              CUDA_ARCH (default 90), RI_DEVICE_BENCH_ARGS (extra bench flags).
+# Exit: 0 all passed; 1 something failed; 77 no CUDA device (nothing ran).
+#
+# The carried set (when the device machine lacks cmake, the CUDA toolkit or
+# one of the -dev packages of deps/apt.txt that the top-level CMakeLists.txt
+# requires): run `tools/device_check.sh --build-only` on a machine that has
+# them, then carry
+#   build-device/tests/test_kn_xcheck_cuda  build-device/bin/ri-bench-cuda
+#   build-device/carry-lib                  build-device/device-build.txt
+# (the CUDA runtime is linked statically; carry-lib holds the shared
+# libraries the two programs need beyond the C library, e.g. cmocka, cJSON).
+# On the device the script then runs those binaries and says so.
+set -euo pipefail
+
+ROOT="$(cd "$(dirname "$0")/.." && pwd)"
+OUT="${OUT:-$ROOT/device-out}"
+BUILD="${RI_DEVICE_BUILD:-$ROOT/build-device}"
+JOBS="${RI_JOBS:-$(nproc 2>/dev/null || echo 4)}"
+ARCH="${CUDA_ARCH:-90}"
+XCHECK="$BUILD/tests/test_kn_xcheck_cuda"
+BENCH="$BUILD/bin/ri-bench-cuda"
+BUILD_ONLY=0
+
+case "${1:-}" in
+  --build-only) BUILD_ONLY=1 ;;
+  "") ;;
+  *) echo "usage: tools/device_check.sh [--build-only]" >&2; exit 2 ;;
+esac
+
+log() { printf '[device_check %s] %s\n' "$(date -u +%H:%M:%S)" "$*"; }
+die() { printf '[device_check] FAILED: %s\n' "$*" >&2; exit 1; }
+
+START=$(date +%s)
+mkdir -p "$OUT"
+
+# ---- 1. what the build needs ----
+missing=()
+command -v cmake >/dev/null || missing+=("cmake (>= 3.20)")
+command -v cc >/dev/null || missing+=("a C compiler (build-essential)")
+command -v pkg-config >/dev/null || missing+=("pkg-config")
+NVCC="$(command -v nvcc || true)"
+[ -z "$NVCC" ] && [ -x /usr/local/cuda/bin/nvcc ] && NVCC=/usr/local/cuda/bin/nvcc
+[ -n "$NVCC" ] || missing+=("nvcc (the CUDA toolkit)")
+if command -v pkg-config >/dev/null; then
+  # what the top-level CMakeLists.txt requires (package names as in deps/apt.txt)
+  for m in grpc:libgrpc-dev libprotobuf-c:libprotobuf-c-dev ucx:libucx-dev liburing:liburing-dev \
+           cmocka:libcmocka-dev inih:libinih-dev libcjson:libcjson-dev libisal:libisal-dev \
+           libmicrohttpd:libmicrohttpd-dev; do
+    pkg-config --exists "${m%%:*}" || missing+=("${m#*:}")
+  done
+fi
+command -v protoc-c >/dev/null || command -v protoc >/dev/null || missing+=("protobuf-c-compiler")
+
+build() {
+  local args=(-DCMAKE_BUILD_TYPE=Release -DRI_CUDA=ON "-DCMAKE_CUDA_ARCHITECTURES=$ARCH"
+              "-DCMAKE_CUDA_COMPILER=$NVCC")
+  log "configure $BUILD (sm_$ARCH, $NVCC)"
+  cmake -S "$ROOT" -B "$BUILD" "${args[@]}" >"$OUT/cmake.log" 2>&1 \
+    || { tail -20 "$OUT/cmake.log" >&2; die "cmake configure failed (log: $OUT/cmake.log)"; }
+  log "build test_kn_xcheck_cuda ri-bench-cuda (-j$JOBS)"
+  cmake --build "$BUILD" -j "$JOBS" --target test_kn_xcheck_cuda ri-bench-cuda >"$OUT/build.log" 2>&1 \
+    || { grep -E 'error|Error' "$OUT/build.log" | head -20 >&2; die "build failed (log: $OUT/build.log)"; }
+  if grep -qiE 'warning' "$OUT/build.log"; then
+    log "the build printed warnings (see $OUT/build.log)"
+  fi
+  # the carried set: shared libraries beyond the C/C++ runtime, and a stamp
+  rm -rf "$BUILD/carry-lib"
+  mkdir -p "$BUILD/carry-lib"
+  ldd "$XCHECK" "$BENCH" 2>/dev/null | awk '/=> \//{print $3}' | sort -u |
+    grep -vE '/(libc|libm|libpthread|libdl|librt|libgcc_s|libstdc\+\+|ld-linux[^/]*)\.so' |
+    while read -r lib; do cp -L "$lib" "$BUILD/carry-lib/"; done
+  local dirty=""
+  git -C "$ROOT" diff --quiet HEAD -- kernels bench tests cmake CMakeLists.txt 2>/dev/null \
+    || dirty=" + uncommitted changes"
+  { echo "commit $(git -C "$ROOT" rev-parse --short HEAD 2>/dev/null || echo unknown)$dirty";
+    echo "built $(date -u +%Y-%m-%dT%H:%M:%SZ) on $(hostname) for sm_$ARCH with $("$NVCC" --version | tail -1)"; } \
+    >"$BUILD/device-build.txt"
+}
+
+if [ ${#missing[@]} -eq 0 ]; then
+  build
+elif [ "$BUILD_ONLY" = 1 ]; then
+  die "cannot build here; missing: ${missing[*]}"
+elif [ -x "$XCHECK" ] && [ -x "$BENCH" ]; then
+  log "cannot build here (missing: ${missing[*]}); using the carried binaries:"
+  sed 's/^/    /' "$BUILD/device-build.txt" 2>/dev/null || log "    (no device-build.txt: unknown origin)"
+else
+  die "cannot build (missing: ${missing[*]}) and no carried binaries in $BUILD; on a machine with them run 'tools/device_check.sh --build-only' and carry build-device/tests/test_kn_xcheck_cuda, build-device/bin/ri-bench-cuda, build-device/carry-lib and build-device/device-build.txt"
+fi
+log "built: $(sed -n 1p "$BUILD/device-build.txt" 2>/dev/null || echo '?') ($(( $(date +%s) - START )) s so far)"
+if [ "$BUILD_ONLY" = 1 ]; then
+  du -sh "$XCHECK" "$BENCH" "$BUILD/carry-lib" | sed 's/^/    /'
+  exit 0
+fi
+export LD_LIBRARY_PATH="$BUILD/carry-lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+
+# ---- 2. a device? ----
+if command -v nvidia-smi >/dev/null; then
+  nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader >"$OUT/gpu.txt" 2>&1 || true
+  log "nvidia-smi: $(head -1 "$OUT/gpu.txt")"
+fi
+
+# ---- 3. the cross-check harness on the device ----
+log "test_kn_xcheck_cuda"
+set +e
+timeout 300 "$XCHECK" >"$OUT/xcheck.log" 2>&1
+xc_rc=$?
+set -e
+if [ "$xc_rc" = 77 ]; then
+  echo "no CUDA device here: the harness skipped (exit 77); nothing measured" | tee "$OUT/NO_DEVICE"
+  exit 77
+fi
+log "test_kn_xcheck_cuda exit $xc_rc ($(grep -cE '^FAIL' "$OUT/xcheck.log" || true) FAIL lines; log $OUT/xcheck.log)"
+grep -E 'cuda +[a-z_]+ +checked' "$OUT/xcheck.log" | sed 's/^/    /' || true
+
+# ---- 4. bandwidth and the decode bench on the device ----
+log "ri-bench-cuda (128K, 1M; wave object at 32K)"
+set +e
+# shellcheck disable=SC2086
+timeout 420 "$BENCH" --json "$OUT/bench-cuda.json" ${RI_DEVICE_BENCH_ARGS:-} >"$OUT/bench-cuda.log" 2>&1
+bn_rc=$?
+set -e
+log "ri-bench-cuda exit $bn_rc (log $OUT/bench-cuda.log)"
+
+# ---- 5. the table ----
+echo
+echo "== device check: $(sed -n 1p "$BUILD/device-build.txt" 2>/dev/null), $(head -1 "$OUT/gpu.txt" 2>/dev/null || echo 'device ?') =="
+grep -E '^(cuda:|index_build|full|tripartite|quest|wave object)' "$OUT/bench-cuda.log" || echo "(no bench figures: see $OUT/bench-cuda.log)"
+echo "cross-check harness: exit $xc_rc; bench: exit $bn_rc; $(( $(date +%s) - START )) s in all"
+cat >"$OUT/device-check.json" <<EOF
+{"commit": "$(git -C "$ROOT" rev-parse HEAD 2>/dev/null || echo unknown)",
+ "arch": "sm_$ARCH", "xcheck_rc": $xc_rc, "bench_rc": $bn_rc,
+ "seconds": $(( $(date +%s) - START )), "bench_json": "bench-cuda.json"}
+EOF
+[ "$xc_rc" = 0 ] && [ "$bn_rc" = 0 ] || exit 1
+exit 0
