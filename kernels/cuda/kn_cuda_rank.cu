@@ -244,8 +244,13 @@ static ri_status_t kn_cu_rank_impl(const kn_shape_t *grp, const float *q, const 
         uint32_t *id_s = (uint32_t *)kn_cu_alloc(&c, ((size_t)C + 1) * sizeof(uint32_t));
         void *tmp;
 
-        if (c.st != RI_OK || C == 0)
+        if (c.st != RI_OK)
             goto out;
+        if (C == 0) {  /* nothing to rank: an empty estimation (o = 0, lse = -inf) */
+            if (o_e != NULL)
+                kn_cu_estimate_run(&c, L, 0, 1, m, g, d, id_s, 0, sizes, NULL, o_e, lse_e);
+            goto out;
+        }
         kn_cu_logits_kernel<<<(C + 7) / 8, 256, 0, c.s>>>(dq, g, d, kn_shape_scale(grp), cent,
                                                            sizes, NULL, C, L, C);
         kn_cu_head_stats_kernel<<<g, 256, 0, c.s>>>(L, C, C, sizes, NULL, 0, m, sum);
@@ -278,13 +283,6 @@ static ri_status_t kn_cu_rank_impl(const kn_shape_t *grp, const float *q, const 
         }
     }
 out:
-    if (C == 0 && c.st == RI_OK && o_e != NULL) {
-        for (int h = 0; h < g; h++) {
-            for (int i = 0; i < d; i++)
-                o_e[(size_t)h * d + i] = 0.0f;
-            lse_e[h] = -INFINITY;
-        }
-    }
     kn_cu_end(&c);
     free(top);
     if (c.st == RI_OK) {
