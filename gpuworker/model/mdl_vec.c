@@ -256,26 +256,60 @@ void mdl_vec_pv(float *acc, const float *p, const float *V, size_t nk, size_t d)
 }
 
 #ifdef MDL_AVX2
-/* 4 rows at once, in registers: one load of K[j] feeds 4 accumulators. */
+/* The 4 horizontal sums of a0..a3 in one vector. */
+MDL_AVX2 static inline __m128 mdl_hsum4(__m256 a0, __m256 a1, __m256 a2, __m256 a3)
+{
+    __m256 t = _mm256_hadd_ps(_mm256_hadd_ps(a0, a1), _mm256_hadd_ps(a2, a3));
+    return _mm_add_ps(_mm256_castps256_ps128(t), _mm256_extractf128_ps(t, 1));
+}
+
+MDL_AVX2 static inline void mdl_put4(float *s, size_t nk, size_t j, __m128 r)
+{
+    float o[4];
+    _mm_storeu_ps(o, r);
+    s[j] = o[0], s[nk + j] = o[1], s[2 * nk + j] = o[2], s[3 * nk + j] = o[3];
+}
+
+/* 4 rows at once: 3 keys x 4 rows in 12 accumulators, so each loaded vector
+ * feeds 3 or 4 FMAs (a row at a time against one key was bound by its
+ * loads); leftover keys one at a time.  The sums are those of the one-key
+ * loop, in the same order. */
 MDL_AVX2 static void mdl_scores4_avx2(const float *q, const float *K, size_t nk, size_t d, float scale, float *s)
 {
-    for (size_t j = 0; j < nk; j++) {
+    const __m128 sc = _mm_set1_ps(scale);
+    const float *q0 = q, *q1 = q + d, *q2 = q + 2 * d, *q3 = q + 3 * d;
+    size_t j = 0;
+    for (; j + 3 <= nk; j += 3) {
+        const float *k0 = K + j * d, *k1 = k0 + d, *k2 = k1 + d;
+        __m256 a00 = _mm256_setzero_ps(), a01 = a00, a02 = a00, a03 = a00;
+        __m256 a10 = a00, a11 = a00, a12 = a00, a13 = a00;
+        __m256 a20 = a00, a21 = a00, a22 = a00, a23 = a00;
+        for (size_t c = 0; c < d; c += 8) {
+            __m256 v0 = _mm256_loadu_ps(k0 + c), v1 = _mm256_loadu_ps(k1 + c), v2 = _mm256_loadu_ps(k2 + c);
+            __m256 x = _mm256_loadu_ps(q0 + c);
+            a00 = _mm256_fmadd_ps(x, v0, a00), a10 = _mm256_fmadd_ps(x, v1, a10), a20 = _mm256_fmadd_ps(x, v2, a20);
+            x = _mm256_loadu_ps(q1 + c);
+            a01 = _mm256_fmadd_ps(x, v0, a01), a11 = _mm256_fmadd_ps(x, v1, a11), a21 = _mm256_fmadd_ps(x, v2, a21);
+            x = _mm256_loadu_ps(q2 + c);
+            a02 = _mm256_fmadd_ps(x, v0, a02), a12 = _mm256_fmadd_ps(x, v1, a12), a22 = _mm256_fmadd_ps(x, v2, a22);
+            x = _mm256_loadu_ps(q3 + c);
+            a03 = _mm256_fmadd_ps(x, v0, a03), a13 = _mm256_fmadd_ps(x, v1, a13), a23 = _mm256_fmadd_ps(x, v2, a23);
+        }
+        mdl_put4(s, nk, j, _mm_mul_ps(mdl_hsum4(a00, a01, a02, a03), sc));
+        mdl_put4(s, nk, j + 1, _mm_mul_ps(mdl_hsum4(a10, a11, a12, a13), sc));
+        mdl_put4(s, nk, j + 2, _mm_mul_ps(mdl_hsum4(a20, a21, a22, a23), sc));
+    }
+    for (; j < nk; j++) {
         const float *k = K + j * d;
         __m256 a0 = _mm256_setzero_ps(), a1 = _mm256_setzero_ps(), a2 = _mm256_setzero_ps(), a3 = _mm256_setzero_ps();
         for (size_t c = 0; c < d; c += 8) {
             __m256 kv = _mm256_loadu_ps(k + c);
-            a0 = _mm256_fmadd_ps(_mm256_loadu_ps(q + c), kv, a0);
-            a1 = _mm256_fmadd_ps(_mm256_loadu_ps(q + d + c), kv, a1);
-            a2 = _mm256_fmadd_ps(_mm256_loadu_ps(q + 2 * d + c), kv, a2);
-            a3 = _mm256_fmadd_ps(_mm256_loadu_ps(q + 3 * d + c), kv, a3);
+            a0 = _mm256_fmadd_ps(_mm256_loadu_ps(q0 + c), kv, a0);
+            a1 = _mm256_fmadd_ps(_mm256_loadu_ps(q1 + c), kv, a1);
+            a2 = _mm256_fmadd_ps(_mm256_loadu_ps(q2 + c), kv, a2);
+            a3 = _mm256_fmadd_ps(_mm256_loadu_ps(q3 + c), kv, a3);
         }
-        /* the 4 horizontal sums in one go */
-        __m256 t0 = _mm256_hadd_ps(a0, a1), t1 = _mm256_hadd_ps(a2, a3);
-        t0 = _mm256_hadd_ps(t0, t1);
-        __m128 r = _mm_add_ps(_mm256_castps256_ps128(t0), _mm256_extractf128_ps(t0, 1));
-        float o[4];
-        _mm_storeu_ps(o, _mm_mul_ps(r, _mm_set1_ps(scale)));
-        s[j] = o[0], s[nk + j] = o[1], s[2 * nk + j] = o[2], s[3 * nk + j] = o[3];
+        mdl_put4(s, nk, j, _mm_mul_ps(mdl_hsum4(a0, a1, a2, a3), sc));
     }
 }
 
