@@ -183,7 +183,12 @@ static void mdl_exact_task(void *arg, size_t begin, size_t end, unsigned worker)
         const cm_fp16_t *kh = j->kv->k[j->layer] + (size_t)h * j->kv->cap * d;
         const cm_fp16_t *vh = j->kv->v[j->layer] + (size_t)h * j->kv->cap * d;
         size_t nk = j->pos + i1;   /* keys the last query of the block sees */
-        size_t kfirst = mdl_exact_first(j, i0);   /* first key the first query sees */
+        /* tiles start at multiples of MDL_KTILE, not at the block's first
+         * key, so that a query's keys fold in the same groups whatever the
+         * chunk and block it came in: its result depends on its position
+         * alone (a prefill in chunks of 64 or 128, or in the worker's
+         * slices, gives the same bits) */
+        size_t kfirst = mdl_exact_first(j, i0) / MDL_KTILE * MDL_KTILE;
         memset(acc, 0, rows * d * sizeof(float));
         for (size_t r = 0; r < rows; r++)
             mrow[r] = -INFINITY, lrow[r] = 0.0f;

@@ -144,6 +144,38 @@ static void test_exact_matches_reference(void **state)
     check_window_matters();
 }
 
+/* A query's result depends on its position alone, not on the chunk it was
+ * prefilled in: the same positions in one call, in chunks of 64, 128 and
+ * an odd split, and one query at a time (decode), give the same bits, with
+ * and without Gemma's window (this is what lets the prefill chunk change). */
+static void test_exact_chunk_invariant(void **state)
+{
+    cm_pool_t *pool = *state;
+    static const size_t windows[2] = {0, 512};
+    static const size_t splits[4] = {64, 128, 37, 1};
+    size_t pos = 200, n = 700, qd = 4 * 256;
+    mdl_kv_t *kv = make_kv(4, 1, 256, pos + n, 2.0f);
+    float *q = malloc(n * qd * sizeof(float)), *one = malloc(n * qd * sizeof(float));
+    float *part = malloc(n * qd * sizeof(float));
+    for (size_t i = 0; i < n * qd; i++)
+        q[i] = frand();
+    for (int w = 0; w < 2; w++) {
+        assert_int_equal(mdl_attn_exact_win(pool, kv, 1, pos, n, windows[w], q, one), RI_OK);
+        for (int k = 0; k < 4; k++) {
+            for (size_t done = 0; done < n; done += splits[k]) {
+                size_t c = n - done < splits[k] ? n - done : splits[k];
+                assert_int_equal(
+                    mdl_attn_exact_win(pool, kv, 1, pos + done, c, windows[w], q + done * qd, part + done * qd),
+                    RI_OK);
+            }
+            if (memcmp(one, part, n * qd * sizeof(float)) != 0)
+                fail_msg("window %zu: chunks of %zu differ from one call", windows[w], splits[k]);
+        }
+    }
+    free(q), free(one), free(part);
+    mdl_kv_destroy(kv);
+}
+
 /* Attention that is sparse, as in real models: weak random keys, and a few
  * "needle" tokens whose keys align with the queries of their KV head. */
 static mdl_kv_t *make_sparse_kv(size_t n, float *q)
@@ -262,6 +294,7 @@ int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_exact_matches_reference),
+        cmocka_unit_test(test_exact_chunk_invariant),
         cmocka_unit_test(test_vec_geglu),
         cmocka_unit_test(test_backends_decode),
         cmocka_unit_test(test_registry),
