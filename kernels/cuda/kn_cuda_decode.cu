@@ -4,8 +4,9 @@
  * bound: every K and V row is read once and used by the g query heads of its
  * group.
  *
- * Kernel: one block per work item (sequence, KV head, run of at most
- * KN_CU_SPLIT tokens; for pages: one page or a run of a long page).  Each
+ * Kernel: one block per work item (sequence, KV head, run of 256..1024
+ * tokens sized so every SM gets ~16 blocks; for pages: one page or a
+ * 1024-token run of a long page).  Each
  * warp walks every KN_CU_WARPS-th token of the item (lane i holds d/32
  * consecutive dims), keeps an online softmax per query head, and the warps
  * merge in shared memory into one (o, lse) partial.  A second kernel merges
@@ -18,7 +19,8 @@
 #include "kernels/cuda/kn_cuda_common.cuh"
 
 #define KN_CU_WARPS 4
-#define KN_CU_SPLIT 1024
+#define KN_CU_SPLIT 1024  /* longest run of one item (pages, and the decode split's cap) */
+#define KN_CU_SPLIT_MIN 256
 
 struct kn_cu_item {
     const __half *k, *v;  /* row of the first token of the item, this KV head */
@@ -46,14 +48,25 @@ static __global__ void kn_cu_decode_kernel(const kn_cu_item *items, const float 
         m[h] = -INFINITY;
         l[h] = 0.0f;
     }
-    for (int t = warp; t < it.n; t += KN_CU_WARPS) {
-        const __half *kr = it.k + (size_t)t * it.stride + lane * DPL;
-        const __half *vr = it.v + (size_t)t * it.stride + lane * DPL;
-        float kf[DPL], vf[DPL];
+    /* the next row's loads are issued before this row's arithmetic, so each
+     * warp keeps two K/V rows in flight */
+    float kf[DPL], vf[DPL], kn[DPL], vn[DPL];
+    if (warp < it.n)
         for (int i = 0; i < DPL; i++) {
-            kf[i] = __half2float(kr[i]);
-            vf[i] = __half2float(vr[i]);
+            kn[i] = __half2float(it.k[(size_t)warp * it.stride + lane * DPL + i]);
+            vn[i] = __half2float(it.v[(size_t)warp * it.stride + lane * DPL + i]);
         }
+    for (int t = warp; t < it.n; t += KN_CU_WARPS) {
+        const int tn = t + KN_CU_WARPS;
+        for (int i = 0; i < DPL; i++) {
+            kf[i] = kn[i];
+            vf[i] = vn[i];
+        }
+        if (tn < it.n)
+            for (int i = 0; i < DPL; i++) {
+                kn[i] = __half2float(it.k[(size_t)tn * it.stride + lane * DPL + i]);
+                vn[i] = __half2float(it.v[(size_t)tn * it.stride + lane * DPL + i]);
+            }
         for (int h = 0; h < G; h++) {
             float s = 0.0f;
             for (int i = 0; i < DPL; i++)
@@ -201,18 +214,37 @@ bool kn_cuda_attn_shape_ok(const kn_shape_t *shape)
            (dpl == 1 || dpl == 2 || dpl == 4 || dpl == 8);
 }
 
+/* Tokens per decode item: short enough that every SM gets about 16 blocks
+ * (a 128K-token, 8-head layer in 1024-token items fills an H200's 132 SMs
+ * only 8 deep), long enough that an item streams, at most KN_CU_SPLIT. */
+static size_t kn_cu_split(size_t work)
+{
+    static int sms;
+    size_t split;
+    if (sms == 0 && cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0) != cudaSuccess) {
+        cudaGetLastError();
+        sms = 1;
+    }
+    split = work / ((size_t)sms * 16 + 1);
+    split = (split + 63) / 64 * 64;
+    return split < KN_CU_SPLIT_MIN ? KN_CU_SPLIT_MIN : (split > KN_CU_SPLIT ? KN_CU_SPLIT : split);
+}
+
 ri_status_t kn_cuda_attn_decode(const kn_shape_t *shape, size_t n_seq, const float *q,
                                 const kn_kv_view_t *kv, float *out, float *lse)
 {
     int d = (int)shape->head_dim, nkv = (int)shape->n_kv_heads, g = (int)(shape->n_q_heads / nkv);
-    size_t n_items = 0, n_groups = n_seq * nkv, it = 0;
+    size_t n_items = 0, n_groups = n_seq * nkv, it = 0, work = 0, sp;
     int *first = (int *)calloc(n_groups + 1, sizeof(int)), *ns = (int *)calloc(n_groups + 1, sizeof(int));
     kn_cu_item *items = NULL;
     kn_cu_call_t c;
 
     kn_cu_begin(&c);
     for (size_t s = 0; s < n_seq; s++)
-        n_items += (size_t)nkv * ((kv[s].n_tokens + KN_CU_SPLIT - 1) / KN_CU_SPLIT + 1);
+        work += kv[s].n_tokens * nkv;
+    sp = kn_cu_split(work);
+    for (size_t s = 0; s < n_seq; s++)
+        n_items += (size_t)nkv * ((kv[s].n_tokens + sp - 1) / sp + 1);
     items = (kn_cu_item *)calloc(n_items + 1, sizeof(kn_cu_item));
     if (!first || !ns || !items) {
         c.st = RI_ERR_NOMEM;
@@ -224,12 +256,12 @@ ri_status_t kn_cuda_attn_decode(const kn_shape_t *shape, size_t n_seq, const flo
         const __half *dk = (const __half *)kn_cu_in(&c, kv[s].k, span * sizeof(cm_fp16_t));
         const __half *dv = (const __half *)kn_cu_in(&c, kv[s].v, span * sizeof(cm_fp16_t));
         for (int h = 0; h < nkv && c.st == RI_OK; h++) {
-            size_t n = kv[s].n_tokens, nsplit = n ? (n + KN_CU_SPLIT - 1) / KN_CU_SPLIT : 0;
+            size_t n = kv[s].n_tokens, nsplit = n ? (n + sp - 1) / sp : 0;
             size_t grp = s * nkv + h;
             first[grp] = (int)it;
             ns[grp] = (int)nsplit;  /* 0 splits: the merge writes o = 0, lse = -inf */
             for (size_t i = 0; i < nsplit; i++, it++) {
-                size_t t0 = i * KN_CU_SPLIT, t1 = n < t0 + KN_CU_SPLIT ? n : t0 + KN_CU_SPLIT;
+                size_t t0 = i * sp, t1 = n < t0 + sp ? n : t0 + sp;
                 size_t off = (size_t)h * kv[s].head_stride + t0 * kv[s].token_stride;
                 items[it].k = dk + off;
                 items[it].v = dv + off;
