@@ -10,8 +10,9 @@ Each file is charted by its "bench" field; the PNG is named after the file
                  array latency_us_pct; rows without it give their p50 and p99)
   attn-accuracy  median relative error against the exact-token budget, one line
                  per method (layer "all" rows); all attn-accuracy files given
-                 (runs at several --retrieval-frac) go in one chart,
-                 DIR/attn-accuracy.png
+                 (runs at several --retrieval-frac / --retrieval-min) go in one
+                 chart, DIR/attn-accuracy-budget.png; retroinfer of files run
+                 with --adapt-tau is a line of its own
   serve          aggregate tokens/s against concurrent clients, one line per backend
   ruler          pass rate per task (and context), one bar per attention method,
                  with its 95% Wilson interval as an error bar
@@ -113,9 +114,14 @@ def plot_dataplane(doc):
 
 def plot_accuracy(doc):
     by = {}
-    rows = [r for r in doc["rows"] if r.get("layer") == "all"] or doc["rows"]
-    for d in doc.get("more", []):  # the other files of the same chart
-        rows += [r for r in d["rows"] if r.get("layer") == "all"] or d["rows"]
+    rows = []
+    for d in [doc] + doc.get("more", []):  # the other files of the same chart
+        rs = [r for r in d["rows"] if r.get("layer") == "all"] or d["rows"]
+        if d.get("adapt_tau"):
+            # a run with the per-head cut: its retroinfer points make a line of
+            # their own (the others' points at its budgets would blur theirs)
+            rs = [dict(r, method=r["method"] + ", per-head cut") for r in rs if r.get("method") == "retroinfer"]
+        rows += rs
     for r in rows:
         if r.get("rel_err_median") is None or not r.get("budget_tokens"):
             continue

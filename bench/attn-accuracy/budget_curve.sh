@@ -31,8 +31,9 @@ done
 cat "$root"/docs/architecture.md "$root"/docs/kvstore.md "$root"/docs/worker.md "$root"/docs/model.md \
     "$root"/docs/kernels.md "$root"/docs/spill.md "$root"/docs/deploy.md >"$work/docs.txt"
 for ctx in $contexts; do
-  # ~3.6 characters a token for this prose; the generator cuts to the context
-  chars=$(( ctx * 36 / 10 ))
+  # ~3.4 characters a token for the first 8K characters of this text, ~2.9
+  # further on (more code and tables): stay under the context asked for
+  if [ "$ctx" -le 4096 ]; then chars=$(( ctx * 34 / 10 )); else chars=$(( ctx * 29 / 10 )); fi
   { head -c "$chars" "$work/docs.txt"
     printf '\n\nIn two sentences: what does the kvstore keep, and what does the worker keep?'
   } >"$work/prompt-$ctx.txt"
@@ -47,4 +48,13 @@ for ctx in $contexts; do
     "$bin/ri-bench-attn-accuracy" --kv "$work/kv-$ctx" --adapt-tau "$x" \
       --json "$out/budget-$ctx-tau$x.json" | tail -n 8
   done
+done
+
+# One chart per context: error against exact tokens, a line per method, the
+# per-head cut a line of its own (./ri plot).
+for ctx in $contexts; do
+  mkdir -p "$work/plot-$ctx"
+  python3 "$root/tools/plot.py" --out "$work/plot-$ctx" "$out"/budget-"$ctx"-*.json >/dev/null &&
+    mv "$work/plot-$ctx/attn-accuracy-budget.png" "$out/budget-curve-$ctx.png" &&
+    echo "budget_curve: chart $out/budget-curve-$ctx.png"
 done
