@@ -12,9 +12,9 @@ extern "C" {
 #include "kernels/cuda/kn_cuda.h"
 }
 
-/* fp16 everywhere; the decode kernels take g <= 8 and d in {32, 64, 128, 256},
- * the group ops g <= 8 and d <= 256 (registers and shared memory); anything
- * else falls back to the cpu backend through the wrappers. */
+/* fp16 everywhere; g <= 8 and d <= 256 (registers and shared memory) for
+ * every op; anything else falls back to the cpu backend through the
+ * wrappers. */
 static bool kn_cuda_supports(kn_op_t op, const kn_shape_t *shape, kn_dtype_t dtype)
 {
     if (dtype != KN_DTYPE_F16 || shape == NULL || !kn_shape_valid(shape))

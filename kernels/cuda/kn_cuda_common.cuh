@@ -103,7 +103,7 @@ static __device__ double kn_cu_block_sum_d(double x)
 }
 
 /* ---- the ops, one .cu file each (kn_cuda.cu builds the table) ---- */
-/* attn_decode / attn_pages shapes the decode kernel takes (g <= 8, d in {32,64,128,256}). */
+/* attn_decode / attn_pages shapes the decode kernel takes (g <= 8, d <= 256). */
 bool kn_cuda_attn_shape_ok(const kn_shape_t *shape);
 ri_status_t kn_cuda_attn_decode(const kn_shape_t *shape, size_t n_seq, const float *q,
                                 const kn_kv_view_t *kv, float *out, float *lse);

@@ -10,8 +10,9 @@
  * warp walks every KN_CU_WARPS-th token of the item (lane i holds d/32
  * consecutive dims), keeps an online softmax per query head, and the warps
  * merge in shared memory into one (o, lse) partial.  A second kernel merges
- * the partials of each group by log-sum-exp.  Supported: g <= 8, d in
- * {32, 64, 128, 256}; other shapes fall back through the wrappers.
+ * the partials of each group by log-sum-exp.  Supported: g <= 8, d <= 256
+ * (a lane holds 1, 2, 4 or 8 dims; a d between those widths leaves the top
+ * lanes' extra dims idle); other shapes fall back through the wrappers.
  */
 #include <stdlib.h>
 #include <string.h>
@@ -31,10 +32,12 @@ struct kn_cu_item {
 };
 
 template <int G, int DPL>
-static __global__ void kn_cu_decode_kernel(const kn_cu_item *items, const float *q, float scale,
-                                           float *part_o, float *part_lse)
+static __global__ void kn_cu_decode_kernel(const kn_cu_item *items, const float *q, int d,
+                                           float scale, float *part_o, float *part_lse)
 {
-    const int d = DPL * 32, lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    /* lane holds dims lane*DPL .. +DPL; those at or past d (d < 32*DPL) are
+     * zero in q and never loaded or stored */
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, c0 = lane * DPL;
     const kn_cu_item it = items[blockIdx.x];
     float qr[G][DPL], acc[G][DPL], m[G], l[G];
     __shared__ float sh_m[KN_CU_WARPS][G], sh_l[KN_CU_WARPS][G];
@@ -42,7 +45,7 @@ static __global__ void kn_cu_decode_kernel(const kn_cu_item *items, const float 
 
     for (int h = 0; h < G; h++) {
         for (int i = 0; i < DPL; i++) {
-            qr[h][i] = q[(size_t)(it.q_row + h) * d + lane * DPL + i] * scale;
+            qr[h][i] = c0 + i < d ? q[(size_t)(it.q_row + h) * d + c0 + i] * scale : 0.0f;
             acc[h][i] = 0.0f;
         }
         m[h] = -INFINITY;
@@ -53,8 +56,8 @@ static __global__ void kn_cu_decode_kernel(const kn_cu_item *items, const float 
     float kf[DPL], vf[DPL], kn[DPL], vn[DPL];
     if (warp < it.n)
         for (int i = 0; i < DPL; i++) {
-            kn[i] = __half2float(it.k[(size_t)warp * it.stride + lane * DPL + i]);
-            vn[i] = __half2float(it.v[(size_t)warp * it.stride + lane * DPL + i]);
+            kn[i] = c0 + i < d ? __half2float(it.k[(size_t)warp * it.stride + c0 + i]) : 0.0f;
+            vn[i] = c0 + i < d ? __half2float(it.v[(size_t)warp * it.stride + c0 + i]) : 0.0f;
         }
     for (int t = warp; t < it.n; t += KN_CU_WARPS) {
         const int tn = t + KN_CU_WARPS;
@@ -64,8 +67,8 @@ static __global__ void kn_cu_decode_kernel(const kn_cu_item *items, const float 
         }
         if (tn < it.n)
             for (int i = 0; i < DPL; i++) {
-                kn[i] = __half2float(it.k[(size_t)tn * it.stride + lane * DPL + i]);
-                vn[i] = __half2float(it.v[(size_t)tn * it.stride + lane * DPL + i]);
+                kn[i] = c0 + i < d ? __half2float(it.k[(size_t)tn * it.stride + c0 + i]) : 0.0f;
+                vn[i] = c0 + i < d ? __half2float(it.v[(size_t)tn * it.stride + c0 + i]) : 0.0f;
             }
         for (int h = 0; h < G; h++) {
             float s = 0.0f;
@@ -112,7 +115,8 @@ static __global__ void kn_cu_decode_kernel(const kn_cu_item *items, const float 
             }
         }
         for (int i = 0; i < DPL; i++)
-            part_o[((size_t)it.part * G + h) * d + lane * DPL + i] = den > 0.0f ? o[i] / den : 0.0f;
+            if (c0 + i < d)
+                part_o[((size_t)it.part * G + h) * d + c0 + i] = den > 0.0f ? o[i] / den : 0.0f;
         if (lane == 0)
             part_lse[(size_t)it.part * G + h] = den > 0.0f ? mm + logf(den) : -INFINITY;
     }
@@ -148,31 +152,37 @@ static __global__ void kn_cu_split_merge_kernel(const float *part_o, const float
 }
 
 template <int G>
-static void kn_cu_launch_g(int dpl, int n_items, const kn_cu_item *items, const float *q,
+static void kn_cu_launch_g(int dpl, int n_items, const kn_cu_item *items, const float *q, int d,
                            float scale, float *po, float *pl, cudaStream_t st)
 {
     dim3 grid(n_items), block(32 * KN_CU_WARPS);
     switch (dpl) {
-    case 1: kn_cu_decode_kernel<G, 1><<<grid, block, 0, st>>>(items, q, scale, po, pl); break;
-    case 2: kn_cu_decode_kernel<G, 2><<<grid, block, 0, st>>>(items, q, scale, po, pl); break;
-    case 4: kn_cu_decode_kernel<G, 4><<<grid, block, 0, st>>>(items, q, scale, po, pl); break;
-    default: kn_cu_decode_kernel<G, 8><<<grid, block, 0, st>>>(items, q, scale, po, pl); break;
+    case 1: kn_cu_decode_kernel<G, 1><<<grid, block, 0, st>>>(items, q, d, scale, po, pl); break;
+    case 2: kn_cu_decode_kernel<G, 2><<<grid, block, 0, st>>>(items, q, d, scale, po, pl); break;
+    case 4: kn_cu_decode_kernel<G, 4><<<grid, block, 0, st>>>(items, q, d, scale, po, pl); break;
+    default: kn_cu_decode_kernel<G, 8><<<grid, block, 0, st>>>(items, q, d, scale, po, pl); break;
     }
 }
 
 static void kn_cu_launch(int g, int dpl, int n_items, const kn_cu_item *items, const float *q,
-                         float scale, float *po, float *pl, cudaStream_t st)
+                         int d, float scale, float *po, float *pl, cudaStream_t st)
 {
     switch (g) {
-    case 1: kn_cu_launch_g<1>(dpl, n_items, items, q, scale, po, pl, st); break;
-    case 2: kn_cu_launch_g<2>(dpl, n_items, items, q, scale, po, pl, st); break;
-    case 3: kn_cu_launch_g<3>(dpl, n_items, items, q, scale, po, pl, st); break;
-    case 4: kn_cu_launch_g<4>(dpl, n_items, items, q, scale, po, pl, st); break;
-    case 5: kn_cu_launch_g<5>(dpl, n_items, items, q, scale, po, pl, st); break;
-    case 6: kn_cu_launch_g<6>(dpl, n_items, items, q, scale, po, pl, st); break;
-    case 7: kn_cu_launch_g<7>(dpl, n_items, items, q, scale, po, pl, st); break;
-    default: kn_cu_launch_g<8>(dpl, n_items, items, q, scale, po, pl, st); break;
+    case 1: kn_cu_launch_g<1>(dpl, n_items, items, q, d, scale, po, pl, st); break;
+    case 2: kn_cu_launch_g<2>(dpl, n_items, items, q, d, scale, po, pl, st); break;
+    case 3: kn_cu_launch_g<3>(dpl, n_items, items, q, d, scale, po, pl, st); break;
+    case 4: kn_cu_launch_g<4>(dpl, n_items, items, q, d, scale, po, pl, st); break;
+    case 5: kn_cu_launch_g<5>(dpl, n_items, items, q, d, scale, po, pl, st); break;
+    case 6: kn_cu_launch_g<6>(dpl, n_items, items, q, d, scale, po, pl, st); break;
+    case 7: kn_cu_launch_g<7>(dpl, n_items, items, q, d, scale, po, pl, st); break;
+    default: kn_cu_launch_g<8>(dpl, n_items, items, q, d, scale, po, pl, st); break;
     }
+}
+
+/* Dims per lane: the smallest instantiated width that covers d (<= 256). */
+static int kn_cu_dpl(int d)
+{
+    return d <= 32 ? 1 : (d <= 64 ? 2 : (d <= 128 ? 4 : 8));
 }
 
 /* Run the split-K kernels over items described on the host (pointers
@@ -194,7 +204,7 @@ static void kn_cu_run(kn_cu_call_t *c, int g, int d, float scale, const float *q
     if (c->st != RI_OK || n_groups == 0)
         return;
     if (n_items > 0)
-        kn_cu_launch(g, d / 32, (int)n_items, ditems, dq, scale, po, pl, c->s);
+        kn_cu_launch(g, kn_cu_dpl(d), (int)n_items, ditems, dq, d, scale, po, pl, c->s);
     kn_cu_split_merge_kernel<<<dim3((unsigned)n_groups, (unsigned)g), 128, 0, c->s>>>(
         po, pl, dfirst, dns, g, d, dout, dlse);
     kn_cu_check_launch(c, "decode launch");
@@ -205,13 +215,8 @@ static void kn_cu_run(kn_cu_call_t *c, int g, int d, float scale, const float *q
 
 bool kn_cuda_attn_shape_ok(const kn_shape_t *shape)
 {
-    uint32_t g, dpl;
-    if (shape == NULL || !kn_shape_valid(shape))
-        return false;
-    g = shape->n_q_heads / shape->n_kv_heads;
-    dpl = shape->head_dim / 32;
-    return g <= KN_CU_MAXG && shape->head_dim % 32 == 0 &&
-           (dpl == 1 || dpl == 2 || dpl == 4 || dpl == 8);
+    return shape != NULL && kn_shape_valid(shape) &&
+           shape->n_q_heads / shape->n_kv_heads <= KN_CU_MAXG && shape->head_dim <= 256;
 }
 
 /* Tokens per decode item: short enough that every SM gets about 16 blocks
