@@ -6,7 +6,8 @@
 #   1. build the CUDA parts for sm_90 (only test_kn_xcheck_cuda and
 #      ri-bench-cuda) in $RI_DEVICE_BUILD (default ./build-device)
 #   2. the cross-check harness with the cuda backend registered (every op
-#      against the reference at the harness's awkward shapes)
+#      against the reference at the harness's awkward shapes, with --slow:
+#      also N = 131072)
 #   3. ri-bench-cuda: HBM bandwidth (read kernel, device-to-device copy), the
 #      device index build, full / tripartite / Quest decode at 128K and 1M
 #      with the K/V in HBM, and the wave object with the cuda table at 32K
@@ -120,9 +121,9 @@ if command -v nvidia-smi >/dev/null; then
 fi
 
 # ---- 3. the cross-check harness on the device ----
-log "test_kn_xcheck_cuda"
+log "test_kn_xcheck_cuda --slow (the unit cases plus N = 131072)"
 set +e
-timeout 300 "$XCHECK" >"$OUT/xcheck.log" 2>&1
+timeout 300 "$XCHECK" --slow >"$OUT/xcheck.log" 2>&1
 xc_rc=$?
 set -e
 if [ "$xc_rc" = 77 ]; then
