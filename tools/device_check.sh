@@ -86,12 +86,14 @@ build() {
   # the carried set: shared libraries beyond the C/C++ runtime, and a stamp
   rm -rf "$BUILD/carry-lib"
   mkdir -p "$BUILD/carry-lib"
-  ldd "$XCHECK" "$BENCH" 2>/dev/null | awk '/=> \//{print $3}' | sort -u |
-    grep -vE '/(libc|libm|libpthread|libdl|librt|libgcc_s|libstdc\+\+|ld-linux[^/]*)\.so' |
+  { ldd "$XCHECK" "$BENCH" 2>/dev/null || true; } | awk '/=> \//{print $3}' | sort -u |
+    { grep -vE '/(libc|libm|libpthread|libdl|librt|libgcc_s|libstdc\+\+|ld-linux[^/]*)\.so' || true; } |
     while read -r lib; do cp -L "$lib" "$BUILD/carry-lib/"; done
   local dirty=""
-  git -C "$ROOT" diff --quiet HEAD -- kernels bench tests cmake CMakeLists.txt 2>/dev/null \
-    || dirty=" + uncommitted changes"
+  if git -C "$ROOT" rev-parse HEAD >/dev/null 2>&1 &&
+     ! git -C "$ROOT" diff --quiet HEAD -- kernels bench tests cmake CMakeLists.txt; then
+    dirty=" + uncommitted changes"
+  fi
   { echo "commit $(git -C "$ROOT" rev-parse --short HEAD 2>/dev/null || echo unknown)$dirty";
     echo "built $(date -u +%Y-%m-%dT%H:%M:%SZ) on $(hostname) for sm_$ARCH with $("$NVCC" --version | tail -1)"; } \
     >"$BUILD/device-build.txt"
