@@ -129,6 +129,12 @@ timeout 300 "$XCHECK" --slow >"$OUT/xcheck.log" 2>&1
 xc_rc=$?
 set -e
 if [ "$xc_rc" = 77 ]; then
+  if [ -s "$OUT/gpu.txt" ] && ! grep -qiE 'fail|error|not found' "$OUT/gpu.txt"; then
+    # nvidia-smi sees a GPU the CUDA runtime does not: usually a driver older
+    # than the toolkit the binaries were built with (the runtime is static)
+    cat "$OUT/xcheck.log" >&2
+    die "nvidia-smi lists a GPU but the CUDA runtime found none (see above; the build used $(sed -n 2p "$BUILD/device-build.txt" 2>/dev/null || echo 'an unknown toolkit'))"
+  fi
   echo "no CUDA device here: the harness skipped (exit 77); nothing measured" | tee "$OUT/NO_DEVICE"
   exit 77
 fi

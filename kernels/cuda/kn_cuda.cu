@@ -9,6 +9,7 @@
 #include "kernels/cuda/kn_cuda_common.cuh"
 
 extern "C" {
+#include "common/cm_log.h"
 #include "kernels/cuda/kn_cuda.h"
 }
 
@@ -49,8 +50,17 @@ static const kn_ops_t kn_cuda_table = {
 
 extern "C" ri_status_t kn_cuda_init(void)
 {
-    int count = 0;
-    if (cudaGetDeviceCount(&count) != cudaSuccess || count == 0) {
+    int count = 0, driver = 0, runtime = 0;
+    cudaError_t e = cudaGetDeviceCount(&count);
+    if (e != cudaSuccess || count == 0) {
+        /* Say why when a driver is installed: one older than the runtime
+         * (linked statically) would otherwise look like no GPU at all.  No
+         * driver (version 0): a machine without GPU, nothing to say. */
+        cudaDriverGetVersion(&driver);
+        cudaRuntimeGetVersion(&runtime);
+        if (driver != 0 && e != cudaSuccess)
+            cm_warn("CUDA backend not registered: %s (driver API %d, runtime %d)",
+                    cudaGetErrorString(e), driver, runtime);
         cudaGetLastError();
         return RI_ERR_NO_DEVICE;
     }
