@@ -8,12 +8,13 @@
  *   full        kn_attn_decode of the cuda table over the device cache
  *   tripartite  per KV head (heads on the pool, one CUDA stream per thread):
  *               kn_cuda_rank_estimate over a device copy of the index, exact
- *               attention (cuda attn_pages) over the sinks, the steady window
+ *               attention (kn_cuda_attn_pages_device) over the sinks, the steady window
  *               and the retrieved clusters of a device cluster-major copy,
  *               merge of the two tiny parts on the host
  *   quest       per KV head: cuda quest_score over device page bounds (16
- *               tokens), top-B pages chosen on the host, cuda attn_pages;
- *               the same exact-token budget as tripartite
+ *               tokens), top-B pages chosen on the host, then
+ *               kn_cuda_attn_pages_device; the same exact-token budget as
+ *               tripartite
  *
  * The index is built on the device (cuda index_build; global final pass up
  * to 128K, own segment +- 1 above, as ri-bench-kernels).  Each timed call
@@ -112,7 +113,7 @@ static void bc_wave_task(void *arg, size_t begin, size_t end, unsigned worker)
             }
             for (size_t p = 0; p < np; p++)
                 tok += pages[p].n_tokens;
-            st = kn_ops_cuda()->attn_pages(&grp, qh, pages, np, o_x, l_x);
+            st = kn_cuda_attn_pages_device(&grp, qh, pages, np, o_x, l_x);
         }
         if (st == RI_OK)
             st = kn_ops_cpu()->merge(G, D, 2, op, lp, x->out + h * G * D, x->lse + h * G);
@@ -174,7 +175,7 @@ static void bc_quest_task(void *arg, size_t begin, size_t end, unsigned worker)
             for (size_t i = 0; i < n_sel; i++)
                 pages[i] = (kn_page_t){kh + (size_t)sel[i] * QPAGE * D, vh + (size_t)sel[i] * QPAGE * D,
                                        QPAGE, D};
-            st = kn_ops_cuda()->attn_pages(&grp, qh, pages, n_sel, x->out + h * G * D, x->lse + h * G);
+            st = kn_cuda_attn_pages_device(&grp, qh, pages, n_sel, x->out + h * G * D, x->lse + h * G);
         }
         x->bytes[h] = (uint64_t)np * D * 4 + (uint64_t)n_sel * QPAGE * D * 4;
         x->st[h] = st;

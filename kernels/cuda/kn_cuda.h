@@ -8,6 +8,7 @@
 #ifndef KN_CUDA_H
 #define KN_CUDA_H
 
+#include <stddef.h>
 #include <stdint.h>
 
 #ifdef __cplusplus
@@ -30,6 +31,22 @@ ri_status_t kn_cuda_init(void);
 ri_status_t kn_cuda_rank_estimate(const kn_shape_t *grp, const float *q, const kn_index_t *idx,
                                   uint32_t n_r, uint32_t n_e, uint32_t *ids, uint32_t *n_r_p,
                                   uint32_t *n_e_p, float *o_e, float *lse_e);
+
+/* Device memory for callers built without the CUDA headers (the harness,
+ * benches): kn_cuda_malloc gives bytes of device memory (caller frees with
+ * kn_cuda_free; NULL is a no-op), kn_cuda_copy copies bytes between any two
+ * of host and device memory and waits.  RI_ERR_NOMEM / RI_ERR_DEVICE. */
+ri_status_t kn_cuda_malloc(void **p, size_t bytes);
+void kn_cuda_free(void *p);
+ri_status_t kn_cuda_copy(void *dst, const void *src, size_t bytes);
+
+/* attn_pages for pages that are all in device memory (not checked: a host
+ * page here is an illegal address on the device).  The table's attn_pages
+ * asks the driver where each page lives, a lookup per page that a step
+ * retrieving ~1000 clusters per head feels.  Same contract otherwise;
+ * RI_ERR_INVALID for a shape the device does not take. */
+ri_status_t kn_cuda_attn_pages_device(const kn_shape_t *grp, const float *q, const kn_page_t *pages,
+                                      size_t n_pages, float *o, float *lse);
 
 #ifdef __cplusplus
 }

@@ -7,6 +7,7 @@
 
 extern "C" {
 #include "common/cm_log.h"
+#include "kernels/cuda/kn_cuda.h"
 }
 
 ri_status_t kn_cu_status(cudaError_t e, const char *what)
@@ -97,4 +98,22 @@ ri_status_t kn_cu_end(kn_cu_call_t *c)
         cudaFreeAsync(c->bufs[i], c->s);
     c->n_bufs = 0;
     return c->st;
+}
+
+extern "C" ri_status_t kn_cuda_malloc(void **p, size_t bytes)
+{
+    *p = NULL;
+    return kn_cu_status(cudaMalloc(p, bytes ? bytes : 1), "malloc");
+}
+
+extern "C" void kn_cuda_free(void *p)
+{
+    cudaFree(p);
+}
+
+extern "C" ri_status_t kn_cuda_copy(void *dst, const void *src, size_t bytes)
+{
+    if (bytes == 0)
+        return RI_OK;
+    return kn_cu_status(cudaMemcpy(dst, src, bytes, cudaMemcpyDefault), "copy");
 }

@@ -289,9 +289,11 @@ out:
 
 /* Device pages are read where they are (one or more items per page); host
  * pages are gathered on the host into one contiguous span first (a GPU
- * worker's execution buffer would play that role on the device). */
-ri_status_t kn_cuda_attn_pages(const kn_shape_t *grp, const float *q, const kn_page_t *pages,
-                               size_t n_pages, float *o, float *lse)
+ * worker's execution buffer would play that role on the device).  Checking
+ * where each page lives costs a driver lookup per page; on_device_known
+ * skips it for callers that know all pages are device memory. */
+static ri_status_t kn_cu_attn_pages(const kn_shape_t *grp, const float *q, const kn_page_t *pages,
+                                    size_t n_pages, bool on_device_known, float *o, float *lse)
 {
     size_t n = 0, n_items = 0, it = 0, r = 0, d = grp->head_dim;
     bool on_dev = true;
@@ -304,7 +306,7 @@ ri_status_t kn_cuda_attn_pages(const kn_shape_t *grp, const float *q, const kn_p
     for (size_t p = 0; p < n_pages; p++) {
         n += pages[p].n_tokens;
         n_items += (pages[p].n_tokens + KN_CU_SPLIT - 1) / KN_CU_SPLIT;
-        if (pages[p].n_tokens && on_dev)
+        if (pages[p].n_tokens && on_dev && !on_device_known)
             on_dev = kn_cu_on_device(pages[p].k) && kn_cu_on_device(pages[p].v);
     }
     if (!on_dev)
@@ -357,4 +359,20 @@ out:
     free(hv);
     free(items);
     return c.st;
+}
+
+ri_status_t kn_cuda_attn_pages(const kn_shape_t *grp, const float *q, const kn_page_t *pages,
+                               size_t n_pages, float *o, float *lse)
+{
+    return kn_cu_attn_pages(grp, q, pages, n_pages, false, o, lse);
+}
+
+extern "C" ri_status_t kn_cuda_attn_pages_device(const kn_shape_t *grp, const float *q,
+                                                 const kn_page_t *pages, size_t n_pages, float *o,
+                                                 float *lse)
+{
+    if (!kn_cuda_attn_shape_ok(grp) || grp->n_kv_heads != 1 || !q || !o || !lse ||
+        (n_pages && !pages))
+        return RI_ERR_INVALID;
+    return kn_cu_attn_pages(grp, q, pages, n_pages, true, o, lse);
 }

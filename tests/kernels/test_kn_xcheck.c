@@ -829,6 +829,169 @@ out:
     return fails;
 }
 
+/* ---- the pointer rule on the device: inputs in device memory ----
+ * The cases above pass host memory (staged by the ops).  A device-resident
+ * caller passes device pointers, which take other paths: the cache and
+ * pages read in place (pages as their own work items), an index whose
+ * arrays are device memory.  Each must give what the reference gives over
+ * the host copies. */
+static void *xc_dev(const void *src, size_t bytes)
+{
+    void *p = NULL;
+    assert_int_equal(kn_cuda_malloc(&p, bytes), RI_OK);
+    assert_int_equal(kn_cuda_copy(p, src, bytes), RI_OK);
+    return p;
+}
+
+static int xc_device_decode(uint32_t nkv, uint32_t g, uint32_t d, size_t n, int layout)
+{
+    kn_shape_t sh = {g * nkv, nkv, d, 0};
+    size_t nq = (size_t)g * nkv, elems = n * nkv * d;
+    cm_fp16_t *k = xc_half(elems, 1.0f), *v = xc_half(elems, 1.0f);
+    float *q = xc_floats(nq * d, 1.5f), *ro = malloc(nq * d * sizeof(float)), *rl = malloc(nq * sizeof(float));
+    xc_buf_t o = xc_buf(nq * d), l = xc_buf(nq);
+    kn_kv_view_t kv = layout ? (kn_kv_view_t){k, v, n, d, n * d} : (kn_kv_view_t){k, v, n, (size_t)nkv * d, d};
+    kn_kv_view_t dkv = kv;
+    int fails = 0;
+    char what[96];
+
+    dkv.k = xc_dev(k, elems * sizeof(cm_fp16_t));
+    dkv.v = xc_dev(v, elems * sizeof(cm_fp16_t));
+    snprintf(what, sizeof(what), "cuda attn_decode device cache nkv=%u g=%u d=%u n=%zu", nkv, g, d, n);
+    assert_int_equal(kn_ops_ref()->attn_decode(&sh, 1, q, &kv, ro, rl), RI_OK);
+    if (kn_ops_cuda()->attn_decode(&sh, 1, q, &dkv, o.p, l.p) != RI_OK) {
+        fails++;
+    } else {
+        fails += !xc_guards_ok(&o, what) || !xc_guards_ok(&l, what);
+        fails += !xc_close(what, o.p, ro, nq * d, 2e-5);
+        fails += !xc_close(what, l.p, rl, nq, 2e-5);
+    }
+    kn_cuda_free((void *)dkv.k);
+    kn_cuda_free((void *)dkv.v);
+    free(k);
+    free(v);
+    free(q);
+    free(ro);
+    free(rl);
+    xc_free(&o);
+    xc_free(&l);
+    return fails;
+}
+
+static int xc_device_pages(uint32_t g, uint32_t d, size_t n_pages)
+{
+    static const uint32_t sizes[] = {0, 1, 3, 8, 16, 113, 1500};
+    kn_shape_t grp = {g, 1, d, 0.07f};
+    kn_page_t pages[48], dpages[48];
+    cm_fp16_t *store[48][2];
+    float *q = xc_floats((size_t)g * d, 1.0f), ro[8 * 256], rl[8];
+    int fails = 0;
+    char what[96];
+
+    assert_true(n_pages <= 48 && g <= 8 && d <= 256);
+    for (size_t p = 0; p < n_pages; p++) {
+        uint32_t rows = sizes[xc_next() % 7], stride = d + (uint32_t)(xc_next() % 3) * 8;
+        size_t bytes = ((size_t)rows * stride + 1) * sizeof(cm_fp16_t);
+        store[p][0] = xc_half((size_t)rows * stride + 1, 1.0f);
+        store[p][1] = xc_half((size_t)rows * stride + 1, 1.0f);
+        pages[p] = (kn_page_t){store[p][0], store[p][1], rows, stride};
+        dpages[p] = (kn_page_t){xc_dev(store[p][0], bytes), xc_dev(store[p][1], bytes), rows, stride};
+    }
+    assert_int_equal(kn_ops_ref()->attn_pages(&grp, q, pages, n_pages, ro, rl), RI_OK);
+    for (int way = 0; way < 2; way++) {
+        xc_buf_t o = xc_buf((size_t)g * d), l = xc_buf(g);
+        ri_status_t st = way ? kn_cuda_attn_pages_device(&grp, q, dpages, n_pages, o.p, l.p)
+                             : kn_ops_cuda()->attn_pages(&grp, q, dpages, n_pages, o.p, l.p);
+        snprintf(what, sizeof(what), "cuda %s device pages g=%u d=%u pages=%zu",
+                 way ? "kn_cuda_attn_pages_device" : "attn_pages", g, d, n_pages);
+        if (st != RI_OK) {
+            fails++;
+        } else {
+            fails += !xc_guards_ok(&o, what) || !xc_guards_ok(&l, what);
+            fails += !xc_close(what, o.p, ro, (size_t)g * d, 2e-5);
+            fails += !xc_close(what, l.p, rl, g, 2e-5);
+        }
+        xc_free(&o);
+        xc_free(&l);
+    }
+    for (size_t p = 0; p < n_pages; p++) {
+        kn_cuda_free((void *)dpages[p].k);
+        kn_cuda_free((void *)dpages[p].v);
+        free(store[p][0]);
+        free(store[p][1]);
+    }
+    free(q);
+    return fails;
+}
+
+/* rank, estimate and the fused op over an index whose arrays are device
+ * memory: the same ids and outputs as over the host index, and the
+ * reference's estimation. */
+static int xc_device_index(uint32_t g, uint32_t d, uint32_t C, uint32_t n_r, uint32_t n_e)
+{
+    kn_shape_t grp = {g, 1, d, 0};
+    kn_index_t idx, di;
+    float *q = xc_floats((size_t)g * d, 2.0f);
+    uint32_t *ih = malloc(((size_t)n_r + n_e + 1) * sizeof(uint32_t)), *id = malloc(((size_t)n_r + n_e + 1) * sizeof(uint32_t));
+    uint32_t *rnd = malloc(64 * sizeof(uint32_t)), nrh, neh, nrd, ned;
+    float oh[8 * 256], lh[8], od[8 * 256], ld[8], ro[8 * 256], rl[8];
+    int fails = 0;
+    char what[96];
+
+    xc_index(&idx, d, C);
+    di = idx;
+    di.centroids = xc_dev(idx.centroids, (size_t)C * d * sizeof(cm_fp16_t));
+    di.vsum = xc_dev(idx.vsum, (size_t)C * d * sizeof(float));
+    di.sizes = xc_dev(idx.sizes, (size_t)C * sizeof(uint32_t));
+    di.offsets = NULL;
+    di.perm = NULL;
+    snprintf(what, sizeof(what), "cuda device index g=%u d=%u C=%u", g, d, C);
+    assert_int_equal(kn_cuda_rank_estimate(&grp, q, &idx, n_r, n_e, ih, &nrh, &neh, oh, lh), RI_OK);
+    assert_int_equal(kn_cuda_rank_estimate(&grp, q, &di, n_r, n_e, id, &nrd, &ned, od, ld), RI_OK);
+    if (nrh != nrd || neh != ned || memcmp(ih, id, ((size_t)nrh + neh) * sizeof(uint32_t)) != 0) {
+        fprintf(stderr, "FAIL %s: fused ids differ from the host index's\n", what);
+        fails++;
+    }
+    assert_int_equal(kn_ops_ref()->estimate(&grp, q, &idx, id + nrd, ned, ro, rl), RI_OK);
+    fails += !xc_close(what, od, ro, (size_t)g * d, 2e-5) || !xc_close(what, ld, rl, g, 2e-5);
+    assert_int_equal(kn_ops_cuda()->rank(&grp, q, &di, n_r, n_e, id, &nrd, &ned), RI_OK);
+    if (nrh != nrd || neh != ned || memcmp(ih, id, ((size_t)nrh + neh) * sizeof(uint32_t)) != 0) {
+        fprintf(stderr, "FAIL %s: rank ids differ from the host index's\n", what);
+        fails++;
+    }
+    for (size_t i = 0; i < 64; i++)
+        rnd[i] = (uint32_t)(xc_next() % C);
+    assert_int_equal(kn_ops_ref()->estimate(&grp, q, &idx, rnd, 64, ro, rl), RI_OK);
+    assert_int_equal(kn_ops_cuda()->estimate(&grp, q, &di, rnd, 64, od, ld), RI_OK);
+    fails += !xc_close(what, od, ro, (size_t)g * d, 2e-5) || !xc_close(what, ld, rl, g, 2e-5);
+    kn_cuda_free(di.centroids);
+    kn_cuda_free(di.vsum);
+    kn_cuda_free(di.sizes);
+    xc_index_free(&idx);
+    free(q);
+    free(ih);
+    free(id);
+    free(rnd);
+    return fails;
+}
+
+static void test_device_resident_cuda(void **state)
+{
+    int fails = 0;
+    fails += xc_device_decode(2, 4, 128, 8193, 1);
+    fails += xc_device_decode(3, 3, 64, 1000, 0);
+    fails += xc_device_decode(1, 5, 48, 113, 1);
+    for (int i = 0; i < 3; i++) {
+        fails += xc_device_pages(4, 128, 1 + xc_next() % 40);
+        fails += xc_device_pages(3, 64, 1 + xc_next() % 40);
+    }
+    fails += xc_device_pages(8, 128, 0);
+    fails += xc_device_index(4, 128, 1000, 18, 232);
+    fails += xc_device_index(3, 64, 113, 2, 26);
+    fails += xc_device_index(1, 48, 4096, 74, 950);
+    assert_int_equal(fails, 0);
+}
+
 static void test_rank_estimate_fused_cuda(void **state)
 {
     int fails = 0;
@@ -1045,6 +1208,7 @@ int main(int argc, char **argv)
         cmocka_unit_test(test_rank_estimate_fused),
 #ifdef KN_XC_CUDA
         cmocka_unit_test(test_rank_estimate_fused_cuda),
+        cmocka_unit_test(test_device_resident_cuda),
 #endif
         cmocka_unit_test(test_select_top),
         cmocka_unit_test(test_merge),
