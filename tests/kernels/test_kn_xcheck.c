@@ -975,6 +975,74 @@ static int xc_device_index(uint32_t g, uint32_t d, uint32_t C, uint32_t n_r, uin
     return fails;
 }
 
+/* index_build from K/V in device memory, twice: both builds equal, bit for
+ * bit, the build from host memory (the device build is deterministic; the
+ * reference comparison is test_index_build's). */
+static int xc_device_build(uint32_t d, uint32_t n, uint32_t C, uint32_t S, int32_t neighbours)
+{
+    kn_build_params_t p;
+    kn_index_t a, b;
+    size_t stride = d + 8, elems = (size_t)n * stride;
+    cm_fp16_t *k = xc_half(elems, 1.0f), *v = xc_half(elems, 1.0f);
+    void *dk = xc_dev(k, elems * sizeof(cm_fp16_t)), *dv = xc_dev(v, elems * sizeof(cm_fp16_t));
+    int fails = 0;
+
+    kn_build_params_default(&p);
+    p.final_neighbours = neighbours;
+    kn_index_init(&a, d);
+    assert_int_equal(kn_ops_cuda()->index_build(&p, k, v, stride, n, 7, C, S, &a), RI_OK);
+    for (int run = 0; run < 2; run++) {
+        kn_index_init(&b, d);
+        assert_int_equal(kn_ops_cuda()->index_build(&p, dk, dv, stride, n, 7, C, S, &b), RI_OK);
+        if (b.n_clusters != a.n_clusters || b.n_tokens != a.n_tokens ||
+            memcmp(a.sizes, b.sizes, C * sizeof(uint32_t)) != 0 ||
+            memcmp(a.offsets, b.offsets, (C + 1) * sizeof(uint32_t)) != 0 ||
+            memcmp(a.perm, b.perm, n * sizeof(uint32_t)) != 0 ||
+            memcmp(a.centroids, b.centroids, (size_t)C * d * sizeof(cm_fp16_t)) != 0 ||
+            memcmp(a.vsum, b.vsum, (size_t)C * d * sizeof(float)) != 0) {
+            fprintf(stderr, "FAIL cuda index_build d=%u n=%u C=%u S=%u: the build from device "
+                    "memory (run %d) differs from the build from host memory\n", d, n, C, S, run);
+            fails++;
+        }
+        kn_index_cleanup(&b);
+    }
+    kn_index_cleanup(&a);
+    kn_cuda_free(dk);
+    kn_cuda_free(dv);
+    free(k);
+    free(v);
+    return fails;
+}
+
+/* quest_score over page bounds in device memory. */
+static int xc_device_quest(uint32_t g, uint32_t d, size_t np)
+{
+    kn_shape_t grp = {g, 1, d, 0};
+    float *q = xc_floats((size_t)g * d, 1.0f), *rs = malloc((np + 1) * sizeof(float));
+    cm_fp16_t *mn = xc_half(np * d, 1.0f), *mx = malloc((np * d + 1) * sizeof(cm_fp16_t));
+    xc_buf_t sc = xc_buf(np);
+    void *dmn, *dmx;
+    int fails = 0;
+    for (size_t i = 0; i < np * d; i++)
+        mx[i] = cm_f32_to_fp16(cm_fp16_to_f32(mn[i]) + fabsf(xc_gauss()));
+    dmn = xc_dev(mn, np * d * sizeof(cm_fp16_t));
+    dmx = xc_dev(mx, np * d * sizeof(cm_fp16_t));
+    assert_int_equal(kn_ops_ref()->quest_score(&grp, q, mn, mx, np, rs), RI_OK);
+    if (kn_ops_cuda()->quest_score(&grp, q, dmn, dmx, np, sc.p) != RI_OK)
+        fails++;
+    else
+        fails += !xc_guards_ok(&sc, "cuda quest_score device bounds") ||
+                 !xc_close("cuda quest_score device bounds", sc.p, rs, np, 2e-5);
+    kn_cuda_free(dmn);
+    kn_cuda_free(dmx);
+    free(q);
+    free(rs);
+    free(mn);
+    free(mx);
+    xc_free(&sc);
+    return fails;
+}
+
 static void test_device_resident_cuda(void **state)
 {
     int fails = 0;
@@ -989,6 +1057,10 @@ static void test_device_resident_cuda(void **state)
     fails += xc_device_index(4, 128, 1000, 18, 232);
     fails += xc_device_index(3, 64, 113, 2, 26);
     fails += xc_device_index(1, 48, 4096, 74, 950);
+    fails += xc_device_build(128, 1024, 64, 1, -1);   /* the decode-time update */
+    fails += xc_device_build(64, 5000, 312, 3, 1);
+    fails += xc_device_quest(4, 128, 1000);
+    fails += xc_device_quest(3, 40, 37);
     assert_int_equal(fails, 0);
 }
 
