@@ -12,7 +12,7 @@
  *               and the retrieved clusters of a device cluster-major copy,
  *               merge of the two tiny parts on the host
  *   quest       per KV head: cuda quest_score over device page bounds (16
- *               tokens), top-B pages chosen on the host, then
+ *               tokens), top-B pages chosen on the host (quickselect), then
  *               kn_cuda_attn_pages_device; the same exact-token budget as
  *               tripartite
  *
@@ -124,13 +124,41 @@ static void bc_wave_task(void *arg, size_t begin, size_t end, unsigned worker)
     }
 }
 
-/* The threshold-and-ties selection of the best k of n scores into sel. */
-static int bc_cmp_desc(const void *a, const void *b)
+/* The k-th largest of v[0..n) (1 <= k <= n), reordering v: quickselect,
+ * O(n) expected (a full sort of 64K page scores per head would be most of a
+ * Quest step's time). */
+static float bc_kth_largest(float *v, size_t n, size_t k)
 {
-    float x = *(const float *)a, y = *(const float *)b;
-    return (x < y) - (x > y);
+    size_t lo = 0, hi = n - 1, want = k - 1;
+    while (lo < hi) {
+        float pivot = v[lo + (hi - lo) / 2], t;
+        size_t i = lo, j = hi;
+        while (i <= j) {
+            while (v[i] > pivot)
+                i++;
+            while (v[j] < pivot)
+                j--;
+            if (i <= j) {
+                t = v[i];
+                v[i] = v[j];
+                v[j] = t;
+                i++;
+                if (j == 0)
+                    break;
+                j--;
+            }
+        }
+        if (want <= j)
+            hi = j;
+        else if (want >= i)
+            lo = i;
+        else
+            return v[want];
+    }
+    return v[want];
 }
 
+/* The best k of n scores (ties: lower page first) into sel; returns the count. */
 static size_t bc_top_pages(const float *score, size_t n, size_t k, float *tmp, uint32_t *sel)
 {
     float thr;
@@ -140,11 +168,10 @@ static size_t bc_top_pages(const float *score, size_t n, size_t k, float *tmp, u
             sel[i] = (uint32_t)i;
         return n;
     }
-    /* a partial selection would do; pages are few enough at 1M (65536) that
-     * the host sort is part of the Quest figure and said so in docs/cuda.md */
+    if (k == 0)
+        return 0;
     memcpy(tmp, score, n * sizeof(float));
-    qsort(tmp, n, sizeof(float), bc_cmp_desc);
-    thr = tmp[k - 1];
+    thr = bc_kth_largest(tmp, n, k);
     for (size_t i = 0; i < n && w < k; i++)
         if (score[i] > thr)
             sel[w++] = (uint32_t)i;
