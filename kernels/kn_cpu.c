@@ -367,6 +367,29 @@ void kn_group_scores(const float *qs, uint32_t g, uint32_t d, const cm_fp16_t *r
     kn_cpu_scores(qs, g, d, rows, stride, n, out, kn_cpu_simd_ok(g, d));
 }
 
+/* acc [g][d] += sum_e w[h*n+e] * row_e over the estimation zone ids[0..n):
+ * row_e is the fp16 mean VS_j / n_j when the index has them (half the bytes;
+ * w then carries the n_j), else the fp32 sum VS_j. */
+static void kn_est_accum(float *acc, const kn_index_t *idx, const uint32_t *ids, const float *w,
+                         size_t n, uint32_t g, uint32_t d, bool simd)
+{
+    if (simd) {
+        if (idx->vmean != NULL)
+            kn_est_accum_h_avx2(acc, idx->vmean, ids, w, n, g, d);
+        else
+            kn_est_accum_avx2(acc, idx->vsum, ids, w, n, g, d);
+        return;
+    }
+    for (uint32_t h = 0; h < g; h++)
+        for (size_t e = 0; e < n; e++) {
+            const float we = w[(size_t)h * n + e];
+            const size_t row = (size_t)ids[e] * d;
+            for (uint32_t i = 0; i < d; i++)
+                acc[(size_t)h * d + i] += we * (idx->vmean ? cm_fp16_to_f32(idx->vmean[row + i])
+                                                           : idx->vsum[row + i]);
+        }
+}
+
 /* Estimation from the rank's exponentiated logits ex [g][C] = e^{s_hj - m_h}:
  * den_h = sum_j n_j ex_hj, o_h = sum_j ex_hj VS_j / den_h, lse_h = m_h + ln den_h.
  * Terms that underflowed against the best cluster are negligible next to the
@@ -386,21 +409,14 @@ static ri_status_t kn_cpu_estimate_from_exp(uint32_t g, uint32_t d, const kn_ind
     for (uint32_t h = 0; h < g; h++) {
         float den = 0.0f;
         for (size_t e = 0; e < n; e++) {
-            float x = ex[(size_t)h * C + ids[e]];
-            w[(size_t)h * n + e] = x;
-            den += x * (float)idx->sizes[ids[e]];
+            float x = ex[(size_t)h * C + ids[e]], xn = x * (float)idx->sizes[ids[e]];
+            w[(size_t)h * n + e] = idx->vmean ? xn : x;
+            den += xn;
         }
         lse[h] = den > 0.0f ? mh[h] + logf(den) : -INFINITY;
         o[(size_t)h * d] = den;  /* stash; divided below */
     }
-    if (simd) {
-        kn_est_accum_avx2(acc, idx->vsum, ids, w, n, g, d);
-    } else {
-        for (uint32_t h = 0; h < g; h++)
-            for (size_t e = 0; e < n; e++)
-                for (uint32_t i = 0; i < d; i++)
-                    acc[(size_t)h * d + i] += w[(size_t)h * n + e] * idx->vsum[(size_t)ids[e] * d + i];
-    }
+    kn_est_accum(acc, idx, ids, w, n, g, d, simd);
     for (uint32_t h = 0; h < g; h++) {
         float den = o[(size_t)h * d], inv = den > 0.0f ? 1.0f / den : 0.0f;
         for (uint32_t i = 0; i < d; i++)
@@ -411,34 +427,27 @@ static ri_status_t kn_cpu_estimate_from_exp(uint32_t g, uint32_t d, const kn_ind
     return RI_OK;
 }
 
-/* Rank, and when o_e != NULL also the estimation zone from the same
- * exponentiated logits (no second pass over the centroids). */
-static ri_status_t kn_cpu_rank_impl(const kn_shape_t *grp, const float *q, const kn_index_t *idx,
-                                    uint32_t n_r, uint32_t n_e, uint32_t *ids, uint32_t *n_r_p,
-                                    uint32_t *n_e_p, float *o_e, float *lse_e)
+/* score [C] = sum over the g heads of softmax_j(logit [g][C]) over the
+ * non-empty clusters; logit becomes e^{s_hj - m_h} (0 for an empty cluster)
+ * and mh [g] the maxima.  The empty clusters are listed once (empty [C]
+ * scratch) and masked in each head. */
+static void kn_rank_softmax(uint32_t g, const kn_index_t *idx, float *logit, float *mh,
+                            float *score, uint32_t *empty, bool simd)
 {
-    float mh[KN_GMAX_STATE];
-    uint32_t g = grp->n_q_heads, d = grp->head_dim, C = idx->n_clusters, avail = 0;
-    float scale = kn_shape_scale(grp);
-    bool simd = kn_cpu_simd_ok(g, d);
-    float *qs = cm_malloc_aligned(&kn_tag, (size_t)g * d * sizeof(float), 64);
-    float *logit = cm_malloc_aligned(&kn_tag, ((size_t)g * C + 1) * sizeof(float), 64);
-    float *score = cm_malloc(&kn_tag, ((size_t)C + 1) * sizeof(float));
-    uint32_t *all = cm_malloc(&kn_tag, ((size_t)C + 1) * sizeof(uint32_t));
-    ri_status_t st = RI_ERR_NOMEM;
-
-    if (!qs || !logit || !score || !all)
-        goto out;
-    for (size_t i = 0; i < (size_t)g * d; i++)
-        qs[i] = q[i] * scale;
-    kn_cpu_scores(qs, g, d, idx->centroids, d, C, logit, simd);
+    uint32_t C = idx->n_clusters, n_empty = 0;
+    for (uint32_t j = 0; j < C; j++)
+        if (idx->sizes[j] == 0)
+            empty[n_empty++] = j;
     memset(score, 0, C * sizeof(float));
     for (uint32_t h = 0; h < g; h++) {
         float *lg = logit + (size_t)h * C, m = -INFINITY, sum = 0.0f, inv;
-        for (uint32_t j = 0; j < C; j++) {
-            if (idx->sizes[j] == 0)
-                lg[j] = -INFINITY;
-            m = CM_MAX(m, lg[j]);
+        for (uint32_t e = 0; e < n_empty; e++)
+            lg[empty[e]] = -INFINITY;
+        if (simd) {
+            m = kn_max_avx2(lg, C);
+        } else {
+            for (uint32_t j = 0; j < C; j++)
+                m = CM_MAX(m, lg[j]);
         }
         mh[h] = m;
         if (m == -INFINITY)
@@ -451,31 +460,131 @@ static ri_status_t kn_cpu_rank_impl(const kn_shape_t *grp, const float *q, const
         for (uint32_t j = 0; j < C; j++)
             score[j] += lg[j] * inv;
     }
-    /* Thresholds instead of moving ids around: the (R+E)-th and R-th largest
-     * scores by quickselect on plain values, then one ascending pass emits
-     * both parts in cluster order (ties go to the smaller id, as in ref). */
-    {
-        float *vals = (float *)all, thr_e, thr_r;
-        uint32_t above_e = 0, above_r = 0, ties_r, quota_e, a = 0, b;
+}
+
+/* Radix selection of the rank's two thresholds.  Scores are sums of
+ * probabilities, >= 0, so their bit patterns order like the values: one
+ * histogram of the top bits (exponent and 3 mantissa bits) finds the bucket
+ * of the k-th largest, and only that bucket's members are quickselected.
+ * This replaced two quickselects over all C scores (7% of a 128K step). */
+#define KN_RS_SHIFT 20
+#define KN_RS_BUCKETS (1u << (31 - KN_RS_SHIFT)) /* the sign bit is 0 */
+
+typedef struct kn_rs_pick {
+    uint32_t k;      /* wanted rank (1 = largest) */
+    uint32_t bucket; /* its bucket */
+    uint32_t above;  /* scores in higher buckets */
+    float thr;       /* the k-th largest score */
+    uint32_t gt;     /* scores > thr */
+} kn_rs_pick_t;
+
+static void kn_rs_bucket(const uint32_t *hist, kn_rs_pick_t *pk)
+{
+    uint32_t cum = 0, b = KN_RS_BUCKETS;
+    while (b-- > 0) {
+        if (cum + hist[b] >= pk->k)
+            break;
+        cum += hist[b];
+    }
+    pk->bucket = b;
+    pk->above = cum;
+}
+
+/* The k-th largest of score over the non-empty clusters, for each of the
+ * n_pk picks (k >= 1, at most the non-empty count); mem is scratch for C
+ * floats.  False when a score is negative or NaN (the caller falls back). */
+static bool kn_rs_select(const kn_index_t *idx, const float *score, kn_rs_pick_t *pk, int n_pk,
+                         float *mem)
+{
+    uint32_t hist[KN_RS_BUCKETS], C = idx->n_clusters;
+    memset(hist, 0, sizeof(hist));
+    for (uint32_t j = 0; j < C; j++) {
+        uint32_t u;
+        memcpy(&u, &score[j], sizeof(u));
+        if (idx->sizes[j] == 0)
+            continue;
+        if ((u >> KN_RS_SHIFT) >= KN_RS_BUCKETS || u > 0x7f800000u)
+            return false;
+        hist[u >> KN_RS_SHIFT]++;
+    }
+    for (int p = 0; p < n_pk; p++) {
+        uint32_t m = 0;
+        kn_rs_bucket(hist, &pk[p]);
+        for (uint32_t j = 0; j < C; j++) {
+            uint32_t u;
+            memcpy(&u, &score[j], sizeof(u));
+            if (idx->sizes[j] != 0 && (u >> KN_RS_SHIFT) == pk[p].bucket)
+                mem[m++] = score[j];
+        }
+        pk[p].thr = kn_kth_largest(mem, m, pk[p].k - pk[p].above);
+        pk[p].gt = pk[p].above;
+        for (uint32_t i = 0; i < m; i++)
+            pk[p].gt += mem[i] > pk[p].thr;
+    }
+    return true;
+}
+
+/* The same thresholds by quickselect over all scores (any float). */
+static void kn_qs_select(const kn_index_t *idx, const float *score, kn_rs_pick_t *pk, int n_pk,
+                         float *mem)
+{
+    uint32_t C = idx->n_clusters;
+    for (int p = 0; p < n_pk; p++) {
+        uint32_t m = 0;
         for (uint32_t j = 0; j < C; j++)
             if (idx->sizes[j] != 0)
-                vals[avail++] = score[j];
-        n_r = CM_MIN(n_r, avail);
-        n_e = CM_MIN(n_e, avail - n_r);
-        b = n_r;
-        if (n_r + n_e == 0)
-            goto done;
-        thr_e = kn_kth_largest(vals, avail, (size_t)n_r + n_e);
-        thr_r = n_r ? kn_kth_largest(vals, (size_t)n_r + n_e, n_r) : INFINITY;
-        for (uint32_t j = 0; j < C; j++) {
-            if (idx->sizes[j] == 0)
-                continue;
-            above_e += score[j] > thr_e;
-            above_r += score[j] > thr_r;
-        }
-        ties_r = n_r - above_r;
+                mem[m++] = score[j];
+        pk[p].thr = kn_kth_largest(mem, m, pk[p].k);
+        pk[p].gt = 0;
+        for (uint32_t j = 0; j < C; j++)
+            pk[p].gt += idx->sizes[j] != 0 && score[j] > pk[p].thr;
+    }
+}
+
+/* Rank, and when o_e != NULL also the estimation zone from the same
+ * exponentiated logits (no second pass over the centroids). */
+static ri_status_t kn_cpu_rank_impl(const kn_shape_t *grp, const float *q, const kn_index_t *idx,
+                                    uint32_t n_r, uint32_t n_e, uint32_t *ids, uint32_t *n_r_p,
+                                    uint32_t *n_e_p, float *o_e, float *lse_e)
+{
+    float mh[KN_GMAX_STATE];
+    uint32_t g = grp->n_q_heads, d = grp->head_dim, C = idx->n_clusters, avail = 0;
+    float scale = kn_shape_scale(grp);
+    bool simd = kn_cpu_simd_ok(g, d);
+    /* one block: q scaled, logits [g][C], scores [C], scratch [C] */
+    size_t gd = ((size_t)g * d + 15) & ~(size_t)15, gc = ((size_t)g * C + 15) & ~(size_t)15;
+    float *qs = cm_malloc_aligned(&kn_tag, (gd + gc + 2 * ((size_t)C + 1)) * sizeof(float), 64);
+    float *logit, *score, *scratch;
+    ri_status_t st = RI_ERR_NOMEM;
+
+    if (qs == NULL)
+        goto out;
+    logit = qs + gd;
+    score = logit + gc;
+    scratch = score + C + 1;
+    for (size_t i = 0; i < (size_t)g * d; i++)
+        qs[i] = q[i] * scale;
+    kn_cpu_scores(qs, g, d, idx->centroids, d, C, logit, simd);
+    kn_rank_softmax(g, idx, logit, mh, score, (uint32_t *)scratch, simd);
+    for (uint32_t j = 0; j < C; j++)
+        avail += idx->sizes[j] != 0;
+    n_r = CM_MIN(n_r, avail);
+    n_e = CM_MIN(n_e, avail - n_r);
+    if (n_r + n_e > 0) {
+        /* thresholds instead of moving ids around: the (R+E)-th and R-th
+         * largest scores, then one ascending pass emits both parts in
+         * cluster order (ties go to the smaller id, as in ref) */
+        kn_rs_pick_t pk[2] = {{.k = n_r + n_e}, {.k = n_r}};
+        int n_pk = n_r ? 2 : 1;
+        float thr_e, thr_r;
+        uint32_t ties_r, quota_e, a = 0, b = n_r;
+        if (!kn_rs_select(idx, score, pk, n_pk, scratch))
+            kn_qs_select(idx, score, pk, n_pk, scratch);
+        thr_e = pk[0].thr;
+        thr_r = n_r ? pk[1].thr : INFINITY;
+        ties_r = n_r - (n_r ? pk[1].gt : 0);
         /* E-part: the clusters above thr_e that R did not take, then ties at thr_e */
-        quota_e = n_e - (above_e - (thr_r > thr_e ? n_r : above_r));
+        quota_e = n_e - (pk[0].gt - (thr_r > thr_e ? n_r : (n_r ? pk[1].gt : 0)));
         for (uint32_t j = 0; j < C; j++) {
             float x = score[j];
             if (idx->sizes[j] == 0)
@@ -486,7 +595,6 @@ static ri_status_t kn_cpu_rank_impl(const kn_shape_t *grp, const float *q, const
                 ids[b++] = j;
         }
     }
-done:
     *n_r_p = n_r;
     *n_e_p = n_e;
     st = RI_OK;
@@ -494,9 +602,6 @@ done:
         st = kn_cpu_estimate_from_exp(g, d, idx, logit, C, mh, ids + n_r, n_e, simd, o_e, lse_e);
 out:
     cm_free(qs);
-    cm_free(logit);
-    cm_free(score);
-    cm_free(all);
     return st;
 }
 
@@ -574,18 +679,12 @@ static ri_status_t kn_cpu_estimate(const kn_shape_t *grp, const float *q, const 
             for (size_t e = 0; e < n; e++)
                 den += (wh[e] = expf(wh[e] - m));
         }
-        for (size_t e = 0; e < n; e++)
-            wh[e] *= invsz[e];
+        if (idx->vmean == NULL)  /* the sums need p_j / n_j, the means p_j */
+            for (size_t e = 0; e < n; e++)
+                wh[e] *= invsz[e];
         den_h[h] = den;
     }
-    if (simd) {
-        kn_est_accum_avx2(acc, idx->vsum, ids, w, n, g, d);
-    } else {
-        for (uint32_t h = 0; h < g; h++)
-            for (size_t e = 0; e < n; e++)
-                for (uint32_t i = 0; i < d; i++)
-                    acc[(size_t)h * d + i] += w[(size_t)h * n + e] * idx->vsum[(size_t)ids[e] * d + i];
-    }
+    kn_est_accum(acc, idx, ids, w, n, g, d, simd);
     for (uint32_t h = 0; h < g; h++) {
         float inv = den_h[h] > 0.0f ? 1.0f / den_h[h] : 0.0f;
         for (uint32_t i = 0; i < d; i++)

@@ -51,11 +51,16 @@ void kn_scores_gather_avx2(const float *qs, uint32_t g, uint32_t d, const cm_fp1
                            const uint32_t *ids, size_t n, float *out, size_t os);
 /* x[i] = exp(x[i] - m); returns the sum. */
 float kn_exp_sub_sum_avx2(float *x, size_t n, float m);
+/* max of x[0..n), -inf when n == 0 (comparisons as CM_MAX). */
+float kn_max_avx2(const float *x, size_t n);
 /* y += a * x, d % 8 == 0. */
 void kn_axpy_avx2(float *y, const float *x, float a, uint32_t d);
 /* acc [g][d] += sum_e w[h*n+e] * vsum[ids[e]][:] (d % 16 == 0). */
 void kn_est_accum_avx2(float *acc, const float *vsum, const uint32_t *ids, const float *w,
                        size_t n, uint32_t g, uint32_t d);
+/* acc [g][d] += sum_e w[h*n+e] * vm[ids[e]][:] over fp16 rows (d % 16 == 0). */
+void kn_est_accum_h_avx2(float *acc, const cm_fp16_t *vm, const uint32_t *ids, const float *w,
+                         size_t n, uint32_t g, uint32_t d);
 /* Prefetch the first rows (up to 16) of a page. */
 void kn_prefetch_page(const cm_fp16_t *k, const cm_fp16_t *v, size_t stride, size_t n, uint32_t d);
 void kn_assign_avx2(const float *x, size_t n, const float *c, size_t nc, uint32_t d,

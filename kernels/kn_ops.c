@@ -115,7 +115,21 @@ void kn_index_cleanup(kn_index_t *idx)
     cm_free(idx->sizes);
     cm_free(idx->offsets);
     cm_free(idx->perm);
+    cm_free(idx->vmean);
     kn_index_init(idx, idx->head_dim);
+}
+
+/* The fp16 means of clusters [first, n_clusters) from their sums.  Here,
+ * after whichever backend built them, so that no index reaches a decode
+ * with its means missing. */
+static void kn_index_fill_means(kn_index_t *idx, uint32_t first)
+{
+    size_t d = idx->head_dim;
+    for (size_t j = first; j < idx->n_clusters; j++) {
+        float inv = idx->sizes[j] ? 1.0f / (float)idx->sizes[j] : 0.0f;
+        for (size_t i = 0; i < d; i++)
+            idx->vmean[j * d + i] = cm_f32_to_fp16(idx->vsum[j * d + i] * inv);
+    }
 }
 
 ri_status_t kn_index_reserve(kn_index_t *idx, uint32_t add_clusters, uint32_t add_tokens)
@@ -136,6 +150,14 @@ ri_status_t kn_index_reserve(kn_index_t *idx, uint32_t add_clusters, uint32_t ad
         if (c == NULL)
             return RI_ERR_NOMEM;
         idx->vsum = c;
+        /* line-aligned: a gathered mean of d = 128 is 4 cache lines, not 5 */
+        c = cm_malloc_aligned(&kn_tag, (size_t)(cap ? cap : 1) * d * sizeof(cm_fp16_t), 64);
+        if (c == NULL)
+            return RI_ERR_NOMEM;
+        if (idx->vmean != NULL)
+            memcpy(c, idx->vmean, (size_t)idx->n_clusters * d * sizeof(cm_fp16_t));
+        cm_free(idx->vmean);
+        idx->vmean = c;
         c = cm_realloc(&kn_tag, idx->sizes, (size_t)(cap ? cap : 1) * sizeof(uint32_t));
         if (c == NULL)
             return RI_ERR_NOMEM;
@@ -377,6 +399,10 @@ ri_status_t kn_index_build(const kn_ops_t *ops, const kn_build_params_t *p, cons
         p = &def;
     }
     kn_shape_t sh = {.n_q_heads = 1, .n_kv_heads = 1, .head_dim = idx->head_dim};
-    return kn_pick(ops, KN_OP_INDEX_BUILD, &sh)->index_build(p, k, v, stride, n, token_base,
-                                                             n_clusters, n_segments, idx);
+    uint32_t first = idx->n_clusters;
+    ri_status_t st = kn_pick(ops, KN_OP_INDEX_BUILD, &sh)->index_build(p, k, v, stride, n, token_base,
+                                                                       n_clusters, n_segments, idx);
+    if (st == RI_OK)
+        kn_index_fill_means(idx, first);
+    return st;
 }

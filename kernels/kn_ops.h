@@ -113,6 +113,10 @@ typedef struct kn_index {
     uint32_t *sizes;        /* [cap] tokens per cluster (0 = empty) */
     uint32_t *offsets;      /* [cap+1] start of each cluster in perm */
     uint32_t *perm;         /* [cap_tokens] token ids, cluster-major */
+    cm_fp16_t *vmean;       /* [cap][d] VS_j / n_j in fp16 (0 when empty), filled by
+                               kn_index_build: what the CPU decode reads, half the
+                               bytes of vsum; NULL in an index made by hand (the
+                               CPU decode reads vsum then) */
 } kn_index_t;
 
 /* Clustering settings (defaults in docs/architecture.md). */
