@@ -518,6 +518,7 @@ void mdl_seq_set_qhook(mdl_seq_t *s, mdl_qhook_fn_t fn, void *arg)
 /* Activations of R rows. */
 typedef struct mdl_act {
     float *x, *xb, *q, *k, *v, *att, *g, *u;
+    float *rope[2];   /* [rows][n_rot/2][cos, sin] of each row's position: global, sliding-window bases */
 } mdl_act_t;
 
 static void mdl_act_free(mdl_act_t *a)
@@ -530,6 +531,8 @@ static void mdl_act_free(mdl_act_t *a)
     cm_free(a->att);
     cm_free(a->g);
     cm_free(a->u);
+    cm_free(a->rope[0]);
+    cm_free(a->rope[1]);
 }
 
 static ri_status_t mdl_act_alloc(const mdl_hparams_t *hp, size_t r, mdl_act_t *a)
@@ -544,24 +547,38 @@ static ri_status_t mdl_act_alloc(const mdl_hparams_t *hp, size_t r, mdl_act_t *a
     a->att = cm_malloc_aligned(&mdl_act_tag, r * qd * sizeof(float), 64);
     a->g = cm_malloc_aligned(&mdl_act_tag, r * hp->n_ff * sizeof(float), 64);
     a->u = cm_malloc_aligned(&mdl_act_tag, r * hp->n_ff * sizeof(float), 64);
-    if (!a->x || !a->xb || !a->q || !a->k || !a->v || !a->att || !a->g || !a->u) {
+    a->rope[0] = cm_malloc(&mdl_act_tag, r * hp->n_rot * sizeof(float));
+    a->rope[1] = cm_malloc(&mdl_act_tag, r * hp->n_rot * sizeof(float));
+    if (!a->x || !a->xb || !a->q || !a->k || !a->v || !a->att || !a->g || !a->u || !a->rope[0] || !a->rope[1]) {
         mdl_act_free(a);
         return RI_ERR_NOMEM;
     }
     return RI_OK;
 }
 
-/* Rotate each head's pairs by pos * inv_freq[i]: adjacent pairs (2i, 2i+1)
- * for llama (the layout its GGUF tensors have), (i, i + n_rot/2) for NEOX
- * models (Gemma), whose GGUF rows are not permuted. */
-static void mdl_rope(const mdl_model_t *m, const double *inv_freq, float *x, uint32_t n_heads, size_t pos)
+/* cos and sin of pos * inv_freq[i] for i < n_rot/2 into cs[2i], cs[2i+1]:
+ * once per row and forward pass, shared by Q and K of every layer with
+ * these frequencies (sincos per layer was 2% of a prefill). */
+static void mdl_rope_table(const mdl_model_t *m, const double *inv_freq, size_t pos, float *cs)
+{
+    double p = (double)pos / m->hp.rope_scale;
+    for (uint32_t i = 0; i < m->hp.n_rot / 2; i++) {
+        double a = p * inv_freq[i];
+        cs[2 * i] = (float)cos(a);
+        cs[2 * i + 1] = (float)sin(a);
+    }
+}
+
+/* Rotate each head's pairs by the angles of cs (mdl_rope_table): adjacent
+ * pairs (2i, 2i+1) for llama (the layout its GGUF tensors have),
+ * (i, i + n_rot/2) for NEOX models (Gemma), whose GGUF rows are not
+ * permuted. */
+static void mdl_rope(const mdl_model_t *m, const float *cs, float *x, uint32_t n_heads)
 {
     const mdl_hparams_t *hp = &m->hp;
-    double p = (double)pos / hp->rope_scale;
     uint32_t half = hp->n_rot / 2;
     for (uint32_t i = 0; i < half; i++) {
-        double a = p * inv_freq[i];
-        float c = (float)cos(a), s = (float)sin(a);
+        float c = cs[2 * i], s = cs[2 * i + 1];
         uint32_t i0 = hp->rope_neox ? i : 2 * i, i1 = hp->rope_neox ? i + half : 2 * i + 1;
         for (uint32_t h = 0; h < n_heads; h++) {
             float *e = x + (size_t)h * hp->head_dim;
@@ -607,8 +624,9 @@ static void mdl_qk_prepare(mdl_model_t *m, const mdl_rows_t *rw, uint32_t l, mdl
             mdl_head_norm(hp, a->q + r * qd, hp->n_heads, L->q_norm);
             mdl_head_norm(hp, a->k + r * kvd, hp->n_kv_heads, L->k_norm);
         }
-        mdl_rope(m, L->inv_freq, a->q + r * qd, hp->n_heads, pos);
-        mdl_rope(m, L->inv_freq, a->k + r * kvd, hp->n_kv_heads, pos);
+        const float *cs = a->rope[L->inv_freq == m->inv_freq ? 0 : 1] + r * hp->n_rot;
+        mdl_rope(m, cs, a->q + r * qd, hp->n_heads);
+        mdl_rope(m, cs, a->k + r * kvd, hp->n_kv_heads);
         if (!rw->prefill)
             mdl_kv_store(rw->seqs[r]->kv, l, pos, 1, a->k + r * kvd, a->v + r * kvd);
     }
@@ -666,6 +684,9 @@ static ri_status_t mdl_forward(mdl_model_t *m, const mdl_rows_t *rw, mdl_act_t *
     ri_status_t st = RI_OK;
 
     for (size_t r = 0; r < R; r++) {
+        mdl_rope_table(m, m->inv_freq, mdl_row_pos(rw, r), a->rope[0] + r * hp->n_rot);
+        if (hp->n_swa > 0)
+            mdl_rope_table(m, m->inv_freq_swa, mdl_row_pos(rw, r), a->rope[1] + r * hp->n_rot);
         mdl_dequant_row(&m->embd, (size_t)rw->tokens[r], a->x + r * E);
         if (hp->embd_scale != 1.0f)
             mdl_vec_scale(a->x + r * E, hp->embd_scale, E);
