@@ -182,8 +182,42 @@ float mdl_vec_exp_sub(float *s, size_t n, float m)
     return sum;
 }
 
+#ifdef MDL_AVX2
+/* The sum of squares in double, 4 lanes x 2 accumulators (the scalar loop
+ * was 2% of a prefill, on the calling thread alone); the scaling as the
+ * scalar code rounds it: (x * r) * w. */
+MDL_AVX2 static void mdl_rmsnorm_avx2(float *out, const float *x, const float *w, size_t n, float eps)
+{
+    __m256d s0 = _mm256_setzero_pd(), s1 = _mm256_setzero_pd();
+    size_t i = 0;
+    for (; i + 8 <= n; i += 8) {
+        __m256 v = _mm256_loadu_ps(x + i);
+        __m256d lo = _mm256_cvtps_pd(_mm256_castps256_ps128(v)), hi = _mm256_cvtps_pd(_mm256_extractf128_ps(v, 1));
+        s0 = _mm256_fmadd_pd(lo, lo, s0);
+        s1 = _mm256_fmadd_pd(hi, hi, s1);
+    }
+    __m256d s = _mm256_add_pd(s0, s1);
+    __m128d h = _mm_add_pd(_mm256_castpd256_pd128(s), _mm256_extractf128_pd(s, 1));
+    double ss = _mm_cvtsd_f64(_mm_add_sd(h, _mm_unpackhi_pd(h, h)));
+    for (size_t k = i; k < n; k++)
+        ss += (double)x[k] * x[k];
+    float r = (float)(1.0 / sqrt(ss / (double)n + eps));
+    __m256 rv = _mm256_set1_ps(r);
+    for (i = 0; i + 8 <= n; i += 8)
+        _mm256_storeu_ps(out + i, _mm256_mul_ps(_mm256_mul_ps(_mm256_loadu_ps(x + i), rv), _mm256_loadu_ps(w + i)));
+    for (; i < n; i++)
+        out[i] = x[i] * r * w[i];
+}
+#endif
+
 void mdl_vec_rmsnorm(float *out, const float *x, const float *w, size_t n, float eps)
 {
+#ifdef MDL_AVX2
+    if (mdl_quant_have_simd()) {
+        mdl_rmsnorm_avx2(out, x, w, n, eps);
+        return;
+    }
+#endif
     double ss = 0;
     for (size_t i = 0; i < n; i++)
         ss += (double)x[i] * x[i];
