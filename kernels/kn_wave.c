@@ -7,6 +7,7 @@
 #include <math.h>
 #include <stdatomic.h>
 #include <string.h>
+#include <sys/mman.h>
 
 #include "common/cm_log.h"
 #include "common/cm_status.h"
@@ -22,9 +23,11 @@ struct kn_wave {
     uint32_t g, d;         /* group size, head dim */
     size_t indexed_end;    /* first position after the indexed range */
     kn_index_t *idx;       /* [n_kv] */
-    const kn_wave_store_t *store; /* NULL: the clusters are copied into ck/cv */
-    cm_fp16_t **ck, **cv;  /* [n_kv] cluster-major K/V of indexed tokens [cap][d] */
-    size_t *cap;           /* [n_kv] rows allocated in ck/cv */
+    const kn_wave_store_t *store; /* NULL: the clusters are copied into ckv */
+    cm_fp16_t **ckv;       /* [n_kv] indexed K/V cluster by cluster, [2 cap][d]: cluster j's
+                              K rows from row 2 offsets[j], then its V rows, so that a
+                              retrieved cluster is one contiguous read */
+    size_t *cap;           /* [n_kv] tokens of room in ckv */
     uint32_t n_r, n_e;     /* share-based retrieval / estimation clusters per head
                               (kn_wave_budget adds the minimums) */
 };
@@ -76,10 +79,9 @@ ri_status_t kn_wave_create_store(const kn_shape_t *shape, const kn_wave_params_t
     w->d = shape->head_dim;
     w->indexed_end = params->sink_tokens;
     w->idx = cm_calloc(&kn_tag, nkv, sizeof(*w->idx));
-    w->ck = cm_calloc(&kn_tag, nkv, sizeof(*w->ck));
-    w->cv = cm_calloc(&kn_tag, nkv, sizeof(*w->cv));
+    w->ckv = cm_calloc(&kn_tag, nkv, sizeof(*w->ckv));
     w->cap = cm_calloc(&kn_tag, nkv, sizeof(*w->cap));
-    if (!w->idx || !w->ck || !w->cv || !w->cap) {
+    if (!w->idx || !w->ckv || !w->cap) {
         kn_wave_destroy(w);
         return RI_ERR_NOMEM;
     }
@@ -96,14 +98,11 @@ void kn_wave_destroy(kn_wave_t *w)
     for (uint32_t h = 0; h < w->shape.n_kv_heads; h++) {
         if (w->idx)
             kn_index_cleanup(&w->idx[h]);
-        if (w->ck)
-            cm_free(w->ck[h]);
-        if (w->cv)
-            cm_free(w->cv[h]);
+        if (w->ckv)
+            cm_free(w->ckv[h]);
     }
     cm_free(w->idx);
-    cm_free(w->ck);
-    cm_free(w->cv);
+    cm_free(w->ckv);
     cm_free(w->cap);
     cm_free(w);
 }
@@ -149,27 +148,44 @@ static void kn_wave_fail(kn_wave_job_t *job, ri_status_t st)
     atomic_compare_exchange_strong(&job->status, &expect, (int)st);
 }
 
+/* Huge pages for the whole 2 MiB pages inside a cluster copy not yet
+ * touched: the retrieved clusters are 8 KiB reads scattered over it, each a
+ * TLB miss or two with 4 KiB pages.  Advice only; failure changes nothing. */
+static void kn_wave_advise_huge(void *p, size_t bytes)
+{
+#ifdef MADV_HUGEPAGE
+    const uintptr_t huge = (uintptr_t)2 << 20;
+    uintptr_t a = ((uintptr_t)p + huge - 1) & ~(huge - 1), e = ((uintptr_t)p + bytes) & ~(huge - 1);
+    if (e > a)
+        (void)madvise((void *)a, e - a, MADV_HUGEPAGE);
+#else
+    (void)p;
+    (void)bytes;
+#endif
+}
+
+/* Copy clusters [first, n_clusters) of head h from kv into ckv. */
 static ri_status_t kn_wave_copy_clusters(kn_wave_t *w, uint32_t h, const kn_kv_view_t *kv,
-                                         uint32_t first_row)
+                                         uint32_t first)
 {
     kn_index_t *idx = &w->idx[h];
-    size_t need = idx->n_tokens, d = w->d;
+    size_t need = idx->n_tokens, d = w->d, row = d * sizeof(cm_fp16_t);
     if (need > w->cap[h]) {
         size_t cap = CM_MAX(need, w->cap[h] * 3 / 2);
-        cm_fp16_t *nk = cm_realloc(&kn_tag, w->ck[h], cap * d * sizeof(cm_fp16_t));
+        cm_fp16_t *nk = cm_realloc(&kn_tag, w->ckv[h], 2 * cap * row);
         if (nk == NULL)
             return RI_ERR_NOMEM;
-        w->ck[h] = nk;
-        nk = cm_realloc(&kn_tag, w->cv[h], cap * d * sizeof(cm_fp16_t));
-        if (nk == NULL)
-            return RI_ERR_NOMEM;
-        w->cv[h] = nk;
+        kn_wave_advise_huge(nk, 2 * cap * row);
+        w->ckv[h] = nk;
         w->cap[h] = cap;
     }
-    for (uint32_t r = first_row; r < idx->n_tokens; r++) {
-        size_t src = (size_t)h * kv->head_stride + (size_t)idx->perm[r] * kv->token_stride;
-        memcpy(w->ck[h] + (size_t)r * d, kv->k + src, d * sizeof(cm_fp16_t));
-        memcpy(w->cv[h] + (size_t)r * d, kv->v + src, d * sizeof(cm_fp16_t));
+    for (uint32_t j = first; j < idx->n_clusters; j++) {
+        cm_fp16_t *ck = w->ckv[h] + (size_t)2 * idx->offsets[j] * d, *cv = ck + (size_t)idx->sizes[j] * d;
+        for (uint32_t i = 0; i < idx->sizes[j]; i++) {
+            size_t src = (size_t)h * kv->head_stride + (size_t)idx->perm[idx->offsets[j] + i] * kv->token_stride;
+            memcpy(ck + (size_t)i * d, kv->k + src, row);
+            memcpy(cv + (size_t)i * d, kv->v + src, row);
+        }
     }
     return RI_OK;
 }
@@ -181,14 +197,13 @@ static void kn_wave_cluster_task(void *arg, size_t begin, size_t end, unsigned w
     (void)worker;
     for (size_t h = begin; h < end; h++) {
         kn_index_t *idx = &w->idx[h];
-        uint32_t r0 = idx->n_tokens;
         size_t off = h * job->kv->head_stride + job->t0 * job->kv->token_stride;
         job->first[h] = idx->n_clusters;
         ri_status_t st = kn_index_build(w->ops, &w->p.build, job->kv->k + off, job->kv->v + off,
                                         job->kv->token_stride, job->n, (uint32_t)job->t0, job->C,
                                         job->S, idx);
         if (st == RI_OK && w->store == NULL)
-            st = kn_wave_copy_clusters(w, (uint32_t)h, job->kv, r0);
+            st = kn_wave_copy_clusters(w, (uint32_t)h, job->kv, job->first[h]);
         if (st != RI_OK)
             kn_wave_fail(job, st);
     }
@@ -363,8 +378,8 @@ static void kn_wave_decode_task(void *arg, size_t begin, size_t end, unsigned wo
         /* exact part: the retrieved clusters from our cluster-major copy */
         for (uint32_t i = 0; i < nr; i++) {
             uint32_t j = ids[i];
-            pages[np++] = (kn_page_t){w->ck[h] + (size_t)idx->offsets[j] * d,
-                                      w->cv[h] + (size_t)idx->offsets[j] * d, idx->sizes[j], d};
+            const cm_fp16_t *ck = w->ckv[h] + (size_t)2 * idx->offsets[j] * d;
+            pages[np++] = (kn_page_t){ck, ck + (size_t)idx->sizes[j] * d, idx->sizes[j], d};
             retrieved += idx->sizes[j];
         }
         const float *op[1] = {o_e}, *lp[1] = {l_e};
@@ -377,7 +392,7 @@ static void kn_wave_decode_task(void *arg, size_t begin, size_t end, unsigned wo
         atomic_fetch_add(&job->est, ne);
         atomic_fetch_add(&job->bytes, exact * 4 * d +                       /* K+V fp16 */
                                           (uint64_t)idx->n_clusters * (2 * d + 4) + /* centroids, sizes */
-                                          (uint64_t)ne * 4 * d);            /* value sums */
+                                          (uint64_t)ne * (idx->vmean ? 2 : 4) * d); /* value means (fp16) or sums */
         cm_free(ids);
         cm_free(pages);
         cm_free(part);
