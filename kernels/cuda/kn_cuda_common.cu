@@ -37,18 +37,33 @@ void kn_cu_begin(kn_cu_call_t *c)
     c->st = RI_OK;
 }
 
+/* Set once a device turns out to have no memory pools (cudaMallocAsync not
+ * supported): plain cudaMalloc from then on. */
+static volatile int kn_cu_no_pools;
+
 void *kn_cu_alloc(kn_cu_call_t *c, size_t bytes)
 {
     void *p = NULL;
+    bool pooled = !kn_cu_no_pools;
+    cudaError_t e = cudaErrorNotSupported;
     if (c->st != RI_OK)
         return NULL;
     if (c->n_bufs == KN_CU_CALL_BUFS) {
         c->st = RI_ERR_INTERNAL;
         return NULL;
     }
-    c->st = kn_cu_status(cudaMallocAsync(&p, bytes ? bytes : 1, c->s), "malloc");
+    if (pooled)
+        e = cudaMallocAsync(&p, bytes ? bytes : 1, c->s);
+    if (e == cudaErrorNotSupported) {
+        cudaGetLastError();
+        kn_cu_no_pools = 1;
+        pooled = false;
+        e = cudaMalloc(&p, bytes ? bytes : 1);
+    }
+    c->st = kn_cu_status(e, "malloc");
     if (c->st != RI_OK)
         return NULL;
+    c->pooled[c->n_bufs] = pooled;
     c->bufs[c->n_bufs++] = p;
     return p;
 }
@@ -94,8 +109,12 @@ ri_status_t kn_cu_end(kn_cu_call_t *c)
     st = kn_cu_status(cudaStreamSynchronize(c->s), "sync");
     if (c->st == RI_OK)
         c->st = st;
-    for (int i = c->n_bufs - 1; i >= 0; i--)
-        cudaFreeAsync(c->bufs[i], c->s);
+    for (int i = c->n_bufs - 1; i >= 0; i--) {
+        if (c->pooled[i])
+            cudaFreeAsync(c->bufs[i], c->s);
+        else
+            cudaFree(c->bufs[i]);
+    }
     c->n_bufs = 0;
     return c->st;
 }

@@ -40,6 +40,7 @@ extern "C" {
 typedef struct kn_cu_call {
     cudaStream_t s;
     void *bufs[KN_CU_CALL_BUFS];
+    bool pooled[KN_CU_CALL_BUFS];  /* from cudaMallocAsync (else cudaMalloc) */
     int n_bufs;
     ri_status_t st;
 } kn_cu_call_t;
