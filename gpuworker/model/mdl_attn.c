@@ -124,7 +124,7 @@ uint32_t mdl_attn_auto_budget(const mdl_attn_cfg_t *cfg, size_t n_tokens)
 
 /* ---- exact causal attention ---- */
 
-#define MDL_QBLOCK 16     /* query positions per task */
+#define MDL_QBLOCK 32     /* query positions per task: each K/V tile is converted once for them */
 #define MDL_KTILE 128     /* keys converted per tile */
 #define MDL_MAX_GROUP 16  /* query heads per KV head we support */
 
@@ -143,9 +143,7 @@ typedef struct mdl_exact_job {
  * s becomes exp(s - m_new); the accumulator is rescaled by exp(m - m_new). */
 static void mdl_exact_softmax_step(float *s, size_t nt, float *acc, uint32_t d, float *m, float *l)
 {
-    float mx = -INFINITY;
-    for (size_t kk = 0; kk < nt; kk++)
-        mx = s[kk] > mx ? s[kk] : mx;
+    float mx = mdl_vec_max(s, nt);
     float mnew = mx > *m ? mx : *m;
     float corr = expf(*m - mnew);   /* exp(-inf) = 0 on the first tile */
     float sum = mdl_vec_exp_sub(s, nt, mnew);

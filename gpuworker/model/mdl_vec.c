@@ -80,6 +80,31 @@ MDL_AVX2 static float mdl_exp_sub_avx2(float *s, size_t n, float m)
     return sum;
 }
 
+MDL_AVX2 static float mdl_max_avx2(const float *s, size_t n)
+{
+    __m256 m = _mm256_set1_ps(-INFINITY);
+    size_t i = 0;
+    for (; i + 8 <= n; i += 8)
+        m = _mm256_max_ps(m, _mm256_loadu_ps(s + i));
+    __m128 h = _mm_max_ps(_mm256_castps256_ps128(m), _mm256_extractf128_ps(m, 1));
+    h = _mm_max_ps(h, _mm_movehl_ps(h, h));
+    h = _mm_max_ss(h, _mm_movehdup_ps(h));
+    float mx = _mm_cvtss_f32(h);
+    for (; i < n; i++)
+        mx = s[i] > mx ? s[i] : mx;
+    return mx;
+}
+
+MDL_AVX2 static void mdl_scale_avx2(float *y, float a, size_t n)
+{
+    __m256 av = _mm256_set1_ps(a);
+    size_t i = 0;
+    for (; i + 8 <= n; i += 8)
+        _mm256_storeu_ps(y + i, _mm256_mul_ps(_mm256_loadu_ps(y + i), av));
+    for (; i < n; i++)
+        y[i] *= a;
+}
+
 /* s[j] = scale * q.K[j] for d == 64: q in 8 registers, 8 keys at a time,
  * their 8 accumulators reduced together into one vector of 8 scores. */
 MDL_AVX2 static void mdl_scores64_avx2(const float *q, const float *K, size_t nk, float scale, float *s)
@@ -164,8 +189,26 @@ void mdl_vec_axpy(float *y, float a, const float *x, size_t n)
 
 void mdl_vec_scale(float *y, float a, size_t n)
 {
+#ifdef MDL_AVX2
+    if (mdl_quant_have_simd()) {
+        mdl_scale_avx2(y, a, n);
+        return;
+    }
+#endif
     for (size_t i = 0; i < n; i++)
         y[i] *= a;
+}
+
+float mdl_vec_max(const float *s, size_t n)
+{
+#ifdef MDL_AVX2
+    if (mdl_quant_have_simd())
+        return mdl_max_avx2(s, n);
+#endif
+    float mx = -INFINITY;
+    for (size_t i = 0; i < n; i++)
+        mx = s[i] > mx ? s[i] : mx;
+    return mx;
 }
 
 float mdl_vec_exp_sub(float *s, size_t n, float m)

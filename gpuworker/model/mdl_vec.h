@@ -15,6 +15,8 @@ float mdl_vec_dot(const float *a, const float *b, size_t n);
 void mdl_vec_axpy(float *y, float a, const float *x, size_t n);
 /* y *= a */
 void mdl_vec_scale(float *y, float a, size_t n);
+/* max of s[0..n), -INFINITY when n == 0 */
+float mdl_vec_max(const float *s, size_t n);
 /* s[i] = exp(s[i] - m); returns the sum */
 float mdl_vec_exp_sub(float *s, size_t n, float m);
 /* out = x / rms(x) * w  (rms over n, eps inside the root); out may be x */
