@@ -16,7 +16,8 @@
  * Defaults: 4K, 8K, 16K, 32K for a model trained to 32K (Gemma 3 270M), the
  * lengths up to the trained context otherwise (4K, 8K for SmolLM2); 10
  * trials per cell up to 8K, 5 beyond; seed 1.  --quick: one trial of every
- * task at 1,200 tokens (for tests).
+ * task at 1,200 tokens (for tests).  The --json file is rewritten after each
+ * task, marked "partial" until the run ends.
  */
 #define _GNU_SOURCE
 #include <stdio.h>
@@ -154,14 +155,12 @@ static int rl_methods(char *list, const char **out, size_t *n_p, bool *remote_p)
     return 0;
 }
 
-static void rl_row(bn_report_t *rep, const char *model, rl_task_t t, size_t ctx, const char *method,
-                   const rl_cell_t *c)
+/* The cell's row in the report. */
+static void rl_row_add(bn_report_t *rep, const char *model, rl_task_t t, size_t ctx, const char *method,
+                       const rl_cell_t *c)
 {
-    double lo, hi, rate = (double)c->passed / c->trials;
+    double lo, hi;
     rl_score_wilson(c->passed, c->trials, &lo, &hi);
-    double budget = c->decode_steps ? (double)c->exact_tokens / (double)c->decode_steps : 0;
-    double agree = c->agree_n ? (double)c->agree_prefix / (double)c->agree_n : 1;
-    double agree_all = c->agree_n ? (double)c->agree_same / (double)c->agree_n : 1;
     cJSON *row = bn_report_row(rep);
     cJSON_AddStringToObject(row, "model", model);
     cJSON_AddStringToObject(row, "task", rl_task_name(t));
@@ -169,20 +168,47 @@ static void rl_row(bn_report_t *rep, const char *model, rl_task_t t, size_t ctx,
     cJSON_AddStringToObject(row, "attn", method);
     cJSON_AddNumberToObject(row, "trials", c->trials);
     cJSON_AddNumberToObject(row, "passed", c->passed);
-    cJSON_AddNumberToObject(row, "budget_tokens", budget);
-    cJSON_AddNumberToObject(row, "pass_rate", rate);
+    cJSON_AddNumberToObject(row, "budget_tokens", c->decode_steps ? (double)c->exact_tokens / c->decode_steps : 0);
+    cJSON_AddNumberToObject(row, "pass_rate", (double)c->passed / c->trials);
     cJSON_AddNumberToObject(row, "ci_low", lo);
     cJSON_AddNumberToObject(row, "ci_high", hi);
     cJSON_AddNumberToObject(row, "recall", c->recall_sum / c->trials);
-    cJSON_AddNumberToObject(row, "agreement", agree);
-    cJSON_AddNumberToObject(row, "agreement_all", agree_all);
+    cJSON_AddNumberToObject(row, "agreement", c->agree_n ? (double)c->agree_prefix / c->agree_n : 1);
+    cJSON_AddNumberToObject(row, "agreement_all", c->agree_n ? (double)c->agree_same / c->agree_n : 1);
     cJSON_AddNumberToObject(row, "prefill_s", c->prefill_s / c->trials);
     cJSON_AddNumberToObject(row, "decode_s", c->decode_s / c->trials);
     cJSON_AddNumberToObject(row, "prompt_tokens", (double)c->prompt_tokens / c->trials);
     cJSON_AddNumberToObject(row, "gen_tokens", (double)c->gen_tokens / c->trials);
+}
+
+static void rl_row_print(rl_task_t t, size_t ctx, const char *method, const rl_cell_t *c)
+{
+    double lo, hi;
+    rl_score_wilson(c->passed, c->trials, &lo, &hi);
     printf("%-16s %6zu %-18s %3d/%-3d %5.2f [%4.2f, %4.2f] %6.2f %6.2f %8.0f %8.1f %8.2f\n", rl_task_name(t), ctx,
-           method, c->passed, c->trials, rate, lo, hi, c->recall_sum / c->trials, agree, budget,
-           c->prefill_s / c->trials, c->decode_s / c->trials);
+           method, c->passed, c->trials, (double)c->passed / c->trials, lo, hi, c->recall_sum / c->trials,
+           c->agree_n ? (double)c->agree_prefix / c->agree_n : 1,
+           c->decode_steps ? (double)c->exact_tokens / c->decode_steps : 0, c->prefill_s / c->trials,
+           c->decode_s / c->trials);
+}
+
+/* The report so far, marked partial, so that a run stopped midway keeps
+ * the tasks it finished (bn_report_finish writes the complete file). */
+static void rl_save_partial(bn_report_t *rep, const char *json)
+{
+    if (json == NULL)
+        return;
+    cJSON *root = bn_report_root(rep);
+    cJSON_DeleteItemFromObject(root, "partial");
+    cJSON_AddTrueToObject(root, "partial");
+    char *text = cJSON_Print(root);
+    FILE *f = text ? fopen(json, "w") : NULL;
+    if (f != NULL) {
+        fputs(text, f);
+        fclose(f);
+    }
+    cJSON_DeleteItemFromObject(root, "partial");
+    cJSON_free(text);
 }
 
 static void rl_table_head(void)
@@ -264,10 +290,18 @@ int main(int argc, char **argv)
         }
         rl_cell_t cells[RL_N_TASKS][RL_MAX_METHODS];
         memset(cells, 0, sizeof(cells));
-        for (size_t t = 0; t < o.n_tasks && rc == 0; t++)
+        for (size_t t = 0; t < o.n_tasks && rc == 0; t++) {
             for (int i = 0; i < trials && rc == 0; i++)
                 if (rl_run_trial(&run, o.tasks[t], ctx, i, trials, cells[t]) != RI_OK)
                     rc = 1;
+            if (rc != 0)
+                break;
+            for (size_t k = 0; k < run.n_methods; k++) {
+                rl_row_add(rep, model, o.tasks[t], ctx, run.methods[k], &cells[t][k]);
+                rl_row_print(o.tasks[t], ctx, run.methods[k], &cells[t][k]);
+            }
+            rl_save_partial(rep, json);
+        }
         if (rc != 0)
             break;
         printf("\ncontext %zu: %d trials per cell; budget = exact tokens per head and layer-step; times in s per "
@@ -276,7 +310,7 @@ int main(int argc, char **argv)
         rl_table_head();
         for (size_t t = 0; t < o.n_tasks; t++)
             for (size_t k = 0; k < run.n_methods; k++)
-                rl_row(rep, model, o.tasks[t], ctx, run.methods[k], &cells[t][k]);
+                rl_row_print(o.tasks[t], ctx, run.methods[k], &cells[t][k]);
         printf("\n");
         fflush(stdout);
     }
