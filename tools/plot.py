@@ -16,6 +16,8 @@ Each file is charted by its "bench" field; the PNG is named after the file
   serve          aggregate tokens/s against concurrent clients, one line per backend
   ruler          pass rate per task (and context), one bar per attention method,
                  with its 95% Wilson interval as an error bar
+  kernels        decode speedup over full attention per method, a group per
+                 context, each bar labelled with its share of the bandwidth
 Other benches are reported and skipped.
 
 Why gnuplot and not matplotlib: the python3 on PATH is not always Debian's
@@ -187,7 +189,43 @@ def plot_ruler(doc):
     return "pass", script, series
 
 
-PLOTS = {"ruler": plot_ruler, "e2e": plot_e2e, "dataplane": plot_dataplane, "attn-accuracy": plot_accuracy, "serve": plot_serve}
+def plot_kernels(doc):
+    """One decode step per method and context: speedup over full attention
+    (median times of the same rounds), a bar per method, a group per context;
+    each bar's label is its share of the bandwidth measured in those rounds."""
+    rows = [r for r in doc["rows"] if r.get("op") == "decode" and r.get("speedup_vs_full") is not None]
+    ns = sorted({r["n_tokens"] for r in rows})
+    methods = [m for m in ["retroinfer", "quest", "streaming", "random", "oracle"] if any(r["method"] == m for r in rows)]
+    by = {(r["n_tokens"], r["method"]): r for r in rows}
+    series = []
+    for m in methods:
+        pts = []
+        for n in ns:
+            r = by.get((n, m))
+            label = "%dK" % (n // 1024) if n < (1 << 20) else "%dM" % (n >> 20)
+            pts.append((label, r["speedup_vs_full"] if r else "NaN",
+                        "%.0f%%" % (100 * r["bw_fraction"]) if r and r.get("bw_fraction") is not None else ""))
+        series.append((m, pts))
+    title = "Decode step speedup over full attention (labels: share of measured bandwidth)\\n%s" % (
+        machine_note(doc))
+    script = HEAD.format(out=None, title=title, key="outside right top")
+    script += ("set termoption noenhanced\nset style data histogram\nset style histogram clustered gap 1\n"
+               "set style fill solid 0.8 border -1\nset logscale y\nset yrange [1:*]\n"
+               "set ylabel \"speedup over full (median)\"\nset xlabel \"context (tokens)\"\n")
+    nm = len(series)
+    for i, (_, pts) in enumerate(series):  # the bandwidth share over each bar
+        for j, (_, y, lab) in enumerate(pts):
+            if lab and y != "NaN":
+                x = j - 0.5 + (i + 1) / (nm + 1.0)
+                script += 'set label "%s" at %r,%r center offset 0,0.7 font ",8"\n' % (lab, x, y)
+    script += "plot " + ", ".join('"-" using 2%s title "%s"' % (":xtic(1)" if i == 0 else "", m)
+                                   for i, (m, _) in enumerate(series)) + "\n"
+    for _, pts in series:
+        script += "".join('"%s" %s\n' % (lab, y) for lab, y, _ in pts) + "e\n"
+    return "speedup", script, series
+
+
+PLOTS = {"kernels": plot_kernels, "ruler": plot_ruler, "e2e": plot_e2e, "dataplane": plot_dataplane, "attn-accuracy": plot_accuracy, "serve": plot_serve}
 
 
 def main(argv):

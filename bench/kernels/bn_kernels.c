@@ -8,7 +8,7 @@
  * the wave-index build throughput.  Prints a table; --json PATH writes
  * docs/bench-format.md's shape.
  *
- *   ri bench kernels [--quick] [--max-n N] [--only N] [--steps S] [--rounds R]
+ *   ri bench kernels [--quick] [--max-n N] [--only N[,N...]] [--steps S] [--rounds R]
  *                    [--fast-build-from N] [--json PATH]
  *
  * Timing: R rounds (15 up to 128K, 5 above); each round runs every method
@@ -473,7 +473,7 @@ int main(int argc, char **argv)
 {
     const char *json = bn_parse_json_arg(&argc, argv);
     bool quick = false;
-    size_t max_n = (size_t)1 << 20, only_n = 0, fast_from = 0;
+    size_t max_n = (size_t)1 << 20, only[8], n_only = 0, fast_from = 0;
     int steps = 0, rounds = 0, over = 0, st_size;
     static const size_t sizes[] = {8192, 32768, 131072, 524288, 1048576};
     bn_report_t *rep;
@@ -485,14 +485,20 @@ int main(int argc, char **argv)
             max_n = strtoull(argv[++i], NULL, 0);
         else if (strcmp(argv[i], "--fast-build-from") == 0 && i + 1 < argc)
             fast_from = strtoull(argv[++i], NULL, 0);
-        else if (strcmp(argv[i], "--only") == 0 && i + 1 < argc)
-            only_n = strtoull(argv[++i], NULL, 0);
+        else if (strcmp(argv[i], "--only") == 0 && i + 1 < argc) {
+            /* a comma list: the sizes of one run share its JSON (and its chart) */
+            for (char *p = argv[++i], *e; *p != '\0' && n_only < 8; p = *e == ',' ? e + 1 : e) {
+                only[n_only++] = strtoull(p, &e, 0);
+                if (e == p)
+                    break;
+            }
+        }
         else if (strcmp(argv[i], "--steps") == 0 && i + 1 < argc)
             steps = atoi(argv[++i]);
         else if (strcmp(argv[i], "--rounds") == 0 && i + 1 < argc)
             rounds = atoi(argv[++i]);
         else {
-            fprintf(stderr, "usage: ri bench kernels [--quick] [--max-n N] [--only N] [--steps S] [--rounds R] [--fast-build-from N] [--json PATH]\n");
+            fprintf(stderr, "usage: ri bench kernels [--quick] [--max-n N] [--only N[,N...]] [--steps S] [--rounds R] [--fast-build-from N] [--json PATH]\n");
             return 2;
         }
     }
@@ -515,7 +521,10 @@ int main(int argc, char **argv)
         char label[64], why[160];
         int st = steps ? steps : (N <= 32768 ? 8 : (N <= 131072 ? 4 : 1));
         snprintf(label, sizeof(label), "N=%zu", N);
-        if (only_n && N != only_n)
+        bool listed = n_only == 0;
+        for (size_t j = 0; j < n_only; j++)
+            listed |= only[j] == N;
+        if (!listed)
             continue;
         if (N > max_n) {
             bn_report_skip(rep, label, quick ? "--quick runs N <= 32768" : "above --max-n");
