@@ -16,8 +16,9 @@
  *               kn_cuda_attn_pages_device; the same exact-token budget as
  *               tripartite
  *
- * The index is built on the device (cuda index_build; global final pass up
- * to 128K, own segment +- 1 above, as ri-bench-kernels).  Each timed call
+ * The index is built on the device (cuda index_build through kn_index_build,
+ * which adds the fp16 means; global final pass up to 128K, own segment +- 1
+ * above, as ri-bench-kernels).  Each timed call
  * follows an L2 flush and uses another step's query; every method runs once
  * per round in an order rotated by one per round; `seconds` is the median
  * wall time of the call (host planning included), `seconds_min` the minimum.
@@ -117,7 +118,8 @@ static void bc_wave_task(void *arg, size_t begin, size_t end, unsigned worker)
         }
         if (st == RI_OK)
             st = kn_ops_cpu()->merge(G, D, 2, op, lp, x->out + h * G * D, x->lse + h * G);
-        x->bytes[h] = tok * D * 4 + (uint64_t)hd->dev.n_clusters * (D * 2 + 4) + (uint64_t)ne * D * 4;
+        /* exact K/V, centroids and sizes, the estimation's fp16 means */
+        x->bytes[h] = tok * D * 4 + (uint64_t)hd->dev.n_clusters * (D * 2 + 4) + (uint64_t)ne * D * 2;
         x->st[h] = st;
         free(ids);
         free(pages);
@@ -256,11 +258,13 @@ static int bc_head_upload(bc_head_t *hd, const cm_fp16_t *hk, const cm_fp16_t *h
     hd->dev.n_clusters = (uint32_t)C;
     hd->dev.n_tokens = (uint32_t)n;
     if (bn_cu_alloc((void **)&hd->dev.centroids, C * D * 2) || bn_cu_alloc((void **)&hd->dev.vsum, C * D * 4) ||
+        bn_cu_alloc((void **)&hd->dev.vmean, C * D * 2) ||
         bn_cu_alloc((void **)&hd->dev.sizes, C * 4) || bn_cu_alloc((void **)&hd->ck, n * D * 2) ||
         bn_cu_alloc((void **)&hd->cv, n * D * 2) || bn_cu_alloc((void **)&hd->kmin, nqp * D * 2) ||
         bn_cu_alloc((void **)&hd->kmax, nqp * D * 2))
         goto out;
     if (bn_cu_upload(hd->dev.centroids, ix->centroids, C * D * 2) || bn_cu_upload(hd->dev.vsum, ix->vsum, C * D * 4) ||
+        bn_cu_upload(hd->dev.vmean, ix->vmean, C * D * 2) ||
         bn_cu_upload(hd->dev.sizes, ix->sizes, C * 4) || bn_cu_upload(hd->ck, ck, n * D * 2) ||
         bn_cu_upload(hd->cv, cv, n * D * 2) || bn_cu_upload(hd->kmin, mn, nqp * D * 2) ||
         bn_cu_upload(hd->kmax, mx, nqp * D * 2))
@@ -278,6 +282,7 @@ static void bc_head_free(bc_head_t *hd)
 {
     bn_cu_free(hd->dev.centroids);
     bn_cu_free(hd->dev.vsum);
+    bn_cu_free(hd->dev.vmean);
     bn_cu_free(hd->dev.sizes);
     bn_cu_free(hd->ck);
     bn_cu_free(hd->cv);
@@ -335,9 +340,10 @@ static int bench_size(bn_report_t *rep, size_t N, int steps, int rounds, double 
     t_build = cm_time_s();
     for (int h = 0; h < NKV; h++) {
         kn_index_init(&x.head[h].host, D);
-        if (kn_ops_cuda()->index_build(&bp, x.dk + (size_t)h * N * D + (size_t)x.idx0 * D,
-                                       x.dv + (size_t)h * N * D + (size_t)x.idx0 * D, D,
-                                       x.idx1 - x.idx0, x.idx0, C, S, &x.head[h].host) != RI_OK) {
+        /* through the wrapper: it also fills the fp16 means the estimation reads */
+        if (kn_index_build(kn_ops_cuda(), &bp, x.dk + (size_t)h * N * D + (size_t)x.idx0 * D,
+                           x.dv + (size_t)h * N * D + (size_t)x.idx0 * D, D, x.idx1 - x.idx0,
+                           x.idx0, C, S, &x.head[h].host) != RI_OK) {
             bn_report_skip(rep, label, "device index build failed");
             goto out;
         }

@@ -15,8 +15,10 @@
  *   select    a stable descending radix sort of (s_j, j) (CUB): ties keep the
  *             smaller id first, as in the reference; R best, then the next E
  *   estimate  chunks of 64 clusters accumulate w_h VS_j and w_h n_j per head
- *             (w_h = e^{l_hj - m_h}), a second kernel sums the chunks in
- *             order: o_h = acc / den, lse_h = m_h + ln den
+ *             (w_h = e^{l_hj - m_h}; VS_j read as n_j times the index's fp16
+ *             mean when it has means, as the cpu backend reads them, else
+ *             the fp32 sum), a second kernel sums the chunks in order:
+ *             o_h = acc / den, lse_h = m_h + ln den
  *
  * The fused op reuses the rank's logits and maxima for the estimation zone,
  * so the centroids are read once.  Groups of up to 8 heads, d <= 256.
@@ -134,6 +136,7 @@ static __global__ void kn_cu_score_kernel(const float *L, int C, int g, const fl
 static __global__ void kn_cu_est_accum_kernel(const float *L, int ld, int by_id, const float *m,
                                               int g, int d, const uint32_t *ids, int n,
                                               const uint32_t *sizes, const float *vsum,
+                                              const __half *vmean,
                                               float *acc, float *den)
 {
     const int chunk = blockIdx.x, e0 = chunk * KN_CU_EST_CHUNK;
@@ -158,7 +161,8 @@ static __global__ void kn_cu_est_accum_kernel(const float *L, int ld, int by_id,
             for (int k = 0; k < KN_CU_MAXD / 64; k++) {
                 int i = threadIdx.x + k * 64;
                 if (i < d)
-                    a[h][k] += w * vsum[(size_t)j * d + i];
+                    a[h][k] += w * (vmean ? __half2float(vmean[(size_t)j * d + i]) * (float)nj
+                                          : vsum[(size_t)j * d + i]);
             }
         }
     }
@@ -193,10 +197,25 @@ static __global__ void kn_cu_est_finish_kernel(const float *acc, const float *de
         lse[h] = dn > 0.0f ? m[h] + logf(dn) : -INFINITY;
 }
 
-/* Estimation of g heads over n entries (device ids) into host/device o, lse. */
+/* The values the estimation reads: the index's fp16 means when it has them
+ * (what the cpu backend reads too: half the bytes of the sums; NULL in a
+ * hand-made index), else its fp32 sums (*vsum_p).  Returns the device means
+ * or NULL. */
+static const __half *kn_cu_values(kn_cu_call_t *c, const kn_index_t *idx, const float **vsum_p)
+{
+    size_t cd = (size_t)idx->n_clusters * idx->head_dim;
+    *vsum_p = NULL;
+    if (idx->vmean != NULL)
+        return (const __half *)kn_cu_in(c, idx->vmean, cd * sizeof(cm_fp16_t));
+    *vsum_p = (const float *)kn_cu_in(c, idx->vsum, cd * sizeof(float));
+    return NULL;
+}
+
+/* Estimation of g heads over n entries (device ids) into host/device o, lse;
+ * the values from vmean (fp16 means, times n_j) or else vsum (fp32 sums). */
 static void kn_cu_estimate_run(kn_cu_call_t *c, const float *L, int ld, int by_id, const float *m,
                                int g, int d, const uint32_t *ids, int n, const uint32_t *sizes,
-                               const float *vsum, float *o, float *lse)
+                               const float *vsum, const __half *vmean, float *o, float *lse)
 {
     int chunks = (n + KN_CU_EST_CHUNK - 1) / KN_CU_EST_CHUNK;
     float *acc = (float *)kn_cu_alloc(c, ((size_t)chunks + 1) * g * d * sizeof(float));
@@ -206,8 +225,8 @@ static void kn_cu_estimate_run(kn_cu_call_t *c, const float *L, int ld, int by_i
     if (c->st != RI_OK)
         return;
     if (chunks > 0)
-        kn_cu_est_accum_kernel<<<chunks, 64, 0, c->s>>>(L, ld, by_id, m, g, d, ids, n, sizes, vsum,
-                                                        acc, den);
+        kn_cu_est_accum_kernel<<<chunks, 64, 0, c->s>>>(L, ld, by_id, m, g, d, ids, n, sizes,
+                                                        vsum, vmean, acc, den);
     kn_cu_est_finish_kernel<<<g, 128, 0, c->s>>>(acc, den, chunks, g, d, m, dout, dlse);
     kn_cu_check_launch(c, "estimate launch");
     kn_cu_out(c, o, dout, (size_t)g * d * sizeof(float));
@@ -248,7 +267,7 @@ static ri_status_t kn_cu_rank_impl(const kn_shape_t *grp, const float *q, const 
             goto out;
         if (C == 0) {  /* nothing to rank: an empty estimation (o = 0, lse = -inf) */
             if (o_e != NULL)
-                kn_cu_estimate_run(&c, L, 0, 1, m, g, d, id_s, 0, sizes, NULL, o_e, lse_e);
+                kn_cu_estimate_run(&c, L, 0, 1, m, g, d, id_s, 0, sizes, NULL, NULL, o_e, lse_e);
             goto out;
         }
         kn_cu_logits_kernel<<<(C + 7) / 8, 256, 0, c.s>>>(dq, g, d, kn_shape_scale(grp), cent,
@@ -278,8 +297,10 @@ static ri_status_t kn_cu_rank_impl(const kn_shape_t *grp, const float *q, const 
         ne = n_e < avail - nr ? n_e : avail - nr;
         kn_cu_out(&c, ids, id_s, ((size_t)nr + ne) * sizeof(uint32_t));
         if (o_e != NULL) {
-            const float *vsum = (const float *)kn_cu_in(&c, idx->vsum, (size_t)C * d * sizeof(float));
-            kn_cu_estimate_run(&c, L, C, 1, m, g, d, id_s + nr, (int)ne, sizes, vsum, o_e, lse_e);
+            const float *vsum_d = NULL;
+            const __half *vmean = kn_cu_values(&c, idx, &vsum_d);
+            kn_cu_estimate_run(&c, L, C, 1, m, g, d, id_s + nr, (int)ne, sizes, vsum_d, vmean,
+                               o_e, lse_e);
         }
     }
 out:
@@ -321,7 +342,8 @@ ri_status_t kn_cuda_estimate(const kn_shape_t *grp, const float *q, const kn_ind
     const float *dq = (const float *)kn_cu_in(&c, q, (size_t)g * d * sizeof(float));
     const __half *cent = (const __half *)kn_cu_in(&c, idx->centroids, (size_t)C * d * sizeof(cm_fp16_t));
     const uint32_t *sizes = (const uint32_t *)kn_cu_in(&c, idx->sizes, (size_t)C * sizeof(uint32_t));
-    const float *vsum = (const float *)kn_cu_in(&c, idx->vsum, (size_t)C * d * sizeof(float));
+    const float *vsum = NULL;
+    const __half *vmean = kn_cu_values(&c, idx, &vsum);
     const uint32_t *dids = (const uint32_t *)kn_cu_in(&c, ids, n * sizeof(uint32_t));
     float *L = (float *)kn_cu_alloc(&c, ((size_t)g * n + 1) * sizeof(float));
     float *m = (float *)kn_cu_alloc(&c, (size_t)g * sizeof(float));
@@ -331,7 +353,7 @@ ri_status_t kn_cuda_estimate(const kn_shape_t *grp, const float *q, const kn_ind
                 dq, g, d, kn_shape_scale(grp), cent, sizes, dids, (int)n, L, (int)n);
         /* M_h = max_e (l_he + ln n_j): weights e^{l - M} then never overflow */
         kn_cu_head_stats_kernel<<<g, 256, 0, c.s>>>(L, (int)n, (int)n, sizes, dids, 1, m, NULL);
-        kn_cu_estimate_run(&c, L, (int)n, 0, m, g, d, dids, (int)n, sizes, vsum, o, lse);
+        kn_cu_estimate_run(&c, L, (int)n, 0, m, g, d, dids, (int)n, sizes, vsum, vmean, o, lse);
     }
     return kn_cu_end(&c);
 }

@@ -850,7 +850,7 @@ static int xc_fused_cuda(uint32_t g, uint32_t d, uint32_t C, uint32_t n_r, uint3
     }
     assert_int_equal(kn_ops_ref()->estimate(&grp, q, &idx, ids + nr, ne, ro, rl), RI_OK);
     fails += !xc_guards_ok(&o, what) || !xc_guards_ok(&l, what);
-    fails += !xc_close(what, o.p, ro, (size_t)g * d, 2e-5);
+    fails += !xc_close(what, o.p, ro, (size_t)g * d, XC_EST_TOL);
     fails += !xc_close(what, l.p, rl, g, 2e-5);
 out:
     xc_index_free(&idx);
@@ -979,6 +979,7 @@ static int xc_device_index(uint32_t g, uint32_t d, uint32_t C, uint32_t n_r, uin
     di.centroids = xc_dev(idx.centroids, (size_t)C * d * sizeof(cm_fp16_t));
     di.vsum = xc_dev(idx.vsum, (size_t)C * d * sizeof(float));
     di.sizes = xc_dev(idx.sizes, (size_t)C * sizeof(uint32_t));
+    di.vmean = idx.vmean ? xc_dev(idx.vmean, (size_t)C * d * sizeof(cm_fp16_t)) : NULL;
     di.offsets = NULL;
     di.perm = NULL;
     snprintf(what, sizeof(what), "cuda device index g=%u d=%u C=%u", g, d, C);
@@ -989,7 +990,7 @@ static int xc_device_index(uint32_t g, uint32_t d, uint32_t C, uint32_t n_r, uin
         fails++;
     }
     assert_int_equal(kn_ops_ref()->estimate(&grp, q, &idx, id + nrd, ned, ro, rl), RI_OK);
-    fails += !xc_close(what, od, ro, (size_t)g * d, 2e-5) || !xc_close(what, ld, rl, g, 2e-5);
+    fails += !xc_close(what, od, ro, (size_t)g * d, XC_EST_TOL) || !xc_close(what, ld, rl, g, 2e-5);
     assert_int_equal(kn_ops_cuda()->rank(&grp, q, &di, n_r, n_e, id, &nrd, &ned), RI_OK);
     if (nrh != nrd || neh != ned || memcmp(ih, id, ((size_t)nrh + neh) * sizeof(uint32_t)) != 0) {
         fprintf(stderr, "FAIL %s: rank ids differ from the host index's\n", what);
@@ -999,10 +1000,11 @@ static int xc_device_index(uint32_t g, uint32_t d, uint32_t C, uint32_t n_r, uin
         rnd[i] = (uint32_t)(xc_next() % C);
     assert_int_equal(kn_ops_ref()->estimate(&grp, q, &idx, rnd, 64, ro, rl), RI_OK);
     assert_int_equal(kn_ops_cuda()->estimate(&grp, q, &di, rnd, 64, od, ld), RI_OK);
-    fails += !xc_close(what, od, ro, (size_t)g * d, 2e-5) || !xc_close(what, ld, rl, g, 2e-5);
+    fails += !xc_close(what, od, ro, (size_t)g * d, XC_EST_TOL) || !xc_close(what, ld, rl, g, 2e-5);
     kn_cuda_free(di.centroids);
     kn_cuda_free(di.vsum);
     kn_cuda_free(di.sizes);
+    kn_cuda_free(di.vmean);
     xc_index_free(&idx);
     free(q);
     free(ih);
@@ -1093,6 +1095,9 @@ static void test_device_resident_cuda(void **state)
     fails += xc_device_index(4, 128, 1000, 18, 232);
     fails += xc_device_index(3, 64, 113, 2, 26);
     fails += xc_device_index(1, 48, 4096, 74, 950);
+    xc_means = true;
+    fails += xc_device_index(4, 128, 1000, 18, 232);  /* with fp16 means in device memory */
+    xc_means = false;
     fails += xc_device_build(128, 1024, 64, 1, -1);   /* the decode-time update */
     fails += xc_device_build(64, 5000, 312, 3, 1);
     fails += xc_device_quest(4, 128, 1000);
@@ -1109,6 +1114,10 @@ static void test_rank_estimate_fused_cuda(void **state)
     fails += xc_fused_cuda(1, 48, 300, 5, 70);
     fails += xc_fused_cuda(4, 128, 8192, 147, 1900);  /* 128K tokens' worth of clusters */
     fails += xc_fused_cuda(1, 64, 50, 60, 60);        /* asks for more than there is */
+    xc_means = true;  /* an index with fp16 means: the estimation reads them */
+    fails += xc_fused_cuda(4, 128, 1000, 18, 232);
+    fails += xc_fused_cuda(3, 40, 300, 5, 70);
+    xc_means = false;
     assert_int_equal(fails, 0);
 }
 #endif
