@@ -16,6 +16,11 @@ bool rl_prompt_chat(const mdl_tok_t *tok)
     return mdl_tok_has_chat(tok);
 }
 
+const char *rl_prompt_prefix(const mdl_tok_t *tok, const rl_sample_t *s)
+{
+    return !rl_prompt_chat(tok) && s->prefix_base[0] ? s->prefix_base : s->prefix;
+}
+
 ri_status_t rl_prompt_encode(const mdl_tok_t *tok, const char *user, const char *prefix, int32_t **ids_p,
                              size_t *n_p)
 {
@@ -54,7 +59,7 @@ static ri_status_t rl_prompt_try(const mdl_tok_t *tok, rl_task_t t, uint64_t see
     ri_status_t st = rl_task_make(t, seed, n_units, depth, s);
     if (st != RI_OK)
         return st;
-    return rl_prompt_encode(tok, s->user.s, s->prefix, ids_p, n_p);
+    return rl_prompt_encode(tok, s->user.s, rl_prompt_prefix(tok, s), ids_p, n_p);
 }
 
 ri_status_t rl_prompt_fit(const mdl_tok_t *tok, rl_task_t t, uint64_t seed, double depth, size_t max_tokens,

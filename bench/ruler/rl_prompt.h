@@ -19,6 +19,11 @@
 /* True when the model is prompted through its chat template. */
 bool rl_prompt_chat(const mdl_tok_t *tok);
 
+/* The answer opener for this model: s->prefix_base for a base model when
+ * the task has one (a completion phrase where RULER's opener is a bare
+ * "Answer:"), else s->prefix.  Borrowed from s. */
+const char *rl_prompt_prefix(const mdl_tok_t *tok, const rl_sample_t *s);
+
 /* Encode user text + answer opener (bos where the model wants one).
  * *ids_p: caller frees with cm_free. */
 ri_status_t rl_prompt_encode(const mdl_tok_t *tok, const char *user, const char *prefix, int32_t **ids_p,

@@ -156,7 +156,8 @@ ri_status_t rl_run_trial(const rl_run_t *run, rl_task_t t, size_t ctx, int trial
     }
     if (run->show_prompt)
         printf("---- prompt (%s) ----\n%s\n---- answer opener ----\n%s\n----\n", rl_prompt_chat(mdl_model_tok(m))
-               ? "user message of the chat template" : "completion text", s.user.s, s.prefix);
+               ? "user message of the chat template" : "completion text", s.user.s,
+               rl_prompt_prefix(mdl_model_tok(m), &s));
     printf("  %-15s ctx %-6zu trial %-2d prompt %zu tok, prefill %.1f s, expect:", rl_task_name(t), ctx, trial, n,
            prefill_s);
     for (int i = 0; i < s.n_answers; i++)

@@ -236,8 +236,9 @@ static void rl_make_cwe(rl_rng_t *ans, rl_rng_t *hay, size_t n_units, rl_sample_
     s->max_gen = rl_task_max_gen(RL_CWE);
 }
 
-/* One fact of kind k about town p: statement, question, answer. */
-static void rl_fact(int k, const char *p, rl_rng_t *r, char *stmt, char *q, char *a)
+/* One fact of kind k about town p: statement, question, answer, and an
+ * answer opener that paraphrases the statement (the model completes it). */
+static void rl_fact(int k, const char *p, rl_rng_t *r, char *stmt, char *q, char *a, char *op)
 {
     char f[64];
     switch (k) {
@@ -246,26 +247,31 @@ static void rl_fact(int k, const char *p, rl_rng_t *r, char *stmt, char *q, char
         snprintf(a, RL_ANSWER_LEN, "%s", rl_word(r, RL_MONTH));
         snprintf(stmt, 200, "The annual %s festival of %s is always held in %s.", f, p, a);
         snprintf(q, 200, "In which month is the annual %s festival of %s held?", f, p);
+        snprintf(op, 200, "Answer: The annual %s festival of %s takes place in", f, p);
         break;
     case 1:
         snprintf(a, RL_ANSWER_LEN, "%s", rl_word(r, RL_COLOR));
         snprintf(stmt, 200, "The old bridge at %s was painted %s by the town council.", p, a);
         snprintf(q, 200, "What color was the old bridge at %s painted?", p);
+        snprintf(op, 200, "Answer: The color of the old bridge at %s is", p);
         break;
     case 2:
         snprintf(a, RL_ANSWER_LEN, "%s %s", rl_word(r, RL_FIRST), rl_word(r, RL_LAST));
         snprintf(stmt, 200, "The public library of %s was founded by %s.", p, a);
         snprintf(q, 200, "Who founded the public library of %s?", p);
+        snprintf(op, 200, "Answer: The founder of the public library of %s was", p);
         break;
     case 3:
         snprintf(a, RL_ANSWER_LEN, "%s", rl_word(r, RL_ANIMAL));
         snprintf(stmt, 200, "The mayor of %s keeps a pet %s in the town hall.", p, a);
         snprintf(q, 200, "What kind of pet does the mayor of %s keep?", p);
+        snprintf(op, 200, "Answer: The pet that the mayor of %s keeps is a", p);
         break;
     default:
         snprintf(a, RL_ANSWER_LEN, "%s", rl_word(r, RL_NUMWORD));
         snprintf(stmt, 200, "The morning train to %s always leaves from platform %s.", p, a);
         snprintf(q, 200, "From which platform does the morning train to %s leave?", p);
+        snprintf(op, 200, "Answer: The morning train to %s departs from platform", p);
         break;
     }
 }
@@ -274,7 +280,7 @@ static void rl_make_qa(rl_rng_t *ans, rl_rng_t *hay, size_t n_units, double dept
 {
     enum { RL_QA_FACTS = 6 };
     rl_needle_t nd[RL_QA_FACTS];
-    char q[200], a[RL_ANSWER_LEN], first_q[200] = "", first_a[RL_ANSWER_LEN] = "";
+    char q[200], op[200], a[RL_ANSWER_LEN], first_q[200] = "", first_op[200] = "", first_a[RL_ANSWER_LEN] = "";
     size_t n_places = rl_words_n(RL_PLACE), p0 = rl_rng_below(ans, (uint32_t)n_places);
     int kind = (int)rl_rng_below(ans, 5);
     /* the fact asked about, two of its kind about other towns, three others */
@@ -282,12 +288,13 @@ static void rl_make_qa(rl_rng_t *ans, rl_rng_t *hay, size_t n_units, double dept
         const char *place = rl_word_at(RL_PLACE, p0 + i * 7);   /* distinct towns (32 places, step 7) */
         int k = i < 3 ? kind : (kind + 1 + (int)rl_rng_below(ans, 4)) % 5;
         for (;;) {
-            rl_fact(k, place, ans, nd[i].text, q, a);
+            rl_fact(k, place, ans, nd[i].text, q, a, op);
             if (i == 0 || strcmp(a, first_a) != 0)   /* a distractor never shares the answer */
                 break;
         }
         if (i == 0) {
             snprintf(first_q, sizeof(first_q), "%s", q);
+            snprintf(first_op, sizeof(first_op), "%s", op);
             snprintf(first_a, sizeof(first_a), "%s", a);
         }
         nd[i].at = rl_at(i == 0 ? depth : (double)rl_rng_below(ans, 1000) / 1000.0, n_units);
@@ -298,7 +305,8 @@ static void rl_make_qa(rl_rng_t *ans, rl_rng_t *hay, size_t n_units, double dept
     rl_buf_printf(&s->user, "%s\n\nThe following are given documents.\n\n", instr);
     rl_haystack(hay, n_units, nd, RL_QA_FACTS, &s->user);
     rl_buf_printf(&s->user, "\n\n%s\n\nQuestion: %s", instr, first_q);
-    snprintf(s->prefix, sizeof(s->prefix), "Answer:");
+    snprintf(s->prefix, sizeof(s->prefix), "Answer:");   /* RULER's; a base model completes a paraphrase */
+    snprintf(s->prefix_base, sizeof(s->prefix_base), "%s", first_op);
     s->max_gen = rl_task_max_gen(RL_QA);
 }
 
@@ -306,6 +314,7 @@ ri_status_t rl_task_make(rl_task_t t, uint64_t seed, size_t n_units, double dept
 {
     rl_buf_clear(&s->user);
     s->prefix[0] = '\0';
+    s->prefix_base[0] = '\0';
     s->n_answers = 0;
     rl_rng_t ans, hay;
     rl_rng_seed(&ans, rl_seed_mix(seed, 1, 0, 0));

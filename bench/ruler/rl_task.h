@@ -46,6 +46,7 @@ typedef enum rl_task {
 typedef struct rl_sample {
     rl_buf_t user;                               /* instruction, haystack with needles, question */
     char prefix[256];                            /* answer opener the model continues */
+    char prefix_base[256];                       /* the opener for a base model, when it differs ("": prefix) */
     char answers[RL_MAX_ANSWERS][RL_ANSWER_LEN]; /* every one must appear in the output */
     int n_answers;                               /* 1 .. RL_MAX_ANSWERS */
     int max_gen;                                 /* tokens to generate */
