@@ -74,6 +74,18 @@ const kn_ops_t *kn_ops_cuda(void)
     return kn_cuda_registered;
 }
 
+static kn_rank_estimate_fn_t kn_cuda_fused_fn;
+
+void kn_ops_register_cuda_fused(kn_rank_estimate_fn_t fn)
+{
+    kn_cuda_fused_fn = fn;
+}
+
+kn_rank_estimate_fn_t kn_ops_cuda_fused(void)
+{
+    return kn_cuda_fused_fn;
+}
+
 const kn_ops_t *kn_ops_default(void)
 {
     const char *want = getenv("RI_KERNELS");

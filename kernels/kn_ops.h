@@ -203,6 +203,18 @@ const kn_ops_t *kn_ops_cpu(void);
 const kn_ops_t *kn_ops_cuda(void);
 /* Called by the CUDA backend at load time (borrowed, static lifetime). */
 void kn_ops_register_cuda(const kn_ops_t *ops);
+
+/* A backend's fused rank + estimation of one group (one read of the
+ * centroids): the rank op's contract, then the estimate op's over the
+ * estimation zone ids[*n_r_p, *n_r_p + *n_e_p) into (o_e, lse_e). */
+typedef ri_status_t (*kn_rank_estimate_fn_t)(const kn_shape_t *grp, const float *q, const kn_index_t *idx,
+                                             uint32_t n_r, uint32_t n_e, uint32_t *ids, uint32_t *n_r_p,
+                                             uint32_t *n_e_p, float *o_e, float *lse_e);
+
+/* The CUDA backend's fused op, registered with its table (kn_cuda_init)
+ * because ri_kernels cannot link the CUDA library; NULL until then. */
+void kn_ops_register_cuda_fused(kn_rank_estimate_fn_t fn);
+kn_rank_estimate_fn_t kn_ops_cuda_fused(void);
 /* The best available backend (cuda if present, else cpu); RI_KERNELS=ref|cpu|cuda overrides. */
 const kn_ops_t *kn_ops_default(void);
 /* Fill up to max backends that run here (ref first); returns how many. */

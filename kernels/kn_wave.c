@@ -285,13 +285,18 @@ ri_status_t kn_wave_rank_estimate(const kn_ops_t *ops, const kn_shape_t *grp, co
                                   uint32_t n_r, uint32_t n_e, uint32_t *ids, uint32_t *nr, uint32_t *ne, float *o_e,
                                   float *l_e)
 {
-    bool fused = ops == kn_ops_cpu() && ops->supports(KN_OP_RANK, grp, KN_DTYPE_F16);
+    /* the backend's fused pass where it has one: one read of the centroids */
+    kn_rank_estimate_fn_t fn = NULL;
+    if (ops == kn_ops_cpu())
+        fn = kn_cpu_rank_estimate;
+    else if (ops != NULL && ops == kn_ops_cuda())
+        fn = kn_ops_cuda_fused();
+    bool fused = fn != NULL && ops->supports(KN_OP_RANK, grp, KN_DTYPE_F16);
     ri_status_t st;
 
     *nr = *ne = 0;
     if (idx->n_clusters > 0) {
-        st = fused ? kn_cpu_rank_estimate(grp, q, idx, n_r, n_e, ids, nr, ne, o_e, l_e)
-                   : kn_rank(ops, grp, q, idx, n_r, n_e, ids, nr, ne);
+        st = fused ? fn(grp, q, idx, n_r, n_e, ids, nr, ne, o_e, l_e) : kn_rank(ops, grp, q, idx, n_r, n_e, ids, nr, ne);
         if (st != RI_OK || fused)
             return st;
     }

@@ -65,5 +65,6 @@ extern "C" ri_status_t kn_cuda_init(void)
         return RI_ERR_NO_DEVICE;
     }
     kn_ops_register_cuda(&kn_cuda_table);
+    kn_ops_register_cuda_fused(kn_cuda_rank_estimate); /* kn_wave reads the centroids once */
     return RI_OK;
 }
