@@ -507,19 +507,30 @@ static bool kn_rs_select(const kn_index_t *idx, const float *score, kn_rs_pick_t
             return false;
         hist[u >> KN_RS_SHIFT]++;
     }
-    for (int p = 0; p < n_pk; p++) {
-        uint32_t m = 0;
+    /* one pass gathers both buckets' members: the first from the front of
+     * mem, the second (when it is another bucket) from the back */
+    uint32_t m0 = 0, m1 = 0;
+    for (int p = 0; p < n_pk; p++)
         kn_rs_bucket(hist, &pk[p]);
-        for (uint32_t j = 0; j < C; j++) {
-            uint32_t u;
-            memcpy(&u, &score[j], sizeof(u));
-            if (idx->sizes[j] != 0 && (u >> KN_RS_SHIFT) == pk[p].bucket)
-                mem[m++] = score[j];
-        }
-        pk[p].thr = kn_kth_largest(mem, m, pk[p].k - pk[p].above);
+    bool two = n_pk > 1 && pk[1].bucket != pk[0].bucket;
+    for (uint32_t j = 0; j < C; j++) {
+        uint32_t u, b;
+        memcpy(&u, &score[j], sizeof(u));
+        b = u >> KN_RS_SHIFT;
+        if (idx->sizes[j] == 0)
+            continue;
+        if (b == pk[0].bucket)
+            mem[m0++] = score[j];
+        else if (two && b == pk[1].bucket)
+            mem[C - ++m1] = score[j];
+    }
+    for (int p = 0; p < n_pk; p++) {
+        float *v = p == 1 && two ? mem + C - m1 : mem;
+        uint32_t m = p == 1 && two ? m1 : m0;
+        pk[p].thr = kn_kth_largest(v, m, pk[p].k - pk[p].above);
         pk[p].gt = pk[p].above;
         for (uint32_t i = 0; i < m; i++)
-            pk[p].gt += mem[i] > pk[p].thr;
+            pk[p].gt += v[i] > pk[p].thr;
     }
     return true;
 }
