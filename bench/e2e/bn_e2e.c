@@ -113,6 +113,7 @@ static ri_status_t e2e_case_init(e2e_case_t *c, int md, mdl_model_t *m, const md
     if (c->logits == NULL || c->step_s == NULL || ops == NULL)
         return RI_ERR_NOMEM;
     mdl_attn_cfg_default(&acfg);
+    acfg.release_window = c->remote; /* the disaggregated worker keeps what it reads */
     for (size_t b = 0; b < batch; b++) {
         ri_status_t st = mdl_seq_fork(base, ops, &acfg, &c->seqs[b]);
         if (st != RI_OK)

@@ -112,6 +112,7 @@ void mdl_attn_cfg_default(mdl_attn_cfg_t *cfg)
     cfg->update_tokens = 1024;
     cfg->retrieval_min_tokens = KN_WAVE_RETRIEVAL_MIN_TOKENS;
     cfg->adapt_tau = 0.0f;
+    cfg->release_window = false;
 }
 
 uint32_t mdl_attn_auto_budget(const mdl_attn_cfg_t *cfg, size_t n_tokens)

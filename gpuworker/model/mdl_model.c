@@ -18,6 +18,7 @@
 #include "common/cm_log.h"
 #include "common/cm_status.h"
 #include "common/cm_thread.h"
+#include "gpuworker/model/mdl_kv_mem.h"
 #include "gpuworker/model/mdl_quant.h"
 #include "gpuworker/model/mdl_vec.h"
 
@@ -58,6 +59,8 @@ struct mdl_seq {
     mdl_attn_cfg_t cfg;           /* its settings */
     void *attn_state;             /* owned by the backend */
     bool decoding;                /* first decode step done (index built) */
+    size_t win_released;          /* cfg.release_window: sliding-window layers' tokens
+                                     [0, win_released) given back */
     mdl_qhook_fn_t qhook;         /* optional query hook */
     void *qhook_arg;
 };
@@ -795,6 +798,29 @@ out:
     return st;
 }
 
+#define MDL_RELEASE_STEP 256 /* tokens given back at a time: few madvise calls */
+
+/* With cfg.release_window, give back each sliding-window layer's K/V that
+ * no later query reads: a query at position p reads (p - window, p], and the
+ * next one is at len, so tokens before len - window are done with.  The
+ * global layers are the backend's (the remote one gives back what the
+ * kvstore holds). */
+static void mdl_release_windows(mdl_model_t *m, mdl_seq_t *s)
+{
+    uint32_t win = 0;
+    if (!s->cfg.release_window)
+        return;
+    for (uint32_t l = 0; l < m->hp.n_layers; l++)
+        win = CM_MAX(win, m->layers[l].window);
+    if (win == 0 || s->kv->len < (size_t)win + s->win_released + MDL_RELEASE_STEP)
+        return;
+    size_t to = s->kv->len - win, from = s->win_released / MDL_RELEASE_STEP * MDL_RELEASE_STEP;
+    for (uint32_t l = 0; l < m->hp.n_layers; l++)
+        if (m->layers[l].window > 0)
+            (void)mdl_kv_release(s->kv, l, from, to); /* from a step boundary: the page the last call left */
+    s->win_released = to;
+}
+
 ri_status_t mdl_decode(mdl_model_t *m, mdl_seq_t *const *seqs, const int32_t *tokens, size_t n_seqs, float *logits)
 {
     if (n_seqs == 0 || !mdl_tokens_ok(m, tokens, n_seqs))
@@ -831,8 +857,10 @@ ri_status_t mdl_decode(mdl_model_t *m, mdl_seq_t *const *seqs, const int32_t *to
     mdl_rows_t rw = {.n = n_seqs, .tokens = tokens, .seqs = seqs, .prefill = false};
     st = mdl_forward(m, &rw, &a, wp, logits);
     if (st == RI_OK)
-        for (size_t b = 0; b < n_seqs; b++)
+        for (size_t b = 0; b < n_seqs; b++) {
             seqs[b]->kv->len++;
+            mdl_release_windows(m, seqs[b]);
+        }
     if (wp != want)
         cm_free(wp);
     mdl_act_free(&a);

@@ -557,6 +557,7 @@ int main(int argc, char **argv)
         mdl_attn_cfg_default(&acfg);
         acfg.retrieval_min_tokens = (uint32_t)cfg.retrieval_min;
         acfg.adapt_tau = (float)cfg.adapt_tau;
+        acfg.release_window = true; /* a server keeps what it reads */
         mdl_attn_cfg_set_default(&acfg);
     }
     if (cfg.threads > 0) {
