@@ -70,10 +70,6 @@ void kn_group_scores(const float *qs, uint32_t g, uint32_t d, const cm_fp16_t *r
 /* Largest GQA group the layer-level helpers keep on the stack. */
 #define KN_GMAX_LOCAL 64
 
-/* The k-th largest of v[0..n) (1 <= k <= n); reorders v so that v[0..k-1)
- * hold values >= it.  O(n) expected. */
-float kn_kth_largest(float *v, size_t n, size_t k);
-
 /* splitmix64 step, for seeded streams. */
 static inline uint64_t kn_splitmix64(uint64_t *state)
 {

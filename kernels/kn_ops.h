@@ -251,6 +251,11 @@ ri_status_t kn_index_build(const kn_ops_t *ops, const kn_build_params_t *p, cons
                            const cm_fp16_t *v, size_t stride, uint32_t n, uint32_t token_base,
                            uint32_t n_clusters, uint32_t n_segments, kn_index_t *idx);
 
+/* The k-th largest of v[0..n) (1 <= k <= n); reorders v so that v[0..k-1)
+ * hold values >= it.  O(n) expected (quickselect, median of three): for
+ * callers choosing a top-k on the host, e.g. a device bench's Quest pages. */
+float kn_kth_largest(float *v, size_t n, size_t k);
+
 /* Logit scale of a shape (scale, or 1/sqrt(d) when 0). */
 float kn_shape_scale(const kn_shape_t *shape);
 

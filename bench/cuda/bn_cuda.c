@@ -126,40 +126,6 @@ static void bc_wave_task(void *arg, size_t begin, size_t end, unsigned worker)
     }
 }
 
-/* The k-th largest of v[0..n) (1 <= k <= n), reordering v: quickselect,
- * O(n) expected (a full sort of 64K page scores per head would be most of a
- * Quest step's time). */
-static float bc_kth_largest(float *v, size_t n, size_t k)
-{
-    size_t lo = 0, hi = n - 1, want = k - 1;
-    while (lo < hi) {
-        float pivot = v[lo + (hi - lo) / 2], t;
-        size_t i = lo, j = hi;
-        while (i <= j) {
-            while (v[i] > pivot)
-                i++;
-            while (v[j] < pivot)
-                j--;
-            if (i <= j) {
-                t = v[i];
-                v[i] = v[j];
-                v[j] = t;
-                i++;
-                if (j == 0)
-                    break;
-                j--;
-            }
-        }
-        if (want <= j)
-            hi = j;
-        else if (want >= i)
-            lo = i;
-        else
-            return v[want];
-    }
-    return v[want];
-}
-
 /* The best k of n scores (ties: lower page first) into sel; returns the count. */
 static size_t bc_top_pages(const float *score, size_t n, size_t k, float *tmp, uint32_t *sel)
 {
@@ -173,7 +139,7 @@ static size_t bc_top_pages(const float *score, size_t n, size_t k, float *tmp, u
     if (k == 0)
         return 0;
     memcpy(tmp, score, n * sizeof(float));
-    thr = bc_kth_largest(tmp, n, k);
+    thr = kn_kth_largest(tmp, n, k);
     for (size_t i = 0; i < n && w < k; i++)
         if (score[i] > thr)
             sel[w++] = (uint32_t)i;
