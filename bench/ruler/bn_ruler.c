@@ -11,7 +11,7 @@
  *
  *   ri bench ruler [--model NAME|PATH] [--contexts L,..] [--tasks T,..] [--trials N]
  *                  [--methods full,retroinfer,quest,streaming[,retroinfer-remote]]
- *                  [--seed S] [--quick] [--quiet] [--show-prompt] [--json PATH]
+ *                  [--seed S] [--retrieval-min T] [--quick] [--quiet] [--show-prompt] [--json PATH]
  *
  * Defaults: 4K, 8K, 16K, 32K for a model trained to 32K (Gemma 3 270M), the
  * lengths up to the trained context otherwise (4K, 8K for SmolLM2); 10
@@ -42,20 +42,22 @@ typedef struct rl_opts {
     int trials;                        /* --trials (0: by context) */
     char methods[256];                 /* --methods */
     uint64_t seed;                     /* --seed */
+    long retrieval_min;                /* --retrieval-min; -1: the default floor */
     bool quick, quiet, show_prompt;
 } rl_opts_t;
 
 static void rl_usage(void)
 {
     fprintf(stderr, "usage: ri bench ruler [--model NAME|PATH] [--contexts L,..] [--tasks T,..] [--trials N]\n"
-                    "                      [--methods M,..] [--seed S] [--quick] [--quiet] [--show-prompt] [--json PATH]\n"
+                    "                      [--methods M,..] [--seed S] [--retrieval-min T] [--quick] [--quiet] [--show-prompt]\n"
+                    "                      [--json PATH]\n"
                     "tasks: niah_single,niah_multikey,niah_multivalue,vt,cwe,qa; methods: full,retroinfer,quest,"
                     "streaming,oracle," RL_REMOTE "\n");
 }
 
 static int rl_parse(int argc, char **argv, rl_opts_t *o)
 {
-    *o = (rl_opts_t){.seed = 1};
+    *o = (rl_opts_t){.seed = 1, .retrieval_min = -1};
     snprintf(o->methods, sizeof(o->methods), "full,retroinfer,quest,streaming");
     for (int t = 0; t < RL_N_TASKS; t++)
         o->tasks[o->n_tasks++] = (rl_task_t)t;
@@ -113,6 +115,12 @@ static int rl_parse(int argc, char **argv, rl_opts_t *o)
             snprintf(o->methods, sizeof(o->methods), "%s", v);
         } else if (!strcmp(a, "--seed")) {
             o->seed = strtoull(v, NULL, 0);
+        } else if (!strcmp(a, "--retrieval-min")) {
+            o->retrieval_min = atol(v);
+            if (o->retrieval_min < 0) {
+                fprintf(stderr, "ri bench ruler: --retrieval-min is a token count >= 0\n");
+                return -1;
+            }
         } else {
             fprintf(stderr, "ri bench ruler: unknown flag '%s'\n", a);
             return -1;
@@ -226,6 +234,14 @@ int main(int argc, char **argv)
         rl_usage();
         return 2;
     }
+    if (o.retrieval_min >= 0) {
+        /* retroinfer's retrieval floor for every sequence of the run (the
+         * baselines take retroinfer's measured budget either way) */
+        mdl_attn_cfg_t acfg;
+        mdl_attn_cfg_default(&acfg);
+        acfg.retrieval_min_tokens = (uint32_t)o.retrieval_min;
+        mdl_attn_cfg_set_default(&acfg);
+    }
     rl_run_t run = {.seed = o.seed, .verbose = !o.quiet, .show_prompt = o.show_prompt};
     bool remote;
     if (rl_methods(o.methods, run.methods, &run.n_methods, &remote) != 0)
@@ -268,6 +284,9 @@ int main(int argc, char **argv)
     cJSON_AddStringToObject(root, "model_name", mdl_model_name(run.model));
     cJSON_AddBoolToObject(root, "chat_template", mdl_tok_has_chat(mdl_model_tok(run.model)));
     cJSON_AddNumberToObject(root, "seed", (double)o.seed);
+    mdl_attn_cfg_t used;
+    mdl_attn_cfg_default(&used);
+    cJSON_AddNumberToObject(root, "retrieval_min_tokens", used.retrieval_min_tokens);
     run.outputs = cJSON_AddArrayToObject(root, "outputs");
     cJSON_AddStringToObject(root, "scoring", "pass: every expected item in the output (case-insensitive, whole "
                                              "words); recall: the share of items found");
