@@ -51,11 +51,13 @@ static CM_ALLOC_TAG(kvs_dp_tag, "kvs.dp");
 #define KVS_DP_MAX_UNCONNECTED 64u      /* requests of no connection queued in a lane */
 
 /* A reply in flight: what the send owns until its callback. */
-typedef struct kvs_reply {
+struct kvs_reply {
     uint8_t hdr[CM_WIRE_HDR_SIZE];
     uint8_t *meta;                    /* cm_malloc'd, or the lane's stage */
     kvs_dpw_t *stage_of;              /* meta is this lane's stage: mark it free */
-} kvs_reply_t;
+    kvs_dpw_t *lane;                  /* whose in-flight list holds it */
+    struct kvs_reply *prev, *next;    /* that list */
+};
 
 /* ---- queues ---- */
 
@@ -183,8 +185,30 @@ ucs_status_t kvs_dp_am_cb(void *arg, const void *header, size_t header_length, v
 
 /* ---- replies ---- */
 
+/* Every reply is on its lane's list from allocation until freed: a send
+ * still in flight when the lane stops never gets its callback (the UCX
+ * worker is destroyed under it), and the list is how it is still freed. */
+static kvs_reply_t *kvs_dp_reply_new(kvs_dpw_t *w)
+{
+    kvs_reply_t *r = cm_calloc(&kvs_dp_tag, 1, sizeof(*r));
+    if (r == NULL)
+        return NULL;
+    r->lane = w;
+    r->next = w->replies;
+    if (w->replies != NULL)
+        w->replies->prev = r;
+    w->replies = r;
+    return r;
+}
+
 static void kvs_dp_reply_free(kvs_reply_t *r)
 {
+    if (r->prev != NULL)
+        r->prev->next = r->next;
+    else
+        r->lane->replies = r->next;
+    if (r->next != NULL)
+        r->next->prev = r->prev;
     if (r->stage_of != NULL)
         r->stage_of->stage_busy = false;
     else
@@ -236,9 +260,8 @@ static void kvs_dp_reply_hdr(const cm_wire_hdr_t *req, ri_status_t st, uint32_t 
 /* Send a reply (takes ownership of meta). */
 static void kvs_dp_reply(kvs_conn_t *c, const cm_wire_hdr_t *req, ri_status_t st, uint8_t *meta, size_t meta_len)
 {
-    kvs_reply_t *r = cm_calloc(&kvs_dp_tag, 1, sizeof(*r));
-    if (r == NULL || c->failed) {
-        cm_free(r);
+    kvs_reply_t *r;
+    if (c->failed || (r = kvs_dp_reply_new(c->lane)) == NULL) {
         cm_free(meta);
         return;
     }
@@ -261,7 +284,7 @@ ri_status_t kvs_dp_reply_data(kvs_dp_t *dp, void *conn, const cm_wire_hdr_t *req
     (void)dp;
     if (c->failed)
         return RI_ERR_CONN_RESET;
-    r = cm_calloc(&kvs_dp_tag, 1, sizeof(*r));
+    r = kvs_dp_reply_new(w);
     if (r == NULL)
         return RI_ERR_NOMEM;
     /* Gather meta || misses into one buffer and send it contiguous: UCX 1.13
@@ -284,7 +307,7 @@ ri_status_t kvs_dp_reply_data(kvs_dp_t *dp, void *conn, const cm_wire_hdr_t *req
     } else {
         buf = cm_malloc(&kvs_dp_tag, total);
         if (buf == NULL) {
-            cm_free(r);
+            kvs_dp_reply_free(r);
             return RI_ERR_NOMEM;
         }
     }
@@ -714,7 +737,12 @@ void kvs_dp_lane_drain(kvs_dpw_t *w)
         w->conns = c->next;
         kvs_dp_close_conn(w, c);
     }
-    /* a reply still holding the stage is dropped with the worker */
+}
+
+void kvs_dp_lane_free_replies(kvs_dpw_t *w)
+{
+    while (w->replies != NULL)
+        kvs_dp_reply_free(w->replies);
     w->stage_busy = false;
 }
 

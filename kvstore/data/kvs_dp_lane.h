@@ -24,6 +24,7 @@
 #define KVS_DP_MAX_LANES 64u
 
 typedef struct kvs_dpw kvs_dpw_t;
+typedef struct kvs_reply kvs_reply_t; /* a reply being sent (kvs_dp.c) */
 
 /* One accepted connection (a CONNECT that passed). */
 typedef struct kvs_conn {
@@ -76,6 +77,7 @@ struct kvs_dpw {
     uint8_t *stage;                   /* inline replies are gathered here when it is free */
     size_t stage_len;
     bool stage_busy;                  /* a reply from stage is still being sent */
+    kvs_reply_t *replies;             /* replies UCX has not called back for yet */
     uint32_t unconnected;             /* queued requests from no accepted connection */
     uint64_t dropped_proto, dropped_quota; /* refused in the AM callback, not yet counted in data */
 };
@@ -101,6 +103,10 @@ ucs_status_t kvs_dp_am_cb(void *arg, const void *header, size_t header_length, v
 /* Drop everything still queued and close every connection of a lane whose
  * thread has stopped (kvs_dp.c). */
 void kvs_dp_lane_drain(kvs_dpw_t *w);
+
+/* Free the replies whose sends never called back; only once the lane's UCX
+ * worker is destroyed (kvs_dp.c). */
+void kvs_dp_lane_free_replies(kvs_dpw_t *w);
 
 /* UCX status to ours. */
 ri_status_t kvs_dp_status(ucs_status_t s);

@@ -135,6 +135,7 @@ static void kvs_dp_lane_close(kvs_dpw_t *w)
     kvs_dp_lane_drain(w);
     ucp_worker_destroy(w->worker);
     w->worker = NULL;
+    kvs_dp_lane_free_replies(w);
     cm_free(w->stage);
 }
 
