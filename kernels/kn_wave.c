@@ -37,7 +37,7 @@ void kn_wave_params_default(kn_wave_params_t *p)
     memset(p, 0, sizeof(*p));
     p->sink_tokens = 4;
     p->window_tokens = 64;
-    p->tokens_per_cluster = 16;
+    p->tokens_per_cluster = 0;  /* auto: 8 up to 32K, 16 beyond */
     p->segment_tokens = 8192;
     p->retrieval_frac = KN_WAVE_RETRIEVAL_FRAC;
     p->estimation_frac = KN_WAVE_ESTIMATION_FRAC;
@@ -45,9 +45,26 @@ void kn_wave_params_default(kn_wave_params_t *p)
     p->estimation_min_tokens = 0;
     p->adapt_tau = 0.0f;
     p->update_tokens = 1024;
-    p->update_clusters = 64;
+    p->update_clusters = 0;     /* update_tokens / tokens per cluster */
     kn_build_params_default(&p->build);
     p->ops = NULL;
+}
+
+uint32_t kn_wave_cluster_tokens(const kn_wave_params_t *p, size_t n_idx)
+{
+    if (p->tokens_per_cluster != 0)
+        return p->tokens_per_cluster;
+    return n_idx <= KN_WAVE_SHORT_CONTEXT ? KN_WAVE_SHORT_TOKENS_PER_CLUSTER : KN_WAVE_TOKENS_PER_CLUSTER;
+}
+
+/* Fix the cluster size (and the update's cluster count) at the first
+ * clustering of n_idx tokens: an index keeps one size for its life, so its
+ * budgets in tokens and its updates stay what its build chose. */
+static void kn_wave_fix_geometry(kn_wave_t *w, size_t n_idx)
+{
+    w->p.tokens_per_cluster = kn_wave_cluster_tokens(&w->p, n_idx);
+    if (w->p.update_clusters == 0)
+        w->p.update_clusters = CM_MAX(w->p.update_tokens / w->p.tokens_per_cluster, 1u);
 }
 
 ri_status_t kn_wave_create(const kn_shape_t *shape, const kn_wave_params_t *params,
@@ -63,7 +80,7 @@ ri_status_t kn_wave_create_store(const kn_shape_t *shape, const kn_wave_params_t
     uint32_t nkv;
 
     if (!kn_shape_valid(shape) || params == NULL || wave_p == NULL || params->update_tokens == 0 ||
-        params->update_clusters == 0 || params->update_clusters > params->update_tokens ||
+        params->update_clusters > params->update_tokens ||
         params->retrieval_frac < 0 || params->estimation_frac < 0 || !(params->adapt_tau >= 0.0f) ||
         params->adapt_tau >= 1.0f)
         return RI_ERR_INVALID;
@@ -256,6 +273,7 @@ ri_status_t kn_wave_build(kn_wave_t *w, const kn_kv_view_t *kv)
     if (kv->n_tokens < sink + w->p.window_tokens + w->p.update_tokens)
         return RI_OK;  /* too short: dense until the first update */
     n_idx = kv->n_tokens - sink - w->p.window_tokens;
+    kn_wave_fix_geometry(w, n_idx);
     C = kn_index_plan((uint32_t)n_idx, w->p.tokens_per_cluster, w->p.segment_tokens, &S);
     C = CM_MIN(C, (uint32_t)n_idx);
     S = CM_MIN(S, C);
@@ -269,6 +287,8 @@ ri_status_t kn_wave_update(kn_wave_t *w, const kn_kv_view_t *kv, bool *updated_p
     if (w == NULL || !kn_kv_valid(w, kv) || kv->n_tokens < w->indexed_end)
         return RI_ERR_INVALID;
     while (kv->n_tokens >= w->indexed_end + w->p.window_tokens + w->p.update_tokens) {
+        if (w->idx[0].n_clusters == 0)
+            kn_wave_fix_geometry(w, w->p.update_tokens);  /* no build: the first update is the index */
         st = kn_wave_cluster(w, kv, w->indexed_end, w->p.update_tokens, w->p.update_clusters, 1);
         if (st != RI_OK)
             break;

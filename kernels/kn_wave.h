@@ -37,12 +37,24 @@
  * clusters (32 tokens), too few to hold a needle the model needs (the
  * accuracy-vs-budget curve in docs/accuracy.md chose it). */
 #define KN_WAVE_RETRIEVAL_MIN_TOKENS 256u
+/* Cluster size when tokens_per_cluster is 0 (auto): the paper's 16 beyond
+ * KN_WAVE_SHORT_CONTEXT indexed tokens, 8 up to it.  Up to 32K a step's
+ * retrieval is held at the floor (256 tokens), a fixed number of tokens;
+ * clusters half the size spend it on twice as many, better aimed, and on
+ * real needles that is what decides (Gemma 3 niah_single at 4K: 8/10 with
+ * 16, 10/10 with 8, same bytes; docs/accuracy.md).  The price is a meta
+ * index twice the size, which at 32K on one 256-wide KV head is 4,096
+ * centroids per layer; at 128K and beyond the centroid pass is what a step
+ * costs, so the long-context size stays 16. */
+#define KN_WAVE_TOKENS_PER_CLUSTER 16u
+#define KN_WAVE_SHORT_TOKENS_PER_CLUSTER 8u
+#define KN_WAVE_SHORT_CONTEXT 32768u
 
 /* Settings (defaults in docs/architecture.md). */
 typedef struct kn_wave_params {
     uint32_t sink_tokens;        /* attention sinks kept exact (4) */
     uint32_t window_tokens;      /* recent tokens kept exact (64) */
-    uint32_t tokens_per_cluster; /* ~16 */
+    uint32_t tokens_per_cluster; /* 0 = auto (KN_WAVE_SHORT_CONTEXT); else ~this */
     uint32_t segment_tokens;     /* 8192 */
     float retrieval_frac;        /* R = max(round(frac*C), 1) (0.018) */
     float estimation_frac;       /* E = min(round(frac*C), C-R) (0.232) */
@@ -57,12 +69,17 @@ typedef struct kn_wave_params {
                                     of the candidates' estimated attention mass
                                     is <= adapt_tau; the rest is estimated */
     uint32_t update_tokens;      /* tokens clustered per update (1024) */
-    uint32_t update_clusters;    /* clusters per update (64) */
+    uint32_t update_clusters;    /* clusters per update; 0 = update_tokens /
+                                    tokens per cluster (64 at 16) */
     kn_build_params_t build;     /* k-means settings */
     const kn_ops_t *ops;         /* backend; NULL = kn_ops_default() */
 } kn_wave_params_t;
 
 void kn_wave_params_default(kn_wave_params_t *p);
+
+/* The cluster size an index of n_idx tokens gets under p: p's own, or the
+ * auto rule's when it is 0. */
+uint32_t kn_wave_cluster_tokens(const kn_wave_params_t *p, size_t n_idx);
 
 /* The budget rule, shared by every engine that keeps a wave index (in
  * process and remote): after C clusters were added (a build or an update)

@@ -33,8 +33,10 @@ static uint32_t kn_ceil_div(uint32_t a, uint32_t b)
 void kn_wave_budget_floor(const kn_wave_params_t *p, uint32_t total, uint32_t n_r, uint32_t n_e, uint32_t *r_p,
                           uint32_t *e_p)
 {
-    uint32_t r = CM_MAX(n_r, kn_ceil_div(p->retrieval_min_tokens, p->tokens_per_cluster));
-    uint32_t e = CM_MAX(n_e, kn_ceil_div(p->estimation_min_tokens, p->tokens_per_cluster));
+    /* before the first build the size is not fixed yet; total is 0 then */
+    uint32_t tpc = kn_wave_cluster_tokens(p, 0);
+    uint32_t r = CM_MAX(n_r, kn_ceil_div(p->retrieval_min_tokens, tpc));
+    uint32_t e = CM_MAX(n_e, kn_ceil_div(p->estimation_min_tokens, tpc));
     r = CM_MIN(r, total);
     *r_p = r;
     *e_p = CM_MIN(e, total - r);

@@ -300,6 +300,7 @@ static int bench_size(bn_report_t *rep, size_t N, int steps, int rounds, double 
     x.sink = wp.sink_tokens;
     x.idx0 = wp.sink_tokens;
     x.idx1 = (uint32_t)(N - wp.window_tokens);
+    wp.tokens_per_cluster = kn_wave_cluster_tokens(&wp, x.idx1 - x.idx0);
     C = kn_index_plan(x.idx1 - x.idx0, wp.tokens_per_cluster, wp.segment_tokens, &S);
     kn_build_params_default(&bp);
     bp.final_neighbours = N <= 131072 ? -1 : 1;

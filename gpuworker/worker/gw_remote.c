@@ -103,7 +103,7 @@ ri_status_t gw_remote_create(const char *addr, uint64_t session_id, const uint8_
         params = &defaults;
     }
     if (shape->n_q_heads / shape->n_kv_heads > GW_GMAX || shape->n_kv_heads > CM_DP_MAX_HEADS ||
-        params->wave.update_tokens == 0 || params->wave.update_clusters == 0 ||
+        params->wave.update_tokens == 0 ||
         params->wave.update_clusters > params->wave.update_tokens || params->cache_frac < 0)
         return RI_ERR_INVALID;
     r = cm_calloc(&gw_remote_tag, 1, sizeof(*r));

@@ -112,9 +112,10 @@ typedef struct ri_session_params {
     /* wave index (defaults in docs/architecture.md) */
     uint32_t sink_tokens;       /* 4 */
     uint32_t window_tokens;     /* 64 */
-    uint32_t tokens_per_cluster;/* 16 */
+    uint32_t tokens_per_cluster;/* 0 = auto: 8 while the prompt's indexed range is at
+                                   most 32K tokens, 16 beyond (docs/architecture.md) */
     uint32_t update_tokens;     /* 1024: tokens clustered per decode-time update */
-    uint32_t update_clusters;   /* 64 */
+    uint32_t update_clusters;   /* 0 = update_tokens / tokens per cluster */
     float retrieval_frac;       /* 0.018 */
     float estimation_frac;      /* 0.232 */
     /* wave buffer */

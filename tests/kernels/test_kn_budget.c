@@ -76,6 +76,7 @@ static void test_floor(void **state)
     (void)state;
     kn_wave_params_default(&p);
     assert_int_equal(p.retrieval_min_tokens, 256);
+    p.tokens_per_cluster = 16;                     /* the paper's size */
     kn_wave_budget_floor(&p, 64, 1, 15, &r, &e);   /* 2K-ish: the floor rules */
     assert_int_equal(r, 16);
     assert_int_equal(e, 15);
@@ -98,11 +99,56 @@ static void test_floor(void **state)
     bt_make(&x, 11);
     kn_wave_t *w = bt_wave(&x, 0, 256);
     kn_wave_budget(w, &r, &e);
-    assert_int_equal(r, 16);
+    assert_int_equal(r, 32);                       /* 6K tokens: auto size 8 */
     kn_wave_destroy(w);
     w = bt_wave(&x, 0, 0);
     kn_wave_budget(w, &r, &e);
     assert_int_equal(r, (uint32_t)lround(0.018 * kn_wave_index(w, 0)->n_clusters));
+    kn_wave_destroy(w);
+    bt_free(&x);
+}
+
+/* The auto cluster size: 8 tokens up to 32K indexed tokens, 16 beyond, an
+ * explicit size always; the build fixes it for the index's life, updates
+ * included, and the floor in clusters follows it. */
+static void test_auto_cluster_size(void **state)
+{
+    kn_wave_params_t p;
+    bt_kv_t x;
+    kn_wave_t *w;
+    uint32_t r, e;
+    (void)state;
+    kn_wave_params_default(&p);
+    assert_int_equal(p.tokens_per_cluster, 0);
+    assert_int_equal(kn_wave_cluster_tokens(&p, 4096), 8);
+    assert_int_equal(kn_wave_cluster_tokens(&p, KN_WAVE_SHORT_CONTEXT), 8);
+    assert_int_equal(kn_wave_cluster_tokens(&p, KN_WAVE_SHORT_CONTEXT + 1), 16);
+    assert_int_equal(kn_wave_cluster_tokens(&p, 1u << 20), 16);
+    p.tokens_per_cluster = 12;
+    assert_int_equal(kn_wave_cluster_tokens(&p, 4096), 12);
+    assert_int_equal(kn_wave_cluster_tokens(&p, 1u << 20), 12);
+
+    bt_make(&x, 5);
+    w = bt_wave(&x, 0, 256);
+    size_t n_idx = BT_N - 4 - 64;
+    assert_int_equal(kn_wave_params(w)->tokens_per_cluster, 8);
+    assert_int_equal(kn_wave_params(w)->update_clusters, 1024 / 8);
+    /* C = round(N / 8), rounded to the build's multiple of 8 */
+    assert_true(labs((long)kn_wave_index(w, 0)->n_clusters - (long)(n_idx / 8)) <= 8);
+    kn_wave_budget(w, &r, &e);
+    assert_int_equal(r, 256 / 8);
+    uint32_t c0 = kn_wave_index(w, 0)->n_clusters;  /* (updates: test_kn_invariants) */
+    kn_wave_destroy(w);
+
+    /* an explicit size is kept */
+    kn_wave_params_default(&p);
+    p.tokens_per_cluster = 16;
+    assert_int_equal(kn_wave_create(&x.shape, &p, &w), RI_OK);
+    assert_int_equal(kn_wave_build(w, &x.kv), RI_OK);
+    assert_int_equal(kn_wave_params(w)->update_clusters, 64);
+    assert_true(kn_wave_index(w, 0)->n_clusters < c0 * 2 / 3);
+    kn_wave_budget(w, &r, &e);
+    assert_int_equal(r, 16);
     kn_wave_destroy(w);
     bt_free(&x);
 }
@@ -202,6 +248,7 @@ int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_floor),
+        cmocka_unit_test(test_auto_cluster_size),
         cmocka_unit_test(test_cut_follows_the_mass),
         cmocka_unit_test(test_negligible_tau_is_fixed_2r),
         cmocka_unit_test(test_bad_tau_refused),
