@@ -20,9 +20,11 @@
  * of the retrieval zone in tokens, --adapt-tau X the output-aware per-head
  * cut (kn_wave.h); the others' budget follows retroinfer's exact tokens of
  * each step, so adaptive and fixed are compared at equal bytes.
+ * --cluster-tokens N fixes the index's cluster size (default: the auto size,
+ * 8 tokens up to 32K, 16 beyond), so sizes compare on the same K/V.
  *
  *   ri bench attn-accuracy --kv DIR [--json PATH] [--layers N] [--retrieval-frac F]
- *                          [--retrieval-min T] [--adapt-tau X]
+ *                          [--retrieval-min T] [--adapt-tau X] [--cluster-tokens N]
  */
 #define _GNU_SOURCE
 #include <math.h>
@@ -150,6 +152,7 @@ int main(int argc, char **argv)
     int max_layers = 1 << 30;
     double rfrac = 0; /* 0 = the default of kn_wave_params_default */
     double rmin = -1, tau = 0; /* -1: the default floor; tau 0: no per-head cut */
+    long tpc = 0;              /* 0: the auto cluster size (kn_wave_cluster_tokens) */
     cm_log_init_from_env();
     for (int i = 1; i < argc; i++) {
         const char *v;
@@ -163,9 +166,12 @@ int main(int argc, char **argv)
             rmin = atof(v);
         else if ((v = arg(&i, argc, argv, "--adapt-tau")) != NULL && atof(v) >= 0 && atof(v) < 1)
             tau = atof(v);
+        else if ((v = arg(&i, argc, argv, "--cluster-tokens")) != NULL && atol(v) >= 1 && atol(v) <= 1024)
+            tpc = atol(v);
         else {
             fprintf(stderr, "usage: ri bench attn-accuracy --kv DIR [--json PATH] [--layers N] "
-                            "[--retrieval-frac F (0-1]] [--retrieval-min TOKENS] [--adapt-tau X [0-1)]\n");
+                            "[--retrieval-frac F (0-1]] [--retrieval-min TOKENS] [--adapt-tau X [0-1)] "
+                            "[--cluster-tokens N (1-1024; default auto)]\n");
             return 2;
         }
     }
@@ -205,6 +211,8 @@ int main(int argc, char **argv)
     cJSON_AddNumberToObject(bn_report_root(rep), "retrieval_frac", rfrac > 0 ? rfrac : wp0.retrieval_frac);
     cJSON_AddNumberToObject(bn_report_root(rep), "retrieval_min_tokens", rmin >= 0 ? rmin : wp0.retrieval_min_tokens);
     cJSON_AddNumberToObject(bn_report_root(rep), "adapt_tau", tau);
+    wp0.tokens_per_cluster = (uint32_t)tpc;
+    cJSON_AddNumberToObject(bn_report_root(rep), "tokens_per_cluster", kn_wave_cluster_tokens(&wp0, n_prompt));
     acc_t all[M_COUNT] = {0};
     printf("%-6s %-11s %8s %10s %10s %10s %9s %9s\n", "layer", "method", "budget", "err_med", "err_p90", "err_p99",
            "recall100", "mass");
@@ -227,6 +235,7 @@ int main(int argc, char **argv)
         if (rmin >= 0)
             wp.retrieval_min_tokens = (uint32_t)rmin;
         wp.adapt_tau = (float)tau;
+        wp.tokens_per_cluster = (uint32_t)tpc;
         kn_wave_t *wave = NULL;
         kn_quest_t *quest = NULL;
         if (kn_wave_create(&shape, &wp, &wave) != RI_OK || kn_quest_create(&shape, 16, &quest) != RI_OK)
