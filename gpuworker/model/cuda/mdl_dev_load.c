@@ -1,0 +1,340 @@
+/*
+ * The device engine's weights and sequences (mdl_dev.h).  The weights are
+ * read through the model's public view of its file (mdl_model_gguf) by the
+ * tensor names mdl_model.c uses, expanded row by row with the CPU
+ * dequantiser, rounded to fp16 and copied to the device in chunks: no
+ * quantised format is decoded on the device (yet).  Not run on a GPU yet.
+ */
+#include <math.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "common/cm_alloc.h"
+#include "common/cm_half.h"
+#include "common/cm_status.h"
+#include "gpuworker/model/cuda/mdl_dev_int.h"
+#include "kernels/cuda/kn_cuda.h"
+
+static CM_ALLOC_TAG(mdl_dev_tag, "model.dev");
+
+#define MDL_DEV_STAGE_BYTES (16u << 20) /* host staging per copy: big enough to stream, small beside 335 MB */
+
+static ri_status_t mdl_dev_fail(char *err, size_t errlen, ri_status_t st, const char *fmt, ...)
+    __attribute__((format(printf, 4, 5)));
+
+static ri_status_t mdl_dev_fail(char *err, size_t errlen, ri_status_t st, const char *fmt, ...)
+{
+    if (err != NULL && errlen > 0) {
+        va_list ap;
+        va_start(ap, fmt);
+        vsnprintf(err, errlen, fmt, ap);
+        va_end(ap);
+    }
+    return st;
+}
+
+/* The weight called name, checked to be [rows][cols] (as mdl_get_weight). */
+static ri_status_t mdl_dev_weight(const mdl_model_t *m, const char *name, size_t rows, size_t cols, mdl_weight_t *w,
+                                  char *err, size_t errlen)
+{
+    const mdl_gguf_tensor_t *t = mdl_gguf_tensor(mdl_model_gguf(m), name);
+    if (t == NULL || mdl_weight_from_tensor(t, w) != RI_OK || w->rows != rows || w->cols != cols)
+        return mdl_dev_fail(err, errlen, RI_ERR_FORMAT, "device: tensor %s is missing or not %zux%zu", name, rows,
+                            cols);
+    return RI_OK;
+}
+
+/* Rows [r0, r0 + n) of w into stage as fp16 rows of ld (tail zeroed). */
+static void mdl_dev_stage_rows(const mdl_weight_t *w, size_t r0, size_t n, size_t ld, float *row, uint16_t *stage)
+{
+    for (size_t r = 0; r < n; r++) {
+        uint16_t *dst = stage + r * ld;
+        mdl_dequant_row(w, r0 + r, row);
+        cm_f32_to_fp16_n((cm_fp16_t *)dst, row, w->cols);
+        memset(dst + w->cols, 0, (ld - w->cols) * sizeof(uint16_t));
+    }
+}
+
+/* Upload the matrix called name ([rows][cols]) as fp16 into out (owned by
+ * the caller: mdl_dk_free(out->w)). */
+static ri_status_t mdl_dev_mat(mdl_dev_t *d, const char *name, size_t rows, size_t cols, mdl_dev_mat_t *out,
+                               char *err, size_t errlen)
+{
+    mdl_weight_t w;
+    ri_status_t st = mdl_dev_weight(d->m, name, rows, cols, &w, err, errlen);
+    if (st != RI_OK)
+        return st;
+    size_t ld = (cols + 7) / 8 * 8, row_bytes = ld * sizeof(uint16_t);
+    size_t chunk = CM_MAX((size_t)1, MDL_DEV_STAGE_BYTES / row_bytes);
+    float *row = cm_malloc(&mdl_dev_tag, cols * sizeof(float));
+    uint16_t *stage = cm_malloc(&mdl_dev_tag, CM_MIN(chunk, rows) * row_bytes);
+    *out = (mdl_dev_mat_t){.rows = rows, .cols = cols, .ld = ld};
+    if (row == NULL || stage == NULL) {
+        st = RI_ERR_NOMEM;
+        goto cleanup;
+    }
+    if ((st = mdl_dk_malloc((void **)&out->w, rows * row_bytes)) != RI_OK)
+        goto cleanup;
+    for (size_t r0 = 0; r0 < rows && st == RI_OK; r0 += chunk) {
+        size_t n = CM_MIN(chunk, rows - r0);
+        mdl_dev_stage_rows(&w, r0, n, ld, row, stage);
+        st = mdl_dk_h2d(out->w + r0 * ld, stage, n * row_bytes);
+    }
+    if (st == RI_OK)
+        d->weight_bytes += (uint64_t)rows * row_bytes;
+cleanup:
+    if (st != RI_OK)
+        mdl_dev_fail(err, errlen, st, "device: cannot upload %s: %s", name, ri_status_str(st));
+    cm_free(row);
+    cm_free(stage);
+    return st;
+}
+
+/* Upload the 1-D weight called name ([n], a norm) as fp32, as mdl_get_vector
+ * expands it. */
+static ri_status_t mdl_dev_vec(mdl_dev_t *d, const char *name, size_t n, float **out, char *err, size_t errlen)
+{
+    mdl_weight_t w;
+    ri_status_t st = mdl_dev_weight(d->m, name, 1, n, &w, err, errlen);
+    if (st != RI_OK)
+        return st;
+    float *h = cm_malloc(&mdl_dev_tag, n * sizeof(float));
+    if (h == NULL)
+        return RI_ERR_NOMEM;
+    mdl_dequant_row_ref(&w, 0, h);
+    if ((st = mdl_dk_malloc((void **)out, n * sizeof(float))) == RI_OK)
+        st = mdl_dk_h2d(*out, h, n * sizeof(float));
+    cm_free(h);
+    return st;
+}
+
+/* One block's weights, by mdl_model.c's names. */
+static ri_status_t mdl_dev_layer(mdl_dev_t *d, uint32_t l, char *err, size_t errlen)
+{
+    const mdl_hparams_t *hp = &d->hp;
+    mdl_dev_layer_t *L = &d->layers[l];
+    size_t qd = (size_t)hp->n_heads * hp->head_dim, kvd = (size_t)hp->n_kv_heads * hp->head_dim;
+    char n[96];
+    ri_status_t st = RI_OK;
+#define MDL_DEV_M(field, tname, rows, cols)                                              \
+    snprintf(n, sizeof(n), "blk.%u." tname ".weight", l);                                \
+    if ((st = mdl_dev_mat(d, n, rows, cols, &L->field, err, errlen)) != RI_OK)           \
+        return st;
+#define MDL_DEV_V(field, tname, len)                                                     \
+    snprintf(n, sizeof(n), "blk.%u." tname ".weight", l);                                \
+    if ((st = mdl_dev_vec(d, n, len, &L->field, err, errlen)) != RI_OK)                  \
+        return st;
+    MDL_DEV_M(wq, "attn_q", qd, hp->n_embd)
+    MDL_DEV_M(wk, "attn_k", kvd, hp->n_embd)
+    MDL_DEV_M(wv, "attn_v", kvd, hp->n_embd)
+    MDL_DEV_M(wo, "attn_output", hp->n_embd, qd)
+    MDL_DEV_M(gate, "ffn_gate", hp->n_ff, hp->n_embd)
+    MDL_DEV_M(up, "ffn_up", hp->n_ff, hp->n_embd)
+    MDL_DEV_M(down, "ffn_down", hp->n_embd, hp->n_ff)
+    MDL_DEV_V(attn_norm, "attn_norm", hp->n_embd)
+    MDL_DEV_V(ffn_norm, "ffn_norm", hp->n_embd)
+    if (hp->qk_norm) {
+        MDL_DEV_V(q_norm, "attn_q_norm", hp->head_dim)
+        MDL_DEV_V(k_norm, "attn_k_norm", hp->head_dim)
+    }
+    if (hp->post_norms) {
+        MDL_DEV_V(post_attn_norm, "post_attention_norm", hp->n_embd)
+        MDL_DEV_V(post_ffn_norm, "post_ffw_norm", hp->n_embd)
+    }
+#undef MDL_DEV_M
+#undef MDL_DEV_V
+    L->window = mdl_model_layer_window(d->m, l);
+    return st;
+}
+
+/* Device activations and host staging for MDL_DEV_MAX_BATCH rows. */
+static ri_status_t mdl_dev_buffers(mdl_dev_t *d)
+{
+    const mdl_hparams_t *hp = &d->hp;
+    size_t B = MDL_DEV_MAX_BATCH, qd = (size_t)hp->n_heads * hp->head_dim;
+    size_t kvd = (size_t)hp->n_kv_heads * hp->head_dim, f = sizeof(float);
+    ri_status_t st;
+    if ((st = mdl_dk_malloc((void **)&d->x, B * hp->n_embd * f)) != RI_OK ||
+        (st = mdl_dk_malloc((void **)&d->xb, B * hp->n_embd * f)) != RI_OK ||
+        (st = mdl_dk_malloc((void **)&d->q, B * qd * f)) != RI_OK ||
+        (st = mdl_dk_malloc((void **)&d->k, B * kvd * f)) != RI_OK ||
+        (st = mdl_dk_malloc((void **)&d->v, B * kvd * f)) != RI_OK ||
+        (st = mdl_dk_malloc((void **)&d->att, B * qd * f)) != RI_OK ||
+        (st = mdl_dk_malloc((void **)&d->g, B * hp->n_ff * f)) != RI_OK ||
+        (st = mdl_dk_malloc((void **)&d->u, B * hp->n_ff * f)) != RI_OK ||
+        (st = mdl_dk_malloc((void **)&d->logits, B * hp->n_vocab * f)) != RI_OK ||
+        (st = mdl_dk_malloc((void **)&d->cs, B * 2 * hp->n_rot * f)) != RI_OK ||
+        (st = mdl_dk_malloc((void **)&d->rows, (size_t)hp->n_layers * B * sizeof(mdl_dk_row_t))) != RI_OK)
+        return st;
+    d->h_x = cm_malloc(&mdl_dev_tag, B * hp->n_embd * f);
+    d->h_cs = cm_calloc(&mdl_dev_tag, B * 2 * hp->n_rot, f);
+    d->h_rows = cm_calloc(&mdl_dev_tag, (size_t)hp->n_layers * B, sizeof(mdl_dk_row_t));
+    d->inv_freq = cm_calloc(&mdl_dev_tag, hp->n_rot / 2 + 1, sizeof(double));
+    d->inv_freq_swa = cm_calloc(&mdl_dev_tag, hp->n_rot / 2 + 1, sizeof(double));
+    if (!d->h_x || !d->h_cs || !d->h_rows || !d->inv_freq || !d->inv_freq_swa)
+        return RI_ERR_NOMEM;
+    for (uint32_t i = 0; i < hp->n_rot / 2; i++) {   /* the expressions of mdl_model_load */
+        d->inv_freq[i] = pow((double)hp->rope_theta, -2.0 * i / hp->n_rot);
+        d->inv_freq_swa[i] = pow((double)hp->rope_theta_swa, -2.0 * i / hp->n_rot);
+    }
+    return RI_OK;
+}
+
+/* The device, its attention op, and a shape that op takes. */
+static ri_status_t mdl_dev_attach(mdl_dev_t *d, char *err, size_t errlen)
+{
+    ri_status_t st = mdl_dk_probe();
+    if (st == RI_OK)
+        st = kn_cuda_init();
+    if (st != RI_OK || (d->ops = kn_ops_cuda()) == NULL)
+        return mdl_dev_fail(err, errlen, RI_ERR_NO_DEVICE, "device: no usable CUDA device");
+    d->shape = (kn_shape_t){.n_q_heads = d->hp.n_heads, .n_kv_heads = d->hp.n_kv_heads,
+                            .head_dim = d->hp.head_dim};
+    if (!d->ops->supports(KN_OP_ATTN_DECODE, &d->shape, KN_DTYPE_F16))
+        return mdl_dev_fail(err, errlen, RI_ERR_UNSUPPORTED,
+                            "device: the CUDA attention does not take %u query heads per KV head at head_dim %u "
+                            "(at most 8 and 256)", d->hp.n_heads / d->hp.n_kv_heads, d->hp.head_dim);
+    return RI_OK;
+}
+
+ri_status_t mdl_dev_create(const mdl_model_t *m, mdl_dev_t **d_p, char *err, size_t errlen)
+{
+    const mdl_hparams_t *hp = mdl_model_hparams(m);
+    mdl_dev_t *d = cm_calloc(&mdl_dev_tag, 1, sizeof(*d));
+    ri_status_t st;
+    if (err != NULL && errlen > 0)
+        err[0] = '\0';
+    if (d == NULL)
+        return RI_ERR_NOMEM;
+    d->m = m;
+    d->hp = *hp;
+    if ((st = mdl_dev_attach(d, err, errlen)) != RI_OK)
+        goto err_free_dev;
+    if ((st = mdl_dev_weight(m, "token_embd.weight", hp->n_vocab, hp->n_embd, &d->embd, err, errlen)) != RI_OK)
+        goto err_free_dev;
+    d->layers = cm_calloc(&mdl_dev_tag, hp->n_layers, sizeof(*d->layers));
+    if (d->layers == NULL) {
+        st = RI_ERR_NOMEM;
+        goto err_free_dev;
+    }
+    for (uint32_t l = 0; l < hp->n_layers; l++)
+        if ((st = mdl_dev_layer(d, l, err, errlen)) != RI_OK)
+            goto err_free_dev;
+    /* the head: output.weight, or the embedding when tied (as mdl_model_load) */
+    const char *head = mdl_gguf_tensor(mdl_model_gguf(m), "output.weight") != NULL ? "output.weight"
+                                                                                     : "token_embd.weight";
+    if ((st = mdl_dev_mat(d, head, hp->n_vocab, hp->n_embd, &d->output, err, errlen)) != RI_OK ||
+        (st = mdl_dev_vec(d, "output_norm.weight", hp->n_embd, &d->output_norm, err, errlen)) != RI_OK ||
+        (st = mdl_dev_buffers(d)) != RI_OK)
+        goto err_free_dev;
+    *d_p = d;
+    return RI_OK;
+
+err_free_dev:
+    if (err != NULL && errlen > 0 && err[0] == '\0')
+        snprintf(err, errlen, "device: %s", ri_status_str(st));
+    mdl_dev_destroy(d);
+    return st;
+}
+
+static void mdl_dev_layer_free(mdl_dev_layer_t *L)
+{
+    mdl_dev_mat_t *mats[] = {&L->wq, &L->wk, &L->wv, &L->wo, &L->gate, &L->up, &L->down};
+    float *vecs[] = {L->attn_norm, L->ffn_norm, L->q_norm, L->k_norm, L->post_attn_norm, L->post_ffn_norm};
+    for (size_t i = 0; i < CM_ARRAY_LEN(mats); i++)
+        mdl_dk_free(mats[i]->w);
+    for (size_t i = 0; i < CM_ARRAY_LEN(vecs); i++)
+        mdl_dk_free(vecs[i]);
+}
+
+void mdl_dev_destroy(mdl_dev_t *d)
+{
+    if (d == NULL)
+        return;
+    if (d->layers != NULL)
+        for (uint32_t l = 0; l < d->hp.n_layers; l++)
+            mdl_dev_layer_free(&d->layers[l]);
+    cm_free(d->layers);
+    mdl_dk_free(d->output.w);
+    mdl_dk_free(d->output_norm);
+    float *acts[] = {d->x, d->xb, d->q, d->k, d->v, d->att, d->g, d->u, d->logits, d->cs};
+    for (size_t i = 0; i < CM_ARRAY_LEN(acts); i++)
+        mdl_dk_free(acts[i]);
+    mdl_dk_free(d->rows);
+    cm_free(d->h_x);
+    cm_free(d->h_cs);
+    cm_free(d->h_rows);
+    cm_free(d->inv_freq);
+    cm_free(d->inv_freq_swa);
+    cm_free(d);
+}
+
+uint64_t mdl_dev_weight_bytes(const mdl_dev_t *d)
+{
+    return d->weight_bytes;
+}
+
+/* ---- sequences ---- */
+
+ri_status_t mdl_dev_seq_create(mdl_dev_t *d, size_t cap, mdl_dev_seq_t **s_p)
+{
+    const mdl_hparams_t *hp = &d->hp;
+    if (cap == 0)
+        return RI_ERR_INVALID;
+    mdl_dev_seq_t *s = cm_calloc(&mdl_dev_tag, 1, sizeof(*s));
+    if (s == NULL)
+        return RI_ERR_NOMEM;
+    s->d = d;
+    s->cap = cap;
+    size_t bytes = 2 * (size_t)hp->n_layers * hp->n_kv_heads * cap * hp->head_dim * sizeof(uint16_t);
+    ri_status_t st = mdl_dk_malloc((void **)&s->kv, bytes);
+    if (st != RI_OK) {
+        cm_free(s);
+        return st;
+    }
+    *s_p = s;
+    return RI_OK;
+}
+
+void mdl_dev_seq_destroy(mdl_dev_seq_t *s)
+{
+    if (s == NULL)
+        return;
+    mdl_dk_free(s->kv);
+    cm_free(s);
+}
+
+size_t mdl_dev_seq_len(const mdl_dev_seq_t *s)
+{
+    return s->len;
+}
+
+size_t mdl_dev_seq_cap(const mdl_dev_seq_t *s)
+{
+    return s->cap;
+}
+
+ri_status_t mdl_dev_seq_upload(mdl_dev_t *d, mdl_dev_seq_t *s, const mdl_seq_t *cpu)
+{
+    const mdl_kv_t *kv = mdl_seq_kv(cpu);
+    const mdl_hparams_t *hp = &d->hp;
+    size_t len = mdl_seq_len(cpu), dim = hp->head_dim;
+    if (s->d != d || kv->geom.n_layers != hp->n_layers || kv->geom.n_kv_heads != hp->n_kv_heads ||
+        kv->geom.head_dim != dim)
+        return RI_ERR_INVALID;
+    if (len > s->cap)
+        return RI_ERR_RANGE;
+    ri_status_t st = RI_OK;
+    /* one copy per (layer, head, K|V): the two caches' head strides differ */
+    for (uint32_t l = 0; l < hp->n_layers && st == RI_OK; l++)
+        for (uint32_t h = 0; h < hp->n_kv_heads && st == RI_OK; h++) {
+            size_t src = (size_t)h * kv->cap * dim, dst = (size_t)h * s->cap * dim, bytes = len * dim * 2;
+            st = mdl_dk_h2d(mdl_dev_seq_kv(s, l, 0) + dst, kv->k[l] + src, bytes);
+            if (st == RI_OK)
+                st = mdl_dk_h2d(mdl_dev_seq_kv(s, l, 1) + dst, kv->v[l] + src, bytes);
+        }
+    if (st == RI_OK)
+        s->len = len;
+    return st;
+}
