@@ -14,7 +14,9 @@
  *    time.  Gemma's second prompt is longer than its 512-token window, so
  *    the sliding-window layers attend a window that has moved.
  *
- * Exits 77 without a CUDA device.  A model that is not installed is
+ * Exits 77 without a CUDA device.  test_model_dev_host is this file over
+ * host stand-ins of the kernels (mdl_dev_host_kern.c): it runs everywhere
+ * and checks the engine's host side only.  A model that is not installed is
  * reported on a "NOT RUN" line (the GEMV check still counts).
  */
 #include <math.h>
