@@ -19,6 +19,10 @@
  * With --listen HOST:PORT it is a service instead: an OpenAI-compatible
  * HTTP API (gw_http.h) over continuous batching (gw_sched.h), until SIGTERM
  * or SIGINT, which drain it (bounded by --drain-timeout-ms).
+ *
+ * --device cuda decodes the stdin and --prompt-file requests on the GPU
+ * (mdl_dev.h: prefill on the CPU, then the K/V goes to the device; "full"
+ * attention only; docs/cuda.md "GPU decode path", not yet run on a GPU).
  */
 #define _GNU_SOURCE
 #include <cjson/cJSON.h>
@@ -37,6 +41,9 @@
 #include "common/cm_thread.h"
 #include "common/cm_time.h"
 #include "gpuworker/model/mdl_kv_mem.h"
+#ifdef RI_WORKER_CUDA
+#include "gpuworker/model/mdl_dev.h"
+#endif
 #include "gpuworker/model/mdl_model.h"
 #include "gpuworker/model/mdl_sample.h"
 #include "gpuworker/worker/gw_attn_remote.h"
@@ -76,6 +83,7 @@ typedef struct wk_cfg {
     char *allow_attn;    /* HTTP service: backends a request may choose */
     int64_t http_max_conn; /* HTTP service: connections at once */
     int64_t drain_timeout_ms; /* HTTP service: shutdown waits this long for running requests */
+    char *device;        /* where decode runs: cpu or cuda */
 } wk_cfg_t;
 
 #define WK_ITEM(n, t, d, h, f) {n, t, d, h, offsetof(wk_cfg_t, f), 0, 0}
@@ -133,8 +141,76 @@ static const cm_config_item_t wk_items[] = {
      offsetof(wk_cfg_t, http_max_conn), 4, 65536},
     {"drain-timeout-ms", CM_CFG_INT, "10000", "HTTP service: on SIGTERM/SIGINT, running requests get this long to "
      "finish before they are cancelled", offsetof(wk_cfg_t, drain_timeout_ms), 0, 3600000},
+    WK_ITEM("device", CM_CFG_STRING, "cpu", "where decode runs: cpu, or cuda (stdin and one-shot requests, attn "
+            "full only; prefill stays on the CPU; needs a CUDA build and a GPU)", device),
 };
 static const cm_config_table_t wk_table = {"ri-worker", "RI_WORKER_", wk_items, CM_ARRAY_LEN(wk_items), 0, NULL};
+
+#ifdef RI_WORKER_CUDA
+static mdl_dev_t *wk_dev; /* the device engine with --device cuda (owned by main), else NULL */
+#endif
+
+/* The device's name for replies, and whether it can decode with backend
+ * ops (the device runs full attention only). */
+static const char *wk_device_name(void)
+{
+#ifdef RI_WORKER_CUDA
+    return wk_dev != NULL ? "cuda" : "cpu";
+#else
+    return "cpu";
+#endif
+}
+
+static bool wk_device_takes(const mdl_attn_ops_t *ops)
+{
+    return strcmp(wk_device_name(), "cpu") == 0 || strcmp(ops->name, "full") == 0;
+}
+
+/* One decode step of seq (CPU) or of its device twin dseq (non-NULL with
+ * --device cuda). */
+static ri_status_t wk_step(mdl_model_t *m, mdl_seq_t *seq, void *dseq, int32_t tok, float *logits)
+{
+#ifdef RI_WORKER_CUDA
+    if (dseq != NULL) {
+        mdl_dev_seq_t *one[1] = {dseq};
+        return mdl_dev_decode(wk_dev, one, &tok, 1, logits);
+    }
+#else
+    (void)dseq;
+#endif
+    mdl_seq_t *one[1] = {seq};
+    return mdl_decode(m, one, &tok, 1, logits);
+}
+
+/* With --device cuda: a device sequence holding seq's prefill (caller frees
+ * with mdl_dev_seq_destroy); NULL without. */
+static ri_status_t wk_device_seq(const mdl_seq_t *seq, void **dseq_p)
+{
+    *dseq_p = NULL;
+#ifdef RI_WORKER_CUDA
+    if (wk_dev == NULL)
+        return RI_OK;
+    mdl_dev_seq_t *ds;
+    ri_status_t st = mdl_dev_seq_create(wk_dev, mdl_seq_cap(seq), &ds);
+    if (st == RI_OK && (st = mdl_dev_seq_upload(wk_dev, ds, seq)) != RI_OK)
+        mdl_dev_seq_destroy(ds);
+    if (st == RI_OK)
+        *dseq_p = ds;
+    return st;
+#else
+    (void)seq;
+    return RI_OK;
+#endif
+}
+
+static void wk_device_seq_free(void *dseq)
+{
+#ifdef RI_WORKER_CUDA
+    mdl_dev_seq_destroy(dseq);
+#else
+    (void)dseq;
+#endif
+}
 
 typedef struct wk_req {
     const char *prompt;
@@ -153,6 +229,7 @@ static ri_status_t wk_generate(mdl_model_t *m, mdl_seq_t *seq, const float *logi
     float *logits = cm_malloc(&wk_tag, hp->n_vocab * sizeof(float));
     int32_t *out = cm_malloc(&wk_tag, (max_tokens + 1) * sizeof(int32_t));
     size_t n = 0, steps = 0;
+    void *dseq = NULL; /* the device's copy of seq with --device cuda */
     ri_status_t st = RI_OK;
     char *text = NULL;
 
@@ -160,6 +237,9 @@ static ri_status_t wk_generate(mdl_model_t *m, mdl_seq_t *seq, const float *logi
         st = RI_ERR_NOMEM;
         goto done;
     }
+    if ((st = wk_device_seq(seq, &dseq)) != RI_OK)
+        goto done;
+    size_t len = mdl_seq_len(seq); /* the decoding copy's length: seq stands still when the device decodes */
     memcpy(logits, logits0, hp->n_vocab * sizeof(float));
     double t0 = cm_time_s(), t_first = 0;
     for (;;) {
@@ -167,11 +247,11 @@ static ri_status_t wk_generate(mdl_model_t *m, mdl_seq_t *seq, const float *logi
         if (mdl_tok_is_stop(tok, next))
             break;
         out[n++] = next;
-        if (n >= max_tokens || mdl_seq_len(seq) >= mdl_seq_cap(seq))
+        if (n >= max_tokens || len >= mdl_seq_cap(seq))
             break;
-        mdl_seq_t *one[1] = {seq};
-        if ((st = mdl_decode(m, one, &next, 1, logits)) != RI_OK)
+        if ((st = wk_step(m, seq, dseq, next, logits)) != RI_OK)
             break;
+        len++;
         if (++steps == 1)
             t_first = cm_time_s() - t0; /* builds the index of sparse backends */
     }
@@ -186,7 +266,9 @@ static ri_status_t wk_generate(mdl_model_t *m, mdl_seq_t *seq, const float *logi
     cJSON_AddNumberToObject(run, "first_step_s", t_first);
     /* steady-state speed: without the first step (index build) */
     cJSON_AddNumberToObject(run, "decode_tok_s", steps > 1 ? (double)(steps - 1) / (dt - t_first) : 0.0);
+    cJSON_AddStringToObject(run, "device", wk_device_name());
 done:
+    wk_device_seq_free(dseq);
     cm_free(logits);
     cm_free(out);
     return st;
@@ -264,6 +346,12 @@ static void wk_serve(mdl_model_t *m, const wk_req_t *rq, cJSON *reply)
         }
         n_runs = 2;
     }
+    for (size_t r = 0; r < n_runs; r++)
+        if (!wk_device_takes(ops[r])) {
+            snprintf(err, sizeof(err), "attn %s does not run with --device %s yet (the device decodes full "
+                     "attention only)", ops[r]->name, wk_device_name());
+            goto fail;
+        }
     st = rq->chat ? mdl_tok_chat(tok, NULL, rq->prompt, &ids, &n_ids)
                   : mdl_tok_encode_prompt(tok, rq->prompt, strlen(rq->prompt), &ids, &n_ids);
     if (st != RI_OK || n_ids == 0) {
@@ -505,6 +593,50 @@ out:
     return rc;
 }
 
+/* --device: 0 when it can be served, else 2 after saying why. */
+static int wk_device_check(const char *device, bool serve)
+{
+    if (strcmp(device, "cpu") == 0)
+        return 0;
+    if (strcmp(device, "cuda") != 0) {
+        fprintf(stderr, "ri-worker: --device %s: unknown device (cpu or cuda)\n", device);
+        return 2;
+    }
+#ifndef RI_WORKER_CUDA
+    fprintf(stderr, "ri-worker: --device cuda: this ri-worker was built without CUDA (configure with -DRI_CUDA=ON "
+            "where nvcc is installed)\n");
+    return 2;
+#else
+    if (serve) {
+        fprintf(stderr, "ri-worker: --device cuda: the HTTP service (--listen) does not decode on the device yet; "
+                "it takes stdin and --prompt-file requests\n");
+        return 2;
+    }
+    return 0;
+#endif
+}
+
+/* --device cuda: the device engine for model (wk_dev); 0, or 2 after
+ * saying why (no device, a geometry the device does not take). */
+static int wk_device_open(mdl_model_t *model)
+{
+#ifdef RI_WORKER_CUDA
+    char err[512] = "";
+    double t0 = cm_time_s();
+    ri_status_t st = mdl_dev_create(model, &wk_dev, err, sizeof(err));
+    if (st != RI_OK) {
+        fprintf(stderr, "ri-worker: --device cuda: %s\n", err[0] ? err : ri_status_str(st));
+        return 2;
+    }
+    fprintf(stderr, "ri-worker: decoding on the CUDA device: %.0f MB of fp16 weights uploaded in %.1f s; attn full "
+            "only\n", (double)mdl_dev_weight_bytes(wk_dev) / 1e6, cm_time_s() - t0);
+    return 0;
+#else
+    (void)model;
+    return 2; /* wk_device_check refused it already */
+#endif
+}
+
 int main(int argc, char **argv)
 {
     wk_cfg_t cfg;
@@ -531,6 +663,13 @@ int main(int argc, char **argv)
         return 0;
     }
     bool serve = cfg.listen != NULL && cfg.listen[0] != '\0';
+    const char *device = cfg.device != NULL && cfg.device[0] != '\0' ? cfg.device : "cpu";
+    bool on_cuda = strcmp(device, "cuda") == 0;
+    if ((rc = wk_device_check(device, serve)) != 0) {
+        cm_config_free(&wk_table, &cfg);
+        return rc;
+    }
+    rc = 1;
     sigset_t sigs;
     sigemptyset(&sigs);
     if (serve) {
@@ -605,6 +744,9 @@ int main(int argc, char **argv)
         fprintf(stderr, "ri-worker: cannot load %s: %s\n", path, err);
         goto out;
     }
+    if (on_cuda && (rc = wk_device_open(model)) != 0)
+        goto out;
+    rc = 1;
     fprintf(stderr, "ri-worker: model %s, %u threads, kvstore %s, default attn %s; backends: %s\n",
             mdl_model_name(model), cm_pool_size(cm_pool_default()), have_kvs ? cfg.kvstore : "(none)", default_attn,
             mdl_attn_names());
@@ -645,6 +787,9 @@ int main(int argc, char **argv)
         fprintf(stderr, "ri-worker: %zu request(s) failed\n", failed);
     rc = failed > 0 ? 1 : 0;
 out:
+#ifdef RI_WORKER_CUDA
+    mdl_dev_destroy(wk_dev); /* before the model: the engine reads its embedding */
+#endif
     mdl_model_destroy(model);
     gw_attn_remote_shutdown();
     cm_config_free(&wk_table, &cfg);
