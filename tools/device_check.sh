@@ -3,11 +3,17 @@
 # internet, from the repository alone (plus, where the machine lacks the
 # build's packages, the carried build outputs below).  About 3-6 minutes:
 #
-#   1. build the CUDA parts for sm_90 (only test_kn_xcheck_cuda and
-#      ri-bench-cuda) in $RI_DEVICE_BUILD (default ./build-device)
+#   1. build the CUDA parts for sm_90 (only test_kn_xcheck_cuda,
+#      test_model_dev and ri-bench-cuda) in $RI_DEVICE_BUILD (default
+#      ./build-device)
 #   2. the cross-check harness with the cuda backend registered (every op
 #      against the reference at the harness's awkward shapes, with --slow:
 #      also N = 131072)
+#   2b. test_model_dev: the GPU decode path (gpuworker/model/mdl_dev.h)
+#      against the CPU runtime: its GEMV at awkward shapes, then SmolLM2 and
+#      Gemma 3 logits over 8 greedy steps (each model only where it is
+#      installed: $RI_MODEL_DIR or ~/.cache/retroinfer/models; a missing one
+#      is reported as NOT RUN)
 #   3. ri-bench-cuda: HBM bandwidth (read kernel, device-to-device copy), the
 #      device index build, full / tripartite / Quest decode at 128K and 1M
 #      with the K/V in HBM, and the wave object with the cuda table at 32K
@@ -26,9 +32,10 @@
 # requires): run `tools/device_check.sh --build-only` on a machine that has
 # them, then carry
 #   build-device/tests/test_kn_xcheck_cuda  build-device/bin/ri-bench-cuda
+#   build-device/tests/test_model_dev
 #   build-device/carry-lib                  build-device/device-build.txt
 # (the CUDA runtime is linked statically; carry-lib holds the shared
-# libraries the two programs need beyond the C library, e.g. cmocka, cJSON).
+# libraries the programs need beyond the C library, e.g. cmocka, cJSON).
 # On the device the script then runs those binaries and says so.
 set -euo pipefail
 
@@ -39,6 +46,7 @@ JOBS="${RI_JOBS:-$(nproc 2>/dev/null || echo 4)}"
 ARCH="${CUDA_ARCH:-90}"
 XCHECK="$BUILD/tests/test_kn_xcheck_cuda"
 BENCH="$BUILD/bin/ri-bench-cuda"
+DEVTEST="$BUILD/tests/test_model_dev"
 BUILD_ONLY=0
 
 case "${1:-}" in
@@ -77,8 +85,8 @@ build() {
   log "configure $BUILD (sm_$ARCH, $NVCC)"
   cmake -S "$ROOT" -B "$BUILD" "${args[@]}" >"$OUT/cmake.log" 2>&1 \
     || { tail -20 "$OUT/cmake.log" >&2; die "cmake configure failed (log: $OUT/cmake.log)"; }
-  log "build test_kn_xcheck_cuda ri-bench-cuda (-j$JOBS)"
-  cmake --build "$BUILD" -j "$JOBS" --target test_kn_xcheck_cuda ri-bench-cuda >"$OUT/build.log" 2>&1 \
+  log "build test_kn_xcheck_cuda test_model_dev ri-bench-cuda (-j$JOBS)"
+  cmake --build "$BUILD" -j "$JOBS" --target test_kn_xcheck_cuda test_model_dev ri-bench-cuda >"$OUT/build.log" 2>&1 \
     || { grep -E 'error|Error' "$OUT/build.log" | head -20 >&2; die "build failed (log: $OUT/build.log)"; }
   if grep -qiE 'warning' "$OUT/build.log"; then
     log "the build printed warnings (see $OUT/build.log)"
@@ -86,12 +94,12 @@ build() {
   # the carried set: shared libraries beyond the C/C++ runtime, and a stamp
   rm -rf "$BUILD/carry-lib"
   mkdir -p "$BUILD/carry-lib"
-  { ldd "$XCHECK" "$BENCH" 2>/dev/null || true; } | awk '/=> \//{print $3}' | sort -u |
+  { ldd "$XCHECK" "$BENCH" "$DEVTEST" 2>/dev/null || true; } | awk '/=> \//{print $3}' | sort -u |
     { grep -vE '/(libc|libm|libpthread|libdl|librt|libgcc_s|libstdc\+\+|ld-linux[^/]*)\.so' || true; } |
     while read -r lib; do cp -L "$lib" "$BUILD/carry-lib/"; done
   local dirty=""
   if git -C "$ROOT" rev-parse HEAD >/dev/null 2>&1 &&
-     ! git -C "$ROOT" diff --quiet HEAD -- kernels bench tests cmake CMakeLists.txt; then
+     ! git -C "$ROOT" diff --quiet HEAD -- kernels gpuworker bench tests cmake CMakeLists.txt; then
     dirty=" + uncommitted changes"
   fi
   { echo "commit $(git -C "$ROOT" rev-parse --short HEAD 2>/dev/null || echo unknown)$dirty";
@@ -107,11 +115,11 @@ elif [ -x "$XCHECK" ] && [ -x "$BENCH" ]; then
   log "cannot build here (missing: ${missing[*]}); using the carried binaries:"
   sed 's/^/    /' "$BUILD/device-build.txt" 2>/dev/null || log "    (no device-build.txt: unknown origin)"
 else
-  die "cannot build (missing: ${missing[*]}) and no carried binaries in $BUILD; on a machine with them run 'tools/device_check.sh --build-only' and carry build-device/tests/test_kn_xcheck_cuda, build-device/bin/ri-bench-cuda, build-device/carry-lib and build-device/device-build.txt"
+  die "cannot build (missing: ${missing[*]}) and no carried binaries in $BUILD; on a machine with them run 'tools/device_check.sh --build-only' and carry build-device/tests/test_kn_xcheck_cuda, build-device/tests/test_model_dev, build-device/bin/ri-bench-cuda, build-device/carry-lib and build-device/device-build.txt"
 fi
 log "built: $(sed -n 1p "$BUILD/device-build.txt" 2>/dev/null || echo '?') ($(( $(date +%s) - START )) s so far)"
 if [ "$BUILD_ONLY" = 1 ]; then
-  du -sh "$XCHECK" "$BENCH" "$BUILD/carry-lib" | sed 's/^/    /'
+  du -sh "$XCHECK" "$BENCH" "$DEVTEST" "$BUILD/carry-lib" | sed 's/^/    /'
   exit 0
 fi
 export LD_LIBRARY_PATH="$BUILD/carry-lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
@@ -141,6 +149,23 @@ fi
 log "test_kn_xcheck_cuda exit $xc_rc ($(grep -cE '^FAIL' "$OUT/xcheck.log" || true) FAIL lines; log $OUT/xcheck.log)"
 grep -E 'cuda +[a-z_]+ +checked' "$OUT/xcheck.log" | sed 's/^/    /' || true
 
+# ---- 3b. the GPU decode path against the CPU runtime ----
+# (before the bench, so that a bench that overruns cannot cost its result)
+md_rc=""   # empty: not run (a carried set from before the test existed)
+md_summary="not run (no $DEVTEST in the carried set)"
+if [ -x "$DEVTEST" ]; then
+  log "test_model_dev (GEMV at awkward shapes; SmolLM2 and Gemma 3 decode vs the CPU)"
+  set +e
+  timeout 120 "$DEVTEST" >"$OUT/model-dev.log" 2>&1
+  md_rc=$?
+  set -e
+  md_failed="$(grep -oE '^\[  FAILED  \] test_[a-z0-9_]+' "$OUT/model-dev.log" | sed 's/.*\] //' | sort -u |
+    paste -sd ',' - || true)"
+  md_summary="exit $md_rc${md_failed:+ (failed: $md_failed)}; $(grep -E '^model cross-check' "$OUT/model-dev.log" |
+    sed 's/ (no model at.*)//; s/model cross-check //' | paste -sd ';' - || true)"
+  log "test_model_dev $md_summary (log $OUT/model-dev.log)"
+fi
+
 # ---- 4. bandwidth and the decode bench on the device ----
 log "ri-bench-cuda (128K, 1M; wave object at 32K)"
 set +e
@@ -154,11 +179,12 @@ log "ri-bench-cuda exit $bn_rc (log $OUT/bench-cuda.log)"
 echo
 echo "== device check: $(sed -n 1p "$BUILD/device-build.txt" 2>/dev/null), $(head -1 "$OUT/gpu.txt" 2>/dev/null || echo 'device ?') =="
 grep -E '^(cuda:|index_build|full|tripartite|quest|wave object)' "$OUT/bench-cuda.log" || echo "(no bench figures: see $OUT/bench-cuda.log)"
+echo "GPU decode path (test_model_dev): $md_summary"
 echo "cross-check harness: exit $xc_rc; bench: exit $bn_rc; $(( $(date +%s) - START )) s in all"
 cat >"$OUT/device-check.json" <<EOF
 {"commit": "$(git -C "$ROOT" rev-parse HEAD 2>/dev/null || echo unknown)",
- "arch": "sm_$ARCH", "xcheck_rc": $xc_rc, "bench_rc": $bn_rc,
+ "arch": "sm_$ARCH", "xcheck_rc": $xc_rc, "bench_rc": $bn_rc, "model_dev_rc": ${md_rc:-null},
  "seconds": $(( $(date +%s) - START )), "bench_json": "bench-cuda.json"}
 EOF
-[ "$xc_rc" = 0 ] && [ "$bn_rc" = 0 ] || exit 1
+[ "$xc_rc" = 0 ] && [ "$bn_rc" = 0 ] && { [ -z "$md_rc" ] || [ "$md_rc" = 0 ]; } || exit 1
 exit 0
