@@ -162,6 +162,25 @@ static void td_step(td_run_t *t, int step, bool batch)
         td_compare(t, step, p);
 }
 
+/* mdl_decode's refusals, on the device: a bad token, a sequence twice in
+ * a batch, a full sequence, an upload into a cache too small. */
+static void td_errors(td_run_t *t)
+{
+    const mdl_hparams_t *hp = mdl_model_hparams(t->m);
+    mdl_dev_seq_t *twice[2] = {t->dev[0], t->dev[0]}, *small;
+    int32_t bad = (int32_t)hp->n_vocab, toks[2] = {1, 1};
+    size_t len = mdl_dev_seq_len(t->dev[0]);
+    assert_int_equal(mdl_dev_decode(t->d, t->dev, &bad, 1, t->lg), RI_ERR_INVALID);
+    assert_int_equal(mdl_dev_decode(t->d, twice, toks, 2, t->lg), RI_ERR_INVALID);
+    assert_int_equal(mdl_dev_seq_len(t->dev[0]), len);   /* refused steps do not advance */
+    assert_int_equal(mdl_dev_decode(t->d, t->dev, toks, 1, t->lg), RI_OK);   /* the last free row */
+    assert_int_equal(mdl_dev_seq_len(t->dev[0]), mdl_dev_seq_cap(t->dev[0]));
+    assert_int_equal(mdl_dev_decode(t->d, t->dev, toks, 1, t->lg), RI_ERR_RANGE);
+    assert_int_equal(mdl_dev_seq_create(t->d, mdl_seq_len(t->cpu[0]) - 1, &small), RI_OK);
+    assert_int_equal(mdl_dev_seq_upload(t->d, small, t->cpu[0]), RI_ERR_RANGE);
+    mdl_dev_seq_destroy(small);
+}
+
 static void td_xcheck(const char *name, size_t long_prompt)
 {
     char path[4096], err[512];
@@ -199,6 +218,7 @@ static void td_xcheck(const char *name, size_t long_prompt)
     free(ids);
     for (int s = 0; s < TD_STEPS; s++)
         td_step(&t, s, s < TD_STEPS / 2);
+    td_errors(&t);
     printf("model cross-check %s: passed, worst max |diff| / range %.2e over %d steps x 2 sequences\n", name,
            t.worst, TD_STEPS);
     for (int p = 0; p < 2; p++) {
