@@ -24,6 +24,9 @@
 #include "common/cm_log.h"
 #include "common/cm_status.h"
 #include "common/cm_time.h"
+#ifdef GW_SCHED_DEV
+#include "gpuworker/model/mdl_dev.h"
+#endif
 
 static CM_ALLOC_TAG(gw_sched_tag, "worker.sched");
 
@@ -52,6 +55,7 @@ struct gw_req {
     gw_req_t *next;               /* queue link */
     gw_phase_t phase;
     mdl_seq_t *seq;               /* owned while admitted */
+    void *dseq;                   /* with cfg.dev: its device copy (mdl_dev_seq_t), owned while decoding */
     mdl_sampler_t *smp;           /* owned while admitted */
     size_t prefilled;             /* prompt tokens in the sequence */
     int32_t last;                 /* token to feed at the next decode step */
@@ -92,6 +96,7 @@ struct gw_sched {
     float *logits;                /* [max_batch][n_vocab] */
     float *plogits;               /* [n_vocab] last prompt token */
     mdl_seq_t **bseq;             /* [max_batch] the decode batch */
+    void **bdev;                  /* [max_batch] the same on the device (cfg.dev) */
     int32_t *btok;
     gw_req_t **breq;
 };
@@ -297,6 +302,60 @@ static bool gw_req_append(gw_req_t *r, const char *piece, size_t n)
 
 /* ---- the scheduler ---- */
 
+/* The device side (cfg.dev; docs/cuda.md "GPU decode path"): a request's
+ * sequence is prefilled on the CPU, copied to the device after its last
+ * chunk, and decodes there from then on.  Without a CUDA build cfg.dev is
+ * always NULL (ri-worker refuses --device cuda) and these do nothing. */
+static void gw_dev_seq_free(void *dseq)
+{
+#ifdef GW_SCHED_DEV
+    mdl_dev_seq_destroy(dseq);
+#else
+    (void)dseq;
+#endif
+}
+
+static ri_status_t gw_dev_upload(gw_sched_t *s, gw_req_t *r)
+{
+#ifdef GW_SCHED_DEV
+    mdl_dev_seq_t *ds = NULL;
+    ri_status_t st = mdl_dev_seq_create(s->cfg.dev, mdl_seq_cap(r->seq), &ds);
+    if (st == RI_OK && (st = mdl_dev_seq_upload(s->cfg.dev, ds, r->seq)) != RI_OK)
+        mdl_dev_seq_destroy(ds);
+    if (st == RI_OK)
+        r->dseq = ds;
+    return st;
+#else
+    (void)s;
+    (void)r;
+    return RI_ERR_NO_DEVICE;
+#endif
+}
+
+/* A decode step of n sequences (bseq, or bdev on the device) into logits. */
+static ri_status_t gw_decode_rows(gw_sched_t *s, mdl_seq_t *const *bseq, void *const *bdev, const int32_t *tok,
+                                  size_t n, float *logits)
+{
+#ifdef GW_SCHED_DEV
+    if (s->cfg.dev != NULL)
+        return mdl_dev_decode(s->cfg.dev, (mdl_dev_seq_t *const *)bdev, tok, n, logits);
+#else
+    (void)bdev;
+#endif
+    return mdl_decode(s->m, bseq, tok, n, logits);
+}
+
+/* Tokens in r's decoding sequence (the device copy's, when there is one:
+ * the CPU sequence stops at the prompt). */
+static size_t gw_seq_len(const gw_req_t *r)
+{
+#ifdef GW_SCHED_DEV
+    if (r->dseq != NULL)
+        return mdl_dev_seq_len(r->dseq);
+#endif
+    return mdl_seq_len(r->seq);
+}
+
 /* End a request: waiters see all its text and why.  The scheduler's
  * reference stays until the request leaves the batch (gw_sched_main), so
  * that the round can still read its phase.  Scheduler thread. */
@@ -304,6 +363,8 @@ static void gw_sched_finish(gw_sched_t *s, gw_req_t *r, gw_finish_t f, ri_status
     __attribute__((format(printf, 5, 6)));
 static void gw_sched_finish(gw_sched_t *s, gw_req_t *r, gw_finish_t f, ri_status_t st, const char *fmt, ...)
 {
+    gw_dev_seq_free(r->dseq);
+    r->dseq = NULL;
     mdl_seq_destroy(r->seq);
     r->seq = NULL;
     mdl_sampler_destroy(r->smp);
@@ -371,7 +432,7 @@ static void gw_sched_step(gw_sched_t *s, gw_req_t *r, const float *logits)
     cm_free(piece);
     if (stopped)
         gw_sched_finish(s, r, GW_FINISH_STOP, RI_OK, NULL);
-    else if (r->n_gen >= r->max_tokens || mdl_seq_len(r->seq) >= mdl_seq_cap(r->seq))
+    else if (r->n_gen >= r->max_tokens || gw_seq_len(r) >= mdl_seq_cap(r->seq))
         gw_sched_finish(s, r, GW_FINISH_LENGTH, RI_OK, NULL);
 }
 
@@ -380,6 +441,12 @@ static void gw_sched_step(gw_sched_t *s, gw_req_t *r, const float *logits)
 static void gw_sched_prefill(gw_sched_t *s, gw_req_t *r)
 {
     ri_status_t st;
+    if (r->seq == NULL && s->cfg.dev != NULL && strcmp(r->attn->name, "full") != 0) {
+        gw_sched_finish(s, r, GW_FINISH_ERROR, RI_ERR_UNSUPPORTED,
+                        "attn %s does not run with --device cuda yet (the device decodes full attention only)",
+                        r->attn->name);
+        return;
+    }
     if (r->seq == NULL) {
         mdl_attn_cfg_t acfg;
         mdl_attn_cfg_default(&acfg);
@@ -409,6 +476,11 @@ static void gw_sched_prefill(gw_sched_t *s, gw_req_t *r)
     pthread_mutex_lock(&s->mu);
     s->st.prompt_tokens += n;
     pthread_mutex_unlock(&s->mu);
+    if (last && s->cfg.dev != NULL && (st = gw_dev_upload(s, r)) != RI_OK) {
+        cm_error("request: cannot copy the prefill to the device: %s", ri_status_str(st));
+        gw_sched_finish(s, r, GW_FINISH_ERROR, st, "cannot copy the prefill to the device: %s", ri_status_str(st));
+        return;
+    }
     if (last) {
         r->phase = GW_PHASE_DECODE;
         gw_sched_step(s, r, s->plogits);
@@ -454,13 +526,14 @@ static void gw_sched_decode(gw_sched_t *s)
         gw_req_t *r = s->active[i];
         if (r->phase == GW_PHASE_DECODE) {
             s->bseq[nb] = r->seq;
+            s->bdev[nb] = r->dseq;
             s->btok[nb] = r->last;
             s->breq[nb++] = r;
         }
     }
     if (nb == 0)
         return;
-    ri_status_t st = mdl_decode(s->m, s->bseq, s->btok, nb, s->logits);
+    ri_status_t st = gw_decode_rows(s, s->bseq, s->bdev, s->btok, nb, s->logits);
     pthread_mutex_lock(&s->mu);
     s->st.decode_steps++;
     s->st.batch_now = nb;
@@ -472,7 +545,7 @@ static void gw_sched_decode(gw_sched_t *s)
         float *row = s->logits + b * s->n_vocab;
         ri_status_t sb = st;
         if (st != RI_OK && nb > 1)
-            sb = mdl_decode(s->m, &s->bseq[b], &s->btok[b], 1, row);
+            sb = gw_decode_rows(s, &s->bseq[b], &s->bdev[b], &s->btok[b], 1, row);
         if (sb == RI_ERR_LOST && (sb = gw_sched_rebuild(s, r)) == RI_OK) {
             s->bseq[b] = r->seq;
             sb = mdl_decode(s->m, &s->bseq[b], &s->btok[b], 1, row);
@@ -604,10 +677,11 @@ ri_status_t gw_sched_create(mdl_model_t *m, const gw_sched_cfg_t *cfg, gw_sched_
     s->logits = cm_malloc(&gw_sched_tag, b * s->n_vocab * sizeof(float));
     s->plogits = cm_malloc(&gw_sched_tag, s->n_vocab * sizeof(float));
     s->bseq = cm_calloc(&gw_sched_tag, b, sizeof(*s->bseq));
+    s->bdev = cm_calloc(&gw_sched_tag, b, sizeof(*s->bdev));
     s->btok = cm_calloc(&gw_sched_tag, b, sizeof(*s->btok));
     s->breq = cm_calloc(&gw_sched_tag, b, sizeof(*s->breq));
     if (s->active == NULL || s->logits == NULL || s->plogits == NULL || s->bseq == NULL || s->btok == NULL ||
-        s->breq == NULL) {
+        s->breq == NULL || s->bdev == NULL) {
         gw_sched_destroy(s);
         return RI_ERR_NOMEM;
     }
@@ -707,6 +781,7 @@ void gw_sched_destroy(gw_sched_t *s)
     cm_free(s->logits);
     cm_free(s->plogits);
     cm_free(s->bseq);
+    cm_free(s->bdev);
     cm_free(s->btok);
     cm_free(s->breq);
     pthread_cond_destroy(&s->idle_cv);

@@ -20,9 +20,9 @@
  * HTTP API (gw_http.h) over continuous batching (gw_sched.h), until SIGTERM
  * or SIGINT, which drain it (bounded by --drain-timeout-ms).
  *
- * --device cuda decodes the stdin and --prompt-file requests on the GPU
- * (mdl_dev.h: prefill on the CPU, then the K/V goes to the device; "full"
- * attention only; docs/cuda.md "GPU decode path", not yet run on a GPU).
+ * --device cuda decodes on the GPU, in every mode (mdl_dev.h: prefill on
+ * the CPU, then the K/V goes to the device; "full" attention only;
+ * docs/cuda.md "GPU decode path", not yet run on a GPU).
  */
 #define _GNU_SOURCE
 #include <cjson/cJSON.h>
@@ -141,8 +141,8 @@ static const cm_config_item_t wk_items[] = {
      offsetof(wk_cfg_t, http_max_conn), 4, 65536},
     {"drain-timeout-ms", CM_CFG_INT, "10000", "HTTP service: on SIGTERM/SIGINT, running requests get this long to "
      "finish before they are cancelled", offsetof(wk_cfg_t, drain_timeout_ms), 0, 3600000},
-    WK_ITEM("device", CM_CFG_STRING, "cpu", "where decode runs: cpu, or cuda (stdin and one-shot requests, attn "
-            "full only; prefill stays on the CPU; needs a CUDA build and a GPU)", device),
+    WK_ITEM("device", CM_CFG_STRING, "cpu", "where decode runs: cpu, or cuda (attn full only; prefill stays on the "
+            "CPU; needs a CUDA build and a GPU)", device),
 };
 static const cm_config_table_t wk_table = {"ri-worker", "RI_WORKER_", wk_items, CM_ARRAY_LEN(wk_items), 0, NULL};
 
@@ -551,6 +551,9 @@ static int wk_serve_http(mdl_model_t *model, const wk_cfg_t *cfg, const char *pa
     size_t ctx = cfg->ctx > 0 ? (size_t)cfg->ctx : hp->n_ctx;
     gw_sched_cfg_t scfg = {.max_batch = (size_t)cfg->max_batch, .queue_size = (size_t)cfg->queue_size,
                            .prefill_chunk = (size_t)cfg->prefill_chunk};
+#ifdef RI_WORKER_CUDA
+    scfg.dev = wk_dev;
+#endif
     ri_status_t st = gw_sched_create(model, &scfg, &sched);
     if (st != RI_OK) {
         fprintf(stderr, "ri-worker: cannot start the scheduler: %s\n", ri_status_str(st));
@@ -594,7 +597,7 @@ out:
 }
 
 /* --device: 0 when it can be served, else 2 after saying why. */
-static int wk_device_check(const char *device, bool serve)
+static int wk_device_check(const char *device)
 {
     if (strcmp(device, "cpu") == 0)
         return 0;
@@ -607,11 +610,6 @@ static int wk_device_check(const char *device, bool serve)
             "where nvcc is installed)\n");
     return 2;
 #else
-    if (serve) {
-        fprintf(stderr, "ri-worker: --device cuda: the HTTP service (--listen) does not decode on the device yet; "
-                "it takes stdin and --prompt-file requests\n");
-        return 2;
-    }
     return 0;
 #endif
 }
@@ -665,7 +663,7 @@ int main(int argc, char **argv)
     bool serve = cfg.listen != NULL && cfg.listen[0] != '\0';
     const char *device = cfg.device != NULL && cfg.device[0] != '\0' ? cfg.device : "cpu";
     bool on_cuda = strcmp(device, "cuda") == 0;
-    if ((rc = wk_device_check(device, serve)) != 0) {
+    if ((rc = wk_device_check(device)) != 0) {
         cm_config_free(&wk_table, &cfg);
         return rc;
     }
@@ -742,6 +740,12 @@ int main(int argc, char **argv)
     }
     if (mdl_model_load(path, &model, err, sizeof(err)) != RI_OK) {
         fprintf(stderr, "ri-worker: cannot load %s: %s\n", path, err);
+        goto out;
+    }
+    if (on_cuda && strcmp(default_attn, "full") != 0) {
+        fprintf(stderr, "ri-worker: --device cuda: attn %s does not run on the device yet (full only; pass --attn "
+                "full)\n", default_attn);
+        rc = 2;
         goto out;
     }
     if (on_cuda && (rc = wk_device_open(model)) != 0)
