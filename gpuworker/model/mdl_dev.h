@@ -40,7 +40,9 @@ typedef struct mdl_dev mdl_dev_t;
 typedef struct mdl_dev_seq mdl_dev_seq_t;
 
 /* Upload m's weights (m is borrowed and must outlive the engine: the
- * embedding rows are read from its mapping at every step).  Errors:
+ * embedding rows are read from its mapping at every step).  It calls
+ * kn_cuda_init(), which also makes the CUDA backend the process's
+ * kn_ops_default() unless RI_KERNELS names another.  Errors:
  * RI_ERR_NO_DEVICE without a usable CUDA device, RI_ERR_UNSUPPORTED for a
  * geometry the device attention does not take (more than 8 query heads per
  * KV head, head_dim > 256), RI_ERR_NOMEM, RI_ERR_DEVICE.  err (may be NULL)
