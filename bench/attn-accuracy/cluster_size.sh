@@ -1,0 +1,42 @@
+#!/usr/bin/env bash
+# Cluster size 8 against 16 at equal retrieval floors, on the same real-prose
+# K/V as budget_curve.sh (SmolLM2; this repository's docs/ as the prompt, cut
+# to each context, a question at the end): the measurement behind the auto
+# cluster size (kn_wave_cluster_tokens).  One K/V dump per context, replayed
+# with --cluster-tokens 8 and 16 at each floor, so the sizes compare on the
+# same keys and queries.
+#
+#   bench/attn-accuracy/cluster_size.sh [OUTDIR] (default docs/img/cluster-size)
+#
+# Writes OUTDIR/cs-<ctx>-min<T>-c<N>.json.  Environment: RI_BUILD_DIR (build),
+# CONTEXTS (2048 8000), FLOORS (128 256 512).
+set -euo pipefail
+root="$(cd "$(dirname "$0")/../.." && pwd)"
+bin="${RI_BUILD_DIR:-$root/build}/bin"
+out="${1:-$root/docs/img/cluster-size}"
+contexts="${CONTEXTS:-2048 8000}"
+floors="${FLOORS:-128 256 512}"
+work="$(mktemp -d "${TMPDIR:-/tmp}/ri-cs-XXXXXX")"
+trap 'rm -rf "$work"' EXIT
+mkdir -p "$out"
+for p in ri-generate ri-bench-attn-accuracy; do
+  [ -x "$bin/$p" ] || { echo "cluster_size: $bin/$p is not built (./ri build)" >&2; exit 1; }
+done
+cat "$root"/docs/architecture.md "$root"/docs/kvstore.md "$root"/docs/worker.md "$root"/docs/model.md \
+    "$root"/docs/kernels.md "$root"/docs/spill.md "$root"/docs/deploy.md >"$work/docs.txt"
+for ctx in $contexts; do
+  if [ "$ctx" -le 4096 ]; then chars=$(( ctx * 34 / 10 )); else chars=$(( ctx * 29 / 10 )); fi
+  { head -c "$chars" "$work/docs.txt"
+    printf '\n\nIn two sentences: what does the kvstore keep, and what does the worker keep?'
+  } >"$work/prompt-$ctx.txt"
+  echo "cluster_size: dumping K/V at ~$ctx tokens"
+  "$bin/ri-generate" --prompt-file "$work/prompt-$ctx.txt" --chat --max-tokens 32 --temperature 0 \
+    --dump-kv "$work/kv-$ctx" --no-stream >/dev/null
+  for t in $floors; do
+    for c in 8 16; do
+      echo "cluster_size: ctx $ctx floor $t, $c tokens per cluster"
+      "$bin/ri-bench-attn-accuracy" --kv "$work/kv-$ctx" --retrieval-min "$t" --cluster-tokens "$c" \
+        --json "$out/cs-$ctx-min$t-c$c.json" | grep -E '^all +retroinfer'
+    done
+  done
+done
