@@ -180,6 +180,7 @@ echo
 echo "== device check: $(sed -n 1p "$BUILD/device-build.txt" 2>/dev/null), $(head -1 "$OUT/gpu.txt" 2>/dev/null || echo 'device ?') =="
 grep -E '^(cuda:|index_build|full|tripartite|quest|wave object)' "$OUT/bench-cuda.log" || echo "(no bench figures: see $OUT/bench-cuda.log)"
 echo "GPU decode path (test_model_dev): $md_summary"
+grep -E '^device decode' "$OUT/model-dev.log" 2>/dev/null | sed 's/^/    /' || true
 echo "cross-check harness: exit $xc_rc; bench: exit $bn_rc; $(( $(date +%s) - START )) s in all"
 cat >"$OUT/device-check.json" <<EOF
 {"commit": "$(git -C "$ROOT" rev-parse HEAD 2>/dev/null || echo unknown)",

@@ -33,6 +33,7 @@
 
 #include "common/cm_alloc.h"
 #include "common/cm_half.h"
+#include "common/cm_time.h"
 #include "gpuworker/model/mdl_dev.h"
 #include "gpuworker/model/mdl_model.h"
 #include "gpuworker/model/mdl_sample.h"
@@ -181,6 +182,38 @@ static void td_errors(td_run_t *t)
     mdl_dev_seq_destroy(small);
 }
 
+#ifndef TD_HOST_KERNELS /* the stand-ins' times say nothing, and cost minutes */
+#define TD_TIMED_STEPS 32
+
+/* Time per decode step at batch 1 and 8 from the first prompt's state, for
+ * the device session's record (no bound: nothing to compare with yet). */
+static void td_speed(td_run_t *t)
+{
+    const mdl_hparams_t *hp = mdl_model_hparams(t->m);
+    mdl_dev_seq_t *s[MDL_DEV_MAX_BATCH];
+    int32_t toks[MDL_DEV_MAX_BATCH];
+    float *lg = malloc((size_t)MDL_DEV_MAX_BATCH * hp->n_vocab * sizeof(float));
+    assert_non_null(lg);
+    for (int b = 0; b < MDL_DEV_MAX_BATCH; b++) {
+        assert_int_equal(mdl_dev_seq_create(t->d, mdl_seq_len(t->cpu[0]) + TD_TIMED_STEPS + 1, &s[b]), RI_OK);
+        assert_int_equal(mdl_dev_seq_upload(t->d, s[b], t->cpu[0]), RI_OK);
+        toks[b] = t->tok[0];
+    }
+    size_t batches[2] = {1, MDL_DEV_MAX_BATCH};
+    for (int i = 0; i < 2; i++) {
+        double t0 = cm_time_s();
+        for (int k = 0; k < TD_TIMED_STEPS / 2; k++)
+            assert_int_equal(mdl_dev_decode(t->d, s, toks, batches[i], lg), RI_OK);
+        double dt = (cm_time_s() - t0) / (TD_TIMED_STEPS / 2);
+        printf("device decode %s batch %zu: %.2f ms a step, %.0f tokens/s (context %zu)\n", mdl_model_name(t->m),
+               batches[i], dt * 1e3, (double)batches[i] / dt, mdl_seq_len(t->cpu[0]));
+    }
+    for (int b = 0; b < MDL_DEV_MAX_BATCH; b++)
+        mdl_dev_seq_destroy(s[b]);
+    free(lg);
+}
+#endif
+
 static void td_xcheck(const char *name, size_t long_prompt)
 {
     char path[4096], err[512];
@@ -218,6 +251,9 @@ static void td_xcheck(const char *name, size_t long_prompt)
     free(ids);
     for (int s = 0; s < TD_STEPS; s++)
         td_step(&t, s, s < TD_STEPS / 2);
+#ifndef TD_HOST_KERNELS
+    td_speed(&t);
+#endif
     td_errors(&t);
     printf("model cross-check %s: passed, worst max |diff| / range %.2e over %d steps x 2 sequences\n", name,
            t.worst, TD_STEPS);
