@@ -10,10 +10,11 @@
 #      against the reference at the harness's awkward shapes, with --slow:
 #      also N = 131072)
 #   2b. test_model_dev: the GPU decode path (gpuworker/model/mdl_dev.h)
-#      against the CPU runtime: its GEMV at awkward shapes, then SmolLM2 and
-#      Gemma 3 logits over 8 greedy steps (each model only where it is
-#      installed: $RI_MODEL_DIR or ~/.cache/retroinfer/models; a missing one
-#      is reported as NOT RUN)
+#      against the CPU runtime: its GEMV at awkward shapes, two synthetic
+#      models the test writes itself (llama, gemma3), then SmolLM2 and
+#      Gemma 3 logits over 8 greedy steps (each only where it is installed:
+#      $RI_MODEL_DIR or ~/.cache/retroinfer/models; a missing one is
+#      reported as NOT RUN), and the time of a device step
 #   3. ri-bench-cuda: HBM bandwidth (read kernel, device-to-device copy), the
 #      device index build, full / tripartite / Quest decode at 128K and 1M
 #      with the K/V in HBM, and the wave object with the cuda table at 32K
