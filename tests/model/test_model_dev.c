@@ -1,6 +1,9 @@
 /*
  * The device decode engine (mdl_dev.h) against the CPU runtime.
  *
+ *  - the small kernels (norms, residuals, GLU, soft-cap, Q/K norm + RoPE +
+ *    K/V store) one by one against plain loops, so that a failing model
+ *    check has a step to point at;
  *  - GEMV: the engine's kernel against a double-precision sum over the same
  *    fp16 weights, at shapes that are awkward for it (rows not a multiple of
  *    the 4 rows of a block, row lengths not a multiple of 8: the scalar
@@ -35,6 +38,7 @@
 #include "common/cm_alloc.h"
 #include "common/cm_half.h"
 #include "common/cm_time.h"
+#include "gpuworker/model/cuda/mdl_dev_kern.h"
 #include "gpuworker/model/mdl_dev.h"
 #include "gpuworker/model/mdl_model.h"
 #include "gpuworker/model/mdl_sample.h"
@@ -101,6 +105,212 @@ static void test_gemv_awkward_shapes(void **state)
         /* fp32 sums of up to 2049 products: ~1e-6; a lost element is ~1/k >= 5e-4 */
         assert_true(e <= 2e-5);
     }
+}
+
+/* ---- the small kernels, one by one ---- */
+
+/* Each kernel of mdl_dev_kern.h against a plain loop here, so that a
+ * model check that fails on the device says which step to look at.  Device
+ * buffers through the engine's own memory helpers. */
+
+#define TD_KTOL 1e-5
+
+static float *td_dev_copy(const float *h, size_t n)
+{
+    float *d = NULL;
+    assert_int_equal(mdl_dk_malloc((void **)&d, n * sizeof(float)), RI_OK);
+    assert_int_equal(mdl_dk_h2d(d, h, n * sizeof(float)), RI_OK);
+    return d;
+}
+
+static void td_fill(float *x, size_t n, float base, float spread)
+{
+    for (size_t i = 0; i < n; i++)
+        x[i] = base + spread * td_uniform();
+}
+
+/* max |a - b| / (max |b| + 1e-30) over n, after fetching a from the device */
+static double td_dev_err(const float *dev, const float *ref, size_t n)
+{
+    float *h = malloc(n * sizeof(float));
+    double e = 0, m = 0;
+    assert_non_null(h);
+    assert_int_equal(mdl_dk_sync("test"), RI_OK);
+    assert_int_equal(mdl_dk_d2h(h, dev, n * sizeof(float)), RI_OK);
+    for (size_t i = 0; i < n; i++) {
+        double d = fabs((double)h[i] - ref[i]);
+        e = d > e || isnan(d) ? d : e;
+        m = fabs(ref[i]) > m ? fabs(ref[i]) : m;
+    }
+    free(h);
+    return e / (m + 1e-30);
+}
+
+static float td_inv_rms(const float *x, size_t n, float eps)
+{
+    double ss = 0;
+    for (size_t i = 0; i < n; i++)
+        ss += (double)x[i] * x[i];
+    return (float)(1.0 / sqrt(ss / (double)n + eps));
+}
+
+static void td_check(const char *what, double e)
+{
+    printf("kernel %s: max error %.2e of the largest value\n", what, e);
+    assert_false(isnan(e));
+    assert_true(e <= TD_KTOL);
+}
+
+static void td_kern_norms(void)
+{
+    enum { R = 3, N = 84 };
+    float x[R * N], xb[R * N], w[N], ref[R * N], refb[R * N];
+    td_fill(x, R * N, 0.0f, 3.0f);
+    td_fill(xb, R * N, 0.0f, 2.0f);
+    td_fill(w, N, 1.0f, 0.3f);
+    float *dx = td_dev_copy(x, R * N), *dxb = td_dev_copy(xb, R * N), *dw = td_dev_copy(w, N), *dout = NULL;
+    assert_int_equal(mdl_dk_malloc((void **)&dout, sizeof(x)), RI_OK);
+    for (int r = 0; r < R; r++) {
+        float s = td_inv_rms(x + r * N, N, 1e-6f);
+        for (int i = 0; i < N; i++)
+            ref[r * N + i] = x[r * N + i] * s * w[i];
+    }
+    mdl_dk_rmsnorm(dout, dx, dw, N, R, 1e-6f);
+    td_check("rmsnorm", td_dev_err(dout, ref, R * N));
+    /* residual without, then with, a post-norm */
+    for (int i = 0; i < R * N; i++)
+        ref[i] = x[i] + xb[i];
+    mdl_dk_residual(dx, dxb, NULL, N, R, 1e-6f);
+    td_check("residual", td_dev_err(dx, ref, R * N));
+    for (int r = 0; r < R; r++) {
+        float s = td_inv_rms(xb + r * N, N, 1e-6f);
+        for (int i = 0; i < N; i++) {
+            refb[r * N + i] = xb[r * N + i] * s * w[i];
+            ref[r * N + i] += refb[r * N + i];
+        }
+    }
+    mdl_dk_residual(dx, dxb, dw, N, R, 1e-6f);
+    td_check("residual + post-norm", td_dev_err(dx, ref, R * N));
+    td_check("residual's normed output", td_dev_err(dxb, refb, R * N));
+    mdl_dk_free(dx);
+    mdl_dk_free(dxb);
+    mdl_dk_free(dw);
+    mdl_dk_free(dout);
+}
+
+static void td_kern_pointwise(void)
+{
+    enum { N = 1000 };
+    float g[N], u[N], ref[N];
+    td_fill(g, N, 0.0f, 6.0f);
+    td_fill(u, N, 0.0f, 2.0f);
+    for (int geglu = 0; geglu < 2; geglu++) {
+        float *dg = td_dev_copy(g, N), *du = td_dev_copy(u, N);
+        for (int i = 0; i < N; i++) {
+            float x = g[i];
+            ref[i] = geglu ? 0.5f * x * (1.0f + tanhf(0.7978845608028654f * (x + 0.044715f * x * x * x))) * u[i]
+                           : x / (1.0f + expf(-x)) * u[i];
+        }
+        mdl_dk_glu(dg, du, N, geglu);
+        td_check(geglu ? "geglu" : "swiglu", td_dev_err(dg, ref, N));
+        mdl_dk_free(dg);
+        mdl_dk_free(du);
+    }
+    float *dl = td_dev_copy(g, N);
+    for (int i = 0; i < N; i++)
+        ref[i] = 4.0f * tanhf(g[i] / 4.0f);
+    mdl_dk_softcap(dl, N, 4.0f);
+    td_check("softcap", td_dev_err(dl, ref, N));
+    mdl_dk_free(dl);
+}
+
+/* Norm and RoPE of one head, as mdl_qk_prepare does them. */
+static void td_ref_head(const mdl_dk_qk_t *g, float *e, const float *w, const float *c)
+{
+    uint32_t d = g->head_dim, half = g->n_rot / 2;
+    if (w != NULL) {
+        float r = td_inv_rms(e, d, g->eps);
+        for (uint32_t i = 0; i < d; i++)
+            e[i] = e[i] * r * w[i];
+    }
+    for (uint32_t i = 0; i < half; i++) {
+        uint32_t i0 = g->neox ? i : 2 * i, i1 = g->neox ? i + half : 2 * i + 1;
+        float x0 = e[i0], x1 = e[i1];
+        e[i0] = x0 * c[2 * i] - x1 * c[2 * i + 1];
+        e[i1] = x0 * c[2 * i + 1] + x1 * c[2 * i];
+    }
+}
+
+/* Q/K norm + RoPE + K/V store for 3 rows with different caches and
+ * positions; both pair layouts, with and without the norms, n_rot < d. */
+static void td_kern_qk_case(int neox, bool norms)
+{
+    enum { B = 3, H = 6, KV = 2, D = 14, ROT = 10, CAP = 5 };
+    mdl_dk_qk_t g = {.n_heads = H, .n_kv_heads = KV, .head_dim = D, .n_rot = ROT, .neox = neox, .eps = 1e-6f};
+    float q[B * H * D], k[B * KV * D], v[B * KV * D], qn[D], kn[D], cs[B * 2 * ROT];
+    td_fill(q, B * H * D, 0.0f, 2.0f);
+    td_fill(k, B * KV * D, 0.0f, 2.0f);
+    td_fill(v, B * KV * D, 0.0f, 2.0f);
+    td_fill(qn, D, 1.0f, 0.3f);
+    td_fill(kn, D, 1.0f, 0.3f);
+    for (int b = 0; b < B; b++)   /* row b's table at cs[b * 2 * ROT]; only the first ROT floats are read */
+        for (int i = 0; i < ROT / 2; i++) {
+            float a = (float)(b + 1) * 0.37f * (float)(i + 1);
+            cs[b * 2 * ROT + 2 * i] = cosf(a);
+            cs[b * 2 * ROT + 2 * i + 1] = sinf(a);
+        }
+    float *dq = td_dev_copy(q, sizeof(q) / 4), *dk = td_dev_copy(k, sizeof(k) / 4), *dv = td_dev_copy(v, sizeof(v) / 4);
+    float *dqn = td_dev_copy(qn, D), *dkn = td_dev_copy(kn, D), *dcs = td_dev_copy(cs, sizeof(cs) / 4);
+    uint16_t *cache[B];
+    mdl_dk_row_t rows[B], *drows = NULL;
+    size_t cache_n = 2 * (size_t)KV * CAP * D;
+    for (int b = 0; b < B; b++) {
+        assert_int_equal(mdl_dk_malloc((void **)&cache[b], cache_n * 2), RI_OK);
+        rows[b] = (mdl_dk_row_t){.k = (uint64_t)(uintptr_t)cache[b], .v = (uint64_t)(uintptr_t)(cache[b] + KV * CAP * D),
+                                 .cap = CAP, .pos = (uint64_t)(4 - b)};
+    }
+    assert_int_equal(mdl_dk_malloc((void **)&drows, sizeof(rows)), RI_OK);
+    assert_int_equal(mdl_dk_h2d(drows, rows, sizeof(rows)), RI_OK);
+    mdl_dk_qk_store(&g, dq, dk, dv, norms ? dqn : NULL, norms ? dkn : NULL, dcs, 2 * ROT, drows, B);
+    for (int b = 0; b < B; b++) {
+        for (int h = 0; h < H; h++)
+            td_ref_head(&g, q + (b * H + h) * D, norms ? qn : NULL, cs + b * 2 * ROT);
+        for (int h = 0; h < KV; h++)
+            td_ref_head(&g, k + (b * KV + h) * D, norms ? kn : NULL, cs + b * 2 * ROT);
+    }
+    td_check("qk: q", td_dev_err(dq, q, sizeof(q) / 4));
+    td_check("qk: k", td_dev_err(dk, k, sizeof(k) / 4));
+    /* the stored rows: fp16 of the rotated K and of V, at each row's position */
+    for (int b = 0; b < B; b++) {
+        cm_fp16_t *hc = malloc(cache_n * 2);
+        assert_non_null(hc);
+        assert_int_equal(mdl_dk_d2h(hc, cache[b], cache_n * 2), RI_OK);
+        for (int h = 0; h < KV; h++)
+            for (int i = 0; i < D; i++) {
+                size_t at = ((size_t)h * CAP + rows[b].pos) * D + i;
+                /* K went through fp32 arithmetic that may round differently: within fp16's precision */
+                float kr = k[(b * KV + h) * D + i];
+                assert_true(fabsf(cm_fp16_to_f32(hc[at]) - kr) <= 1e-3f * fabsf(kr) + 1e-6f);
+                /* V is only converted: the same bits (both round to nearest even) */
+                assert_int_equal(hc[KV * CAP * D + at], cm_f32_to_fp16(v[(b * KV + h) * D + i]));
+            }
+        free(hc);
+        mdl_dk_free(cache[b]);
+    }
+    float *bufs[] = {dq, dk, dv, dqn, dkn, dcs};
+    for (size_t i = 0; i < sizeof(bufs) / sizeof(bufs[0]); i++)
+        mdl_dk_free(bufs[i]);
+    mdl_dk_free(drows);
+}
+
+static void test_small_kernels(void **state)
+{
+    (void)state;
+    td_kern_norms();
+    td_kern_pointwise();
+    for (int neox = 0; neox < 2; neox++)
+        for (int norms = 0; norms < 2; norms++)
+            td_kern_qk_case(neox, norms != 0);
 }
 
 /* ---- the model against the CPU ---- */
@@ -342,6 +552,7 @@ int main(void)
     }
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_gemv_awkward_shapes),
+        cmocka_unit_test(test_small_kernels),
         cmocka_unit_test(test_synth_llama_matches_cpu),
         cmocka_unit_test(test_synth_gemma3_matches_cpu),
         cmocka_unit_test(test_smollm2_matches_cpu),
