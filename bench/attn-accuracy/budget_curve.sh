@@ -28,18 +28,9 @@ for p in ri-generate ri-bench-attn-accuracy; do
   [ -x "$bin/$p" ] || { echo "budget_curve: $bin/$p is not built (./ri build)" >&2; exit 1; }
 done
 
-cat "$root"/docs/architecture.md "$root"/docs/kvstore.md "$root"/docs/worker.md "$root"/docs/model.md \
-    "$root"/docs/kernels.md "$root"/docs/spill.md "$root"/docs/deploy.md >"$work/docs.txt"
 for ctx in $contexts; do
-  # ~3.4 characters a token for the first 8K characters of this text, ~2.9
-  # further on (more code and tables): stay under the context asked for
-  if [ "$ctx" -le 4096 ]; then chars=$(( ctx * 34 / 10 )); else chars=$(( ctx * 29 / 10 )); fi
-  { head -c "$chars" "$work/docs.txt"
-    printf '\n\nIn two sentences: what does the kvstore keep, and what does the worker keep?'
-  } >"$work/prompt-$ctx.txt"
   echo "budget_curve: dumping K/V at ~$ctx tokens"
-  "$bin/ri-generate" --prompt-file "$work/prompt-$ctx.txt" --chat --max-tokens 32 --temperature 0 \
-    --dump-kv "$work/kv-$ctx" --no-stream >/dev/null
+  "$root/bench/attn-accuracy/prose_kv.sh" "$bin" "$ctx" "$work/kv-$ctx"
   for t in $floors; do
     "$bin/ri-bench-attn-accuracy" --kv "$work/kv-$ctx" --retrieval-min "$t" \
       --json "$out/budget-$ctx-min$t.json" | tail -n 8

@@ -22,16 +22,9 @@ mkdir -p "$out"
 for p in ri-generate ri-bench-attn-accuracy; do
   [ -x "$bin/$p" ] || { echo "cluster_size: $bin/$p is not built (./ri build)" >&2; exit 1; }
 done
-cat "$root"/docs/architecture.md "$root"/docs/kvstore.md "$root"/docs/worker.md "$root"/docs/model.md \
-    "$root"/docs/kernels.md "$root"/docs/spill.md "$root"/docs/deploy.md >"$work/docs.txt"
 for ctx in $contexts; do
-  if [ "$ctx" -le 4096 ]; then chars=$(( ctx * 34 / 10 )); else chars=$(( ctx * 29 / 10 )); fi
-  { head -c "$chars" "$work/docs.txt"
-    printf '\n\nIn two sentences: what does the kvstore keep, and what does the worker keep?'
-  } >"$work/prompt-$ctx.txt"
   echo "cluster_size: dumping K/V at ~$ctx tokens"
-  "$bin/ri-generate" --prompt-file "$work/prompt-$ctx.txt" --chat --max-tokens 32 --temperature 0 \
-    --dump-kv "$work/kv-$ctx" --no-stream >/dev/null
+  "$root/bench/attn-accuracy/prose_kv.sh" "$bin" "$ctx" "$work/kv-$ctx"
   for t in $floors; do
     for c in 8 16; do
       echo "cluster_size: ctx $ctx floor $t, $c tokens per cluster"

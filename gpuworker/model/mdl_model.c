@@ -65,10 +65,7 @@ struct mdl_seq {
     void *qhook_arg;
 };
 
-static ri_status_t mdl_fail(char *err, size_t errlen, ri_status_t st, const char *fmt, ...)
-    __attribute__((format(printf, 4, 5)));
-
-static ri_status_t mdl_fail(char *err, size_t errlen, ri_status_t st, const char *fmt, ...)
+ri_status_t mdl_errf(char *err, size_t errlen, ri_status_t st, const char *fmt, ...)
 {
     if (err != NULL && errlen > 0) {
         va_list ap;
@@ -79,22 +76,30 @@ static ri_status_t mdl_fail(char *err, size_t errlen, ri_status_t st, const char
     return st;
 }
 
-/* A weight of the expected shape [rows][cols]. */
-static ri_status_t mdl_get_weight(mdl_model_t *m, const char *name, size_t rows, size_t cols, mdl_weight_t *w,
-                                  char *err, size_t errlen)
+ri_status_t mdl_model_weight(const mdl_model_t *m, const char *name, size_t rows, size_t cols, mdl_weight_t *w,
+                             char *err, size_t errlen)
 {
     const mdl_gguf_tensor_t *t = mdl_gguf_tensor(m->gguf, name);
     if (t == NULL)
-        return mdl_fail(err, errlen, RI_ERR_FORMAT, "model: tensor %s is missing", name);
+        return mdl_errf(err, errlen, RI_ERR_FORMAT, "model: tensor %s is missing", name);
     ri_status_t st = mdl_weight_from_tensor(t, w);
     if (st == RI_ERR_UNSUPPORTED)
-        return mdl_fail(err, errlen, st, "model: tensor %s has type %s, which we do not support", name,
+        return mdl_errf(err, errlen, st, "model: tensor %s has type %s, which we do not support", name,
                         mdl_ggml_type_name(t->type));
     if (st != RI_OK || w->rows != rows || w->cols != cols)
-        return mdl_fail(err, errlen, RI_ERR_FORMAT, "model: tensor %s is %llux%llu, expected %zux%zu", name,
+        return mdl_errf(err, errlen, RI_ERR_FORMAT, "model: tensor %s is %llux%llu, expected %zux%zu", name,
                         (unsigned long long)t->ne[1], (unsigned long long)t->ne[0], rows, cols);
-    m->weight_bytes += (uint64_t)w->rows * w->row_bytes;
     return RI_OK;
+}
+
+/* A weight of the expected shape [rows][cols], counted in the model's bytes. */
+static ri_status_t mdl_get_weight(mdl_model_t *m, const char *name, size_t rows, size_t cols, mdl_weight_t *w,
+                                  char *err, size_t errlen)
+{
+    ri_status_t st = mdl_model_weight(m, name, rows, cols, w, err, errlen);
+    if (st == RI_OK)
+        m->weight_bytes += (uint64_t)w->rows * w->row_bytes;
+    return st;
 }
 
 /* A 1-D weight expanded to fp32 (norm scales). */
@@ -121,7 +126,7 @@ static ri_status_t mdl_get_u32(const mdl_gguf_t *g, const char *arch, const char
     if (st == RI_ERR_NOT_FOUND && !required)
         return RI_OK;
     if (st != RI_OK || u == 0 || u > (1u << 24))
-        return mdl_fail(err, errlen, RI_ERR_FORMAT, "model: metadata %s is %s", full,
+        return mdl_errf(err, errlen, RI_ERR_FORMAT, "model: metadata %s is %s", full,
                         st == RI_ERR_NOT_FOUND ? "missing" : "not a sane integer");
     *v = (uint32_t)u;
     return RI_OK;
@@ -150,11 +155,11 @@ static ri_status_t mdl_hparams_gemma3(const mdl_gguf_t *g, const char *arch, mdl
     if (pat != NULL && pat->type != MDL_GGUF_ARRAY) {   /* a period */
         uint64_t v;
         if (mdl_gguf_get_u64(g, key, &v) != RI_OK || v == 0 || v > hp->n_layers)
-            return mdl_fail(err, errlen, RI_ERR_FORMAT, "model: bad %s", key);
+            return mdl_errf(err, errlen, RI_ERR_FORMAT, "model: bad %s", key);
         hp->swa_period = (uint32_t)v;
     }
     if (!(hp->rope_theta_swa > 0) || !(hp->logit_softcap >= 0))
-        return mdl_fail(err, errlen, RI_ERR_FORMAT, "model: bad rope.freq_base_swa or final_logit_softcapping");
+        return mdl_errf(err, errlen, RI_ERR_FORMAT, "model: bad rope.freq_base_swa or final_logit_softcapping");
     return RI_OK;
 }
 
@@ -167,7 +172,7 @@ static ri_status_t mdl_layer_windows(mdl_model_t *m, char *err, size_t errlen)
     bool from_array = hp->arch == MDL_ARCH_GEMMA3 && pat != NULL && pat->type == MDL_GGUF_ARRAY;
     if (from_array && (pat->arr_n != hp->n_layers || (pat->arr_type != MDL_GGUF_BOOL && pat->arr_type != MDL_GGUF_U8 &&
                                                       pat->arr_type != MDL_GGUF_I8)))
-        return mdl_fail(err, errlen, RI_ERR_FORMAT, "model: sliding_window_pattern is not one flag per layer");
+        return mdl_errf(err, errlen, RI_ERR_FORMAT, "model: sliding_window_pattern is not one flag per layer");
     for (uint32_t l = 0; l < hp->n_layers; l++) {
         bool swa = false;
         if (hp->n_swa > 0 && from_array)
@@ -187,13 +192,13 @@ static ri_status_t mdl_model_hparams_load(mdl_model_t *m, char *err, size_t errl
     char *arch = NULL;
     ri_status_t st = mdl_gguf_get_str(g, "general.architecture", &arch);
     if (st != RI_OK)
-        return mdl_fail(err, errlen, RI_ERR_FORMAT, "model: general.architecture is missing");
+        return mdl_errf(err, errlen, RI_ERR_FORMAT, "model: general.architecture is missing");
     if (strcmp(arch, "llama") == 0) {
         hp->arch = MDL_ARCH_LLAMA;
     } else if (strcmp(arch, "gemma3") == 0) {
         hp->arch = MDL_ARCH_GEMMA3;
     } else {
-        st = mdl_fail(err, errlen, RI_ERR_UNSUPPORTED,
+        st = mdl_errf(err, errlen, RI_ERR_UNSUPPORTED,
                       "model: architecture '%.64s' is not supported (llama and gemma3 only)", arch);
         cm_free(arch);
         return st;
@@ -214,7 +219,7 @@ static ri_status_t mdl_model_hparams_load(mdl_model_t *m, char *err, size_t errl
         goto out;
     if ((hp->head_dim * hp->n_heads != hp->n_embd && hp->arch == MDL_ARCH_LLAMA) ||
         hp->n_heads % hp->n_kv_heads != 0 || hp->n_heads / hp->n_kv_heads > 16 || hp->n_layers > 1024) {
-        st = mdl_fail(err, errlen, RI_ERR_FORMAT, "model: inconsistent head counts (%u heads, %u KV heads, %u dims)",
+        st = mdl_errf(err, errlen, RI_ERR_FORMAT, "model: inconsistent head counts (%u heads, %u KV heads, %u dims)",
                       hp->n_heads, hp->n_kv_heads, hp->n_embd);
         goto out;
     }
@@ -222,7 +227,7 @@ static ri_status_t mdl_model_hparams_load(mdl_model_t *m, char *err, size_t errl
     if ((st = mdl_get_u32(g, arch, "rope.dimension_count", &hp->n_rot, false, err, errlen)) != RI_OK)
         goto out;
     if (hp->n_rot > hp->head_dim || hp->n_rot % 2 != 0 || hp->head_dim > 512) {
-        st = mdl_fail(err, errlen, RI_ERR_FORMAT, "model: rope.dimension_count %u does not fit head_dim %u",
+        st = mdl_errf(err, errlen, RI_ERR_FORMAT, "model: rope.dimension_count %u does not fit head_dim %u",
                       hp->n_rot, hp->head_dim);
         goto out;
     }
@@ -238,7 +243,7 @@ static ri_status_t mdl_model_hparams_load(mdl_model_t *m, char *err, size_t errl
     const mdl_gguf_kv_t *sc = mdl_gguf_find(g, key);
     if (sc != NULL && sc->type == MDL_GGUF_STRING && !(sc->v.s.len == 4 && memcmp(sc->v.s.ptr, "none", 4) == 0)) {
         if (!(sc->v.s.len == 6 && memcmp(sc->v.s.ptr, "linear", 6) == 0)) {
-            st = mdl_fail(err, errlen, RI_ERR_UNSUPPORTED, "model: rope scaling '%.*s' is not supported (linear only)",
+            st = mdl_errf(err, errlen, RI_ERR_UNSUPPORTED, "model: rope scaling '%.*s' is not supported (linear only)",
                           (int)CM_MIN(sc->v.s.len, 32), sc->v.s.ptr);
             goto out;
         }
@@ -247,7 +252,7 @@ static ri_status_t mdl_model_hparams_load(mdl_model_t *m, char *err, size_t errl
             hp->rope_scale = 1.0f;
     }
     if (!(hp->rope_theta > 0) || !(hp->eps > 0)) {
-        st = mdl_fail(err, errlen, RI_ERR_FORMAT, "model: bad rope.freq_base or norm epsilon");
+        st = mdl_errf(err, errlen, RI_ERR_FORMAT, "model: bad rope.freq_base or norm epsilon");
         goto out;
     }
     hp->rope_theta_swa = hp->rope_theta;
@@ -299,12 +304,12 @@ ri_status_t mdl_model_load(const char *path, mdl_model_t **m_p, char *err, size_
     mdl_hparams_t *hp = &m->hp;
     const mdl_gguf_tensor_t *te = mdl_gguf_tensor(m->gguf, "token_embd.weight");
     if (te == NULL) {
-        st = mdl_fail(err, errlen, RI_ERR_FORMAT, "model: token_embd.weight is missing");
+        st = mdl_errf(err, errlen, RI_ERR_FORMAT, "model: token_embd.weight is missing");
         goto err_free_model;
     }
     hp->n_vocab = (uint32_t)CM_MIN(te->ne[1], (uint64_t)UINT32_MAX);
     if (hp->n_vocab != mdl_tok_vocab(m->tok)) {
-        st = mdl_fail(err, errlen, RI_ERR_FORMAT, "model: embedding has %u rows but the vocabulary %zu tokens",
+        st = mdl_errf(err, errlen, RI_ERR_FORMAT, "model: embedding has %u rows but the vocabulary %zu tokens",
                       hp->n_vocab, mdl_tok_vocab(m->tok));
         goto err_free_model;
     }

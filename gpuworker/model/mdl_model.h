@@ -31,6 +31,7 @@
 
 #include "gpuworker/model/mdl_attn.h"
 #include "gpuworker/model/mdl_gguf.h"
+#include "gpuworker/model/mdl_quant.h"
 #include "gpuworker/model/mdl_tok.h"
 #include "retroinfer/status.h"
 
@@ -78,6 +79,17 @@ const mdl_hparams_t *mdl_model_hparams(const mdl_model_t *m);
 /* Borrowed, valid while the model lives. */
 const mdl_tok_t *mdl_model_tok(const mdl_model_t *m);
 const mdl_gguf_t *mdl_model_gguf(const mdl_model_t *m);
+
+/* The weight called name, checked to be [rows][cols] (a view into the
+ * model's mapped file; nothing to free).  RI_ERR_FORMAT / RI_ERR_UNSUPPORTED
+ * with the reason in err. */
+ri_status_t mdl_model_weight(const mdl_model_t *m, const char *name, size_t rows, size_t cols, mdl_weight_t *w,
+                             char *err, size_t errlen);
+
+/* Write the formatted reason into err (when err is given) and return st: the
+ * model runtime's way of failing with a message. */
+ri_status_t mdl_errf(char *err, size_t errlen, ri_status_t st, const char *fmt, ...)
+    __attribute__((format(printf, 4, 5)));
 /* general.name or the file name. */
 const char *mdl_model_name(const mdl_model_t *m);
 /* Sliding window of layer l in tokens; 0 for a global layer (all of them

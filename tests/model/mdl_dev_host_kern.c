@@ -17,6 +17,7 @@
 #include "common/cm_half.h"
 #include "gpuworker/model/cuda/mdl_dev_kern.h"
 #include "kernels/cuda/kn_cuda.h"
+#include "mdl_dev_ref.h"
 
 ri_status_t kn_cuda_init(void)
 {
@@ -73,18 +74,10 @@ void mdl_dk_gemv(const uint16_t *w, size_t ld, size_t rows, size_t k, const floa
         }
 }
 
-static float mdl_dk_inv_rms(const float *x, size_t n, float eps)
-{
-    double ss = 0.0;
-    for (size_t i = 0; i < n; i++)
-        ss += (double)x[i] * x[i];
-    return (float)(1.0 / sqrt(ss / (double)n + eps));
-}
-
 void mdl_dk_rmsnorm(float *out, const float *x, const float *w, size_t n, size_t rows, float eps)
 {
     for (size_t r = 0; r < rows; r++) {
-        float s = mdl_dk_inv_rms(x + r * n, n, eps);
+        float s = mdl_dev_ref_inv_rms(x + r * n, n, eps);
         for (size_t i = 0; i < n; i++)
             out[r * n + i] = x[r * n + i] * s * w[i];
     }
@@ -93,7 +86,7 @@ void mdl_dk_rmsnorm(float *out, const float *x, const float *w, size_t n, size_t
 void mdl_dk_residual(float *x, float *xb, const float *post_norm, size_t n, size_t rows, float eps)
 {
     for (size_t r = 0; r < rows; r++) {
-        float s = post_norm != NULL ? mdl_dk_inv_rms(xb + r * n, n, eps) : 1.0f;
+        float s = post_norm != NULL ? mdl_dev_ref_inv_rms(xb + r * n, n, eps) : 1.0f;
         for (size_t i = 0; i < n; i++) {
             float v = post_norm != NULL ? xb[r * n + i] * s * post_norm[i] : xb[r * n + i];
             xb[r * n + i] = v;
@@ -119,23 +112,6 @@ void mdl_dk_softcap(float *logits, size_t n, float cap)
         logits[i] = cap * tanhf(logits[i] / cap);
 }
 
-/* One head: norm, RoPE (the CUDA kernel's block body). */
-static void mdl_dk_head(const mdl_dk_qk_t *g, float *e, const float *w, const float *c)
-{
-    uint32_t d = g->head_dim, half = g->n_rot / 2;
-    if (w != NULL) {
-        float r = mdl_dk_inv_rms(e, d, g->eps);
-        for (uint32_t i = 0; i < d; i++)
-            e[i] = e[i] * r * w[i];
-    }
-    for (uint32_t i = 0; i < half; i++) {
-        uint32_t i0 = g->neox ? i : 2 * i, i1 = g->neox ? i + half : 2 * i + 1;
-        float x0 = e[i0], x1 = e[i1];
-        e[i0] = x0 * c[2 * i] - x1 * c[2 * i + 1];
-        e[i1] = x0 * c[2 * i + 1] + x1 * c[2 * i];
-    }
-}
-
 void mdl_dk_qk_store(const mdl_dk_qk_t *g, float *q, float *k, const float *v, const float *q_norm,
                      const float *k_norm, const float *cs, size_t cs_stride, const mdl_dk_row_t *rows, size_t n)
 {
@@ -143,10 +119,10 @@ void mdl_dk_qk_store(const mdl_dk_qk_t *g, float *q, float *k, const float *v, c
     for (size_t b = 0; b < n; b++) {
         const float *c = cs + b * cs_stride;
         for (uint32_t h = 0; h < g->n_heads; h++)
-            mdl_dk_head(g, q + (b * g->n_heads + h) * d, q_norm, c);
+            mdl_dev_ref_head(g, q + (b * g->n_heads + h) * d, q_norm, c);
         for (uint32_t h = 0; h < g->n_kv_heads; h++) {
             float *e = k + (b * g->n_kv_heads + h) * d;
-            mdl_dk_head(g, e, k_norm, c);
+            mdl_dev_ref_head(g, e, k_norm, c);
             size_t at = ((size_t)h * rows[b].cap + rows[b].pos) * d;
             cm_f32_to_fp16_n((cm_fp16_t *)(uintptr_t)rows[b].k + at, e, d);
             cm_f32_to_fp16_n((cm_fp16_t *)(uintptr_t)rows[b].v + at, v + (b * g->n_kv_heads + h) * d, d);

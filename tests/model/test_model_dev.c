@@ -43,6 +43,7 @@
 #include "gpuworker/model/mdl_model.h"
 #include "gpuworker/model/mdl_sample.h"
 #include "tm_synth.h"
+#include "mdl_dev_ref.h"
 
 #define TD_STEPS 8
 #define TD_TOL 1e-2       /* real models: the CPU keeps the quantised weights, the device fp16 */
@@ -146,14 +147,6 @@ static double td_dev_err(const float *dev, const float *ref, size_t n)
     return e / (m + 1e-30);
 }
 
-static float td_inv_rms(const float *x, size_t n, float eps)
-{
-    double ss = 0;
-    for (size_t i = 0; i < n; i++)
-        ss += (double)x[i] * x[i];
-    return (float)(1.0 / sqrt(ss / (double)n + eps));
-}
-
 static void td_check(const char *what, double e)
 {
     printf("kernel %s: max error %.2e of the largest value\n", what, e);
@@ -171,7 +164,7 @@ static void td_kern_norms(void)
     float *dx = td_dev_copy(x, R * N), *dxb = td_dev_copy(xb, R * N), *dw = td_dev_copy(w, N), *dout = NULL;
     assert_int_equal(mdl_dk_malloc((void **)&dout, sizeof(x)), RI_OK);
     for (int r = 0; r < R; r++) {
-        float s = td_inv_rms(x + r * N, N, 1e-6f);
+        float s = mdl_dev_ref_inv_rms(x + r * N, N, 1e-6f);
         for (int i = 0; i < N; i++)
             ref[r * N + i] = x[r * N + i] * s * w[i];
     }
@@ -183,7 +176,7 @@ static void td_kern_norms(void)
     mdl_dk_residual(dx, dxb, NULL, N, R, 1e-6f);
     td_check("residual", td_dev_err(dx, ref, R * N));
     for (int r = 0; r < R; r++) {
-        float s = td_inv_rms(xb + r * N, N, 1e-6f);
+        float s = mdl_dev_ref_inv_rms(xb + r * N, N, 1e-6f);
         for (int i = 0; i < N; i++) {
             refb[r * N + i] = xb[r * N + i] * s * w[i];
             ref[r * N + i] += refb[r * N + i];
@@ -224,23 +217,6 @@ static void td_kern_pointwise(void)
     mdl_dk_free(dl);
 }
 
-/* Norm and RoPE of one head, as mdl_qk_prepare does them. */
-static void td_ref_head(const mdl_dk_qk_t *g, float *e, const float *w, const float *c)
-{
-    uint32_t d = g->head_dim, half = g->n_rot / 2;
-    if (w != NULL) {
-        float r = td_inv_rms(e, d, g->eps);
-        for (uint32_t i = 0; i < d; i++)
-            e[i] = e[i] * r * w[i];
-    }
-    for (uint32_t i = 0; i < half; i++) {
-        uint32_t i0 = g->neox ? i : 2 * i, i1 = g->neox ? i + half : 2 * i + 1;
-        float x0 = e[i0], x1 = e[i1];
-        e[i0] = x0 * c[2 * i] - x1 * c[2 * i + 1];
-        e[i1] = x0 * c[2 * i + 1] + x1 * c[2 * i];
-    }
-}
-
 /* Q/K norm + RoPE + K/V store for 3 rows with different caches and
  * positions; both pair layouts, with and without the norms, n_rot < d. */
 static void td_kern_qk_case(int neox, bool norms)
@@ -274,9 +250,9 @@ static void td_kern_qk_case(int neox, bool norms)
     mdl_dk_qk_store(&g, dq, dk, dv, norms ? dqn : NULL, norms ? dkn : NULL, dcs, 2 * ROT, drows, B);
     for (int b = 0; b < B; b++) {
         for (int h = 0; h < H; h++)
-            td_ref_head(&g, q + (b * H + h) * D, norms ? qn : NULL, cs + b * 2 * ROT);
+            mdl_dev_ref_head(&g, q + (b * H + h) * D, norms ? qn : NULL, cs + b * 2 * ROT);
         for (int h = 0; h < KV; h++)
-            td_ref_head(&g, k + (b * KV + h) * D, norms ? kn : NULL, cs + b * 2 * ROT);
+            mdl_dev_ref_head(&g, k + (b * KV + h) * D, norms ? kn : NULL, cs + b * 2 * ROT);
     }
     td_check("qk: q", td_dev_err(dq, q, sizeof(q) / 4));
     td_check("qk: k", td_dev_err(dk, k, sizeof(k) / 4));

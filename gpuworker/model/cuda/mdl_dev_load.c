@@ -6,7 +6,6 @@
  * quantised format is decoded on the device (yet).  Not run on a GPU yet.
  */
 #include <math.h>
-#include <stdarg.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -19,31 +18,6 @@
 static CM_ALLOC_TAG(mdl_dev_tag, "model.dev");
 
 #define MDL_DEV_STAGE_BYTES (16u << 20) /* host staging per copy: big enough to stream, small beside 335 MB */
-
-static ri_status_t mdl_dev_fail(char *err, size_t errlen, ri_status_t st, const char *fmt, ...)
-    __attribute__((format(printf, 4, 5)));
-
-static ri_status_t mdl_dev_fail(char *err, size_t errlen, ri_status_t st, const char *fmt, ...)
-{
-    if (err != NULL && errlen > 0) {
-        va_list ap;
-        va_start(ap, fmt);
-        vsnprintf(err, errlen, fmt, ap);
-        va_end(ap);
-    }
-    return st;
-}
-
-/* The weight called name, checked to be [rows][cols] (as mdl_get_weight). */
-static ri_status_t mdl_dev_weight(const mdl_model_t *m, const char *name, size_t rows, size_t cols, mdl_weight_t *w,
-                                  char *err, size_t errlen)
-{
-    const mdl_gguf_tensor_t *t = mdl_gguf_tensor(mdl_model_gguf(m), name);
-    if (t == NULL || mdl_weight_from_tensor(t, w) != RI_OK || w->rows != rows || w->cols != cols)
-        return mdl_dev_fail(err, errlen, RI_ERR_FORMAT, "device: tensor %s is missing or not %zux%zu", name, rows,
-                            cols);
-    return RI_OK;
-}
 
 /* Rows [r0, r0 + n) of w into stage as fp16 rows of ld (tail zeroed). */
 static void mdl_dev_stage_rows(const mdl_weight_t *w, size_t r0, size_t n, size_t ld, float *row, uint16_t *stage)
@@ -62,7 +36,7 @@ static ri_status_t mdl_dev_mat(mdl_dev_t *d, const char *name, size_t rows, size
                                char *err, size_t errlen)
 {
     mdl_weight_t w;
-    ri_status_t st = mdl_dev_weight(d->m, name, rows, cols, &w, err, errlen);
+    ri_status_t st = mdl_model_weight(d->m, name, rows, cols, &w, err, errlen);
     if (st != RI_OK)
         return st;
     size_t ld = (cols + 7) / 8 * 8, row_bytes = ld * sizeof(uint16_t);
@@ -85,7 +59,7 @@ static ri_status_t mdl_dev_mat(mdl_dev_t *d, const char *name, size_t rows, size
         d->weight_bytes += (uint64_t)rows * row_bytes;
 cleanup:
     if (st != RI_OK)
-        mdl_dev_fail(err, errlen, st, "device: cannot upload %s: %s", name, ri_status_str(st));
+        mdl_errf(err, errlen, st, "device: cannot upload %s: %s", name, ri_status_str(st));
     cm_free(row);
     cm_free(stage);
     return st;
@@ -96,7 +70,7 @@ cleanup:
 static ri_status_t mdl_dev_vec(mdl_dev_t *d, const char *name, size_t n, float **out, char *err, size_t errlen)
 {
     mdl_weight_t w;
-    ri_status_t st = mdl_dev_weight(d->m, name, 1, n, &w, err, errlen);
+    ri_status_t st = mdl_model_weight(d->m, name, 1, n, &w, err, errlen);
     if (st != RI_OK)
         return st;
     float *h = cm_malloc(&mdl_dev_tag, n * sizeof(float));
@@ -188,11 +162,11 @@ static ri_status_t mdl_dev_attach(mdl_dev_t *d, char *err, size_t errlen)
     if (st == RI_OK)
         st = kn_cuda_init();
     if (st != RI_OK || (d->ops = kn_ops_cuda()) == NULL)
-        return mdl_dev_fail(err, errlen, RI_ERR_NO_DEVICE, "device: no usable CUDA device");
+        return mdl_errf(err, errlen, RI_ERR_NO_DEVICE, "device: no usable CUDA device");
     d->shape = (kn_shape_t){.n_q_heads = d->hp.n_heads, .n_kv_heads = d->hp.n_kv_heads,
                             .head_dim = d->hp.head_dim};
     if (!d->ops->supports(KN_OP_ATTN_DECODE, &d->shape, KN_DTYPE_F16))
-        return mdl_dev_fail(err, errlen, RI_ERR_UNSUPPORTED,
+        return mdl_errf(err, errlen, RI_ERR_UNSUPPORTED,
                             "device: the CUDA attention does not take %u query heads per KV head at head_dim %u "
                             "(at most 8 and 256)", d->hp.n_heads / d->hp.n_kv_heads, d->hp.head_dim);
     return RI_OK;
@@ -211,7 +185,7 @@ ri_status_t mdl_dev_create(const mdl_model_t *m, mdl_dev_t **d_p, char *err, siz
     d->hp = *hp;
     if ((st = mdl_dev_attach(d, err, errlen)) != RI_OK)
         goto err_free_dev;
-    if ((st = mdl_dev_weight(m, "token_embd.weight", hp->n_vocab, hp->n_embd, &d->embd, err, errlen)) != RI_OK)
+    if ((st = mdl_model_weight(m, "token_embd.weight", hp->n_vocab, hp->n_embd, &d->embd, err, errlen)) != RI_OK)
         goto err_free_dev;
     d->layers = cm_calloc(&mdl_dev_tag, hp->n_layers, sizeof(*d->layers));
     if (d->layers == NULL) {
