@@ -113,7 +113,7 @@ typedef struct ri_session_params {
     uint32_t sink_tokens;       /* 4 */
     uint32_t window_tokens;     /* 64 */
     uint32_t tokens_per_cluster;/* 0 = auto: 8 while the prompt's indexed range is at
-                                   most 32K tokens, 16 beyond (docs/architecture.md) */
+                                   most 16K tokens, 16 beyond (docs/architecture.md) */
     uint32_t update_tokens;     /* 1024: tokens clustered per decode-time update */
     uint32_t update_clusters;   /* 0 = update_tokens / tokens per cluster */
     float retrieval_frac;       /* 0.018 */

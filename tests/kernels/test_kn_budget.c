@@ -108,7 +108,7 @@ static void test_floor(void **state)
     bt_free(&x);
 }
 
-/* The auto cluster size: 8 tokens up to 32K indexed tokens, 16 beyond, an
+/* The auto cluster size: 8 tokens up to 16K indexed tokens, 16 beyond, an
  * explicit size always; the build fixes it for the index's life, updates
  * included, and the floor in clusters follows it. */
 static void test_auto_cluster_size(void **state)
@@ -129,7 +129,7 @@ static void test_auto_cluster_size(void **state)
     assert_int_equal(kn_wave_cluster_tokens(&p, 1u << 20), 12);
 
     bt_make(&x, 5);
-    w = bt_wave(&x, 0, 256);
+    w = bt_wave(&x, 0, 256);  /* 6K tokens: short */
     size_t n_idx = BT_N - 4 - 64;
     assert_int_equal(kn_wave_params(w)->tokens_per_cluster, 8);
     assert_int_equal(kn_wave_params(w)->update_clusters, 1024 / 8);
