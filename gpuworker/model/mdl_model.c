@@ -577,6 +577,11 @@ static void mdl_rope_table(const mdl_model_t *m, const double *inv_freq, size_t 
     }
 }
 
+void mdl_model_rope_angles(const mdl_model_t *m, bool swa, size_t pos, float *cs)
+{
+    mdl_rope_table(m, swa ? m->inv_freq_swa : m->inv_freq, pos, cs);
+}
+
 /* Rotate each head's pairs by the angles of cs (mdl_rope_table): adjacent
  * pairs (2i, 2i+1) for llama (the layout its GGUF tensors have),
  * (i, i + n_rot/2) for NEOX models (Gemma), whose GGUF rows are not

@@ -86,6 +86,11 @@ const mdl_gguf_t *mdl_model_gguf(const mdl_model_t *m);
 ri_status_t mdl_model_weight(const mdl_model_t *m, const char *name, size_t rows, size_t cols, mdl_weight_t *w,
                              char *err, size_t errlen);
 
+/* The RoPE angles of position pos (cos, sin pairs for i < n_rot/2 into
+ * cs[2i], cs[2i+1]) as the forward pass uses them: the global layers'
+ * frequencies, or with swa the sliding-window layers'. */
+void mdl_model_rope_angles(const mdl_model_t *m, bool swa, size_t pos, float *cs);
+
 /* Write the formatted reason into err (when err is given) and return st: the
  * model runtime's way of failing with a message. */
 ri_status_t mdl_errf(char *err, size_t errlen, ri_status_t st, const char *fmt, ...)

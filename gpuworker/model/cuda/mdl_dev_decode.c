@@ -17,17 +17,6 @@
 
 static CM_ALLOC_TAG(mdl_dev_step_tag, "model.dev.step");
 
-/* cos and sin of pos * inv_freq[i] into cs[2i], cs[2i+1] (mdl_rope_table). */
-static void mdl_dev_rope_table(const mdl_dev_t *d, const double *inv_freq, size_t pos, float *cs)
-{
-    double p = (double)pos / d->hp.rope_scale;
-    for (uint32_t i = 0; i < d->hp.n_rot / 2; i++) {
-        double a = p * inv_freq[i];
-        cs[2 * i] = (float)cos(a);
-        cs[2 * i + 1] = (float)sin(a);
-    }
-}
-
 /* The step's host inputs: embedding rows (scaled), RoPE tables, and where
  * each row's K/V goes in every layer; then one upload of each. */
 static ri_status_t mdl_dev_inputs(mdl_dev_t *d, mdl_dev_seq_t *const *seqs, const int32_t *tokens, size_t n)
@@ -39,9 +28,9 @@ static ri_status_t mdl_dev_inputs(mdl_dev_t *d, mdl_dev_seq_t *const *seqs, cons
         mdl_dequant_row(&d->embd, (size_t)tokens[b], d->h_x + b * E);
         if (hp->embd_scale != 1.0f)
             mdl_vec_scale(d->h_x + b * E, hp->embd_scale, E);
-        mdl_dev_rope_table(d, d->inv_freq, pos, d->h_cs + b * cs_row);
+        mdl_model_rope_angles(d->m, false, pos, d->h_cs + b * cs_row);
         if (hp->n_swa > 0)
-            mdl_dev_rope_table(d, d->inv_freq_swa, pos, d->h_cs + b * cs_row + hp->n_rot);
+            mdl_model_rope_angles(d->m, true, pos, d->h_cs + b * cs_row + hp->n_rot);
         for (uint32_t l = 0; l < hp->n_layers; l++)
             d->h_rows[l * B + b] = (mdl_dk_row_t){.k = (uint64_t)(uintptr_t)mdl_dev_seq_kv(seqs[b], l, 0),
                                                   .v = (uint64_t)(uintptr_t)mdl_dev_seq_kv(seqs[b], l, 1),

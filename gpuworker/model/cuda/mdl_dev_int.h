@@ -40,8 +40,6 @@ struct mdl_dev {
     mdl_dev_layer_t *layers;    /* [n_layers], owned */
     mdl_dev_mat_t output;       /* output head (its own upload, also when tied) */
     float *output_norm;         /* device [n_embd] */
-    double *inv_freq;           /* host [n_rot/2], as mdl_model.c computes them */
-    double *inv_freq_swa;       /* host [n_rot/2], the sliding-window layers' */
     const kn_ops_t *ops;        /* the CUDA backend's table (attn_decode) */
     kn_shape_t shape;           /* attention geometry */
     uint64_t weight_bytes;      /* device bytes of the weights */

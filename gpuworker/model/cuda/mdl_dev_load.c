@@ -144,14 +144,8 @@ static ri_status_t mdl_dev_buffers(mdl_dev_t *d)
     d->h_x = cm_malloc(&mdl_dev_tag, B * hp->n_embd * f);
     d->h_cs = cm_calloc(&mdl_dev_tag, B * 2 * hp->n_rot, f);
     d->h_rows = cm_calloc(&mdl_dev_tag, (size_t)hp->n_layers * B, sizeof(mdl_dk_row_t));
-    d->inv_freq = cm_calloc(&mdl_dev_tag, hp->n_rot / 2 + 1, sizeof(double));
-    d->inv_freq_swa = cm_calloc(&mdl_dev_tag, hp->n_rot / 2 + 1, sizeof(double));
-    if (!d->h_x || !d->h_cs || !d->h_rows || !d->inv_freq || !d->inv_freq_swa)
+    if (!d->h_x || !d->h_cs || !d->h_rows)
         return RI_ERR_NOMEM;
-    for (uint32_t i = 0; i < hp->n_rot / 2; i++) {   /* the expressions of mdl_model_load */
-        d->inv_freq[i] = pow((double)hp->rope_theta, -2.0 * i / hp->n_rot);
-        d->inv_freq_swa[i] = pow((double)hp->rope_theta_swa, -2.0 * i / hp->n_rot);
-    }
     return RI_OK;
 }
 
@@ -239,8 +233,6 @@ void mdl_dev_destroy(mdl_dev_t *d)
     cm_free(d->h_x);
     cm_free(d->h_cs);
     cm_free(d->h_rows);
-    cm_free(d->inv_freq);
-    cm_free(d->inv_freq_swa);
     cm_free(d);
 }
 
