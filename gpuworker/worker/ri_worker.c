@@ -559,8 +559,21 @@ static int wk_serve_http(mdl_model_t *model, const wk_cfg_t *cfg, const char *pa
         fprintf(stderr, "ri-worker: cannot start the scheduler: %s\n", ri_status_str(st));
         goto out;
     }
+    const char *allow = cfg->allow_attn ? cfg->allow_attn : "";
+#ifdef RI_WORKER_CUDA
+    /* the device decodes full attention only: a request that asks for more
+     * is refused at validation (400, param "attn"), not failed later */
+    if (wk_dev != NULL) {
+        if (strcmp(default_attn, "full") != 0) {
+            fprintf(stderr, "ri-worker: --attn %s does not run with --device cuda yet (the device decodes full "
+                    "attention only)\n", default_attn);
+            goto out;
+        }
+        allow = "full"; /* the serving line below says so */
+    }
+#endif
     gw_http_cfg_t hcfg = {.listen = cfg->listen, .model_id = name, .default_attn = default_attn,
-                          .allow_attn = cfg->allow_attn ? cfg->allow_attn : "", .ctx = ctx,
+                          .allow_attn = allow, .ctx = ctx,
                           .default_max_tokens = (size_t)cfg->max_tokens, .max_conn = (unsigned)cfg->http_max_conn,
                           .kvstore = have_kvs};
     if (gw_http_start(&hcfg, model, sched, &http, err, sizeof(err)) != RI_OK) {
