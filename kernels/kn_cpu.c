@@ -131,11 +131,11 @@ static ri_status_t kn_cpu_attn_pages(const kn_shape_t *grp, const float *q, cons
     if (buf == NULL)
         return RI_ERR_NOMEM;
     kn_fa_init(&fs, q, g, d, kn_shape_scale(grp), buf, buf + (size_t)g * d);
-    for (size_t p = 0; p < n_pages; p++) {
-        if (fs.simd && p + 1 < n_pages)  /* the next page's start is elsewhere in memory */
-            kn_prefetch_page(pages[p + 1].k, pages[p + 1].v, pages[p + 1].stride,
-                             pages[p + 1].n_tokens, d);
-        kn_fa_rows(&fs, pages[p].k, pages[p].v, pages[p].stride, pages[p].n_tokens);
+    if (fs.simd) {
+        kn_fa_pages_avx2(&fs, pages, n_pages);
+    } else {
+        for (size_t p = 0; p < n_pages; p++)
+            kn_fa_rows(&fs, pages[p].k, pages[p].v, pages[p].stride, pages[p].n_tokens);
     }
     kn_fa_finish(&fs, o, lse);
     cm_free(buf);

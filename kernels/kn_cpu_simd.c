@@ -170,6 +170,48 @@ KN_TI void kn_accum_v(float *acc, uint32_t d, const cm_fp16_t *v, size_t stride,
     }
 }
 
+/* The online-softmax update of one block of T scored rows, sb [G][KN_BLK]
+ * (rewritten with the weights exp(s - m)). */
+KN_TI void kn_fa_block_softmax(kn_fa_state_t *fs, float *sb, size_t T, const int G)
+{
+    uint32_t d = fs->d;
+    size_t T8 = (T + 7) & ~(size_t)7;
+#pragma GCC unroll 8
+    for (int h = 0; h < G; h++) {
+        float *s = sb + (size_t)h * KN_BLK, bm, mn;
+        __m256 mx = _mm256_set1_ps(-INFINITY), sum = _mm256_setzero_ps();
+        for (size_t t = T; t < T8; t++)
+            s[t] = -INFINITY;
+        for (size_t t = 0; t < T8; t += 8)
+            mx = _mm256_max_ps(mx, _mm256_load_ps(s + t));
+        {
+            __m128 m4 = _mm_max_ps(_mm256_castps256_ps128(mx), _mm256_extractf128_ps(mx, 1));
+            m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
+            m4 = _mm_max_ss(m4, _mm_movehdup_ps(m4));
+            bm = _mm_cvtss_f32(m4);
+        }
+        mn = fs->m[h] > bm ? fs->m[h] : bm;
+        if (mn > fs->m[h]) {
+            float corr = fs->m[h] == -INFINITY ? 0.0f : expf(fs->m[h] - mn);
+            __m256 cv = _mm256_set1_ps(corr);
+            float *ah = fs->acc + (size_t)h * d;
+            for (uint32_t i = 0; i < d; i += 8)
+                _mm256_store_ps(ah + i, _mm256_mul_ps(_mm256_load_ps(ah + i), cv));
+            fs->l[h] *= corr;
+            fs->m[h] = mn;
+        }
+        {
+            __m256 mv = _mm256_set1_ps(mn);
+            for (size_t t = 0; t < T8; t += 8) {
+                __m256 e = kn_exp256(_mm256_sub_ps(_mm256_load_ps(s + t), mv));
+                _mm256_store_ps(s + t, e);
+                sum = _mm256_add_ps(sum, e);
+            }
+        }
+        fs->l[h] += kn_hsum(sum);
+    }
+}
+
 KN_TI void kn_fa_rows_g(kn_fa_state_t *fs, const cm_fp16_t *k, const cm_fp16_t *v, size_t stride,
                         size_t n, const int G)
 {
@@ -177,47 +219,90 @@ KN_TI void kn_fa_rows_g(kn_fa_state_t *fs, const cm_fp16_t *k, const cm_fp16_t *
     float sb[KN_GMAX * KN_BLK] __attribute__((aligned(32)));
     for (size_t t0 = 0; t0 < n; t0 += KN_BLK) {
         size_t T = CM_MIN((size_t)KN_BLK, n - t0);
-        size_t T8 = (T + 7) & ~(size_t)7;
         /* while scoring this block, fetch its V rows and the next block's K rows */
         size_t Tn = t0 + KN_BLK < n ? CM_MIN((size_t)KN_BLK, n - t0 - KN_BLK) : 0;
         /* (prefetching past the next block's end cannot fault, only waste a slot) */
         kn_scores_g(fs->q, d, k + t0 * stride, stride, T, sb, KN_BLK, v + t0 * stride,
                     Tn ? k + (t0 + KN_BLK) * stride : v + t0 * stride, T, G);
-#pragma GCC unroll 8
-        for (int h = 0; h < G; h++) {
-            float *s = sb + (size_t)h * KN_BLK, bm, mn;
-            __m256 mx = _mm256_set1_ps(-INFINITY), sum = _mm256_setzero_ps();
-            for (size_t t = T; t < T8; t++)
-                s[t] = -INFINITY;
-            for (size_t t = 0; t < T8; t += 8)
-                mx = _mm256_max_ps(mx, _mm256_load_ps(s + t));
-            {
-                __m128 m4 = _mm_max_ps(_mm256_castps256_ps128(mx), _mm256_extractf128_ps(mx, 1));
-                m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
-                m4 = _mm_max_ss(m4, _mm_movehdup_ps(m4));
-                bm = _mm_cvtss_f32(m4);
-            }
-            mn = fs->m[h] > bm ? fs->m[h] : bm;
-            if (mn > fs->m[h]) {
-                float corr = fs->m[h] == -INFINITY ? 0.0f : expf(fs->m[h] - mn);
-                __m256 cv = _mm256_set1_ps(corr);
-                float *ah = fs->acc + (size_t)h * d;
-                for (uint32_t i = 0; i < d; i += 8)
-                    _mm256_store_ps(ah + i, _mm256_mul_ps(_mm256_load_ps(ah + i), cv));
-                fs->l[h] *= corr;
-                fs->m[h] = mn;
-            }
-            {
-                __m256 mv = _mm256_set1_ps(mn);
-                for (size_t t = 0; t < T8; t += 8) {
-                    __m256 e = kn_exp256(_mm256_sub_ps(_mm256_load_ps(s + t), mv));
-                    _mm256_store_ps(s + t, e);
-                    sum = _mm256_add_ps(sum, e);
-                }
-            }
-            fs->l[h] += kn_hsum(sum);
-        }
+        kn_fa_block_softmax(fs, sb, T, G);
         kn_accum_v(fs->acc, d, v + t0 * stride, stride, T, sb, G);
+    }
+}
+
+/* A run of rows of one page inside a block. */
+typedef struct kn_seg {
+    const cm_fp16_t *k, *v;
+    size_t stride, n;
+} kn_seg_t;
+
+/* The segments of the next KN_BLK rows from page *p, row *r on (advancing
+ * the cursor); returns their count, *T_p their rows. */
+KN_TI size_t kn_block_segs(const kn_page_t *pages, size_t np, size_t *p, size_t *r, kn_seg_t *seg,
+                           size_t *T_p)
+{
+    size_t ns = 0, T = 0;
+    while (*p < np && T < KN_BLK) {
+        const kn_page_t *pg = &pages[*p];
+        size_t take = CM_MIN((size_t)pg->n_tokens - *r, (size_t)KN_BLK - T);
+        if (take > 0)
+            seg[ns++] = (kn_seg_t){pg->k + *r * pg->stride, pg->v + *r * pg->stride, pg->stride, take};
+        T += take;
+        *r += take;
+        if (*r >= pg->n_tokens) {
+            (*p)++;
+            *r = 0;
+        }
+    }
+    *T_p = T;
+    return ns;
+}
+
+/* Exact attention over a page list in blocks of KN_BLK rows that span page
+ * boundaries: a retrieved cluster is 8-16 rows, and one softmax update per
+ * page cost as much as its arithmetic.  While a block's segments are
+ * scored, each prefetches its own V rows and the K rows of the segment in
+ * the same place of the next block, so the misses of the scattered pages
+ * are issued a block ahead and spread over the scoring. */
+KN_TI void kn_fa_pages_g(kn_fa_state_t *fs, const kn_page_t *pages, size_t np, const int G)
+{
+    uint32_t d = fs->d;
+    float sb[KN_GMAX * KN_BLK] __attribute__((aligned(32)));
+    kn_seg_t cur[KN_BLK], nxt[KN_BLK];
+    size_t p = 0, r = 0, T, Tn, ns, nn;
+
+    ns = kn_block_segs(pages, np, &p, &r, cur, &T);
+    while (ns > 0) {
+        nn = kn_block_segs(pages, np, &p, &r, nxt, &Tn);
+        size_t off = 0;
+        for (size_t i = 0; i < ns; i++) {
+            const cm_fp16_t *pf = i < nn && nxt[i].stride == cur[i].stride ? nxt[i].k : cur[i].v;
+            kn_scores_g(fs->q, d, cur[i].k, cur[i].stride, cur[i].n, sb + off, KN_BLK, cur[i].v, pf,
+                        cur[i].n, G);
+            off += cur[i].n;
+        }
+        kn_fa_block_softmax(fs, sb, T, G);
+        off = 0;
+        for (size_t i = 0; i < ns; i++) {
+            kn_accum_v(fs->acc, d, cur[i].v, cur[i].stride, cur[i].n, sb + off, G);
+            off += cur[i].n;
+        }
+        memcpy(cur, nxt, nn * sizeof(kn_seg_t));
+        ns = nn;
+        T = Tn;
+    }
+}
+
+KN_T void kn_fa_pages_avx2(kn_fa_state_t *fs, const kn_page_t *pages, size_t np)
+{
+    switch (fs->g) {
+    case 1: kn_fa_pages_g(fs, pages, np, 1); break;
+    case 2: kn_fa_pages_g(fs, pages, np, 2); break;
+    case 3: kn_fa_pages_g(fs, pages, np, 3); break;
+    case 4: kn_fa_pages_g(fs, pages, np, 4); break;
+    case 5: kn_fa_pages_g(fs, pages, np, 5); break;
+    case 6: kn_fa_pages_g(fs, pages, np, 6); break;
+    case 7: kn_fa_pages_g(fs, pages, np, 7); break;
+    default: kn_fa_pages_g(fs, pages, np, 8); break;
     }
 }
 
@@ -540,17 +625,6 @@ KN_T void kn_est_accum_h_avx2(float *acc, const cm_fp16_t *vm, const uint32_t *i
     case 7: kn_est_accum_hg(acc, vm, ids, w, n, d, 7); break;
     default: kn_est_accum_hg(acc, vm, ids, w, n, d, 8); break;
     }
-}
-
-KN_T void kn_prefetch_page(const cm_fp16_t *k, const cm_fp16_t *v, size_t stride, size_t n,
-                           uint32_t d)
-{
-    n = n < 16 ? n : 16;
-    for (size_t t = 0; t < n; t++)
-        for (uint32_t i = 0; i < d; i += 32) {
-            _mm_prefetch((const char *)(k + t * stride + i), _MM_HINT_T0);
-            _mm_prefetch((const char *)(v + t * stride + i), _MM_HINT_T0);
-        }
 }
 
 KN_T void kn_est_accum_avx2(float *acc, const float *vsum, const uint32_t *ids, const float *w,

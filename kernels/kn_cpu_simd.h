@@ -61,8 +61,10 @@ void kn_est_accum_avx2(float *acc, const float *vsum, const uint32_t *ids, const
 /* acc [g][d] += sum_e w[h*n+e] * vm[ids[e]][:] over fp16 rows (d % 16 == 0). */
 void kn_est_accum_h_avx2(float *acc, const cm_fp16_t *vm, const uint32_t *ids, const float *w,
                          size_t n, uint32_t g, uint32_t d);
-/* Prefetch the first rows (up to 16) of a page. */
-void kn_prefetch_page(const cm_fp16_t *k, const cm_fp16_t *v, size_t stride, size_t n, uint32_t d);
+/* Fold the rows of np pages, in order, into the state (blocks of KN_BLK
+ * rows across page boundaries). */
+struct kn_page;
+void kn_fa_pages_avx2(kn_fa_state_t *fs, const struct kn_page *pages, size_t np);
 void kn_assign_avx2(const float *x, size_t n, const float *c, size_t nc, uint32_t d,
                     uint32_t *best);
 void kn_quest_score_avx2(const float *q, uint32_t g, uint32_t d, const cm_fp16_t *kmin,
