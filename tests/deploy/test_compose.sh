@@ -163,7 +163,11 @@ ups="$(dc logs --no-color frontdoor 2>/dev/null | grep -o 'upstream=[0-9.]*:8080
 [ "$ups" -ge 2 ] || { echo "FAIL: the front door used $ups worker(s), wanted 2"; exit 1; }
 say "8 completions over 2 workers: same text, both replicas answered"
 
-victim="$(ids worker | head -1)"
+# awk reads all of ps's output: with pipefail, "head -1" exiting before ps's
+# second line made the pipeline die of SIGPIPE and set -e end the test
+# without a word (seen once in CI)
+victim="$(ids worker | awk 'NR == 1')"
+[ -n "$victim" ] || { echo "FAIL: no worker container to kill"; exit 1; }
 say "killing worker container ${victim:0:12}"
 docker kill "$victim" >/dev/null
 py complete "$front" 6 >"$work/text3"
