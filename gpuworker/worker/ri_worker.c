@@ -561,16 +561,11 @@ static int wk_serve_http(mdl_model_t *model, const wk_cfg_t *cfg, const char *pa
     }
     const char *allow = cfg->allow_attn ? cfg->allow_attn : "";
 #ifdef RI_WORKER_CUDA
-    /* the device decodes full attention only: a request that asks for more
-     * is refused at validation (400, param "attn"), not failed later */
-    if (wk_dev != NULL) {
-        if (strcmp(default_attn, "full") != 0) {
-            fprintf(stderr, "ri-worker: --attn %s does not run with --device cuda yet (the device decodes full "
-                    "attention only)\n", default_attn);
-            goto out;
-        }
-        allow = "full"; /* the serving line below says so */
-    }
+    /* the device decodes full attention only (main refused any other
+     * default): a request that asks for more is refused at validation (400,
+     * param "attn"), not failed later; the serving line below says so */
+    if (wk_dev != NULL)
+        allow = "full";
 #endif
     gw_http_cfg_t hcfg = {.listen = cfg->listen, .model_id = name, .default_attn = default_attn,
                           .allow_attn = allow, .ctx = ctx,
