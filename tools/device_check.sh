@@ -25,7 +25,11 @@
 #   tools/device_check.sh --build-only  build and gather the carried set, run
 #                                       nothing (works on a machine without GPU)
 # Environment: OUT, RI_DEVICE_BUILD, RI_JOBS (default: all CPUs),
-#              CUDA_ARCH (default 90), RI_DEVICE_BENCH_ARGS (extra bench flags).
+#              CUDA_ARCH (default 90), RI_DEVICE_BENCH_ARGS (extra bench flags),
+#              RI_XCHECK_TIMEOUT / RI_MODEL_DEV_TIMEOUT / RI_BENCH_TIMEOUT
+#              (seconds per stage: 300 / 120 / 420, so that a short lease
+#              can cap each), RI_SANITIZE=1 (then also the harness without
+#              --slow under compute-sanitizer memcheck, where it is installed).
 # Exit: 0 all passed; 1 something failed; 77 no CUDA device (nothing ran).
 #
 # The carried set (when the device machine lacks cmake, the CUDA toolkit or
@@ -134,7 +138,7 @@ fi
 # ---- 3. the cross-check harness on the device ----
 log "test_kn_xcheck_cuda --slow (the unit cases plus N = 131072)"
 set +e
-timeout 300 "$XCHECK" --slow >"$OUT/xcheck.log" 2>&1
+timeout "${RI_XCHECK_TIMEOUT:-300}" "$XCHECK" --slow >"$OUT/xcheck.log" 2>&1
 xc_rc=$?
 set -e
 if [ "$xc_rc" = 77 ]; then
@@ -157,7 +161,7 @@ md_summary="not run (no $DEVTEST in the carried set)"
 if [ -x "$DEVTEST" ]; then
   log "test_model_dev (GEMV at awkward shapes; SmolLM2 and Gemma 3 decode vs the CPU)"
   set +e
-  timeout 120 "$DEVTEST" >"$OUT/model-dev.log" 2>&1
+  timeout "${RI_MODEL_DEV_TIMEOUT:-120}" "$DEVTEST" >"$OUT/model-dev.log" 2>&1
   md_rc=$?
   set -e
   md_failed="$(grep -oE '^\[  FAILED  \] test_[a-z0-9_]+' "$OUT/model-dev.log" | sed 's/.*\] //' | sort -u |
@@ -171,16 +175,34 @@ fi
 log "ri-bench-cuda (128K, 1M; wave object at 32K)"
 set +e
 # shellcheck disable=SC2086
-timeout 420 "$BENCH" --json "$OUT/bench-cuda.json" ${RI_DEVICE_BENCH_ARGS:-} >"$OUT/bench-cuda.log" 2>&1
+timeout "${RI_BENCH_TIMEOUT:-420}" "$BENCH" --json "$OUT/bench-cuda.json" ${RI_DEVICE_BENCH_ARGS:-} >"$OUT/bench-cuda.log" 2>&1
 bn_rc=$?
 set -e
 log "ri-bench-cuda exit $bn_rc (log $OUT/bench-cuda.log)"
+
+# ---- 4b. out-of-bounds and race checks (optional) ----
+san_summary="not run (RI_SANITIZE unset)"
+if [ "${RI_SANITIZE:-0}" = 1 ]; then
+  if command -v compute-sanitizer >/dev/null; then
+    log "compute-sanitizer --tool memcheck test_kn_xcheck_cuda"
+    set +e
+    timeout "${RI_SANITIZE_TIMEOUT:-120}" compute-sanitizer --tool memcheck --error-exitcode 3 \
+      "$XCHECK" >"$OUT/sanitize.log" 2>&1
+    san_rc=$?
+    set -e
+    san_summary="memcheck exit $san_rc; $(grep -E 'ERROR SUMMARY' "$OUT/sanitize.log" | tail -1 || true)"
+  else
+    san_summary="not run (no compute-sanitizer on this machine)"
+  fi
+  log "sanitizer: $san_summary"
+fi
 
 # ---- 5. the table ----
 echo
 echo "== device check: $(sed -n 1p "$BUILD/device-build.txt" 2>/dev/null), $(head -1 "$OUT/gpu.txt" 2>/dev/null || echo 'device ?') =="
 grep -E '^(cuda:|index_build|full|tripartite|quest|wave object)' "$OUT/bench-cuda.log" || echo "(no bench figures: see $OUT/bench-cuda.log)"
 echo "GPU decode path (test_model_dev): $md_summary"
+echo "compute-sanitizer: $san_summary"
 grep -E '^device decode' "$OUT/model-dev.log" 2>/dev/null | sed 's/^/    /' || true
 echo "cross-check harness: exit $xc_rc; bench: exit $bn_rc; $(( $(date +%s) - START )) s in all"
 cat >"$OUT/device-check.json" <<EOF
