@@ -11,13 +11,16 @@
  *
  *   ri bench ruler [--model NAME|PATH] [--contexts L,..] [--tasks T,..] [--trials N]
  *                  [--methods full,retroinfer,quest,streaming[,retroinfer-remote]]
- *                  [--seed S] [--retrieval-min T] [--quick] [--quiet] [--show-prompt] [--json PATH]
+ *                  [--seed S] [--retrieval-min T] [--window T] [--adapt-tau X] [--trial K]
+ *                  [--quick] [--quiet] [--show-prompt] [--json PATH]
  *
  * Defaults: 4K, 8K, 16K, 32K for a model trained to 32K (Gemma 3 270M), the
  * lengths up to the trained context otherwise (4K, 8K for SmolLM2); 10
  * trials per cell up to 8K, 5 beyond; seed 1.  --quick: one trial of every
  * task at 1,200 tokens (for tests).  The --json file is rewritten after each
- * task, marked "partial" until the run ends.
+ * task, marked "partial" until the run ends.  --trial K runs only trial K
+ * of the cell's N (the same prompt as in the full run: the needle's depth
+ * depends on K and N), for looking at one failure under other settings.
  */
 #define _GNU_SOURCE
 #include <stdio.h>
@@ -43,13 +46,17 @@ typedef struct rl_opts {
     char methods[256];                 /* --methods */
     uint64_t seed;                     /* --seed */
     long retrieval_min;                /* --retrieval-min; -1: the default floor */
+    long window;                       /* --window; -1: the default steady window */
+    double adapt_tau;                  /* --adapt-tau; < 0: the default (off) */
+    int only_trial;                    /* --trial; -1: every trial */
     bool quick, quiet, show_prompt;
 } rl_opts_t;
 
 static void rl_usage(void)
 {
     fprintf(stderr, "usage: ri bench ruler [--model NAME|PATH] [--contexts L,..] [--tasks T,..] [--trials N]\n"
-                    "                      [--methods M,..] [--seed S] [--retrieval-min T] [--quick] [--quiet] [--show-prompt]\n"
+                    "                      [--methods M,..] [--seed S] [--retrieval-min T] [--window T] [--adapt-tau X]\n"
+                    "                      [--trial K] [--quick] [--quiet] [--show-prompt]\n"
                     "                      [--json PATH]\n"
                     "tasks: niah_single,niah_multikey,niah_multivalue,vt,cwe,qa; methods: full,retroinfer,quest,"
                     "streaming,oracle," RL_REMOTE "\n");
@@ -57,7 +64,7 @@ static void rl_usage(void)
 
 static int rl_parse(int argc, char **argv, rl_opts_t *o)
 {
-    *o = (rl_opts_t){.seed = 1, .retrieval_min = -1};
+    *o = (rl_opts_t){.seed = 1, .retrieval_min = -1, .window = -1, .adapt_tau = -1, .only_trial = -1};
     snprintf(o->methods, sizeof(o->methods), "full,retroinfer,quest,streaming");
     for (int t = 0; t < RL_N_TASKS; t++)
         o->tasks[o->n_tasks++] = (rl_task_t)t;
@@ -119,6 +126,24 @@ static int rl_parse(int argc, char **argv, rl_opts_t *o)
             o->retrieval_min = atol(v);
             if (o->retrieval_min < 0) {
                 fprintf(stderr, "ri bench ruler: --retrieval-min is a token count >= 0\n");
+                return -1;
+            }
+        } else if (!strcmp(a, "--window")) {
+            o->window = atol(v);
+            if (o->window < 1) {
+                fprintf(stderr, "ri bench ruler: --window is a token count >= 1\n");
+                return -1;
+            }
+        } else if (!strcmp(a, "--adapt-tau")) {
+            o->adapt_tau = atof(v);
+            if (!(o->adapt_tau >= 0 && o->adapt_tau < 1)) {
+                fprintf(stderr, "ri bench ruler: --adapt-tau is in [0, 1)\n");
+                return -1;
+            }
+        } else if (!strcmp(a, "--trial")) {
+            o->only_trial = atoi(v);
+            if (o->only_trial < 0) {
+                fprintf(stderr, "ri bench ruler: --trial is an index >= 0\n");
                 return -1;
             }
         } else {
@@ -234,12 +259,17 @@ int main(int argc, char **argv)
         rl_usage();
         return 2;
     }
-    if (o.retrieval_min >= 0) {
-        /* retroinfer's retrieval floor for every sequence of the run (the
+    if (o.retrieval_min >= 0 || o.window >= 0 || o.adapt_tau >= 0) {
+        /* retroinfer's settings for every sequence of the run (the
          * baselines take retroinfer's measured budget either way) */
         mdl_attn_cfg_t acfg;
         mdl_attn_cfg_default(&acfg);
-        acfg.retrieval_min_tokens = (uint32_t)o.retrieval_min;
+        if (o.retrieval_min >= 0)
+            acfg.retrieval_min_tokens = (uint32_t)o.retrieval_min;
+        if (o.window >= 0)
+            acfg.window_tokens = (uint32_t)o.window;
+        if (o.adapt_tau >= 0)
+            acfg.adapt_tau = (float)o.adapt_tau;
         mdl_attn_cfg_set_default(&acfg);
     }
     rl_run_t run = {.seed = o.seed, .verbose = !o.quiet, .show_prompt = o.show_prompt};
@@ -287,6 +317,10 @@ int main(int argc, char **argv)
     mdl_attn_cfg_t used;
     mdl_attn_cfg_default(&used);
     cJSON_AddNumberToObject(root, "retrieval_min_tokens", used.retrieval_min_tokens);
+    cJSON_AddNumberToObject(root, "window_tokens", used.window_tokens);
+    cJSON_AddNumberToObject(root, "adapt_tau", used.adapt_tau);
+    if (o.only_trial >= 0)
+        cJSON_AddNumberToObject(root, "only_trial", o.only_trial);
     run.outputs = cJSON_AddArrayToObject(root, "outputs");
     cJSON_AddStringToObject(root, "scoring", "pass: every expected item in the output (case-insensitive, whole "
                                              "words); recall: the share of items found");
@@ -299,6 +333,11 @@ int main(int argc, char **argv)
     for (size_t c = 0; c < o.n_ctx && rc == 0; c++) {
         size_t ctx = o.ctx[c];
         int trials = o.trials ? o.trials : ctx <= 8192 ? 10 : 5;
+        if (o.only_trial >= trials) {
+            fprintf(stderr, "ri bench ruler: --trial %d, but a cell at %zu has %d trials\n", o.only_trial, ctx, trials);
+            rc = 2;
+            break;
+        }
         if (ctx > hp->n_ctx) {
             char name[64], why[128];
             snprintf(name, sizeof(name), "context=%zu", ctx);
@@ -311,7 +350,9 @@ int main(int argc, char **argv)
         memset(cells, 0, sizeof(cells));
         for (size_t t = 0; t < o.n_tasks && rc == 0; t++) {
             for (int i = 0; i < trials && rc == 0; i++)
-                if (rl_run_trial(&run, o.tasks[t], ctx, i, trials, cells[t]) != RI_OK)
+                if (o.only_trial >= 0 && i != o.only_trial)
+                    continue;
+                else if (rl_run_trial(&run, o.tasks[t], ctx, i, trials, cells[t]) != RI_OK)
                     rc = 1;
             if (rc != 0)
                 break;
