@@ -22,7 +22,8 @@
  *
  * --device cuda decodes on the GPU, in every mode (mdl_dev.h: prefill on
  * the CPU, then the K/V goes to the device; "full" attention only;
- * docs/cuda.md "GPU decode path", not yet run on a GPU).
+ * docs/cuda.md "GPU decode path": its kernels ran on an H200, this binary
+ * has not).
  */
 #define _GNU_SOURCE
 #include <cjson/cJSON.h>

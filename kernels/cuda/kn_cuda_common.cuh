@@ -14,7 +14,7 @@
  * Every op runs on cudaStreamPerThread and allocates its scratch with the
  * stream-ordered allocator (pooled, so a small op costs no cudaMalloc), which
  * keeps the group-level ops safe to call from many pool threads at once, as
- * kn_wave does.  Not yet run on a device: see docs/cuda.md.
+ * kn_wave does (checked on an H200: docs/cuda.md).
  */
 #ifndef KN_CUDA_COMMON_CUH
 #define KN_CUDA_COMMON_CUH
