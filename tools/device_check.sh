@@ -29,7 +29,10 @@
 #              RI_XCHECK_TIMEOUT / RI_MODEL_DEV_TIMEOUT / RI_BENCH_TIMEOUT
 #              (seconds per stage: 300 / 120 / 420, so that a short lease
 #              can cap each), RI_SANITIZE=1 (then also the harness without
-#              --slow under compute-sanitizer memcheck, where it is installed).
+#              --slow under compute-sanitizer memcheck, where it is installed),
+#              RI_PROFILE=1 (then also Nsight Compute's time of each decode
+#              kernel over one round of the bench at 128K and at 1M, where
+#              ncu is installed: ncu-128k.txt, ncu-1m.txt).
 # Exit: 0 all passed; 1 something failed; 77 no CUDA device (nothing ran).
 #
 # The carried set (when the device machine lacks cmake, the CUDA toolkit or
@@ -197,12 +200,35 @@ if [ "${RI_SANITIZE:-0}" = 1 ]; then
   log "sanitizer: $san_summary"
 fi
 
+# ---- 4c. per-kernel device times (optional) ----
+prof_summary="not run (RI_PROFILE unset)"
+if [ "${RI_PROFILE:-0}" = 1 ]; then
+  if command -v ncu >/dev/null; then
+    prof_summary=""
+    for n in 131072 1048576; do
+      f="$OUT/ncu-$([ $n = 131072 ] && echo 128k || echo 1m).txt"
+      log "ncu: decode kernels at N = $n"
+      set +e
+      # the decode kernels only (not the index build's), clocks as they are
+      timeout "${RI_PROFILE_TIMEOUT:-120}" ncu --clock-control none --metrics gpu__time_duration.sum,dram__bytes_read.sum \
+        -k 'regex:kn_cu_(w_|decode|split_merge|logits|head_stats|score|est_|quest)|Segmented' \
+        --print-summary per-kernel "$BENCH" --only "$n" --rounds 1 --steps 1 --wave-n 0 >"$f" 2>&1
+      prof_summary="$prof_summary N=$n: exit $?;"
+      set -e
+    done
+  else
+    prof_summary="not run (no ncu on this machine)"
+  fi
+  log "ncu: $prof_summary"
+fi
+
 # ---- 5. the table ----
 echo
 echo "== device check: $(sed -n 1p "$BUILD/device-build.txt" 2>/dev/null), $(head -1 "$OUT/gpu.txt" 2>/dev/null || echo 'device ?') =="
 grep -E '^(cuda:|index_build|full|tripartite|quest|wave object)' "$OUT/bench-cuda.log" || echo "(no bench figures: see $OUT/bench-cuda.log)"
 echo "GPU decode path (test_model_dev): $md_summary"
 echo "compute-sanitizer: $san_summary"
+echo "ncu: $prof_summary"
 grep -E '^device decode' "$OUT/model-dev.log" 2>/dev/null | sed 's/^/    /' || true
 echo "cross-check harness: exit $xc_rc; bench: exit $bn_rc; $(( $(date +%s) - START )) s in all"
 cat >"$OUT/device-check.json" <<EOF

@@ -6,11 +6,15 @@
  * 20260), for N in {131072, 1048576}:
  *
  *   full        kn_attn_decode of the cuda table over the device cache
- *   tripartite  per KV head (heads on the pool, one CUDA stream per thread):
- *               kn_cuda_rank_estimate over a device copy of the index, exact
- *               attention (kn_cuda_attn_pages_device) over the sinks, the steady window
- *               and the retrieved clusters of a device cluster-major copy,
- *               merge of the two tiny parts on the host
+ *   tripartite  kn_cuda_wave_step: every KV head in one device step (rank,
+ *               selection, estimation, exact attention over the sinks, the
+ *               steady window and the retrieved clusters of a device
+ *               cluster-major copy, merge), one copy in, one wait
+ *   tripartite_perhead  the same step driven from the host per KV head
+ *               (heads on the pool, one CUDA stream per thread):
+ *               kn_cuda_rank_estimate, kn_cuda_attn_pages_device, merge of
+ *               the two tiny parts on the host: what the launches, copies
+ *               and waits of a host-driven step cost
  *   quest       per KV head: cuda quest_score over device page bounds (16
  *               tokens), top-B pages chosen on the host (quickselect), then
  *               kn_cuda_attn_pages_device; the same exact-token budget as
@@ -62,6 +66,7 @@ typedef struct bc_head {
     kn_index_t host;       /* the built index (host) */
     cm_fp16_t *ck, *cv;    /* device cluster-major K/V of the indexed tokens */
     cm_fp16_t *kmin, *kmax;/* device Quest page bounds [n_qpages][D] */
+    uint32_t *offsets;     /* device copy of the index's cluster offsets */
 } bc_head_t;
 
 typedef struct bc_ctx {
@@ -70,6 +75,8 @@ typedef struct bc_ctx {
     cm_fp16_t *dk, *dv;    /* device cache [NKV][N][D] */
     kn_kv_view_t kv;       /* its view */
     bc_head_t head[NKV];
+    kn_cuda_wave_head_t step[NKV]; /* the heads as kn_cuda_wave_step takes them */
+    bool want_bytes;       /* the step also reports its ids (untimed passes) */
     uint32_t sink, idx0, idx1, n_r, n_e, n_qpages, quest_pages;
     const float *q;        /* this call's query [NQ][D] (host) */
     float *out, *lse;      /* [NQ][D], [NQ] (host) */
@@ -77,15 +84,39 @@ typedef struct bc_ctx {
     ri_status_t st[NKV];   /* per head */
 } bc_ctx_t;
 
-enum { M_FULL, M_WAVE, M_QUEST, M_COUNT };
-static const char *m_name[M_COUNT] = {"full", "tripartite", "quest"};
+enum { M_FULL, M_STEP, M_WAVE, M_QUEST, M_COUNT };
+static const char *m_name[M_COUNT] = {"full", "tripartite", "tripartite_perhead", "quest"};
 
 static ri_status_t bc_full(bc_ctx_t *x)
 {
     return kn_ops_cuda()->attn_decode(&x->shape, 1, x->q, &x->kv, x->out, x->lse);
 }
 
-/* One KV head of a tripartite step. */
+/* The device step for every head; with want_bytes, the bytes it read from
+ * its ids (sinks, window and retrieved rows, centroids and sizes, the
+ * estimation's fp16 means). */
+static ri_status_t bc_step(bc_ctx_t *x)
+{
+    uint32_t per = x->n_r + x->n_e, cnt[2 * NKV], *ids = NULL;
+    ri_status_t st;
+    if (!x->want_bytes)
+        return kn_cuda_wave_step(&x->shape, x->q, x->step, x->n_r, x->n_e, x->out, x->lse, NULL, NULL);
+    ids = malloc(((size_t)NKV * per + 1) * sizeof(uint32_t));
+    if (ids == NULL)
+        return RI_ERR_NOMEM;
+    st = kn_cuda_wave_step(&x->shape, x->q, x->step, x->n_r, x->n_e, x->out, x->lse, ids, cnt);
+    for (int h = 0; h < NKV && st == RI_OK; h++) {
+        const bc_head_t *hd = &x->head[h];
+        uint64_t tok = x->sink + (x->N - x->idx1);
+        for (uint32_t i = 0; i < cnt[2 * h]; i++)
+            tok += hd->host.sizes[ids[(size_t)h * per + i]];
+        x->bytes[h] = tok * D * 4 + (uint64_t)hd->dev.n_clusters * (D * 2 + 4) + (uint64_t)cnt[2 * h + 1] * D * 2;
+    }
+    free(ids);
+    return st;
+}
+
+/* One KV head of a tripartite step driven from the host. */
 static void bc_wave_task(void *arg, size_t begin, size_t end, unsigned worker)
 {
     bc_ctx_t *x = arg;
@@ -187,6 +218,8 @@ static ri_status_t bc_run(int m, bc_ctx_t *x)
         x->bytes[0] = (uint64_t)x->N * NKV * D * 4;
         return bc_full(x);
     }
+    if (m == M_STEP)
+        return bc_step(x);
     cm_pool_parallel_for(cm_pool_default(), NKV, 1, m == M_WAVE ? bc_wave_task : bc_quest_task, x);
     for (int h = 0; h < NKV; h++)
         if (x->st[h] != RI_OK)
@@ -227,13 +260,13 @@ static int bc_head_upload(bc_head_t *hd, const cm_fp16_t *hk, const cm_fp16_t *h
         bn_cu_alloc((void **)&hd->dev.vmean, C * D * 2) ||
         bn_cu_alloc((void **)&hd->dev.sizes, C * 4) || bn_cu_alloc((void **)&hd->ck, n * D * 2) ||
         bn_cu_alloc((void **)&hd->cv, n * D * 2) || bn_cu_alloc((void **)&hd->kmin, nqp * D * 2) ||
-        bn_cu_alloc((void **)&hd->kmax, nqp * D * 2))
+        bn_cu_alloc((void **)&hd->kmax, nqp * D * 2) || bn_cu_alloc((void **)&hd->offsets, C * 4 + 4))
         goto out;
     if (bn_cu_upload(hd->dev.centroids, ix->centroids, C * D * 2) || bn_cu_upload(hd->dev.vsum, ix->vsum, C * D * 4) ||
         bn_cu_upload(hd->dev.vmean, ix->vmean, C * D * 2) ||
         bn_cu_upload(hd->dev.sizes, ix->sizes, C * 4) || bn_cu_upload(hd->ck, ck, n * D * 2) ||
         bn_cu_upload(hd->cv, cv, n * D * 2) || bn_cu_upload(hd->kmin, mn, nqp * D * 2) ||
-        bn_cu_upload(hd->kmax, mx, nqp * D * 2))
+        bn_cu_upload(hd->kmax, mx, nqp * D * 2) || bn_cu_upload(hd->offsets, ix->offsets, C * 4))
         goto out;
     rc = 0;
 out:
@@ -254,6 +287,7 @@ static void bc_head_free(bc_head_t *hd)
     bn_cu_free(hd->cv);
     bn_cu_free(hd->kmin);
     bn_cu_free(hd->kmax);
+    bn_cu_free(hd->offsets);
     kn_index_cleanup(&hd->host);
 }
 
@@ -321,6 +355,15 @@ static int bench_size(bn_report_t *rep, size_t N, int steps, int rounds, double 
             bn_report_skip(rep, label, "device index upload failed");
             goto out;
         }
+    for (int h = 0; h < NKV; h++) {
+        const bc_head_t *hd = &x.head[h];
+        const cm_fp16_t *kh = x.dk + (size_t)h * N * D, *vh = x.dv + (size_t)h * N * D;
+        x.step[h] = (kn_cuda_wave_head_t){hd->dev.centroids, hd->dev.sizes, hd->offsets, hd->dev.vmean,
+                                          hd->ck, hd->cv, hd->dev.n_clusters,
+                                          {{kh, vh, x.sink, D},
+                                           {kh + (size_t)x.idx1 * D, vh + (size_t)x.idx1 * D,
+                                            (uint32_t)(N - x.idx1), D}}};
+    }
     kn_wave_budget_grow(&wp, C, C, &nr0, &ne0);
     kn_wave_budget_floor(&wp, C, nr0, ne0, &x.n_r, &x.n_e);
     x.n_qpages = (uint32_t)(N / QPAGE);
@@ -367,6 +410,7 @@ static int bench_size(bn_report_t *rep, size_t N, int steps, int rounds, double 
         size_t nq = 0;
         kn_summary_t sm;
         cJSON *row;
+        x.want_bytes = true;
         for (int s = 0; s < steps; s++) {
             x.q = q + (size_t)s * NQ * D;
             if (bc_run(m, &x) != RI_OK)
@@ -376,6 +420,7 @@ static int bench_size(bn_report_t *rep, size_t N, int steps, int rounds, double 
         }
         for (int h = 0; h < NKV; h++)
             bytes += x.bytes[h];
+        x.want_bytes = false;
         kn_summarise(rel, nq, &sm);
         row = bn_report_row(rep);
         cJSON_AddStringToObject(row, "op", "decode");
@@ -393,13 +438,13 @@ static int bench_size(bn_report_t *rep, size_t N, int steps, int rounds, double 
         cJSON_AddNumberToObject(row, "rel_err_median", sm.median);
         cJSON_AddNumberToObject(row, "rel_err_p99", sm.p99);
         cJSON_AddNumberToObject(row, "accuracy_steps", steps);
-        if (m == M_WAVE) {
+        if (m == M_WAVE || m == M_STEP) {
             cJSON_AddNumberToObject(row, "retrieval_clusters", x.n_r);
             cJSON_AddNumberToObject(row, "estimation_clusters", x.n_e);
         }
         if (m == M_QUEST)
             cJSON_AddNumberToObject(row, "quest_pages", x.quest_pages);
-        printf("%-11s N=%-8zu %9.3f ms (min %9.3f) %8.1f MB %8.1f GB/s (%3.0f%% of HBM %.0f) x%-6.2f rel_err %.4f / p99 %.4f\n",
+        printf("%-18s N=%-8zu %9.3f ms (min %9.3f) %8.1f MB %8.1f GB/s (%3.0f%% of HBM %.0f) x%-6.2f rel_err %.4f / p99 %.4f\n",
                m_name[m], N, med * 1e3, best * 1e3, bytes / 1e6, bytes / med / 1e9,
                100.0 * bytes / med / 1e9 / hbm_read, hbm_read, full_med / med, sm.median, sm.p99);
     }

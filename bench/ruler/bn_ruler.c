@@ -12,6 +12,7 @@
  *   ri bench ruler [--model NAME|PATH] [--contexts L,..] [--tasks T,..] [--trials N]
  *                  [--methods full,retroinfer,quest,streaming[,retroinfer-remote]]
  *                  [--seed S] [--retrieval-min T] [--window T] [--adapt-tau X] [--trial K]
+ *                  [--cluster-tokens T] [--estimation X]
  *                  [--quick] [--quiet] [--show-prompt] [--json PATH]
  *
  * Defaults: 4K, 8K, 16K, 32K for a model trained to 32K (Gemma 3 270M), the
@@ -49,6 +50,8 @@ typedef struct rl_opts {
     long window;                       /* --window; -1: the default steady window */
     double adapt_tau;                  /* --adapt-tau; < 0: the default (off) */
     int only_trial;                    /* --trial; -1: every trial */
+    long cluster_tokens;               /* --cluster-tokens; -1: kn_wave's choice */
+    double estimation;                 /* --estimation; < 0: the default share */
     bool quick, quiet, show_prompt;
 } rl_opts_t;
 
@@ -56,7 +59,8 @@ static void rl_usage(void)
 {
     fprintf(stderr, "usage: ri bench ruler [--model NAME|PATH] [--contexts L,..] [--tasks T,..] [--trials N]\n"
                     "                      [--methods M,..] [--seed S] [--retrieval-min T] [--window T] [--adapt-tau X]\n"
-                    "                      [--trial K] [--quick] [--quiet] [--show-prompt]\n"
+                    "                      [--trial K] [--cluster-tokens T] [--estimation X] [--quick] [--quiet]\n"
+                    "                      [--show-prompt]\n"
                     "                      [--json PATH]\n"
                     "tasks: niah_single,niah_multikey,niah_multivalue,vt,cwe,qa; methods: full,retroinfer,quest,"
                     "streaming,oracle," RL_REMOTE "\n");
@@ -64,7 +68,8 @@ static void rl_usage(void)
 
 static int rl_parse(int argc, char **argv, rl_opts_t *o)
 {
-    *o = (rl_opts_t){.seed = 1, .retrieval_min = -1, .window = -1, .adapt_tau = -1, .only_trial = -1};
+    *o = (rl_opts_t){.seed = 1, .retrieval_min = -1, .window = -1, .adapt_tau = -1, .only_trial = -1,
+                     .cluster_tokens = -1, .estimation = -1};
     snprintf(o->methods, sizeof(o->methods), "full,retroinfer,quest,streaming");
     for (int t = 0; t < RL_N_TASKS; t++)
         o->tasks[o->n_tasks++] = (rl_task_t)t;
@@ -138,6 +143,18 @@ static int rl_parse(int argc, char **argv, rl_opts_t *o)
             o->adapt_tau = atof(v);
             if (!(o->adapt_tau >= 0 && o->adapt_tau < 1)) {
                 fprintf(stderr, "ri bench ruler: --adapt-tau is in [0, 1)\n");
+                return -1;
+            }
+        } else if (!strcmp(a, "--cluster-tokens")) {
+            o->cluster_tokens = atol(v);
+            if (o->cluster_tokens < 1 || o->cluster_tokens > 4096) {
+                fprintf(stderr, "ri bench ruler: --cluster-tokens is 1..4096\n");
+                return -1;
+            }
+        } else if (!strcmp(a, "--estimation")) {
+            o->estimation = atof(v);
+            if (!(o->estimation >= 0 && o->estimation <= 1)) {
+                fprintf(stderr, "ri bench ruler: --estimation is a share in [0, 1]\n");
                 return -1;
             }
         } else if (!strcmp(a, "--trial")) {
@@ -259,7 +276,7 @@ int main(int argc, char **argv)
         rl_usage();
         return 2;
     }
-    if (o.retrieval_min >= 0 || o.window >= 0 || o.adapt_tau >= 0) {
+    if (o.retrieval_min >= 0 || o.window >= 0 || o.adapt_tau >= 0 || o.cluster_tokens >= 0 || o.estimation >= 0) {
         /* retroinfer's settings for every sequence of the run (the
          * baselines take retroinfer's measured budget either way) */
         mdl_attn_cfg_t acfg;
@@ -270,6 +287,10 @@ int main(int argc, char **argv)
             acfg.window_tokens = (uint32_t)o.window;
         if (o.adapt_tau >= 0)
             acfg.adapt_tau = (float)o.adapt_tau;
+        if (o.cluster_tokens >= 0)
+            acfg.tokens_per_cluster = (uint32_t)o.cluster_tokens;
+        if (o.estimation >= 0)
+            acfg.estimation_frac = (float)o.estimation;
         mdl_attn_cfg_set_default(&acfg);
     }
     rl_run_t run = {.seed = o.seed, .verbose = !o.quiet, .show_prompt = o.show_prompt};
@@ -319,6 +340,8 @@ int main(int argc, char **argv)
     cJSON_AddNumberToObject(root, "retrieval_min_tokens", used.retrieval_min_tokens);
     cJSON_AddNumberToObject(root, "window_tokens", used.window_tokens);
     cJSON_AddNumberToObject(root, "adapt_tau", used.adapt_tau);
+    cJSON_AddNumberToObject(root, "tokens_per_cluster", used.tokens_per_cluster);
+    cJSON_AddNumberToObject(root, "estimation_frac", used.estimation_frac);
     if (o.only_trial >= 0)
         cJSON_AddNumberToObject(root, "only_trial", o.only_trial);
     run.outputs = cJSON_AddArrayToObject(root, "outputs");

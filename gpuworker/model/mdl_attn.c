@@ -112,6 +112,8 @@ void mdl_attn_cfg_default(mdl_attn_cfg_t *cfg)
     cfg->update_tokens = 1024;
     cfg->retrieval_min_tokens = KN_WAVE_RETRIEVAL_MIN_TOKENS;
     cfg->adapt_tau = 0.0f;
+    cfg->tokens_per_cluster = 0;
+    cfg->estimation_frac = -1.0f;
     cfg->release_window = false;
 }
 

@@ -73,6 +73,8 @@ typedef struct mdl_attn_cfg {
     uint32_t update_tokens;   /* retroinfer: tokens per index update (1024) */
     uint32_t retrieval_min_tokens; /* retroinfer: floor of the retrieval zone (256) */
     float adapt_tau;          /* retroinfer: output-aware per-head cut (0 = off; kn_wave.h) */
+    uint32_t tokens_per_cluster; /* retroinfer: 0 = kn_wave's choice by context (kn_wave.h) */
+    float estimation_frac;    /* retroinfer: share of the clusters estimated; < 0 = kn_wave's (0.232) */
     bool release_window;      /* give back each sliding-window layer's K/V older than its
                                  window as decoding goes (a server that keeps only what it
                                  reads); false: keep every token (forks, K/V dumps) */

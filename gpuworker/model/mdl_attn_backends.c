@@ -63,6 +63,9 @@ static ri_status_t mdl_be_create(mdl_be_kind_t kind, const mdl_attn_cfg_t *cfg, 
         wp.update_tokens = cfg->update_tokens;
         wp.retrieval_min_tokens = cfg->retrieval_min_tokens;
         wp.adapt_tau = cfg->adapt_tau;
+        wp.tokens_per_cluster = cfg->tokens_per_cluster;
+        if (cfg->estimation_frac >= 0.0f)
+            wp.estimation_frac = cfg->estimation_frac;
         b->wave = cm_calloc(&mdl_be_tag, g->n_layers, sizeof(*b->wave));
         if (b->wave == NULL)
             st = RI_ERR_NOMEM;

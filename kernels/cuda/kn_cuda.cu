@@ -48,6 +48,21 @@ static const kn_ops_t kn_cuda_table = {
     kn_cuda_quest_score,
 };
 
+/* The ops take their scratch from the device's default pool
+ * (cudaMallocAsync).  Its default release threshold is 0: every wait hands
+ * the pool's memory back to the driver, and the next call maps it again,
+ * a cost every decode step would pay.  Keep what the pool has grown to
+ * instead (it stays at the largest step's scratch). */
+static void kn_cu_keep_pool(void)
+{
+    cudaMemPool_t pool;
+    uint64_t keep = UINT64_MAX;
+    int dev = 0;
+    if (cudaGetDevice(&dev) != cudaSuccess || cudaDeviceGetDefaultMemPool(&pool, dev) != cudaSuccess ||
+        cudaMemPoolSetAttribute(pool, cudaMemPoolAttrReleaseThreshold, &keep) != cudaSuccess)
+        cudaGetLastError();  /* no pools: kn_cu_alloc falls back to cudaMalloc */
+}
+
 extern "C" ri_status_t kn_cuda_init(void)
 {
     int count = 0, driver = 0, runtime = 0;
@@ -64,6 +79,7 @@ extern "C" ri_status_t kn_cuda_init(void)
         cudaGetLastError();
         return RI_ERR_NO_DEVICE;
     }
+    kn_cu_keep_pool();
     kn_ops_register_cuda(&kn_cuda_table);
     kn_ops_register_cuda_fused(kn_cuda_rank_estimate); /* kn_wave reads the centroids once */
     return RI_OK;

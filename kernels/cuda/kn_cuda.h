@@ -48,6 +48,42 @@ ri_status_t kn_cuda_copy(void *dst, const void *src, size_t bytes);
 ri_status_t kn_cuda_attn_pages_device(const kn_shape_t *grp, const float *q, const kn_page_t *pages,
                                       size_t n_pages, float *o, float *lse);
 
+/* One KV head of a device tripartite step: its index and its K/V, all in
+ * device memory. */
+typedef struct kn_cuda_wave_head {
+    const cm_fp16_t *centroids;  /* [n_clusters][d] */
+    const uint32_t *sizes;       /* [n_clusters] */
+    const uint32_t *offsets;     /* [n_clusters]: cluster j's first row in ck / cv */
+    const cm_fp16_t *vmean;      /* [n_clusters][d]: fp16 value means (what the
+                                    estimation reads, times the size) */
+    const cm_fp16_t *ck, *cv;    /* the indexed rows, cluster-major, stride d */
+    uint32_t n_clusters;
+    kn_page_t steady[2];         /* the steady zone: sinks and window (n_tokens 0: none) */
+} kn_cuda_wave_head_t;
+
+/* One decode step of tripartite attention for every KV head of a layer,
+ * on the device from end to end: per head, rank the clusters (n_r to
+ * retrieve, the next n_e to estimate: the rank's contract), estimate the
+ * n_e from the centroids and value means, attend exactly over the steady
+ * zone and the n_r retrieved clusters, and merge the two parts.  The same
+ * result as, per head, kn_cuda_rank_estimate + attn_pages(steady + retrieved
+ * clusters) + merge, in nine kernel launches, one copy in and one wait for
+ * all heads together, where those calls take some 40 runtime calls and two
+ * waits per head.
+ * shape: n_q_heads, n_kv_heads (= heads), head_dim d in {64, 128, 256}, at
+ * most 8 query heads per KV head.  q [n_q][d] and out [n_q][d], lse [n_q]
+ * may be host or device memory.  ids (NULL: not wanted) gets per head
+ * n_r + n_e slots: the retrieved ids, then the estimated ones, each set in
+ * ascending id order (the sets are the rank's; the order within a set does
+ * not change the result); counts (NULL: not wanted) per head {retrieved,
+ * estimated}; both host or device memory.
+ * Every pointer of heads must be device memory with 16-byte aligned rows
+ * (strides of the steady pages a multiple of 8).  RI_ERR_INVALID for a
+ * shape or layout it does not take, RI_ERR_DEVICE on a CUDA error. */
+ri_status_t kn_cuda_wave_step(const kn_shape_t *shape, const float *q, const kn_cuda_wave_head_t *heads,
+                              uint32_t n_r, uint32_t n_e, float *out, float *lse, uint32_t *ids,
+                              uint32_t *counts);
+
 #ifdef __cplusplus
 }
 #endif

@@ -6,20 +6,30 @@
  *
  * Kernel: one block per work item (sequence, KV head, run of 256..1024
  * tokens sized so every SM gets ~16 blocks; for pages: one page or a
- * 1024-token run of a long page).  Each
- * warp walks every KN_CU_WARPS-th token of the item (lane i holds d/32
- * consecutive dims), keeps an online softmax per query head, and the warps
- * merge in shared memory into one (o, lse) partial.  A second kernel merges
- * the partials of each group by log-sum-exp.  Supported: g <= 8, d <= 256
- * (a lane holds 1, 2, 4 or 8 dims; a d between those widths leaves the top
- * lanes' extra dims idle); other shapes fall back through the wrappers.
+ * 1024-token run of a long page).  A second kernel merges the partials of
+ * each group by log-sum-exp.  Supported: g <= 8, d <= 256; other shapes
+ * fall back through the wrappers.  Two kernels do the first part:
+ *
+ *   vec (d = 64, 128, 256; rows and pointers 16-byte aligned): a lane holds
+ *     8 dims of a row, loaded as one 16-byte load, so d / 8 lanes cover a
+ *     token and a warp takes 32 / (d / 8) tokens at once; each lane group
+ *     loads U tokens' K and V rows before any arithmetic (U x 32 bytes in
+ *     flight per lane), reduces the g dot products over its d / 8 lanes
+ *     only, and rescales its online softmax once per U tokens.  On an H200
+ *     the first kernel below reached 12-23% of HBM bandwidth: one token per
+ *     warp, 2-byte loads and g full-warp reductions per token made it
+ *     issue-bound.
+ *   general (every other d): each warp walks every KN_CU_WARPS-th token of
+ *     the item (lane i holds d/32 consecutive dims, 1, 2, 4 or 8), keeps an
+ *     online softmax per query head.
+ *
+ * In both the warps merge in shared memory into one (o, lse) partial.
  */
 #include <stdlib.h>
 #include <string.h>
 
-#include "kernels/cuda/kn_cuda_common.cuh"
+#include "kernels/cuda/kn_cuda_vec.cuh"
 
-#define KN_CU_WARPS 4
 #define KN_CU_SPLIT 1024  /* longest run of one item (pages, and the decode split's cap) */
 #define KN_CU_SPLIT_MIN 256
 
@@ -122,33 +132,43 @@ static __global__ void kn_cu_decode_kernel(const kn_cu_item *items, const float 
     }
 }
 
-/* Merge n_split partials per group row: partial rows [(first + s) * g + h]. */
-static __global__ void kn_cu_split_merge_kernel(const float *part_o, const float *part_lse,
-                                                const int *first, const int *n_split, int g,
-                                                int d, float *out, float *lse)
+/* The vec kernel (kn_cuda_vec.cuh): one item a block, LPT = d / 8. */
+template <int G, int LPT, int U>
+static __global__ void __launch_bounds__(32 * KN_CU_WARPS)
+kn_cu_decode_vec_kernel(const kn_cu_item *items, const float *q, float scale, float *part_o,
+                        float *part_lse)
+{
+    typedef kn_cu_vacc<G, LPT, U> acc_t;
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int slot = lane / LPT, c0 = (lane % LPT) * 8;
+    const kn_cu_item it = items[blockIdx.x];
+    __shared__ kn_cu_vshared<G, acc_t::D> sh;
+    acc_t a;
+
+    a.init(q + (size_t)it.q_row * acc_t::D, scale, c0);
+    for (int base = warp * acc_t::TPW * U; base < it.n; base += KN_CU_WARPS * acc_t::TPW * U) {
+        const __half *kp[U], *vp[U];
+        bool ok[U];
+        for (int u = 0; u < U; u++) {
+            const int t = base + u * acc_t::TPW + slot;
+            ok[u] = t < it.n;
+            kp[u] = it.k + (size_t)(ok[u] ? t : 0) * it.stride + c0;
+            vp[u] = it.v + (size_t)(ok[u] ? t : 0) * it.stride + c0;
+        }
+        a.round(kp, vp, ok);
+    }
+    a.finish(sh, lane, warp, c0, part_o, part_lse, (size_t)it.part);
+}
+
+/* Merge n_split partials per group row: partial rows [(first + s) * g + h]
+ * (one block a (group, head); kn_cu_merge_parts). */
+static __global__ void __launch_bounds__(KN_CU_MERGE_THREADS)
+kn_cu_split_merge_kernel(const float *part_o, const float *part_lse, const int *first, const int *n_split,
+                         int g, int d, float *out, float *lse)
 {
     const int grp = blockIdx.x, h = blockIdx.y;
-    const int f = first[grp], ns = n_split[grp];
-    float mm = -INFINITY, den = 0.0f;
-    for (int s = 0; s < ns; s++)
-        mm = fmaxf(mm, part_lse[(size_t)(f + s) * g + h]);
-    if (mm != -INFINITY)
-        for (int s = 0; s < ns; s++) {
-            float x = part_lse[(size_t)(f + s) * g + h];
-            den += x == -INFINITY ? 0.0f : __expf(x - mm);
-        }
-    for (int i = threadIdx.x; i < d; i += blockDim.x) {
-        float o = 0.0f;
-        if (mm != -INFINITY)
-            for (int s = 0; s < ns; s++) {
-                float x = part_lse[(size_t)(f + s) * g + h];
-                if (x != -INFINITY)
-                    o += __expf(x - mm) * part_o[((size_t)(f + s) * g + h) * d + i];
-            }
-        out[((size_t)grp * g + h) * d + i] = den > 0.0f ? o / den : 0.0f;
-    }
-    if (threadIdx.x == 0)
-        lse[(size_t)grp * g + h] = den > 0.0f ? mm + logf(den) : -INFINITY;
+    const kn_cu_parts p = {part_o, part_lse, (size_t)first[grp] * g + h, (size_t)g, n_split[grp]};
+    kn_cu_merge_parts(&p, 1, d, out + ((size_t)grp * g + h) * d, lse + (size_t)grp * g + h);
 }
 
 template <int G>
@@ -161,6 +181,45 @@ static void kn_cu_launch_g(int dpl, int n_items, const kn_cu_item *items, const 
     case 2: kn_cu_decode_kernel<G, 2><<<grid, block, 0, st>>>(items, q, d, scale, po, pl); break;
     case 4: kn_cu_decode_kernel<G, 4><<<grid, block, 0, st>>>(items, q, d, scale, po, pl); break;
     default: kn_cu_decode_kernel<G, 8><<<grid, block, 0, st>>>(items, q, d, scale, po, pl); break;
+    }
+}
+
+template <int G>
+static void kn_cu_launch_vec_g(int d, int n_items, const kn_cu_item *items, const float *q,
+                               float scale, float *po, float *pl, cudaStream_t st)
+{
+    constexpr int U = KN_CU_VEC_U(G);
+    dim3 grid(n_items), block(32 * KN_CU_WARPS);
+    switch (d) {
+    case 64: kn_cu_decode_vec_kernel<G, 8, U><<<grid, block, 0, st>>>(items, q, scale, po, pl); break;
+    case 128: kn_cu_decode_vec_kernel<G, 16, U><<<grid, block, 0, st>>>(items, q, scale, po, pl); break;
+    default: kn_cu_decode_vec_kernel<G, 32, U><<<grid, block, 0, st>>>(items, q, scale, po, pl); break;
+    }
+}
+
+/* The vec kernel takes d = 64, 128, 256 with every row 16-byte aligned. */
+static bool kn_cu_vec_ok(int d, const kn_cu_item *items, size_t n_items)
+{
+    if (!kn_cu_vec_dim(d))
+        return false;
+    for (size_t i = 0; i < n_items; i++)
+        if (((uintptr_t)items[i].k | (uintptr_t)items[i].v) % 16 != 0 || items[i].stride % 8 != 0)
+            return false;
+    return true;
+}
+
+static void kn_cu_launch_vec(int g, int d, int n_items, const kn_cu_item *items, const float *q,
+                             float scale, float *po, float *pl, cudaStream_t st)
+{
+    switch (g) {
+    case 1: kn_cu_launch_vec_g<1>(d, n_items, items, q, scale, po, pl, st); break;
+    case 2: kn_cu_launch_vec_g<2>(d, n_items, items, q, scale, po, pl, st); break;
+    case 3: kn_cu_launch_vec_g<3>(d, n_items, items, q, scale, po, pl, st); break;
+    case 4: kn_cu_launch_vec_g<4>(d, n_items, items, q, scale, po, pl, st); break;
+    case 5: kn_cu_launch_vec_g<5>(d, n_items, items, q, scale, po, pl, st); break;
+    case 6: kn_cu_launch_vec_g<6>(d, n_items, items, q, scale, po, pl, st); break;
+    case 7: kn_cu_launch_vec_g<7>(d, n_items, items, q, scale, po, pl, st); break;
+    default: kn_cu_launch_vec_g<8>(d, n_items, items, q, scale, po, pl, st); break;
     }
 }
 
@@ -187,30 +246,55 @@ static int kn_cu_dpl(int d)
 
 /* Run the split-K kernels over items described on the host (pointers
  * already on the device) and write (o, lse) of n_groups groups to out
- * [n_groups][g][d] and lse [n_groups][g] (NULL: not wanted), host or device. */
+ * [n_groups][g][d] and lse [n_groups][g] (NULL: not wanted), host or device.
+ * The items, the split table and a host query travel in one copy, and the
+ * device scratch is one allocation: each runtime call costs microseconds,
+ * which is the whole budget of a short decode. */
 static void kn_cu_run(kn_cu_call_t *c, int g, int d, float scale, const float *q, size_t q_rows,
                       const kn_cu_item *items, size_t n_items, const int *first,
                       const int *n_split, size_t n_groups, float *out, float *lse)
 {
-    const float *dq = (const float *)kn_cu_in(c, q, q_rows * d * sizeof(float));
-    float *po = (float *)kn_cu_alloc(c, (n_items + 1) * g * d * sizeof(float));
-    float *pl = (float *)kn_cu_alloc(c, (n_items + 1) * g * sizeof(float));
-    float *dout = (float *)kn_cu_alloc(c, n_groups * g * d * sizeof(float));
-    float *dlse = (float *)kn_cu_alloc(c, n_groups * g * sizeof(float));
-    const kn_cu_item *ditems = (const kn_cu_item *)kn_cu_in(c, items, n_items * sizeof(kn_cu_item));
-    const int *dfirst = (const int *)kn_cu_in(c, first, n_groups * sizeof(int));
-    const int *dns = (const int *)kn_cu_in(c, n_split, n_groups * sizeof(int));
+    const bool q_dev = kn_cu_on_device(q);
+    const size_t b_items = (n_items * sizeof(kn_cu_item) + 15) / 16 * 16;
+    const size_t b_tab = (n_groups * sizeof(int) + 15) / 16 * 16;
+    const size_t b_q = q_dev ? 0 : q_rows * d * sizeof(float);
+    const size_t n_in = b_items + 2 * b_tab + b_q;
+    const size_t n_po = (n_items + 1) * g * d, n_pl = (n_items + 1) * g;
+    const size_t n_out = n_groups * g * d, n_lse = n_groups * g;
+    char *blob = (char *)malloc(n_in + 1);
+    const char *din;
+    float *scr;
 
-    if (c->st != RI_OK || n_groups == 0)
+    if (blob == NULL) {
+        c->st = RI_ERR_NOMEM;
         return;
-    if (n_items > 0)
-        kn_cu_launch(g, kn_cu_dpl(d), (int)n_items, ditems, dq, d, scale, po, pl, c->s);
-    kn_cu_split_merge_kernel<<<dim3((unsigned)n_groups, (unsigned)g), 128, 0, c->s>>>(
-        po, pl, dfirst, dns, g, d, dout, dlse);
-    kn_cu_check_launch(c, "decode launch");
-    kn_cu_out(c, out, dout, n_groups * g * d * sizeof(float));
-    if (lse != NULL)
-        kn_cu_out(c, lse, dlse, n_groups * g * sizeof(float));
+    }
+    memcpy(blob, items, n_items * sizeof(kn_cu_item));
+    memcpy(blob + b_items, first, n_groups * sizeof(int));
+    memcpy(blob + b_items + b_tab, n_split, n_groups * sizeof(int));
+    if (!q_dev)
+        memcpy(blob + b_items + 2 * b_tab, q, b_q);
+    din = (const char *)kn_cu_in(c, blob, n_in);
+    scr = (float *)kn_cu_alloc(c, (n_po + n_pl + n_out + n_lse) * sizeof(float));
+    if (c->st == RI_OK && n_groups > 0) {
+        const kn_cu_item *ditems = (const kn_cu_item *)din;
+        const int *dfirst = (const int *)(din + b_items), *dns = (const int *)(din + b_items + b_tab);
+        const float *dq = q_dev ? q : (const float *)(din + b_items + 2 * b_tab);
+        float *po = scr, *pl = po + n_po, *dout = pl + n_pl, *dlse = dout + n_out;
+        if (n_items > 0 && kn_cu_vec_ok(d, items, n_items))
+            kn_cu_launch_vec(g, d, (int)n_items, ditems, dq, scale, po, pl, c->s);
+        else if (n_items > 0)
+            kn_cu_launch(g, kn_cu_dpl(d), (int)n_items, ditems, dq, d, scale, po, pl, c->s);
+        kn_cu_split_merge_kernel<<<dim3((unsigned)n_groups, (unsigned)g), KN_CU_MERGE_THREADS, 0, c->s>>>(
+            po, pl, dfirst, dns, g, d, dout, dlse);
+        kn_cu_check_launch(c, "decode launch");
+        kn_cu_out(c, out, dout, n_out * sizeof(float));
+        if (lse != NULL)
+            kn_cu_out(c, lse, dlse, n_lse * sizeof(float));
+    }
+    /* the copy in is asynchronous from pageable memory only after the
+     * runtime has staged it, so the host blob may go now */
+    free(blob);
 }
 
 bool kn_cuda_attn_shape_ok(const kn_shape_t *shape)
@@ -219,16 +303,68 @@ bool kn_cuda_attn_shape_ok(const kn_shape_t *shape)
            shape->n_q_heads / shape->n_kv_heads <= KN_CU_MAXG && shape->head_dim <= 256;
 }
 
-/* Tokens per decode item: short enough that every SM gets about 16 blocks
- * (a 128K-token, 8-head layer in 1024-token items fills an H200's 132 SMs
- * only 8 deep), long enough that an item streams, at most KN_CU_SPLIT. */
-static size_t kn_cu_split(size_t work)
+/* Blocks of the vec kernel for (g, d) that fit on one SM at once. */
+template <int G>
+static int kn_cu_vec_resident_g(int d)
+{
+    constexpr int U = KN_CU_VEC_U(G);
+    int n = 0;
+    cudaError_t e = d == 64    ? cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, kn_cu_decode_vec_kernel<G, 8, U>,
+                                                                              32 * KN_CU_WARPS, 0)
+                  : d == 128 ? cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, kn_cu_decode_vec_kernel<G, 16, U>,
+                                                                              32 * KN_CU_WARPS, 0)
+                             : cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, kn_cu_decode_vec_kernel<G, 32, U>,
+                                                                              32 * KN_CU_WARPS, 0);
+    if (e != cudaSuccess) {
+        cudaGetLastError();
+        return 2;
+    }
+    return n > 0 ? n : 1;
+}
+
+static int kn_cu_vec_resident(int g, int d)
+{
+    static int cache[KN_CU_MAXG + 1][3];  /* racing threads compute the same value */
+    const int di = d == 64 ? 0 : (d == 128 ? 1 : 2);
+    if (cache[g][di] == 0) {
+        int n;
+        switch (g) {
+        case 1: n = kn_cu_vec_resident_g<1>(d); break;
+        case 2: n = kn_cu_vec_resident_g<2>(d); break;
+        case 3: n = kn_cu_vec_resident_g<3>(d); break;
+        case 4: n = kn_cu_vec_resident_g<4>(d); break;
+        case 5: n = kn_cu_vec_resident_g<5>(d); break;
+        case 6: n = kn_cu_vec_resident_g<6>(d); break;
+        case 7: n = kn_cu_vec_resident_g<7>(d); break;
+        default: n = kn_cu_vec_resident_g<8>(d); break;
+        }
+        cache[g][di] = n;
+    }
+    return cache[g][di];
+}
+
+/* Tokens per decode item.  The vec kernel: as many items as fit on the
+ * device at once (one wave, every SM full), so that each streams a long
+ * run and the merge has few partials a head: the 256..1024-token items it
+ * had first gave 256 to 1024 partials a head, and the merge of those took
+ * 48 to 180 us of a 128K..1M decode on an H200.  The general kernel: short
+ * enough that every SM gets about 16 blocks, at most KN_CU_SPLIT. */
+static size_t kn_cu_split(size_t work, size_t groups, int g, int d)
 {
     static int sms;
     size_t split;
     if (sms == 0 && cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0) != cudaSuccess) {
         cudaGetLastError();
         sms = 1;
+    }
+    if (kn_cu_vec_dim(d)) {
+        /* each group's last item may be short: keep one slot a group spare,
+         * so that the items never spill into a second, near-empty wave */
+        const size_t slots = (size_t)sms * kn_cu_vec_resident(g, d);
+        const size_t room = slots > 2 * groups ? slots - groups : slots / 2;
+        split = (work + room - 1) / room;
+        split = (split + 63) / 64 * 64;
+        return split < KN_CU_SPLIT_MIN ? KN_CU_SPLIT_MIN : split;
     }
     split = work / ((size_t)sms * 16 + 1);
     split = (split + 63) / 64 * 64;
@@ -247,7 +383,7 @@ ri_status_t kn_cuda_attn_decode(const kn_shape_t *shape, size_t n_seq, const flo
     kn_cu_begin(&c);
     for (size_t s = 0; s < n_seq; s++)
         work += kv[s].n_tokens * nkv;
-    sp = kn_cu_split(work);
+    sp = kn_cu_split(work, n_groups, g, d);
     for (size_t s = 0; s < n_seq; s++)
         n_items += (size_t)nkv * ((kv[s].n_tokens + sp - 1) / sp + 1);
     items = (kn_cu_item *)calloc(n_items + 1, sizeof(kn_cu_item));

@@ -381,6 +381,66 @@ static int xc_cmp_desc(const void *a, const void *b)
     return (x < y) - (x > y);
 }
 
+/* The rank's score of every cluster in double (sum over the g query heads
+ * of each head's softmax over the non-empty clusters), and the non-empty
+ * clusters' scores sorted descending into sorted; returns their count. */
+static uint32_t xc_rank_scores(const float *q, const kn_index_t *idx, uint32_t g, double *score, double *sorted)
+{
+    uint32_t C = idx->n_clusters, d = idx->head_dim, avail = 0;
+    double *lg = malloc((C + 1) * sizeof(double));
+    assert_non_null(lg);
+    for (uint32_t j = 0; j < C; j++)
+        score[j] = 0;
+    for (uint32_t h = 0; h < g; h++) {
+        double m = -INFINITY, sum = 0;
+        for (uint32_t j = 0; j < C; j++) {
+            double s = 0;
+            for (uint32_t i = 0; i < d; i++)
+                s += (double)q[(size_t)h * d + i] * cm_fp16_to_f32(idx->centroids[(size_t)j * d + i]);
+            lg[j] = s / sqrt((double)d);
+            if (idx->sizes[j])
+                m = fmax(m, lg[j]);
+        }
+        for (uint32_t j = 0; j < C; j++)
+            if (idx->sizes[j])
+                sum += exp(lg[j] - m);
+        for (uint32_t j = 0; j < C; j++)
+            if (idx->sizes[j])
+                score[j] += exp(lg[j] - m) / sum;
+    }
+    free(lg);
+    for (uint32_t j = 0; j < C; j++)
+        if (idx->sizes[j])
+            sorted[avail++] = score[j];
+    qsort(sorted, avail, sizeof(double), xc_cmp_desc);
+    return avail;
+}
+
+/* ids[0, nr) retrieved and ids[nr, nr + ne) estimated: the counts the rank's
+ * contract gives, no id twice, none empty, each at or above its zone's cut
+ * (near-ties allowed).  False with a message otherwise. */
+static bool xc_selection_ok(const char *what, const kn_index_t *idx, const double *score, const double *sorted,
+                            uint32_t avail, uint32_t n_r, uint32_t n_e, const uint32_t *ids, uint32_t nr, uint32_t ne)
+{
+    uint32_t C = idx->n_clusters, wr = n_r < avail ? n_r : avail, we = n_e < avail - wr ? n_e : avail - wr;
+    uint8_t *seen = calloc(C + 1, 1);
+    bool ok = nr == wr && ne == we;
+    if (!ok)
+        fprintf(stderr, "FAIL %s: counts %u+%u, want %u+%u\n", what, nr, ne, wr, we);
+    for (uint32_t i = 0; ok && i < nr + ne; i++) {
+        uint32_t j = ids[i];
+        double cut = i < nr ? sorted[nr - 1] : sorted[nr + ne - 1];
+        if (j >= C || idx->sizes[j] == 0 || seen[j] || score[j] < cut - 1e-6) {
+            fprintf(stderr, "FAIL %s: id %u (pos %u) wrong\n", what, j, i);
+            ok = false;
+        } else {
+            seen[j] = 1;
+        }
+    }
+    free(seen);
+    return ok;
+}
+
 /* Rank: the selection must be right up to near-ties (scores recomputed here
  * in double). */
 static int xc_rank(const kn_ops_t *ops, uint32_t g, uint32_t d, uint32_t C, uint32_t n_r,
@@ -390,63 +450,25 @@ static int xc_rank(const kn_ops_t *ops, uint32_t g, uint32_t d, uint32_t C, uint
     kn_index_t idx;
     float *q = xc_floats((size_t)g * d, 2.0f);
     double *score = calloc(C + 1, sizeof(double)), *sorted = malloc((C + 1) * sizeof(double));
-    uint32_t *ids = malloc(((size_t)n_r + n_e + 1) * sizeof(uint32_t)), nr, ne, avail = 0;
-    uint8_t *seen = calloc(C + 1, 1);
+    uint32_t *ids = malloc(((size_t)n_r + n_e + 1) * sizeof(uint32_t)), nr, ne, avail;
     int fails = 0;
     char what[128];
 
     xc_index(&idx, d, C);
-    for (uint32_t h = 0; h < g; h++) {
-        double m = -INFINITY, sum = 0, *lg = malloc((C + 1) * sizeof(double));
-        for (uint32_t j = 0; j < C; j++) {
-            double s = 0;
-            for (uint32_t i = 0; i < d; i++)
-                s += (double)q[(size_t)h * d + i] * cm_fp16_to_f32(idx.centroids[(size_t)j * d + i]);
-            lg[j] = s / sqrt((double)d);
-            if (idx.sizes[j])
-                m = fmax(m, lg[j]);
-        }
-        for (uint32_t j = 0; j < C; j++)
-            if (idx.sizes[j])
-                sum += exp(lg[j] - m);
-        for (uint32_t j = 0; j < C; j++)
-            if (idx.sizes[j])
-                score[j] += exp(lg[j] - m) / sum;
-        free(lg);
-    }
-    for (uint32_t j = 0; j < C; j++)
-        if (idx.sizes[j])
-            sorted[avail++] = score[j];
-    qsort(sorted, avail, sizeof(double), xc_cmp_desc);
+    avail = xc_rank_scores(q, &idx, g, score, sorted);
     snprintf(what, sizeof(what), "%s rank g=%u d=%u C=%u R=%u E=%u", ops->name, g, d, C, n_r, n_e);
     if (!xc_supported(ops, KN_OP_RANK, &grp, what))
         goto out;
-    if (ops->rank(&grp, q, &idx, n_r, n_e, ids, &nr, &ne) != RI_OK) {
+    if (ops->rank(&grp, q, &idx, n_r, n_e, ids, &nr, &ne) != RI_OK)
         fails++;
-        goto out;
-    }
-    if (nr != (n_r < avail ? n_r : avail) || ne != (n_e < avail - nr ? n_e : avail - nr)) {
-        fprintf(stderr, "FAIL %s: counts %u+%u\n", what, nr, ne);
-        fails++;
-        goto out;
-    }
-    for (uint32_t i = 0; i < nr + ne; i++) {
-        uint32_t j = ids[i];
-        double cut = i < nr ? sorted[nr - 1] : sorted[nr + ne - 1];
-        if (j >= C || idx.sizes[j] == 0 || seen[j] || score[j] < cut - 1e-6) {
-            fprintf(stderr, "FAIL %s: id %u (pos %u) wrong\n", what, j, i);
-            fails++;
-            break;
-        }
-        seen[j] = 1;
-    }
+    else
+        fails += !xc_selection_ok(what, &idx, score, sorted, avail, n_r, n_e, ids, nr, ne);
 out:
     xc_index_free(&idx);
     free(q);
     free(score);
     free(sorted);
     free(ids);
-    free(seen);
     return fails;
 }
 
@@ -799,54 +821,18 @@ static int xc_fused_cuda(uint32_t g, uint32_t d, uint32_t C, uint32_t n_r, uint3
     float *ro = malloc((size_t)g * d * sizeof(float));
     double *score = calloc(C + 1, sizeof(double)), *sorted = malloc((C + 1) * sizeof(double));
     uint32_t *ids = malloc(((size_t)n_r + n_e + 1) * sizeof(uint32_t));
-    uint32_t nr, ne, avail = 0, want[2];
-    uint8_t *seen = calloc(C + 1, 1);
+    uint32_t nr, ne, avail;
     xc_buf_t o = xc_buf((size_t)g * d), l = xc_buf(g);
     int fails = 0;
     char what[96];
 
     xc_index(&idx, d, C);
     snprintf(what, sizeof(what), "cuda fused rank+estimate g=%u d=%u C=%u", g, d, C);
-    for (uint32_t h = 0; h < g; h++) {
-        double m = -INFINITY, sum = 0;
-        double *lg = malloc((C + 1) * sizeof(double));
-        for (uint32_t j = 0; j < C; j++) {
-            double s = 0;
-            for (uint32_t i = 0; i < d; i++)
-                s += (double)q[(size_t)h * d + i] * cm_fp16_to_f32(idx.centroids[(size_t)j * d + i]);
-            lg[j] = s / sqrt((double)d);
-            if (idx.sizes[j])
-                m = fmax(m, lg[j]);
-        }
-        for (uint32_t j = 0; j < C; j++)
-            if (idx.sizes[j])
-                sum += exp(lg[j] - m);
-        for (uint32_t j = 0; j < C; j++)
-            if (idx.sizes[j])
-                score[j] += exp(lg[j] - m) / sum;
-        free(lg);
-    }
-    for (uint32_t j = 0; j < C; j++)
-        if (idx.sizes[j])
-            sorted[avail++] = score[j];
-    qsort(sorted, avail, sizeof(double), xc_cmp_desc);
-    want[0] = n_r < avail ? n_r : avail;
-    want[1] = n_e < avail - want[0] ? n_e : avail - want[0];
+    avail = xc_rank_scores(q, &idx, g, score, sorted);
     assert_int_equal(kn_cuda_rank_estimate(&grp, q, &idx, n_r, n_e, ids, &nr, &ne, o.p, l.p), RI_OK);
-    if (nr != want[0] || ne != want[1]) {
-        fprintf(stderr, "FAIL %s: counts %u+%u, want %u+%u\n", what, nr, ne, want[0], want[1]);
+    if (!xc_selection_ok(what, &idx, score, sorted, avail, n_r, n_e, ids, nr, ne)) {
         fails++;
         goto out;
-    }
-    for (uint32_t i = 0; i < nr + ne; i++) {
-        uint32_t j = ids[i];
-        double cut = i < nr ? sorted[nr - 1] : sorted[nr + ne - 1];
-        if (j >= C || idx.sizes[j] == 0 || seen[j] || score[j] < cut - 1e-6) {
-            fprintf(stderr, "FAIL %s: id %u (pos %u) wrong\n", what, j, i);
-            fails++;
-            goto out;
-        }
-        seen[j] = 1;
     }
     assert_int_equal(kn_ops_ref()->estimate(&grp, q, &idx, ids + nr, ne, ro, rl), RI_OK);
     fails += !xc_guards_ok(&o, what) || !xc_guards_ok(&l, what);
@@ -859,7 +845,6 @@ out:
     free(score);
     free(sorted);
     free(ids);
-    free(seen);
     xc_free(&o);
     xc_free(&l);
     return fails;
@@ -1105,6 +1090,140 @@ static void test_device_resident_cuda(void **state)
     assert_int_equal(fails, 0);
 }
 
+/* A device copy of bytes at src (any count, 0 included). */
+static void *xc_dev_n(const void *src, size_t bytes)
+{
+    void *p = NULL;
+    assert_int_equal(kn_cuda_malloc(&p, bytes), RI_OK);
+    if (bytes > 0)
+        assert_int_equal(kn_cuda_copy(p, src, bytes), RI_OK);
+    return p;
+}
+
+/* kn_cuda_wave_step over nkv heads of random indexes with fp16 means (C - 3h
+ * clusters for head h, so the heads' lengths differ and one may be empty),
+ * the steady zone as two spans with rows of stride d + 8: per head a correct
+ * selection, and the output the reference gives over the ids the step chose
+ * (estimate + attn_pages over the steady spans and the retrieved clusters +
+ * merge). */
+static bool xc_wave_ties;  /* xc_wave_step: 5 distinct centroids, so that scores tie at the cuts */
+
+static int xc_wave_step(uint32_t nkv, uint32_t g, uint32_t d, uint32_t C, uint32_t n_r, uint32_t n_e,
+                        uint32_t n_sink, uint32_t n_win)
+{
+    kn_shape_t sh = {g * nkv, nkv, d, 0}, grp = {g, 1, d, 0};
+    size_t nq = (size_t)g * nkv, per = (size_t)n_r + n_e, st_rows = (size_t)n_sink + n_win, sd = d + 8;
+    kn_index_t idx[8];
+    kn_cuda_wave_head_t hd[8];
+    cm_fp16_t *ck[8], *cv[8], *sk[8], *sv[8];
+    void *dev[8][8];
+    float *q = xc_floats(nq * d, 2.0f);
+    uint32_t *ids = malloc((nkv * per + 1) * sizeof(uint32_t)), cnt[16];
+    xc_buf_t o = xc_buf(nq * d), l = xc_buf(nq);
+    int fails = 0;
+    char what[128];
+
+    assert_true(nkv <= 8 && g <= 8 && d <= 256);
+    xc_means = true;  /* the step reads the fp16 means; the reference the sums */
+    for (uint32_t h = 0; h < nkv; h++) {
+        uint32_t Ch = C > 3 * h ? C - 3 * h : 0;
+        size_t rows;
+        xc_index(&idx[h], d, Ch);
+        for (uint32_t j = 5; xc_wave_ties && j < Ch; j++)
+            memcpy(idx[h].centroids + (size_t)j * d, idx[h].centroids + (size_t)(j % 5) * d, d * sizeof(cm_fp16_t));
+        rows = idx[h].n_tokens;
+        ck[h] = xc_half(rows * d, 1.0f);
+        cv[h] = xc_half(rows * d, 1.0f);
+        sk[h] = xc_half(st_rows * sd, 1.0f);
+        sv[h] = xc_half(st_rows * sd, 1.0f);
+        dev[h][0] = xc_dev_n(idx[h].centroids, (size_t)Ch * d * sizeof(cm_fp16_t));
+        dev[h][1] = xc_dev_n(idx[h].sizes, (size_t)Ch * sizeof(uint32_t));
+        dev[h][2] = xc_dev_n(idx[h].offsets, (size_t)Ch * sizeof(uint32_t));
+        dev[h][3] = xc_dev_n(idx[h].vmean, (size_t)Ch * d * sizeof(cm_fp16_t));
+        dev[h][4] = xc_dev_n(ck[h], rows * d * sizeof(cm_fp16_t));
+        dev[h][5] = xc_dev_n(cv[h], rows * d * sizeof(cm_fp16_t));
+        dev[h][6] = xc_dev_n(sk[h], st_rows * sd * sizeof(cm_fp16_t));
+        dev[h][7] = xc_dev_n(sv[h], st_rows * sd * sizeof(cm_fp16_t));
+        hd[h] = (kn_cuda_wave_head_t){dev[h][0], dev[h][1], dev[h][2], dev[h][3], dev[h][4], dev[h][5], Ch,
+                                      {{dev[h][6], dev[h][7], n_sink, (uint32_t)sd},
+                                       {(cm_fp16_t *)dev[h][6] + n_sink * sd, (cm_fp16_t *)dev[h][7] + n_sink * sd,
+                                        n_win, (uint32_t)sd}}};
+    }
+    snprintf(what, sizeof(what), "cuda wave step nkv=%u g=%u d=%u C=%u R=%u E=%u", nkv, g, d, C, n_r, n_e);
+    if (kn_cuda_wave_step(&sh, q, hd, n_r, n_e, o.p, l.p, ids, cnt) != RI_OK) {
+        fprintf(stderr, "FAIL %s: the step failed\n", what);
+        fails++;
+        goto out;
+    }
+    fails += !xc_guards_ok(&o, what) || !xc_guards_ok(&l, what);
+    for (uint32_t h = 0; h < nkv && fails == 0; h++) {
+        uint32_t Ch = idx[h].n_clusters, nr = cnt[2 * h], ne = cnt[2 * h + 1], avail, *hid = ids + h * per;
+        double *score = calloc(Ch + 1, sizeof(double)), *sorted = malloc((Ch + 1) * sizeof(double));
+        kn_page_t *pages = malloc(((size_t)nr + 2) * sizeof(kn_page_t));
+        float oe[8 * 256], le[8], ox[8 * 256], lx[8], ro[8 * 256], rl[8];
+        const float *op[2] = {ox, oe}, *lp[2] = {lx, le}, *qh = q + (size_t)h * g * d;
+        size_t np = 0;
+        avail = xc_rank_scores(qh, &idx[h], g, score, sorted);
+        if (!xc_selection_ok(what, &idx[h], score, sorted, avail, n_r, n_e, hid, nr, ne)) {
+            fails++;
+        } else {
+            pages[np++] = (kn_page_t){sk[h], sv[h], n_sink, (uint32_t)sd};
+            pages[np++] = (kn_page_t){sk[h] + n_sink * sd, sv[h] + n_sink * sd, n_win, (uint32_t)sd};
+            for (uint32_t i = 0; i < nr; i++)
+                pages[np++] = (kn_page_t){ck[h] + (size_t)idx[h].offsets[hid[i]] * d,
+                                          cv[h] + (size_t)idx[h].offsets[hid[i]] * d, idx[h].sizes[hid[i]], d};
+            assert_int_equal(kn_ops_ref()->estimate(&grp, qh, &idx[h], hid + nr, ne, oe, le), RI_OK);
+            assert_int_equal(kn_ops_ref()->attn_pages(&grp, qh, pages, np, ox, lx), RI_OK);
+            assert_int_equal(kn_ops_ref()->merge(g, d, 2, op, lp, ro, rl), RI_OK);
+            fails += !xc_close(what, o.p + (size_t)h * g * d, ro, (size_t)g * d, XC_EST_TOL);
+            fails += !xc_close(what, l.p + (size_t)h * g, rl, g, 2e-5);
+        }
+        free(score);
+        free(sorted);
+        free(pages);
+    }
+out:
+    for (uint32_t h = 0; h < nkv; h++) {
+        for (int i = 0; i < 8; i++)
+            kn_cuda_free(dev[h][i]);
+        xc_index_free(&idx[h]);
+        free(ck[h]);
+        free(cv[h]);
+        free(sk[h]);
+        free(sv[h]);
+    }
+    xc_means = false;
+    free(q);
+    free(ids);
+    xc_free(&o);
+    xc_free(&l);
+    return fails;
+}
+
+static void test_wave_step_cuda(void **state)
+{
+    kn_shape_t odd = {4, 1, 48, 0};
+    kn_cuda_wave_head_t none = {0};
+    float q[4 * 48] = {0}, o[4 * 48], l[4];
+    int fails = 0;
+    fails += xc_wave_step(8, 4, 128, 1000, 18, 232, 4, 64);  /* Llama-3-8B's heads */
+    fails += xc_wave_step(3, 3, 64, 113, 2, 26, 4, 64);      /* SmolLM2's */
+    fails += xc_wave_step(1, 4, 256, 300, 9, 40, 4, 16);     /* Gemma 3's d */
+    fails += xc_wave_step(3, 8, 128, 5, 4, 4, 1, 3);         /* more than there is; the last head empty */
+    fails += xc_wave_step(1, 1, 64, 8192, 147, 1900, 4, 64); /* 128K tokens' worth of clusters */
+    fails += xc_wave_step(2, 5, 64, 50, 0, 10, 0, 7);        /* nothing retrieved, no sinks */
+    fails += xc_wave_step(2, 2, 128, 40, 12, 0, 4, 0);       /* nothing estimated, no window */
+    xc_wave_ties = true;  /* equal scores across both cuts: the counts must still be exact */
+    fails += xc_wave_step(2, 4, 128, 3000, 147, 1000, 4, 64);
+    fails += xc_wave_step(1, 3, 64, 97, 7, 30, 4, 64);
+    xc_wave_ties = false;
+    /* a head_dim the step does not take: refused, nothing written */
+    memset(o, 0, sizeof(o));
+    assert_int_equal(kn_cuda_wave_step(&odd, q, &none, 1, 1, o, l, NULL, NULL), RI_ERR_INVALID);
+    assert_int_equal(o[0], 0.0f);
+    assert_int_equal(fails, 0);
+}
+
 static void test_rank_estimate_fused_cuda(void **state)
 {
     int fails = 0;
@@ -1326,6 +1445,7 @@ int main(int argc, char **argv)
 #ifdef KN_XC_CUDA
         cmocka_unit_test(test_rank_estimate_fused_cuda),
         cmocka_unit_test(test_device_resident_cuda),
+        cmocka_unit_test(test_wave_step_cuda),
 #endif
         cmocka_unit_test(test_estimate_means),
         cmocka_unit_test(test_select_top),
