@@ -54,6 +54,8 @@ uint32_t kn_wave_cluster_tokens(const kn_wave_params_t *p, size_t n_idx)
 {
     if (p->tokens_per_cluster != 0)
         return p->tokens_per_cluster;
+    if (n_idx <= KN_WAVE_TINY_CONTEXT)
+        return KN_WAVE_TINY_TOKENS_PER_CLUSTER;
     return n_idx <= KN_WAVE_SHORT_CONTEXT ? KN_WAVE_SHORT_TOKENS_PER_CLUSTER : KN_WAVE_TOKENS_PER_CLUSTER;
 }
 

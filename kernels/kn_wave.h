@@ -37,25 +37,32 @@
  * clusters (32 tokens), too few to hold a needle the model needs (the
  * accuracy-vs-budget curve in docs/accuracy.md chose it). */
 #define KN_WAVE_RETRIEVAL_MIN_TOKENS 256u
-/* Cluster size when tokens_per_cluster is 0 (auto): 8 up to
- * KN_WAVE_SHORT_CONTEXT indexed tokens, the paper's 16 beyond.  Below ~14K
- * tokens (256 / 1.8%) a step's retrieval is held at the floor, a fixed
- * number of tokens; clusters half the size spend it on twice as many, better
- * aimed, and on real needles that decides (Gemma 3 niah_single at 4K: 8/10
- * with 16, 10/10 with 8, same bytes; the attention error on real prose 12-23%
- * lower at 2K and 8K; docs/accuracy.md).  Past the floor the share grows
- * with the context and the price shows: twice the centroids to scan and a
- * k-means twice the work (Gemma 3 at 32K: decode 1.26x full with 8 against
- * 1.35x with 16), so the size goes back to 16 from 16K on. */
+/* Cluster size when tokens_per_cluster is 0 (auto): 4 up to
+ * KN_WAVE_TINY_CONTEXT indexed tokens, 8 up to KN_WAVE_SHORT_CONTEXT, the
+ * paper's 16 beyond.  Below ~14K tokens (256 / 1.8%) a step's retrieval is
+ * held at the floor, a fixed number of tokens; smaller clusters spend it on
+ * more, better aimed clusters, and on real needles that decides (Gemma 3
+ * niah_single at 4K: 8/10 with 16, 10/10 with 8, same bytes; SmolLM2 at
+ * 8K: a needle whose last digits 16- and 8-token clusters lost, and 4-token
+ * ones kept, as full attention does; the attention error on real prose
+ * 12-23% lower at 2K and 8K with 8 than 16; docs/accuracy.md).  The meta
+ * index the smaller size multiplies is small there (2K centroids a head at
+ * 8K).  Past the floor the share grows with the context and the price
+ * shows: more centroids to scan and a k-means with more clusters (Gemma 3
+ * at 32K: decode 1.26x full with 8 against 1.35x with 16), so the size
+ * grows back to 16 from 16K on. */
 #define KN_WAVE_TOKENS_PER_CLUSTER 16u
 #define KN_WAVE_SHORT_TOKENS_PER_CLUSTER 8u
 #define KN_WAVE_SHORT_CONTEXT 16384u
+#define KN_WAVE_TINY_TOKENS_PER_CLUSTER 4u
+#define KN_WAVE_TINY_CONTEXT 8192u
 
 /* Settings (defaults in docs/architecture.md). */
 typedef struct kn_wave_params {
     uint32_t sink_tokens;        /* attention sinks kept exact (4) */
     uint32_t window_tokens;      /* recent tokens kept exact (64) */
-    uint32_t tokens_per_cluster; /* 0 = auto (8 up to KN_WAVE_SHORT_CONTEXT, 16 beyond); else ~this */
+    uint32_t tokens_per_cluster; /* 0 = auto (4 up to KN_WAVE_TINY_CONTEXT, 8 up to
+                                    KN_WAVE_SHORT_CONTEXT, 16 beyond); else ~this */
     uint32_t segment_tokens;     /* 8192 */
     float retrieval_frac;        /* R = max(round(frac*C), 1) (0.018) */
     float estimation_frac;       /* E = min(round(frac*C), C-R) (0.232) */

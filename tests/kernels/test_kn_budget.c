@@ -99,7 +99,7 @@ static void test_floor(void **state)
     bt_make(&x, 11);
     kn_wave_t *w = bt_wave(&x, 0, 256);
     kn_wave_budget(w, &r, &e);
-    assert_int_equal(r, 32);                       /* 6K tokens: auto size 8 */
+    assert_int_equal(r, 64);                       /* 6K tokens: auto size 4 */
     kn_wave_destroy(w);
     w = bt_wave(&x, 0, 0);
     kn_wave_budget(w, &r, &e);
@@ -108,8 +108,8 @@ static void test_floor(void **state)
     bt_free(&x);
 }
 
-/* The auto cluster size: 8 tokens up to 16K indexed tokens, 16 beyond, an
- * explicit size always; the build fixes it for the index's life, updates
+/* The auto cluster size: 4 tokens up to 8K indexed tokens, 8 up to 16K, 16
+ * beyond, an explicit size always; the build fixes it for the index's life, updates
  * included, and the floor in clusters follows it. */
 static void test_auto_cluster_size(void **state)
 {
@@ -120,7 +120,9 @@ static void test_auto_cluster_size(void **state)
     (void)state;
     kn_wave_params_default(&p);
     assert_int_equal(p.tokens_per_cluster, 0);
-    assert_int_equal(kn_wave_cluster_tokens(&p, 4096), 8);
+    assert_int_equal(kn_wave_cluster_tokens(&p, 4096), 4);
+    assert_int_equal(kn_wave_cluster_tokens(&p, KN_WAVE_TINY_CONTEXT), 4);
+    assert_int_equal(kn_wave_cluster_tokens(&p, KN_WAVE_TINY_CONTEXT + 1), 8);
     assert_int_equal(kn_wave_cluster_tokens(&p, KN_WAVE_SHORT_CONTEXT), 8);
     assert_int_equal(kn_wave_cluster_tokens(&p, KN_WAVE_SHORT_CONTEXT + 1), 16);
     assert_int_equal(kn_wave_cluster_tokens(&p, 1u << 20), 16);
@@ -131,12 +133,12 @@ static void test_auto_cluster_size(void **state)
     bt_make(&x, 5);
     w = bt_wave(&x, 0, 256);  /* 6K tokens: short */
     size_t n_idx = BT_N - 4 - 64;
-    assert_int_equal(kn_wave_params(w)->tokens_per_cluster, 8);
-    assert_int_equal(kn_wave_params(w)->update_clusters, 1024 / 8);
-    /* C = round(N / 8), rounded to the build's multiple of 8 */
-    assert_true(labs((long)kn_wave_index(w, 0)->n_clusters - (long)(n_idx / 8)) <= 8);
+    assert_int_equal(kn_wave_params(w)->tokens_per_cluster, 4);
+    assert_int_equal(kn_wave_params(w)->update_clusters, 1024 / 4);
+    /* C = round(N / 4), rounded to the build's multiple of 8 */
+    assert_true(labs((long)kn_wave_index(w, 0)->n_clusters - (long)(n_idx / 4)) <= 8);
     kn_wave_budget(w, &r, &e);
-    assert_int_equal(r, 256 / 8);
+    assert_int_equal(r, 256 / 4);
     uint32_t c0 = kn_wave_index(w, 0)->n_clusters;  /* (updates: test_kn_invariants) */
     kn_wave_destroy(w);
 
@@ -146,7 +148,7 @@ static void test_auto_cluster_size(void **state)
     assert_int_equal(kn_wave_create(&x.shape, &p, &w), RI_OK);
     assert_int_equal(kn_wave_build(w, &x.kv), RI_OK);
     assert_int_equal(kn_wave_params(w)->update_clusters, 64);
-    assert_true(kn_wave_index(w, 0)->n_clusters < c0 * 2 / 3);
+    assert_true(kn_wave_index(w, 0)->n_clusters < c0 / 3);
     kn_wave_budget(w, &r, &e);
     assert_int_equal(r, 16);
     kn_wave_destroy(w);

@@ -93,8 +93,8 @@ static void test_full_coverage_equals_full(void **state)
     inv_expect_close(o, r, 8 * 64, 1e-5);
     inv_expect_close(l, rl, 8, 1e-5);
 
-    /* generation reaches 4 + 64 + 1024 steady tokens: one update of 128
-     * clusters (auto size: 8 tokens each at a short context) */
+    /* generation reaches 4 + 64 + 1024 steady tokens: one update of 256
+     * clusters (auto size: 4 tokens each at a short context) */
     x.kv.n_tokens = 1091;
     assert_int_equal(kn_wave_update(w, &x.kv, &updated), RI_OK);
     assert_false(updated);
@@ -102,20 +102,20 @@ static void test_full_coverage_equals_full(void **state)
     assert_int_equal(kn_wave_update(w, &x.kv, &updated), RI_OK);
     assert_true(updated);
     ix = kn_wave_index(w, 1);
-    assert_int_equal(ix->n_clusters, 128);
+    assert_int_equal(ix->n_clusters, 256);
     assert_int_equal(ix->n_tokens, 1024);
     assert_int_equal(kn_wave_indexed_end(w), 4 + 1024);
     {
         uint32_t nr, ne;
         kn_wave_budget(w, &nr, &ne);
-        assert_int_equal(nr, 32);  /* round(128 * 0.018) = 2, raised to the
-                                      floor: 256 tokens / 8 per cluster */
-        assert_int_equal(ne, 30);  /* round(128 * 0.232) */
+        assert_int_equal(nr, 64);  /* round(256 * 0.018) = 5, raised to the
+                                      floor: 256 tokens / 4 per cluster */
+        assert_int_equal(ne, 59);  /* round(256 * 0.232) */
     }
     /* and at 4000 tokens: two more updates; full coverage equals full attention */
     x.kv.n_tokens = 4000;
     assert_int_equal(kn_wave_update(w, &x.kv, &updated), RI_OK);
-    assert_int_equal(kn_wave_index(w, 0)->n_clusters, 128 * 3);
+    assert_int_equal(kn_wave_index(w, 0)->n_clusters, 256 * 3);
     assert_int_equal(kn_attn_decode(kn_ops_ref(), &x.shape, 1, x.q, &x.kv, r, rl), RI_OK);
     assert_int_equal(kn_wave_decode_budget(w, x.q, &x.kv, 1u << 30, 0, o, l, NULL), RI_OK);
     inv_expect_close(o, r, 8 * 64, 1e-5);
