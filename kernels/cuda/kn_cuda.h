@@ -67,7 +67,7 @@ typedef struct kn_cuda_wave_head {
  * n_e from the centroids and value means, attend exactly over the steady
  * zone and the n_r retrieved clusters, and merge the two parts.  The same
  * result as, per head, kn_cuda_rank_estimate + attn_pages(steady + retrieved
- * clusters) + merge, in nine kernel launches, one copy in and one wait for
+ * clusters) + merge, in eight kernel launches, one copy in and one wait for
  * all heads together, where those calls take some 40 runtime calls and two
  * waits per head.
  * shape: n_q_heads, n_kv_heads (= heads), head_dim d in {64, 128, 256}, at
