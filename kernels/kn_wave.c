@@ -37,7 +37,7 @@ void kn_wave_params_default(kn_wave_params_t *p)
     memset(p, 0, sizeof(*p));
     p->sink_tokens = 4;
     p->window_tokens = 64;
-    p->tokens_per_cluster = 0;  /* auto: 8 up to 16K, 16 beyond */
+    p->tokens_per_cluster = 0;  /* auto: 4 up to 8K, 8 up to 16K, 16 beyond */
     p->segment_tokens = 8192;
     p->retrieval_frac = KN_WAVE_RETRIEVAL_FRAC;
     p->estimation_frac = KN_WAVE_ESTIMATION_FRAC;
