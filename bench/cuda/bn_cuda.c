@@ -92,6 +92,13 @@ static ri_status_t bc_full(bc_ctx_t *x)
     return kn_ops_cuda()->attn_decode(&x->shape, 1, x->q, &x->kv, x->out, x->lse);
 }
 
+/* Bytes a tripartite step reads for one head: tok exact rows of K and V,
+ * every centroid and size, and the fp16 means of ne estimated clusters. */
+static uint64_t bc_step_bytes(const bc_head_t *hd, uint64_t tok, uint32_t ne)
+{
+    return tok * D * 4 + (uint64_t)hd->dev.n_clusters * (D * 2 + 4) + (uint64_t)ne * D * 2;
+}
+
 /* The device step for every head; with want_bytes, the bytes it read from
  * its ids (sinks, window and retrieved rows, centroids and sizes, the
  * estimation's fp16 means). */
@@ -110,7 +117,7 @@ static ri_status_t bc_step(bc_ctx_t *x)
         uint64_t tok = x->sink + (x->N - x->idx1);
         for (uint32_t i = 0; i < cnt[2 * h]; i++)
             tok += hd->host.sizes[ids[(size_t)h * per + i]];
-        x->bytes[h] = tok * D * 4 + (uint64_t)hd->dev.n_clusters * (D * 2 + 4) + (uint64_t)cnt[2 * h + 1] * D * 2;
+        x->bytes[h] = bc_step_bytes(hd, tok, cnt[2 * h + 1]);
     }
     free(ids);
     return st;
@@ -149,8 +156,7 @@ static void bc_wave_task(void *arg, size_t begin, size_t end, unsigned worker)
         }
         if (st == RI_OK)
             st = kn_ops_cpu()->merge(G, D, 2, op, lp, x->out + h * G * D, x->lse + h * G);
-        /* exact K/V, centroids and sizes, the estimation's fp16 means */
-        x->bytes[h] = tok * D * 4 + (uint64_t)hd->dev.n_clusters * (D * 2 + 4) + (uint64_t)ne * D * 2;
+        x->bytes[h] = bc_step_bytes(hd, tok, ne);
         x->st[h] = st;
         free(ids);
         free(pages);
