@@ -12,6 +12,7 @@
 # optional second model.  The hook says once why it could not install it and
 # exits 0; the tests and benchmarks that need the file skip (exit 77) and
 # name the missing file.  RI_GEMMA_REQUIRED=1 makes a failure fatal.
+# ri-setup-for: test bench
 set -euo pipefail
 
 VER="1.0.0"

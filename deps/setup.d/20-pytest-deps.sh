@@ -11,6 +11,7 @@
 # Installed only when missing; the tests skip (exit 77) without them, so a
 # failed install (offline) is reported once and is not fatal
 # (RI_PYDEPS_REQUIRED=1 makes it fatal).
+# ri-setup-for: test
 set -euo pipefail
 need=() skips=()
 if ! python3 -c 'import gguf, numpy' >/dev/null 2>&1; then
