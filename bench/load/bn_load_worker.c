@@ -161,6 +161,20 @@ usage:
 
 /* ---- the ri-worker process ---- */
 
+/* Wait until child pid exits, at most until end (cm_time_s); true when it
+ * did (and was reaped), false when it is still running. */
+static bool bw_wait_until(pid_t pid, double end)
+{
+    for (;;) {
+        pid_t w = waitpid(pid, NULL, WNOHANG);
+        if (w == pid || (w < 0 && errno != EINTR))
+            return true;
+        if (cm_time_s() >= end)
+            return false;
+        usleep(20000);
+    }
+}
+
 static void bw_worker_bin(const char *argv0, char *bin, size_t len)
 {
     const char *bd = getenv("RI_BUILD_DIR");
@@ -272,12 +286,14 @@ static void bw_worker_stop(bw_worker_t *w, bool keep_log)
     char p[320];
     if (w->pid > 0) {
         kill(w->pid, SIGTERM);
-        for (int i = 0; i < 200 && waitpid(w->pid, NULL, WNOHANG) == 0; i++)
-            usleep(100000);
-        if (kill(w->pid, SIGKILL) == 0)
+        if (!bw_wait_until(w->pid, cm_time_s() + 20)) {
+            kill(w->pid, SIGKILL);
             waitpid(w->pid, NULL, 0);
+        }
         w->pid = 0;
     }
+    if (w->dir[0] && keep_log)
+        fprintf(stderr, "ri bench load: the worker's log is kept in %s\n", w->log);
     if (w->dir[0] && !keep_log) {
         snprintf(p, sizeof(p), "%s/port", w->dir);
         unlink(p);
@@ -494,9 +510,8 @@ static unsigned bw_reap(pid_t *pids, unsigned clients)
     unsigned killed = 0;
     double end = cm_time_s() + BW_REQ_TIMEOUT_S + 5;
     for (unsigned i = 0; i < clients; i++) {
-        while (pids[i] > 0 && waitpid(pids[i], NULL, WNOHANG) == 0 && cm_time_s() < end)
-            usleep(20000);
-        if (pids[i] > 0 && kill(pids[i], SIGKILL) == 0 && waitpid(pids[i], NULL, WNOHANG) == 0) {
+        if (pids[i] > 0 && !bw_wait_until(pids[i], end)) {
+            kill(pids[i], SIGKILL);
             waitpid(pids[i], NULL, 0);
             killed++;
         }
