@@ -317,7 +317,8 @@ static long bw_rss_kib(pid_t pid)
     return kib;
 }
 
-/* The worker's model id (GET /v1/models, the first entry) into out.  0 or -1. */
+/* The worker's model id (GET /v1/models, the first entry) into out.  0, or
+ * -1 (message printed). */
 static int bw_model_id(int port, const char *api_key, char *out, size_t len)
 {
     char req[1024];
@@ -330,7 +331,8 @@ static int bw_model_id(int port, const char *api_key, char *out, size_t len)
     const char *body = r->end == BL_HTTP_OK && r->status == 200 ? strstr(r->buf, "\r\n\r\n") : NULL;
     cJSON *j = body ? cJSON_Parse(body + 4) : NULL;
     const cJSON *id = cJSON_GetObjectItem(cJSON_GetArrayItem(cJSON_GetObjectItem(j, "data"), 0), "id");
-    if (cJSON_IsString(id)) {
+    /* It goes into request bodies verbatim: refuse what would need escaping. */
+    if (cJSON_IsString(id) && strpbrk(id->valuestring, "\"\\") == NULL && strlen(id->valuestring) < len) {
         snprintf(out, len, "%s", id->valuestring);
         rc = 0;
     } else {

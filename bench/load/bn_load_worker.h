@@ -1,7 +1,7 @@
 /*
  * ri bench load --worker: a real ri-kvstore and a real ri-worker on loopback
  * under HTTP clients that stream, abort and get SIGKILLed, slowloris
- * connections and a /health prober (docs/kvstore.md, "Fuzzing and soak").
+ * connections and a /health prober (docs/kvstore.md, "Load through the worker").
  */
 #ifndef BN_LOAD_WORKER_H
 #define BN_LOAD_WORKER_H
