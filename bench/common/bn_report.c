@@ -95,12 +95,14 @@ static void bn_cpu_model(char *out, size_t len)
     fclose(f);
 }
 
+/* The commit of the source tree: $RI_SOURCE_DIR, else the tree this binary
+ * was built from (so a bench run from any folder still names its commit). */
 static void bn_git_sha(char *out, size_t len)
 {
     snprintf(out, len, "unknown");
     const char *src = getenv("RI_SOURCE_DIR");
     char cmd[1024];
-    snprintf(cmd, sizeof(cmd), "git -C '%s' rev-parse HEAD 2>/dev/null", src ? src : ".");
+    snprintf(cmd, sizeof(cmd), "git -C '%s' rev-parse HEAD 2>/dev/null", src ? src : BN_SOURCE_DIR);
     FILE *p = popen(cmd, "r");
     if (p == NULL)
         return;

@@ -11,6 +11,9 @@
  *
  *   ri bench load [--json PATH] [--clients N] [--sessions M] [--seconds S]
  *                 [--kill-ms MS]
+ *
+ * With --worker it loads a real ri-worker in front of the kvstore instead
+ * (bn_load_worker.c).
  */
 #define _GNU_SOURCE
 #include <errno.h>
@@ -25,6 +28,7 @@
 
 #include "bench/common/bn_daemon.h"
 #include "bench/common/bn_report.h"
+#include "bench/load/bn_load_worker.h"
 #include "common/cm_alloc.h"
 #include "common/cm_log.h"
 #include "common/cm_time.h"
@@ -140,6 +144,9 @@ int main(int argc, char **argv)
 
     cm_log_init_from_env();
     setenv("UCX_TLS", "posix,sysv,cma,tcp,self", 0);
+    for (int i = 1; i < argc; i++)
+        if (!strcmp(argv[i], "--worker"))
+            return bl_worker_main(argc, argv, json);
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--clients") && i + 1 < argc)
             clients = (unsigned)strtoul(argv[++i], NULL, 10);
@@ -151,7 +158,8 @@ int main(int argc, char **argv)
             kill_ms = (unsigned)strtoul(argv[++i], NULL, 10);
         else {
             fprintf(stderr, "usage: ri bench load [--json PATH] [--clients N] [--sessions M] [--seconds S] "
-                            "[--kill-ms MS]\n");
+                            "[--kill-ms MS]\n"
+                            "       ri bench load --worker ... (--worker --help for its options)\n");
             return 2;
         }
     }
