@@ -13,7 +13,8 @@ Each file is charted by its "bench" field; the PNG is named after the file
                  (runs at several --retrieval-frac / --retrieval-min) go in one
                  chart, DIR/attn-accuracy-budget.png; retroinfer of files run
                  with --adapt-tau is a line of its own
-  serve          aggregate tokens/s against concurrent clients, one line per backend
+  serve          aggregate tokens/s against concurrent clients, two lines per backend:
+                 end-to-end (prefill and first step included) and decode
   ruler          pass rate per task (and context), one bar per attention method,
                  with its 95% Wilson interval as an error bar
   kernels        decode speedup over full attention per method, a group per
@@ -141,14 +142,21 @@ def plot_accuracy(doc):
 
 
 def plot_serve(doc):
+    """Two lines per backend: end-to-end tokens/s (prefill and first step
+    included) and decode tokens/s.  Files from before the decode figure
+    carry only tok_s (end-to-end): one line per backend."""
     by = {}
     for r in doc["rows"]:
-        by.setdefault(r["attn"], []).append((r["clients"], r["tok_s"]))
+        e2e = r.get("e2e_tok_s", r.get("tok_s"))
+        if e2e is not None:
+            by.setdefault("%s, end-to-end" % r["attn"], []).append((r["clients"], e2e))
+        if r.get("decode_tok_s") is not None:
+            by.setdefault("%s, decode" % r["attn"], []).append((r["clients"], r["decode_tok_s"]))
     series = [(k, sorted(v)) for k, v in sorted(by.items())]
     title = "ri-worker HTTP service: aggregate tokens/s%s\\n%s" % (" (CPU hog)" if doc.get("hog") else "",
                                                                     machine_note(doc))
     return "serve", lines_plot(None, title, "concurrent streaming clients", "generated tokens/s (all clients)",
-                               series, logx=True, xtics=True, y0=True, key="inside right bottom"), series
+                               series, logx=True, xtics=True, y0=True, key="outside right top"), series
 
 
 def plot_ruler(doc):

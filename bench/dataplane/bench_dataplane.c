@@ -4,7 +4,7 @@
  * ri-kvstore when built, else kvs-test-server), over shared memory
  * (UCX_TLS=sm,self,tcp) and TCP loopback (UCX_TLS=tcp,self).
  *
- * Workload (issue 5): one layer-step of 8 KV heads x 150 clusters x 16 tokens
+ * Workload: one layer-step of 8 KV heads x 150 clusters x 16 tokens
  * x d=128, fp16 K+V (9.8 MB): all misses (a cache too small to admit
  * anything), and a 90% hit ratio (135 hot clusters per head stay cached, 15
  * fresh ones per head miss and are admitted).  Each fetch is timed end to end

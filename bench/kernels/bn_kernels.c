@@ -435,7 +435,7 @@ static int bench_size(bn_report_t *rep, size_t N, int steps, int rounds, int32_t
         free(ms);
     }
 
-    /* the question: what the neighbour-restricted final pass costs in recall */
+    /* the question: what the neighbour-restricted final pass costs in recall */
     if (compare_final) {
         kn_wave_t *w2;
         double rg[NKV * 8], rn[NKV * 8];

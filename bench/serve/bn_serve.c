@@ -2,24 +2,28 @@
  * ri bench serve: load on ri-worker's OpenAI-compatible HTTP service
  * (docs/worker.md, "HTTP service"), as its users see it.
  *
- * For each attention backend (the request extension "attn": full,
- * retroinfer, retroinfer-remote) and each client count N (1, 4, 16), N
- * threads each send --requests streaming completions one after the other
- * (a long prompt, --max-tokens tokens) and time what arrives: time to first
- * token (request sent -> first event with text; queueing and prefill
+ * Each attention backend (the request extension "attn": full, retroinfer,
+ * retroinfer-remote) is first warmed up with one unmeasured request.  Then,
+ * for each client count N (1, 4, 16), --requests rounds run; in each round
+ * every backend in turn has N threads send one streaming completion each (a
+ * long prompt, --max-tokens tokens), so the backends are interleaved and a
+ * drift of a shared machine touches them alike.  It times what arrives: time
+ * to first token (request sent -> first event with text; queueing and prefill
  * included), inter-token latency (between two events with text: the server
- * sends one per decode step while the client keeps up) and aggregate
- * tokens/s (the usage chunk's completion tokens of every request / the case's
- * wall time).  Rows "serve" (docs/bench-format.md).
+ * sends one per decode step while the client keeps up), end-to-end tokens/s
+ * (the usage chunks' completion tokens / the rounds' wall time, prefill and
+ * first step included) and decode tokens/s (every token but each request's
+ * first / the time from a round's first text event to its last).  Rows
+ * "serve" (docs/bench-format.md).
  *
  * Unless --worker URL is given it starts its own ri-kvstore and
  * `ri-worker --listen 127.0.0.1:0 --kvstore ...` (the default model) and
  * stops them at the end.  --hog runs one spinning process per core for the
- * whole run: the CPU shared, as on a busy server.  Bounded: each case stops
- * starting requests after --seconds, and a read waits at most 300 s.
+ * whole run: the CPU shared, as on a busy server.  Bounded: a case starts no
+ * round once its rounds took --seconds, and a read waits at most 300 s.
  *
  *   ri bench serve [--json PATH] [--clients 1,4,16] [--attn full,retroinfer,retroinfer-remote]
- *                  [--requests 1] [--max-tokens 32] [--prompt-words 1100] [--seconds 300]
+ *                  [--requests 3] [--max-tokens 32] [--prompt-words 1100] [--seconds 300]
  *                  [--max-batch 8] [--hog] [--worker http://HOST:PORT] [--model PATH]
  *
  * Exit status: 0, 1 when a request failed or nothing ran, 2 for bad flags,
@@ -56,7 +60,7 @@ typedef struct sv_opts {
     size_t clients[SV_MAX_LIST], n_clients;
     const char *attn[SV_MAX_LIST];
     size_t n_attn;
-    size_t requests;      /* per client, one after the other */
+    size_t requests;      /* rounds: requests per client and backend */
     size_t max_tokens;
     size_t prompt_words;  /* filler words; ~1.3 tokens each */
     double seconds;       /* a case starts no request after this */
@@ -321,15 +325,26 @@ out:
         close(fd);
 }
 
-/* ---- one case: N clients ---- */
+/* ---- one case: N clients, over the rounds ---- */
+
+/* Every request of one (backend, client count) case, gathered over the
+ * rounds: each round, each of the N clients sends one request. */
+typedef struct sv_case {
+    const char *attn;
+    size_t n_clients;
+    sv_result_t *res;     /* n_clients x --requests (calloc) */
+    size_t n_res;
+    size_t rounds;
+    double seconds;       /* the rounds' wall times, summed */
+    double decode_s;      /* per round, first text event to last, summed */
+    bool refused;         /* a request got 400: the server has no such backend */
+} sv_case_t;
 
 typedef struct sv_client {
     const sv_opts_t *o;
     const char *attn;
-    size_t id;
-    double deadline;
-    sv_result_t res[16];
-    size_t n_res;
+    size_t id, k;         /* client, round: the prompt's opening */
+    sv_result_t *res;
     pthread_t th;
 } sv_client_t;
 
@@ -364,91 +379,144 @@ static char *sv_prompt_body(const sv_opts_t *o, const char *attn, size_t c, size
 static void *sv_client_run(void *arg)
 {
     sv_client_t *cl = arg;
-    for (size_t k = 0; k < cl->o->requests && k < 16 && cm_time_s() < cl->deadline; k++) {
-        char *body = sv_prompt_body(cl->o, cl->attn, cl->id, k);
-        if (body == NULL)
-            break;
-        sv_request(cl->o, body, &cl->res[cl->n_res++]);
-        cJSON_free(body);
+    char *body = sv_prompt_body(cl->o, cl->attn, cl->id, cl->k);
+    if (body == NULL) {
+        sv_fail(cl->res, "%s", "out of memory");
+        return NULL;
     }
+    sv_request(cl->o, body, cl->res);
+    cJSON_free(body);
     return NULL;
 }
 
-/* Run one (backend, clients) case and add its row; false when the backend
- * was refused (400: not offered by this server), which is recorded as skipped. */
-static bool sv_case(bn_report_t *rep, const sv_opts_t *o, const char *attn, size_t n_clients)
+/* One round of a case: its N clients send one request each, at once. */
+static void sv_round(const sv_opts_t *o, sv_case_t *cs, size_t k)
 {
-    sv_client_t *cl = calloc(n_clients, sizeof(*cl));
-    double *ttft = NULL, *itl = NULL, t0 = cm_time_s(), t1 = t0, la[3];
-    size_t n_ttft = 0, n_itl = 0, tokens = 0, ptok = 0, errors = 0, reqs = 0;
-    bool refused = false;
-    if (cl == NULL)
-        return true;
-    for (size_t c = 0; c < n_clients; c++) {
-        cl[c] = (sv_client_t){.o = o, .attn = attn, .id = c, .deadline = t0 + o->seconds};
-        if (pthread_create(&cl[c].th, NULL, sv_client_run, &cl[c]) != 0)
+    sv_client_t cl[SV_MAX_CLIENTS];
+    double t0 = cm_time_s(), t1 = t0, first = 0, last = 0;
+    sv_result_t *res = cs->res + cs->n_res;
+    for (size_t c = 0; c < cs->n_clients; c++) {
+        cl[c] = (sv_client_t){.o = o, .attn = cs->attn, .id = c, .k = k, .res = &res[c]};
+        if (pthread_create(&cl[c].th, NULL, sv_client_run, &cl[c]) != 0) {
             cl[c].th = 0;
+            sv_fail(&res[c], "%s", "cannot start a client thread");
+        }
     }
-    for (size_t c = 0; c < n_clients; c++) {
+    for (size_t c = 0; c < cs->n_clients; c++) {
         if (cl[c].th != 0)
             pthread_join(cl[c].th, NULL);
-        for (size_t k = 0; k < cl[c].n_res; k++)
-            n_itl += cl[c].res[k].n_itl;
+        sv_result_t *r = &res[c];
+        t1 = r->t_end > t1 ? r->t_end : t1;
+        cs->refused |= r->error && r->status == 400;
+        if (r->error || r->events == 0)
+            continue;
+        first = first == 0 || r->t_first < first ? r->t_first : first;
+        last = r->t_last > last ? r->t_last : last;
     }
-    ttft = calloc(n_clients * 16 + 1, sizeof(double));
-    itl = calloc(n_itl + 1, sizeof(double));
+    cs->n_res += cs->n_clients;
+    cs->rounds++;
+    cs->seconds += t1 - t0;
+    cs->decode_s += last - first;
+}
+
+/* The case's row (and table line), from every round's requests. */
+static void sv_case_report(bn_report_t *rep, const sv_opts_t *o, const sv_case_t *cs)
+{
+    size_t n_itl = 0, n_ttft = 0, tokens = 0, dtokens = 0, ptok = 0, errors = 0;
+    double la[3];
+    for (size_t i = 0; i < cs->n_res; i++)
+        n_itl += cs->res[i].n_itl;
+    double *ttft = calloc(cs->n_res + 1, sizeof(double)), *itl = calloc(n_itl + 1, sizeof(double));
     n_itl = 0;
-    for (size_t c = 0; c < n_clients; c++)
-        for (size_t k = 0; k < cl[c].n_res; k++) {
-            sv_result_t *r = &cl[c].res[k];
-            reqs++;
-            t1 = r->t_end > t1 ? r->t_end : t1;
-            if (r->error) {
-                errors++;
-                refused |= r->status == 400;
-                if (errors == 1)
-                    fprintf(stderr, "ri-bench-serve: %s, %zu clients: %s\n", attn, n_clients, r->why);
-            } else if (ttft != NULL && itl != NULL) {
-                ttft[n_ttft++] = r->t_first - r->t_start;
-                memcpy(itl + n_itl, r->itl, r->n_itl * sizeof(double));
-                n_itl += r->n_itl;
-                tokens += r->tokens;
-                ptok = r->prompt_tokens;
-            }
-            free(r->itl);
+    for (size_t i = 0; i < cs->n_res; i++) {
+        const sv_result_t *r = &cs->res[i];
+        if (r->error) {
+            if (errors++ == 0)
+                fprintf(stderr, "ri-bench-serve: %s, %zu clients: %s\n", cs->attn, cs->n_clients, r->why);
+        } else if (ttft != NULL && itl != NULL) {
+            ttft[n_ttft++] = r->t_first - r->t_start;
+            memcpy(itl + n_itl, r->itl, r->n_itl * sizeof(double));
+            n_itl += r->n_itl;
+            tokens += r->tokens;
+            dtokens += r->tokens > 0 ? r->tokens - 1 : 0; /* the first comes from the prefill */
+            ptok = r->prompt_tokens;
         }
-    if (refused && n_ttft == 0) {
-        char c[64];
-        snprintf(c, sizeof(c), "attn=%s", attn);
-        bn_report_skip(rep, c, "the server refused the backend (400)"); /* prints it too */
-    } else {
-        double tok_s = t1 > t0 ? (double)tokens / (t1 - t0) : 0;
-        double tp50 = n_ttft ? 1e3 * bn_percentile(ttft, n_ttft, 50) : 0, tp99 = n_ttft ? 1e3 * bn_percentile(ttft, n_ttft, 99) : 0;
-        double ip50 = n_itl ? 1e3 * bn_percentile(itl, n_itl, 50) : 0, ip99 = n_itl ? 1e3 * bn_percentile(itl, n_itl, 99) : 0;
-        bn_loadavg(la);
-        cJSON *row = bn_report_row(rep);
-        cJSON_AddStringToObject(row, "attn", attn);
-        cJSON_AddNumberToObject(row, "clients", (double)n_clients);
-        cJSON_AddNumberToObject(row, "requests", (double)reqs);
-        cJSON_AddNumberToObject(row, "tok_s", tok_s);
-        cJSON_AddNumberToObject(row, "ttft_p50_ms", tp50);
-        cJSON_AddNumberToObject(row, "ttft_p99_ms", tp99);
-        cJSON_AddNumberToObject(row, "itl_p50_ms", ip50);
-        cJSON_AddNumberToObject(row, "itl_p99_ms", ip99);
-        cJSON_AddNumberToObject(row, "errors", (double)errors);
-        cJSON_AddNumberToObject(row, "tokens", (double)tokens);
-        cJSON_AddNumberToObject(row, "prompt_tokens", (double)ptok);
-        cJSON_AddNumberToObject(row, "max_tokens", (double)o->max_tokens);
-        cJSON_AddNumberToObject(row, "seconds", t1 - t0);
-        cJSON_AddBoolToObject(row, "hog", o->hog);
-        printf("%-18s %7zu %8zu %9.1f %9.0f %9.0f %8.1f %8.1f %6zu %6.2f\n", attn, n_clients, reqs, tok_s, tp50, tp99,
-               ip50, ip99, errors, la[0]);
     }
+    double e2e = cs->seconds > 0 ? (double)tokens / cs->seconds : 0;
+    double dec = cs->decode_s > 0 ? (double)dtokens / cs->decode_s : 0;
+    double tp50 = n_ttft ? 1e3 * bn_percentile(ttft, n_ttft, 50) : 0, tp99 = n_ttft ? 1e3 * bn_percentile(ttft, n_ttft, 99) : 0;
+    double ip50 = n_itl ? 1e3 * bn_percentile(itl, n_itl, 50) : 0, ip99 = n_itl ? 1e3 * bn_percentile(itl, n_itl, 99) : 0;
+    bn_loadavg(la);
+    cJSON *row = bn_report_row(rep);
+    cJSON_AddStringToObject(row, "attn", cs->attn);
+    cJSON_AddNumberToObject(row, "clients", (double)cs->n_clients);
+    cJSON_AddNumberToObject(row, "rounds", (double)cs->rounds);
+    cJSON_AddNumberToObject(row, "requests", (double)cs->n_res);
+    cJSON_AddNumberToObject(row, "e2e_tok_s", e2e);
+    cJSON_AddNumberToObject(row, "decode_tok_s", dec);
+    cJSON_AddNumberToObject(row, "ttft_p50_ms", tp50);
+    cJSON_AddNumberToObject(row, "ttft_p99_ms", tp99);
+    cJSON_AddNumberToObject(row, "itl_p50_ms", ip50);
+    cJSON_AddNumberToObject(row, "itl_p99_ms", ip99);
+    cJSON_AddNumberToObject(row, "errors", (double)errors);
+    cJSON_AddNumberToObject(row, "tokens", (double)tokens);
+    cJSON_AddNumberToObject(row, "prompt_tokens", (double)ptok);
+    cJSON_AddNumberToObject(row, "max_tokens", (double)o->max_tokens);
+    cJSON_AddNumberToObject(row, "seconds", cs->seconds);
+    cJSON_AddNumberToObject(row, "decode_seconds", cs->decode_s);
+    cJSON_AddBoolToObject(row, "hog", o->hog);
+    printf("%-18s %7zu %8zu %9.1f %9.1f %9.0f %9.0f %8.1f %8.1f %6zu %6.2f\n", cs->attn, cs->n_clients, cs->n_res,
+           e2e, dec, tp50, tp99, ip50, ip99, errors, la[0]);
     fflush(stdout);
     free(ttft);
     free(itl);
-    free(cl);
-    return !refused;
+}
+
+/* One unmeasured request per backend before any round: the first request of
+ * a backend pays for the model's pages, the kvstore session set-up and the
+ * allocator's first touches.  False when the server refused it (400). */
+static bool sv_warmup(const sv_opts_t *o, const char *attn)
+{
+    sv_result_t r = {0};
+    sv_client_t cl = {.o = o, .attn = attn, .id = SV_MAX_CLIENTS, .k = 0, .res = &r};
+    sv_client_run(&cl);
+    free(r.itl);
+    if (r.error)
+        fprintf(stderr, "ri-bench-serve: warm-up of %s: %s\n", attn, r.why);
+    return !(r.error && r.status == 400);
+}
+
+/* Every case of one client count, the backends interleaved round by round
+ * (a slow drift of the machine then touches every backend alike); false
+ * when a backend was refused (the run fails against our own worker). */
+static bool sv_cases(bn_report_t *rep, const sv_opts_t *o, const bool *skip, size_t n_clients)
+{
+    sv_case_t cs[SV_MAX_LIST] = {{0}};
+    bool ok = true;
+    for (size_t a = 0; a < o->n_attn; a++) {
+        cs[a] = (sv_case_t){.attn = o->attn[a], .n_clients = n_clients};
+        cs[a].res = calloc(n_clients * o->requests, sizeof(sv_result_t));
+        if (cs[a].res == NULL)
+            ok = false;
+    }
+    for (size_t k = 0; ok && k < o->requests; k++)
+        for (size_t a = 0; a < o->n_attn; a++)
+            if (!skip[a] && !cs[a].refused && cs[a].seconds < o->seconds)
+                sv_round(o, &cs[a], k);
+    for (size_t a = 0; a < o->n_attn; a++) {
+        if (ok && !skip[a] && cs[a].refused) {
+            char c[64];
+            snprintf(c, sizeof(c), "attn=%s, %zu clients", o->attn[a], n_clients);
+            bn_report_skip(rep, c, "the server refused the backend (400)"); /* prints it too */
+            ok = false;
+        } else if (ok && !skip[a]) {
+            sv_case_report(rep, o, &cs[a]);
+        }
+        for (size_t i = 0; i < cs[a].n_res; i++)
+            free(cs[a].res[i].itl);
+        free(cs[a].res);
+    }
+    return ok;
 }
 
 /* ---- the processes it starts ---- */
@@ -590,7 +658,7 @@ int main(int argc, char **argv)
 {
     const char *json = bn_parse_json_arg(&argc, argv), *worker = NULL, *model = NULL;
     static char attn_buf[256] = "full,retroinfer,retroinfer-remote";
-    sv_opts_t o = {.clients = {1, 4, 16}, .n_clients = 3, .requests = 1, .max_tokens = 32, .prompt_words = 1100,
+    sv_opts_t o = {.clients = {1, 4, 16}, .n_clients = 3, .requests = 3, .max_tokens = 32, .prompt_words = 1100,
                    .seconds = 300, .max_batch = 8};
     bn_daemon_t d = {0};
     sv_worker_t w = {0};
@@ -674,16 +742,23 @@ int main(int argc, char **argv)
         bn_report_finish(rep, NULL);
         goto out;
     }
-    printf("model %s at http://%s:%s, %zu request(s) per client, max_tokens %zu, ~%zu prompt words%s\n", o.model,
+    printf("model %s at http://%s:%s, %zu round(s) after a warm-up, max_tokens %zu, ~%zu prompt words%s\n", o.model,
            o.host, o.port, o.requests, o.max_tokens, o.prompt_words, o.hog ? ", CPU hog on every core" : "");
-    printf("%-18s %7s %8s %9s %9s %9s %8s %8s %6s %6s\n", "attn", "clients", "requests", "tok/s", "ttft p50",
-           "ttft p99", "itl p50", "itl p99", "errors", "load");
-    printf("%-18s %7s %8s %9s %9s %9s %8s %8s %6s %6s\n", "", "", "", "", "ms", "ms", "ms", "ms", "", "1 min");
+    printf("%-18s %7s %8s %9s %9s %9s %9s %8s %8s %6s %6s\n", "attn", "clients", "requests", "e2e", "decode",
+           "ttft p50", "ttft p99", "itl p50", "itl p99", "errors", "load");
+    printf("%-18s %7s %8s %9s %9s %9s %9s %8s %8s %6s %6s\n", "", "", "", "tok/s", "tok/s", "ms", "ms", "ms", "ms", "",
+           "1 min");
     rc = 0;
+    bool skip[SV_MAX_LIST] = {false};
     for (size_t a = 0; a < o.n_attn; a++)
-        for (size_t c = 0; c < o.n_clients; c++)
-            if (!sv_case(rep, &o, o.attn[a], o.clients[c]))
-                break; /* refused: the other client counts would be refused too */
+        if (!sv_warmup(&o, o.attn[a])) {
+            char c[64];
+            snprintf(c, sizeof(c), "attn=%s", o.attn[a]);
+            bn_report_skip(rep, c, "the server refused the backend (400)"); /* prints it too */
+            skip[a] = true;
+        }
+    for (size_t c = 0; c < o.n_clients; c++)
+        sv_cases(rep, &o, skip, o.clients[c]);
     bn_hog_stop();
     cJSON *rows = cJSON_GetObjectItem(root, "rows"), *row;
     /* Our own worker offers every backend: a refusal there is a failure. */

@@ -499,8 +499,10 @@ static ri_status_t gw_sched_rebuild(gw_sched_t *s, gw_req_t *r)
 
     mdl_attn_cfg_default(&acfg);
     st = mdl_seq_create(s->m, r->attn, &acfg, mdl_seq_cap(r->seq), &seq);
+#ifndef GW_MUTANT_REBUILD_NO_PREFILL /* the mutant (tests only) forgets the prompt */
     if (st == RI_OK)
         st = mdl_prefill(s->m, seq, r->ids, r->n_ids, NULL, NULL, NULL, NULL);
+#endif
     if (st == RI_OK && r->n_gen > 1)
         st = mdl_prefill(s->m, seq, r->gen, r->n_gen - 1, NULL, NULL, NULL, NULL);
     if (st != RI_OK) {

@@ -1,8 +1,8 @@
 /*
  * The daemon's own TCP listener for the gRPC control API, with a cap on the
  * connections it holds.  Expected load: a handful of long-lived worker
- * connections and the odd `ri status`; the cap exists for floods (issue 11,
- * row 2: 1050 idle connections under `ulimit -n 1024`).
+ * connections and the odd `ri status`; the cap exists for floods (the security
+ * review: 1050 idle connections under `ulimit -n 1024`).
  *
  * Why not gRPC's listener: gRPC 1.51 core accepts with no limit and, when
  * accept4() fails with EMFILE, logs "Failed accept4" once and never arms its

@@ -54,7 +54,7 @@ typedef struct kvs_data_config {
     uint64_t max_msg_bytes;       /* largest data-plane message accepted */
     uint32_t drain_timeout_ms;    /* bound on in-flight work at shutdown */
     bool no_data_plane;           /* added: catalog and pool only, no UCX (tests) */
-    /* Spill tier (issue 7); spill_dir NULL or "" = off, behaviour as before. */
+    /* Spill tier; spill_dir NULL or "" = off, behaviour as before. */
     const char *spill_dir;        /* segment files + manifests; copied at create */
     uint64_t spill_quota_bytes;   /* disk quota of the spill store; 0 = unlimited */
     double spill_high_water;      /* spill coldest clusters above this pool share (0 = 0.90) */

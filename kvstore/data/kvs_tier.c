@@ -1,5 +1,5 @@
 /*
- * The spill tier hooked into the data side (issue 7): when the host pool
+ * The spill tier hooked into the data side: when the host pool
  * passes its high-water mark, the coldest clusters (least recently fetched,
  * across sessions) are written to the spill store (kvstore/spill) and their
  * pool pages are freed; a fetch reads its disk-resident misses back in one

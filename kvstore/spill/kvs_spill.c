@@ -516,6 +516,9 @@ static ri_status_t write_prep(void *arg, size_t i, void *slot, int *fd_p, uint64
     memcpy(p + KVS_SPILL_HDR_BYTES, r->payload, r->payload_bytes);
     j->crc = kvs_spill_hdr_encode(&h, p + KVS_SPILL_HDR_BYTES, p);
     memset(p + KVS_SPILL_HDR_BYTES + r->payload_bytes, 0, j->rec_bytes - KVS_SPILL_HDR_BYTES - r->payload_bytes);
+#ifdef KVS_SPILL_MUTANT_LOST_WRITE /* the mutant (tests only): the disk keeps zeros, the batch says written */
+    memset(p, 0, j->rec_bytes);
+#endif
     *fd_p = j->seg->fd;
     *off_p = j->off;
     *len_p = j->rec_bytes;
@@ -718,7 +721,11 @@ static bool image_matches(const uint8_t *img, const kvs_spill_hdr_t *want)
     return kvs_spill_hdr_decode(img, &h) == RI_OK && h.session == want->session && h.layer == want->layer &&
            h.head == want->head && h.cluster == want->cluster && h.seq == want->seq &&
            h.payload_bytes == want->payload_bytes && h.tokens == want->tokens && h.dtype == want->dtype &&
+#ifdef KVS_SPILL_MUTANT_NO_READ_CRC /* the mutant (tests only): a read-back trusts the header alone */
+           true;
+#else
            kvs_spill_rec_verify(img, want) == RI_OK;
+#endif
 }
 
 static void raw_done(void *arg, size_t i, void *slot, int res)

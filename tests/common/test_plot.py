@@ -4,6 +4,7 @@
 Checks that each kind gives its file with the name docs/bench-format.md
 promises and real PNG content, that several attn-accuracy files make one
 chart, that a dataplane file without latency percentiles still charts, that
+serve charts end-to-end and decode tokens/s (an older file its tok_s), that
 a bench without a chart is skipped, and that bad arguments exit 2.  Skipped
 (77) without gnuplot.
 """
@@ -35,12 +36,13 @@ FILES = {
                                                        ("oracle", 100, 0.1))]),
     "acc2.json": doc("attn-accuracy", [{"method": m, "layer": "all", "budget_tokens": b, "rel_err_median": e}
                                        for m, b, e in (("retroinfer", 300, 0.06), ("oracle", 300, 0.04))]),
-    "serve.json": doc("serve", [{"attn": a, "clients": c, "tok_s": t, "load_avg": 1.0}
+    "serve.json": doc("serve", [{"attn": a, "clients": c, "e2e_tok_s": t, "decode_tok_s": 3 * t, "load_avg": 1.0}
                                 for a in ("full", "retroinfer") for c, t in ((1, 7.0), (4, 5.0), (16, 4.0))]),
+    "serve-old.json": doc("serve", [{"attn": "full", "clients": c, "tok_s": t} for c, t in ((1, 7.0), (4, 5.0))]),
     "spill.json": doc("spill", [{"path": "pread", "op": "write", "mb_s": 100}]),
 }
 EXPECT = ["e2e-throughput.png", "dp-fetch-cdf.png", "dp-old-fetch-cdf.png", "attn-accuracy-budget.png",
-          "serve-serve.png"]
+          "serve-serve.png", "serve-old-serve.png"]
 
 failures = []
 
@@ -74,6 +76,19 @@ def main():
             check(head == b"\x89PNG\r\n\x1a\n" and os.path.getsize(path) > 5000,
                   "%s is a drawn PNG (%d bytes)" % (name, os.path.getsize(path) if head else 0))
         check("no chart for bench 'spill'" in p.stderr, "a bench without a chart is named and skipped")
+        # serve: end-to-end and decode tokens/s, a line each per backend; an
+        # older file (tok_s only) still charts its end-to-end line.
+        sys.path.insert(0, os.path.dirname(PLOT))
+        import plot
+        _, script, series = plot.plot_serve(FILES["serve.json"])
+        labels = sorted(k for k, _ in series)
+        check(labels == ["full, decode", "full, end-to-end", "retroinfer, decode", "retroinfer, end-to-end"],
+              "serve charts both figures per backend (%s)" % labels)
+        check(dict(series)["full, decode"] == [(1, 21.0), (4, 15.0), (16, 12.0)] and
+              dict(series)["full, end-to-end"] == [(1, 7.0), (4, 5.0), (16, 4.0)] and 'title "full, decode"' in script,
+              "serve's lines carry each row's figure")
+        _, _, series = plot.plot_serve(FILES["serve-old.json"])
+        check([k for k, _ in series] == ["full, end-to-end"], "an older serve file (tok_s) charts end-to-end only")
         for args in ([], ["--bogus", paths[0]]):
             q = subprocess.run([sys.executable, PLOT] + args, capture_output=True, text=True, timeout=60)
             check(q.returncode == 2 and "usage" in q.stderr, "bad arguments %s -> exit 2 with usage" % args)

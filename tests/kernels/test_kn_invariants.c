@@ -1,5 +1,5 @@
 /*
- * Invariants of the kernels (issue 3): with retrieval covering every cluster
+ * Invariants of the kernels: with retrieval covering every cluster
  * tripartite attention equals full attention; each estimation term never
  * exceeds its cluster's true softmax mass (Jensen); merge is associative and
  * order-independent; the index build is deterministic for a fixed input and

@@ -15,7 +15,7 @@
  *  - a sender stopped (SIGSTOP) half way through a 128 MiB upload does not
  *    hold up another client of the same data-plane thread: its connect and
  *    pings are answered at once (the daemon served one request at a time and
- *    waited up to 5 s for the stalled body: issue 11 row 4);
+ *    waited up to 5 s for the stalled body: a security review finding);
  *  - the data-plane threads run at --dataplane-nice (-10 by default) when the
  *    daemon may raise priority (root here), else at the process's.
  */

@@ -1,5 +1,5 @@
 /*
- * Issue 11, row 2, against the real daemon on loopback: a flood of idle TCP
+ * The security review's fd flood, against the real daemon on loopback: a flood of idle TCP
  * connections to the gRPC port, more than the daemon's fd limit allows, must
  * not stop it serving.  Before the fix gRPC 1.51's own listener met EMFILE,
  * logged "Failed accept4" once and never accepted again, while the process

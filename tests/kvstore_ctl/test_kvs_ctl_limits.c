@@ -1,6 +1,6 @@
 /*
- * Security limits of ri-kvstore against the real daemon (issue rows #6, #7,
- * #11, #13 and the fd start-up check of docs/kvstore.md "Security and
+ * Security limits of ri-kvstore against the real daemon (findings of the
+ * security review and the fd start-up check of docs/kvstore.md "Security and
  * limits"):
  *  - a Health request far over max-message (10.5 MB of unknown fields, no
  *    token needed) is refused by gRPC at once with RESOURCE_EXHAUSTED, and
@@ -13,16 +13,16 @@
  *  - a fd hard limit below what max-connections needs stops the start with
  *    an error naming the setting;
  *  - a data-plane REGISTER_CACHE is daemon memory charged to the tenant's
- *    quota before it is allocated (#5): 2^26 pages is refused at once with
+ *    quota before it is allocated: 2^26 pages is refused at once with
  *    QUOTA and the daemon's memory does not grow; a directory that fits
  *    holds quota that a session then cannot have, until it is released;
  *  - a data-plane UPLOAD of 128 MiB with a wrong session secret is refused
- *    from its header (#3): UNAUTHENTICATED, and the daemon's peak memory
+ *    from its header: UNAUTHENTICATED, and the daemon's peak memory
  *    does not grow by the body;
  *  - with every address on loopback (the test default), no socket of the
- *    daemon listens beyond it, UCX's own TCP interface included (#12);
+ *    daemon listens beyond it, UCX's own TCP interface included;
  *  - 16 clients trickling a /metrics request (a byte a second, under the
- *    idle timeout) do not shut scraping out (#8): their connections are cut
+ *    idle timeout) do not shut scraping out: their connections are cut
  *    after the 3 s bound and a scrape gets through.
  */
 #define _GNU_SOURCE
@@ -92,7 +92,7 @@ static void test_huge_health_body_refused(void **state)
     start_daemon(&d, NULL, NULL);
     assert_int_equal(gw_ctl_create(d.grpc, NULL, &anon), RI_OK);
 
-    /* Unknown field 15, wire type 2, 1000-byte payloads: what issue row 6
+    /* Unknown field 15, wire type 2, 1000-byte payloads: what the review
      * sent.  Small unknown fields (4 KiB) are still fine. */
     size_t big = 10500000, off = 0;
     uint8_t *body = malloc(big);

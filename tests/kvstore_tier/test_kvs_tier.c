@@ -1,5 +1,5 @@
 /*
- * The spill tier through the real daemon (issue 7): a 16 MiB pool holding a
+ * The spill tier through the real daemon: a 16 MiB pool holding a
  * 64 MiB session, so most clusters go to disk; every cluster fetched back
  * bit-exact, the metrics counting disk serves; SIGTERM and a restart with
  * --recover keep the session (same id and secret) and its bytes; a byte

@@ -2,10 +2,11 @@
 # ri-worker with the real model and a real ri-kvstore (label "slow": three
 # ~1.3K-token prefills).  One worker process, requests on a pipe:
 #  1. a passkey prompt answered with full attention and with retroinfer
-#     through the kvstore: both replies ok, the full answer holds the key;
+#     through the kvstore: both replies ok, both answers hold the key;
 #  2. the daemon is killed with SIGKILL: the next request fails cleanly
 #     ({"ok": false}) and the worker stays alive;
-#  3. the daemon is restarted on the same address: the next request succeeds.
+#  3. the daemon is restarted on the same address: the next request succeeds
+#     and the remote answer holds the key again.
 # Skips (77) without the installed model.
 set -euo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
@@ -46,7 +47,7 @@ check() {  # line N, python condition on r
 }
 
 req 1 >&3; wait_reply 1
-check 1 "r['ok'] and '$key' in r['runs'][0]['text'] and r['runs'][1]['attn'] == 'retroinfer-remote' and r['runs'][1]['direct_clusters'] + r['runs'][1]['cache_hits'] + r['runs'][1]['cache_misses'] > 0"
+check 1 "r['ok'] and '$key' in r['runs'][0]['text'] and r['runs'][1]['attn'] == 'retroinfer-remote' and '$key' in r['runs'][1]['text'] and r['runs'][1]['direct_clusters'] + r['runs'][1]['cache_hits'] + r['runs'][1]['cache_misses'] > 0"
 
 kill -KILL "$KVS_PID"; wait "$KVS_PID" 2>/dev/null || true; KVS_PID=
 req 2 >&3; wait_reply 2
@@ -58,7 +59,7 @@ kvs_up "$port_flag"
 [ "$KVS_GRPC" = "$addr" ]
 sleep 2           # let the worker's gRPC channel leave its reconnect back-off
 req 3 >&3; wait_reply 3
-check 3 "r['ok'] and r['runs'][1]['decode_steps'] >= 1"
+check 3 "r['ok'] and r['runs'][1]['decode_steps'] >= 1 and '$key' in r['runs'][1]['text']"
 
 exec 3>&-
 # request 2 failed (kvstore gone), so the worker's exit status says 1
