@@ -306,8 +306,9 @@ static ri_status_t gw_attn_decode(void *state, uint32_t layer, size_t pos, const
 static void gw_attn_stats(void *state, mdl_attn_stats_t *st_p)
 {
     const gw_attn_t *a = state;
+    const kn_wave_params_t *w = gw_api_session_wave(a->sess, 0);
     *st_p = a->st;
-    st_p->tokens_per_cluster = gw_api_session_wave(a->sess, 0)->tokens_per_cluster;
+    st_p->tokens_per_cluster = w != NULL ? w->tokens_per_cluster : 0;
 }
 
 static bool gw_attn_wave_params(void *state, uint32_t layer, kn_wave_params_t *wave_p)
