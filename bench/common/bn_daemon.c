@@ -11,6 +11,8 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include "retroinfer/retroinfer.h"
+
 static void bn_daemon_bin(const char *argv0, char *bin, size_t len)
 {
     const char *bd = getenv("RI_BUILD_DIR");
@@ -41,6 +43,26 @@ static int bn_daemon_read_ports(bn_daemon_t *d, const char *ports)
     }
     fclose(f);
     return d->grpc[0] != '\0';
+}
+
+/* An integer environment variable, def when unset. */
+static int bn_env_int(const char *name, int def)
+{
+    const char *v = getenv(name);
+    return v != NULL && v[0] != '\0' ? atoi(v) : def;
+}
+
+uint32_t bn_remote_env_flags(bool *keep_kv_p)
+{
+    uint32_t f = 0;
+    if (bn_env_int("RI_DIRECT", 1) == 0)
+        f |= RI_SESSION_TWO_SIDED;
+    if (bn_env_int("RI_FETCH_ASYNC", 0) != 0)
+        f |= RI_SESSION_FETCH_ASYNC;
+    if (bn_env_int("RI_PREDICT", 1) == 0)
+        f |= RI_SESSION_NO_PREDICT;
+    *keep_kv_p = bn_env_int("RI_KEEP_KV", 0) != 0;
+    return f;
 }
 
 int bn_daemon_start(bn_daemon_t *d, const char *argv0, const char *memory)

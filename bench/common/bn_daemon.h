@@ -6,6 +6,8 @@
 #ifndef BN_DAEMON_H
 #define BN_DAEMON_H
 
+#include <stdbool.h>
+#include <stdint.h>
 #include <sys/types.h>
 
 #include "common/cm_dp_proto.h"
@@ -26,5 +28,11 @@ void bn_daemon_stop(bn_daemon_t *d);
 
 /* The daemon's resident memory, KiB ("VmRSS"), or -1. */
 long bn_daemon_rss_kib(const bn_daemon_t *d);
+
+/* The benchmarks' switches of the remote path, from the environment (the
+ * library reads none): RI_DIRECT=0 (two-sided reads), RI_FETCH_ASYNC=1,
+ * RI_PREDICT=0 as RI_SESSION_* flags (retroinfer.h); *keep_kv_p from
+ * RI_KEEP_KV=1. */
+uint32_t bn_remote_env_flags(bool *keep_kv_p);
 
 #endif /* BN_DAEMON_H */

@@ -14,6 +14,7 @@
 
 #include "common/cm_thread.h"
 #include "common/cm_time.h"
+#include "ri_git.h" /* RI_GIT_COMMIT, generated at build time */
 
 struct bn_report {
     cJSON *root;     /* the whole object */
@@ -95,10 +96,16 @@ static void bn_cpu_model(char *out, size_t len)
     fclose(f);
 }
 
-/* The commit of the source tree: $RI_SOURCE_DIR, else the tree this binary
- * was built from (so a bench run from any folder still names its commit). */
+/* The commit this benchmark was built from (cmake/RiGitHead.cmake writes it
+ * at every build); a build outside a repository asks git at run time, in
+ * $RI_SOURCE_DIR or else the tree this binary was built from, and says
+ * "unknown" only when neither knows. */
 static void bn_git_sha(char *out, size_t len)
 {
+    if (RI_GIT_COMMIT[0] != '\0') {
+        snprintf(out, len, "%s", RI_GIT_COMMIT);
+        return;
+    }
     snprintf(out, len, "unknown");
     const char *src = getenv("RI_SOURCE_DIR");
     char cmd[1024];

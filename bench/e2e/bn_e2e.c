@@ -156,6 +156,10 @@ static void e2e_case_report(bn_report_t *rep, const e2e_case_t *c, size_t ctx, u
     cJSON_AddNumberToObject(row, "context", (double)ctx);
     cJSON_AddNumberToObject(row, "batch", (double)c->batch);
     cJSON_AddNumberToObject(row, "hog", hog);
+    mdl_attn_stats_t as;
+    mdl_seq_attn_stats(c->seqs[0], &as);
+    if (as.tokens_per_cluster > 0) /* the size the wave index used (the auto one resolved) */
+        cJSON_AddNumberToObject(row, "tokens_per_cluster", as.tokens_per_cluster);
     cJSON_AddNumberToObject(row, "steps", (double)c->n_steps);
     cJSON_AddNumberToObject(row, "decode_tok_s", tok_s);
     cJSON_AddNumberToObject(row, "decode_tok_s_p10", (double)c->batch / p90);
@@ -253,6 +257,8 @@ static int e2e_model(bn_report_t *rep, const char *model_path, const char *kvs, 
     mdl_model_t *m = NULL;
     gw_attn_remote_cfg_t rc_cfg = {.address = kvs, .timeout_ms = 10000, .deadline_us = o->deadline_us};
     int rc = 1;
+
+    rc_cfg.session_flags = bn_remote_env_flags(&rc_cfg.keep_kv);
 
     if (mdl_model_resolve(model_path, path, sizeof(path)) != RI_OK) {   /* a name (gemma3-270m) or a path */
         fprintf(stderr, "ri-bench-e2e: no model at %s (./ri model fetch); try --synthetic\n", path);

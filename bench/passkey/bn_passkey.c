@@ -28,6 +28,7 @@
 #include "bench/model/bn_filler.h"
 #include "common/cm_alloc.h"
 #include "common/cm_log.h"
+#include "common/cm_status.h"
 #include "common/cm_time.h"
 #include "gpuworker/model/mdl_model.h"
 #include "gpuworker/model/mdl_sample.h"
@@ -47,6 +48,7 @@ typedef struct pk_variant {
     bool sweep;              /* the budget lists apply */
     int passed[PK_MAX_CTX][PK_MAX_DEPTH];
     uint64_t exact[PK_MAX_CTX], steps[PK_MAX_CTX]; /* exact tokens per head, layer-steps */
+    uint32_t tpc[PK_MAX_CTX];  /* cluster size the wave index used (0: no wave index) */
     double decode_s[PK_MAX_CTX];
 } pk_variant_t;
 
@@ -89,6 +91,7 @@ static ri_status_t pk_try(mdl_model_t *m, const mdl_seq_t *base, const float *lo
     mdl_seq_attn_stats(s, &as);
     v->exact[c] += as.exact_tokens;
     v->steps[c] += as.decode_steps;
+    v->tpc[c] = CM_MAX(v->tpc[c], as.tokens_per_cluster);
     v->decode_s[c] += cm_time_s() - t0;
     char keytext[16];
     snprintf(keytext, sizeof(keytext), "%d", key);
@@ -134,11 +137,11 @@ static size_t pk_variants(char *methods, const double *mins, size_t n_min, const
                 mdl_attn_cfg_default(&x->cfg);
                 int l = snprintf(x->label, sizeof(x->label), "%s", t);
                 if (pk_sparse(t) && n_min) {
-                    x->cfg.retrieval_min_tokens = (uint32_t)mins[a];
+                    x->cfg.wave.retrieval_min_tokens = (uint32_t)mins[a];
                     l += snprintf(x->label + l, sizeof(x->label) - (size_t)l, " min=%u", (unsigned)mins[a]);
                 }
                 if (pk_retro(t) && n_tau) {
-                    x->cfg.adapt_tau = (float)taus[b];
+                    x->cfg.wave.adapt_tau = (float)taus[b];
                     snprintf(x->label + l, sizeof(x->label) - (size_t)l, " tau=%g", taus[b]);
                 }
                 x->sweep = n_min || n_tau;
@@ -163,8 +166,10 @@ static void pk_rows(bn_report_t *rep, const pk_variant_t *v, size_t n_v, const d
                 cJSON_AddNumberToObject(row, "depth", depths[d]);
                 cJSON_AddNumberToObject(row, "trials", trials);
                 cJSON_AddNumberToObject(row, "passed", v[k].passed[c][d]);
-                cJSON_AddNumberToObject(row, "retrieval_min_tokens", v[k].cfg.retrieval_min_tokens);
-                cJSON_AddNumberToObject(row, "adapt_tau", v[k].cfg.adapt_tau);
+                cJSON_AddNumberToObject(row, "retrieval_min_tokens", v[k].cfg.wave.retrieval_min_tokens);
+                cJSON_AddNumberToObject(row, "adapt_tau", v[k].cfg.wave.adapt_tau);
+                if (v[k].tpc[c] > 0)
+                    cJSON_AddNumberToObject(row, "tokens_per_cluster", v[k].tpc[c]);
                 cJSON_AddNumberToObject(row, "exact_tokens_per_head", per_head);
                 cJSON_AddNumberToObject(row, "decode_s", v[k].decode_s[c]);
             }

@@ -219,6 +219,8 @@ static void rl_row_add(bn_report_t *rep, const char *model, rl_task_t t, size_t 
     cJSON_AddNumberToObject(row, "trials", c->trials);
     cJSON_AddNumberToObject(row, "passed", c->passed);
     cJSON_AddNumberToObject(row, "budget_tokens", c->decode_steps ? (double)c->exact_tokens / c->decode_steps : 0);
+    if (c->tokens_per_cluster > 0) /* the size the index used, not the setting (0 = auto) */
+        cJSON_AddNumberToObject(row, "tokens_per_cluster", c->tokens_per_cluster);
     cJSON_AddNumberToObject(row, "pass_rate", (double)c->passed / c->trials);
     cJSON_AddNumberToObject(row, "ci_low", lo);
     cJSON_AddNumberToObject(row, "ci_high", hi);
@@ -276,24 +278,21 @@ int main(int argc, char **argv)
         rl_usage();
         return 2;
     }
-    if (o.retrieval_min >= 0 || o.window >= 0 || o.adapt_tau >= 0 || o.cluster_tokens >= 0 || o.estimation >= 0) {
-        /* retroinfer's settings for every sequence of the run (the
-         * baselines take retroinfer's measured budget either way) */
-        mdl_attn_cfg_t acfg;
-        mdl_attn_cfg_default(&acfg);
-        if (o.retrieval_min >= 0)
-            acfg.retrieval_min_tokens = (uint32_t)o.retrieval_min;
-        if (o.window >= 0)
-            acfg.window_tokens = (uint32_t)o.window;
-        if (o.adapt_tau >= 0)
-            acfg.adapt_tau = (float)o.adapt_tau;
-        if (o.cluster_tokens >= 0)
-            acfg.tokens_per_cluster = (uint32_t)o.cluster_tokens;
-        if (o.estimation >= 0)
-            acfg.estimation_frac = (float)o.estimation;
-        mdl_attn_cfg_set_default(&acfg);
-    }
     rl_run_t run = {.seed = o.seed, .verbose = !o.quiet, .show_prompt = o.show_prompt};
+    /* retroinfer's settings for every sequence of the run (the baselines
+     * take retroinfer's measured budget either way) */
+    mdl_attn_cfg_t *acfg = &run.attn;
+    mdl_attn_cfg_default(acfg);
+    if (o.retrieval_min >= 0)
+        acfg->wave.retrieval_min_tokens = (uint32_t)o.retrieval_min;
+    if (o.window >= 0)
+        acfg->wave.window_tokens = (uint32_t)o.window;
+    if (o.adapt_tau >= 0)
+        acfg->wave.adapt_tau = (float)o.adapt_tau;
+    if (o.cluster_tokens >= 0)
+        acfg->wave.tokens_per_cluster = (uint32_t)o.cluster_tokens;
+    if (o.estimation >= 0)
+        acfg->wave.estimation_frac = (float)o.estimation;
     bool remote;
     if (rl_methods(o.methods, run.methods, &run.n_methods, &remote) != 0)
         return 2;
@@ -335,13 +334,12 @@ int main(int argc, char **argv)
     cJSON_AddStringToObject(root, "model_name", mdl_model_name(run.model));
     cJSON_AddBoolToObject(root, "chat_template", mdl_tok_has_chat(mdl_model_tok(run.model)));
     cJSON_AddNumberToObject(root, "seed", (double)o.seed);
-    mdl_attn_cfg_t used;
-    mdl_attn_cfg_default(&used);
-    cJSON_AddNumberToObject(root, "retrieval_min_tokens", used.retrieval_min_tokens);
-    cJSON_AddNumberToObject(root, "window_tokens", used.window_tokens);
-    cJSON_AddNumberToObject(root, "adapt_tau", used.adapt_tau);
-    cJSON_AddNumberToObject(root, "tokens_per_cluster", used.tokens_per_cluster);
-    cJSON_AddNumberToObject(root, "estimation_frac", used.estimation_frac);
+    const kn_wave_params_t *used = &run.attn.wave; /* as set; each row has the cluster size used */
+    cJSON_AddNumberToObject(root, "retrieval_min_tokens", used->retrieval_min_tokens);
+    cJSON_AddNumberToObject(root, "window_tokens", used->window_tokens);
+    cJSON_AddNumberToObject(root, "adapt_tau", used->adapt_tau);
+    cJSON_AddNumberToObject(root, "tokens_per_cluster", used->tokens_per_cluster);
+    cJSON_AddNumberToObject(root, "estimation_frac", used->estimation_frac);
     if (o.only_trial >= 0)
         cJSON_AddNumberToObject(root, "only_trial", o.only_trial);
     run.outputs = cJSON_AddArrayToObject(root, "outputs");

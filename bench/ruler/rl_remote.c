@@ -25,6 +25,7 @@ int rl_remote_start(const char *argv0)
     if (bn_daemon_start(&rl_daemon, argv0, "3GiB") != 0)
         return -1;
     gw_attn_remote_cfg_t cfg = {.address = rl_daemon.grpc, .timeout_ms = 10000};
+    cfg.session_flags = bn_remote_env_flags(&cfg.keep_kv);
     if (gw_attn_remote_configure(&cfg, err, sizeof(err)) != RI_OK) {
         fprintf(stderr, "ri bench ruler: kvstore %s: %s\n", rl_daemon.grpc, err);
         bn_daemon_stop(&rl_daemon);

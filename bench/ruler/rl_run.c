@@ -14,6 +14,7 @@
 #include "bench/ruler/rl_run.h"
 #include "bench/ruler/rl_score.h"
 #include "common/cm_alloc.h"
+#include "common/cm_status.h"
 #include "common/cm_time.h"
 #include "gpuworker/model/mdl_sample.h"
 
@@ -94,6 +95,7 @@ static void rl_cell_add(rl_cell_t *c, const rl_sample_t *s, const rl_gen_t *g, c
     c->agree_n += full->n;
     c->exact_tokens += g->st.exact_tokens;
     c->decode_steps += g->st.decode_steps;
+    c->tokens_per_cluster = CM_MAX(c->tokens_per_cluster, g->st.tokens_per_cluster);
     c->prefill_s += prefill_s;
     c->decode_s += g->secs;
     c->prompt_tokens += n_prompt;
@@ -165,8 +167,7 @@ ri_status_t rl_run_trial(const rl_run_t *run, rl_task_t t, size_t ctx, int trial
     printf("\n");
     double retro_budget = 0;   /* retroinfer's mean exact tokens per head and layer-step in this trial */
     for (size_t k = 0; k < run->n_methods && st == RI_OK; k++) {
-        mdl_attn_cfg_t cfg;
-        mdl_attn_cfg_default(&cfg);
+        mdl_attn_cfg_t cfg = run->attn;
         if (rl_is_baseline(run->methods[k]) && retro_budget > 0)
             cfg.budget_tokens = (uint32_t)lround(retro_budget);
         st = rl_decode(m, base, logits, mdl_attn_find(run->methods[k]), &cfg, max_gen, &gen[k]);

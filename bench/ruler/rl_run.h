@@ -34,6 +34,8 @@ typedef struct rl_cell {
     double decode_s;        /* summed: this method's greedy decode, index build included */
     uint64_t prompt_tokens; /* summed */
     uint64_t gen_tokens;    /* summed */
+    uint32_t tokens_per_cluster; /* the cluster size the wave index used (the auto size
+                                    resolved); 0: the method keeps no wave index */
 } rl_cell_t;
 
 /* What a trial runs on. */
@@ -45,6 +47,8 @@ typedef struct rl_run {
     bool verbose;                            /* print each method's output */
     bool show_prompt;                        /* print each prompt's text */
     cJSON *outputs;                          /* array: one object per trial and method (borrowed; may be NULL) */
+    mdl_attn_cfg_t attn;                     /* settings of every sequence (the baselines' budget_tokens
+                                                is set per trial from retroinfer's) */
 } rl_run_t;
 
 /* Run trial `trial` of `trials` of task t at ctx tokens (prompt plus

@@ -15,7 +15,6 @@
 #include "common/cm_log.h"
 #include "common/cm_status.h"
 #include "gpuworker/model/mdl_vec.h"
-#include "kernels/kn_wave.h" /* the retrieval share (a header only: no kernels needed) */
 
 static CM_ALLOC_TAG(mdl_kv_tag, "model.kv");
 static CM_ALLOC_TAG(mdl_attn_tag, "model.attn");
@@ -90,30 +89,18 @@ ri_status_t mdl_kv_copy(mdl_kv_t *dst, const mdl_kv_t *src, size_t n)
     return RI_OK;
 }
 
-static bool mdl_cfg_set;        /* mdl_cfg_override holds the defaults */
-static mdl_attn_cfg_t mdl_cfg_override;
-
-void mdl_attn_cfg_set_default(const mdl_attn_cfg_t *cfg)
-{
-    mdl_cfg_set = cfg != NULL;
-    if (cfg != NULL)
-        mdl_cfg_override = *cfg;
-}
-
 void mdl_attn_cfg_default(mdl_attn_cfg_t *cfg)
 {
-    if (mdl_cfg_set) {
-        *cfg = mdl_cfg_override;
-        return;
-    }
-    cfg->sink_tokens = 4;
-    cfg->window_tokens = 64;
+    memset(cfg, 0, sizeof(*cfg));
+#ifdef MDL_HAVE_KERNELS
+    kn_wave_params_default(&cfg->wave);
+#else
+    /* only "full" is built: the steady zone still sizes the baselines' budget */
+    cfg->wave.sink_tokens = 4;
+    cfg->wave.window_tokens = 64;
+    cfg->wave.retrieval_min_tokens = KN_WAVE_RETRIEVAL_MIN_TOKENS;
+#endif
     cfg->budget_tokens = 0;
-    cfg->update_tokens = 1024;
-    cfg->retrieval_min_tokens = KN_WAVE_RETRIEVAL_MIN_TOKENS;
-    cfg->adapt_tau = 0.0f;
-    cfg->tokens_per_cluster = 0;
-    cfg->estimation_frac = -1.0f;
     cfg->release_window = false;
 }
 
@@ -122,7 +109,7 @@ uint32_t mdl_attn_auto_budget(const mdl_attn_cfg_t *cfg, size_t n_tokens)
     if (cfg->budget_tokens > 0)
         return cfg->budget_tokens;
     uint32_t share = (uint32_t)lround(KN_WAVE_RETRIEVAL_FRAC * (double)n_tokens);
-    return cfg->sink_tokens + cfg->window_tokens + CM_MAX(share, cfg->retrieval_min_tokens);
+    return cfg->wave.sink_tokens + cfg->wave.window_tokens + CM_MAX(share, cfg->wave.retrieval_min_tokens);
 }
 
 /* ---- exact causal attention ---- */

@@ -34,6 +34,7 @@
 
 #include "common/cm_half.h"
 #include "common/cm_thread.h"
+#include "kernels/kn_wave.h"
 #include "retroinfer/status.h"
 
 /* Attention geometry of the model. */
@@ -63,29 +64,24 @@ void mdl_kv_store(mdl_kv_t *kv, uint32_t layer, size_t pos, size_t n, const floa
 /* Copy the first n tokens of every layer of src into dst (same geometry, dst->cap >= n). */
 ri_status_t mdl_kv_copy(mdl_kv_t *dst, const mdl_kv_t *src, size_t n);
 
-/* Settings of the backends (defaults in docs/architecture.md). */
+/* Settings of the backends (defaults in docs/architecture.md).  The wave
+ * index and tripartite settings are kernels' own struct, embedded whole:
+ * "retroinfer" hands it to kn_wave_create and "retroinfer-remote" to its
+ * session as it is, so no layer keeps a copy of its fields. */
 typedef struct mdl_attn_cfg {
-    uint32_t sink_tokens;     /* steady zone sinks (4) */
-    uint32_t window_tokens;   /* steady zone window (64) */
+    kn_wave_params_t wave;    /* retroinfer(-remote): the wave index (kn_wave.h); its
+                                 sink_tokens / window_tokens are also the steady zone of
+                                 quest / streaming / oracle's auto budget */
     uint32_t budget_tokens;   /* exact tokens for quest/streaming/oracle; 0 = auto:
                                  sink + window + max(round(0.018 * n), retrieval_min_tokens)
                                  (RetroInfer's exact part) */
-    uint32_t update_tokens;   /* retroinfer: tokens per index update (1024) */
-    uint32_t retrieval_min_tokens; /* retroinfer: floor of the retrieval zone (256) */
-    float adapt_tau;          /* retroinfer: output-aware per-head cut (0 = off; kn_wave.h) */
-    uint32_t tokens_per_cluster; /* retroinfer: 0 = kn_wave's choice by context (kn_wave.h) */
-    float estimation_frac;    /* retroinfer: share of the clusters estimated; < 0 = kn_wave's (0.232) */
     bool release_window;      /* give back each sliding-window layer's K/V older than its
                                  window as decoding goes (a server that keeps only what it
                                  reads); false: keep every token (forks, K/V dumps) */
 } mdl_attn_cfg_t;
 
+/* The built-in defaults (kn_wave_params_default for the wave index). */
 void mdl_attn_cfg_default(mdl_attn_cfg_t *cfg);
-
-/* Make cfg what mdl_attn_cfg_default gives from now on (a server's settings
- * for every sequence it creates); call once at start, before any thread
- * reads the defaults.  NULL restores the built-in defaults. */
-void mdl_attn_cfg_set_default(const mdl_attn_cfg_t *cfg);
 
 /* Per-backend statistics (summed over layers and steps). */
 typedef struct mdl_attn_stats {
@@ -93,6 +89,8 @@ typedef struct mdl_attn_stats {
     uint64_t exact_tokens;    /* tokens attended exactly */
     uint64_t bytes_read;      /* K/V + metadata bytes read by decode */
     double build_s;           /* seconds spent building indexes (prefill_end + updates) */
+    uint32_t tokens_per_cluster; /* the cluster size the wave index uses (the auto size
+                                    resolved once built); 0 = no wave index */
 } mdl_attn_stats_t;
 
 /* A backend.  Every function returns a status; objects are per sequence. */
@@ -106,6 +104,10 @@ typedef struct mdl_attn_ops {
     ri_status_t (*prefill_end)(void *state, uint32_t layer);
     ri_status_t (*decode)(void *state, uint32_t layer, size_t pos, const float *q, float *out);
     void (*stats)(void *state, mdl_attn_stats_t *stats_p);   /* may be NULL */
+    /* The settings layer's wave index runs with (tokens_per_cluster and
+     * update_clusters resolved once it is built), into *wave_p; false when
+     * the backend keeps no wave index.  May be NULL. */
+    bool (*wave_params)(void *state, uint32_t layer, kn_wave_params_t *wave_p);
 } mdl_attn_ops_t;
 
 /* Find a backend by name; NULL when unknown (or not built). */

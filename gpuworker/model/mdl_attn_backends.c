@@ -56,21 +56,11 @@ static ri_status_t mdl_be_create(mdl_be_kind_t kind, const mdl_attn_cfg_t *cfg, 
     const mdl_attn_geom_t *g = &kv->geom;
     b->shape = (kn_shape_t){.n_q_heads = g->n_heads, .n_kv_heads = g->n_kv_heads, .head_dim = g->head_dim};
     if (kind == MDL_BE_RETRO) {
-        kn_wave_params_t wp;
-        kn_wave_params_default(&wp);
-        wp.sink_tokens = cfg->sink_tokens;
-        wp.window_tokens = cfg->window_tokens;
-        wp.update_tokens = cfg->update_tokens;
-        wp.retrieval_min_tokens = cfg->retrieval_min_tokens;
-        wp.adapt_tau = cfg->adapt_tau;
-        wp.tokens_per_cluster = cfg->tokens_per_cluster;
-        if (cfg->estimation_frac >= 0.0f)
-            wp.estimation_frac = cfg->estimation_frac;
         b->wave = cm_calloc(&mdl_be_tag, g->n_layers, sizeof(*b->wave));
         if (b->wave == NULL)
             st = RI_ERR_NOMEM;
         for (uint32_t l = 0; st == RI_OK && l < g->n_layers; l++)
-            st = kn_wave_create(&b->shape, &wp, &b->wave[l]);
+            st = kn_wave_create(&b->shape, &cfg->wave, &b->wave[l]);
     } else if (kind == MDL_BE_QUEST) {
         b->quest = cm_calloc(&mdl_be_tag, g->n_layers, sizeof(*b->quest));
         if (b->quest == NULL)
@@ -180,10 +170,10 @@ static ri_status_t mdl_be_decode(void *state, uint32_t layer, size_t pos, const 
         return st;
     }
     case MDL_BE_STREAM: {
-        uint32_t win = budget > b->cfg.sink_tokens ? budget - b->cfg.sink_tokens : 1;
+        uint32_t win = budget > b->cfg.wave.sink_tokens ? budget - b->cfg.wave.sink_tokens : 1;
         b->st.exact_tokens += CM_MIN((size_t)budget, n);
         b->st.bytes_read += CM_MIN((size_t)budget, n) * kv_row_bytes;
-        return kn_streaming_decode(NULL, &b->shape, q, &view, b->cfg.sink_tokens, win, out, NULL);
+        return kn_streaming_decode(NULL, &b->shape, q, &view, b->cfg.wave.sink_tokens, win, out, NULL);
     }
     case MDL_BE_ORACLE:
         b->st.exact_tokens += CM_MIN((size_t)budget, n);
@@ -200,7 +190,28 @@ static ri_status_t mdl_be_decode(void *state, uint32_t layer, size_t pos, const 
 
 static void mdl_be_stats(void *state, mdl_attn_stats_t *st_p)
 {
-    *st_p = ((mdl_be_t *)state)->st;
+    const mdl_be_t *b = state;
+    *st_p = b->st;
+#ifdef MDL_HAVE_KERNELS
+    if (b->wave != NULL)
+        st_p->tokens_per_cluster = kn_wave_params(b->wave[0])->tokens_per_cluster;
+#endif
+}
+
+static bool mdl_be_wave_params(void *state, uint32_t layer, kn_wave_params_t *wave_p)
+{
+    const mdl_be_t *b = state;
+#ifdef MDL_HAVE_KERNELS
+    if (b->wave != NULL && layer < b->kv->geom.n_layers) {
+        *wave_p = *kn_wave_params(b->wave[layer]);
+        return true;
+    }
+#else
+    (void)b;
+    (void)layer;
+    (void)wave_p;
+#endif
+    return false;
 }
 
 #define MDL_BE_CREATE(fn, kind)                                                          \
@@ -214,7 +225,7 @@ MDL_BE_CREATE(mdl_be_create_full, MDL_BE_FULL)
 static const mdl_attn_ops_t mdl_be_full = {
     .name = "full", .help = "exact attention over every token", .create = mdl_be_create_full,
     .destroy = mdl_be_destroy, .prefill = mdl_be_prefill, .prefill_end = mdl_be_prefill_end,
-    .decode = mdl_be_decode, .stats = mdl_be_stats};
+    .decode = mdl_be_decode, .stats = mdl_be_stats, .wave_params = mdl_be_wave_params};
 
 #ifdef MDL_HAVE_KERNELS
 MDL_BE_CREATE(mdl_be_create_retro, MDL_BE_RETRO)
@@ -225,19 +236,20 @@ MDL_BE_CREATE(mdl_be_create_oracle, MDL_BE_ORACLE)
 static const mdl_attn_ops_t mdl_be_retro = {
     .name = "retroinfer", .help = "wave index + tripartite attention (in-process)", .create = mdl_be_create_retro,
     .destroy = mdl_be_destroy, .prefill = mdl_be_prefill, .prefill_end = mdl_be_prefill_end,
-    .decode = mdl_be_decode, .stats = mdl_be_stats};
+    .decode = mdl_be_decode, .stats = mdl_be_stats, .wave_params = mdl_be_wave_params};
 static const mdl_attn_ops_t mdl_be_quest = {
     .name = "quest", .help = "Quest: 16-token pages, min/max key bounds, top pages to the budget",
     .create = mdl_be_create_quest, .destroy = mdl_be_destroy, .prefill = mdl_be_prefill,
-    .prefill_end = mdl_be_prefill_end, .decode = mdl_be_decode, .stats = mdl_be_stats};
+    .prefill_end = mdl_be_prefill_end, .decode = mdl_be_decode, .stats = mdl_be_stats,
+    .wave_params = mdl_be_wave_params};
 static const mdl_attn_ops_t mdl_be_stream = {
     .name = "streaming", .help = "StreamingLLM: 4 sinks + recent window (budget)", .create = mdl_be_create_stream,
     .destroy = mdl_be_destroy, .prefill = mdl_be_prefill, .prefill_end = mdl_be_prefill_end,
-    .decode = mdl_be_decode, .stats = mdl_be_stats};
+    .decode = mdl_be_decode, .stats = mdl_be_stats, .wave_params = mdl_be_wave_params};
 static const mdl_attn_ops_t mdl_be_oracle = {
     .name = "oracle", .help = "exact top-B tokens (a ceiling, reads everything)", .create = mdl_be_create_oracle,
     .destroy = mdl_be_destroy, .prefill = mdl_be_prefill, .prefill_end = mdl_be_prefill_end,
-    .decode = mdl_be_decode, .stats = mdl_be_stats};
+    .decode = mdl_be_decode, .stats = mdl_be_stats, .wave_params = mdl_be_wave_params};
 
 static const mdl_attn_ops_t *const mdl_be_all[] = {&mdl_be_full, &mdl_be_retro, &mdl_be_quest, &mdl_be_stream,
                                                    &mdl_be_oracle};

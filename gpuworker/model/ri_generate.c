@@ -233,9 +233,9 @@ int main(int argc, char **argv)
     mdl_attn_cfg_t acfg;
     mdl_attn_cfg_default(&acfg);
     acfg.budget_tokens = (uint32_t)cfg.budget;
-    acfg.update_tokens = (uint32_t)cfg.update_tokens;
-    acfg.retrieval_min_tokens = (uint32_t)cfg.retrieval_min;
-    acfg.adapt_tau = (float)cfg.adapt_tau;
+    acfg.wave.update_tokens = (uint32_t)cfg.update_tokens;
+    acfg.wave.retrieval_min_tokens = (uint32_t)cfg.retrieval_min;
+    acfg.wave.adapt_tau = (float)cfg.adapt_tau;
     if ((st = mdl_seq_create(model, attn, &acfg, cap, &seq)) != RI_OK) {
         fprintf(stderr, "ri generate: cannot create a %zu-token sequence: %s\n", cap, ri_status_str(st));
         goto out;

@@ -20,6 +20,7 @@
 #include "common/cm_time.h"
 #include "kernels/kn_ops.h"
 #include "gpuworker/model/mdl_kv_mem.h"
+#include "gpuworker/worker/ri_api_int.h"
 #include "retroinfer/retroinfer.h"
 
 static CM_ALLOC_TAG(gw_attn_tag, "gw.attn.remote");
@@ -57,7 +58,7 @@ static void gw_attn_release(gw_attn_t *a, uint32_t layer)
     size_t end = 0, from;
     if (!a->release || ri_session_indexed_end(a->sess, layer, &end) != RI_OK)
         return;
-    from = CM_MAX(a->released[layer], (size_t)a->cfg.sink_tokens);
+    from = CM_MAX(a->released[layer], (size_t)a->cfg.wave.sink_tokens);
     if (end <= from)
         return;
     uint64_t b = mdl_kv_release(a->kv, layer, from, end);
@@ -126,8 +127,8 @@ static ri_status_t gw_attn_create(const mdl_attn_cfg_t *cfg, mdl_kv_t *kv, void 
     pthread_mutex_lock(&gw_g.lock);
     ri_client_h client = gw_g.client;
     float cache_frac = gw_g.cfg.cache_frac;
-    uint32_t deadline_us = gw_g.cfg.deadline_us;
-    bool compare = gw_g.cfg.compare_full;
+    uint32_t deadline_us = gw_g.cfg.deadline_us, flags = gw_g.cfg.session_flags;
+    bool compare = gw_g.cfg.compare_full, keep_kv = gw_g.cfg.keep_kv;
     if (client != NULL)
         gw_g.live++;
     pthread_mutex_unlock(&gw_g.lock);
@@ -143,7 +144,7 @@ static ri_status_t gw_attn_create(const mdl_attn_cfg_t *cfg, mdl_kv_t *kv, void 
     a->kv = kv;
     a->cfg = *cfg;
     a->compare = compare;
-    a->release = !compare && (getenv("RI_KEEP_KV") == NULL || atoi(getenv("RI_KEEP_KV")) == 0);
+    a->release = !compare && !keep_kv;
     a->released = cm_calloc(&gw_attn_tag, kv->geom.n_layers, sizeof(size_t));
     if (a->released == NULL) {
         st = RI_ERR_NOMEM;
@@ -162,17 +163,13 @@ static ri_status_t gw_attn_create(const mdl_attn_cfg_t *cfg, mdl_kv_t *kv, void 
     sp.n_q_heads = kv->geom.n_heads;
     sp.n_kv_heads = kv->geom.n_kv_heads;
     sp.head_dim = kv->geom.head_dim;
-    sp.sink_tokens = cfg->sink_tokens;
-    sp.window_tokens = cfg->window_tokens;
-    sp.update_tokens = cfg->update_tokens;
-    sp.retrieval_min_tokens = cfg->retrieval_min_tokens;
-    sp.adapt_tau = cfg->adapt_tau;
     if (cache_frac > 0)
         sp.cache_frac = cache_frac;
     sp.deadline_us = deadline_us;
+    sp.flags = flags;
     sp.expected_tokens = kv->cap;
     sp.label = "ri-worker";
-    st = ri_session_create(client, &sp, &a->sess);
+    st = gw_api_session_create(client, &sp, &cfg->wave, &a->sess); /* the wave settings whole */
     if (st != RI_OK) {
         cm_error("attention backend %s: %s", GW_ATTN_REMOTE_NAME, ri_last_error());
         goto err;
@@ -308,7 +305,19 @@ static ri_status_t gw_attn_decode(void *state, uint32_t layer, size_t pos, const
 
 static void gw_attn_stats(void *state, mdl_attn_stats_t *st_p)
 {
-    *st_p = ((gw_attn_t *)state)->st;
+    const gw_attn_t *a = state;
+    const kn_wave_params_t *w = gw_api_session_wave(a->sess, 0);
+    *st_p = a->st;
+    st_p->tokens_per_cluster = w != NULL ? w->tokens_per_cluster : 0;
+}
+
+static bool gw_attn_wave_params(void *state, uint32_t layer, kn_wave_params_t *wave_p)
+{
+    const kn_wave_params_t *w = gw_api_session_wave(((gw_attn_t *)state)->sess, layer);
+    if (w == NULL)
+        return false;
+    *wave_p = *w;
+    return true;
 }
 
 static const mdl_attn_ops_t gw_attn_ops = {
@@ -320,6 +329,7 @@ static const mdl_attn_ops_t gw_attn_ops = {
     .prefill_end = gw_attn_prefill_end,
     .decode = gw_attn_decode,
     .stats = gw_attn_stats,
+    .wave_params = gw_attn_wave_params,
 };
 
 ri_status_t gw_attn_remote_configure(const gw_attn_remote_cfg_t *cfg, char *err, size_t errlen)

@@ -16,7 +16,7 @@
  * every update), the sequence's K/V pages holding them are given back to
  * the system (mdl_kv_release): the worker keeps the steady zone, the block
  * cache and the meta index.  compare_full keeps everything (its exact pass
- * reads every token), and so does RI_KEEP_KV=1.
+ * reads every token), and so does keep_kv.
  *
  * Failure: when a decode step finds the kvstore gone (connection reset or no
  * answer within timeout_ms), the backend tries once to recover and repeats
@@ -48,8 +48,15 @@ typedef struct gw_attn_remote_cfg {
     float cache_frac;       /* block cache share of the sequence's pages (0 = 0.05) */
     bool compare_full;      /* also compute exact attention per decode step and
                                record the relative error (costs a full pass) */
-    uint32_t deadline_us;   /* per layer-step wait bound for misses (0 = the library default) */
+    uint32_t deadline_us;   /* per layer-step wait bound for misses (0 = wait: exact) */
+    uint32_t session_flags; /* RI_SESSION_* of every session (retroinfer.h): two-sided
+                               reads, fetch on the io thread, no prediction */
+    bool keep_kv;           /* keep the sequence's K/V once in the kvstore (a re-fill
+                               can then recover a session a daemon lost) */
 } gw_attn_remote_cfg_t;
+
+/* The wave index settings come with each sequence (mdl_attn_cfg_t.wave) and
+ * reach its session whole.  Nothing here reads the environment. */
 
 /* Connect to the kvstore (Health) and register the backend with the model
  * runtime (once per process; a second call reconnects with new settings

@@ -31,10 +31,10 @@ void gw_remote_params_default(gw_remote_params_t *p)
     /* Measured on a busy 2-core box: the caller making the fetch itself
      * beats handing it to the io thread (one wake-up less); the estimation
      * zone it could overlap is tiny on the CPU backend. */
-    p->fetch_async = getenv("RI_FETCH_ASYNC") != NULL && atoi(getenv("RI_FETCH_ASYNC")) != 0;
-    p->predict = getenv("RI_PREDICT") == NULL || atoi(getenv("RI_PREDICT")) != 0;
-    p->deadline_us = getenv("RI_DEADLINE_US") != NULL ? (uint32_t)strtoul(getenv("RI_DEADLINE_US"), NULL, 10) : 0;
-    p->direct = getenv("RI_DIRECT") == NULL || atoi(getenv("RI_DIRECT")) != 0;
+    p->fetch_async = false;
+    p->predict = true;
+    p->deadline_us = 0;
+    p->direct = true;
 }
 
 /* Connect, map the session's region when asked and possible, start the io
@@ -483,6 +483,11 @@ const kn_index_t *gw_remote_index(const gw_remote_t *r, uint32_t layer, uint32_t
 size_t gw_remote_indexed_end(const gw_remote_t *r, uint32_t layer)
 {
     return layer < r->n_layers ? kn_wave_indexed_end(r->layers[layer].wave) : 0;
+}
+
+const kn_wave_params_t *gw_remote_wave_params(const gw_remote_t *r, uint32_t layer)
+{
+    return layer < r->n_layers ? kn_wave_params(r->layers[layer].wave) : NULL;
 }
 
 void gw_remote_budget(const gw_remote_t *r, uint32_t layer, uint32_t *n_r_p, uint32_t *n_e_p)

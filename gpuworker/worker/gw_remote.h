@@ -63,22 +63,23 @@ typedef struct gw_remote_params {
     uint32_t timeout_ms;      /* deadline of one data-plane call (5000) */
     bool fetch_async;         /* fetch on the io thread while the estimation zone is
                                  computed (true), or on the caller's thread before it
-                                 (false, default; RI_FETCH_ASYNC=1 flips it) */
+                                 (false, default) */
     bool predict;             /* steps whose clusters are all cached (per the mirror of
-                                 the directory) do not wait for the fetch (true;
-                                 RI_PREDICT=0 turns it off) */
+                                 the directory) do not wait for the fetch (true) */
     uint32_t deadline_us;     /* a layer-step waits at most this long (from the fetch's
                                  submission) for its misses; those not in by then are
                                  attended through their centroid estimate and counted
                                  late, and the fetch is applied when it lands.  0 = wait
-                                 for every fetch (exact; RI_DEADLINE_US sets it).  A
-                                 deadline makes fetches asynchronous. */
+                                 for every fetch (exact).  A deadline makes fetches
+                                 asynchronous. */
     bool direct;              /* read retrieved clusters straight from the session's
                                  region in the kvstore when it can be mapped here
-                                 (same host): no request per step (true; RI_DIRECT=0
-                                 keeps every read two-sided) */
+                                 (same host): no request per step (true; false keeps
+                                 every read two-sided) */
 } gw_remote_params_t;
 
+/* The defaults.  Nothing here reads the environment: programs map their
+ * flags and variables onto these fields (docs/worker.md). */
 void gw_remote_params_default(gw_remote_params_t *p);
 
 /* Counters since creation (summed over layers and KV heads). */
@@ -177,6 +178,11 @@ const kn_index_t *gw_remote_index(const gw_remote_t *r, uint32_t layer, uint32_t
 /* First position after the indexed range of layer; budgets of layer. */
 size_t gw_remote_indexed_end(const gw_remote_t *r, uint32_t layer);
 void gw_remote_budget(const gw_remote_t *r, uint32_t layer, uint32_t *n_r_p, uint32_t *n_e_p);
+
+/* The settings layer's wave runs with (borrowed, valid while r lives):
+ * tokens_per_cluster and update_clusters are the resolved ones once the
+ * layer is built, the configured ones before. */
+const kn_wave_params_t *gw_remote_wave_params(const gw_remote_t *r, uint32_t layer);
 
 /* The sticky error (RI_OK while healthy). */
 ri_status_t gw_remote_error(gw_remote_t *r);

@@ -448,10 +448,8 @@ static void gw_sched_prefill(gw_sched_t *s, gw_req_t *r)
         return;
     }
     if (r->seq == NULL) {
-        mdl_attn_cfg_t acfg;
-        mdl_attn_cfg_default(&acfg);
         size_t cap = r->n_ids + r->max_tokens + 1;
-        if ((st = mdl_seq_create(s->m, r->attn, &acfg, cap, &r->seq)) != RI_OK) {
+        if ((st = mdl_seq_create(s->m, r->attn, &s->cfg.attn, cap, &r->seq)) != RI_OK) {
             cm_error("request: cannot create a %zu-token sequence with attn %s: %s", cap, r->attn->name,
                      ri_status_str(st));
             gw_sched_finish(s, r, GW_FINISH_ERROR, st, "cannot create a %zu-token sequence with attn %s: %s", cap,
@@ -493,12 +491,10 @@ static void gw_sched_prefill(gw_sched_t *s, gw_req_t *r)
  * feeds), in a new sequence and so a new kvstore session. */
 static ri_status_t gw_sched_rebuild(gw_sched_t *s, gw_req_t *r)
 {
-    mdl_attn_cfg_t acfg;
     mdl_seq_t *seq = NULL;
     ri_status_t st;
 
-    mdl_attn_cfg_default(&acfg);
-    st = mdl_seq_create(s->m, r->attn, &acfg, mdl_seq_cap(r->seq), &seq);
+    st = mdl_seq_create(s->m, r->attn, &s->cfg.attn, mdl_seq_cap(r->seq), &seq);
 #ifndef GW_MUTANT_REBUILD_NO_PREFILL /* the mutant (tests only) forgets the prompt */
     if (st == RI_OK)
         st = mdl_prefill(s->m, seq, r->ids, r->n_ids, NULL, NULL, NULL, NULL);

@@ -36,6 +36,8 @@ typedef struct gw_sched_cfg {
     size_t prefill_chunk;  /* prompt tokens prefilled per round (a multiple of 64, the model's chunk) */
     struct mdl_dev *dev;   /* decode on this device engine (mdl_dev.h, borrowed; needs a build with
                               CUDA), prefill staying on the CPU; full attention only.  NULL = CPU */
+    mdl_attn_cfg_t attn;   /* settings of every sequence it creates (mdl_attn_cfg_default's
+                              unless the program sets them) */
 } gw_sched_cfg_t;
 
 /* Why a request ended. */

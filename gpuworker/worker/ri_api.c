@@ -19,6 +19,7 @@
 #include "common/cm_time.h"
 #include "gpuworker/ctl/gw_ctl.h"
 #include "gpuworker/worker/gw_remote.h"
+#include "gpuworker/worker/ri_api_int.h"
 #include "gpuworker/worker/ri_steady.h"
 
 static CM_ALLOC_TAG(ri_api_tag, "ri.api");
@@ -33,7 +34,8 @@ struct ri_client {
 
 struct ri_session {
     ri_client_h client;      /* borrowed: outlives the session */
-    ri_session_params_t p;   /* copy (label copied below) */
+    ri_session_params_t p;   /* copy (label copied below); its wave fields mirror wave */
+    kn_wave_params_t wave;   /* the wave index settings, whole (gw_remote_create takes them) */
     char *label;
     kn_shape_t shape;
     uint64_t session_id;     /* current kvstore session */
@@ -184,6 +186,37 @@ void ri_client_close(ri_client_h c)
 
 /* ---- session ---- */
 
+/* The public struct's wave fields are a mirror of a subset of
+ * kn_wave_params_t (the public header cannot show kernels' struct): these
+ * two are the one place the fields are mapped, both ways. */
+static void ri_params_to_wave(const ri_session_params_t *p, kn_wave_params_t *w)
+{
+    w->sink_tokens = p->sink_tokens;
+    w->window_tokens = p->window_tokens;
+    w->tokens_per_cluster = p->tokens_per_cluster;
+    w->update_tokens = p->update_tokens;
+    w->update_clusters = p->update_clusters;
+    w->retrieval_frac = p->retrieval_frac;
+    w->estimation_frac = p->estimation_frac;
+    w->retrieval_min_tokens = p->retrieval_min_tokens;
+    w->estimation_min_tokens = p->estimation_min_tokens;
+    w->adapt_tau = p->adapt_tau;
+}
+
+static void ri_params_from_wave(const kn_wave_params_t *w, ri_session_params_t *p)
+{
+    p->sink_tokens = w->sink_tokens;
+    p->window_tokens = w->window_tokens;
+    p->tokens_per_cluster = w->tokens_per_cluster;
+    p->update_tokens = w->update_tokens;
+    p->update_clusters = w->update_clusters;
+    p->retrieval_frac = w->retrieval_frac;
+    p->estimation_frac = w->estimation_frac;
+    p->retrieval_min_tokens = w->retrieval_min_tokens;
+    p->estimation_min_tokens = w->estimation_min_tokens;
+    p->adapt_tau = w->adapt_tau;
+}
+
 void ri_session_params_init(ri_session_params_t *p)
 {
     kn_wave_params_t w;
@@ -192,39 +225,25 @@ void ri_session_params_init(ri_session_params_t *p)
     gw_remote_params_default(&g);
     memset(p, 0, sizeof(*p));
     p->struct_size = sizeof(*p);
-    p->sink_tokens = w.sink_tokens;
-    p->window_tokens = w.window_tokens;
-    p->tokens_per_cluster = w.tokens_per_cluster;
-    p->update_tokens = w.update_tokens;
-    p->update_clusters = w.update_clusters;
-    p->retrieval_frac = w.retrieval_frac;
-    p->estimation_frac = w.estimation_frac;
+    ri_params_from_wave(&w, p);
     p->cache_frac = g.cache_frac;
     p->cache_pages = 0;
     p->expected_tokens = 8192;
-    p->retrieval_min_tokens = w.retrieval_min_tokens;
-    p->estimation_min_tokens = w.estimation_min_tokens;
-    p->adapt_tau = w.adapt_tau;
+    p->deadline_us = g.deadline_us;
+    p->flags = 0;
 }
 
 static void ri_session_remote_params(const ri_session_h s, gw_remote_params_t *g)
 {
     gw_remote_params_default(g);
-    g->wave.sink_tokens = s->p.sink_tokens;
-    g->wave.window_tokens = s->p.window_tokens;
-    g->wave.tokens_per_cluster = s->p.tokens_per_cluster;
-    g->wave.update_tokens = s->p.update_tokens;
-    g->wave.update_clusters = s->p.update_clusters;
-    g->wave.retrieval_frac = s->p.retrieval_frac;
-    g->wave.estimation_frac = s->p.estimation_frac;
-    g->wave.retrieval_min_tokens = s->p.retrieval_min_tokens;
-    g->wave.estimation_min_tokens = s->p.estimation_min_tokens;
-    g->wave.adapt_tau = s->p.adapt_tau;
+    g->wave = s->wave;
     g->cache_frac = s->p.cache_frac;
     g->cache_pages = s->p.cache_pages;
     g->timeout_ms = s->client->timeout_ms;
-    if (s->p.deadline_us > 0)
-        g->deadline_us = s->p.deadline_us; /* else the default (RI_DEADLINE_US) */
+    g->deadline_us = s->p.deadline_us;
+    g->direct = (s->p.flags & RI_SESSION_TWO_SIDED) == 0;
+    g->fetch_async = (s->p.flags & RI_SESSION_FETCH_ASYNC) != 0;
+    g->predict = (s->p.flags & RI_SESSION_NO_PREDICT) == 0;
 }
 
 /* CreateSession on the client's kvstore. */
@@ -241,7 +260,9 @@ static ri_status_t ri_session_open(ri_session_h s, gw_ctl_session_t *out)
     return st;
 }
 
-ri_status_t ri_session_create(ri_client_h client, const ri_session_params_t *params, ri_session_h *session_p)
+/* ri_session_create, with the wave settings from wave when not NULL. */
+static ri_status_t ri_session_create_with(ri_client_h client, const ri_session_params_t *params,
+                                          const kn_wave_params_t *wave, ri_session_h *session_p)
 {
     ri_session_h s;
     gw_ctl_session_t sess;
@@ -260,6 +281,13 @@ ri_status_t ri_session_create(ri_client_h client, const ri_session_params_t *par
         ri_err_set("ri_session_create: struct_size too small");
         st = RI_ERR_INVALID;
         goto err_free;
+    }
+    if (wave != NULL) {
+        s->wave = *wave;
+        ri_params_from_wave(wave, &s->p); /* the mirror tells the same (the steady zone reads it) */
+    } else {
+        kn_wave_params_default(&s->wave);
+        ri_params_to_wave(&s->p, &s->wave);
     }
     s->shape = (kn_shape_t){.n_q_heads = s->p.n_q_heads, .n_kv_heads = s->p.n_kv_heads, .head_dim = s->p.head_dim,
                             .scale = s->p.scale};
@@ -291,6 +319,37 @@ ri_status_t ri_session_create(ri_client_h client, const ri_session_params_t *par
 err_free:
     ri_session_close(s);
     return st;
+}
+
+ri_status_t ri_session_create(ri_client_h client, const ri_session_params_t *params, ri_session_h *session_p)
+{
+    return ri_session_create_with(client, params, NULL, session_p);
+}
+
+ri_status_t gw_api_session_create(ri_client_h client, const ri_session_params_t *params,
+                                  const kn_wave_params_t *wave, ri_session_h *session_p)
+{
+    if (wave == NULL)
+        return RI_ERR_INVALID;
+    return ri_session_create_with(client, params, wave, session_p);
+}
+
+const kn_wave_params_t *gw_api_session_wave(ri_session_h s, uint32_t layer)
+{
+    return s == NULL || layer >= s->p.n_layers ? NULL : gw_remote_wave_params(s->r, layer);
+}
+
+ri_status_t ri_session_params_get(ri_session_h s, ri_session_params_t *params_p)
+{
+    ri_session_params_t o;
+    if (s == NULL || params_p == NULL || params_p->struct_size < sizeof(size_t))
+        return RI_ERR_INVALID;
+    o = s->p;
+    ri_params_from_wave(gw_remote_wave_params(s->r, 0), &o);
+    o.struct_size = params_p->struct_size;
+    o.label = NULL;
+    memcpy(params_p, &o, CM_MIN(params_p->struct_size, sizeof(o)));
+    return RI_OK;
 }
 
 /* A broken session whose daemon restarted since we opened it (or cannot be

@@ -51,6 +51,7 @@
 #include "gpuworker/worker/gw_http.h"
 #include "gpuworker/worker/gw_remote.h"
 #include "gpuworker/worker/gw_sched.h"
+#include "retroinfer/retroinfer.h"
 
 static CM_ALLOC_TAG(wk_tag, "ri-worker");
 
@@ -68,6 +69,12 @@ typedef struct wk_cfg {
     int64_t deadline_us; /* per layer-step wait bound for the kvstore's misses */
     int64_t retrieval_min; /* retroinfer(-remote): retrieval floor in tokens */
     double adapt_tau;    /* retroinfer(-remote): per-head cut (0 = off) */
+    int64_t cluster_tokens; /* retroinfer(-remote): tokens per cluster (0 = auto) */
+    double estimation_frac; /* retroinfer(-remote): share of the clusters estimated */
+    bool direct;         /* retroinfer-remote: read clusters in place on the kvstore's host */
+    bool predict;        /* retroinfer-remote: cached steps do not wait for their fetch */
+    bool fetch_async;    /* retroinfer-remote: fetch on the io thread */
+    bool keep_kv;        /* retroinfer-remote: keep the K/V the kvstore holds */
     int64_t threads;     /* 0 = all CPUs */
     char *prompt_file;   /* one-shot request */
     char *attn;          /* one-shot: backend */
@@ -113,6 +120,22 @@ static const cm_config_item_t wk_items[] = {
     {"adapt-tau", CM_CFG_DOUBLE, "0",
      "retroinfer and retroinfer-remote: output-aware per-head cut, the estimated mass a head may leave to "
      "estimation (0 = off)", offsetof(wk_cfg_t, adapt_tau), 0, 0.99},
+    {"cluster-tokens", CM_CFG_INT, "0",
+     "retroinfer and retroinfer-remote: tokens per cluster (0 = auto: 4 up to 8K indexed tokens, 8 up to 16K, "
+     "16 beyond)", offsetof(wk_cfg_t, cluster_tokens), 0, 4096},
+    {"estimation-frac", CM_CFG_DOUBLE, "0.232",
+     "retroinfer and retroinfer-remote: share of the clusters attended through their centroids",
+     offsetof(wk_cfg_t, estimation_frac), 0, 1},
+    WK_ITEM("direct", CM_CFG_BOOL, "true",
+            "retroinfer-remote: read retrieved clusters in place from the kvstore's memory when on its host "
+            "(false: every read is a request)", direct),
+    WK_ITEM("predict", CM_CFG_BOOL, "true",
+            "retroinfer-remote: a step whose clusters are all cached does not wait for its fetch", predict),
+    WK_ITEM("fetch-async", CM_CFG_BOOL, "false",
+            "retroinfer-remote: fetch on the io thread while the estimation zone is computed", fetch_async),
+    WK_ITEM("keep-kv", CM_CFG_BOOL, "false",
+            "retroinfer-remote: keep the K/V the kvstore holds (a session it loses is re-filled, not rebuilt)",
+            keep_kv),
     {"threads", CM_CFG_INT, "0", "threads (0 = RI_THREADS or all CPUs)", offsetof(wk_cfg_t, threads), 0, 1024},
     WK_ITEM("prompt-file", CM_CFG_STRING, NULL, "answer this prompt once and exit (no stdin requests)", prompt_file),
     WK_ITEM("attn", CM_CFG_STRING, NULL, "backend of the one-shot request (default: retroinfer-remote with "
@@ -214,6 +237,7 @@ static void wk_device_seq_free(void *dseq)
 }
 
 typedef struct wk_req {
+    const mdl_attn_cfg_t *acfg; /* settings of its sequences */
     const char *prompt;
     const char *attn;
     const char *compare_attn;
@@ -360,9 +384,7 @@ static void wk_serve(mdl_model_t *m, const wk_req_t *rq, cJSON *reply)
         goto fail;
     }
     size_t cap = n_ids + rq->max_tokens + 1;
-    mdl_attn_cfg_t acfg;
-    mdl_attn_cfg_default(&acfg);
-    if ((st = mdl_seq_create(m, ops[0], &acfg, cap, &seq[0])) != RI_OK) {
+    if ((st = mdl_seq_create(m, ops[0], rq->acfg, cap, &seq[0])) != RI_OK) {
         snprintf(err, sizeof(err), "cannot create a %zu-token sequence with attn %s: %s", cap, ops[0]->name,
                  ri_status_str(st));
         goto fail;
@@ -381,7 +403,7 @@ static void wk_serve(mdl_model_t *m, const wk_req_t *rq, cJSON *reply)
     cJSON_AddNumberToObject(reply, "prompt_tokens", (double)n_ids);
     cJSON_AddNumberToObject(reply, "prefill_s", t_prefill);
     cJSON_AddNumberToObject(reply, "prefill_tok_s", (double)n_ids / t_prefill);
-    if (n_runs == 2 && (st = mdl_seq_fork(seq[0], ops[1], &acfg, &seq[1])) != RI_OK) {
+    if (n_runs == 2 && (st = mdl_seq_fork(seq[0], ops[1], rq->acfg, &seq[1])) != RI_OK) {
         snprintf(err, sizeof(err), "cannot start attn %s on the prefill: %s", ops[1]->name, ri_status_str(st));
         goto fail;
     }
@@ -461,11 +483,24 @@ static void wk_emit(cJSON *reply)
 /* One request line -> one reply line.  Returns whether the reply says ok,
  * so that the exit status can tell a caller (a script, a pipe) that
  * something failed. */
+/* The settings of every sequence this worker creates, from its flags. */
+static void wk_attn_cfg(const wk_cfg_t *cfg, mdl_attn_cfg_t *acfg)
+{
+    mdl_attn_cfg_default(acfg);
+    acfg->wave.retrieval_min_tokens = (uint32_t)cfg->retrieval_min;
+    acfg->wave.adapt_tau = (float)cfg->adapt_tau;
+    acfg->wave.tokens_per_cluster = (uint32_t)cfg->cluster_tokens;
+    acfg->wave.estimation_frac = (float)cfg->estimation_frac;
+    acfg->release_window = true; /* a server keeps what it reads */
+}
+
 static bool wk_handle_line(mdl_model_t *m, const wk_cfg_t *cfg, const char *line, const char *default_attn)
 {
     cJSON *rq = cJSON_Parse(line), *reply = cJSON_CreateObject(), *it;
     char *file_text = NULL;
-    wk_req_t r = {.attn = default_attn, .max_tokens = (size_t)cfg->max_tokens};
+    mdl_attn_cfg_t acfg;
+    wk_attn_cfg(cfg, &acfg);
+    wk_req_t r = {.acfg = &acfg, .attn = default_attn, .max_tokens = (size_t)cfg->max_tokens};
 
     if (rq == NULL || !cJSON_IsObject(rq)) {
         cJSON_AddBoolToObject(reply, "ok", false);
@@ -552,6 +587,7 @@ static int wk_serve_http(mdl_model_t *model, const wk_cfg_t *cfg, const char *pa
     size_t ctx = cfg->ctx > 0 ? (size_t)cfg->ctx : hp->n_ctx;
     gw_sched_cfg_t scfg = {.max_batch = (size_t)cfg->max_batch, .queue_size = (size_t)cfg->queue_size,
                            .prefill_chunk = (size_t)cfg->prefill_chunk};
+    wk_attn_cfg(cfg, &scfg.attn);
 #ifdef RI_WORKER_CUDA
     scfg.dev = wk_dev;
 #endif
@@ -698,14 +734,6 @@ int main(int argc, char **argv)
         pthread_sigmask(SIG_BLOCK, &sigs, NULL);
         signal(SIGPIPE, SIG_IGN);
     }
-    {
-        mdl_attn_cfg_t acfg; /* every sequence this worker creates */
-        mdl_attn_cfg_default(&acfg);
-        acfg.retrieval_min_tokens = (uint32_t)cfg.retrieval_min;
-        acfg.adapt_tau = (float)cfg.adapt_tau;
-        acfg.release_window = true; /* a server keeps what it reads */
-        mdl_attn_cfg_set_default(&acfg);
-    }
     if (cfg.threads > 0) {
         char t[32];
         snprintf(t, sizeof(t), "%lld", (long long)cfg.threads);
@@ -732,7 +760,11 @@ int main(int argc, char **argv)
         gw_attn_remote_cfg_t rc_cfg = {.address = cfg.kvstore, .token = token,
                                        .timeout_ms = (uint32_t)cfg.timeout_ms, .cache_frac = (float)cfg.cache_frac,
                                        .compare_full = cfg.compare_full, .deadline_us = (uint32_t)cfg.deadline_us,
-                                       .tls_ca = cfg.tls_ca, .tls_cert = cfg.tls_cert, .tls_key = cfg.tls_key};
+                                       .tls_ca = cfg.tls_ca, .tls_cert = cfg.tls_cert, .tls_key = cfg.tls_key,
+                                       .session_flags = (cfg.direct ? 0 : RI_SESSION_TWO_SIDED) |
+                                                        (cfg.fetch_async ? RI_SESSION_FETCH_ASYNC : 0) |
+                                                        (cfg.predict ? 0 : RI_SESSION_NO_PREDICT),
+                                       .keep_kv = cfg.keep_kv};
         ri_status_t st = gw_attn_remote_configure(&rc_cfg, err, sizeof(err));
         if (st != RI_OK) {
             fprintf(stderr, "ri-worker: cannot use the kvstore at %s: %s\n", cfg.kvstore, err);

@@ -55,8 +55,11 @@ extern "C" {
 /* 2: ri_prefill_kept / ri_decode_token (the engine hands each token's K/V
  *    over once and keeps none), ri_session_indexed_end (an engine that keeps
  *    its K/V may free what the kvstore holds), ri_session_recover with kv
- *    NULL, direct-read counters in the stats. */
-#define RI_API_VERSION 2
+ *    NULL, direct-read counters in the stats.
+ * 3: ri_session_params_t.flags (RI_SESSION_*: two-sided reads, fetch on the
+ *    io thread, no prediction), ri_session_params_get (the settings a
+ *    session runs with, the auto cluster size resolved). */
+#define RI_API_VERSION 3
 
 /* The API version the library was built with (RI_API_VERSION). */
 int ri_api_version(void);
@@ -112,8 +115,10 @@ typedef struct ri_session_params {
     /* wave index (defaults in docs/architecture.md) */
     uint32_t sink_tokens;       /* 4 */
     uint32_t window_tokens;     /* 64 */
-    uint32_t tokens_per_cluster;/* 0 = auto: 8 while the prompt's indexed range is at
-                                   most 16K tokens, 16 beyond (docs/architecture.md) */
+    uint32_t tokens_per_cluster;/* 0 = auto: 4 while the prompt's indexed range is at
+                                   most 8K tokens, 8 up to 16K, 16 beyond; the index keeps
+                                   the size its first clustering chose
+                                   (ri_session_params_get tells it; docs/architecture.md) */
     uint32_t update_tokens;     /* 1024: tokens clustered per decode-time update */
     uint32_t update_clusters;   /* 0 = update_tokens / tokens per cluster */
     float retrieval_frac;       /* 0.018 */
@@ -135,7 +140,18 @@ typedef struct ri_session_params {
                                    head keeps the fewest of 2R ranked clusters that
                                    leave at most this share of their estimated mass
                                    to the estimation zone */
+    /* appended in API version 3 */
+    uint32_t flags;             /* RI_SESSION_* bits; 0 = the defaults */
 } ri_session_params_t;
+
+/* ri_session_params_t.flags.  The library reads no environment variable for
+ * these: a program that wants them configurable maps its own onto them. */
+#define RI_SESSION_TWO_SIDED 0x1u   /* request every retrieved cluster from the kvstore, even
+                                       where its memory could be read in place (same host) */
+#define RI_SESSION_FETCH_ASYNC 0x2u /* fetch on the session's io thread while the estimation
+                                       zone is computed (default: on the caller's thread first) */
+#define RI_SESSION_NO_PREDICT 0x4u  /* wait for every fetch, even when the worker's mirror of
+                                       its cache says every retrieved cluster is there */
 
 /* Fill defaults (geometry 0) and struct_size. */
 void ri_session_params_init(ri_session_params_t *params);
@@ -148,6 +164,13 @@ ri_status_t ri_session_create(ri_client_h client, const ri_session_params_t *par
 
 /* Drop the session at the kvstore (best effort) and free it. */
 void ri_session_close(ri_session_h session);
+
+/* The settings session runs with: those it was created with (defaults for
+ * what the caller's struct_size did not cover), tokens_per_cluster and
+ * update_clusters as its index resolved them once layer 0 is indexed (the
+ * auto size: 0 before), label NULL.  params_p->struct_size must be set;
+ * only that much of *params_p is written.  Errors: RI_ERR_INVALID. */
+ri_status_t ri_session_params_get(ri_session_h session, ri_session_params_t *params_p);
 
 typedef struct ri_kv_view {
     size_t struct_size;         /* sizeof(ri_kv_view_t) */

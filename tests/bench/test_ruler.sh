@@ -2,7 +2,9 @@
 # ri bench ruler --quick through the real SmolLM2 model: one trial of each
 # of the six tasks at 1,200 tokens, methods full, retroinfer, quest,
 # streaming (and retroinfer-remote through a ri-kvstore when it is built).
-# The JSON must have one row per task and method with sane fields, and the
+# The JSON must have one row per task and method with sane fields (the
+# wave methods' rows the cluster size their index used, the report the
+# build's commit), and the
 # score of every trial must equal an independent re-scoring of its output
 # here (so a scorer that always passes or always fails is caught); full
 # attention must pass the easy niah_single trial.  Skipped (77) without the
@@ -51,6 +53,8 @@ def found(text, item):
 
 
 check(doc.get("bench") == "ruler", "bench is ruler")
+# the build's commit (taken at build time), never "unknown"
+check(re.fullmatch(r"[0-9a-f]{40}", str(doc.get("git"))) is not None, "git is a commit: %r" % doc.get("git"))
 check(isinstance(doc.get("machine", {}).get("load_avg"), (int, float)), "machine.load_avg recorded")
 rows = {(r["task"], r["attn"]): r for r in doc["rows"]}
 check(len(doc["rows"]) == len(tasks) * len(methods), "%d rows, want %d" % (len(doc["rows"]), len(tasks) * len(methods)))
@@ -75,6 +79,11 @@ for t in tasks:
         check(0 <= r["agreement"] <= 1 and 0 <= r["recall"] <= 1, w + "agreement and recall in [0, 1]")
         check(r["prefill_s"] > 0 and r["decode_s"] > 0, w + "times measured")
         check(r["context"] == 1200 and r["budget_tokens"] > 0, w + "context and budget")
+        # the cluster size the wave index used: auto resolves to 4 at 1,200 tokens
+        if m in ("retroinfer", "retroinfer-remote"):
+            check(r.get("tokens_per_cluster") == 4, w + "tokens_per_cluster used %r, want 4" % r.get("tokens_per_cluster"))
+        else:
+            check("tokens_per_cluster" not in r, w + "no wave index, no tokens_per_cluster")
         if m == "full":
             check(r["agreement"] == 1, w + "full agrees with itself")
             check(r["budget_tokens"] > 1000, w + "full attends the whole prompt (%.0f)" % r["budget_tokens"])

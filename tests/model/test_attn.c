@@ -268,7 +268,7 @@ static void test_registry(void **state)
     /* the share (18) is under the floor at 1,000 tokens, over it at 100,000 */
     assert_int_equal(mdl_attn_auto_budget(&cfg, 1000), 4 + 64 + 256);
     assert_int_equal(mdl_attn_auto_budget(&cfg, 100000), 4 + 64 + 1800);
-    cfg.retrieval_min_tokens = 0;
+    cfg.wave.retrieval_min_tokens = 0;
     assert_int_equal(mdl_attn_auto_budget(&cfg, 1000), 4 + 64 + 18);
     cfg.budget_tokens = 77;
     assert_int_equal(mdl_attn_auto_budget(&cfg, 1000), 77);

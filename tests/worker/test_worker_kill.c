@@ -8,7 +8,7 @@
  *  - the daemon restarted on the same address: ri_session_recover re-creates
  *    and re-fills the session and decoding continues with exactly the results
  *    of an in-process kn_wave on the same K/V;
- *    (these steps read two-sided, RI_DIRECT=0, so that every step needs the
+ *    (these steps read two-sided, RI_SESSION_TWO_SIDED, so that every step needs the
  *    daemon);
  *  - with direct reads (the default on one host), a kill -9 does not stop
  *    decoding: the retrieved clusters are read from the dead daemon's
@@ -67,8 +67,9 @@ static kn_kv_view_t kfx_local(const kfx_t *f, uint32_t l)
                           .head_stride = (size_t)CAP * D};
 }
 
-/* update_tokens 0: the defaults. */
-static void kfx_open(kfx_t *f, const char *grpc, const char *label, uint32_t update_tokens, uint32_t update_clusters)
+/* update_tokens 0: the defaults.  flags: RI_SESSION_* of the session. */
+static void kfx_open(kfx_t *f, const char *grpc, const char *label, uint32_t update_tokens, uint32_t update_clusters,
+                     uint32_t flags)
 {
     ri_client_params_t cp;
     ri_session_params_t sp;
@@ -88,6 +89,7 @@ static void kfx_open(kfx_t *f, const char *grpc, const char *label, uint32_t upd
     sp.n_kv_heads = NKV;
     sp.head_dim = D;
     sp.label = label;
+    sp.flags = flags;
     if (update_tokens > 0) {
         sp.update_tokens = wp.update_tokens = update_tokens;
         sp.update_clusters = wp.update_clusters = update_clusters;
@@ -193,7 +195,6 @@ static void test_kill9_and_recover(void **state)
     ri_status_t st;
     (void)state;
 
-    setenv("RI_DIRECT", "0", 1); /* every step asks the daemon (see test_kill9_direct_reads_go_on) */
     int rc = wk_env_start(&env, 256);
     if (rc == 77) {
         /* cmocka's skip() would still report Passed to CTest: exit 77 so
@@ -203,7 +204,8 @@ static void test_kill9_and_recover(void **state)
         exit(77);
     }
     assert_int_equal(rc, 0);
-    kfx_open(&f, env.daemon.grpc, "kill-test", 0, 0);
+    /* every step asks the daemon (see test_kill9_direct_reads_go_on) */
+    kfx_open(&f, env.daemon.grpc, "kill-test", 0, 0, RI_SESSION_TWO_SIDED);
     for (int step = 0; step < 5; step++) /* a few healthy steps */
         assert_int_equal(kfx_step(&f, (uint64_t)step * NL, false, &worst), RI_OK);
 
@@ -264,10 +266,9 @@ static void test_kill9_direct_reads_go_on(void **state)
     ri_status_t st = RI_OK;
     (void)state;
 
-    unsetenv("RI_DIRECT");
     if (wk_env_start(&env, 256) != 0)
         skip();
-    kfx_open(&f, env.daemon.grpc, "kill-direct", 64, 4); /* an update (an upload) soon after the kill */
+    kfx_open(&f, env.daemon.grpc, "kill-direct", 64, 4, 0); /* an update (an upload) soon after the kill */
     assert_int_equal(kfx_step(&f, 1, false, &worst), RI_OK); /* the clusters located */
     assert_int_equal(ri_session_stats(f.sess, &st0), RI_OK);
     assert_int_equal(kvs_test_daemon_stop(&env.daemon, SIGKILL, 5000), 128 + SIGKILL);
@@ -315,7 +316,7 @@ static void test_clean_restart_reattaches(void **state)
     snprintf(sflag, sizeof(sflag), "--spill-dir=%s/spill", d.dir);
     const char *extra1[] = {"--memory=256MiB", sflag, NULL};
     assert_int_equal(kvs_test_daemon_start(&d, extra1, NULL), 0);
-    kfx_open(&f, d.grpc, "reattach-test", 0, 0);
+    kfx_open(&f, d.grpc, "reattach-test", 0, 0, 0);
     assert_int_equal(kfx_step(&f, 700, false, &worst), RI_OK);
     assert_int_equal(ri_session_stats(f.sess, &s0), RI_OK);
     /* the spill tier and direct reads together: the session's clusters sit in

@@ -3,7 +3,7 @@
 # (label "slow": a ~1.3K-token prompt, long enough to be indexed and
 # uploaded).  ri-worker --listen with retroinfer-remote gives back the K/V it
 # uploaded, so it cannot re-fill a new session from it.  Every step reads
-# two-sided here (RI_DIRECT=0), so the decode notices at once when, in the
+# two-sided here (RI_WORKER_DIRECT=false), so the decode notices at once when, in the
 # middle of a streamed completion, the kvstore is killed (-9) and restarted
 # empty on the same port: the backend cannot re-attach (nothing recovered),
 # answers RI_ERR_LOST, and the scheduler prefills the prompt and the tokens
@@ -26,7 +26,7 @@ worker="${1:-$RI_BUILD_DIR/bin/ri-worker}"
 KVS_MEMORY=1GiB kvs_up
 addr="$KVS_GRPC"
 
-RI_DIRECT=0 "$worker" --listen 127.0.0.1:0 --port-file "$KVS_DIR/wports" --kvstore "$addr" \
+RI_WORKER_DIRECT=false "$worker" --listen 127.0.0.1:0 --port-file "$KVS_DIR/wports" --kvstore "$addr" \
   --timeout-ms 2000 >"$KVS_DIR/worker.log" 2>&1 &
 wpid=$!
 cleanup() { kill "$wpid" 2>/dev/null || true; wait "$wpid" 2>/dev/null || true; kvs_down; }

@@ -1,0 +1,26 @@
+/*
+ * The worker's own way into libretroinfer (not exported): the model
+ * runtime's "retroinfer-remote" backend hands a session the wave index
+ * settings whole, as kernels' kn_wave_params_t, rather than through the
+ * public struct's mirror of a subset of them, and reads back what the
+ * session's index runs with.  The public API stays the only way for
+ * engines outside the project.
+ */
+#ifndef RI_API_INT_H
+#define RI_API_INT_H
+
+#include "kernels/kn_wave.h"
+#include "retroinfer/retroinfer.h"
+
+/* ri_session_create with the wave settings taken from wave (copied) in place
+ * of params' wave fields; params gives the geometry, the block cache, the
+ * kvstore hints, deadline_us and flags.  Errors as ri_session_create. */
+ri_status_t gw_api_session_create(ri_client_h client, const ri_session_params_t *params,
+                                  const kn_wave_params_t *wave, ri_session_h *session_p);
+
+/* The settings layer's index runs with (borrowed, valid while the session
+ * lives; tokens_per_cluster resolved once the layer is built), or NULL for
+ * a bad session or layer. */
+const kn_wave_params_t *gw_api_session_wave(ri_session_h session, uint32_t layer);
+
+#endif /* RI_API_INT_H */
