@@ -229,6 +229,76 @@ static void gw_http_new_id(const char *prefix, char *buf, size_t len)
 
 /* ---- request validation ---- */
 
+#define GW_HTTP_MAX_DEPTH 64  /* JSON nesting of a body; ours needs 4 */
+
+/* Length of the well-formed UTF-8 sequence at p[0, n) (RFC 3629: no
+ * overlong forms, no surrogates, nothing above U+10FFFF), 0 if it is not
+ * one. */
+static size_t gw_utf8_len(const unsigned char *p, size_t n)
+{
+    unsigned char c = p[0];
+    size_t len = c < 0x80 ? 1 : c >= 0xC2 && c < 0xE0 ? 2 : c >= 0xE0 && c < 0xF0 ? 3 : c >= 0xF0 && c < 0xF5 ? 4 : 0;
+    if (len == 0 || len > n)
+        return 0;
+    for (size_t j = 1; j < len; j++)
+        if ((p[j] & 0xC0) != 0x80)
+            return 0;
+    if ((c == 0xE0 && p[1] < 0xA0) || (c == 0xED && p[1] >= 0xA0) || (c == 0xF0 && p[1] < 0x90) ||
+        (c == 0xF4 && p[1] >= 0x90))
+        return 0;
+    return len;
+}
+
+/* What a body must be before cJSON parses it, checked in one cheap pass:
+ * UTF-8 text, no NUL (raw or escaped as \u0000: the tokenizer takes C
+ * strings, so a NUL would cut the prompt silently), at most
+ * GW_HTTP_MAX_DEPTH levels, and no list of more than max_elems elements (a
+ * prompt of a million token ids is refused here, before cJSON builds a
+ * node for each).  Returns false with e set (400). */
+static bool gw_body_check(const char *body, size_t n, size_t max_elems, gw_err_t *e)
+{
+    const unsigned char *s = (const unsigned char *)body;
+    size_t commas[GW_HTTP_MAX_DEPTH];
+    bool is_list[GW_HTTP_MAX_DEPTH], in_str = false;
+    size_t depth = 0;
+    for (size_t i = 0; i < n;) {
+        unsigned char c = s[i];
+        if (c == 0)
+            return GW_BAD(e, NULL, "the body contains a NUL byte (at byte %zu)", i);
+        if (c >= 0x80) {
+            size_t len = gw_utf8_len(s + i, n - i);
+            if (len == 0)
+                return GW_BAD(e, NULL, "the body is not valid UTF-8 (at byte %zu)", i);
+            i += len;
+            continue;
+        }
+        if (in_str) {
+            if (c == '\\' && i + 5 < n && s[i + 1] == 'u' && memcmp(s + i + 2, "0000", 4) == 0)
+                return GW_BAD(e, NULL, "a string contains U+0000 (NUL, at byte %zu): text with NUL characters is "
+                              "not accepted", i);
+            in_str = c != '"';
+            i += c == '\\' ? 2 : 1;
+            continue;
+        }
+        if (c == '"') {
+            in_str = true;
+        } else if (c == '[' || c == '{') {
+            if (depth == GW_HTTP_MAX_DEPTH)
+                return GW_BAD(e, NULL, "the body nests deeper than %d levels", GW_HTTP_MAX_DEPTH);
+            is_list[depth] = c == '[';
+            commas[depth++] = 0;
+        } else if ((c == ']' || c == '}') && depth > 0) {
+            depth--;
+        } else if (c == ',' && depth > 0 && is_list[depth - 1] && ++commas[depth - 1] >= max_elems) {
+            return gw_err_set(e, 400, "invalid_request_error", NULL, "context_length_exceeded",
+                              "a list in the body has more than %zu elements, more than this model's context of "
+                              "%zu tokens can hold", max_elems, max_elems);
+        }
+        i++;
+    }
+    return true;
+}
+
 /* The field, or NULL when absent or JSON null. */
 static const cJSON *gw_field(const cJSON *o, const char *name)
 {
@@ -802,8 +872,12 @@ static enum MHD_Result gw_http_generate(gw_http_t *h, struct MHD_Connection *con
     gw_err_t e;
     gw_req_t *req = NULL;
     enum MHD_Result ret;
-    cJSON *body = c->body ? cJSON_ParseWithLength(c->body, c->len) : NULL;
+    cJSON *body = NULL;
 
+    if (c->body != NULL && !gw_body_check(c->body, c->len, h->cfg.ctx, &e))
+        goto fail;
+    if (c->body != NULL)
+        body = cJSON_ParseWithLength(c->body, c->len);
     if (body == NULL) {
         GW_BAD(&e, NULL, "we could not parse the JSON body of your request (it must be a JSON object)");
         goto fail;
