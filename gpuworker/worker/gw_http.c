@@ -28,11 +28,13 @@
 #include "common/cm_time.h"
 #include "gpuworker/model/mdl_tok.h"
 #include "gpuworker/worker/gw_attn_remote.h"
+#include "gpuworker/worker/gw_http_guard.h"
 
 static CM_ALLOC_TAG(gw_http_tag, "worker.http");
 
 #define GW_HTTP_MAX_BODY (8u << 20)  /* a request body; a context's worth of text is far less */
-#define GW_HTTP_IDLE_S 30u           /* an idle connection (or one trickling its request) is closed */
+#define GW_HTTP_IDLE_S 30u           /* a connection that moves no byte this long is closed */
+#define GW_HTTP_RESERVE_MS 1000u     /* a request on a reserve slot must arrive within this */
 #define GW_HTTP_PING_MS 5000u        /* a waiting stream sends a comment this often (finds gone clients) */
 #define GW_HTTP_MAX_STOP 4           /* stop strings per request, as OpenAI allows */
 #define GW_HTTP_MAX_TOKENS (1u << 20)
@@ -54,6 +56,7 @@ static const unsigned gw_codes[] = {200, 400, 404, 405, 413, 429, 500, 503};
 
 struct gw_http {
     struct MHD_Daemon *mhd;       /* owned */
+    gw_guard_t *guard;            /* owned: connection deadlines and slots */
     mdl_model_t *m;               /* borrowed */
     const mdl_tok_t *tok;         /* borrowed from m */
     gw_sched_t *sched;            /* borrowed */
@@ -962,6 +965,16 @@ static void gw_http_render_metrics(gw_http_t *h, FILE *f)
                 fprintf(f, "ri_worker_requests_total{endpoint=\"%s\",code=\"%s\"} %llu\n", gw_ep_name[e], code,
                         (unsigned long long)n);
         }
+    gw_guard_stats_t gs;
+    gw_guard_stats(h->guard, &gs);
+    fprintf(f, "# HELP ri_worker_http_connections_closed_total Connections the worker closed before their request "
+               "arrived, by reason.\n# TYPE ri_worker_http_connections_closed_total counter\n");
+    for (size_t i = 0; i < GW_GUARD_N_REASONS; i++)
+        fprintf(f, "ri_worker_http_connections_closed_total{reason=\"%s\"} %llu\n", gw_guard_reason_name[i],
+                (unsigned long long)gs.closed[i]);
+    gw_metric(f, "ri_worker_http_connections", "gauge", "Connections holding a slot.", (double)gs.open);
+    gw_metric(f, "ri_worker_http_reserve_connections", "gauge", "Of them, on the slots kept for short requests.",
+              (double)gs.reserve_open);
     fprintf(f, "# HELP ri_worker_requests_finished_total Generation requests ended, by reason.\n"
                "# TYPE ri_worker_requests_finished_total counter\n");
     static const char *const reasons[] = {"none", "stop", "length", "error", "cancelled"};
@@ -1103,6 +1116,7 @@ static enum MHD_Result gw_http_answer(void *cls, struct MHD_Connection *conn, co
         c->body[c->len] = '\0';
         return MHD_YES;
     }
+    gw_guard_arrived(h->guard, conn);
     gw_ep_t ep = gw_ep_of(url);
     bool post = strcmp(method, "POST") == 0, get = strcmp(method, "GET") == 0 || strcmp(method, "HEAD") == 0;
     if (ep == GW_EP_OTHER) {
@@ -1134,7 +1148,8 @@ static void gw_http_completed(void *cls, struct MHD_Connection *conn, void **con
 {
     gw_http_t *h = cls;
     gw_conn_t *c = *con_cls;
-    (void)conn, (void)toe;
+    (void)toe;
+    gw_guard_answered(h->guard, conn);
     if (c != NULL) {
         if (c->inflight)
             atomic_fetch_sub(&h->inflight, 1);
@@ -1212,10 +1227,19 @@ ri_status_t gw_http_start(const gw_http_cfg_t *cfg, mdl_model_t *m, gw_sched_t *
     h->cfg.model_id = h->model_id;
     h->cfg.allow_attn = h->allow_attn;
     h->cfg.listen = NULL;
+    gw_guard_cfg_t gcfg = {.max_conn = cfg->max_conn, .reserve = cfg->reserve_conn, .per_addr = cfg->max_conn_per_addr,
+                           .request_ms = cfg->request_ms, .reserve_ms = CM_MIN(GW_HTTP_RESERVE_MS, cfg->request_ms)};
+    if ((st = gw_guard_create(&gcfg, &h->guard)) != RI_OK) {
+        snprintf(err, errlen, "connection limits: %s (the reserve must be below the connection limit)",
+                 ri_status_str(st));
+        goto err_free;
+    }
     h->mhd = MHD_start_daemon(flags, (uint16_t)port, NULL, NULL, gw_http_answer, h, MHD_OPTION_SOCK_ADDR,
-                              (struct sockaddr *)&ss, MHD_OPTION_CONNECTION_LIMIT, cfg->max_conn,
+                              (struct sockaddr *)&ss, MHD_OPTION_CONNECTION_LIMIT, gw_guard_mhd_limit(h->guard),
+                              MHD_OPTION_PER_IP_CONNECTION_LIMIT, gw_guard_mhd_per_addr(h->guard),
                               MHD_OPTION_CONNECTION_TIMEOUT, GW_HTTP_IDLE_S, MHD_OPTION_NOTIFY_COMPLETED,
-                              gw_http_completed, h, MHD_OPTION_END);
+                              gw_http_completed, h, MHD_OPTION_NOTIFY_CONNECTION, gw_guard_notify, h->guard,
+                              MHD_OPTION_END);
     if (h->mhd == NULL) {
         snprintf(err, errlen, "cannot listen on %s (address in use?)", cfg->listen);
         st = RI_ERR_TRANSPORT;
@@ -1259,6 +1283,7 @@ void gw_http_destroy(gw_http_t *h)
         if (lfd != MHD_INVALID_SOCKET)
             close(lfd);
     }
+    gw_guard_destroy(h->guard);
     free(h->model_id);
     free(h->allow_attn);
     cm_free(h);

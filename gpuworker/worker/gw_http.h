@@ -12,6 +12,9 @@
  * and costs little at the few dozen connections this serves.  The model
  * itself runs only on the scheduler's thread.
  *
+ * Slow clients cannot hold every connection: gw_http_guard.h bounds the
+ * time a request may take to arrive and keeps a reserve of slots.
+ *
  * Bad requests get a 4xx with OpenAI's error body {"error": {"message",
  * "type", "param", "code"}}; a full queue 429 and a draining worker 503,
  * both with Retry-After.
@@ -21,6 +24,7 @@
 
 #include <stdbool.h>
 #include <stddef.h>
+#include <stdint.h>
 
 #include "gpuworker/model/mdl_model.h"
 #include "gpuworker/worker/gw_sched.h"
@@ -35,7 +39,10 @@ typedef struct gw_http_cfg {
     const char *allow_attn;      /* comma-separated backends a request's "attn" may name (copied) */
     size_t ctx;                  /* prompt + max_tokens must fit in this many tokens */
     size_t default_max_tokens;   /* for a request without max_tokens (cut to what the context leaves) */
-    unsigned max_conn;           /* connections (and their threads) at once */
+    unsigned max_conn;           /* connections (and their threads) at once, reserve included */
+    unsigned reserve_conn;       /* of them, kept for short requests such as /health (gw_http_guard.h) */
+    unsigned max_conn_per_addr;  /* regular connections of one client address */
+    uint32_t request_ms;         /* a request (headers + body) must arrive within this */
     bool kvstore;                /* export the retroinfer-remote backend's counters */
 } gw_http_cfg_t;
 

@@ -83,6 +83,9 @@ typedef struct wk_cfg {
     int64_t ctx;         /* HTTP service: context limit; 0 = the model's */
     char *allow_attn;    /* HTTP service: backends a request may choose */
     int64_t http_max_conn; /* HTTP service: connections at once */
+    int64_t http_reserve_conn; /* HTTP service: of them, kept for short requests; 0 = auto */
+    int64_t http_max_conn_per_addr; /* HTTP service: connections of one client address; 0 = auto */
+    int64_t http_request_timeout_ms; /* HTTP service: a request must arrive within this */
     int64_t drain_timeout_ms; /* HTTP service: shutdown waits this long for running requests */
     char *device;        /* where decode runs: cpu or cuda */
 } wk_cfg_t;
@@ -140,6 +143,14 @@ static const cm_config_item_t wk_items[] = {
             "HTTP service: backends a request's \"attn\" may choose (retroinfer-remote needs --kvstore)", allow_attn),
     {"http-max-conn", CM_CFG_INT, "256", "HTTP service: connections at once (one thread each)",
      offsetof(wk_cfg_t, http_max_conn), 4, 65536},
+    {"http-reserve-conn", CM_CFG_INT, "0", "HTTP service: of http-max-conn, slots kept for short requests such as "
+     "/health: any client gets one, with a 1 s deadline (0 = http-max-conn / 16, at least 2)",
+     offsetof(wk_cfg_t, http_reserve_conn), 0, 65535},
+    {"http-max-conn-per-addr", CM_CFG_INT, "0", "HTTP service: connections one client address may hold beside the "
+     "reserve (0 = a quarter of http-max-conn)", offsetof(wk_cfg_t, http_max_conn_per_addr), 0, 65536},
+    {"http-request-timeout-ms", CM_CFG_INT, "30000", "HTTP service: a request (headers and body) must arrive within "
+     "this from the connection's accept or its previous answer, else the connection is closed",
+     offsetof(wk_cfg_t, http_request_timeout_ms), 100, 3600000},
     {"drain-timeout-ms", CM_CFG_INT, "10000", "HTTP service: on SIGTERM/SIGINT, running requests get this long to "
      "finish before they are cancelled", offsetof(wk_cfg_t, drain_timeout_ms), 0, 3600000},
     WK_ITEM("device", CM_CFG_STRING, "cpu", "where decode runs: cpu, or cuda (attn full only; prefill stays on the "
@@ -568,10 +579,19 @@ static int wk_serve_http(mdl_model_t *model, const wk_cfg_t *cfg, const char *pa
     if (wk_dev != NULL)
         allow = "full";
 #endif
+    unsigned max_conn = (unsigned)cfg->http_max_conn;
+    unsigned reserve = cfg->http_reserve_conn > 0 ? (unsigned)cfg->http_reserve_conn : CM_MAX(max_conn / 16, 2u);
+    unsigned per_addr = cfg->http_max_conn_per_addr > 0 ? (unsigned)cfg->http_max_conn_per_addr
+                                                        : CM_MAX(max_conn / 4, 1u);
+    if (reserve >= max_conn) {
+        fprintf(stderr, "ri-worker: --http-reserve-conn %u must be below --http-max-conn %u\n", reserve, max_conn);
+        goto out;
+    }
     gw_http_cfg_t hcfg = {.listen = cfg->listen, .model_id = name, .default_attn = default_attn,
                           .allow_attn = allow, .ctx = ctx,
-                          .default_max_tokens = (size_t)cfg->max_tokens, .max_conn = (unsigned)cfg->http_max_conn,
-                          .kvstore = have_kvs};
+                          .default_max_tokens = (size_t)cfg->max_tokens, .max_conn = max_conn,
+                          .reserve_conn = reserve, .max_conn_per_addr = per_addr,
+                          .request_ms = (uint32_t)cfg->http_request_timeout_ms, .kvstore = have_kvs};
     if (gw_http_start(&hcfg, model, sched, &http, err, sizeof(err)) != RI_OK) {
         fprintf(stderr, "ri-worker: cannot serve HTTP: %s\n", err);
         goto out;

@@ -119,7 +119,104 @@ def test_input(tmp):
     check(rc == 0, "SIGTERM -> exit 0 (%s)" % rc)
 
 
-MODES = {"short": test_short, "input": test_input}
+class Trickler:
+    """n connections that each send a request line, then one header line
+    every `every` seconds, and never finish (slowloris)."""
+
+    def __init__(self, w, n, every=0.3):
+        self.socks, self.stop, self.every = [], threading.Event(), every
+        for _ in range(n):
+            try:
+                s = socket.create_connection((w.host, int(w.port)), timeout=2)
+                s.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\n")
+                self.socks.append(s)
+            except OSError:
+                pass  # refused at once: fine, it holds nothing
+        self.t = threading.Thread(target=self.run, daemon=True)
+        self.t.start()
+
+    def run(self):
+        while not self.stop.wait(self.every):
+            for s in self.socks:
+                try:
+                    s.sendall(b"X-Slow: 1\r\n")
+                except OSError:
+                    pass
+
+    def closed(self):
+        """How many of the connections the server closed."""
+        n = 0
+        for s in self.socks:
+            try:
+                s.settimeout(0.01)
+                n += s.recv(1) == b""
+            except socket.timeout:
+                pass
+            except OSError:
+                n += 1
+        return n
+
+    def end(self):
+        self.stop.set()
+        self.t.join()
+        for s in self.socks:
+            s.close()
+
+
+def retry(fn, within):
+    """fn() until it returns a status or within seconds pass: (status, seconds)."""
+    t0 = time.monotonic()
+    while True:
+        try:
+            return fn(), time.monotonic() - t0
+        except OSError:
+            if time.monotonic() - t0 > within:
+                return None, time.monotonic() - t0
+            time.sleep(0.05)
+
+
+def test_slowloris(tmp):
+    """Before the fix (same limits but no deadline, reserve or per-address
+    cap): the 40 tricklers held all 24 slots, /health got "connection reset"
+    for the whole 2 s, the completion too, and no connection was ever closed
+    while bytes kept coming."""
+    w = wh.Worker("--http-max-conn", "24", "--http-reserve-conn", "4", "--http-max-conn-per-addr", "20",
+                  "--http-request-timeout-ms", "2000", tmp=tmp)
+    try:
+        t0 = time.monotonic()
+        slow = Trickler(w, 40)
+        time.sleep(0.3)
+
+        def health():
+            c = w.conn(timeout=2)
+            c.request("GET", "/health")
+            st = c.getresponse().status
+            c.close()
+            return st
+        st, dt = retry(health, 2)
+        check(st == 200 and dt < 2, "/health answers under slowloris (%s in %.2f s)" % (st, dt))
+        st, dt = retry(lambda: w.request("POST", "/v1/completions", completion("The capital of France is"))[0], 3)
+        check(st == 200, "a completion answers under slowloris (%s in %.2f s)" % (st, dt))
+        time.sleep(max(0, t0 + 2.6 - time.monotonic()))
+        closed = slow.closed()
+        check(closed == len(slow.socks), "every trickling connection closed by its deadline (%d of %d), although "
+              "each sent a byte every 0.3 s" % (closed, len(slow.socks)))
+        slow.end()
+        m = w.metrics()
+        why = {r: m.get('ri_worker_http_connections_closed_total{reason="%s"}' % r, 0)
+               for r in ("request_deadline", "reserve_deadline", "evicted", "refused")}
+        # 20 regular slots cut at their deadline; the others went through the 4 reserve slots (evicted or cut
+        # at 1 s) or were refused by libmicrohttpd's per-address limit before the guard saw them (uncounted)
+        check(why["request_deadline"] >= 20 and why["evicted"] + why["reserve_deadline"] >= 4,
+              "/metrics counts the closed connections by reason (%s)" % why)
+        st, _, _ = w.request("GET", "/health")
+        check(st == 200, "/health after the attack")
+    finally:
+        rc = w.stop()
+    check(rc == 0, "SIGTERM -> exit 0 (%s)" % rc)
+
+
+MODES = {"short": test_short, "input": test_input, "slowloris": test_slowloris}
 
 
 def main():
