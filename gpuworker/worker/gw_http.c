@@ -9,6 +9,7 @@
 #include <cjson/cJSON.h>
 #include <math.h>
 #include <netinet/in.h>
+#include <pthread.h>
 #include <stdarg.h>
 #include <stdatomic.h>
 #include <stdio.h>
@@ -51,7 +52,7 @@ typedef enum gw_ep {
 } gw_ep_t;
 static const char *const gw_ep_name[GW_EP_N] = {"/v1/completions", "/v1/chat/completions", "/v1/models",
                                                 "/health", "/metrics", "other"};
-static const unsigned gw_codes[] = {200, 400, 404, 405, 413, 429, 500, 503};
+static const unsigned gw_codes[] = {200, 400, 401, 404, 405, 413, 429, 500, 503};
 #define GW_N_CODES (CM_ARRAY_LEN(gw_codes) + 1) /* + any other */
 
 struct gw_http {
@@ -68,6 +69,8 @@ struct gw_http {
     long created;                 /* start time, for /v1/models */
     _Atomic uint64_t counts[GW_EP_N][GW_N_CODES];
     _Atomic int inflight;         /* generation requests whose answer is not all sent */
+    pthread_rwlock_t keys_lock;   /* keys: read by every request, written by a reload */
+    cm_keys_t *keys;              /* owned; NULL = no authentication */
 };
 
 /* What a connection accumulates: the request body. */
@@ -142,6 +145,8 @@ static enum MHD_Result gw_http_send(gw_http_t *h, struct MHD_Connection *conn, g
     if (resp == NULL)
         return MHD_NO;
     MHD_add_response_header(resp, "Content-Type", ctype);
+    if (code == MHD_HTTP_UNAUTHORIZED)
+        MHD_add_response_header(resp, "WWW-Authenticate", "Bearer realm=\"ri-worker\"");
     if (retry_after > 0) {
         char ra[16];
         snprintf(ra, sizeof(ra), "%u", retry_after);
@@ -1081,6 +1086,25 @@ static enum MHD_Result gw_http_get(gw_http_t *h, struct MHD_Connection *conn, gw
     return ret;
 }
 
+/* Does conn carry one of the API keys (or are there none)?  e is set
+ * (401, OpenAI's shape) when not. */
+static bool gw_http_authorized(gw_http_t *h, struct MHD_Connection *conn, gw_err_t *e)
+{
+    const char *hdr = MHD_lookup_connection_value(conn, MHD_HEADER_KIND, MHD_HTTP_HEADER_AUTHORIZATION), *key;
+    size_t len = 0;
+    bool bearer = cm_keys_bearer(hdr, &key, &len), ok;
+    pthread_rwlock_rdlock(&h->keys_lock);
+    ok = h->keys == NULL || (bearer && cm_keys_match(h->keys, key, len));
+    pthread_rwlock_unlock(&h->keys_lock);
+    if (ok)
+        return true;
+    if (hdr == NULL)
+        return gw_err_set(e, 401, "invalid_request_error", NULL, "invalid_api_key",
+                          "you didn't provide an API key: send it in the header Authorization: Bearer KEY");
+    return gw_err_set(e, 401, "invalid_request_error", NULL, "invalid_api_key",
+                      bearer ? "incorrect API key provided" : "the Authorization header must be 'Bearer KEY'");
+}
+
 static enum MHD_Result gw_http_answer(void *cls, struct MHD_Connection *conn, const char *url, const char *method,
                                       const char *version, const char *upload_data, size_t *upload_size,
                                       void **con_cls)
@@ -1091,6 +1115,12 @@ static enum MHD_Result gw_http_answer(void *cls, struct MHD_Connection *conn, co
     (void)version;
 
     if (c == NULL) {
+        /* the headers are in: refuse a missing key before reading a body */
+        gw_ep_t ep = gw_ep_of(url);
+        if (ep != GW_EP_HEALTH && !gw_http_authorized(h, conn, &e)) {
+            gw_guard_arrived(h->guard, conn);
+            return gw_http_fail(h, conn, ep, &e);
+        }
         if ((c = cm_calloc(&gw_http_tag, 1, sizeof(*c))) == NULL)
             return MHD_NO;
         *con_cls = c;
@@ -1191,30 +1221,36 @@ ri_status_t gw_http_start(const gw_http_cfg_t *cfg, mdl_model_t *m, gw_sched_t *
 
     bool v6 = false;
     st = cm_net_parse_numeric(cfg->listen, &ss, host, sizeof(host), &port, &v6);
-    if (st == RI_ERR_INVALID) {
-        snprintf(err, errlen, "listen '%s' is not host:port", cfg->listen);
-        return RI_ERR_INVALID;
-    }
     if (st != RI_OK) {
-        snprintf(err, errlen, "listen '%s': the host must be a numeric IPv4 or IPv6 address", cfg->listen);
+        cm_keys_destroy(cfg->keys);
+        if (st == RI_ERR_INVALID)
+            snprintf(err, errlen, "listen '%s' is not host:port", cfg->listen);
+        else
+            snprintf(err, errlen, "listen '%s': the host must be a numeric IPv4 or IPv6 address", cfg->listen);
         return RI_ERR_INVALID;
     }
     if (v6)
         flags |= MHD_USE_IPv6;
     const mdl_attn_ops_t *def = mdl_attn_find(cfg->default_attn);
     if (def == NULL) {
+        cm_keys_destroy(cfg->keys);
         snprintf(err, errlen, "default attn '%s' is not a backend (have: %s)", cfg->default_attn, mdl_attn_names());
         return RI_ERR_INVALID;
     }
     gw_http_t *h = cm_calloc(&gw_http_tag, 1, sizeof(*h));
     if (h == NULL) {
+        cm_keys_destroy(cfg->keys);
         snprintf(err, errlen, "out of memory");
         return RI_ERR_NOMEM;
     }
+    pthread_rwlock_init(&h->keys_lock, NULL);
+    h->keys = cfg->keys;
+    h->cfg.keys = NULL;
     h->m = m;
     h->tok = mdl_model_tok(m);
     h->sched = s;
     h->cfg = *cfg;
+    h->cfg.keys = NULL; /* h->keys holds them */
     h->default_attn = def;
     h->created = (long)time(NULL);
     h->model_id = strdup(cfg->model_id);
@@ -1268,6 +1304,21 @@ const char *gw_http_allowed(const gw_http_t *h)
     return h->allow_attn;
 }
 
+ri_status_t gw_http_set_keys(gw_http_t *h, cm_keys_t *keys)
+{
+    cm_keys_t *old = keys;
+    ri_status_t st = RI_ERR_INVALID;
+    pthread_rwlock_wrlock(&h->keys_lock);
+    if (h->keys != NULL && keys != NULL) {
+        old = h->keys;
+        h->keys = keys;
+        st = RI_OK;
+    }
+    pthread_rwlock_unlock(&h->keys_lock);
+    cm_keys_destroy(old);
+    return st;
+}
+
 void gw_http_destroy(gw_http_t *h)
 {
     if (h == NULL)
@@ -1284,6 +1335,8 @@ void gw_http_destroy(gw_http_t *h)
             close(lfd);
     }
     gw_guard_destroy(h->guard);
+    cm_keys_destroy(h->keys);
+    pthread_rwlock_destroy(&h->keys_lock);
     free(h->model_id);
     free(h->allow_attn);
     cm_free(h);

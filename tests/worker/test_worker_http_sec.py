@@ -216,7 +216,98 @@ def test_slowloris(tmp):
     check(rc == 0, "SIGTERM -> exit 0 (%s)" % rc)
 
 
-MODES = {"short": test_short, "input": test_input, "slowloris": test_slowloris}
+def keyed(w, method, path, key=None, body=None, auth=None):
+    """(status, headers, parsed JSON or text) with an API key (or a raw Authorization value)."""
+    c = w.conn(30)
+    hdrs = {"Content-Type": "application/json"} if body is not None else {}
+    if key is not None or auth is not None:
+        hdrs["Authorization"] = auth if auth is not None else "Bearer " + key
+    c.request(method, path, body=json.dumps(body).encode() if body is not None else None, headers=hdrs)
+    r = c.getresponse()
+    payload = r.read()
+    c.close()
+    return r.status, r, json.loads(payload) if "json" in r.getheader("Content-Type", "") else payload.decode()
+
+
+def write_keys(path, *keys, mode=0o600):
+    with open(path + ".tmp", "w") as f:
+        f.write("# test keys\n" + "".join("%s client%d\n" % (k, i) for i, k in enumerate(keys)))
+    os.chmod(path + ".tmp", mode)
+    os.replace(path + ".tmp", path)
+
+
+def wait_log(tmp, text, seconds=10):
+    end = time.time() + seconds
+    while time.time() < end:
+        if text in open(os.path.join(tmp, "worker.log"), errors="replace").read():
+            return True
+        time.sleep(0.05)
+    return False
+
+
+def test_auth(tmp):
+    """Before the fix: there were no keys (--api-keys-file unknown, exit 2);
+    run without it, every endpoint answered 200 to anyone, and --listen
+    0.0.0.0:0 started serving without a word."""
+    key_a, key_b = "ka-" + os.urandom(16).hex(), "kb-" + os.urandom(16).hex()
+    keys = os.path.join(tmp, "api-keys")
+    write_keys(keys, key_a)
+    w = wh.Worker("--api-keys-file", keys, tmp=tmp)
+    try:
+        st, _, _ = keyed(w, "GET", "/health")
+        check(st == 200, "/health needs no key (load balancers)")
+        st, r, c = keyed(w, "GET", "/v1/models")
+        check(st == 401 and c["error"]["code"] == "invalid_api_key" and c["error"]["type"] == "invalid_request_error"
+              and "Bearer" in (r.getheader("WWW-Authenticate") or ""), "no key -> 401, OpenAI's error body (%s)" % c)
+        st, _, c = keyed(w, "GET", "/v1/models", key=key_b)
+        check(st == 401 and "incorrect" in c["error"]["message"], "a wrong key -> 401 (%s)" % c)
+        st, _, c = keyed(w, "GET", "/v1/models", auth="Basic " + key_a)
+        check(st == 401, "another scheme -> 401 (%s)" % c)
+        st, _, c = keyed(w, "POST", "/v1/completions", body=completion("The capital of France is"))
+        check(st == 401, "a completion without a key -> 401")
+        st, _, c = keyed(w, "POST", "/v1/completions", key=key_a, body=completion("The capital of France is"))
+        check(st == 200 and c["choices"][0]["text"] != "", "a completion with the key -> 200")
+        st, _, _ = keyed(w, "GET", "/metrics")
+        check(st == 401, "/metrics without a key -> 401")
+        st, _, text = keyed(w, "GET", "/metrics", key=key_a)
+        check(st == 200 and 'endpoint="/v1/models",code="401"} 3' in text, "/metrics with the key counts the 401s")
+        try:
+            import openai
+        except ImportError:
+            openai = None
+        if openai is not None:
+            cl = openai.OpenAI(base_url="http://%s/v1" % w.addr, api_key=key_a, max_retries=0, timeout=60)
+            got = cl.completions.create(model=wh.MODEL_ID, prompt="The capital of France is", max_tokens=4,
+                                        temperature=0)
+            check(got.choices[0].text != "", "the openai client's api_key works")
+            try:
+                openai.OpenAI(base_url="http://%s/v1" % w.addr, api_key=key_b, max_retries=0).models.list()
+                check(False, "the openai client with a wrong key raises")
+            except openai.AuthenticationError as e:
+                check(e.status_code == 401 and e.code == "invalid_api_key", "openai client: AuthenticationError")
+        else:
+            print("note: the openai package is not installed; its api_key is not checked")
+        write_keys(keys, key_b)
+        w.proc.send_signal(signal.SIGHUP)
+        check(wait_log(tmp, "SIGHUP: 1 API key(s) loaded"), "SIGHUP reloads the keys file")
+        st_a = keyed(w, "GET", "/v1/models", key=key_a)[0]
+        st_b = keyed(w, "GET", "/v1/models", key=key_b)[0]
+        check(st_a == 401 and st_b == 200, "after the reload the old key is refused, the new one works (%d %d)" %
+              (st_a, st_b))
+        write_keys(keys, key_a, mode=0o666)
+        w.proc.send_signal(signal.SIGHUP)
+        check(wait_log(tmp, "the keys loaded before stay in force"), "a world-writable keys file is refused")
+        check(keyed(w, "GET", "/v1/models", key=key_b)[0] == 200, "... and the keys in force stay")
+    finally:
+        rc = w.stop()
+    check(rc == 0, "SIGTERM -> exit 0 (%s)" % rc)
+    p = subprocess.run([wh.WORKER, "--listen", "0.0.0.0:0", "--threads", "1"], stdin=subprocess.DEVNULL,
+                       capture_output=True, timeout=60)
+    check(p.returncode == 2 and b"--api-keys-file" in p.stderr and b"--insecure" in p.stderr,
+          "a non-loopback --listen without keys -> exit 2 (%d, %s)" % (p.returncode, p.stderr[-200:]))
+
+
+MODES = {"short": test_short, "input": test_input, "slowloris": test_slowloris, "auth": test_auth}
 
 
 def main():
