@@ -136,6 +136,11 @@ size_t kn_wave_indexed_end(const kn_wave_t *w)
     return w->indexed_end;
 }
 
+bool kn_wave_covers(const kn_wave_t *w, size_t n_tokens)
+{
+    return n_tokens >= w->indexed_end || w->indexed_end <= w->p.sink_tokens;
+}
+
 void kn_wave_budget(const kn_wave_t *w, uint32_t *n_r_p, uint32_t *n_e_p)
 {
     kn_wave_budget_floor(&w->p, w->idx[0].n_clusters, w->n_r, w->n_e, n_r_p, n_e_p);
@@ -286,7 +291,7 @@ ri_status_t kn_wave_update(kn_wave_t *w, const kn_kv_view_t *kv, bool *updated_p
 {
     bool any = false;
     ri_status_t st = RI_OK;
-    if (w == NULL || !kn_kv_valid(w, kv) || kv->n_tokens < w->indexed_end)
+    if (w == NULL || !kn_kv_valid(w, kv) || !kn_wave_covers(w, kv->n_tokens))
         return RI_ERR_INVALID;
     while (kv->n_tokens >= w->indexed_end + w->p.window_tokens + w->p.update_tokens) {
         if (w->idx[0].n_clusters == 0)
@@ -438,7 +443,7 @@ ri_status_t kn_wave_decode_budget(kn_wave_t *w, const float *q, const kn_kv_view
 {
     kn_wave_job_t job = {.w = w, .kv = kv, .q = q, .out = out, .lse = lse, .n_r = n_r, .n_e = n_e};
     if (w == NULL || w->store != NULL || q == NULL || out == NULL || !kn_kv_valid(w, kv) ||
-        kv->n_tokens < w->indexed_end)
+        !kn_wave_covers(w, kv->n_tokens))
         return RI_ERR_INVALID;
     atomic_init(&job.status, RI_OK);
     cm_pool_parallel_for(kn_pool(), w->shape.n_kv_heads, 1, kn_wave_decode_task, &job);
@@ -473,7 +478,7 @@ ri_status_t kn_wave_exact_mask(kn_wave_t *w, const float *q, const kn_kv_view_t 
     ri_status_t st = RI_OK;
 
     if (w == NULL || q == NULL || mask == NULL || !kn_kv_valid(w, kv) ||
-        kv_head >= w->shape.n_kv_heads || kv->n_tokens < w->indexed_end)
+        kv_head >= w->shape.n_kv_heads || !kn_wave_covers(w, kv->n_tokens))
         return RI_ERR_INVALID;
     idx = &w->idx[kv_head];
     sink = CM_MIN((size_t)w->p.sink_tokens, kv->n_tokens);

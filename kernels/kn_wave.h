@@ -216,6 +216,12 @@ const kn_index_t *kn_wave_index(const kn_wave_t *wave, uint32_t kv_head);
 /* First token position after the indexed range. */
 size_t kn_wave_indexed_end(const kn_wave_t *wave);
 
+/* Does a view of n_tokens hold every token the index refers to?  Decode and
+ * update need it.  Before anything is indexed any length is fine, a
+ * sequence shorter than the sink included (a one-token prompt): its tokens
+ * are all sink and attended densely. */
+bool kn_wave_covers(const kn_wave_t *wave, size_t n_tokens);
+
 /* Retrieval and estimation counts per head for the current index (the
  * shares with their minimums: kn_wave_budget_floor). */
 void kn_wave_budget(const kn_wave_t *wave, uint32_t *n_r_p, uint32_t *n_e_p);

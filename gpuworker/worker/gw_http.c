@@ -9,6 +9,7 @@
 #include <cjson/cJSON.h>
 #include <math.h>
 #include <netinet/in.h>
+#include <pthread.h>
 #include <stdarg.h>
 #include <stdatomic.h>
 #include <stdio.h>
@@ -28,11 +29,13 @@
 #include "common/cm_time.h"
 #include "gpuworker/model/mdl_tok.h"
 #include "gpuworker/worker/gw_attn_remote.h"
+#include "gpuworker/worker/gw_http_guard.h"
 
 static CM_ALLOC_TAG(gw_http_tag, "worker.http");
 
 #define GW_HTTP_MAX_BODY (8u << 20)  /* a request body; a context's worth of text is far less */
-#define GW_HTTP_IDLE_S 30u           /* an idle connection (or one trickling its request) is closed */
+#define GW_HTTP_IDLE_S 30u           /* a connection that moves no byte this long is closed */
+#define GW_HTTP_RESERVE_MS 1000u     /* a request on a reserve slot must arrive within this */
 #define GW_HTTP_PING_MS 5000u        /* a waiting stream sends a comment this often (finds gone clients) */
 #define GW_HTTP_MAX_STOP 4           /* stop strings per request, as OpenAI allows */
 #define GW_HTTP_MAX_TOKENS (1u << 20)
@@ -49,11 +52,12 @@ typedef enum gw_ep {
 } gw_ep_t;
 static const char *const gw_ep_name[GW_EP_N] = {"/v1/completions", "/v1/chat/completions", "/v1/models",
                                                 "/health", "/metrics", "other"};
-static const unsigned gw_codes[] = {200, 400, 404, 405, 413, 429, 500, 503};
+static const unsigned gw_codes[] = {200, 400, 401, 404, 405, 413, 429, 500, 503};
 #define GW_N_CODES (CM_ARRAY_LEN(gw_codes) + 1) /* + any other */
 
 struct gw_http {
     struct MHD_Daemon *mhd;       /* owned */
+    gw_guard_t *guard;            /* owned: connection deadlines and slots */
     mdl_model_t *m;               /* borrowed */
     const mdl_tok_t *tok;         /* borrowed from m */
     gw_sched_t *sched;            /* borrowed */
@@ -65,6 +69,8 @@ struct gw_http {
     long created;                 /* start time, for /v1/models */
     _Atomic uint64_t counts[GW_EP_N][GW_N_CODES];
     _Atomic int inflight;         /* generation requests whose answer is not all sent */
+    pthread_rwlock_t keys_lock;   /* keys: read by every request, written by a reload */
+    cm_keys_t *keys;              /* owned; NULL = no authentication */
 };
 
 /* What a connection accumulates: the request body. */
@@ -139,6 +145,8 @@ static enum MHD_Result gw_http_send(gw_http_t *h, struct MHD_Connection *conn, g
     if (resp == NULL)
         return MHD_NO;
     MHD_add_response_header(resp, "Content-Type", ctype);
+    if (code == MHD_HTTP_UNAUTHORIZED)
+        MHD_add_response_header(resp, "WWW-Authenticate", "Bearer realm=\"ri-worker\"");
     if (retry_after > 0) {
         char ra[16];
         snprintf(ra, sizeof(ra), "%u", retry_after);
@@ -228,6 +236,76 @@ static void gw_http_new_id(const char *prefix, char *buf, size_t len)
 }
 
 /* ---- request validation ---- */
+
+#define GW_HTTP_MAX_DEPTH 64  /* JSON nesting of a body; ours needs 4 */
+
+/* Length of the well-formed UTF-8 sequence at p[0, n) (RFC 3629: no
+ * overlong forms, no surrogates, nothing above U+10FFFF), 0 if it is not
+ * one. */
+static size_t gw_utf8_len(const unsigned char *p, size_t n)
+{
+    unsigned char c = p[0];
+    size_t len = c < 0x80 ? 1 : c >= 0xC2 && c < 0xE0 ? 2 : c >= 0xE0 && c < 0xF0 ? 3 : c >= 0xF0 && c < 0xF5 ? 4 : 0;
+    if (len == 0 || len > n)
+        return 0;
+    for (size_t j = 1; j < len; j++)
+        if ((p[j] & 0xC0) != 0x80)
+            return 0;
+    if ((c == 0xE0 && p[1] < 0xA0) || (c == 0xED && p[1] >= 0xA0) || (c == 0xF0 && p[1] < 0x90) ||
+        (c == 0xF4 && p[1] >= 0x90))
+        return 0;
+    return len;
+}
+
+/* What a body must be before cJSON parses it, checked in one cheap pass:
+ * UTF-8 text, no NUL (raw or escaped as \u0000: the tokenizer takes C
+ * strings, so a NUL would cut the prompt silently), at most
+ * GW_HTTP_MAX_DEPTH levels, and no list of more than max_elems elements (a
+ * prompt of a million token ids is refused here, before cJSON builds a
+ * node for each).  Returns false with e set (400). */
+static bool gw_body_check(const char *body, size_t n, size_t max_elems, gw_err_t *e)
+{
+    const unsigned char *s = (const unsigned char *)body;
+    size_t commas[GW_HTTP_MAX_DEPTH];
+    bool is_list[GW_HTTP_MAX_DEPTH], in_str = false;
+    size_t depth = 0;
+    for (size_t i = 0; i < n;) {
+        unsigned char c = s[i];
+        if (c == 0)
+            return GW_BAD(e, NULL, "the body contains a NUL byte (at byte %zu)", i);
+        if (c >= 0x80) {
+            size_t len = gw_utf8_len(s + i, n - i);
+            if (len == 0)
+                return GW_BAD(e, NULL, "the body is not valid UTF-8 (at byte %zu)", i);
+            i += len;
+            continue;
+        }
+        if (in_str) {
+            if (c == '\\' && i + 5 < n && s[i + 1] == 'u' && memcmp(s + i + 2, "0000", 4) == 0)
+                return GW_BAD(e, NULL, "a string contains U+0000 (NUL, at byte %zu): text with NUL characters is "
+                              "not accepted", i);
+            in_str = c != '"';
+            i += c == '\\' ? 2 : 1;
+            continue;
+        }
+        if (c == '"') {
+            in_str = true;
+        } else if (c == '[' || c == '{') {
+            if (depth == GW_HTTP_MAX_DEPTH)
+                return GW_BAD(e, NULL, "the body nests deeper than %d levels", GW_HTTP_MAX_DEPTH);
+            is_list[depth] = c == '[';
+            commas[depth++] = 0;
+        } else if ((c == ']' || c == '}') && depth > 0) {
+            depth--;
+        } else if (c == ',' && depth > 0 && is_list[depth - 1] && ++commas[depth - 1] >= max_elems) {
+            return gw_err_set(e, 400, "invalid_request_error", NULL, "context_length_exceeded",
+                              "a list in the body has more than %zu elements, more than this model's context of "
+                              "%zu tokens can hold", max_elems, max_elems);
+        }
+        i++;
+    }
+    return true;
+}
 
 /* The field, or NULL when absent or JSON null. */
 static const cJSON *gw_field(const cJSON *o, const char *name)
@@ -802,8 +880,12 @@ static enum MHD_Result gw_http_generate(gw_http_t *h, struct MHD_Connection *con
     gw_err_t e;
     gw_req_t *req = NULL;
     enum MHD_Result ret;
-    cJSON *body = c->body ? cJSON_ParseWithLength(c->body, c->len) : NULL;
+    cJSON *body = NULL;
 
+    if (c->body != NULL && !gw_body_check(c->body, c->len, h->cfg.ctx, &e))
+        goto fail;
+    if (c->body != NULL)
+        body = cJSON_ParseWithLength(c->body, c->len);
     if (body == NULL) {
         GW_BAD(&e, NULL, "we could not parse the JSON body of your request (it must be a JSON object)");
         goto fail;
@@ -888,6 +970,16 @@ static void gw_http_render_metrics(gw_http_t *h, FILE *f)
                 fprintf(f, "ri_worker_requests_total{endpoint=\"%s\",code=\"%s\"} %llu\n", gw_ep_name[e], code,
                         (unsigned long long)n);
         }
+    gw_guard_stats_t gs;
+    gw_guard_stats(h->guard, &gs);
+    fprintf(f, "# HELP ri_worker_http_connections_closed_total Connections the worker closed before their request "
+               "arrived, by reason.\n# TYPE ri_worker_http_connections_closed_total counter\n");
+    for (size_t i = 0; i < GW_GUARD_N_REASONS; i++)
+        fprintf(f, "ri_worker_http_connections_closed_total{reason=\"%s\"} %llu\n", gw_guard_reason_name[i],
+                (unsigned long long)gs.closed[i]);
+    gw_metric(f, "ri_worker_http_connections", "gauge", "Connections holding a slot.", (double)gs.open);
+    gw_metric(f, "ri_worker_http_reserve_connections", "gauge", "Of them, on the slots kept for short requests.",
+              (double)gs.reserve_open);
     fprintf(f, "# HELP ri_worker_requests_finished_total Generation requests ended, by reason.\n"
                "# TYPE ri_worker_requests_finished_total counter\n");
     static const char *const reasons[] = {"none", "stop", "length", "error", "cancelled"};
@@ -994,6 +1086,25 @@ static enum MHD_Result gw_http_get(gw_http_t *h, struct MHD_Connection *conn, gw
     return ret;
 }
 
+/* Does conn carry one of the API keys (or are there none)?  e is set
+ * (401, OpenAI's shape) when not. */
+static bool gw_http_authorized(gw_http_t *h, struct MHD_Connection *conn, gw_err_t *e)
+{
+    const char *hdr = MHD_lookup_connection_value(conn, MHD_HEADER_KIND, MHD_HTTP_HEADER_AUTHORIZATION), *key;
+    size_t len = 0;
+    bool bearer = cm_keys_bearer(hdr, &key, &len), ok;
+    pthread_rwlock_rdlock(&h->keys_lock);
+    ok = h->keys == NULL || (bearer && cm_keys_match(h->keys, key, len));
+    pthread_rwlock_unlock(&h->keys_lock);
+    if (ok)
+        return true;
+    if (hdr == NULL)
+        return gw_err_set(e, 401, "invalid_request_error", NULL, "invalid_api_key",
+                          "you didn't provide an API key: send it in the header Authorization: Bearer KEY");
+    return gw_err_set(e, 401, "invalid_request_error", NULL, "invalid_api_key",
+                      bearer ? "incorrect API key provided" : "the Authorization header must be 'Bearer KEY'");
+}
+
 static enum MHD_Result gw_http_answer(void *cls, struct MHD_Connection *conn, const char *url, const char *method,
                                       const char *version, const char *upload_data, size_t *upload_size,
                                       void **con_cls)
@@ -1004,6 +1115,12 @@ static enum MHD_Result gw_http_answer(void *cls, struct MHD_Connection *conn, co
     (void)version;
 
     if (c == NULL) {
+        /* the headers are in: refuse a missing key before reading a body */
+        gw_ep_t ep = gw_ep_of(url);
+        if (ep != GW_EP_HEALTH && !gw_http_authorized(h, conn, &e)) {
+            gw_guard_arrived(h->guard, conn);
+            return gw_http_fail(h, conn, ep, &e);
+        }
         if ((c = cm_calloc(&gw_http_tag, 1, sizeof(*c))) == NULL)
             return MHD_NO;
         *con_cls = c;
@@ -1029,6 +1146,7 @@ static enum MHD_Result gw_http_answer(void *cls, struct MHD_Connection *conn, co
         c->body[c->len] = '\0';
         return MHD_YES;
     }
+    gw_guard_arrived(h->guard, conn);
     gw_ep_t ep = gw_ep_of(url);
     bool post = strcmp(method, "POST") == 0, get = strcmp(method, "GET") == 0 || strcmp(method, "HEAD") == 0;
     if (ep == GW_EP_OTHER) {
@@ -1060,7 +1178,8 @@ static void gw_http_completed(void *cls, struct MHD_Connection *conn, void **con
 {
     gw_http_t *h = cls;
     gw_conn_t *c = *con_cls;
-    (void)conn, (void)toe;
+    (void)toe;
+    gw_guard_answered(h->guard, conn);
     if (c != NULL) {
         if (c->inflight)
             atomic_fetch_sub(&h->inflight, 1);
@@ -1102,30 +1221,36 @@ ri_status_t gw_http_start(const gw_http_cfg_t *cfg, mdl_model_t *m, gw_sched_t *
 
     bool v6 = false;
     st = cm_net_parse_numeric(cfg->listen, &ss, host, sizeof(host), &port, &v6);
-    if (st == RI_ERR_INVALID) {
-        snprintf(err, errlen, "listen '%s' is not host:port", cfg->listen);
-        return RI_ERR_INVALID;
-    }
     if (st != RI_OK) {
-        snprintf(err, errlen, "listen '%s': the host must be a numeric IPv4 or IPv6 address", cfg->listen);
+        cm_keys_destroy(cfg->keys);
+        if (st == RI_ERR_INVALID)
+            snprintf(err, errlen, "listen '%s' is not host:port", cfg->listen);
+        else
+            snprintf(err, errlen, "listen '%s': the host must be a numeric IPv4 or IPv6 address", cfg->listen);
         return RI_ERR_INVALID;
     }
     if (v6)
         flags |= MHD_USE_IPv6;
     const mdl_attn_ops_t *def = mdl_attn_find(cfg->default_attn);
     if (def == NULL) {
+        cm_keys_destroy(cfg->keys);
         snprintf(err, errlen, "default attn '%s' is not a backend (have: %s)", cfg->default_attn, mdl_attn_names());
         return RI_ERR_INVALID;
     }
     gw_http_t *h = cm_calloc(&gw_http_tag, 1, sizeof(*h));
     if (h == NULL) {
+        cm_keys_destroy(cfg->keys);
         snprintf(err, errlen, "out of memory");
         return RI_ERR_NOMEM;
     }
+    pthread_rwlock_init(&h->keys_lock, NULL);
+    h->keys = cfg->keys;
+    h->cfg.keys = NULL;
     h->m = m;
     h->tok = mdl_model_tok(m);
     h->sched = s;
     h->cfg = *cfg;
+    h->cfg.keys = NULL; /* h->keys holds them */
     h->default_attn = def;
     h->created = (long)time(NULL);
     h->model_id = strdup(cfg->model_id);
@@ -1138,10 +1263,19 @@ ri_status_t gw_http_start(const gw_http_cfg_t *cfg, mdl_model_t *m, gw_sched_t *
     h->cfg.model_id = h->model_id;
     h->cfg.allow_attn = h->allow_attn;
     h->cfg.listen = NULL;
+    gw_guard_cfg_t gcfg = {.max_conn = cfg->max_conn, .reserve = cfg->reserve_conn, .per_addr = cfg->max_conn_per_addr,
+                           .request_ms = cfg->request_ms, .reserve_ms = CM_MIN(GW_HTTP_RESERVE_MS, cfg->request_ms)};
+    if ((st = gw_guard_create(&gcfg, &h->guard)) != RI_OK) {
+        snprintf(err, errlen, "connection limits: %s (the reserve must be below the connection limit)",
+                 ri_status_str(st));
+        goto err_free;
+    }
     h->mhd = MHD_start_daemon(flags, (uint16_t)port, NULL, NULL, gw_http_answer, h, MHD_OPTION_SOCK_ADDR,
-                              (struct sockaddr *)&ss, MHD_OPTION_CONNECTION_LIMIT, cfg->max_conn,
+                              (struct sockaddr *)&ss, MHD_OPTION_CONNECTION_LIMIT, gw_guard_mhd_limit(h->guard),
+                              MHD_OPTION_PER_IP_CONNECTION_LIMIT, gw_guard_mhd_per_addr(h->guard),
                               MHD_OPTION_CONNECTION_TIMEOUT, GW_HTTP_IDLE_S, MHD_OPTION_NOTIFY_COMPLETED,
-                              gw_http_completed, h, MHD_OPTION_END);
+                              gw_http_completed, h, MHD_OPTION_NOTIFY_CONNECTION, gw_guard_notify, h->guard,
+                              MHD_OPTION_END);
     if (h->mhd == NULL) {
         snprintf(err, errlen, "cannot listen on %s (address in use?)", cfg->listen);
         st = RI_ERR_TRANSPORT;
@@ -1170,6 +1304,21 @@ const char *gw_http_allowed(const gw_http_t *h)
     return h->allow_attn;
 }
 
+ri_status_t gw_http_set_keys(gw_http_t *h, cm_keys_t *keys)
+{
+    cm_keys_t *old = keys;
+    ri_status_t st = RI_ERR_INVALID;
+    pthread_rwlock_wrlock(&h->keys_lock);
+    if (h->keys != NULL && keys != NULL) {
+        old = h->keys;
+        h->keys = keys;
+        st = RI_OK;
+    }
+    pthread_rwlock_unlock(&h->keys_lock);
+    cm_keys_destroy(old);
+    return st;
+}
+
 void gw_http_destroy(gw_http_t *h)
 {
     if (h == NULL)
@@ -1185,6 +1334,9 @@ void gw_http_destroy(gw_http_t *h)
         if (lfd != MHD_INVALID_SOCKET)
             close(lfd);
     }
+    gw_guard_destroy(h->guard);
+    cm_keys_destroy(h->keys);
+    pthread_rwlock_destroy(&h->keys_lock);
     free(h->model_id);
     free(h->allow_attn);
     cm_free(h);

@@ -360,7 +360,7 @@ ri_status_t gw_remote_update(gw_remote_t *r, uint32_t layer, const kn_kv_view_t 
 {
     if (r == NULL || layer >= r->n_layers || !gw_kv_valid(kv) || r->step.active)
         return RI_ERR_INVALID;
-    if (kv->n_tokens < kn_wave_indexed_end(r->layers[layer].wave))
+    if (!kn_wave_covers(r->layers[layer].wave, kv->n_tokens))
         return RI_ERR_INVALID;
     if (r->err != RI_OK)
         return r->err;
@@ -390,7 +390,7 @@ ri_status_t gw_remote_reconnect(gw_remote_t *r, const char *addr, uint64_t sessi
     if (r == NULL || addr == NULL || secret == NULL)
         return RI_ERR_INVALID;
     for (uint32_t l = 0; kv != NULL && l < r->n_layers; l++)
-        if (!gw_kv_valid(&kv[l]) || kv[l].n_tokens < kn_wave_indexed_end(r->layers[l].wave))
+        if (!gw_kv_valid(&kv[l]) || !kn_wave_covers(r->layers[l].wave, kv[l].n_tokens))
             return RI_ERR_INVALID;
     /* Forget the old connection: pending jobs fail at once once it broke;
      * a still-healthy one is closed in order. */

@@ -162,7 +162,7 @@ ri_status_t gw_remote_decode_begin(gw_remote_t *r, uint32_t layer, const float *
         return RI_ERR_INVALID;
     s = &r->step;
     L = &r->layers[layer];
-    if (kv->n_tokens < kn_wave_indexed_end(L->wave))
+    if (!kn_wave_covers(L->wave, kv->n_tokens))
         return RI_ERR_INVALID;
     if (r->err == RI_OK)
         r->err = gw_io_error(r->io); /* a failed upload: the kvstore and our index disagree */

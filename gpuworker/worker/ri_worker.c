@@ -18,7 +18,8 @@
  *
  * With --listen HOST:PORT it is a service instead: an OpenAI-compatible
  * HTTP API (gw_http.h) over continuous batching (gw_sched.h), until SIGTERM
- * or SIGINT, which drain it (bounded by --drain-timeout-ms).
+ * or SIGINT, which drain it (bounded by --drain-timeout-ms); SIGHUP reloads
+ * its API keys (--api-keys-file).
  *
  * --device cuda decodes on the GPU, in every mode (mdl_dev.h: prefill on
  * the CPU, then the K/V goes to the device; "full" attention only;
@@ -27,7 +28,9 @@
  */
 #define _GNU_SOURCE
 #include <cjson/cJSON.h>
+#include <arpa/inet.h>
 #include <errno.h>
+#include <netinet/in.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -37,6 +40,8 @@
 #include "common/cm_alloc.h"
 #include "common/cm_config.h"
 #include "common/cm_file.h"
+#include "common/cm_keys.h"
+#include "common/cm_net.h"
 #include "common/cm_log.h"
 #include "common/cm_status.h"
 #include "common/cm_thread.h"
@@ -90,8 +95,13 @@ typedef struct wk_cfg {
     int64_t ctx;         /* HTTP service: context limit; 0 = the model's */
     char *allow_attn;    /* HTTP service: backends a request may choose */
     int64_t http_max_conn; /* HTTP service: connections at once */
+    int64_t http_reserve_conn; /* HTTP service: of them, kept for short requests; 0 = auto */
+    int64_t http_max_conn_per_addr; /* HTTP service: connections of one client address; 0 = auto */
+    int64_t http_request_timeout_ms; /* HTTP service: a request must arrive within this */
     int64_t drain_timeout_ms; /* HTTP service: shutdown waits this long for running requests */
     char *device;        /* where decode runs: cpu or cuda */
+    char *api_keys_file; /* HTTP service: API keys clients must send; empty = none */
+    bool insecure;       /* HTTP service: allow a non-loopback --listen without API keys */
 } wk_cfg_t;
 
 #define WK_ITEM(n, t, d, h, f) {n, t, d, h, offsetof(wk_cfg_t, f), 0, 0}
@@ -163,8 +173,21 @@ static const cm_config_item_t wk_items[] = {
             "HTTP service: backends a request's \"attn\" may choose (retroinfer-remote needs --kvstore)", allow_attn),
     {"http-max-conn", CM_CFG_INT, "256", "HTTP service: connections at once (one thread each)",
      offsetof(wk_cfg_t, http_max_conn), 4, 65536},
+    {"http-reserve-conn", CM_CFG_INT, "0", "HTTP service: of http-max-conn, slots kept for short requests such as "
+     "/health: any client gets one, with a 1 s deadline (0 = http-max-conn / 16, at least 2)",
+     offsetof(wk_cfg_t, http_reserve_conn), 0, 65535},
+    {"http-max-conn-per-addr", CM_CFG_INT, "0", "HTTP service: connections one client address may hold beside the "
+     "reserve (0 = a quarter of http-max-conn)", offsetof(wk_cfg_t, http_max_conn_per_addr), 0, 65536},
+    {"http-request-timeout-ms", CM_CFG_INT, "30000", "HTTP service: a request (headers and body) must arrive within "
+     "this from the connection's accept or its previous answer, else the connection is closed",
+     offsetof(wk_cfg_t, http_request_timeout_ms), 100, 3600000},
     {"drain-timeout-ms", CM_CFG_INT, "10000", "HTTP service: on SIGTERM/SIGINT, running requests get this long to "
      "finish before they are cancelled", offsetof(wk_cfg_t, drain_timeout_ms), 0, 3600000},
+    WK_ITEM("api-keys-file", CM_CFG_STRING, NULL, "HTTP service: every endpoint but /health wants "
+            "'Authorization: Bearer KEY' with a key of this file (one per line: KEY [NAME]; # comments; not "
+            "group/world writable); SIGHUP reloads it", api_keys_file),
+    WK_ITEM("insecure", CM_CFG_BOOL, "false", "HTTP service: serve a non-loopback --listen without "
+            "--api-keys-file (something in front must authenticate)", insecure),
     WK_ITEM("device", CM_CFG_STRING, "cpu", "where decode runs: cpu, or cuda (attn full only; prefill stays on the "
             "CPU; needs a CUDA build and a GPU)", device),
 };
@@ -563,6 +586,47 @@ static ri_status_t wk_write_port_file(const char *path, const char *addr)
     return RI_OK;
 }
 
+/* SIGHUP: read the API keys file again; a file that does not load leaves
+ * the keys in force (and says why). */
+static void wk_reload_keys(gw_http_t *http, const wk_cfg_t *cfg)
+{
+    char err[512] = "";
+    cm_keys_t *keys = NULL;
+    if (cfg->api_keys_file == NULL || cfg->api_keys_file[0] == '\0') {
+        fprintf(stderr, "ri-worker: SIGHUP: no --api-keys-file to reload\n");
+        return;
+    }
+    if (cm_keys_load(cfg->api_keys_file, &keys, err, sizeof(err)) != RI_OK) {
+        fprintf(stderr, "ri-worker: SIGHUP: %s; the keys loaded before stay in force\n", err);
+        return;
+    }
+    size_t n = cm_keys_count(keys);
+    if (gw_http_set_keys(http, keys) == RI_OK)
+        fprintf(stderr, "ri-worker: SIGHUP: %zu API key(s) loaded from %s\n", n, cfg->api_keys_file);
+}
+
+/* A non-loopback --listen needs API keys or --insecure: 0, or 2 after
+ * saying why. */
+static int wk_listen_check(const wk_cfg_t *cfg)
+{
+    struct sockaddr_storage ss;
+    char host[256];
+    unsigned port;
+    bool v6 = false;
+    if ((cfg->api_keys_file != NULL && cfg->api_keys_file[0] != '\0') || cfg->insecure)
+        return 0;
+    if (cm_net_parse_numeric(cfg->listen, &ss, host, sizeof(host), &port, &v6) != RI_OK)
+        return 0; /* gw_http_start says what is wrong with it */
+    bool loopback = v6 ? IN6_IS_ADDR_LOOPBACK(&((struct sockaddr_in6 *)&ss)->sin6_addr)
+                       : (ntohl(((struct sockaddr_in *)&ss)->sin_addr.s_addr) >> 24) == 127;
+    if (loopback)
+        return 0;
+    fprintf(stderr, "ri-worker: --listen %s is not a loopback address, and without --api-keys-file anyone who can "
+            "reach it may use the worker: give --api-keys-file, or --insecure when something in front "
+            "authenticates\n", cfg->listen);
+    return 2;
+}
+
 /* The HTTP service, until SIGTERM/SIGINT (blocked by main before any
  * thread started, so that only sigwait sees them).  Returns the exit
  * status: 0 after a clean stop, 1 when it could not start. */
@@ -604,10 +668,26 @@ static int wk_serve_http(mdl_model_t *model, const wk_cfg_t *cfg, const char *pa
     if (wk_dev != NULL)
         allow = "full";
 #endif
+    unsigned max_conn = (unsigned)cfg->http_max_conn;
+    unsigned reserve = cfg->http_reserve_conn > 0 ? (unsigned)cfg->http_reserve_conn : CM_MAX(max_conn / 16, 2u);
+    unsigned per_addr = cfg->http_max_conn_per_addr > 0 ? (unsigned)cfg->http_max_conn_per_addr
+                                                        : CM_MAX(max_conn / 4, 1u);
+    if (reserve >= max_conn) {
+        fprintf(stderr, "ri-worker: --http-reserve-conn %u must be below --http-max-conn %u\n", reserve, max_conn);
+        goto out;
+    }
+    bool have_keys = cfg->api_keys_file != NULL && cfg->api_keys_file[0] != '\0';
+    cm_keys_t *keys = NULL;
+    if (have_keys && cm_keys_load(cfg->api_keys_file, &keys, err, sizeof(err)) != RI_OK) {
+        fprintf(stderr, "ri-worker: %s\n", err);
+        goto out;
+    }
     gw_http_cfg_t hcfg = {.listen = cfg->listen, .model_id = name, .default_attn = default_attn,
                           .allow_attn = allow, .ctx = ctx,
-                          .default_max_tokens = (size_t)cfg->max_tokens, .max_conn = (unsigned)cfg->http_max_conn,
-                          .kvstore = have_kvs};
+                          .default_max_tokens = (size_t)cfg->max_tokens, .max_conn = max_conn,
+                          .reserve_conn = reserve, .max_conn_per_addr = per_addr,
+                          .request_ms = (uint32_t)cfg->http_request_timeout_ms, .kvstore = have_kvs,
+                          .keys = keys};
     if (gw_http_start(&hcfg, model, sched, &http, err, sizeof(err)) != RI_OK) {
         fprintf(stderr, "ri-worker: cannot serve HTTP: %s\n", err);
         goto out;
@@ -616,10 +696,15 @@ static int wk_serve_http(mdl_model_t *model, const wk_cfg_t *cfg, const char *pa
         wk_write_port_file(cfg->port_file, gw_http_address(http)) != RI_OK)
         goto out;
     fprintf(stderr, "ri-worker: serving http://%s (model '%s', context %zu, batch %lld, queue %lld, attn %s; "
-            "a request's attn may be: %s)\n", gw_http_address(http), name, ctx, (long long)cfg->max_batch,
-            (long long)cfg->queue_size, default_attn, gw_http_allowed(http));
+            "a request's attn may be: %s; %s)\n", gw_http_address(http), name, ctx, (long long)cfg->max_batch,
+            (long long)cfg->queue_size, default_attn, gw_http_allowed(http),
+            have_keys ? "API keys required" : "no API keys");
     for (;;) {
         int e = sigwait(sigs, &sig);
+        if (e == 0 && sig == SIGHUP) {
+            wk_reload_keys(http, cfg);
+            continue;
+        }
         if (e == 0)
             break;
         if (e != EINTR) {
@@ -721,6 +806,11 @@ int main(int argc, char **argv)
             cm_config_free(&wk_table, &cfg);
             return 2;
         }
+        if ((rc = wk_listen_check(&cfg)) != 0) {
+            cm_config_free(&wk_table, &cfg);
+            return rc;
+        }
+        rc = 1;
         if (cfg.prefill_chunk % 64 != 0) {
             fprintf(stderr, "ri-worker: --prefill-chunk %lld is not a multiple of 64 (the model's chunk)\n",
                     (long long)cfg.prefill_chunk);
@@ -731,6 +821,7 @@ int main(int argc, char **argv)
          * inherits the mask, so the signals reach only sigwait. */
         sigaddset(&sigs, SIGTERM);
         sigaddset(&sigs, SIGINT);
+        sigaddset(&sigs, SIGHUP); /* reloads the API keys */
         pthread_sigmask(SIG_BLOCK, &sigs, NULL);
         signal(SIGPIPE, SIG_IGN);
     }

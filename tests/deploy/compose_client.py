@@ -5,8 +5,11 @@ kvstore's /metrics (standard library only).
   compose_client.py complete URL N      N greedy completions; all the same text, printed
   compose_client.py remote URL          a ~1.3K-token prompt on retroinfer-remote
   compose_client.py metric URL NAME     a Prometheus metric of URL, summed over its labels
+
+The workers' API key comes from RI_API_KEY.
 """
 import json
+import os
 import sys
 import urllib.request
 
@@ -15,7 +18,10 @@ MODEL = None
 
 def call(url, body=None, timeout=300):
     data = json.dumps(body).encode() if body is not None else None
-    req = urllib.request.Request(url, data=data, headers={"Content-Type": "application/json"} if data else {})
+    headers = {"Content-Type": "application/json"} if data else {}
+    if os.environ.get("RI_API_KEY") and "/v1/" in url:  # the workers' API key (the kvstore's /metrics has none)
+        headers["Authorization"] = "Bearer " + os.environ["RI_API_KEY"]
+    req = urllib.request.Request(url, data=data, headers=headers)
     with urllib.request.urlopen(req, timeout=timeout) as r:
         raw = r.read()
         if r.status != 200:

@@ -71,9 +71,15 @@ RI_HTTP_PORT="$(free_port)"; RI_METRICS_PORT="$(free_port)"; RI_SHM_HTTP_PORT="$
 export RI_HTTP_PORT RI_METRICS_PORT RI_SHM_HTTP_PORT
 export RI_SHM_UCX_TLS=posix,sysv,self   # the sidecar: shared memory or nothing
 printf '# compose test\n%s compose-test\n' "$(od -An -tx1 -N16 /dev/urandom | tr -d ' \n')" >"$RI_TOKENS_FILE"
-# the containers' user (uid 10001) reads the secret; nobody else does
-chown 10001 "$RI_TOKENS_FILE" 2>/dev/null || chmod 644 "$RI_TOKENS_FILE"
-[ "$(stat -c %u "$RI_TOKENS_FILE")" = 10001 ] && chmod 400 "$RI_TOKENS_FILE"
+# the workers' API keys: clients (compose_client.py) send the key as a bearer token
+RI_API_KEY="$(od -An -tx1 -N16 /dev/urandom | tr -d ' \n')"
+export RI_API_KEYS_FILE="$work/api-keys" RI_API_KEY
+printf '# compose test\n%s compose-client\n' "$RI_API_KEY" >"$RI_API_KEYS_FILE"
+# the containers' user (uid 10001) reads the secrets; nobody else does
+for f in "$RI_TOKENS_FILE" "$RI_API_KEYS_FILE"; do
+  chown 10001 "$f" 2>/dev/null || chmod 644 "$f"
+  [ "$(stat -c %u "$f")" = 10001 ] && chmod 400 "$f"
+done
 dc() { "${compose[@]}" -f "$src/docker/compose.yaml" -p "$project" --profile shm "$@"; }
 cleanup() {
   set +e
