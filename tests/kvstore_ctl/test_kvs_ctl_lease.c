@@ -4,7 +4,8 @@
  *    called CreateSession) killed with -9: their sessions are gone within
  *    about two lease periods and ri_kvs_sessions_expired_total says 10;
  *    meanwhile an idle client with a connection and one that only sends
- *    KeepAlive keep theirs for three lease periods;
+ *    KeepAlive keep theirs for three lease periods, and the tenant, at its
+ *    session cap before, can create sessions again;
  *  - a worker whose connection closes and comes back within the lease
  *    re-attaches to its session; once it stays away the session goes;
  *  - KeepAlive's bounds: unknown ids renew nothing, over 4096 ids is
@@ -111,7 +112,8 @@ static void test_killed_clients_expire_live_ones_stay(void **state)
 {
     (void)state;
     kvs_test_daemon_t d = {0};
-    const char *extra[] = {"--session-lease-ms=2000", NULL};
+    /* the tenant's cap is exactly what it holds before the kill */
+    const char *extra[] = {"--session-lease-ms=2000", "--max-sessions-per-tenant=12", NULL};
     pid_t kids[N_KILLED];
     int fds[2];
 
@@ -144,6 +146,8 @@ static void test_killed_clients_expire_live_ones_stay(void **state)
     assert_int_equal(gw_dp_connect(live.dataplane_address, live.session_id, live.secret, NULL, &dp), RI_OK);
     assert_int_equal(gw_ctl_create_session(c, 5000, &geo, 64, "kept", &kept, NULL), RI_OK);
     assert_int_equal(count_sessions(c), N_KILLED + 2);
+    gw_ctl_session_t extra_s;
+    assert_int_equal(gw_ctl_create_session(c, 5000, &geo, 64, "over", &extra_s, NULL), RI_ERR_QUOTA);
 
     for (int i = 0; i < N_KILLED; i++) {
         kill(kids[i], SIGKILL);
@@ -166,6 +170,9 @@ static void test_killed_clients_expire_live_ones_stay(void **state)
     assert_true(has_session(c, kept.session_id));
     assert_int_equal(gw_dp_ping(dp), RI_OK);
     assert_int_equal(expired_total(&d), N_KILLED);
+    /* the dead clients' places under the tenant's session cap are free again */
+    assert_int_equal(gw_ctl_create_session(c, 5000, &geo, 64, "again", &extra_s, NULL), RI_OK);
+    assert_int_equal(gw_ctl_drop_session(c, 5000, extra_s.session_id, NULL, NULL), RI_OK);
     /* a dropped session is not counted as expired */
     assert_int_equal(gw_ctl_drop_session(c, 5000, kept.session_id, NULL, NULL), RI_OK);
 
