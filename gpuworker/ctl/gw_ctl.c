@@ -451,6 +451,31 @@ ri_status_t gw_ctl_drop_session(gw_ctl_t *ctl, uint32_t timeout_ms, uint64_t ses
     return RI_OK;
 }
 
+ri_status_t gw_ctl_keepalive(gw_ctl_t *ctl, uint32_t timeout_ms, const uint64_t *ids, size_t n, uint32_t *renewed_p,
+                             uint64_t *lease_ms_p, gw_ctl_error_t *err)
+{
+    uint8_t *resp = NULL;
+    size_t len = 0;
+    if (ids == NULL && n > 0)
+        return RI_ERR_INVALID;
+    Retroinfer__V1__KeepAliveRequest in = RETROINFER__V1__KEEP_ALIVE_REQUEST__INIT;
+    in.n_session_ids = n;
+    in.session_ids = (uint64_t *)ids; /* only read by the packer */
+    ri_status_t st = gw_ctl_call_pb(ctl, GW_CTL_PATH("KeepAlive"), &in.base, timeout_ms, &resp, &len, err);
+    if (st != RI_OK)
+        return st;
+    Retroinfer__V1__KeepAliveResponse *r = retroinfer__v1__keep_alive_response__unpack(NULL, len, resp);
+    cm_free(resp);
+    if (r == NULL)
+        return gw_ctl_bad_reply(ctl, "KeepAlive", err);
+    if (renewed_p != NULL)
+        *renewed_p = r->renewed;
+    if (lease_ms_p != NULL)
+        *lease_ms_p = r->lease_ms;
+    retroinfer__v1__keep_alive_response__free_unpacked(r, NULL);
+    return RI_OK;
+}
+
 ri_status_t gw_ctl_list_sessions(gw_ctl_t *ctl, uint32_t timeout_ms, gw_ctl_session_info_t **infos_p, size_t *n_p,
                                  gw_ctl_error_t *err)
 {

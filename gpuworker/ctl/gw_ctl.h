@@ -107,6 +107,12 @@ ri_status_t gw_ctl_drop_session(gw_ctl_t *ctl, uint32_t timeout_ms, uint64_t ses
 ri_status_t gw_ctl_list_sessions(gw_ctl_t *ctl, uint32_t timeout_ms, gw_ctl_session_info_t **infos_p, size_t *n_p,
                                  gw_ctl_error_t *err);
 ri_status_t gw_ctl_drain(gw_ctl_t *ctl, uint32_t timeout_ms, uint32_t *sessions_open_p, gw_ctl_error_t *err);
+/* Renew the leases of ids[0..n) (n <= 4096; docs/kvstore.md "Session
+ * leases"): needed only while a session has no data-plane connection.
+ * *renewed_p: how many of them the daemon still held (the others are gone);
+ * *lease_ms_p: the daemon's lease period (0 = none).  Either may be NULL. */
+ri_status_t gw_ctl_keepalive(gw_ctl_t *ctl, uint32_t timeout_ms, const uint64_t *ids, size_t n, uint32_t *renewed_p,
+                             uint64_t *lease_ms_p, gw_ctl_error_t *err);
 
 /* A raw unary call: send req (len bytes, any content) to method (a full path
  * such as "/retroinfer.v1.KvStore/Health").  On success *resp_p holds the

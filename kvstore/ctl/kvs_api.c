@@ -1,6 +1,6 @@
 /*
  * The control API handlers (docs/architecture.md): Health, Stats,
- * CreateSession, DropSession, ListSessions, Drain.  Each one unpacks its
+ * CreateSession, DropSession, ListSessions, Drain, KeepAlive.  Each one unpacks its
  * request with protobuf-c, validates every field (INVALID_ARGUMENT with a
  * message naming the field), calls the data side and packs the answer.  The
  * caller's tenant was established by kvs_grpc before we run; every data-side
@@ -387,6 +387,39 @@ static ri_status_t kvs_api_drain(void *app, const kvs_caller_t *caller, const ui
     return kvs_api_pack(&out.base, reply);
 }
 
+/* Renew leases: cheap (one pass over the session table per id, under the
+ * catalog lock), so a client may call it every few seconds. */
+static ri_status_t kvs_api_keepalive(void *app, const kvs_caller_t *caller, const uint8_t *req, size_t len,
+                                     kvs_reply_t *reply)
+{
+    kvs_ctl_t *ctl = app;
+    uint32_t renewed = 0;
+    ri_status_t st;
+    Retroinfer__V1__KeepAliveRequest *in = retroinfer__v1__keep_alive_request__unpack(&kvs_pb_allocator, len, req);
+    if (in == NULL)
+        return kvs_api_bad_message("KeepAlive", reply);
+    if (in->n_session_ids > KVS_API_SESSION_TABLE) {
+        snprintf(reply->msg, sizeof(reply->msg), "KeepAlive: %zu session ids, at most %u", in->n_session_ids,
+                 KVS_API_SESSION_TABLE);
+        st = RI_ERR_INVALID;
+        goto out_free;
+    }
+    /* Like DropSession: an admin may keep any tenant's sessions, others only their own. */
+    st = kvs_data_session_keepalive(ctl->data, caller->admin ? NULL : caller->tenant, in->session_ids,
+                                    in->n_session_ids, &renewed);
+    if (st != RI_OK) {
+        snprintf(reply->msg, sizeof(reply->msg), "KeepAlive: %s", ri_status_str(st));
+        goto out_free;
+    }
+    Retroinfer__V1__KeepAliveResponse out = RETROINFER__V1__KEEP_ALIVE_RESPONSE__INIT;
+    out.renewed = renewed;
+    out.lease_ms = (uint64_t)ctl->cfg.session_lease_ms;
+    st = kvs_api_pack(&out.base, reply);
+out_free:
+    retroinfer__v1__keep_alive_request__free_unpacked(in, &kvs_pb_allocator);
+    return st;
+}
+
 #define KVS_API_PATH(m) "/retroinfer.v1.KvStore/" m
 
 const kvs_method_t kvs_ctl_methods[] = {
@@ -396,5 +429,6 @@ const kvs_method_t kvs_ctl_methods[] = {
     {"DropSession", KVS_API_PATH("DropSession"), true, kvs_api_drop_session},
     {"ListSessions", KVS_API_PATH("ListSessions"), true, kvs_api_list_sessions},
     {"Drain", KVS_API_PATH("Drain"), true, kvs_api_drain},
+    {"KeepAlive", KVS_API_PATH("KeepAlive"), true, kvs_api_keepalive},
 };
 const size_t kvs_ctl_n_methods = CM_ARRAY_LEN(kvs_ctl_methods);

@@ -78,7 +78,8 @@ static const cm_config_item_t kvs_ctl_config_items[] = {
     KVS_CFG("tls-ca", CM_CFG_STRING, "", "PEM CA bundle: require client certificates signed by it (mutual TLS)",
             tls_ca, 0, 0),
     KVS_CFG("insecure", CM_CFG_BOOL, "false",
-            "allow listen beyond loopback without a tokens-file (anyone who can connect is the default tenant)",
+            "allow listen and dataplane-listen beyond loopback without a tokens-file (anyone who can connect is the "
+            "default tenant)",
             insecure, 0, 0),
     KVS_CFG("insecure-admin", CM_CFG_BOOL, "false",
             "without a tokens-file, give every caller admin rights (Drain); else Drain needs an admin token",
@@ -91,6 +92,10 @@ static const cm_config_item_t kvs_ctl_config_items[] = {
             1000000),
     KVS_CFG("idle-timeout-ms", CM_CFG_INT, "300000", "close gRPC client connections idle this long",
             idle_timeout_ms, 1000, 86400000),
+    KVS_CFG("session-lease-ms", CM_CFG_INT, "30000",
+            "drop a session whose worker has had no data-plane connection and sent no KeepAlive for this long "
+            "(0 = never; sessions --recover brings back get a whole lease to re-attach)", session_lease_ms, 0,
+            86400000),
 };
 
 const cm_config_table_t kvs_ctl_config_table = {
@@ -152,6 +157,17 @@ ri_status_t kvs_ctl_config_check(const kvs_ctl_config_t *cfg, char *err, size_t 
                  "listen '%s' is not a loopback address: without a tokens-file the daemon has no authentication "
                  "and serves loopback only; set tokens-file (or --insecure to serve it unauthenticated)",
                  cfg->listen);
+        return RI_ERR_INVALID;
+    }
+    /* The data plane checks each message's session secret, but a secret
+     * comes from CreateSession, which without tokens anyone who reaches the
+     * gRPC port may call: the same rule as listen, for the same reason. */
+    if (cfg->tokens_file[0] == '\0' && !cfg->insecure && !kvs_ctl_addr_is_loopback(cfg->dataplane_listen)) {
+        snprintf(err, errlen,
+                 "dataplane-listen '%s' is not a loopback address: without a tokens-file the daemon has no "
+                 "authentication and serves loopback only; set tokens-file (or --insecure to serve it "
+                 "unauthenticated)",
+                 cfg->dataplane_listen);
         return RI_ERR_INVALID;
     }
     return RI_OK;
@@ -296,6 +312,7 @@ ri_status_t kvs_ctl_start(const kvs_ctl_config_t *cfg, kvs_ctl_t **ctl_p, char *
         .spill_quota_bytes = cfg->spill_quota,
         .spill_high_water = cfg->spill_high_water,
         .recover = cfg->recover,
+        .lease_ms = (uint32_t)cfg->session_lease_ms,
     };
     st = kvs_data_create(&dcfg, &ctl->data);
     if (st != RI_OK) {

@@ -53,6 +53,7 @@ typedef struct kvs_ctl_config {
     int64_t max_sessions_per_tenant; /* open sessions of one tenant; 0 = no limit */
     int64_t max_connections;         /* gRPC client connections held at once (and their fd budget) */
     int64_t idle_timeout_ms;         /* close gRPC connections idle this long */
+    int64_t session_lease_ms;        /* drop sessions with no data-plane connection or KeepAlive this long; 0 = never */
 } kvs_ctl_config_t;
 
 extern const cm_config_table_t kvs_ctl_config_table;

@@ -13,6 +13,7 @@
 #include "common/cm_alloc.h"
 #include "common/cm_log.h"
 #include "common/cm_status.h"
+#include "common/cm_time.h"
 
 static CM_ALLOC_TAG(kvs_catalog_tag, "kvs.catalog");
 
@@ -314,9 +315,15 @@ ri_status_t kvs_data_create(const kvs_data_config_t *cfg, kvs_data_t **data_p)
         if (st != RI_OK)
             goto err_free_catalog;
     }
+    st = kvs_lease_start(data);
+    if (st != RI_OK)
+        goto err_stop_dp;
     *data_p = data;
     return RI_OK;
 
+err_stop_dp:
+    kvs_dp_free(data->dp);
+    data->dp = NULL;
 err_free_catalog:
     /* Sessions a recovery rebuilt; the spill store keeps its files. */
     pthread_mutex_lock(&data->lock);
@@ -342,8 +349,9 @@ void kvs_data_destroy(kvs_data_t *data)
 {
     if (data == NULL)
         return;
-    /* Stop the data plane first: it finishes in-flight ops, then no thread
-     * but ours touches the catalog. */
+    /* Stop the reaper and the data plane first: the data plane finishes
+     * in-flight ops, then no thread but ours touches the catalog. */
+    kvs_lease_stop(data);
     pthread_mutex_lock(&data->lock);
     data->draining = true;
     pthread_mutex_unlock(&data->lock);
@@ -423,6 +431,7 @@ ri_status_t kvs_data_session_create(kvs_data_t *data, const char *tenant, const 
     snprintf(s->tenant, sizeof(s->tenant), "%s", tenant);
     snprintf(s->label, sizeof(s->label), "%s", label);
     s->created_unix_ms = kvs_unix_ms();
+    s->lease_ns = cm_time_ns(); /* the worker has one lease period to connect */
     s->page_bytes = 2ull * g.page_tokens * g.head_dim * 2u;
     /* Bounded: 2^30 tokens * 2^18 tables * 2 KiB per token < 2^64. */
     reserve = (expected_tokens + g.page_tokens - 1) / g.page_tokens * s->page_bytes * n_tables;
@@ -480,29 +489,13 @@ static bool kvs_tenant_in_scope(const char *want, const char *have)
     return want == NULL || strcmp(want, have) == 0;
 }
 
-ri_status_t kvs_data_session_drop(kvs_data_t *data, const char *tenant, uint64_t id, uint64_t *bytes_freed_p)
+uint64_t kvs_session_remove_locked(kvs_data_t *data, uint32_t i)
 {
-    kvs_session_t *s = NULL;
-    kvs_tenant_t *t;
-    uint64_t freed, charge;
+    kvs_session_t *s = data->sessions[i];
+    uint64_t id = s->id, freed = s->used_bytes + s->disk_bytes, charge = kvs_session_charge(s);
+    kvs_tenant_t *t = kvs_tenant_find(data, s->tenant);
 
-    if (data == NULL)
-        return RI_ERR_INVALID;
-    pthread_mutex_lock(&data->lock);
-    for (uint32_t i = 0; i < data->n_sessions; i++) {
-        if (data->sessions[i]->id == id && kvs_tenant_in_scope(tenant, data->sessions[i]->tenant)) {
-            s = data->sessions[i];
-            data->sessions[i] = data->sessions[--data->n_sessions];
-            break;
-        }
-    }
-    if (s == NULL) {
-        pthread_mutex_unlock(&data->lock);
-        return RI_ERR_NOT_FOUND;
-    }
-    freed = s->used_bytes + s->disk_bytes;
-    charge = kvs_session_charge(s);
-    t = kvs_tenant_find(data, s->tenant);
+    data->sessions[i] = data->sessions[--data->n_sessions];
     if (t != NULL)
         t->charged -= charge + s->meta_bytes;
     data->global_charged -= charge;
@@ -512,7 +505,27 @@ ri_status_t kvs_data_session_drop(kvs_data_t *data, const char *tenant, uint64_t
     /* Pages go back now when the data plane is not using the session, else
      * when its last data-plane reference ends. */
     kvs_session_unref_locked(data, s);
+    return freed;
+}
+
+ri_status_t kvs_data_session_drop(kvs_data_t *data, const char *tenant, uint64_t id, uint64_t *bytes_freed_p)
+{
+    uint64_t freed = 0;
+    bool found = false;
+
+    if (data == NULL)
+        return RI_ERR_INVALID;
+    pthread_mutex_lock(&data->lock);
+    for (uint32_t i = 0; i < data->n_sessions; i++) {
+        if (data->sessions[i]->id == id && kvs_tenant_in_scope(tenant, data->sessions[i]->tenant)) {
+            freed = kvs_session_remove_locked(data, i);
+            found = true;
+            break;
+        }
+    }
     pthread_mutex_unlock(&data->lock);
+    if (!found)
+        return RI_ERR_NOT_FOUND;
     if (bytes_freed_p != NULL)
         *bytes_freed_p = freed;
     cm_info("session %" PRIu64 " dropped (%" PRIu64 " bytes)", id, freed);
@@ -664,6 +677,10 @@ void kvs_data_metrics_write(kvs_data_t *data, FILE *out)
         clusters += data->sessions[i]->clusters;
     fprintf(out, "# HELP ri_kvs_sessions Open sessions.\n# TYPE ri_kvs_sessions gauge\nri_kvs_sessions %u\n",
             data->n_sessions);
+    fprintf(out, "# HELP ri_kvs_sessions_expired_total Sessions dropped because their lease ran out (no data-plane "
+                 "connection and no KeepAlive for session-lease-ms).\n# TYPE ri_kvs_sessions_expired_total counter\n"
+                 "ri_kvs_sessions_expired_total %" PRIu64 "\n",
+            data->sessions_expired);
     fprintf(out, "# HELP ri_kvs_clusters Clusters stored.\n# TYPE ri_kvs_clusters gauge\nri_kvs_clusters %" PRIu64 "\n",
             clusters);
     fprintf(out, "# HELP ri_kvs_fetches_total Ranked fetches served.\n# TYPE ri_kvs_fetches_total counter\n"

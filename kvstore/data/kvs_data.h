@@ -59,6 +59,8 @@ typedef struct kvs_data_config {
     uint64_t spill_quota_bytes;   /* disk quota of the spill store; 0 = unlimited */
     double spill_high_water;      /* spill coldest clusters above this pool share (0 = 0.90) */
     bool recover;                 /* reload spilled sessions from spill_dir at create */
+    uint32_t lease_ms;            /* drop a session with no data-plane connection and no KeepAlive for this long
+                                   * (0 = never; docs/kvstore.md "Session leases") */
 } kvs_data_config_t;
 
 /* One session as ListSessions shows it. */
@@ -128,6 +130,13 @@ ri_status_t kvs_data_session_list(kvs_data_t *data, const char *tenant, kvs_sess
  * working on the data plane at once.  Counts what went. */
 ri_status_t kvs_data_drop_tenant(kvs_data_t *data, const char *tenant, uint32_t *n_dropped_p,
                                  uint64_t *bytes_freed_p);
+
+/* Renew the leases of the sessions ids[0..n) that belong to this tenant
+ * (NULL: any tenant's, for an admin); ids that name no such session are
+ * skipped.  *renewed_p (may be NULL) = how many were renewed.  Never fails
+ * on unknown ids: RI_ERR_INVALID only for bad arguments. */
+ri_status_t kvs_data_session_keepalive(kvs_data_t *data, const char *tenant, const uint64_t *ids, size_t n,
+                                       uint32_t *renewed_p);
 
 /* Counters, scoped to tenant where the field says so. */
 void kvs_data_stats(kvs_data_t *data, const char *tenant, kvs_data_stats_t *stats_p);

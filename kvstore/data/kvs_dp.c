@@ -432,6 +432,7 @@ static ri_status_t kvs_dp_connect(kvs_dpw_t *w, kvs_dreq_t *r, const cm_wire_hdr
     atomic_fetch_add(&dp->n_conns, 1);
     pthread_mutex_lock(&dp->data->lock);
     dp->data->ops[CM_WIRE_OP_CONNECT]++;
+    kvs_lease_conn_locked(dp->data, c->session_id, true); /* the connection holds the session */
     pthread_mutex_unlock(&dp->data->lock);
     cm_debug("dp: session %llu connected on lane %u (%u connections there)", (unsigned long long)h->session_id,
              w->index, w->n_conns);
@@ -613,8 +614,12 @@ static void kvs_dp_serve_new(kvs_dpw_t *w, kvs_dreq_t *r)
 
 static void kvs_dp_close_conn(kvs_dpw_t *w, kvs_conn_t *c)
 {
-    /* The connection's caches go with it. */
+    /* The connection's caches go with it; its session's lease starts
+     * running again when this was its last connection. */
     kvs_ops_conn_closed(w->dp->data, c);
+    pthread_mutex_lock(&w->dp->data->lock);
+    kvs_lease_conn_locked(w->dp->data, c->session_id, false);
+    pthread_mutex_unlock(&w->dp->data->lock);
     kvs_dp_ep_close(w, c->ep, c->graceful);
     w->n_conns--;
     atomic_fetch_sub(&w->dp->n_conns, 1);

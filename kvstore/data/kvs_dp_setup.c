@@ -80,6 +80,22 @@ static void kvs_dp_config_port(unsigned port, uint32_t lanes)
     setenv("UCX_TCP_PORT_RANGE", range, 0);
 }
 
+/* A worker killed with -9 closes no connection: UCX notices it only by its
+ * keepalive (every 20 s by default; over shared memory it looks the peer's
+ * process up), and only then does the session's lease start to run.  Check
+ * at least twice per lease period, so that a dead worker's session goes
+ * within about 1.5 leases of its death.  A value the user set wins. */
+static void kvs_dp_config_keepalive(ucp_config_t *config, uint32_t lease_ms)
+{
+    char v[32];
+    uint32_t ms = lease_ms / 2u;
+    if (lease_ms == 0 || ms >= 20000u || getenv("UCX_KEEPALIVE_INTERVAL") != NULL)
+        return;
+    snprintf(v, sizeof(v), "%ums", ms < 100u ? 100u : ms);
+    if (ucp_config_modify(config, "KEEPALIVE_INTERVAL", v) != UCS_OK)
+        cm_warn("dp: could not set UCX's keepalive interval to %s: dead workers are noticed after 20 s", v);
+}
+
 /* A lane's address in text form (w->address). */
 static ri_status_t kvs_dp_publish_address(kvs_dpw_t *w)
 {
@@ -150,6 +166,7 @@ static ri_status_t kvs_dp_context(kvs_dp_t *dp, const struct sockaddr_storage *s
     if (st != RI_OK)
         goto err;
     kvs_dp_config_devices(dp, config, ss, host);
+    kvs_dp_config_keepalive(config, data->cfg.lease_ms);
     st = cm_ucx_context("ri-kvstore", config, false, &dp->ctx);
     ucp_config_release(config);
     if (st != RI_OK)

@@ -103,6 +103,8 @@ typedef struct kvs_session {
     int refs;                    /* list reference + data-plane users (under lock) */
     bool dropped;                /* no longer in the list */
     bool recovered;              /* rebuilt by --recover: clusters past its tables were lost, not never made */
+    uint32_t dp_conns;           /* live data-plane connections: while > 0 the lease does not run */
+    uint64_t lease_ns;           /* monotonic time the lease was last renewed (create, connect, disconnect, KeepAlive) */
 } kvs_session_t;
 
 typedef struct kvs_tenant {
@@ -161,6 +163,11 @@ struct kvs_data {
     uint64_t ops[CM_WIRE_OP_MAX + 1];
     uint64_t lat_bucket[KVS_LAT_BUCKETS + 1]; /* fetch latency histogram (+Inf last) */
     double lat_sum_s;
+    /* session leases (kvs_lease.c) */
+    uint64_t sessions_expired;       /* sessions dropped because their lease ran out */
+    pthread_t lease_thread;          /* the reaper; runs when cfg.lease_ms > 0 */
+    pthread_cond_t lease_cond;       /* wakes the reaper to stop (with lock) */
+    bool lease_running, lease_stop;
 };
 
 /* Fetch latency bucket bounds, seconds. */
@@ -198,6 +205,25 @@ bool kvs_geometry_check(kvs_geometry_t *g);
 
 /* Find or add a tenant record; NULL when out of memory. */
 kvs_tenant_t *kvs_tenant_get_locked(kvs_data_t *data, const char *name);
+
+/* Take session s (at index i of data->sessions) out of the catalog and
+ * release its quota, as DropSession does; its pages go when the last
+ * data-plane reference ends.  Returns the bytes it held. */
+uint64_t kvs_session_remove_locked(kvs_data_t *data, uint32_t i);
+
+/* --- session leases (kvs_lease.c) --- */
+
+/* Give every session already in the catalog (recovered by --recover) a
+ * fresh lease and start the reaper thread when cfg.lease_ms > 0. */
+ri_status_t kvs_lease_start(kvs_data_t *data);
+
+/* Stop the reaper (no-op when it does not run). */
+void kvs_lease_stop(kvs_data_t *data);
+
+/* A data-plane connection of session_id opened (up) or closed: while a
+ * session has one its lease does not run; the lease restarts when the last
+ * one closes.  Lock held; an id no longer in the catalog is ignored. */
+void kvs_lease_conn_locked(kvs_data_t *data, uint64_t session_id, bool up);
 
 /* Count an error reply. */
 void kvs_count_error_locked(kvs_data_t *data, ri_status_t st);

@@ -350,6 +350,21 @@ static void test_startup_rules(void **state)
     /* no tokens file and a non-loopback address: refused (exit 2) */
     const char *wide[] = {"--listen=0.0.0.0:0", NULL};
     assert_int_equal(start_refused(NULL, wide), 2);
+    /* the same for the data plane: before this rule it started silently
+     * (start_refused failed: the daemon served, rc 0 instead of -1) */
+    const char *wide_dp[] = {"--dataplane-listen=0.0.0.0:0", NULL};
+    assert_int_equal(start_refused(NULL, wide_dp), 2);
+    char bin[512], out[2048];
+    const char *argv[] = {kvs_test_bin("ri-kvstore", bin, sizeof(bin)), "--listen=127.0.0.1:0",
+                          "--dataplane-listen=0.0.0.0:0", "--metrics-listen=off", NULL};
+    assert_int_equal(kvs_test_run(argv, out, sizeof(out), 10000), 2);
+    assert_non_null(strstr(out, "dataplane-listen '0.0.0.0:0' is not a loopback address"));
+    /* --insecure lets it serve there, as it does for listen */
+    kvs_test_daemon_t d = {0};
+    const char *wide_ok[] = {"--dataplane-listen=0.0.0.0:0", "--insecure", NULL};
+    assert_int_equal(kvs_test_daemon_start(&d, wide_ok, NULL), 0);
+    assert_int_equal(kvs_test_daemon_stop(&d, SIGTERM, 10000), 0);
+    kvs_test_daemon_cleanup(&d);
     /* bad tokens files: refused (exit 1) */
     assert_int_equal(start_refused("short alice\n", NULL), 1);
     assert_int_equal(start_refused("a-long-enough-token bad/tenant\n", NULL), 1);

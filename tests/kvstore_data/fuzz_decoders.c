@@ -154,7 +154,10 @@ static void fz_proto(uint8_t which, const uint8_t *p, size_t n)
     case 7: FZ_PB(ListSessionsRequest, list_sessions_request, p, n); break;
     case 8: FZ_PB(StatsRequest, stats_request, p, n); break;
     case 9: FZ_PB(HealthRequest, health_request, p, n); break;
-    default: FZ_PB(DrainRequest, drain_request, p, n); break;
+    default: /* the two messages without their own selector value share one */
+        FZ_PB(DrainRequest, drain_request, p, n);
+        FZ_PB(KeepAliveRequest, keep_alive_request, p, n);
+        break;
     }
 }
 

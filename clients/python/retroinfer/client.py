@@ -160,6 +160,15 @@ class Client:
                             clusters=s.clusters, created_unix_ms=s.created_unix_ms,
                             dataplane_address=s.dataplane_address) for s in r.sessions]
 
+    def keep_alive(self, session_ids: Sequence[int], *, timeout: Optional[float] = None) -> Tuple[int, int]:
+        """Renew the leases of these sessions (at most 4096 ids), for a
+        session held without a data-plane connection: the daemon drops one
+        that has neither for its lease period.  Returns (renewed, lease_ms):
+        how many of the ids it still holds for the caller's tenant (the others
+        are gone or another tenant's) and its lease period (0 = none)."""
+        r = self._call("KeepAlive", pb.KeepAliveRequest(session_ids=list(session_ids)), timeout)
+        return r.renewed, r.lease_ms
+
     def drain(self, *, timeout: Optional[float] = None) -> int:
         """Stop new sessions (existing ones keep working); returns the number
         still open.  Needs an admin token (else PermissionDenied)."""

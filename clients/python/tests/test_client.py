@@ -65,6 +65,19 @@ def test_create_list_drop_session(daemon):
         assert str(s.session_id) in e.value.details
 
 
+def test_keep_alive_renews_own_sessions_only(daemon):
+    with client(daemon, "bob") as bob, client(daemon, "alice") as alice:
+        s = bob.create_session(GEO, expected_tokens=64, label="py-keep")
+        renewed, lease_ms = bob.keep_alive([s.session_id, 987654321])
+        assert renewed == 1          # the unknown id is skipped
+        assert lease_ms > 0
+        assert alice.keep_alive([s.session_id]) == (0, lease_ms)  # another tenant's: not renewed
+        with pytest.raises(InvalidArgument):
+            bob.keep_alive(list(range(1, 4098)))
+        bob.drop_session(s.session_id)
+        assert bob.keep_alive([s.session_id])[0] == 0
+
+
 def test_two_sessions_get_distinct_ids_and_secrets(daemon):
     with client(daemon, "bob") as kv:
         a = kv.create_session(GEO, 64, "a")
