@@ -579,6 +579,52 @@ ri_status_t gw_dp_map(gw_dp_t *dp, uint8_t **local_p, uint64_t *bytes_p)
     return RI_OK;
 }
 
+ri_status_t gw_dp_forged_get(gw_dp_t *dp, uint64_t raddr, void *buf, size_t len, uint32_t timeout_ms)
+{
+    ucp_mem_map_params_t mp = {0};
+    ucp_request_param_t prm = {0};
+    ucp_mem_h memh = NULL;
+    ucp_rkey_h rkey = NULL;
+    void *packed = NULL, *req;
+    size_t packed_len = 0;
+    ucs_status_t s;
+    uint64_t deadline;
+
+    if (dp == NULL || buf == NULL || len == 0)
+        return RI_ERR_INVALID;
+    mp.field_mask = UCP_MEM_MAP_PARAM_FIELD_ADDRESS | UCP_MEM_MAP_PARAM_FIELD_LENGTH;
+    mp.address = buf;
+    mp.length = len;
+    s = ucp_mem_map(dp->ctx, &mp, &memh);
+    if (s == UCS_OK)
+        s = ucp_rkey_pack(dp->ctx, memh, &packed, &packed_len);
+    if (s == UCS_OK)
+        s = ucp_ep_rkey_unpack(dp->ep, packed, &rkey);
+    if (s != UCS_OK)
+        goto out;
+    req = ucp_get_nbx(dp->ep, buf, len, raddr, rkey, &prm);
+    if (UCS_PTR_IS_ERR(req) || req == NULL) {
+        s = UCS_PTR_STATUS(req);
+        goto out;
+    }
+    deadline = cm_time_ns() + (uint64_t)timeout_ms * 1000000u;
+    while ((s = ucp_request_check_status(req)) == UCS_INPROGRESS && cm_time_ns() < deadline)
+        ucp_worker_progress(dp->worker);
+    if (s == UCS_INPROGRESS) {
+        ucp_request_cancel(dp->worker, req);
+        s = UCS_ERR_TIMED_OUT;
+    }
+    ucp_request_free(req);
+out:
+    if (rkey != NULL)
+        ucp_rkey_destroy(rkey);
+    if (packed != NULL)
+        ucp_rkey_buffer_release(packed);
+    if (memh != NULL)
+        ucp_mem_unmap(dp->ctx, memh);
+    return gw_dp_status(s);
+}
+
 ri_status_t gw_dp_locate(gw_dp_t *dp, uint32_t layer, uint32_t head, uint32_t first, uint32_t count,
                          uint64_t *offs)
 {

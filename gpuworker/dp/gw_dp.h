@@ -46,6 +46,13 @@ void gw_dp_close(gw_dp_t *dp);
  * reached from here (another host): the connection stays usable, two-sided. */
 ri_status_t gw_dp_map(gw_dp_t *dp, uint8_t **local_p, uint64_t *bytes_p);
 
+/* Testing: a one-sided read of len bytes at the kvstore's address raddr
+ * into buf, through a key this side packs for buf itself, waiting up to
+ * timeout_ms.  Any peer can send one (over TCP UCX emulates it with
+ * messages, and a target whose context has RMA answers it from whatever
+ * address it names); the tests use it to show the kvstore does not. */
+ri_status_t gw_dp_forged_get(gw_dp_t *dp, uint64_t raddr, void *buf, size_t len, uint32_t timeout_ms);
+
 /* LOCATE: offsets in the region of clusters [first, first + count) of
  * (layer, head) into offs (CM_DP_NOT_DIRECT for those not in it). */
 ri_status_t gw_dp_locate(gw_dp_t *dp, uint32_t layer, uint32_t head, uint32_t first, uint32_t count,

@@ -18,24 +18,31 @@
  *       the handover socket (found in /proc/net/unix) with alice's session
  *                          id and bob's secret: RI_ERR_UNAUTHENTICATED, no
  *                          descriptor.
+ *       a one-sided get over TCP at alice's cluster's address, through a
+ *                          key bob packs himself: not answered (the
+ *                          kvstore's UCX has no RMA);
  *   - positive controls, each path's: the same /proc probes run as root
  *     find alice's bytes (the region is there, and the probe would see
  *     it); the sysv and /dev/shm probes find alice's bytes in a segment and
  *     a file the test plants readable for them; the handover probe gets
  *     bob's own region with bob's secret; and over TCP (UCX_TLS=tcp,self)
- *     bob's worker fetches its own cluster two-sided.
+ *     bob's worker fetches its own cluster two-sided; and the mutant run
+ *     (test_direct_isolation_rma_mutant: RMA turned back on in the daemon
+ *     by a preloaded ucp_init) must fail, alice's bytes coming back.
  *   - alice's secret does not connect to bob's session; the direct-read
  *     ops refuse bad input with a clear status, changing nothing.
  * Needs root (to run the daemon and the workers as other uids): exit 77
  * otherwise.
  *
- * Against the code before memfd regions (UCX SysV regions, mode 0660,
- * dumpable daemon) this test fails in setup: alice's worker, under another
- * uid than the kvstore, could not connect its data plane with the default
- * transports ("shmat ... Permission denied").  With the workers given the
- * kvstore's uid to get that far, the sysv probe run as bob found alice's
- * segment listed and attached it read-write (group 0660): alice's bytes
- * came back.
+ * Against the code before memfd regions (UCX-allocated regions, a dumpable
+ * daemon offering UCX shared memory) this test failed in setup: alice's
+ * worker, under another uid than the kvstore, could not connect its data
+ * plane ("open(/proc/PID/fd/22) failed: Permission denied", UCX's posix
+ * transport; a root worker got "shmat ... Permission denied").  With alice
+ * given the kvstore's uid to get that far, the sysv probe run as bob (only
+ * the kvstore's group in common) attached the kvstore's SysV segment and
+ * found alice's cluster in it (exit 1, twice); there was no handover
+ * socket to probe.
  */
 #define _GNU_SOURCE
 #include <dirent.h>
@@ -104,10 +111,13 @@ enum {
     P_HO_UNAUTH = 70,     /* the handover said RI_ERR_UNAUTHENTICATED, no descriptor */
     P_HO_OTHER = 71,      /* refused some other way */
     P_HO_CLEAN = 72,      /* a descriptor, but not alice's bytes */
+    P_RMA_REFUSED = 80,   /* a one-sided get over TCP got no answer */
+    P_RMA_CLEAN = 81,     /* it was answered, not with alice's bytes */
 };
 
 static kvs_test_daemon_t daemon_;
 static const char *self_;
+static const char *rma_mutant_;        /* preload that turns RMA on in the daemon (the mutant run) */
 static pid_t alice_pid_;
 static int alice_in_ = -1;             /* alice's stdin: she lives until it closes */
 static uint64_t alice_sid_;
@@ -320,7 +330,8 @@ static int probe_maps(pid_t pid, const uint8_t *page)
             continue;
         uint8_t *buf = malloc(hi - lo);
         if (buf != NULL && pread(mem, buf, hi - lo, (off_t)lo) == (ssize_t)(hi - lo) && has_page(buf, hi - lo, page)) {
-            printf("/proc/%d/mem at %s", (int)pid, line);
+            uint8_t *at = memmem(buf, hi - lo, page, PAGE_BYTES);
+            printf("/proc/%d/mem at %sADDR:%lx\n", (int)pid, line, lo + (unsigned long)(at - buf));
             rc = P_LEAK;
         }
         free(buf);
@@ -451,6 +462,33 @@ static int probe_handover(const char *grpc, pid_t kvs_pid, uint64_t alice_sid, c
     return rc;
 }
 
+/* As bob over TCP only: a one-sided get at alice's cluster's address in the
+ * kvstore (RI_TEST_RADDR, found by root in /proc/PID/maps), through a key
+ * bob packs for his own buffer. */
+static int probe_rma(const char *grpc, const uint8_t *alice_page)
+{
+    static uint8_t buf[PAGE_BYTES];
+    const char *raddr = getenv("RI_TEST_RADDR");
+    party_t p = {0};
+    ri_status_t st;
+    int rc;
+
+    if (raddr == NULL || party_setup(&p, grpc, TOK_BOB, "bob-rma", SEED_BOB, false) != 0)
+        return P_CONTROL;
+    st = gw_dp_forged_get(p.dp, strtoull(raddr, NULL, 16), buf, sizeof(buf), 2000);
+    if (st == RI_OK) {
+        rc = has_page(buf, sizeof(buf), alice_page) ? P_LEAK : P_RMA_CLEAN;
+        printf("rma: %s\n", rc == P_LEAK ? "alice's cluster came back over TCP" : "answered with other bytes");
+    } else {
+        rc = P_RMA_REFUSED;
+        printf("rma: a get at %s over TCP: %s\n", raddr, ri_status_str(st));
+    }
+    /* No close: UCX 1.13 asserts closing an endpoint with a cancelled get
+     * on it; this process is done anyway. */
+    fflush(stdout);
+    _exit(rc);
+}
+
 /* --probe KIND KVS_PID KVS_UID GRPC ALICE_SID */
 static int probe_main(char **argv)
 {
@@ -474,6 +512,8 @@ static int probe_main(char **argv)
         return probe_handover(argv[3], pid, strtoull(argv[4], NULL, 10), page);
     if (strcmp(kind, "twosided") == 0)
         return twosided_main(argv[3]);
+    if (strcmp(kind, "rma") == 0)
+        return probe_rma(argv[3], page);
     return P_USAGE;
 }
 
@@ -538,28 +578,37 @@ static void read_out(int fd, char *out, size_t len, const char *stop, int timeou
     }
 }
 
-/* Run a probe as uid (-1: root); its exit status. */
-static int probe(uid_t uid, const char *kind, const char *env)
+/* Run a probe as uid (-1: root) with env ("NAME=VALUE" or NULL) added; its
+ * exit status, its output in out when not NULL. */
+static int probe_out(uid_t uid, const char *kind, const char *env, char *out, size_t len)
 {
-    char pid[16], kuid[16], sid[32], out[8192];
+    char pid[16], kuid[16], sid[32];
     int fd, st;
     snprintf(pid, sizeof(pid), "%d", (int)daemon_.pid);
     snprintf(kuid, sizeof(kuid), "%d", KVS_UID);
     snprintf(sid, sizeof(sid), "%" PRIu64, alice_sid_);
     const char *args[] = {self_, "--probe", kind, pid, kuid, daemon_.grpc, sid, NULL};
+    char name[64];
+    snprintf(name, sizeof(name), "%.*s", env ? (int)strcspn(env, "=") : 0, env ? env : "");
     if (env != NULL)
         putenv((char *)env);
     pid_t child = spawn_as(uid, args, NULL, &fd);
     if (env != NULL)
-        unsetenv("UCX_TLS");
+        unsetenv(name);
     assert_true(child > 0);
-    read_out(fd, out, sizeof(out), NULL, 30000);
+    read_out(fd, out, len, NULL, 30000);
     close(fd);
     kill(child, SIGKILL);
     assert_int_equal(waitpid(child, &st, 0), child);
     printf("  probe %-9s as %-5s -> %d  %.300s%s", kind, uid == (uid_t)-1 ? "root" : "bob",
            WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st), out, out[0] == '\0' || out[strlen(out) - 1] != '\n' ? "\n" : "");
     return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
+}
+
+static int probe(uid_t uid, const char *kind, const char *env)
+{
+    char out[8192];
+    return probe_out(uid, kind, env, out, sizeof(out));
 }
 
 static int group_setup(void **state)
@@ -577,7 +626,10 @@ static int group_setup(void **state)
         return -1;
     snprintf(flag, sizeof(flag), "--tokens-file=%s", path);
     const char *extra[] = {flag, NULL};
+    if (rma_mutant_ != NULL)
+        setenv("LD_PRELOAD", rma_mutant_, 1); /* the daemon only: it is started before anyone else */
     rc = kvs_test_daemon_start_as(&daemon_, extra, KVS_UID, GROUP_GID, NULL);
+    unsetenv("LD_PRELOAD");
     if (rc == 77) {
         fprintf(stderr, "skipped: no ri-kvstore\n");
         exit(77);
@@ -678,6 +730,26 @@ static void test_twosided_over_tcp(void **state)
     assert_int_equal(probe(BOB_UID, "twosided", "UCX_TLS=tcp,self"), 0);
 }
 
+/* The kvstore's UCX context has no RMA, so a one-sided get a TCP peer
+ * aims at alice's cluster (with a key of its own: over TCP UCX needs no
+ * real one) is not answered.  Its positive control is the mutant run, RMA
+ * turned back on in the daemon: alice's bytes come back. */
+static void test_rma_over_tcp(void **state)
+{
+    char out[8192], env[64];
+    const char *at;
+    (void)state;
+    assert_int_equal(probe_out((uid_t)-1, "maps", NULL, out, sizeof(out)), P_LEAK);
+    at = strstr(out, "ADDR:");
+    assert_non_null(at);
+    snprintf(env, sizeof(env), "RI_TEST_RADDR=%.20s", at + 5);
+    env[strcspn(env, "\n")] = '\0';
+    putenv(env);
+    int rc = probe(BOB_UID, "rma", "UCX_TLS=tcp,self");
+    unsetenv("RI_TEST_RADDR");
+    assert_int_equal(rc, P_RMA_REFUSED);
+}
+
 /* In this (root) process: a session of bob's for the op-level checks. */
 static void test_bad_requests_refused(void **state)
 {
@@ -718,12 +790,18 @@ int main(int argc, char **argv)
     if (argc == 7 && strcmp(argv[1], "--probe") == 0)
         return probe_main(argv + 2);
     signal(SIGPIPE, SIG_IGN);
+    if (argc == 3 && strcmp(argv[1], "rma-mutant") == 0) {
+        const struct CMUnitTest mutant[] = {cmocka_unit_test(test_rma_over_tcp)};
+        rma_mutant_ = argv[2];
+        return cmocka_run_group_tests(mutant, group_setup, group_teardown);
+    }
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_proc_paths),
         cmocka_unit_test(test_sysv_none),
         cmocka_unit_test(test_devshm_none),
         cmocka_unit_test(test_handover_refuses_other_session),
         cmocka_unit_test(test_twosided_over_tcp),
+        cmocka_unit_test(test_rma_over_tcp),
         cmocka_unit_test(test_bad_requests_refused),
     };
     return cmocka_run_group_tests(tests, group_setup, group_teardown);
