@@ -250,6 +250,9 @@ ri_status_t kvs_dp_start(kvs_data_t *data, kvs_dp_t **dp_p)
             goto err_lanes;
         }
     }
+    /* before the lanes run: a MAP reads its name (without it, no direct
+     * regions: workers stay two-sided) */
+    (void)kvs_dp_handover_start(dp);
     for (i = 0; i < dp->n_lanes; i++) {
         if (pthread_create(&dp->lanes[i].thread, NULL, kvs_dp_lane_main, &dp->lanes[i]) != 0) {
             st = RI_ERR_NOMEM;
@@ -257,7 +260,6 @@ ri_status_t kvs_dp_start(kvs_data_t *data, kvs_dp_t **dp_p)
         }
         dp->lanes[i].thread_started = true;
     }
-    (void)kvs_dp_handover_start(dp); /* without it, no direct regions: workers stay two-sided */
     cm_info("dp: %u lane(s) serving (no listener; workers connect to the address CreateSession gives)", dp->n_lanes);
     *dp_p = dp;
     return RI_OK;
