@@ -485,7 +485,9 @@ static ri_status_t gw_dp_handover_recv(gw_dp_t *dp, int conn, int *fd_p, uint64_
     cm_dp_handover_req_encode(req, dp->session_id, dp->secret);
     if (send(conn, req, sizeof(req), MSG_NOSIGNAL) != (ssize_t)sizeof(req))
         return RI_ERR_IO;
-    if (recvmsg(conn, &msg, MSG_CMSG_CLOEXEC | MSG_WAITALL) != (ssize_t)sizeof(rep) || (msg.msg_flags & MSG_CTRUNC))
+    if (recvmsg(conn, &msg, MSG_CMSG_CLOEXEC | MSG_WAITALL) != (ssize_t)sizeof(rep))
+        return RI_ERR_IO; /* closed, timed out or cut short: no answer */
+    if (msg.msg_flags & MSG_CTRUNC)
         return RI_ERR_PROTOCOL;
     c = CMSG_FIRSTHDR(&msg);
     if (c != NULL && c->cmsg_level == SOL_SOCKET && c->cmsg_type == SCM_RIGHTS && c->cmsg_len == CMSG_LEN(sizeof(int)))
@@ -564,6 +566,10 @@ ri_status_t gw_dp_map(gw_dp_t *dp, uint8_t **local_p, uint64_t *bytes_p)
         return RI_ERR_UNSUPPORTED;
     st = gw_dp_handover_recv(dp, conn, &fd, &bytes);
     close(conn);
+    if (st == RI_ERR_IO) {
+        cm_warn("dp client: the kvstore's handover socket gave no answer: reads stay two-sided");
+        return RI_ERR_UNSUPPORTED;
+    }
     if (st != RI_OK)
         return st;
     if (bytes != m.bytes)

@@ -44,30 +44,36 @@
 ri_status_t kvs_dp_region_alloc(kvs_dp_t *dp, uint64_t bytes, kvs_region_t *r)
 {
     void *base;
-    int fd;
+    int fd, e;
 
     if (dp == NULL || bytes == 0 || bytes > (uint64_t)INT64_MAX)
         return RI_ERR_INVALID;
     if (dp->ho_fd < 0)
         return RI_ERR_UNSUPPORTED;
     fd = memfd_create("ri-region", MFD_CLOEXEC | MFD_ALLOW_SEALING);
-    if (fd < 0)
-        goto err;
-    if (ftruncate(fd, (off_t)bytes) != 0 || fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL) != 0)
-        goto err_fd;
+    if (fd < 0) {
+        e = errno;
+        goto err_log;
+    }
+    if (ftruncate(fd, (off_t)bytes) != 0 || fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL) != 0) {
+        e = errno;
+        goto err_close_fd;
+    }
     base = mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
-    if (base == MAP_FAILED)
-        goto err_fd;
+    if (base == MAP_FAILED) {
+        e = errno;
+        goto err_close_fd;
+    }
     r->base = base;
     r->bytes = bytes;
     r->fd = fd;
     return RI_OK;
 
-err_fd:
+err_close_fd:
     close(fd);
-err:
-    cm_warn("dp: no direct region of %llu bytes: %s", (unsigned long long)bytes, strerror(errno));
-    return errno == ENOMEM ? RI_ERR_NOMEM : RI_ERR_UNSUPPORTED;
+err_log:
+    cm_warn("dp: no direct region of %llu bytes: %s", (unsigned long long)bytes, strerror(e));
+    return e == ENOMEM || e == ENOSPC ? RI_ERR_NOMEM : RI_ERR_UNSUPPORTED;
 }
 
 void kvs_dp_region_free(kvs_dp_t *dp, kvs_region_t *r)
@@ -184,7 +190,9 @@ static int kvs_ho_bind(char *name, size_t cap)
     struct sockaddr_un sa = {.sun_family = AF_UNIX};
     uint8_t rnd[12];
     socklen_t len;
-    int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    /* non-blocking: a caller gone between poll and accept must not leave
+     * the thread in accept, deaf to stop */
+    int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
 
     if (fd < 0)
         return -1;
@@ -213,17 +221,17 @@ ri_status_t kvs_dp_handover_start(kvs_dp_t *dp)
         return RI_ERR_UNSUPPORTED;
     }
     if (pipe2(dp->ho_wake, O_CLOEXEC) != 0)
-        goto err_sock;
+        goto err_close_sock;
     if (pthread_create(&dp->ho_thread, NULL, kvs_ho_main, dp) != 0)
-        goto err_pipe;
+        goto err_close_pipe;
     dp->ho_started = true;
     cm_info("dp: direct regions handed over on the abstract unix socket @%s", dp->ho_name);
     return RI_OK;
 
-err_pipe:
+err_close_pipe:
     close(dp->ho_wake[0]);
     close(dp->ho_wake[1]);
-err_sock:
+err_close_sock:
     close(dp->ho_fd);
     dp->ho_fd = -1;
     return RI_ERR_NOMEM;
