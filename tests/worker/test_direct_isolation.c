@@ -30,7 +30,9 @@
  *     (test_direct_isolation_rma_mutant: RMA turned back on in the daemon
  *     by a preloaded ucp_init) must fail, alice's bytes coming back.
  *   - alice's secret does not connect to bob's session; the direct-read
- *     ops refuse bad input with a clear status, changing nothing.
+ *     ops and the handover socket refuse bad input with a clear status (or
+ *     a closed socket), changing nothing; a silent caller on the socket
+ *     holds the next one a second at most.
  * Needs root (to run the daemon and the workers as other uids): exit 77
  * otherwise.
  *
@@ -750,6 +752,63 @@ static void test_rma_over_tcp(void **state)
     assert_int_equal(rc, P_RMA_REFUSED);
 }
 
+/* Connect to the handover socket, send len bytes of buf, read the answer
+ * (status, or RI_ERR_IO when the kvstore closed without one); *fd_p gets a
+ * descriptor or -1. */
+static ri_status_t handover_raw(const char *name, const void *buf, size_t len, int *fd_p)
+{
+    struct sockaddr_un sa = {.sun_family = AF_UNIX};
+    uint8_t rep[CM_DP_HANDOVER_REP];
+    uint64_t bytes;
+    ri_status_t st = RI_ERR_IO;
+    int s = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+
+    *fd_p = -1;
+    memcpy(sa.sun_path + 1, name, strlen(name));
+    if (connect(s, (struct sockaddr *)&sa, (socklen_t)(offsetof(struct sockaddr_un, sun_path) + 1 + strlen(name))) == 0 &&
+        send(s, buf, len, MSG_NOSIGNAL) == (ssize_t)len && shutdown(s, SHUT_WR) == 0 &&
+        recv(s, rep, sizeof(rep), MSG_WAITALL) == (ssize_t)sizeof(rep))
+        cm_dp_handover_rep_decode(rep, &st, &bytes);
+    close(s);
+    return st;
+}
+
+/* Bad input on the handover socket: a clear refusal or a closed socket, no
+ * descriptor, and the daemon goes on (a silent caller holds it 1 s at most). */
+static void test_handover_bad_input(void **state)
+{
+    uint8_t junk[CM_DP_HANDOVER_REQ], req[CM_DP_HANDOVER_REQ], secret[CM_WIRE_SECRET_SIZE] = {0};
+    struct sockaddr_un sa = {.sun_family = AF_UNIX};
+    char name[128];
+    int fd, silent;
+    (void)state;
+    assert_int_equal(find_handover(daemon_.pid, name, sizeof(name)), 0);
+    memset(junk, 0xa5, sizeof(junk));
+    assert_int_equal(handover_raw(name, junk, sizeof(junk), &fd), RI_ERR_PROTOCOL); /* no magic */
+    assert_int_equal(fd, -1);
+    assert_int_equal(handover_raw(name, junk, 5, &fd), RI_ERR_IO);                 /* cut short: closed */
+    assert_int_equal(fd, -1);
+    cm_dp_handover_req_encode(req, alice_sid_, secret);
+    assert_int_equal(handover_raw(name, req, sizeof(req), &fd), RI_ERR_UNAUTHENTICATED); /* wrong secret */
+    assert_int_equal(fd, -1);
+    cm_dp_handover_req_encode(req, 999999, secret);
+    assert_int_equal(handover_raw(name, req, sizeof(req), &fd), RI_ERR_UNAUTHENTICATED); /* no such session */
+    assert_int_equal(fd, -1);
+    /* a caller that says nothing, then one that asks: answered after the first's second */
+    silent = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    memcpy(sa.sun_path + 1, name, strlen(name));
+    assert_int_equal(connect(silent, (struct sockaddr *)&sa,
+                             (socklen_t)(offsetof(struct sockaddr_un, sun_path) + 1 + strlen(name))), 0);
+    long long t0 = now_ms();
+    assert_int_equal(handover_raw(name, junk, sizeof(junk), &fd), RI_ERR_PROTOCOL);
+    long long waited = now_ms() - t0;
+    close(silent);
+    printf("a silent caller held the next one %lld ms\n", waited);
+    assert_true(waited < 3000);
+    /* alice's worker is still served, and still reads her region (checked at teardown) */
+    assert_int_equal(probe(BOB_UID, "handover", NULL), P_HO_UNAUTH);
+}
+
 /* In this (root) process: a session of bob's for the op-level checks. */
 static void test_bad_requests_refused(void **state)
 {
@@ -802,6 +861,7 @@ int main(int argc, char **argv)
         cmocka_unit_test(test_handover_refuses_other_session),
         cmocka_unit_test(test_twosided_over_tcp),
         cmocka_unit_test(test_rma_over_tcp),
+        cmocka_unit_test(test_handover_bad_input),
         cmocka_unit_test(test_bad_requests_refused),
     };
     return cmocka_run_group_tests(tests, group_setup, group_teardown);
