@@ -10,7 +10,9 @@
  * no name anywhere (not in /dev/shm, not in /proc/sysvipc).  The worker
  * gets the file itself, as a descriptor passed over a unix-domain socket
  * (SCM_RIGHTS), after proving there that it holds the session's secret, and
- * maps it read-only.  Two steps, because UCX cannot carry a descriptor:
+ * maps it read-only (the file is sealed: its size never changes, and no
+ * mapping but the kvstore's own can write it).  Two steps, because UCX
+ * cannot carry a descriptor:
  *
  * MAP request (data plane, authenticated like every op): meta and data empty.
  *   reply meta: u64 bytes (the region's length), u32 name_len, u32 0,

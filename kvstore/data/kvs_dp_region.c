@@ -6,7 +6,10 @@
  * the daemon's non-dumpable state keeps /proc/PID/fd and /proc/PID/map_files
  * from exposing (kvs_main.c), and the descriptors we pass to the session's
  * worker.  Its size is sealed (no shrink, no grow): a worker that maps it
- * can never be made to fault by the file shrinking under it.
+ * can never be made to fault by the file shrinking under it.  And it is
+ * sealed against new writers (F_SEAL_FUTURE_WRITE): only our own mapping,
+ * made before the seal, writes; a worker can map it read-only and no other
+ * way, whatever the descriptor's mode.
  *
  * The handover socket is a unix stream socket in the abstract namespace
  * under a random name that MAP tells the authenticated worker.  Abstract,
@@ -55,7 +58,7 @@ ri_status_t kvs_dp_region_alloc(kvs_dp_t *dp, uint64_t bytes, kvs_region_t *r)
         e = errno;
         goto err_log;
     }
-    if (ftruncate(fd, (off_t)bytes) != 0 || fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL) != 0) {
+    if (ftruncate(fd, (off_t)bytes) != 0) {
         e = errno;
         goto err_close_fd;
     }
@@ -64,11 +67,19 @@ ri_status_t kvs_dp_region_alloc(kvs_dp_t *dp, uint64_t bytes, kvs_region_t *r)
         e = errno;
         goto err_close_fd;
     }
+    /* Our mapping stays writable; no new one can be (FUTURE_WRITE: the
+     * descriptor we pass on is read-write, the seal makes it read-only). */
+    if (fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_FUTURE_WRITE | F_SEAL_SEAL) != 0) {
+        e = errno;
+        goto err_unmap;
+    }
     r->base = base;
     r->bytes = bytes;
     r->fd = fd;
     return RI_OK;
 
+err_unmap:
+    munmap(base, bytes);
 err_close_fd:
     close(fd);
 err_log:

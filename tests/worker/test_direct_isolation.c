@@ -25,7 +25,8 @@
  *     find alice's bytes (the region is there, and the probe would see
  *     it); the sysv and /dev/shm probes find alice's bytes in a segment and
  *     a file the test plants readable for them; the handover probe gets
- *     bob's own region with bob's secret; and over TCP (UCX_TLS=tcp,self)
+ *     bob's own region with bob's secret (read-only: no writable mapping,
+ *     no write through the descriptor); and over TCP (UCX_TLS=tcp,self)
  *     bob's worker fetches its own cluster two-sided; and the mutant run
  *     (test_direct_isolation_rma_mutant: RMA turned back on in the daemon
  *     by a preloaded ucp_init) must fail, alice's bytes coming back.
@@ -113,6 +114,7 @@ enum {
     P_HO_UNAUTH = 70,     /* the handover said RI_ERR_UNAUTHENTICATED, no descriptor */
     P_HO_OTHER = 71,      /* refused some other way */
     P_HO_CLEAN = 72,      /* a descriptor, but not alice's bytes */
+    P_HO_WRITABLE = 73,   /* a worker could write its region */
     P_RMA_REFUSED = 80,   /* a one-sided get over TCP got no answer */
     P_RMA_CLEAN = 81,     /* it was answered, not with alice's bytes */
 };
@@ -448,6 +450,12 @@ static int probe_handover(const char *grpc, pid_t kvs_pid, uint64_t alice_sid, c
     if (st != RI_OK || fd < 0 || !fd_has_page(fd, p.page)) {
         fprintf(stderr, "bob's own handover: %s, fd %d\n", ri_status_str(st), fd);
         return P_CONTROL;
+    }
+    /* his own region, and read-only: no writable mapping, no write */
+    void *w = mmap(NULL, PAGE_BYTES, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    if (w != MAP_FAILED || pwrite(fd, p.page, 1, 0) >= 0) {
+        fprintf(stderr, "bob's region is writable through the descriptor he was given\n");
+        return P_HO_WRITABLE;
     }
     close(fd);
     printf("bob gets his own region over @%s\n", name);
