@@ -5,16 +5,30 @@
  * every decoder checks counts against the bytes present before reading and
  * writes its output only on success).
  *
- * The kvstore gives a session that asks for it a region of its own: memory
- * allocated through UCX (shared memory on one host), holding only that
- * session's clusters.  The worker unpacks the region's key and maps it; a
- * key covers its own region only, never the pool or another session.
+ * The kvstore gives a session that asks for it a region of its own: an
+ * anonymous memory file (memfd) holding only that session's clusters, with
+ * no name anywhere (not in /dev/shm, not in /proc/sysvipc).  The worker
+ * gets the file itself, as a descriptor passed over a unix-domain socket
+ * (SCM_RIGHTS), after proving there that it holds the session's secret, and
+ * maps it read-only (the file is sealed: its size never changes, and no
+ * mapping but the kvstore's own can write it).  Two steps, because UCX
+ * cannot carry a descriptor:
  *
- * MAP request: meta and data empty.
- *   reply meta: u64 base (the region's address in the kvstore), u64 bytes,
- *   u32 rkey_len, u32 0, u8 rkey[rkey_len] (ucp_rkey_pack).
- *   RI_ERR_UNSUPPORTED when the daemon cannot give one (spill tier on, no
- *   expected size, UCX could not allocate): the worker stays two-sided.
+ * MAP request (data plane, authenticated like every op): meta and data empty.
+ *   reply meta: u64 bytes (the region's length), u32 name_len, u32 0,
+ *   u8 name[name_len]: the handover socket's name in the abstract namespace
+ *   (without the leading NUL byte).  MAP makes the region if the session
+ *   has none.  RI_ERR_UNSUPPORTED when the daemon cannot give one (no
+ *   expected size, no memory): the worker stays two-sided.
+ * Handover (the unix socket): the worker connects to the name, sends
+ *   CM_DP_HANDOVER_REQ bytes: u32 CM_DP_HANDOVER_MAGIC, u32 version (1),
+ *   u64 session_id, u8 secret[CM_WIRE_SECRET_SIZE]; the kvstore answers
+ *   CM_DP_HANDOVER_REP bytes: i32 status, u32 0, u64 bytes, with the
+ *   region's descriptor attached when status is RI_OK.  A wrong secret, an
+ *   unknown session and a session without a region (no MAP yet) answer
+ *   alike: RI_ERR_UNAUTHENTICATED, no descriptor.  A worker that cannot
+ *   reach the name (another host, another network namespace) stays
+ *   two-sided.
  * LOCATE request meta: u32 layer, u32 head, u32 first, u32 count.
  *   reply meta: count x u64 offset of the cluster's first page from base,
  *   CM_DP_NOT_DIRECT for a cluster that is not in the region (uploaded
@@ -31,18 +45,24 @@
 #include <string.h>
 
 #include "common/cm_dp_proto.h"
+#include "common/cm_wire.h"
 
 #define CM_DP_NOT_DIRECT UINT64_MAX
-#define CM_DP_MAP_FIXED 24u
+#define CM_DP_MAP_FIXED 16u
+#define CM_DP_MAX_SOCK_NAME 100u  /* fits sockaddr_un's sun_path after the NUL */
+#define CM_DP_HANDOVER_MAGIC 0x52494844u /* "RIHD" */
+#define CM_DP_HANDOVER_VERSION 1u
+#define CM_DP_HANDOVER_REQ (16u + CM_WIRE_SECRET_SIZE)
+#define CM_DP_HANDOVER_REP 16u
 #define CM_DP_LOCATE_SIZE 16u
 #define CM_DP_TOUCH_FIXED 8u
 #define CM_DP_TOUCH_ENTRY 12u
 #define CM_DP_MAX_TOUCH 65536u   /* access records in one TOUCH */
 
 typedef struct cm_dp_map {
-    uint64_t base, bytes;
-    uint32_t rkey_len;
-    const uint8_t *rkey;       /* points into the meta block */
+    uint64_t bytes;
+    uint32_t name_len;
+    const char *name;          /* points into the meta block, not NUL-terminated */
 } cm_dp_map_t;
 
 static inline ri_status_t cm_dp_map_decode(const void *meta, size_t len, cm_dp_map_t *m_p)
@@ -52,26 +72,60 @@ static inline ri_status_t cm_dp_map_decode(const void *meta, size_t len, cm_dp_m
 
     if (meta == NULL || len < CM_DP_MAP_FIXED)
         return RI_ERR_TRUNCATED;
-    m.base = cm_dp_get64(p);
-    m.bytes = cm_dp_get64(p + 8);
-    m.rkey_len = cm_dp_get32(p + 16);
-    if (m.rkey_len == 0 || m.rkey_len > CM_DP_MAX_RKEY || m.bytes == 0 || m.base > UINT64_MAX - m.bytes)
+    m.bytes = cm_dp_get64(p);
+    m.name_len = cm_dp_get32(p + 8);
+    if (m.name_len == 0 || m.name_len > CM_DP_MAX_SOCK_NAME || m.bytes == 0 || cm_dp_get32(p + 12) != 0)
         return RI_ERR_PROTOCOL;
-    if (len != CM_DP_MAP_FIXED + (size_t)m.rkey_len)
+    if (len != CM_DP_MAP_FIXED + (size_t)m.name_len || memchr(p + CM_DP_MAP_FIXED, 0, m.name_len) != NULL)
         return RI_ERR_PROTOCOL;
-    m.rkey = p + CM_DP_MAP_FIXED;
+    m.name = (const char *)(p + CM_DP_MAP_FIXED);
     *m_p = m;
     return RI_OK;
 }
 
-/* buf holds CM_DP_MAP_FIXED + m->rkey_len bytes. */
+/* buf holds CM_DP_MAP_FIXED + m->name_len bytes. */
 static inline void cm_dp_map_encode(uint8_t *buf, const cm_dp_map_t *m)
 {
-    cm_dp_put64(buf, m->base);
-    cm_dp_put64(buf + 8, m->bytes);
-    cm_dp_put32(buf + 16, m->rkey_len);
-    cm_dp_put32(buf + 20, 0);
-    memcpy(buf + CM_DP_MAP_FIXED, m->rkey, m->rkey_len);
+    cm_dp_put64(buf, m->bytes);
+    cm_dp_put32(buf + 8, m->name_len);
+    cm_dp_put32(buf + 12, 0);
+    memcpy(buf + CM_DP_MAP_FIXED, m->name, m->name_len);
+}
+
+static inline void cm_dp_handover_req_encode(uint8_t buf[CM_DP_HANDOVER_REQ], uint64_t session_id,
+                                             const uint8_t secret[CM_WIRE_SECRET_SIZE])
+{
+    cm_dp_put32(buf, CM_DP_HANDOVER_MAGIC);
+    cm_dp_put32(buf + 4, CM_DP_HANDOVER_VERSION);
+    cm_dp_put64(buf + 8, session_id);
+    memcpy(buf + 16, secret, CM_WIRE_SECRET_SIZE);
+}
+
+/* secret_p points into buf on success. */
+static inline ri_status_t cm_dp_handover_req_decode(const uint8_t *buf, size_t len, uint64_t *session_id_p,
+                                                    const uint8_t **secret_p)
+{
+    if (len != CM_DP_HANDOVER_REQ)
+        return len < CM_DP_HANDOVER_REQ ? RI_ERR_TRUNCATED : RI_ERR_PROTOCOL;
+    if (cm_dp_get32(buf) != CM_DP_HANDOVER_MAGIC || cm_dp_get32(buf + 4) != CM_DP_HANDOVER_VERSION)
+        return RI_ERR_PROTOCOL;
+    *session_id_p = cm_dp_get64(buf + 8);
+    *secret_p = buf + 16;
+    return RI_OK;
+}
+
+static inline void cm_dp_handover_rep_encode(uint8_t buf[CM_DP_HANDOVER_REP], ri_status_t st, uint64_t bytes)
+{
+    cm_dp_put32(buf, (uint32_t)(int32_t)st);
+    cm_dp_put32(buf + 4, 0);
+    cm_dp_put64(buf + 8, bytes);
+}
+
+static inline void cm_dp_handover_rep_decode(const uint8_t buf[CM_DP_HANDOVER_REP], ri_status_t *st_p,
+                                             uint64_t *bytes_p)
+{
+    *st_p = (ri_status_t)(int32_t)cm_dp_get32(buf);
+    *bytes_p = cm_dp_get64(buf + 8);
 }
 
 typedef struct cm_dp_locate {

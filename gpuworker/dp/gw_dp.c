@@ -8,6 +8,7 @@
  * dropped.  Receive buffers are registered with ucp_mem_map and their packed
  * rkey is sent in REGISTER_CACHE, so the server writes misses with ucp_put.
  */
+#define _GNU_SOURCE
 #include "gpuworker/dp/gw_dp.h"
 
 #include <pthread.h>
@@ -15,7 +16,13 @@
 #include <stdlib.h>
 #include <stdio.h>
 #include <string.h>
+#include <fcntl.h>
+#include <stddef.h>
+#include <sys/mman.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/un.h>
+#include <unistd.h>
 #include <ucp/api/ucp.h>
 
 #include "common/cm_alloc.h"
@@ -71,7 +78,8 @@ struct gw_dp {
     uint8_t *fetch_meta;           /* meta of a started fetch (owned until it ends) */
     uint64_t fetch_ids;            /* ids it asked for */
     int efd;                       /* worker event fd, -1 when none */
-    ucp_rkey_h direct_rkey;        /* key of the session's direct region (gw_dp_map), or NULL */
+    uint8_t *direct;               /* the session's direct region, mapped read-only (gw_dp_map), or NULL */
+    uint64_t direct_bytes;
     void **orphans;                /* send buffers of calls that failed (owned; freed after the worker) */
     size_t n_orphans;
 };
@@ -430,8 +438,8 @@ void gw_dp_close(gw_dp_t *dp)
         (void)gw_dp_op(dp, CM_WIRE_OP_DISCONNECT, NULL, 0, NULL, 0, GW_DP_DISCONNECT_MS);
     prm.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS;
     prm.flags = dp->failed ? UCP_EP_CLOSE_FLAG_FORCE : 0;
-    if (dp->direct_rkey != NULL)
-        ucp_rkey_destroy(dp->direct_rkey); /* unmaps the region here */
+    if (dp->direct != NULL)
+        munmap(dp->direct, dp->direct_bytes);
     req = ucp_ep_close_nbx(dp->ep, &prm);
     if (req != NULL && !UCS_PTR_IS_ERR(req)) {
         deadline = cm_time_ns() + 2000000000ull;
@@ -459,14 +467,91 @@ void gw_dp_close(gw_dp_t *dp)
     cm_free(dp);
 }
 
-ri_status_t gw_dp_map(gw_dp_t *dp, uint8_t **local_p, uint64_t *bytes_p, uint64_t *remote_p)
+/* Send the handover request on conn and receive the answer: the region's
+ * descriptor in *fd_p (caller closes) and its length. */
+static ri_status_t gw_dp_handover_recv(gw_dp_t *dp, int conn, int *fd_p, uint64_t *bytes_p)
 {
-    cm_dp_map_t m;
-    ucp_rkey_h rkey = NULL;
-    void *local = NULL;
+    uint8_t req[CM_DP_HANDOVER_REQ], rep[CM_DP_HANDOVER_REP];
+    union {
+        char buf[CMSG_SPACE(sizeof(int))];
+        struct cmsghdr align;
+    } ctl;
+    struct iovec iov = {.iov_base = rep, .iov_len = sizeof(rep)};
+    struct msghdr msg = {.msg_iov = &iov, .msg_iovlen = 1, .msg_control = ctl.buf, .msg_controllen = sizeof(ctl.buf)};
+    struct cmsghdr *c;
+    int fd = -1;
     ri_status_t st;
 
-    if (dp == NULL || local_p == NULL || bytes_p == NULL || dp->direct_rkey != NULL)
+    cm_dp_handover_req_encode(req, dp->session_id, dp->secret);
+    if (send(conn, req, sizeof(req), MSG_NOSIGNAL) != (ssize_t)sizeof(req))
+        return RI_ERR_IO;
+    if (recvmsg(conn, &msg, MSG_CMSG_CLOEXEC | MSG_WAITALL) != (ssize_t)sizeof(rep))
+        return RI_ERR_IO; /* closed, timed out or cut short: no answer */
+    if (msg.msg_flags & MSG_CTRUNC)
+        return RI_ERR_PROTOCOL;
+    c = CMSG_FIRSTHDR(&msg);
+    if (c != NULL && c->cmsg_level == SOL_SOCKET && c->cmsg_type == SCM_RIGHTS && c->cmsg_len == CMSG_LEN(sizeof(int)))
+        memcpy(&fd, CMSG_DATA(c), sizeof(int));
+    cm_dp_handover_rep_decode(rep, &st, bytes_p);
+    if (st == RI_OK && fd < 0)
+        st = RI_ERR_PROTOCOL;
+    if (st != RI_OK) {
+        if (fd >= 0)
+            close(fd);
+        return st;
+    }
+    *fd_p = fd;
+    return RI_OK;
+}
+
+/* Connect to the abstract socket name; -1 when it is not reachable from
+ * here (another host or network namespace). */
+static int gw_dp_handover_connect(const cm_dp_map_t *m, uint32_t timeout_ms)
+{
+    struct sockaddr_un sa = {.sun_family = AF_UNIX};
+    struct timeval tv = {.tv_sec = timeout_ms / 1000u, .tv_usec = (timeout_ms % 1000u) * 1000u};
+    socklen_t len = (socklen_t)(offsetof(struct sockaddr_un, sun_path) + 1 + m->name_len);
+    int conn = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+
+    if (conn < 0)
+        return -1;
+    memcpy(sa.sun_path + 1, m->name, m->name_len);
+    (void)setsockopt(conn, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
+    (void)setsockopt(conn, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof(tv));
+    if (connect(conn, (struct sockaddr *)&sa, len) != 0) {
+        close(conn);
+        return -1;
+    }
+    return conn;
+}
+
+/* Map fd read-only after checking that it is what MAP announced: at least
+ * bytes long and sealed against shrinking (so no read of ours can fault). */
+static ri_status_t gw_dp_map_fd(int fd, uint64_t bytes, uint8_t **base_p)
+{
+    struct stat sb;
+    int seals = fcntl(fd, F_GET_SEALS);
+    void *p;
+
+    if (fstat(fd, &sb) != 0 || sb.st_size < 0 || (uint64_t)sb.st_size < bytes || bytes > SIZE_MAX)
+        return RI_ERR_PROTOCOL;
+    if (seals < 0 || !(seals & F_SEAL_SHRINK))
+        return RI_ERR_PROTOCOL;
+    p = mmap(NULL, (size_t)bytes, PROT_READ, MAP_SHARED, fd, 0);
+    if (p == MAP_FAILED)
+        return RI_ERR_NOMEM;
+    *base_p = p;
+    return RI_OK;
+}
+
+ri_status_t gw_dp_map(gw_dp_t *dp, uint8_t **local_p, uint64_t *bytes_p)
+{
+    cm_dp_map_t m;
+    uint64_t bytes = 0;
+    int conn, fd = -1;
+    ri_status_t st;
+
+    if (dp == NULL || local_p == NULL || bytes_p == NULL || dp->direct != NULL)
         return RI_ERR_INVALID;
     st = gw_dp_op(dp, CM_WIRE_OP_MAP, NULL, 0, NULL, 0, 0);
     if (st != RI_OK)
@@ -474,34 +559,61 @@ ri_status_t gw_dp_map(gw_dp_t *dp, uint8_t **local_p, uint64_t *bytes_p, uint64_
     st = cm_dp_map_decode(dp->reply_body, dp->reply_hdr.meta_len, &m);
     if (st != RI_OK)
         return st;
-    if (ucp_ep_rkey_unpack(dp->ep, m.rkey, &rkey) != UCS_OK)
-        return RI_ERR_PROTOCOL;
-    /* A pointer only where the region can be mapped into this process
-     * (shared memory on the same host); elsewhere reads stay two-sided. */
-    dp->direct_rkey = rkey; /* unpacked either way (gw_dp_direct_get), destroyed at close */
-    if (ucp_rkey_ptr(rkey, m.base, &local) != UCS_OK || local == NULL)
+    /* Not reachable: the kvstore is on another host (or in another network
+     * namespace); reads stay two-sided. */
+    conn = gw_dp_handover_connect(&m, dp->timeout_ms);
+    if (conn < 0)
         return RI_ERR_UNSUPPORTED;
-    *local_p = local;
-    *bytes_p = m.bytes;
-    if (remote_p != NULL)
-        *remote_p = m.base;
+    st = gw_dp_handover_recv(dp, conn, &fd, &bytes);
+    close(conn);
+    if (st == RI_ERR_IO) {
+        cm_warn("dp client: the kvstore's handover socket gave no answer: reads stay two-sided");
+        return RI_ERR_UNSUPPORTED;
+    }
+    if (st != RI_OK)
+        return st;
+    if (bytes != m.bytes)
+        st = RI_ERR_PROTOCOL;
+    if (st == RI_OK)
+        st = gw_dp_map_fd(fd, bytes, &dp->direct);
+    close(fd); /* the mapping keeps the memory */
+    if (st != RI_OK)
+        return st;
+    dp->direct_bytes = bytes;
+    *local_p = dp->direct;
+    *bytes_p = bytes;
     return RI_OK;
 }
 
-ri_status_t gw_dp_direct_get(gw_dp_t *dp, uint64_t raddr, void *buf, size_t len)
+ri_status_t gw_dp_forged_get(gw_dp_t *dp, uint64_t raddr, void *buf, size_t len, uint32_t timeout_ms)
 {
+    ucp_mem_map_params_t mp = {0};
     ucp_request_param_t prm = {0};
+    ucp_mem_h memh = NULL;
+    ucp_rkey_h rkey = NULL;
+    void *packed = NULL, *req;
+    size_t packed_len = 0;
     ucs_status_t s;
-    void *req;
+    uint64_t deadline;
 
-    if (dp == NULL || dp->direct_rkey == NULL || buf == NULL || len == 0)
+    if (dp == NULL || buf == NULL || len == 0)
         return RI_ERR_INVALID;
-    req = ucp_get_nbx(dp->ep, buf, len, raddr, dp->direct_rkey, &prm);
-    if (UCS_PTR_IS_ERR(req))
-        return gw_dp_status(UCS_PTR_STATUS(req));
-    if (req == NULL)
-        return RI_OK;
-    uint64_t deadline = cm_time_ns() + (uint64_t)dp->timeout_ms * 1000000u;
+    mp.field_mask = UCP_MEM_MAP_PARAM_FIELD_ADDRESS | UCP_MEM_MAP_PARAM_FIELD_LENGTH;
+    mp.address = buf;
+    mp.length = len;
+    s = ucp_mem_map(dp->ctx, &mp, &memh);
+    if (s == UCS_OK)
+        s = ucp_rkey_pack(dp->ctx, memh, &packed, &packed_len);
+    if (s == UCS_OK)
+        s = ucp_ep_rkey_unpack(dp->ep, packed, &rkey);
+    if (s != UCS_OK)
+        goto out;
+    req = ucp_get_nbx(dp->ep, buf, len, raddr, rkey, &prm);
+    if (UCS_PTR_IS_ERR(req) || req == NULL) {
+        s = UCS_PTR_STATUS(req);
+        goto out;
+    }
+    deadline = cm_time_ns() + (uint64_t)timeout_ms * 1000000u;
     while ((s = ucp_request_check_status(req)) == UCS_INPROGRESS && cm_time_ns() < deadline)
         ucp_worker_progress(dp->worker);
     if (s == UCS_INPROGRESS) {
@@ -509,6 +621,13 @@ ri_status_t gw_dp_direct_get(gw_dp_t *dp, uint64_t raddr, void *buf, size_t len)
         s = UCS_ERR_TIMED_OUT;
     }
     ucp_request_free(req);
+out:
+    if (rkey != NULL)
+        ucp_rkey_destroy(rkey);
+    if (packed != NULL)
+        ucp_rkey_buffer_release(packed);
+    if (memh != NULL)
+        ucp_mem_unmap(dp->ctx, memh);
     return gw_dp_status(s);
 }
 

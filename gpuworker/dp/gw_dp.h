@@ -38,18 +38,20 @@ ri_status_t gw_dp_connect(const char *addr, uint64_t session_id, const uint8_t s
 void gw_dp_close(gw_dp_t *dp);
 
 /* Direct reads (common/cm_dp_direct.h).  MAP: ask the kvstore for the
- * session's direct region and map it here; *local_p then points at its first
- * byte, valid until gw_dp_close; *remote_p (may be NULL) its address in the
- * kvstore.  The key stays unpacked on the connection even when it cannot be
- * mapped (gw_dp_direct_get may still be tried with it).  RI_ERR_UNSUPPORTED when the kvstore has no
- * region to give or it cannot be mapped into this process (another host):
- * the connection stays usable, two-sided. */
-ri_status_t gw_dp_map(gw_dp_t *dp, uint8_t **local_p, uint64_t *bytes_p, uint64_t *remote_p);
+ * session's direct region, receive its memory file over the handover socket
+ * (proving the session's secret there) and map it read-only here; *local_p
+ * then points at its first byte, valid until gw_dp_close (which unmaps it;
+ * a kvstore that dies leaves the mapping readable).  RI_ERR_UNSUPPORTED when
+ * the kvstore has no region to give or its handover socket cannot be
+ * reached from here (another host): the connection stays usable, two-sided. */
+ri_status_t gw_dp_map(gw_dp_t *dp, uint8_t **local_p, uint64_t *bytes_p);
 
-/* One-sided read of len bytes at the kvstore's address raddr through the
- * region's key (ucp_get), waiting for it: what any holder of the key could
- * do, for the tests that show what it can and cannot reach. */
-ri_status_t gw_dp_direct_get(gw_dp_t *dp, uint64_t raddr, void *buf, size_t len);
+/* Testing: a one-sided read of len bytes at the kvstore's address raddr
+ * into buf, through a key this side packs for buf itself, waiting up to
+ * timeout_ms.  Any peer can send one (over TCP UCX emulates it with
+ * messages, and a target whose context has RMA answers it from whatever
+ * address it names); the tests use it to show the kvstore does not. */
+ri_status_t gw_dp_forged_get(gw_dp_t *dp, uint64_t raddr, void *buf, size_t len, uint32_t timeout_ms);
 
 /* LOCATE: offsets in the region of clusters [first, first + count) of
  * (layer, head) into offs (CM_DP_NOT_DIRECT for those not in it). */

@@ -44,7 +44,7 @@ ri_status_t gw_direct_open(gw_dp_t *dp, uint32_t n_layers, uint32_t n_kv, size_t
         gw_direct_close(d);
         return RI_ERR_NOMEM;
     }
-    st = gw_dp_map(dp, &d->base, &d->bytes, NULL);
+    st = gw_dp_map(dp, &d->base, &d->bytes);
     if (st != RI_OK) {
         gw_direct_close(d);
         return st;

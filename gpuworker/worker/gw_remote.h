@@ -50,9 +50,10 @@
 
 #define GW_REMOTE_PAGE_TOKENS 8u   /* P: tokens per page (cm_dp_proto.h) */
 
-/* UCX transports for a worker and a kvstore on the same host: shared memory
- * (posix, cma) for the data, tcp for connection set-up.  Both processes must
- * use them; our programs set UCX_TLS to this when it is unset. */
+/* UCX transports our programs set (UCX_TLS, when unset) for a worker on the
+ * kvstore's host.  ri-kvstore leaves the shared-memory ones out of its own
+ * context (docs/kvstore-data.md, "Transport"), so a worker and a kvstore
+ * meet over tcp; the worker reads its clusters from its direct region. */
 #define GW_UCX_TLS_LOCAL "posix,sysv,cma,tcp,self"
 
 typedef struct gw_remote_params {

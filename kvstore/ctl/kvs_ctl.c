@@ -34,6 +34,10 @@ static const cm_config_item_t kvs_ctl_config_items[] = {
             port_file, 0, 0),
     KVS_CFG("memory", CM_CFG_SIZE, "1GiB", "host block pool size", memory, 1048576.0, 17592186044416.0),
     KVS_CFG("hugepages", CM_CFG_BOOL, "true", "back the pool with hugepages when available", hugepages, 0, 0),
+    KVS_CFG("core-dumps", CM_CFG_BOOL, "false",
+            "leave the process dumpable: core dumps on a crash, but then any process of our uid can open "
+            "/proc/PID/fd, map_files and mem, and so every tenant's direct region (off: not dumpable)",
+            core_dumps, 0, 0),
     KVS_CFG("dataplane-listen", CM_CFG_STRING, "127.0.0.1:7071",
             "data plane: the interface (by its address) UCX's TCP transport uses, and its port (0 = any; a "
             "wildcard host = every interface).  No listener takes connections: workers get the UCX address from "

@@ -29,6 +29,7 @@ typedef struct kvs_ctl_config {
     char *port_file;                 /* where to write the bound addresses, or "" */
     uint64_t memory;                 /* host block pool bytes */
     bool hugepages;                  /* try hugepages for the pool */
+    bool core_dumps;                 /* stay dumpable (else PR_SET_DUMPABLE 0: /proc/PID is root's) */
     char *dataplane_listen;          /* data plane: UCX TCP interface address and port "host:port" */
     uint64_t dataplane_max_message;  /* largest data-plane message */
     int64_t dataplane_threads;       /* data-plane lanes (threads, each its own UCX worker) */

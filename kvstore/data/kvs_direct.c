@@ -4,7 +4,9 @@
  * its worker find and read them without a round trip per step.  We keep the
  * ownership: what goes in the region, its accounting, and the coldness of
  * every cluster, which the worker reports after the fact in TOUCH batches.
+ * The region's memory and its handover to the worker are in kvs_dp_region.c.
  */
+#include <fcntl.h>
 #include <string.h>
 
 #include "common/cm_alloc.h"
@@ -38,6 +40,7 @@ static ri_status_t kvs_direct_make_locked(kvs_data_t *data, kvs_session_t *s)
     r = cm_calloc(&kvs_direct_tag, 1, sizeof(*r));
     if (r == NULL)
         return RI_ERR_NOMEM;
+    r->fd = -1;
     st = kvs_pool_alloc(data->pool, bytes, &r->hold_off);
     if (st != RI_OK)
         goto err_free;
@@ -66,6 +69,7 @@ ri_status_t kvs_direct_map(kvs_data_t *data, kvs_session_t *s, const cm_wire_hdr
                            size_t *reply_len_p)
 {
     cm_dp_map_t m;
+    const char *name = kvs_dp_handover_name(data->dp);
     uint8_t *reply;
     ri_status_t st = RI_OK;
 
@@ -76,16 +80,15 @@ ri_status_t kvs_direct_map(kvs_data_t *data, kvs_session_t *s, const cm_wire_hdr
         st = kvs_direct_make_locked(data, s);
     if (st != RI_OK)
         goto out;
-    m = (cm_dp_map_t){.base = (uint64_t)(uintptr_t)s->region->base, .bytes = s->region->bytes,
-                      .rkey_len = (uint32_t)s->region->rkey_len, .rkey = s->region->rkey};
-    reply = cm_malloc(&kvs_direct_tag, CM_DP_MAP_FIXED + m.rkey_len);
+    m = (cm_dp_map_t){.bytes = s->region->bytes, .name_len = (uint32_t)strlen(name), .name = name};
+    reply = cm_malloc(&kvs_direct_tag, CM_DP_MAP_FIXED + m.name_len);
     if (reply == NULL) {
         st = RI_ERR_NOMEM;
         goto out;
     }
     cm_dp_map_encode(reply, &m);
     *reply_p = reply;
-    *reply_len_p = CM_DP_MAP_FIXED + m.rkey_len;
+    *reply_len_p = CM_DP_MAP_FIXED + m.name_len;
 out:
     pthread_mutex_unlock(&data->lock);
     return st;
@@ -182,4 +185,30 @@ void kvs_direct_free_locked(kvs_data_t *data, kvs_session_t *s)
     data->direct_bytes -= r->bytes;
     cm_free(r);
     s->region = NULL;
+}
+
+ri_status_t kvs_direct_handover(kvs_data_t *data, uint64_t session_id, const uint8_t secret[CM_WIRE_SECRET_SIZE],
+                                int *fd_p, uint64_t *bytes_p)
+{
+    kvs_session_t *s;
+    ri_status_t st = RI_ERR_UNAUTHENTICATED;
+    int fd;
+
+    pthread_mutex_lock(&data->lock);
+    s = kvs_session_find_locked(data, session_id);
+    /* The secret is checked even for a session without a region, and every
+     * refusal is the same: a caller learns nothing without the secret. */
+    if (s == NULL || !cm_wire_secret_equal(s->secret, secret) || s->region == NULL)
+        goto out;
+    fd = fcntl(s->region->fd, F_DUPFD_CLOEXEC, 0);
+    if (fd < 0) {
+        st = RI_ERR_NOMEM;
+        goto out;
+    }
+    *fd_p = fd;
+    *bytes_p = s->region->bytes;
+    st = RI_OK;
+out:
+    pthread_mutex_unlock(&data->lock);
+    return st;
 }

@@ -18,6 +18,7 @@
 #include <stdbool.h>
 #include <ucp/api/ucp.h>
 
+#include "common/cm_dp_direct.h"
 #include "common/cm_dp_proto.h"
 #include "kvstore/data/kvs_internal.h"
 
@@ -91,6 +92,12 @@ struct kvs_dp {
     atomic_uint n_conns;              /* connections of every lane */
     uint32_t n_lanes;
     kvs_dpw_t *lanes;                 /* n_lanes */
+    /* the handover socket of direct regions (kvs_dp_region.c) */
+    int ho_fd;                        /* listening, -1 when not up */
+    int ho_wake[2];                   /* pipe that stops its thread */
+    bool ho_started;
+    pthread_t ho_thread;
+    char ho_name[CM_DP_MAX_SOCK_NAME + 1]; /* abstract name, no leading NUL */
 };
 
 /* Serving thread of a lane (kvs_dp.c). */

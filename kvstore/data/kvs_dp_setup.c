@@ -155,13 +155,60 @@ static void kvs_dp_lane_close(kvs_dpw_t *w)
     cm_free(w->stage);
 }
 
+/* UCX's shared-memory transports are left out of our context, whatever
+ * UCX_TLS says: their segments (SysV 0660, /dev/shm files, /proc links,
+ * process_vm_readv) would carry every tenant's uploads and replies where
+ * any process of our uid or group could attach them, they refuse workers of
+ * another uid ("shmat: Permission denied"), and our process is not
+ * dumpable (kvs_main.c), which breaks cma and posix's /proc links anyway.
+ * A same-host worker reads its region directly (kvs_dp_region.c); the ops
+ * go over TCP loopback (or the network transports UCX_TLS names).  out gets
+ * the TLS value to use. */
+static void kvs_dp_tls(char *out, size_t cap)
+{
+    static const char *const shm[] = {"sm", "shm", "mm", "posix", "sysv", "cma", "knem", "xpmem"};
+    const char *env = getenv("UCX_TLS");
+    char buf[256], *save = NULL;
+    size_t n = 0;
+    bool net = false;
+
+    if (env == NULL || env[0] == '\0' || strcmp(env, "all") == 0 || strlen(env) >= sizeof(buf)) {
+        snprintf(out, cap, "^sm");
+        return;
+    }
+    if (env[0] == '^') {
+        int w = snprintf(out, cap, "%s,sm", env);
+        if (w < 0 || (size_t)w >= cap)
+            snprintf(out, cap, "^sm");
+        return;
+    }
+    snprintf(buf, sizeof(buf), "%s", env);
+    out[0] = '\0';
+    for (char *t = strtok_r(buf, ",", &save); t != NULL; t = strtok_r(NULL, ",", &save)) {
+        bool drop = false;
+        for (size_t i = 0; i < sizeof(shm) / sizeof(shm[0]); i++)
+            drop = drop || strcmp(t, shm[i]) == 0;
+        if (drop || n + strlen(t) + 2 > cap)
+            continue;
+        net = net || strcmp(t, "self") != 0;
+        n += (size_t)snprintf(out + n, cap - n, "%s%s", n ? "," : "", t);
+    }
+    if (!net)
+        snprintf(out + n, cap - n, "%stcp", n ? "," : "");
+}
+
 /* The ucp context (no RMA: cm_ucx.h); dp->ctx on success. */
 static ri_status_t kvs_dp_context(kvs_dp_t *dp, const struct sockaddr_storage *ss, const char *host)
 {
     kvs_data_t *data = dp->data;
     ucp_config_t *config = NULL;
+    char tls[256];
     ri_status_t st;
 
+    /* In the environment, so that the address checker (kvs_dp_check.c)
+     * unpacks workers' addresses with the transports we use. */
+    kvs_dp_tls(tls, sizeof(tls));
+    setenv("UCX_TLS", tls, 1);
     st = cm_ucx_status(ucp_config_read(NULL, NULL, &config));
     if (st != RI_OK)
         goto err;
@@ -191,6 +238,7 @@ ri_status_t kvs_dp_start(kvs_data_t *data, kvs_dp_t **dp_p)
     if (dp == NULL)
         return RI_ERR_NOMEM;
     dp->data = data;
+    dp->ho_fd = -1;
     dp->max_body = data->cfg.max_msg_bytes;
     dp->n_lanes = data->cfg.dp_lanes ? CM_MIN(data->cfg.dp_lanes, KVS_DP_MAX_LANES) : 2;
     atomic_init(&dp->stop, false);
@@ -219,6 +267,9 @@ ri_status_t kvs_dp_start(kvs_data_t *data, kvs_dp_t **dp_p)
             goto err_lanes;
         }
     }
+    /* before the lanes run: a MAP reads its name (without it, no direct
+     * regions: workers stay two-sided) */
+    (void)kvs_dp_handover_start(dp);
     for (i = 0; i < dp->n_lanes; i++) {
         if (pthread_create(&dp->lanes[i].thread, NULL, kvs_dp_lane_main, &dp->lanes[i]) != 0) {
             st = RI_ERR_NOMEM;
@@ -257,6 +308,7 @@ void kvs_dp_stop(kvs_dp_t *dp)
         pthread_join(w->thread, NULL);
         w->thread_started = false;
     }
+    kvs_dp_handover_stop(dp); /* after the lanes: no MAP reads its name any more */
 }
 
 void kvs_dp_free(kvs_dp_t *dp)

@@ -64,20 +64,19 @@ typedef struct kvs_wcache {
     uint64_t charged;        /* directory bytes charged to the owner's tenant */
 } kvs_wcache_t;
 
-/* A session's direct region (kvs_direct.c): memory of its own, allocated
- * through UCX (shared memory on one host), that its worker maps with the key
- * MAP hands out and reads clusters from without our threads.  Clusters are
- * carved from it front to back and never freed before it (it is not
- * spillable: a worker may read any of it at any time), so it is freed whole
- * with the session; a worker still mapping it keeps its own session's bytes. */
+/* A session's direct region (kvs_direct.c): memory of its own, an anonymous
+ * memory file (kvs_dp_region.c) whose descriptor only a holder of the
+ * session's secret receives, over the handover socket, and maps read-only.
+ * Clusters are carved from it front to back and never freed before it (it
+ * is not spillable: a worker may read any of it at any time), so it is
+ * freed whole with the session; a worker still mapping it keeps its own
+ * session's bytes. */
 typedef struct kvs_region {
-    uint8_t *base;               /* its memory */
+    uint8_t *base;               /* its memory, mapped here read-write */
     uint64_t bytes;              /* length */
     uint64_t used;               /* carved so far */
     uint64_t hold_off;           /* pool extent held so the pool's budget counts it */
-    void *memh;                  /* ucp_mem_h (kvs_dp_region_alloc) */
-    uint8_t *rkey;               /* packed key (owned) */
-    size_t rkey_len;
+    int fd;                      /* the memory file (sealed: its size never changes) */
     uint64_t touches;            /* access records received (TOUCH) */
 } kvs_region_t;
 
@@ -259,6 +258,12 @@ bool kvs_direct_take_locked(kvs_session_t *s, uint64_t bytes, uint64_t *off_p);
 /* Free s's region (session free); lock held. */
 void kvs_direct_free_locked(kvs_data_t *data, kvs_session_t *s);
 
+/* The handover: a new descriptor of session_id's region (*fd_p, caller
+ * closes) and its length, when secret is the session's and it has a region
+ * (MAP made it).  RI_ERR_UNAUTHENTICATED otherwise, alike for every reason. */
+ri_status_t kvs_direct_handover(kvs_data_t *data, uint64_t session_id, const uint8_t secret[CM_WIRE_SECRET_SIZE],
+                                int *fd_p, uint64_t *bytes_p);
+
 /* --- op handlers (kvs_ops.c), called by the data-plane thread, lock not held --- */
 
 /* Serve one request whose header decoded and whose body (meta || data,
@@ -280,13 +285,22 @@ void kvs_ops_conn_closed(kvs_data_t *data, void *conn);
 /* --- transport (kvs_dp.c) --- */
 
 
-/* Allocate a direct region of bytes through UCX (shared memory when the
- * transports allow) and pack its key: fills base, bytes, memh, rkey,
- * rkey_len of r.  Any thread. */
+/* Make a direct region of bytes: an anonymous memory file, sealed at that
+ * size, mapped here; fills base, bytes, fd of r.  RI_ERR_UNSUPPORTED when
+ * the handover socket is not up (no worker could receive it).  Any thread. */
 ri_status_t kvs_dp_region_alloc(kvs_dp_t *dp, uint64_t bytes, kvs_region_t *r);
 
-/* Unmap a region made by kvs_dp_region_alloc (its key too); any thread. */
+/* Unmap and close a region made by kvs_dp_region_alloc; any thread.  A
+ * worker that received its descriptor keeps its mapping. */
 void kvs_dp_region_free(kvs_dp_t *dp, kvs_region_t *r);
+
+/* The handover socket's abstract name (no leading NUL), "" when it is not up. */
+const char *kvs_dp_handover_name(const kvs_dp_t *dp);
+
+/* Start / stop the handover socket and its thread (kvs_dp_region.c); the
+ * data plane does it with its lanes.  Stop is idempotent. */
+ri_status_t kvs_dp_handover_start(kvs_dp_t *dp);
+void kvs_dp_handover_stop(kvs_dp_t *dp);
 
 /* One piece of a reply's data block. */
 typedef struct kvs_iov {

@@ -69,7 +69,7 @@ free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",
 export RI_TOKENS_FILE="$work/tokens" RI_MODEL_DIR="$model_dir" RI_MODEL_FILE="$model_file"
 RI_HTTP_PORT="$(free_port)"; RI_METRICS_PORT="$(free_port)"; RI_SHM_HTTP_PORT="$(free_port)"
 export RI_HTTP_PORT RI_METRICS_PORT RI_SHM_HTTP_PORT
-export RI_SHM_UCX_TLS=posix,sysv,self   # the sidecar: shared memory or nothing
+export RI_SHM_UCX_TLS=tcp,self   # the sidecar: TCP for the ops, its region for the reads
 printf '# compose test\n%s compose-test\n' "$(od -An -tx1 -N16 /dev/urandom | tr -d ' \n')" >"$RI_TOKENS_FILE"
 # the workers' API keys: clients (compose_client.py) send the key as a bearer token
 RI_API_KEY="$(od -An -tx1 -N16 /dev/urandom | tr -d ' \n')"
@@ -152,13 +152,15 @@ case "$dpaddr" in
 esac
 case "$dpaddr" in *7f000001*) echo "FAIL: the data-plane address carries 127.0.0.1: $dpaddr"; exit 1 ;; esac
 say "the data-plane address carries the kvstore container's $kip"
-# (over shared memory a worker may read clusters itself, with few fetches:
-# count every data-plane request instead, CONNECT and uploads included)
-o1="$(py metric "$metrics" ri_kvs_dp_ops_total)"
+# (the sidecar reads clusters itself from its region, with few fetches:
+# count every data-plane request, CONNECT and uploads included, and the
+# clusters it reports having read in place)
+o1="$(py metric "$metrics" ri_kvs_dp_ops_total)"; r1="$(py metric "$metrics" ri_kvs_direct_reads_total)"
 py remote "http://127.0.0.1:$RI_SHM_HTTP_PORT"
-o2="$(py metric "$metrics" ri_kvs_dp_ops_total)"
-[ "$o2" -gt "$o1" ] || { echo "FAIL: the shared-memory sidecar sent no data-plane request ($o1 -> $o2)"; exit 1; }
-say "retroinfer-remote from the sidecar over shared memory only (UCX_TLS=$RI_SHM_UCX_TLS): data-plane requests $o1 -> $o2"
+o2="$(py metric "$metrics" ri_kvs_dp_ops_total)"; r2="$(py metric "$metrics" ri_kvs_direct_reads_total)"
+[ "$o2" -gt "$o1" ] || { echo "FAIL: the sidecar sent no data-plane request ($o1 -> $o2)"; exit 1; }
+[ "$r2" -gt "$r1" ] || { echo "FAIL: the sidecar read no cluster from its region ($r1 -> $r2)"; exit 1; }
+say "retroinfer-remote from the sidecar (UCX_TLS=$RI_SHM_UCX_TLS, no shared IPC namespace): data-plane requests $o1 -> $o2, direct reads $r1 -> $r2"
 
 say "scaling to 2 workers"
 dc up -d --no-recreate --scale worker=2 >>"$work/up.log" 2>&1 || { cat "$work/up.log"; exit 1; }

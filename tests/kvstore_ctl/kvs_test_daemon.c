@@ -6,6 +6,7 @@
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <grp.h>
 #include <netinet/in.h>
 #include <poll.h>
 #include <signal.h>
@@ -75,6 +76,31 @@ static int kvs_test_read_ports(kvs_test_daemon_t *d, const char *path)
 
 int kvs_test_daemon_start(kvs_test_daemon_t *d, const char *const *extra, int *exit_p)
 {
+    return kvs_test_daemon_start_as(d, extra, (uid_t)-1, (gid_t)-1, exit_p);
+}
+
+/* Give the daemon's folder and its files to uid:gid. */
+static int kvs_test_give_dir(const char *dir, uid_t uid, gid_t gid)
+{
+    DIR *dh = opendir(dir);
+    struct dirent *e;
+    char p[600];
+    int rc = chown(dir, uid, gid);
+
+    if (dh == NULL)
+        return -1;
+    while (rc == 0 && (e = readdir(dh)) != NULL) {
+        if (e->d_name[0] == '.')
+            continue;
+        snprintf(p, sizeof(p), "%s/%s", dir, e->d_name);
+        rc = chown(p, uid, gid);
+    }
+    closedir(dh);
+    return rc;
+}
+
+int kvs_test_daemon_start_as(kvs_test_daemon_t *d, const char *const *extra, uid_t uid, gid_t gid, int *exit_p)
+{
     char bin[512], portfile[512], portflag[600];
     const char *argv[64];
     int n = 0;
@@ -104,11 +130,15 @@ int kvs_test_daemon_start(kvs_test_daemon_t *d, const char *const *extra, int *e
 
     if (d->pid > 0) /* a daemon left over by a failed test */
         kvs_test_daemon_stop(d, SIGKILL, 2000);
+    if (uid != (uid_t)-1 && kvs_test_give_dir(d->dir, uid, gid) != 0)
+        return -1;
     pid_t pid = fork();
     if (pid < 0)
         return -1;
     if (pid == 0) {
-        prctl(PR_SET_PDEATHSIG, SIGKILL); /* never outlive the test */
+        if (uid != (uid_t)-1 && (setgroups(0, NULL) != 0 || setgid(gid) != 0 || setuid(uid) != 0))
+            _exit(126);
+        prctl(PR_SET_PDEATHSIG, SIGKILL); /* never outlive the test (after setuid, which clears it) */
         execv(bin, (char *const *)argv);
         _exit(127);
     }

@@ -33,6 +33,10 @@ int kvs_test_daemon_write_file(const kvs_test_daemon_t *d, const char *name, con
  * exit status when it exited). */
 int kvs_test_daemon_start(kvs_test_daemon_t *d, const char *const *extra, int *exit_p);
 
+/* The same, the daemon running as uid:gid (the caller is root; the folder
+ * and the files in it are given to that uid).  uid (uid_t)-1: as the caller. */
+int kvs_test_daemon_start_as(kvs_test_daemon_t *d, const char *const *extra, uid_t uid, gid_t gid, int *exit_p);
+
 /* Send sig and wait up to timeout_ms for exit.  Returns the exit status
  * (0..255), 128+signal when killed, or -1 on timeout (then SIGKILLs it). */
 int kvs_test_daemon_stop(kvs_test_daemon_t *d, int sig, int timeout_ms);

@@ -109,9 +109,13 @@ static void fz_direct(uint8_t which, const uint8_t *p, size_t n)
     uint64_t s = 0;
     if (which == 11) {
         cm_dp_map_t m;
+        uint64_t sid;
+        const uint8_t *secret;
         if (cm_dp_map_decode(p, n, &m) == RI_OK)
-            for (uint32_t i = 0; i < m.rkey_len; i++)
-                s += m.rkey[i];
+            for (uint32_t i = 0; i < m.name_len; i++)
+                s += (uint8_t)m.name[i];
+        if (cm_dp_handover_req_decode(p, n, &sid, &secret) == RI_OK)
+            s += sid + secret[CM_WIRE_SECRET_SIZE - 1];
     } else if (which == 12) {
         cm_dp_locate_t l;
         if (cm_dp_locate_decode(p, n, &l) == RI_OK)

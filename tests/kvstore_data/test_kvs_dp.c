@@ -2,7 +2,9 @@
  * Integration test of the data plane over real UCX between two processes:
  * a server process (kvs-test-server hosting kvs_data) and this client
  * (gpuworker/dp).  argv[1] picks the transports: "tcp" (UCX_TLS=tcp) or
- * "shm" (shared memory + tcp for the connection).  Checks:
+ * "shm" (this side offers shared memory + tcp; the kvstore side leaves
+ * shared memory out, kvstore/data/kvs_dp_setup.c, so both still talk over
+ * tcp: a worker set up for shared memory is served all the same).  Checks:
  *  - uploads and appends, then random ranked fetches: every byte of every
  *    miss, every hit/miss/admission/eviction decision and page number against
  *    an independent reference model of the LRU rule, and the worker's cache

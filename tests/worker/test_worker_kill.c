@@ -272,8 +272,11 @@ static void test_kill9_direct_reads_go_on(void **state)
     assert_int_equal(kfx_step(&f, 1, false, &worst), RI_OK); /* the clusters located */
     assert_int_equal(ri_session_stats(f.sess, &st0), RI_OK);
     assert_int_equal(kvs_test_daemon_stop(&env.daemon, SIGKILL, 5000), 128 + SIGKILL);
-    /* Decode on (past an update, whose upload goes to no one), then wait for
-     * that upload to fail. */
+    /* Decode on, up to an update, whose upload goes to no one: over TCP
+     * (the kvstore's only transport between processes) the dead peer is
+     * seen at the first message after the kill, the update's, which the io
+     * thread sends a step or two before the update's token; the steps from
+     * then on fail.  Then wait for the session to say so. */
     worst = 0;
     for (int step = 0; f.n + 2 < CAP && st == RI_OK; step++) {
         st = kfx_step(&f, 500 + (uint64_t)step * NL, true, &worst);
@@ -289,8 +292,7 @@ static void test_kill9_direct_reads_go_on(void **state)
            "in-process %.3g, last %s); the session broke %.2f s later: %s\n", steps_after,
            (unsigned long long)(st1.direct_steps - st0.direct_steps), worst, ri_status_name(st), now_s() - t0,
            ri_status_name(ri_session_status(f.sess)));
-    assert_int_equal(st, RI_OK);
-    assert_true(steps_after >= 64); /* past the update */
+    assert_true(steps_after >= 56); /* up to the update (64 tokens after the first), less the steps it runs ahead */
     assert_true(st1.direct_steps - st0.direct_steps >= 64);
     assert_true(worst <= 1e-6);
     assert_int_not_equal(ri_session_status(f.sess), RI_OK); /* the update's upload found the daemon gone */
