@@ -35,13 +35,19 @@ static bool bl_http_wait(int fd, short events, double deadline)
     }
 }
 
-static int bl_http_connect(int port, double deadline)
+/* src: the source address (network order), INADDR_ANY for the kernel's choice. */
+static int bl_http_connect(int port, uint32_t src, double deadline)
 {
     struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port)};
+    struct sockaddr_in from = {.sin_family = AF_INET, .sin_addr.s_addr = src};
     a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
     int fd = socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
     if (fd < 0)
         return -1;
+    if (src != htonl(INADDR_ANY) && bind(fd, (struct sockaddr *)&from, sizeof(from)) != 0) {
+        close(fd);
+        return -1;
+    }
     if (connect(fd, (struct sockaddr *)&a, sizeof(a)) == 0)
         return fd;
     int err = 0;
@@ -56,7 +62,12 @@ static int bl_http_connect(int port, double deadline)
 
 int bl_http_send(int port, const char *req, size_t len, double deadline, bl_http_end_t *end_p)
 {
-    int fd = bl_http_connect(port, deadline);
+    return bl_http_send_from(port, htonl(INADDR_ANY), req, len, deadline, end_p);
+}
+
+int bl_http_send_from(int port, uint32_t src, const char *req, size_t len, double deadline, bl_http_end_t *end_p)
+{
+    int fd = bl_http_connect(port, src, deadline);
     size_t off = 0;
     if (fd < 0) {
         *end_p = BL_HTTP_CONNECT;

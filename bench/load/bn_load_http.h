@@ -12,6 +12,7 @@
 
 #include <stdbool.h>
 #include <stddef.h>
+#include <stdint.h>
 
 /* How a request ended, worst first; BL_HTTP_OK means a complete reply. */
 typedef enum bl_http_end {
@@ -39,6 +40,11 @@ typedef struct bl_http_reply {
  * (cm_time_s clock).  Returns the socket (caller closes with
  * bl_http_close), or -1 with *end_p set to BL_HTTP_CONNECT or _CLOSED. */
 int bl_http_send(int port, const char *req, size_t len, double deadline, bl_http_end_t *end_p);
+
+/* bl_http_send from the source address src (network order; INADDR_ANY: the
+ * kernel's choice), so that a test client can stand for another host: every
+ * address of 127.0.0.0/8 is loopback. */
+int bl_http_send_from(int port, uint32_t src, const char *req, size_t len, double deadline, bl_http_end_t *end_p);
 
 /* Read the reply on fd into *r until EOF or deadline, or until stop_events
  * events arrived (0 = read to EOF).  Does not close fd. */

@@ -89,7 +89,7 @@ typedef struct bl_slow_conn {
 static void bl_slow_open(bl_slow_t *s, bl_slow_conn_t *c, double now)
 {
     bl_http_end_t end;
-    c->fd = bl_http_send(s->port, bl_slow_head, sizeof(bl_slow_head) - 1, now + 0.5, &end);
+    c->fd = bl_http_send_from(s->port, s->src, bl_slow_head, sizeof(bl_slow_head) - 1, now + 0.5, &end);
     if (c->fd < 0) {
         s->connect_failed++;
         c->next = now + s->trickle_s;

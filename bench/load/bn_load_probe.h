@@ -53,6 +53,7 @@ void bl_probe_free(bl_probe_t *p);
 typedef struct bl_slow {
     /* set by the caller */
     int port;                 /* worker HTTP port on 127.0.0.1 */
+    uint32_t src;             /* source address (network order), 0 = the kernel's choice */
     unsigned m;               /* connections to hold, at most BL_SLOW_MAX */
     double trickle_s;         /* one byte per connection this often */
     double deadline;          /* close everything at this cm_time_s */

@@ -17,6 +17,7 @@
 #define _GNU_SOURCE
 #include "bench/load/bn_load_worker.h"
 
+#include <arpa/inet.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <limits.h>
@@ -51,6 +52,7 @@ typedef struct bw_opts {
     unsigned max_tokens;   /* per completion */
     double seconds;        /* traffic time */
     double trickle_s;      /* slowloris: one byte per connection this often */
+    const char *slow_from; /* slowloris: source address (another loopback address: another client) */
     const char *api_key;   /* sent as a bearer key; NULL = none */
     const char *worker_args[BW_MAX_WORKER_ARGS]; /* extra ri-worker flags, borrowed from argv */
     unsigned n_worker_args;
@@ -101,7 +103,8 @@ typedef struct bw_run {
 
 static const char bw_usage[] =
     "usage: ri bench load --worker [--json PATH] [--quick] [--seconds S] [--clients N] [--slowloris M]\n"
-    "                     [--kill-ms MS] [--max-tokens T] [--trickle-ms MS] [--api-key KEY]\n"
+    "                     [--kill-ms MS] [--max-tokens T] [--trickle-ms MS] [--slowloris-from ADDR]\n"
+    "                     [--api-key KEY]\n"
     "                     [--worker-arg ARG]...\n";
 
 /* ---- options ---- */
@@ -110,7 +113,7 @@ static int bw_parse(int argc, char **argv, bw_opts_t *o)
 {
     bool quick = false, seconds_set = false, clients_set = false;
     *o = (bw_opts_t){.clients = 8, .slowloris = 300, .kill_ms = 2000, .max_tokens = 16, .seconds = 60,
-                     .trickle_s = 3};
+                     .trickle_s = 3, .slow_from = "127.0.0.2"};
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         if (!strcmp(a, "--worker"))
@@ -134,6 +137,8 @@ static int bw_parse(int argc, char **argv, bw_opts_t *o)
             o->max_tokens = (unsigned)strtoul(v, NULL, 10);
         else if (!strcmp(a, "--trickle-ms"))
             o->trickle_s = strtod(v, NULL) / 1000;
+        else if (!strcmp(a, "--slowloris-from"))
+            o->slow_from = v;
         else if (!strcmp(a, "--api-key"))
             o->api_key = v;
         else if (!strcmp(a, "--worker-arg") && o->n_worker_args < BW_MAX_WORKER_ARGS)
@@ -531,6 +536,9 @@ typedef struct bw_result {
     long sessions_before, sessions_after;
     long sessions_peak;       /* most kvstore sessions seen open during the traffic (sampled each second) */
     long rss_wk[2], rss_kvs[2]; /* KiB, before / after */
+    long rss_wk_half, rss_kvs_half; /* KiB, halfway through the traffic (warmed up: a leak
+                                       shows as growth from here to the end) */
+    pid_t worker_pid;         /* for the halfway sample */
     bool worker_served, kvstore_served;
     char worker_why[128];     /* why the worker failed the final check */
 } bw_result_t;
@@ -545,6 +553,10 @@ static int bw_traffic(const bw_opts_t *o, const bn_daemon_t *d, bw_run_t *run, b
     run->deadline = t0 + o->seconds;
     *pr = (bl_probe_t){.port = run->port, .api_key = o->api_key, .deadline = run->deadline, .timeout_s = 2};
     *sl = (bl_slow_t){.port = run->port, .m = o->slowloris, .trickle_s = o->trickle_s, .deadline = run->deadline};
+    if (inet_pton(AF_INET, o->slow_from, &sl->src) != 1) {
+        fprintf(stderr, "ri bench load --worker: --slowloris-from %s is not an IPv4 address\n", o->slow_from);
+        return -1;
+    }
     if (bl_probe_start(pr) != 0)
         return -1;
     if (bl_slow_start(sl) != 0) {
@@ -562,6 +574,10 @@ static int bw_traffic(const bw_opts_t *o, const bn_daemon_t *d, bw_run_t *run, b
         if (cm_time_s() >= next_sample) {
             long n = bw_kvs_sessions(d);
             res->sessions_peak = n > res->sessions_peak ? n : res->sessions_peak;
+            if (res->rss_wk_half == 0 && cm_time_s() >= t0 + o->seconds / 2) {
+                res->rss_wk_half = bw_rss_kib(res->worker_pid);
+                res->rss_kvs_half = bn_daemon_rss_kib(d);
+            }
             next_sample += 1;
         }
     }
@@ -679,6 +695,7 @@ static void bw_row(cJSON *row, const bw_opts_t *o, const bw_shared_t *sh, const 
     cJSON_AddNumberToObject(row, "kill_ms", o->kill_ms);
     bw_row_health(row, pr);
     cJSON_AddNumberToObject(row, "slowloris", o->slowloris);
+    cJSON_AddStringToObject(row, "slowloris_from", o->slow_from);
     cJSON_AddNumberToObject(row, "slowloris_opened", sl->opened);
     cJSON_AddNumberToObject(row, "slowloris_connect_failed", sl->connect_failed);
     cJSON_AddNumberToObject(row, "slowloris_closed_by_server", sl->closed_by_server);
@@ -695,6 +712,8 @@ static void bw_row(cJSON *row, const bw_opts_t *o, const bw_shared_t *sh, const 
     cJSON_AddNumberToObject(row, "rss_worker_after", (double)res->rss_wk[1] * 1024);
     cJSON_AddNumberToObject(row, "rss_kvstore_before", (double)res->rss_kvs[0] * 1024);
     cJSON_AddNumberToObject(row, "rss_kvstore_after", (double)res->rss_kvs[1] * 1024);
+    cJSON_AddNumberToObject(row, "rss_worker_half", (double)res->rss_wk_half * 1024);
+    cJSON_AddNumberToObject(row, "rss_kvstore_half", (double)res->rss_kvs_half * 1024);
     cJSON_AddBoolToObject(row, "served_after", res->worker_served && res->kvstore_served);
     cJSON_AddBoolToObject(row, "worker_served_after", res->worker_served);
     cJSON_AddBoolToObject(row, "kvstore_served_after", res->kvstore_served);
@@ -716,10 +735,11 @@ static void bw_table(const bw_opts_t *o, const bw_shared_t *sh, const bl_probe_t
            res->seconds, (unsigned long long)ok, (unsigned long long)aborted, res->killed, pr->n, pr->n_fail,
            bn_percentile(pr->lat_ms, pr->n, 99), bn_percentile(pr->lat_ms, pr->n, 100), leaked, sl->held_end,
            res->rss_wk[1] / 1024.0, res->rss_kvs[1] / 1024.0, res->worker_served && res->kvstore_served ? "yes" : "NO");
-    printf("kvstore sessions: %ld before, at most %ld during, %ld after the clients left (%ld leaked); rss worker %.1f -> %.1f MiB, "
-           "kvstore %.1f -> %.1f MiB\n",
-           res->sessions_before, res->sessions_peak, res->sessions_after, leaked, res->rss_wk[0] / 1024.0, res->rss_wk[1] / 1024.0,
-           res->rss_kvs[0] / 1024.0, res->rss_kvs[1] / 1024.0);
+    printf("kvstore sessions: %ld before, at most %ld during, %ld after the clients left (%ld leaked)\n",
+           res->sessions_before, res->sessions_peak, res->sessions_after, leaked);
+    printf("rss (MiB) before / halfway / after: worker %.1f / %.1f / %.1f, kvstore %.1f / %.1f / %.1f\n",
+           res->rss_wk[0] / 1024.0, res->rss_wk_half / 1024.0, res->rss_wk[1] / 1024.0, res->rss_kvs[0] / 1024.0,
+           res->rss_kvs_half / 1024.0, res->rss_kvs[1] / 1024.0);
     printf("slowloris: %u wanted, %u opened, %u connects failed, %u closed by the server, %u held at the end "
            "(oldest %.1f s)\n",
            o->slowloris, sl->opened, sl->connect_failed, sl->closed_by_server, sl->held_end, sl->oldest_s);
@@ -780,6 +800,7 @@ int bl_worker_main(int argc, char **argv, const char *json)
            w.port, run.model, d.grpc, o.clients, o.slowloris, o.seconds);
     fflush(stdout);
     res.sessions_before = bw_kvs_sessions(&d);
+    res.worker_pid = w.pid;
     res.rss_wk[0] = bw_rss_kib(w.pid);
     res.rss_kvs[0] = bn_daemon_rss_kib(&d);
     if (bw_traffic(&o, &d, &run, &pr, &sl, &res) != 0)
