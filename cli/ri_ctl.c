@@ -14,7 +14,7 @@
 
 #include "common/cm_alloc.h"
 #include "common/cm_file.h"
-#include "gpuworker/ctl/gw_ctl.h"
+#include "gpuworker/client/gw_ctl.h"
 
 #define RI_CTL_DEFAULT_ADDR "127.0.0.1:7070"
 

@@ -1,7 +1,7 @@
 /*
  * The data-plane op layouts: what follows the 64-byte wire header
  * (common/cm_wire.h) in each op's meta block, shared by the kvstore server
- * (kvstore/data) and the worker client (gpuworker/dp), which may not include
+ * (kvstore/data) and the worker client (gpuworker/client), which may not include
  * each other.  Header-only (static inline) so that neither side needs the
  * other's library.  All integers little-endian; every decoder checks every
  * count against the bytes present (with overflow checks) before anything is

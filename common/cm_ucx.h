@@ -1,6 +1,6 @@
 /*
  * UCX glue shared by the kvstore's data plane (kvstore/data) and the
- * worker's client (gpuworker/dp), which may not include each other: one
+ * worker's client (gpuworker/client), which may not include each other: one
  * status map, the environment both sides need, and the context and worker
  * settings both use.  A library of its own (ri_common_ucx), so that only the
  * programs that speak UCX link it.

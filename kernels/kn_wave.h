@@ -149,7 +149,7 @@ ri_status_t kn_wave_exact_merge(const kn_wave_t *w, uint32_t h, const float *q, 
 
 /* Where a wave keeps its clusters' K/V.  Without one (kn_wave_create) the
  * wave keeps its own cluster-major copy and decodes in process; with one
- * (kn_wave_create_store: the remote store of gpuworker/worker) the store
+ * (kn_wave_create_store: the remote store of gpuworker/client) the store
  * keeps them wherever it likes, and the wave is the index, the budgets and
  * the build/update schedule, while the caller decodes with
  * kn_wave_rank_estimate over kn_wave_index. */

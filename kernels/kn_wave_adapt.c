@@ -1,7 +1,7 @@
 /*
  * Decode budgets of the wave index (kn_wave.h): the floors in tokens under
  * the paper's shares, and the output-aware per-head cut of the retrieval
- * zone.  Both engines (in process, and the remote one of gpuworker/worker)
+ * zone.  Both engines (in process, and the remote one of gpuworker/client)
  * call these, so that they choose the same clusters.
  *
  * Why a floor: the shares were chosen at 128K, where 1.8% of the clusters is

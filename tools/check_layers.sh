@@ -3,11 +3,25 @@
 #   common/    includes nothing of ours (but the public include/ status type)
 #   kernels/   may include common/
 #   kvstore/   may include common/, proto/
-#   gpuworker/ may include common/, proto/, kernels/
-# kvstore/ and gpuworker/ never include each other.
+#   gpuworker/ may include common/, proto/, kernels/, and inside it:
+#     model/   common/, kernels/ and itself (never the client or the server)
+#     client/  also proto/ and model/ (never the server)
+#     server/  all of gpuworker/
+# kvstore/ and gpuworker/ never include each other.  An allowed entry is a
+# folder prefix: "gpuworker/model" allows gpuworker/model/..., "gpuworker"
+# all of gpuworker/.
 set -euo pipefail
 root="${1:-$(cd "$(dirname "$0")/.." && pwd)}"
 fail=0
+
+# allowed_inc INC PREFIX...: true when INC lies under one of the prefixes.
+allowed_inc() {
+  local inc="$1" a; shift
+  for a in "$@"; do
+    [[ "$inc" == "$a"/* ]] && return 0
+  done
+  return 1
+}
 
 check() {
   local dir="$1"; shift
@@ -20,7 +34,7 @@ check() {
         *" $top "*) ;;
         *) continue ;;   # system or generated headers
       esac
-      if [[ " $allowed " != *" $top "* ]]; then
+      if ! allowed_inc "$inc" $allowed; then
         echo "layer violation: ${f#$root/} includes \"$inc\" ($dir/ may use: $allowed)"
         fail=1
       fi
@@ -32,6 +46,9 @@ check common    common
 check kernels   common kernels
 check kvstore   common proto kvstore
 check gpuworker common proto kernels gpuworker
+check gpuworker/model  common kernels gpuworker/model
+check gpuworker/client common proto kernels gpuworker/model gpuworker/client
+check gpuworker/server common proto kernels gpuworker
 
 if [ "$fail" = 0 ]; then
   echo "layer rule: ok"

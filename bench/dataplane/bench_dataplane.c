@@ -25,7 +25,7 @@
 #include "bench/common/bn_report.h"
 #include "bench/dataplane/bench_dataplane.h"
 #include "common/cm_time.h"
-#include "gpuworker/dp/gw_dp.h"
+#include "gpuworker/client/gw_dp.h"
 #include "tests/kvstore_data/kvs_spawn.h"
 
 #define HEADS BD_HEADS

@@ -18,11 +18,11 @@
 
 #include "bench/common/bn_report.h"
 #include "common/cm_time.h"
-#include "gpuworker/dp/gw_dp.h"
+#include "gpuworker/client/gw_dp.h"
 #include "tests/kvstore_data/kvs_spawn.h"
 
 #ifdef KVS_SPAWN_HAVE_CTL
-#include "gpuworker/ctl/gw_ctl.h"
+#include "gpuworker/client/gw_ctl.h"
 
 #define CL_STORED 400u /* clusters per head per client: 26 MB a session */
 

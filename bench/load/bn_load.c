@@ -32,8 +32,8 @@
 #include "common/cm_alloc.h"
 #include "common/cm_log.h"
 #include "common/cm_time.h"
-#include "gpuworker/ctl/gw_ctl.h"
-#include "gpuworker/dp/gw_dp.h"
+#include "gpuworker/client/gw_ctl.h"
+#include "gpuworker/client/gw_dp.h"
 
 #define BL_MAX_CLIENTS 64
 #define BL_MAX_SESSIONS 16

@@ -38,7 +38,7 @@
 #include "bench/load/bn_load_probe.h"
 #include "common/cm_alloc.h"
 #include "common/cm_time.h"
-#include "gpuworker/ctl/gw_ctl.h"
+#include "gpuworker/client/gw_ctl.h"
 
 #define BW_MAX_CLIENTS 64
 #define BW_MAX_WORKER_ARGS 32

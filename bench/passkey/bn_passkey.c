@@ -32,8 +32,8 @@
 #include "common/cm_time.h"
 #include "gpuworker/model/mdl_model.h"
 #include "gpuworker/model/mdl_sample.h"
-#include "gpuworker/worker/gw_attn_remote.h"
-#include "gpuworker/worker/gw_remote.h" /* GW_UCX_TLS_LOCAL */
+#include "gpuworker/client/gw_attn_remote.h"
+#include "gpuworker/client/gw_remote.h" /* GW_UCX_TLS_LOCAL */
 
 #define PK_GEN_TOKENS 12
 #define PK_MAX_VARIANTS 32

@@ -12,8 +12,8 @@
 
 #ifdef RL_HAVE_REMOTE
 #include "bench/common/bn_daemon.h"
-#include "gpuworker/worker/gw_attn_remote.h"
-#include "gpuworker/worker/gw_remote.h"
+#include "gpuworker/client/gw_attn_remote.h"
+#include "gpuworker/client/gw_remote.h"
 
 static bn_daemon_t rl_daemon;
 static bool rl_connected;

@@ -50,7 +50,7 @@
 #include "bench/common/bn_report.h"
 #include "common/cm_status.h" /* CM_MIN */
 #include "common/cm_time.h"
-#include "gpuworker/worker/gw_remote.h" /* GW_UCX_TLS_LOCAL */
+#include "gpuworker/client/gw_remote.h" /* GW_UCX_TLS_LOCAL */
 
 #define SV_MAX_LIST 8
 #define SV_MAX_CLIENTS 64

@@ -12,4 +12,17 @@ printf '#include "gpuworker/gw_cache.h"\n' >"$tmp/kvstore/bad.c"
 if "$here/tools/check_layers.sh" "$tmp" >/dev/null; then
   echo "violation not caught"; exit 1
 fi
+rm "$tmp/kvstore/bad.c"
+# Inside gpuworker/: the model may not include the client, nor the client the server.
+mkdir -p "$tmp/gpuworker/model" "$tmp/gpuworker/client" "$tmp/gpuworker/server"
+printf '#include "gpuworker/model/mdl_model.h"\n' >"$tmp/gpuworker/client/ok.c"
+printf '#include "gpuworker/client/gw_remote.h"\n' >"$tmp/gpuworker/server/ok.c"
+"$here/tools/check_layers.sh" "$tmp" >/dev/null || { echo "clean gpuworker tree rejected"; exit 1; }
+for bad in "model:gpuworker/client/gw_remote.h" "model:gpuworker/server/gw_sched.h" "client:gpuworker/server/gw_http.h"; do
+  printf '#include "%s"\n' "${bad#*:}" >"$tmp/gpuworker/${bad%%:*}/bad.c"
+  if "$here/tools/check_layers.sh" "$tmp" >/dev/null; then
+    echo "violation not caught: gpuworker/${bad%%:*} includes ${bad#*:}"; exit 1
+  fi
+  rm "$tmp/gpuworker/${bad%%:*}/bad.c"
+done
 echo "layer checker catches violations"

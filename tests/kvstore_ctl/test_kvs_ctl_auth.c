@@ -22,8 +22,8 @@
 #include <cmocka.h>
 
 #include "common/cm_alloc.h"
-#include "gpuworker/ctl/gw_ctl.h"
-#include "gpuworker/dp/gw_dp.h"
+#include "gpuworker/client/gw_ctl.h"
+#include "gpuworker/client/gw_dp.h"
 #include "kvs_test_daemon.h"
 
 #define TOK_ALICE "alice-token-0123456789"

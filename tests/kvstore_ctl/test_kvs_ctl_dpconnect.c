@@ -40,8 +40,8 @@
 #include <cmocka.h>
 
 #include "common/cm_dp_proto.h"
-#include "gpuworker/ctl/gw_ctl.h"
-#include "gpuworker/dp/gw_dp.h"
+#include "gpuworker/client/gw_ctl.h"
+#include "gpuworker/client/gw_dp.h"
 #include "kvs_test_daemon.h"
 
 #define MAX_PORTS 32

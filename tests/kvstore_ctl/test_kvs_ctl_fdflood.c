@@ -39,7 +39,7 @@
 #include <cmocka.h>
 #include <dirent.h>
 
-#include "gpuworker/ctl/gw_ctl.h"
+#include "gpuworker/client/gw_ctl.h"
 #include "kvs_test_daemon.h"
 
 #define DAEMON_FDS 256   /* the daemon's fd limit */

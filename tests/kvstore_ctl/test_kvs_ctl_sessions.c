@@ -16,7 +16,7 @@
 #include <cmocka.h>
 
 #include "common/cm_alloc.h"
-#include "gpuworker/ctl/gw_ctl.h"
+#include "gpuworker/client/gw_ctl.h"
 #include "kvs_test_daemon.h"
 
 static kvs_test_daemon_t daemon_;

@@ -21,7 +21,7 @@
 
 #include "common/cm_alloc.h"
 #include "common/cm_time.h"
-#include "gpuworker/ctl/gw_ctl.h"
+#include "gpuworker/client/gw_ctl.h"
 #include "kvs_test_daemon.h"
 
 #define LOAD_THREADS 4

@@ -1,13 +1,13 @@
 /*
  * Server process start/stop for data-plane tests and benchmarks.  Prefers the
  * real daemon ($RI_BUILD_DIR/bin/ri-kvstore, sessions created over gRPC with
- * gpuworker/ctl) when it was built; else the small kvs-test-server.
+ * gpuworker/client) when it was built; else the small kvs-test-server.
  * RI_DP_SERVER=test forces the small server.
  */
 #include "tests/kvstore_data/kvs_spawn.h"
 
 #ifdef KVS_SPAWN_HAVE_CTL
-#include "gpuworker/ctl/gw_ctl.h"
+#include "gpuworker/client/gw_ctl.h"
 #endif
 
 #include <fcntl.h>

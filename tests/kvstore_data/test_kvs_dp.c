@@ -1,7 +1,7 @@
 /*
  * Integration test of the data plane over real UCX between two processes:
  * a server process (kvs-test-server hosting kvs_data) and this client
- * (gpuworker/dp).  argv[1] picks the transports: "tcp" (UCX_TLS=tcp) or
+ * (gpuworker/client).  argv[1] picks the transports: "tcp" (UCX_TLS=tcp) or
  * "shm" (this side offers shared memory + tcp; the kvstore side leaves
  * shared memory out, kvstore/data/kvs_dp_setup.c, so both still talk over
  * tcp: a worker set up for shared memory is served all the same).  Checks:
@@ -27,7 +27,7 @@
 
 #include "common/cm_dp_proto.h"
 #include "common/cm_time.h"
-#include "gpuworker/dp/gw_dp.h"
+#include "gpuworker/client/gw_dp.h"
 #include "tests/kvstore_data/kvs_spawn.h"
 
 #define LAYERS 2

@@ -24,8 +24,8 @@
 
 #include "common/cm_alloc.h"
 #include "common/cm_dp_proto.h"
-#include "gpuworker/ctl/gw_ctl.h"
-#include "gpuworker/dp/gw_dp.h"
+#include "gpuworker/client/gw_ctl.h"
+#include "gpuworker/client/gw_dp.h"
 #include "kvs_test_daemon.h"
 
 #define LAYERS 4

@@ -25,8 +25,8 @@
 #include <cmocka.h>
 
 #include "common/cm_alloc.h"
-#include "gpuworker/ctl/gw_ctl.h"
-#include "gpuworker/dp/gw_dp.h"
+#include "gpuworker/client/gw_ctl.h"
+#include "gpuworker/client/gw_dp.h"
 #include "kvs_test_daemon.h"
 
 /* 256 MiB is the daemon's spill segment: one fits, a second does not. */

@@ -75,8 +75,8 @@
 #include <cmocka.h>
 
 #include "common/cm_dp_direct.h"
-#include "gpuworker/ctl/gw_ctl.h"
-#include "gpuworker/dp/gw_dp.h"
+#include "gpuworker/client/gw_ctl.h"
+#include "gpuworker/client/gw_dp.h"
 #include "kvs_test_daemon.h"
 
 #define TOK_ALICE "tok-alice-0123456789abcdef"

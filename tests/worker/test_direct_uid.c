@@ -27,7 +27,7 @@
 
 #include <cmocka.h>
 
-#include "gpuworker/worker/gw_remote.h"
+#include "gpuworker/client/gw_remote.h"
 #include "kernels/kn_wave.h"
 #include "retroinfer/retroinfer.h"
 #include "wk_test_util.h"

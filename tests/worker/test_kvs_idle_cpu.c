@@ -19,7 +19,7 @@
 
 #include <cmocka.h>
 
-#include "gpuworker/worker/gw_remote.h"
+#include "gpuworker/client/gw_remote.h"
 #include "retroinfer/retroinfer.h"
 #include "wk_test_util.h"
 

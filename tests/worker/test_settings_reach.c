@@ -22,7 +22,7 @@
 #include <cmocka.h>
 
 #include "gpuworker/model/mdl_attn.h"
-#include "gpuworker/worker/gw_attn_remote.h"
+#include "gpuworker/client/gw_attn_remote.h"
 #include "kernels/kn_wave.h"
 #include "retroinfer/retroinfer.h"
 #include "wk_test_util.h"

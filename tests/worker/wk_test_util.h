@@ -11,7 +11,7 @@
 #include <stdint.h>
 
 #include "common/cm_half.h"
-#include "gpuworker/ctl/gw_ctl.h"
+#include "gpuworker/client/gw_ctl.h"
 #include "kernels/kn_ops.h"
 #include "kvs_test_daemon.h"
 

@@ -4,7 +4,7 @@
  * Workload: a few uploads per layer at prefill and every 1024 tokens, one
  * ranked fetch per layer and decode step.
  */
-#include "gpuworker/worker/gw_io.h"
+#include "gpuworker/client/gw_io.h"
 
 #include <pthread.h>
 #include <sys/mman.h>

@@ -12,9 +12,9 @@
 #include <string.h>
 
 #include "common/cm_dp_proto.h"
-#include "gpuworker/worker/gw_direct.h"
-#include "gpuworker/worker/gw_io.h"
-#include "gpuworker/worker/gw_remote.h"
+#include "gpuworker/client/gw_direct.h"
+#include "gpuworker/client/gw_io.h"
+#include "gpuworker/client/gw_remote.h"
 
 #define GW_NO_ID UINT32_MAX
 #define GW_GMAX 64u   /* query heads per group handled on the stack */

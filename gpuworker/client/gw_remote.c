@@ -5,7 +5,7 @@
  * page format), reconnect and re-fill, stats.  A step is gw_remote_decode.c,
  * the block cache and its mirror gw_remote_mirror.c.
  */
-#include "gpuworker/worker/gw_remote.h"
+#include "gpuworker/client/gw_remote.h"
 
 #include <stdatomic.h>
 #include <stdlib.h>
@@ -15,8 +15,8 @@
 #include "common/cm_log.h"
 #include "common/cm_status.h"
 #include "common/cm_time.h"
-#include "gpuworker/dp/gw_dp.h"
-#include "gpuworker/worker/gw_remote_int.h"
+#include "gpuworker/client/gw_dp.h"
+#include "gpuworker/client/gw_remote_int.h"
 
 static CM_ALLOC_TAG(gw_remote_tag, "gw.remote");
 

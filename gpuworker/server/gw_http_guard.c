@@ -6,7 +6,7 @@
  * small (hundreds of slots), so admission scans it under one lock.
  */
 #define _GNU_SOURCE
-#include "gpuworker/worker/gw_http_guard.h"
+#include "gpuworker/server/gw_http_guard.h"
 
 #include <netinet/in.h>
 #include <pthread.h>

@@ -16,7 +16,7 @@
 #include <stdbool.h>
 #include <stdint.h>
 
-#include "gpuworker/worker/gw_io.h"
+#include "gpuworker/client/gw_io.h"
 #include "retroinfer/status.h"
 
 typedef struct gw_direct gw_direct_t;

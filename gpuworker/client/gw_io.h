@@ -21,7 +21,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "gpuworker/dp/gw_dp.h"
+#include "gpuworker/client/gw_dp.h"
 #include "retroinfer/status.h"
 
 typedef enum gw_io_kind {

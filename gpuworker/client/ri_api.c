@@ -17,10 +17,10 @@
 #include "common/cm_net.h"
 #include "common/cm_status.h"
 #include "common/cm_time.h"
-#include "gpuworker/ctl/gw_ctl.h"
-#include "gpuworker/worker/gw_remote.h"
-#include "gpuworker/worker/ri_api_int.h"
-#include "gpuworker/worker/ri_steady.h"
+#include "gpuworker/client/gw_ctl.h"
+#include "gpuworker/client/gw_remote.h"
+#include "gpuworker/client/ri_api_int.h"
+#include "gpuworker/client/ri_steady.h"
 
 static CM_ALLOC_TAG(ri_api_tag, "ri.api");
 

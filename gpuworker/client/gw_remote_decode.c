@@ -12,7 +12,7 @@
 #include "common/cm_log.h"
 #include "common/cm_status.h"
 #include "common/cm_time.h"
-#include "gpuworker/worker/gw_remote_int.h"
+#include "gpuworker/client/gw_remote_int.h"
 #include "kernels/kn_wave.h"
 
 static CM_ALLOC_TAG(gw_remote_tag, "gw.remote.step");

@@ -9,7 +9,7 @@
  * submitter's reference and the scheduler's (from submit to finish).
  */
 #define _GNU_SOURCE
-#include "gpuworker/worker/gw_sched.h"
+#include "gpuworker/server/gw_sched.h"
 
 #include <errno.h>
 #include <pthread.h>

@@ -9,7 +9,7 @@
  * rkey is sent in REGISTER_CACHE, so the server writes misses with ucp_put.
  */
 #define _GNU_SOURCE
-#include "gpuworker/dp/gw_dp.h"
+#include "gpuworker/client/gw_dp.h"
 
 #include <pthread.h>
 #include <poll.h>

@@ -1,5 +1,5 @@
 /* A session's own steady zone (ri_steady.h). */
-#include "gpuworker/worker/ri_steady.h"
+#include "gpuworker/client/ri_steady.h"
 
 #include <string.h>
 #include <sys/mman.h>

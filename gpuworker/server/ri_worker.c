@@ -52,10 +52,10 @@
 #endif
 #include "gpuworker/model/mdl_model.h"
 #include "gpuworker/model/mdl_sample.h"
-#include "gpuworker/worker/gw_attn_remote.h"
-#include "gpuworker/worker/gw_http.h"
-#include "gpuworker/worker/gw_remote.h"
-#include "gpuworker/worker/gw_sched.h"
+#include "gpuworker/client/gw_attn_remote.h"
+#include "gpuworker/server/gw_http.h"
+#include "gpuworker/client/gw_remote.h"
+#include "gpuworker/server/gw_sched.h"
 #include "retroinfer/retroinfer.h"
 
 static CM_ALLOC_TAG(wk_tag, "ri-worker");

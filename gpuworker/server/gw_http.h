@@ -31,7 +31,7 @@
 
 #include "common/cm_keys.h"
 #include "gpuworker/model/mdl_model.h"
-#include "gpuworker/worker/gw_sched.h"
+#include "gpuworker/server/gw_sched.h"
 #include "retroinfer/status.h"
 
 typedef struct gw_http gw_http_t;

@@ -5,7 +5,7 @@
  * view of the sequence's cache.  Workload: one sequence per request, one
  * decode call per layer and generated token.
  */
-#include "gpuworker/worker/gw_attn_remote.h"
+#include "gpuworker/client/gw_attn_remote.h"
 
 #include <math.h>
 #include <pthread.h>
@@ -20,7 +20,7 @@
 #include "common/cm_time.h"
 #include "kernels/kn_ops.h"
 #include "gpuworker/model/mdl_kv_mem.h"
-#include "gpuworker/worker/ri_api_int.h"
+#include "gpuworker/client/ri_api_int.h"
 #include "retroinfer/retroinfer.h"
 
 static CM_ALLOC_TAG(gw_attn_tag, "gw.attn.remote");

@@ -3,7 +3,7 @@
  * request validation, the JSON and server-sent-event shapes, /metrics.
  */
 #define _GNU_SOURCE
-#include "gpuworker/worker/gw_http.h"
+#include "gpuworker/server/gw_http.h"
 
 #include <arpa/inet.h>
 #include <cjson/cJSON.h>
@@ -28,8 +28,8 @@
 #include "common/cm_status.h"
 #include "common/cm_time.h"
 #include "gpuworker/model/mdl_tok.h"
-#include "gpuworker/worker/gw_attn_remote.h"
-#include "gpuworker/worker/gw_http_guard.h"
+#include "gpuworker/client/gw_attn_remote.h"
+#include "gpuworker/server/gw_http_guard.h"
 
 static CM_ALLOC_TAG(gw_http_tag, "worker.http");
 

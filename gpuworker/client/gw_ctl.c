@@ -5,7 +5,7 @@
  * several threads without a lock.
  */
 #define _GNU_SOURCE
-#include "gpuworker/ctl/gw_ctl.h"
+#include "gpuworker/client/gw_ctl.h"
 
 #include <stdio.h>
 #include <string.h>

@@ -1,5 +1,5 @@
 /* Direct reads, the worker's side (gw_direct.h). */
-#include "gpuworker/worker/gw_direct.h"
+#include "gpuworker/client/gw_direct.h"
 
 #include <string.h>
 
