@@ -618,14 +618,14 @@ static void kvs_dp_collect(kvs_dpw_t *w)
 
 static void kvs_dp_serve_ready(kvs_dpw_t *w, kvs_dreq_t *r)
 {
+    ri_status_t st = r->recv_status == UCS_OK ? RI_OK : kvs_dp_status(r->recv_status);
     if (r->expired && kvs_dp_conn_of(w, r->peer_key) == NULL) {
-        /* its connection was closed: counted, answered nowhere */
+        /* its connection was closed (kvs_dp_expire): counted, answered nowhere */
         kvs_dp_count_error(w, RI_ERR_TIMEOUT);
         kvs_dreq_release(w, r);
         return;
     }
-    kvs_dp_finish(w, r, r->expired ? RI_ERR_TIMEOUT
-                        : r->recv_status == UCS_OK ? RI_OK : kvs_dp_status(r->recv_status), r->body);
+    kvs_dp_finish(w, r, r->expired ? RI_ERR_TIMEOUT : st, r->body);
 }
 
 static void kvs_dp_serve_new(kvs_dpw_t *w, kvs_dreq_t *r)
