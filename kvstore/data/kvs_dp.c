@@ -49,6 +49,7 @@ static CM_ALLOC_TAG(kvs_dp_tag, "kvs.dp");
 #define KVS_DP_MAX_CONNS_PER_SESSION 16u /* connections of one session */
 #define KVS_DP_MAX_INFLIGHT 32u         /* requests of one connection queued at once */
 #define KVS_DP_MAX_UNCONNECTED 64u      /* requests of no connection queued in a lane */
+#define KVS_DP_CANCEL_GRACE_NS 100000000ull /* a cancelled body receive may take this long to end */
 
 /* A reply in flight: what the send owns until its callback. */
 struct kvs_reply {
@@ -553,25 +554,78 @@ static ri_status_t kvs_dp_receive(kvs_dpw_t *w, kvs_dreq_t *r)
     return RI_OK;
 }
 
-/* Move finished receives to the ready queue; cancel those past their
- * deadline (their callback then reports the cancel). */
+static void kvs_dp_close_conn(kvs_dpw_t *w, kvs_conn_t *c);
+
+/* Force-close every connection r's body can arrive on: those whose CONNECT
+ * came on r's reply endpoint, and the one whose own endpoint is it (UCX
+ * pairs the endpoint we open to a worker with the one the worker's requests
+ * arrive on, so that is the usual case).  Failing that endpoint is what ends
+ * the receive: UCX completes it with an error, and the lane frees the buffer
+ * when it collects it.  Closed at once, not at the next gc turn, which a busy
+ * lane may not reach for a while. */
+static void kvs_dp_close_conns_of(kvs_dpw_t *w, const kvs_dreq_t *r)
+{
+    for (kvs_conn_t **pc = &w->conns; *pc != NULL;) {
+        kvs_conn_t *c = *pc;
+        if (c->peer_key == r->peer_key || (const void *)c->ep == r->peer_key) {
+            *pc = c->next; /* off the list first: the close progresses the worker (AM callbacks) */
+            c->failed = true;
+            c->graceful = false;
+            kvs_dp_close_conn(w, c);
+        } else {
+            pc = &c->next;
+        }
+    }
+}
+
+/* r's body is past its deadline.  First ucp_request_cancel; where that ends
+ * the receive (UCX cancels tag receives only, not AM rendezvous ones, up to
+ * 1.13 at least) r is answered TIMEOUT.  A receive still going a grace later
+ * is ended by force-closing its connection (kvs_dp_close_conns_of): a sender
+ * stopped mid-body would otherwise hold the buffer until UCX's keepalive
+ * fails it (~20 s over TCP). */
+static void kvs_dp_expire(kvs_dpw_t *w, kvs_dreq_t *r, uint64_t now)
+{
+    if (!r->expired) {
+        r->expired = true;
+        r->deadline_ns = now + KVS_DP_CANCEL_GRACE_NS;
+        ucp_request_cancel(w->worker, r->recv_req);
+        return;
+    }
+    if (!atomic_load(&w->dp->stop))
+        cm_warn("dp: session %llu: a %zu-byte body did not arrive within drain-timeout-ms (%u ms); its connection "
+                "is closed", (unsigned long long)r->h.session_id, r->len,
+                (unsigned)w->dp->data->cfg.drain_timeout_ms);
+    r->deadline_ns = UINT64_MAX; /* once */
+    kvs_dp_close_conns_of(w, r);
+}
+
+/* Move finished receives to the ready queue; end those past their deadline
+ * (kvs_dp_expire; their callback then reports the end). */
 static void kvs_dp_collect(kvs_dpw_t *w)
 {
     uint64_t now = 0;
     for (kvs_dreq_t *r = w->receiving.head, *next; r != NULL; r = next) {
-        next = r->next;
+        next = r->next; /* callbacks only set fields: the list holds still while connections close */
         if (r->recv_req == NULL) {
             kvs_dq_remove(&w->receiving, r);
             kvs_dq_push(&w->ready, r);
         } else if ((now ? now : (now = cm_time_ns())) > r->deadline_ns) {
-            ucp_request_cancel(w->worker, r->recv_req);
+            kvs_dp_expire(w, r, now);
         }
     }
 }
 
 static void kvs_dp_serve_ready(kvs_dpw_t *w, kvs_dreq_t *r)
 {
-    kvs_dp_finish(w, r, r->recv_status == UCS_OK ? RI_OK : kvs_dp_status(r->recv_status), r->body);
+    ri_status_t st = r->recv_status == UCS_OK ? RI_OK : kvs_dp_status(r->recv_status);
+    if (r->expired && kvs_dp_conn_of(w, r->peer_key) == NULL) {
+        /* its connection was closed (kvs_dp_expire): counted, answered nowhere */
+        kvs_dp_count_error(w, RI_ERR_TIMEOUT);
+        kvs_dreq_release(w, r);
+        return;
+    }
+    kvs_dp_finish(w, r, r->expired ? RI_ERR_TIMEOUT : st, r->body);
 }
 
 static void kvs_dp_serve_new(kvs_dpw_t *w, kvs_dreq_t *r)
@@ -733,11 +787,11 @@ void kvs_dp_lane_drain(kvs_dpw_t *w)
     kvs_dreq_t *r;
     uint64_t deadline = cm_time_ns() + 1000000000ull;
 
-    /* Receives in flight own a request: cancel them and let their callbacks
-     * run (bounded) before anything is freed. */
+    /* Receives in flight own a request: end them now (kvs_dp_expire: a
+     * cancel, then their connection closed) and let their callbacks run
+     * (bounded) before anything is freed. */
     for (r = w->receiving.head; r != NULL; r = r->next)
-        if (r->recv_req != NULL)
-            ucp_request_cancel(w->worker, r->recv_req);
+        r->deadline_ns = 0;
     while (w->receiving.head != NULL && cm_time_ns() < deadline) {
         ucp_worker_progress(w->worker);
         kvs_dp_collect(w);

@@ -53,7 +53,8 @@ typedef struct kvs_dreq {
     uint8_t *body;                    /* receive buffer (cm_malloc'd) */
     void *recv_req;                   /* UCX request, NULL once done */
     ucs_status_t recv_status;
-    uint64_t deadline_ns;             /* cancelled past this */
+    uint64_t deadline_ns;             /* cancelled past this; its connection closed past this + a grace */
+    bool expired;                     /* past its deadline: answered TIMEOUT, or its connection closed */
     struct kvs_dreq *next;
 } kvs_dreq_t;
 

@@ -16,6 +16,10 @@
  *    hold up another client of the same data-plane thread: its connect and
  *    pings are answered at once (the daemon served one request at a time and
  *    waited up to 5 s for the stalled body: a security review finding);
+ *  - with --drain-timeout-ms=1000 that stopped upload is cut off (its
+ *    connection force-closed) and its 128 MiB buffer freed ~1.2 s after the
+ *    stop, counted as kind="other" (it was held ~20 s, until UCX's
+ *    keepalive failed the peer);
  *  - the data-plane threads run at --dataplane-nice (-10 by default) when the
  *    daemon may raise priority (root here), else at the process's.
  */
@@ -438,9 +442,8 @@ static long rss_kib(pid_t pid)
  * session's secret, so it passes every check the daemon makes before it
  * takes a body in (no auth error is counted).  This case passes on the code
  * it was added to (a coverage gap, not a bug): the lane serves the
- * bystander while the authenticated body hangs.  Note that the stalled body
- * is not cut off by the lane's receive deadline here (no kind="other" error
- * within 20 s); the connection ends when UCX times the stopped peer out. */
+ * bystander while the authenticated body hangs.  When the stalled body is
+ * cut off is test_stalled_upload_cut_off_at_deadline's business. */
 static void stalled_sender_case(bool tokens)
 {
     char path[600], flag[700];
@@ -507,6 +510,134 @@ static void stalled_sender_case(bool tokens)
     unsetenv("UCX_TLS");
 }
 
+#define STALL_DEADLINE_MS 1000
+#define ERR_OTHER "ri_kvs_dp_errors_total{kind=\"other\"}"
+
+#define DP_BYTES "ri_kvs_alloc_bytes{tag=\"kvs.dp\"}"
+
+/* The daemon (one lane, two tenants, --drain-timeout-ms=deadline_ms) with
+ * the staller's authenticated upload under way and the staller stopped;
+ * the clients of both tenants in *c_p and *cb_p, the staller's stdout in
+ * *out_p (the teardown kills the staller), the data plane's allocated bytes
+ * before the staller came in *dp_bytes_p. */
+static void start_stalled(kvs_test_daemon_t *d, int deadline_ms, gw_ctl_t **c_p, gw_ctl_t **cb_p, FILE **out_p,
+                          long long *dp_bytes_p)
+{
+    char path[600], flag[700], deadline[64];
+    const char *extra[] = {"--dataplane-threads=1", flag, deadline, NULL};
+    gw_ctl_error_t err;
+    gw_ctl_session_t a, b;
+    char line[64] = "";
+    int wst = 0;
+    setenv("UCX_TLS", "tcp,self", 1);
+    assert_int_equal(kvs_test_daemon_prepare(d), 0);
+    assert_int_equal(kvs_test_daemon_write_file(d, "tokens", TOK_STALLER " mallory\n" TOK_BYSTANDER " bob\n", path,
+                                                sizeof(path)),
+                     0);
+    snprintf(flag, sizeof(flag), "--tokens-file=%s", path);
+    snprintf(deadline, sizeof(deadline), "--drain-timeout-ms=%d", deadline_ms);
+    assert_int_equal(kvs_test_daemon_start(d, extra, NULL), 0);
+    assert_int_equal(gw_ctl_create(d->grpc, TOK_STALLER, c_p), RI_OK);
+    assert_int_equal(gw_ctl_create(d->grpc, TOK_BYSTANDER, cb_p), RI_OK);
+    assert_int_equal(gw_ctl_create_session(*c_p, 5000, &geo, 64, "staller", &a, &err), RI_OK);
+    assert_int_equal(gw_ctl_create_session(*cb_p, 5000, &geo, 64, "bystander", &b, &err), RI_OK);
+    *dp_bytes_p = daemon_metric(d, DP_BYTES);
+    pid_t pid = spawn_staller(&a, out_p);
+    g_staller = pid;
+    while (fgets(line, sizeof(line), *out_p) != NULL && strcmp(line, "sent\n") != 0)
+        ;
+    assert_string_equal(line, "sent\n");
+    assert_int_equal(waitpid(pid, &wst, WUNTRACED), pid);
+    assert_true(WIFSTOPPED(wst));
+}
+
+#define STALL_DEADLINE_MS 1000
+#define ERR_OTHER "ri_kvs_dp_errors_total{kind=\"other\"}"
+
+/* An authenticated sender stopped half way through a 128 MiB upload, with
+ * --drain-timeout-ms=1000: its receive must end, and its 128 MiB receive
+ * buffer be freed, within about twice that of the stop (the receive began
+ * before it).  Watched from /metrics: the data plane's allocations
+ * (ri_kvs_alloc_bytes{tag="kvs.dp"}, the buffer is most of them) and the
+ * TIMEOUT counted as kind="other".  On the code it was added to this failed:
+ * ucp_request_cancel does not cancel an AM rendezvous receive (UCX 1.13),
+ * and the buffer stayed held until UCX's keepalive failed the stopped peer
+ * (not within 3 s here, ~20 s in all).  The bystander is then served as
+ * before, and so is the staller's tenant once the staller is gone. */
+static void test_stalled_upload_cut_off_at_deadline(void **state)
+{
+    kvs_test_daemon_t d;
+    gw_ctl_t *c = NULL, *cb = NULL;
+    FILE *out = NULL;
+    long long held = -1, base, other0, bytes = -1, other = -1;
+    double t_freed = -1, t_counted = -1;
+    (void)state;
+    setenv("UCX_TLS", "tcp,self", 1);
+    start_stalled(&d, STALL_DEADLINE_MS, &c, &cb, &out, &base);
+    double t0 = now_s();
+    other0 = daemon_metric(&d, ERR_OTHER);
+    assert_true(base >= 0 && other0 >= 0);
+    /* wait up to 3x the deadline for both; 20 ms steps */
+    while (now_s() - t0 < 3.0 * STALL_DEADLINE_MS / 1e3 && (t_freed < 0 || t_counted < 0)) {
+        bytes = daemon_metric(&d, DP_BYTES);
+        other = daemon_metric(&d, ERR_OTHER);
+        if (bytes > held)
+            held = bytes;
+        if (t_freed < 0 && held - base >= (long long)STALL_BYTES / 2 && bytes - base < (long long)STALL_BYTES / 2)
+            t_freed = now_s() - t0;
+        if (t_counted < 0 && other > other0)
+            t_counted = now_s() - t0;
+        usleep(20 * 1000);
+    }
+    printf("# stalled authenticated upload, drain-timeout-ms=%d: kvs.dp held %lld MiB at most, freed after %.2f s, "
+           "kind=\"other\" counted after %.2f s (-1: not within %.1f s)\n", STALL_DEADLINE_MS,
+           (held - base) >> 20, t_freed, t_counted, 3.0 * STALL_DEADLINE_MS / 1e3);
+    assert_true(held - base >= (long long)STALL_BYTES / 2); /* the receive did start */
+    if (t_freed < 0 || t_freed > 2.0 * STALL_DEADLINE_MS / 1e3)
+        fail_msg("the stalled upload's buffer was not freed within 2x drain-timeout-ms (%.2f s)", t_freed);
+    if (t_counted < 0 || t_counted > 2.0 * STALL_DEADLINE_MS / 1e3)
+        fail_msg("the stalled upload was not counted as kind=\"other\" within 2x drain-timeout-ms (%.2f s)",
+                 t_counted);
+    assert_serving_as(&d, TOK_BYSTANDER);
+    kill_staller(NULL);
+    fclose(out);
+    setenv("UCX_TLS", "tcp,self", 1);
+    assert_serving_as(&d, TOK_STALLER);
+    gw_ctl_destroy(cb);
+    gw_ctl_destroy(c);
+    assert_int_equal(kvs_test_daemon_stop(&d, SIGTERM, 10000), 0);
+    kvs_test_daemon_cleanup(&d);
+    unsetenv("UCX_TLS");
+}
+
+/* SIGTERM while that upload is stalled, long before its deadline (30 s):
+ * the daemon ends the receive at once (its connection force-closed) and
+ * exits 0, clean under ASan: the receive's request and buffer are released
+ * in order.  Measured 0.3 s; the code before waited 1 s for a cancel that
+ * never came and took 1.2 s, which the 2 s bound here does not tell apart
+ * (kept loose for a shared machine): what this case guards is the exit. */
+static void test_stalled_upload_at_shutdown(void **state)
+{
+    kvs_test_daemon_t d;
+    gw_ctl_t *c = NULL, *cb = NULL;
+    FILE *out = NULL;
+    long long base;
+    (void)state;
+    start_stalled(&d, 30000, &c, &cb, &out, &base);
+    for (int i = 0; i < 100 && daemon_metric(&d, DP_BYTES) - base < (long long)STALL_BYTES / 2; i++)
+        usleep(20 * 1000);
+    assert_true(daemon_metric(&d, DP_BYTES) - base >= (long long)STALL_BYTES / 2); /* the receive is under way */
+    gw_ctl_destroy(cb);
+    gw_ctl_destroy(c);
+    double t0 = now_s();
+    assert_int_equal(kvs_test_daemon_stop(&d, SIGTERM, 10000), 0);
+    printf("# SIGTERM with a stalled upload: the daemon exited 0 after %.2f s\n", now_s() - t0);
+    assert_true(now_s() - t0 < 2.0);
+    kill_staller(NULL);
+    fclose(out);
+    kvs_test_daemon_cleanup(&d);
+}
+
 static void test_stalled_sender_blocks_nobody(void **state)
 {
     (void)state;
@@ -528,6 +659,8 @@ int main(int argc, char **argv)
         cmocka_unit_test(test_connections_per_session_capped),
         cmocka_unit_test_teardown(test_stalled_sender_blocks_nobody, kill_staller),
         cmocka_unit_test_teardown(test_stalled_authenticated_sender_blocks_nobody, kill_staller),
+        cmocka_unit_test_teardown(test_stalled_upload_cut_off_at_deadline, kill_staller),
+        cmocka_unit_test_teardown(test_stalled_upload_at_shutdown, kill_staller),
         cmocka_unit_test(test_lanes_nice),
     };
     const struct CMUnitTest mutant[] = {
@@ -539,6 +672,8 @@ int main(int argc, char **argv)
     if (access(kvs_test_bin("ri-kvstore", bin, sizeof(bin)), X_OK) != 0)
         return 77;
     signal(SIGPIPE, SIG_IGN);
+    if (getenv("RI_TEST_FILTER") != NULL) /* one case by name (cmocka's glob) */
+        cmocka_set_test_filter(getenv("RI_TEST_FILTER"));
     if (argc > 1 && strcmp(argv[1], "no-check") == 0) {
         g_no_check = true;
         return cmocka_run_group_tests(mutant, NULL, NULL);
