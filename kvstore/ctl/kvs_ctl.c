@@ -60,7 +60,7 @@ static const cm_config_item_t kvs_ctl_config_items[] = {
     KVS_CFG("metrics-listen", CM_CFG_STRING, "127.0.0.1:9464", "Prometheus /metrics HTTP address, or 'off'",
             metrics_listen, 0, 0),
     KVS_CFG("threads", CM_CFG_INT, "2", "gRPC serving threads", threads, 1, 64),
-    KVS_CFG("drain-timeout-ms", CM_CFG_INT, "5000", "at shutdown, how long in-flight calls may run before cancel",
+    KVS_CFG("drain-timeout-ms", CM_CFG_INT, "5000", "how long in-flight calls may run at shutdown, and a data-plane body may take to arrive",
             drain_timeout_ms, 0, 600000),
     KVS_CFG("max-message", CM_CFG_SIZE, "64KiB",
             "largest gRPC request accepted (the API needs a few KiB; replies may reach 16 MiB)", max_message, 1024.0,
