@@ -927,27 +927,35 @@ fail:
 
 /* ---- /tokenize, /detokenize (llama-server's shapes) ---- */
 
-/* {"content": TEXT, "add_special": BOOL} -> {"tokens": [ids]}: the text as
- * /v1/completions tokenizes a string prompt (special token texts stay plain
- * text), with the model's bos first only when add_special is true (the
- * default is false, as llama-server's).  *out_p is new (caller deletes). */
+/* {"content": TEXT, "add_special": BOOL, "parse_special": BOOL} ->
+ * {"tokens": [ids]}: by default the text as /v1/completions tokenizes a
+ * string prompt (special token texts stay plain text), without bos.
+ * add_special puts the model's bos first when it wants one; parse_special
+ * turns special token texts ("<|im_start|>") into their ids, so a client can
+ * apply a chat template itself and send the ids as the prompt.  Both default
+ * to false (llama-server's parse_special defaults to true: here the default
+ * is what a completion does).  *out_p is new (caller deletes). */
 static bool gw_tokenize(gw_http_t *h, const cJSON *b, cJSON **out_p, gw_err_t *e)
 {
-    const cJSON *content = gw_field(b, "content"), *special = gw_field(b, "add_special");
+    const cJSON *content = gw_field(b, "content"), *add = gw_field(b, "add_special"),
+                *parse = gw_field(b, "parse_special");
     if (content == NULL || !cJSON_IsString(content))
         return GW_BAD(e, "content", "content must be a string (the text to tokenize)");
-    if (special != NULL && !cJSON_IsBool(special))
+    if (add != NULL && !cJSON_IsBool(add))
         return GW_BAD(e, "add_special", "add_special must be true or false");
+    if (parse != NULL && !cJSON_IsBool(parse))
+        return GW_BAD(e, "parse_special", "parse_special must be true or false");
     int32_t *ids = NULL;
     size_t n = 0;
     const char *text = content->valuestring;
-    ri_status_t st = special != NULL && cJSON_IsTrue(special)
-                         ? mdl_tok_encode_prompt(h->tok, text, strlen(text), &ids, &n)
-                         : mdl_tok_encode(h->tok, text, strlen(text), false, &ids, &n);
+    bool bos = add != NULL && cJSON_IsTrue(add) && mdl_tok_add_bos(h->tok);
+    ri_status_t st = mdl_tok_encode(h->tok, text, strlen(text), parse != NULL && cJSON_IsTrue(parse), &ids, &n);
     if (st != RI_OK)
         return gw_err_set(e, 500, "server_error", NULL, NULL, "cannot tokenize the content: %s", ri_status_str(st));
     cJSON *o = cJSON_CreateObject(), *arr = cJSON_AddArrayToObject(o, "tokens");
     bool ok = arr != NULL;
+    if (ok && bos)
+        ok = cJSON_AddItemToArray(arr, cJSON_CreateNumber(mdl_tok_bos(h->tok)));
     for (size_t i = 0; ok && i < n; i++)
         ok = cJSON_AddItemToArray(arr, cJSON_CreateNumber(ids[i]));
     cm_free(ids);

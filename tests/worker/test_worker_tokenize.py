@@ -5,7 +5,8 @@ the real process and model, behind API keys:
   - /tokenize with add_special counts exactly the prompt tokens that a
     completion of the same text reports in usage.prompt_tokens (what a
     benchmark needs to size its prompts), and without it the text alone;
-  - special token texts stay plain text ("<|im_start|>" is several ids);
+  - special token texts stay plain text ("<|im_start|>" is several ids),
+    and become their one id with parse_special;
   - /detokenize gives the text back (round trip);
   - bad input (content not a string, ids out of range or not integers, a
     body that is not JSON, GET) gets 400/405 with OpenAI's error body, and
@@ -49,6 +50,11 @@ def run(tmp):
               len(withbos["tokens"]) - len(plain["tokens"]) in (0, 1), "add_special adds at most a bos in front")
         st, _, sp = keyed(w, "POST", "/tokenize", body={"content": "<|im_start|>"}, key=key)
         check(st == 200 and len(sp["tokens"]) > 1, "a special token's text stays plain text (%s)" % sp)
+        st, _, sp1 = keyed(w, "POST", "/tokenize", body={"content": "<|im_start|>user", "parse_special": True},
+                           key=key)
+        st2, _, user = keyed(w, "POST", "/tokenize", body={"content": "user"}, key=key)
+        check(st == 200 and len(sp1["tokens"]) == 1 + len(user["tokens"]) and sp1["tokens"][1:] == user["tokens"],
+              "parse_special: a special token's text is its one id (%s)" % sp1)
 
         st, _, back = keyed(w, "POST", "/detokenize", body={"tokens": plain["tokens"]}, key=key)
         check(st == 200 and back == {"content": TEXT}, "/detokenize gives the text back (%s)" % back)
@@ -57,6 +63,7 @@ def run(tmp):
 
         bad = [("/tokenize", {"content": 5}, "content"), ("/tokenize", {"text": "x"}, "content"),
                ("/tokenize", {"content": "x", "add_special": "yes"}, "add_special"),
+               ("/tokenize", {"content": "x", "parse_special": 1}, "parse_special"),
                ("/detokenize", {"tokens": [10 ** 9]}, "tokens"), ("/detokenize", {"tokens": [1.5]}, "tokens"),
                ("/detokenize", {"tokens": "1 2"}, "tokens"), ("/detokenize", [1, 2], None)]
         for path, body, param in bad:
@@ -69,10 +76,10 @@ def run(tmp):
         check(st == 200 and c["tokens"], "the worker still answers after bad input")
 
         st, _, text = keyed(w, "GET", "/metrics", key=key)
-        check('ri_worker_requests_total{endpoint="/tokenize",code="200"} 4' in text and
+        check('ri_worker_requests_total{endpoint="/tokenize",code="200"} 6' in text and
               'ri_worker_requests_total{endpoint="/detokenize",code="400"} 4' in text and
               'ri_worker_requests_total{endpoint="/tokenize",code="401"} 1' in text and
-              'ri_worker_requests_total{endpoint="/tokenize",code="400"} 3' in text,
+              'ri_worker_requests_total{endpoint="/tokenize",code="400"} 4' in text,
               "/metrics counts /tokenize and /detokenize by code")
     finally:
         rc = w.stop()
