@@ -228,7 +228,7 @@ def read_jsonl(path):
     return out
 
 
-def generate(task, cfg, length, samples, seed, template, addr, out_dir, tmp):
+def generate(task, cfg, length, samples, seed, template, addr, out_dir, tmp, gen_timeout):
     """The package's samples for (task, length), made once and kept."""
     path = os.path.join(out_dir, "data", str(length), task + ".jsonl")
     have = read_jsonl(path)
@@ -246,8 +246,14 @@ def generate(task, cfg, length, samples, seed, template, addr, out_dir, tmp):
     if cfg["task"] == "qa":
         args += ["--pre_samples", "0"]
     t0 = time.time()
-    r = subprocess.run([sys.executable, os.path.abspath(__file__), "_generate"] + args, capture_output=True,
-                       text=True, env=dict(os.environ))
+    try:
+        r = subprocess.run([sys.executable, os.path.abspath(__file__), "_generate"] + args, capture_output=True,
+                           text=True, timeout=gen_timeout)
+    except subprocess.TimeoutExpired:
+        # the package's generators retry forever when even their smallest
+        # haystack step does not fit (qa adds ten documents at a time)
+        raise SystemExit("generating %s at %d took over %d s: is %d too short for it?" % (task, length, gen_timeout,
+                                                                                          length))
     if r.returncode != 0:
         raise SystemExit("generating %s at %d failed:\n%s" % (task, length, r.stderr[-3000:]))
     rows = read_jsonl(os.path.join(gen_dir, task, "validation.jsonl"))
@@ -325,6 +331,7 @@ def parse_args(argv):
     ap.add_argument("--threads", type=int, default=0, help="ri-worker --threads (0: all CPUs)")
     ap.add_argument("--worker-arg", action="append", default=[], help="one more ri-worker flag (repeatable)")
     ap.add_argument("--kvstore-memory", default="1GiB", help="ri-kvstore --memory for retroinfer-remote")
+    ap.add_argument("--gen-timeout", type=int, default=3600, help="seconds one task's generation may take")
     ap.add_argument("--build", default=os.environ.get("RI_BUILD_DIR", os.path.join(ROOT, "build")))
     return ap.parse_args(argv)
 
@@ -404,7 +411,7 @@ def run_grid(a, tasks, tasks_all, lengths, methods, template, addr, http, model_
     for length in lengths:
         for task in tasks:
             cfg = tasks_all[task]
-            samples = generate(task, cfg, length, a.samples, a.seed, template, addr, out, tmp)
+            samples = generate(task, cfg, length, a.samples, a.seed, template, addr, out, tmp, a.gen_timeout)
             for method in methods:
                 pred_path = os.path.join(out, "pred", str(length), method, task + ".jsonl")
                 os.makedirs(os.path.dirname(pred_path), exist_ok=True)
