@@ -445,12 +445,12 @@ def build_rows(a, results, tasks_all, model_id, methods, lengths, tasks):
                      "context": length, "attn": method, "trials": n, "passed": c["passed"],
                      "score": c["score"], "nulls": c["nulls"],
                      "budget_tokens": None,  # the worker does not report what a sparse method attended
-                     "tokens_per_cluster": (explicit_ct or auto_cluster_tokens(max(pt))) if sparse else None,
-                     "tokens_per_cluster_source": ("--cluster-tokens" if explicit_ct else "auto rule")
-                     if sparse else None,
                      "wilson_lo": round(lo, 4), "wilson_hi": round(hi, 4),
                      "prompt_tokens_min": pt[0], "prompt_tokens_median": statistics.median(pt),
                      "prompt_tokens_max": pt[-1], "load_avg": os.getloadavg()[0]})
+        if sparse:  # wave methods only (docs/bench-format.md)
+            rows[-1].update(tokens_per_cluster=explicit_ct or auto_cluster_tokens(pt[-1]),
+                            tokens_per_cluster_source="--cluster-tokens" if explicit_ct else "auto rule")
     for length in lengths:
         for method in methods:
             s = [results[(length, t, method)]["score"] for t in tasks]

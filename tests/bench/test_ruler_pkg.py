@@ -63,12 +63,13 @@ def main():
               isinstance(rep.get("machine", {}).get("load_avg"), (int, float)), "top level: bench, git, machine")
         rows = {r["task"]: r for r in rep["rows"]}
         check(sorted(rows) == sorted(TASKS), "a row per task (%s)" % sorted(rows))
-        need = ("model", "task", "context", "attn", "trials", "passed", "budget_tokens", "tokens_per_cluster",
+        need = ("model", "task", "context", "attn", "trials", "passed", "budget_tokens",
                 "wilson_lo", "wilson_hi", "score", "prompt_tokens_min", "prompt_tokens_median",
                 "prompt_tokens_max")
         for task, (metric, gen) in TASKS.items():
             r = rows.get(task, {})
             check(all(k in r for k in need), "%s: every field (%s)" % (task, [k for k in need if k not in r]))
+            check("tokens_per_cluster" not in r, "%s: no tokens_per_cluster for full attention" % task)
             check(r.get("attn") == "full" and r.get("context") == 1024 and r.get("trials") == 2 and
                   r.get("metric") == metric, "%s: full, 1024, 2 trials, scored by %s" % (task, metric))
             check(0 <= r["wilson_lo"] <= r["passed"] / 2 <= r["wilson_hi"] <= 1, "%s: the interval holds the rate"
