@@ -340,6 +340,9 @@ def main(argv):
     if argv and argv[0] == "_generate":
         return generate_main(argv[1:])
     a = parse_args(argv)
+    # SIGTERM (a timeout, a stopped job) unwinds like ^C, so the worker and
+    # the kvstore this run started are stopped too
+    signal.signal(signal.SIGTERM, lambda sig, frame: sys.exit(128 + sig))
     try:
         tasks_all = pkg_tasks()
         import nltk, wonderwords, scipy, tenacity  # noqa: F401,E401  what the generators import

@@ -35,9 +35,17 @@ def check(cond, what):
 def run(out, js):
     cmd = [sys.executable, HARNESS, "--model", "smollm2-135m", "--lengths", "1024", "--tasks", ",".join(TASKS),
            "--samples", "2", "--methods", "full", "--threads", "2", "--out", out, "--json", js]
-    r = subprocess.run(cmd, capture_output=True, text=True, timeout=500)
-    print(r.stdout[-2500:], r.stderr[-2500:], sep="\n")
-    return r.returncode
+    p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        out_text, err_text = p.communicate(timeout=400)
+    except subprocess.TimeoutExpired:
+        p.terminate()  # the harness stops its ri-worker on SIGTERM
+        out_text, err_text = p.communicate()
+        print(out_text[-2500:], err_text[-2500:], sep="\n")
+        check(False, "the harness finished within 400 s")
+        return 1
+    print(out_text[-2500:], err_text[-2500:], sep="\n")
+    return p.returncode
 
 
 def rescore(path, metric):
