@@ -47,11 +47,13 @@ typedef enum gw_ep {
     GW_EP_MODELS,
     GW_EP_HEALTH,
     GW_EP_METRICS,
+    GW_EP_TOKENIZE,
+    GW_EP_DETOKENIZE,
     GW_EP_OTHER,
     GW_EP_N
 } gw_ep_t;
 static const char *const gw_ep_name[GW_EP_N] = {"/v1/completions", "/v1/chat/completions", "/v1/models",
-                                                "/health", "/metrics", "other"};
+                                                "/health", "/metrics", "/tokenize", "/detokenize", "other"};
 static const unsigned gw_codes[] = {200, 400, 401, 404, 405, 413, 429, 500, 503};
 #define GW_N_CODES (CM_ARRAY_LEN(gw_codes) + 1) /* + any other */
 
@@ -923,6 +925,103 @@ fail:
     return ret;
 }
 
+/* ---- /tokenize, /detokenize (llama-server's shapes) ---- */
+
+/* {"content": TEXT, "add_special": BOOL, "parse_special": BOOL} ->
+ * {"tokens": [ids]}: by default the text as /v1/completions tokenizes a
+ * string prompt (special token texts stay plain text), without bos.
+ * add_special puts the model's bos first when it wants one; parse_special
+ * turns special token texts ("<|im_start|>") into their ids, so a client can
+ * apply a chat template itself and send the ids as the prompt.  Both default
+ * to false (llama-server's parse_special defaults to true: here the default
+ * is what a completion does).  *out_p is new (caller deletes). */
+static bool gw_tokenize(gw_http_t *h, const cJSON *b, cJSON **out_p, gw_err_t *e)
+{
+    const cJSON *content = gw_field(b, "content"), *add = gw_field(b, "add_special"),
+                *parse = gw_field(b, "parse_special");
+    if (content == NULL || !cJSON_IsString(content))
+        return GW_BAD(e, "content", "content must be a string (the text to tokenize)");
+    if (add != NULL && !cJSON_IsBool(add))
+        return GW_BAD(e, "add_special", "add_special must be true or false");
+    if (parse != NULL && !cJSON_IsBool(parse))
+        return GW_BAD(e, "parse_special", "parse_special must be true or false");
+    int32_t *ids = NULL;
+    size_t n = 0;
+    const char *text = content->valuestring;
+    bool bos = add != NULL && cJSON_IsTrue(add) && mdl_tok_add_bos(h->tok);
+    ri_status_t st = mdl_tok_encode(h->tok, text, strlen(text), parse != NULL && cJSON_IsTrue(parse), &ids, &n);
+    if (st != RI_OK)
+        return gw_err_set(e, 500, "server_error", NULL, NULL, "cannot tokenize the content: %s", ri_status_str(st));
+    cJSON *o = cJSON_CreateObject(), *arr = cJSON_AddArrayToObject(o, "tokens");
+    bool ok = arr != NULL;
+    if (ok && bos)
+        ok = cJSON_AddItemToArray(arr, cJSON_CreateNumber(mdl_tok_bos(h->tok)));
+    for (size_t i = 0; ok && i < n; i++)
+        ok = cJSON_AddItemToArray(arr, cJSON_CreateNumber(ids[i]));
+    cm_free(ids);
+    if (!ok) {
+        cJSON_Delete(o);
+        return gw_err_set(e, 500, "server_error", NULL, NULL, "out of memory");
+    }
+    *out_p = o;
+    return true;
+}
+
+/* {"tokens": [ids]} -> {"content": TEXT}: special tokens give their text;
+ * bytes that are not UTF-8 (a cut multi-byte character) become U+FFFD.
+ * *out_p is new (caller deletes). */
+static bool gw_detokenize(gw_http_t *h, const cJSON *b, cJSON **out_p, gw_err_t *e)
+{
+    const cJSON *toks = gw_field(b, "tokens"), *t;
+    size_t n_vocab = mdl_tok_vocab(h->tok), n = 0;
+    if (toks == NULL || !cJSON_IsArray(toks))
+        return GW_BAD(e, "tokens", "tokens must be a list of token ids");
+    int32_t *ids = cm_malloc(&gw_http_tag, ((size_t)cJSON_GetArraySize(toks) + 1) * sizeof(int32_t));
+    if (ids == NULL)
+        return gw_err_set(e, 500, "server_error", NULL, NULL, "out of memory");
+    cJSON_ArrayForEach(t, toks)
+    {
+        if (!gw_is_int(t) || t->valuedouble < 0 || t->valuedouble >= (double)n_vocab) {
+            cm_free(ids);
+            return GW_BAD(e, "tokens", "token ids must be integers from 0 to %zu", n_vocab - 1);
+        }
+        ids[n++] = (int32_t)t->valuedouble;
+    }
+    char *text = NULL;
+    ri_status_t st = mdl_tok_decode(h->tok, ids, n, false, &text);
+    cm_free(ids);
+    if (st != RI_OK)
+        return gw_err_set(e, 500, "server_error", NULL, NULL, "cannot detokenize: %s", ri_status_str(st));
+    char *clean = gw_utf8_clean(text, strlen(text));
+    cm_free(text);
+    if (clean == NULL)
+        return gw_err_set(e, 500, "server_error", NULL, NULL, "out of memory");
+    cJSON *o = cJSON_CreateObject();
+    cJSON_AddStringToObject(o, "content", clean);
+    cm_free(clean);
+    *out_p = o;
+    return true;
+}
+
+static enum MHD_Result gw_http_tokens(gw_http_t *h, struct MHD_Connection *conn, gw_ep_t ep, const gw_conn_t *c)
+{
+    gw_err_t e;
+    cJSON *body = NULL, *out = NULL;
+    /* a list as long as the body allows: ids are at least 2 bytes each ("1,") */
+    if (c->body != NULL && !gw_body_check(c->body, c->len, GW_HTTP_MAX_BODY / 2, &e))
+        return gw_http_fail(h, conn, ep, &e);
+    if (c->body != NULL)
+        body = cJSON_ParseWithLength(c->body, c->len);
+    if (body == NULL || !cJSON_IsObject(body)) {
+        cJSON_Delete(body);
+        GW_BAD(&e, NULL, "we could not parse the JSON body of your request (it must be a JSON object)");
+        return gw_http_fail(h, conn, ep, &e);
+    }
+    bool ok = ep == GW_EP_TOKENIZE ? gw_tokenize(h, body, &out, &e) : gw_detokenize(h, body, &out, &e);
+    cJSON_Delete(body);
+    return ok ? gw_http_json(h, conn, ep, MHD_HTTP_OK, out, 0) : gw_http_fail(h, conn, ep, &e);
+}
+
 static cJSON *gw_model_obj(gw_http_t *h)
 {
     cJSON *m = cJSON_CreateObject();
@@ -1046,6 +1145,10 @@ static gw_ep_t gw_ep_of(const char *url)
         return GW_EP_HEALTH;
     if (strcmp(url, "/metrics") == 0)
         return GW_EP_METRICS;
+    if (strcmp(url, "/tokenize") == 0)
+        return GW_EP_TOKENIZE;
+    if (strcmp(url, "/detokenize") == 0)
+        return GW_EP_DETOKENIZE;
     return GW_EP_OTHER;
 }
 
@@ -1152,13 +1255,14 @@ static enum MHD_Result gw_http_answer(void *cls, struct MHD_Connection *conn, co
     if (ep == GW_EP_OTHER) {
         gw_err_set(&e, 404, "invalid_request_error", NULL, "not_found",
                    "no such endpoint: %s %.128s (have: POST /v1/completions, POST /v1/chat/completions, "
-                   "GET /v1/models, GET /health, GET /metrics)", method, url);
+                   "POST /tokenize, POST /detokenize, GET /v1/models, GET /health, GET /metrics)", method, url);
         return gw_http_fail(h, conn, ep, &e);
     }
     bool gen = ep == GW_EP_COMPLETIONS || ep == GW_EP_CHAT;
-    if ((gen && !post) || (!gen && !get)) {
+    bool tokens = ep == GW_EP_TOKENIZE || ep == GW_EP_DETOKENIZE;
+    if (((gen || tokens) && !post) || (!gen && !tokens && !get)) {
         gw_err_set(&e, 405, "invalid_request_error", NULL, "method_not_allowed", "%s is not allowed on %s; use %s",
-                   method, url, gen ? "POST" : "GET");
+                   method, url, gen || tokens ? "POST" : "GET");
         return gw_http_fail(h, conn, ep, &e);
     }
     if (c->too_large) {
@@ -1166,6 +1270,8 @@ static enum MHD_Result gw_http_answer(void *cls, struct MHD_Connection *conn, co
                    "the request body is over %u bytes", GW_HTTP_MAX_BODY);
         return gw_http_fail(h, conn, ep, &e);
     }
+    if (tokens)
+        return gw_http_tokens(h, conn, ep, c);
     if (!gen)
         return gw_http_get(h, conn, ep, url);
     c->inflight = true;
