@@ -27,6 +27,7 @@
 #ifdef GW_SCHED_DEV
 #include "gpuworker/model/mdl_dev.h"
 #endif
+#include "gpuworker/model/mdl_gen.h"
 
 static CM_ALLOC_TAG(gw_sched_tag, "worker.sched");
 
@@ -57,6 +58,7 @@ struct gw_req {
     mdl_seq_t *seq;               /* owned while admitted */
     void *dseq;                   /* with cfg.dev: its device copy (mdl_dev_seq_t), owned while decoding */
     mdl_sampler_t *smp;           /* owned while admitted */
+    mdl_gen_t gen_state;          /* the generation's rules (stop token, length), from the prompt's end */
     size_t prefilled;             /* prompt tokens in the sequence */
     int32_t last;                 /* token to feed at the next decode step */
     size_t n_gen;                 /* tokens generated */
@@ -390,13 +392,15 @@ static void gw_sched_finish(gw_sched_t *s, gw_req_t *r, gw_finish_t f, ri_status
 }
 
 /* One generated token for r from its logits row; finishes r when it is
- * done.  Same order as ri-worker's stdin mode: a stop token ends it
- * unseen, then the token counts, then the length ends it. */
+ * done.  The rules are the model's (mdl_gen_pick): a stop token ends it
+ * unseen, then the token counts, then the length ends it; a stop string
+ * ends it too. */
 static void gw_sched_step(gw_sched_t *s, gw_req_t *r, const float *logits)
 {
-    int32_t id = mdl_sample(r->smp, logits);
+    int32_t id;
+    mdl_gen_end_t end = mdl_gen_pick(&r->gen_state, logits, &id);
     uint64_t now = cm_time_ns();
-    if (mdl_tok_is_stop(s->tok, id)) {
+    if (end == MDL_GEN_STOP) {
         gw_sched_finish(s, r, GW_FINISH_STOP, RI_OK, NULL);
         return;
     }
@@ -432,7 +436,7 @@ static void gw_sched_step(gw_sched_t *s, gw_req_t *r, const float *logits)
     cm_free(piece);
     if (stopped)
         gw_sched_finish(s, r, GW_FINISH_STOP, RI_OK, NULL);
-    else if (r->n_gen >= r->max_tokens || gw_seq_len(r) >= mdl_seq_cap(r->seq))
+    else if (end == MDL_GEN_LENGTH)
         gw_sched_finish(s, r, GW_FINISH_LENGTH, RI_OK, NULL);
 }
 
@@ -481,6 +485,7 @@ static void gw_sched_prefill(gw_sched_t *s, gw_req_t *r)
     }
     if (last) {
         r->phase = GW_PHASE_DECODE;
+        mdl_gen_init(&r->gen_state, s->tok, r->smp, s->n_vocab, r->max_tokens, gw_seq_len(r), mdl_seq_cap(r->seq));
         gw_sched_step(s, r, s->plogits);
     }
 }
