@@ -29,6 +29,7 @@
 
 #include "common/cm_alloc.h"
 #include "common/cm_hist.h"
+#include "common/cm_keys.h"
 #include "common/cm_log.h"
 #include "common/cm_status.h"
 #include "common/cm_time.h"
@@ -217,7 +218,7 @@ static ri_status_t kvs_grpc_authenticate(kvs_grpc_t *srv, kvs_rpc_t *rpc, kvs_ca
         snprintf(reply->msg, sizeof(reply->msg), "missing 'authorization: Bearer <token>' metadata");
         return RI_ERR_UNAUTHENTICATED;
     }
-    if (!kvs_auth_parse_bearer((const char *)GRPC_SLICE_START_PTR(auth_md->value), GRPC_SLICE_LENGTH(auth_md->value),
+    if (!cm_keys_bearer_n((const char *)GRPC_SLICE_START_PTR(auth_md->value), GRPC_SLICE_LENGTH(auth_md->value),
                                &tok, &tok_len)) {
         snprintf(reply->msg, sizeof(reply->msg), "authorization metadata is not 'Bearer <token>'");
         return RI_ERR_UNAUTHENTICATED;
