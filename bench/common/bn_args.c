@@ -1,0 +1,27 @@
+/*
+ * Bench command lines through cm_config tables (see bn_args.h).
+ */
+#include "bench/common/bn_args.h"
+
+#include <stdio.h>
+
+int bn_args_load(const cm_config_table_t *table, void *obj, int argc, char **argv, int *first_arg_p)
+{
+    cm_config_result_t res;
+    char err[512] = "";
+    if (cm_config_load(table, obj, argc, argv, &res, err, sizeof(err)) != RI_OK) {
+        fprintf(stderr, "%s: %s\n", table->program, err);
+        return 2;
+    }
+    if (res.help || res.dump) {
+        if (res.help)
+            cm_config_usage(table, stdout);
+        else
+            cm_config_dump(table, obj, stdout);
+        cm_config_free(table, obj);
+        return 0;
+    }
+    if (first_arg_p != NULL)
+        *first_arg_p = res.first_arg;
+    return -1;
+}

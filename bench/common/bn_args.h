@@ -1,0 +1,35 @@
+/*
+ * A bench's command line through a cm_config table (common/cm_config.h):
+ * one declaration of each option gives its parsing, default, bounds and
+ * --help line; --config FILE, RI_BENCH_<BENCH>_<NAME> variables and
+ * --dump-config come with it.
+ *
+ *   static const cm_config_item_t items[] = {BN_ARG_JSON(opts_t, json), ...};
+ *   static const cm_config_table_t table = {"ri-bench-x", "RI_BENCH_X_", items, CM_ARRAY_LEN(items), 0, NULL};
+ *   int rc = bn_args_load(&table, &o, argc, argv, NULL);
+ *   if (rc >= 0)
+ *       return rc;
+ *   ...
+ *   cm_config_free(&table, &o);
+ */
+#ifndef BN_ARGS_H
+#define BN_ARGS_H
+
+#include <stddef.h>
+
+#include "common/cm_config.h"
+#include "common/cm_status.h" /* CM_ARRAY_LEN for the tables */
+
+/* The --json PATH option every bench has (a char * field of type t). */
+#define BN_ARG_JSON(t, field) \
+    {"json", CM_CFG_STRING, NULL, "write the report as JSON to this file", offsetof(t, field), 0, 0}
+
+/* Fill obj from table and argv.  Returns -1 when the bench should run (the
+ * caller frees obj's strings with cm_config_free), else the status main
+ * should exit with: 0 after --help or --dump-config (printed on stdout), 2
+ * after a bad option (cm_config's message on stderr; nothing
+ * left allocated).  first_arg_p (may be NULL) gets the index of the first
+ * positional argument, for tables that take some. */
+int bn_args_load(const cm_config_table_t *table, void *obj, int argc, char **argv, int *first_arg_p);
+
+#endif /* BN_ARGS_H */
