@@ -4,6 +4,7 @@
 #include "bench/common/bn_args.h"
 
 #include <stdio.h>
+#include <stdlib.h>
 
 int bn_args_load(const cm_config_table_t *table, void *obj, int argc, char **argv, int *first_arg_p)
 {
@@ -24,4 +25,19 @@ int bn_args_load(const cm_config_table_t *table, void *obj, int argc, char **arg
     if (first_arg_p != NULL)
         *first_arg_p = res.first_arg;
     return -1;
+}
+
+size_t bn_args_list(const char *text, double *out, size_t max)
+{
+    size_t n = 0;
+    const char *p = text;
+    while (p != NULL && *p != '\0') {
+        char *end;
+        double v = strtod(p, &end);
+        if (end == p || (*end != ',' && *end != '\0') || n == max)
+            return 0;
+        out[n++] = v;
+        p = *end == ',' ? end + 1 : end;
+    }
+    return n;
 }

@@ -32,4 +32,9 @@
  * positional argument, for tables that take some. */
 int bn_args_load(const cm_config_table_t *table, void *obj, int argc, char **argv, int *first_arg_p);
 
+/* Parse a comma list of numbers ("1024,2048", "0.1,0.5") into out [max].
+ * Returns how many, or 0 when text is empty, has a word that is not a
+ * number, or has more than max of them. */
+size_t bn_args_list(const char *text, double *out, size_t max);
+
 #endif /* BN_ARGS_H */
