@@ -5,6 +5,7 @@
 
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 
 int bn_args_load(const cm_config_table_t *table, void *obj, int argc, char **argv, int *first_arg_p)
 {
@@ -40,4 +41,47 @@ size_t bn_args_list(const char *text, double *out, size_t max)
         p = *end == ',' ? end + 1 : end;
     }
     return n;
+}
+
+int bn_args_take_all(int *argc, char **argv, const char *name, const char **out, size_t max)
+{
+    size_t nl = strlen(name), n = 0;
+    /* first pass: count and check, so that a failure takes nothing */
+    for (int i = 1; i < *argc; i++) {
+        const char *a = argv[i];
+        if (strcmp(a, "--") == 0)
+            break;
+        if (strncmp(a, "--", 2) != 0 || strncmp(a + 2, name, nl) != 0)
+            continue;
+        if (a[2 + nl] == '=') {
+            n++;
+        } else if (a[2 + nl] == '\0') {
+            if (i + 1 >= *argc)
+                return -1;
+            n++, i++;
+        }
+    }
+    if (n > max)
+        return -1;
+    n = 0;
+    int w = 1, i = 1;
+    for (; i < *argc; i++) {
+        const char *a = argv[i];
+        if (strcmp(a, "--") == 0)
+            break;
+        if (strncmp(a, "--", 2) == 0 && strncmp(a + 2, name, nl) == 0 && a[2 + nl] == '=') {
+            out[n++] = a + 3 + nl;
+            continue;
+        }
+        if (strncmp(a, "--", 2) == 0 && strncmp(a + 2, name, nl) == 0 && a[2 + nl] == '\0') {
+            out[n++] = argv[++i];
+            continue;
+        }
+        argv[w++] = argv[i];
+    }
+    for (; i < *argc; i++)
+        argv[w++] = argv[i];
+    *argc = w;
+    argv[w] = NULL;
+    return (int)n;
 }

@@ -32,6 +32,14 @@
  * positional argument, for tables that take some. */
 int bn_args_load(const cm_config_table_t *table, void *obj, int argc, char **argv, int *first_arg_p);
 
+/* Take every "--NAME VALUE" / "--NAME=VALUE" of a repeatable option out of
+ * argv (cm_config keeps one value per setting) before bn_args_load: up to
+ * max values into out (borrowed from argv), in order; argc and argv are
+ * compacted.  Returns how many, or -1 when there are more than max or the
+ * last --NAME lacks its value (nothing is taken then).  List the option in
+ * the table too (a string) so that --help shows it. */
+int bn_args_take_all(int *argc, char **argv, const char *name, const char **out, size_t max);
+
 /* Parse a comma list of numbers ("1024,2048", "0.1,0.5") into out [max].
  * Returns how many, or 0 when text is empty, has a word that is not a
  * number, or has more than max of them. */
