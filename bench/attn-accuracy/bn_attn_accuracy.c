@@ -167,8 +167,10 @@ static const cm_config_item_t aa_items[] = {
 static const cm_config_table_t aa_table = {"ri bench attn-accuracy", "RI_BENCH_ATTN_ACCURACY_", aa_items,
                                            CM_ARRAY_LEN(aa_items), 0, NULL};
 
-static int aa_main(const aa_opts_t *o)
+static int aa_main(const void *arg, const char *argv0)
 {
+    const aa_opts_t *o = arg;
+    (void)argv0;
     const char *json = o->json;
     const char *dir = o->kv != NULL && o->kv[0] != '\0' ? o->kv : NULL;
     int max_layers = (int)o->layers;
@@ -374,10 +376,5 @@ int main(int argc, char **argv)
 {
     aa_opts_t o;
     cm_log_init_from_env();
-    int rc = bn_args_load(&aa_table, &o, argc, argv, NULL);
-    if (rc >= 0)
-        return rc;
-    rc = aa_main(&o);
-    cm_config_free(&aa_table, &o);
-    return rc;
+    return bn_args_main(&aa_table, &o, argc, argv, aa_main);
 }

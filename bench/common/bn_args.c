@@ -28,6 +28,16 @@ int bn_args_load(const cm_config_table_t *table, void *obj, int argc, char **arg
     return -1;
 }
 
+int bn_args_main(const cm_config_table_t *table, void *obj, int argc, char **argv, bn_args_main_fn_t run)
+{
+    int rc = bn_args_load(table, obj, argc, argv, NULL);
+    if (rc >= 0)
+        return rc;
+    rc = run(obj, argv[0]);
+    cm_config_free(table, obj);
+    return rc;
+}
+
 size_t bn_args_list(const char *text, double *out, size_t max)
 {
     size_t n = 0;

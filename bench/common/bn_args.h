@@ -32,6 +32,15 @@
  * positional argument, for tables that take some. */
 int bn_args_load(const cm_config_table_t *table, void *obj, int argc, char **argv, int *first_arg_p);
 
+/* A bench's body: opts is the filled table struct, argv0 the program path
+ * (to find the daemons next to it).  Returns the exit status. */
+typedef int (*bn_args_main_fn_t)(const void *opts, const char *argv0);
+
+/* The whole main of a bench with a table: bn_args_load, then run (unless
+ * --help, --dump-config or a bad option ended it), then cm_config_free.
+ * obj is the caller's storage for the table struct. */
+int bn_args_main(const cm_config_table_t *table, void *obj, int argc, char **argv, bn_args_main_fn_t run);
+
 /* Take every "--NAME VALUE" / "--NAME=VALUE" of a repeatable option out of
  * argv (cm_config keeps one value per setting) before bn_args_load: up to
  * max values into out (borrowed from argv), in order; argc and argv are

@@ -567,8 +567,10 @@ static const cm_config_item_t bc_items[] = {
 static const cm_config_table_t bc_table = {"ri-bench-cuda", "RI_BENCH_CUDA_", bc_items, CM_ARRAY_LEN(bc_items), 0,
                                            NULL};
 
-static int bc_main(const bc_opts_t *o)
+static int bc_main(const void *arg, const char *argv0)
 {
+    const bc_opts_t *o = arg;
+    (void)argv0;
     const char *json = o->json;
     static const size_t sizes[] = {131072, 1048576};
     size_t only_n = (size_t)o->only, max_n = (size_t)o->max_n, wave_n = (size_t)o->wave_n;
@@ -619,10 +621,5 @@ static int bc_main(const bc_opts_t *o)
 int main(int argc, char **argv)
 {
     bc_opts_t o;
-    int rc = bn_args_load(&bc_table, &o, argc, argv, NULL);
-    if (rc >= 0)
-        return rc;
-    rc = bc_main(&o);
-    cm_config_free(&bc_table, &o);
-    return rc;
+    return bn_args_main(&bc_table, &o, argc, argv, bc_main);
 }

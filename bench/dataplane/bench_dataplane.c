@@ -185,8 +185,10 @@ static const cm_config_item_t bd_items[] = {
 static const cm_config_table_t bd_table = {"ri-bench-dataplane", "RI_BENCH_DATAPLANE_", bd_items,
                                            CM_ARRAY_LEN(bd_items), 0, NULL};
 
-static int bd_main(const bd_opts_t *o)
+static int bd_main(const void *arg, const char *argv0)
 {
+    const bd_opts_t *o = arg;
+    (void)argv0;
     const char *json = o->json;
     const char *modes[2] = {"shm", "tcp"}, *tls[2] = {"sm,self,tcp", "tcp,self"};
     int iters = (int)o->iters;
@@ -315,10 +317,5 @@ static int bd_main(const bd_opts_t *o)
 int main(int argc, char **argv)
 {
     bd_opts_t o;
-    int rc = bn_args_load(&bd_table, &o, argc, argv, NULL);
-    if (rc >= 0)
-        return rc;
-    rc = bd_main(&o);
-    cm_config_free(&bd_table, &o);
-    return rc;
+    return bn_args_main(&bd_table, &o, argc, argv, bd_main);
 }

@@ -511,33 +511,28 @@ static const cm_config_item_t bk_items[] = {
 static const cm_config_table_t bk_table = {"ri bench kernels", "RI_BENCH_KERNELS_", bk_items,
                                            CM_ARRAY_LEN(bk_items), 0, NULL};
 
-int main(int argc, char **argv)
+static int bk_main(const void *arg, const char *argv0)
 {
-    bk_opts_t o;
-    int over = 0, st_size;
+    const bk_opts_t *o = arg;
+    int over = 0, st_size, rc;
     static const size_t sizes[] = {8192, 32768, 131072, 524288, 1048576};
     double only[8];
     size_t n_only = 0;
     bn_report_t *rep;
 
-    int rc = bn_args_load(&bk_table, &o, argc, argv, NULL);
-    if (rc >= 0)
-        return rc;
-    if (o.only != NULL && o.only[0] != '\0' && (n_only = bn_args_list(o.only, only, CM_ARRAY_LEN(only))) == 0) {
+    (void)argv0;
+    if (o->only != NULL && o->only[0] != '\0' && (n_only = bn_args_list(o->only, only, CM_ARRAY_LEN(only))) == 0) {
         fprintf(stderr, "ri bench kernels: --only wants up to %zu sizes, N[,N...]\n", CM_ARRAY_LEN(only));
-        cm_config_free(&bk_table, &o);
         return 2;
     }
-    bool quick = o.quick;
-    size_t max_n = (size_t)o.max_n, fast_from = (size_t)o.fast_from;
-    int steps = (int)o.steps, rounds = (int)o.rounds;
+    bool quick = o->quick;
+    size_t max_n = (size_t)o->max_n, fast_from = (size_t)o->fast_from;
+    int steps = (int)o->steps, rounds = (int)o->rounds;
     if (quick && max_n > 32768)
         max_n = 32768;
     rep = bn_report_create("kernels");
-    if (rep == NULL) {
-        cm_config_free(&bk_table, &o);
+    if (rep == NULL)
         return 1;
-    }
     printf("kernels: backend %s (%s), %u threads, memory read bandwidth %.2f GB/s\n",
            kn_ops_default()->name, kn_cpu_isa(), cm_pool_size(kn_pool()), bn_report_mem_bw_gbs(rep));
     cJSON_AddStringToObject(bn_report_root(rep), "backend", kn_ops_default()->name);
@@ -582,12 +577,17 @@ int main(int argc, char **argv)
             over += st_size;
         fflush(stdout);
     }
-    rc = bn_report_finish(rep, o.json);
-    cm_config_free(&bk_table, &o);
+    rc = bn_report_finish(rep, o->json);
     if (rc != 0)
         return 1;
     if (over != 0)
         fprintf(stderr, "BENCH FAILED: %s\n", over < 0 ? "a size failed to run"
                                                         : "figures above the measured bandwidth (see above)");
     return over != 0 ? 1 : 0;
+}
+
+int main(int argc, char **argv)
+{
+    bk_opts_t o;
+    return bn_args_main(&bk_table, &o, argc, argv, bk_main);
 }

@@ -156,7 +156,7 @@ static const cm_config_item_t bl_items[] = {
 static const cm_config_table_t bl_table = {"ri bench load", "RI_BENCH_LOAD_", bl_items, CM_ARRAY_LEN(bl_items), 0,
                                            NULL};
 
-static int bl_main(const bl_opts_t *o, const char *argv0);
+static int bl_main(const void *arg, const char *argv0);
 
 int main(int argc, char **argv)
 {
@@ -166,16 +166,12 @@ int main(int argc, char **argv)
         if (!strcmp(argv[i], "--worker"))
             return bl_worker_main(argc, argv);
     bl_opts_t o;
-    int rc = bn_args_load(&bl_table, &o, argc, argv, NULL);
-    if (rc >= 0)
-        return rc;
-    rc = bl_main(&o, argv[0]);
-    cm_config_free(&bl_table, &o);
-    return rc;
+    return bn_args_main(&bl_table, &o, argc, argv, bl_main);
 }
 
-static int bl_main(const bl_opts_t *o, const char *argv0)
+static int bl_main(const void *arg, const char *argv0)
 {
+    const bl_opts_t *o = arg;
     const char *json = o->json;
     unsigned clients = (unsigned)o->clients, sessions = (unsigned)o->sessions, kill_ms = (unsigned)o->kill_ms;
     double seconds = o->seconds;

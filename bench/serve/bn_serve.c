@@ -668,8 +668,9 @@ static const cm_config_item_t sv_items[] = {
 static const cm_config_table_t sv_table = {"ri-bench-serve", "RI_BENCH_SERVE_", sv_items, CM_ARRAY_LEN(sv_items), 0,
                                            NULL};
 
-static int sv_main(const sv_args_t *args, const char *argv0)
+static int sv_main(const void *arg, const char *argv0)
 {
+    const sv_args_t *args = arg;
     const char *json = args->json;
     const char *worker = args->worker != NULL && args->worker[0] ? args->worker : NULL;
     const char *model = args->model != NULL && args->model[0] ? args->model : NULL;
@@ -776,11 +777,6 @@ out:
 
 int main(int argc, char **argv)
 {
-    sv_args_t args;
-    int rc = bn_args_load(&sv_table, &args, argc, argv, NULL);
-    if (rc >= 0)
-        return rc;
-    rc = sv_main(&args, argv[0]);
-    cm_config_free(&sv_table, &args);
-    return rc;
+    sv_args_t o;
+    return bn_args_main(&sv_table, &o, argc, argv, sv_main);
 }

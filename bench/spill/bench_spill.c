@@ -263,15 +263,23 @@ static const cm_config_item_t sp_items[] = {
 static const cm_config_table_t sp_table = {"ri-bench-spill", "RI_BENCH_SPILL_", sp_items, CM_ARRAY_LEN(sp_items),
                                            0, NULL};
 
+static int sp_main(const void *arg, const char *argv0);
+
 int main(int argc, char **argv)
 {
     cm_log_init_from_env();
     if (getenv("RI_LOG_LEVEL") == NULL)
         cm_log_set_level(CM_LOG_WARN);
     opts_t o;
-    int rc = bn_args_load(&sp_table, &o, argc, argv, NULL);
-    if (rc >= 0)
-        return rc;
+    return bn_args_main(&sp_table, &o, argc, argv, sp_main);
+}
+
+/* The bench; o is the command line's (the chosen directory is set here). */
+static int sp_main(const void *arg, const char *argv0)
+{
+    opts_t o = *(const opts_t *)arg; /* a copy: dir and segment_mib are filled in */
+    (void)argv0;
+    int rc;
     if (o.segment_mib == 0)
         o.segment_mib = o.mib + 1;
 
@@ -294,15 +302,12 @@ int main(int argc, char **argv)
     }
     if (o.dir == NULL) {
         fprintf(stderr, "ri-bench-spill: no directory with O_DIRECT found; give one with --dir\n");
-        cm_config_free(&sp_table, &o);
         return 1;
     }
 
     bn_report_t *rep = bn_report_create("spill");
-    if (rep == NULL) {
-        cm_config_free(&sp_table, &o);
+    if (rep == NULL)
         return 1;
-    }
     cJSON *root = bn_report_root(rep);
     cJSON_AddStringToObject(root, "dir", o.dir);
     cJSON_AddStringToObject(root, "fs", fs_name(o.dir));
@@ -387,6 +392,5 @@ int main(int argc, char **argv)
     free(rbuf);
     rmdir(o.dir);   /* only if empty: never someone else's files */
     rc = bn_report_finish(rep, o.json) == 0 ? 0 : 1;
-    cm_config_free(&sp_table, &o);
     return rc;
 }
