@@ -150,19 +150,19 @@ typedef struct aa_opts {
     int64_t tpc;         /* 0: the auto cluster size (kn_wave_cluster_tokens) */
 } aa_opts_t;
 
-#define AA_ITEM(n, t, d, h, f, lo, hi) {n, t, d, h, offsetof(aa_opts_t, f), lo, hi}
 static const cm_config_item_t aa_items[] = {
     BN_ARG_JSON(aa_opts_t, json),
-    AA_ITEM("kv", CM_CFG_STRING, NULL, "the K/V capture directory (required; made by ri generate --dump-kv DIR)", kv,
-            0, 0),
-    AA_ITEM("layers", CM_CFG_INT, "1073741824", "at most this many layers", layers, 1, 1 << 30),
-    AA_ITEM("retrieval-frac", CM_CFG_DOUBLE, "0", "retroinfer's retrieval share of clusters, (0, 1] (0 = its default)",
-            rfrac, 0, 1),
-    AA_ITEM("retrieval-min", CM_CFG_DOUBLE, "-1", "retroinfer's retrieval floor in tokens (-1 = its default)", rmin,
-            -1, 1 << 30),
-    AA_ITEM("adapt-tau", CM_CFG_DOUBLE, "0", "retroinfer's output-aware per-head cut, [0, 1) (0 = off)", tau, 0,
-            0.999999),
-    AA_ITEM("cluster-tokens", CM_CFG_INT, "0", "tokens per cluster, 1..1024 (0 = the auto size)", tpc, 0, 1024),
+    BN_ARG(aa_opts_t, "kv", CM_CFG_STRING, NULL,
+           "the K/V capture directory (required; made by ri generate --dump-kv DIR)", kv, 0, 0),
+    BN_ARG(aa_opts_t, "layers", CM_CFG_INT, "1073741824", "at most this many layers", layers, 1, 1 << 30),
+    BN_ARG(aa_opts_t, "retrieval-frac", CM_CFG_DOUBLE, "0",
+           "retroinfer's retrieval share of clusters, (0, 1] (0 = its default)", rfrac, 0, 1),
+    BN_ARG(aa_opts_t, "retrieval-min", CM_CFG_DOUBLE, "-1", "retroinfer's retrieval floor in tokens (-1 = its default)",
+           rmin, -1, 1 << 30),
+    BN_ARG(aa_opts_t, "adapt-tau", CM_CFG_DOUBLE, "0", "retroinfer's output-aware per-head cut, [0, 1) (0 = off)", tau,
+           0, 0.999999),
+    BN_ARG(aa_opts_t, "cluster-tokens", CM_CFG_INT, "0", "tokens per cluster, 1..1024 (0 = the auto size)", tpc, 0,
+           1024),
 };
 static const cm_config_table_t aa_table = {"ri bench attn-accuracy", "RI_BENCH_ATTN_ACCURACY_", aa_items,
                                            CM_ARRAY_LEN(aa_items), 0, NULL};

@@ -4,13 +4,11 @@
  * --help line; --config FILE, RI_BENCH_<BENCH>_<NAME> variables and
  * --dump-config come with it.
  *
- *   static const cm_config_item_t items[] = {BN_ARG_JSON(opts_t, json), ...};
+ *   static const cm_config_item_t items[] = {
+ *       BN_ARG_JSON(opts_t, json),
+ *       BN_ARG(opts_t, "iters", CM_CFG_INT, "200", "fetches per case", iters, 1, 1 << 30), ...};
  *   static const cm_config_table_t table = {"ri-bench-x", "RI_BENCH_X_", items, CM_ARRAY_LEN(items), 0, NULL};
- *   int rc = bn_args_load(&table, &o, argc, argv, NULL);
- *   if (rc >= 0)
- *       return rc;
- *   ...
- *   cm_config_free(&table, &o);
+ *   int main(int argc, char **argv) { opts_t o; return bn_args_main(&table, &o, argc, argv, x_main); }
  */
 #ifndef BN_ARGS_H
 #define BN_ARGS_H
@@ -20,9 +18,12 @@
 #include "common/cm_config.h"
 #include "common/cm_status.h" /* CM_ARRAY_LEN for the tables */
 
+/* One option of a table over struct t: flag name n, cm_config type ty,
+ * default d (text), help h, field f, bounds lo..hi (lo == hi: none). */
+#define BN_ARG(t, n, ty, d, h, f, lo, hi) {n, ty, d, h, offsetof(t, f), lo, hi}
+
 /* The --json PATH option every bench has (a char * field of type t). */
-#define BN_ARG_JSON(t, field) \
-    {"json", CM_CFG_STRING, NULL, "write the report as JSON to this file", offsetof(t, field), 0, 0}
+#define BN_ARG_JSON(t, field) BN_ARG(t, "json", CM_CFG_STRING, NULL, "write the report as JSON to this file", field, 0, 0)
 
 /* Fill obj from table and argv.  Returns -1 when the bench should run (the
  * caller frees obj's strings with cm_config_free), else the status main

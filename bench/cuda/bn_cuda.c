@@ -555,14 +555,13 @@ typedef struct bc_opts {
     int64_t wave_n; /* 0 skips the wave object */
 } bc_opts_t;
 
-#define BC_ITEM(n, t, d, h, f, lo, hi) {n, t, d, h, offsetof(bc_opts_t, f), lo, hi}
 static const cm_config_item_t bc_items[] = {
     BN_ARG_JSON(bc_opts_t, json),
-    BC_ITEM("only", CM_CFG_INT, "0", "run only this size N (0 = every size)", only, 0, 1 << 30),
-    BC_ITEM("max-n", CM_CFG_INT, "1048576", "largest context size N", max_n, 1, 1 << 30),
-    BC_ITEM("steps", CM_CFG_INT, "4", "decode steps (queries) per method", steps, 1, 1 << 20),
-    BC_ITEM("rounds", CM_CFG_INT, "9", "timing rounds", rounds, 1, MAX_ROUNDS),
-    BC_ITEM("wave-n", CM_CFG_INT, "32768", "context of the wave object run (0 skips it)", wave_n, 0, 1 << 30),
+    BN_ARG(bc_opts_t, "only", CM_CFG_INT, "0", "run only this size N (0 = every size)", only, 0, 1 << 30),
+    BN_ARG(bc_opts_t, "max-n", CM_CFG_INT, "1048576", "largest context size N", max_n, 1, 1 << 30),
+    BN_ARG(bc_opts_t, "steps", CM_CFG_INT, "4", "decode steps (queries) per method", steps, 1, 1 << 20),
+    BN_ARG(bc_opts_t, "rounds", CM_CFG_INT, "9", "timing rounds", rounds, 1, MAX_ROUNDS),
+    BN_ARG(bc_opts_t, "wave-n", CM_CFG_INT, "32768", "context of the wave object run (0 skips it)", wave_n, 0, 1 << 30),
 };
 static const cm_config_table_t bc_table = {"ri-bench-cuda", "RI_BENCH_CUDA_", bc_items, CM_ARRAY_LEN(bc_items), 0,
                                            NULL};

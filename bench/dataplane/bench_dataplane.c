@@ -174,13 +174,15 @@ typedef struct bd_opts {
     char *clients;   /* comma list of client process counts */
 } bd_opts_t;
 
-#define BD_ITEM(n, t, d, h, f, lo, hi) {n, t, d, h, offsetof(bd_opts_t, f), lo, hi}
 static const cm_config_item_t bd_items[] = {
     BN_ARG_JSON(bd_opts_t, json),
-    BD_ITEM("iters", CM_CFG_INT, "200", "fetches per case (at least 10 are run)", iters, 0, 1 << 30),
-    BD_ITEM("transport", CM_CFG_STRING, NULL, "shm or tcp; empty: both (with --clients: shm)", transport, 0, 0),
-    BD_ITEM("clients", CM_CFG_STRING, NULL, "N client processes at once instead, for each N of this comma list "
-            "(1..64)", clients, 0, 0),
+    BN_ARG(bd_opts_t, "iters", CM_CFG_INT, "200", "fetches per case (at least 10 are run)", iters, 0, 1 << 30),
+    BN_ARG(bd_opts_t, "transport", CM_CFG_STRING, NULL, "shm or tcp; empty: both (with --clients: shm)", transport, 0,
+           0),
+    BN_ARG(bd_opts_t, "clients", CM_CFG_STRING, NULL,
+           "N client processes at once instead, for each N of this comma list "
+           "(1..64)",
+           clients, 0, 0),
 };
 static const cm_config_table_t bd_table = {"ri-bench-dataplane", "RI_BENCH_DATAPLANE_", bd_items,
                                            CM_ARRAY_LEN(bd_items), 0, NULL};

@@ -495,18 +495,19 @@ typedef struct bk_opts {
     int64_t fast_from; /* 0 = never */
 } bk_opts_t;
 
-#define BK_ITEM(n, t, d, h, f, lo, hi) {n, t, d, h, offsetof(bk_opts_t, f), lo, hi}
 static const cm_config_item_t bk_items[] = {
     BN_ARG_JSON(bk_opts_t, json),
-    BK_ITEM("quick", CM_CFG_BOOL, "false", "sizes up to 32768 only", quick, 0, 0),
-    BK_ITEM("max-n", CM_CFG_INT, "1048576", "largest context size N", max_n, 1, 1 << 30),
-    BK_ITEM("only", CM_CFG_STRING, NULL, "run only these sizes (comma list: N[,N...]; one JSON for all)", only, 0, 0),
-    BK_ITEM("steps", CM_CFG_INT, "0", "decode steps per method and round (0 = 8 up to 32K, 4 up to 128K, 1 above)",
-            steps, 0, 1 << 20),
-    BK_ITEM("rounds", CM_CFG_INT, "0", "timing rounds (0 = 15 up to 128K, 5 above)", rounds, 0, BK_MAX_ROUNDS),
-    BK_ITEM("fast-build-from", CM_CFG_INT, "0",
-            "from this N on, build the wave index fast (2 k-means iterations, own-segment pass; 0 = never)",
-            fast_from, 0, 1 << 30),
+    BN_ARG(bk_opts_t, "quick", CM_CFG_BOOL, "false", "sizes up to 32768 only", quick, 0, 0),
+    BN_ARG(bk_opts_t, "max-n", CM_CFG_INT, "1048576", "largest context size N", max_n, 1, 1 << 30),
+    BN_ARG(bk_opts_t, "only", CM_CFG_STRING, NULL, "run only these sizes (comma list: N[,N...]; one JSON for all)",
+           only, 0, 0),
+    BN_ARG(bk_opts_t, "steps", CM_CFG_INT, "0",
+           "decode steps per method and round (0 = 8 up to 32K, 4 up to 128K, 1 above)", steps, 0, 1 << 20),
+    BN_ARG(bk_opts_t, "rounds", CM_CFG_INT, "0", "timing rounds (0 = 15 up to 128K, 5 above)", rounds, 0,
+           BK_MAX_ROUNDS),
+    BN_ARG(bk_opts_t, "fast-build-from", CM_CFG_INT, "0",
+           "from this N on, build the wave index fast (2 k-means iterations, own-segment pass; 0 = never)", fast_from,
+           0, 1 << 30),
 };
 static const cm_config_table_t bk_table = {"ri bench kernels", "RI_BENCH_KERNELS_", bk_items,
                                            CM_ARRAY_LEN(bk_items), 0, NULL};

@@ -143,15 +143,16 @@ typedef struct bl_opts {
     int64_t kill_ms;
 } bl_opts_t;
 
-#define BL_ITEM(n, t, d, h, f, lo, hi) {n, t, d, h, offsetof(bl_opts_t, f), lo, hi}
 static const cm_config_item_t bl_items[] = {
     BN_ARG_JSON(bl_opts_t, json),
-    BL_ITEM("clients", CM_CFG_INT, "8", "client processes", clients, 1, BL_MAX_CLIENTS),
-    BL_ITEM("sessions", CM_CFG_INT, "4", "sessions each client keeps open", sessions, 1, BL_MAX_SESSIONS),
-    BL_ITEM("seconds", CM_CFG_DOUBLE, "20", "load time", seconds, 0.001, 1e9),
-    BL_ITEM("kill-ms", CM_CFG_INT, "500", "SIGKILL a random client this often", kill_ms, 1, 1 << 30),
-    BL_ITEM("worker", CM_CFG_BOOL, "false", "load a real ri-worker in front of the kvstore instead (--worker --help "
-            "lists that mode's options)", worker, 0, 0),
+    BN_ARG(bl_opts_t, "clients", CM_CFG_INT, "8", "client processes", clients, 1, BL_MAX_CLIENTS),
+    BN_ARG(bl_opts_t, "sessions", CM_CFG_INT, "4", "sessions each client keeps open", sessions, 1, BL_MAX_SESSIONS),
+    BN_ARG(bl_opts_t, "seconds", CM_CFG_DOUBLE, "20", "load time", seconds, 0.001, 1e9),
+    BN_ARG(bl_opts_t, "kill-ms", CM_CFG_INT, "500", "SIGKILL a random client this often", kill_ms, 1, 1 << 30),
+    BN_ARG(bl_opts_t, "worker", CM_CFG_BOOL, "false",
+           "load a real ri-worker in front of the kvstore instead (--worker --help "
+           "lists that mode's options)",
+           worker, 0, 0),
 };
 static const cm_config_table_t bl_table = {"ri bench load", "RI_BENCH_LOAD_", bl_items, CM_ARRAY_LEN(bl_items), 0,
                                            NULL};

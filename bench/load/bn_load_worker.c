@@ -120,24 +120,23 @@ typedef struct bw_args {
     char *worker_arg;    /* only for --help: bn_args_take_all collects them */
 } bw_args_t;
 
-#define BW_ITEM(n, t, d, h, f, lo, hi) {n, t, d, h, offsetof(bw_args_t, f), lo, hi}
 static const cm_config_item_t bw_cfg_items[] = {
     BN_ARG_JSON(bw_args_t, json),
-    BW_ITEM("worker", CM_CFG_BOOL, "true", "load a real ri-worker (this mode)", worker, 0, 0),
-    BW_ITEM("quick", CM_CFG_BOOL, "false", "a short run: 15 s, 3 clients (unless given)", quick, 0, 0),
-    BW_ITEM("seconds", CM_CFG_DOUBLE, "0", "traffic time (0 = 60, or 15 with --quick)", seconds, 0, 86400),
-    BW_ITEM("clients", CM_CFG_INT, "0", "HTTP client processes (0 = 8, or 3 with --quick)", clients, 0,
-            BW_MAX_CLIENTS),
-    BW_ITEM("slowloris", CM_CFG_INT, "300", "slowloris connections", slowloris, 0, BL_SLOW_MAX),
-    BW_ITEM("kill-ms", CM_CFG_INT, "2000", "SIGKILL a streaming client this often", kill_ms, 1, 1 << 30),
-    BW_ITEM("max-tokens", CM_CFG_INT, "16", "tokens per completion", max_tokens, 1, 4096),
-    BW_ITEM("trickle-ms", CM_CFG_DOUBLE, "3000", "slowloris: one byte per connection this often", trickle_ms, 100,
-            1e9),
-    BW_ITEM("slowloris-from", CM_CFG_STRING, "127.0.0.2",
-            "slowloris: source address (another loopback address: another client)", slow_from, 0, 0),
-    BW_ITEM("api-key", CM_CFG_STRING, NULL, "sent as a bearer key (empty: none)", api_key, 0, 0),
-    BW_ITEM("worker-arg", CM_CFG_STRING, NULL, "one extra ri-worker flag (repeat it for more; at most 32)",
-            worker_arg, 0, 0),
+    BN_ARG(bw_args_t, "worker", CM_CFG_BOOL, "true", "load a real ri-worker (this mode)", worker, 0, 0),
+    BN_ARG(bw_args_t, "quick", CM_CFG_BOOL, "false", "a short run: 15 s, 3 clients (unless given)", quick, 0, 0),
+    BN_ARG(bw_args_t, "seconds", CM_CFG_DOUBLE, "0", "traffic time (0 = 60, or 15 with --quick)", seconds, 0, 86400),
+    BN_ARG(bw_args_t, "clients", CM_CFG_INT, "0", "HTTP client processes (0 = 8, or 3 with --quick)", clients, 0,
+           BW_MAX_CLIENTS),
+    BN_ARG(bw_args_t, "slowloris", CM_CFG_INT, "300", "slowloris connections", slowloris, 0, BL_SLOW_MAX),
+    BN_ARG(bw_args_t, "kill-ms", CM_CFG_INT, "2000", "SIGKILL a streaming client this often", kill_ms, 1, 1 << 30),
+    BN_ARG(bw_args_t, "max-tokens", CM_CFG_INT, "16", "tokens per completion", max_tokens, 1, 4096),
+    BN_ARG(bw_args_t, "trickle-ms", CM_CFG_DOUBLE, "3000", "slowloris: one byte per connection this often", trickle_ms,
+           100, 1e9),
+    BN_ARG(bw_args_t, "slowloris-from", CM_CFG_STRING, "127.0.0.2",
+           "slowloris: source address (another loopback address: another client)", slow_from, 0, 0),
+    BN_ARG(bw_args_t, "api-key", CM_CFG_STRING, NULL, "sent as a bearer key (empty: none)", api_key, 0, 0),
+    BN_ARG(bw_args_t, "worker-arg", CM_CFG_STRING, NULL, "one extra ri-worker flag (repeat it for more; at most 32)",
+           worker_arg, 0, 0),
 };
 static const cm_config_table_t bw_cfg_table = {"ri bench load --worker", "RI_BENCH_LOAD_WORKER_", bw_cfg_items,
                                            CM_ARRAY_LEN(bw_cfg_items), 0, NULL};

@@ -649,21 +649,23 @@ typedef struct sv_args {
     char *model;         /* for the worker we start */
 } sv_args_t;
 
-#define SV_ITEM(n, t, d, h, f, lo, hi) {n, t, d, h, offsetof(sv_args_t, f), lo, hi}
 static const cm_config_item_t sv_items[] = {
     BN_ARG_JSON(sv_args_t, json),
-    SV_ITEM("clients", CM_CFG_STRING, "1,4,16", "concurrent client counts, one case each (1-64 each)", clients, 0, 0),
-    SV_ITEM("attn", CM_CFG_STRING, "full,retroinfer,retroinfer-remote", "attention backends, interleaved", attn, 0, 0),
-    SV_ITEM("requests", CM_CFG_INT, "3", "rounds: requests per client and backend", requests, 1, 16),
-    SV_ITEM("max-tokens", CM_CFG_INT, "32", "tokens per request", max_tokens, 1, 1 << 20),
-    SV_ITEM("prompt-words", CM_CFG_INT, "1100", "filler words of the prompt (~1.3 tokens each)", prompt_words, 0,
-            1 << 24),
-    SV_ITEM("seconds", CM_CFG_DOUBLE, "300", "a case starts no round after this", seconds, 0.001, 1e9),
-    SV_ITEM("max-batch", CM_CFG_INT, "8", "the worker we start: its --max-batch", max_batch, 1, 64),
-    SV_ITEM("hog", CM_CFG_BOOL, "false", "run a spinning process on every core meanwhile", hog, 0, 0),
-    SV_ITEM("worker", CM_CFG_STRING, NULL, "measure this worker (http://HOST:PORT) instead of starting one", worker, 0,
-            0),
-    SV_ITEM("model", CM_CFG_STRING, NULL, "model of the worker we start (empty: the worker's default)", model, 0, 0),
+    BN_ARG(sv_args_t, "clients", CM_CFG_STRING, "1,4,16", "concurrent client counts, one case each (1-64 each)",
+           clients, 0, 0),
+    BN_ARG(sv_args_t, "attn", CM_CFG_STRING, "full,retroinfer,retroinfer-remote", "attention backends, interleaved",
+           attn, 0, 0),
+    BN_ARG(sv_args_t, "requests", CM_CFG_INT, "3", "rounds: requests per client and backend", requests, 1, 16),
+    BN_ARG(sv_args_t, "max-tokens", CM_CFG_INT, "32", "tokens per request", max_tokens, 1, 1 << 20),
+    BN_ARG(sv_args_t, "prompt-words", CM_CFG_INT, "1100", "filler words of the prompt (~1.3 tokens each)", prompt_words,
+           0, 1 << 24),
+    BN_ARG(sv_args_t, "seconds", CM_CFG_DOUBLE, "300", "a case starts no round after this", seconds, 0.001, 1e9),
+    BN_ARG(sv_args_t, "max-batch", CM_CFG_INT, "8", "the worker we start: its --max-batch", max_batch, 1, 64),
+    BN_ARG(sv_args_t, "hog", CM_CFG_BOOL, "false", "run a spinning process on every core meanwhile", hog, 0, 0),
+    BN_ARG(sv_args_t, "worker", CM_CFG_STRING, NULL, "measure this worker (http://HOST:PORT) instead of starting one",
+           worker, 0, 0),
+    BN_ARG(sv_args_t, "model", CM_CFG_STRING, NULL, "model of the worker we start (empty: the worker's default)", model,
+           0, 0),
 };
 static const cm_config_table_t sv_table = {"ri-bench-serve", "RI_BENCH_SERVE_", sv_items, CM_ARRAY_LEN(sv_items), 0,
                                            NULL};

@@ -248,17 +248,18 @@ static void add_row(bn_report_t *rep, const char *path, const char *engine, cons
     printf("%-9s %-9s %-9s %7u %4u %10.1f\n", path, engine, op, rec, qd, med);
 }
 
-#define SP_ITEM(n, t, d, h, f, lo, hi) {n, t, d, h, offsetof(opts_t, f), lo, hi}
 static const cm_config_item_t sp_items[] = {
     BN_ARG_JSON(opts_t, json),
-    SP_ITEM("dir", CM_CFG_STRING, NULL, "directory that accepts O_DIRECT (empty: the first of $RI_SPILL_BENCH_DIR, "
-            "/var/tmp/ri-spill-bench, /tmp/ri-spill-bench that does)", dir_arg, 0, 0),
-    SP_ITEM("mib", CM_CFG_INT, "256", "MiB written per case", mib, 16, 1 << 20),
-    SP_ITEM("reps", CM_CFG_INT, "3", "repetitions per case (the median is reported)", reps, 1, MAX_REPS),
-    SP_ITEM("qd", CM_CFG_INT, "32", "io_uring queue depth", qd, 1, 1024),
-    SP_ITEM("segment-mib", CM_CFG_INT, "0", "segment file size in MiB (0 = one segment per case: mib + 1)",
-            segment_mib, 0, 1 << 20),
-    SP_ITEM("no-fio", CM_CFG_BOOL, "false", "skip the fio comparison", no_fio, 0, 0),
+    BN_ARG(opts_t, "dir", CM_CFG_STRING, NULL,
+           "directory that accepts O_DIRECT (empty: the first of $RI_SPILL_BENCH_DIR, "
+           "/var/tmp/ri-spill-bench, /tmp/ri-spill-bench that does)",
+           dir_arg, 0, 0),
+    BN_ARG(opts_t, "mib", CM_CFG_INT, "256", "MiB written per case", mib, 16, 1 << 20),
+    BN_ARG(opts_t, "reps", CM_CFG_INT, "3", "repetitions per case (the median is reported)", reps, 1, MAX_REPS),
+    BN_ARG(opts_t, "qd", CM_CFG_INT, "32", "io_uring queue depth", qd, 1, 1024),
+    BN_ARG(opts_t, "segment-mib", CM_CFG_INT, "0", "segment file size in MiB (0 = one segment per case: mib + 1)",
+           segment_mib, 0, 1 << 20),
+    BN_ARG(opts_t, "no-fio", CM_CFG_BOOL, "false", "skip the fio comparison", no_fio, 0, 0),
 };
 static const cm_config_table_t sp_table = {"ri-bench-spill", "RI_BENCH_SPILL_", sp_items, CM_ARRAY_LEN(sp_items),
                                            0, NULL};
