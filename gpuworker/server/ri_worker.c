@@ -52,7 +52,6 @@
 #endif
 #include "gpuworker/model/mdl_model.h"
 #include "gpuworker/model/mdl_gen.h"
-#include "gpuworker/model/mdl_sample.h"
 #include "gpuworker/client/gw_attn_remote.h"
 #include "gpuworker/server/gw_http.h"
 #include "gpuworker/client/gw_remote.h"
