@@ -25,6 +25,7 @@
  *
  *   ri bench attn-accuracy --kv DIR [--json PATH] [--layers N] [--retrieval-frac F]
  *                          [--retrieval-min T] [--adapt-tau X] [--cluster-tokens N]
+ *   (--help lists them)
  */
 #define _GNU_SOURCE
 #include <math.h>
@@ -34,6 +35,7 @@
 
 #include <cjson/cJSON.h>
 
+#include "bench/common/bn_args.h"
 #include "bench/common/bn_report.h"
 #include "common/cm_log.h"
 #include "gpuworker/model/mdl_kvdump.h"
@@ -106,13 +108,6 @@ static void set_metrics(const double *score, size_t n, const unsigned char *in, 
     free(sorted);
 }
 
-static const char *arg(int *i, int argc, char **argv, const char *name)
-{
-    if (strcmp(argv[*i], name) == 0 && *i + 1 < argc)
-        return argv[++*i];
-    return NULL;
-}
-
 static void report(bn_report_t *rep, const char *source, const char *layer, int m, acc_t *a, bool sets)
 {
     cJSON *row = bn_report_row(rep);
@@ -145,36 +140,42 @@ static void report(bn_report_t *rep, const char *source, const char *layer, int 
            bn_percentile(a->err.v, a->err.n, 90), bn_percentile(a->err.v, a->err.n, 99), rc, ms);
 }
 
-int main(int argc, char **argv)
+typedef struct aa_opts {
+    char *json;
+    char *kv;            /* the capture directory */
+    int64_t layers;      /* at most this many layers */
+    double rfrac;        /* 0 = the default of kn_wave_params_default */
+    double rmin;         /* -1: the default floor */
+    double tau;          /* 0: no per-head cut */
+    int64_t tpc;         /* 0: the auto cluster size (kn_wave_cluster_tokens) */
+} aa_opts_t;
+
+static const cm_config_item_t aa_items[] = {
+    BN_ARG_JSON(aa_opts_t, json),
+    BN_ARG(aa_opts_t, "kv", CM_CFG_STRING, NULL,
+           "the K/V capture directory (required; made by ri generate --dump-kv DIR)", kv, 0, 0),
+    BN_ARG(aa_opts_t, "layers", CM_CFG_INT, "1073741824", "at most this many layers", layers, 1, 1 << 30),
+    BN_ARG(aa_opts_t, "retrieval-frac", CM_CFG_DOUBLE, "0",
+           "retroinfer's retrieval share of clusters, (0, 1] (0 = its default)", rfrac, 0, 1),
+    BN_ARG(aa_opts_t, "retrieval-min", CM_CFG_DOUBLE, "-1", "retroinfer's retrieval floor in tokens (-1 = its default)",
+           rmin, -1, 1 << 30),
+    BN_ARG(aa_opts_t, "adapt-tau", CM_CFG_DOUBLE, "0", "retroinfer's output-aware per-head cut, [0, 1) (0 = off)", tau,
+           0, 0.999999),
+    BN_ARG(aa_opts_t, "cluster-tokens", CM_CFG_INT, "0", "tokens per cluster, 1..1024 (0 = the auto size)", tpc, 0,
+           1024),
+};
+static const cm_config_table_t aa_table = {"ri bench attn-accuracy", "RI_BENCH_ATTN_ACCURACY_", aa_items,
+                                           CM_ARRAY_LEN(aa_items), 0, NULL};
+
+static int aa_main(const void *arg, const char *argv0)
 {
-    const char *json = bn_parse_json_arg(&argc, argv);
-    const char *dir = NULL;
-    int max_layers = 1 << 30;
-    double rfrac = 0; /* 0 = the default of kn_wave_params_default */
-    double rmin = -1, tau = 0; /* -1: the default floor; tau 0: no per-head cut */
-    long tpc = 0;              /* 0: the auto cluster size (kn_wave_cluster_tokens) */
-    cm_log_init_from_env();
-    for (int i = 1; i < argc; i++) {
-        const char *v;
-        if ((v = arg(&i, argc, argv, "--kv")) != NULL)
-            dir = v;
-        else if ((v = arg(&i, argc, argv, "--layers")) != NULL)
-            max_layers = atoi(v);
-        else if ((v = arg(&i, argc, argv, "--retrieval-frac")) != NULL && atof(v) > 0 && atof(v) <= 1)
-            rfrac = atof(v);
-        else if ((v = arg(&i, argc, argv, "--retrieval-min")) != NULL && atof(v) >= 0)
-            rmin = atof(v);
-        else if ((v = arg(&i, argc, argv, "--adapt-tau")) != NULL && atof(v) >= 0 && atof(v) < 1)
-            tau = atof(v);
-        else if ((v = arg(&i, argc, argv, "--cluster-tokens")) != NULL && atol(v) >= 1 && atol(v) <= 1024)
-            tpc = atol(v);
-        else {
-            fprintf(stderr, "usage: ri bench attn-accuracy --kv DIR [--json PATH] [--layers N] "
-                            "[--retrieval-frac F (0-1]] [--retrieval-min TOKENS] [--adapt-tau X [0-1)] "
-                            "[--cluster-tokens N (1-1024; default auto)]\n");
-            return 2;
-        }
-    }
+    const aa_opts_t *o = arg;
+    (void)argv0;
+    const char *json = o->json;
+    const char *dir = o->kv != NULL && o->kv[0] != '\0' ? o->kv : NULL;
+    int max_layers = (int)o->layers;
+    double rfrac = o->rfrac, rmin = o->rmin, tau = o->tau;
+    long tpc = (long)o->tpc;
     if (dir == NULL) {
         fprintf(stderr, "ri bench attn-accuracy: --kv DIR is required (make one with ri generate --dump-kv DIR)\n");
         return 2;
@@ -369,4 +370,11 @@ int main(int argc, char **argv)
         free(all[m].err.v), free(all[m].recall.v), free(all[m].mass.v);
     }
     return bn_report_finish(rep, json) == 0 ? 0 : 1;
+}
+
+int main(int argc, char **argv)
+{
+    aa_opts_t o;
+    cm_log_init_from_env();
+    return bn_args_main(&aa_table, &o, argc, argv, aa_main);
 }

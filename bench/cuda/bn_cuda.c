@@ -33,7 +33,7 @@
  * output with full attention and with the cpu table's wave.
  *
  *   ri-bench-cuda [--only N] [--max-n N] [--steps S] [--rounds R]
- *                 [--wave-n N] [--json PATH]
+ *                 [--wave-n N] [--json PATH]     (--help lists them)
  *
  * Exits 77 without a CUDA device.
  */
@@ -43,6 +43,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "bench/common/bn_args.h"
 #include "bench/common/bn_report.h"
 #include "bench/cuda/bn_cuda_dev.h"
 #include "common/cm_thread.h"
@@ -545,36 +546,38 @@ out:
     return rc;
 }
 
-int main(int argc, char **argv)
+typedef struct bc_opts {
+    char *json;
+    int64_t only;   /* one size; 0 = every size */
+    int64_t max_n;
+    int64_t steps;
+    int64_t rounds;
+    int64_t wave_n; /* 0 skips the wave object */
+} bc_opts_t;
+
+static const cm_config_item_t bc_items[] = {
+    BN_ARG_JSON(bc_opts_t, json),
+    BN_ARG(bc_opts_t, "only", CM_CFG_INT, "0", "run only this size N (0 = every size)", only, 0, 1 << 30),
+    BN_ARG(bc_opts_t, "max-n", CM_CFG_INT, "1048576", "largest context size N", max_n, 1, 1 << 30),
+    BN_ARG(bc_opts_t, "steps", CM_CFG_INT, "4", "decode steps (queries) per method", steps, 1, 1 << 20),
+    BN_ARG(bc_opts_t, "rounds", CM_CFG_INT, "9", "timing rounds", rounds, 1, MAX_ROUNDS),
+    BN_ARG(bc_opts_t, "wave-n", CM_CFG_INT, "32768", "context of the wave object run (0 skips it)", wave_n, 0, 1 << 30),
+};
+static const cm_config_table_t bc_table = {"ri-bench-cuda", "RI_BENCH_CUDA_", bc_items, CM_ARRAY_LEN(bc_items), 0,
+                                           NULL};
+
+static int bc_main(const void *arg, const char *argv0)
 {
-    const char *json = bn_parse_json_arg(&argc, argv);
+    const bc_opts_t *o = arg;
+    (void)argv0;
+    const char *json = o->json;
     static const size_t sizes[] = {131072, 1048576};
-    size_t only_n = 0, max_n = (size_t)1 << 20, wave_n = 32768;
-    int steps = 4, rounds = 9, fails = 0, sms = 0, mhz = 0;
+    size_t only_n = (size_t)o->only, max_n = (size_t)o->max_n, wave_n = (size_t)o->wave_n;
+    int steps = (int)o->steps, rounds = (int)o->rounds, fails = 0, sms = 0, mhz = 0;
     double mem_gib = 0, hbm_read = 0, hbm_copy = 0;
     char name[256];
     bn_report_t *rep;
 
-    for (int i = 1; i < argc; i++) {
-        if (strcmp(argv[i], "--only") == 0 && i + 1 < argc)
-            only_n = strtoull(argv[++i], NULL, 0);
-        else if (strcmp(argv[i], "--max-n") == 0 && i + 1 < argc)
-            max_n = strtoull(argv[++i], NULL, 0);
-        else if (strcmp(argv[i], "--steps") == 0 && i + 1 < argc)
-            steps = atoi(argv[++i]);
-        else if (strcmp(argv[i], "--rounds") == 0 && i + 1 < argc)
-            rounds = atoi(argv[++i]);
-        else if (strcmp(argv[i], "--wave-n") == 0 && i + 1 < argc)
-            wave_n = strtoull(argv[++i], NULL, 0);
-        else {
-            fprintf(stderr, "usage: ri-bench-cuda [--only N] [--max-n N] [--steps S] [--rounds R] [--wave-n N] [--json PATH]\n");
-            return 2;
-        }
-    }
-    if (rounds < 1 || rounds > MAX_ROUNDS || steps < 1) {
-        fprintf(stderr, "bench: --rounds must be 1..%d, --steps >= 1\n", MAX_ROUNDS);
-        return 2;
-    }
     if (kn_cuda_init() != RI_OK) {
         printf("ri-bench-cuda: no CUDA device: skipped\n");
         return 77;
@@ -612,4 +615,10 @@ int main(int argc, char **argv)
     if (fails)
         fprintf(stderr, "BENCH FAILED: %d part(s) did not run\n", fails);
     return fails ? 1 : 0;
+}
+
+int main(int argc, char **argv)
+{
+    bc_opts_t o;
+    return bn_args_main(&bc_table, &o, argc, argv, bc_main);
 }

@@ -11,7 +11,7 @@
  * on the client (request sent -> reply received, misses in the receive
  * buffer).  Next to it, in the same run: single-thread memcpy of the same
  * bytes.  Usage: ri-bench-dataplane [--json PATH] [--iters N] [--transport shm|tcp]
- * [--clients N,..]: with --clients, N client processes at once instead
+ * [--clients N,..] (--help lists them): with --clients, N client processes at once instead
  * (bench_dataplane_clients.c), on shm unless --transport says tcp.
  */
 #include <limits.h>
@@ -22,6 +22,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "bench/common/bn_args.h"
 #include "bench/common/bn_report.h"
 #include "bench/dataplane/bench_dataplane.h"
 #include "common/cm_time.h"
@@ -166,34 +167,46 @@ static int run_case(gw_dp_t *dp, uint8_t *recv, size_t recv_len, gw_dp_recv_mode
     return rc;
 }
 
-int main(int argc, char **argv)
+typedef struct bd_opts {
+    char *json;
+    int64_t iters;   /* fetches per case (at least 10 are run) */
+    char *transport; /* shm or tcp; empty = both */
+    char *clients;   /* comma list of client process counts */
+} bd_opts_t;
+
+static const cm_config_item_t bd_items[] = {
+    BN_ARG_JSON(bd_opts_t, json),
+    BN_ARG(bd_opts_t, "iters", CM_CFG_INT, "200", "fetches per case (at least 10 are run)", iters, 0, 1 << 30),
+    BN_ARG(bd_opts_t, "transport", CM_CFG_STRING, NULL, "shm or tcp; empty: both (with --clients: shm)", transport, 0,
+           0),
+    BN_ARG(bd_opts_t, "clients", CM_CFG_STRING, NULL,
+           "N client processes at once instead, for each N of this comma list "
+           "(1..64)",
+           clients, 0, 0),
+};
+static const cm_config_table_t bd_table = {"ri-bench-dataplane", "RI_BENCH_DATAPLANE_", bd_items,
+                                           CM_ARRAY_LEN(bd_items), 0, NULL};
+
+static int bd_main(const void *arg, const char *argv0)
 {
-    const char *json = bn_parse_json_arg(&argc, argv);
+    const bd_opts_t *o = arg;
+    (void)argv0;
+    const char *json = o->json;
     const char *modes[2] = {"shm", "tcp"}, *tls[2] = {"sm,self,tcp", "tcp,self"};
-    int iters = 200;
+    int iters = (int)o->iters;
     bn_report_t *rep;
     size_t recv_len = STEP_BYTES + (1u << 20);
     uint8_t *recv;
     double mc;
     char exe[PATH_MAX];
 
-    const char *only = NULL;
+    const char *only = o->transport != NULL && o->transport[0] != '\0' ? o->transport : NULL;
     int clients[16], n_clients = 0;
-    for (int i = 1; i < argc; i++) {
-        if (strcmp(argv[i], "--iters") == 0 && i + 1 < argc) {
-            iters = atoi(argv[++i]);
-        } else if (strcmp(argv[i], "--transport") == 0 && i + 1 < argc) {
-            only = argv[++i];
-        } else if (strcmp(argv[i], "--clients") == 0 && i + 1 < argc) {
-            for (char *tok = strtok(argv[++i], ","); tok != NULL && n_clients < 16; tok = strtok(NULL, ","))
-                if (atoi(tok) >= 1 && atoi(tok) <= 64)
-                    clients[n_clients++] = atoi(tok);
-        } else {
-            fprintf(stderr, "usage: ri-bench-dataplane [--json PATH] [--iters N] [--transport shm|tcp] "
-                            "[--clients N,..]\n");
-            return 2;
-        }
-    }
+    double cl[16];
+    size_t n_cl = o->clients != NULL ? bn_args_list(o->clients, cl, CM_ARRAY_LEN(cl)) : 0;
+    for (size_t i = 0; i < n_cl; i++)
+        if (cl[i] >= 1 && cl[i] <= 64)
+            clients[n_clients++] = (int)cl[i];
     if (iters < 10)
         iters = 10;
     /* Find the server binaries next to ours unless told. */
@@ -301,4 +314,10 @@ int main(int argc, char **argv)
     free(g_src);
     free(g_dst);
     return bn_report_finish(rep, json) == 0 ? 0 : 1;
+}
+
+int main(int argc, char **argv)
+{
+    bd_opts_t o;
+    return bn_args_main(&bd_table, &o, argc, argv, bd_main);
 }

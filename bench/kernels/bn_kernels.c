@@ -9,7 +9,7 @@
  * docs/bench-format.md's shape.
  *
  *   ri bench kernels [--quick] [--max-n N] [--only N[,N...]] [--steps S] [--rounds R]
- *                    [--fast-build-from N] [--json PATH]
+ *                    [--fast-build-from N] [--json PATH]     (--help lists them)
  *
  * Timing: R rounds (15 up to 128K, 5 above); each round runs every method
  * once and takes one bandwidth sample, in an order rotated by one per round;
@@ -25,6 +25,7 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
+#include "bench/common/bn_args.h"
 #include "bench/common/bn_bw.h"
 #include "bench/common/bn_report.h"
 #include "common/cm_status.h"
@@ -484,43 +485,50 @@ static int bench_size(bn_report_t *rep, size_t N, int steps, int rounds, int32_t
     return over;
 }
 
-int main(int argc, char **argv)
+typedef struct bk_opts {
+    char *json;
+    bool quick;        /* N <= 32768 only */
+    int64_t max_n;
+    char *only;        /* comma list of sizes */
+    int64_t steps;     /* 0 = by size */
+    int64_t rounds;    /* 0 = by size */
+    int64_t fast_from; /* 0 = never */
+} bk_opts_t;
+
+static const cm_config_item_t bk_items[] = {
+    BN_ARG_JSON(bk_opts_t, json),
+    BN_ARG(bk_opts_t, "quick", CM_CFG_BOOL, "false", "sizes up to 32768 only", quick, 0, 0),
+    BN_ARG(bk_opts_t, "max-n", CM_CFG_INT, "1048576", "largest context size N", max_n, 1, 1 << 30),
+    BN_ARG(bk_opts_t, "only", CM_CFG_STRING, NULL, "run only these sizes (comma list: N[,N...]; one JSON for all)",
+           only, 0, 0),
+    BN_ARG(bk_opts_t, "steps", CM_CFG_INT, "0",
+           "decode steps per method and round (0 = 8 up to 32K, 4 up to 128K, 1 above)", steps, 0, 1 << 20),
+    BN_ARG(bk_opts_t, "rounds", CM_CFG_INT, "0", "timing rounds (0 = 15 up to 128K, 5 above)", rounds, 0,
+           BK_MAX_ROUNDS),
+    BN_ARG(bk_opts_t, "fast-build-from", CM_CFG_INT, "0",
+           "from this N on, build the wave index fast (2 k-means iterations, own-segment pass; 0 = never)", fast_from,
+           0, 1 << 30),
+};
+static const cm_config_table_t bk_table = {"ri bench kernels", "RI_BENCH_KERNELS_", bk_items,
+                                           CM_ARRAY_LEN(bk_items), 0, NULL};
+
+static int bk_main(const void *arg, const char *argv0)
 {
-    const char *json = bn_parse_json_arg(&argc, argv);
-    bool quick = false;
-    size_t max_n = (size_t)1 << 20, only[8], n_only = 0, fast_from = 0;
-    int steps = 0, rounds = 0, over = 0, st_size;
+    const bk_opts_t *o = arg;
+    int over = 0, st_size, rc;
     static const size_t sizes[] = {8192, 32768, 131072, 524288, 1048576};
+    double only[8];
+    size_t n_only = 0;
     bn_report_t *rep;
 
-    for (int i = 1; i < argc; i++) {
-        if (strcmp(argv[i], "--quick") == 0)
-            quick = true;
-        else if (strcmp(argv[i], "--max-n") == 0 && i + 1 < argc)
-            max_n = strtoull(argv[++i], NULL, 0);
-        else if (strcmp(argv[i], "--fast-build-from") == 0 && i + 1 < argc)
-            fast_from = strtoull(argv[++i], NULL, 0);
-        else if (strcmp(argv[i], "--only") == 0 && i + 1 < argc) {
-            /* a comma list: the sizes of one run share its JSON (and its chart) */
-            for (char *p = argv[++i], *e; *p != '\0' && n_only < 8; p = *e == ',' ? e + 1 : e) {
-                only[n_only++] = strtoull(p, &e, 0);
-                if (e == p)
-                    break;
-            }
-        }
-        else if (strcmp(argv[i], "--steps") == 0 && i + 1 < argc)
-            steps = atoi(argv[++i]);
-        else if (strcmp(argv[i], "--rounds") == 0 && i + 1 < argc)
-            rounds = atoi(argv[++i]);
-        else {
-            fprintf(stderr, "usage: ri bench kernels [--quick] [--max-n N] [--only N[,N...]] [--steps S] [--rounds R] [--fast-build-from N] [--json PATH]\n");
-            return 2;
-        }
-    }
-    if (rounds < 0 || rounds > BK_MAX_ROUNDS) {
-        fprintf(stderr, "bench: --rounds must be 1..%d\n", BK_MAX_ROUNDS);
+    (void)argv0;
+    if (o->only != NULL && o->only[0] != '\0' && (n_only = bn_args_list(o->only, only, CM_ARRAY_LEN(only))) == 0) {
+        fprintf(stderr, "ri bench kernels: --only wants up to %zu sizes, N[,N...]\n", CM_ARRAY_LEN(only));
         return 2;
     }
+    bool quick = o->quick;
+    size_t max_n = (size_t)o->max_n, fast_from = (size_t)o->fast_from;
+    int steps = (int)o->steps, rounds = (int)o->rounds;
     if (quick && max_n > 32768)
         max_n = 32768;
     rep = bn_report_create("kernels");
@@ -538,7 +546,7 @@ int main(int argc, char **argv)
         snprintf(label, sizeof(label), "N=%zu", N);
         bool listed = n_only == 0;
         for (size_t j = 0; j < n_only; j++)
-            listed |= only[j] == N;
+            listed |= (size_t)only[j] == N;
         if (!listed)
             continue;
         if (N > max_n) {
@@ -570,10 +578,17 @@ int main(int argc, char **argv)
             over += st_size;
         fflush(stdout);
     }
-    if (bn_report_finish(rep, json) != 0)
+    rc = bn_report_finish(rep, o->json);
+    if (rc != 0)
         return 1;
     if (over != 0)
         fprintf(stderr, "BENCH FAILED: %s\n", over < 0 ? "a size failed to run"
                                                         : "figures above the measured bandwidth (see above)");
     return over != 0 ? 1 : 0;
+}
+
+int main(int argc, char **argv)
+{
+    bk_opts_t o;
+    return bn_args_main(&bk_table, &o, argc, argv, bk_main);
 }

@@ -10,7 +10,7 @@
  * data-plane PING at the end (`served_after`).  Exit 1 when it did not.
  *
  *   ri bench load [--json PATH] [--clients N] [--sessions M] [--seconds S]
- *                 [--kill-ms MS]
+ *                 [--kill-ms MS]     (--help lists them)
  *
  * With --worker it loads a real ri-worker in front of the kvstore instead
  * (bn_load_worker.c).
@@ -26,6 +26,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include "bench/common/bn_args.h"
 #include "bench/common/bn_daemon.h"
 #include "bench/common/bn_report.h"
 #include "bench/load/bn_load_worker.h"
@@ -133,48 +134,58 @@ static bool bl_still_serves(const bn_daemon_t *d, size_t *open_p)
     return ok;
 }
 
+typedef struct bl_opts {
+    char *json;
+    bool worker;      /* the other mode (bn_load_worker.c) */
+    int64_t clients;
+    int64_t sessions;
+    double seconds;
+    int64_t kill_ms;
+} bl_opts_t;
+
+static const cm_config_item_t bl_items[] = {
+    BN_ARG_JSON(bl_opts_t, json),
+    BN_ARG(bl_opts_t, "clients", CM_CFG_INT, "8", "client processes", clients, 1, BL_MAX_CLIENTS),
+    BN_ARG(bl_opts_t, "sessions", CM_CFG_INT, "4", "sessions each client keeps open", sessions, 1, BL_MAX_SESSIONS),
+    BN_ARG(bl_opts_t, "seconds", CM_CFG_DOUBLE, "20", "load time", seconds, 0.001, 1e9),
+    BN_ARG(bl_opts_t, "kill-ms", CM_CFG_INT, "500", "SIGKILL a random client this often", kill_ms, 1, 1 << 30),
+    BN_ARG(bl_opts_t, "worker", CM_CFG_BOOL, "false",
+           "load a real ri-worker in front of the kvstore instead (--worker --help "
+           "lists that mode's options)",
+           worker, 0, 0),
+};
+static const cm_config_table_t bl_table = {"ri bench load", "RI_BENCH_LOAD_", bl_items, CM_ARRAY_LEN(bl_items), 0,
+                                           NULL};
+
+static int bl_main(const void *arg, const char *argv0);
+
 int main(int argc, char **argv)
 {
-    const char *json = bn_parse_json_arg(&argc, argv);
-    unsigned clients = 8, sessions = 4, kill_ms = 500;
-    double seconds = 20;
+    cm_log_init_from_env();
+    setenv("UCX_TLS", "posix,sysv,cma,tcp,self", 0);
+    for (int i = 1; i < argc && strcmp(argv[i], "--") != 0; i++)
+        if (!strcmp(argv[i], "--worker"))
+            return bl_worker_main(argc, argv);
+    bl_opts_t o;
+    return bn_args_main(&bl_table, &o, argc, argv, bl_main);
+}
+
+static int bl_main(const void *arg, const char *argv0)
+{
+    const bl_opts_t *o = arg;
+    const char *json = o->json;
+    unsigned clients = (unsigned)o->clients, sessions = (unsigned)o->sessions, kill_ms = (unsigned)o->kill_ms;
+    double seconds = o->seconds;
     bn_daemon_t d = {0};
     pid_t pids[BL_MAX_CLIENTS] = {0};
     int rc = 1;
 
-    cm_log_init_from_env();
-    setenv("UCX_TLS", "posix,sysv,cma,tcp,self", 0);
-    for (int i = 1; i < argc; i++)
-        if (!strcmp(argv[i], "--worker"))
-            return bl_worker_main(argc, argv, json);
-    for (int i = 1; i < argc; i++) {
-        if (!strcmp(argv[i], "--clients") && i + 1 < argc)
-            clients = (unsigned)strtoul(argv[++i], NULL, 10);
-        else if (!strcmp(argv[i], "--sessions") && i + 1 < argc)
-            sessions = (unsigned)strtoul(argv[++i], NULL, 10);
-        else if (!strcmp(argv[i], "--seconds") && i + 1 < argc)
-            seconds = strtod(argv[++i], NULL);
-        else if (!strcmp(argv[i], "--kill-ms") && i + 1 < argc)
-            kill_ms = (unsigned)strtoul(argv[++i], NULL, 10);
-        else {
-            fprintf(stderr, "usage: ri bench load [--json PATH] [--clients N] [--sessions M] [--seconds S] "
-                            "[--kill-ms MS]\n"
-                            "       ri bench load --worker ... (--worker --help for its options)\n");
-            return 2;
-        }
-    }
-    if (clients == 0 || clients > BL_MAX_CLIENTS || sessions == 0 || sessions > BL_MAX_SESSIONS || seconds <= 0 ||
-        kill_ms == 0) {
-        fprintf(stderr, "ri bench load: clients 1..%d, sessions 1..%d, seconds > 0, kill-ms > 0\n", BL_MAX_CLIENTS,
-                BL_MAX_SESSIONS);
-        return 2;
-    }
     bl_shared_t *sh = mmap(NULL, sizeof(*sh), PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
     if (sh == MAP_FAILED)
         return 1;
     memset(sh, 0, sizeof(*sh));
     bn_report_t *rep = bn_report_create("load");
-    if (rep == NULL || bn_daemon_start(&d, argv[0], "256MiB") != 0)
+    if (rep == NULL || bn_daemon_start(&d, argv0, "256MiB") != 0)
         goto out;
     long rss0 = bn_daemon_rss_kib(&d);
     double t0 = cm_time_s(), deadline = t0 + seconds, next_kill = t0 + kill_ms / 1000.0;

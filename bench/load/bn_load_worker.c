@@ -32,6 +32,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include "bench/common/bn_args.h"
 #include "bench/common/bn_daemon.h"
 #include "bench/common/bn_report.h"
 #include "bench/load/bn_load_http.h"
@@ -101,67 +102,56 @@ typedef struct bw_run {
     bw_shared_t *sh;
 } bw_run_t;
 
-static const char bw_usage[] =
-    "usage: ri bench load --worker [--json PATH] [--quick] [--seconds S] [--clients N] [--slowloris M]\n"
-    "                     [--kill-ms MS] [--max-tokens T] [--trickle-ms MS] [--slowloris-from ADDR]\n"
-    "                     [--api-key KEY]\n"
-    "                     [--worker-arg ARG]...\n";
-
 /* ---- options ---- */
 
-static int bw_parse(int argc, char **argv, bw_opts_t *o)
+/* The command line (a cm_config table); bw_parse turns it into bw_opts_t. */
+typedef struct bw_args {
+    char *json;
+    bool worker;         /* the mode switch itself */
+    bool quick;
+    double seconds;      /* 0 = 60, or 15 with --quick */
+    int64_t clients;     /* 0 = 8, or 3 with --quick */
+    int64_t slowloris;
+    int64_t kill_ms;
+    int64_t max_tokens;
+    double trickle_ms;
+    char *slow_from;
+    char *api_key;
+    char *worker_arg;    /* only for --help: bn_args_take_all collects them */
+} bw_args_t;
+
+static const cm_config_item_t bw_cfg_items[] = {
+    BN_ARG_JSON(bw_args_t, json),
+    BN_ARG(bw_args_t, "worker", CM_CFG_BOOL, "true", "load a real ri-worker (this mode)", worker, 0, 0),
+    BN_ARG(bw_args_t, "quick", CM_CFG_BOOL, "false", "a short run: 15 s, 3 clients (unless given)", quick, 0, 0),
+    BN_ARG(bw_args_t, "seconds", CM_CFG_DOUBLE, "0", "traffic time (0 = 60, or 15 with --quick)", seconds, 0, 86400),
+    BN_ARG(bw_args_t, "clients", CM_CFG_INT, "0", "HTTP client processes (0 = 8, or 3 with --quick)", clients, 0,
+           BW_MAX_CLIENTS),
+    BN_ARG(bw_args_t, "slowloris", CM_CFG_INT, "300", "slowloris connections", slowloris, 0, BL_SLOW_MAX),
+    BN_ARG(bw_args_t, "kill-ms", CM_CFG_INT, "2000", "SIGKILL a streaming client this often", kill_ms, 1, 1 << 30),
+    BN_ARG(bw_args_t, "max-tokens", CM_CFG_INT, "16", "tokens per completion", max_tokens, 1, 4096),
+    BN_ARG(bw_args_t, "trickle-ms", CM_CFG_DOUBLE, "3000", "slowloris: one byte per connection this often", trickle_ms,
+           100, 1e9),
+    BN_ARG(bw_args_t, "slowloris-from", CM_CFG_STRING, "127.0.0.2",
+           "slowloris: source address (another loopback address: another client)", slow_from, 0, 0),
+    BN_ARG(bw_args_t, "api-key", CM_CFG_STRING, NULL, "sent as a bearer key (empty: none)", api_key, 0, 0),
+    BN_ARG(bw_args_t, "worker-arg", CM_CFG_STRING, NULL, "one extra ri-worker flag (repeat it for more; at most 32)",
+           worker_arg, 0, 0),
+};
+static const cm_config_table_t bw_cfg_table = {"ri bench load --worker", "RI_BENCH_LOAD_WORKER_", bw_cfg_items,
+                                           CM_ARRAY_LEN(bw_cfg_items), 0, NULL};
+
+/* Fill o from args (borrowed: o's strings point into args). */
+static void bw_parse(const bw_args_t *args, bw_opts_t *o)
 {
-    bool quick = false, seconds_set = false, clients_set = false;
-    *o = (bw_opts_t){.clients = 8, .slowloris = 300, .kill_ms = 2000, .max_tokens = 16, .seconds = 60,
-                     .trickle_s = 3, .slow_from = "127.0.0.2"};
-    for (int i = 1; i < argc; i++) {
-        const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
-        if (!strcmp(a, "--worker"))
-            continue;
-        if (!strcmp(a, "--quick")) {
-            quick = true;
-            continue;
-        }
-        if (v == NULL)
-            goto usage;
-        i++;
-        if (!strcmp(a, "--seconds"))
-            o->seconds = strtod(v, NULL), seconds_set = true;
-        else if (!strcmp(a, "--clients"))
-            o->clients = (unsigned)strtoul(v, NULL, 10), clients_set = true;
-        else if (!strcmp(a, "--slowloris"))
-            o->slowloris = (unsigned)strtoul(v, NULL, 10);
-        else if (!strcmp(a, "--kill-ms"))
-            o->kill_ms = (unsigned)strtoul(v, NULL, 10);
-        else if (!strcmp(a, "--max-tokens"))
-            o->max_tokens = (unsigned)strtoul(v, NULL, 10);
-        else if (!strcmp(a, "--trickle-ms"))
-            o->trickle_s = strtod(v, NULL) / 1000;
-        else if (!strcmp(a, "--slowloris-from"))
-            o->slow_from = v;
-        else if (!strcmp(a, "--api-key"))
-            o->api_key = v;
-        else if (!strcmp(a, "--worker-arg") && o->n_worker_args < BW_MAX_WORKER_ARGS)
-            o->worker_args[o->n_worker_args++] = v;
-        else
-            goto usage;
-    }
-    if (quick && !seconds_set)
-        o->seconds = 15;
-    if (quick && !clients_set)
-        o->clients = 3;
-    if (o->clients == 0 || o->clients > BW_MAX_CLIENTS || o->slowloris > BL_SLOW_MAX || !(o->seconds > 0) ||
-        o->seconds > 86400 || o->kill_ms == 0 || o->max_tokens == 0 || o->max_tokens > 4096 ||
-        !(o->trickle_s >= 0.1)) {
-        fprintf(stderr, "ri bench load --worker: clients 1..%d, slowloris 0..%d, 0 < seconds <= 86400, kill-ms > 0, "
-                        "max-tokens 1..4096, trickle-ms >= 100 (at most %d worker args)\n",
-                BW_MAX_CLIENTS, BL_SLOW_MAX, BW_MAX_WORKER_ARGS);
-        return -1;
-    }
-    return 0;
-usage:
-    fputs(bw_usage, stderr);
-    return -1;
+    *o = (bw_opts_t){.clients = (unsigned)args->clients, .slowloris = (unsigned)args->slowloris,
+                     .kill_ms = (unsigned)args->kill_ms, .max_tokens = (unsigned)args->max_tokens,
+                     .seconds = args->seconds, .trickle_s = args->trickle_ms / 1000, .slow_from = args->slow_from,
+                     .api_key = args->api_key != NULL && args->api_key[0] ? args->api_key : NULL};
+    if (o->seconds == 0)
+        o->seconds = args->quick ? 15 : 60;
+    if (o->clients == 0)
+        o->clients = args->quick ? 3 : 8;
 }
 
 /* ---- the ri-worker process ---- */
@@ -766,8 +756,9 @@ static void bw_raise_nofile(void)
     }
 }
 
-int bl_worker_main(int argc, char **argv, const char *json)
+int bl_worker_main(int argc, char **argv)
 {
+    bw_args_t args;
     bw_opts_t o;
     bn_daemon_t d = {0};
     bw_worker_t w = {0};
@@ -778,8 +769,19 @@ int bl_worker_main(int argc, char **argv, const char *json)
     int rc = 1;
     bool traffic = false;
 
-    if (bw_parse(argc, argv, &o) != 0)
+    const char *wargs[BW_MAX_WORKER_ARGS];
+    int n_wargs = bn_args_take_all(&argc, argv, "worker-arg", wargs, BW_MAX_WORKER_ARGS);
+    if (n_wargs < 0) {
+        fprintf(stderr, "ri bench load --worker: at most %d --worker-arg, each with its value\n", BW_MAX_WORKER_ARGS);
         return 2;
+    }
+    int arc = bn_args_load(&bw_cfg_table, &args, argc, argv, NULL);
+    if (arc >= 0)
+        return arc;
+    const char *json = args.json;
+    bw_parse(&args, &o);
+    for (int i = 0; i < n_wargs; i++)
+        o.worker_args[o.n_worker_args++] = wargs[i];
     bw_raise_nofile();
     bn_report_t *rep = bn_report_create("load");
     run.sh = mmap(NULL, sizeof(bw_shared_t), PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
@@ -824,5 +826,6 @@ out:
         rc = 1;
     if (run.sh != NULL)
         munmap(run.sh, sizeof(bw_shared_t));
+    cm_config_free(&bw_cfg_table, &args);
     return rc;
 }

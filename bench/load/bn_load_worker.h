@@ -6,9 +6,9 @@
 #ifndef BN_LOAD_WORKER_H
 #define BN_LOAD_WORKER_H
 
-/* Run the worker mode with argv (--json already taken out; json = its path
- * or NULL).  Returns the process exit status: 0, 1 (a process did not serve
- * at the end) or 2 (bad options). */
-int bl_worker_main(int argc, char **argv, const char *json);
+/* Run the worker mode with argv (its options; --help lists them).  Returns
+ * the process exit status: 0, 1 (a process did not serve at the end) or 2
+ * (bad options). */
+int bl_worker_main(int argc, char **argv);
 
 #endif /* BN_LOAD_WORKER_H */

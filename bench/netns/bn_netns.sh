@@ -10,15 +10,25 @@
 #   ./ri bench netns [--json PATH] [--no-loopback] [ri-bench-e2e args, e.g. --quick --batches 1]
 set -euo pipefail
 bin="$(cd "$(dirname "$0")" && pwd)"
-src="$(sed -n 's/^CMAKE_HOME_DIRECTORY:INTERNAL=//p' "$bin/../CMakeCache.txt")"
 json='' loopback=1 args=()
 while [ $# -gt 0 ]; do
   case "$1" in
     --json) json="$2"; shift 2 ;;
+    --json=*) json="${1#--json=}"; shift ;;
     --no-loopback) loopback=0; shift ;;
+    -h|--help)
+      cat <<EOF
+usage: ri-bench-netns [--json PATH] [--no-loopback] [ri-bench-e2e options]
+  --json PATH       write the report (veth and loopback rows) as JSON to this file
+  --no-loopback     skip the run with the kvstore on loopback over TCP
+Every other option goes to ri-bench-e2e (its usage line lists them).
+Needs root (it makes and removes two network namespaces).
+EOF
+      exit 0 ;;
     *) args+=("$1"); shift ;;
   esac
 done
+src="$(sed -n 's/^CMAKE_HOME_DIRECTORY:INTERNAL=//p' "$bin/../CMakeCache.txt")"
 [ "$(id -u)" = 0 ] || { echo "ri-bench-netns: needs root (network namespaces)" >&2; exit 1; }
 . "$src/tools/netns_pair.sh"
 dir="$(mktemp -d "${TMPDIR:-/tmp}/ri-bn-netns-XXXXXX")"

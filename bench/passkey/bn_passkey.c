@@ -31,7 +31,7 @@
 #include "common/cm_status.h"
 #include "common/cm_time.h"
 #include "gpuworker/model/mdl_model.h"
-#include "gpuworker/model/mdl_sample.h"
+#include "gpuworker/model/mdl_gen.h"
 #include "gpuworker/client/gw_attn_remote.h"
 #include "gpuworker/client/gw_remote.h" /* GW_UCX_TLS_LOCAL */
 
@@ -59,12 +59,27 @@ static const char *pk_arg(int *i, int argc, char **argv, const char *name)
     return NULL;
 }
 
+/* The text a generation delivered (mdl_gen_token_fn_t), cut to fit. */
+typedef struct pk_text {
+    const mdl_tok_t *tok; /* borrowed */
+    char *out;            /* [outlen], NUL-terminated */
+    size_t len, outlen;
+} pk_text_t;
+
+static void pk_append(void *arg, int32_t id)
+{
+    pk_text_t *t = arg;
+    int l = mdl_tok_piece(t->tok, id, t->out + t->len, t->outlen - t->len - 1);
+    if (l > 0 && t->len + (size_t)l < t->outlen - 1)
+        t->len += (size_t)l;
+    t->out[t->len] = '\0';
+}
+
 /* Greedy decode from a fork of base with variant v; true when key appears. */
 static ri_status_t pk_try(mdl_model_t *m, const mdl_seq_t *base, const float *logits0, pk_variant_t *v, size_t c,
                           int key, bool *pass_p, char *out, size_t outlen)
 {
     const mdl_hparams_t *hp = mdl_model_hparams(m);
-    const mdl_tok_t *tok = mdl_model_tok(m);
     mdl_seq_t *s;
     double t0 = cm_time_s();
     ri_status_t st = mdl_seq_fork(base, mdl_attn_find(v->attn), &v->cfg, &s);
@@ -72,21 +87,11 @@ static ri_status_t pk_try(mdl_model_t *m, const mdl_seq_t *base, const float *lo
         return st;
     float *logits = malloc(hp->n_vocab * sizeof(float));
     memcpy(logits, logits0, hp->n_vocab * sizeof(float));
-    size_t ol = 0;
     out[0] = '\0';
-    for (int t = 0; t < PK_GEN_TOKENS && st == RI_OK; t++) {
-        int32_t next = mdl_argmax(logits, hp->n_vocab);
-        if (mdl_tok_is_stop(tok, next))
-            break;
-        int l = mdl_tok_piece(tok, next, out + ol, outlen - ol - 1);
-        if (l > 0 && ol + (size_t)l < outlen - 1)
-            ol += (size_t)l;
-        out[ol] = '\0';
-        if (t + 1 < PK_GEN_TOKENS && mdl_seq_len(s) < mdl_seq_cap(s)) {
-            mdl_seq_t *one[1] = {s};
-            st = mdl_decode(m, one, &next, 1, logits);
-        }
-    }
+    pk_text_t text = {mdl_model_tok(m), out, 0, outlen};
+    mdl_gen_cfg_t gcfg = {.max_tokens = PK_GEN_TOKENS, .on_token = pk_append, .token_arg = &text};
+    mdl_gen_result_t res;
+    st = mdl_generate(m, s, NULL, 0, logits, &gcfg, &res);
     mdl_attn_stats_t as;
     mdl_seq_attn_stats(s, &as);
     v->exact[c] += as.exact_tokens;

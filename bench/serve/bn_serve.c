@@ -25,6 +25,7 @@
  *   ri bench serve [--json PATH] [--clients 1,4,16] [--attn full,retroinfer,retroinfer-remote]
  *                  [--requests 3] [--max-tokens 32] [--prompt-words 1100] [--seconds 300]
  *                  [--max-batch 8] [--hog] [--worker http://HOST:PORT] [--model PATH]
+ *   (--help lists them)
  *
  * Exit status: 0, 1 when a request failed or nothing ran, 2 for bad flags,
  * 3 when the worker it starts has no model.
@@ -46,6 +47,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include "bench/common/bn_args.h"
 #include "bench/common/bn_daemon.h"
 #include "bench/common/bn_report.h"
 #include "common/cm_status.h" /* CM_MIN */
@@ -632,91 +634,85 @@ static int sv_model_id(sv_opts_t *o)
     return 0;
 }
 
-static size_t sv_parse_sizes(const char *s, size_t *out)
-{
-    size_t n = 0;
-    while (s != NULL && *s && n < SV_MAX_LIST) {
-        char *end;
-        unsigned long v = strtoul(s, &end, 10);
-        if (end == s)
-            return 0;
-        out[n++] = v;
-        s = *end == ',' ? end + 1 : end;
-    }
-    return n;
-}
+/* The command line (a cm_config table); sv_main turns it into sv_opts_t. */
+typedef struct sv_args {
+    char *json;
+    char *clients;       /* comma list of client counts */
+    char *attn;          /* comma list of backends */
+    int64_t requests;
+    int64_t max_tokens;
+    int64_t prompt_words;
+    double seconds;
+    int64_t max_batch;
+    bool hog;
+    char *worker;        /* http://HOST:PORT; empty = start our own */
+    char *model;         /* for the worker we start */
+} sv_args_t;
 
-static int sv_usage(void)
-{
-    fprintf(stderr, "usage: ri-bench-serve [--json PATH] [--clients 1,4,16] [--attn full,retroinfer,retroinfer-remote]\n"
-                    "         [--requests N] [--max-tokens N] [--prompt-words N] [--seconds S] [--max-batch N]\n"
-                    "         [--hog] [--worker http://HOST:PORT] [--model PATH]\n");
-    return 2;
-}
+static const cm_config_item_t sv_items[] = {
+    BN_ARG_JSON(sv_args_t, json),
+    BN_ARG(sv_args_t, "clients", CM_CFG_STRING, "1,4,16", "concurrent client counts, one case each (1-64 each)",
+           clients, 0, 0),
+    BN_ARG(sv_args_t, "attn", CM_CFG_STRING, "full,retroinfer,retroinfer-remote", "attention backends, interleaved",
+           attn, 0, 0),
+    BN_ARG(sv_args_t, "requests", CM_CFG_INT, "3", "rounds: requests per client and backend", requests, 1, 16),
+    BN_ARG(sv_args_t, "max-tokens", CM_CFG_INT, "32", "tokens per request", max_tokens, 1, 1 << 20),
+    BN_ARG(sv_args_t, "prompt-words", CM_CFG_INT, "1100", "filler words of the prompt (~1.3 tokens each)", prompt_words,
+           0, 1 << 24),
+    BN_ARG(sv_args_t, "seconds", CM_CFG_DOUBLE, "300", "a case starts no round after this", seconds, 0.001, 1e9),
+    BN_ARG(sv_args_t, "max-batch", CM_CFG_INT, "8", "the worker we start: its --max-batch", max_batch, 1, 64),
+    BN_ARG(sv_args_t, "hog", CM_CFG_BOOL, "false", "run a spinning process on every core meanwhile", hog, 0, 0),
+    BN_ARG(sv_args_t, "worker", CM_CFG_STRING, NULL, "measure this worker (http://HOST:PORT) instead of starting one",
+           worker, 0, 0),
+    BN_ARG(sv_args_t, "model", CM_CFG_STRING, NULL, "model of the worker we start (empty: the worker's default)", model,
+           0, 0),
+};
+static const cm_config_table_t sv_table = {"ri-bench-serve", "RI_BENCH_SERVE_", sv_items, CM_ARRAY_LEN(sv_items), 0,
+                                           NULL};
 
-int main(int argc, char **argv)
+static int sv_main(const void *arg, const char *argv0)
 {
-    const char *json = bn_parse_json_arg(&argc, argv), *worker = NULL, *model = NULL;
-    static char attn_buf[256] = "full,retroinfer,retroinfer-remote";
-    sv_opts_t o = {.clients = {1, 4, 16}, .n_clients = 3, .requests = 3, .max_tokens = 32, .prompt_words = 1100,
-                   .seconds = 300, .max_batch = 8};
+    const sv_args_t *args = arg;
+    const char *json = args->json;
+    const char *worker = args->worker != NULL && args->worker[0] ? args->worker : NULL;
+    const char *model = args->model != NULL && args->model[0] ? args->model : NULL;
+    static char attn_buf[256];
+    sv_opts_t o = {.requests = (size_t)args->requests, .max_tokens = (size_t)args->max_tokens,
+                   .prompt_words = (size_t)args->prompt_words, .seconds = args->seconds,
+                   .max_batch = (size_t)args->max_batch, .hog = args->hog};
     bn_daemon_t d = {0};
     sv_worker_t w = {0};
     int rc = 1;
 
-    for (int i = 1; i < argc; i++) {
-        const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
-        if (!strcmp(a, "--hog")) {
-            o.hog = true;
-            continue;
-        }
-        if (v == NULL)
-            return sv_usage();
-        i++;
-        if (!strcmp(a, "--clients"))
-            o.n_clients = sv_parse_sizes(v, o.clients);
-        else if (!strcmp(a, "--attn"))
-            snprintf(attn_buf, sizeof(attn_buf), "%s", v);
-        else if (!strcmp(a, "--requests"))
-            o.requests = strtoul(v, NULL, 10);
-        else if (!strcmp(a, "--max-tokens"))
-            o.max_tokens = strtoul(v, NULL, 10);
-        else if (!strcmp(a, "--prompt-words"))
-            o.prompt_words = strtoul(v, NULL, 10);
-        else if (!strcmp(a, "--seconds"))
-            o.seconds = strtod(v, NULL);
-        else if (!strcmp(a, "--max-batch"))
-            o.max_batch = strtoul(v, NULL, 10);
-        else if (!strcmp(a, "--worker"))
-            worker = v;
-        else if (!strcmp(a, "--model"))
-            model = v;
-        else
-            return sv_usage();
-    }
+    double cl[SV_MAX_LIST];
+    o.n_clients = bn_args_list(args->clients, cl, SV_MAX_LIST);
+    for (size_t i = 0; i < o.n_clients; i++)
+        o.clients[i] = cl[i] >= 1 ? (size_t)cl[i] : 0;
+    snprintf(attn_buf, sizeof(attn_buf), "%s", args->attn != NULL ? args->attn : "");
     for (char *s = strtok(attn_buf, ","); s != NULL && o.n_attn < SV_MAX_LIST; s = strtok(NULL, ","))
         o.attn[o.n_attn++] = s;
-    bool bad = o.n_clients == 0 || o.n_attn == 0 || o.requests < 1 || o.requests > 16 || o.max_tokens < 1 ||
-               o.max_batch < 1 || o.max_batch > 64 || o.seconds <= 0;
+    bool bad = o.n_clients == 0 || o.n_attn == 0;
     for (size_t i = 0; i < o.n_clients; i++)
         bad |= o.clients[i] < 1 || o.clients[i] > SV_MAX_CLIENTS;
     if (bad) {
-        fprintf(stderr, "ri-bench-serve: clients 1-64 each, requests 1-16, max-batch 1-64, the rest positive\n");
+        fprintf(stderr, "ri-bench-serve: --clients wants counts 1-64 (N[,N...]), --attn at least one backend\n");
         return 2;
     }
     if (worker != NULL) {
         /* http://HOST:PORT (or HOST:PORT; [v6]:PORT) */
         const char *h = strstr(worker, "://") ? strstr(worker, "://") + 3 : worker, *colon = strrchr(h, ':');
-        if (colon == NULL)
-            return sv_usage();
+        if (colon == NULL) {
+            fprintf(stderr, "ri-bench-serve: --worker wants http://HOST:PORT\n");
+            return 2;
+        }
         bool v6 = h[0] == '[';
         snprintf(o.host, sizeof(o.host), "%.*s", (int)(colon - h - (v6 ? 2 : 0)), h + (v6 ? 1 : 0));
         snprintf(o.port, sizeof(o.port), "%.*s", (int)strcspn(colon + 1, "/"), colon + 1);
     } else {
         setenv("UCX_TLS", GW_UCX_TLS_LOCAL, 0); /* same host: shared memory, for both children */
-        if (bn_daemon_start(&d, argv[0], "2GiB") != 0)
+        if (bn_daemon_start(&d, argv0, "2GiB") != 0)
             return 1;
-        int ws = sv_worker_start(&w, &o, argv[0], d.grpc, model);
+        int ws = sv_worker_start(&w, &o, argv0, d.grpc, model);
         if (ws != 0) {
             rc = ws == 3 ? 3 : 1; /* 3: no model, as ri-worker says it */
             goto out;
@@ -779,4 +775,10 @@ out:
     if (d.pid > 0 || d.dir[0])
         bn_daemon_stop(&d);
     return rc;
+}
+
+int main(int argc, char **argv)
+{
+    sv_args_t o;
+    return bn_args_main(&sv_table, &o, argc, argv, sv_main);
 }

@@ -13,7 +13,7 @@
  * size; payload_mb_s counts K/V bytes only.
  *
  * Usage: ri-bench-spill [--json PATH] [--dir DIR] [--mib N] [--reps N] [--qd N]
- *                       [--segment-mib N] [--no-fio]
+ *                       [--segment-mib N] [--no-fio]   (--help lists them)
  * The directory must accept O_DIRECT; without --dir the first of
  * $RI_SPILL_BENCH_DIR, /var/tmp/ri-spill-bench, /tmp/ri-spill-bench that does
  * is used.  Files are deleted afterwards.
@@ -29,6 +29,7 @@
 #include <sys/vfs.h>
 #include <unistd.h>
 
+#include "bench/common/bn_args.h"
 #include "bench/common/bn_report.h"
 #include "common/cm_log.h"
 #include "common/cm_time.h"
@@ -39,12 +40,14 @@
 #define MAX_REPS 15
 
 typedef struct opts {
-    const char *dir;
-    unsigned mib;
-    unsigned reps;
-    unsigned qd;
-    unsigned segment_mib;
+    char *json;          /* --json */
+    char *dir_arg;       /* --dir */
+    int64_t mib;         /* file size per case */
+    int64_t reps;
+    int64_t qd;          /* io_uring queue depth */
+    int64_t segment_mib; /* 0 = one segment per case: mib + 1 */
     bool no_fio;
+    const char *dir;     /* the directory used: dir_arg or the first candidate that does O_DIRECT */
 } opts_t;
 
 static int rm_one(const char *path, const struct stat *sb, int flag, struct FTW *ftw) { return remove(path); }
@@ -176,9 +179,9 @@ static double run_fio(const opts_t *o, const char *rw, const char *engine, unsig
 {
     char cmd[8192];
     snprintf(cmd, sizeof(cmd),
-             "fio --name=spill --filename='%s/fio-bench.dat' --size=%uM --bs=%u --iodepth=%u --ioengine=%s "
+             "fio --name=spill --filename='%s/fio-bench.dat' --size=%lldM --bs=%u --iodepth=%u --ioengine=%s "
              "--direct=1 --rw=%s --output-format=json 2>/dev/null",
-             o->dir, o->mib, bs, qd, engine, rw);
+             o->dir, (long long)o->mib, bs, qd, engine, rw);
     FILE *p = popen(cmd, "r");
     if (p == NULL)
         return 0;
@@ -245,55 +248,46 @@ static void add_row(bn_report_t *rep, const char *path, const char *engine, cons
     printf("%-9s %-9s %-9s %7u %4u %10.1f\n", path, engine, op, rec, qd, med);
 }
 
-static int parse_opts(int argc, char **argv, opts_t *o)
-{
-    o->dir = NULL;
-    o->mib = 256;
-    o->reps = 3;
-    o->qd = 32;
-    o->no_fio = false;
-    o->segment_mib = 0;   /* 0 = one segment per case: file_mib + 1 */
-    for (int i = 1; i < argc; i++) {
-        if (strcmp(argv[i], "--dir") == 0 && i + 1 < argc)
-            o->dir = argv[++i];
-        else if (strcmp(argv[i], "--mib") == 0 && i + 1 < argc)
-            o->mib = (unsigned)atoi(argv[++i]);
-        else if (strcmp(argv[i], "--reps") == 0 && i + 1 < argc)
-            o->reps = (unsigned)atoi(argv[++i]);
-        else if (strcmp(argv[i], "--no-fio") == 0)
-            o->no_fio = true;
-        else if (strcmp(argv[i], "--segment-mib") == 0 && i + 1 < argc)
-            o->segment_mib = (unsigned)atoi(argv[++i]);
-        else if (strcmp(argv[i], "--qd") == 0 && i + 1 < argc)
-            o->qd = (unsigned)atoi(argv[++i]);
-        else {
-            fprintf(stderr, "usage: ri-bench-spill [--json PATH] [--dir DIR] [--mib N] [--reps N] [--qd N] [--segment-mib N] [--no-fio]\n");
-            return -1;
-        }
-    }
-    if (o->segment_mib == 0)
-        o->segment_mib = o->mib + 1;
-    if (o->mib < 16 || o->reps < 1 || o->reps > MAX_REPS || o->qd < 1 || o->qd > 1024) {
-        fprintf(stderr, "ri-bench-spill: --mib >= 16, --reps 1..%d, --qd 1..1024\n", MAX_REPS);
-        return -1;
-    }
-    return 0;
-}
+static const cm_config_item_t sp_items[] = {
+    BN_ARG_JSON(opts_t, json),
+    BN_ARG(opts_t, "dir", CM_CFG_STRING, NULL,
+           "directory that accepts O_DIRECT (empty: the first of $RI_SPILL_BENCH_DIR, "
+           "/var/tmp/ri-spill-bench, /tmp/ri-spill-bench that does)",
+           dir_arg, 0, 0),
+    BN_ARG(opts_t, "mib", CM_CFG_INT, "256", "MiB written per case", mib, 16, 1 << 20),
+    BN_ARG(opts_t, "reps", CM_CFG_INT, "3", "repetitions per case (the median is reported)", reps, 1, MAX_REPS),
+    BN_ARG(opts_t, "qd", CM_CFG_INT, "32", "io_uring queue depth", qd, 1, 1024),
+    BN_ARG(opts_t, "segment-mib", CM_CFG_INT, "0", "segment file size in MiB (0 = one segment per case: mib + 1)",
+           segment_mib, 0, 1 << 20),
+    BN_ARG(opts_t, "no-fio", CM_CFG_BOOL, "false", "skip the fio comparison", no_fio, 0, 0),
+};
+static const cm_config_table_t sp_table = {"ri-bench-spill", "RI_BENCH_SPILL_", sp_items, CM_ARRAY_LEN(sp_items),
+                                           0, NULL};
+
+static int sp_main(const void *arg, const char *argv0);
 
 int main(int argc, char **argv)
 {
     cm_log_init_from_env();
     if (getenv("RI_LOG_LEVEL") == NULL)
         cm_log_set_level(CM_LOG_WARN);
-    const char *json = bn_parse_json_arg(&argc, argv);
     opts_t o;
-    if (parse_opts(argc, argv, &o) != 0)
-        return 2;
+    return bn_args_main(&sp_table, &o, argc, argv, sp_main);
+}
+
+/* The bench; o is the command line's (the chosen directory is set here). */
+static int sp_main(const void *arg, const char *argv0)
+{
+    opts_t o = *(const opts_t *)arg; /* a copy: dir and segment_mib are filled in */
+    (void)argv0;
+    int rc;
+    if (o.segment_mib == 0)
+        o.segment_mib = o.mib + 1;
 
     /* Pick a directory that does O_DIRECT. */
     char why[256] = "";
-    const char *cands[4] = {o.dir, NULL, NULL, NULL};
-    if (o.dir == NULL) {
+    const char *cands[4] = {o.dir_arg, NULL, NULL, NULL};
+    if (o.dir_arg == NULL) {
         cands[0] = getenv("RI_SPILL_BENCH_DIR");
         cands[1] = "/var/tmp/ri-spill-bench";
         cands[2] = "/tmp/ri-spill-bench";
@@ -324,7 +318,8 @@ int main(int argc, char **argv)
     bool have_fio = !o.no_fio && system("fio --version >/dev/null 2>&1") == 0;
     if (!have_fio)
         bn_report_skip(rep, "fio", o.no_fio ? "--no-fio given" : "fio not installed (Debian package fio)");
-    printf("spill bench in %s (%s, O_DIRECT ok), %u MiB per case, %u reps\n", o.dir, fs_name(o.dir), o.mib, o.reps);
+    printf("spill bench in %s (%s, O_DIRECT ok), %lld MiB per case, %lld reps\n", o.dir, fs_name(o.dir),
+           (long long)o.mib, (long long)o.reps);
     printf("%-9s %-9s %-9s %7s %4s %10s\n", "path", "engine", "op", "rec_B", "qd", "MB/s");
 
     const uint32_t payloads[2] = {8192, 4096};   /* d = 128, d = 64 */
@@ -347,7 +342,7 @@ int main(int argc, char **argv)
             bool used;
             (void)run_store(&o, true, payload, n, data, rbuf, &a, &b, &used);
         }
-        for (unsigned r = 0; r < o.reps; r++) {
+        for (int64_t r = 0; r < o.reps; r++) {
             /* Alternate who goes first, so drift and block placement hit
              * both sides alike. */
             for (int side = 0; side < 2; side++) {
@@ -397,5 +392,6 @@ int main(int argc, char **argv)
     free(data);
     free(rbuf);
     rmdir(o.dir);   /* only if empty: never someone else's files */
-    return bn_report_finish(rep, json) == 0 ? 0 : 1;
+    rc = bn_report_finish(rep, o.json) == 0 ? 0 : 1;
+    return rc;
 }

@@ -20,7 +20,7 @@
 #include "common/cm_log.h"
 #include "common/cm_status.h"
 #include "common/cm_thread.h"
-#include "common/cm_time.h"
+#include "gpuworker/model/mdl_gen.h"
 #include "gpuworker/model/mdl_kvdump.h"
 #include "gpuworker/model/mdl_model.h"
 #include "gpuworker/model/mdl_quant.h"
@@ -129,6 +129,24 @@ static void gen_progress(void *arg, size_t done, size_t total)
     if (done == total)
         fprintf(stderr, "\r%*s\r", w + 40, "");
     fflush(stderr);
+}
+
+/* Where generated tokens go: stdout as they come with --stream. */
+typedef struct gen_stream {
+    const mdl_tok_t *tok; /* borrowed */
+    bool on;              /* --stream */
+} gen_stream_t;
+
+static void gen_print(void *arg, int32_t id)
+{
+    const gen_stream_t *o = arg;
+    char piece[256];
+    if (!o->on)
+        return;
+    int l = mdl_tok_piece(o->tok, id, piece, sizeof(piece));
+    if (l > 0)
+        fwrite(piece, 1, CM_MIN((size_t)l, sizeof(piece)), stdout);
+    fflush(stdout);
 }
 
 int main(int argc, char **argv)
@@ -254,41 +272,21 @@ int main(int argc, char **argv)
         goto out;
 
     bool tty = isatty(1) && n_ids > 256;
-    double t0 = cm_time_s();
-    st = mdl_prefill(model, seq, ids, n_ids, logits, NULL, tty ? gen_progress : NULL, NULL);
-    double t_prefill = cm_time_s() - t0;
-    if (st != RI_OK) {
-        fprintf(stderr, "ri generate: prefill failed: %s\n", ri_status_str(st));
+    gen_stream_t out = {tok, cfg.stream};
+    mdl_gen_cfg_t gcfg = {.max_tokens = (size_t)cfg.max_tokens, .smp = sampler, .on_token = gen_print,
+                          .token_arg = &out, .progress = tty ? gen_progress : NULL};
+    mdl_gen_result_t gres;
+    if ((st = mdl_generate(model, seq, ids, n_ids, logits, &gcfg, &gres)) != RI_OK) {
+        fprintf(stderr, "%sri generate: %s failed: %s\n", gres.decoding ? "\n" : "",
+                gres.decoding ? "decode" : "prefill", ri_status_str(st));
         goto out;
     }
-    size_t n_gen = 0;
-    double t1 = cm_time_s();
-    char piece[256];
-    for (;;) {
-        int32_t next = mdl_sample(sampler, logits);
-        if (mdl_tok_is_stop(tok, next))
-            break;
-        n_gen++;
-        if (cfg.stream) {
-            int l = mdl_tok_piece(tok, next, piece, sizeof(piece));
-            if (l > 0)
-                fwrite(piece, 1, CM_MIN((size_t)l, sizeof(piece)), stdout);
-            fflush(stdout);
-        }
-        if (n_gen >= (size_t)cfg.max_tokens || mdl_seq_len(seq) >= cap)
-            break;
-        mdl_seq_t *one[1] = {seq};
-        if ((st = mdl_decode(model, one, &next, 1, logits)) != RI_OK) {
-            fprintf(stderr, "\nri generate: decode failed: %s\n", ri_status_str(st));
-            goto out;
-        }
-    }
-    double t_decode = cm_time_s() - t1;
+    double t_prefill = gres.prefill_s, t_decode = gres.decode_s;
     if (cfg.stream) {
         printf("\n");
         fflush(stdout);
     }
-    size_t n_dec = mdl_seq_len(seq) - n_ids;   /* decode steps actually run */
+    size_t n_dec = gres.steps;
     if (cfg.stats) {
         mdl_attn_stats_t as;
         mdl_seq_attn_stats(seq, &as);

@@ -23,6 +23,7 @@
 #include <microhttpd.h>
 
 #include "common/cm_alloc.h"
+#include "common/cm_hist.h"
 #include "common/cm_log.h"
 #include "common/cm_net.h"
 #include "common/cm_status.h"
@@ -1039,18 +1040,6 @@ static void gw_metric(FILE *f, const char *name, const char *type, const char *h
     fprintf(f, "# HELP %s %s\n# TYPE %s %s\n%s %.17g\n", name, help, name, type, name, v);
 }
 
-static void gw_metric_hist(FILE *f, const char *name, const char *help, const gw_hist_t *hs)
-{
-    uint64_t cum = 0;
-    fprintf(f, "# HELP %s %s\n# TYPE %s histogram\n", name, help, name);
-    for (size_t i = 0; i < GW_HIST_BUCKETS; i++) {
-        cum += hs->count[i];
-        fprintf(f, "%s_bucket{le=\"%g\"} %llu\n", name, hs->le[i], (unsigned long long)cum);
-    }
-    fprintf(f, "%s_bucket{le=\"+Inf\"} %llu\n%s_sum %.9g\n%s_count %llu\n", name, (unsigned long long)hs->n, name,
-            hs->sum, name, (unsigned long long)hs->n);
-}
-
 static void gw_http_render_metrics(gw_http_t *h, FILE *f)
 {
     gw_sched_stats_t st;
@@ -1097,10 +1086,11 @@ static void gw_http_render_metrics(gw_http_t *h, FILE *f)
               (double)st.running);
     gw_metric(f, "ri_worker_batch_size", "gauge", "Sequences in the last decode step.", (double)st.batch_now);
     gw_metric(f, "ri_worker_batch_size_max", "gauge", "The largest decode step so far.", (double)st.batch_max);
-    gw_metric_hist(f, "ri_worker_decode_batch_size", "Sequences per decode step.", &st.batch);
-    gw_metric_hist(f, "ri_worker_time_to_first_token_seconds", "From a request's arrival to its first token.",
-                   &st.ttft_s);
-    gw_metric_hist(f, "ri_worker_inter_token_latency_seconds", "Between two tokens of one request.", &st.itl_s);
+    cm_hist_write_prom(&st.batch, f, "ri_worker_decode_batch_size", "Sequences per decode step.", NULL);
+    cm_hist_write_prom(&st.ttft_s, f, "ri_worker_time_to_first_token_seconds",
+                       "From a request's arrival to its first token.", NULL);
+    cm_hist_write_prom(&st.itl_s, f, "ri_worker_inter_token_latency_seconds", "Between two tokens of one request.",
+                       NULL);
     if (h->cfg.kvstore) {
         gw_attn_remote_totals_t t;
         gw_attn_remote_totals(&t);

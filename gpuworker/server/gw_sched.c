@@ -27,6 +27,7 @@
 #ifdef GW_SCHED_DEV
 #include "gpuworker/model/mdl_dev.h"
 #endif
+#include "gpuworker/model/mdl_gen.h"
 
 static CM_ALLOC_TAG(gw_sched_tag, "worker.sched");
 
@@ -57,6 +58,7 @@ struct gw_req {
     mdl_seq_t *seq;               /* owned while admitted */
     void *dseq;                   /* with cfg.dev: its device copy (mdl_dev_seq_t), owned while decoding */
     mdl_sampler_t *smp;           /* owned while admitted */
+    mdl_gen_t gen_state;          /* the generation's rules (stop token, length), from the prompt's end */
     size_t prefilled;             /* prompt tokens in the sequence */
     int32_t last;                 /* token to feed at the next decode step */
     size_t n_gen;                 /* tokens generated */
@@ -101,28 +103,10 @@ struct gw_sched {
     gw_req_t **breq;
 };
 
-static const double gw_le_ttft[GW_HIST_BUCKETS] = {0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1,
-                                                   2.5,  5,     10,   20,  30,   60,  120};
-static const double gw_le_itl[GW_HIST_BUCKETS] = {0.001, 0.0025, 0.005, 0.01, 0.02, 0.03, 0.05,
-                                                  0.075, 0.1,    0.15,  0.25, 0.5,  1,    2.5};
-static const double gw_le_batch[GW_HIST_BUCKETS] = {1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, 96, 128};
-
-static void gw_hist_init(gw_hist_t *h, const double *le)
-{
-    memset(h, 0, sizeof(*h));
-    memcpy(h->le, le, sizeof(h->le));
-}
-
-static void gw_hist_add(gw_hist_t *h, double v)
-{
-    h->n++;
-    h->sum += v;
-    for (size_t i = 0; i < GW_HIST_BUCKETS; i++)
-        if (v <= h->le[i]) {
-            h->count[i]++;
-            break;
-        }
-}
+static const double gw_le_ttft[] = {0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 20, 30, 60, 120};
+static const double gw_le_itl[] = {0.001, 0.0025, 0.005, 0.01, 0.02, 0.03, 0.05,
+                                   0.075, 0.1,    0.15,  0.25, 0.5,  1,    2.5};
+static const double gw_le_batch[] = {1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, 96, 128};
 
 /* timeout_ms from now on the monotonic clock, for pthread_cond_clockwait
  * (explicit about its clock, unlike a condition variable's attribute). */
@@ -390,21 +374,23 @@ static void gw_sched_finish(gw_sched_t *s, gw_req_t *r, gw_finish_t f, ri_status
 }
 
 /* One generated token for r from its logits row; finishes r when it is
- * done.  Same order as ri-worker's stdin mode: a stop token ends it
- * unseen, then the token counts, then the length ends it. */
+ * done.  The rules are the model's (mdl_gen_pick): a stop token ends it
+ * unseen, then the token counts, then the length ends it; a stop string
+ * ends it too. */
 static void gw_sched_step(gw_sched_t *s, gw_req_t *r, const float *logits)
 {
-    int32_t id = mdl_sample(r->smp, logits);
+    int32_t id;
+    mdl_gen_end_t end = mdl_gen_pick(&r->gen_state, logits, &id);
     uint64_t now = cm_time_ns();
-    if (mdl_tok_is_stop(s->tok, id)) {
+    if (end == MDL_GEN_STOP) {
         gw_sched_finish(s, r, GW_FINISH_STOP, RI_OK, NULL);
         return;
     }
     pthread_mutex_lock(&s->mu);
     if (r->n_gen == 0)
-        gw_hist_add(&s->st.ttft_s, (double)(now - r->t_submit_ns) * 1e-9);
+        cm_hist_add(&s->st.ttft_s, (double)(now - r->t_submit_ns) * 1e-9);
     else
-        gw_hist_add(&s->st.itl_s, (double)(now - r->t_last_ns) * 1e-9);
+        cm_hist_add(&s->st.itl_s, (double)(now - r->t_last_ns) * 1e-9);
     s->st.generated_tokens++;
     pthread_mutex_unlock(&s->mu);
     r->t_last_ns = now;
@@ -432,7 +418,7 @@ static void gw_sched_step(gw_sched_t *s, gw_req_t *r, const float *logits)
     cm_free(piece);
     if (stopped)
         gw_sched_finish(s, r, GW_FINISH_STOP, RI_OK, NULL);
-    else if (r->n_gen >= r->max_tokens || gw_seq_len(r) >= mdl_seq_cap(r->seq))
+    else if (end == MDL_GEN_LENGTH)
         gw_sched_finish(s, r, GW_FINISH_LENGTH, RI_OK, NULL);
 }
 
@@ -481,6 +467,7 @@ static void gw_sched_prefill(gw_sched_t *s, gw_req_t *r)
     }
     if (last) {
         r->phase = GW_PHASE_DECODE;
+        mdl_gen_init(&r->gen_state, s->tok, r->smp, s->n_vocab, r->max_tokens, gw_seq_len(r), mdl_seq_cap(r->seq));
         gw_sched_step(s, r, s->plogits);
     }
 }
@@ -536,7 +523,7 @@ static void gw_sched_decode(gw_sched_t *s)
     s->st.decode_steps++;
     s->st.batch_now = nb;
     s->st.batch_max = CM_MAX(s->st.batch_max, nb);
-    gw_hist_add(&s->st.batch, (double)nb);
+    cm_hist_add(&s->st.batch, (double)nb);
     pthread_mutex_unlock(&s->mu);
     for (size_t b = 0; b < nb; b++) {
         gw_req_t *r = s->breq[b];
@@ -667,9 +654,9 @@ ri_status_t gw_sched_create(mdl_model_t *m, const gw_sched_cfg_t *cfg, gw_sched_
     pthread_mutex_init(&s->mu, NULL);
     pthread_cond_init(&s->work_cv, NULL);
     pthread_cond_init(&s->idle_cv, NULL);
-    gw_hist_init(&s->st.batch, gw_le_batch);
-    gw_hist_init(&s->st.ttft_s, gw_le_ttft);
-    gw_hist_init(&s->st.itl_s, gw_le_itl);
+    cm_hist_init(&s->st.batch, gw_le_batch, CM_ARRAY_LEN(gw_le_batch));
+    cm_hist_init(&s->st.ttft_s, gw_le_ttft, CM_ARRAY_LEN(gw_le_ttft));
+    cm_hist_init(&s->st.itl_s, gw_le_itl, CM_ARRAY_LEN(gw_le_itl));
     size_t b = cfg->max_batch;
     s->active = cm_calloc(&gw_sched_tag, b, sizeof(*s->active));
     s->logits = cm_malloc(&gw_sched_tag, b * s->n_vocab * sizeof(float));
@@ -757,7 +744,7 @@ size_t gw_sched_drain(gw_sched_t *s, uint32_t timeout_ms)
 void gw_sched_stats(gw_sched_t *s, gw_sched_stats_t *st_p)
 {
     pthread_mutex_lock(&s->mu);
-    *st_p = s->st;
+    *st_p = s->st; /* the histograms' adds hold mu too, so the copy is one instant */
     st_p->queued = s->n_queued;
     st_p->running = s->n_running;
     pthread_mutex_unlock(&s->mu);

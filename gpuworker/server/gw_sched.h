@@ -23,6 +23,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "common/cm_hist.h"
 #include "gpuworker/model/mdl_model.h"
 #include "gpuworker/model/mdl_sample.h"
 #include "retroinfer/status.h"
@@ -72,14 +73,6 @@ typedef struct gw_req_view {
 } gw_req_view_t;
 
 /* Scheduler figures for /metrics (cumulative unless said otherwise). */
-#define GW_HIST_BUCKETS 14
-typedef struct gw_hist {
-    double le[GW_HIST_BUCKETS];        /* upper bounds, increasing */
-    uint64_t count[GW_HIST_BUCKETS];   /* observations <= le[i] (not cumulative) */
-    uint64_t n;                        /* every observation (le = +Inf) */
-    double sum;                        /* their sum */
-} gw_hist_t;
-
 typedef struct gw_sched_stats {
     size_t queued;                /* now: requests waiting for a slot */
     size_t running;               /* now: requests admitted (prefilling or decoding) */
@@ -92,9 +85,9 @@ typedef struct gw_sched_stats {
     uint64_t generated_tokens;    /* tokens generated */
     uint64_t rebuilt;             /* sequences rebuilt by prefilling their tokens again (kvstore lost them) */
     uint64_t decode_steps;        /* mdl_decode calls */
-    gw_hist_t batch;              /* sequences per decode step */
-    gw_hist_t ttft_s;             /* submit to first generated token, seconds */
-    gw_hist_t itl_s;              /* between two tokens of one request, seconds */
+    cm_hist_t batch;              /* sequences per decode step */
+    cm_hist_t ttft_s;            /* submit to first generated token, seconds */
+    cm_hist_t itl_s;              /* between two tokens of one request, seconds */
 } gw_sched_stats_t;
 
 /* A new request with one reference (the caller's).  Errors: RI_ERR_INVALID

@@ -51,7 +51,7 @@
 #include "gpuworker/model/mdl_dev.h"
 #endif
 #include "gpuworker/model/mdl_model.h"
-#include "gpuworker/model/mdl_sample.h"
+#include "gpuworker/model/mdl_gen.h"
 #include "gpuworker/client/gw_attn_remote.h"
 #include "gpuworker/server/gw_http.h"
 #include "gpuworker/client/gw_remote.h"
@@ -213,20 +213,19 @@ static bool wk_device_takes(const mdl_attn_ops_t *ops)
     return strcmp(wk_device_name(), "cpu") == 0 || strcmp(ops->name, "full") == 0;
 }
 
-/* One decode step of seq (CPU) or of its device twin dseq (non-NULL with
- * --device cuda). */
-static ri_status_t wk_step(mdl_model_t *m, mdl_seq_t *seq, void *dseq, int32_t tok, float *logits)
+/* One decode step of the device twin dseq of a sequence, with --device
+ * cuda (mdl_gen_decode_fn_t). */
+static ri_status_t wk_step_dev(void *dseq, int32_t tok, float *logits)
 {
 #ifdef RI_WORKER_CUDA
-    if (dseq != NULL) {
-        mdl_dev_seq_t *one[1] = {dseq};
-        return mdl_dev_decode(wk_dev, one, &tok, 1, logits);
-    }
+    mdl_dev_seq_t *one[1] = {dseq};
+    return mdl_dev_decode(wk_dev, one, &tok, 1, logits);
 #else
     (void)dseq;
+    (void)tok;
+    (void)logits;
+    return RI_ERR_UNSUPPORTED;
 #endif
-    mdl_seq_t *one[1] = {seq};
-    return mdl_decode(m, one, &tok, 1, logits);
 }
 
 /* With --device cuda: a device sequence holding seq's prefill (caller frees
@@ -268,57 +267,56 @@ typedef struct wk_req {
     bool chat;
 } wk_req_t;
 
+/* The token ids a generation delivered (mdl_gen_token_fn_t). */
+typedef struct wk_tokens {
+    int32_t *ids; /* [max_tokens] */
+    size_t n;
+} wk_tokens_t;
+
+static void wk_collect(void *arg, int32_t id)
+{
+    wk_tokens_t *o = arg;
+    o->ids[o->n++] = id;
+}
+
 /* Greedy generation on seq from the prefill's logits (copied in). */
 static ri_status_t wk_generate(mdl_model_t *m, mdl_seq_t *seq, const float *logits0, size_t max_tokens,
                                cJSON *run)
 {
     const mdl_hparams_t *hp = mdl_model_hparams(m);
-    const mdl_tok_t *tok = mdl_model_tok(m);
     float *logits = cm_malloc(&wk_tag, hp->n_vocab * sizeof(float));
-    int32_t *out = cm_malloc(&wk_tag, (max_tokens + 1) * sizeof(int32_t));
-    size_t n = 0, steps = 0;
+    wk_tokens_t out = {cm_malloc(&wk_tag, (max_tokens + 1) * sizeof(int32_t)), 0};
     void *dseq = NULL; /* the device's copy of seq with --device cuda */
     ri_status_t st = RI_OK;
     char *text = NULL;
 
-    if (logits == NULL || out == NULL) {
+    if (logits == NULL || out.ids == NULL) {
         st = RI_ERR_NOMEM;
         goto done;
     }
     if ((st = wk_device_seq(seq, &dseq)) != RI_OK)
         goto done;
-    size_t len = mdl_seq_len(seq); /* the decoding copy's length: seq stands still when the device decodes */
     memcpy(logits, logits0, hp->n_vocab * sizeof(float));
-    double t0 = cm_time_s(), t_first = 0;
-    for (;;) {
-        int32_t next = mdl_argmax(logits, hp->n_vocab);
-        if (mdl_tok_is_stop(tok, next))
-            break;
-        out[n++] = next;
-        if (n >= max_tokens || len >= mdl_seq_cap(seq))
-            break;
-        if ((st = wk_step(m, seq, dseq, next, logits)) != RI_OK)
-            break;
-        len++;
-        if (++steps == 1)
-            t_first = cm_time_s() - t0; /* builds the index of sparse backends */
-    }
-    double dt = cm_time_s() - t0;
-    if (mdl_tok_decode(tok, out, n, true, &text) == RI_OK) {
+    mdl_gen_cfg_t gcfg = {.max_tokens = max_tokens, .on_token = wk_collect, .token_arg = &out,
+                          .decode = dseq != NULL ? wk_step_dev : NULL, .decode_arg = dseq};
+    mdl_gen_result_t res;
+    st = mdl_generate(m, seq, NULL, 0, logits, &gcfg, &res);
+    if (mdl_tok_decode(mdl_model_tok(m), out.ids, out.n, true, &text) == RI_OK) {
         cJSON_AddStringToObject(run, "text", text);
         cm_free(text);
     }
-    cJSON_AddNumberToObject(run, "tokens", (double)n);
-    cJSON_AddNumberToObject(run, "decode_steps", (double)steps);
-    cJSON_AddNumberToObject(run, "decode_s", dt);
-    cJSON_AddNumberToObject(run, "first_step_s", t_first);
+    cJSON_AddNumberToObject(run, "tokens", (double)out.n);
+    cJSON_AddNumberToObject(run, "decode_steps", (double)res.steps);
+    cJSON_AddNumberToObject(run, "decode_s", res.decode_s);
+    cJSON_AddNumberToObject(run, "first_step_s", res.first_step_s);
     /* steady-state speed: without the first step (index build) */
-    cJSON_AddNumberToObject(run, "decode_tok_s", steps > 1 ? (double)(steps - 1) / (dt - t_first) : 0.0);
+    cJSON_AddNumberToObject(run, "decode_tok_s",
+                            res.steps > 1 ? (double)(res.steps - 1) / (res.decode_s - res.first_step_s) : 0.0);
     cJSON_AddStringToObject(run, "device", wk_device_name());
 done:
     wk_device_seq_free(dseq);
     cm_free(logits);
-    cm_free(out);
+    cm_free(out.ids);
     return st;
 }
 

@@ -3,6 +3,7 @@
  * to tenants (one line per token: `TOKEN TENANT [QUOTA|-] [admin]`, '#'
  * comments; see docs/kvstore.md).  Loaded once at start; lookups are
  * read-only afterwards, so any serving thread may call them without a lock.
+ * The bearer header itself is parsed by cm_keys_bearer_n (common/cm_keys.h).
  */
 #ifndef KVS_AUTH_H
 #define KVS_AUTH_H
@@ -52,9 +53,5 @@ const kvs_auth_entry_t *kvs_auth_entry(const kvs_auth_t *auth, size_t i);
 
 /* Is name a valid tenant name (1..63 bytes of [A-Za-z0-9._-])? */
 bool kvs_auth_tenant_valid(const char *name);
-
-/* Extract the token from an "authorization" metadata value ("Bearer TOKEN",
- * scheme case-insensitive).  Writes a pointer into value and its length. */
-bool kvs_auth_parse_bearer(const char *value, size_t len, const char **token_p, size_t *token_len_p);
 
 #endif /* KVS_AUTH_H */

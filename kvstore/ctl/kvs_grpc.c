@@ -28,6 +28,8 @@
 #include <grpc/support/time.h>
 
 #include "common/cm_alloc.h"
+#include "common/cm_hist.h"
+#include "common/cm_keys.h"
 #include "common/cm_log.h"
 #include "common/cm_status.h"
 #include "common/cm_time.h"
@@ -100,15 +102,13 @@ struct kvs_grpc {
     _Atomic uint64_t last_refusal_log_ns;  /* rate limit of the refusal log line */
     _Atomic uint64_t bad_messages;         /* requests the handler could not parse */
     _Atomic uint64_t handler_ns;           /* total time in handlers */
-    _Atomic uint64_t *lat;                 /* [n_methods * KVS_GRPC_BUCKETS] handler latency histogram */
-    _Atomic uint64_t *lat_ns;              /* [n_methods] sum of handler latencies */
+    cm_hist_t *lat;                        /* [n_methods] handler latency histograms, seconds */
     atomic_uint calls_since_trim;          /* calls finished since the heap was last trimmed */
     _Atomic uint64_t trims;                /* heap trims after bursts */
 };
 
 /* Upper bounds of the handler latency buckets (seconds); the last is +Inf. */
 static const double kvs_grpc_buckets[] = {1e-5, 5e-5, 1e-4, 5e-4, 1e-3, 5e-3, 1e-2, 1e-1, 1.0};
-#define KVS_GRPC_BUCKETS (CM_ARRAY_LEN(kvs_grpc_buckets) + 1)
 
 static const char *const kvs_grpc_code_names[KVS_GRPC_CODES] = {
     "OK", "CANCELLED", "UNKNOWN", "INVALID_ARGUMENT", "DEADLINE_EXCEEDED", "NOT_FOUND",
@@ -218,7 +218,7 @@ static ri_status_t kvs_grpc_authenticate(kvs_grpc_t *srv, kvs_rpc_t *rpc, kvs_ca
         snprintf(reply->msg, sizeof(reply->msg), "missing 'authorization: Bearer <token>' metadata");
         return RI_ERR_UNAUTHENTICATED;
     }
-    if (!kvs_auth_parse_bearer((const char *)GRPC_SLICE_START_PTR(auth_md->value), GRPC_SLICE_LENGTH(auth_md->value),
+    if (!cm_keys_bearer_n((const char *)GRPC_SLICE_START_PTR(auth_md->value), GRPC_SLICE_LENGTH(auth_md->value),
                                &tok, &tok_len)) {
         snprintf(reply->msg, sizeof(reply->msg), "authorization metadata is not 'Bearer <token>'");
         return RI_ERR_UNAUTHENTICATED;
@@ -297,11 +297,7 @@ static void kvs_grpc_handle(kvs_grpc_t *srv, kvs_rpc_t *rpc)
                 uint64_t t0 = cm_time_ns();
                 st = m->fn(srv->cfg.app, &caller, GRPC_SLICE_START_PTR(in), GRPC_SLICE_LENGTH(in), &reply);
                 uint64_t dt = cm_time_ns() - t0;
-                size_t b = 0;
-                while (b < CM_ARRAY_LEN(kvs_grpc_buckets) && (double)dt / 1e9 > kvs_grpc_buckets[b])
-                    b++;
-                atomic_fetch_add(&srv->lat[(size_t)rpc->method * KVS_GRPC_BUCKETS + b], 1);
-                atomic_fetch_add(&srv->lat_ns[rpc->method], dt);
+                cm_hist_add(&srv->lat[rpc->method], (double)dt / 1e9);
                 atomic_fetch_add(&srv->handler_ns, dt);
                 grpc_slice_unref(in);
                 if (st == RI_ERR_PROTOCOL)
@@ -480,14 +476,15 @@ ri_status_t kvs_grpc_start(const kvs_grpc_config_t *cfg, kvs_grpc_t **grpc_p, ch
     srv->handles = cm_calloc(&kvs_grpc_tag, cfg->n_methods, sizeof(void *));
     srv->calls = cm_calloc(&kvs_grpc_tag, (cfg->n_methods + 1) * KVS_GRPC_CODES, sizeof(*srv->calls));
     srv->threads = cm_calloc(&kvs_grpc_tag, cfg->threads, sizeof(pthread_t));
-    srv->lat = cm_calloc(&kvs_grpc_tag, cfg->n_methods * KVS_GRPC_BUCKETS, sizeof(*srv->lat));
-    srv->lat_ns = cm_calloc(&kvs_grpc_tag, cfg->n_methods, sizeof(*srv->lat_ns));
+    srv->lat = cm_calloc(&kvs_grpc_tag, cfg->n_methods, sizeof(*srv->lat));
     if (srv->default_tenant == NULL || srv->handles == NULL || srv->calls == NULL || srv->threads == NULL ||
-        srv->lat == NULL || srv->lat_ns == NULL) {
+        srv->lat == NULL) {
         snprintf(err, errlen, "grpc: out of memory");
         st = RI_ERR_NOMEM;
         goto err_free_mem;
     }
+    for (size_t m = 0; m < cfg->n_methods; m++)
+        cm_hist_init(&srv->lat[m], kvs_grpc_buckets, CM_ARRAY_LEN(kvs_grpc_buckets));
     pthread_mutex_init(&srv->lock, NULL);
     pthread_rwlock_init(&srv->auth_lock, NULL);
     pthread_condattr_init(&ca);
@@ -574,7 +571,6 @@ err_destroy_server:
     pthread_rwlock_destroy(&srv->auth_lock);
     pthread_mutex_destroy(&srv->lock);
 err_free_mem:
-    cm_free(srv->lat_ns);
     cm_free(srv->lat);
     cm_free(srv->threads);
     cm_free(srv->calls);
@@ -678,7 +674,6 @@ void kvs_grpc_destroy(kvs_grpc_t *srv)
     pthread_cond_destroy(&srv->cond);
     pthread_rwlock_destroy(&srv->auth_lock);
     pthread_mutex_destroy(&srv->lock);
-    cm_free(srv->lat_ns);
     cm_free(srv->lat);
     cm_free(srv->threads);
     cm_free(srv->calls);
@@ -720,19 +715,8 @@ void kvs_grpc_metrics_write(kvs_grpc_t *srv, FILE *out)
     fprintf(out, "# HELP ri_kvs_grpc_handler_seconds Handler latency by method (parse, act, pack).\n");
     fprintf(out, "# TYPE ri_kvs_grpc_handler_seconds histogram\n");
     for (size_t m = 0; m < srv->cfg.n_methods; m++) {
-        uint64_t cum = 0;
-        for (size_t b = 0; b < KVS_GRPC_BUCKETS; b++) {
-            cum += atomic_load(&srv->lat[m * KVS_GRPC_BUCKETS + b]);
-            if (b < CM_ARRAY_LEN(kvs_grpc_buckets))
-                fprintf(out, "ri_kvs_grpc_handler_seconds_bucket{method=\"%s\",le=\"%g\"} %llu\n",
-                        srv->cfg.methods[m].name, kvs_grpc_buckets[b], (unsigned long long)cum);
-            else
-                fprintf(out, "ri_kvs_grpc_handler_seconds_bucket{method=\"%s\",le=\"+Inf\"} %llu\n",
-                        srv->cfg.methods[m].name, (unsigned long long)cum);
-        }
-        fprintf(out, "ri_kvs_grpc_handler_seconds_sum{method=\"%s\"} %.9f\n", srv->cfg.methods[m].name,
-                (double)atomic_load(&srv->lat_ns[m]) / 1e9);
-        fprintf(out, "ri_kvs_grpc_handler_seconds_count{method=\"%s\"} %llu\n", srv->cfg.methods[m].name,
-                (unsigned long long)cum);
+        char labels[128];
+        snprintf(labels, sizeof(labels), "method=\"%s\"", srv->cfg.methods[m].name);
+        cm_hist_write_prom(&srv->lat[m], out, "ri_kvs_grpc_handler_seconds", NULL, labels);
     }
 }

@@ -20,6 +20,11 @@
 
 static CM_ALLOC_TAG(kvs_spill_tag, "kvs.spill");
 
+/* Upper bounds of the write / read batch latency buckets, seconds. */
+static const double hist_bounds[] = {
+    0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1.0,
+};
+
 void kvs_spill_config_default(kvs_spill_config_t *cfg)
 {
     memset(cfg, 0, sizeof(*cfg));
@@ -354,6 +359,8 @@ ri_status_t spill_alloc(const kvs_spill_config_t *cfg, kvs_spill_t **sp_p)
     pthread_mutex_init(&sp->ctx_mu, NULL);
     pthread_cond_init(&sp->ctx_cv, NULL);
     pthread_cond_init(&sp->compact_cv, NULL);
+    cm_hist_init(&sp->write_hist, hist_bounds, CM_ARRAY_LEN(hist_bounds));
+    cm_hist_init(&sp->read_hist, hist_bounds, CM_ARRAY_LEN(hist_bounds));
 
     st = RI_ERR_NOMEM;
     sp->n_buckets = 1024;
@@ -461,22 +468,6 @@ void kvs_spill_destroy(kvs_spill_t *sp)
                  "recovered by scanning",
                  ri_status_str(st));
     spill_free(sp);
-}
-
-/* ---- histograms ---- */
-
-static const double hist_bounds[SPILL_HIST_BUCKETS] = {
-    0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1.0,
-};
-
-static void hist_add(spill_hist_t *h, double s)
-{
-    int b = 0;
-    while (b < SPILL_HIST_BUCKETS && s > hist_bounds[b])
-        b++;
-    h->counts[b]++;
-    h->n++;
-    h->sum += s;
 }
 
 /* ---- write ---- */
@@ -667,7 +658,7 @@ ri_status_t spill_write_internal(kvs_spill_t *sp, kvs_spill_wreq_t *reqs, size_t
 
     pthread_mutex_lock(&sp->mu);
     write_commit(sp, jobs, nres, moves);
-    hist_add(&sp->write_hist, (double)(cm_time_ns() - t0) * 1e-9);
+    cm_hist_add(&sp->write_hist, (double)(cm_time_ns() - t0) * 1e-9);
     pthread_mutex_unlock(&sp->mu);
     pthread_rwlock_unlock(&sp->wbar);
 
@@ -881,7 +872,7 @@ ri_status_t kvs_spill_read(kvs_spill_t *sp, kvs_spill_rreq_t *reqs, size_t n)
         }
         spill_seg_unref(sp, r->seg);
     }
-    hist_add(&sp->read_hist, (double)(cm_time_ns() - t0) * 1e-9);
+    cm_hist_add(&sp->read_hist, (double)(cm_time_ns() - t0) * 1e-9);
     pthread_mutex_unlock(&sp->mu);
     if (failed_io > 0)
         cm_error("spill: %zu of %zu records not read (first: session %llu layer %u head %u cluster %u: %s)",
@@ -1004,27 +995,14 @@ static void metric(FILE *out, const char *name, const char *type, const char *he
     fprintf(out, "# HELP %s %s\n# TYPE %s %s\n%s %llu\n", name, help, name, type, name, (unsigned long long)v);
 }
 
-static void metric_hist(FILE *out, const char *name, const char *help, const spill_hist_t *h)
-{
-    fprintf(out, "# HELP %s %s\n# TYPE %s histogram\n", name, help, name);
-    uint64_t cum = 0;
-    for (int b = 0; b < SPILL_HIST_BUCKETS; b++) {
-        cum += h->counts[b];
-        fprintf(out, "%s_bucket{le=\"%g\"} %llu\n", name, hist_bounds[b], (unsigned long long)cum);
-    }
-    cum += h->counts[SPILL_HIST_BUCKETS];
-    fprintf(out, "%s_bucket{le=\"+Inf\"} %llu\n%s_sum %.9f\n%s_count %llu\n", name, (unsigned long long)cum, name,
-            h->sum, name, (unsigned long long)h->n);
-}
-
 void kvs_spill_metrics_write(kvs_spill_t *sp, FILE *out)
 {
     kvs_spill_stats_t s;
-    spill_hist_t wh, rh;
+    cm_hist_t wh, rh;
     pthread_mutex_lock(&sp->mu);
     stats_locked(sp, &s);
-    wh = sp->write_hist;
-    rh = sp->read_hist;
+    cm_hist_copy(&wh, &sp->write_hist); /* the adds hold mu too: one instant */
+    cm_hist_copy(&rh, &sp->read_hist);
     pthread_mutex_unlock(&sp->mu);
     metric(out, "kvs_spill_disk_bytes", "gauge", "Bytes of spill segment files (preallocated).", s.disk_bytes);
     metric(out, "kvs_spill_used_bytes", "gauge", "Record bytes appended and not yet reclaimed (quota).",
@@ -1052,6 +1030,6 @@ void kvs_spill_metrics_write(kvs_spill_t *sp, FILE *out)
            s.quota_rejections);
     metric(out, "kvs_spill_compactions_total", "counter", "Segments reclaimed by compaction.", s.compactions);
     metric(out, "kvs_spill_compacted_bytes_total", "counter", "Bytes reclaimed by compaction.", s.compacted_bytes);
-    metric_hist(out, "kvs_spill_write_batch_seconds", "Latency of one spill write batch.", &wh);
-    metric_hist(out, "kvs_spill_read_batch_seconds", "Latency of one spill read batch.", &rh);
+    cm_hist_write_prom(&wh, out, "kvs_spill_write_batch_seconds", "Latency of one spill write batch.", NULL);
+    cm_hist_write_prom(&rh, out, "kvs_spill_read_batch_seconds", "Latency of one spill read batch.", NULL);
 }

@@ -14,6 +14,7 @@
 #include <pthread.h>
 #include <stdatomic.h>
 
+#include "common/cm_hist.h"
 #include "kvstore/spill/kvs_spill.h"
 #include "kvstore/spill/kvs_spill_format.h"
 
@@ -46,14 +47,6 @@ typedef struct spill_ent {
     int32_t next;            /* hash chain or free list, -1 = end */
 } spill_ent_t;
 
-/* Fixed-bucket latency histogram (seconds). */
-#define SPILL_HIST_BUCKETS 12
-typedef struct spill_hist {
-    uint64_t counts[SPILL_HIST_BUCKETS + 1];   /* last = +Inf */
-    uint64_t n;                                /* observations */
-    double sum;                                /* seconds */
-} spill_hist_t;
-
 struct kvs_spill {
     kvs_spill_config_t cfg;         /* settings (dir points at dir_buf) */
     char dir_buf[4096];             /* owned copy of the directory path */
@@ -85,8 +78,8 @@ struct kvs_spill {
     pthread_cond_t ctx_cv;          /* signalled on release */
 
     kvs_spill_stats_t st;           /* counters (gauges filled on read) */
-    spill_hist_t write_hist;        /* write batch latency */
-    spill_hist_t read_hist;         /* read batch latency */
+    cm_hist_t write_hist;           /* write batch latency */
+    cm_hist_t read_hist;            /* read batch latency */
 
     pthread_t compact_thread;       /* background compaction */
     bool compact_running;           /* thread started */

@@ -38,6 +38,45 @@ expect "stray" ri-ctl status stray
 expect "'--bogus'" ri-ctl --bogus status
 expect "--addr" ri-ctl status --addr
 
+# The benches take their options from cm_config tables too: an unknown flag
+# or a bad value is refused, and --help lists every option they had (the
+# names scripts and docs use; a rename would break them).
+expect "--bogus" ri-bench-spill --bogus
+expect "'mib'" ri-bench-spill --mib 8
+expect "--bogus" ri-bench-kernels --bogus
+expect "'rounds'" ri-bench-kernels --rounds 999
+expect "--bogus" ri-bench-dataplane --bogus
+expect "--bogus" ri-bench-attn-accuracy --bogus
+expect "'adapt-tau'" ri-bench-attn-accuracy --adapt-tau 2
+expect "--bogus" ri-bench-serve --bogus
+expect "'requests'" ri-bench-serve --requests 0
+expect "--bogus" ri-bench-load --bogus
+expect "--bogus" ri-bench-load --worker --bogus
+expect "--worker-arg" ri-bench-load --worker --worker-arg
+# lists PROGRAM [ARGS] -- OPTION...: PROGRAM ARGS --help exits 0 naming each.
+lists() {
+  local prog="$1" args=()
+  shift
+  while [ "$1" != "--" ]; do args+=("$1"); shift; done
+  shift
+  [ -x "$bin/$prog" ] || { echo "note: $prog not built"; return; }
+  (cd "$tmp" && "$bin/$prog" "${args[@]}" --help) > "$tmp/out" 2>&1 || { echo "FAIL: $prog --help failed"; fails=$((fails + 1)); return; }
+  for o in "$@"; do
+    grep -qE -- "^  --$o " "$tmp/out" || { echo "FAIL: $prog ${args[*]} --help lacks --$o"; fails=$((fails + 1)); }
+  done
+  echo "ok: $prog ${args[*]} --help lists $*"
+}
+lists ri-bench-spill -- json dir mib reps qd segment-mib no-fio
+lists ri-bench-kernels -- json quick max-n only steps rounds fast-build-from
+lists ri-bench-dataplane -- json iters transport clients
+lists ri-bench-cuda -- json only max-n steps rounds wave-n
+lists ri-bench-attn-accuracy -- json kv layers retrieval-frac retrieval-min adapt-tau cluster-tokens
+lists ri-bench-serve -- json clients attn requests max-tokens prompt-words seconds max-batch hog worker model
+lists ri-bench-load -- json clients sessions seconds kill-ms worker
+lists ri-bench-load --worker -- json quick seconds clients slowloris kill-ms max-tokens trickle-ms slowloris-from \
+  api-key worker-arg
+rm -f "$tmp/out"
+
 # A request ri-worker cannot serve is answered {"ok": false} and makes the
 # exit status non-zero (it was 0: a script could not tell).  Needs the model.
 if [ -x "$bin/ri-worker" ]; then

@@ -92,9 +92,31 @@ static void test_file_mode(void **state)
     assert_null(k);
 }
 
+/* The length-delimited form (gRPC metadata values are not NUL-terminated). */
+static void test_bearer_n(void **state)
+{
+    (void)state;
+    const char *t;
+    size_t n;
+    assert_true(cm_keys_bearer_n("Bearer abc", 10, &t, &n));
+    assert_int_equal(n, 3);
+    assert_memory_equal(t, "abc", 3);
+    assert_true(cm_keys_bearer_n("bearer   xyz  ", 14, &t, &n));
+    assert_int_equal(n, 3);
+    assert_false(cm_keys_bearer_n("Basic abc", 9, &t, &n));
+    assert_false(cm_keys_bearer_n("Bearer ", 7, &t, &n));
+    assert_false(cm_keys_bearer_n("Bearer    ", 10, &t, &n));
+    assert_false(cm_keys_bearer_n("Bear", 4, &t, &n));
+    assert_false(cm_keys_bearer_n(NULL, 0, &t, &n));
+    assert_false(cm_keys_bearer_n("Bearer a b", 10, &t, &n)); /* one token, then only blanks */
+    assert_true(cm_keys_bearer_n("Bearer abcGARBAGE", 10, &t, &n)); /* length-delimited */
+    assert_int_equal(n, 3);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_bearer_n),
         cmocka_unit_test(test_parse_and_match),
         cmocka_unit_test(test_refused),
         cmocka_unit_test(test_bearer),

@@ -1,4 +1,4 @@
-/* Tokens file parsing, token lookup and bearer parsing (kvstore/ctl/kvs_auth). */
+/* Tokens file parsing and token lookup (kvstore/ctl/kvs_auth). */
 #define _GNU_SOURCE
 #include <setjmp.h>
 #include <stdarg.h>
@@ -81,23 +81,6 @@ static void test_parse_bad_files(void **state)
     assert_non_null(strstr(err, "/nonexistent/tokens"));
 }
 
-static void test_bearer(void **state)
-{
-    (void)state;
-    const char *t;
-    size_t n;
-    assert_true(kvs_auth_parse_bearer("Bearer abc", 10, &t, &n));
-    assert_int_equal(n, 3);
-    assert_memory_equal(t, "abc", 3);
-    assert_true(kvs_auth_parse_bearer("bearer   xyz  ", 14, &t, &n));
-    assert_int_equal(n, 3);
-    assert_false(kvs_auth_parse_bearer("Basic abc", 9, &t, &n));
-    assert_false(kvs_auth_parse_bearer("Bearer ", 7, &t, &n));
-    assert_false(kvs_auth_parse_bearer("Bearer    ", 10, &t, &n));
-    assert_false(kvs_auth_parse_bearer("Bear", 4, &t, &n));
-    assert_false(kvs_auth_parse_bearer(NULL, 0, &t, &n));
-}
-
 static void test_tenant_names(void **state)
 {
     (void)state;
@@ -114,7 +97,6 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_parse_good_file),
         cmocka_unit_test(test_parse_bad_files),
-        cmocka_unit_test(test_bearer),
         cmocka_unit_test(test_tenant_names),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
