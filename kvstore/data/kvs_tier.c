@@ -546,6 +546,7 @@ ri_status_t kvs_tier_open(kvs_data_t *data)
     sc.dir = data->spill_dir;
     sc.quota_bytes = data->cfg.spill_quota_bytes;
     sc.max_record_bytes = KVS_TIER_MAX_RECORD;
+    sc.ops = data->cfg.spill_io_ops;
     st = kvs_spill_cold_create(&data->cold);
     if (st != RI_OK)
         return st;
