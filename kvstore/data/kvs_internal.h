@@ -1,16 +1,22 @@
 /*
  * Private structures of kvstore/data shared by its files: the catalog
  * (sessions, cluster tables, tenants), counters, and the hooks between the
- * catalog (kvs_data.c), the op handlers (kvs_ops.c) and the UCX transport
- * (kvs_dp.c).  Not for use outside kvstore/data.
+ * catalog (kvs_data.c), the op handlers (kvs_ops.c), the spill tier
+ * (kvs_tier.c) and direct regions (kvs_direct.c).  Not for use outside
+ * kvstore/data.
  *
  * Locking: data->lock guards the session list, tenants, every session's
- * tables/extents/caches and the counters that are not atomics.  A data-plane
- * thread holds it while it decides an op, and drops it while bulk bytes move
- * (uploads copy into pool pages that nobody else references yet; fetches read
- * pool pages of a session they hold a reference to, under move_lock so that
- * no spill frees them meanwhile).  Each session is served by one data-plane
- * thread only (its lane), so its caches are touched by one thread.
+ * tables/extents/caches and the counters that are not atomics.  It is never
+ * held across a read-back's disk I/O nor while reply bytes move: a fetch
+ * plans and pins its misses under it (kvs_cluster_t.pins: a pinned cluster
+ * is never spilled), reads disk records and sends without it, and re-takes
+ * it to commit and to unpin (docs/kvstore-data.md "Locking").  A request
+ * holds a session reference, so the session outlives a drop meanwhile.
+ * Each session is served by one data-plane thread only (its lane), so its
+ * caches and tables are changed by one thread.
+ *
+ * This is the operations' header: the transport (kvs_dp*) never includes
+ * it; the two meet in kvs_handler.h (dependency order there).
  */
 #ifndef KVS_INTERNAL_H
 #define KVS_INTERNAL_H
@@ -41,7 +47,7 @@ typedef struct kvs_cluster {
     uint8_t tier;            /* KVS_TIER_* */
     bool direct;             /* off is in the session's direct region, not the pool */
     bool no_crc;             /* recovered from disk: crc unknown, the spill record's CRC stands */
-    uint16_t pins;           /* fetches using it without data->lock: never spilled or freed while > 0 */
+    uint32_t pins;           /* fetches using it without data->lock: never spilled or freed while > 0 */
 } kvs_cluster_t;
 
 /* The cluster table of one (layer, KV head). */
