@@ -426,8 +426,8 @@ static void kvs_ops_latency_locked(kvs_data_t *data, double secs)
 }
 
 /* Decode the request and allocate the plan.  Lock not held. */
-static ri_status_t kvs_fetch_decode(const kvs_session_t *s, const cm_wire_hdr_t *hdr, const uint8_t *body,
-                                    kvs_fetch_t *f)
+static ri_status_t kvs_fetch_decode(const kvs_data_t *data, const kvs_session_t *s, const cm_wire_hdr_t *hdr,
+                                    const uint8_t *body, kvs_fetch_t *f)
 {
     ri_status_t st;
 
@@ -443,10 +443,13 @@ static ri_status_t kvs_fetch_decode(const kvs_session_t *s, const cm_wire_hdr_t 
     f->src = cm_malloc(&kvs_ops_tag, f->n_ent * sizeof(*f->src));
     f->tokens = cm_malloc(&kvs_ops_tag, f->n_ent * sizeof(uint32_t));
     f->flags = cm_calloc(&kvs_ops_tag, f->n_ent, 1);
+    if (f->reqs == NULL || f->src == NULL || f->tokens == NULL || f->flags == NULL)
+        return RI_ERR_NOMEM;
+    if (!kvs_tier_on(data))
+        return RI_OK; /* nothing is ever on disk */
     f->rd = cm_malloc(&kvs_ops_tag, f->n_ent * sizeof(*f->rd));
     f->rd_idx = cm_malloc(&kvs_ops_tag, f->n_ent * sizeof(uint32_t));
-    if (f->reqs == NULL || f->src == NULL || f->tokens == NULL || f->flags == NULL || f->rd == NULL ||
-        f->rd_idx == NULL)
+    if (f->rd == NULL || f->rd_idx == NULL)
         return RI_ERR_NOMEM;
     return RI_OK;
 }
@@ -656,7 +659,7 @@ static ri_status_t kvs_ops_fetch(kvs_data_t *data, kvs_session_t *s, const cm_wi
                                  kvs_reply_obj_t *reply)
 {
     kvs_fetch_t f = {.t0 = cm_time_ns()};
-    ri_status_t st = kvs_fetch_decode(s, hdr, body, &f);
+    ri_status_t st = kvs_fetch_decode(data, s, hdr, body, &f);
 
     if (st != RI_OK)
         goto out;
