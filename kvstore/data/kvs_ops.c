@@ -36,8 +36,9 @@ static ri_status_t kvs_ops_auth_locked(kvs_data_t *data, const cm_wire_hdr_t *hd
 
 /* Is the header's session known and its secret right?  Checked before a
  * large body is received (RI_ERR_UNAUTHENTICATED otherwise). */
-static ri_status_t kvs_ops_precheck(kvs_data_t *data, const cm_wire_hdr_t *hdr)
+static ri_status_t kvs_ops_precheck(void *arg, const cm_wire_hdr_t *hdr)
 {
+    kvs_data_t *data = arg;
     kvs_session_t *s = NULL;
     if (hdr->op == CM_WIRE_OP_PING && hdr->session_id == 0)
         return RI_OK;
@@ -797,11 +798,6 @@ static void kvs_ops_account(void *arg, uint8_t op, ri_status_t st, uint64_t n)
     pthread_mutex_unlock(&data->lock);
 }
 
-static ri_status_t kvs_ops_precheck_cb(void *arg, const cm_wire_hdr_t *hdr)
-{
-    return kvs_ops_precheck(arg, hdr);
-}
-
 static ri_status_t kvs_ops_handover(void *arg, uint64_t session_id, const uint8_t secret[CM_WIRE_SECRET_SIZE],
                                     int *fd_p, uint64_t *bytes_p)
 {
@@ -810,7 +806,7 @@ static ri_status_t kvs_ops_handover(void *arg, uint64_t session_id, const uint8_
 
 void kvs_ops_handlers(kvs_data_t *data, kvs_handlers_t *h)
 {
-    *h = (kvs_handlers_t){.arg = data, .precheck = kvs_ops_precheck_cb, .serve = kvs_ops_serve,
+    *h = (kvs_handlers_t){.arg = data, .precheck = kvs_ops_precheck, .serve = kvs_ops_serve,
                           .conn_event = kvs_ops_conn_event, .account = kvs_ops_account,
                           .handover = kvs_ops_handover};
 }
