@@ -5,7 +5,9 @@
  * different lanes with most of their clusters on disk.  While session A's
  * fetch sits in its slow disk read, session B's fetches (also read back from
  * disk) must complete, each well within that time: the catalog lock is not
- * held across the read.  Then A is dropped while another of its reads is in
+ * held across the read.  Pool clusters A's fetch is about to send are
+ * pinned: B's appends meanwhile spill around them, never them.  Then A is
+ * dropped while another of its reads is in
  * flight: its fetch answers NOT_FOUND, B goes on, nothing crashes (the ASan
  * build checks nothing is used after it is freed).
  */
@@ -114,9 +116,31 @@ static void open_session(sess_t *s)
                                                NULL), RI_OK);
 }
 
-/* Fetch clusters [first, first + FETCH_N) of both heads; RI_OK only with
- * every byte right.  *disk_p: entries served from disk. */
-static ri_status_t fetch(sess_t *s, uint32_t first, uint32_t *disk_p)
+/* Append n clusters per head (ids from first on) to s. */
+static void append(sess_t *s, uint32_t first, uint32_t n)
+{
+    uint32_t heads[HEADS] = {0, 1}, counts[HEADS] = {n, n}, ids[HEADS];
+    uint32_t *tokens = malloc(sizeof(uint32_t) * HEADS * n);
+    uint8_t *buf = malloc((size_t)HEADS * n * CL_BYTES);
+
+    assert_non_null(tokens);
+    assert_non_null(buf);
+    for (uint32_t h = 0; h < HEADS; h++)
+        for (uint32_t c = 0; c < n; c++) {
+            tokens[h * n + c] = PT;
+            gen_cluster(s->id, h, first + c, buf + ((size_t)h * n + c) * CL_BYTES);
+        }
+    assert_int_equal(gw_dp_upload(s->dp, true, 0, HEADS, heads, counts, tokens, buf, (size_t)HEADS * n * CL_BYTES,
+                                  ids), RI_OK);
+    assert_int_equal(ids[0], first);
+    free(tokens);
+    free(buf);
+}
+
+/* Fetch clusters [first0, first0 + FETCH_N) of head 0 and [first1, ..) of
+ * head 1; RI_OK only with every byte right.  *disk_p: entries served from
+ * disk. */
+static ri_status_t fetch2(sess_t *s, uint32_t first0, uint32_t first1, uint32_t *disk_p)
 {
     uint32_t heads[HEADS] = {0, 1}, counts[HEADS] = {FETCH_N, FETCH_N}, ids[HEADS * FETCH_N];
     uint8_t want[CL_BYTES];
@@ -124,7 +148,7 @@ static ri_status_t fetch(sess_t *s, uint32_t first, uint32_t *disk_p)
     ri_status_t st;
 
     for (uint32_t k = 0; k < HEADS * FETCH_N; k++)
-        ids[k] = first + k % FETCH_N;
+        ids[k] = (k < FETCH_N ? first0 : first1) + k % FETCH_N;
     st = gw_dp_fetch_ranked(s->dp, s->cache_id, 0, HEADS, heads, counts, ids, 0, 30000, &res);
     if (st != RI_OK)
         return st;
@@ -143,8 +167,13 @@ static ri_status_t fetch(sess_t *s, uint32_t first, uint32_t *disk_p)
     return st;
 }
 
+static ri_status_t fetch(sess_t *s, uint32_t first, uint32_t *disk_p)
+{
+    return fetch2(s, first, first, disk_p);
+}
+
 typedef struct slow_fetch {
-    uint32_t first;
+    uint32_t first, first1;
     ri_status_t st;
     uint32_t disk;
     uint64_t ns;
@@ -154,18 +183,19 @@ static void *slow_fetch_main(void *arg)
 {
     slow_fetch_t *f = arg;
     uint64_t t0 = cm_time_ns();
-    f->st = fetch(&g_a, f->first, &f->disk);
+    f->st = fetch2(&g_a, f->first, f->first1, &f->disk);
     f->ns = cm_time_ns() - t0;
     return NULL;
 }
 
 /* Arm the slow read, start A's fetch of clusters first.. on a thread, and
  * wait until it sits in the read. */
-static void start_slow(pthread_t *t, slow_fetch_t *f, uint32_t first)
+static void start_slow(pthread_t *t, slow_fetch_t *f, uint32_t first, uint32_t first1)
 {
     uint64_t deadline = cm_time_ns() + 5000000000ull;
 
     f->first = first;
+    f->first1 = first1;
     atomic_store(&g_armed, 1);
     assert_int_equal(pthread_create(t, NULL, slow_fetch_main, f), 0);
     while (!atomic_load(&g_in_slow) && cm_time_ns() < deadline)
@@ -181,7 +211,7 @@ static void test_other_session_not_held(void **state)
     uint64_t worst = 0, t_all = cm_time_ns();
     uint32_t disk_b = 0;
 
-    start_slow(&t, &f, 0);
+    start_slow(&t, &f, 0, 0);
     for (uint32_t i = 0; i < B_FETCHES; i++) {
         uint32_t disk = 0;
         uint64_t t0 = cm_time_ns();
@@ -202,6 +232,28 @@ static void test_other_session_not_held(void **state)
     assert_true(worst < (uint64_t)SLOW_MS * 1000000u / 4);
 }
 
+/* A's fetch takes head 0 from fresh, pool-resident clusters and head 1
+ * from disk (the slow read).  Meanwhile B appends enough to push the pool
+ * over its mark several times: the spills that follow would pick A's pool
+ * clusters (colder than B's new ones) and B's next appends would reuse
+ * their pages, but they are pinned: A's bytes arrive intact. */
+static void test_spill_skips_pinned(void **state)
+{
+    (void)state;
+    pthread_t t;
+    slow_fetch_t f = {0};
+
+    append(&g_a, CLUSTERS, FETCH_N);
+    start_slow(&t, &f, CLUSTERS, 2 * FETCH_N);
+    for (uint32_t i = 0; i < 4; i++)
+        append(&g_b, CLUSTERS + i * 64, 64);
+    bool overlapped = atomic_load(&g_in_slow) != 0;
+    assert_int_equal(pthread_join(t, NULL), 0);
+    assert_true(overlapped);
+    assert_int_equal(f.st, RI_OK);         /* every byte of A's pool clusters as uploaded */
+    assert_int_equal(f.disk, FETCH_N);     /* head 1 from disk, head 0 from the pool */
+}
+
 static void test_drop_during_read(void **state)
 {
     (void)state;
@@ -210,7 +262,7 @@ static void test_drop_during_read(void **state)
     uint32_t disk = 0;
     uint64_t freed = 0;
 
-    start_slow(&t, &f, 10 * FETCH_N);
+    start_slow(&t, &f, 10 * FETCH_N, 10 * FETCH_N);
     assert_int_equal(kvs_data_session_drop(g_data, "t", g_a.id, &freed), RI_OK);
     assert_int_equal(pthread_join(t, NULL), 0);
     assert_int_equal(f.st, RI_ERR_NOT_FOUND);
@@ -260,6 +312,7 @@ int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_other_session_not_held),
+        cmocka_unit_test(test_spill_skips_pinned),
         cmocka_unit_test(test_drop_during_read),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
