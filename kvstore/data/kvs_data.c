@@ -5,6 +5,7 @@
  * second from gRPC threads, concurrent with the data-plane thread.
  */
 #include "kvstore/data/kvs_internal.h"
+#include "kvstore/data/kvs_dp.h"
 
 #include <inttypes.h>
 #include <string.h>
@@ -256,7 +257,7 @@ kvs_session_t *kvs_session_find_locked(kvs_data_t *data, uint64_t id)
     return NULL;
 }
 
-void kvs_count_error_locked(kvs_data_t *data, ri_status_t st)
+void kvs_count_errors_locked(kvs_data_t *data, ri_status_t st, uint64_t n)
 {
     kvs_err_kind_t k;
 
@@ -271,7 +272,24 @@ void kvs_count_error_locked(kvs_data_t *data, ri_status_t st)
             : st == RI_ERR_NOSPACE ? KVS_ERRK_NOSPACE
                                    : KVS_ERRK_OTHER;
     }
-    data->errors[k]++;
+    data->errors[k] += n;
+}
+
+/* Start the transport with the operations' handler table; its services to
+ * the operations (direct regions) in data->xport. */
+static ri_status_t kvs_data_start_dp(kvs_data_t *data)
+{
+    kvs_dp_config_t dc = {.listen_addr = data->cfg.dp_listen_addr, .lanes = data->cfg.dp_lanes,
+                          .nice = data->cfg.dp_nice, .max_msg_bytes = data->cfg.max_msg_bytes,
+                          .drain_timeout_ms = data->cfg.drain_timeout_ms, .lease_ms = data->cfg.lease_ms};
+    kvs_handlers_t h;
+    ri_status_t st;
+
+    kvs_ops_handlers(data, &h);
+    st = kvs_dp_start(&dc, &h, &data->dp);
+    if (st == RI_OK)
+        data->xport = kvs_dp_xport(data->dp);
+    return st;
 }
 
 ri_status_t kvs_data_create(const kvs_data_config_t *cfg, kvs_data_t **data_p)
@@ -294,7 +312,6 @@ ri_status_t kvs_data_create(const kvs_data_config_t *cfg, kvs_data_t **data_p)
         data->cfg.drain_timeout_ms = 5000;
     data->next_id = 1;
     pthread_mutex_init(&data->lock, NULL);
-    pthread_rwlock_init(&data->move_lock, NULL);
     data->sessions = cm_calloc(&kvs_catalog_tag, KVS_MAX_SESSIONS, sizeof(*data->sessions));
     if (data->sessions == NULL) {
         st = RI_ERR_NOMEM;
@@ -311,7 +328,7 @@ ri_status_t kvs_data_create(const kvs_data_config_t *cfg, kvs_data_t **data_p)
             goto err_free_catalog;
     }
     if (!cfg->no_data_plane) {
-        st = kvs_dp_start(data, &data->dp);
+        st = kvs_data_start_dp(data);
         if (st != RI_OK)
             goto err_free_catalog;
     }
@@ -324,6 +341,7 @@ ri_status_t kvs_data_create(const kvs_data_config_t *cfg, kvs_data_t **data_p)
 err_stop_dp:
     kvs_dp_free(data->dp);
     data->dp = NULL;
+    data->xport = (kvs_xport_t){0};
 err_free_catalog:
     /* Sessions a recovery rebuilt; the spill store keeps its files. */
     pthread_mutex_lock(&data->lock);
@@ -340,7 +358,6 @@ err_free_sessions:
     cm_free(data->sessions);
 err_free_data:
     pthread_mutex_destroy(&data->lock);
-    pthread_rwlock_destroy(&data->move_lock);
     cm_free(data);
     return st;
 }
@@ -370,7 +387,6 @@ void kvs_data_destroy(kvs_data_t *data)
     cm_free(data->tenants);
     cm_free(data->sessions);
     pthread_mutex_destroy(&data->lock);
-    pthread_rwlock_destroy(&data->move_lock);
     cm_free(data);
 }
 

@@ -4,7 +4,8 @@
  * its worker find and read them without a round trip per step.  We keep the
  * ownership: what goes in the region, its accounting, and the coldness of
  * every cluster, which the worker reports after the fact in TOUCH batches.
- * The region's memory and its handover to the worker are in kvs_dp_region.c.
+ * The region's memory and its handover to the worker are the transport's
+ * (kvs_dp_region.c), reached through data->xport (kvs_handler.h).
  */
 #include <fcntl.h>
 #include <string.h>
@@ -35,7 +36,7 @@ static ri_status_t kvs_direct_make_locked(kvs_data_t *data, kvs_session_t *s)
     uint64_t bytes = kvs_direct_size(s);
     ri_status_t st;
 
-    if (data->dp == NULL || bytes == 0)
+    if (data->xport.ops == NULL || bytes == 0)
         return RI_ERR_UNSUPPORTED;
     r = cm_calloc(&kvs_direct_tag, 1, sizeof(*r));
     if (r == NULL)
@@ -47,9 +48,10 @@ static ri_status_t kvs_direct_make_locked(kvs_data_t *data, kvs_session_t *s)
     st = kvs_session_charge_locked(data, s, bytes);
     if (st != RI_OK)
         goto err_hold;
-    st = kvs_dp_region_alloc(data->dp, bytes, r);
+    st = data->xport.ops->region_alloc(data->xport.handle, bytes, &r->base, &r->fd);
     if (st != RI_OK)
         goto err_charge;
+    r->bytes = bytes;
     s->region = r;
     data->direct_regions++;
     data->direct_bytes += bytes;
@@ -69,7 +71,7 @@ ri_status_t kvs_direct_map(kvs_data_t *data, kvs_session_t *s, const cm_wire_hdr
                            size_t *reply_len_p)
 {
     cm_dp_map_t m;
-    const char *name = kvs_dp_handover_name(data->dp);
+    const char *name = data->xport.ops != NULL ? data->xport.ops->handover_name(data->xport.handle) : "";
     uint8_t *reply;
     ri_status_t st = RI_OK;
 
@@ -179,7 +181,8 @@ void kvs_direct_free_locked(kvs_data_t *data, kvs_session_t *s)
 
     if (r == NULL)
         return;
-    kvs_dp_region_free(data->dp, r);
+    if (data->xport.ops != NULL && r->base != NULL)
+        data->xport.ops->region_free(data->xport.handle, r->base, r->bytes, r->fd);
     kvs_pool_free(data->pool, r->hold_off, r->bytes);
     data->direct_regions--;
     data->direct_bytes -= r->bytes;

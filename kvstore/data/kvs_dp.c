@@ -15,10 +15,12 @@
  * kept as a UCX descriptor).  The thread decodes it; a rendezvous body is
  * received in the background (the secret is checked from the header first),
  * and the request is served when it is in, so a sender that stalls mid-body
- * holds no thread.  kvs_ops_serve decides; the reply goes out without waiting
- * for the peer (inline fetch data is copied to a buffer owned by the send).
- * Misses of an RMA fetch go with ucp_put into the buffer the worker
- * registered, then an ep flush, then the reply.
+ * holds no thread.  The transport delivers and a handler decides: the
+ * request goes to the operations' serve callback (kvs_handler.h) with a
+ * reply object, and the handler answers through it; the reply goes out
+ * without waiting for the peer (meta and data are copied to a buffer owned
+ * by the send).  This file never calls the operations but through that
+ * table (dp->h).
  * Idle policy: spin while there is traffic, then sleep on the worker's event
  * fd (ucp_worker_arm + poll) so that an idle daemon costs no CPU.
  */
@@ -121,11 +123,10 @@ static kvs_conn_t *kvs_dp_conn_of(kvs_dpw_t *w, const void *peer_key)
     return NULL;
 }
 
+/* Count a request the transport refused itself (no handler saw it). */
 static void kvs_dp_count_error(kvs_dpw_t *w, ri_status_t st)
 {
-    pthread_mutex_lock(&w->dp->data->lock);
-    kvs_count_error_locked(w->dp->data, st);
-    pthread_mutex_unlock(&w->dp->data->lock);
+    w->dp->h.account(w->dp->h.arg, 0, st, 1);
 }
 
 ucs_status_t kvs_dp_am_cb(void *arg, const void *header, size_t header_length, void *data, size_t length,
@@ -134,8 +135,8 @@ ucs_status_t kvs_dp_am_cb(void *arg, const void *header, size_t header_length, v
     kvs_dpw_t *w = arg;
     kvs_dreq_t *r;
 
-    /* Callbacks run inside ucp_worker_progress, also while a fetch of this
-     * thread holds data->move_lock: nothing here may take data->lock.  A
+    /* Callbacks run inside ucp_worker_progress: nothing here may call the
+     * handlers (they take the operations' lock).  A
      * request sent without UCP_AM_SEND_FLAG_REPLY (peer_key NULL) can never
      * be tied to a connection: it is counted and dropped when served. */
     const void *key = (param->recv_attr & UCP_AM_RECV_ATTR_FIELD_REPLY_EP) ? param->reply_ep : NULL;
@@ -273,16 +274,18 @@ static void kvs_dp_reply(kvs_conn_t *c, const cm_wire_hdr_t *req, ri_status_t st
     kvs_dp_send(c, r, meta_len);
 }
 
-ri_status_t kvs_dp_reply_data(kvs_dp_t *dp, void *conn, const cm_wire_hdr_t *req, const uint8_t *meta,
-                              size_t meta_len, const kvs_iov_t *iov, size_t n, uint64_t data_len)
+/* Send an OK reply to req whose meta is meta (meta_len) and whose data block
+ * is the n pieces of iov (data_len bytes).  The bytes are copied first, so
+ * the borrowed buffers are the caller's again on return and nothing waits
+ * for the peer. */
+static ri_status_t kvs_dp_reply_data(kvs_conn_t *c, const cm_wire_hdr_t *req, const uint8_t *meta, size_t meta_len,
+                                     const kvs_iov_t *iov, size_t n, uint64_t data_len)
 {
-    kvs_conn_t *c = conn;
     kvs_dpw_t *w = c->lane;
     kvs_reply_t *r;
     size_t total = meta_len + data_len, off;
     uint8_t *buf;
 
-    (void)dp;
     if (c->failed)
         return RI_ERR_CONN_RESET;
     r = kvs_dp_reply_new(w);
@@ -327,6 +330,34 @@ ri_status_t kvs_dp_reply_data(kvs_dp_t *dp, void *conn, const cm_wire_hdr_t *req
     kvs_dp_send(c, r, total);
     return RI_OK;
 }
+
+/* The reply object's handle: the connection and the request it answers. */
+typedef struct kvs_dp_answer {
+    kvs_conn_t *c;
+    const cm_wire_hdr_t *req;
+} kvs_dp_answer_t;
+
+static ri_status_t kvs_dp_answer_send(void *handle, ri_status_t st, const uint8_t *meta, size_t meta_len,
+                                      const kvs_iov_t *iov, size_t n, uint64_t data_len)
+{
+    kvs_dp_answer_t *a = handle;
+
+    uint8_t *copy = NULL;
+
+    if (st == RI_OK && data_len != 0)
+        return kvs_dp_reply_data(a->c, a->req, meta, meta_len, iov, n, data_len);
+    /* Meta only (or an error): a copy the send owns. */
+    if (st == RI_OK && meta_len != 0) {
+        copy = cm_malloc(&kvs_dp_tag, meta_len);
+        if (copy == NULL)
+            return RI_ERR_NOMEM;
+        memcpy(copy, meta, meta_len);
+    }
+    kvs_dp_reply(a->c, a->req, st, copy, st == RI_OK ? meta_len : 0);
+    return a->c->failed ? RI_ERR_CONN_RESET : RI_OK;
+}
+
+static const kvs_reply_ops_t kvs_dp_reply_ops = {.send = kvs_dp_answer_send};
 
 static void kvs_dreq_release(kvs_dpw_t *w, kvs_dreq_t *r)
 {
@@ -388,7 +419,7 @@ static ri_status_t kvs_dp_connect(kvs_dpw_t *w, kvs_dreq_t *r, const cm_wire_hdr
     if (r->peer_key == NULL || r->rndv || r->desc == NULL || h->data_len != 0 || h->meta_len == 0 ||
         h->meta_len > CM_DP_MAX_WORKER_ADDR)
         return RI_ERR_PROTOCOL;
-    st = kvs_ops_precheck(dp->data, h);
+    st = dp->h.precheck(dp->h.arg, h);
     if (st == RI_OK && h->session_id == 0)
         st = RI_ERR_UNAUTHENTICATED; /* a connection belongs to a session */
     if (st != RI_OK)
@@ -431,10 +462,8 @@ static ri_status_t kvs_dp_connect(kvs_dpw_t *w, kvs_dreq_t *r, const cm_wire_hdr
     w->conns = c;
     w->n_conns++;
     atomic_fetch_add(&dp->n_conns, 1);
-    pthread_mutex_lock(&dp->data->lock);
-    dp->data->ops[CM_WIRE_OP_CONNECT]++;
-    kvs_lease_conn_locked(dp->data, c->session_id, true); /* the connection holds the session */
-    pthread_mutex_unlock(&dp->data->lock);
+    dp->h.account(dp->h.arg, CM_WIRE_OP_CONNECT, RI_OK, 1);
+    dp->h.conn_event(dp->h.arg, c, c->session_id, true); /* the connection holds the session */
     cm_debug("dp: session %llu connected on lane %u (%u connections there)", (unsigned long long)h->session_id,
              w->index, w->n_conns);
     kvs_dp_reply(c, h, RI_OK, NULL, 0);
@@ -445,14 +474,11 @@ static ri_status_t kvs_dp_connect(kvs_dpw_t *w, kvs_dreq_t *r, const cm_wire_hdr
  * (its caches are released there, as for a failed one). */
 static void kvs_dp_disconnect(kvs_dpw_t *w, kvs_conn_t *c, const cm_wire_hdr_t *h)
 {
-    ri_status_t st = h->meta_len == 0 && h->data_len == 0 ? kvs_ops_precheck(w->dp->data, h) : RI_ERR_PROTOCOL;
+    kvs_dp_t *dp = w->dp;
+    ri_status_t st = h->meta_len == 0 && h->data_len == 0 ? dp->h.precheck(dp->h.arg, h) : RI_ERR_PROTOCOL;
     if (st == RI_OK && h->session_id != c->session_id)
         st = RI_ERR_UNAUTHENTICATED;
-    pthread_mutex_lock(&w->dp->data->lock);
-    w->dp->data->ops[CM_WIRE_OP_DISCONNECT]++;
-    if (st != RI_OK)
-        kvs_count_error_locked(w->dp->data, st);
-    pthread_mutex_unlock(&w->dp->data->lock);
+    dp->h.account(dp->h.arg, CM_WIRE_OP_DISCONNECT, st, 1);
     kvs_dp_reply(c, h, st, NULL, 0);
     if (st == RI_OK) {
         c->failed = true;
@@ -483,14 +509,14 @@ static ri_status_t kvs_dp_decode(kvs_dpw_t *w, kvs_dreq_t *r, cm_wire_hdr_t *h)
     return st;
 }
 
-/* Serve r (header decoded into r->h with status st, body complete) on its
- * connection, reply, and free r. */
+/* Deliver r (header decoded into r->h with status st, body complete) to
+ * the serve handler with a reply object for its connection, and free r.  A
+ * request that failed before (decode, receive) is answered here. */
 static void kvs_dp_finish(kvs_dpw_t *w, kvs_dreq_t *r, ri_status_t st, const uint8_t *body)
 {
     kvs_conn_t *c = kvs_dp_conn_of(w, r->peer_key);
-    uint8_t *reply = NULL;
-    size_t reply_len = 0;
-    bool replied = false;
+    kvs_dp_answer_t a = {.c = c, .req = &r->h};
+    kvs_reply_obj_t reply = {.ops = &kvs_dp_reply_ops, .handle = &a, .conn = c};
 
     if (c == NULL) {
         /* Not connected, or its connection went while the body came in. */
@@ -498,20 +524,15 @@ static void kvs_dp_finish(kvs_dpw_t *w, kvs_dreq_t *r, ri_status_t st, const uin
         kvs_dreq_release(w, r);
         return;
     }
-    if (st == RI_OK)
-        st = kvs_ops_serve(w->dp->data, c, &r->h, body, &reply, &reply_len, &replied);
-    if (st != RI_OK) {
+    if (st == RI_OK) {
+        w->dp->h.serve(w->dp->h.arg, &r->h, body, &reply);
+    } else {
         kvs_dp_count_error(w, st);
         cm_debug("dp: %s request %llu: %s", cm_wire_op_name(r->h.op), (unsigned long long)r->h.request_id,
                  ri_status_str(st));
-        cm_free(reply);
-        reply = NULL;
-        reply_len = 0;
     }
-    if (!replied)
-        kvs_dp_reply(c, &r->h, st, reply, reply_len);
-    else
-        cm_free(reply);
+    if (!reply.sent) /* refused above, or a handler that did not answer: the peer still hears */
+        (void)kvs_reply_send(&reply, st != RI_OK ? st : RI_ERR_INTERNAL, NULL, 0, NULL, 0, 0);
     kvs_dreq_release(w, r);
 }
 
@@ -549,7 +570,7 @@ static ri_status_t kvs_dp_receive(kvs_dpw_t *w, kvs_dreq_t *r)
         return RI_OK;
     }
     r->recv_req = req;
-    r->deadline_ns = cm_time_ns() + (uint64_t)w->dp->data->cfg.drain_timeout_ms * 1000000u;
+    r->deadline_ns = cm_time_ns() + (uint64_t)w->dp->cfg.drain_timeout_ms * 1000000u;
     kvs_dq_push(&w->receiving, r);
     return RI_OK;
 }
@@ -657,7 +678,7 @@ static void kvs_dp_serve_new(kvs_dpw_t *w, kvs_dreq_t *r)
      * in: a wrong secret costs the daemon no allocation and no transfer (the
      * descriptor is released, which declines the data). */
     if (c != NULL && st == RI_OK && r->rndv)
-        st = kvs_ops_precheck(w->dp->data, &r->h);
+        st = w->dp->h.precheck(w->dp->h.arg, &r->h);
     if (c != NULL && st == RI_OK && r->rndv) {
         st = kvs_dp_receive(w, r);
         if (st == RI_OK)
@@ -670,10 +691,7 @@ static void kvs_dp_close_conn(kvs_dpw_t *w, kvs_conn_t *c)
 {
     /* The connection's caches go with it; its session's lease starts
      * running again when this was its last connection. */
-    kvs_ops_conn_closed(w->dp->data, c);
-    pthread_mutex_lock(&w->dp->data->lock);
-    kvs_lease_conn_locked(w->dp->data, c->session_id, false);
-    pthread_mutex_unlock(&w->dp->data->lock);
+    w->dp->h.conn_event(w->dp->h.arg, c, c->session_id, false);
     kvs_dp_ep_close(w, c->ep, c->graceful);
     w->n_conns--;
     atomic_fetch_sub(&w->dp->n_conns, 1);
@@ -683,14 +701,14 @@ static void kvs_dp_close_conn(kvs_dpw_t *w, kvs_conn_t *c)
 static void kvs_dp_gc(kvs_dpw_t *w)
 {
     if (w->dropped_proto != 0 || w->dropped_quota != 0) {
-        kvs_data_t *data = w->dp->data;
+        kvs_dp_t *dp = w->dp;
         cm_warn("dp: lane %u refused %llu message(s) beyond %u queued per connection and %llu from peers with no "
                 "connection", w->index, (unsigned long long)w->dropped_quota, KVS_DP_MAX_INFLIGHT,
                 (unsigned long long)w->dropped_proto);
-        pthread_mutex_lock(&data->lock);
-        data->errors[KVS_ERRK_QUOTA] += w->dropped_quota;
-        data->errors[KVS_ERRK_PROTOCOL] += w->dropped_proto;
-        pthread_mutex_unlock(&data->lock);
+        if (w->dropped_quota != 0)
+            dp->h.account(dp->h.arg, 0, RI_ERR_QUOTA, w->dropped_quota);
+        if (w->dropped_proto != 0)
+            dp->h.account(dp->h.arg, 0, RI_ERR_PROTOCOL, w->dropped_proto);
         w->dropped_proto = w->dropped_quota = 0;
     }
     for (kvs_conn_t **pc = &w->conns; *pc != NULL;) {
@@ -746,7 +764,7 @@ void *kvs_dp_lane_main(void *arg)
     kvs_dp_t *dp = w->dp;
     uint64_t idle = 0, stop_deadline = 0, last_busy = cm_time_ns();
 
-    kvs_dp_lane_nice(w, dp->data->cfg.dp_nice);
+    kvs_dp_lane_nice(w, dp->cfg.nice);
 
     for (;;) {
         unsigned n = ucp_worker_progress(w->worker);
@@ -767,7 +785,7 @@ void *kvs_dp_lane_main(void *arg)
         if (atomic_load(&dp->stop)) {
             /* Drain: keep serving what arrives for a short while, bounded. */
             if (stop_deadline == 0)
-                stop_deadline = cm_time_ns() + CM_MIN((uint64_t)dp->data->cfg.drain_timeout_ms, 200u) * 1000000u;
+                stop_deadline = cm_time_ns() + CM_MIN((uint64_t)dp->cfg.drain_timeout_ms, 200u) * 1000000u;
             if (cm_time_ns() > stop_deadline)
                 break;
         }
@@ -813,5 +831,4 @@ void kvs_dp_lane_free_replies(kvs_dpw_t *w)
     w->stage_busy = false;
 }
 
-/* ---- what kvs_ops calls ---- */
 

@@ -20,7 +20,8 @@
 
 #include "common/cm_dp_direct.h"
 #include "common/cm_dp_proto.h"
-#include "kvstore/data/kvs_internal.h"
+#include "kvstore/data/kvs_dp.h"
+#include "kvstore/data/kvs_handler.h"
 
 #define KVS_DP_MAX_LANES 64u
 
@@ -85,7 +86,9 @@ struct kvs_dpw {
 };
 
 struct kvs_dp {
-    kvs_data_t *data;
+    kvs_handlers_t h;                 /* the operations (kvs_handler.h) */
+    kvs_dp_config_t cfg;              /* copy; listen_addr points to listen_addr */
+    char listen_addr[128];
     ucp_context_h ctx;
     char net_dev[IF_NAMESIZE + 1];    /* UCX network device we restrict to ("" = all) */
     uint64_t max_body;
@@ -118,5 +121,15 @@ void kvs_dp_lane_free_replies(kvs_dpw_t *w);
 
 /* UCX status to ours. */
 ri_status_t kvs_dp_status(ucs_status_t s);
+
+/* Direct regions and the handover socket (kvs_dp_region.c); the first three
+ * are the kvs_xport_ops_t the operations get (handle: the kvs_dp_t). */
+ri_status_t kvs_dp_region_alloc(void *handle, uint64_t bytes, uint8_t **base_p, int *fd_p);
+void kvs_dp_region_free(void *handle, uint8_t *base, uint64_t bytes, int fd);
+const char *kvs_dp_handover_name(void *handle);
+/* Start / stop the handover socket and its thread; the data plane does it
+ * with its lanes.  Stop is idempotent. */
+ri_status_t kvs_dp_handover_start(kvs_dp_t *dp);
+void kvs_dp_handover_stop(kvs_dp_t *dp);
 
 #endif /* KVS_DP_LANE_H */

@@ -40,12 +40,12 @@
 #include "common/cm_time.h"
 #include "common/cm_wire.h"
 #include "kvstore/data/kvs_dp_lane.h"
-#include "kvstore/data/kvs_internal.h"
 
 #define KVS_HO_DEADLINE_MS 1000 /* a connection's whole request, from accept */
 
-ri_status_t kvs_dp_region_alloc(kvs_dp_t *dp, uint64_t bytes, kvs_region_t *r)
+ri_status_t kvs_dp_region_alloc(void *handle, uint64_t bytes, uint8_t **base_p, int *fd_p)
 {
+    kvs_dp_t *dp = handle;
     void *base;
     int fd, e;
 
@@ -73,9 +73,8 @@ ri_status_t kvs_dp_region_alloc(kvs_dp_t *dp, uint64_t bytes, kvs_region_t *r)
         e = errno;
         goto err_unmap;
     }
-    r->base = base;
-    r->bytes = bytes;
-    r->fd = fd;
+    *base_p = base;
+    *fd_p = fd;
     return RI_OK;
 
 err_unmap:
@@ -87,19 +86,18 @@ err_log:
     return e == ENOMEM || e == ENOSPC ? RI_ERR_NOMEM : RI_ERR_UNSUPPORTED;
 }
 
-void kvs_dp_region_free(kvs_dp_t *dp, kvs_region_t *r)
+void kvs_dp_region_free(void *handle, uint8_t *base, uint64_t bytes, int fd)
 {
-    (void)dp;
-    if (r == NULL || r->base == NULL)
+    (void)handle;
+    if (base == NULL)
         return;
-    munmap(r->base, r->bytes);
-    close(r->fd);
-    r->base = NULL;
-    r->fd = -1;
+    munmap(base, bytes);
+    close(fd);
 }
 
-const char *kvs_dp_handover_name(const kvs_dp_t *dp)
+const char *kvs_dp_handover_name(void *handle)
 {
+    const kvs_dp_t *dp = handle;
     return dp != NULL && dp->ho_fd >= 0 ? dp->ho_name : "";
 }
 
@@ -163,7 +161,7 @@ static void kvs_ho_serve(kvs_dp_t *dp, int conn)
         return; /* nothing complete in time: close without a word */
     st = cm_dp_handover_req_decode(req, sizeof(req), &sid, &secret);
     if (st == RI_OK)
-        st = kvs_direct_handover(dp->data, sid, secret, &fd, &bytes);
+        st = dp->h.handover(dp->h.arg, sid, secret, &fd, &bytes);
     if (st != RI_OK) {
         cm_warn("dp: handover refused (session %" PRIu64 "): %s", sid, ri_status_str(st));
         kvs_ho_reply(conn, st, 0, -1);

@@ -200,7 +200,6 @@ static void kvs_dp_tls(char *out, size_t cap)
 /* The ucp context (no RMA: cm_ucx.h); dp->ctx on success. */
 static ri_status_t kvs_dp_context(kvs_dp_t *dp, const struct sockaddr_storage *ss, const char *host)
 {
-    kvs_data_t *data = dp->data;
     ucp_config_t *config = NULL;
     char tls[256];
     ri_status_t st;
@@ -213,18 +212,18 @@ static ri_status_t kvs_dp_context(kvs_dp_t *dp, const struct sockaddr_storage *s
     if (st != RI_OK)
         goto err;
     kvs_dp_config_devices(dp, config, ss, host);
-    kvs_dp_config_keepalive(config, data->cfg.lease_ms);
+    kvs_dp_config_keepalive(config, dp->cfg.lease_ms);
     st = cm_ucx_context("ri-kvstore", config, false, &dp->ctx);
     ucp_config_release(config);
     if (st != RI_OK)
         goto err;
     return RI_OK;
 err:
-    cm_error("dp: UCX start failed on %s: %s", data->cfg.dp_listen_addr, ri_status_str(st));
+    cm_error("dp: UCX start failed on %s: %s", dp->cfg.listen_addr, ri_status_str(st));
     return st == RI_ERR_BUSY ? RI_ERR_BUSY : RI_ERR_TRANSPORT;
 }
 
-ri_status_t kvs_dp_start(kvs_data_t *data, kvs_dp_t **dp_p)
+ri_status_t kvs_dp_start(const kvs_dp_config_t *cfg, const kvs_handlers_t *h, kvs_dp_t **dp_p)
 {
     kvs_dp_t *dp;
     struct sockaddr_storage ss;
@@ -237,10 +236,13 @@ ri_status_t kvs_dp_start(kvs_data_t *data, kvs_dp_t **dp_p)
     dp = cm_calloc(&kvs_dp_setup_tag, 1, sizeof(*dp));
     if (dp == NULL)
         return RI_ERR_NOMEM;
-    dp->data = data;
+    dp->h = *h;
+    dp->cfg = *cfg;
+    snprintf(dp->listen_addr, sizeof(dp->listen_addr), "%s", cfg->listen_addr ? cfg->listen_addr : "127.0.0.1:0");
+    dp->cfg.listen_addr = dp->listen_addr;
     dp->ho_fd = -1;
-    dp->max_body = data->cfg.max_msg_bytes;
-    dp->n_lanes = data->cfg.dp_lanes ? CM_MIN(data->cfg.dp_lanes, KVS_DP_MAX_LANES) : 2;
+    dp->max_body = cfg->max_msg_bytes;
+    dp->n_lanes = cfg->lanes ? CM_MIN(cfg->lanes, KVS_DP_MAX_LANES) : 2;
     atomic_init(&dp->stop, false);
     atomic_init(&dp->n_conns, 0);
     dp->lanes = cm_calloc(&kvs_dp_setup_tag, dp->n_lanes, sizeof(*dp->lanes));
@@ -248,12 +250,12 @@ ri_status_t kvs_dp_start(kvs_data_t *data, kvs_dp_t **dp_p)
         st = RI_ERR_NOMEM;
         goto err_free;
     }
-    if (cm_net_resolve(data->cfg.dp_listen_addr, true, &ss, &sl, host, sizeof(host)) != RI_OK) {
+    if (cm_net_resolve(dp->cfg.listen_addr, true, &ss, &sl, host, sizeof(host)) != RI_OK) {
         st = RI_ERR_INVALID;
-        cm_error("dp: bad interface address '%s'", data->cfg.dp_listen_addr);
+        cm_error("dp: bad interface address '%s'", dp->cfg.listen_addr);
         goto err_free;
     }
-    if (!cm_net_split(data->cfg.dp_listen_addr, host, sizeof(host), &port))
+    if (!cm_net_split(dp->cfg.listen_addr, host, sizeof(host), &port))
         port = 0;
     cm_ucx_env_once();
     kvs_dp_config_port(port, dp->n_lanes);
@@ -331,4 +333,11 @@ const char *kvs_dp_address(const kvs_dp_t *dp, uint64_t session_id)
 uint32_t kvs_dp_lanes(const kvs_dp_t *dp)
 {
     return dp->n_lanes;
+}
+
+kvs_xport_t kvs_dp_xport(kvs_dp_t *dp)
+{
+    static const kvs_xport_ops_t ops = {.region_alloc = kvs_dp_region_alloc, .region_free = kvs_dp_region_free,
+                                        .handover_name = kvs_dp_handover_name};
+    return (kvs_xport_t){.ops = &ops, .handle = dp};
 }

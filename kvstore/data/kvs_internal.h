@@ -1,16 +1,22 @@
 /*
  * Private structures of kvstore/data shared by its files: the catalog
  * (sessions, cluster tables, tenants), counters, and the hooks between the
- * catalog (kvs_data.c), the op handlers (kvs_ops.c) and the UCX transport
- * (kvs_dp.c).  Not for use outside kvstore/data.
+ * catalog (kvs_data.c), the op handlers (kvs_ops.c), the spill tier
+ * (kvs_tier.c) and direct regions (kvs_direct.c).  Not for use outside
+ * kvstore/data.
  *
  * Locking: data->lock guards the session list, tenants, every session's
- * tables/extents/caches and the counters that are not atomics.  A data-plane
- * thread holds it while it decides an op, and drops it while bulk bytes move
- * (uploads copy into pool pages that nobody else references yet; fetches read
- * pool pages of a session they hold a reference to, under move_lock so that
- * no spill frees them meanwhile).  Each session is served by one data-plane
- * thread only (its lane), so its caches are touched by one thread.
+ * tables/extents/caches and the counters that are not atomics.  It is never
+ * held across a read-back's disk I/O nor while reply bytes move: a fetch
+ * plans and pins its misses under it (kvs_cluster_t.pins: a pinned cluster
+ * is never spilled), reads disk records and sends without it, and re-takes
+ * it to commit and to unpin (docs/kvstore-data.md "Locking").  A request
+ * holds a session reference, so the session outlives a drop meanwhile.
+ * Each session is served by one data-plane thread only (its lane), so its
+ * caches and tables are changed by one thread.
+ *
+ * This is the operations' header: the transport (kvs_dp*) never includes
+ * it; the two meet in kvs_handler.h (dependency order there).
  */
 #ifndef KVS_INTERNAL_H
 #define KVS_INTERNAL_H
@@ -20,6 +26,7 @@
 
 #include "kvstore/data/kvs_cache.h"
 #include "kvstore/data/kvs_data.h"
+#include "kvstore/data/kvs_handler.h"
 #include "kvstore/data/kvs_pool.h"
 
 #define KVS_TIER_POOL 0u      /* bytes are in the host pool at `off` */
@@ -40,6 +47,7 @@ typedef struct kvs_cluster {
     uint8_t tier;            /* KVS_TIER_* */
     bool direct;             /* off is in the session's direct region, not the pool */
     bool no_crc;             /* recovered from disk: crc unknown, the spill record's CRC stands */
+    uint32_t pins;           /* fetches using it without data->lock: never spilled or freed while > 0 */
 } kvs_cluster_t;
 
 /* The cluster table of one (layer, KV head). */
@@ -56,7 +64,7 @@ typedef struct kvs_sextent {
 /* A worker's block cache registered on a session. */
 typedef struct kvs_wcache {
     uint32_t id;             /* 1.. within the session */
-    void *conn;              /* transport connection that registered it (kvs_dp) */
+    const void *conn;        /* transport connection that registered it: an identity, never dereferenced */
     uint64_t recv_addr;      /* receive buffer address in the worker */
     uint64_t recv_len;       /* its length */
     kvs_cache_t *dir;        /* directory + LRU */
@@ -135,10 +143,6 @@ struct kvs_data {
     char listen_addr[128];
     kvs_pool_t *pool;
     pthread_mutex_t lock;
-    /* Read-held by a fetch while its bytes move (taken with lock held,
-     * released without it); write-held by a spill (with lock held) before it
-     * frees pool pages: no page a fetch is sending is freed under it. */
-    pthread_rwlock_t move_lock;
     kvs_session_t **sessions;        /* KVS_MAX_SESSIONS slots */
     uint32_t n_sessions;
     uint64_t next_id;
@@ -148,7 +152,8 @@ struct kvs_data {
     uint64_t global_charged;
     uint64_t meta_charged;           /* cache directories of all sessions (heap, own cap) */
     bool draining;
-    kvs_dp_t *dp;                    /* UCX data plane (NULL when not started) */
+    kvs_dp_t *dp;                    /* UCX data plane (NULL when not started); only kvs_data.c uses it */
+    kvs_xport_t xport;               /* its services to the operations (ops NULL when not started) */
     /* spill tier (kvs_tier.c); spill == NULL when off */
     char spill_dir[4096];            /* cfg.spill_dir points here */
     struct kvs_spill *spill;         /* owned */
@@ -224,8 +229,8 @@ void kvs_lease_stop(kvs_data_t *data);
  * one closes.  Lock held; an id no longer in the catalog is ignored. */
 void kvs_lease_conn_locked(kvs_data_t *data, uint64_t session_id, bool up);
 
-/* Count an error reply. */
-void kvs_count_error_locked(kvs_data_t *data, ri_status_t st);
+/* Count n error replies of status st. */
+void kvs_count_errors_locked(kvs_data_t *data, ri_status_t st, uint64_t n);
 
 /* Pages a cluster of `tokens` takes. */
 static inline uint64_t kvs_cluster_pages(const kvs_session_t *s, uint32_t tokens)
@@ -264,64 +269,11 @@ void kvs_direct_free_locked(kvs_data_t *data, kvs_session_t *s);
 ri_status_t kvs_direct_handover(kvs_data_t *data, uint64_t session_id, const uint8_t secret[CM_WIRE_SECRET_SIZE],
                                 int *fd_p, uint64_t *bytes_p);
 
-/* --- op handlers (kvs_ops.c), called by the data-plane thread, lock not held --- */
+/* --- op handlers (kvs_ops.c) --- */
 
-/* Serve one request whose header decoded and whose body (meta || data,
- * hdr->meta_len + hdr->data_len bytes) is complete.  conn: the transport
- * connection it came on.  On return *reply_p / *reply_len_p hold the reply
- * meta (cm_malloc'd, caller frees; NULL/0 when none) and the status is the
- * reply's status. */
-/* Is the header's session known and its secret right?  Checked before a
- * large body is received, so that a caller without the secret cannot make
- * the daemon take it in (RI_ERR_UNAUTHENTICATED otherwise). */
-ri_status_t kvs_ops_precheck(kvs_data_t *data, const cm_wire_hdr_t *hdr);
-
-ri_status_t kvs_ops_serve(kvs_data_t *data, void *conn, const cm_wire_hdr_t *hdr, const uint8_t *body,
-                          uint8_t **reply_p, size_t *reply_len_p, bool *replied_p);
-
-/* A connection went away: free the caches it registered. */
-void kvs_ops_conn_closed(kvs_data_t *data, void *conn);
-
-/* --- transport (kvs_dp.c) --- */
-
-
-/* Make a direct region of bytes: an anonymous memory file, sealed at that
- * size, mapped here; fills base, bytes, fd of r.  RI_ERR_UNSUPPORTED when
- * the handover socket is not up (no worker could receive it).  Any thread. */
-ri_status_t kvs_dp_region_alloc(kvs_dp_t *dp, uint64_t bytes, kvs_region_t *r);
-
-/* Unmap and close a region made by kvs_dp_region_alloc; any thread.  A
- * worker that received its descriptor keeps its mapping. */
-void kvs_dp_region_free(kvs_dp_t *dp, kvs_region_t *r);
-
-/* The handover socket's abstract name (no leading NUL), "" when it is not up. */
-const char *kvs_dp_handover_name(const kvs_dp_t *dp);
-
-/* Start / stop the handover socket and its thread (kvs_dp_region.c); the
- * data plane does it with its lanes.  Stop is idempotent. */
-ri_status_t kvs_dp_handover_start(kvs_dp_t *dp);
-void kvs_dp_handover_stop(kvs_dp_t *dp);
-
-/* One piece of a reply's data block. */
-typedef struct kvs_iov {
-    const void *buf;
-    size_t len;
-} kvs_iov_t;
-
-/* Send an OK reply to req whose meta is meta (meta_len) and whose data block
- * is the n pieces of iov (data_len bytes).  The bytes are copied first, so
- * the borrowed buffers are the caller's again on return and nothing waits
- * for the peer. */
-ri_status_t kvs_dp_reply_data(kvs_dp_t *dp, void *conn, const cm_wire_hdr_t *req, const uint8_t *meta,
-                              size_t meta_len, const kvs_iov_t *iov, size_t n, uint64_t data_len);
-
-ri_status_t kvs_dp_start(kvs_data_t *data, kvs_dp_t **dp_p);
-/* Stop the thread, finishing in-flight ops within the drain bound. */
-void kvs_dp_stop(kvs_dp_t *dp);
-/* The data-plane address of the lane that serves session_id ("ucx:HEX"). */
-const char *kvs_dp_address(const kvs_dp_t *dp, uint64_t session_id);
-uint32_t kvs_dp_lanes(const kvs_dp_t *dp);
-void kvs_dp_free(kvs_dp_t *dp);
+/* The handler table the transport is started with (kvs_handler.h): every
+ * request, connection event and handover goes through it.  h->arg is data. */
+void kvs_ops_handlers(kvs_data_t *data, kvs_handlers_t *h);
 
 /* --- spill tier (kvs_tier.c); every _locked function takes data->lock held --- */
 
@@ -354,17 +306,37 @@ void kvs_tier_relieve_locked(kvs_data_t *data);
  * most recently used. */
 void kvs_tier_touch_locked(kvs_data_t *data, const kvs_session_t *s, uint32_t layer, uint32_t head, uint32_t id);
 
-/* Read the disk-resident misses of one fetch in one batch, verify them and
- * point src[i] into *buf_p (cm_malloc'd, the caller frees).  idx[0..n) are
- * the plan entries, keys/tokens theirs.  A record failing its checksum marks
- * the cluster lost and answers RI_ERR_CORRUPT. */
+/* Reading a fetch's disk-resident misses back, in three steps so that the
+ * disk I/O runs without data->lock:
+ *   kvs_tier_read_plan_locked  (lock held) records what to read and pins each
+ *                              cluster (c->pins) so that nothing frees it;
+ *   kvs_tier_read              (lock NOT held) reads the batch from the spill
+ *                              store and verifies each record against the
+ *                              CRC the plan captured;
+ *   kvs_tier_read_finish_locked (lock held) marks a cluster whose record
+ *                              failed verification lost.
+ * The caller unpins with kvs_tier_unpin_locked when its bytes are out. */
 typedef struct kvs_tier_read {
     uint32_t layer, head, id;  /* cluster */
     uint64_t bytes;            /* payload bytes expected */
+    uint32_t crc;              /* its CRC32C as uploaded (plan) */
+    bool no_crc;               /* crc unknown (recovered): the record's own CRC stands */
+    ri_status_t status;        /* out: RI_OK, RI_ERR_CORRUPT, or the read's error */
     const uint8_t *src;        /* out: where its bytes are */
 } kvs_tier_read_t;
-ri_status_t kvs_tier_read_locked(kvs_data_t *data, kvs_session_t *s, kvs_tier_read_t *rd, size_t n,
-                                 uint8_t **buf_p);
+void kvs_tier_read_plan_locked(kvs_session_t *s, uint32_t layer, uint32_t head, uint32_t id, kvs_tier_read_t *rd);
+/* Read rd[0..n) of session_id into one buffer (*buf_p, cm_malloc'd, the
+ * caller frees) and point each rd[i].src into it.  The first error (a
+ * CORRUPT one first), nothing in *buf_p then. */
+ri_status_t kvs_tier_read(kvs_data_t *data, uint64_t session_id, kvs_tier_read_t *rd, size_t n, uint8_t **buf_p);
+void kvs_tier_read_finish_locked(kvs_data_t *data, kvs_session_t *s, const kvs_tier_read_t *rd, size_t n);
+
+/* Pin / unpin a cluster a fetch uses without the lock: a pinned cluster is
+ * never spilled (its pool pages stay where the fetch reads them).  Unpinning
+ * the last pin of a pool-resident cluster makes it the most recently used
+ * again (a spill that skipped it took it off the coldness list). */
+void kvs_tier_pin_locked(kvs_session_t *s, uint32_t layer, uint32_t head, uint32_t id);
+void kvs_tier_unpin_locked(kvs_data_t *data, kvs_session_t *s, uint32_t layer, uint32_t head, uint32_t id);
 
 /* Free the pool extents of s's pool-resident clusters (session free). */
 void kvs_tier_session_free_locked(kvs_data_t *data, kvs_session_t *s);

@@ -34,8 +34,11 @@ static ri_status_t kvs_ops_auth_locked(kvs_data_t *data, const cm_wire_hdr_t *hd
     return RI_OK;
 }
 
-ri_status_t kvs_ops_precheck(kvs_data_t *data, const cm_wire_hdr_t *hdr)
+/* Is the header's session known and its secret right?  Checked before a
+ * large body is received (RI_ERR_UNAUTHENTICATED otherwise). */
+static ri_status_t kvs_ops_precheck(void *arg, const cm_wire_hdr_t *hdr)
 {
+    kvs_data_t *data = arg;
     kvs_session_t *s = NULL;
     if (hdr->op == CM_WIRE_OP_PING && hdr->session_id == 0)
         return RI_OK;
@@ -68,12 +71,80 @@ static ri_status_t kvs_table_reserve(kvs_table_t *t, uint64_t more)
     return RI_OK;
 }
 
+/* What an upload's meta decided, validated against the session before the
+ * lock is taken. */
+typedef struct kvs_upload {
+    cm_dp_clusters_view_t v;
+    uint64_t head_bytes[CM_DP_MAX_HEADS];  /* bytes of each listed head's clusters */
+    uint64_t head_off[CM_DP_MAX_HEADS];    /* where they go (pool or region offset) */
+    bool in_region[CM_DP_MAX_HEADS];       /* the head goes to the session's direct region */
+    uint64_t total;                        /* data_len */
+    const uint8_t *src;                    /* the data block */
+    uint8_t *reply;                        /* reply meta (owned) */
+} kvs_upload_t;
+
+/* Decode and check the meta: heads and tokens in range, no head twice, the
+ * pages adding up to data_len exactly.  Lock not held. */
+static ri_status_t kvs_upload_decode(const kvs_session_t *s, const cm_wire_hdr_t *hdr, const uint8_t *body,
+                                     kvs_upload_t *u)
+{
+    bool seen[CM_DP_MAX_HEADS] = {false};
+    uint64_t k = 0;
+    ri_status_t st = cm_dp_clusters_decode(body, hdr->meta_len, &u->v);
+
+    if (st != RI_OK)
+        return st;
+    if (u->v.layer >= s->geo.layers || u->v.n_heads > s->geo.kv_heads)
+        return RI_ERR_RANGE;
+    for (uint32_t i = 0; i < u->v.n_heads; i++) {
+        uint32_t head = cm_dp_clusters_head(&u->v, i), n = cm_dp_clusters_count(&u->v, i);
+        if (head >= s->geo.kv_heads)
+            return RI_ERR_RANGE;
+        if (seen[head])
+            return RI_ERR_INVALID;
+        seen[head] = true;
+        u->head_bytes[i] = 0;
+        for (uint32_t j = 0; j < n; j++, k++) {
+            uint32_t tok = cm_dp_clusters_tokens(&u->v, k);
+            if (tok == 0 || tok > CM_DP_MAX_CLUSTER_TOKENS)
+                return RI_ERR_RANGE;
+            u->head_bytes[i] += kvs_cluster_pages(s, tok) * s->page_bytes;
+            if (u->head_bytes[i] > hdr->data_len)
+                return RI_ERR_PROTOCOL; /* also keeps the sums from overflowing */
+        }
+        u->total += u->head_bytes[i];
+        if (u->total > hdr->data_len)
+            return RI_ERR_PROTOCOL;
+    }
+    if (u->total != hdr->data_len)
+        return RI_ERR_PROTOCOL;
+    u->src = body + hdr->meta_len;
+    return RI_OK;
+}
+
+/* Room in the tables (and for the extents) before anything is placed, so
+ * that publishing cannot fail.  An UPLOAD (not an append) needs empty tables. */
+static ri_status_t kvs_upload_reserve_locked(kvs_session_t *s, const kvs_upload_t *u, bool append)
+{
+    for (uint32_t i = 0; i < u->v.n_heads; i++) {
+        kvs_table_t *t = &s->tables[(uint64_t)u->v.layer * s->geo.kv_heads + cm_dp_clusters_head(&u->v, i)];
+        ri_status_t st;
+        if (!append && t->n != 0)
+            return RI_ERR_EXISTS;
+        st = kvs_table_reserve(t, cm_dp_clusters_count(&u->v, i));
+        if (st != RI_OK)
+            return st;
+    }
+    return kvs_session_reserve_extents_locked(s, u->v.n_heads);
+}
+
 /* Upload with the spill tier on: one pool extent per cluster, owned by its
  * table entry (so that spilling it frees its pages), then publish and track
  * coldness.  Validation is done; lock held; tables reserved. */
-static ri_status_t kvs_ops_upload_tiered_locked(kvs_data_t *data, kvs_session_t *s, const cm_dp_clusters_view_t *v,
-                                                const uint8_t *src, uint8_t *reply)
+static ri_status_t kvs_upload_tiered_locked(kvs_data_t *data, kvs_session_t *s, const kvs_upload_t *u)
 {
+    const cm_dp_clusters_view_t *v = &u->v;
+    const uint8_t *src = u->src;
     uint64_t n = 0, k = 0, *sizes, *offs;
     ri_status_t st;
 
@@ -93,8 +164,8 @@ static ri_status_t kvs_ops_upload_tiered_locked(kvs_data_t *data, kvs_session_t 
     for (uint32_t i = 0; i < v->n_heads; i++) {
         uint32_t head = cm_dp_clusters_head(v, i), cnt = cm_dp_clusters_count(v, i);
         kvs_table_t *t = &s->tables[(uint64_t)v->layer * s->geo.kv_heads + head];
-        cm_dp_put32(reply + 8 + 8u * i, head);
-        cm_dp_put32(reply + 12 + 8u * i, t->n);
+        cm_dp_put32(u->reply + 8 + 8u * i, head);
+        cm_dp_put32(u->reply + 12 + 8u * i, t->n);
         for (uint32_t j = 0; j < cnt; j++, k++) {
             memcpy(kvs_pool_base(data->pool) + offs[k], src, sizes[k]);
             t->c[t->n] = (kvs_cluster_t){.off = offs[k], .tokens = cm_dp_clusters_tokens(v, k),
@@ -111,149 +182,120 @@ out:
     return st;
 }
 
-static ri_status_t kvs_ops_upload(kvs_data_t *data, kvs_session_t *s, const cm_wire_hdr_t *hdr, const uint8_t *body,
-                                  bool append, uint8_t **reply_p, size_t *reply_len_p)
+/* Without a spill tier (or when the upload fits the direct region whole):
+ * heads that fit go to the session's direct region (charged when it was
+ * made), the rest to one pool extent per head, charged now.  All or
+ * nothing.  Lock held. */
+static ri_status_t kvs_upload_place_locked(kvs_data_t *data, kvs_session_t *s, kvs_upload_t *u)
 {
-    cm_dp_clusters_view_t v;
-    uint64_t head_bytes[CM_DP_MAX_HEADS], head_off[CM_DP_MAX_HEADS], total = 0, charge = 0, k = 0;
-    bool seen[CM_DP_MAX_HEADS] = {false}, in_region[CM_DP_MAX_HEADS] = {false};
-    uint64_t region_used0 = 0;
-    const uint8_t *src = body + hdr->meta_len;
-    uint32_t n_alloc = 0;
-    uint8_t *reply;
+    uint64_t region_used0 = s->region != NULL ? s->region->used : 0, charge = 0;
+    uint32_t n_alloc;
     ri_status_t st;
 
-    st = cm_dp_clusters_decode(body, hdr->meta_len, &v);
-    if (st != RI_OK)
-        return st;
-    if (v.layer >= s->geo.layers || v.n_heads > s->geo.kv_heads)
-        return RI_ERR_RANGE;
-    /* Sizes: every cluster's tokens in range, the pages add up to data_len. */
-    for (uint32_t i = 0; i < v.n_heads; i++) {
-        uint32_t head = cm_dp_clusters_head(&v, i), n = cm_dp_clusters_count(&v, i);
-        if (head >= s->geo.kv_heads)
-            return RI_ERR_RANGE;
-        if (seen[head])
-            return RI_ERR_INVALID;
-        seen[head] = true;
-        head_bytes[i] = 0;
-        for (uint32_t j = 0; j < n; j++, k++) {
-            uint32_t tok = cm_dp_clusters_tokens(&v, k);
-            if (tok == 0 || tok > CM_DP_MAX_CLUSTER_TOKENS)
-                return RI_ERR_RANGE;
-            head_bytes[i] += kvs_cluster_pages(s, tok) * s->page_bytes;
-            if (head_bytes[i] > hdr->data_len)
-                return RI_ERR_PROTOCOL; /* also keeps the sums from overflowing */
-        }
-        total += head_bytes[i];
-        if (total > hdr->data_len)
-            return RI_ERR_PROTOCOL;
-        charge += head_bytes[i] ? kvs_pool_round(head_bytes[i]) : 0;
-    }
-    if (total != hdr->data_len)
-        return RI_ERR_PROTOCOL;
-    reply = cm_malloc(&kvs_ops_tag, 8u + 8u * v.n_heads);
-    if (reply == NULL)
-        return RI_ERR_NOMEM;
-
-    pthread_mutex_lock(&data->lock);
-    for (uint32_t i = 0; i < v.n_heads; i++) {
-        kvs_table_t *t = &s->tables[(uint64_t)v.layer * s->geo.kv_heads + cm_dp_clusters_head(&v, i)];
-        if (!append && t->n != 0) {
-            st = RI_ERR_EXISTS;
-            goto err_unlock;
-        }
-        st = kvs_table_reserve(t, cm_dp_clusters_count(&v, i));
-        if (st != RI_OK)
-            goto err_unlock;
-    }
-    /* Room for the extents first, so that recording them cannot fail. */
-    st = kvs_session_reserve_extents_locked(s, v.n_heads);
-    if (st != RI_OK)
-        goto err_unlock;
-    /* With a spill tier, an upload that fits the session's direct region
-     * whole goes there (pinned); otherwise one extent per cluster, so that
-     * each can spill. */
-    if (kvs_tier_on(data) && !(s->region != NULL && total <= s->region->bytes - s->region->used)) {
-        st = kvs_ops_upload_tiered_locked(data, s, &v, src, reply);
-        if (st != RI_OK)
-            goto err_unlock;
-        data->bytes_received += hdr->data_len;
-        kvs_tier_relieve_locked(data);
-        pthread_mutex_unlock(&data->lock);
-        goto done;
-    }
-    /* Heads that fit go to the session's direct region (charged when it was
-     * made); the rest to the pool, charged now. */
-    region_used0 = s->region != NULL ? s->region->used : 0;
-    charge = 0;
-    for (uint32_t i = 0; i < v.n_heads; i++) {
-        in_region[i] = head_bytes[i] != 0 && kvs_direct_take_locked(s, head_bytes[i], &head_off[i]);
-        if (!in_region[i] && head_bytes[i] != 0)
-            charge += kvs_pool_round(head_bytes[i]);
+    for (uint32_t i = 0; i < u->v.n_heads; i++) {
+        u->in_region[i] = u->head_bytes[i] != 0 && kvs_direct_take_locked(s, u->head_bytes[i], &u->head_off[i]);
+        if (!u->in_region[i] && u->head_bytes[i] != 0)
+            charge += kvs_pool_round(u->head_bytes[i]);
     }
     st = kvs_session_charge_locked(data, s, charge);
-    if (st != RI_OK) {
-        if (s->region != NULL)
-            s->region->used = region_used0;
-        goto err_unlock;
-    }
-    for (n_alloc = 0; n_alloc < v.n_heads; n_alloc++) {
-        if (head_bytes[n_alloc] == 0 || in_region[n_alloc])
+    if (st != RI_OK)
+        goto err_region;
+    for (n_alloc = 0; n_alloc < u->v.n_heads; n_alloc++) {
+        if (u->head_bytes[n_alloc] == 0 || u->in_region[n_alloc])
             continue;
-        st = kvs_pool_alloc(data->pool, head_bytes[n_alloc], &head_off[n_alloc]);
+        st = kvs_pool_alloc(data->pool, u->head_bytes[n_alloc], &u->head_off[n_alloc]);
         if (st != RI_OK)
             goto err_free_extents;
     }
-    /* Everything that can fail has succeeded: copy and publish. */
-    k = 0;
-    for (uint32_t i = 0; i < v.n_heads; i++) {
-        uint32_t head = cm_dp_clusters_head(&v, i), n = cm_dp_clusters_count(&v, i);
-        kvs_table_t *t = &s->tables[(uint64_t)v.layer * s->geo.kv_heads + head];
-        uint64_t off = head_off[i];
-        cm_dp_put32(reply + 8 + 8u * i, head);
-        cm_dp_put32(reply + 12 + 8u * i, t->n);
-        if (head_bytes[i] == 0)
+    return RI_OK;
+
+err_free_extents:
+    for (uint32_t i = 0; i < n_alloc; i++)
+        if (u->head_bytes[i] != 0 && !u->in_region[i])
+            kvs_pool_free(data->pool, u->head_off[i], u->head_bytes[i]);
+    kvs_session_uncharge_locked(data, s, charge);
+err_region:
+    if (s->region != NULL)
+        s->region->used = region_used0;
+    return st;
+}
+
+/* Copy the clusters placed by kvs_upload_place_locked and publish them in
+ * the tables (nothing here fails).  Lock held. */
+static void kvs_upload_publish_locked(kvs_data_t *data, kvs_session_t *s, kvs_upload_t *u)
+{
+    const uint8_t *src = u->src;
+    uint64_t k = 0;
+
+    for (uint32_t i = 0; i < u->v.n_heads; i++) {
+        uint32_t head = cm_dp_clusters_head(&u->v, i), n = cm_dp_clusters_count(&u->v, i);
+        kvs_table_t *t = &s->tables[(uint64_t)u->v.layer * s->geo.kv_heads + head];
+        uint64_t off = u->head_off[i];
+        cm_dp_put32(u->reply + 8 + 8u * i, head);
+        cm_dp_put32(u->reply + 12 + 8u * i, t->n);
+        if (u->head_bytes[i] == 0)
             continue;
-        if (in_region[i]) {
-            memcpy(s->region->base + off, src, head_bytes[i]);
+        if (u->in_region[i]) {
+            memcpy(s->region->base + off, src, u->head_bytes[i]);
         } else {
-            kvs_session_add_extent_locked(s, off, head_bytes[i]);
-            memcpy(kvs_pool_base(data->pool) + off, src, head_bytes[i]);
+            kvs_session_add_extent_locked(s, off, u->head_bytes[i]);
+            memcpy(kvs_pool_base(data->pool) + off, src, u->head_bytes[i]);
         }
         for (uint32_t j = 0; j < n; j++, k++) {
-            uint32_t tok = cm_dp_clusters_tokens(&v, k);
+            uint32_t tok = cm_dp_clusters_tokens(&u->v, k);
             uint64_t bytes = kvs_cluster_pages(s, tok) * s->page_bytes;
             t->c[t->n++] = (kvs_cluster_t){.off = off, .tokens = tok, .tier = KVS_TIER_POOL,
-                                           .direct = in_region[i], .crc = cm_crc32c(0, src, bytes)};
+                                           .direct = u->in_region[i], .crc = cm_crc32c(0, src, bytes)};
             off += bytes;
             src += bytes;
         }
         s->clusters += n;
     }
-    data->bytes_received += hdr->data_len;
-    pthread_mutex_unlock(&data->lock);
-done:
-    cm_dp_put32(reply, v.n_heads);
-    cm_dp_put32(reply + 4, 0);
-    *reply_p = reply;
-    *reply_len_p = 8u + 8u * v.n_heads;
-    return RI_OK;
-
-err_free_extents:
-    for (uint32_t i = 0; i < n_alloc; i++)
-        if (head_bytes[i] != 0 && !in_region[i])
-            kvs_pool_free(data->pool, head_off[i], head_bytes[i]);
-    kvs_session_uncharge_locked(data, s, charge);
-    if (s->region != NULL)
-        s->region->used = region_used0;
-err_unlock:
-    pthread_mutex_unlock(&data->lock);
-    cm_free(reply);
-    return st;
 }
 
-static kvs_wcache_t *kvs_ops_cache_find(kvs_session_t *s, uint32_t id, void *conn)
+/* UPLOAD_CLUSTERS / APPEND_CLUSTERS: decode, then under the lock reserve,
+ * place (spill tier: one extent per cluster; else region or one extent per
+ * head) and publish.  The reply lists each head's first new cluster id. */
+static ri_status_t kvs_ops_upload(kvs_data_t *data, kvs_session_t *s, const cm_wire_hdr_t *hdr, const uint8_t *body,
+                                  bool append, uint8_t **reply_p, size_t *reply_len_p)
+{
+    kvs_upload_t u = {0};
+    ri_status_t st = kvs_upload_decode(s, hdr, body, &u);
+
+    if (st != RI_OK)
+        return st;
+    u.reply = cm_malloc(&kvs_ops_tag, 8u + 8u * u.v.n_heads);
+    if (u.reply == NULL)
+        return RI_ERR_NOMEM;
+    pthread_mutex_lock(&data->lock);
+    st = kvs_upload_reserve_locked(s, &u, append);
+    /* With a spill tier, an upload that fits the session's direct region
+     * whole goes there (pinned); otherwise one extent per cluster, so that
+     * each can spill. */
+    if (st == RI_OK && kvs_tier_on(data) && !(s->region != NULL && u.total <= s->region->bytes - s->region->used)) {
+        st = kvs_upload_tiered_locked(data, s, &u);
+        if (st == RI_OK)
+            kvs_tier_relieve_locked(data);
+    } else if (st == RI_OK) {
+        st = kvs_upload_place_locked(data, s, &u);
+        if (st == RI_OK)
+            kvs_upload_publish_locked(data, s, &u);
+    }
+    if (st == RI_OK)
+        data->bytes_received += hdr->data_len;
+    pthread_mutex_unlock(&data->lock);
+    if (st != RI_OK) {
+        cm_free(u.reply);
+        return st;
+    }
+    cm_dp_put32(u.reply, u.v.n_heads);
+    cm_dp_put32(u.reply + 4, 0);
+    *reply_p = u.reply;
+    *reply_len_p = 8u + 8u * u.v.n_heads;
+    return RI_OK;
+}
+
+static kvs_wcache_t *kvs_ops_cache_find(kvs_session_t *s, uint32_t id, const void *conn)
 {
     for (uint32_t i = 0; i < KVS_MAX_CACHES_PER_SESSION; i++)
         if (s->caches[i] != NULL && s->caches[i]->id == id && s->caches[i]->conn == conn)
@@ -261,7 +303,7 @@ static kvs_wcache_t *kvs_ops_cache_find(kvs_session_t *s, uint32_t id, void *con
     return NULL;
 }
 
-static ri_status_t kvs_ops_register(kvs_data_t *data, void *conn, kvs_session_t *s, const cm_wire_hdr_t *hdr,
+static ri_status_t kvs_ops_register(kvs_data_t *data, const void *conn, kvs_session_t *s, const cm_wire_hdr_t *hdr,
                                     const uint8_t *body, uint8_t **reply_p, size_t *reply_len_p)
 {
     cm_dp_register_t r;
@@ -333,35 +375,46 @@ err_free:
     return st;
 }
 
-/* Whether src points into the pool arena (else into a spill read buffer). */
-static bool kvs_ops_in_pool(kvs_data_t *data, const uint8_t *src)
-{
-    const uint8_t *base = kvs_pool_base(data->pool);
-    return src >= base && src < base + kvs_pool_size(data->pool);
-}
-
-/* Everything a fetch decided, kept while its bytes move. */
-typedef struct kvs_fetch_plan {
-    kvs_cache_req_t *reqs;      /* one per requested cluster */
-    const uint8_t **src;        /* where each cluster's bytes are (pool, or disk_buf) */
-    uint8_t *disk_buf;          /* clusters read back from the spill tier (owned) */
-    kvs_tier_read_t *rd;        /* disk-resident misses */
-    uint32_t *rd_idx;           /* their plan entries */
-    uint32_t *tokens;           /* tokens of each cluster */
+/* One FETCH_RANKED from plan to reply.  Entry i is the i-th requested
+ * cluster, in request order. */
+typedef struct kvs_fetch {
+    cm_dp_fetch_view_t v;
+    uint32_t n_ent;             /* clusters requested */
+    uint64_t t0;                /* arrival, for the latency histogram */
+    kvs_wcache_t *wc;           /* the worker cache it runs against */
+    /* plan (lock held) */
+    kvs_cache_req_t *reqs;      /* key and pages of each entry; hit / admitted after the commit */
+    const uint8_t **src;        /* where each miss's bytes are (pool, region, or disk_buf) */
+    uint32_t *tokens;           /* tokens of each entry */
+    uint8_t *flags;             /* KVS_FETCH_* of each entry */
+    uint64_t total_pages, miss_bytes;
+    kvs_tier_read_t *rd;        /* disk-resident misses, read without the lock */
+    uint32_t *rd_idx;           /* their entries */
+    uint32_t n_rd;
+    uint8_t *disk_buf;          /* what they were read into (owned) */
+    /* commit (lock held) */
     uint32_t *pages_out;        /* cache pages of hits and admissions */
     uint64_t *evicted;          /* evicted keys */
-} kvs_fetch_plan_t;
+    size_t n_ev;
+    uint8_t *reply;             /* reply meta (owned) */
+    size_t rlen;
+} kvs_fetch_t;
 
-static void kvs_fetch_plan_free(kvs_fetch_plan_t *p)
+#define KVS_FETCH_PINNED 1u     /* the entry's cluster is pinned (unpin when done) */
+#define KVS_FETCH_DISK 2u       /* its bytes come from the spill tier */
+
+static void kvs_fetch_free(kvs_fetch_t *f)
 {
-    cm_free(p->reqs);
-    cm_free(p->src);
-    cm_free(p->disk_buf);
-    cm_free(p->rd);
-    cm_free(p->rd_idx);
-    cm_free(p->tokens);
-    cm_free(p->pages_out);
-    cm_free(p->evicted);
+    cm_free(f->reqs);
+    cm_free(f->src);
+    cm_free(f->tokens);
+    cm_free(f->flags);
+    cm_free(f->rd);
+    cm_free(f->rd_idx);
+    cm_free(f->disk_buf);
+    cm_free(f->pages_out);
+    cm_free(f->evicted);
+    cm_free(f->reply);
 }
 
 static void kvs_ops_latency_locked(kvs_data_t *data, double secs)
@@ -373,201 +426,266 @@ static void kvs_ops_latency_locked(kvs_data_t *data, double secs)
     data->lat_sum_s += secs;
 }
 
-static ri_status_t kvs_ops_fetch(kvs_data_t *data, void *conn, kvs_session_t *s, const cm_wire_hdr_t *hdr,
-                                 const uint8_t *body, uint8_t **reply_p, size_t *reply_len_p, bool *replied_p)
+/* Decode the request and allocate the plan.  Lock not held. */
+static ri_status_t kvs_fetch_decode(const kvs_data_t *data, const kvs_session_t *s, const cm_wire_hdr_t *hdr,
+                                    const uint8_t *body, kvs_fetch_t *f)
 {
-    cm_dp_fetch_view_t v;
-    kvs_fetch_plan_t p = {0};
-    kvs_wcache_t *wc;
-    uint64_t total_pages = 0, miss_bytes = 0, k = 0, roff;
-    size_t n_ev = 0, max_ev, rlen;
-    uint32_t n_listed = 0, n_ent, n_rd = 0;
-    uint8_t *reply = NULL, *e;
     ri_status_t st;
-    uint64_t t0 = cm_time_ns();
 
     if (hdr->data_len != 0)
         return RI_ERR_PROTOCOL;
-    st = cm_dp_fetch_decode(body, hdr->meta_len, &v);
+    st = cm_dp_fetch_decode(body, hdr->meta_len, &f->v);
     if (st != RI_OK)
         return st;
-    if (v.layer >= s->geo.layers || v.total_ids == 0)
-        return v.total_ids == 0 ? RI_ERR_PROTOCOL : RI_ERR_RANGE;
-    n_ent = (uint32_t)v.total_ids;
-    p.reqs = cm_malloc(&kvs_ops_tag, n_ent * sizeof(*p.reqs));
-    p.src = cm_malloc(&kvs_ops_tag, n_ent * sizeof(*p.src));
-    p.tokens = cm_malloc(&kvs_ops_tag, n_ent * sizeof(uint32_t));
-    if (kvs_tier_on(data)) {
-        p.rd = cm_malloc(&kvs_ops_tag, n_ent * sizeof(*p.rd));
-        p.rd_idx = cm_malloc(&kvs_ops_tag, n_ent * sizeof(uint32_t));
-    }
-    if (p.reqs == NULL || p.src == NULL || p.tokens == NULL || (kvs_tier_on(data) && (p.rd == NULL || p.rd_idx == NULL))) {
-        kvs_fetch_plan_free(&p);
+    if (f->v.layer >= s->geo.layers || f->v.total_ids == 0)
+        return f->v.total_ids == 0 ? RI_ERR_PROTOCOL : RI_ERR_RANGE;
+    f->n_ent = (uint32_t)f->v.total_ids;
+    f->reqs = cm_malloc(&kvs_ops_tag, f->n_ent * sizeof(*f->reqs));
+    f->src = cm_malloc(&kvs_ops_tag, f->n_ent * sizeof(*f->src));
+    f->tokens = cm_malloc(&kvs_ops_tag, f->n_ent * sizeof(uint32_t));
+    f->flags = cm_calloc(&kvs_ops_tag, f->n_ent, 1);
+    if (f->reqs == NULL || f->src == NULL || f->tokens == NULL || f->flags == NULL)
         return RI_ERR_NOMEM;
-    }
+    if (!kvs_tier_on(data))
+        return RI_OK; /* nothing is ever on disk */
+    f->rd = cm_malloc(&kvs_ops_tag, f->n_ent * sizeof(*f->rd));
+    f->rd_idx = cm_malloc(&kvs_ops_tag, f->n_ent * sizeof(uint32_t));
+    if (f->rd == NULL || f->rd_idx == NULL)
+        return RI_ERR_NOMEM;
+    return RI_OK;
+}
 
-    pthread_mutex_lock(&data->lock);
-    wc = kvs_ops_cache_find(s, v.cache_id, conn);
-    if (wc == NULL) {
-        st = RI_ERR_NOT_FOUND;
-        goto err_unlock;
+/* Can cluster c be served: in range, not lost, its tier reachable. */
+static ri_status_t kvs_fetch_check(const kvs_data_t *data, const kvs_session_t *s, const kvs_table_t *t,
+                                   uint32_t id)
+{
+    /* After a crash, what was only in memory is gone: the worker is told so
+     * (and rebuilds), not that it asked out of range. */
+    if (id >= t->n || t->c[id].tier == KVS_TIER_GONE)
+        return s->recovered ? RI_ERR_LOST : RI_ERR_RANGE;
+    if (t->c[id].tier == KVS_TIER_LOST)
+        return RI_ERR_CORRUPT; /* its spill record failed verification */
+    if (t->c[id].tier != KVS_TIER_POOL && !kvs_tier_on(data))
+        return RI_ERR_UNSUPPORTED;
+    return RI_OK;
+}
+
+/* Plan entry k, cluster id of (layer, head): what it is, and for a miss
+ * where its bytes are; a miss is pinned (pool) or queued for read-back
+ * (disk, pinned by the read plan).  Lock held. */
+static void kvs_fetch_plan_one_locked(kvs_data_t *data, kvs_session_t *s, kvs_fetch_t *f, uint32_t k,
+                                      uint32_t head, uint32_t id)
+{
+    kvs_cluster_t *c = &s->tables[(uint64_t)f->v.layer * s->geo.kv_heads + head].c[id];
+
+    c->last_fetch_ns = f->t0; /* coldness, for a spill tier */
+    f->reqs[k].key = kvs_cache_key(f->v.layer, head, id);
+    f->reqs[k].pages = (uint32_t)kvs_cluster_pages(s, c->tokens);
+    f->tokens[k] = c->tokens;
+    f->src[k] = NULL;
+    f->total_pages += f->reqs[k].pages;
+    if (kvs_cache_contains(f->wc->dir, f->reqs[k].key))
+        return;
+    f->miss_bytes += f->reqs[k].pages * s->page_bytes;
+    f->flags[k] = KVS_FETCH_PINNED;
+    if (c->tier == KVS_TIER_POOL) {
+        f->src[k] = kvs_cluster_data(data, s, c);
+        c->pins++;
+    } else {
+        f->flags[k] |= KVS_FETCH_DISK;
+        kvs_tier_read_plan_locked(s, f->v.layer, head, id, &f->rd[f->n_rd]);
+        f->rd_idx[f->n_rd++] = k;
     }
-    for (uint32_t i = 0; i < v.n_heads; i++) {
-        uint32_t head = cm_dp_get32(v.heads + 8u * i), n = cm_dp_get32(v.heads + 8u * i + 4);
-        kvs_table_t *t;
-        if (head >= s->geo.kv_heads) {
-            st = RI_ERR_RANGE;
-            goto err_unlock;
-        }
-        t = &s->tables[(uint64_t)v.layer * s->geo.kv_heads + head];
+}
+
+/* Unpin every cluster the plan pinned (lock held; also after a failure). */
+static void kvs_fetch_unpin_locked(kvs_data_t *data, kvs_session_t *s, kvs_fetch_t *f)
+{
+    for (uint32_t k = 0; k < f->n_ent; k++) {
+        uint64_t key = f->reqs[k].key;
+        if (f->flags[k] & KVS_FETCH_PINNED)
+            kvs_tier_unpin_locked(data, s, (uint32_t)(key >> 44), (uint32_t)(key >> 32) & 0xfffu, (uint32_t)key);
+        f->flags[k] &= (uint8_t)~KVS_FETCH_PINNED;
+    }
+}
+
+/* Plan: find the worker cache, check every cluster, pin the misses and list
+ * the disk-resident ones.  Nothing visible changes but coldness and pins
+ * (undone by kvs_fetch_unpin_locked).  Lock held. */
+static ri_status_t kvs_fetch_plan_locked(kvs_data_t *data, kvs_session_t *s, const void *conn, kvs_fetch_t *f)
+{
+    uint32_t k = 0;
+
+    f->wc = kvs_ops_cache_find(s, f->v.cache_id, conn);
+    if (f->wc == NULL)
+        return RI_ERR_NOT_FOUND;
+    for (uint32_t i = 0; i < f->v.n_heads; i++) {
+        uint32_t head = cm_dp_get32(f->v.heads + 8u * i), n = cm_dp_get32(f->v.heads + 8u * i + 4);
+        if (head >= s->geo.kv_heads)
+            return RI_ERR_RANGE;
+        const kvs_table_t *t = &s->tables[(uint64_t)f->v.layer * s->geo.kv_heads + head];
         for (uint32_t j = 0; j < n; j++, k++) {
-            uint32_t id = cm_dp_get32(v.ids + 4u * k);
-            if (id >= t->n || t->c[id].tier == KVS_TIER_GONE) {
-                /* After a crash, what was only in memory is gone: the worker
-                 * is told so (and rebuilds), not that it asked out of range. */
-                st = s->recovered ? RI_ERR_LOST : RI_ERR_RANGE;
-                goto err_unlock;
-            }
-            if (t->c[id].tier == KVS_TIER_LOST) {
-                st = RI_ERR_CORRUPT; /* its spill record failed verification */
-                goto err_unlock;
-            }
-            if (t->c[id].tier != KVS_TIER_POOL && !kvs_tier_on(data)) {
-                st = RI_ERR_UNSUPPORTED;
-                goto err_unlock;
-            }
-            t->c[id].last_fetch_ns = t0; /* coldness, for a spill tier */
-            p.reqs[k].key = kvs_cache_key(v.layer, head, id);
-            p.reqs[k].pages = (uint32_t)kvs_cluster_pages(s, t->c[id].tokens);
-            p.src[k] = t->c[id].tier == KVS_TIER_POOL ? kvs_cluster_data(data, s, &t->c[id]) : NULL;
-            p.tokens[k] = t->c[id].tokens;
-            total_pages += p.reqs[k].pages;
-            if (!kvs_cache_contains(wc->dir, p.reqs[k].key)) {
-                miss_bytes += p.reqs[k].pages * s->page_bytes;
-                if (p.src[k] == NULL) {
-                    p.rd[n_rd] = (kvs_tier_read_t){.layer = v.layer, .head = head, .id = id,
-                                                   .bytes = (uint64_t)p.reqs[k].pages * s->page_bytes};
-                    p.rd_idx[n_rd++] = (uint32_t)k;
-                } else if (kvs_tier_on(data)) {
-                    kvs_tier_touch_locked(data, s, v.layer, head, id);
-                }
-            }
+            uint32_t id = cm_dp_get32(f->v.ids + 4u * k);
+            ri_status_t st = kvs_fetch_check(data, s, t, id);
+            if (st != RI_OK)
+                return st;
+            kvs_fetch_plan_one_locked(data, s, f, k, head, id);
         }
-    }
-    /* The disk-resident misses, in one batch, before the cache directory
-     * moves: a failure leaves the worker's cache as it was. */
-    if (n_rd > 0) {
-        st = kvs_tier_read_locked(data, s, p.rd, n_rd, &p.disk_buf);
-        if (st != RI_OK)
-            goto err_unlock;
-        for (uint32_t i = 0; i < n_rd; i++)
-            p.src[p.rd_idx[i]] = p.rd[i].src;
     }
     /* The misses must fit the receive buffer before anything changes. */
-    if (v.recv_offset > wc->recv_len || miss_bytes > wc->recv_len - v.recv_offset) {
-        st = RI_ERR_RANGE;
-        goto err_unlock;
-    }
-    max_ev = kvs_cache_clusters(wc->dir);
-    p.pages_out = cm_malloc(&kvs_ops_tag, (size_t)total_pages * sizeof(uint32_t));
-    p.evicted = cm_malloc(&kvs_ops_tag, (max_ev ? max_ev : 1) * sizeof(uint64_t));
-    if (p.pages_out == NULL || p.evicted == NULL) {
-        st = RI_ERR_NOMEM;
-        goto err_unlock;
-    }
-    st = kvs_cache_fetch(wc->dir, p.reqs, n_ent, p.pages_out, p.evicted, max_ev, &n_ev);
+    if (f->v.recv_offset > f->wc->recv_len || f->miss_bytes > f->wc->recv_len - f->v.recv_offset)
+        return RI_ERR_RANGE;
+    return RI_OK;
+}
+
+/* Read the disk-resident misses back: the lock is dropped for the disk I/O
+ * (the clusters are pinned, the session referenced) and taken again to mark
+ * what failed verification.  Called and returns with the lock held. */
+static ri_status_t kvs_fetch_read_disk(kvs_data_t *data, kvs_session_t *s, kvs_fetch_t *f)
+{
+    ri_status_t st;
+
+    if (f->n_rd == 0)
+        return RI_OK;
+    pthread_mutex_unlock(&data->lock);
+    st = kvs_tier_read(data, s->id, f->rd, f->n_rd, &f->disk_buf);
+    pthread_mutex_lock(&data->lock);
+    kvs_tier_read_finish_locked(data, s, f->rd, f->n_rd);
+    if (st == RI_OK && s->dropped)
+        st = RI_ERR_NOT_FOUND; /* dropped while it read: the worker hears it is gone */
     if (st != RI_OK)
-        goto err_unlock;
-    for (uint32_t i = 0; i < n_ent; i++)
-        if (p.reqs[i].hit || p.reqs[i].admitted)
-            n_listed += p.reqs[i].pages;
-    rlen = cm_dp_fetch_reply_size(v.n_heads, n_ent, n_listed, (uint32_t)n_ev);
-    reply = cm_malloc(&kvs_ops_tag, rlen);
-    if (reply == NULL) {
+        return st;
+    for (uint32_t i = 0; i < f->n_rd; i++)
+        f->src[f->rd_idx[i]] = f->rd[i].src;
+    return RI_OK;
+}
+
+/* Encode the reply meta: header, heads, one entry per cluster, the cache
+ * pages of hits and admissions, the evictions.  Counts pool / disk serves. */
+static void kvs_fetch_encode_locked(kvs_data_t *data, const kvs_session_t *s, kvs_fetch_t *f, uint32_t n_listed)
+{
+    uint8_t *e = f->reply + CM_DP_FETCH_REPLY_FIXED + 8u * f->v.n_heads;
+    uint8_t *pages = e + CM_DP_ENTRY_SIZE * (size_t)f->n_ent, *ev = pages + 4u * (size_t)n_listed;
+    uint64_t roff = f->v.recv_offset;
+    uint32_t pcur = 0;
+
+    cm_dp_fetch_reply_header(f->reply, f->v.n_heads, f->n_ent, n_listed, (uint32_t)f->n_ev, f->miss_bytes);
+    memcpy(f->reply + CM_DP_FETCH_REPLY_FIXED, f->v.heads, 8u * f->v.n_heads);
+    for (uint32_t i = 0; i < f->n_ent; i++) {
+        const kvs_cache_req_t *q = &f->reqs[i];
+        cm_dp_entry_t ent = {.cluster = (uint32_t)q->key, .tokens = f->tokens[i], .n_pages = q->pages};
+        if (q->hit || q->admitted) {
+            ent.page_index = pcur;
+            for (uint32_t j = 0; j < q->pages; j++)
+                cm_dp_put32(pages + 4u * (pcur + j), f->pages_out[q->first_page + j]);
+            pcur += q->pages;
+        }
+        if (q->hit) {
+            ent.flags = CM_DP_F_HIT;
+        } else {
+            bool from_disk = (f->flags[i] & KVS_FETCH_DISK) != 0;
+            ent.flags = CM_DP_F_MISS | (q->admitted ? CM_DP_F_ADMITTED : 0) | (from_disk ? CM_DP_F_FROM_DISK : 0);
+            data->served_disk += from_disk;
+            data->served_pool += !from_disk;
+            ent.recv_offset = roff;
+            roff += (uint64_t)q->pages * s->page_bytes;
+        }
+        cm_dp_entry_encode(e + CM_DP_ENTRY_SIZE * (size_t)i, &ent);
+    }
+    for (size_t i = 0; i < f->n_ev; i++) {
+        cm_dp_put32(ev + CM_DP_EVICT_SIZE * i, (uint32_t)(f->evicted[i] >> 44));
+        cm_dp_put32(ev + CM_DP_EVICT_SIZE * i + 4, (uint32_t)(f->evicted[i] >> 32) & 0xfffu);
+        cm_dp_put32(ev + CM_DP_EVICT_SIZE * i + 8, (uint32_t)f->evicted[i]);
+    }
+}
+
+/* Commit: move the worker's cache directory (after every check and the
+ * read-back, so a failure before leaves it as it was), encode the reply and
+ * count.  Lock held. */
+static ri_status_t kvs_fetch_commit_locked(kvs_data_t *data, const kvs_session_t *s, kvs_fetch_t *f)
+{
+    size_t max_ev = kvs_cache_clusters(f->wc->dir);
+    uint32_t n_listed = 0;
+    ri_status_t st;
+
+    f->pages_out = cm_malloc(&kvs_ops_tag, (size_t)(f->total_pages ? f->total_pages : 1) * sizeof(uint32_t));
+    f->evicted = cm_malloc(&kvs_ops_tag, (max_ev ? max_ev : 1) * sizeof(uint64_t));
+    if (f->pages_out == NULL || f->evicted == NULL)
+        return RI_ERR_NOMEM;
+    st = kvs_cache_fetch(f->wc->dir, f->reqs, f->n_ent, f->pages_out, f->evicted, max_ev, &f->n_ev);
+    if (st != RI_OK)
+        return st;
+    for (uint32_t i = 0; i < f->n_ent; i++)
+        if (f->reqs[i].hit || f->reqs[i].admitted)
+            n_listed += f->reqs[i].pages;
+    f->rlen = cm_dp_fetch_reply_size(f->v.n_heads, f->n_ent, n_listed, (uint32_t)f->n_ev);
+    f->reply = cm_malloc(&kvs_ops_tag, f->rlen);
+    if (f->reply == NULL) {
         /* The directory already moved; the worker will see an error and
          * re-register.  Rare enough (OOM) not to pre-allocate. */
-        st = RI_ERR_NOMEM;
-        goto err_unlock;
+        return RI_ERR_NOMEM;
     }
-    cm_dp_fetch_reply_header(reply, v.n_heads, n_ent, n_listed, (uint32_t)n_ev, miss_bytes);
-    memcpy(reply + CM_DP_FETCH_REPLY_FIXED, v.heads, 8u * v.n_heads);
-    e = reply + CM_DP_FETCH_REPLY_FIXED + 8u * v.n_heads;
-    {
-        uint8_t *pages = e + CM_DP_ENTRY_SIZE * (size_t)n_ent;
-        uint32_t pcur = 0;
-        roff = v.recv_offset;
-        for (uint32_t i = 0; i < n_ent; i++) {
-            cm_dp_entry_t ent = {.cluster = (uint32_t)p.reqs[i].key, .tokens = p.tokens[i],
-                                 .n_pages = p.reqs[i].pages};
-            if (p.reqs[i].hit || p.reqs[i].admitted) {
-                ent.page_index = pcur;
-                for (uint32_t j = 0; j < p.reqs[i].pages; j++)
-                    cm_dp_put32(pages + 4u * (pcur + j), p.pages_out[p.reqs[i].first_page + j]);
-                pcur += p.reqs[i].pages;
-            }
-            if (p.reqs[i].hit) {
-                ent.flags = CM_DP_F_HIT;
-            } else {
-                bool from_disk = p.disk_buf != NULL && !kvs_ops_in_pool(data, p.src[i]);
-                ent.flags = CM_DP_F_MISS | (p.reqs[i].admitted ? CM_DP_F_ADMITTED : 0) |
-                            (from_disk ? CM_DP_F_FROM_DISK : 0);
-                data->served_disk += from_disk;
-                data->served_pool += !from_disk;
-                ent.recv_offset = roff;
-                roff += (uint64_t)p.reqs[i].pages * s->page_bytes;
-            }
-            cm_dp_entry_encode(e + CM_DP_ENTRY_SIZE * (size_t)i, &ent);
-        }
-        uint8_t *ev = pages + 4u * (size_t)n_listed;
-        for (size_t i = 0; i < n_ev; i++) {
-            cm_dp_put32(ev + CM_DP_EVICT_SIZE * i, (uint32_t)(p.evicted[i] >> 44));
-            cm_dp_put32(ev + CM_DP_EVICT_SIZE * i + 4, (uint32_t)(p.evicted[i] >> 32) & 0xfffu);
-            cm_dp_put32(ev + CM_DP_EVICT_SIZE * i + 8, (uint32_t)p.evicted[i]);
-        }
-    }
+    kvs_fetch_encode_locked(data, s, f, n_listed);
     data->fetches++;
-    for (uint32_t i = 0; i < n_ent; i++) {
-        data->cache_hits += p.reqs[i].hit;
-        data->cache_misses += !p.reqs[i].hit;
+    for (uint32_t i = 0; i < f->n_ent; i++) {
+        data->cache_hits += f->reqs[i].hit;
+        data->cache_misses += !f->reqs[i].hit;
     }
-    /* Taken before the lock goes, so no spill slips in between. */
-    pthread_rwlock_rdlock(&data->move_lock);
-    pthread_mutex_unlock(&data->lock);
+    return RI_OK;
+}
 
-    /* Move the misses' bytes without the lock (our reference keeps the
-     * session's pages alive even if it is dropped meanwhile): the reply
-     * carries them, gathered from the pool, the session's region or a spill
-     * read buffer. */
-    kvs_iov_t *iov = cm_malloc(&kvs_ops_tag, (n_ent + 1) * sizeof(*iov));
+/* Send the reply: meta, then the misses' bytes gathered from the pool, the
+ * session's region or the read-back buffer.  Lock not held: the misses are
+ * pinned and the session referenced. */
+static ri_status_t kvs_fetch_send(const kvs_session_t *s, kvs_fetch_t *f, kvs_reply_obj_t *reply)
+{
+    kvs_iov_t *iov = cm_malloc(&kvs_ops_tag, (f->n_ent + 1) * sizeof(*iov));
     size_t n_iov = 0;
-    if (iov == NULL) {
-        st = RI_ERR_NOMEM;
-    } else {
-        for (uint32_t i = 0; i < n_ent; i++)
-            if (!p.reqs[i].hit)
-                iov[n_iov++] = (kvs_iov_t){p.src[i], (size_t)p.reqs[i].pages * s->page_bytes};
-        st = kvs_dp_reply_data(data->dp, conn, hdr, reply, rlen, iov, n_iov, miss_bytes);
-        cm_free(iov);
-        *replied_p = st == RI_OK;
-    }
-    pthread_rwlock_unlock(&data->move_lock);
-    kvs_fetch_plan_free(&p);
-    pthread_mutex_lock(&data->lock);
-    if (st == RI_OK) {
-        data->bytes_sent += miss_bytes;
-        kvs_ops_latency_locked(data, (double)(cm_time_ns() - t0) * 1e-9);
-    }
-    pthread_mutex_unlock(&data->lock);
-    cm_free(reply);
-    return st;
+    ri_status_t st;
 
-err_unlock:
-    pthread_mutex_unlock(&data->lock);
-    kvs_fetch_plan_free(&p);
+    if (iov == NULL)
+        return RI_ERR_NOMEM;
+    for (uint32_t i = 0; i < f->n_ent; i++)
+        if (!f->reqs[i].hit)
+            iov[n_iov++] = (kvs_iov_t){f->src[i], (size_t)f->reqs[i].pages * s->page_bytes};
+    st = kvs_reply_send(reply, RI_OK, f->reply, f->rlen, iov, n_iov, f->miss_bytes);
+    cm_free(iov);
     return st;
 }
 
-static ri_status_t kvs_ops_release(kvs_data_t *data, void *conn, kvs_session_t *s, const cm_wire_hdr_t *hdr,
+/* FETCH_RANKED: plan (lock) -> read disk-resident misses (no lock) ->
+ * commit the cache directory and encode (lock) -> send (no lock) -> unpin
+ * and count (lock).  Without disk misses the first three run in one hold. */
+static ri_status_t kvs_ops_fetch(kvs_data_t *data, kvs_session_t *s, const cm_wire_hdr_t *hdr, const uint8_t *body,
+                                 kvs_reply_obj_t *reply)
+{
+    kvs_fetch_t f = {.t0 = cm_time_ns()};
+    ri_status_t st = kvs_fetch_decode(data, s, hdr, body, &f);
+
+    if (st != RI_OK)
+        goto out;
+    pthread_mutex_lock(&data->lock);
+    st = kvs_fetch_plan_locked(data, s, reply->conn, &f);
+    if (st == RI_OK)
+        st = kvs_fetch_read_disk(data, s, &f);
+    if (st == RI_OK)
+        st = kvs_fetch_commit_locked(data, s, &f);
+    pthread_mutex_unlock(&data->lock);
+    if (st == RI_OK)
+        st = kvs_fetch_send(s, &f, reply);
+    pthread_mutex_lock(&data->lock);
+    kvs_fetch_unpin_locked(data, s, &f);
+    if (st == RI_OK) {
+        data->bytes_sent += f.miss_bytes;
+        kvs_ops_latency_locked(data, (double)(cm_time_ns() - f.t0) * 1e-9);
+    }
+    pthread_mutex_unlock(&data->lock);
+out:
+    kvs_fetch_free(&f);
+    return st;
+}
+
+static ri_status_t kvs_ops_release(kvs_data_t *data, const void *conn, kvs_session_t *s, const cm_wire_hdr_t *hdr,
                                    const uint8_t *body)
 {
     uint32_t id;
@@ -591,64 +709,71 @@ static ri_status_t kvs_ops_release(kvs_data_t *data, void *conn, kvs_session_t *
     return found || id == 0 ? RI_OK : RI_ERR_NOT_FOUND;
 }
 
-ri_status_t kvs_ops_serve(kvs_data_t *data, void *conn, const cm_wire_hdr_t *hdr, const uint8_t *body,
-                          uint8_t **reply_p, size_t *reply_len_p, bool *replied_p)
+/* Run one authenticated request of session s; reply meta (if any) in
+ * *meta_p (owned by the caller).  A FETCH_RANKED answers itself. */
+static ri_status_t kvs_ops_dispatch(kvs_data_t *data, kvs_session_t *s, const cm_wire_hdr_t *hdr,
+                                    const uint8_t *body, kvs_reply_obj_t *reply, uint8_t **meta_p, size_t *len_p)
 {
-    kvs_session_t *s = NULL;
-    ri_status_t st;
-
-    *reply_p = NULL;
-    *reply_len_p = 0;
-    *replied_p = false;
-    pthread_mutex_lock(&data->lock);
-    data->ops[hdr->op]++;
-    if (hdr->op == CM_WIRE_OP_PING && hdr->session_id == 0) {
-        pthread_mutex_unlock(&data->lock);
-        return RI_OK;
-    }
-    st = kvs_ops_auth_locked(data, hdr, &s);
-    pthread_mutex_unlock(&data->lock);
-    if (st != RI_OK)
-        return st;
     switch (hdr->op) {
     case CM_WIRE_OP_UPLOAD_CLUSTERS:
     case CM_WIRE_OP_APPEND_CLUSTERS:
-        st = kvs_ops_upload(data, s, hdr, body, hdr->op == CM_WIRE_OP_APPEND_CLUSTERS, reply_p, reply_len_p);
-        break;
+        return kvs_ops_upload(data, s, hdr, body, hdr->op == CM_WIRE_OP_APPEND_CLUSTERS, meta_p, len_p);
     case CM_WIRE_OP_REGISTER_CACHE:
-        st = kvs_ops_register(data, conn, s, hdr, body, reply_p, reply_len_p);
-        break;
+        return kvs_ops_register(data, reply->conn, s, hdr, body, meta_p, len_p);
     case CM_WIRE_OP_FETCH_RANKED:
-        st = kvs_ops_fetch(data, conn, s, hdr, body, reply_p, reply_len_p, replied_p);
-        break;
+        return kvs_ops_fetch(data, s, hdr, body, reply);
     case CM_WIRE_OP_RELEASE:
-        st = kvs_ops_release(data, conn, s, hdr, body);
-        break;
+        return kvs_ops_release(data, reply->conn, s, hdr, body);
     case CM_WIRE_OP_PING:
-        st = hdr->meta_len == 0 && hdr->data_len == 0 ? RI_OK : RI_ERR_PROTOCOL;
-        break;
+        return hdr->meta_len == 0 && hdr->data_len == 0 ? RI_OK : RI_ERR_PROTOCOL;
     case CM_WIRE_OP_MAP:
-        st = kvs_direct_map(data, s, hdr, reply_p, reply_len_p);
-        break;
+        return kvs_direct_map(data, s, hdr, meta_p, len_p);
     case CM_WIRE_OP_LOCATE:
-        st = kvs_direct_locate(data, s, hdr, body, reply_p, reply_len_p);
-        break;
+        return kvs_direct_locate(data, s, hdr, body, meta_p, len_p);
     case CM_WIRE_OP_TOUCH:
-        st = kvs_direct_touch(data, s, hdr, body);
-        break;
+        return kvs_direct_touch(data, s, hdr, body);
     default:
-        st = RI_ERR_PROTOCOL;
+        return RI_ERR_PROTOCOL;
     }
-    pthread_mutex_lock(&data->lock);
-    kvs_session_unref_locked(data, s);
-    pthread_mutex_unlock(&data->lock);
-    return st;
 }
 
-void kvs_ops_conn_closed(kvs_data_t *data, void *conn)
+/* The serve handler (kvs_handler.h): count, authenticate, dispatch, answer. */
+static void kvs_ops_serve(void *arg, const cm_wire_hdr_t *hdr, const uint8_t *body, kvs_reply_obj_t *reply)
 {
+    kvs_data_t *data = arg;
+    kvs_session_t *s = NULL;
+    uint8_t *meta = NULL;
+    size_t meta_len = 0;
+    ri_status_t st;
+
     pthread_mutex_lock(&data->lock);
-    for (uint32_t i = 0; i < data->n_sessions; i++) {
+    data->ops[hdr->op]++;
+    st = hdr->op == CM_WIRE_OP_PING && hdr->session_id == 0 ? RI_OK : kvs_ops_auth_locked(data, hdr, &s);
+    pthread_mutex_unlock(&data->lock);
+    if (st == RI_OK && s != NULL)
+        st = kvs_ops_dispatch(data, s, hdr, body, reply, &meta, &meta_len);
+    pthread_mutex_lock(&data->lock);
+    if (s != NULL)
+        kvs_session_unref_locked(data, s);
+    if (st != RI_OK)
+        kvs_count_errors_locked(data, st, 1);
+    pthread_mutex_unlock(&data->lock);
+    if (st != RI_OK)
+        cm_debug("dp: %s request %llu: %s", cm_wire_op_name(hdr->op), (unsigned long long)hdr->request_id,
+                 ri_status_str(st));
+    if (!reply->sent)
+        (void)kvs_reply_send(reply, st, meta, meta_len, NULL, 0, 0);
+    cm_free(meta);
+}
+
+/* A connection opened or closed: its lease hold, and (closed) the caches it
+ * registered. */
+static void kvs_ops_conn_event(void *arg, const void *conn, uint64_t session_id, bool up)
+{
+    kvs_data_t *data = arg;
+
+    pthread_mutex_lock(&data->lock);
+    for (uint32_t i = 0; !up && i < data->n_sessions; i++) {
         kvs_session_t *s = data->sessions[i];
         for (uint32_t c = 0; c < KVS_MAX_CACHES_PER_SESSION; c++) {
             if (s->caches[c] != NULL && s->caches[c]->conn == conn) {
@@ -657,5 +782,31 @@ void kvs_ops_conn_closed(kvs_data_t *data, void *conn)
             }
         }
     }
+    kvs_lease_conn_locked(data, session_id, up);
     pthread_mutex_unlock(&data->lock);
+}
+
+static void kvs_ops_account(void *arg, uint8_t op, ri_status_t st, uint64_t n)
+{
+    kvs_data_t *data = arg;
+
+    pthread_mutex_lock(&data->lock);
+    if (op >= 1 && op <= CM_WIRE_OP_MAX)
+        data->ops[op] += n;
+    if (st != RI_OK)
+        kvs_count_errors_locked(data, st, n);
+    pthread_mutex_unlock(&data->lock);
+}
+
+static ri_status_t kvs_ops_handover(void *arg, uint64_t session_id, const uint8_t secret[CM_WIRE_SECRET_SIZE],
+                                    int *fd_p, uint64_t *bytes_p)
+{
+    return kvs_direct_handover(arg, session_id, secret, fd_p, bytes_p);
+}
+
+void kvs_ops_handlers(kvs_data_t *data, kvs_handlers_t *h)
+{
+    *h = (kvs_handlers_t){.arg = data, .precheck = kvs_ops_precheck, .serve = kvs_ops_serve,
+                          .conn_event = kvs_ops_conn_event, .account = kvs_ops_account,
+                          .handover = kvs_ops_handover};
 }

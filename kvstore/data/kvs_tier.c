@@ -13,12 +13,13 @@
  * head) extents (see docs/spill.md, "Daemon integration").
  *
  * Concurrency: the data plane has several threads (one per lane), and a
- * fetch moves pool bytes without data->lock.  "Never spill what an in-flight
- * fetch uses" holds through data->move_lock: a fetch read-locks it before it
- * drops data->lock and until its bytes are out; a spill write-locks it (with
- * data->lock held, so no new fetch can start meanwhile).  All of this runs
- * under data->lock, including the spill store's disk I/O (a few ms per
- * batch); gRPC calls wait for it meanwhile.
+ * fetch reads disk records and moves pool bytes without data->lock.  "Never
+ * spill or free what an in-flight fetch uses" holds through pins: the fetch
+ * pins each cluster it will read while it plans (lock held), a spill skips
+ * pinned clusters, and the fetch unpins once its bytes are out (lock held
+ * again).  A session is freed only when its last reference goes, and a fetch
+ * holds one.  Read-back (kvs_tier_read) runs without data->lock; spilling
+ * (the spill store's writes, a few ms per batch) still runs under it.
  */
 #define _GNU_SOURCE
 #include "kvstore/data/kvs_internal.h"
@@ -103,6 +104,12 @@ static ri_status_t kvs_tier_spill_keys_locked(kvs_data_t *data, const kvs_spill_
             continue;
         }
         c = &t->c[keys[i].cluster];
+        if (c->pins > 0) {
+            /* A fetch is reading it without the lock; it is put back on the
+             * list when the last pin goes (kvs_tier_unpin_locked). */
+            kvs_spill_cold_remove(data->cold, &keys[i]);
+            continue;
+        }
         bytes = kvs_tier_cluster_bytes(s, c);
         if (bytes + 64u > KVS_TIER_MAX_RECORD) {
             kvs_spill_cold_remove(data->cold, &keys[i]); /* too large for a record: stays in the pool */
@@ -154,8 +161,7 @@ static uint64_t kvs_tier_spill_locked(kvs_data_t *data, uint64_t bytes)
     uint64_t freed = 0;
 
     /* Fetches of other data-plane threads may be moving pool bytes without
-     * data->lock: wait until none is before pages are freed (see move_lock). */
-    pthread_rwlock_wrlock(&data->move_lock);
+     * data->lock: those clusters are pinned and skipped (kvs_tier_spill_keys_locked). */
     while (freed < bytes) {
         uint64_t f = 0;
         size_t n = kvs_spill_cold_pick(data->cold, KVS_TIER_BATCH, bytes - freed, keys);
@@ -166,7 +172,6 @@ static uint64_t kvs_tier_spill_locked(kvs_data_t *data, uint64_t bytes)
         if (st != RI_OK)
             break; /* quota or I/O: retrying now would fail the same way */
     }
-    pthread_rwlock_unlock(&data->move_lock);
     return freed;
 }
 
@@ -229,8 +234,16 @@ ri_status_t kvs_tier_alloc_clusters_locked(kvs_data_t *data, kvs_session_t *s, c
     return st;
 }
 
-ri_status_t kvs_tier_read_locked(kvs_data_t *data, kvs_session_t *s, kvs_tier_read_t *rd, size_t n,
-                                 uint8_t **buf_p)
+void kvs_tier_read_plan_locked(kvs_session_t *s, uint32_t layer, uint32_t head, uint32_t id, kvs_tier_read_t *rd)
+{
+    kvs_cluster_t *c = &kvs_tier_table(s, layer, head)->c[id];
+
+    *rd = (kvs_tier_read_t){.layer = layer, .head = head, .id = id, .bytes = kvs_tier_cluster_bytes(s, c),
+                            .crc = c->crc, .no_crc = c->no_crc};
+    c->pins++;
+}
+
+ri_status_t kvs_tier_read(kvs_data_t *data, uint64_t session_id, kvs_tier_read_t *rd, size_t n, uint8_t **buf_p)
 {
     kvs_spill_rreq_t *r;
     uint8_t *buf;
@@ -240,7 +253,7 @@ ri_status_t kvs_tier_read_locked(kvs_data_t *data, kvs_session_t *s, kvs_tier_re
     *buf_p = NULL;
     for (size_t i = 0; i < n; i++)
         total += rd[i].bytes;
-    r = cm_calloc(&kvs_tier_tag, n, sizeof(*r));
+    r = cm_calloc(&kvs_tier_tag, n ? n : 1, sizeof(*r));
     buf = cm_malloc(&kvs_tier_tag, total ? total : 1);
     if (r == NULL || buf == NULL) {
         cm_free(r);
@@ -248,27 +261,24 @@ ri_status_t kvs_tier_read_locked(kvs_data_t *data, kvs_session_t *s, kvs_tier_re
         return RI_ERR_NOMEM;
     }
     for (size_t i = 0; i < n; i++) {
-        r[i] = (kvs_spill_rreq_t){.key = {.session = s->id, .layer = rd[i].layer, .head = rd[i].head,
+        r[i] = (kvs_spill_rreq_t){.key = {.session = session_id, .layer = rd[i].layer, .head = rd[i].head,
                                           .cluster = rd[i].id},
                                   .buf = buf + off, .buf_bytes = (uint32_t)rd[i].bytes};
         rd[i].src = buf + off;
         off += rd[i].bytes;
     }
+    /* The spill store is thread-safe and does its I/O without its own lock
+     * held; the session's records stay until it is dropped (then a read
+     * answers NOT_FOUND, and the fetch an error). */
     (void)kvs_spill_read(data->spill, r, n);
     for (size_t i = 0; i < n; i++) {
-        kvs_cluster_t *c = &kvs_tier_table(s, rd[i].layer, rd[i].head)->c[rd[i].id];
         ri_status_t e = r[i].status;
         /* Our own CRC of the upload guards against a record that is intact
          * but not the one we wrote (e.g. a manifest pointing elsewhere). */
         if (e == RI_OK && (r[i].payload_bytes != rd[i].bytes ||
-                           (!c->no_crc && cm_crc32c(0, rd[i].src, rd[i].bytes) != c->crc)))
+                           (!rd[i].no_crc && cm_crc32c(0, rd[i].src, rd[i].bytes) != rd[i].crc)))
             e = RI_ERR_CORRUPT;
-        if (e == RI_ERR_CORRUPT) {
-            cm_error("spill: session %" PRIu64 " layer %u head %u cluster %u failed verification: lost", s->id,
-                     rd[i].layer, rd[i].head, rd[i].id);
-            c->tier = KVS_TIER_LOST;
-            data->lost_clusters++;
-        }
+        rd[i].status = e;
         if (e != RI_OK && (st == RI_OK || e == RI_ERR_CORRUPT))
             st = e;
     }
@@ -279,6 +289,32 @@ ri_status_t kvs_tier_read_locked(kvs_data_t *data, kvs_session_t *s, kvs_tier_re
     }
     *buf_p = buf;
     return RI_OK;
+}
+
+void kvs_tier_read_finish_locked(kvs_data_t *data, kvs_session_t *s, const kvs_tier_read_t *rd, size_t n)
+{
+    for (size_t i = 0; i < n; i++) {
+        kvs_cluster_t *c = &kvs_tier_table(s, rd[i].layer, rd[i].head)->c[rd[i].id];
+        if (rd[i].status != RI_ERR_CORRUPT || c->tier != KVS_TIER_DISK)
+            continue;
+        cm_error("spill: session %" PRIu64 " layer %u head %u cluster %u failed verification: lost", s->id,
+                 rd[i].layer, rd[i].head, rd[i].id);
+        c->tier = KVS_TIER_LOST;
+        data->lost_clusters++;
+    }
+}
+
+void kvs_tier_pin_locked(kvs_session_t *s, uint32_t layer, uint32_t head, uint32_t id)
+{
+    kvs_tier_table(s, layer, head)->c[id].pins++;
+}
+
+void kvs_tier_unpin_locked(kvs_data_t *data, kvs_session_t *s, uint32_t layer, uint32_t head, uint32_t id)
+{
+    kvs_cluster_t *c = &kvs_tier_table(s, layer, head)->c[id];
+
+    if (c->pins > 0 && --c->pins == 0 && c->tier == KVS_TIER_POOL && kvs_tier_on(data) && !s->dropped)
+        kvs_tier_touch_locked(data, s, layer, head, id);
 }
 
 void kvs_tier_session_free_locked(kvs_data_t *data, kvs_session_t *s)
@@ -510,6 +546,7 @@ ri_status_t kvs_tier_open(kvs_data_t *data)
     sc.dir = data->spill_dir;
     sc.quota_bytes = data->cfg.spill_quota_bytes;
     sc.max_record_bytes = KVS_TIER_MAX_RECORD;
+    sc.ops = data->cfg.spill_io_ops;
     st = kvs_spill_cold_create(&data->cold);
     if (st != RI_OK)
         return st;
