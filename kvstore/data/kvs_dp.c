@@ -616,7 +616,7 @@ static void kvs_dp_expire(kvs_dpw_t *w, kvs_dreq_t *r, uint64_t now)
     if (!atomic_load(&w->dp->stop))
         cm_warn("dp: session %llu: a %zu-byte body did not arrive within drain-timeout-ms (%u ms); its connection "
                 "is closed", (unsigned long long)r->h.session_id, r->len,
-                (unsigned)w->dp->data->cfg.drain_timeout_ms);
+                (unsigned)w->dp->cfg.drain_timeout_ms);
     r->deadline_ns = UINT64_MAX; /* once */
     kvs_dp_close_conns_of(w, r);
 }
