@@ -48,8 +48,11 @@ typedef struct bm_case {
     bool failed;
 } bm_case_t;
 
-static const mdl_act_mode_t bm_acts[3] = {MDL_ACT_I16, MDL_ACT_I8, MDL_ACT_F32};
-static const char *const bm_act_names[3] = {"i16", "i8", "f32"};
+/* "i16-avx2": int16 activations with the AVX-512 decode products turned off
+ * (only on CPUs that have them): the old kernels timed in the same rounds. */
+#define BM_N_ACTS 4
+static const mdl_act_mode_t bm_acts[BM_N_ACTS] = {MDL_ACT_I16, MDL_ACT_I8, MDL_ACT_F32, MDL_ACT_I16};
+static const char *const bm_act_names[BM_N_ACTS] = {"i16", "i8", "f32", "i16-avx2"};
 
 static ri_status_t bm_case_init(bm_case_t *c, mdl_model_t *m, const mdl_seq_t *base, const float *logits0)
 {
@@ -78,10 +81,12 @@ static double bm_case_step(bm_case_t *c, mdl_model_t *m)
 {
     const mdl_hparams_t *hp = mdl_model_hparams(m);
     mdl_quant_set_act(bm_acts[c->act]);
+    mdl_quant_set_avx512(c->act != 3);
     double t0 = cm_time_s();
     ri_status_t st = mdl_decode(m, c->seqs, c->toks, c->batch, c->logits);
     double dt = cm_time_s() - t0;
     mdl_quant_set_act(MDL_ACT_I16);
+    mdl_quant_set_avx512(true);
     if (st != RI_OK) {
         fprintf(stderr, "ri bench model: %s decode failed: %s\n", c->attn, ri_status_str(st));
         c->failed = true;
@@ -177,7 +182,7 @@ int main(int argc, char **argv)
     printf("decode/s: median of %d steps, all cases and a bandwidth sample interleaved round robin; e2e/s counts\n"
            "the first step (index build) too; floor/s: the bandwidth measured in the same rounds / bytes per token\n",
            steps);
-    printf("%-7s %-11s %-5s %-5s %10s %10s %10s %10s %7s %9s %8s %9s\n", "context", "attn", "act", "batch",
+    printf("%-7s %-11s %-8s %-5s %10s %10s %10s %10s %7s %9s %8s %9s\n", "context", "attn", "act", "batch",
            "prefill/s", "decode/s", "e2e/s", "floor/s", "%floor", "MB/step", "exact", "build%");
     for (size_t c = 0; c < n_ctx; c++) {
         size_t ctx = (size_t)ctxs[c];
@@ -199,10 +204,12 @@ int main(int argc, char **argv)
         if (cs == NULL)
             return 1;
         for (size_t k = 0; k < n_m; k++)
-            for (int ai = 0; ai < 3; ai++)
+            for (int ai = 0; ai < BM_N_ACTS; ai++)
                 for (size_t bi = 0; bi < n_b && n_cs < BM_MAX_CASES; bi++) {
                     if (ai > 0 && bi > 0)
                         continue;   /* batched products (n > 2) expand weights to fp32 in every mode */
+                    if (ai == 3 && !mdl_quant_avx512_active())
+                        continue;   /* no AVX-512 products to compare with */
                     bm_case_t *x = &cs[n_cs++];
                     x->attn = methods[k];
                     x->act = ai;
@@ -238,7 +245,7 @@ int main(int argc, char **argv)
             double exact = layer_steps > 0 ? (double)(s1.exact_tokens - x->s0.exact_tokens) / layer_steps : 0;
             double floor_tok_s = bref.median * 1e9 / bytes_per_step;
             double e2e_tok_s = (double)x->batch * (x->n + 1) / (x->first_s + sum);
-            printf("%-7zu %-11s %-5s %-5zu %10.1f %10.1f %10.1f %10.1f %6.0f%% %9.1f %8.0f %8.1f%%\n", n, x->attn,
+            printf("%-7zu %-11s %-8s %-5zu %10.1f %10.1f %10.1f %10.1f %6.0f%% %9.1f %8.0f %8.1f%%\n", n, x->attn,
                    bm_act_names[x->act], x->batch, (double)n / tp, tok_s, e2e_tok_s, floor_tok_s,
                    100.0 * tok_s / floor_tok_s, bytes_per_step / 1e6, exact, 100.0 * x->s0.build_s / tp);
             fflush(stdout);

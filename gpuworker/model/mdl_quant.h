@@ -72,6 +72,13 @@ void mdl_quant_q8_activations(bool on);
 /* True when the optimised paths use AVX2+FMA on this CPU. */
 bool mdl_quant_have_simd(void);
 
+/* The AVX-512BW decode products (Q8_0 and Q5_0 weights, int16 activations):
+ * used where the CPU has AVX-512BW unless RI_MODEL_AVX512=0.  Off selects
+ * the AVX2 ones (tests, A/B timing); on re-enables them where supported. */
+void mdl_quant_set_avx512(bool on);
+/* True when the AVX-512BW decode products are in use. */
+bool mdl_quant_avx512_active(void);
+
 /* Force the scalar paths in the optimised entry points (tests, comparisons). */
 void mdl_quant_force_scalar(bool on);
 
