@@ -114,6 +114,36 @@ static void bm_rounds(bm_case_t *cs, size_t n_cs, mdl_model_t *m, int steps, dou
         }
 }
 
+/* Where the first case's decode step goes, op by op (mdl_model_profile),
+ * over `steps` more steps after the timed rounds: printed and kept in the
+ * JSON as "profile" rows (ms per step). */
+static void bm_profile(bm_case_t *c, mdl_model_t *m, int steps, bn_report_t *rep, size_t ctx)
+{
+    mdl_profile_t p;
+    double total = 0;
+    mdl_model_profile(m, true);
+    for (int i = 0; i < steps && !c->failed; i++)
+        total += bm_case_step(c, m);
+    mdl_model_profile_get(m, &p);
+    mdl_model_profile(m, false);
+    if (c->failed || p.steps == 0)
+        return;
+    cJSON *row = bn_report_row(rep);
+    cJSON_AddStringToObject(row, "profile", c->attn);
+    cJSON_AddNumberToObject(row, "context", (double)ctx);
+    cJSON_AddStringToObject(row, "activations", bm_act_names[c->act]);
+    cJSON_AddNumberToObject(row, "step_ms", 1e3 * total / (double)p.steps);
+    printf("   profile (%s %s, ms per step of %.2f):", c->attn, bm_act_names[c->act], 1e3 * total / (double)p.steps);
+    for (int op = 0; op < MDL_OP_N; op++) {
+        double ms = 1e3 * p.s[op] / (double)p.steps;
+        printf(" %s %.2f", mdl_op_name((mdl_op_t)op), ms);
+        char key[32];
+        snprintf(key, sizeof(key), "%s_ms", mdl_op_name((mdl_op_t)op));
+        cJSON_AddNumberToObject(row, key, ms);
+    }
+    printf("\n");
+}
+
 static const char *bm_arg(int *i, int argc, char **argv, const char *name)
 {
     if (strcmp(argv[*i], name) == 0 && *i + 1 < argc)
@@ -191,7 +221,7 @@ int main(int argc, char **argv)
         if (bn_passkey_prompt(mdl_model_tok(m), ctx, 0.5, -1, &ids, &n) != RI_OK)
             return 1;
         mdl_seq_t *base;
-        if (mdl_seq_create(m, mdl_attn_find("full"), NULL, n + (size_t)steps + 8, &base) != RI_OK)
+        if (mdl_seq_create(m, mdl_attn_find("full"), NULL, n + 2 * (size_t)steps + 8, &base) != RI_OK)
             return 1;
         double t0 = cm_time_s();
         if (mdl_prefill(m, base, ids, n, logits, NULL, NULL, NULL) != RI_OK)
@@ -282,6 +312,7 @@ int main(int argc, char **argv)
                 over++;
             }
         }
+        bm_profile(&cs[0], m, steps, rep, n);
         for (size_t k = 0; k < n_cs; k++)
             bm_case_free(&cs[k]);
         free(cs);
