@@ -859,16 +859,17 @@ MDL_AVX512BW static inline __m512 mdl_q8_0_blk512(const uint8_t *p, const int16_
     return _mm512_cvtepi32_ps(_mm512_madd_epi16(w, _mm512_loadu_si512(xq)));
 }
 
-/* One Q5_0 block: the nibbles widened to int16 in element order, then -16
- * where the fifth bit (bit j of qh for element j, a mask register) is clear. */
+/* One Q5_0 block: the 16 bytes widened to int16 first (byte j in lane j),
+ * so that the low nibbles (elements 0-15) are a mask and the high ones
+ * (16-31) a shift away, then -16 where the fifth bit (bit j of qh for
+ * element j, a mask register) is clear. */
 MDL_AVX512BW static inline __m512 mdl_q5_0_blk512(const uint8_t *p, const int16_t *xq)
 {
-    const __m128i m4 = _mm_set1_epi8(0x0F);
     uint32_t qh;
     memcpy(&qh, p + 2, 4);
-    __m128i raw = _mm_loadu_si128((const __m128i *)(p + 6));
-    __m512i q = _mm512_cvtepu8_epi16(
-        _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(raw, 4), m4), _mm_and_si128(raw, m4)));
+    __m256i b = _mm256_cvtepu8_epi16(_mm_loadu_si128((const __m128i *)(p + 6)));
+    __m512i q = _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_and_si256(b, _mm256_set1_epi16(0x0F))),
+                                   _mm256_srli_epi16(b, 4), 1);
     q = _mm512_mask_sub_epi16(q, (__mmask32)~qh, q, _mm512_set1_epi16(16));
     return _mm512_cvtepi32_ps(_mm512_madd_epi16(q, _mm512_loadu_si512(xq)));
 }
