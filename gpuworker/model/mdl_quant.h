@@ -3,7 +3,8 @@
  * GGUF storage type (Q4_0, Q4_1, Q5_0, Q8_0, Q4_K, Q6_K, F16, BF16, F32) and are expanded block
  * by block while multiplying fp32 activations.  Each operation has a scalar
  * reference (mdl_*_ref, plain loops, the oracle of the tests) and an optimised
- * version (AVX2/FMA/F16C chosen at run time, threads through cm_pool).
+ * version (AVX2/FMA/F16C chosen at run time, threads through cm_pool; the
+ * decode products with int16 activations in AVX-512 where the CPU has it).
  * Workload: decode multiplies one activation row per sequence (memory bound:
  * each weight byte read once per step); prefill multiplies chunks of 16-128
  * rows (compute bound: each weight row is expanded once and reused).
