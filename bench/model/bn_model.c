@@ -48,8 +48,11 @@ typedef struct bm_case {
     bool failed;
 } bm_case_t;
 
-static const mdl_act_mode_t bm_acts[3] = {MDL_ACT_I16, MDL_ACT_I8, MDL_ACT_F32};
-static const char *const bm_act_names[3] = {"i16", "i8", "f32"};
+/* "i16-avx2": int16 activations with the AVX-512 decode products turned off
+ * (only on CPUs that have them): the old kernels timed in the same rounds. */
+#define BM_N_ACTS 4
+static const mdl_act_mode_t bm_acts[BM_N_ACTS] = {MDL_ACT_I16, MDL_ACT_I8, MDL_ACT_F32, MDL_ACT_I16};
+static const char *const bm_act_names[BM_N_ACTS] = {"i16", "i8", "f32", "i16-avx2"};
 
 static ri_status_t bm_case_init(bm_case_t *c, mdl_model_t *m, const mdl_seq_t *base, const float *logits0)
 {
@@ -78,10 +81,12 @@ static double bm_case_step(bm_case_t *c, mdl_model_t *m)
 {
     const mdl_hparams_t *hp = mdl_model_hparams(m);
     mdl_quant_set_act(bm_acts[c->act]);
+    mdl_quant_set_avx512(c->act != 3);
     double t0 = cm_time_s();
     ri_status_t st = mdl_decode(m, c->seqs, c->toks, c->batch, c->logits);
     double dt = cm_time_s() - t0;
     mdl_quant_set_act(MDL_ACT_I16);
+    mdl_quant_set_avx512(true);
     if (st != RI_OK) {
         fprintf(stderr, "ri bench model: %s decode failed: %s\n", c->attn, ri_status_str(st));
         c->failed = true;
@@ -107,6 +112,36 @@ static void bm_rounds(bm_case_t *cs, size_t n_cs, mdl_model_t *m, int steps, dou
             if (!cs[k].failed)
                 cs[k].t[cs[k].n++] = bm_case_step(&cs[k], m);
         }
+}
+
+/* Where the first case's decode step goes, op by op (mdl_model_profile),
+ * over `steps` more steps after the timed rounds: printed and kept in the
+ * JSON as "profile" rows (ms per step). */
+static void bm_profile(bm_case_t *c, mdl_model_t *m, int steps, bn_report_t *rep, size_t ctx)
+{
+    mdl_profile_t p;
+    double total = 0;
+    mdl_model_profile(m, true);
+    for (int i = 0; i < steps && !c->failed; i++)
+        total += bm_case_step(c, m);
+    mdl_model_profile_get(m, &p);
+    mdl_model_profile(m, false);
+    if (c->failed || p.steps == 0)
+        return;
+    cJSON *row = bn_report_row(rep);
+    cJSON_AddStringToObject(row, "profile", c->attn);
+    cJSON_AddNumberToObject(row, "context", (double)ctx);
+    cJSON_AddStringToObject(row, "activations", bm_act_names[c->act]);
+    cJSON_AddNumberToObject(row, "step_ms", 1e3 * total / (double)p.steps);
+    printf("   profile (%s %s, ms per step of %.2f):", c->attn, bm_act_names[c->act], 1e3 * total / (double)p.steps);
+    for (int op = 0; op < MDL_OP_N; op++) {
+        double ms = 1e3 * p.s[op] / (double)p.steps;
+        printf(" %s %.2f", mdl_op_name((mdl_op_t)op), ms);
+        char key[32];
+        snprintf(key, sizeof(key), "%s_ms", mdl_op_name((mdl_op_t)op));
+        cJSON_AddNumberToObject(row, key, ms);
+    }
+    printf("\n");
 }
 
 static const char *bm_arg(int *i, int argc, char **argv, const char *name)
@@ -177,7 +212,7 @@ int main(int argc, char **argv)
     printf("decode/s: median of %d steps, all cases and a bandwidth sample interleaved round robin; e2e/s counts\n"
            "the first step (index build) too; floor/s: the bandwidth measured in the same rounds / bytes per token\n",
            steps);
-    printf("%-7s %-11s %-5s %-5s %10s %10s %10s %10s %7s %9s %8s %9s\n", "context", "attn", "act", "batch",
+    printf("%-7s %-11s %-8s %-5s %10s %10s %10s %10s %7s %9s %8s %9s\n", "context", "attn", "act", "batch",
            "prefill/s", "decode/s", "e2e/s", "floor/s", "%floor", "MB/step", "exact", "build%");
     for (size_t c = 0; c < n_ctx; c++) {
         size_t ctx = (size_t)ctxs[c];
@@ -186,7 +221,7 @@ int main(int argc, char **argv)
         if (bn_passkey_prompt(mdl_model_tok(m), ctx, 0.5, -1, &ids, &n) != RI_OK)
             return 1;
         mdl_seq_t *base;
-        if (mdl_seq_create(m, mdl_attn_find("full"), NULL, n + (size_t)steps + 8, &base) != RI_OK)
+        if (mdl_seq_create(m, mdl_attn_find("full"), NULL, n + 2 * (size_t)steps + 8, &base) != RI_OK)
             return 1;
         double t0 = cm_time_s();
         if (mdl_prefill(m, base, ids, n, logits, NULL, NULL, NULL) != RI_OK)
@@ -199,10 +234,12 @@ int main(int argc, char **argv)
         if (cs == NULL)
             return 1;
         for (size_t k = 0; k < n_m; k++)
-            for (int ai = 0; ai < 3; ai++)
+            for (int ai = 0; ai < BM_N_ACTS; ai++)
                 for (size_t bi = 0; bi < n_b && n_cs < BM_MAX_CASES; bi++) {
                     if (ai > 0 && bi > 0)
                         continue;   /* batched products (n > 2) expand weights to fp32 in every mode */
+                    if (ai == 3 && !mdl_quant_avx512_active())
+                        continue;   /* no AVX-512 products to compare with */
                     bm_case_t *x = &cs[n_cs++];
                     x->attn = methods[k];
                     x->act = ai;
@@ -238,7 +275,7 @@ int main(int argc, char **argv)
             double exact = layer_steps > 0 ? (double)(s1.exact_tokens - x->s0.exact_tokens) / layer_steps : 0;
             double floor_tok_s = bref.median * 1e9 / bytes_per_step;
             double e2e_tok_s = (double)x->batch * (x->n + 1) / (x->first_s + sum);
-            printf("%-7zu %-11s %-5s %-5zu %10.1f %10.1f %10.1f %10.1f %6.0f%% %9.1f %8.0f %8.1f%%\n", n, x->attn,
+            printf("%-7zu %-11s %-8s %-5zu %10.1f %10.1f %10.1f %10.1f %6.0f%% %9.1f %8.0f %8.1f%%\n", n, x->attn,
                    bm_act_names[x->act], x->batch, (double)n / tp, tok_s, e2e_tok_s, floor_tok_s,
                    100.0 * tok_s / floor_tok_s, bytes_per_step / 1e6, exact, 100.0 * x->s0.build_s / tp);
             fflush(stdout);
@@ -275,6 +312,7 @@ int main(int argc, char **argv)
                 over++;
             }
         }
+        bm_profile(&cs[0], m, steps, rep, n);
         for (size_t k = 0; k < n_cs; k++)
             bm_case_free(&cs[k]);
         free(cs);

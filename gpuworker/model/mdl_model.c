@@ -18,6 +18,7 @@
 #include "common/cm_log.h"
 #include "common/cm_status.h"
 #include "common/cm_thread.h"
+#include "common/cm_time.h"
 #include "gpuworker/model/mdl_kv_mem.h"
 #include "gpuworker/model/mdl_quant.h"
 #include "gpuworker/model/mdl_vec.h"
@@ -50,6 +51,8 @@ struct mdl_model {
     char name[128];          /* for messages */
     size_t chunk;            /* prefill chunk */
     uint64_t weight_bytes;   /* bytes read per decode step */
+    bool prof_on;            /* mdl_model_profile: time each op of mdl_forward */
+    mdl_profile_t prof;      /* its seconds per op */
 };
 
 struct mdl_seq {
@@ -689,12 +692,41 @@ static void mdl_residual(const mdl_hparams_t *hp, mdl_act_t *a, size_t R, const 
 }
 
 /* Run rows through all layers; logits for rows with want[r] into logits (packed). */
+/* RI profile: add the time since *t to op (when profiling) and restart *t. */
+static void mdl_prof_lap(mdl_model_t *m, mdl_op_t op, double *t)
+{
+    if (!m->prof_on)
+        return;
+    double now = cm_time_s();
+    m->prof.s[op] += now - *t;
+    *t = now;
+}
+
+void mdl_model_profile(mdl_model_t *m, bool on)
+{
+    memset(&m->prof, 0, sizeof(m->prof));
+    m->prof_on = on;
+}
+
+void mdl_model_profile_get(const mdl_model_t *m, mdl_profile_t *p)
+{
+    *p = m->prof;
+}
+
+const char *mdl_op_name(mdl_op_t op)
+{
+    static const char *const names[MDL_OP_N] = {"embed", "norms", "qkv", "attention", "attn_out",
+                                                "gate_up", "glu", "down", "head"};
+    return (unsigned)op < MDL_OP_N ? names[op] : "?";
+}
+
 static ri_status_t mdl_forward(mdl_model_t *m, const mdl_rows_t *rw, mdl_act_t *a, const bool *want, float *logits)
 {
     const mdl_hparams_t *hp = &m->hp;
     cm_pool_t *pool = cm_pool_default();
     size_t R = rw->n, E = hp->n_embd;
     ri_status_t st = RI_OK;
+    double t = m->prof_on ? cm_time_s() : 0;
 
     for (size_t r = 0; r < R; r++) {
         mdl_rope_table(m, m->inv_freq, mdl_row_pos(rw, r), a->rope[0] + r * hp->n_rot);
@@ -704,32 +736,42 @@ static ri_status_t mdl_forward(mdl_model_t *m, const mdl_rows_t *rw, mdl_act_t *
         if (hp->embd_scale != 1.0f)
             mdl_vec_scale(a->x + r * E, hp->embd_scale, E);
     }
+    mdl_prof_lap(m, MDL_OP_EMBD, &t);
     for (uint32_t l = 0; l < hp->n_layers; l++) {
         const mdl_layer_t *L = &m->layers[l];
         for (size_t r = 0; r < R; r++)
             mdl_vec_rmsnorm(a->xb + r * E, a->x + r * E, L->attn_norm, E, hp->eps);
+        mdl_prof_lap(m, MDL_OP_NORM, &t);
         const mdl_weight_t *qkv[3] = {&L->wq, &L->wk, &L->wv};
         float *qkv_out[3] = {a->q, a->k, a->v};
         if ((st = mdl_matmul_multi(pool, qkv, 3, a->xb, R, qkv_out)) != RI_OK)
             return st;
+        mdl_prof_lap(m, MDL_OP_QKV, &t);
         if ((st = mdl_attention(m, rw, l, a)) != RI_OK)
             return st;
+        mdl_prof_lap(m, MDL_OP_ATTN, &t);
         if ((st = mdl_matmul(pool, &L->wo, a->att, R, a->xb)) != RI_OK)
             return st;
+        mdl_prof_lap(m, MDL_OP_WO, &t);
         mdl_residual(hp, a, R, L->post_attn_norm);
         for (size_t r = 0; r < R; r++)
             mdl_vec_rmsnorm(a->xb + r * E, a->x + r * E, L->ffn_norm, E, hp->eps);
+        mdl_prof_lap(m, MDL_OP_NORM, &t);
         const mdl_weight_t *gu[2] = {&L->w_gate, &L->w_up};
         float *gu_out[2] = {a->g, a->u};
         if ((st = mdl_matmul_multi(pool, gu, 2, a->xb, R, gu_out)) != RI_OK)
             return st;
+        mdl_prof_lap(m, MDL_OP_GATE_UP, &t);
         if (hp->geglu)
             mdl_vec_geglu(a->g, a->u, R * hp->n_ff);
         else
             mdl_vec_swiglu(a->g, a->u, R * hp->n_ff);
+        mdl_prof_lap(m, MDL_OP_GLU, &t);
         if ((st = mdl_matmul(pool, &L->w_down, a->g, R, a->xb)) != RI_OK)
             return st;
+        mdl_prof_lap(m, MDL_OP_DOWN, &t);
         mdl_residual(hp, a, R, L->post_ffn_norm);
+        mdl_prof_lap(m, MDL_OP_NORM, &t);
     }
     /* output head only for the rows that want logits, packed */
     size_t nw = 0;
@@ -741,6 +783,7 @@ static ri_status_t mdl_forward(mdl_model_t *m, const mdl_rows_t *rw, mdl_act_t *
     if (st == RI_OK && logits != NULL && hp->logit_softcap > 0)
         for (size_t i = 0; i < nw * hp->n_vocab; i++)
             logits[i] = hp->logit_softcap * tanhf(logits[i] / hp->logit_softcap);
+    mdl_prof_lap(m, MDL_OP_HEAD, &t);
     return st;
 }
 
@@ -866,6 +909,8 @@ ri_status_t mdl_decode(mdl_model_t *m, mdl_seq_t *const *seqs, const int32_t *to
         wp[b] = true;
     mdl_rows_t rw = {.n = n_seqs, .tokens = tokens, .seqs = seqs, .prefill = false};
     st = mdl_forward(m, &rw, &a, wp, logits);
+    if (m->prof_on)
+        m->prof.steps++;
     if (st == RI_OK)
         for (size_t b = 0; b < n_seqs; b++) {
             seqs[b]->kv->len++;

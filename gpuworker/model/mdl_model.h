@@ -103,6 +103,23 @@ uint32_t mdl_model_layer_window(const mdl_model_t *m, uint32_t l);
 /* Bytes of weights read per decode step (every tensor once). */
 uint64_t mdl_model_weight_bytes(const mdl_model_t *m);
 
+/* Per-op profile of the forward pass (the model bench's breakdown): wall
+ * seconds spent in each op, summed over the steps since profiling was
+ * turned on (prefill chunks too; steps counts decode calls). */
+typedef enum mdl_op {
+    MDL_OP_EMBD, MDL_OP_NORM, MDL_OP_QKV, MDL_OP_ATTN, MDL_OP_WO, MDL_OP_GATE_UP, MDL_OP_GLU, MDL_OP_DOWN,
+    MDL_OP_HEAD, MDL_OP_N
+} mdl_op_t;
+typedef struct mdl_profile {
+    double s[MDL_OP_N];   /* seconds per op */
+    uint64_t steps;       /* decode calls counted */
+} mdl_profile_t;
+/* Reset the counters; on: count from now (one thread at a time), off: stop. */
+void mdl_model_profile(mdl_model_t *m, bool on);
+void mdl_model_profile_get(const mdl_model_t *m, mdl_profile_t *p);
+/* "qkv", "head", ... */
+const char *mdl_op_name(mdl_op_t op);
+
 /* Prefill chunk size (tokens per matrix-matrix pass; default 64). */
 void mdl_model_set_chunk(mdl_model_t *m, size_t chunk);
 

@@ -828,6 +828,159 @@ MDL_AVX2 static float mdl_dot_q6_k_q16act_avx2(const uint8_t *p, size_t nsb, con
     return mdl_hsum(acc);
 }
 
+/* ---- AVX-512BW decode products (int16 activations) ----
+ * The same products as the AVX2 ones above, a 32-element block per 512-bit
+ * register: one widening load and one madd per block instead of two each,
+ * and two accumulators so the per-block scale FMA does not wait on the
+ * previous block's (the single-accumulator AVX2 loop is bound by that
+ * latency, not by memory).  Q8_0 is Gemma's output head (178 MB a step),
+ * Q5_0 its Q/K/gate/up, Q4_K / Q6_K its attention output and FFN down.
+ * AVX-512F/BW/DQ, on where the CPU has them unless RI_MODEL_AVX512=0. */
+#define MDL_AVX512BW __attribute__((target("avx512f,avx512bw,avx512dq,avx2,fma,f16c")))
+
+static int mdl_avx512_on = -1;   /* -1: not decided (CPU and RI_MODEL_AVX512) */
+
+static bool mdl_quant_use_avx512(void)
+{
+    if (mdl_avx512_on < 0) {
+        const char *e = getenv("RI_MODEL_AVX512");
+        __builtin_cpu_init();
+        mdl_avx512_on = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+                        __builtin_cpu_supports("avx512dq") &&
+                        !(e != NULL && strcmp(e, "0") == 0);
+    }
+    return mdl_avx512_on > 0 && mdl_quant_have_simd();
+}
+
+/* One Q8_0 block times 32 int16 activations, as 16 fp32 partial sums. */
+MDL_AVX512BW static inline __m512 mdl_q8_0_blk512(const uint8_t *p, const int16_t *xq)
+{
+    __m512i w = _mm512_cvtepi8_epi16(_mm256_loadu_si256((const __m256i *)(p + 2)));
+    return _mm512_cvtepi32_ps(_mm512_madd_epi16(w, _mm512_loadu_si512(xq)));
+}
+
+/* One Q5_0 block: the 16 bytes widened to int16 first (byte j in lane j),
+ * so that the low nibbles (elements 0-15) are a mask and the high ones
+ * (16-31) a shift away, then -16 where the fifth bit (bit j of qh for
+ * element j, a mask register) is clear. */
+MDL_AVX512BW static inline __m512 mdl_q5_0_blk512(const uint8_t *p, const int16_t *xq)
+{
+    uint32_t qh;
+    memcpy(&qh, p + 2, 4);
+    __m256i b = _mm256_cvtepu8_epi16(_mm_loadu_si128((const __m128i *)(p + 6)));
+    __m512i q = _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_and_si256(b, _mm256_set1_epi16(0x0F))),
+                                   _mm256_srli_epi16(b, 4), 1);
+    q = _mm512_mask_sub_epi16(q, (__mmask32)~qh, q, _mm512_set1_epi16(16));
+    return _mm512_cvtepi32_ps(_mm512_madd_epi16(q, _mm512_loadu_si512(xq)));
+}
+
+/* Q8_0 (bb 34) or Q5_0 (bb 22) row of nb blocks with int16 activations
+ * (inlined into one function per type, which a profile tells apart). */
+MDL_AVX512BW static inline __attribute__((always_inline)) float mdl_dot_q8q5_q16act_avx512(const uint8_t *p, size_t nb, size_t bb, const int16_t *xq,
+                                                     const float *xd)
+{
+    __m512 acc0 = _mm512_setzero_ps(), acc1 = _mm512_setzero_ps();
+    bool q8 = bb == 34;
+    size_t b = 0;
+    for (; b + 2 <= nb; b += 2, p += 2 * bb) {
+        __m512 s0 = q8 ? mdl_q8_0_blk512(p, xq + b * QK) : mdl_q5_0_blk512(p, xq + b * QK);
+        __m512 s1 = q8 ? mdl_q8_0_blk512(p + bb, xq + b * QK + QK) : mdl_q5_0_blk512(p + bb, xq + b * QK + QK);
+        acc0 = _mm512_fmadd_ps(_mm512_set1_ps(mdl_h_avx(p) * xd[b]), s0, acc0);
+        acc1 = _mm512_fmadd_ps(_mm512_set1_ps(mdl_h_avx(p + bb) * xd[b + 1]), s1, acc1);
+    }
+    if (b < nb) {
+        __m512 s0 = q8 ? mdl_q8_0_blk512(p, xq + b * QK) : mdl_q5_0_blk512(p, xq + b * QK);
+        acc0 = _mm512_fmadd_ps(_mm512_set1_ps(mdl_h_avx(p) * xd[b]), s0, acc0);
+    }
+    return _mm512_reduce_add_ps(_mm512_add_ps(acc0, acc1));
+}
+
+/* Q4_K with int16 activations: the 6-bit scales and mins of a super-block
+ * unpacked with 32-bit masks (as ggml's utmp), then as 8-float vectors times
+ * the activation blocks' scales and sums; each 32-byte run of nibbles gives
+ * two groups (low, high nibbles), a 512-bit madd each. */
+MDL_AVX512BW static float mdl_dot_q4_k_q16act_avx512(const uint8_t *p, size_t nsb, const int16_t *xq, const float *xd,
+                                                     const float *xs)
+{
+    const __m256i m4 = _mm256_set1_epi8(0x0F);
+    __m512 acc0 = _mm512_setzero_ps(), acc1 = _mm512_setzero_ps();
+    __m256 accm = _mm256_setzero_ps();
+    for (size_t sb = 0; sb < nsb; sb++, p += 144, xq += QKK, xd += 8, xs += 8) {
+        uint32_t u[4];
+        memcpy(u, p + 4, 12);
+        u[3] = ((u[2] >> 4) & 0x0f0f0f0f) | (((u[1] >> 6) & 0x03030303) << 4);
+        uint32_t mins_lo = u[1] & 0x3f3f3f3f;
+        u[1] = (u[2] & 0x0f0f0f0f) | (((u[0] >> 6) & 0x03030303) << 4);
+        u[2] = mins_lo;
+        u[0] &= 0x3f3f3f3f;   /* bytes of u[0..1]: scales of groups 0-7, of u[2..3]: mins */
+        __m256 scf = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)u)));
+        __m256 mnf = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(u + 2))));
+        float sc[8];
+        _mm256_storeu_ps(sc, _mm256_mul_ps(_mm256_mul_ps(scf, _mm256_set1_ps(mdl_h_avx(p))), _mm256_loadu_ps(xd)));
+        accm = _mm256_fmadd_ps(_mm256_mul_ps(mnf, _mm256_set1_ps(mdl_h_avx(p + 2))), _mm256_loadu_ps(xs), accm);
+        for (int c = 0; c < 4; c++) {
+            __m256i raw = _mm256_loadu_si256((const __m256i *)(p + 16 + 32 * c));
+            __m512i w0 = _mm512_cvtepu8_epi16(_mm256_and_si256(raw, m4));
+            __m512i w1 = _mm512_cvtepu8_epi16(_mm256_and_si256(_mm256_srli_epi16(raw, 4), m4));
+            __m512 s0 = _mm512_cvtepi32_ps(_mm512_madd_epi16(w0, _mm512_loadu_si512(xq + 64 * c)));
+            __m512 s1 = _mm512_cvtepi32_ps(_mm512_madd_epi16(w1, _mm512_loadu_si512(xq + 64 * c + 32)));
+            acc0 = _mm512_fmadd_ps(_mm512_set1_ps(sc[2 * c]), s0, acc0);
+            acc1 = _mm512_fmadd_ps(_mm512_set1_ps(sc[2 * c + 1]), s1, acc1);
+        }
+    }
+    return _mm512_reduce_add_ps(_mm512_add_ps(acc0, acc1)) - mdl_hsum(accm);
+}
+
+/* Q6_K with int16 activations: quarter k of half h (32 elements) built in
+ * 256-bit byte operations as mdl_dequant_kq_avx2 does, widened, -32 in
+ * int16; the madd's lanes 0-7 cover its first 16 elements (scale 2k of the
+ * half), lanes 8-15 the next 16, so the scale vector is two broadcasts. */
+MDL_AVX512BW static float mdl_dot_q6_k_q16act_avx512(const uint8_t *p, size_t nsb, const int16_t *xq, const float *xd)
+{
+    const __m256i m4 = _mm256_set1_epi8(0x0F), m2 = _mm256_set1_epi8(3);
+    const __m512i off = _mm512_set1_epi16(32);
+    __m512 acc0 = _mm512_setzero_ps(), acc1 = _mm512_setzero_ps();
+    for (size_t sb = 0; sb < nsb; sb++, p += 210) {
+        const int8_t *sc = (const int8_t *)(p + 192);
+        float d = mdl_h_avx(p + 208);
+        for (int h = 0; h < 2; h++, xq += 128, xd += 4) {
+            __m256i l0 = _mm256_loadu_si256((const __m256i *)(p + 64 * h));
+            __m256i l1 = _mm256_loadu_si256((const __m256i *)(p + 64 * h + 32));
+            __m256i hb = _mm256_loadu_si256((const __m256i *)(p + 128 + 32 * h));
+            __m256i q[4];
+            q[0] = _mm256_or_si256(_mm256_and_si256(l0, m4), _mm256_slli_epi16(_mm256_and_si256(hb, m2), 4));
+            q[1] = _mm256_or_si256(_mm256_and_si256(l1, m4),
+                                   _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(hb, 2), m2), 4));
+            q[2] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l0, 4), m4),
+                                   _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(hb, 4), m2), 4));
+            q[3] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l1, 4), m4),
+                                   _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(hb, 6), m2), 4));
+            for (int k = 0; k < 4; k++) {
+                __m512i w = _mm512_sub_epi16(_mm512_cvtepu8_epi16(q[k]), off);
+                __m512 s = _mm512_cvtepi32_ps(_mm512_madd_epi16(w, _mm512_loadu_si512(xq + 32 * k)));
+                float dx = d * xd[k];
+                __m512 scv = _mm512_insertf32x8(_mm512_set1_ps(dx * sc[8 * h + 2 * k]),
+                                                _mm256_set1_ps(dx * sc[8 * h + 2 * k + 1]), 1);
+                if (k & 1)
+                    acc1 = _mm512_fmadd_ps(scv, s, acc1);
+                else
+                    acc0 = _mm512_fmadd_ps(scv, s, acc0);
+            }
+        }
+    }
+    return _mm512_reduce_add_ps(_mm512_add_ps(acc0, acc1));
+}
+
+MDL_AVX512BW static float mdl_dot_q8_0_q16act_avx512(const uint8_t *p, size_t nb, const int16_t *xq, const float *xd)
+{
+    return mdl_dot_q8q5_q16act_avx512(p, nb, 34, xq, xd);
+}
+
+MDL_AVX512BW static float mdl_dot_q5_0_q16act_avx512(const uint8_t *p, size_t nb, const int16_t *xq, const float *xd)
+{
+    return mdl_dot_q8q5_q16act_avx512(p, nb, 22, xq, xd);
+}
+
 MDL_AVX2 static float mdl_dot_q16act_avx2(const mdl_weight_t *w, size_t r, const int16_t *xq, const float *xd,
                                           const float *xs)
 {
@@ -835,6 +988,14 @@ MDL_AVX2 static float mdl_dot_q16act_avx2(const mdl_weight_t *w, size_t r, const
     size_t nb = w->cols / QK;
     __m256 acc = _mm256_setzero_ps();
     float accm = 0;
+    if (w->type == MDL_GGML_Q8_0 && mdl_quant_use_avx512())
+        return mdl_dot_q8_0_q16act_avx512(p, nb, xq, xd);
+    if (w->type == MDL_GGML_Q5_0 && mdl_quant_use_avx512())
+        return mdl_dot_q5_0_q16act_avx512(p, nb, xq, xd);
+    if (w->type == MDL_GGML_Q4_K && mdl_quant_use_avx512())
+        return mdl_dot_q4_k_q16act_avx512(p, w->cols / QKK, xq, xd, xs);
+    if (w->type == MDL_GGML_Q6_K && mdl_quant_use_avx512())
+        return mdl_dot_q6_k_q16act_avx512(p, w->cols / QKK, xq, xd);
     if (w->type == MDL_GGML_Q5_0)
         return mdl_dot_q5_0_q16act_avx2(p, nb, xq, xd, xs);
     if (w->type == MDL_GGML_Q4_K)
@@ -1060,6 +1221,28 @@ ri_status_t mdl_matmul(cm_pool_t *pool, const mdl_weight_t *w, const float *x, s
     const mdl_weight_t *ws[1] = {w};
     float *ys[1] = {y};
     return mdl_matmul_multi(pool, ws, 1, x, n, ys);
+}
+
+void mdl_quant_set_avx512(bool on)
+{
+#ifdef MDL_X86
+    mdl_avx512_on = -1;
+    if (on)
+        (void)mdl_quant_use_avx512();   /* on only where the CPU has it */
+    else
+        mdl_avx512_on = 0;
+#else
+    (void)on;
+#endif
+}
+
+bool mdl_quant_avx512_active(void)
+{
+#ifdef MDL_X86
+    return mdl_quant_use_avx512();
+#else
+    return false;
+#endif
 }
 
 void mdl_quant_set_act(mdl_act_mode_t mode)

@@ -3,7 +3,8 @@
  * GGUF storage type (Q4_0, Q4_1, Q5_0, Q8_0, Q4_K, Q6_K, F16, BF16, F32) and are expanded block
  * by block while multiplying fp32 activations.  Each operation has a scalar
  * reference (mdl_*_ref, plain loops, the oracle of the tests) and an optimised
- * version (AVX2/FMA/F16C chosen at run time, threads through cm_pool).
+ * version (AVX2/FMA/F16C chosen at run time, threads through cm_pool; the
+ * decode products with int16 activations in AVX-512 where the CPU has it).
  * Workload: decode multiplies one activation row per sequence (memory bound:
  * each weight byte read once per step); prefill multiplies chunks of 16-128
  * rows (compute bound: each weight row is expanded once and reused).
@@ -71,6 +72,13 @@ void mdl_quant_q8_activations(bool on);
 
 /* True when the optimised paths use AVX2+FMA on this CPU. */
 bool mdl_quant_have_simd(void);
+
+/* The AVX-512BW decode products (Q8_0 and Q5_0 weights, int16 activations):
+ * used where the CPU has AVX-512BW unless RI_MODEL_AVX512=0.  Off selects
+ * the AVX2 ones (tests, A/B timing); on re-enables them where supported. */
+void mdl_quant_set_avx512(bool on);
+/* True when the AVX-512BW decode products are in use. */
+bool mdl_quant_avx512_active(void);
 
 /* Force the scalar paths in the optimised entry points (tests, comparisons). */
 void mdl_quant_force_scalar(bool on);

@@ -137,11 +137,16 @@ static void check_shape(cm_pool_t *pool, mdl_ggml_type_t type, size_t rows, size
         assert_true(y[n * rows + g] == 12345.0f);
     if (n <= 2 && type != MDL_GGML_F32 && type != MDL_GGML_F16 && type != MDL_GGML_BF16) {
         /* decode paths with quantised activations, each within its bound */
-        static const struct { mdl_act_mode_t mode; double tol; const char *name; } modes[] = {
-            {MDL_ACT_I16, 1e-4, "int16"}, {MDL_ACT_I8, 2e-2, "int8"}};
-        for (size_t k = 0; k < 2; k++) {
+        /* int16 twice: the AVX-512BW products where the CPU has them, then
+         * the AVX2 ones (on other CPUs both runs take the same path) */
+        static const struct { mdl_act_mode_t mode; double tol; const char *name; bool avx512; } modes[] = {
+            {MDL_ACT_I16, 1e-4, "int16 (AVX-512)", true}, {MDL_ACT_I16, 1e-4, "int16 (AVX2)", false},
+            {MDL_ACT_I8, 2e-2, "int8", true}};
+        for (size_t k = 0; k < 3; k++) {
             mdl_quant_set_act(modes[k].mode);
+            mdl_quant_set_avx512(modes[k].avx512);
             assert_int_equal(mdl_matmul(pool, &wb.w, x, n, y), RI_OK);
+            mdl_quant_set_avx512(true);
             e = worst_rel(y, yr, sc, n * rows);
             if (!(e < modes[k].tol))
                 fail_msg("%s %s activations rows %zu cols %zu: relative error %.3g", mdl_ggml_type_name(type),
@@ -169,6 +174,8 @@ static void test_matmul_all_types(void **state)
             check_shape(NULL, ktypes[t], 3, 256, n_list[n]);
         }
     check_shape(pool, MDL_GGML_Q6_K, 64, 2048, 17);   /* Gemma's ffn_down shape */
+    check_shape(pool, MDL_GGML_Q8_0, 300, 640, 1);    /* Gemma's output head rows (decode) */
+    check_shape(pool, MDL_GGML_Q5_0, 64, 640, 2);     /* its Q/K/gate/up rows, two sequences */
     /* float rows that are not a multiple of the vector width */
     check_shape(pool, MDL_GGML_F32, 5, 113, 1);
     check_shape(pool, MDL_GGML_F16, 5, 113, 6);
