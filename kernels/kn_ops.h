@@ -133,6 +133,11 @@ typedef struct kn_build_params {
 
 void kn_build_params_default(kn_build_params_t *p);
 
+/* Bytes an index holds allocated now: centroids and means (fp16), the sums
+ * when present (fp32: a hand-made index, or a backend build's result),
+ * sizes, offsets, perm; at their capacities. */
+uint64_t kn_index_resident_bytes(const kn_index_t *idx);
+
 /* Initialise an empty index for head_dim d (no allocation). */
 void kn_index_init(kn_index_t *idx, uint32_t head_dim);
 

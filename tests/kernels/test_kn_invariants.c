@@ -280,6 +280,9 @@ static void test_built_index_is_compact(void **state)
                                     &idx), RI_OK);
     assert_null(idx.vsum);
     assert_non_null(idx.vmean);
+    /* the compact entry: fp16 centroid + fp16 mean + size + offset a cluster, perm a token */
+    assert_int_equal(kn_index_resident_bytes(&idx),
+                     (uint64_t)idx.cap_clusters * (2 * 2 * d + 8) + (uint64_t)idx.cap_tokens * 4);
     assert_int_equal(idx.n_clusters, 756);
     assert_int_equal(idx.n_tokens, n1 + n2);
     for (uint32_t j = 0; j < idx.n_clusters; j++) {
