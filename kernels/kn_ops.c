@@ -38,6 +38,7 @@ bool kn_shape_valid(const kn_shape_t *shape)
 void kn_build_params_default(kn_build_params_t *p)
 {
     p->iters = 9;
+    p->stop_moved = 0.001f;
     p->final_neighbours = -1;
     p->seed = 0x5EEDull;
 }

@@ -125,7 +125,11 @@ typedef struct kn_index {
 
 /* Clustering settings (defaults in docs/architecture.md). */
 typedef struct kn_build_params {
-    uint32_t iters;          /* spherical k-means iterations per segment (9) */
+    uint32_t iters;          /* spherical k-means iterations per segment, at most (9) */
+    float stop_moved;        /* a segment stops iterating once a round moved at most this
+                                share of its tokens to another cluster (0.001; 0 = only
+                                when none moved, which changes nothing).  The CPU builds;
+                                the CUDA build runs every iteration */
     int32_t final_neighbours;/* final reassignment: -1 = against all centroids;
                                 k >= 0 = own segment and k segments each side */
     uint64_t seed;           /* reserved for randomised inits; strided init ignores it */
