@@ -9,7 +9,7 @@
  * docs/bench-format.md's shape.
  *
  *   ri bench kernels [--quick] [--max-n N] [--only N[,N...]] [--steps S] [--rounds R]
- *                    [--fast-build-from N] [--json PATH]
+ *                    [--fast-build-from N] [--cluster-tokens N] [--json PATH]
  *
  * Timing: R rounds (15 up to 128K, 5 above); each round runs every method
  * once and takes one bandwidth sample, in an order rotated by one per round;
@@ -222,6 +222,10 @@ static void put_summary(cJSON *row, const char *name, const double *v, size_t n,
 
 /* Returns -1 on failure, else the number of figures above the bandwidth
  * reference by more than its noise. */
+/* --cluster-tokens: the wave index's cluster size (0 = the auto size); set
+ * once by main before any size runs. */
+static uint32_t bk_cluster_tokens;
+
 static int bench_size(bn_report_t *rep, size_t N, int steps, int rounds, int32_t neighbours,
                       bool compare_final, uint32_t iters)
 {
@@ -271,6 +275,7 @@ static int bench_size(bn_report_t *rep, size_t N, int steps, int rounds, int32_t
     kn_wave_params_default(&wp);
     wp.build.final_neighbours = neighbours;
     wp.build.iters = iters;
+    wp.tokens_per_cluster = bk_cluster_tokens;
     if (kn_wave_create(&x.shape, &wp, &x.wave) != RI_OK)
         return -1;
     t_build = cm_time_s();
@@ -290,6 +295,7 @@ static int bench_size(bn_report_t *rep, size_t N, int steps, int rounds, int32_t
         cJSON_AddNumberToObject(row, "seconds", t_build);
         cJSON_AddNumberToObject(row, "kv_heads", NKV);
         cJSON_AddNumberToObject(row, "clusters_per_head", ix->n_clusters);
+        cJSON_AddNumberToObject(row, "tokens_per_cluster", kn_wave_cluster_tokens(&wp, ix->n_tokens));
         cJSON_AddNumberToObject(row, "threads", cm_pool_size(kn_pool()));
         cJSON_AddStringToObject(row, "final_pass", neighbours < 0 ? "global" : "neighbours");
         if (neighbours >= 0)
@@ -377,6 +383,8 @@ static int bench_size(bn_report_t *rep, size_t N, int steps, int rounds, int32_t
         row = bn_report_row(rep);
         cJSON_AddStringToObject(row, "op", "decode");
         cJSON_AddStringToObject(row, "method", m_name[m]);
+        if (m == M_WAVE)
+            cJSON_AddNumberToObject(row, "tokens_per_cluster", kn_wave_cluster_tokens(&wp, ix->n_tokens));
         cJSON_AddNumberToObject(row, "n_tokens", (double)N);
         cJSON_AddNumberToObject(row, "budget_tokens", m == M_FULL ? (double)N : (double)x.budget);
         cJSON_AddNumberToObject(row, "seconds", secs);
@@ -465,6 +473,7 @@ static int bench_size(bn_report_t *rep, size_t N, int steps, int rounds, int32_t
         cJSON_AddNumberToObject(row, "seconds", tb);
         cJSON_AddStringToObject(row, "final_pass", "neighbours");
         cJSON_AddNumberToObject(row, "final_neighbours", 1);
+        cJSON_AddNumberToObject(row, "tokens_per_cluster", kn_wave_cluster_tokens(&wp, kn_wave_index(w2, 0)->n_tokens));
         cJSON_AddNumberToObject(row, "recall100_median", bn_median(rn, n));
         cJSON_AddNumberToObject(row, "recall100_median_global", bn_median(rg, n));
         printf("%-12s N=%-8zu %8.2f s  final=neighbours(+-1): recall100 median %.3f vs global %.3f\n",
@@ -512,8 +521,11 @@ int main(int argc, char **argv)
             steps = atoi(argv[++i]);
         else if (strcmp(argv[i], "--rounds") == 0 && i + 1 < argc)
             rounds = atoi(argv[++i]);
+        else if (strcmp(argv[i], "--cluster-tokens") == 0 && i + 1 < argc && atol(argv[i + 1]) >= 1 &&
+                 atol(argv[i + 1]) <= 1024)
+            bk_cluster_tokens = (uint32_t)atol(argv[++i]);
         else {
-            fprintf(stderr, "usage: ri bench kernels [--quick] [--max-n N] [--only N[,N...]] [--steps S] [--rounds R] [--fast-build-from N] [--json PATH]\n");
+            fprintf(stderr, "usage: ri bench kernels [--quick] [--max-n N] [--only N[,N...]] [--steps S] [--rounds R] [--fast-build-from N] [--cluster-tokens N] [--json PATH]\n");
             return 2;
         }
     }
