@@ -4,8 +4,10 @@
  *
  *   1. centre: mu = mean(K), K' = K - mu
  *   2. per segment, centroids from evenly strided tokens (normalised)
- *   3. iters rounds of spherical k-means inside each segment; an empty
- *      cluster keeps its old centroid
+ *   3. up to iters rounds of spherical k-means inside each segment; an empty
+ *      cluster keeps its old centroid; a segment stops early once a round's
+ *      assignment moved at most p->stop_moved of its tokens (converged: the
+ *      rounds after it would move next to nothing, and each costs n*C*d)
  *   4. final reassignment of every key against all centroids (or its own
  *      segment +- final_neighbours segments); stored centroid = mean of the
  *      real keys, value sums in fp32, sizes, cluster-major permutation
@@ -32,17 +34,26 @@ static void kn_normalise(float *c, uint32_t d)
 
 /* One segment: tokens [t0, t1) of x, clusters [c0, c1) of cent. */
 static void kn_kmeans_segment(const float *x, uint32_t t0, uint32_t t1, float *cent, uint32_t c0,
-                              uint32_t c1, uint32_t d, uint32_t iters, uint32_t *assign,
-                              double *sum, uint32_t *count, kn_assign_fn_t fn)
+                              uint32_t c1, uint32_t d, const kn_build_params_t *p, uint32_t *assign,
+                              uint32_t *prev, double *sum, uint32_t *count, kn_assign_fn_t fn)
 {
     uint32_t nt = t1 - t0, nc = c1 - c0;
+    uint64_t stop = (uint64_t)((double)p->stop_moved * nt);
     for (uint32_t j = 0; j < nc; j++) {
         uint32_t t = t0 + (uint32_t)((uint64_t)j * nt / nc);
         memcpy(cent + (size_t)(c0 + j) * d, x + (size_t)t * d, d * sizeof(float));
         kn_normalise(cent + (size_t)(c0 + j) * d, d);
     }
-    for (uint32_t it = 0; it < iters; it++) {
+    for (uint32_t it = 0; it < p->iters; it++) {
         fn(x + (size_t)t0 * d, nt, cent + (size_t)c0 * d, nc, d, assign + t0);
+        if (it > 0) {
+            uint64_t moved = 0;
+            for (uint32_t t = t0; t < t1; t++)
+                moved += assign[t] != prev[t];
+            if (moved <= stop)
+                break; /* converged: the centroids would barely change */
+        }
+        memcpy(prev + t0, assign + t0, (size_t)nt * sizeof(uint32_t));
         memset(sum, 0, (size_t)nc * d * sizeof(double));
         memset(count, 0, nc * sizeof(uint32_t));
         for (uint32_t t = t0; t < t1; t++) {
@@ -75,7 +86,7 @@ ri_status_t kn_index_build_impl(const kn_build_params_t *p, const cm_fp16_t *k, 
     uint32_t cmax = 0;
     float *x = NULL, *cent = NULL, *vrow = NULL;
     double *mu = NULL, *sum = NULL, *csum = NULL;
-    uint32_t *assign = NULL, *count = NULL, *pos = NULL;
+    uint32_t *assign = NULL, *prev = NULL, *count = NULL, *pos = NULL;
     ri_status_t st = RI_ERR_NOMEM;
 
     if (n == 0)
@@ -93,9 +104,10 @@ ri_status_t kn_index_build_impl(const kn_build_params_t *p, const cm_fp16_t *k, 
     sum = cm_malloc(&kn_tag, (size_t)cmax * d * sizeof(double));
     csum = cm_calloc(&kn_tag, (size_t)C * d, sizeof(double));
     assign = cm_malloc(&kn_tag, ((size_t)n + 1) * sizeof(uint32_t));
+    prev = cm_malloc(&kn_tag, ((size_t)n + 1) * sizeof(uint32_t));
     count = cm_calloc(&kn_tag, C, sizeof(uint32_t));
     pos = cm_malloc(&kn_tag, ((size_t)C + 1) * sizeof(uint32_t));
-    if (!x || !cent || !vrow || !mu || !sum || !csum || !assign || !count || !pos)
+    if (!x || !cent || !vrow || !mu || !sum || !csum || !assign || !prev || !count || !pos)
         goto out;
 
     /* 1. centre */
@@ -119,7 +131,7 @@ ri_status_t kn_index_build_impl(const kn_build_params_t *p, const cm_fp16_t *k, 
                 memset(cent + (size_t)j * d, 0, d * sizeof(float));
             continue;
         }
-        kn_kmeans_segment(x, t0, t1, cent, c0, c1, d, p->iters, assign, sum, count, fn);
+        kn_kmeans_segment(x, t0, t1, cent, c0, c1, d, p, assign, prev, sum, count, fn);
     }
 
     /* 4. final reassignment */
@@ -180,6 +192,7 @@ out:
     cm_free(sum);
     cm_free(csum);
     cm_free(assign);
+    cm_free(prev);
     cm_free(count);
     cm_free(pos);
     return st;

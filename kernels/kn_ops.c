@@ -38,6 +38,7 @@ bool kn_shape_valid(const kn_shape_t *shape)
 void kn_build_params_default(kn_build_params_t *p)
 {
     p->iters = 9;
+    p->stop_moved = 0.001f;
     p->final_neighbours = -1;
     p->seed = 0x5EEDull;
 }
@@ -118,6 +119,15 @@ void kn_index_init(kn_index_t *idx, uint32_t head_dim)
     idx->head_dim = head_dim;
 }
 
+uint64_t kn_index_resident_bytes(const kn_index_t *idx)
+{
+    uint64_t c = idx->cap_clusters, d = idx->head_dim;
+    uint64_t b = c * d * sizeof(cm_fp16_t) * ((idx->centroids != NULL) + (idx->vmean != NULL));
+    if (idx->vsum != NULL)
+        b += c * d * sizeof(float);
+    return b + c * 2 * sizeof(uint32_t) + (uint64_t)idx->cap_tokens * sizeof(uint32_t);
+}
+
 void kn_index_cleanup(kn_index_t *idx)
 {
     if (idx == NULL)
@@ -158,10 +168,12 @@ ri_status_t kn_index_reserve(kn_index_t *idx, uint32_t add_clusters, uint32_t ad
         if (c == NULL)
             return RI_ERR_NOMEM;
         idx->centroids = c;
-        c = cm_realloc(&kn_tag, idx->vsum, (size_t)cap * d * sizeof(float));
-        if (c == NULL)
-            return RI_ERR_NOMEM;
-        idx->vsum = c;
+        if (idx->vsum != NULL) { /* a backend's build without the means dropped them */
+            c = cm_realloc(&kn_tag, idx->vsum, (size_t)cap * d * sizeof(float));
+            if (c == NULL)
+                return RI_ERR_NOMEM;
+            idx->vsum = c;
+        }
         /* line-aligned: a gathered mean of d = 128 is 4 cache lines, not 5 */
         c = cm_malloc_aligned(&kn_tag, (size_t)(cap ? cap : 1) * d * sizeof(cm_fp16_t), 64);
         if (c == NULL)
@@ -181,6 +193,11 @@ ri_status_t kn_index_reserve(kn_index_t *idx, uint32_t add_clusters, uint32_t ad
             ((uint32_t *)c)[0] = 0;
         idx->offsets = c;
         idx->cap_clusters = cap;
+    }
+    if (idx->vsum == NULL) { /* the build's scratch: only the new clusters' rows are written */
+        idx->vsum = cm_malloc(&kn_tag, (size_t)(idx->cap_clusters ? idx->cap_clusters : 1) * d * sizeof(float));
+        if (idx->vsum == NULL)
+            return RI_ERR_NOMEM;
     }
     if (need_t > idx->cap_tokens || idx->perm == NULL) {
         uint32_t cap = (uint32_t)CM_MAX(need_t, (uint64_t)idx->cap_tokens * 3 / 2);
@@ -416,5 +433,10 @@ ri_status_t kn_index_build(const kn_ops_t *ops, const kn_build_params_t *p, cons
                                                                        n_clusters, n_segments, idx);
     if (st == RI_OK)
         kn_index_fill_means(idx, first);
+    /* The fp32 sums were only the means' source: a decode reads the fp16
+     * means, so a built index keeps half the value bytes (the compact meta
+     * entry of kn_ops.h).  The next build allocates them again as scratch. */
+    cm_free(idx->vsum);
+    idx->vsum = NULL;
     return st;
 }

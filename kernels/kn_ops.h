@@ -109,25 +109,38 @@ typedef struct kn_index {
     uint32_t cap_clusters;  /* allocated clusters */
     uint32_t cap_tokens;    /* allocated perm entries */
     cm_fp16_t *centroids;   /* [cap][d] plain mean of the real keys */
-    float *vsum;            /* [cap][d] sum of the values, fp32 */
+    float *vsum;            /* [cap][d] sum of the values, fp32: the build's scratch.
+                               kn_index_build drops it (NULL) once vmean is filled,
+                               so a built index carries fp16 centroids + fp16 means
+                               (2 * 2d bytes a cluster); a backend's index_build
+                               called directly, or an index made by hand, keeps it */
     uint32_t *sizes;        /* [cap] tokens per cluster (0 = empty) */
     uint32_t *offsets;      /* [cap+1] start of each cluster in perm */
     uint32_t *perm;         /* [cap_tokens] token ids, cluster-major */
     cm_fp16_t *vmean;       /* [cap][d] VS_j / n_j in fp16 (0 when empty), filled by
-                               kn_index_build: what the CPU decode reads, half the
-                               bytes of vsum; NULL in an index made by hand (the
-                               CPU decode reads vsum then) */
+                               kn_index_build: what every decode reads (accumulated
+                               in fp32), half the bytes of vsum; NULL in an index made
+                               by hand (the decode reads vsum then) */
 } kn_index_t;
 
 /* Clustering settings (defaults in docs/architecture.md). */
 typedef struct kn_build_params {
-    uint32_t iters;          /* spherical k-means iterations per segment (9) */
+    uint32_t iters;          /* spherical k-means iterations per segment, at most (9) */
+    float stop_moved;        /* a segment stops iterating once a round moved at most this
+                                share of its tokens to another cluster (0.001; 0 = only
+                                when none moved, which changes nothing).  The CPU builds;
+                                the CUDA build runs every iteration */
     int32_t final_neighbours;/* final reassignment: -1 = against all centroids;
                                 k >= 0 = own segment and k segments each side */
     uint64_t seed;           /* reserved for randomised inits; strided init ignores it */
 } kn_build_params_t;
 
 void kn_build_params_default(kn_build_params_t *p);
+
+/* Bytes an index holds allocated now: centroids and means (fp16), the sums
+ * when present (fp32: a hand-made index, or a backend build's result),
+ * sizes, offsets, perm; at their capacities. */
+uint64_t kn_index_resident_bytes(const kn_index_t *idx);
 
 /* Initialise an empty index for head_dim d (no allocation). */
 void kn_index_init(kn_index_t *idx, uint32_t head_dim);
@@ -247,6 +260,9 @@ ri_status_t kn_estimate(const kn_ops_t *ops, const kn_shape_t *grp, const float 
 ri_status_t kn_merge(const kn_ops_t *ops, size_t n_rows, uint32_t d, size_t n_parts,
                      const float *const *o_parts, const float *const *lse_parts, float *o,
                      float *lse);
+/* kn_index_build appends n tokens as n_clusters clusters (the backend's
+ * index_build), fills their fp16 means and drops the fp32 sums: the index it
+ * leaves is the compact one (vsum NULL). */
 ri_status_t kn_index_build(const kn_ops_t *ops, const kn_build_params_t *p, const cm_fp16_t *k,
                            const cm_fp16_t *v, size_t stride, uint32_t n, uint32_t token_base,
                            uint32_t n_clusters, uint32_t n_segments, kn_index_t *idx);

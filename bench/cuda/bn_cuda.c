@@ -63,7 +63,7 @@
 
 /* Device-resident state of one KV head. */
 typedef struct bc_head {
-    kn_index_t dev;        /* centroids, sizes, vsum in device memory; n_clusters */
+    kn_index_t dev;        /* centroids, sizes, vmean in device memory; n_clusters */
     kn_index_t host;       /* the built index (host) */
     cm_fp16_t *ck, *cv;    /* device cluster-major K/V of the indexed tokens */
     cm_fp16_t *kmin, *kmax;/* device Quest page bounds [n_qpages][D] */
@@ -263,13 +263,14 @@ static int bc_head_upload(bc_head_t *hd, const cm_fp16_t *hk, const cm_fp16_t *h
     kn_index_init(&hd->dev, D);
     hd->dev.n_clusters = (uint32_t)C;
     hd->dev.n_tokens = (uint32_t)n;
-    if (bn_cu_alloc((void **)&hd->dev.centroids, C * D * 2) || bn_cu_alloc((void **)&hd->dev.vsum, C * D * 4) ||
+    /* a built index has no fp32 sums (the estimate reads the fp16 means) */
+    if (bn_cu_alloc((void **)&hd->dev.centroids, C * D * 2) ||
         bn_cu_alloc((void **)&hd->dev.vmean, C * D * 2) ||
         bn_cu_alloc((void **)&hd->dev.sizes, C * 4) || bn_cu_alloc((void **)&hd->ck, n * D * 2) ||
         bn_cu_alloc((void **)&hd->cv, n * D * 2) || bn_cu_alloc((void **)&hd->kmin, nqp * D * 2) ||
         bn_cu_alloc((void **)&hd->kmax, nqp * D * 2) || bn_cu_alloc((void **)&hd->offsets, C * 4 + 4))
         goto out;
-    if (bn_cu_upload(hd->dev.centroids, ix->centroids, C * D * 2) || bn_cu_upload(hd->dev.vsum, ix->vsum, C * D * 4) ||
+    if (bn_cu_upload(hd->dev.centroids, ix->centroids, C * D * 2) ||
         bn_cu_upload(hd->dev.vmean, ix->vmean, C * D * 2) ||
         bn_cu_upload(hd->dev.sizes, ix->sizes, C * 4) || bn_cu_upload(hd->ck, ck, n * D * 2) ||
         bn_cu_upload(hd->cv, cv, n * D * 2) || bn_cu_upload(hd->kmin, mn, nqp * D * 2) ||
@@ -287,7 +288,6 @@ out:
 static void bc_head_free(bc_head_t *hd)
 {
     bn_cu_free(hd->dev.centroids);
-    bn_cu_free(hd->dev.vsum);
     bn_cu_free(hd->dev.vmean);
     bn_cu_free(hd->dev.sizes);
     bn_cu_free(hd->ck);

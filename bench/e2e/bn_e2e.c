@@ -16,6 +16,8 @@
  *
  *   ri bench e2e [--json PATH] [--quick] [--contexts 2048,4096,8192]
  *                [--batches 1,4] [--steps N] [--hog N] [--kvstore ADDR] [--model NAME|PATH]
+ *                [--cluster-tokens N]   (the wave index's cluster size, both
+ *                                        retroinfer paths; default: the auto size)
  *   ri bench e2e --synthetic [--kvstore ADDR]   (no model: synthetic K/V)
  */
 #define _GNU_SOURCE
@@ -58,6 +60,10 @@ typedef struct e2e_opts {
     unsigned hog;   /* spinning processes sharing the CPU during the run */
     uint32_t deadline_us; /* retroinfer-kvstore: per layer-step wait bound (0 = wait) */
 } e2e_opts_t;
+
+/* --cluster-tokens: the wave index's cluster size for both retroinfer paths
+ * (0 = the auto size); set once by main before any case. */
+static uint32_t e2e_cluster_tokens;
 
 static size_t e2e_list(const char *s, size_t *out, size_t max)
 {
@@ -114,6 +120,7 @@ static ri_status_t e2e_case_init(e2e_case_t *c, int md, mdl_model_t *m, const md
         return RI_ERR_NOMEM;
     mdl_attn_cfg_default(&acfg);
     acfg.release_window = c->remote; /* the disaggregated worker keeps what it reads */
+    acfg.wave.tokens_per_cluster = e2e_cluster_tokens;
     for (size_t b = 0; b < batch; b++) {
         ri_status_t st = mdl_seq_fork(base, ops, &acfg, &c->seqs[b]);
         if (st != RI_OK)
@@ -493,10 +500,13 @@ int main(int argc, char **argv)
             o.hog = (unsigned)strtoul(argv[++i], NULL, 10);
         else if (!strcmp(argv[i], "--deadline-us") && i + 1 < argc)
             o.deadline_us = (uint32_t)strtoul(argv[++i], NULL, 10);
+        else if (!strcmp(argv[i], "--cluster-tokens") && i + 1 < argc && atol(argv[i + 1]) >= 1 &&
+                 atol(argv[i + 1]) <= 1024)
+            e2e_cluster_tokens = (uint32_t)atol(argv[++i]);
         else {
             fprintf(stderr, "usage: ri-bench-e2e [--json PATH] [--quick] [--synthetic] [--contexts 2048,4096,8000] "
                             "[--batches 1,4] [--steps N] [--hog N] [--deadline-us US] [--kvstore ADDR] "
-                            "[--model NAME|PATH]\n");
+                            "[--model NAME|PATH] [--cluster-tokens N (1-1024)]\n");
             return 2;
         }
     }
@@ -525,6 +535,7 @@ int main(int argc, char **argv)
     cJSON_AddStringToObject(bn_report_root(rep), "kvstore", kvs);
     cJSON_AddNumberToObject(bn_report_root(rep), "hog", o.hog);
     cJSON_AddNumberToObject(bn_report_root(rep), "deadline_us", o.deadline_us);
+    cJSON_AddNumberToObject(bn_report_root(rep), "cluster_tokens_requested", e2e_cluster_tokens); /* 0 = auto */
     if (o.hog && bn_hog_start(o.hog) != 0)
         goto out;
     if (!synthetic) {

@@ -9,7 +9,7 @@
  * docs/bench-format.md's shape.
  *
  *   ri bench kernels [--quick] [--max-n N] [--only N[,N...]] [--steps S] [--rounds R]
- *                    [--fast-build-from N] [--json PATH]     (--help lists them)
+ *                    [--fast-build-from N] [--cluster-tokens N] [--json PATH]     (--help lists them)
  *
  * Timing: R rounds (15 up to 128K, 5 above); each round runs every method
  * once and takes one bandwidth sample, in an order rotated by one per round;
@@ -223,6 +223,10 @@ static void put_summary(cJSON *row, const char *name, const double *v, size_t n,
 
 /* Returns -1 on failure, else the number of figures above the bandwidth
  * reference by more than its noise. */
+/* --cluster-tokens: the wave index's cluster size (0 = the auto size); set
+ * once by main before any size runs. */
+static uint32_t bk_cluster_tokens;
+
 static int bench_size(bn_report_t *rep, size_t N, int steps, int rounds, int32_t neighbours,
                       bool compare_final, uint32_t iters)
 {
@@ -272,6 +276,7 @@ static int bench_size(bn_report_t *rep, size_t N, int steps, int rounds, int32_t
     kn_wave_params_default(&wp);
     wp.build.final_neighbours = neighbours;
     wp.build.iters = iters;
+    wp.tokens_per_cluster = bk_cluster_tokens;
     if (kn_wave_create(&x.shape, &wp, &x.wave) != RI_OK)
         return -1;
     t_build = cm_time_s();
@@ -291,6 +296,7 @@ static int bench_size(bn_report_t *rep, size_t N, int steps, int rounds, int32_t
         cJSON_AddNumberToObject(row, "seconds", t_build);
         cJSON_AddNumberToObject(row, "kv_heads", NKV);
         cJSON_AddNumberToObject(row, "clusters_per_head", ix->n_clusters);
+        cJSON_AddNumberToObject(row, "tokens_per_cluster", kn_wave_cluster_tokens(&wp, ix->n_tokens));
         cJSON_AddNumberToObject(row, "threads", cm_pool_size(kn_pool()));
         cJSON_AddStringToObject(row, "final_pass", neighbours < 0 ? "global" : "neighbours");
         if (neighbours >= 0)
@@ -378,6 +384,8 @@ static int bench_size(bn_report_t *rep, size_t N, int steps, int rounds, int32_t
         row = bn_report_row(rep);
         cJSON_AddStringToObject(row, "op", "decode");
         cJSON_AddStringToObject(row, "method", m_name[m]);
+        if (m == M_WAVE)
+            cJSON_AddNumberToObject(row, "tokens_per_cluster", kn_wave_cluster_tokens(&wp, ix->n_tokens));
         cJSON_AddNumberToObject(row, "n_tokens", (double)N);
         cJSON_AddNumberToObject(row, "budget_tokens", m == M_FULL ? (double)N : (double)x.budget);
         cJSON_AddNumberToObject(row, "seconds", secs);
@@ -466,6 +474,7 @@ static int bench_size(bn_report_t *rep, size_t N, int steps, int rounds, int32_t
         cJSON_AddNumberToObject(row, "seconds", tb);
         cJSON_AddStringToObject(row, "final_pass", "neighbours");
         cJSON_AddNumberToObject(row, "final_neighbours", 1);
+        cJSON_AddNumberToObject(row, "tokens_per_cluster", kn_wave_cluster_tokens(&wp, kn_wave_index(w2, 0)->n_tokens));
         cJSON_AddNumberToObject(row, "recall100_median", bn_median(rn, n));
         cJSON_AddNumberToObject(row, "recall100_median_global", bn_median(rg, n));
         printf("%-12s N=%-8zu %8.2f s  final=neighbours(+-1): recall100 median %.3f vs global %.3f\n",
@@ -493,6 +502,7 @@ typedef struct bk_opts {
     int64_t steps;     /* 0 = by size */
     int64_t rounds;    /* 0 = by size */
     int64_t fast_from; /* 0 = never */
+    int64_t cluster_tokens; /* 0 = the auto size */
 } bk_opts_t;
 
 static const cm_config_item_t bk_items[] = {
@@ -508,6 +518,8 @@ static const cm_config_item_t bk_items[] = {
     BN_ARG(bk_opts_t, "fast-build-from", CM_CFG_INT, "0",
            "from this N on, build the wave index fast (2 k-means iterations, own-segment pass; 0 = never)", fast_from,
            0, 1 << 30),
+    BN_ARG(bk_opts_t, "cluster-tokens", CM_CFG_INT, "0", "tokens per cluster of the wave index (0 = the auto size)",
+           cluster_tokens, 0, 1024),
 };
 static const cm_config_table_t bk_table = {"ri bench kernels", "RI_BENCH_KERNELS_", bk_items,
                                            CM_ARRAY_LEN(bk_items), 0, NULL};
@@ -529,6 +541,7 @@ static int bk_main(const void *arg, const char *argv0)
     bool quick = o->quick;
     size_t max_n = (size_t)o->max_n, fast_from = (size_t)o->fast_from;
     int steps = (int)o->steps, rounds = (int)o->rounds;
+    bk_cluster_tokens = (uint32_t)o->cluster_tokens;
     if (quick && max_n > 32768)
         max_n = 32768;
     rep = bn_report_create("kernels");

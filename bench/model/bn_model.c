@@ -12,7 +12,7 @@
  * the measured bandwidth by more than its noise fails the bench (exit 1).
  *
  *   ri bench model [--json PATH] [--contexts 512,2048,8192] [--steps N]
- *                  [--methods full,retroinfer] [--model NAME|PATH]
+ *                  [--methods full,retroinfer] [--model NAME|PATH] [--cluster-tokens N]
  */
 #define _GNU_SOURCE
 #include <stdio.h>
@@ -54,14 +54,21 @@ typedef struct bm_case {
 static const mdl_act_mode_t bm_acts[BM_N_ACTS] = {MDL_ACT_I16, MDL_ACT_I8, MDL_ACT_F32, MDL_ACT_I16};
 static const char *const bm_act_names[BM_N_ACTS] = {"i16", "i8", "f32", "i16-avx2"};
 
+/* --cluster-tokens: the wave index's cluster size (0 = the auto size); set
+ * once by main before any case. */
+static uint32_t bm_cluster_tokens;
+
 static ri_status_t bm_case_init(bm_case_t *c, mdl_model_t *m, const mdl_seq_t *base, const float *logits0)
 {
     const mdl_hparams_t *hp = mdl_model_hparams(m);
+    mdl_attn_cfg_t acfg;
+    mdl_attn_cfg_default(&acfg);
+    acfg.wave.tokens_per_cluster = bm_cluster_tokens;
     c->logits = malloc(c->batch * hp->n_vocab * sizeof(float));
     if (c->logits == NULL)
         return RI_ERR_NOMEM;
     for (size_t b = 0; b < c->batch; b++) {
-        ri_status_t st = mdl_seq_fork(base, mdl_attn_find(c->attn), NULL, &c->seqs[b]);
+        ri_status_t st = mdl_seq_fork(base, mdl_attn_find(c->attn), &acfg, &c->seqs[b]);
         if (st != RI_OK)
             return st;
         c->toks[b] = mdl_argmax(logits0, hp->n_vocab);
@@ -170,9 +177,11 @@ int main(int argc, char **argv)
             snprintf(methods_buf, sizeof(methods_buf), "%s", v);
         else if ((v = bm_arg(&i, argc, argv, "--model")) != NULL)
             snprintf(model_path, sizeof(model_path), "%s", v);
+        else if ((v = bm_arg(&i, argc, argv, "--cluster-tokens")) != NULL && atol(v) >= 1 && atol(v) <= 1024)
+            bm_cluster_tokens = (uint32_t)atol(v);
         else {
             fprintf(stderr, "usage: ri bench model [--json PATH] [--contexts L,..] [--steps N] [--methods M,..] "
-                            "[--model NAME|PATH]\n");
+                            "[--model NAME|PATH] [--cluster-tokens N]\n");
             return 2;
         }
     }
@@ -301,6 +310,8 @@ int main(int argc, char **argv)
             cJSON_AddNumberToObject(row, "prefill_s", tp);
             cJSON_AddNumberToObject(row, "index_build_s", x->s0.build_s);
             cJSON_AddNumberToObject(row, "index_build_share", x->s0.build_s / tp);
+            if (s1.tokens_per_cluster > 0) /* the size the wave index used (the auto one resolved) */
+                cJSON_AddNumberToObject(row, "tokens_per_cluster", s1.tokens_per_cluster);
             /* The floor is a ceiling on tok/s: above it by more than the
              * reference's own noise, the bytes are miscounted or cached. */
             if (tok_s * bytes_per_step / 1e9 > bn_bw_ceiling(&bref)) {

@@ -37,6 +37,13 @@ void gw_remote_params_default(gw_remote_params_t *p)
     p->direct = true;
 }
 
+uint32_t gw_remote_page_tokens(const gw_remote_params_t *p)
+{
+    if (p->page_tokens != 0)
+        return p->page_tokens;
+    return CM_MAX(p->wave.tokens_per_cluster / 8u, 1u);
+}
+
 /* Connect, map the session's region when asked and possible, start the io
  * thread (which owns the connection from then on). */
 static ri_status_t gw_remote_open(gw_remote_t *r, const char *addr, uint64_t session_id,
@@ -118,7 +125,8 @@ ri_status_t gw_remote_create(const char *addr, uint64_t session_id, const uint8_
     if (r->p.deadline_us > 0)
         r->p.fetch_async = true; /* only an asynchronous fetch can be left behind */
     r->ops = params->wave.ops ? params->wave.ops : kn_ops_default();
-    r->page_bytes = (size_t)4 * GW_REMOTE_PAGE_TOKENS * r->d;
+    r->P = gw_remote_page_tokens(params);
+    r->page_bytes = (size_t)4 * r->P * r->d;
     r->layers = cm_calloc(&gw_remote_tag, n_layers, sizeof(*r->layers));
     if (r->layers == NULL)
         goto err_nomem;
@@ -215,10 +223,10 @@ void gw_remote_destroy(gw_remote_t *r)
 static void gw_pack_cluster(const gw_remote_t *r, const kn_index_t *idx, uint32_t h, const kn_kv_view_t *kv,
                             uint32_t j, uint8_t *dst)
 {
-    const uint32_t P = GW_REMOTE_PAGE_TOKENS, d = r->d, n = idx->sizes[j];
+    const uint32_t P = r->P, d = r->d, n = idx->sizes[j];
     const uint32_t *perm = idx->perm + idx->offsets[j];
     size_t row = (size_t)d * sizeof(cm_fp16_t);
-    uint32_t np = gw_pages(n);
+    uint32_t np = gw_pages(r, n);
 
     memset(dst, 0, (size_t)np * r->page_bytes);
     for (uint32_t i = 0; i < n; i++) {
@@ -263,7 +271,7 @@ static ri_status_t gw_remote_queue_upload(gw_remote_t *r, uint32_t layer, const 
             if (idx->sizes[j] == 0)
                 continue;
             total_clusters++;
-            total_pages += gw_pages(idx->sizes[j]);
+            total_pages += gw_pages(r, idx->sizes[j]);
         }
     }
     if (total_clusters == 0)
@@ -280,7 +288,7 @@ static ri_status_t gw_remote_queue_upload(gw_remote_t *r, uint32_t layer, const 
     up->expect_first = cm_malloc(&gw_remote_tag, r->n_kv * sizeof(uint32_t));
     up->tokens = cm_malloc(&gw_remote_tag, total_clusters * sizeof(uint32_t));
     up->bytes = (size_t)total_pages * r->page_bytes;
-    up->page_tokens = GW_REMOTE_PAGE_TOKENS;
+    up->page_tokens = r->P;
     up->page_bytes = r->page_bytes;
     up->pages = cm_malloc(&gw_remote_tag, up->bytes);
     up->locate = r->direct != NULL;
@@ -307,8 +315,8 @@ static ri_status_t gw_remote_queue_upload(gw_remote_t *r, uint32_t layer, const 
             up->counts[h]++;
             up->tokens[k++] = idx->sizes[j];
             gw_pack_cluster(r, idx, h, kv, j, dst);
-            dst += (size_t)gw_pages(idx->sizes[j]) * r->page_bytes;
-            L->hd[h].max_pages = CM_MAX(L->hd[h].max_pages, gw_pages(idx->sizes[j]));
+            dst += (size_t)gw_pages(r, idx->sizes[j]) * r->page_bytes;
+            L->hd[h].max_pages = CM_MAX(L->hd[h].max_pages, gw_pages(r, idx->sizes[j]));
         }
     }
     r->pages_uploaded += total_pages;
@@ -461,12 +469,8 @@ void gw_remote_stats(gw_remote_t *r, gw_remote_stats_t *st_p)
     *st_p = r->st;
     st_p->resident_bytes = (uint64_t)r->cache_pages * r->page_bytes * (r->cache != NULL) + r->recv_len;
     for (uint32_t l = 0; l < r->n_layers; l++)
-        for (uint32_t h = 0; h < r->n_kv; h++) {
-            const kn_index_t *idx = &r->layers[l].idx[h];
-            st_p->resident_bytes += (uint64_t)idx->cap_clusters * (idx->head_dim * (sizeof(cm_fp16_t) + sizeof(float)) +
-                                                                   2 * sizeof(uint32_t)) +
-                                    (uint64_t)idx->cap_tokens * sizeof(uint32_t);
-        }
+        for (uint32_t h = 0; h < r->n_kv; h++)
+            st_p->resident_bytes += kn_index_resident_bytes(&r->layers[l].idx[h]);
     if (r->io != NULL) {
         gw_io_upload_totals(r->io, &bytes, &secs);
         st_p->upload_s = secs;

@@ -48,7 +48,6 @@
 #include "kernels/kn_wave.h"
 #include "retroinfer/status.h"
 
-#define GW_REMOTE_PAGE_TOKENS 8u   /* P: tokens per page (cm_dp_proto.h) */
 
 /* UCX transports our programs set (UCX_TLS, when unset) for a worker on the
  * kvstore's host.  ri-kvstore leaves the shared-memory ones out of its own
@@ -77,11 +76,22 @@ typedef struct gw_remote_params {
                                  region in the kvstore when it can be mapped here
                                  (same host): no request per step (true; false keeps
                                  every read two-sided) */
+    uint32_t page_tokens;     /* P, tokens per kvstore page (cm_dp_proto.h); must be the
+                                 session's; 0 = gw_remote_page_tokens' rule */
 } gw_remote_params_t;
 
 /* The defaults.  Nothing here reads the environment: programs map their
  * flags and variables onto these fields (docs/worker.md). */
 void gw_remote_params_default(gw_remote_params_t *p);
+
+/* The page size (tokens) a session for p's remote is created with: p's own,
+ * else max(tokens_per_cluster / 8, 1), 1 when the cluster size is auto.  A
+ * cluster of n tokens takes ceil(n / P) pages and k-means sizes vary around
+ * their mean, so pages as large as the clusters waste about half a page per
+ * cluster (1.5x the K/V at 4-token clusters in 4-token pages, 2x in the old
+ * 8-token pages); pages of 1 token (2 at 16-token clusters) keep the upload,
+ * the region and the block cache at the K/V's size (<= ~1.03x). */
+uint32_t gw_remote_page_tokens(const gw_remote_params_t *p);
 
 /* Counters since creation (summed over layers and KV heads). */
 typedef struct gw_remote_stats {

@@ -217,10 +217,10 @@ ri_status_t gw_remote_decode_begin(gw_remote_t *r, uint32_t layer, const float *
                 return RI_ERR_INTERNAL; /* kn_rank returns non-empty clusters only */
             s->lids[k] = j;
             s->req[k++] = L->hd[h].rid[j];
-            worst += (uint64_t)gw_pages(idx->sizes[j]) * r->page_bytes;
+            worst += (uint64_t)gw_pages(r, idx->sizes[j]) * r->page_bytes;
             if (L->hd[h].cpg[j] == NULL)
                 all_cached = false;
-            if (all_direct && gw_direct_pages(r->direct, layer, h, L->hd[h].rid[j], gw_pages(idx->sizes[j])) == NULL)
+            if (all_direct && gw_direct_pages(r->direct, layer, h, L->hd[h].rid[j], gw_pages(r, idx->sizes[j])) == NULL)
                 all_direct = false;
         }
     }
@@ -284,7 +284,7 @@ static void gw_exact_task(void *arg, size_t begin, size_t end, unsigned worker)
     gw_step_t *s = &r->step;
     const gw_layer_t *L = &r->layers[s->layer];
     const kn_kv_view_t *kv = &s->kv;
-    const uint32_t g = r->g, d = r->d, P = GW_REMOTE_PAGE_TOKENS;
+    const uint32_t g = r->g, d = r->d, P = r->P;
     (void)worker;
 
     for (size_t h = begin; h < end; h++) {
@@ -319,7 +319,7 @@ static void gw_exact_task(void *arg, size_t begin, size_t end, unsigned worker)
         for (uint32_t i = 0; i < s->nr[h]; i++) {
             uint32_t e = s->ent0[h] + i, tokens = s->etok[e];
             pages[np++] = (kn_page_t){xk, xv, tokens, d};
-            for (uint32_t p = 0; p < gw_pages(tokens); p++) {
+            for (uint32_t p = 0; p < gw_pages(r, tokens); p++) {
                 const uint8_t *base = s->paddr[s->eoff[e] + p];
                 uint32_t nt = CM_MIN(P, tokens - p * P);
                 memcpy(xk, base, nt * row);
@@ -358,7 +358,7 @@ static ri_status_t gw_step_resolve(gw_remote_t *r)
     for (uint32_t h = 0; h < r->n_kv; h++)
         for (uint32_t i = 0; i < s->nr[h]; i++) {
             n_ent++;
-            n_pg += gw_pages(L->idx[h].sizes[s->ids[(size_t)h * s->want + i]]);
+            n_pg += gw_pages(r, L->idx[h].sizes[s->ids[(size_t)h * s->want + i]]);
         }
     if (n_ent > s->cap_ent) {
         uint32_t *a = cm_realloc(&gw_remote_tag, s->eoff, n_ent * sizeof(uint32_t));
@@ -381,7 +381,7 @@ static ri_status_t gw_step_resolve(gw_remote_t *r)
     uint32_t e = 0, pc = 0;
     for (uint32_t h = 0; h < r->n_kv; h++)
         for (uint32_t i = 0; i < s->nr[h]; i++, e++) {
-            uint32_t j = s->ids[(size_t)h * s->want + i], tokens = L->idx[h].sizes[j], np = gw_pages(tokens);
+            uint32_t j = s->ids[(size_t)h * s->want + i], tokens = L->idx[h].sizes[j], np = gw_pages(r, tokens);
             s->eoff[e] = pc;
             s->etok[e] = tokens;
             if (s->direct) {

@@ -103,6 +103,7 @@ struct gw_remote {
     gw_direct_t *direct;     /* the session's region mapped here, or NULL (two-sided) */
     gw_layer_t *layers;      /* [n_layers] */
     uint64_t pages_uploaded; /* over all layers */
+    uint32_t P;              /* tokens per page (gw_remote_page_tokens) */
     size_t page_bytes;       /* 4 * P * d */
     /* wave buffer */
     bool registered;
@@ -126,9 +127,9 @@ struct gw_remote {
     gw_remote_stats_t st;
 };
 
-static inline uint32_t gw_pages(uint32_t tokens)
+static inline uint32_t gw_pages(const gw_remote_t *r, uint32_t tokens)
 {
-    return (tokens + GW_REMOTE_PAGE_TOKENS - 1) / GW_REMOTE_PAGE_TOKENS;
+    return (tokens + r->P - 1) / r->P;
 }
 
 static inline bool gw_kv_valid(const kn_kv_view_t *kv)

@@ -93,7 +93,7 @@ static ri_status_t gw_pend_check(gw_remote_t *r, gw_pend_t *pd)
         for (uint32_t i = 0; i < pd->counts[hi]; i++, e++) {
             cm_dp_entry_t en;
             cm_dp_reply_entry(v, e, &en);
-            if (!(en.flags & CM_DP_F_HIT) || en.cluster != pd->ids[e] || en.n_pages != gw_pages(en.tokens) ||
+            if (!(en.flags & CM_DP_F_HIT) || en.cluster != pd->ids[e] || en.n_pages != gw_pages(r, en.tokens) ||
                 pc + en.n_pages > pd->cap_pages)
                 return RI_ERR_PROTOCOL;
             for (uint32_t p = 0; p < en.n_pages; p++)
@@ -160,7 +160,7 @@ ri_status_t gw_pend_submit(gw_remote_t *r, uint32_t layer, uint32_t n_heads, uin
             h++;
             i = 0;
         }
-        np += gw_pages(L->idx[s->heads[h]].sizes[s->lids[e]]);
+        np += gw_pages(r, L->idx[s->heads[h]].sizes[s->lids[e]]);
         i++;
     }
     if (pd->heads == NULL) {
@@ -192,7 +192,7 @@ ri_status_t gw_pend_submit(gw_remote_t *r, uint32_t layer, uint32_t n_heads, uin
             h++;
             i = 0;
         }
-        uint32_t hh = s->heads[h], j = s->lids[e], n = gw_pages(L->idx[hh].sizes[j]);
+        uint32_t hh = s->heads[h], j = s->lids[e], n = gw_pages(r, L->idx[hh].sizes[j]);
         memcpy(pd->pages + np, L->hd[hh].cpg[j], n * sizeof(uint32_t));
         np += n;
         i++;
@@ -267,7 +267,7 @@ ri_status_t gw_remote_register(gw_remote_t *r, size_t need)
     st = gw_io_wait(r->io, &job);
     if (st == RI_OK && job.out_page_bytes != r->page_bytes) {
         cm_error("data plane: kvstore page is %llu bytes, worker expects %zu (page_tokens %u, head_dim %u)",
-                 (unsigned long long)job.out_page_bytes, r->page_bytes, GW_REMOTE_PAGE_TOKENS, r->d);
+                 (unsigned long long)job.out_page_bytes, r->page_bytes, r->P, r->d);
         st = RI_ERR_PROTOCOL;
     }
     r->recv = recv; /* registered with UCX (or not): freed at destroy either way */
@@ -300,7 +300,7 @@ ri_status_t gw_fetch_check(gw_remote_t *r, uint32_t layer)
             uint32_t j = s->jlids[e];
             cm_dp_entry_t en;
             cm_dp_reply_entry(v, e, &en);
-            if (en.cluster != s->jreq[e] || en.tokens != L->idx[h].sizes[j] || en.n_pages != gw_pages(en.tokens))
+            if (en.cluster != s->jreq[e] || en.tokens != L->idx[h].sizes[j] || en.n_pages != gw_pages(r, en.tokens))
                 return RI_ERR_PROTOCOL;
             if (en.flags & (CM_DP_F_HIT | CM_DP_F_ADMITTED))
                 for (uint32_t p = 0; p < en.n_pages; p++)

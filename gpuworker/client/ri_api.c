@@ -246,11 +246,14 @@ static void ri_session_remote_params(const ri_session_h s, gw_remote_params_t *g
     g->predict = (s->p.flags & RI_SESSION_NO_PREDICT) == 0;
 }
 
-/* CreateSession on the client's kvstore. */
+/* CreateSession on the client's kvstore, with the page size the session's
+ * remote will use. */
 static ri_status_t ri_session_open(ri_session_h s, gw_ctl_session_t *out)
 {
+    gw_remote_params_t g;
+    ri_session_remote_params(s, &g);
     gw_ctl_geometry_t geo = {.layers = s->p.n_layers, .kv_heads = s->p.n_kv_heads, .head_dim = s->p.head_dim,
-                             .dtype = 1, .page_tokens = GW_REMOTE_PAGE_TOKENS};
+                             .dtype = 1, .page_tokens = gw_remote_page_tokens(&g)};
     gw_ctl_error_t err = {0};
     ri_status_t st = gw_ctl_create_session(s->client->ctl, s->client->timeout_ms, &geo,
                                            s->p.expected_tokens ? s->p.expected_tokens : 8192,

@@ -224,7 +224,8 @@ static void inv_index_equal(const kn_index_t *a, const kn_index_t *b)
     assert_int_equal(a->n_clusters, b->n_clusters);
     assert_int_equal(a->n_tokens, b->n_tokens);
     assert_memory_equal(a->centroids, b->centroids, a->n_clusters * d * sizeof(cm_fp16_t));
-    assert_memory_equal(a->vsum, b->vsum, a->n_clusters * d * sizeof(float));
+    assert_null(a->vsum); /* a built index is compact: the sums were the means' scratch */
+    assert_memory_equal(a->vmean, b->vmean, a->n_clusters * d * sizeof(cm_fp16_t));
     assert_memory_equal(a->sizes, b->sizes, a->n_clusters * sizeof(uint32_t));
     assert_memory_equal(a->offsets, b->offsets, (a->n_clusters + 1) * sizeof(uint32_t));
     assert_memory_equal(a->perm, b->perm, a->n_tokens * sizeof(uint32_t));
@@ -257,6 +258,44 @@ static void test_build_deterministic(void **state)
     kn_wave_destroy(w1);
     kn_wave_destroy(w2);
     kn_wave_destroy(w3);
+    inv_free(&x);
+}
+
+/* The compact meta entry: a built index keeps fp16 centroids and fp16 value
+ * means (no fp32 sums), for the first build and for an update appended to it
+ * (the sums are allocated again as the build's scratch and dropped again),
+ * and each mean is the fp32 mean of its cluster's values rounded to fp16. */
+static void test_built_index_is_compact(void **state)
+{
+    inv_kv_t x;
+    kn_index_t idx;
+    const uint32_t d = 64, n1 = 2000, n2 = 1024;
+    (void)state;
+
+    inv_make(&x, 1, 1, d, n1 + n2, inv_seed + 5);
+    kn_index_init(&idx, d);
+    assert_int_equal(kn_index_build(NULL, NULL, x.k, x.v, d, n1, 0, 500, 1, &idx), RI_OK);
+    assert_null(idx.vsum);
+    assert_int_equal(kn_index_build(NULL, NULL, x.k + (size_t)n1 * d, x.v + (size_t)n1 * d, d, n2, n1, 256, 1,
+                                    &idx), RI_OK);
+    assert_null(idx.vsum);
+    assert_non_null(idx.vmean);
+    /* the compact entry: fp16 centroid + fp16 mean + size + offset a cluster, perm a token */
+    assert_int_equal(kn_index_resident_bytes(&idx),
+                     (uint64_t)idx.cap_clusters * (2 * 2 * d + 8) + (uint64_t)idx.cap_tokens * 4);
+    assert_int_equal(idx.n_clusters, 756);
+    assert_int_equal(idx.n_tokens, n1 + n2);
+    for (uint32_t j = 0; j < idx.n_clusters; j++) {
+        for (uint32_t i = 0; i < d; i++) {
+            double sum = 0.0, got = cm_fp16_to_f32(idx.vmean[(size_t)j * d + i]), want;
+            for (uint32_t r = idx.offsets[j]; r < idx.offsets[j + 1]; r++)
+                sum += cm_fp16_to_f32(x.v[(size_t)idx.perm[r] * d + i]);
+            want = idx.sizes[j] ? sum / idx.sizes[j] : 0.0;
+            if (fabs(got - want) > 1e-3 * (1.0 + fabs(want)))
+                fail_msg("cluster %u dim %u: mean %g, want %g", j, i, got, want);
+        }
+    }
+    kn_index_cleanup(&idx);
     inv_free(&x);
 }
 
@@ -377,6 +416,7 @@ int main(void)
         cmocka_unit_test(test_jensen_estimation_never_overstates),
         cmocka_unit_test(test_merge_associative_and_order_free),
         cmocka_unit_test(test_build_deterministic),
+        cmocka_unit_test(test_built_index_is_compact),
         cmocka_unit_test(test_baselines_with_everything_equal_full),
         cmocka_unit_test(test_synth_reproducible_and_calibrated),
         cmocka_unit_test(test_metrics),

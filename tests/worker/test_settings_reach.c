@@ -36,7 +36,7 @@
 /* A field added to kn_wave_params_t must be added to wave_odd and
  * wave_equal below (and reach both engines): this fails the build until
  * then (unless the field fits the padding before .build). */
-_Static_assert(sizeof(kn_wave_params_t) == 72 && offsetof(kn_wave_params_t, build) == 48,
+_Static_assert(sizeof(kn_wave_params_t) == 80 && offsetof(kn_wave_params_t, build) == 48,
                "kn_wave_params_t changed: update wave_odd and wave_equal");
 
 static wk_env_t env;
@@ -58,6 +58,7 @@ static void wave_odd(kn_wave_params_t *w)
     w->update_tokens = 128;
     w->update_clusters = 20;
     w->build.iters = 3;
+    w->build.stop_moved = 0.25f;
     w->build.final_neighbours = 1;
     w->build.seed = 77;
 }
@@ -76,6 +77,7 @@ static void wave_equal(const kn_wave_params_t *want, const kn_wave_params_t *got
     assert_int_equal(got->update_tokens, want->update_tokens);
     assert_int_equal(got->update_clusters, want->update_clusters);
     assert_int_equal(got->build.iters, want->build.iters);
+    assert_true(got->build.stop_moved == want->build.stop_moved);
     assert_int_equal(got->build.final_neighbours, want->build.final_neighbours);
     assert_int_equal(got->build.seed, want->build.seed);
 }

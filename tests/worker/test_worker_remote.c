@@ -68,10 +68,10 @@ static int fx_setup_common(void **state, uint32_t update_tokens, uint32_t update
     rc = wk_env_start(&f->env, 256);
     if (rc != 0)
         return rc == 77 ? (fprintf(stderr, "skipped\n"), exit(77), 0) : -1;
-    if (wk_env_session(&f->env, NL, NKV, D, &f->sess) != 0)
-        return -1;
     f->shape = (kn_shape_t){.n_q_heads = NQ, .n_kv_heads = NKV, .head_dim = D};
     gw_remote_params_default(&f->p);
+    if (wk_env_session(&f->env, NL, NKV, D, gw_remote_page_tokens(&f->p), &f->sess) != 0)
+        return -1;
     f->p.wave.update_tokens = update_tokens;
     f->p.wave.update_clusters = update_clusters;
     /* The plain fixture tests the share rule (its contexts are short: the
@@ -88,7 +88,7 @@ static int fx_setup_common(void **state, uint32_t update_tokens, uint32_t update
     /* adaptive: the two-sided remote estimates the moved clusters later, in
      * one estimation zone; in process they are merged in at once */
     p2.fetch_async = fx_tau > 0;
-    if (wk_env_session(&f->env, NL, NKV, D, &f->sess2) != 0 ||
+    if (wk_env_session(&f->env, NL, NKV, D, gw_remote_page_tokens(&p2), &f->sess2) != 0 ||
         gw_remote_create(f->sess2.dataplane_address, f->sess2.session_id, f->sess2.secret, &f->shape, NL, &p2,
                          &f->r2) != RI_OK)
         return -1;
@@ -314,7 +314,7 @@ static void test_deadline_late(void **state)
     int n_err = 0;
     gw_remote_stats_t st;
 
-    assert_int_equal(wk_env_session(&f->env, NL, NKV, D, &sess), 0);
+    assert_int_equal(wk_env_session(&f->env, NL, NKV, D, gw_remote_page_tokens(&p), &sess), 0);
     p.deadline_us = 1;
     assert_int_equal(gw_remote_create(sess.dataplane_address, sess.session_id, sess.secret, &f->shape, NL, &p, &r),
                      RI_OK);

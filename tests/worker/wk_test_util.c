@@ -65,10 +65,11 @@ void wk_env_stop(wk_env_t *env)
     kvs_test_daemon_cleanup(&env->daemon);
 }
 
-int wk_env_session(wk_env_t *env, uint32_t layers, uint32_t kv_heads, uint32_t head_dim, gw_ctl_session_t *s)
+int wk_env_session(wk_env_t *env, uint32_t layers, uint32_t kv_heads, uint32_t head_dim, uint32_t page_tokens,
+                   gw_ctl_session_t *s)
 {
     gw_ctl_geometry_t g = {.layers = layers, .kv_heads = kv_heads, .head_dim = head_dim, .dtype = 1,
-                           .page_tokens = 8};
+                           .page_tokens = page_tokens};
     gw_ctl_error_t err;
     ri_status_t st = gw_ctl_create_session(env->ctl, 5000, &g, 8192, "worker-test", s, &err);
     if (st != RI_OK) {

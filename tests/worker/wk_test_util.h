@@ -25,8 +25,10 @@ typedef struct wk_env {
 int wk_env_start(wk_env_t *env, unsigned memory_mb);
 void wk_env_stop(wk_env_t *env);
 
-/* CreateSession with this geometry (fp16, 8-token pages). */
-int wk_env_session(wk_env_t *env, uint32_t layers, uint32_t kv_heads, uint32_t head_dim, gw_ctl_session_t *s);
+/* CreateSession with this geometry (fp16, page_tokens-token pages: the
+ * remote's gw_remote_page_tokens). */
+int wk_env_session(wk_env_t *env, uint32_t layers, uint32_t kv_heads, uint32_t head_dim, uint32_t page_tokens,
+                   gw_ctl_session_t *s);
 
 /* Head-major K/V of cap tokens, n_kv heads, d: fill tokens [t0, t1) of one
  * layer (seeded by layer). */
