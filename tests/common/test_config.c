@@ -21,11 +21,11 @@ typedef struct test_cfg {
 } test_cfg_t;
 
 static const cm_config_item_t items[] = {
-    {"memory", CM_CFG_SIZE, "1GiB", "pool size", offsetof(test_cfg_t, memory), 0, 0},
-    {"threads", CM_CFG_INT, "2", "serving threads", offsetof(test_cfg_t, threads), 1, 64},
-    {"ratio", CM_CFG_DOUBLE, "0.9", "high-water mark", offsetof(test_cfg_t, ratio), 0, 1},
-    {"hugepages", CM_CFG_BOOL, "true", "use hugepages", offsetof(test_cfg_t, hugepages), 0, 0},
-    {"listen-addr", CM_CFG_STRING, "127.0.0.1:0", "address", offsetof(test_cfg_t, listen), 0, 0},
+    {"memory", CM_CFG_SIZE, "1GiB", "pool size", offsetof(test_cfg_t, memory), 0, 0, NULL},
+    {"threads", CM_CFG_INT, "2", "serving threads", offsetof(test_cfg_t, threads), 1, 64, NULL},
+    {"ratio", CM_CFG_DOUBLE, "0.9", "high-water mark", offsetof(test_cfg_t, ratio), 0, 1, NULL},
+    {"hugepages", CM_CFG_BOOL, "true", "use hugepages", offsetof(test_cfg_t, hugepages), 0, 0, NULL},
+    {"listen-addr", CM_CFG_STRING, "127.0.0.1:0", "address", offsetof(test_cfg_t, listen), 0, 0, NULL},
 };
 static const cm_config_table_t table = {"test", "RI_TEST_", items, 5, 2, "[A [B]]"};
 static const cm_config_table_t no_args_table = {"test", "RI_TEST_", items, 5, 0, NULL};
