@@ -2,7 +2,8 @@
  * Process-wide settings shared by the programs: compute threads, log level,
  * kernel backend and the model runtime's knobs.  Libraries never read the
  * environment; a program declares these settings in its cm_config table
- * (CM_RUNTIME_LOG_ITEM, CM_RUNTIME_COMPUTE_ITEMS), loads them with the rest
+ * (CM_RUNTIME_LOG_ITEM, CM_RUNTIME_KERNEL_ITEMS or CM_RUNTIME_COMPUTE_ITEMS),
+ * loads them with the rest
  * of its configuration and passes them down once at start-up
  * (cm_runtime_apply here, mdl_runtime_apply for the model layers).  Each
  * item also honours its historic unprefixed environment name (RI_THREADS,
@@ -32,7 +33,9 @@ typedef struct cm_runtime {
 } cm_runtime_t;
 
 /* The items, for a program whose config struct `type` holds a cm_runtime_t
- * named `member`. */
+ * named `member`.  Apply what the table declares: cm_runtime_apply (log
+ * item), with kn_runtime_apply (kernel items), or mdl_runtime_apply (all
+ * items). */
 #define CM_RUNTIME_ITEM_(type, member, name, ctype, def, help, field, lo, hi, env) \
     {name, ctype, def, help, offsetof(type, member) + offsetof(cm_runtime_t, field), lo, hi, env}
 
@@ -40,7 +43,8 @@ typedef struct cm_runtime {
     CM_RUNTIME_ITEM_(type, member, "log-level", CM_CFG_STRING, "",                                     \
                      "error, warn, info, debug or trace (empty = info)", log_level, 0, 0, "RI_LOG_LEVEL")
 
-#define CM_RUNTIME_COMPUTE_ITEMS(type, member)                                                         \
+/* Threads and kernel backend: the settings of programs that run kernels. */
+#define CM_RUNTIME_KERNEL_ITEMS(type, member)                                                          \
     CM_RUNTIME_ITEM_(type, member, "threads", CM_CFG_INT, "0",                                         \
                      "compute threads, the caller included (0 = every CPU)", threads, 0, 1024,         \
                      "RI_THREADS"),                                                                    \
@@ -49,7 +53,11 @@ typedef struct cm_runtime {
                      kernels, 0, 0, "RI_KERNELS"),                                                     \
     CM_RUNTIME_ITEM_(type, member, "kernels-no-simd", CM_CFG_BOOL, "false",                            \
                      "CPU kernels without AVX2 (comparisons)", kernels_no_simd, 0, 0,                  \
-                     "RI_KERNELS_NO_SIMD"),                                                            \
+                     "RI_KERNELS_NO_SIMD")
+
+/* The kernel items and the model runtime's: programs that run the model. */
+#define CM_RUNTIME_COMPUTE_ITEMS(type, member)                                                         \
+    CM_RUNTIME_KERNEL_ITEMS(type, member),                                                             \
     CM_RUNTIME_ITEM_(type, member, "model-dir", CM_CFG_STRING, "~/.cache/retroinfer/models",           \
                      "directory of the named models (--model smollm2-135m, gemma3-270m)", model_dir,   \
                      0, 0, "RI_MODEL_DIR"),                                                            \
