@@ -47,11 +47,12 @@ ri_status_t cm_runtime_apply(const cm_runtime_t *rt, char *err, size_t errlen)
     bool set_level = rt->log_level != NULL && rt->log_level[0] != '\0';
 
     if (set_level && cm_log_level_parse(rt->log_level, &level) != RI_OK) {
-        snprintf(err, errlen, "log-level '%s' is not one of error, warn, info, debug, trace", rt->log_level);
+        snprintf(err, errlen, "log-level (RI_LOG_LEVEL) '%s' is not one of error, warn, info, debug, trace",
+                 rt->log_level);
         return RI_ERR_INVALID;
     }
     if (cm_pool_default_set_threads((unsigned)rt->threads) != RI_OK) {
-        snprintf(err, errlen, "threads %lld: the default pool already runs with %u threads",
+        snprintf(err, errlen, "threads (RI_THREADS) %lld: the default pool already runs with %u threads",
                  (long long)rt->threads, cm_pool_size(cm_pool_default()));
         return RI_ERR_BUSY;
     }

@@ -111,7 +111,7 @@ const kn_ops_t *kn_ops_default(void)
 ri_status_t kn_runtime_apply(const cm_runtime_t *rt, char *err, size_t errlen)
 {
     if (kn_ops_select(rt->kernels) != RI_OK) {
-        snprintf(err, errlen, "kernels '%s' is not one of ref, cpu, cuda", rt->kernels);
+        snprintf(err, errlen, "kernels (RI_KERNELS) '%s' is not one of ref, cpu, cuda", rt->kernels);
         return RI_ERR_INVALID;
     }
     kn_cpu_simd_enable(!rt->kernels_no_simd);

@@ -33,11 +33,11 @@ ri_status_t mdl_runtime_apply(const cm_runtime_t *rt, char *err, size_t errlen)
     ri_status_t st;
 
     if (mdl_runtime_act(rt->model_act, &act) != RI_OK) {
-        snprintf(err, errlen, "model-act '%s' is not one of f32, i16, i8", rt->model_act);
+        snprintf(err, errlen, "model-act (RI_MODEL_ACT) '%s' is not one of f32, i16, i8", rt->model_act);
         return RI_ERR_INVALID;
     }
     if (mdl_model_set_dir(rt->model_dir) != RI_OK) {
-        snprintf(err, errlen, "model-dir is too long");
+        snprintf(err, errlen, "model-dir (RI_MODEL_DIR) is too long");
         return RI_ERR_RANGE;
     }
     st = cm_runtime_apply(rt, err, errlen);
