@@ -85,8 +85,9 @@ static const cm_config_item_t gen_items[] = {
     GEN_ITEM("dump-kv", CM_CFG_STRING, NULL, "write per-layer K/V and decode queries to this directory", dump_kv),
     GEN_ITEM("stream", CM_CFG_BOOL, "true", "print tokens as they are generated", stream),
     GEN_ITEM("stats", CM_CFG_BOOL, "true", "print prefill/decode speed at the end", stats),
-    GEN_ITEM("act", CM_CFG_STRING, "i16",
-             "decode activations: i16 (int16 blocks, exact to 1e-4), i8 (as ggml: faster, ~1e-2 logit error), f32",
+    GEN_ITEM("act", CM_CFG_STRING, "",
+             "decode activations: i16 (int16 blocks, exact to 1e-4), i8 (as ggml: faster, ~1e-2 logit error), f32 "
+             "(empty = --model-act)",
              act),
 };
 /* The prompt may also come as the one positional argument (after the flags). */
@@ -217,13 +218,15 @@ int main(int argc, char **argv)
         goto out;
     }
     mdl_model_set_chunk(model, (size_t)cfg.chunk);
-    if (strcmp(cfg.act, "f32") == 0)
+    if (cfg.act[0] == '\0') {
+        /* --model-act / RI_MODEL_ACT, applied with the other runtime settings */
+    } else if (strcmp(cfg.act, "f32") == 0) {
         mdl_quant_set_act(MDL_ACT_F32);
-    else if (strcmp(cfg.act, "i8") == 0)
+    } else if (strcmp(cfg.act, "i8") == 0) {
         mdl_quant_set_act(MDL_ACT_I8);
-    else if (strcmp(cfg.act, "i16") == 0)
+    } else if (strcmp(cfg.act, "i16") == 0) {
         mdl_quant_set_act(MDL_ACT_I16);
-    else {
+    } else {
         fprintf(stderr, "ri generate: --act must be i16, i8 or f32\n");
         goto out;
     }
