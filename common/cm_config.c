@@ -85,6 +85,22 @@ static bool cm_config_out_of_bounds(const cm_config_item_t *it, double v)
     return it->min != it->max && (v < it->min || v > it->max);
 }
 
+/* A copy of value, "~/..." with $HOME (or "/" without one) put in for the
+ * "~".  Caller frees; NULL when out of memory. */
+static char *cm_config_expand_home(const char *value)
+{
+    if (value[0] != '~' || value[1] != '/')
+        return cm_strdup(&cm_config_tag, value);
+    const char *home = getenv("HOME");
+    if (home == NULL || home[0] == '\0')
+        home = "";
+    size_t len = strlen(home) + strlen(value);   /* '~' dropped, NUL added */
+    char *copy = cm_malloc(&cm_config_tag, len);
+    if (copy != NULL)
+        snprintf(copy, len, "%s%s", home, value + 1);
+    return copy;
+}
+
 ri_status_t cm_config_set(const cm_config_table_t *table, void *obj, const char *name, const char *value,
                           const char *source, char *err, size_t errlen)
 {
@@ -137,7 +153,7 @@ ri_status_t cm_config_set(const cm_config_table_t *table, void *obj, const char 
         return RI_OK;
     }
     case CM_CFG_STRING: {
-        char *copy = cm_strdup(&cm_config_tag, value);
+        char *copy = cm_config_expand_home(value);
         if (copy == NULL) {
             snprintf(err, errlen, "%s: out of memory for '%s'", source, it->name);
             return RI_ERR_NOMEM;
@@ -224,6 +240,11 @@ ri_status_t cm_config_load_env(const cm_config_table_t *table, void *obj, char *
             var[n++] = *c == '-' ? '_' : (char)toupper((unsigned char)*c);
         var[n] = '\0';
         const char *v = getenv(var);
+        if (v == NULL && table->items[i].env_alias != NULL) {
+            v = getenv(table->items[i].env_alias);
+            if (v != NULL)
+                snprintf(var, sizeof(var), "%s", table->items[i].env_alias);   /* for the message */
+        }
         if (v == NULL)
             continue;
         ri_status_t st = cm_config_set(table, obj, name, v, var, err, errlen);

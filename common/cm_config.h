@@ -7,7 +7,11 @@
  * command-line flags (--name=value, --name value, --no-name for booleans).
  * Later sources win.  --dump-config prints the effective settings; --help
  * prints the table.  Bad values and unknown names are errors with a message
- * that names the setting and the source.
+ * that names the setting and the source.  A text value that starts with
+ * "~/" has the "~" replaced by $HOME (INI files and the environment get no
+ * shell expansion).  This module is the one place of the libraries that
+ * reads the environment: programs load their settings here and pass them
+ * down (tools/check_getenv.sh keeps it so).
  */
 #ifndef CM_CONFIG_H
 #define CM_CONFIG_H
@@ -34,6 +38,10 @@ typedef struct cm_config_item {
     const char *help;       /* one line */
     size_t offset;          /* offsetof(struct, field) */
     double min, max;        /* bounds for INT/SIZE/DOUBLE; min == max means none */
+    /* A second environment name read when PREFIX + NAME is unset (NULL:
+     * none).  The process-wide settings of cm_runtime.h use it to keep their
+     * historic unprefixed names (RI_THREADS, RI_LOG_LEVEL, ...). */
+    const char *env_alias;
 } cm_config_item_t;
 
 typedef struct cm_config_table {
@@ -69,7 +77,8 @@ ri_status_t cm_config_set(const cm_config_table_t *table, void *obj, const char 
 ri_status_t cm_config_load_file(const cm_config_table_t *table, void *obj, const char *path, char *err,
                                 size_t errlen);
 
-/* Apply PREFIX* environment variables that name known settings. */
+/* Apply PREFIX* environment variables that name known settings, and the
+ * items' env_alias names where the prefixed one is unset. */
 ri_status_t cm_config_load_env(const cm_config_table_t *table, void *obj, char *err, size_t errlen);
 
 /* Defaults, then --config file, environment, flags.  Options stop at "--" or

@@ -43,18 +43,6 @@ ri_status_t cm_log_level_parse(const char *text, cm_log_level_t *level_p)
     return RI_ERR_INVALID;
 }
 
-void cm_log_init_from_env(void)
-{
-    const char *env = getenv("RI_LOG_LEVEL");
-    cm_log_level_t level;
-    if (env == NULL || env[0] == '\0')
-        return;
-    if (cm_log_level_parse(env, &level) == RI_OK)
-        cm_log_set_level(level);
-    else
-        cm_warn("RI_LOG_LEVEL='%s' is not one of error, warn, info, debug, trace", env);
-}
-
 static const char *cm_log_basename(const char *path)
 {
     const char *slash = strrchr(path, '/');

@@ -1,7 +1,9 @@
 /*
  * Logging: one line per message on stderr (or a file), with UTC time, level,
- * pid/tid and source location.  The level comes from RI_LOG_LEVEL (error, warn,
- * info, debug, trace) or cm_log_set_level(); messages below it cost one branch.
+ * pid/tid and source location.  The level (error, warn, info, debug, trace;
+ * default info) is set by cm_log_set_level(): programs take it from their
+ * --log-level / RI_LOG_LEVEL setting (cm_runtime.h); messages below it cost
+ * one branch.
  * Thread-safe: each line is formatted into a local buffer and written once.
  */
 #ifndef CM_LOG_H
@@ -26,8 +28,6 @@ cm_log_level_t cm_log_set_level(cm_log_level_t level);
 /* Parse "error|warn|info|debug|trace" (or 0-4) into *level_p. */
 ri_status_t cm_log_level_parse(const char *text, cm_log_level_t *level_p);
 
-/* Read RI_LOG_LEVEL from the environment, if set; bad values are reported. */
-void cm_log_init_from_env(void);
 
 /* Write one message; use the macros below. */
 void cm_log_write(cm_log_level_t level, const char *file, int line, const char *fmt, ...)

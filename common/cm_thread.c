@@ -226,13 +226,24 @@ void cm_pool_parallel_for(cm_pool_t *pool, size_t n, size_t grain, cm_pool_task_
 
 static pthread_once_t cm_pool_default_once = PTHREAD_ONCE_INIT;
 static cm_pool_t *cm_pool_default_ptr;
+static _Atomic unsigned cm_pool_default_threads;   /* 0 = every CPU */
+static atomic_bool cm_pool_default_started;
 
 static void cm_pool_default_init(void)
 {
-    const char *env = getenv("RI_THREADS");
-    unsigned n = env ? (unsigned)strtoul(env, NULL, 10) : 0;
-    if (cm_pool_create(n, &cm_pool_default_ptr) != RI_OK)
+    atomic_store(&cm_pool_default_started, true);
+    if (cm_pool_create(atomic_load(&cm_pool_default_threads), &cm_pool_default_ptr) != RI_OK)
         cm_pool_default_ptr = NULL; /* loops then run inline */
+}
+
+ri_status_t cm_pool_default_set_threads(unsigned threads)
+{
+    if (!atomic_load(&cm_pool_default_started)) {
+        atomic_store(&cm_pool_default_threads, threads);
+        return RI_OK;
+    }
+    unsigned have = cm_pool_size(cm_pool_default());
+    return threads == have || (threads == 0 && have == cm_cpu_count()) ? RI_OK : RI_ERR_BUSY;
 }
 
 cm_pool_t *cm_pool_default(void)

@@ -31,9 +31,16 @@ unsigned cm_pool_size(const cm_pool_t *pool);
  * pool may be NULL (runs inline on the caller). */
 void cm_pool_parallel_for(cm_pool_t *pool, size_t n, size_t grain, cm_pool_task_fn_t fn, void *arg);
 
-/* A process-wide default pool, created on first use with RI_THREADS threads
- * (or the CPU count).  Never destroyed before exit. */
+/* A process-wide default pool, created on first use with the threads set by
+ * cm_pool_default_set_threads (default: the CPU count).  Never destroyed
+ * before exit. */
 cm_pool_t *cm_pool_default(void);
+
+/* Size of the default pool, the caller included (0 = the CPU count); call
+ * once at start-up, before the pool's first use (programs pass their
+ * --threads / RI_THREADS setting, see cm_runtime.h).  RI_ERR_BUSY when the
+ * pool already runs with another size (it is left as it is). */
+ri_status_t cm_pool_default_set_threads(unsigned threads);
 
 /* Number of online CPUs (>= 1). */
 unsigned cm_cpu_count(void);

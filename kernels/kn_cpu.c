@@ -23,15 +23,21 @@
 /* ---- dispatch ---- */
 
 static int kn_cpu_avx2_state = -1;
+static bool kn_cpu_simd_on = true;   /* kn_cpu_simd_enable */
 
 static bool kn_cpu_have_avx2(void)
 {
     if (kn_cpu_avx2_state < 0) {
         __builtin_cpu_init();
         kn_cpu_avx2_state = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
-                            __builtin_cpu_supports("f16c") && getenv("RI_KERNELS_NO_SIMD") == NULL;
+                            __builtin_cpu_supports("f16c");
     }
-    return kn_cpu_avx2_state == 1;
+    return kn_cpu_avx2_state == 1 && kn_cpu_simd_on;
+}
+
+void kn_cpu_simd_enable(bool on)
+{
+    kn_cpu_simd_on = on;
 }
 
 const char *kn_cpu_isa(void)

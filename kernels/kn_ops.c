@@ -3,6 +3,7 @@
  * dispatch, fall back to the reference), index arrays, partial selection.
  */
 #include <math.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -87,18 +88,35 @@ kn_rank_estimate_fn_t kn_ops_cuda_fused(void)
     return kn_cuda_fused_fn;
 }
 
+static char kn_ops_want[8];   /* kn_ops_select: "", "ref", "cpu" or "cuda" */
+
+ri_status_t kn_ops_select(const char *name)
+{
+    if (name == NULL)
+        name = "";
+    if (name[0] != '\0' && strcmp(name, "ref") != 0 && strcmp(name, "cpu") != 0 && strcmp(name, "cuda") != 0)
+        return RI_ERR_INVALID;
+    snprintf(kn_ops_want, sizeof(kn_ops_want), "%s", name);
+    return RI_OK;
+}
+
 const kn_ops_t *kn_ops_default(void)
 {
-    const char *want = getenv("RI_KERNELS");
-    if (want != NULL) {
-        if (strcmp(want, "ref") == 0)
-            return kn_ops_ref();
-        if (strcmp(want, "cpu") == 0)
-            return kn_ops_cpu();
-        if (strcmp(want, "cuda") == 0 && kn_ops_cuda() != NULL)
-            return kn_ops_cuda();
-    }
+    if (strcmp(kn_ops_want, "ref") == 0)
+        return kn_ops_ref();
+    if (strcmp(kn_ops_want, "cpu") == 0)
+        return kn_ops_cpu();
     return kn_ops_cuda() ? kn_ops_cuda() : kn_ops_cpu();
+}
+
+ri_status_t kn_runtime_apply(const cm_runtime_t *rt, char *err, size_t errlen)
+{
+    if (kn_ops_select(rt->kernels) != RI_OK) {
+        snprintf(err, errlen, "kernels (RI_KERNELS) '%s' is not one of ref, cpu, cuda", rt->kernels);
+        return RI_ERR_INVALID;
+    }
+    kn_cpu_simd_enable(!rt->kernels_no_simd);
+    return RI_OK;
 }
 
 size_t kn_ops_list(const kn_ops_t **out, size_t max)

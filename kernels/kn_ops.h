@@ -48,6 +48,7 @@
 #include <stdint.h>
 
 #include "common/cm_half.h"
+#include "common/cm_runtime.h"
 #include "common/cm_thread.h"
 #include "retroinfer/status.h"
 
@@ -228,13 +229,26 @@ typedef ri_status_t (*kn_rank_estimate_fn_t)(const kn_shape_t *grp, const float 
  * because ri_kernels cannot link the CUDA library; NULL until then. */
 void kn_ops_register_cuda_fused(kn_rank_estimate_fn_t fn);
 kn_rank_estimate_fn_t kn_ops_cuda_fused(void);
-/* The best available backend (cuda if present, else cpu); RI_KERNELS=ref|cpu|cuda overrides. */
+/* The backend kn_ops_select chose, else the best available (cuda if
+ * present, else cpu). */
 const kn_ops_t *kn_ops_default(void);
+/* Choose what kn_ops_default returns: "ref", "cpu", "cuda" (falls back to
+ * the best available where CUDA is absent), or NULL / "" for the best
+ * available.  Called once at start-up (programs pass their --kernels /
+ * RI_KERNELS setting).  RI_ERR_INVALID for another name (nothing changes). */
+ri_status_t kn_ops_select(const char *name);
+/* Apply the kernel settings of rt (kernels, kernels-no-simd; see
+ * cm_runtime.h).  RI_ERR_INVALID with err set for a bad backend name. */
+ri_status_t kn_runtime_apply(const cm_runtime_t *rt, char *err, size_t errlen);
 /* Fill up to max backends that run here (ref first); returns how many. */
 size_t kn_ops_list(const kn_ops_t **out, size_t max);
 
 /* Which SIMD path the cpu backend uses: "avx2" or "scalar". */
 const char *kn_cpu_isa(void);
+/* Let the CPU backend use AVX2 where the CPU has it (default on); off runs
+ * its scalar paths (programs pass !--kernels-no-simd / RI_KERNELS_NO_SIMD).
+ * Call at start-up, before kernels run. */
+void kn_cpu_simd_enable(bool on);
 
 /* Pool used by layer-level calls (NULL = cm_pool_default()).  Borrowed; must
  * outlive its use.  Never call layer-level functions from inside a loop of

@@ -38,6 +38,7 @@
 #include "bench/common/bn_args.h"
 #include "bench/common/bn_report.h"
 #include "common/cm_log.h"
+#include "common/cm_runtime.h"
 #include "gpuworker/model/mdl_kvdump.h"
 #include "kernels/kn_baselines.h"
 #include "kernels/kn_ops.h"
@@ -375,6 +376,11 @@ static int aa_main(const void *arg, const char *argv0)
 int main(int argc, char **argv)
 {
     aa_opts_t o;
-    cm_log_init_from_env();
+    char rt_err[256];
+    if (cm_runtime_setup_from_env(cm_runtime_apply, rt_err, sizeof(rt_err)) != RI_OK ||
+        cm_runtime_setup_from_env(kn_runtime_apply, rt_err, sizeof(rt_err)) != RI_OK) {
+        fprintf(stderr, "ri bench attn-accuracy: %s\n", rt_err);
+        return 2;
+    }
     return bn_args_main(&aa_table, &o, argc, argv, aa_main);
 }

@@ -20,7 +20,7 @@
 
 /* One option of a table over struct t: flag name n, cm_config type ty,
  * default d (text), help h, field f, bounds lo..hi (lo == hi: none). */
-#define BN_ARG(t, n, ty, d, h, f, lo, hi) {n, ty, d, h, offsetof(t, f), lo, hi}
+#define BN_ARG(t, n, ty, d, h, f, lo, hi) {n, ty, d, h, offsetof(t, f), lo, hi, NULL}
 
 /* The --json PATH option every bench has (a char * field of type t). */
 #define BN_ARG_JSON(t, field) BN_ARG(t, "json", CM_CFG_STRING, NULL, "write the report as JSON to this file", field, 0, 0)

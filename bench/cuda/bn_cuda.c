@@ -46,6 +46,7 @@
 #include "bench/common/bn_args.h"
 #include "bench/common/bn_report.h"
 #include "bench/cuda/bn_cuda_dev.h"
+#include "common/cm_runtime.h"
 #include "common/cm_thread.h"
 #include "common/cm_time.h"
 #include "kernels/cuda/kn_cuda.h"
@@ -553,10 +554,13 @@ typedef struct bc_opts {
     int64_t steps;
     int64_t rounds;
     int64_t wave_n; /* 0 skips the wave object */
+    cm_runtime_t rt;   /* log level, threads, kernel backend (cm_runtime.h) */
 } bc_opts_t;
 
 static const cm_config_item_t bc_items[] = {
     BN_ARG_JSON(bc_opts_t, json),
+    CM_RUNTIME_LOG_ITEM(bc_opts_t, rt),
+    CM_RUNTIME_KERNEL_ITEMS(bc_opts_t, rt),
     BN_ARG(bc_opts_t, "only", CM_CFG_INT, "0", "run only this size N (0 = every size)", only, 0, 1 << 30),
     BN_ARG(bc_opts_t, "max-n", CM_CFG_INT, "1048576", "largest context size N", max_n, 1, 1 << 30),
     BN_ARG(bc_opts_t, "steps", CM_CFG_INT, "4", "decode steps (queries) per method", steps, 1, 1 << 20),
@@ -570,6 +574,12 @@ static int bc_main(const void *arg, const char *argv0)
 {
     const bc_opts_t *o = arg;
     (void)argv0;
+    char rt_err[256];
+    if (cm_runtime_apply(&o->rt, rt_err, sizeof(rt_err)) != RI_OK ||
+        kn_runtime_apply(&o->rt, rt_err, sizeof(rt_err)) != RI_OK) {
+        fprintf(stderr, "ri-bench-cuda: %s\n", rt_err);
+        return 2;
+    }
     const char *json = o->json;
     static const size_t sizes[] = {131072, 1048576};
     size_t only_n = (size_t)o->only, max_n = (size_t)o->max_n, wave_n = (size_t)o->wave_n;

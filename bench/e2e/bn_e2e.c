@@ -38,6 +38,7 @@
 #include "common/cm_alloc.h"
 #include "common/cm_half.h"
 #include "common/cm_log.h"
+#include "common/cm_runtime.h"
 #include "common/cm_status.h"
 #include "common/cm_time.h"
 #include "gpuworker/model/mdl_kv_mem.h"
@@ -479,7 +480,11 @@ int main(int argc, char **argv)
     bn_daemon_t d = {0};
     int rc = 1;
 
-    cm_log_init_from_env();
+    char rt_err[256];
+    if (cm_runtime_setup_from_env(mdl_runtime_apply, rt_err, sizeof(rt_err)) != RI_OK) {
+        fprintf(stderr, "ri bench e2e: %s\n", rt_err);
+        return 2;
+    }
     setenv("UCX_TLS", GW_UCX_TLS_LOCAL, 0); /* shared memory, also for the daemon we start */
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--quick"))

@@ -29,6 +29,7 @@
 #include "bench/common/bn_bw.h"
 #include "bench/common/bn_report.h"
 #include "common/cm_status.h"
+#include "common/cm_runtime.h"
 #include "common/cm_thread.h"
 #include "common/cm_time.h"
 #include "kernels/kn_baselines.h"
@@ -503,10 +504,13 @@ typedef struct bk_opts {
     int64_t rounds;    /* 0 = by size */
     int64_t fast_from; /* 0 = never */
     int64_t cluster_tokens; /* 0 = the auto size */
+    cm_runtime_t rt;   /* log level, threads, kernel backend (cm_runtime.h) */
 } bk_opts_t;
 
 static const cm_config_item_t bk_items[] = {
     BN_ARG_JSON(bk_opts_t, json),
+    CM_RUNTIME_LOG_ITEM(bk_opts_t, rt),
+    CM_RUNTIME_KERNEL_ITEMS(bk_opts_t, rt),
     BN_ARG(bk_opts_t, "quick", CM_CFG_BOOL, "false", "sizes up to 32768 only", quick, 0, 0),
     BN_ARG(bk_opts_t, "max-n", CM_CFG_INT, "1048576", "largest context size N", max_n, 1, 1 << 30),
     BN_ARG(bk_opts_t, "only", CM_CFG_STRING, NULL, "run only these sizes (comma list: N[,N...]; one JSON for all)",
@@ -534,6 +538,12 @@ static int bk_main(const void *arg, const char *argv0)
     bn_report_t *rep;
 
     (void)argv0;
+    char rt_err[256];
+    if (cm_runtime_apply(&o->rt, rt_err, sizeof(rt_err)) != RI_OK ||
+        kn_runtime_apply(&o->rt, rt_err, sizeof(rt_err)) != RI_OK) {
+        fprintf(stderr, "ri bench kernels: %s\n", rt_err);
+        return 2;
+    }
     if (o->only != NULL && o->only[0] != '\0' && (n_only = bn_args_list(o->only, only, CM_ARRAY_LEN(only))) == 0) {
         fprintf(stderr, "ri bench kernels: --only wants up to %zu sizes, N[,N...]\n", CM_ARRAY_LEN(only));
         return 2;

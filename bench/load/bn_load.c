@@ -32,6 +32,7 @@
 #include "bench/load/bn_load_worker.h"
 #include "common/cm_alloc.h"
 #include "common/cm_log.h"
+#include "common/cm_runtime.h"
 #include "common/cm_time.h"
 #include "gpuworker/client/gw_ctl.h"
 #include "gpuworker/client/gw_dp.h"
@@ -161,7 +162,11 @@ static int bl_main(const void *arg, const char *argv0);
 
 int main(int argc, char **argv)
 {
-    cm_log_init_from_env();
+    char rt_err[256];
+    if (cm_runtime_setup_from_env(cm_runtime_apply, rt_err, sizeof(rt_err)) != RI_OK) {
+        fprintf(stderr, "ri bench load: %s\n", rt_err);
+        return 2;
+    }
     setenv("UCX_TLS", "posix,sysv,cma,tcp,self", 0);
     for (int i = 1; i < argc && strcmp(argv[i], "--") != 0; i++)
         if (!strcmp(argv[i], "--worker"))

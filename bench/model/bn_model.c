@@ -23,6 +23,7 @@
 #include "bench/common/bn_report.h"
 #include "bench/model/bn_filler.h"
 #include "common/cm_log.h"
+#include "common/cm_runtime.h"
 #include "common/cm_thread.h"
 #include "common/cm_time.h"
 #include "gpuworker/model/mdl_model.h"
@@ -166,7 +167,11 @@ int main(int argc, char **argv)
     int steps = 32;
     char methods_buf[256] = "full,retroinfer";
     char model_path[4096] = "";
-    cm_log_init_from_env();
+    char rt_err[256];
+    if (cm_runtime_setup_from_env(mdl_runtime_apply, rt_err, sizeof(rt_err)) != RI_OK) {
+        fprintf(stderr, "ri bench model: %s\n", rt_err);
+        return 2;
+    }
     for (int i = 1; i < argc; i++) {
         const char *v;
         if ((v = bm_arg(&i, argc, argv, "--contexts")) != NULL)

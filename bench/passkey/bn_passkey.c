@@ -28,6 +28,7 @@
 #include "bench/model/bn_filler.h"
 #include "common/cm_alloc.h"
 #include "common/cm_log.h"
+#include "common/cm_runtime.h"
 #include "common/cm_status.h"
 #include "common/cm_time.h"
 #include "gpuworker/model/mdl_model.h"
@@ -288,7 +289,11 @@ int main(int argc, char **argv)
     mdl_model_t *m = NULL;
     bn_report_t *rep = NULL;
 
-    cm_log_init_from_env();
+    char rt_err[256];
+    if (cm_runtime_setup_from_env(mdl_runtime_apply, rt_err, sizeof(rt_err)) != RI_OK) {
+        fprintf(stderr, "ri bench passkey: %s\n", rt_err);
+        return 2;
+    }
     setenv("UCX_TLS", GW_UCX_TLS_LOCAL, 0); /* shared memory, also for the daemon we start */
     for (int i = 1; i < argc; i++) {
         const char *a;

@@ -33,6 +33,7 @@
 #include "bench/ruler/rl_score.h"
 #include "common/cm_alloc.h"
 #include "common/cm_log.h"
+#include "common/cm_runtime.h"
 
 #define RL_MAX_CTX 8
 #define RL_REMOTE "retroinfer-remote"
@@ -273,7 +274,11 @@ int main(int argc, char **argv)
 {
     const char *json = bn_parse_json_arg(&argc, argv);
     rl_opts_t o;
-    cm_log_init_from_env();
+    char rt_err[256];
+    if (cm_runtime_setup_from_env(mdl_runtime_apply, rt_err, sizeof(rt_err)) != RI_OK) {
+        fprintf(stderr, "ri bench ruler: %s\n", rt_err);
+        return 2;
+    }
     if (rl_parse(argc, argv, &o) != 0) {
         rl_usage();
         return 2;

@@ -32,6 +32,7 @@
 #include "bench/common/bn_args.h"
 #include "bench/common/bn_report.h"
 #include "common/cm_log.h"
+#include "common/cm_runtime.h"
 #include "common/cm_time.h"
 #include "kvstore/spill/kvs_spill.h"
 #include "kvstore/spill/kvs_spill_format.h"
@@ -268,9 +269,12 @@ static int sp_main(const void *arg, const char *argv0);
 
 int main(int argc, char **argv)
 {
-    cm_log_init_from_env();
-    if (getenv("RI_LOG_LEVEL") == NULL)
-        cm_log_set_level(CM_LOG_WARN);
+    cm_log_set_level(CM_LOG_WARN);   /* quiet unless --log-level / RI_LOG_LEVEL says otherwise */
+    char rt_err[256];
+    if (cm_runtime_setup_from_env(cm_runtime_apply, rt_err, sizeof(rt_err)) != RI_OK) {
+        fprintf(stderr, "ri-bench-spill: %s\n", rt_err);
+        return 2;
+    }
     opts_t o;
     return bn_args_main(&sp_table, &o, argc, argv, sp_main);
 }

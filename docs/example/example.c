@@ -57,6 +57,12 @@ int main(int argc, char **argv)
         fprintf(stderr, "usage: %s KVSTORE_ADDRESS [TOKEN]\n", argv[0]);
         return 2;
     }
+    /* RI_THREADS / RI_LOG_LEVEL, if set (the library reads no environment
+     * on its own). */
+    if ((rc = ri_config_from_env()) != RI_OK) {
+        fprintf(stderr, "settings: %s: %s\n", ri_status_str(rc), ri_last_error());
+        return 2;
+    }
     ri_client_params_init(&cp);
     cp.address = argv[1];
     cp.token = argc > 2 ? argv[2] : NULL;

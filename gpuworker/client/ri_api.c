@@ -15,12 +15,15 @@
 #include "common/cm_alloc.h"
 #include "common/cm_log.h"
 #include "common/cm_net.h"
+#include "common/cm_runtime.h"
 #include "common/cm_status.h"
+#include "common/cm_thread.h"
 #include "common/cm_time.h"
 #include "gpuworker/client/gw_ctl.h"
 #include "gpuworker/client/gw_remote.h"
 #include "gpuworker/client/ri_api_int.h"
 #include "gpuworker/client/ri_steady.h"
+#include "kernels/kn_ops.h"
 
 static CM_ALLOC_TAG(ri_api_tag, "ri.api");
 
@@ -82,6 +85,46 @@ __attribute__((format(printf, 1, 2))) static void ri_err_set(const char *fmt, ..
 int ri_api_version(void)
 {
     return RI_API_VERSION;
+}
+
+ri_status_t ri_set_threads(uint32_t threads)
+{
+    ri_err_clear();
+    if (cm_pool_default_set_threads(threads) != RI_OK) {
+        ri_err_set("threads %u: the pool already runs with %u threads", threads,
+                   cm_pool_size(cm_pool_default()));
+        return RI_ERR_BUSY;
+    }
+    return RI_OK;
+}
+
+ri_status_t ri_set_log_level(const char *level)
+{
+    cm_log_level_t lv;
+    ri_err_clear();
+    if (level == NULL || cm_log_level_parse(level, &lv) != RI_OK) {
+        ri_err_set("log level '%s' is not one of error, warn, info, debug, trace", level ? level : "(null)");
+        return RI_ERR_INVALID;
+    }
+    cm_log_set_level(lv);
+    return RI_OK;
+}
+
+/* cm_runtime_apply and kn_runtime_apply: what the library's layers use. */
+static ri_status_t ri_runtime_apply(const cm_runtime_t *rt, char *err, size_t errlen)
+{
+    ri_status_t st = cm_runtime_apply(rt, err, errlen);
+    return st != RI_OK ? st : kn_runtime_apply(rt, err, errlen);
+}
+
+ri_status_t ri_config_from_env(void)
+{
+    char err[256] = "";
+    ri_err_clear();
+    ri_status_t st = cm_runtime_setup_from_env(ri_runtime_apply, err, sizeof(err));
+    if (st != RI_OK)
+        ri_err_set("%s", err);
+    return st;
 }
 
 const char *ri_last_error(void)

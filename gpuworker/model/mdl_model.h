@@ -29,6 +29,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "common/cm_runtime.h"
 #include "gpuworker/model/mdl_attn.h"
 #include "gpuworker/model/mdl_gguf.h"
 #include "gpuworker/model/mdl_quant.h"
@@ -172,9 +173,23 @@ ri_status_t mdl_decode(mdl_model_t *m, mdl_seq_t *const *seqs, const int32_t *to
 /* The second model (deps/setup.d/11-model-gemma3.sh). */
 #define MDL_GEMMA3_MODEL_FILE "gemma-3-270m-q4_k_m.gguf"
 
-/* Path of the default model: $RI_MODEL_DIR/<file> or
- * ~/.cache/retroinfer/models/<file>.  Always fills buf; RI_ERR_NOT_FOUND when
- * the file is not there, RI_ERR_RANGE when buf is too small. */
+/* The directory of the named models (copied); programs pass their
+ * --model-dir / RI_MODEL_DIR setting (default ~/.cache/retroinfer/models)
+ * at start-up, before resolving models.  RI_ERR_RANGE if longer than
+ * PATH_MAX (nothing changes). */
+ri_status_t mdl_model_set_dir(const char *dir);
+
+/* Apply the process-wide settings of rt (cm_runtime.h) to every layer the
+ * model runs on: log level and default pool (cm_runtime_apply), kernel
+ * backend (kn_runtime_apply), model directory, AVX-512, activation mode and
+ * parallel threshold.  Call once at start-up.  RI_ERR_INVALID / RI_ERR_BUSY
+ * / RI_ERR_RANGE with err naming the setting; settings before the bad one
+ * may already be applied. */
+ri_status_t mdl_runtime_apply(const cm_runtime_t *rt, char *err, size_t errlen);
+
+/* Path of the default model: <model dir>/<file> (mdl_model_set_dir).
+ * Always fills buf; RI_ERR_NOT_FOUND when the file is not there (or no
+ * directory was set), RI_ERR_RANGE when buf is too small. */
 ri_status_t mdl_model_default_path(char *buf, size_t len);
 
 /* The value of a --model flag: a model name ("smollm2-135m" = the default,

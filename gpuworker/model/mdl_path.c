@@ -1,5 +1,6 @@
 /* Where the models live, and the names --model takes (see mdl_model.h:
  * mdl_model_default_path, mdl_model_resolve). */
+#include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -17,17 +18,25 @@ static const struct {
     {"gemma3-270m", MDL_GEMMA3_MODEL_FILE},
 };
 
+static char mdl_model_dir[PATH_MAX];   /* mdl_model_set_dir; "" = none set */
+
+ri_status_t mdl_model_set_dir(const char *dir)
+{
+    if (dir == NULL)
+        dir = "";
+    if (strlen(dir) >= sizeof(mdl_model_dir))
+        return RI_ERR_RANGE;
+    snprintf(mdl_model_dir, sizeof(mdl_model_dir), "%s", dir);
+    return RI_OK;
+}
+
 static ri_status_t mdl_model_dir_path(const char *file, char *buf, size_t len)
 {
-    const char *dir = getenv("RI_MODEL_DIR");
-    const char *home = getenv("HOME");
-    int n;
-    if (dir != NULL && dir[0] != '\0')
-        n = snprintf(buf, len, "%s/%s", dir, file);
-    else
-        n = snprintf(buf, len, "%s/.cache/retroinfer/models/%s", home ? home : "/root", file);
+    int n = snprintf(buf, len, "%s/%s", mdl_model_dir[0] ? mdl_model_dir : "(no model dir set)", file);
     if (n < 0 || (size_t)n >= len)
         return RI_ERR_RANGE;
+    if (mdl_model_dir[0] == '\0')
+        return RI_ERR_NOT_FOUND;
     struct stat sb;
     return stat(buf, &sb) == 0 ? RI_OK : RI_ERR_NOT_FOUND;
 }

@@ -40,20 +40,11 @@ static bool mdl_is_kquant(mdl_ggml_type_t t)
 }
 
 static bool mdl_force_scalar;
-/* How decode products take their activations: -1 = not decided yet
- * (RI_MODEL_ACT = f32 | i16 | i8, default i16). */
-static int mdl_act = -1;
+/* How decode products take their activations (mdl_quant_set_act). */
+static int mdl_act = MDL_ACT_I16;
 
 static mdl_act_mode_t mdl_act_mode(void)
 {
-    if (mdl_act < 0) {
-        const char *e = getenv("RI_MODEL_ACT");
-        mdl_act = MDL_ACT_I16;
-        if (e != NULL && strcmp(e, "f32") == 0)
-            mdl_act = MDL_ACT_F32;
-        else if (e != NULL && strcmp(e, "i8") == 0)
-            mdl_act = MDL_ACT_I8;
-    }
     return (mdl_act_mode_t)mdl_act;
 }
 
@@ -838,16 +829,14 @@ MDL_AVX2 static float mdl_dot_q6_k_q16act_avx2(const uint8_t *p, size_t nsb, con
  * AVX-512F/BW/DQ, on where the CPU has them unless RI_MODEL_AVX512=0. */
 #define MDL_AVX512BW __attribute__((target("avx512f,avx512bw,avx512dq,avx2,fma,f16c")))
 
-static int mdl_avx512_on = -1;   /* -1: not decided (CPU and RI_MODEL_AVX512) */
+static int mdl_avx512_on = -1;   /* -1: not decided (CPU; mdl_quant_set_avx512 turns it off) */
 
 static bool mdl_quant_use_avx512(void)
 {
     if (mdl_avx512_on < 0) {
-        const char *e = getenv("RI_MODEL_AVX512");
         __builtin_cpu_init();
         mdl_avx512_on = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
-                        __builtin_cpu_supports("avx512dq") &&
-                        !(e != NULL && strcmp(e, "0") == 0);
+                        __builtin_cpu_supports("avx512dq");
     }
     return mdl_avx512_on > 0 && mdl_quant_have_simd();
 }
@@ -1146,14 +1135,16 @@ static void mdl_mm_rows(void *arg, size_t begin, size_t end, unsigned worker)
 
 /* Products under this many multiply-adds run on the calling thread: waking
  * the pool costs more than it saves (decode of small layers, busy CPUs). */
+static size_t mdl_par_min = 512 * 1024;   /* mdl_quant_set_par_min */
+
 static size_t mdl_par_min_macs(void)
 {
-    static size_t v;
-    if (v == 0) {
-        const char *e = getenv("RI_MODEL_PAR_MIN");
-        v = e != NULL && atol(e) > 0 ? (size_t)atol(e) : 512 * 1024;
-    }
-    return v;
+    return mdl_par_min;
+}
+
+void mdl_quant_set_par_min(size_t macs)
+{
+    mdl_par_min = macs > 0 ? macs : 512 * 1024;
 }
 
 ri_status_t mdl_matmul_multi(cm_pool_t *pool, const mdl_weight_t *const *w, size_t nw, const float *x, size_t n,

@@ -50,10 +50,13 @@ ri_status_t mdl_matmul(cm_pool_t *pool, const mdl_weight_t *w, const float *x, s
 
 /* Several products of the same input in one parallel loop (Q/K/V, gate/up):
  * y[k] = x W[k]^T for k < nw (nw <= 4, all W[k] with the same cols).
- * Products smaller than RI_MODEL_PAR_MIN multiply-adds (default 512K) run on
- * the caller's thread.  RI_ERR_INVALID for mismatched shapes. */
+ * Products smaller than mdl_quant_set_par_min multiply-adds (default 512K)
+ * run on the caller's thread.  RI_ERR_INVALID for mismatched shapes. */
 ri_status_t mdl_matmul_multi(cm_pool_t *pool, const mdl_weight_t *const *w, size_t nw, const float *x, size_t n,
                              float *const *y);
+/* The threshold above (0 = the default); programs pass their
+ * --model-par-min / RI_MODEL_PAR_MIN setting at start-up. */
+void mdl_quant_set_par_min(size_t macs);
 
 /* Reference matmul: single thread, mdl_dot_ref. */
 void mdl_matmul_ref(const mdl_weight_t *w, const float *x, size_t n, float *y);
@@ -62,8 +65,8 @@ void mdl_matmul_ref(const mdl_weight_t *w, const float *x, size_t n, float *y);
  * Q5_0/Q4_K/Q6_K, which take int16 under int8 too) take their
  * activations: fp32 (weights expanded to fp32), int16 per 32-block (default:
  * integer madd, relative error 1.5e-5), or int8 per 32-block (maddubs, as
- * ggml; fastest, ~1e-2 of the logit range).  RI_MODEL_ACT=f32|i16|i8 sets the
- * initial mode. */
+ * ggml; fastest, ~1e-2 of the logit range).  Programs set the initial mode
+ * from their --model-act / RI_MODEL_ACT setting (f32|i16|i8). */
 typedef enum mdl_act_mode { MDL_ACT_F32 = 0, MDL_ACT_I16 = 1, MDL_ACT_I8 = 2 } mdl_act_mode_t;
 void mdl_quant_set_act(mdl_act_mode_t mode);
 mdl_act_mode_t mdl_quant_get_act(void);
@@ -74,7 +77,8 @@ void mdl_quant_q8_activations(bool on);
 bool mdl_quant_have_simd(void);
 
 /* The AVX-512BW decode products (Q8_0 and Q5_0 weights, int16 activations):
- * used where the CPU has AVX-512BW unless RI_MODEL_AVX512=0.  Off selects
+ * used where the CPU has AVX-512BW unless turned off here (programs pass
+ * --model-avx512 / RI_MODEL_AVX512).  Off selects
  * the AVX2 ones (tests, A/B timing); on re-enables them where supported. */
 void mdl_quant_set_avx512(bool on);
 /* True when the AVX-512BW decode products are in use. */

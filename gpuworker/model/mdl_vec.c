@@ -497,17 +497,27 @@ MDL_AVX512 static void mdl_scores4_avx512(const float *q, const float *K, size_t
     }
 }
 
+static bool mdl_vec_avx512_on = true;   /* mdl_vec_set_avx512 */
+
 static bool mdl_vec_have_avx512(void)
 {
     static int have = -1;
     if (have < 0) {
-        const char *e = getenv("RI_MODEL_AVX512");
         __builtin_cpu_init();
-        have = __builtin_cpu_supports("avx512f") && !(e != NULL && strcmp(e, "0") == 0);
+        have = __builtin_cpu_supports("avx512f");
     }
-    return have && mdl_quant_have_simd();
+    return have && mdl_vec_avx512_on && mdl_quant_have_simd();
 }
 #endif
+
+void mdl_vec_set_avx512(bool on)
+{
+#ifdef MDL_AVX2
+    mdl_vec_avx512_on = on;
+#else
+    (void)on;
+#endif
+}
 
 void mdl_vec_scores_rows(const float *q, size_t nr, const float *K, size_t nk, size_t d, float scale, float *s)
 {

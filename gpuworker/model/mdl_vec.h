@@ -7,6 +7,7 @@
 #ifndef MDL_VEC_H
 #define MDL_VEC_H
 
+#include <stdbool.h>
 #include <stddef.h>
 
 /* sum a[i]*b[i] */
@@ -29,10 +30,13 @@ void mdl_vec_pv(float *acc, const float *p, const float *V, size_t nk, size_t d)
  * one KV head): s[r * nk + j] = scale * q[r * d ..].K[j], and
  * acc[r * d ..] += sum_j p[r * p_stride + j] * V[j].  Each K / V row is read
  * once for each group of 4 rows (AVX2 when d is a multiple of 16 other than
- * 64, AVX-512 where the CPU has it unless RI_MODEL_AVX512=0; d = 64 and
- * leftover rows use the one-row kernels). */
+ * 64, AVX-512 where the CPU has it unless mdl_vec_set_avx512(false); d = 64
+ * and leftover rows use the one-row kernels). */
 void mdl_vec_scores_rows(const float *q, size_t nr, const float *K, size_t nk, size_t d, float scale, float *s);
 void mdl_vec_pv_rows(float *acc, size_t nr, const float *p, size_t p_stride, const float *V, size_t nk, size_t d);
+/* Let the row kernels use AVX-512 where the CPU has it (default on);
+ * programs pass their --model-avx512 / RI_MODEL_AVX512 setting. */
+void mdl_vec_set_avx512(bool on);
 /* g[i] = silu(g[i]) * u[i] */
 void mdl_vec_swiglu(float *g, const float *u, size_t n);
 /* g[i] = gelu(g[i]) * u[i], GELU in its tanh form (Gemma's GeGLU) */

@@ -17,6 +17,7 @@
 
 #include "common/cm_alloc.h"
 #include "common/cm_config.h"
+#include "common/cm_runtime.h"
 #include "common/cm_log.h"
 #include "common/cm_status.h"
 #include "common/cm_thread.h"
@@ -41,7 +42,7 @@ typedef struct gen_cfg {
     double adapt_tau;   /* retroinfer's per-head cut (0 = off) */
     double top_p;       /* nucleus */
     int64_t seed;       /* sampling seed */
-    int64_t threads;    /* 0 = RI_THREADS or all CPUs */
+    cm_runtime_t rt;     /* threads, log level, kernels, model dir and knobs (cm_runtime.h) */
     int64_t ctx;        /* sequence capacity; 0 = prompt + max-tokens */
     int64_t chunk;      /* prefill chunk */
     int64_t budget;     /* exact-token budget of quest/streaming/oracle; 0 = auto */
@@ -52,7 +53,7 @@ typedef struct gen_cfg {
     char *act;          /* decode activations: i16, i8, f32 */
 } gen_cfg_t;
 
-#define GEN_ITEM(n, t, d, h, f) {n, t, d, h, offsetof(gen_cfg_t, f), 0, 0}
+#define GEN_ITEM(n, t, d, h, f) {n, t, d, h, offsetof(gen_cfg_t, f), 0, 0, NULL}
 static const cm_config_item_t gen_items[] = {
     GEN_ITEM("model", CM_CFG_STRING, NULL, "model name (smollm2-135m, gemma3-270m) or GGUF file (default: smollm2-135m)", model),
     GEN_ITEM("prompt", CM_CFG_STRING, NULL, "prompt text", prompt),
@@ -60,31 +61,33 @@ static const cm_config_item_t gen_items[] = {
     GEN_ITEM("chat", CM_CFG_BOOL, "false", "apply the model's chat template", chat),
     GEN_ITEM("system", CM_CFG_STRING, NULL, "system prompt for --chat", system),
     GEN_ITEM("attn", CM_CFG_STRING, "full", "attention backend: full, retroinfer, quest, streaming, oracle", attn),
-    {"max-tokens", CM_CFG_INT, "128", "tokens to generate", offsetof(gen_cfg_t, max_tokens), 0, 1 << 20},
+    {"max-tokens", CM_CFG_INT, "128", "tokens to generate", offsetof(gen_cfg_t, max_tokens), 0, 1 << 20, NULL},
     {"temperature", CM_CFG_DOUBLE, "0", "sampling temperature (0 = greedy)", offsetof(gen_cfg_t, temperature), 0,
-     100},
-    {"top-p", CM_CFG_DOUBLE, "1", "nucleus sampling mass", offsetof(gen_cfg_t, top_p), 0.001, 1},
+     100, NULL},
+    {"top-p", CM_CFG_DOUBLE, "1", "nucleus sampling mass", offsetof(gen_cfg_t, top_p), 0.001, 1, NULL},
     GEN_ITEM("seed", CM_CFG_INT, "1", "sampling seed", seed),
-    {"threads", CM_CFG_INT, "0", "threads (0 = RI_THREADS or all CPUs)", offsetof(gen_cfg_t, threads), 0, 1024},
+    CM_RUNTIME_LOG_ITEM(gen_cfg_t, rt),
+    CM_RUNTIME_COMPUTE_ITEMS(gen_cfg_t, rt),
     {"ctx", CM_CFG_INT, "0", "sequence capacity in tokens (0 = prompt + max-tokens)", offsetof(gen_cfg_t, ctx), 0,
-     1 << 22},
-    {"chunk", CM_CFG_INT, "64", "prefill chunk in tokens", offsetof(gen_cfg_t, chunk), 1, 4096},
+     1 << 22, NULL},
+    {"chunk", CM_CFG_INT, "64", "prefill chunk in tokens", offsetof(gen_cfg_t, chunk), 1, 4096, NULL},
     {"budget", CM_CFG_INT, "0", "exact-token budget for quest/streaming/oracle (0 = auto)",
-     offsetof(gen_cfg_t, budget), 0, 1 << 24},
+     offsetof(gen_cfg_t, budget), 0, 1 << 24, NULL},
     {"update-tokens", CM_CFG_INT, "1024",
      "retroinfer: tokens clustered per index update; a prompt under sink + window + this decodes densely",
-     offsetof(gen_cfg_t, update_tokens), 16, 1 << 24},
+     offsetof(gen_cfg_t, update_tokens), 16, 1 << 24, NULL},
     {"retrieval-min", CM_CFG_INT, "256",
      "retroinfer: floor of the retrieval zone in tokens (the 1.8% share starves short contexts)",
-     offsetof(gen_cfg_t, retrieval_min), 0, 1 << 24},
+     offsetof(gen_cfg_t, retrieval_min), 0, 1 << 24, NULL},
     {"adapt-tau", CM_CFG_DOUBLE, "0",
      "retroinfer: output-aware per-head cut, the estimated mass a head may leave to estimation (0 = off)",
-     offsetof(gen_cfg_t, adapt_tau), 0, 0.99},
+     offsetof(gen_cfg_t, adapt_tau), 0, 0.99, NULL},
     GEN_ITEM("dump-kv", CM_CFG_STRING, NULL, "write per-layer K/V and decode queries to this directory", dump_kv),
     GEN_ITEM("stream", CM_CFG_BOOL, "true", "print tokens as they are generated", stream),
     GEN_ITEM("stats", CM_CFG_BOOL, "true", "print prefill/decode speed at the end", stats),
-    GEN_ITEM("act", CM_CFG_STRING, "i16",
-             "decode activations: i16 (int16 blocks, exact to 1e-4), i8 (as ggml: faster, ~1e-2 logit error), f32",
+    GEN_ITEM("act", CM_CFG_STRING, "",
+             "decode activations: i16 (int16 blocks, exact to 1e-4), i8 (as ggml: faster, ~1e-2 logit error), f32 "
+             "(empty = --model-act)",
              act),
 };
 /* The prompt may also come as the one positional argument (after the flags). */
@@ -155,7 +158,6 @@ int main(int argc, char **argv)
     cm_config_result_t res;
     char err[512] = "";
     int rc = 1;
-    cm_log_init_from_env();
     if (cm_config_load(&gen_table, &cfg, argc, argv, &res, err, sizeof(err)) != RI_OK) {
         fprintf(stderr, "ri generate: %s\n", err);
         return 2;
@@ -179,10 +181,10 @@ int main(int argc, char **argv)
     char *text = NULL;
     size_t n_ids = 0;
 
-    if (cfg.threads > 0) {
-        char t[32];
-        snprintf(t, sizeof(t), "%lld", (long long)cfg.threads);
-        setenv("RI_THREADS", t, 1);
+    if (mdl_runtime_apply(&cfg.rt, err, sizeof(err)) != RI_OK) {
+        fprintf(stderr, "ri generate: %s (try --help)\n", err);
+        rc = 2;
+        goto out;
     }
     if (cfg.prompt_file != NULL && cfg.prompt_file[0] != '\0') {
         if ((text = gen_read_file(cfg.prompt_file)) == NULL)
@@ -216,13 +218,15 @@ int main(int argc, char **argv)
         goto out;
     }
     mdl_model_set_chunk(model, (size_t)cfg.chunk);
-    if (strcmp(cfg.act, "f32") == 0)
+    if (cfg.act[0] == '\0') {
+        /* --model-act / RI_MODEL_ACT, applied with the other runtime settings */
+    } else if (strcmp(cfg.act, "f32") == 0) {
         mdl_quant_set_act(MDL_ACT_F32);
-    else if (strcmp(cfg.act, "i8") == 0)
+    } else if (strcmp(cfg.act, "i8") == 0) {
         mdl_quant_set_act(MDL_ACT_I8);
-    else if (strcmp(cfg.act, "i16") == 0)
+    } else if (strcmp(cfg.act, "i16") == 0) {
         mdl_quant_set_act(MDL_ACT_I16);
-    else {
+    } else {
         fprintf(stderr, "ri generate: --act must be i16, i8 or f32\n");
         goto out;
     }

@@ -14,6 +14,7 @@
 
 #include "common/cm_alloc.h"
 #include "common/cm_log.h"
+#include "common/cm_runtime.h"
 #include "gpuworker/model/mdl_model.h"
 #include "gpuworker/model/mdl_quant.h"
 
@@ -72,7 +73,11 @@ static int model_info(const char *path)
 
 int main(int argc, char **argv)
 {
-    cm_log_init_from_env();
+    char rt_err[256];
+    if (cm_runtime_setup_from_env(mdl_runtime_apply, rt_err, sizeof(rt_err)) != RI_OK) {
+        fprintf(stderr, "ri model: %s\n", rt_err);
+        return 2;
+    }
     if (argc < 2)
         return model_usage();
     char path[4096];

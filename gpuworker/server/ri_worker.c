@@ -39,6 +39,7 @@
 
 #include "common/cm_alloc.h"
 #include "common/cm_config.h"
+#include "common/cm_runtime.h"
 #include "common/cm_file.h"
 #include "common/cm_keys.h"
 #include "common/cm_net.h"
@@ -80,7 +81,7 @@ typedef struct wk_cfg {
     bool predict;        /* retroinfer-remote: cached steps do not wait for their fetch */
     bool fetch_async;    /* retroinfer-remote: fetch on the io thread */
     bool keep_kv;        /* retroinfer-remote: keep the K/V the kvstore holds */
-    int64_t threads;     /* 0 = all CPUs */
+    cm_runtime_t rt;     /* threads, log level, kernels, model dir and knobs (cm_runtime.h) */
     char *prompt_file;   /* one-shot request */
     char *attn;          /* one-shot: backend */
     char *compare_attn;  /* one-shot: second backend */
@@ -104,7 +105,7 @@ typedef struct wk_cfg {
     bool insecure;       /* HTTP service: allow a non-loopback --listen without API keys */
 } wk_cfg_t;
 
-#define WK_ITEM(n, t, d, h, f) {n, t, d, h, offsetof(wk_cfg_t, f), 0, 0}
+#define WK_ITEM(n, t, d, h, f) {n, t, d, h, offsetof(wk_cfg_t, f), 0, 0, NULL}
 static const cm_config_item_t wk_items[] = {
     WK_ITEM("model", CM_CFG_STRING, NULL,
             "model name (smollm2-135m, gemma3-270m) or GGUF file (default: smollm2-135m)", model),
@@ -115,27 +116,27 @@ static const cm_config_item_t wk_items[] = {
     WK_ITEM("tls-ca", CM_CFG_STRING, NULL, "PEM CA of the kvstore's TLS certificate (empty = plaintext gRPC)", tls_ca),
     WK_ITEM("tls-cert", CM_CFG_STRING, NULL, "PEM client certificate for a kvstore with mutual TLS", tls_cert),
     WK_ITEM("tls-key", CM_CFG_STRING, NULL, "PEM private key of tls-cert", tls_key),
-    {"timeout-ms", CM_CFG_INT, "5000", "kvstore call deadline", offsetof(wk_cfg_t, timeout_ms), 100, 600000},
+    {"timeout-ms", CM_CFG_INT, "5000", "kvstore call deadline", offsetof(wk_cfg_t, timeout_ms), 100, 600000, NULL},
     {"cache-frac", CM_CFG_DOUBLE, "0.05", "block cache size as a share of a sequence's KV pages",
-     offsetof(wk_cfg_t, cache_frac), 0.0001, 1.0},
+     offsetof(wk_cfg_t, cache_frac), 0.0001, 1.0, NULL},
     WK_ITEM("compare-full", CM_CFG_BOOL, "false",
             "retroinfer-remote also computes exact attention and reports the error", compare_full),
     {"deadline-us", CM_CFG_INT, "0",
      "retroinfer-remote: a layer-step waits at most this for the kvstore's misses; late clusters are attended "
      "through their centroid estimate and counted (0 = always wait: exact)",
-     offsetof(wk_cfg_t, deadline_us), 0, 10000000},
+     offsetof(wk_cfg_t, deadline_us), 0, 10000000, NULL},
     {"retrieval-min", CM_CFG_INT, "256",
      "retroinfer and retroinfer-remote: floor of the retrieval zone in tokens (the 1.8% share starves short "
-     "contexts)", offsetof(wk_cfg_t, retrieval_min), 0, 1 << 24},
+     "contexts)", offsetof(wk_cfg_t, retrieval_min), 0, 1 << 24, NULL},
     {"adapt-tau", CM_CFG_DOUBLE, "0",
      "retroinfer and retroinfer-remote: output-aware per-head cut, the estimated mass a head may leave to "
-     "estimation (0 = off)", offsetof(wk_cfg_t, adapt_tau), 0, 0.99},
+     "estimation (0 = off)", offsetof(wk_cfg_t, adapt_tau), 0, 0.99, NULL},
     {"cluster-tokens", CM_CFG_INT, "0",
      "retroinfer and retroinfer-remote: tokens per cluster (0 = auto: 4 up to 8K indexed tokens, 8 up to 16K, "
-     "16 beyond)", offsetof(wk_cfg_t, cluster_tokens), 0, 4096},
+     "16 beyond)", offsetof(wk_cfg_t, cluster_tokens), 0, 4096, NULL},
     {"estimation-frac", CM_CFG_DOUBLE, "0.232",
      "retroinfer and retroinfer-remote: share of the clusters attended through their centroids",
-     offsetof(wk_cfg_t, estimation_frac), 0, 1},
+     offsetof(wk_cfg_t, estimation_frac), 0, 1, NULL},
     WK_ITEM("direct", CM_CFG_BOOL, "true",
             "retroinfer-remote: read retrieved clusters in place from the kvstore's memory when on its host "
             "(false: every read is a request)", direct),
@@ -146,14 +147,15 @@ static const cm_config_item_t wk_items[] = {
     WK_ITEM("keep-kv", CM_CFG_BOOL, "false",
             "retroinfer-remote: keep the K/V the kvstore holds (a session it loses is re-filled, not rebuilt)",
             keep_kv),
-    {"threads", CM_CFG_INT, "0", "threads (0 = RI_THREADS or all CPUs)", offsetof(wk_cfg_t, threads), 0, 1024},
+    CM_RUNTIME_LOG_ITEM(wk_cfg_t, rt),
+    CM_RUNTIME_COMPUTE_ITEMS(wk_cfg_t, rt),
     WK_ITEM("prompt-file", CM_CFG_STRING, NULL, "answer this prompt once and exit (no stdin requests)", prompt_file),
     WK_ITEM("attn", CM_CFG_STRING, NULL, "backend of the one-shot request (default: retroinfer-remote with "
             "--kvstore, else full)", attn),
     WK_ITEM("compare-attn", CM_CFG_STRING, NULL, "one-shot: also answer with this backend on the same prefill",
             compare_attn),
     {"max-tokens", CM_CFG_INT, "32", "tokens to generate (one-shot; stdin and HTTP requests without max_tokens)",
-     offsetof(wk_cfg_t, max_tokens), 1, 1 << 20},
+     offsetof(wk_cfg_t, max_tokens), 1, 1 << 20, NULL},
     WK_ITEM("chat", CM_CFG_BOOL, "false", "one-shot: apply the chat template", chat),
     WK_ITEM("listen", CM_CFG_STRING, NULL, "serve the OpenAI-compatible HTTP API on host:port (port 0 = any free "
             "port) instead of reading stdin", listen),
@@ -162,27 +164,27 @@ static const cm_config_item_t wk_items[] = {
     WK_ITEM("model-name", CM_CFG_STRING, NULL, "HTTP service: the model id requests name (default: the model file's "
             "name without .gguf)", model_name),
     {"max-batch", CM_CFG_INT, "8", "HTTP service: requests decoded together (continuous batching)",
-     offsetof(wk_cfg_t, max_batch), 1, 64},
+     offsetof(wk_cfg_t, max_batch), 1, 64, NULL},
     {"queue-size", CM_CFG_INT, "32", "HTTP service: requests waiting for a batch slot; more get 429",
-     offsetof(wk_cfg_t, queue_size), 1, 1000000},
+     offsetof(wk_cfg_t, queue_size), 1, 1000000, NULL},
     {"prefill-chunk", CM_CFG_INT, "256", "HTTP service: prompt tokens prefilled between two decode steps "
-     "(a multiple of 64)", offsetof(wk_cfg_t, prefill_chunk), 64, 1 << 20},
+     "(a multiple of 64)", offsetof(wk_cfg_t, prefill_chunk), 64, 1 << 20, NULL},
     {"ctx", CM_CFG_INT, "0", "HTTP service: prompt + max_tokens limit (0 = the model's trained context)",
-     offsetof(wk_cfg_t, ctx), 0, 1 << 24},
+     offsetof(wk_cfg_t, ctx), 0, 1 << 24, NULL},
     WK_ITEM("allow-attn", CM_CFG_STRING, "full,retroinfer,retroinfer-remote",
             "HTTP service: backends a request's \"attn\" may choose (retroinfer-remote needs --kvstore)", allow_attn),
     {"http-max-conn", CM_CFG_INT, "256", "HTTP service: connections at once (one thread each)",
-     offsetof(wk_cfg_t, http_max_conn), 4, 65536},
+     offsetof(wk_cfg_t, http_max_conn), 4, 65536, NULL},
     {"http-reserve-conn", CM_CFG_INT, "0", "HTTP service: of http-max-conn, slots kept for short requests such as "
      "/health: any client gets one, with a 1 s deadline (0 = http-max-conn / 16, at least 2)",
-     offsetof(wk_cfg_t, http_reserve_conn), 0, 65535},
+     offsetof(wk_cfg_t, http_reserve_conn), 0, 65535, NULL},
     {"http-max-conn-per-addr", CM_CFG_INT, "0", "HTTP service: connections one client address may hold beside the "
-     "reserve (0 = a quarter of http-max-conn)", offsetof(wk_cfg_t, http_max_conn_per_addr), 0, 65536},
+     "reserve (0 = a quarter of http-max-conn)", offsetof(wk_cfg_t, http_max_conn_per_addr), 0, 65536, NULL},
     {"http-request-timeout-ms", CM_CFG_INT, "30000", "HTTP service: a request (headers and body) must arrive within "
      "this from the connection's accept or its previous answer, else the connection is closed",
-     offsetof(wk_cfg_t, http_request_timeout_ms), 100, 3600000},
+     offsetof(wk_cfg_t, http_request_timeout_ms), 100, 3600000, NULL},
     {"drain-timeout-ms", CM_CFG_INT, "10000", "HTTP service: on SIGTERM/SIGINT, running requests get this long to "
-     "finish before they are cancelled", offsetof(wk_cfg_t, drain_timeout_ms), 0, 3600000},
+     "finish before they are cancelled", offsetof(wk_cfg_t, drain_timeout_ms), 0, 3600000, NULL},
     WK_ITEM("api-keys-file", CM_CFG_STRING, NULL, "HTTP service: every endpoint but /health wants "
             "'Authorization: Bearer KEY' with a key of this file (one per line: KEY [NAME]; # comments; not "
             "group/world writable); SIGHUP reloads it", api_keys_file),
@@ -771,7 +773,6 @@ int main(int argc, char **argv)
     mdl_model_t *model = NULL;
     int rc = 1;
 
-    cm_log_init_from_env();
     /* Same-host kvstore: let UCX use shared memory (with the daemon started
      * the same way, a round trip is ~10x shorter than over its tcp default
      * here).  An explicit UCX_TLS wins. */
@@ -823,10 +824,10 @@ int main(int argc, char **argv)
         pthread_sigmask(SIG_BLOCK, &sigs, NULL);
         signal(SIGPIPE, SIG_IGN);
     }
-    if (cfg.threads > 0) {
-        char t[32];
-        snprintf(t, sizeof(t), "%lld", (long long)cfg.threads);
-        setenv("RI_THREADS", t, 1);
+    if (mdl_runtime_apply(&cfg.rt, err, sizeof(err)) != RI_OK) {
+        fprintf(stderr, "ri-worker: %s (try --help)\n", err);
+        cm_config_free(&wk_table, &cfg);
+        return 2;
     }
     bool have_kvs = cfg.kvstore != NULL && cfg.kvstore[0] != '\0';
     char file_token[512];

@@ -34,7 +34,8 @@
  * from several threads at once).  A session is used by one thread at a time;
  * different sessions may be used concurrently from different threads.
  * ri_decode over a batch uses each session of the batch from the calling
- * thread.  Compute threads: RI_THREADS (default: every CPU).
+ * thread.  Compute threads: every CPU unless ri_set_threads (or
+ * ri_config_from_env with RI_THREADS) says otherwise.
  *
  * K/V layout (ri_kv_view_t): fp16 bits; the row of token t, KV head h starts
  * at k + t * token_stride + h * head_stride (elements).  Views are borrowed
@@ -58,11 +59,37 @@ extern "C" {
  *    NULL, direct-read counters in the stats.
  * 3: ri_session_params_t.flags (RI_SESSION_*: two-sided reads, fetch on the
  *    io thread, no prediction), ri_session_params_get (the settings a
- *    session runs with, the auto cluster size resolved). */
-#define RI_API_VERSION 3
+ *    session runs with, the auto cluster size resolved).
+ * 4: ri_set_threads, ri_set_log_level, ri_config_from_env (the library no
+ *    longer reads RI_THREADS / RI_LOG_LEVEL by itself). */
+#define RI_API_VERSION 4
 
 /* The API version the library was built with (RI_API_VERSION). */
 int ri_api_version(void);
+
+/* ------------------------------------------------------ process settings
+ *
+ * The library reads nothing from the environment on its own: a host process
+ * (a Python interpreter, a server with its own configuration) owns its
+ * environment, and a setting picked up behind its back at some first use is
+ * hard to see or test.  A program passes the settings it wants with the
+ * setters, or calls ri_config_from_env once to keep the RI_* variable names
+ * documented before (one explicit line instead of an implicit read).  Call
+ * these at start-up, before the first client. */
+
+/* Compute threads of the library's pool, the calling thread included
+ * (0 = every CPU).  RI_ERR_BUSY once the pool runs with another size. */
+ri_status_t ri_set_threads(uint32_t threads);
+
+/* Log level: "error", "warn", "info" (default), "debug" or "trace".
+ * RI_ERR_INVALID for another word (the level is left as it is). */
+ri_status_t ri_set_log_level(const char *level);
+
+/* Read RI_THREADS, RI_LOG_LEVEL, RI_KERNELS (ref|cpu|cuda) and
+ * RI_KERNELS_NO_SIMD from the environment and apply them as the setters
+ * above.  RI_ERR_INVALID / RI_ERR_RANGE for a bad value, RI_ERR_BUSY as
+ * ri_set_threads; ri_last_error names the variable. */
+ri_status_t ri_config_from_env(void);
 
 /* Detail of the calling thread's last failed call ("" when none); valid
  * until the thread's next call into the library. */

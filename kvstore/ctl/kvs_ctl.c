@@ -25,7 +25,7 @@ static CM_ALLOC_TAG(kvs_ctl_tag, "kvs.ctl");
 #define KVS_PEM_MAX (1u << 20) /* certificate bundles are far smaller */
 
 #define KVS_CFG(name, type, def, help, field, lo, hi) \
-    {name, type, def, help, offsetof(kvs_ctl_config_t, field), lo, hi}
+    {name, type, def, help, offsetof(kvs_ctl_config_t, field), lo, hi, NULL}
 
 static const cm_config_item_t kvs_ctl_config_items[] = {
     KVS_CFG("listen", CM_CFG_STRING, "127.0.0.1:7070", "gRPC control API address host:port (port 0 = any free port)",
@@ -65,8 +65,9 @@ static const cm_config_item_t kvs_ctl_config_items[] = {
     KVS_CFG("max-message", CM_CFG_SIZE, "64KiB",
             "largest gRPC request accepted (the API needs a few KiB; replies may reach 16 MiB)", max_message, 1024.0,
             1073741824.0),
-    KVS_CFG("log-level", CM_CFG_STRING, "", "error, warn, info, debug or trace (empty = $RI_LOG_LEVEL, else info)",
-            log_level, 0, 0),
+    /* Also read as RI_LOG_LEVEL, the name every program honours. */
+    {"log-level", CM_CFG_STRING, "", "error, warn, info, debug or trace (empty = info)",
+     offsetof(kvs_ctl_config_t, log_level), 0, 0, "RI_LOG_LEVEL"},
     KVS_CFG("spill-dir", CM_CFG_STRING, "",
             "spill tier directory: cold clusters go to disk when the pool is full (empty = spill off)", spill_dir, 0,
             0),

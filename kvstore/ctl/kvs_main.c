@@ -50,7 +50,6 @@ int main(int argc, char **argv)
     sigset_t sigs;
     int sig = 0, rc = 0;
 
-    cm_log_init_from_env();
     memset(&cfg, 0, sizeof(cfg)); /* so that cm_config_free is safe after any failure */
     if (cm_config_load(&kvs_ctl_config_table, &cfg, argc, argv, &res, err, sizeof(err)) != RI_OK) {
         fprintf(stderr, "ri-kvstore: %s\n(try --help)\n", err);

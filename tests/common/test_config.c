@@ -21,11 +21,11 @@ typedef struct test_cfg {
 } test_cfg_t;
 
 static const cm_config_item_t items[] = {
-    {"memory", CM_CFG_SIZE, "1GiB", "pool size", offsetof(test_cfg_t, memory), 0, 0},
-    {"threads", CM_CFG_INT, "2", "serving threads", offsetof(test_cfg_t, threads), 1, 64},
-    {"ratio", CM_CFG_DOUBLE, "0.9", "high-water mark", offsetof(test_cfg_t, ratio), 0, 1},
-    {"hugepages", CM_CFG_BOOL, "true", "use hugepages", offsetof(test_cfg_t, hugepages), 0, 0},
-    {"listen-addr", CM_CFG_STRING, "127.0.0.1:0", "address", offsetof(test_cfg_t, listen), 0, 0},
+    {"memory", CM_CFG_SIZE, "1GiB", "pool size", offsetof(test_cfg_t, memory), 0, 0, NULL},
+    {"threads", CM_CFG_INT, "2", "serving threads", offsetof(test_cfg_t, threads), 1, 64, NULL},
+    {"ratio", CM_CFG_DOUBLE, "0.9", "high-water mark", offsetof(test_cfg_t, ratio), 0, 1, NULL},
+    {"hugepages", CM_CFG_BOOL, "true", "use hugepages", offsetof(test_cfg_t, hugepages), 0, 0, NULL},
+    {"listen-addr", CM_CFG_STRING, "127.0.0.1:0", "address", offsetof(test_cfg_t, listen), 0, 0, NULL},
 };
 static const cm_config_table_t table = {"test", "RI_TEST_", items, 5, 2, "[A [B]]"};
 static const cm_config_table_t no_args_table = {"test", "RI_TEST_", items, 5, 0, NULL};
@@ -177,9 +177,53 @@ static void test_stray_argument(void **state)
     cm_config_free(&table, &c);
 }
 
+/* An item's env_alias is read when PREFIX + NAME is unset, and loses to it
+ * and to flags; "~/" in a text value gets $HOME. */
+typedef struct alias_cfg {
+    int64_t threads;
+    char *dir;
+} alias_cfg_t;
+
+static const cm_config_item_t alias_items[] = {
+    {"threads", CM_CFG_INT, "0", "threads", offsetof(alias_cfg_t, threads), 0, 64, "RI_TEST_ALIAS_THREADS"},
+    {"dir", CM_CFG_STRING, "~/models", "a directory", offsetof(alias_cfg_t, dir), 0, 0, NULL},
+};
+static const cm_config_table_t alias_table = {"test", "RI_TEST_", alias_items, 2, 0, NULL};
+
+static void test_env_alias_and_home(void **state)
+{
+    alias_cfg_t c;
+    cm_config_result_t res;
+    char err[256];
+    char *argv[] = {"prog", NULL};
+    char *flag[] = {"prog", "--threads=5", NULL};
+
+    setenv("HOME", "/home/tester", 1);
+    setenv("RI_TEST_ALIAS_THREADS", "3", 1);
+    assert_int_equal(cm_config_load(&alias_table, &c, 1, argv, &res, err, sizeof(err)), RI_OK);
+    assert_int_equal(c.threads, 3);                       /* the alias */
+    assert_string_equal(c.dir, "/home/tester/models");    /* "~/" expanded */
+    cm_config_free(&alias_table, &c);
+
+    setenv("RI_TEST_THREADS", "4", 1);
+    assert_int_equal(cm_config_load(&alias_table, &c, 1, argv, &res, err, sizeof(err)), RI_OK);
+    assert_int_equal(c.threads, 4);                       /* the prefixed name wins */
+    cm_config_free(&alias_table, &c);
+    assert_int_equal(cm_config_load(&alias_table, &c, 2, flag, &res, err, sizeof(err)), RI_OK);
+    assert_int_equal(c.threads, 5);                       /* flags win */
+    cm_config_free(&alias_table, &c);
+    unsetenv("RI_TEST_THREADS");
+
+    setenv("RI_TEST_ALIAS_THREADS", "99", 1);             /* a bad alias value names the variable */
+    assert_int_equal(cm_config_load(&alias_table, &c, 1, argv, &res, err, sizeof(err)), RI_ERR_RANGE);
+    assert_non_null(strstr(err, "RI_TEST_ALIAS_THREADS"));
+    unsetenv("RI_TEST_ALIAS_THREADS");
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_env_alias_and_home),
         cmocka_unit_test(test_defaults),
         cmocka_unit_test(test_sizes),
         cmocka_unit_test(test_bad_values_change_nothing),

@@ -56,9 +56,21 @@ static void test_pool(void **state)
     assert_int_equal(cm_pool_create(5000, &pool), RI_ERR_INVALID);
 }
 
+/* The default pool takes the size a program sets before its first use;
+ * another size afterwards is refused and changes nothing.  Runs first. */
+static void test_default_pool_size(void **state)
+{
+    assert_int_equal(cm_pool_default_set_threads(3), RI_OK);
+    assert_int_equal(cm_pool_size(cm_pool_default()), 3);
+    assert_int_equal(cm_pool_default_set_threads(3), RI_OK);
+    assert_int_equal(cm_pool_default_set_threads(2), RI_ERR_BUSY);
+    assert_int_equal(cm_pool_size(cm_pool_default()), 3);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_default_pool_size),
         cmocka_unit_test(test_pool),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

@@ -12,6 +12,7 @@
 #include <unistd.h>
 
 #include "common/cm_log.h"
+#include "common/cm_runtime.h"
 #include "kvstore/data/kvs_data.h"
 
 static volatile sig_atomic_t stop_flag;
@@ -32,7 +33,11 @@ int main(int argc, char **argv)
     struct sigaction sa = {.sa_handler = on_signal};
     ri_status_t st;
 
-    cm_log_init_from_env();
+    char rt_err[256];
+    if (cm_runtime_setup_from_env(cm_runtime_apply, rt_err, sizeof(rt_err)) != RI_OK) {
+        fprintf(stderr, "kvs_test_server: %s\n", rt_err);
+        return 2;
+    }
     if (argc >= 6) {
         g.layers = (uint32_t)atoi(argv[1]);
         g.kv_heads = (uint32_t)atoi(argv[2]);

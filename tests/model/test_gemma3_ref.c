@@ -26,6 +26,7 @@
 
 #include "common/cm_alloc.h"
 #include "gpuworker/model/mdl_model.h"
+#include "tm_util.h"
 #include "gpuworker/model/mdl_sample.h"
 
 #define NPOS 8
@@ -222,6 +223,7 @@ static void test_logits_match_reference(void **state)
 int main(void)
 {
     static char path[4096];
+    tm_runtime_setup();
     const char *env = getenv("RI_TEST_GEMMA");
     if (env != NULL && env[0] != '\0')
         snprintf(path, sizeof(path), "%s", env);

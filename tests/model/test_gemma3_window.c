@@ -20,6 +20,7 @@
 
 #include "gpuworker/model/mdl_kv_mem.h"
 #include "gpuworker/model/mdl_model.h"
+#include "tm_util.h"
 #include "gpuworker/model/mdl_sample.h"
 
 #define GW_PROMPT 1000
@@ -85,6 +86,7 @@ static void test_release_keeps_logits(void **state)
 
 int main(void)
 {
+    tm_runtime_setup();
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_release_keeps_logits),
     };

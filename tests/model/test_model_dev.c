@@ -41,6 +41,8 @@
 #include "gpuworker/model/cuda/mdl_dev_kern.h"
 #include "gpuworker/model/mdl_dev.h"
 #include "gpuworker/model/mdl_model.h"
+#include "kernels/kn_ops.h"
+#include "tm_util.h"
 #include "gpuworker/model/mdl_sample.h"
 #include "tm_synth.h"
 #include "mdl_dev_ref.h"
@@ -519,7 +521,8 @@ int main(void)
     /* mdl_dev_create registers the CUDA backend, which then becomes
      * kn_ops_default(): the CPU reference's "full" decode would run the
      * device's attention kernel and check nothing of it */
-    setenv("RI_KERNELS", "cpu", 1);
+    tm_runtime_setup();
+    (void)kn_ops_select("cpu");
     cm_fp16_t w = cm_f32_to_fp16(1.0f);
     float x = 1.0f, y = 0.0f;
     if (mdl_dev_gemv_host(&w, 1, 1, &x, 1, &y) == RI_ERR_NO_DEVICE) {

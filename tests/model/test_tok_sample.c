@@ -17,6 +17,7 @@
 
 #include "common/cm_alloc.h"
 #include "gpuworker/model/mdl_model.h"
+#include "tm_util.h"
 #include "gpuworker/model/mdl_sample.h"
 
 static mdl_model_t *model;
@@ -146,6 +147,7 @@ int main(void)
 {
     char path[4096];
     char err[512];
+    tm_runtime_setup();
     if (mdl_model_default_path(path, sizeof(path)) == RI_OK && mdl_model_load(path, &model, err, sizeof(err)) != RI_OK)
         fprintf(stderr, "cannot load %s: %s\n", path, err);
     const struct CMUnitTest tests[] = {

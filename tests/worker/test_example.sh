@@ -23,6 +23,11 @@ if command -v pkg-config >/dev/null && command -v cc >/dev/null; then
     exit 1
   fi
 fi
+# a bad RI_LOG_LEVEL: ri_config_from_env refuses it and names the variable
+if RI_LOG_LEVEL=loud "$RI_BUILD_DIR/tests/ri-example-api" 127.0.0.1:1 2>"$KVS_DIR/err"; then
+  echo "example accepted RI_LOG_LEVEL=loud"; exit 1
+fi
+grep -q "RI_LOG_LEVEL" "$KVS_DIR/err" || { echo "error does not name RI_LOG_LEVEL:"; cat "$KVS_DIR/err"; exit 1; }
 # a kvstore that is not there: a clear error naming the address
 if "$RI_BUILD_DIR/tests/ri-example-api" 127.0.0.1:1 2>"$KVS_DIR/err"; then
   echo "example succeeded without a kvstore"; exit 1
