@@ -8,25 +8,24 @@
 
 #include "common/cm_time.h"
 
+/* clang-format off: one tensor a line */
 const mdl_tensor_desc_t mdl_block_weights[MDL_W_N] = {
-    [MDL_W_Q] = {"attn_q", MDL_DIM_QW, MDL_DIM_EMBD},
-    [MDL_W_K] = {"attn_k", MDL_DIM_KVW, MDL_DIM_EMBD},
-    [MDL_W_V] = {"attn_v", MDL_DIM_KVW, MDL_DIM_EMBD},
-    [MDL_W_O] = {"attn_output", MDL_DIM_EMBD, MDL_DIM_QW},
-    [MDL_W_GATE] = {"ffn_gate", MDL_DIM_FF, MDL_DIM_EMBD},
-    [MDL_W_UP] = {"ffn_up", MDL_DIM_FF, MDL_DIM_EMBD},
-    [MDL_W_DOWN] = {"ffn_down", MDL_DIM_EMBD, MDL_DIM_FF},
+    [MDL_W_Q] = { "attn_q", MDL_DIM_QW, MDL_DIM_EMBD },      [MDL_W_K] = { "attn_k", MDL_DIM_KVW, MDL_DIM_EMBD },
+    [MDL_W_V] = { "attn_v", MDL_DIM_KVW, MDL_DIM_EMBD },     [MDL_W_O] = { "attn_output", MDL_DIM_EMBD, MDL_DIM_QW },
+    [MDL_W_GATE] = { "ffn_gate", MDL_DIM_FF, MDL_DIM_EMBD }, [MDL_W_UP] = { "ffn_up", MDL_DIM_FF, MDL_DIM_EMBD },
+    [MDL_W_DOWN] = { "ffn_down", MDL_DIM_EMBD, MDL_DIM_FF },
 };
 
 /* rows is unused for the norms (1 x cols) */
 const mdl_tensor_desc_t mdl_block_norms[MDL_N_N] = {
-    [MDL_N_ATTN] = {"attn_norm", MDL_DIM_EMBD, MDL_DIM_EMBD},
-    [MDL_N_FFN] = {"ffn_norm", MDL_DIM_EMBD, MDL_DIM_EMBD},
-    [MDL_N_Q] = {"attn_q_norm", MDL_DIM_HEAD, MDL_DIM_HEAD},
-    [MDL_N_K] = {"attn_k_norm", MDL_DIM_HEAD, MDL_DIM_HEAD},
-    [MDL_N_POST_ATTN] = {"post_attention_norm", MDL_DIM_EMBD, MDL_DIM_EMBD},
-    [MDL_N_POST_FFN] = {"post_ffw_norm", MDL_DIM_EMBD, MDL_DIM_EMBD},
+    [MDL_N_ATTN] = { "attn_norm", MDL_DIM_EMBD, MDL_DIM_EMBD },
+    [MDL_N_FFN] = { "ffn_norm", MDL_DIM_EMBD, MDL_DIM_EMBD },
+    [MDL_N_Q] = { "attn_q_norm", MDL_DIM_HEAD, MDL_DIM_HEAD },
+    [MDL_N_K] = { "attn_k_norm", MDL_DIM_HEAD, MDL_DIM_HEAD },
+    [MDL_N_POST_ATTN] = { "post_attention_norm", MDL_DIM_EMBD, MDL_DIM_EMBD },
+    [MDL_N_POST_FFN] = { "post_ffw_norm", MDL_DIM_EMBD, MDL_DIM_EMBD },
 };
+/* clang-format on */
 
 size_t mdl_dim_size(const mdl_hparams_t *hp, mdl_dim_t dim)
 {
@@ -79,11 +78,10 @@ static void mdl_prof_lap(mdl_profile_t *prof, mdl_op_t op, double *t)
 }
 
 /* One block: attention half, then FFN half. */
-static ri_status_t mdl_forward_block(const mdl_backend_ops_t *be, void *ctx, uint32_t l, mdl_profile_t *prof,
-                                     double *t)
+static ri_status_t mdl_forward_block(const mdl_backend_ops_t *be, void *ctx, uint32_t l, mdl_profile_t *prof, double *t)
 {
-    static const mdl_wid_t qkv[3] = {MDL_W_Q, MDL_W_K, MDL_W_V}, gu[2] = {MDL_W_GATE, MDL_W_UP};
-    static const mdl_buf_t qkv_out[3] = {MDL_BUF_Q, MDL_BUF_K, MDL_BUF_V}, gu_out[2] = {MDL_BUF_G, MDL_BUF_U};
+    static const mdl_wid_t qkv[3] = { MDL_W_Q, MDL_W_K, MDL_W_V }, gu[2] = { MDL_W_GATE, MDL_W_UP };
+    static const mdl_buf_t qkv_out[3] = { MDL_BUF_Q, MDL_BUF_K, MDL_BUF_V }, gu_out[2] = { MDL_BUF_G, MDL_BUF_U };
     static const mdl_wid_t wo = MDL_W_O, down = MDL_W_DOWN;
     static const mdl_buf_t xb = MDL_BUF_XB;
     ri_status_t st;

@@ -26,32 +26,26 @@
 
 /* Activation buffers of a batch of rows. */
 typedef enum mdl_buf {
-    MDL_BUF_X,     /* [n_embd] the residual stream */
-    MDL_BUF_XB,    /* [max(n_embd, q width)] scratch: normed input, projections' output */
-    MDL_BUF_Q,     /* [n_heads * head_dim] */
-    MDL_BUF_K,     /* [n_kv_heads * head_dim] */
-    MDL_BUF_V,     /* [n_kv_heads * head_dim] */
-    MDL_BUF_ATT,   /* [n_heads * head_dim] attention output */
-    MDL_BUF_G,     /* [n_ff] gate, then the activated product */
-    MDL_BUF_U,     /* [n_ff] up */
+    MDL_BUF_X,   /* [n_embd] the residual stream */
+    MDL_BUF_XB,  /* [max(n_embd, q width)] scratch: normed input, projections' output */
+    MDL_BUF_Q,   /* [n_heads * head_dim] */
+    MDL_BUF_K,   /* [n_kv_heads * head_dim] */
+    MDL_BUF_V,   /* [n_kv_heads * head_dim] */
+    MDL_BUF_ATT, /* [n_heads * head_dim] attention output */
+    MDL_BUF_G,   /* [n_ff] gate, then the activated product */
+    MDL_BUF_U,   /* [n_ff] up */
     MDL_BUF_N
 } mdl_buf_t;
 
 /* A block's weight matrices. */
-typedef enum mdl_wid {
-    MDL_W_Q, MDL_W_K, MDL_W_V, MDL_W_O, MDL_W_GATE, MDL_W_UP, MDL_W_DOWN, MDL_W_N
-} mdl_wid_t;
+typedef enum mdl_wid { MDL_W_Q, MDL_W_K, MDL_W_V, MDL_W_O, MDL_W_GATE, MDL_W_UP, MDL_W_DOWN, MDL_W_N } mdl_wid_t;
 
 /* A block's norm vectors; the last four only where the architecture has
  * them (mdl_block_norm_used), NULL elsewhere. */
-typedef enum mdl_nid {
-    MDL_N_ATTN, MDL_N_FFN, MDL_N_Q, MDL_N_K, MDL_N_POST_ATTN, MDL_N_POST_FFN, MDL_N_N
-} mdl_nid_t;
+typedef enum mdl_nid { MDL_N_ATTN, MDL_N_FFN, MDL_N_Q, MDL_N_K, MDL_N_POST_ATTN, MDL_N_POST_FFN, MDL_N_N } mdl_nid_t;
 
 /* A dimension of the hyper-parameters, for the tensor table. */
-typedef enum mdl_dim {
-    MDL_DIM_EMBD, MDL_DIM_QW, MDL_DIM_KVW, MDL_DIM_FF, MDL_DIM_HEAD
-} mdl_dim_t;
+typedef enum mdl_dim { MDL_DIM_EMBD, MDL_DIM_QW, MDL_DIM_KVW, MDL_DIM_FF, MDL_DIM_HEAD } mdl_dim_t;
 
 /* A block tensor: "blk.<l>.<name>.weight", [rows][cols] (norms: 1 x cols). */
 typedef struct mdl_tensor_desc {

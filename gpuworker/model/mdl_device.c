@@ -19,7 +19,7 @@ static CM_ALLOC_TAG(mdl_device_tag, "model.device");
 struct mdl_device {
     const char *name;
 #ifdef MDL_HAVE_DEV
-    mdl_dev_t *d;   /* owned */
+    mdl_dev_t *d; /* owned */
 #endif
 };
 
@@ -37,8 +37,7 @@ const char *mdl_device_name(const mdl_device_t *dev)
     return dev != NULL ? dev->name : "cpu";
 }
 
-ri_status_t mdl_device_open(const char *name, const mdl_model_t *m, mdl_device_t **dev_p, char *err,
-                            size_t errlen)
+ri_status_t mdl_device_open(const char *name, const mdl_model_t *m, mdl_device_t **dev_p, char *err, size_t errlen)
 {
     if (strcmp(name, "cpu") == 0) {
         *dev_p = NULL;
@@ -130,8 +129,7 @@ size_t mdl_device_seq_len(const mdl_device_t *dev, const void *dseq)
     return 0;
 }
 
-ri_status_t mdl_device_decode(mdl_device_t *dev, void *const *dseqs, const int32_t *tokens, size_t n,
-                              float *logits)
+ri_status_t mdl_device_decode(mdl_device_t *dev, void *const *dseqs, const int32_t *tokens, size_t n, float *logits)
 {
     if (dev == NULL)
         return RI_ERR_INVALID;

@@ -31,8 +31,7 @@ bool mdl_device_built(const char *name);
  * RI_ERR_INVALID for an unknown name, RI_ERR_UNSUPPORTED for a device this
  * build lacks, or the device's own (mdl_dev_create's); err (may be NULL)
  * says why.  Caller closes with mdl_device_close, before m. */
-ri_status_t mdl_device_open(const char *name, const mdl_model_t *m, mdl_device_t **dev_p, char *err,
-                            size_t errlen);
+ri_status_t mdl_device_open(const char *name, const mdl_model_t *m, mdl_device_t **dev_p, char *err, size_t errlen);
 void mdl_device_close(mdl_device_t *dev);
 
 /* "cpu" for NULL, else the device's name. */
@@ -49,7 +48,6 @@ size_t mdl_device_seq_len(const mdl_device_t *dev, const void *dseq);
 
 /* One decode step of n device sequences (mdl_decode's contract; logits
  * [n][n_vocab] in host memory).  RI_ERR_INVALID with dev NULL. */
-ri_status_t mdl_device_decode(mdl_device_t *dev, void *const *dseqs, const int32_t *tokens, size_t n,
-                              float *logits);
+ri_status_t mdl_device_decode(mdl_device_t *dev, void *const *dseqs, const int32_t *tokens, size_t n, float *logits);
 
 #endif /* MDL_DEVICE_H */
