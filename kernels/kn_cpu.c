@@ -776,6 +776,14 @@ static ri_status_t kn_cpu_quest_score(const kn_shape_t *grp, const float *q, con
     return RI_OK;
 }
 
+/* The layer-level tripartite step: the cpu group ops head by head. */
+static ri_status_t kn_cpu_wave_step(const kn_shape_t *shape, const float *q, const kn_wave_head_t *heads,
+                                    uint32_t n_r, uint32_t n_e, float *out, float *lse, uint32_t *ids,
+                                    uint32_t *counts)
+{
+    return kn_wave_step_host(&kn_cpu_ops, shape, q, heads, n_r, n_e, out, lse, ids, counts);
+}
+
 const kn_ops_t kn_cpu_ops = {
     .name = "cpu",
     .supports = kn_cpu_supports,
@@ -786,4 +794,5 @@ const kn_ops_t kn_cpu_ops = {
     .merge = kn_cpu_merge,
     .index_build = kn_cpu_index_build,
     .quest_score = kn_cpu_quest_score,
+    .wave_step = kn_cpu_wave_step,
 };

@@ -19,7 +19,7 @@ static const kn_ops_t *_Atomic kn_cuda_registered;
 const char *kn_op_name(kn_op_t op)
 {
     static const char *names[KN_OP_COUNT] = {
-        "attn_decode", "attn_pages", "rank", "estimate", "merge", "index_build", "quest_score",
+        "attn_decode", "attn_pages", "rank", "estimate", "merge", "index_build", "quest_score", "wave_step",
     };
     return (unsigned)op < KN_OP_COUNT ? names[op] : "unknown";
 }

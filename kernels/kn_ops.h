@@ -92,6 +92,7 @@ typedef enum kn_op {
     KN_OP_MERGE,           /* log-sum-exp merge of parts */
     KN_OP_INDEX_BUILD,     /* segmented spherical k-means */
     KN_OP_QUEST_SCORE,     /* Quest page upper bounds */
+    KN_OP_WAVE_STEP,       /* layer-level tripartite decode step of every KV head */
     KN_OP_COUNT
 } kn_op_t;
 
@@ -123,6 +124,20 @@ typedef struct kn_index {
                                in fp32), half the bytes of vsum; NULL in an index made
                                by hand (the decode reads vsum then) */
 } kn_index_t;
+
+/* One KV head of a layer-level tripartite step (the wave_step op): its
+ * index and its K/V, in the memory the backend reads (host for ref and cpu,
+ * device for cuda). */
+typedef struct kn_wave_head {
+    const cm_fp16_t *centroids;  /* [n_clusters][d] */
+    const uint32_t *sizes;       /* [n_clusters] */
+    const uint32_t *offsets;     /* [n_clusters]: cluster j's first row in ck / cv */
+    const cm_fp16_t *vmean;      /* [n_clusters][d]: fp16 value means (what the
+                                    estimation reads, times the size) */
+    const cm_fp16_t *ck, *cv;    /* the indexed rows, cluster-major, stride d */
+    uint32_t n_clusters;
+    kn_page_t steady[2];         /* the steady zone: sinks and window (n_tokens 0: none) */
+} kn_wave_head_t;
 
 /* Clustering settings (defaults in docs/architecture.md). */
 typedef struct kn_build_params {
@@ -206,7 +221,28 @@ typedef struct kn_ops {
      * [n_pages][d]; scores [n_pages]. */
     ri_status_t (*quest_score)(const kn_shape_t *grp, const float *q, const cm_fp16_t *kmin,
                                const cm_fp16_t *kmax, size_t n_pages, float *scores);
+
+    /* One decode step of tripartite attention for every KV head of a layer
+     * (shape->n_kv_heads heads[]): per head, rank the clusters (n_r to
+     * retrieve, the next n_e to estimate: the rank's contract), estimate
+     * the n_e from the centroids and fp16 value means, attend exactly over
+     * the steady zone and the n_r retrieved clusters, and merge the two
+     * parts.  q, out [n_q][d], lse [n_q].  ids (NULL: not wanted) gets per
+     * head n_r + n_e slots: the retrieved ids, then the estimated ones, each
+     * set in ascending id order; counts (NULL: not wanted) per head
+     * {retrieved, estimated}.  ref and cpu: the group ops above, head by
+     * head (kn_wave_step_host); cuda: kn_cuda_wave_step, on the device
+     * from end to end (its pointer rules: kn_cuda.h). */
+    ri_status_t (*wave_step)(const kn_shape_t *shape, const float *q, const kn_wave_head_t *heads, uint32_t n_r,
+                             uint32_t n_e, float *out, float *lse, uint32_t *ids, uint32_t *counts);
 } kn_ops_t;
+
+/* wave_step on the host over ops' rank, estimate, attn_pages and merge,
+ * head by head (the ref and cpu backends' wave_step).  RI_ERR_INVALID for
+ * an invalid shape, RI_ERR_NOMEM. */
+ri_status_t kn_wave_step_host(const kn_ops_t *ops, const kn_shape_t *shape, const float *q,
+                              const kn_wave_head_t *heads, uint32_t n_r, uint32_t n_e, float *out, float *lse,
+                              uint32_t *ids, uint32_t *counts);
 
 /* The scalar reference (the oracle: plain loops, double accumulation where it matters). */
 const kn_ops_t *kn_ops_ref(void);

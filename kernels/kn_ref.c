@@ -339,6 +339,13 @@ ri_status_t kn_ref_quest_score(const kn_shape_t *grp, const float *q, const cm_f
     return RI_OK;
 }
 
+static ri_status_t kn_ref_wave_step(const kn_shape_t *shape, const float *q, const kn_wave_head_t *heads,
+                                    uint32_t n_r, uint32_t n_e, float *out, float *lse, uint32_t *ids,
+                                    uint32_t *counts)
+{
+    return kn_wave_step_host(&kn_ref_ops, shape, q, heads, n_r, n_e, out, lse, ids, counts);
+}
+
 const kn_ops_t kn_ref_ops = {
     .name = "ref",
     .supports = kn_ref_supports,
@@ -349,4 +356,5 @@ const kn_ops_t kn_ref_ops = {
     .merge = kn_ref_merge,
     .index_build = kn_ref_index_build,
     .quest_score = kn_ref_quest_score,
+    .wave_step = kn_ref_wave_step,
 };

@@ -77,7 +77,7 @@ typedef struct bc_ctx {
     cm_fp16_t *dk, *dv;    /* device cache [NKV][N][D] */
     kn_kv_view_t kv;       /* its view */
     bc_head_t head[NKV];
-    kn_cuda_wave_head_t step[NKV]; /* the heads as kn_cuda_wave_step takes them */
+    kn_wave_head_t step[NKV]; /* the heads as the cuda wave_step op takes them */
     bool want_bytes;       /* the step also reports its ids (untimed passes) */
     uint32_t sink, idx0, idx1, n_r, n_e, n_qpages, quest_pages;
     const float *q;        /* this call's query [NQ][D] (host) */
@@ -109,11 +109,11 @@ static ri_status_t bc_step(bc_ctx_t *x)
     uint32_t per = x->n_r + x->n_e, cnt[2 * NKV], *ids = NULL;
     ri_status_t st;
     if (!x->want_bytes)
-        return kn_cuda_wave_step(&x->shape, x->q, x->step, x->n_r, x->n_e, x->out, x->lse, NULL, NULL);
+        return kn_ops_cuda()->wave_step(&x->shape, x->q, x->step, x->n_r, x->n_e, x->out, x->lse, NULL, NULL);
     ids = malloc(((size_t)NKV * per + 1) * sizeof(uint32_t));
     if (ids == NULL)
         return RI_ERR_NOMEM;
-    st = kn_cuda_wave_step(&x->shape, x->q, x->step, x->n_r, x->n_e, x->out, x->lse, ids, cnt);
+    st = kn_ops_cuda()->wave_step(&x->shape, x->q, x->step, x->n_r, x->n_e, x->out, x->lse, ids, cnt);
     for (int h = 0; h < NKV && st == RI_OK; h++) {
         const bc_head_t *hd = &x->head[h];
         uint64_t tok = x->sink + (x->N - x->idx1);

@@ -12,10 +12,12 @@
  *
  * Prefill stays on the CPU: mdl_prefill fills a CPU sequence, then
  * mdl_dev_seq_upload copies its K/V to a device sequence, which decodes
- * from there on by itself (the CPU sequence is not advanced).  Decode
- * mirrors mdl_model.c's forward pass step for step (llama and gemma3);
- * attention is exact ("full"): the CUDA backend's attn_decode over the
- * device cache, sliding-window layers over their window.  The token
+ * from there on by itself (the CPU sequence is not advanced).  Decode is
+ * the model's one forward pass (mdl_forward_run, mdl_backend.h) over this
+ * engine's ops, the CUDA backend (llama and gemma3); attention is exact
+ * ("full"): the kernels' CUDA attn_decode over the device cache,
+ * sliding-window layers over their window.  Programs reach it through
+ * mdl_device.h, which chooses the device once.  The token
  * embedding row and the RoPE angles are computed on the host exactly as the
  * CPU path computes them and uploaded with each step (a few KB).
  *

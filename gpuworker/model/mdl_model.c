@@ -19,6 +19,7 @@
 #include "common/cm_status.h"
 #include "common/cm_thread.h"
 #include "common/cm_time.h"
+#include "gpuworker/model/mdl_backend.h"
 #include "gpuworker/model/mdl_kv_mem.h"
 #include "gpuworker/model/mdl_quant.h"
 #include "gpuworker/model/mdl_vec.h"
@@ -27,15 +28,10 @@ static CM_ALLOC_TAG(mdl_model_tag, "model.model");
 static CM_ALLOC_TAG(mdl_act_tag, "model.activations");
 
 typedef struct mdl_layer {
-    float *attn_norm;              /* [n_embd], owned */
-    float *ffn_norm;               /* [n_embd], owned */
-    float *q_norm, *k_norm;        /* [head_dim], owned; gemma3 only */
-    float *post_attn_norm;         /* [n_embd], owned; gemma3 only */
-    float *post_ffn_norm;          /* [n_embd], owned; gemma3 only */
+    float *norm[MDL_N_N];          /* owned, fp32; NULL where the architecture has none */
     uint32_t window;               /* sliding window (tokens); 0 = global */
     const double *inv_freq;        /* RoPE frequencies of this layer (borrowed) */
-    mdl_weight_t wq, wk, wv, wo;   /* attention projections */
-    mdl_weight_t w_gate, w_up, w_down; /* FFN */
+    mdl_weight_t w[MDL_W_N];       /* projections, in the model's mapping */
 } mdl_layer_t;
 
 struct mdl_model {
@@ -266,29 +262,29 @@ out:
     return st;
 }
 
-/* Gemma 3's per-layer norms (nothing for llama). */
-static ri_status_t mdl_layer_gemma3(mdl_model_t *m, uint32_t l, char *err, size_t errlen)
+/* Block l's weights and norms, by the block tensor table (mdl_backend.h). */
+static ri_status_t mdl_layer_load(mdl_model_t *m, uint32_t l, char *err, size_t errlen)
 {
     const mdl_hparams_t *hp = &m->hp;
     mdl_layer_t *L = &m->layers[l];
     char n[96];
-    ri_status_t st = RI_OK;
-    if (hp->qk_norm) {
-        snprintf(n, sizeof(n), "blk.%u.attn_q_norm.weight", l);
-        if ((st = mdl_get_vector(m, n, hp->head_dim, &L->q_norm, err, errlen)) != RI_OK)
-            return st;
-        snprintf(n, sizeof(n), "blk.%u.attn_k_norm.weight", l);
-        if ((st = mdl_get_vector(m, n, hp->head_dim, &L->k_norm, err, errlen)) != RI_OK)
+    ri_status_t st;
+    for (int w = 0; w < MDL_W_N; w++) {
+        const mdl_tensor_desc_t *d = &mdl_block_weights[w];
+        mdl_block_tensor_name(l, d, n, sizeof(n));
+        if ((st = mdl_get_weight(m, n, mdl_dim_size(hp, d->rows), mdl_dim_size(hp, d->cols), &L->w[w], err,
+                                 errlen)) != RI_OK)
             return st;
     }
-    if (hp->post_norms) {
-        snprintf(n, sizeof(n), "blk.%u.post_attention_norm.weight", l);
-        if ((st = mdl_get_vector(m, n, hp->n_embd, &L->post_attn_norm, err, errlen)) != RI_OK)
+    for (int v = 0; v < MDL_N_N; v++) {
+        if (!mdl_block_norm_used(hp, (mdl_nid_t)v))
+            continue;
+        mdl_block_tensor_name(l, &mdl_block_norms[v], n, sizeof(n));
+        if ((st = mdl_get_vector(m, n, mdl_dim_size(hp, mdl_block_norms[v].cols), &L->norm[v], err, errlen)) !=
+            RI_OK)
             return st;
-        snprintf(n, sizeof(n), "blk.%u.post_ffw_norm.weight", l);
-        st = mdl_get_vector(m, n, hp->n_embd, &L->post_ffn_norm, err, errlen);
     }
-    return st;
+    return RI_OK;
 }
 
 ri_status_t mdl_model_load(const char *path, mdl_model_t **m_p, char *err, size_t errlen)
@@ -334,31 +330,9 @@ ri_status_t mdl_model_load(const char *path, mdl_model_t **m_p, char *err, size_
         st = RI_ERR_NOMEM;
         goto err_free_model;
     }
-    size_t qd = (size_t)hp->n_heads * hp->head_dim, kvd = (size_t)hp->n_kv_heads * hp->head_dim;
-    for (uint32_t l = 0; l < hp->n_layers; l++) {
-        mdl_layer_t *L = &m->layers[l];
-        char n[96];
-#define MDL_W(field, tname, rows, cols)                                                  \
-    snprintf(n, sizeof(n), "blk.%u." tname ".weight", l);                                \
-    if ((st = mdl_get_weight(m, n, rows, cols, &L->field, err, errlen)) != RI_OK)        \
-        goto err_free_model;
-        MDL_W(wq, "attn_q", qd, hp->n_embd)
-        MDL_W(wk, "attn_k", kvd, hp->n_embd)
-        MDL_W(wv, "attn_v", kvd, hp->n_embd)
-        MDL_W(wo, "attn_output", hp->n_embd, qd)
-        MDL_W(w_gate, "ffn_gate", hp->n_ff, hp->n_embd)
-        MDL_W(w_up, "ffn_up", hp->n_ff, hp->n_embd)
-        MDL_W(w_down, "ffn_down", hp->n_embd, hp->n_ff)
-#undef MDL_W
-        snprintf(n, sizeof(n), "blk.%u.attn_norm.weight", l);
-        if ((st = mdl_get_vector(m, n, hp->n_embd, &L->attn_norm, err, errlen)) != RI_OK)
+    for (uint32_t l = 0; l < hp->n_layers; l++)
+        if ((st = mdl_layer_load(m, l, err, errlen)) != RI_OK)
             goto err_free_model;
-        snprintf(n, sizeof(n), "blk.%u.ffn_norm.weight", l);
-        if ((st = mdl_get_vector(m, n, hp->n_embd, &L->ffn_norm, err, errlen)) != RI_OK)
-            goto err_free_model;
-        if ((st = mdl_layer_gemma3(m, l, err, errlen)) != RI_OK)
-            goto err_free_model;
-    }
     for (uint32_t i = 0; i < hp->n_rot / 2; i++) {
         m->inv_freq[i] = pow((double)hp->rope_theta, -2.0 * i / hp->n_rot);
         m->inv_freq_swa[i] = pow((double)hp->rope_theta_swa, -2.0 * i / hp->n_rot);
@@ -385,15 +359,9 @@ void mdl_model_destroy(mdl_model_t *m)
     if (m == NULL)
         return;
     if (m->layers != NULL)
-        for (uint32_t l = 0; l < m->hp.n_layers; l++) {
-            mdl_layer_t *L = &m->layers[l];
-            cm_free(L->attn_norm);
-            cm_free(L->ffn_norm);
-            cm_free(L->q_norm);
-            cm_free(L->k_norm);
-            cm_free(L->post_attn_norm);
-            cm_free(L->post_ffn_norm);
-        }
+        for (uint32_t l = 0; l < m->hp.n_layers; l++)
+            for (int v = 0; v < MDL_N_N; v++)
+                cm_free(m->layers[l].norm[v]);
     cm_free(m->layers);
     cm_free(m->output_norm);
     cm_free(m->inv_freq);
@@ -636,9 +604,9 @@ static void mdl_qk_prepare(mdl_model_t *m, const mdl_rows_t *rw, uint32_t l, mdl
     size_t qd = (size_t)hp->n_heads * hp->head_dim, kvd = (size_t)hp->n_kv_heads * hp->head_dim;
     for (size_t r = 0; r < rw->n; r++) {
         size_t pos = mdl_row_pos(rw, r);
-        if (L->q_norm != NULL) {
-            mdl_head_norm(hp, a->q + r * qd, hp->n_heads, L->q_norm);
-            mdl_head_norm(hp, a->k + r * kvd, hp->n_kv_heads, L->k_norm);
+        if (L->norm[MDL_N_Q] != NULL) {
+            mdl_head_norm(hp, a->q + r * qd, hp->n_heads, L->norm[MDL_N_Q]);
+            mdl_head_norm(hp, a->k + r * kvd, hp->n_kv_heads, L->norm[MDL_N_K]);
         }
         const float *cs = a->rope[L->inv_freq == m->inv_freq ? 0 : 1] + r * hp->n_rot;
         mdl_rope(m, cs, a->q + r * qd, hp->n_heads);
@@ -691,17 +659,6 @@ static void mdl_residual(const mdl_hparams_t *hp, mdl_act_t *a, size_t R, const 
         a->x[i] += a->xb[i];
 }
 
-/* Run rows through all layers; logits for rows with want[r] into logits (packed). */
-/* RI profile: add the time since *t to op (when profiling) and restart *t. */
-static void mdl_prof_lap(mdl_model_t *m, mdl_op_t op, double *t)
-{
-    if (!m->prof_on)
-        return;
-    double now = cm_time_s();
-    m->prof.s[op] += now - *t;
-    *t = now;
-}
-
 void mdl_model_profile(mdl_model_t *m, bool on)
 {
     memset(&m->prof, 0, sizeof(m->prof));
@@ -720,71 +677,130 @@ const char *mdl_op_name(mdl_op_t op)
     return (unsigned)op < MDL_OP_N ? names[op] : "?";
 }
 
-static ri_status_t mdl_forward(mdl_model_t *m, const mdl_rows_t *rw, mdl_act_t *a, const bool *want, float *logits)
-{
-    const mdl_hparams_t *hp = &m->hp;
-    cm_pool_t *pool = cm_pool_default();
-    size_t R = rw->n, E = hp->n_embd;
-    ri_status_t st = RI_OK;
-    double t = m->prof_on ? cm_time_s() : 0;
+/* ---- the CPU backend (mdl_backend.h): the model's quantised weights in
+ * its mapping, fp32 activations, the pool's threads ---- */
 
-    for (size_t r = 0; r < R; r++) {
-        mdl_rope_table(m, m->inv_freq, mdl_row_pos(rw, r), a->rope[0] + r * hp->n_rot);
+typedef struct mdl_cpu_ctx {
+    mdl_model_t *m;
+    const mdl_rows_t *rw;
+    mdl_act_t *a;
+    cm_pool_t *pool;
+} mdl_cpu_ctx_t;
+
+static float *mdl_cpu_buf(mdl_act_t *a, mdl_buf_t b)
+{
+    float *const bufs[MDL_BUF_N] = {[MDL_BUF_X] = a->x,     [MDL_BUF_XB] = a->xb, [MDL_BUF_Q] = a->q,
+                                    [MDL_BUF_K] = a->k,     [MDL_BUF_V] = a->v,   [MDL_BUF_ATT] = a->att,
+                                    [MDL_BUF_G] = a->g,     [MDL_BUF_U] = a->u};
+    return bufs[b];
+}
+
+static ri_status_t mdl_cpu_embed(void *ctx)
+{
+    mdl_cpu_ctx_t *c = ctx;
+    const mdl_model_t *m = c->m;
+    const mdl_hparams_t *hp = &m->hp;
+    mdl_act_t *a = c->a;
+    size_t E = hp->n_embd;
+    for (size_t r = 0; r < c->rw->n; r++) {
+        mdl_rope_table(m, m->inv_freq, mdl_row_pos(c->rw, r), a->rope[0] + r * hp->n_rot);
         if (hp->n_swa > 0)
-            mdl_rope_table(m, m->inv_freq_swa, mdl_row_pos(rw, r), a->rope[1] + r * hp->n_rot);
-        mdl_dequant_row(&m->embd, (size_t)rw->tokens[r], a->x + r * E);
+            mdl_rope_table(m, m->inv_freq_swa, mdl_row_pos(c->rw, r), a->rope[1] + r * hp->n_rot);
+        mdl_dequant_row(&m->embd, (size_t)c->rw->tokens[r], a->x + r * E);
         if (hp->embd_scale != 1.0f)
             mdl_vec_scale(a->x + r * E, hp->embd_scale, E);
     }
-    mdl_prof_lap(m, MDL_OP_EMBD, &t);
-    for (uint32_t l = 0; l < hp->n_layers; l++) {
-        const mdl_layer_t *L = &m->layers[l];
-        for (size_t r = 0; r < R; r++)
-            mdl_vec_rmsnorm(a->xb + r * E, a->x + r * E, L->attn_norm, E, hp->eps);
-        mdl_prof_lap(m, MDL_OP_NORM, &t);
-        const mdl_weight_t *qkv[3] = {&L->wq, &L->wk, &L->wv};
-        float *qkv_out[3] = {a->q, a->k, a->v};
-        if ((st = mdl_matmul_multi(pool, qkv, 3, a->xb, R, qkv_out)) != RI_OK)
-            return st;
-        mdl_prof_lap(m, MDL_OP_QKV, &t);
-        if ((st = mdl_attention(m, rw, l, a)) != RI_OK)
-            return st;
-        mdl_prof_lap(m, MDL_OP_ATTN, &t);
-        if ((st = mdl_matmul(pool, &L->wo, a->att, R, a->xb)) != RI_OK)
-            return st;
-        mdl_prof_lap(m, MDL_OP_WO, &t);
-        mdl_residual(hp, a, R, L->post_attn_norm);
-        for (size_t r = 0; r < R; r++)
-            mdl_vec_rmsnorm(a->xb + r * E, a->x + r * E, L->ffn_norm, E, hp->eps);
-        mdl_prof_lap(m, MDL_OP_NORM, &t);
-        const mdl_weight_t *gu[2] = {&L->w_gate, &L->w_up};
-        float *gu_out[2] = {a->g, a->u};
-        if ((st = mdl_matmul_multi(pool, gu, 2, a->xb, R, gu_out)) != RI_OK)
-            return st;
-        mdl_prof_lap(m, MDL_OP_GATE_UP, &t);
-        if (hp->geglu)
-            mdl_vec_geglu(a->g, a->u, R * hp->n_ff);
-        else
-            mdl_vec_swiglu(a->g, a->u, R * hp->n_ff);
-        mdl_prof_lap(m, MDL_OP_GLU, &t);
-        if ((st = mdl_matmul(pool, &L->w_down, a->g, R, a->xb)) != RI_OK)
-            return st;
-        mdl_prof_lap(m, MDL_OP_DOWN, &t);
-        mdl_residual(hp, a, R, L->post_ffn_norm);
-        mdl_prof_lap(m, MDL_OP_NORM, &t);
+    return RI_OK;
+}
+
+static void mdl_cpu_rmsnorm(void *ctx, uint32_t l, mdl_nid_t which, mdl_buf_t dst, mdl_buf_t src)
+{
+    mdl_cpu_ctx_t *c = ctx;
+    const mdl_hparams_t *hp = &c->m->hp;
+    size_t E = hp->n_embd;
+    float *out = mdl_cpu_buf(c->a, dst), *in = mdl_cpu_buf(c->a, src);
+    const float *w = c->m->layers[l].norm[which];
+    for (size_t r = 0; r < c->rw->n; r++)
+        mdl_vec_rmsnorm(out + r * E, in + r * E, w, E, hp->eps);
+}
+
+static ri_status_t mdl_cpu_matmul(void *ctx, uint32_t l, const mdl_wid_t *w, size_t nw, mdl_buf_t in,
+                                  const mdl_buf_t *out)
+{
+    mdl_cpu_ctx_t *c = ctx;
+    const mdl_layer_t *L = &c->m->layers[l];
+    const mdl_weight_t *ws[MDL_W_N];
+    float *outs[MDL_W_N];
+    if (nw == 1)
+        return mdl_matmul(c->pool, &L->w[w[0]], mdl_cpu_buf(c->a, in), c->rw->n, mdl_cpu_buf(c->a, out[0]));
+    if (nw == 0 || nw > MDL_W_N)
+        return RI_ERR_INVALID;
+    for (size_t i = 0; i < nw; i++) {
+        ws[i] = &L->w[w[i]];
+        outs[i] = mdl_cpu_buf(c->a, out[i]);
     }
-    /* output head only for the rows that want logits, packed */
-    size_t nw = 0;
-    for (size_t r = 0; r < R; r++)
+    return mdl_matmul_multi(c->pool, ws, nw, mdl_cpu_buf(c->a, in), c->rw->n, outs);
+}
+
+static ri_status_t mdl_cpu_attention(void *ctx, uint32_t l)
+{
+    mdl_cpu_ctx_t *c = ctx;
+    return mdl_attention(c->m, c->rw, l, c->a);
+}
+
+static void mdl_cpu_residual(void *ctx, uint32_t l, mdl_nid_t post)
+{
+    mdl_cpu_ctx_t *c = ctx;
+    mdl_residual(&c->m->hp, c->a, c->rw->n, c->m->layers[l].norm[post]);
+}
+
+static void mdl_cpu_glu(void *ctx)
+{
+    mdl_cpu_ctx_t *c = ctx;
+    const mdl_hparams_t *hp = &c->m->hp;
+    if (hp->geglu)
+        mdl_vec_geglu(c->a->g, c->a->u, c->rw->n * hp->n_ff);
+    else
+        mdl_vec_swiglu(c->a->g, c->a->u, c->rw->n * hp->n_ff);
+}
+
+/* The output head only for the rows that want logits, packed. */
+static ri_status_t mdl_cpu_logits(void *ctx, const bool *want, float *logits)
+{
+    mdl_cpu_ctx_t *c = ctx;
+    const mdl_model_t *m = c->m;
+    const mdl_hparams_t *hp = &m->hp;
+    mdl_act_t *a = c->a;
+    size_t E = hp->n_embd, nw = 0;
+    ri_status_t st = RI_OK;
+    for (size_t r = 0; r < c->rw->n; r++)
         if (want[r])
             mdl_vec_rmsnorm(a->xb + (nw++) * E, a->x + r * E, m->output_norm, E, hp->eps);
     if (nw > 0 && logits != NULL)
-        st = mdl_matmul(pool, &m->output, a->xb, nw, logits);
+        st = mdl_matmul(c->pool, &m->output, a->xb, nw, logits);
     if (st == RI_OK && logits != NULL && hp->logit_softcap > 0)
         for (size_t i = 0; i < nw * hp->n_vocab; i++)
             logits[i] = hp->logit_softcap * tanhf(logits[i] / hp->logit_softcap);
-    mdl_prof_lap(m, MDL_OP_HEAD, &t);
     return st;
+}
+
+static const mdl_backend_ops_t mdl_backend_cpu = {
+    .name = "cpu",
+    .embed = mdl_cpu_embed,
+    .rmsnorm = mdl_cpu_rmsnorm,
+    .matmul = mdl_cpu_matmul,
+    .attention = mdl_cpu_attention,
+    .residual = mdl_cpu_residual,
+    .glu = mdl_cpu_glu,
+    .logits = mdl_cpu_logits,
+};
+
+/* Run rows through all layers on the CPU backend; logits for rows with
+ * want[r] into logits (packed). */
+static ri_status_t mdl_forward(mdl_model_t *m, const mdl_rows_t *rw, mdl_act_t *a, const bool *want, float *logits)
+{
+    mdl_cpu_ctx_t c = {.m = m, .rw = rw, .a = a, .pool = cm_pool_default()};
+    return mdl_forward_run(&mdl_backend_cpu, &c, m->hp.n_layers, m->prof_on ? &m->prof : NULL, want, logits);
 }
 
 static bool mdl_tokens_ok(const mdl_model_t *m, const int32_t *t, size_t n)

@@ -24,9 +24,7 @@
 #include "common/cm_log.h"
 #include "common/cm_status.h"
 #include "common/cm_time.h"
-#ifdef GW_SCHED_DEV
-#include "gpuworker/model/mdl_dev.h"
-#endif
+#include "gpuworker/model/mdl_device.h"
 #include "gpuworker/model/mdl_gen.h"
 
 static CM_ALLOC_TAG(gw_sched_tag, "worker.sched");
@@ -56,7 +54,7 @@ struct gw_req {
     gw_req_t *next;               /* queue link */
     gw_phase_t phase;
     mdl_seq_t *seq;               /* owned while admitted */
-    void *dseq;                   /* with cfg.dev: its device copy (mdl_dev_seq_t), owned while decoding */
+    void *dseq;                   /* with cfg.dev: its device copy (mdl_device.h), owned while decoding */
     mdl_sampler_t *smp;           /* owned while admitted */
     mdl_gen_t gen_state;          /* the generation's rules (stop token, length), from the prompt's end */
     size_t prefilled;             /* prompt tokens in the sequence */
@@ -288,55 +286,34 @@ static bool gw_req_append(gw_req_t *r, const char *piece, size_t n)
 
 /* The device side (cfg.dev; docs/cuda.md "GPU decode path"): a request's
  * sequence is prefilled on the CPU, copied to the device after its last
- * chunk, and decodes there from then on.  Without a CUDA build cfg.dev is
- * always NULL (ri-worker refuses --device cuda) and these do nothing. */
-static void gw_dev_seq_free(void *dseq)
+ * chunk, and decodes there from then on.  With cfg.dev NULL (the CPU) these
+ * do nothing. */
+static void gw_dev_seq_free(gw_sched_t *s, void *dseq)
 {
-#ifdef GW_SCHED_DEV
-    mdl_dev_seq_destroy(dseq);
-#else
-    (void)dseq;
-#endif
+    if (dseq != NULL)
+        mdl_device_seq_free(s->cfg.dev, dseq);
 }
 
 static ri_status_t gw_dev_upload(gw_sched_t *s, gw_req_t *r)
 {
-#ifdef GW_SCHED_DEV
-    mdl_dev_seq_t *ds = NULL;
-    ri_status_t st = mdl_dev_seq_create(s->cfg.dev, mdl_seq_cap(r->seq), &ds);
-    if (st == RI_OK && (st = mdl_dev_seq_upload(s->cfg.dev, ds, r->seq)) != RI_OK)
-        mdl_dev_seq_destroy(ds);
-    if (st == RI_OK)
-        r->dseq = ds;
-    return st;
-#else
-    (void)s;
-    (void)r;
-    return RI_ERR_NO_DEVICE;
-#endif
+    return mdl_device_seq_adopt(s->cfg.dev, r->seq, &r->dseq);
 }
 
 /* A decode step of n sequences (bseq, or bdev on the device) into logits. */
 static ri_status_t gw_decode_rows(gw_sched_t *s, mdl_seq_t *const *bseq, void *const *bdev, const int32_t *tok,
                                   size_t n, float *logits)
 {
-#ifdef GW_SCHED_DEV
     if (s->cfg.dev != NULL)
-        return mdl_dev_decode(s->cfg.dev, (mdl_dev_seq_t *const *)bdev, tok, n, logits);
-#else
-    (void)bdev;
-#endif
+        return mdl_device_decode(s->cfg.dev, bdev, tok, n, logits);
     return mdl_decode(s->m, bseq, tok, n, logits);
 }
 
 /* Tokens in r's decoding sequence (the device copy's, when there is one:
  * the CPU sequence stops at the prompt). */
-static size_t gw_seq_len(const gw_req_t *r)
+static size_t gw_seq_len(const gw_sched_t *s, const gw_req_t *r)
 {
-#ifdef GW_SCHED_DEV
     if (r->dseq != NULL)
-        return mdl_dev_seq_len(r->dseq);
-#endif
+        return mdl_device_seq_len(s->cfg.dev, r->dseq);
     return mdl_seq_len(r->seq);
 }
 
@@ -347,7 +324,7 @@ static void gw_sched_finish(gw_sched_t *s, gw_req_t *r, gw_finish_t f, ri_status
     __attribute__((format(printf, 5, 6)));
 static void gw_sched_finish(gw_sched_t *s, gw_req_t *r, gw_finish_t f, ri_status_t st, const char *fmt, ...)
 {
-    gw_dev_seq_free(r->dseq);
+    gw_dev_seq_free(s, r->dseq);
     r->dseq = NULL;
     mdl_seq_destroy(r->seq);
     r->seq = NULL;
@@ -467,7 +444,7 @@ static void gw_sched_prefill(gw_sched_t *s, gw_req_t *r)
     }
     if (last) {
         r->phase = GW_PHASE_DECODE;
-        mdl_gen_init(&r->gen_state, s->tok, r->smp, s->n_vocab, r->max_tokens, gw_seq_len(r), mdl_seq_cap(r->seq));
+        mdl_gen_init(&r->gen_state, s->tok, r->smp, s->n_vocab, r->max_tokens, gw_seq_len(s, r), mdl_seq_cap(r->seq));
         gw_sched_step(s, r, s->plogits);
     }
 }

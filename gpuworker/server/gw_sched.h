@@ -35,8 +35,8 @@ typedef struct gw_sched_cfg {
     size_t max_batch;      /* requests decoded together (>= 1) */
     size_t queue_size;     /* requests waiting for a batch slot before submit says busy (>= 1) */
     size_t prefill_chunk;  /* prompt tokens prefilled per round (a multiple of 64, the model's chunk) */
-    struct mdl_dev *dev;   /* decode on this device engine (mdl_dev.h, borrowed; needs a build with
-                              CUDA), prefill staying on the CPU; full attention only.  NULL = CPU */
+    struct mdl_device *dev; /* decode on this device (mdl_device.h, borrowed), prefill staying on
+                               the CPU; full attention only.  NULL = the CPU */
     mdl_attn_cfg_t attn;   /* settings of every sequence it creates (mdl_attn_cfg_default's
                               unless the program sets them) */
 } gw_sched_cfg_t;

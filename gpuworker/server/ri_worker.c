@@ -48,9 +48,7 @@
 #include "common/cm_thread.h"
 #include "common/cm_time.h"
 #include "gpuworker/model/mdl_kv_mem.h"
-#ifdef RI_WORKER_CUDA
-#include "gpuworker/model/mdl_dev.h"
-#endif
+#include "gpuworker/model/mdl_device.h"
 #include "gpuworker/model/mdl_model.h"
 #include "gpuworker/model/mdl_gen.h"
 #include "gpuworker/client/gw_attn_remote.h"
@@ -195,69 +193,39 @@ static const cm_config_item_t wk_items[] = {
 };
 static const cm_config_table_t wk_table = {"ri-worker", "RI_WORKER_", wk_items, CM_ARRAY_LEN(wk_items), 0, NULL};
 
-#ifdef RI_WORKER_CUDA
-static mdl_dev_t *wk_dev; /* the device engine with --device cuda (owned by main), else NULL */
-#endif
+static mdl_device_t *wk_dev; /* where decode runs, chosen once by main (--device; owned); NULL = the CPU */
 
 /* The device's name for replies, and whether it can decode with backend
  * ops (the device runs full attention only). */
 static const char *wk_device_name(void)
 {
-#ifdef RI_WORKER_CUDA
-    return wk_dev != NULL ? "cuda" : "cpu";
-#else
-    return "cpu";
-#endif
+    return mdl_device_name(wk_dev);
 }
 
 static bool wk_device_takes(const mdl_attn_ops_t *ops)
 {
-    return strcmp(wk_device_name(), "cpu") == 0 || strcmp(ops->name, "full") == 0;
+    return wk_dev == NULL || strcmp(ops->name, "full") == 0;
 }
 
 /* One decode step of the device twin dseq of a sequence, with --device
  * cuda (mdl_gen_decode_fn_t). */
 static ri_status_t wk_step_dev(void *dseq, int32_t tok, float *logits)
 {
-#ifdef RI_WORKER_CUDA
-    mdl_dev_seq_t *one[1] = {dseq};
-    return mdl_dev_decode(wk_dev, one, &tok, 1, logits);
-#else
-    (void)dseq;
-    (void)tok;
-    (void)logits;
-    return RI_ERR_UNSUPPORTED;
-#endif
+    void *one[1] = {dseq};
+    return mdl_device_decode(wk_dev, one, &tok, 1, logits);
 }
 
-/* With --device cuda: a device sequence holding seq's prefill (caller frees
- * with mdl_dev_seq_destroy); NULL without. */
+/* On a device: a device sequence holding seq's prefill (caller frees with
+ * wk_device_seq_free); NULL on the CPU. */
 static ri_status_t wk_device_seq(const mdl_seq_t *seq, void **dseq_p)
 {
-    *dseq_p = NULL;
-#ifdef RI_WORKER_CUDA
-    if (wk_dev == NULL)
-        return RI_OK;
-    mdl_dev_seq_t *ds;
-    ri_status_t st = mdl_dev_seq_create(wk_dev, mdl_seq_cap(seq), &ds);
-    if (st == RI_OK && (st = mdl_dev_seq_upload(wk_dev, ds, seq)) != RI_OK)
-        mdl_dev_seq_destroy(ds);
-    if (st == RI_OK)
-        *dseq_p = ds;
-    return st;
-#else
-    (void)seq;
-    return RI_OK;
-#endif
+    return mdl_device_seq_adopt(wk_dev, seq, dseq_p);
 }
 
 static void wk_device_seq_free(void *dseq)
 {
-#ifdef RI_WORKER_CUDA
-    mdl_dev_seq_destroy(dseq);
-#else
-    (void)dseq;
-#endif
+    if (dseq != NULL)
+        mdl_device_seq_free(wk_dev, dseq);
 }
 
 typedef struct wk_req {
@@ -652,22 +620,18 @@ static int wk_serve_http(mdl_model_t *model, const wk_cfg_t *cfg, const char *pa
     gw_sched_cfg_t scfg = {.max_batch = (size_t)cfg->max_batch, .queue_size = (size_t)cfg->queue_size,
                            .prefill_chunk = (size_t)cfg->prefill_chunk};
     wk_attn_cfg(cfg, &scfg.attn);
-#ifdef RI_WORKER_CUDA
     scfg.dev = wk_dev;
-#endif
     ri_status_t st = gw_sched_create(model, &scfg, &sched);
     if (st != RI_OK) {
         fprintf(stderr, "ri-worker: cannot start the scheduler: %s\n", ri_status_str(st));
         goto out;
     }
     const char *allow = cfg->allow_attn ? cfg->allow_attn : "";
-#ifdef RI_WORKER_CUDA
     /* the device decodes full attention only (main refused any other
      * default): a request that asks for more is refused at validation (400,
      * param "attn"), not failed later; the serving line below says so */
     if (wk_dev != NULL)
         allow = "full";
-#endif
     unsigned max_conn = (unsigned)cfg->http_max_conn;
     unsigned reserve = cfg->http_reserve_conn > 0 ? (unsigned)cfg->http_reserve_conn : CM_MAX(max_conn / 16, 2u);
     unsigned per_addr = cfg->http_max_conn_per_addr > 0 ? (unsigned)cfg->http_max_conn_per_addr
@@ -726,43 +690,32 @@ out:
     return rc;
 }
 
-/* --device: 0 when it can be served, else 2 after saying why. */
+/* --device: 0 when this build has it, else 2 after saying why. */
 static int wk_device_check(const char *device)
 {
-    if (strcmp(device, "cpu") == 0)
+    if (mdl_device_built(device))
         return 0;
-    if (strcmp(device, "cuda") != 0) {
-        fprintf(stderr, "ri-worker: --device %s: unknown device (cpu or cuda)\n", device);
-        return 2;
-    }
-#ifndef RI_WORKER_CUDA
-    fprintf(stderr, "ri-worker: --device cuda: this ri-worker was built without CUDA (configure with -DRI_CUDA=ON "
-            "where nvcc is installed)\n");
+    char err[256] = "";
+    mdl_device_t *none = NULL;
+    ri_status_t st = mdl_device_open(device, NULL, &none, err, sizeof(err)); /* fails: says why */
+    fprintf(stderr, "ri-worker: --device %s\n", st != RI_OK && err[0] ? err : "unknown device (cpu or cuda)");
     return 2;
-#else
-    return 0;
-#endif
 }
 
-/* --device cuda: the device engine for model (wk_dev); 0, or 2 after
- * saying why (no device, a geometry the device does not take). */
-static int wk_device_open(mdl_model_t *model)
+/* --device: the device for model (wk_dev); 0, or 2 after saying why (no
+ * device, a geometry the device does not take). */
+static int wk_device_open(mdl_model_t *model, const char *name)
 {
-#ifdef RI_WORKER_CUDA
     char err[512] = "";
     double t0 = cm_time_s();
-    ri_status_t st = mdl_dev_create(model, &wk_dev, err, sizeof(err));
+    ri_status_t st = mdl_device_open(name, model, &wk_dev, err, sizeof(err));
     if (st != RI_OK) {
-        fprintf(stderr, "ri-worker: --device cuda: %s\n", err[0] ? err : ri_status_str(st));
+        fprintf(stderr, "ri-worker: --device %s: %s\n", name, err[0] ? err : ri_status_str(st));
         return 2;
     }
-    fprintf(stderr, "ri-worker: decoding on the CUDA device: %.0f MB of fp16 weights uploaded in %.1f s; attn full "
-            "only\n", (double)mdl_dev_weight_bytes(wk_dev) / 1e6, cm_time_s() - t0);
+    fprintf(stderr, "ri-worker: decoding on the %s device: %.0f MB of fp16 weights uploaded in %.1f s; attn full "
+            "only\n", mdl_device_name(wk_dev), (double)mdl_device_weight_bytes(wk_dev) / 1e6, cm_time_s() - t0);
     return 0;
-#else
-    (void)model;
-    return 2; /* wk_device_check refused it already */
-#endif
 }
 
 int main(int argc, char **argv)
@@ -879,7 +832,7 @@ int main(int argc, char **argv)
         rc = 2;
         goto out;
     }
-    if (on_cuda && (rc = wk_device_open(model)) != 0)
+    if (on_cuda && (rc = wk_device_open(model, device)) != 0)
         goto out;
     rc = 1;
     fprintf(stderr, "ri-worker: model %s, %u threads, kvstore %s, default attn %s; backends: %s\n",
@@ -922,9 +875,7 @@ int main(int argc, char **argv)
         fprintf(stderr, "ri-worker: %zu request(s) failed\n", failed);
     rc = failed > 0 ? 1 : 0;
 out:
-#ifdef RI_WORKER_CUDA
-    mdl_dev_destroy(wk_dev); /* before the model: the engine reads its embedding */
-#endif
+    mdl_device_close(wk_dev); /* before the model: the engine reads its embedding */
     mdl_model_destroy(model);
     gw_attn_remote_shutdown();
     cm_config_free(&wk_table, &cfg);

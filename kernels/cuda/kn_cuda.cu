@@ -1,7 +1,7 @@
 /*
  * The CUDA backend's table (library ri_kernels_cuda): every op on the
  * device, one .cu file per op family (kn_cuda_decode.cu, kn_cuda_rank.cu,
- * kn_cuda_merge.cu, kn_cuda_index.cu, kn_cuda_quest.cu), and what each
+ * kn_cuda_merge.cu, kn_cuda_index.cu, kn_cuda_quest.cu, kn_cuda_wave.cu), and what each
  * takes.  kn_cuda_init() registers the table with kn_ops_register_cuda()
  * when a device is present; without one it stays out of the table and the
  * CUDA tests exit 77.  Checked on an H200 (docs/cuda.md).
@@ -31,6 +31,9 @@ static bool kn_cuda_supports(kn_op_t op, const kn_shape_t *shape, kn_dtype_t dty
     case KN_OP_ESTIMATE:
     case KN_OP_QUEST_SCORE:
         return shape->n_q_heads / shape->n_kv_heads <= KN_CU_MAXG && shape->head_dim <= KN_CU_MAXD;
+    case KN_OP_WAVE_STEP: /* kn_cuda_wave_step's head dims */
+        return shape->n_q_heads / shape->n_kv_heads <= KN_CU_MAXG &&
+               (shape->head_dim == 64 || shape->head_dim == 128 || shape->head_dim == 256);
     default:
         return false;
     }
@@ -46,6 +49,7 @@ static const kn_ops_t kn_cuda_table = {
     kn_cuda_merge,
     kn_cuda_index_build,
     kn_cuda_quest_score,
+    kn_cuda_wave_step,
 };
 
 /* The ops take their scratch from the device's default pool

@@ -48,21 +48,12 @@ ri_status_t kn_cuda_copy(void *dst, const void *src, size_t bytes);
 ri_status_t kn_cuda_attn_pages_device(const kn_shape_t *grp, const float *q, const kn_page_t *pages,
                                       size_t n_pages, float *o, float *lse);
 
-/* One KV head of a device tripartite step: its index and its K/V, all in
- * device memory. */
-typedef struct kn_cuda_wave_head {
-    const cm_fp16_t *centroids;  /* [n_clusters][d] */
-    const uint32_t *sizes;       /* [n_clusters] */
-    const uint32_t *offsets;     /* [n_clusters]: cluster j's first row in ck / cv */
-    const cm_fp16_t *vmean;      /* [n_clusters][d]: fp16 value means (what the
-                                    estimation reads, times the size) */
-    const cm_fp16_t *ck, *cv;    /* the indexed rows, cluster-major, stride d */
-    uint32_t n_clusters;
-    kn_page_t steady[2];         /* the steady zone: sinks and window (n_tokens 0: none) */
-} kn_cuda_wave_head_t;
+/* One KV head of a device tripartite step: kn_ops.h's kn_wave_head_t, all
+ * its pointers device memory. */
+typedef kn_wave_head_t kn_cuda_wave_head_t;
 
 /* One decode step of tripartite attention for every KV head of a layer,
- * on the device from end to end: per head, rank the clusters (n_r to
+ * on the device from end to end (the cuda table's wave_step op): per head, rank the clusters (n_r to
  * retrieve, the next n_e to estimate: the rank's contract), estimate the
  * n_e from the centroids and value means, attend exactly over the steady
  * zone and the n_r retrieved clusters, and merge the two parts.  The same

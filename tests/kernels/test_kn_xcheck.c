@@ -808,6 +808,162 @@ static void test_estimate_means(void **state)
 }
 
 #ifdef KN_XC_CUDA
+/* A device copy of bytes at src (any count, 0 included). */
+static void *xc_dev_n(const void *src, size_t bytes)
+{
+    void *p = NULL;
+    assert_int_equal(kn_cuda_malloc(&p, bytes), RI_OK);
+    if (bytes > 0)
+        assert_int_equal(kn_cuda_copy(p, src, bytes), RI_OK);
+    return p;
+}
+
+#endif
+
+/* Where the wave step's inputs live: device memory for the cuda table, the
+ * host buffers themselves for the others. */
+static void *xc_place(const kn_ops_t *ops, const void *src, size_t bytes)
+{
+#ifdef KN_XC_CUDA
+    if (ops == kn_ops_cuda())
+        return xc_dev_n(src, bytes);
+#endif
+    (void)ops;
+    (void)bytes;
+    return (void *)src;
+}
+
+static void xc_unplace(const kn_ops_t *ops, void *p)
+{
+#ifdef KN_XC_CUDA
+    if (ops == kn_ops_cuda())
+        kn_cuda_free(p);
+#endif
+    (void)ops;
+    (void)p;
+}
+
+/* The wave_step op of ops over nkv heads of random indexes with fp16 means (C - 3h
+ * clusters for head h, so the heads' lengths differ and one may be empty),
+ * the steady zone as two spans with rows of stride d + 8: per head a correct
+ * selection, and the output the reference gives over the ids the step chose
+ * (estimate + attn_pages over the steady spans and the retrieved clusters +
+ * merge). */
+static bool xc_wave_ties;  /* xc_wave_step: 5 distinct centroids, so that scores tie at the cuts */
+
+static int xc_wave_step(const kn_ops_t *ops, uint32_t nkv, uint32_t g, uint32_t d, uint32_t C, uint32_t n_r, uint32_t n_e,
+                        uint32_t n_sink, uint32_t n_win)
+{
+    kn_shape_t sh = {g * nkv, nkv, d, 0}, grp = {g, 1, d, 0};
+    size_t nq = (size_t)g * nkv, per = (size_t)n_r + n_e, st_rows = (size_t)n_sink + n_win, sd = d + 8;
+    kn_index_t idx[8];
+    kn_wave_head_t hd[8];
+    cm_fp16_t *ck[8], *cv[8], *sk[8], *sv[8];
+    void *dev[8][8];
+    float *q = xc_floats(nq * d, 2.0f);
+    uint32_t *ids = malloc((nkv * per + 1) * sizeof(uint32_t)), cnt[16];
+    xc_buf_t o = xc_buf(nq * d), l = xc_buf(nq);
+    int fails = 0;
+    char what[128];
+
+    assert_true(nkv <= 8 && g <= 8 && d <= 256);
+    xc_means = true;  /* the step reads the fp16 means; the reference the sums */
+    for (uint32_t h = 0; h < nkv; h++) {
+        uint32_t Ch = C > 3 * h ? C - 3 * h : 0;
+        size_t rows;
+        xc_index(&idx[h], d, Ch);
+        for (uint32_t j = 5; xc_wave_ties && j < Ch; j++)
+            memcpy(idx[h].centroids + (size_t)j * d, idx[h].centroids + (size_t)(j % 5) * d, d * sizeof(cm_fp16_t));
+        rows = idx[h].n_tokens;
+        ck[h] = xc_half(rows * d, 1.0f);
+        cv[h] = xc_half(rows * d, 1.0f);
+        sk[h] = xc_half(st_rows * sd, 1.0f);
+        sv[h] = xc_half(st_rows * sd, 1.0f);
+        dev[h][0] = xc_place(ops, idx[h].centroids, (size_t)Ch * d * sizeof(cm_fp16_t));
+        dev[h][1] = xc_place(ops, idx[h].sizes, (size_t)Ch * sizeof(uint32_t));
+        dev[h][2] = xc_place(ops, idx[h].offsets, (size_t)Ch * sizeof(uint32_t));
+        dev[h][3] = xc_place(ops, idx[h].vmean, (size_t)Ch * d * sizeof(cm_fp16_t));
+        dev[h][4] = xc_place(ops, ck[h], rows * d * sizeof(cm_fp16_t));
+        dev[h][5] = xc_place(ops, cv[h], rows * d * sizeof(cm_fp16_t));
+        dev[h][6] = xc_place(ops, sk[h], st_rows * sd * sizeof(cm_fp16_t));
+        dev[h][7] = xc_place(ops, sv[h], st_rows * sd * sizeof(cm_fp16_t));
+        hd[h] = (kn_wave_head_t){dev[h][0], dev[h][1], dev[h][2], dev[h][3], dev[h][4], dev[h][5], Ch,
+                                      {{dev[h][6], dev[h][7], n_sink, (uint32_t)sd},
+                                       {(cm_fp16_t *)dev[h][6] + n_sink * sd, (cm_fp16_t *)dev[h][7] + n_sink * sd,
+                                        n_win, (uint32_t)sd}}};
+    }
+    snprintf(what, sizeof(what), "%s wave_step nkv=%u g=%u d=%u C=%u R=%u E=%u", ops->name, nkv, g, d, C, n_r,
+             n_e);
+    if (!xc_supported(ops, KN_OP_WAVE_STEP, &sh, what))
+        goto out;
+    if (ops->wave_step(&sh, q, hd, n_r, n_e, o.p, l.p, ids, cnt) != RI_OK) {
+        fprintf(stderr, "FAIL %s: the step failed\n", what);
+        fails++;
+        goto out;
+    }
+    fails += !xc_guards_ok(&o, what) || !xc_guards_ok(&l, what);
+    for (uint32_t h = 0; h < nkv && fails == 0; h++) {
+        uint32_t Ch = idx[h].n_clusters, nr = cnt[2 * h], ne = cnt[2 * h + 1], avail, *hid = ids + h * per;
+        double *score = calloc(Ch + 1, sizeof(double)), *sorted = malloc((Ch + 1) * sizeof(double));
+        kn_page_t *pages = malloc(((size_t)nr + 2) * sizeof(kn_page_t));
+        float oe[8 * 256], le[8], ox[8 * 256], lx[8], ro[8 * 256], rl[8];
+        const float *op[2] = {ox, oe}, *lp[2] = {lx, le}, *qh = q + (size_t)h * g * d;
+        size_t np = 0;
+        avail = xc_rank_scores(qh, &idx[h], g, score, sorted);
+        if (!xc_selection_ok(what, &idx[h], score, sorted, avail, n_r, n_e, hid, nr, ne)) {
+            fails++;
+        } else {
+            pages[np++] = (kn_page_t){sk[h], sv[h], n_sink, (uint32_t)sd};
+            pages[np++] = (kn_page_t){sk[h] + n_sink * sd, sv[h] + n_sink * sd, n_win, (uint32_t)sd};
+            for (uint32_t i = 0; i < nr; i++)
+                pages[np++] = (kn_page_t){ck[h] + (size_t)idx[h].offsets[hid[i]] * d,
+                                          cv[h] + (size_t)idx[h].offsets[hid[i]] * d, idx[h].sizes[hid[i]], d};
+            assert_int_equal(kn_ops_ref()->estimate(&grp, qh, &idx[h], hid + nr, ne, oe, le), RI_OK);
+            assert_int_equal(kn_ops_ref()->attn_pages(&grp, qh, pages, np, ox, lx), RI_OK);
+            assert_int_equal(kn_ops_ref()->merge(g, d, 2, op, lp, ro, rl), RI_OK);
+            fails += !xc_close(what, o.p + (size_t)h * g * d, ro, (size_t)g * d, XC_EST_TOL);
+            fails += !xc_close(what, l.p + (size_t)h * g, rl, g, 2e-5);
+        }
+        free(score);
+        free(sorted);
+        free(pages);
+    }
+out:
+    for (uint32_t h = 0; h < nkv; h++) {
+        for (int i = 0; i < 8; i++)
+            xc_unplace(ops, dev[h][i]);
+        xc_index_free(&idx[h]);
+        free(ck[h]);
+        free(cv[h]);
+        free(sk[h]);
+        free(sv[h]);
+    }
+    xc_means = false;
+    free(q);
+    free(ids);
+    xc_free(&o);
+    xc_free(&l);
+    return fails;
+}
+
+/* The host backends' wave_step (the group ops head by head). */
+static void test_wave_step(void **state)
+{
+    const kn_ops_t *ops = kn_ops_cpu();
+    int fails = 0;
+    (void)state;
+    fails += xc_wave_step(ops, 3, 3, 64, 113, 2, 26, 4, 64);   /* SmolLM2's heads */
+    fails += xc_wave_step(ops, 1, 4, 256, 300, 9, 40, 4, 16);  /* Gemma 3's d */
+    fails += xc_wave_step(ops, 3, 8, 128, 5, 4, 4, 1, 3);      /* more than there is; the last head empty */
+    fails += xc_wave_step(ops, 2, 5, 64, 50, 0, 10, 0, 7);     /* nothing retrieved, no sinks */
+    fails += xc_wave_step(ops, 2, 2, 128, 40, 12, 0, 4, 0);    /* nothing estimated, no window */
+    xc_wave_ties = true;
+    fails += xc_wave_step(ops, 1, 3, 64, 97, 7, 30, 4, 64);
+    xc_wave_ties = false;
+    assert_int_equal(fails, 0);
+}
+
+#ifdef KN_XC_CUDA
 /* The CUDA fused rank + estimation (kn_cuda_rank_estimate) against ref rank +
  * ref estimate: the ids must be a right selection up to near-ties (scores
  * recomputed here in double, as in xc_rank; the device returns them in score
@@ -1090,136 +1246,28 @@ static void test_device_resident_cuda(void **state)
     assert_int_equal(fails, 0);
 }
 
-/* A device copy of bytes at src (any count, 0 included). */
-static void *xc_dev_n(const void *src, size_t bytes)
-{
-    void *p = NULL;
-    assert_int_equal(kn_cuda_malloc(&p, bytes), RI_OK);
-    if (bytes > 0)
-        assert_int_equal(kn_cuda_copy(p, src, bytes), RI_OK);
-    return p;
-}
-
-/* kn_cuda_wave_step over nkv heads of random indexes with fp16 means (C - 3h
- * clusters for head h, so the heads' lengths differ and one may be empty),
- * the steady zone as two spans with rows of stride d + 8: per head a correct
- * selection, and the output the reference gives over the ids the step chose
- * (estimate + attn_pages over the steady spans and the retrieved clusters +
- * merge). */
-static bool xc_wave_ties;  /* xc_wave_step: 5 distinct centroids, so that scores tie at the cuts */
-
-static int xc_wave_step(uint32_t nkv, uint32_t g, uint32_t d, uint32_t C, uint32_t n_r, uint32_t n_e,
-                        uint32_t n_sink, uint32_t n_win)
-{
-    kn_shape_t sh = {g * nkv, nkv, d, 0}, grp = {g, 1, d, 0};
-    size_t nq = (size_t)g * nkv, per = (size_t)n_r + n_e, st_rows = (size_t)n_sink + n_win, sd = d + 8;
-    kn_index_t idx[8];
-    kn_cuda_wave_head_t hd[8];
-    cm_fp16_t *ck[8], *cv[8], *sk[8], *sv[8];
-    void *dev[8][8];
-    float *q = xc_floats(nq * d, 2.0f);
-    uint32_t *ids = malloc((nkv * per + 1) * sizeof(uint32_t)), cnt[16];
-    xc_buf_t o = xc_buf(nq * d), l = xc_buf(nq);
-    int fails = 0;
-    char what[128];
-
-    assert_true(nkv <= 8 && g <= 8 && d <= 256);
-    xc_means = true;  /* the step reads the fp16 means; the reference the sums */
-    for (uint32_t h = 0; h < nkv; h++) {
-        uint32_t Ch = C > 3 * h ? C - 3 * h : 0;
-        size_t rows;
-        xc_index(&idx[h], d, Ch);
-        for (uint32_t j = 5; xc_wave_ties && j < Ch; j++)
-            memcpy(idx[h].centroids + (size_t)j * d, idx[h].centroids + (size_t)(j % 5) * d, d * sizeof(cm_fp16_t));
-        rows = idx[h].n_tokens;
-        ck[h] = xc_half(rows * d, 1.0f);
-        cv[h] = xc_half(rows * d, 1.0f);
-        sk[h] = xc_half(st_rows * sd, 1.0f);
-        sv[h] = xc_half(st_rows * sd, 1.0f);
-        dev[h][0] = xc_dev_n(idx[h].centroids, (size_t)Ch * d * sizeof(cm_fp16_t));
-        dev[h][1] = xc_dev_n(idx[h].sizes, (size_t)Ch * sizeof(uint32_t));
-        dev[h][2] = xc_dev_n(idx[h].offsets, (size_t)Ch * sizeof(uint32_t));
-        dev[h][3] = xc_dev_n(idx[h].vmean, (size_t)Ch * d * sizeof(cm_fp16_t));
-        dev[h][4] = xc_dev_n(ck[h], rows * d * sizeof(cm_fp16_t));
-        dev[h][5] = xc_dev_n(cv[h], rows * d * sizeof(cm_fp16_t));
-        dev[h][6] = xc_dev_n(sk[h], st_rows * sd * sizeof(cm_fp16_t));
-        dev[h][7] = xc_dev_n(sv[h], st_rows * sd * sizeof(cm_fp16_t));
-        hd[h] = (kn_cuda_wave_head_t){dev[h][0], dev[h][1], dev[h][2], dev[h][3], dev[h][4], dev[h][5], Ch,
-                                      {{dev[h][6], dev[h][7], n_sink, (uint32_t)sd},
-                                       {(cm_fp16_t *)dev[h][6] + n_sink * sd, (cm_fp16_t *)dev[h][7] + n_sink * sd,
-                                        n_win, (uint32_t)sd}}};
-    }
-    snprintf(what, sizeof(what), "cuda wave step nkv=%u g=%u d=%u C=%u R=%u E=%u", nkv, g, d, C, n_r, n_e);
-    if (kn_cuda_wave_step(&sh, q, hd, n_r, n_e, o.p, l.p, ids, cnt) != RI_OK) {
-        fprintf(stderr, "FAIL %s: the step failed\n", what);
-        fails++;
-        goto out;
-    }
-    fails += !xc_guards_ok(&o, what) || !xc_guards_ok(&l, what);
-    for (uint32_t h = 0; h < nkv && fails == 0; h++) {
-        uint32_t Ch = idx[h].n_clusters, nr = cnt[2 * h], ne = cnt[2 * h + 1], avail, *hid = ids + h * per;
-        double *score = calloc(Ch + 1, sizeof(double)), *sorted = malloc((Ch + 1) * sizeof(double));
-        kn_page_t *pages = malloc(((size_t)nr + 2) * sizeof(kn_page_t));
-        float oe[8 * 256], le[8], ox[8 * 256], lx[8], ro[8 * 256], rl[8];
-        const float *op[2] = {ox, oe}, *lp[2] = {lx, le}, *qh = q + (size_t)h * g * d;
-        size_t np = 0;
-        avail = xc_rank_scores(qh, &idx[h], g, score, sorted);
-        if (!xc_selection_ok(what, &idx[h], score, sorted, avail, n_r, n_e, hid, nr, ne)) {
-            fails++;
-        } else {
-            pages[np++] = (kn_page_t){sk[h], sv[h], n_sink, (uint32_t)sd};
-            pages[np++] = (kn_page_t){sk[h] + n_sink * sd, sv[h] + n_sink * sd, n_win, (uint32_t)sd};
-            for (uint32_t i = 0; i < nr; i++)
-                pages[np++] = (kn_page_t){ck[h] + (size_t)idx[h].offsets[hid[i]] * d,
-                                          cv[h] + (size_t)idx[h].offsets[hid[i]] * d, idx[h].sizes[hid[i]], d};
-            assert_int_equal(kn_ops_ref()->estimate(&grp, qh, &idx[h], hid + nr, ne, oe, le), RI_OK);
-            assert_int_equal(kn_ops_ref()->attn_pages(&grp, qh, pages, np, ox, lx), RI_OK);
-            assert_int_equal(kn_ops_ref()->merge(g, d, 2, op, lp, ro, rl), RI_OK);
-            fails += !xc_close(what, o.p + (size_t)h * g * d, ro, (size_t)g * d, XC_EST_TOL);
-            fails += !xc_close(what, l.p + (size_t)h * g, rl, g, 2e-5);
-        }
-        free(score);
-        free(sorted);
-        free(pages);
-    }
-out:
-    for (uint32_t h = 0; h < nkv; h++) {
-        for (int i = 0; i < 8; i++)
-            kn_cuda_free(dev[h][i]);
-        xc_index_free(&idx[h]);
-        free(ck[h]);
-        free(cv[h]);
-        free(sk[h]);
-        free(sv[h]);
-    }
-    xc_means = false;
-    free(q);
-    free(ids);
-    xc_free(&o);
-    xc_free(&l);
-    return fails;
-}
-
 static void test_wave_step_cuda(void **state)
 {
     kn_shape_t odd = {4, 1, 48, 0};
-    kn_cuda_wave_head_t none = {0};
+    kn_wave_head_t none = {0};
+    const kn_ops_t *cu = kn_ops_cuda();
     float q[4 * 48] = {0}, o[4 * 48], l[4];
     int fails = 0;
-    fails += xc_wave_step(8, 4, 128, 1000, 18, 232, 4, 64);  /* Llama-3-8B's heads */
-    fails += xc_wave_step(3, 3, 64, 113, 2, 26, 4, 64);      /* SmolLM2's */
-    fails += xc_wave_step(1, 4, 256, 300, 9, 40, 4, 16);     /* Gemma 3's d */
-    fails += xc_wave_step(3, 8, 128, 5, 4, 4, 1, 3);         /* more than there is; the last head empty */
-    fails += xc_wave_step(1, 1, 64, 8192, 147, 1900, 4, 64); /* 128K tokens' worth of clusters */
-    fails += xc_wave_step(2, 5, 64, 50, 0, 10, 0, 7);        /* nothing retrieved, no sinks */
-    fails += xc_wave_step(2, 2, 128, 40, 12, 0, 4, 0);       /* nothing estimated, no window */
+    fails += xc_wave_step(cu, 8, 4, 128, 1000, 18, 232, 4, 64);  /* Llama-3-8B's heads */
+    fails += xc_wave_step(cu, 3, 3, 64, 113, 2, 26, 4, 64);      /* SmolLM2's */
+    fails += xc_wave_step(cu, 1, 4, 256, 300, 9, 40, 4, 16);     /* Gemma 3's d */
+    fails += xc_wave_step(cu, 3, 8, 128, 5, 4, 4, 1, 3);         /* more than there is; the last head empty */
+    fails += xc_wave_step(cu, 1, 1, 64, 8192, 147, 1900, 4, 64); /* 128K tokens' worth of clusters */
+    fails += xc_wave_step(cu, 2, 5, 64, 50, 0, 10, 0, 7);        /* nothing retrieved, no sinks */
+    fails += xc_wave_step(cu, 2, 2, 128, 40, 12, 0, 4, 0);       /* nothing estimated, no window */
     xc_wave_ties = true;  /* equal scores across both cuts: the counts must still be exact */
-    fails += xc_wave_step(2, 4, 128, 3000, 147, 1000, 4, 64);
-    fails += xc_wave_step(1, 3, 64, 97, 7, 30, 4, 64);
+    fails += xc_wave_step(cu, 2, 4, 128, 3000, 147, 1000, 4, 64);
+    fails += xc_wave_step(cu, 1, 3, 64, 97, 7, 30, 4, 64);
     xc_wave_ties = false;
     /* a head_dim the step does not take: refused, nothing written */
     memset(o, 0, sizeof(o));
-    assert_int_equal(kn_cuda_wave_step(&odd, q, &none, 1, 1, o, l, NULL, NULL), RI_ERR_INVALID);
+    assert_false(cu->supports(KN_OP_WAVE_STEP, &odd, KN_DTYPE_F16));
+    assert_int_equal(cu->wave_step(&odd, q, &none, 1, 1, o, l, NULL, NULL), RI_ERR_INVALID);
     assert_int_equal(o[0], 0.0f);
     assert_int_equal(fails, 0);
 }
@@ -1327,7 +1375,7 @@ static void test_corrupted_backend_is_caught(void **state)
 
 static const kn_op_t xc_ops_checked[] = {KN_OP_ATTN_DECODE, KN_OP_ATTN_PAGES, KN_OP_RANK,
                                          KN_OP_ESTIMATE,    KN_OP_MERGE,      KN_OP_QUEST_SCORE,
-                                         KN_OP_INDEX_BUILD};
+                                         KN_OP_INDEX_BUILD, KN_OP_WAVE_STEP};
 
 /* Print the backend's counts; false when it checked no case of some op. */
 static bool xc_coverage_ok(const kn_ops_t *ops, bool print)
@@ -1370,6 +1418,7 @@ static void test_declining_backend_is_caught(void **state)
     assert_int_equal(xc_merge(&bad, 4, 128, 2), 0);
     assert_int_equal(xc_quest(&bad, 4, 128, 10), 0);
     assert_int_equal(xc_index_build(&bad, 64, 100, 8, 1, 1, -1), 0);
+    assert_int_equal(xc_wave_step(&bad, 2, 4, 64, 50, 2, 10, 4, 16), 0);
     xc_quiet = false;
     c = xc_count_of(&bad);
     for (size_t i = 0; i < sizeof(xc_ops_checked) / sizeof(xc_ops_checked[0]); i++) {
@@ -1448,6 +1497,7 @@ int main(int argc, char **argv)
         cmocka_unit_test(test_wave_step_cuda),
 #endif
         cmocka_unit_test(test_estimate_means),
+        cmocka_unit_test(test_wave_step),
         cmocka_unit_test(test_select_top),
         cmocka_unit_test(test_merge),
         cmocka_unit_test(test_quest_score),

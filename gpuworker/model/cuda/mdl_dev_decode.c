@@ -1,11 +1,13 @@
 /*
- * The device engine's decode step (mdl_dev.h): mdl_model.c's mdl_forward
- * for decode rows, one kernel per loop of it, in the same order.  The host
- * computes what is cheap and must match the CPU to the bit (the embedding
- * row, the RoPE angles) and uploads it with the step; everything per layer
- * runs on the device.  The attention is the CUDA backend's attn_decode over
- * the device cache (read in place: the pointer rule of docs/cuda.md), on
- * the same per-thread stream as our kernels.  Checked on an H200 with synthetic models (test_model_dev).
+ * The CUDA backend of the forward pass (mdl_backend.h): its ops, one or a
+ * few kernels each, and mdl_dev_decode, which runs mdl_model.c's
+ * mdl_forward_run over them for decode rows.  The host computes what is
+ * cheap and must match the CPU to the bit (the embedding row, the RoPE
+ * angles) and uploads it with the step; everything per layer runs on the
+ * device.  The attention is the CUDA kernels' attn_decode over the device
+ * cache (read in place: the pointer rule of docs/cuda.md), on the same
+ * per-thread stream as our kernels.  The ops queue work and return; logits
+ * waits.
  */
 #include <math.h>
 #include <string.h>
@@ -17,24 +19,42 @@
 
 static CM_ALLOC_TAG(mdl_dev_step_tag, "model.dev.step");
 
+/* The rows of one step (the backend's ctx). */
+typedef struct mdl_dev_ctx {
+    mdl_dev_t *d;
+    mdl_dev_seq_t *const *seqs;   /* [n] */
+    const int32_t *tokens;        /* [n] */
+    size_t n;                     /* <= MDL_DEV_MAX_BATCH */
+} mdl_dev_ctx_t;
+
+static float *mdl_dev_buf(mdl_dev_t *d, mdl_buf_t b)
+{
+    float *const bufs[MDL_BUF_N] = {[MDL_BUF_X] = d->x, [MDL_BUF_XB] = d->xb, [MDL_BUF_Q] = d->q,
+                                    [MDL_BUF_K] = d->k, [MDL_BUF_V] = d->v,   [MDL_BUF_ATT] = d->att,
+                                    [MDL_BUF_G] = d->g, [MDL_BUF_U] = d->u};
+    return bufs[b];
+}
+
 /* The step's host inputs: embedding rows (scaled), RoPE tables, and where
  * each row's K/V goes in every layer; then one upload of each. */
-static ri_status_t mdl_dev_inputs(mdl_dev_t *d, mdl_dev_seq_t *const *seqs, const int32_t *tokens, size_t n)
+static ri_status_t mdl_dev_embed(void *ctx)
 {
+    mdl_dev_ctx_t *c = ctx;
+    mdl_dev_t *d = c->d;
     const mdl_hparams_t *hp = &d->hp;
-    size_t E = hp->n_embd, B = MDL_DEV_MAX_BATCH, cs_row = 2 * (size_t)hp->n_rot;
+    size_t E = hp->n_embd, B = MDL_DEV_MAX_BATCH, cs_row = 2 * (size_t)hp->n_rot, n = c->n;
     for (size_t b = 0; b < n; b++) {
-        size_t pos = seqs[b]->len;
-        mdl_dequant_row(&d->embd, (size_t)tokens[b], d->h_x + b * E);
+        size_t pos = c->seqs[b]->len;
+        mdl_dequant_row(&d->embd, (size_t)c->tokens[b], d->h_x + b * E);
         if (hp->embd_scale != 1.0f)
             mdl_vec_scale(d->h_x + b * E, hp->embd_scale, E);
         mdl_model_rope_angles(d->m, false, pos, d->h_cs + b * cs_row);
         if (hp->n_swa > 0)
             mdl_model_rope_angles(d->m, true, pos, d->h_cs + b * cs_row + hp->n_rot);
         for (uint32_t l = 0; l < hp->n_layers; l++)
-            d->h_rows[l * B + b] = (mdl_dk_row_t){.k = (uint64_t)(uintptr_t)mdl_dev_seq_kv(seqs[b], l, 0),
-                                                  .v = (uint64_t)(uintptr_t)mdl_dev_seq_kv(seqs[b], l, 1),
-                                                  .cap = seqs[b]->cap, .pos = pos};
+            d->h_rows[l * B + b] = (mdl_dk_row_t){.k = (uint64_t)(uintptr_t)mdl_dev_seq_kv(c->seqs[b], l, 0),
+                                                  .v = (uint64_t)(uintptr_t)mdl_dev_seq_kv(c->seqs[b], l, 1),
+                                                  .cap = c->seqs[b]->cap, .pos = pos};
     }
     ri_status_t st = mdl_dk_h2d(d->x, d->h_x, n * E * sizeof(float));
     if (st == RI_OK)
@@ -44,76 +64,113 @@ static ri_status_t mdl_dev_inputs(mdl_dev_t *d, mdl_dev_seq_t *const *seqs, cons
     return st;
 }
 
+static void mdl_dev_rmsnorm(void *ctx, uint32_t l, mdl_nid_t which, mdl_buf_t dst, mdl_buf_t src)
+{
+    mdl_dev_ctx_t *c = ctx;
+    mdl_dev_t *d = c->d;
+    mdl_dk_rmsnorm(mdl_dev_buf(d, dst), mdl_dev_buf(d, src), d->layers[l].norm[which], d->hp.n_embd, c->n,
+                   d->hp.eps);
+}
+
 /* y = x W^T for the step's n rows (x row stride = W's cols, y's = its rows). */
 static void mdl_dev_gemv(const mdl_dev_mat_t *w, const float *x, size_t n, float *y)
 {
     mdl_dk_gemv(w->w, w->ld, w->rows, w->cols, x, w->cols, n, y, w->rows);
 }
 
-/* Attention of layer l for every row into d->att: over the whole cache for
- * a global layer, over (pos - window, pos] for a sliding-window one (as
- * mdl_attn_exact_win), each row's new K/V already stored. */
-static ri_status_t mdl_dev_attention(mdl_dev_t *d, mdl_dev_seq_t *const *seqs, size_t n, uint32_t l)
+static ri_status_t mdl_dev_matmul(void *ctx, uint32_t l, const mdl_wid_t *w, size_t nw, mdl_buf_t in,
+                                  const mdl_buf_t *out)
 {
-    const mdl_hparams_t *hp = &d->hp;
-    uint32_t win = d->layers[l].window, dim = hp->head_dim;
-    kn_kv_view_t views[MDL_DEV_MAX_BATCH];
-    for (size_t b = 0; b < n; b++) {
-        size_t pos = seqs[b]->len, first = win > 0 && pos >= win ? pos + 1 - win : 0;
-        views[b] = (kn_kv_view_t){.k = (const cm_fp16_t *)mdl_dev_seq_kv(seqs[b], l, 0) + first * dim,
-                                  .v = (const cm_fp16_t *)mdl_dev_seq_kv(seqs[b], l, 1) + first * dim,
-                                  .n_tokens = pos + 1 - first, .token_stride = dim,
-                                  .head_stride = seqs[b]->cap * dim};
-    }
-    return d->ops->attn_decode(&d->shape, n, d->q, views, d->att, NULL);
-}
-
-/* One layer for the step's n rows (mdl_forward's loop body). */
-static ri_status_t mdl_dev_layer_step(mdl_dev_t *d, mdl_dev_seq_t *const *seqs, size_t n, uint32_t l)
-{
-    const mdl_hparams_t *hp = &d->hp;
-    const mdl_dev_layer_t *L = &d->layers[l];
-    size_t E = hp->n_embd, cs_row = 2 * (size_t)hp->n_rot;
-    mdl_dk_qk_t qk = {.n_heads = hp->n_heads, .n_kv_heads = hp->n_kv_heads, .head_dim = hp->head_dim,
-                      .n_rot = hp->n_rot, .neox = hp->rope_neox, .eps = hp->eps};
-    mdl_dk_rmsnorm(d->xb, d->x, L->attn_norm, E, n, hp->eps);
-    mdl_dev_gemv(&L->wq, d->xb, n, d->q);
-    mdl_dev_gemv(&L->wk, d->xb, n, d->k);
-    mdl_dev_gemv(&L->wv, d->xb, n, d->v);
-    /* the table of the layer's RoPE base: sliding-window layers have their own */
-    const float *cs = d->cs + (L->window > 0 ? hp->n_rot : 0);
-    mdl_dk_qk_store(&qk, d->q, d->k, d->v, L->q_norm, L->k_norm, cs, cs_row, d->rows + (size_t)l * MDL_DEV_MAX_BATCH,
-                    n);
-    ri_status_t st = mdl_dev_attention(d, seqs, n, l);
-    if (st != RI_OK)
-        return st;
-    mdl_dev_gemv(&L->wo, d->att, n, d->xb);
-    mdl_dk_residual(d->x, d->xb, L->post_attn_norm, E, n, hp->eps);
-    mdl_dk_rmsnorm(d->xb, d->x, L->ffn_norm, E, n, hp->eps);
-    mdl_dev_gemv(&L->gate, d->xb, n, d->g);
-    mdl_dev_gemv(&L->up, d->xb, n, d->u);
-    mdl_dk_glu(d->g, d->u, n * hp->n_ff, hp->geglu);
-    mdl_dev_gemv(&L->down, d->g, n, d->xb);
-    mdl_dk_residual(d->x, d->xb, L->post_ffn_norm, E, n, hp->eps);
+    mdl_dev_ctx_t *c = ctx;
+    mdl_dev_t *d = c->d;
+    for (size_t i = 0; i < nw; i++)
+        mdl_dev_gemv(&d->layers[l].w[w[i]], mdl_dev_buf(d, in), c->n, mdl_dev_buf(d, out[i]));
     return RI_OK;
 }
 
-/* A step of at most MDL_DEV_MAX_BATCH rows, checked by the caller. */
+/* Attention of layer l for every row into d->att: Q/K norm, RoPE and the
+ * K/V store in one kernel, then attn_decode over the whole cache for a
+ * global layer, over (pos - window, pos] for a sliding-window one (as
+ * mdl_attn_exact_win). */
+static ri_status_t mdl_dev_attention(void *ctx, uint32_t l)
+{
+    mdl_dev_ctx_t *c = ctx;
+    mdl_dev_t *d = c->d;
+    const mdl_hparams_t *hp = &d->hp;
+    const mdl_dev_layer_t *L = &d->layers[l];
+    uint32_t win = L->window, dim = hp->head_dim;
+    size_t cs_row = 2 * (size_t)hp->n_rot;
+    mdl_dk_qk_t qk = {.n_heads = hp->n_heads, .n_kv_heads = hp->n_kv_heads, .head_dim = hp->head_dim,
+                      .n_rot = hp->n_rot, .neox = hp->rope_neox, .eps = hp->eps};
+    /* the table of the layer's RoPE base: sliding-window layers have their own */
+    const float *cs = d->cs + (win > 0 ? hp->n_rot : 0);
+    mdl_dk_qk_store(&qk, d->q, d->k, d->v, L->norm[MDL_N_Q], L->norm[MDL_N_K], cs, cs_row,
+                    d->rows + (size_t)l * MDL_DEV_MAX_BATCH, c->n);
+    kn_kv_view_t views[MDL_DEV_MAX_BATCH];
+    for (size_t b = 0; b < c->n; b++) {
+        const mdl_dev_seq_t *s = c->seqs[b];
+        size_t pos = s->len, first = win > 0 && pos >= win ? pos + 1 - win : 0;
+        views[b] = (kn_kv_view_t){.k = (const cm_fp16_t *)mdl_dev_seq_kv(s, l, 0) + first * dim,
+                                  .v = (const cm_fp16_t *)mdl_dev_seq_kv(s, l, 1) + first * dim,
+                                  .n_tokens = pos + 1 - first, .token_stride = dim,
+                                  .head_stride = s->cap * dim};
+    }
+    return d->ops->attn_decode(&d->shape, c->n, d->q, views, d->att, NULL);
+}
+
+static void mdl_dev_residual(void *ctx, uint32_t l, mdl_nid_t post)
+{
+    mdl_dev_ctx_t *c = ctx;
+    mdl_dev_t *d = c->d;
+    mdl_dk_residual(d->x, d->xb, d->layers[l].norm[post], d->hp.n_embd, c->n, d->hp.eps);
+}
+
+static void mdl_dev_glu(void *ctx)
+{
+    mdl_dev_ctx_t *c = ctx;
+    mdl_dk_glu(c->d->g, c->d->u, c->n * c->d->hp.n_ff, c->d->hp.geglu);
+}
+
+/* Every row's logits (decode wants them all), then wait for the stream. */
+static ri_status_t mdl_dev_logits(void *ctx, const bool *want, float *logits)
+{
+    mdl_dev_ctx_t *c = ctx;
+    mdl_dev_t *d = c->d;
+    const mdl_hparams_t *hp = &d->hp;
+    for (size_t b = 0; b < c->n; b++)
+        if (!want[b])
+            return RI_ERR_UNSUPPORTED;
+    mdl_dk_rmsnorm(d->xb, d->x, d->output_norm, hp->n_embd, c->n, hp->eps);
+    mdl_dev_gemv(&d->output, d->xb, c->n, d->logits);
+    if (hp->logit_softcap > 0)
+        mdl_dk_softcap(d->logits, c->n * hp->n_vocab, hp->logit_softcap);
+    ri_status_t st = mdl_dk_sync("decode step");
+    if (st == RI_OK && logits != NULL)
+        st = mdl_dk_d2h(logits, d->logits, c->n * hp->n_vocab * sizeof(float));
+    return st;
+}
+
+static const mdl_backend_ops_t mdl_backend_cuda = {
+    .name = "cuda",
+    .embed = mdl_dev_embed,
+    .rmsnorm = mdl_dev_rmsnorm,
+    .matmul = mdl_dev_matmul,
+    .attention = mdl_dev_attention,
+    .residual = mdl_dev_residual,
+    .glu = mdl_dev_glu,
+    .logits = mdl_dev_logits,
+};
+
+/* A step of at most MDL_DEV_MAX_BATCH rows, checked by the caller: the one
+ * forward pass over this backend. */
 static ri_status_t mdl_dev_step(mdl_dev_t *d, mdl_dev_seq_t *const *seqs, const int32_t *tokens, size_t n,
                                 float *logits)
 {
-    const mdl_hparams_t *hp = &d->hp;
-    ri_status_t st = mdl_dev_inputs(d, seqs, tokens, n);
-    for (uint32_t l = 0; l < hp->n_layers && st == RI_OK; l++)
-        st = mdl_dev_layer_step(d, seqs, n, l);
+    _Static_assert(MDL_DEV_MAX_BATCH == 8, "one want flag per row below");
+    static const bool all[MDL_DEV_MAX_BATCH] = {true, true, true, true, true, true, true, true};
+    mdl_dev_ctx_t c = {.d = d, .seqs = seqs, .tokens = tokens, .n = n};
+    ri_status_t st = mdl_forward_run(&mdl_backend_cuda, &c, d->hp.n_layers, NULL, all, logits);
     if (st != RI_OK)
-        return st;
-    mdl_dk_rmsnorm(d->xb, d->x, d->output_norm, hp->n_embd, n, hp->eps);
-    mdl_dev_gemv(&d->output, d->xb, n, d->logits);
-    if (hp->logit_softcap > 0)
-        mdl_dk_softcap(d->logits, n * hp->n_vocab, hp->logit_softcap);
-    if ((st = mdl_dk_sync("decode step")) != RI_OK ||
-        (st = mdl_dk_d2h(logits, d->logits, n * hp->n_vocab * sizeof(float))) != RI_OK)
         return st;
     for (size_t b = 0; b < n; b++)
         seqs[b]->len++;

@@ -1,6 +1,6 @@
 /*
  * The device engine's state, shared by mdl_dev_load.c (weights, sequences)
- * and mdl_dev_decode.c (the step).  Internal to ri_model_dev.
+ * and mdl_dev_decode.c (the CUDA backend's ops).  Internal to ri_model_dev.
  */
 #ifndef MDL_DEV_INT_H
 #define MDL_DEV_INT_H
@@ -10,6 +10,7 @@
 #include <stdint.h>
 
 #include "gpuworker/model/cuda/mdl_dev_kern.h"
+#include "gpuworker/model/mdl_backend.h"
 #include "gpuworker/model/mdl_dev.h"
 #include "gpuworker/model/mdl_quant.h"
 #include "kernels/kn_ops.h"
@@ -23,13 +24,10 @@ typedef struct mdl_dev_mat {
     size_t ld;       /* elements between rows */
 } mdl_dev_mat_t;
 
-/* One block's weights; the norm vectors are fp32 device arrays, NULL
- * where the architecture has none (as in mdl_model.c). */
+/* One block's weights, as mdl_model.c holds them on the host. */
 typedef struct mdl_dev_layer {
-    mdl_dev_mat_t wq, wk, wv, wo, gate, up, down;
-    float *attn_norm, *ffn_norm;              /* [n_embd] */
-    float *q_norm, *k_norm;                   /* [head_dim]; gemma3 */
-    float *post_attn_norm, *post_ffn_norm;    /* [n_embd]; gemma3 */
+    mdl_dev_mat_t w[MDL_W_N];                 /* by the block tensor table (mdl_backend.h) */
+    float *norm[MDL_N_N];                     /* fp32, NULL where the architecture has none */
     uint32_t window;                          /* sliding window; 0 = global */
 } mdl_dev_layer_t;
 

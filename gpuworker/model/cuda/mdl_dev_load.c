@@ -1,7 +1,7 @@
 /*
  * The device engine's weights and sequences (mdl_dev.h).  The weights are
  * read through the model's public view of its file (mdl_model_gguf) by the
- * tensor names mdl_model.c uses, expanded row by row with the CPU
+ * block tensor table mdl_model.c reads (mdl_backend.h), expanded row by row with the CPU
  * dequantiser, rounded to fp16 and copied to the device in chunks: no
  * quantised format is decoded on the device (yet).  Checked on an H200 with synthetic models (test_model_dev).
  */
@@ -83,43 +83,30 @@ static ri_status_t mdl_dev_vec(mdl_dev_t *d, const char *name, size_t n, float *
     return st;
 }
 
-/* One block's weights, by mdl_model.c's names. */
+/* One block's weights, by the block tensor table that mdl_model.c reads. */
 static ri_status_t mdl_dev_layer(mdl_dev_t *d, uint32_t l, char *err, size_t errlen)
 {
     const mdl_hparams_t *hp = &d->hp;
     mdl_dev_layer_t *L = &d->layers[l];
-    size_t qd = (size_t)hp->n_heads * hp->head_dim, kvd = (size_t)hp->n_kv_heads * hp->head_dim;
     char n[96];
-    ri_status_t st = RI_OK;
-#define MDL_DEV_M(field, tname, rows, cols)                                              \
-    snprintf(n, sizeof(n), "blk.%u." tname ".weight", l);                                \
-    if ((st = mdl_dev_mat(d, n, rows, cols, &L->field, err, errlen)) != RI_OK)           \
-        return st;
-#define MDL_DEV_V(field, tname, len)                                                     \
-    snprintf(n, sizeof(n), "blk.%u." tname ".weight", l);                                \
-    if ((st = mdl_dev_vec(d, n, len, &L->field, err, errlen)) != RI_OK)                  \
-        return st;
-    MDL_DEV_M(wq, "attn_q", qd, hp->n_embd)
-    MDL_DEV_M(wk, "attn_k", kvd, hp->n_embd)
-    MDL_DEV_M(wv, "attn_v", kvd, hp->n_embd)
-    MDL_DEV_M(wo, "attn_output", hp->n_embd, qd)
-    MDL_DEV_M(gate, "ffn_gate", hp->n_ff, hp->n_embd)
-    MDL_DEV_M(up, "ffn_up", hp->n_ff, hp->n_embd)
-    MDL_DEV_M(down, "ffn_down", hp->n_embd, hp->n_ff)
-    MDL_DEV_V(attn_norm, "attn_norm", hp->n_embd)
-    MDL_DEV_V(ffn_norm, "ffn_norm", hp->n_embd)
-    if (hp->qk_norm) {
-        MDL_DEV_V(q_norm, "attn_q_norm", hp->head_dim)
-        MDL_DEV_V(k_norm, "attn_k_norm", hp->head_dim)
+    ri_status_t st;
+    for (int w = 0; w < MDL_W_N; w++) {
+        const mdl_tensor_desc_t *t = &mdl_block_weights[w];
+        mdl_block_tensor_name(l, t, n, sizeof(n));
+        if ((st = mdl_dev_mat(d, n, mdl_dim_size(hp, t->rows), mdl_dim_size(hp, t->cols), &L->w[w], err,
+                              errlen)) != RI_OK)
+            return st;
     }
-    if (hp->post_norms) {
-        MDL_DEV_V(post_attn_norm, "post_attention_norm", hp->n_embd)
-        MDL_DEV_V(post_ffn_norm, "post_ffw_norm", hp->n_embd)
+    for (int v = 0; v < MDL_N_N; v++) {
+        if (!mdl_block_norm_used(hp, (mdl_nid_t)v))
+            continue;
+        mdl_block_tensor_name(l, &mdl_block_norms[v], n, sizeof(n));
+        if ((st = mdl_dev_vec(d, n, mdl_dim_size(hp, mdl_block_norms[v].cols), &L->norm[v], err, errlen)) !=
+            RI_OK)
+            return st;
     }
-#undef MDL_DEV_M
-#undef MDL_DEV_V
     L->window = mdl_model_layer_window(d->m, l);
-    return st;
+    return RI_OK;
 }
 
 /* Device activations and host staging for MDL_DEV_MAX_BATCH rows. */
@@ -208,12 +195,10 @@ err_free_dev:
 
 static void mdl_dev_layer_free(mdl_dev_layer_t *L)
 {
-    mdl_dev_mat_t *mats[] = {&L->wq, &L->wk, &L->wv, &L->wo, &L->gate, &L->up, &L->down};
-    float *vecs[] = {L->attn_norm, L->ffn_norm, L->q_norm, L->k_norm, L->post_attn_norm, L->post_ffn_norm};
-    for (size_t i = 0; i < CM_ARRAY_LEN(mats); i++)
-        mdl_dk_free(mats[i]->w);
-    for (size_t i = 0; i < CM_ARRAY_LEN(vecs); i++)
-        mdl_dk_free(vecs[i]);
+    for (int w = 0; w < MDL_W_N; w++)
+        mdl_dk_free(L->w[w].w);
+    for (int v = 0; v < MDL_N_N; v++)
+        mdl_dk_free(L->norm[v]);
 }
 
 void mdl_dev_destroy(mdl_dev_t *d)
