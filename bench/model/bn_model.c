@@ -25,6 +25,7 @@
 #include "common/cm_log.h"
 #include "common/cm_thread.h"
 #include "common/cm_time.h"
+#include "gpuworker/model/mdl_gen.h"
 #include "gpuworker/model/mdl_model.h"
 #include "gpuworker/model/mdl_quant.h"
 #include "gpuworker/model/mdl_sample.h"
@@ -40,6 +41,7 @@ typedef struct bm_case {
     size_t batch;
     mdl_seq_t *seqs[8];      /* owned */
     int32_t toks[8];
+    mdl_gen_t gen[8];        /* each sequence's picks (its end is not acted on: a fixed step count) */
     float *logits;           /* [batch][n_vocab], owned */
     mdl_attn_stats_t s0;     /* sequence 0's counters after the first step */
     double first_s;          /* the first step (builds the index) */
@@ -71,7 +73,9 @@ static ri_status_t bm_case_init(bm_case_t *c, mdl_model_t *m, const mdl_seq_t *b
         ri_status_t st = mdl_seq_fork(base, mdl_attn_find(c->attn), &acfg, &c->seqs[b]);
         if (st != RI_OK)
             return st;
-        c->toks[b] = mdl_argmax(logits0, hp->n_vocab);
+        mdl_gen_init(&c->gen[b], mdl_model_tok(m), NULL, hp->n_vocab, SIZE_MAX, mdl_seq_len(c->seqs[b]),
+                     mdl_seq_cap(c->seqs[b]));
+        (void)mdl_gen_pick(&c->gen[b], logits0, &c->toks[b]);
     }
     return RI_OK;
 }
@@ -100,7 +104,7 @@ static double bm_case_step(bm_case_t *c, mdl_model_t *m)
         return 0;
     }
     for (size_t b = 0; b < c->batch; b++)
-        c->toks[b] = mdl_argmax(c->logits + b * hp->n_vocab, hp->n_vocab);
+        (void)mdl_gen_pick(&c->gen[b], c->logits + b * hp->n_vocab, &c->toks[b]);
     return dt;
 }
 
