@@ -19,6 +19,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "bench/common/bn_args.h"
 #include "bench/common/bn_bw.h"
 #include "bench/common/bn_report.h"
 #include "bench/model/bn_filler.h"
@@ -174,7 +175,7 @@ int main(int argc, char **argv)
     for (int i = 1; i < argc; i++) {
         const char *v;
         if ((v = bm_arg(&i, argc, argv, "--contexts")) != NULL)
-            n_ctx = bn_parse_list(v, ctxs, 8);
+            n_ctx = bn_args_list(v, ctxs, 8);
         else if ((v = bm_arg(&i, argc, argv, "--steps")) != NULL)
             steps = atoi(v) > 0 && atoi(v) <= BM_MAX_STEPS ? atoi(v) : 32;
         else if ((v = bm_arg(&i, argc, argv, "--methods")) != NULL)

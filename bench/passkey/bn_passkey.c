@@ -23,6 +23,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "bench/common/bn_args.h"
 #include "bench/common/bn_daemon.h"
 #include "bench/common/bn_report.h"
 #include "bench/model/bn_filler.h"
@@ -293,9 +294,9 @@ int main(int argc, char **argv)
     for (int i = 1; i < argc; i++) {
         const char *a;
         if ((a = pk_arg(&i, argc, argv, "--contexts")) != NULL)
-            n_ctx = bn_parse_list(a, ctxs, PK_MAX_CTX);
+            n_ctx = bn_args_list(a, ctxs, PK_MAX_CTX);
         else if ((a = pk_arg(&i, argc, argv, "--depths")) != NULL)
-            n_depth = bn_parse_list(a, depths, PK_MAX_DEPTH);
+            n_depth = bn_args_list(a, depths, PK_MAX_DEPTH);
         else if ((a = pk_arg(&i, argc, argv, "--trials")) != NULL)
             trials = atoi(a);
         else if ((a = pk_arg(&i, argc, argv, "--seed")) != NULL)
@@ -303,9 +304,9 @@ int main(int argc, char **argv)
         else if ((a = pk_arg(&i, argc, argv, "--methods")) != NULL)
             snprintf(methods_buf, sizeof(methods_buf), "%s", a);
         else if ((a = pk_arg(&i, argc, argv, "--retrieval-min")) != NULL)
-            n_min = bn_parse_list(a, mins, PK_MAX_VARIANTS);
+            n_min = bn_args_list(a, mins, PK_MAX_VARIANTS);
         else if ((a = pk_arg(&i, argc, argv, "--adapt-tau")) != NULL)
-            n_tau = bn_parse_list(a, taus, PK_MAX_VARIANTS);
+            n_tau = bn_args_list(a, taus, PK_MAX_VARIANTS);
         else if ((a = pk_arg(&i, argc, argv, "--kvstore")) != NULL)
             kvs = a;
         else if ((a = pk_arg(&i, argc, argv, "--model")) != NULL)
