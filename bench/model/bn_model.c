@@ -156,40 +156,41 @@ static void bm_profile(bm_case_t *c, mdl_model_t *m, int steps, bn_report_t *rep
     printf("\n");
 }
 
-static const char *bm_arg(int *i, int argc, char **argv, const char *name)
-{
-    if (strcmp(argv[*i], name) == 0 && *i + 1 < argc)
-        return argv[++*i];
-    return NULL;
-}
+/* The command line (bn_args). */
+typedef struct bm_args {
+    char *json, *contexts, *methods, *model;
+    int64_t steps, cluster_tokens;
+} bm_args_t;
 
-int main(int argc, char **argv)
+static const cm_config_item_t bm_items[] = {
+    BN_ARG_JSON(bm_args_t, json),
+    BN_ARG(bm_args_t, "contexts", CM_CFG_STRING, "512,2048,8192", "context lengths in tokens (up to 8)", contexts, 0,
+           0),
+    BN_ARG(bm_args_t, "steps", CM_CFG_INT, "32", "timed decode steps per case", steps, 1, BM_MAX_STEPS),
+    BN_ARG(bm_args_t, "methods", CM_CFG_STRING, "full,retroinfer", "attention backends (up to 8)", methods, 0, 0),
+    BN_ARG(bm_args_t, "model", CM_CFG_STRING, NULL, "model NAME or PATH (empty: the default)", model, 0, 0),
+    BN_ARG(bm_args_t, "cluster-tokens", CM_CFG_INT, "0", "tokens per cluster, 1..1024 (0 = the auto size)",
+           cluster_tokens, 0, 1024),
+};
+static const cm_config_table_t bm_table = {"ri bench model", "RI_BENCH_MODEL_", bm_items, CM_ARRAY_LEN(bm_items), 0,
+                                           NULL};
+
+static int bm_main(const void *opts, const char *argv0)
 {
-    const char *json = bn_parse_json_arg(&argc, argv);
-    double ctxs[8] = {512, 2048, 8192};
-    size_t n_ctx = 3;
-    int steps = 32;
-    char methods_buf[256] = "full,retroinfer";
-    char model_path[4096] = "";
-    cm_log_init_from_env();
-    for (int i = 1; i < argc; i++) {
-        const char *v;
-        if ((v = bm_arg(&i, argc, argv, "--contexts")) != NULL)
-            n_ctx = bn_args_list(v, ctxs, 8);
-        else if ((v = bm_arg(&i, argc, argv, "--steps")) != NULL)
-            steps = atoi(v) > 0 && atoi(v) <= BM_MAX_STEPS ? atoi(v) : 32;
-        else if ((v = bm_arg(&i, argc, argv, "--methods")) != NULL)
-            snprintf(methods_buf, sizeof(methods_buf), "%s", v);
-        else if ((v = bm_arg(&i, argc, argv, "--model")) != NULL)
-            snprintf(model_path, sizeof(model_path), "%s", v);
-        else if ((v = bm_arg(&i, argc, argv, "--cluster-tokens")) != NULL && atol(v) >= 1 && atol(v) <= 1024)
-            bm_cluster_tokens = (uint32_t)atol(v);
-        else {
-            fprintf(stderr, "usage: ri bench model [--json PATH] [--contexts L,..] [--steps N] [--methods M,..] "
-                            "[--model NAME|PATH] [--cluster-tokens N]\n");
-            return 2;
-        }
+    const bm_args_t *a = opts;
+    const char *json = a->json;
+    double ctxs[8];
+    size_t n_ctx = bn_args_list(a->contexts, ctxs, 8);
+    int steps = (int)a->steps;
+    char methods_buf[256], model_path[4096];
+    (void)argv0;
+    if (n_ctx == 0) {
+        fprintf(stderr, "ri bench model: --contexts is a comma list of up to 8 numbers\n");
+        return 2;
     }
+    snprintf(methods_buf, sizeof(methods_buf), "%s", a->methods != NULL ? a->methods : "");
+    snprintf(model_path, sizeof(model_path), "%s", a->model != NULL ? a->model : "");
+    bm_cluster_tokens = (uint32_t)a->cluster_tokens;
     const char *methods[8];
     size_t n_m = 0;
     for (char *save = NULL, *t = strtok_r(methods_buf, ",", &save); t && n_m < 8; t = strtok_r(NULL, ",", &save)) {
@@ -345,4 +346,11 @@ int main(int argc, char **argv)
         return 1;
     }
     return 0;
+}
+
+int main(int argc, char **argv)
+{
+    bm_args_t a;
+    cm_log_init_from_env();
+    return bn_args_main(&bm_table, &a, argc, argv, bm_main);
 }
