@@ -32,6 +32,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include "bench/common/bn_args.h"
 #include "bench/common/bn_daemon.h"
 #include "bench/common/bn_report.h"
 #include "bench/model/bn_filler.h"
@@ -41,6 +42,7 @@
 #include "common/cm_runtime.h"
 #include "common/cm_status.h"
 #include "common/cm_time.h"
+#include "gpuworker/model/mdl_gen.h"
 #include "gpuworker/model/mdl_kv_mem.h"
 #include "gpuworker/model/mdl_model.h"
 #include "gpuworker/model/mdl_sample.h"
@@ -69,7 +71,7 @@ static uint32_t e2e_cluster_tokens;
 static size_t e2e_list(const char *s, size_t *out, size_t max)
 {
     double v[8];
-    size_t n = bn_parse_list(s, v, CM_MIN(max, (size_t)8));
+    size_t n = bn_args_list(s, v, CM_MIN(max, (size_t)8));
     for (size_t i = 0; i < n; i++)
         out[i] = v[i] > 0 ? (size_t)v[i] : 0;
     return n;
@@ -84,6 +86,7 @@ typedef struct e2e_case {
     size_t batch;
     mdl_seq_t *seqs[8];   /* owned */
     int32_t tok[8];
+    mdl_gen_t gen[8];     /* each sequence's picks (its end is not acted on: a fixed step count) */
     float *logits;        /* [batch][n_vocab], owned */
     double first_s;       /* the first step: index build + upload + decode */
     double *step_s;       /* [steps] timed steps after it, owned */
@@ -126,7 +129,9 @@ static ri_status_t e2e_case_init(e2e_case_t *c, int md, mdl_model_t *m, const md
         ri_status_t st = mdl_seq_fork(base, ops, &acfg, &c->seqs[b]);
         if (st != RI_OK)
             return st;
-        c->tok[b] = mdl_argmax(logits0, hp->n_vocab);
+        mdl_gen_init(&c->gen[b], mdl_model_tok(m), NULL, hp->n_vocab, SIZE_MAX, mdl_seq_len(c->seqs[b]),
+                     mdl_seq_cap(c->seqs[b]));
+        (void)mdl_gen_pick(&c->gen[b], logits0, &c->tok[b]);
     }
     return RI_OK;
 }
@@ -145,7 +150,7 @@ static double e2e_case_step(e2e_case_t *c, mdl_model_t *m, size_t ctx)
         return 0;
     }
     for (size_t b = 0; b < c->batch; b++)
-        c->tok[b] = mdl_argmax(c->logits + b * hp->n_vocab, hp->n_vocab);
+        (void)mdl_gen_pick(&c->gen[b], c->logits + b * hp->n_vocab, &c->tok[b]);
     return dt;
 }
 
@@ -472,11 +477,39 @@ out:
     return rc;
 }
 
-int main(int argc, char **argv)
+/* The command line (bn_args). */
+typedef struct e2e_args {
+    char *json, *kvstore, *model, *contexts, *batches;
+    bool quick, synthetic;
+    int64_t steps, hog, deadline_us, cluster_tokens;
+} e2e_args_t;
+
+static const cm_config_item_t e2e_items[] = {
+    BN_ARG_JSON(e2e_args_t, json),
+    BN_ARG(e2e_args_t, "quick", CM_CFG_BOOL, "false", "one context (2048 tokens), at most 6 steps", quick, 0, 0),
+    BN_ARG(e2e_args_t, "synthetic", CM_CFG_BOOL, "false", "synthetic attention only (no model)", synthetic, 0, 0),
+    BN_ARG(e2e_args_t, "contexts", CM_CFG_STRING, "2048,4096,8000", "context lengths in tokens (up to 8)", contexts, 0,
+           0),
+    BN_ARG(e2e_args_t, "batches", CM_CFG_STRING, "1,4", "batch sizes, 1 to 8 each (up to 8)", batches, 0, 0),
+    BN_ARG(e2e_args_t, "steps", CM_CFG_INT, "12", "timed decode steps per case", steps, 1, 1 << 20),
+    BN_ARG(e2e_args_t, "hog", CM_CFG_INT, "0", "spinning processes sharing the CPU meanwhile", hog, 0, 64),
+    BN_ARG(e2e_args_t, "deadline-us", CM_CFG_INT, "0", "retroinfer-kvstore: per layer-step wait bound (0 = wait)",
+           deadline_us, 0, UINT32_MAX),
+    BN_ARG(e2e_args_t, "kvstore", CM_CFG_STRING, NULL, "use this ri-kvstore (gRPC ADDR) instead of starting one",
+           kvstore, 0, 0),
+    BN_ARG(e2e_args_t, "model", CM_CFG_STRING, NULL, "model NAME or PATH (empty: the default)", model, 0, 0),
+    BN_ARG(e2e_args_t, "cluster-tokens", CM_CFG_INT, "0", "tokens per cluster, 1..1024 (0 = the auto size)",
+           cluster_tokens, 0, 1024),
+};
+static const cm_config_table_t e2e_table = {"ri-bench-e2e", "RI_BENCH_E2E_", e2e_items, CM_ARRAY_LEN(e2e_items), 0,
+                                            NULL};
+
+static int e2e_main(const void *opts, const char *argv0)
 {
-    const char *json = bn_parse_json_arg(&argc, argv), *kvs = NULL, *model = NULL;
-    e2e_opts_t o = {.contexts = {2048, 4096, 8000}, .n_contexts = 3, .batches = {1, 4}, .n_batches = 2, .steps = 12};
-    bool quick = false, synthetic = false;
+    const e2e_args_t *a = opts;
+    const char *json = a->json, *kvs = a->kvstore, *model = a->model;
+    e2e_opts_t o = {.steps = (size_t)a->steps, .hog = (unsigned)a->hog, .deadline_us = (uint32_t)a->deadline_us};
+    bool quick = a->quick, synthetic = a->synthetic;
     bn_daemon_t d = {0};
     int rc = 1;
 
@@ -485,35 +518,12 @@ int main(int argc, char **argv)
         fprintf(stderr, "ri bench e2e: %s\n", rt_err);
         return 2;
     }
-    setenv("UCX_TLS", GW_UCX_TLS_LOCAL, 0); /* shared memory, also for the daemon we start */
-    for (int i = 1; i < argc; i++) {
-        if (!strcmp(argv[i], "--quick"))
-            quick = true;
-        else if (!strcmp(argv[i], "--synthetic"))
-            synthetic = true;
-        else if (!strcmp(argv[i], "--kvstore") && i + 1 < argc)
-            kvs = argv[++i];
-        else if (!strcmp(argv[i], "--model") && i + 1 < argc)
-            model = argv[++i];
-        else if (!strcmp(argv[i], "--contexts") && i + 1 < argc)
-            o.n_contexts = e2e_list(argv[++i], o.contexts, 8);
-        else if (!strcmp(argv[i], "--batches") && i + 1 < argc)
-            o.n_batches = e2e_list(argv[++i], o.batches, 8);
-        else if (!strcmp(argv[i], "--steps") && i + 1 < argc)
-            o.steps = strtoul(argv[++i], NULL, 10);
-        else if (!strcmp(argv[i], "--hog") && i + 1 < argc)
-            o.hog = (unsigned)strtoul(argv[++i], NULL, 10);
-        else if (!strcmp(argv[i], "--deadline-us") && i + 1 < argc)
-            o.deadline_us = (uint32_t)strtoul(argv[++i], NULL, 10);
-        else if (!strcmp(argv[i], "--cluster-tokens") && i + 1 < argc && atol(argv[i + 1]) >= 1 &&
-                 atol(argv[i + 1]) <= 1024)
-            e2e_cluster_tokens = (uint32_t)atol(argv[++i]);
-        else {
-            fprintf(stderr, "usage: ri-bench-e2e [--json PATH] [--quick] [--synthetic] [--contexts 2048,4096,8000] "
-                            "[--batches 1,4] [--steps N] [--hog N] [--deadline-us US] [--kvstore ADDR] "
-                            "[--model NAME|PATH] [--cluster-tokens N (1-1024)]\n");
-            return 2;
-        }
+    e2e_cluster_tokens = (uint32_t)a->cluster_tokens;
+    o.n_contexts = e2e_list(a->contexts, o.contexts, 8);
+    o.n_batches = e2e_list(a->batches, o.batches, 8);
+    if (o.n_contexts == 0 || o.n_batches == 0) {
+        fprintf(stderr, "ri-bench-e2e: --contexts and --batches are comma lists of up to 8 numbers\n");
+        return 2;
     }
     if (quick) {
         o.contexts[0] = 2048;
@@ -525,12 +535,8 @@ int main(int argc, char **argv)
             fprintf(stderr, "ri-bench-e2e: a batch is 1 to 8\n");
             return 2;
         }
-    if (o.steps == 0 || o.hog > 64) {
-        fprintf(stderr, "ri-bench-e2e: --steps must be >= 1 and --hog at most 64\n");
-        return 2;
-    }
     if (kvs == NULL) {
-        if (bn_daemon_start(&d, argv[0], "3GiB") != 0)
+        if (bn_daemon_start(&d, argv0, "3GiB") != 0)
             return 1;
         kvs = d.grpc;
     }
@@ -560,4 +566,11 @@ out:
     if (d.pid > 0 || d.dir[0])
         bn_daemon_stop(&d);
     return rc;
+}
+
+int main(int argc, char **argv)
+{
+    e2e_args_t a;
+    setenv("UCX_TLS", GW_UCX_TLS_LOCAL, 0); /* shared memory, also for the daemon we start */
+    return bn_args_main(&e2e_table, &a, argc, argv, e2e_main);
 }

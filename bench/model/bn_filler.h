@@ -66,18 +66,4 @@ static ri_status_t bn_passkey_prompt(const mdl_tok_t *tok, size_t n_tokens, doub
     return st;
 }
 
-/* Parse "1024,2048" into up to max values; returns the count. */
-static size_t bn_parse_list(const char *s, double *out, size_t max)
-{
-    size_t n = 0;
-    while (s != NULL && *s != '\0' && n < max) {
-        char *end;
-        out[n++] = strtod(s, &end);
-        if (end == s)
-            break;
-        s = *end == ',' ? end + 1 : end;
-    }
-    return n;
-}
-
 #endif /* BN_FILLER_H */

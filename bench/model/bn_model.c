@@ -19,6 +19,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "bench/common/bn_args.h"
 #include "bench/common/bn_bw.h"
 #include "bench/common/bn_report.h"
 #include "bench/model/bn_filler.h"
@@ -26,6 +27,7 @@
 #include "common/cm_runtime.h"
 #include "common/cm_thread.h"
 #include "common/cm_time.h"
+#include "gpuworker/model/mdl_gen.h"
 #include "gpuworker/model/mdl_model.h"
 #include "gpuworker/model/mdl_quant.h"
 #include "gpuworker/model/mdl_sample.h"
@@ -41,6 +43,7 @@ typedef struct bm_case {
     size_t batch;
     mdl_seq_t *seqs[8];      /* owned */
     int32_t toks[8];
+    mdl_gen_t gen[8];        /* each sequence's picks (its end is not acted on: a fixed step count) */
     float *logits;           /* [batch][n_vocab], owned */
     mdl_attn_stats_t s0;     /* sequence 0's counters after the first step */
     double first_s;          /* the first step (builds the index) */
@@ -72,7 +75,9 @@ static ri_status_t bm_case_init(bm_case_t *c, mdl_model_t *m, const mdl_seq_t *b
         ri_status_t st = mdl_seq_fork(base, mdl_attn_find(c->attn), &acfg, &c->seqs[b]);
         if (st != RI_OK)
             return st;
-        c->toks[b] = mdl_argmax(logits0, hp->n_vocab);
+        mdl_gen_init(&c->gen[b], mdl_model_tok(m), NULL, hp->n_vocab, SIZE_MAX, mdl_seq_len(c->seqs[b]),
+                     mdl_seq_cap(c->seqs[b]));
+        (void)mdl_gen_pick(&c->gen[b], logits0, &c->toks[b]);
     }
     return RI_OK;
 }
@@ -101,7 +106,7 @@ static double bm_case_step(bm_case_t *c, mdl_model_t *m)
         return 0;
     }
     for (size_t b = 0; b < c->batch; b++)
-        c->toks[b] = mdl_argmax(c->logits + b * hp->n_vocab, hp->n_vocab);
+        (void)mdl_gen_pick(&c->gen[b], c->logits + b * hp->n_vocab, &c->toks[b]);
     return dt;
 }
 
@@ -152,44 +157,46 @@ static void bm_profile(bm_case_t *c, mdl_model_t *m, int steps, bn_report_t *rep
     printf("\n");
 }
 
-static const char *bm_arg(int *i, int argc, char **argv, const char *name)
-{
-    if (strcmp(argv[*i], name) == 0 && *i + 1 < argc)
-        return argv[++*i];
-    return NULL;
-}
+/* The command line (bn_args). */
+typedef struct bm_args {
+    char *json, *contexts, *methods, *model;
+    int64_t steps, cluster_tokens;
+} bm_args_t;
 
-int main(int argc, char **argv)
+static const cm_config_item_t bm_items[] = {
+    BN_ARG_JSON(bm_args_t, json),
+    BN_ARG(bm_args_t, "contexts", CM_CFG_STRING, "512,2048,8192", "context lengths in tokens (up to 8)", contexts, 0,
+           0),
+    BN_ARG(bm_args_t, "steps", CM_CFG_INT, "32", "timed decode steps per case", steps, 1, BM_MAX_STEPS),
+    BN_ARG(bm_args_t, "methods", CM_CFG_STRING, "full,retroinfer", "attention backends (up to 8)", methods, 0, 0),
+    BN_ARG(bm_args_t, "model", CM_CFG_STRING, NULL, "model NAME or PATH (empty: the default)", model, 0, 0),
+    BN_ARG(bm_args_t, "cluster-tokens", CM_CFG_INT, "0", "tokens per cluster, 1..1024 (0 = the auto size)",
+           cluster_tokens, 0, 1024),
+};
+static const cm_config_table_t bm_table = {"ri bench model", "RI_BENCH_MODEL_", bm_items, CM_ARRAY_LEN(bm_items), 0,
+                                           NULL};
+
+static int bm_main(const void *opts, const char *argv0)
 {
-    const char *json = bn_parse_json_arg(&argc, argv);
-    double ctxs[8] = {512, 2048, 8192};
-    size_t n_ctx = 3;
-    int steps = 32;
-    char methods_buf[256] = "full,retroinfer";
-    char model_path[4096] = "";
     char rt_err[256];
     if (cm_runtime_setup_from_env(mdl_runtime_apply, rt_err, sizeof(rt_err)) != RI_OK) {
         fprintf(stderr, "ri bench model: %s\n", rt_err);
         return 2;
     }
-    for (int i = 1; i < argc; i++) {
-        const char *v;
-        if ((v = bm_arg(&i, argc, argv, "--contexts")) != NULL)
-            n_ctx = bn_parse_list(v, ctxs, 8);
-        else if ((v = bm_arg(&i, argc, argv, "--steps")) != NULL)
-            steps = atoi(v) > 0 && atoi(v) <= BM_MAX_STEPS ? atoi(v) : 32;
-        else if ((v = bm_arg(&i, argc, argv, "--methods")) != NULL)
-            snprintf(methods_buf, sizeof(methods_buf), "%s", v);
-        else if ((v = bm_arg(&i, argc, argv, "--model")) != NULL)
-            snprintf(model_path, sizeof(model_path), "%s", v);
-        else if ((v = bm_arg(&i, argc, argv, "--cluster-tokens")) != NULL && atol(v) >= 1 && atol(v) <= 1024)
-            bm_cluster_tokens = (uint32_t)atol(v);
-        else {
-            fprintf(stderr, "usage: ri bench model [--json PATH] [--contexts L,..] [--steps N] [--methods M,..] "
-                            "[--model NAME|PATH] [--cluster-tokens N]\n");
-            return 2;
-        }
+    const bm_args_t *a = opts;
+    const char *json = a->json;
+    double ctxs[8];
+    size_t n_ctx = bn_args_list(a->contexts, ctxs, 8);
+    int steps = (int)a->steps;
+    char methods_buf[256], model_path[4096];
+    (void)argv0;
+    if (n_ctx == 0) {
+        fprintf(stderr, "ri bench model: --contexts is a comma list of up to 8 numbers\n");
+        return 2;
     }
+    snprintf(methods_buf, sizeof(methods_buf), "%s", a->methods != NULL ? a->methods : "");
+    snprintf(model_path, sizeof(model_path), "%s", a->model != NULL ? a->model : "");
+    bm_cluster_tokens = (uint32_t)a->cluster_tokens;
     const char *methods[8];
     size_t n_m = 0;
     for (char *save = NULL, *t = strtok_r(methods_buf, ",", &save); t && n_m < 8; t = strtok_r(NULL, ",", &save)) {
@@ -345,4 +352,10 @@ int main(int argc, char **argv)
         return 1;
     }
     return 0;
+}
+
+int main(int argc, char **argv)
+{
+    bm_args_t a;
+    return bn_args_main(&bm_table, &a, argc, argv, bm_main);
 }

@@ -23,6 +23,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "bench/common/bn_args.h"
 #include "bench/common/bn_daemon.h"
 #include "bench/common/bn_report.h"
 #include "bench/model/bn_filler.h"
@@ -52,13 +53,6 @@ typedef struct pk_variant {
     uint32_t tpc[PK_MAX_CTX];  /* cluster size the wave index used (0: no wave index) */
     double decode_s[PK_MAX_CTX];
 } pk_variant_t;
-
-static const char *pk_arg(int *i, int argc, char **argv, const char *name)
-{
-    if (strcmp(argv[*i], name) == 0 && *i + 1 < argc)
-        return argv[++*i];
-    return NULL;
-}
 
 /* The text a generation delivered (mdl_gen_token_fn_t), cut to fit. */
 typedef struct pk_text {
@@ -206,14 +200,6 @@ static void pk_summary(const pk_variant_t *v, size_t n_v, const double *ctxs, si
     }
 }
 
-static int pk_usage(void)
-{
-    fprintf(stderr, "usage: ri bench passkey [--json PATH] [--contexts L,..] [--depths D,..] [--trials N] [--seed S] "
-                    "[--methods M,..] [--retrieval-min T,..] [--adapt-tau X,..] [--kvstore ADDR] "
-                    "[--model NAME|PATH]\n");
-    return 2;
-}
-
 /* Run every (context, depth, trial) for every variant. */
 static int pk_run(mdl_model_t *m, bn_report_t *rep, pk_variant_t *v, size_t n_v, const double *ctxs, size_t n_ctx,
                   const double *depths, size_t n_depth, int trials, uint64_t rng, bool *ran)
@@ -273,16 +259,55 @@ out:
     return rc;
 }
 
-int main(int argc, char **argv)
+/* The command line (bn_args). */
+typedef struct pk_args {
+    char *json, *contexts, *depths, *methods, *retrieval_min, *adapt_tau, *kvstore, *model;
+    int64_t trials, seed;
+} pk_args_t;
+
+static const cm_config_item_t pk_items[] = {
+    BN_ARG_JSON(pk_args_t, json),
+    BN_ARG(pk_args_t, "contexts", CM_CFG_STRING, "1024,2048,4096,8192", "context lengths in tokens", contexts, 0, 0),
+    BN_ARG(pk_args_t, "depths", CM_CFG_STRING, "0.1,0.5,0.9", "depths of the key in the filler, 0..1", depths, 0, 0),
+    BN_ARG(pk_args_t, "trials", CM_CFG_INT, "10", "trials (keys) per context and depth", trials, 1, 1 << 20),
+    BN_ARG(pk_args_t, "seed", CM_CFG_INT, "0xC0FFEE", "seed of the keys", seed, 0, INT64_MAX),
+    BN_ARG(pk_args_t, "methods", CM_CFG_STRING, "full,retroinfer,quest,streaming", "attention backends", methods, 0,
+           0),
+    BN_ARG(pk_args_t, "retrieval-min", CM_CFG_STRING, NULL, "retroinfer variants: retrieval floors in tokens",
+           retrieval_min, 0, 0),
+    BN_ARG(pk_args_t, "adapt-tau", CM_CFG_STRING, NULL, "retroinfer variants: per-head cuts, each in [0, 1)",
+           adapt_tau, 0, 0),
+    BN_ARG(pk_args_t, "kvstore", CM_CFG_STRING, NULL,
+           "retroinfer-remote: this ri-kvstore (gRPC ADDR), else one started", kvstore, 0, 0),
+    BN_ARG(pk_args_t, "model", CM_CFG_STRING, NULL, "model NAME or PATH (empty: the default)", model, 0, 0),
+};
+static const cm_config_table_t pk_table = {"ri bench passkey", "RI_BENCH_PASSKEY_", pk_items, CM_ARRAY_LEN(pk_items),
+                                           0, NULL};
+
+/* A list option: its values into out [max]; false (with a message) when
+ * it is set and not a comma list of up to max numbers. */
+static bool pk_list(const char *name, const char *text, double *out, size_t max, size_t *n_p)
 {
-    const char *json = bn_parse_json_arg(&argc, argv), *kvs = NULL;
-    double ctxs[PK_MAX_CTX] = {1024, 2048, 4096, 8192}, depths[PK_MAX_DEPTH] = {0.1, 0.5, 0.9};
+    *n_p = 0;
+    if (text == NULL || text[0] == '\0')
+        return true;
+    *n_p = bn_args_list(text, out, max);
+    if (*n_p == 0)
+        fprintf(stderr, "ri bench passkey: --%s is a comma list of up to %zu numbers\n", name, max);
+    return *n_p > 0;
+}
+
+static int pk_main(const void *opts, const char *argv0)
+{
+    const pk_args_t *a = opts;
+    const char *json = a->json, *kvs = a->kvstore;
+    double ctxs[PK_MAX_CTX], depths[PK_MAX_DEPTH];
     double mins[PK_MAX_VARIANTS], taus[PK_MAX_VARIANTS];
-    size_t n_ctx = 4, n_depth = 3, n_min = 0, n_tau = 0;
-    int trials = 10, rc = 1;
-    uint64_t seed = 0xC0FFEEull;
-    char methods_buf[256] = "full,retroinfer,quest,streaming";
-    char model_path[4096] = "", err[512];
+    size_t n_ctx = 0, n_depth = 0, n_min = 0, n_tau = 0;
+    int trials = (int)a->trials, rc = 1;
+    uint64_t seed = (uint64_t)a->seed;
+    char methods_buf[256];
+    char model_path[4096], err[512];
     static pk_variant_t v[PK_MAX_VARIANTS];
     bool ran[PK_MAX_CTX] = {false}, remote = false;
     bn_daemon_t dmn = {0};
@@ -294,32 +319,17 @@ int main(int argc, char **argv)
         fprintf(stderr, "ri bench passkey: %s\n", rt_err);
         return 2;
     }
-    setenv("UCX_TLS", GW_UCX_TLS_LOCAL, 0); /* shared memory, also for the daemon we start */
-    for (int i = 1; i < argc; i++) {
-        const char *a;
-        if ((a = pk_arg(&i, argc, argv, "--contexts")) != NULL)
-            n_ctx = bn_parse_list(a, ctxs, PK_MAX_CTX);
-        else if ((a = pk_arg(&i, argc, argv, "--depths")) != NULL)
-            n_depth = bn_parse_list(a, depths, PK_MAX_DEPTH);
-        else if ((a = pk_arg(&i, argc, argv, "--trials")) != NULL)
-            trials = atoi(a);
-        else if ((a = pk_arg(&i, argc, argv, "--seed")) != NULL)
-            seed = strtoull(a, NULL, 0);
-        else if ((a = pk_arg(&i, argc, argv, "--methods")) != NULL)
-            snprintf(methods_buf, sizeof(methods_buf), "%s", a);
-        else if ((a = pk_arg(&i, argc, argv, "--retrieval-min")) != NULL)
-            n_min = bn_parse_list(a, mins, PK_MAX_VARIANTS);
-        else if ((a = pk_arg(&i, argc, argv, "--adapt-tau")) != NULL)
-            n_tau = bn_parse_list(a, taus, PK_MAX_VARIANTS);
-        else if ((a = pk_arg(&i, argc, argv, "--kvstore")) != NULL)
-            kvs = a;
-        else if ((a = pk_arg(&i, argc, argv, "--model")) != NULL)
-            snprintf(model_path, sizeof(model_path), "%s", a);
-        else
-            return pk_usage();
+    if (!pk_list("contexts", a->contexts, ctxs, PK_MAX_CTX, &n_ctx) ||
+        !pk_list("depths", a->depths, depths, PK_MAX_DEPTH, &n_depth) ||
+        !pk_list("retrieval-min", a->retrieval_min, mins, PK_MAX_VARIANTS, &n_min) ||
+        !pk_list("adapt-tau", a->adapt_tau, taus, PK_MAX_VARIANTS, &n_tau))
+        return 2;
+    if (n_ctx == 0 || n_depth == 0) {
+        fprintf(stderr, "ri bench passkey: --contexts and --depths need at least one value\n");
+        return 2;
     }
-    if (trials < 1 || n_ctx == 0 || n_depth == 0)
-        return pk_usage();
+    snprintf(methods_buf, sizeof(methods_buf), "%s", a->methods != NULL ? a->methods : "");
+    snprintf(model_path, sizeof(model_path), "%s", a->model != NULL ? a->model : "");
     for (size_t t = 0; t < n_tau; t++)
         if (!(taus[t] >= 0 && taus[t] < 1)) {
             fprintf(stderr, "ri bench passkey: --adapt-tau values lie in [0, 1)\n");
@@ -328,7 +338,7 @@ int main(int argc, char **argv)
     remote = strstr(methods_buf, "retroinfer-remote") != NULL;
     if (remote) {
         if (kvs == NULL) {
-            if (bn_daemon_start(&dmn, argv[0], "3GiB") != 0)
+            if (bn_daemon_start(&dmn, argv0, "3GiB") != 0)
                 return 1;
             kvs = dmn.grpc;
         }
@@ -372,4 +382,11 @@ out:
         gw_attn_remote_shutdown();
     bn_daemon_stop(&dmn);
     return rc;
+}
+
+int main(int argc, char **argv)
+{
+    pk_args_t a;
+    setenv("UCX_TLS", GW_UCX_TLS_LOCAL, 0); /* shared memory, also for the daemon we start */
+    return bn_args_main(&pk_table, &a, argc, argv, pk_main);
 }

@@ -16,6 +16,7 @@
 #include "common/cm_alloc.h"
 #include "common/cm_status.h"
 #include "common/cm_time.h"
+#include "gpuworker/model/mdl_gen.h"
 #include "gpuworker/model/mdl_sample.h"
 
 static CM_ALLOC_TAG(rl_run_tag, "bench.ruler.run");
@@ -29,7 +30,9 @@ typedef struct rl_gen {
     double secs;               /* decode time, the first step's index build included */
 } rl_gen_t;
 
-/* Greedy decode of up to max_gen tokens from a fork of base under attn. */
+/* Greedy decode of up to max_gen tokens from a fork of base under attn, by
+ * mdl_gen's steps (the stop token is kept in g->toks: the agreement between
+ * methods counts it). */
 static ri_status_t rl_decode(mdl_model_t *m, const mdl_seq_t *base, const float *logits0, const mdl_attn_ops_t *attn,
                              const mdl_attn_cfg_t *cfg, int max_gen, rl_gen_t *g)
 {
@@ -48,17 +51,22 @@ static ri_status_t rl_decode(mdl_model_t *m, const mdl_seq_t *base, const float 
     size_t ol = 0;
     g->n = 0;
     g->text[0] = '\0';
+    mdl_gen_t gen;
+    mdl_gen_init(&gen, tok, NULL, hp->n_vocab, CM_MIN((size_t)max_gen, CM_ARRAY_LEN(g->toks)), mdl_seq_len(s),
+                 mdl_seq_cap(s));
     double t0 = cm_time_s();
-    for (int t = 0; t < max_gen && st == RI_OK && g->n < sizeof(g->toks) / sizeof(g->toks[0]); t++) {
-        int32_t next = mdl_argmax(logits, hp->n_vocab);
+    mdl_gen_end_t end = MDL_GEN_MORE;
+    while (end == MDL_GEN_MORE && st == RI_OK) {
+        int32_t next;
+        end = mdl_gen_pick(&gen, logits, &next);
         g->toks[g->n++] = next;
-        if (mdl_tok_is_stop(tok, next))
+        if (end == MDL_GEN_STOP)
             break;
         int l = mdl_tok_piece(tok, next, g->text + ol, sizeof(g->text) - ol - 1);
         if (l > 0 && ol + (size_t)l < sizeof(g->text) - 1)
             ol += (size_t)l;
         g->text[ol] = '\0';
-        if (t + 1 < max_gen && mdl_seq_len(s) < mdl_seq_cap(s)) {
+        if (end == MDL_GEN_MORE) {
             mdl_seq_t *one[1] = {s};
             st = mdl_decode(m, one, &next, 1, logits);
         }

@@ -18,8 +18,9 @@
 
 static CM_ALLOC_TAG(kvs_catalog_tag, "kvs.catalog");
 
-const double kvs_lat_bounds[KVS_LAT_BUCKETS] = {50e-6, 100e-6, 250e-6, 500e-6, 1e-3,   2.5e-3,
-                                                5e-3,  10e-3,  25e-3,  50e-3,  100e-3, 1.0};
+/* Fetch latency bucket bounds, seconds. */
+static const double kvs_lat_bounds[] = {50e-6, 100e-6, 250e-6, 500e-6, 1e-3,   2.5e-3,
+                                        5e-3,  10e-3,  25e-3,  50e-3,  100e-3, 1.0};
 
 static const char *const kvs_errk_names[KVS_ERRK_COUNT] = {
     "protocol", "auth", "not_found", "range", "quota", "nospace", "transport", "other"};
@@ -303,6 +304,7 @@ ri_status_t kvs_data_create(const kvs_data_config_t *cfg, kvs_data_t **data_p)
     if (data == NULL)
         return RI_ERR_NOMEM;
     data->cfg = *cfg;
+    cm_hist_init(&data->fetch_lat, kvs_lat_bounds, CM_ARRAY_LEN(kvs_lat_bounds));
     snprintf(data->listen_addr, sizeof(data->listen_addr), "%s",
              cfg->dp_listen_addr && cfg->dp_listen_addr[0] ? cfg->dp_listen_addr : "127.0.0.1:0");
     data->cfg.dp_listen_addr = data->listen_addr;
@@ -676,7 +678,7 @@ void kvs_data_pool_info(kvs_data_t *data, kvs_data_pool_info_t *info_p)
 void kvs_data_metrics_write(kvs_data_t *data, FILE *out)
 {
     kvs_pool_stats_t ps;
-    uint64_t clusters = 0, cum = 0;
+    uint64_t clusters = 0;
 
     kvs_pool_stats(data->pool, &ps);
     fprintf(out, "# HELP ri_kvs_pool_bytes Host block pool bytes by state.\n# TYPE ri_kvs_pool_bytes gauge\n");
@@ -725,16 +727,7 @@ void kvs_data_metrics_write(kvs_data_t *data, FILE *out)
                  "# TYPE ri_kvs_dp_errors_total counter\n");
     for (int k = 0; k < KVS_ERRK_COUNT; k++)
         fprintf(out, "ri_kvs_dp_errors_total{kind=\"%s\"} %" PRIu64 "\n", kvs_errk_names[k], data->errors[k]);
-    fprintf(out, "# HELP ri_kvs_fetch_latency_seconds Ranked fetch service time.\n"
-                 "# TYPE ri_kvs_fetch_latency_seconds histogram\n");
-    for (int b = 0; b < KVS_LAT_BUCKETS; b++) {
-        cum += data->lat_bucket[b];
-        fprintf(out, "ri_kvs_fetch_latency_seconds_bucket{le=\"%g\"} %" PRIu64 "\n", kvs_lat_bounds[b], cum);
-    }
-    cum += data->lat_bucket[KVS_LAT_BUCKETS];
-    fprintf(out, "ri_kvs_fetch_latency_seconds_bucket{le=\"+Inf\"} %" PRIu64 "\n", cum);
-    fprintf(out, "ri_kvs_fetch_latency_seconds_sum %.9f\nri_kvs_fetch_latency_seconds_count %" PRIu64 "\n",
-            data->lat_sum_s, cum);
+    cm_hist_write_prom(&data->fetch_lat, out, "ri_kvs_fetch_latency_seconds", "Ranked fetch service time.", NULL);
     fprintf(out, "# HELP ri_kvs_cache_hit_ratio Hit ratio of each worker cache.\n# TYPE ri_kvs_cache_hit_ratio gauge\n");
     for (uint32_t i = 0; i < data->n_sessions; i++) {
         kvs_session_t *s = data->sessions[i];

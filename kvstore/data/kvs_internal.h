@@ -24,6 +24,7 @@
 #include <pthread.h>
 #include <stdatomic.h>
 
+#include "common/cm_hist.h"
 #include "kvstore/data/kvs_cache.h"
 #include "kvstore/data/kvs_data.h"
 #include "kvstore/data/kvs_handler.h"
@@ -134,8 +135,6 @@ typedef enum kvs_err_kind {
     KVS_ERRK_COUNT
 } kvs_err_kind_t;
 
-#define KVS_LAT_BUCKETS 12
-
 typedef struct kvs_dp kvs_dp_t;
 
 struct kvs_data {
@@ -165,17 +164,13 @@ struct kvs_data {
     uint64_t direct_regions, direct_bytes, direct_reads; /* live regions, their bytes, records */
     uint64_t errors[KVS_ERRK_COUNT];
     uint64_t ops[CM_WIRE_OP_MAX + 1];
-    uint64_t lat_bucket[KVS_LAT_BUCKETS + 1]; /* fetch latency histogram (+Inf last) */
-    double lat_sum_s;
+    cm_hist_t fetch_lat;             /* fetch service time, seconds (bounds kvs_lat_bounds) */
     /* session leases (kvs_lease.c) */
     uint64_t sessions_expired;       /* sessions dropped because their lease ran out */
     pthread_t lease_thread;          /* the reaper; runs when cfg.lease_ms > 0 */
     pthread_cond_t lease_cond;       /* wakes the reaper to stop (with lock) */
     bool lease_running, lease_stop;
 };
-
-/* Fetch latency bucket bounds, seconds. */
-extern const double kvs_lat_bounds[KVS_LAT_BUCKETS];
 
 /* --- catalog helpers (kvs_data.c); all take data->lock held --- */
 

@@ -419,11 +419,7 @@ static void kvs_fetch_free(kvs_fetch_t *f)
 
 static void kvs_ops_latency_locked(kvs_data_t *data, double secs)
 {
-    int b = 0;
-    while (b < KVS_LAT_BUCKETS && secs > kvs_lat_bounds[b])
-        b++;
-    data->lat_bucket[b]++;
-    data->lat_sum_s += secs;
+    cm_hist_add(&data->fetch_lat, secs);
 }
 
 /* Decode the request and allocate the plan.  Lock not held. */

@@ -53,6 +53,13 @@ expect "'requests'" ri-bench-serve --requests 0
 expect "--bogus" ri-bench-load --bogus
 expect "--bogus" ri-bench-load --worker --bogus
 expect "--worker-arg" ri-bench-load --worker --worker-arg
+expect "--bogus" ri-bench-e2e --bogus
+expect "'hog'" ri-bench-e2e --hog 65
+expect "--bogus" ri-bench-model --bogus
+expect "'steps'" ri-bench-model --steps 999
+expect "--bogus" ri-bench-passkey --bogus
+expect "'trials'" ri-bench-passkey --trials 0
+expect "--depths" ri-bench-passkey --depths 0.1,x
 # lists PROGRAM [ARGS] -- OPTION...: PROGRAM ARGS --help exits 0 naming each.
 lists() {
   local prog="$1" args=()
@@ -73,6 +80,9 @@ lists ri-bench-cuda -- json only max-n steps rounds wave-n
 lists ri-bench-attn-accuracy -- json kv layers retrieval-frac retrieval-min adapt-tau cluster-tokens
 lists ri-bench-serve -- json clients attn requests max-tokens prompt-words seconds max-batch hog worker model
 lists ri-bench-load -- json clients sessions seconds kill-ms worker
+lists ri-bench-e2e -- json quick synthetic contexts batches steps hog deadline-us kvstore model cluster-tokens
+lists ri-bench-model -- json contexts steps methods model cluster-tokens
+lists ri-bench-passkey -- json contexts depths trials seed methods retrieval-min adapt-tau kvstore model
 lists ri-bench-load --worker -- json quick seconds clients slowloris kill-ms max-tokens trickle-ms slowloris-from \
   api-key worker-arg
 rm -f "$tmp/out"
