@@ -19,6 +19,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "common/cm_alloc.h"
 #include "common/cm_log.h"
@@ -28,6 +29,11 @@
 #include "gpuworker/model/mdl_gen.h"
 
 static CM_ALLOC_TAG(gw_sched_tag, "worker.sched");
+
+/* How long a rebuild waits for an unreachable kvstore to come back (a
+ * restart by its supervisor) before the request fails; the batch waits with
+ * it, which is no worse than every remote sequence failing meanwhile. */
+#define GW_SCHED_REBUILD_WAIT_MS 10000u
 
 /* Where a request stands (scheduler's view). */
 typedef enum gw_phase {
@@ -458,7 +464,12 @@ static ri_status_t gw_sched_rebuild(gw_sched_t *s, gw_req_t *r)
     mdl_seq_t *seq = NULL;
     ri_status_t st;
 
-    st = mdl_seq_create(s->m, r->attn, &s->cfg.attn, mdl_seq_cap(r->seq), &seq);
+    /* A kvstore that was restarted may not listen yet: the data plane notices
+     * its death at once, well before a supervisor has it back. */
+    uint64_t give_up = cm_time_ns() + GW_SCHED_REBUILD_WAIT_MS * 1000000ull;
+    while ((st = mdl_seq_create(s->m, r->attn, &s->cfg.attn, mdl_seq_cap(r->seq), &seq)) == RI_ERR_UNREACHABLE &&
+           cm_time_ns() < give_up)
+        usleep(200 * 1000);
 #ifndef GW_MUTANT_REBUILD_NO_PREFILL /* the mutant (tests only) forgets the prompt */
     if (st == RI_OK)
         st = mdl_prefill(s->m, seq, r->ids, r->n_ids, NULL, NULL, NULL, NULL);
