@@ -333,6 +333,24 @@ static size_t mdl_kquant_block_bytes(mdl_ggml_type_t type)
     return type == MDL_GGML_Q5_0 ? 22 : type == MDL_GGML_Q4_K ? 144 : 210;
 }
 
+/* Q6_K: the four 32-element quarters of half h of the super-block at p, as
+ * unsigned 6-bit values in bytes (element l + 32k takes nibble k/2 of
+ * ql[l + 32 (k & 1)] and bits 2k of qh[l]); the caller subtracts 32. */
+MDL_AVX2 static inline __attribute__((always_inline)) void mdl_unpack_q6_k_half(const uint8_t *p, int h, __m256i q[4])
+{
+    const __m256i m4 = _mm256_set1_epi8(0x0F), m2 = _mm256_set1_epi8(3);
+    __m256i l0 = _mm256_loadu_si256((const __m256i *)(p + 64 * h));
+    __m256i l1 = _mm256_loadu_si256((const __m256i *)(p + 64 * h + 32));
+    __m256i hb = _mm256_loadu_si256((const __m256i *)(p + 128 + 32 * h));
+    q[0] = _mm256_or_si256(_mm256_and_si256(l0, m4), _mm256_slli_epi16(_mm256_and_si256(hb, m2), 4));
+    q[1] = _mm256_or_si256(_mm256_and_si256(l1, m4),
+                           _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(hb, 2), m2), 4));
+    q[2] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l0, 4), m4),
+                           _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(hb, 4), m2), 4));
+    q[3] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l1, 4), m4),
+                           _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(hb, 6), m2), 4));
+}
+
 MDL_AVX2 static inline __m256 mdl_i8x8_ps(const int8_t *q)
 {
     return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)q)));
@@ -424,22 +442,13 @@ MDL_AVX2 static void mdl_dequant_kq_avx2(const mdl_weight_t *w, size_t r, float 
     }
     /* Q6_K: per half of 128, element l + 32k (k = 0..3) takes nibble k/2 of
      * ql[l + 32 (k & 1)] and bits 2k of qh[l]; a scale per 16 */
-    const __m256i m2 = _mm256_set1_epi8(3), off = _mm256_set1_epi8(32);
+    const __m256i off = _mm256_set1_epi8(32);
     for (size_t b = 0; b < w->cols / QKK; b++, p += 210) {
         const int8_t *sc = (const int8_t *)(p + 192);
         float d = mdl_h_avx(p + 208);
         for (int h = 0; h < 2; h++, out += 128) {
-            __m256i l0 = _mm256_loadu_si256((const __m256i *)(p + 64 * h));
-            __m256i l1 = _mm256_loadu_si256((const __m256i *)(p + 64 * h + 32));
-            __m256i hb = _mm256_loadu_si256((const __m256i *)(p + 128 + 32 * h));
             __m256i q[4];
-            q[0] = _mm256_or_si256(_mm256_and_si256(l0, m4), _mm256_slli_epi16(_mm256_and_si256(hb, m2), 4));
-            q[1] = _mm256_or_si256(_mm256_and_si256(l1, m4),
-                                   _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(hb, 2), m2), 4));
-            q[2] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l0, 4), m4),
-                                   _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(hb, 4), m2), 4));
-            q[3] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l1, 4), m4),
-                                   _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(hb, 6), m2), 4));
+            mdl_unpack_q6_k_half(p, h, q);
             for (int k = 0; k < 4; k++) {
                 __m256 s0 = _mm256_set1_ps(d * sc[8 * h + 2 * k]), s1 = _mm256_set1_ps(d * sc[8 * h + 2 * k + 1]);
                 mdl_store_i8x32(out + 32 * k, _mm256_sub_epi8(q[k], off), s0, zero, s1, zero);
@@ -926,24 +935,14 @@ MDL_AVX512BW static float mdl_dot_q4_k_q16act_avx512(const uint8_t *p, size_t ns
  * half), lanes 8-15 the next 16, so the scale vector is two broadcasts. */
 MDL_AVX512BW static float mdl_dot_q6_k_q16act_avx512(const uint8_t *p, size_t nsb, const int16_t *xq, const float *xd)
 {
-    const __m256i m4 = _mm256_set1_epi8(0x0F), m2 = _mm256_set1_epi8(3);
     const __m512i off = _mm512_set1_epi16(32);
     __m512 acc0 = _mm512_setzero_ps(), acc1 = _mm512_setzero_ps();
     for (size_t sb = 0; sb < nsb; sb++, p += 210) {
         const int8_t *sc = (const int8_t *)(p + 192);
         float d = mdl_h_avx(p + 208);
         for (int h = 0; h < 2; h++, xq += 128, xd += 4) {
-            __m256i l0 = _mm256_loadu_si256((const __m256i *)(p + 64 * h));
-            __m256i l1 = _mm256_loadu_si256((const __m256i *)(p + 64 * h + 32));
-            __m256i hb = _mm256_loadu_si256((const __m256i *)(p + 128 + 32 * h));
             __m256i q[4];
-            q[0] = _mm256_or_si256(_mm256_and_si256(l0, m4), _mm256_slli_epi16(_mm256_and_si256(hb, m2), 4));
-            q[1] = _mm256_or_si256(_mm256_and_si256(l1, m4),
-                                   _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(hb, 2), m2), 4));
-            q[2] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l0, 4), m4),
-                                   _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(hb, 4), m2), 4));
-            q[3] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l1, 4), m4),
-                                   _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(hb, 6), m2), 4));
+            mdl_unpack_q6_k_half(p, h, q);
             for (int k = 0; k < 4; k++) {
                 __m512i w = _mm512_sub_epi16(_mm512_cvtepu8_epi16(q[k]), off);
                 __m512 s = _mm512_cvtepi32_ps(_mm512_madd_epi16(w, _mm512_loadu_si512(xq + 32 * k)));
