@@ -13,16 +13,16 @@
 
 #include "retroinfer/retroinfer.h"
 
-static void bn_daemon_bin(const char *argv0, char *bin, size_t len)
+void bn_program_path(const char *argv0, const char *name, char *bin, size_t len)
 {
     const char *bd = getenv("RI_BUILD_DIR");
     if (bd != NULL) {
-        snprintf(bin, len, "%s/bin/ri-kvstore", bd);
+        snprintf(bin, len, "%s/bin/%s", bd, name);
         return;
     }
     snprintf(bin, len, "%s", argv0);
     char *slash = strrchr(bin, '/');
-    snprintf(slash ? slash + 1 : bin, len - (size_t)(slash ? slash + 1 - bin : 0), "ri-kvstore");
+    snprintf(slash ? slash + 1 : bin, len - (size_t)(slash ? slash + 1 - bin : 0), "%s", name);
 }
 
 /* Read grpc=, dataplane=, metrics= lines; true once grpc is known. */
@@ -69,7 +69,7 @@ int bn_daemon_start(bn_daemon_t *d, const char *argv0, const char *memory)
 {
     char bin[PATH_MAX], ports[400], flag_ports[420], flag_mem[64];
     memset(d, 0, sizeof(*d));
-    bn_daemon_bin(argv0, bin, sizeof(bin));
+    bn_program_path(argv0, "ri-kvstore", bin, sizeof(bin));
     if (access(bin, X_OK) != 0) {
         fprintf(stderr, "bench: %s not found (build it, or pass --kvstore ADDR)\n", bin);
         return -1;

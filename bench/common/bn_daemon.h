@@ -20,6 +20,10 @@ typedef struct bn_daemon {
     char metrics[400];    /* "127.0.0.1:PORT" */
 } bn_daemon_t;
 
+/* The path of our program name (e.g. "ri-worker"): $RI_BUILD_DIR/bin/NAME,
+ * else beside argv0 (the benches and the programs share bin/). */
+void bn_program_path(const char *argv0, const char *name, char *bin, size_t len);
+
 /* Start with --memory=memory; returns 0, or -1 (message printed). */
 int bn_daemon_start(bn_daemon_t *d, const char *argv0, const char *memory);
 

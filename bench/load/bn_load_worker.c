@@ -170,18 +170,6 @@ static bool bw_wait_until(pid_t pid, double end)
     }
 }
 
-static void bw_worker_bin(const char *argv0, char *bin, size_t len)
-{
-    const char *bd = getenv("RI_BUILD_DIR");
-    if (bd != NULL) {
-        snprintf(bin, len, "%s/bin/ri-worker", bd);
-        return;
-    }
-    snprintf(bin, len, "%s", argv0);
-    char *slash = strrchr(bin, '/');
-    snprintf(slash ? slash + 1 : bin, len - (size_t)(slash ? slash + 1 - bin : 0), "ri-worker");
-}
-
 /* The port of "http=HOST:PORT" in the port file, or 0. */
 static int bw_worker_port(const char *path)
 {
@@ -240,7 +228,7 @@ static int bw_worker_start(bw_worker_t *w, const char *argv0, const char *kvs_gr
 {
     char bin[PATH_MAX], ports[320];
     memset(w, 0, sizeof(*w));
-    bw_worker_bin(argv0, bin, sizeof(bin));
+    bn_program_path(argv0, "ri-worker", bin, sizeof(bin));
     if (access(bin, X_OK) != 0) {
         fprintf(stderr, "ri bench load: %s not found (build it)\n", bin);
         return -1;
