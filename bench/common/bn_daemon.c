@@ -121,9 +121,14 @@ void bn_daemon_stop(bn_daemon_t *d)
 
 long bn_daemon_rss_kib(const bn_daemon_t *d)
 {
+    return bn_pid_rss_kib(d->pid);
+}
+
+long bn_pid_rss_kib(pid_t pid)
+{
     char path[64], line[256];
     long kib = -1;
-    snprintf(path, sizeof(path), "/proc/%d/status", (int)d->pid);
+    snprintf(path, sizeof(path), "/proc/%d/status", (int)pid);
     FILE *f = fopen(path, "r");
     if (f == NULL)
         return -1;

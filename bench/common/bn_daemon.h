@@ -33,6 +33,9 @@ void bn_daemon_stop(bn_daemon_t *d);
 /* The daemon's resident memory, KiB ("VmRSS"), or -1. */
 long bn_daemon_rss_kib(const bn_daemon_t *d);
 
+/* A process's resident memory, KiB ("VmRSS"), or -1. */
+long bn_pid_rss_kib(pid_t pid);
+
 /* The benchmarks' switches of the remote path, from the environment (the
  * library reads none): RI_DIRECT=0 (two-sided reads), RI_FETCH_ASYNC=1,
  * RI_PREDICT=0 as RI_SESSION_* flags (retroinfer.h); *keep_kv_p from

@@ -285,21 +285,6 @@ static void bw_worker_stop(bw_worker_t *w, bool keep_log)
     }
 }
 
-static long bw_rss_kib(pid_t pid)
-{
-    char path[64], line[256];
-    long kib = -1;
-    snprintf(path, sizeof(path), "/proc/%d/status", (int)pid);
-    FILE *f = fopen(path, "r");
-    if (f == NULL)
-        return -1;
-    while (fgets(line, sizeof(line), f))
-        if (sscanf(line, "VmRSS: %ld kB", &kib) == 1)
-            break;
-    fclose(f);
-    return kib;
-}
-
 /* The worker's model id (GET /v1/models, the first entry) into out.  0, or
  * -1 (message printed). */
 static int bw_model_id(int port, const char *api_key, char *out, size_t len)
@@ -553,7 +538,7 @@ static int bw_traffic(const bw_opts_t *o, const bn_daemon_t *d, bw_run_t *run, b
             long n = bw_kvs_sessions(d);
             res->sessions_peak = n > res->sessions_peak ? n : res->sessions_peak;
             if (res->rss_wk_half == 0 && cm_time_s() >= t0 + o->seconds / 2) {
-                res->rss_wk_half = bw_rss_kib(res->worker_pid);
+                res->rss_wk_half = bn_pid_rss_kib(res->worker_pid);
                 res->rss_kvs_half = bn_daemon_rss_kib(d);
             }
             next_sample += 1;
@@ -791,13 +776,13 @@ int bl_worker_main(int argc, char **argv)
     fflush(stdout);
     res.sessions_before = bw_kvs_sessions(&d);
     res.worker_pid = w.pid;
-    res.rss_wk[0] = bw_rss_kib(w.pid);
+    res.rss_wk[0] = bn_pid_rss_kib(w.pid);
     res.rss_kvs[0] = bn_daemon_rss_kib(&d);
     if (bw_traffic(&o, &d, &run, &pr, &sl, &res) != 0)
         goto out;
     traffic = true;
     res.sessions_after = bw_sessions_settled(&d, res.sessions_before);
-    res.rss_wk[1] = bw_rss_kib(w.pid);
+    res.rss_wk[1] = bn_pid_rss_kib(w.pid);
     res.rss_kvs[1] = bn_daemon_rss_kib(&d);
     bw_check_served(&run, &d, &res);
     bw_row(bn_report_row(rep), &o, run.sh, &pr, &sl, &res);
