@@ -3,6 +3,8 @@
  */
 #include "bench/common/bn_args.h"
 
+#include <errno.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -48,6 +50,28 @@ size_t bn_args_list(const char *text, double *out, size_t max)
         if (end == p || (*end != ',' && *end != '\0') || n == max)
             return 0;
         out[n++] = v;
+        p = *end == ',' ? end + 1 : end;
+    }
+    return n;
+}
+
+size_t bn_args_counts(const char *text, size_t *out, size_t max)
+{
+    size_t n = 0;
+    const char *p = text;
+    while (p != NULL && *p != '\0') {
+        char *end;
+        if (*p < '0' || *p > '9') /* strtoull would take a sign or blanks */
+            return 0;
+        errno = 0;
+        unsigned long long v = strtoull(p, &end, 10);
+        unsigned long long scale = *end == 'K' || *end == 'k'   ? 1ull << 10
+                                   : *end == 'M' || *end == 'm' ? 1ull << 20
+                                                                : 1;
+        end += scale > 1;
+        if (errno != 0 || v == 0 || v > SIZE_MAX / scale || (*end != ',' && *end != '\0') || n == max)
+            return 0;
+        out[n++] = (size_t)(v * scale);
         p = *end == ',' ? end + 1 : end;
     }
     return n;

@@ -55,4 +55,10 @@ int bn_args_take_all(int *argc, char **argv, const char *name, const char **out,
  * number, or has more than max of them. */
 size_t bn_args_list(const char *text, double *out, size_t max);
 
+/* Parse a comma list of counts >= 1, each with an optional K (x1024) or M
+ * (x1024^2) suffix, either case ("4K,8192,1M"), into out [max].  Returns
+ * how many, or 0 when text is empty, has a word that is not such a count,
+ * or has more than max of them. */
+size_t bn_args_counts(const char *text, size_t *out, size_t max);
+
 #endif /* BN_ARGS_H */

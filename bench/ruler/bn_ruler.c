@@ -28,6 +28,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "bench/common/bn_args.h"
 #include "bench/common/bn_report.h"
 #include "bench/ruler/rl_run.h"
 #include "bench/ruler/rl_score.h"
@@ -56,119 +57,92 @@ typedef struct rl_opts {
     bool quick, quiet, show_prompt;
 } rl_opts_t;
 
-static void rl_usage(void)
+/* The command line (bn_args): the table's fields, turned into rl_opts_t by
+ * rl_opts_from.  A -1 default keeps the attention config's own value. */
+typedef struct rl_args {
+    char *json, *model, *contexts, *tasks, *methods;
+    int64_t trials, seed, retrieval_min, window, only_trial, cluster_tokens;
+    double adapt_tau, estimation;
+    bool quick, quiet, show_prompt;
+} rl_args_t;
+
+static const cm_config_item_t rl_items[] = {
+    BN_ARG_JSON(rl_args_t, json),
+    BN_ARG(rl_args_t, "model", CM_CFG_STRING, NULL, "model NAME or PATH (empty: the default)", model, 0, 0),
+    BN_ARG(rl_args_t, "contexts", CM_CFG_STRING, NULL,
+           "context lengths in tokens, K/M suffixes (empty: 4K,8K,16K,32K up to the model's)", contexts, 0, 0),
+    BN_ARG(rl_args_t, "tasks", CM_CFG_STRING, "niah_single,niah_multikey,niah_multivalue,vt,cwe,qa", "tasks to run",
+           tasks, 0, 0),
+    BN_ARG(rl_args_t, "trials", CM_CFG_INT, "0", "trials per cell (0: 10 up to 8K, 5 beyond)", trials, 0, 1 << 20),
+    BN_ARG(rl_args_t, "methods", CM_CFG_STRING, "full,retroinfer,quest,streaming",
+           "attention backends (full,retroinfer,quest,streaming,oracle," RL_REMOTE ")", methods, 0, 0),
+    BN_ARG(rl_args_t, "seed", CM_CFG_INT, "1", "seed of the prompts", seed, 0, INT64_MAX),
+    BN_ARG(rl_args_t, "retrieval-min", CM_CFG_INT, "-1", "retroinfer: retrieval floor in tokens (-1: the default)",
+           retrieval_min, -1, 1 << 30),
+    BN_ARG(rl_args_t, "window", CM_CFG_INT, "-1", "retroinfer: steady window in tokens, >= 1 (-1: the default)",
+           window, -1, 1 << 30),
+    BN_ARG(rl_args_t, "adapt-tau", CM_CFG_DOUBLE, "-1", "retroinfer: per-head cut in [0, 1) (-1: off)", adapt_tau,
+           -1, 1),
+    BN_ARG(rl_args_t, "trial", CM_CFG_INT, "-1", "run only trial K of each cell (-1: every trial)", only_trial, -1,
+           1 << 20),
+    BN_ARG(rl_args_t, "cluster-tokens", CM_CFG_INT, "-1", "retroinfer: tokens per cluster, 1..4096 (-1: kn_wave's)",
+           cluster_tokens, -1, 4096),
+    BN_ARG(rl_args_t, "estimation", CM_CFG_DOUBLE, "-1", "retroinfer: estimation share in [0, 1] (-1: the default)",
+           estimation, -1, 1),
+    BN_ARG(rl_args_t, "quick", CM_CFG_BOOL, "false", "one trial of every task at 1,200 tokens (for tests)", quick, 0,
+           0),
+    BN_ARG(rl_args_t, "quiet", CM_CFG_BOOL, "false", "no per-trial lines", quiet, 0, 0),
+    BN_ARG(rl_args_t, "show-prompt", CM_CFG_BOOL, "false", "print each prompt", show_prompt, 0, 0),
+};
+static const cm_config_table_t rl_table = {"ri bench ruler", "RI_BENCH_RULER_", rl_items, CM_ARRAY_LEN(rl_items), 0,
+                                           NULL};
+
+/* The values the table's bounds cannot say: 0 where -1 is the default, the
+ * open end of --adapt-tau.  False (with a message) on the first bad one. */
+static bool rl_args_check(const rl_args_t *a)
 {
-    fprintf(stderr, "usage: ri bench ruler [--model NAME|PATH] [--contexts L,..] [--tasks T,..] [--trials N]\n"
-                    "                      [--methods M,..] [--seed S] [--retrieval-min T] [--window T] [--adapt-tau X]\n"
-                    "                      [--trial K] [--cluster-tokens T] [--estimation X] [--quick] [--quiet]\n"
-                    "                      [--show-prompt]\n"
-                    "                      [--json PATH]\n"
-                    "tasks: niah_single,niah_multikey,niah_multivalue,vt,cwe,qa; methods: full,retroinfer,quest,"
-                    "streaming,oracle," RL_REMOTE "\n");
+    const char *bad = a->window == 0 ? "--window is a token count >= 1"
+                      : a->adapt_tau >= 1 ? "--adapt-tau is in [0, 1)"
+                      : a->cluster_tokens == 0 ? "--cluster-tokens is 1..4096"
+                      : (a->adapt_tau < 0 && a->adapt_tau != -1) || (a->estimation < 0 && a->estimation != -1)
+                          ? "--adapt-tau and --estimation are -1 (the default) or >= 0"
+                          : NULL;
+    if (bad != NULL)
+        fprintf(stderr, "ri bench ruler: %s\n", bad);
+    return bad == NULL;
 }
 
-static int rl_parse(int argc, char **argv, rl_opts_t *o)
+/* Fill o from the parsed table a (o->model borrows a's string).  Returns 0,
+ * or -1 with a message when a list is bad. */
+static int rl_opts_from(const rl_args_t *a, rl_opts_t *o)
 {
-    *o = (rl_opts_t){.seed = 1, .retrieval_min = -1, .window = -1, .adapt_tau = -1, .only_trial = -1,
-                     .cluster_tokens = -1, .estimation = -1};
-    snprintf(o->methods, sizeof(o->methods), "full,retroinfer,quest,streaming");
-    for (int t = 0; t < RL_N_TASKS; t++)
-        o->tasks[o->n_tasks++] = (rl_task_t)t;
-    for (int i = 1; i < argc; i++) {
-        const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
-        if (!strcmp(a, "--quick")) {
-            o->quick = true;
-            continue;
-        }
-        if (!strcmp(a, "--quiet")) {
-            o->quiet = true;
-            continue;
-        }
-        if (!strcmp(a, "--show-prompt")) {
-            o->show_prompt = true;
-            continue;
-        }
-        if (v == NULL) {
-            fprintf(stderr, "ri bench ruler: %s needs a value\n", a);
-            return -1;
-        }
-        i++;
-        if (!strcmp(a, "--model")) {
-            o->model = v;
-        } else if (!strcmp(a, "--contexts")) {
-            o->n_ctx = 0;
-            for (const char *p = v; *p && o->n_ctx < RL_MAX_CTX;) {
-                char *end;
-                unsigned long n = strtoul(p, &end, 10);
-                if (end == p || n == 0) {
-                    fprintf(stderr, "ri bench ruler: bad --contexts '%s'\n", v);
-                    return -1;
-                }
-                if (*end == 'K' || *end == 'k')
-                    n *= 1024, end++;
-                o->ctx[o->n_ctx++] = n;
-                p = *end == ',' ? end + 1 : end;
-            }
-        } else if (!strcmp(a, "--tasks")) {
-            char buf[256];
-            snprintf(buf, sizeof(buf), "%s", v);
-            o->n_tasks = 0;
-            for (char *save = NULL, *t = strtok_r(buf, ",", &save); t; t = strtok_r(NULL, ",", &save))
-                if (o->n_tasks >= RL_N_TASKS || !rl_task_parse(t, &o->tasks[o->n_tasks++])) {
-                    fprintf(stderr, "ri bench ruler: unknown task '%s'\n", t);
-                    return -1;
-                }
-        } else if (!strcmp(a, "--trials")) {
-            o->trials = atoi(v);
-            if (o->trials <= 0) {
-                fprintf(stderr, "ri bench ruler: --trials must be >= 1\n");
-                return -1;
-            }
-        } else if (!strcmp(a, "--methods")) {
-            snprintf(o->methods, sizeof(o->methods), "%s", v);
-        } else if (!strcmp(a, "--seed")) {
-            o->seed = strtoull(v, NULL, 0);
-        } else if (!strcmp(a, "--retrieval-min")) {
-            o->retrieval_min = atol(v);
-            if (o->retrieval_min < 0) {
-                fprintf(stderr, "ri bench ruler: --retrieval-min is a token count >= 0\n");
-                return -1;
-            }
-        } else if (!strcmp(a, "--window")) {
-            o->window = atol(v);
-            if (o->window < 1) {
-                fprintf(stderr, "ri bench ruler: --window is a token count >= 1\n");
-                return -1;
-            }
-        } else if (!strcmp(a, "--adapt-tau")) {
-            o->adapt_tau = atof(v);
-            if (!(o->adapt_tau >= 0 && o->adapt_tau < 1)) {
-                fprintf(stderr, "ri bench ruler: --adapt-tau is in [0, 1)\n");
-                return -1;
-            }
-        } else if (!strcmp(a, "--cluster-tokens")) {
-            o->cluster_tokens = atol(v);
-            if (o->cluster_tokens < 1 || o->cluster_tokens > 4096) {
-                fprintf(stderr, "ri bench ruler: --cluster-tokens is 1..4096\n");
-                return -1;
-            }
-        } else if (!strcmp(a, "--estimation")) {
-            o->estimation = atof(v);
-            if (!(o->estimation >= 0 && o->estimation <= 1)) {
-                fprintf(stderr, "ri bench ruler: --estimation is a share in [0, 1]\n");
-                return -1;
-            }
-        } else if (!strcmp(a, "--trial")) {
-            o->only_trial = atoi(v);
-            if (o->only_trial < 0) {
-                fprintf(stderr, "ri bench ruler: --trial is an index >= 0\n");
-                return -1;
-            }
-        } else {
-            fprintf(stderr, "ri bench ruler: unknown flag '%s'\n", a);
+    if (!rl_args_check(a))
+        return -1;
+    *o = (rl_opts_t){.model = a->model, .trials = (int)a->trials, .seed = (uint64_t)a->seed,
+                     .retrieval_min = (long)a->retrieval_min, .window = (long)a->window, .adapt_tau = a->adapt_tau,
+                     .only_trial = (int)a->only_trial, .cluster_tokens = (long)a->cluster_tokens,
+                     .estimation = a->estimation, .quick = a->quick, .quiet = a->quiet, .show_prompt = a->show_prompt};
+    if (a->contexts != NULL && a->contexts[0] != '\0') {
+        o->n_ctx = bn_args_counts(a->contexts, o->ctx, RL_MAX_CTX);
+        if (o->n_ctx == 0) {
+            fprintf(stderr, "ri bench ruler: --contexts '%s' is not a comma list of up to %d lengths (4096, 8K)\n",
+                    a->contexts, RL_MAX_CTX);
             return -1;
         }
     }
+    char buf[256];
+    snprintf(buf, sizeof(buf), "%s", a->tasks ? a->tasks : "");
+    for (char *save = NULL, *t = strtok_r(buf, ",", &save); t; t = strtok_r(NULL, ",", &save))
+        if (o->n_tasks >= RL_N_TASKS || !rl_task_parse(t, &o->tasks[o->n_tasks++])) {
+            fprintf(stderr, "ri bench ruler: --tasks: unknown task '%s' (have: niah_single, niah_multikey, "
+                            "niah_multivalue, vt, cwe, qa)\n", t);
+            return -1;
+        }
+    if (o->n_tasks == 0) {
+        fprintf(stderr, "ri bench ruler: --tasks is empty\n");
+        return -1;
+    }
+    snprintf(o->methods, sizeof(o->methods), "%s", a->methods ? a->methods : "");
     return 0;
 }
 
@@ -270,43 +244,38 @@ static void rl_table_head(void)
            "95% CI", "recall", "agree", "budget", "prefill", "decode");
 }
 
-int main(int argc, char **argv)
+/* The run of the parsed options o; json (may be NULL) is the report file. */
+static int rl_main(rl_opts_t *o, const char *json, const char *argv0)
 {
-    const char *json = bn_parse_json_arg(&argc, argv);
-    rl_opts_t o;
     char rt_err[256];
     if (cm_runtime_setup_from_env(mdl_runtime_apply, rt_err, sizeof(rt_err)) != RI_OK) {
         fprintf(stderr, "ri bench ruler: %s\n", rt_err);
         return 2;
     }
-    if (rl_parse(argc, argv, &o) != 0) {
-        rl_usage();
-        return 2;
-    }
-    rl_run_t run = {.seed = o.seed, .verbose = !o.quiet, .show_prompt = o.show_prompt};
+    rl_run_t run = {.seed = o->seed, .verbose = !o->quiet, .show_prompt = o->show_prompt};
     /* retroinfer's settings for every sequence of the run (the baselines
      * take retroinfer's measured budget either way) */
     mdl_attn_cfg_t *acfg = &run.attn;
     mdl_attn_cfg_default(acfg);
-    if (o.retrieval_min >= 0)
-        acfg->wave.retrieval_min_tokens = (uint32_t)o.retrieval_min;
-    if (o.window >= 0)
-        acfg->wave.window_tokens = (uint32_t)o.window;
-    if (o.adapt_tau >= 0)
-        acfg->wave.adapt_tau = (float)o.adapt_tau;
-    if (o.cluster_tokens >= 0)
-        acfg->wave.tokens_per_cluster = (uint32_t)o.cluster_tokens;
-    if (o.estimation >= 0)
-        acfg->wave.estimation_frac = (float)o.estimation;
+    if (o->retrieval_min >= 0)
+        acfg->wave.retrieval_min_tokens = (uint32_t)o->retrieval_min;
+    if (o->window >= 0)
+        acfg->wave.window_tokens = (uint32_t)o->window;
+    if (o->adapt_tau >= 0)
+        acfg->wave.adapt_tau = (float)o->adapt_tau;
+    if (o->cluster_tokens >= 0)
+        acfg->wave.tokens_per_cluster = (uint32_t)o->cluster_tokens;
+    if (o->estimation >= 0)
+        acfg->wave.estimation_frac = (float)o->estimation;
     bool remote;
-    if (rl_methods(o.methods, run.methods, &run.n_methods, &remote) != 0)
+    if (rl_methods(o->methods, run.methods, &run.n_methods, &remote) != 0)
         return 2;
     char path[4096], err[512];
-    if (mdl_model_resolve(o.model, path, sizeof(path)) != RI_OK) {
+    if (mdl_model_resolve(o->model, path, sizeof(path)) != RI_OK) {
         fprintf(stderr, "ri bench ruler: no model at %s; run ./ri setup (names: %s)\n", path, mdl_model_names());
         return 1;
     }
-    if (remote && rl_remote_start(argv[0]) != 0)
+    if (remote && rl_remote_start(argv0) != 0)
         return 1;
     for (size_t k = 0; k < run.n_methods; k++)
         if (mdl_attn_find(run.methods[k]) == NULL) {
@@ -320,16 +289,16 @@ int main(int argc, char **argv)
         return 1;
     }
     const mdl_hparams_t *hp = mdl_model_hparams(run.model);
-    const char *model = o.model && o.model[0] ? o.model : "smollm2-135m";
-    if (o.quick) {   /* just over retroinfer's indexing threshold (sinks + window + 1,024) */
-        if (o.n_ctx == 0)
-            o.ctx[0] = 1200, o.n_ctx = 1;
-        o.trials = o.trials ? o.trials : 1;
-    } else if (o.n_ctx == 0) {
+    const char *model = o->model && o->model[0] ? o->model : "smollm2-135m";
+    if (o->quick) {   /* just over retroinfer's indexing threshold (sinks + window + 1,024) */
+        if (o->n_ctx == 0)
+            o->ctx[0] = 1200, o->n_ctx = 1;
+        o->trials = o->trials ? o->trials : 1;
+    } else if (o->n_ctx == 0) {
         const size_t def[] = {4096, 8192, 16384, 32768};
         for (size_t i = 0; i < 4; i++)
             if (def[i] <= hp->n_ctx)
-                o.ctx[o.n_ctx++] = def[i];
+                o->ctx[o->n_ctx++] = def[i];
     }
     bn_report_t *rep = bn_report_create("ruler");
     if (rep == NULL)
@@ -338,29 +307,29 @@ int main(int argc, char **argv)
     cJSON_AddStringToObject(root, "model", model);
     cJSON_AddStringToObject(root, "model_name", mdl_model_name(run.model));
     cJSON_AddBoolToObject(root, "chat_template", mdl_tok_has_chat(mdl_model_tok(run.model)));
-    cJSON_AddNumberToObject(root, "seed", (double)o.seed);
+    cJSON_AddNumberToObject(root, "seed", (double)o->seed);
     const kn_wave_params_t *used = &run.attn.wave; /* as set; each row has the cluster size used */
     cJSON_AddNumberToObject(root, "retrieval_min_tokens", used->retrieval_min_tokens);
     cJSON_AddNumberToObject(root, "window_tokens", used->window_tokens);
     cJSON_AddNumberToObject(root, "adapt_tau", used->adapt_tau);
     cJSON_AddNumberToObject(root, "tokens_per_cluster", used->tokens_per_cluster);
     cJSON_AddNumberToObject(root, "estimation_frac", used->estimation_frac);
-    if (o.only_trial >= 0)
-        cJSON_AddNumberToObject(root, "only_trial", o.only_trial);
+    if (o->only_trial >= 0)
+        cJSON_AddNumberToObject(root, "only_trial", o->only_trial);
     run.outputs = cJSON_AddArrayToObject(root, "outputs");
     cJSON_AddStringToObject(root, "scoring", "pass: every expected item in the output (case-insensitive, whole "
                                              "words); recall: the share of items found");
     printf("ri bench ruler: model %s (%s prompts), seed %llu, methods", model,
-           mdl_tok_has_chat(mdl_model_tok(run.model)) ? "chat-template" : "completion", (unsigned long long)o.seed);
+           mdl_tok_has_chat(mdl_model_tok(run.model)) ? "chat-template" : "completion", (unsigned long long)o->seed);
     for (size_t k = 0; k < run.n_methods; k++)
         printf(" %s", run.methods[k]);
     printf("\n");
     int rc = 0;
-    for (size_t c = 0; c < o.n_ctx && rc == 0; c++) {
-        size_t ctx = o.ctx[c];
-        int trials = o.trials ? o.trials : ctx <= 8192 ? 10 : 5;
-        if (o.only_trial >= trials) {
-            fprintf(stderr, "ri bench ruler: --trial %d, but a cell at %zu has %d trials\n", o.only_trial, ctx, trials);
+    for (size_t c = 0; c < o->n_ctx && rc == 0; c++) {
+        size_t ctx = o->ctx[c];
+        int trials = o->trials ? o->trials : ctx <= 8192 ? 10 : 5;
+        if (o->only_trial >= trials) {
+            fprintf(stderr, "ri bench ruler: --trial %d, but a cell at %zu has %d trials\n", o->only_trial, ctx, trials);
             rc = 2;
             break;
         }
@@ -374,17 +343,17 @@ int main(int argc, char **argv)
         }
         rl_cell_t cells[RL_N_TASKS][RL_MAX_METHODS];
         memset(cells, 0, sizeof(cells));
-        for (size_t t = 0; t < o.n_tasks && rc == 0; t++) {
+        for (size_t t = 0; t < o->n_tasks && rc == 0; t++) {
             for (int i = 0; i < trials && rc == 0; i++)
-                if (o.only_trial >= 0 && i != o.only_trial)
+                if (o->only_trial >= 0 && i != o->only_trial)
                     continue;
-                else if (rl_run_trial(&run, o.tasks[t], ctx, i, trials, cells[t]) != RI_OK)
+                else if (rl_run_trial(&run, o->tasks[t], ctx, i, trials, cells[t]) != RI_OK)
                     rc = 1;
             if (rc != 0)
                 break;
             for (size_t k = 0; k < run.n_methods; k++) {
-                rl_row_add(rep, model, o.tasks[t], ctx, run.methods[k], &cells[t][k]);
-                rl_row_print(o.tasks[t], ctx, run.methods[k], &cells[t][k]);
+                rl_row_add(rep, model, o->tasks[t], ctx, run.methods[k], &cells[t][k]);
+                rl_row_print(o->tasks[t], ctx, run.methods[k], &cells[t][k]);
             }
             rl_save_partial(rep, json);
         }
@@ -394,9 +363,9 @@ int main(int argc, char **argv)
                "trial\n",
                ctx, trials);
         rl_table_head();
-        for (size_t t = 0; t < o.n_tasks; t++)
+        for (size_t t = 0; t < o->n_tasks; t++)
             for (size_t k = 0; k < run.n_methods; k++)
-                rl_row_print(o.tasks[t], ctx, run.methods[k], &cells[t][k]);
+                rl_row_print(o->tasks[t], ctx, run.methods[k], &cells[t][k]);
         printf("\n");
         fflush(stdout);
     }
@@ -404,5 +373,17 @@ int main(int argc, char **argv)
     rl_remote_stop();
     if (bn_report_finish(rep, json) != 0)
         rc = 1;
+    return rc;
+}
+
+int main(int argc, char **argv)
+{
+    rl_args_t a;
+    int rc = bn_args_load(&rl_table, &a, argc, argv, NULL);
+    if (rc >= 0)
+        return rc;
+    rl_opts_t o;
+    rc = rl_opts_from(&a, &o) == 0 ? rl_main(&o, a.json, argv[0]) : 2;
+    cm_config_free(&rl_table, &a);
     return rc;
 }

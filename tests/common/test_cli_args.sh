@@ -60,6 +60,12 @@ expect "'steps'" ri-bench-model --steps 999
 expect "--bogus" ri-bench-passkey --bogus
 expect "'trials'" ri-bench-passkey --trials 0
 expect "--depths" ri-bench-passkey --depths 0.1,x
+expect "--bogus" ri-bench-ruler --bogus
+expect "'trials'" ri-bench-ruler --trials -1
+expect "--adapt-tau" ri-bench-ruler --adapt-tau 1
+expect "--contexts" ri-bench-ruler --contexts 4K,x
+expect "'nope'" ri-bench-ruler --tasks niah_single,nope
+expect "--quick" ri-bench-ruler --quick false
 # lists PROGRAM [ARGS] -- OPTION...: PROGRAM ARGS --help exits 0 naming each.
 lists() {
   local prog="$1" args=()
@@ -83,6 +89,8 @@ lists ri-bench-load -- json clients sessions seconds kill-ms worker
 lists ri-bench-e2e -- json quick synthetic contexts batches steps hog deadline-us kvstore model cluster-tokens
 lists ri-bench-model -- json contexts steps methods model cluster-tokens
 lists ri-bench-passkey -- json contexts depths trials seed methods retrieval-min adapt-tau kvstore model
+lists ri-bench-ruler -- json model contexts tasks trials methods seed retrieval-min window adapt-tau trial \
+  cluster-tokens estimation quick quiet show-prompt
 lists ri-bench-load --worker -- json quick seconds clients slowloris kill-ms max-tokens trickle-ms slowloris-from \
   api-key worker-arg
 rm -f "$tmp/out"
