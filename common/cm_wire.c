@@ -118,7 +118,7 @@ const char *cm_wire_op_name(uint32_t op)
 {
     static const char *const names[] = {"UNKNOWN", "UPLOAD_CLUSTERS", "APPEND_CLUSTERS", "REGISTER_CACHE",
                                         "FETCH_RANKED", "RELEASE", "PING", "CONNECT", "DISCONNECT",
-                                        "MAP", "LOCATE", "TOUCH"};
+                                        "MAP", "LOCATE", "TOUCH", "PREFIX_ATTACH", "PREFIX_PUT", "PREFIX_GET"};
     return op <= CM_WIRE_OP_MAX ? names[op] : "UNKNOWN";
 }
 

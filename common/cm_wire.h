@@ -45,7 +45,10 @@ typedef enum cm_wire_op {
     CM_WIRE_OP_MAP = 9,             /* the session's direct region: address, length, packed rkey */
     CM_WIRE_OP_LOCATE = 10,         /* where clusters lie in the direct region */
     CM_WIRE_OP_TOUCH = 11,          /* access records of direct reads, in a batch */
-    CM_WIRE_OP_MAX = 11,
+    CM_WIRE_OP_PREFIX_ATTACH = 12,  /* attach the leading cached prefix blocks of keys (cm_dp_prefix.h) */
+    CM_WIRE_OP_PREFIX_PUT = 13,     /* publish a prefix block and attach it */
+    CM_WIRE_OP_PREFIX_GET = 14,     /* read an attached block's bytes (two-sided) */
+    CM_WIRE_OP_MAX = 14,
 } cm_wire_op_t;
 
 #define CM_WIRE_F_REPLY 0x1u     /* this message answers request_id */
