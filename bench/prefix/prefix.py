@@ -1,0 +1,502 @@
+#!/usr/bin/env python3
+"""ri bench prefix: time to first token with a cached shared document against
+its cold prefill, through ri-worker's OpenAI-compatible HTTP service and
+ri-kvstore's prefix blocks (docs/prefix.md), side by side with llama.cpp's
+llama-server when one is given.
+
+It starts ri-kvstore and one ri-worker (--kvstore, prefix cache on), makes a
+document of exactly --doc-tokens token ids with the served model's tokenizer
+(POST /tokenize) and one question of --question-tokens ids per client, and
+for each client count N runs --rounds rounds of two cases, in turn:
+
+  warm  N clients at once send the shared document + their own question; the
+        document was published by one unmeasured request before the first
+        round (what a RAG or system-prompt deployment sees);
+  cold  N clients at once send a document no one sent before (its first
+        tokens differ per request, so no block of it is cached): the whole
+        prompt is prefilled, as without reuse.
+
+Each request streams --max-tokens tokens; TTFT is request sent -> first
+event with text (queueing included).  Per case: TTFT p50/max, the prompt
+tokens the worker reports as cached (usage.prompt_tokens_details), aggregate
+end-to-end tokens/s; per N the ratio cold/warm.  Memory: the kvstore's and
+the worker's resident bytes (anonymous and shared, /proc/PID/status) after
+the publishing request, and their peak while the largest warm case runs.
+With --llama-server PATH the same prompts go to llama-server (same GGUF,
+--threads, -np --llama-slots, cache_prompt) for --llama-clients clients:
+warm after one priming request, and cold.
+
+  ri bench prefix [--json PATH] [--model smollm2-135m|gemma3-270m|FILE]
+                  [--doc-tokens 8192] [--question-tokens 64] [--clients 1,4,16]
+                  [--attn retroinfer-remote] [--max-tokens 8] [--rounds 1]
+                  [--cold-clients 1,4,16] [--threads 2] [--hog]
+                  [--llama-server PATH] [--llama-clients 4] [--llama-slots 4]
+
+Rows "prefix" (docs/bench-format.md).  Exits 77 when the model is missing,
+1 when a request failed.
+"""
+import argparse
+import http.client
+import json
+import os
+import platform
+import random
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+MODELS = {"smollm2-135m": "SmolLM2-135M-Instruct.Q4_1.gguf", "gemma3-270m": "gemma-3-270m-q4_k_m.gguf"}
+WORDS = ("river stone garden lantern harbor meadow copper violin orchard canyon ledger compass glacier "
+         "pepper market thunder window saddle marble beacon falcon willow engine cotton summit parcel "
+         "island mirror velvet quarry signal timber basket comet anchor prairie cabinet ember tunnel "
+         "whistle almanac fabric lagoon pilgrim ribbon satchel tavern voyage wagon zephyr").split()
+
+
+def skip(why):
+    print("prefix: skipped: " + why)
+    sys.exit(77)
+
+
+def machine():
+    cpu = platform.processor() or "unknown"
+    try:
+        for line in open("/proc/cpuinfo"):
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    return {"cpu": cpu, "cores": os.cpu_count(), "load_avg": os.getloadavg()[0]}
+
+
+def git_sha():
+    try:
+        sha = subprocess.run(["git", "-C", ROOT, "rev-parse", "HEAD"], capture_output=True, text=True,
+                             timeout=10).stdout.strip()
+        dirty = subprocess.run(["git", "-C", ROOT, "status", "--porcelain", "-uno"], capture_output=True,
+                               text=True, timeout=10).stdout.strip()
+        return sha + ("-dirty" if dirty else "") if sha else "unknown"
+    except (OSError, subprocess.SubprocessError):
+        return "unknown"
+
+
+def rss(pid):
+    """(anonymous, shared) resident bytes of a process."""
+    anon = shmem = 0
+    try:
+        for line in open("/proc/%d/status" % pid):
+            if line.startswith("RssAnon:"):
+                anon = int(line.split()[1]) * 1024
+            elif line.startswith("RssShmem:") or line.startswith("RssFile:"):
+                shmem += int(line.split()[1]) * 1024 if line.startswith("RssShmem:") else 0
+    except OSError:
+        pass
+    return anon, shmem
+
+
+class Peak:
+    """Samples a process's resident bytes every 50 ms until stopped."""
+
+    def __init__(self, pid):
+        self.pid, self.peak, self.stop_ev = pid, (0, 0), threading.Event()
+        self.t = threading.Thread(target=self.run, daemon=True)
+        self.t.start()
+
+    def run(self):
+        while not self.stop_ev.is_set():
+            a, s = rss(self.pid)
+            if a + s > sum(self.peak):
+                self.peak = (a, s)
+            time.sleep(0.05)
+
+    def stop(self):
+        self.stop_ev.set()
+        self.t.join()
+        return self.peak
+
+
+# ---- the processes ----
+
+def wait_port_file(proc, path, what, seconds=180):
+    end = time.time() + seconds
+    while time.time() < end:
+        if os.path.exists(path):
+            keys = dict(l.split("=", 1) for l in open(path).read().split() if "=" in l)
+            if keys:
+                return keys
+        if proc.poll() is not None:
+            raise SystemExit("%s exited %d at start" % (what, proc.returncode))
+        time.sleep(0.05)
+    raise SystemExit("%s wrote no port file in %d s" % (what, seconds))
+
+
+def start_kvstore(build, tmp, memory):
+    ports = os.path.join(tmp, "kvs.ports")
+    os.environ.setdefault("UCX_TLS", "posix,sysv,cma,tcp,self")
+    p = subprocess.Popen([os.path.join(build, "bin", "ri-kvstore"), "--listen=127.0.0.1:0",
+                          "--dataplane-listen=127.0.0.1:0", "--metrics-listen=127.0.0.1:0", "--insecure-admin",
+                          "--memory=" + memory, "--no-hugepages", "--drain-timeout-ms=3000",
+                          "--port-file=" + ports],
+                         stdout=open(os.path.join(tmp, "kvstore.log"), "wb"), stderr=subprocess.STDOUT)
+    return p, wait_port_file(p, ports, "ri-kvstore")
+
+
+def start_worker(build, tmp, model, kvstore, a):
+    port_file = os.path.join(tmp, "worker.port")
+    cmd = [os.path.join(build, "bin", "ri-worker"), "--model", model, "--listen", "127.0.0.1:0",
+           "--port-file", port_file, "--allow-attn", "full,retroinfer,retroinfer-remote",
+           "--max-batch", str(max(a.clients)), "--threads", str(a.threads), "--kvstore", kvstore] + a.worker_arg
+    p = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=open(os.path.join(tmp, "worker.log"), "wb"),
+                         stderr=subprocess.STDOUT)
+    return p, wait_port_file(p, port_file, "ri-worker")["http"]
+
+
+def start_llama(path, tmp, model, a, ctx):
+    port = 18000 + os.getpid() % 1000
+    cmd = [path, "-m", model, "--host", "127.0.0.1", "--port", str(port), "-t", str(a.threads), "-tb",
+           str(a.threads), "-np", str(a.llama_slots), "-c", str(ctx * a.llama_slots), "--no-webui"]
+    p = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=open(os.path.join(tmp, "llama.log"), "wb"),
+                         stderr=subprocess.STDOUT)
+    end = time.time() + 180
+    while time.time() < end:
+        if p.poll() is not None:
+            raise SystemExit("llama-server exited %d at start (%s)" % (p.returncode, os.path.join(tmp, "llama.log")))
+        try:
+            c = http.client.HTTPConnection("127.0.0.1", port, timeout=5)
+            c.request("GET", "/health")
+            r = c.getresponse()
+            r.read()
+            if r.status == 200:
+                return p, "127.0.0.1:%d" % port
+        except OSError:
+            pass
+        time.sleep(0.5)
+    raise SystemExit("llama-server did not answer /health in 180 s")
+
+
+def stop(p):
+    if p is None or p.poll() is not None:
+        return
+    p.send_signal(signal.SIGTERM)
+    try:
+        p.wait(30)
+    except subprocess.TimeoutExpired:
+        p.kill()
+        p.wait()
+
+
+# ---- requests ----
+
+def post_json(addr, path, body, timeout=600):
+    host, port = addr.rsplit(":", 1)
+    c = http.client.HTTPConnection(host, int(port), timeout=timeout)
+    try:
+        c.request("POST", path, body=json.dumps(body).encode(), headers={"Content-Type": "application/json"})
+        r = c.getresponse()
+        data = r.read()
+    finally:
+        c.close()
+    if r.status != 200:
+        raise RuntimeError("%s -> %d: %s" % (path, r.status, data[:300]))
+    return json.loads(data)
+
+
+def stream(addr, path, body, timeout=1800):
+    """One streaming request: (ttft_s, end_s, tokens, cached_tokens, error)."""
+    host, port = addr.rsplit(":", 1)
+    t0 = time.time()
+    ttft, tokens, cached, err = None, 0, None, None
+    try:
+        c = http.client.HTTPConnection(host, int(port), timeout=timeout)
+        c.request("POST", path, body=json.dumps(body).encode(), headers={"Content-Type": "application/json"})
+        r = c.getresponse()
+        if r.status != 200:
+            return None, time.time() - t0, 0, None, "HTTP %d: %s" % (r.status, r.read()[:200])
+        for raw in r:
+            line = raw.decode("utf-8", "replace").strip()
+            if not line.startswith("data:"):
+                continue
+            data = line[5:].strip()
+            if data == "[DONE]":
+                break
+            ev = json.loads(data)
+            text = ""
+            if "choices" in ev and ev["choices"]:
+                text = ev["choices"][0].get("text") or ""
+            elif "content" in ev:  # llama-server /completion
+                text = ev.get("content") or ""
+                if ev.get("stop"):
+                    tm = ev.get("timings") or {}
+                    cached = tm.get("cache_n", cached)
+                    tokens = ev.get("tokens_predicted", tokens)
+            if text and ttft is None:
+                ttft = time.time() - t0
+            if text and "choices" in ev:
+                tokens += 1
+            u = ev.get("usage")
+            if u:
+                tokens = u.get("completion_tokens", tokens)
+                cached = (u.get("prompt_tokens_details") or {}).get("cached_tokens", cached)
+        c.close()
+    except (OSError, ValueError, http.client.HTTPException) as e:
+        err = str(e)
+    return ttft, time.time() - t0, tokens, cached, err
+
+
+def ri_body(a, model_id, ids):
+    return {"model": model_id, "prompt": ids, "max_tokens": a.max_tokens, "temperature": 0, "stream": True,
+            "stream_options": {"include_usage": True}, "attn": a.attn, "ignore_eos": True}
+
+
+def llama_body(a, ids):
+    return {"prompt": ids, "n_predict": a.max_tokens, "temperature": 0, "stream": True, "cache_prompt": True,
+            "ignore_eos": True}
+
+
+def run_case(send, prompts):
+    """Send every prompt at once; per request (ttft, end, tokens, cached, err) and the wall time."""
+    out = [None] * len(prompts)
+
+    def one(i):
+        out[i] = send(prompts[i])
+
+    t0 = time.time()
+    th = [threading.Thread(target=one, args=(i,)) for i in range(len(prompts))]
+    for t in th:
+        t.start()
+    for t in th:
+        t.join()
+    return out, time.time() - t0
+
+
+def pct(v, q):
+    v = sorted(v)
+    return v[min(len(v) - 1, int(q * (len(v) - 1) + 0.5))] if v else None
+
+
+def case_row(server, case, n, results, wall, a):
+    ttft = [r[0] for r in results if r[0] is not None]
+    cached = [r[3] for r in results if r[3] is not None]
+    errors = [r[4] for r in results if r[4]]
+    toks = sum(r[2] for r in results)
+    return {"server": server, "attn": a.attn if server == "ri-worker" else None, "case": case, "clients": n,
+            "doc_tokens": a.doc_tokens, "question_tokens": a.question_tokens, "max_tokens": a.max_tokens,
+            "requests": len(results), "errors": len(errors) + len(results) - len(ttft),
+            "error_sample": errors[0] if errors else None,
+            "ttft_p50_ms": 1000 * pct(ttft, 0.5) if ttft else None,
+            "ttft_max_ms": 1000 * max(ttft) if ttft else None,
+            "cached_tokens_median": pct(cached, 0.5) if cached else None,
+            "tokens": toks, "seconds": wall, "e2e_tok_s": toks / wall if wall > 0 else None,
+            "load_avg": os.getloadavg()[0]}
+
+
+# ---- prompts ----
+
+def make_doc(addr, n, rng):
+    words = []
+    ids = []
+    while len(ids) < n:
+        words += [rng.choice(WORDS) for _ in range(400)]
+        words[-1] += "."
+        ids = post_json(addr, "/tokenize", {"content": " ".join(words)})["tokens"]
+    return ids[:n]
+
+
+def make_questions(addr, n_clients, n_tok, rng):
+    qs = []
+    for i in range(n_clients):
+        text = "\n\nQuestion %d: which of these words came first in the text above: %s" % (
+            i, " ".join(rng.choice(WORDS) for _ in range(3 * n_tok)))
+        ids = post_json(addr, "/tokenize", {"content": text})["tokens"][:n_tok - 4]
+        ids += post_json(addr, "/tokenize", {"content": " Answer:"})["tokens"]
+        qs.append((ids + ids[-1:] * n_tok)[:n_tok])
+    return qs
+
+
+def fresh(doc, k, rng):
+    """The document with its first 16 tokens replaced by others: no block of it is cached."""
+    head = [doc[rng.randrange(16, len(doc))] for _ in range(16)]
+    return head + doc[16:]
+
+
+def hog(n):
+    return [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(n)]
+
+
+def parse_args(argv):
+    ap = argparse.ArgumentParser(prog="ri bench prefix", description=__doc__.split("\n\n")[0])
+    ap.add_argument("--model", default="smollm2-135m", help="smollm2-135m, gemma3-270m or a GGUF file")
+    ap.add_argument("--doc-tokens", type=int, default=8192)
+    ap.add_argument("--question-tokens", type=int, default=64)
+    ap.add_argument("--clients", default="1,4,16", help="concurrent clients of the warm case, comma-separated")
+    ap.add_argument("--cold-clients", default=None, help="client counts of the cold case (default: --clients)")
+    ap.add_argument("--attn", default="retroinfer-remote", choices=("full", "retroinfer", "retroinfer-remote"))
+    ap.add_argument("--max-tokens", type=int, default=8)
+    ap.add_argument("--rounds", type=int, default=1)
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--hog", action="store_true", help="one spinning process per core for the whole run")
+    ap.add_argument("--kvstore-memory", default="8GiB")
+    ap.add_argument("--worker-arg", action="append", default=[], help="one more ri-worker flag (repeatable)")
+    ap.add_argument("--llama-server", default=None, help="llama-server binary for the side-by-side rows")
+    ap.add_argument("--llama-clients", type=int, default=4)
+    ap.add_argument("--llama-slots", type=int, default=4)
+    ap.add_argument("--seed", type=int, default=7)
+    ap.add_argument("--json", default=None)
+    ap.add_argument("--build", default=os.environ.get("RI_BUILD_DIR", os.path.join(ROOT, "build")))
+    a = ap.parse_args(argv)
+    try:
+        a.clients = [int(x) for x in a.clients.split(",")]
+        a.cold_clients = [int(x) for x in a.cold_clients.split(",")] if a.cold_clients else list(a.clients)
+    except ValueError:
+        ap.error("--clients and --cold-clients take comma-separated numbers")
+    if min(a.clients + a.cold_clients) < 1 or a.doc_tokens < 256 or a.question_tokens < 8:
+        ap.error("clients >= 1, --doc-tokens >= 256, --question-tokens >= 8")
+    return a
+
+
+def resolve_model(name):
+    if os.path.isfile(name):
+        return name
+    d = os.environ.get("RI_MODEL_DIR", os.path.expanduser("~/.cache/retroinfer/models"))
+    path = os.path.join(d, MODELS.get(name, name))
+    if not os.path.isfile(path):
+        skip("no model %s (./ri model fetch)" % path)
+    return path
+
+
+def ri_cases(a, addr, model_id, doc, qs, kvs_pid, worker_pid, rows, mem):
+    rng = random.Random(a.seed + 1)
+    send = lambda ids: stream(addr, "/v1/completions", ri_body(a, model_id, ids))
+    # publish the document (unmeasured), then the memory of one copy
+    k0, w0 = rss(kvs_pid), rss(worker_pid)
+    r = send(doc + qs[0])
+    if r[4]:
+        raise SystemExit("priming request failed: " + r[4])
+    time.sleep(0.5)
+    mem.update({"kvstore_before": k0, "worker_before": w0, "kvstore_one_copy": rss(kvs_pid),
+                "worker_after_one": rss(worker_pid), "priming_cached_tokens": r[3]})
+    biggest = max(a.clients)
+    for rnd in range(a.rounds):
+        for n in sorted(set(a.clients) | set(a.cold_clients)):
+            if n in a.clients:
+                peak = (Peak(kvs_pid), Peak(worker_pid)) if n == biggest and rnd == 0 else None
+                res, wall = run_case(send, [doc + qs[i % len(qs)] for i in range(n)])
+                if peak:
+                    mem.update({"clients": n, "kvstore_peak": peak[0].stop(), "worker_peak": peak[1].stop()})
+                rows.append(case_row("ri-worker", "warm", n, res, wall, a))
+                print_row(rows[-1])
+            if n in a.cold_clients:
+                res, wall = run_case(send, [fresh(doc, i, rng) + qs[i % len(qs)] for i in range(n)])
+                rows.append(case_row("ri-worker", "cold", n, res, wall, a))
+                print_row(rows[-1])
+
+
+def llama_cases(a, model, tmp, doc, qs, rows):
+    ctx = a.doc_tokens + a.question_tokens + a.max_tokens + 64
+    p, addr = start_llama(a.llama_server, tmp, model, a, ctx)
+    try:
+        send = lambda ids: stream(addr, "/completion", llama_body(a, ids))
+        r = send(doc + qs[0])
+        if r[4]:
+            raise SystemExit("llama-server priming request failed: " + r[4])
+        rng = random.Random(a.seed + 2)
+        n = a.llama_clients
+        for _ in range(a.rounds):
+            res, wall = run_case(send, [doc + qs[i % len(qs)] for i in range(n)])
+            rows.append(case_row("llama-server", "warm", n, res, wall, a))
+            print_row(rows[-1])
+            res, wall = run_case(send, [fresh(doc, i, rng) + qs[i % len(qs)] for i in range(n)])
+            rows.append(case_row("llama-server", "cold", n, res, wall, a))
+            print_row(rows[-1])
+    finally:
+        stop(p)
+
+
+def print_row(r):
+    f = lambda v, fmt: (fmt % v) if v is not None else "-"
+    print("%-12s %-5s %3d  ttft p50 %9s ms  max %9s ms  cached %6s  %7s tok/s  err %d  load %.1f" % (
+        r["server"], r["case"], r["clients"], f(r["ttft_p50_ms"], "%.0f"), f(r["ttft_max_ms"], "%.0f"),
+        f(r["cached_tokens_median"], "%d"), f(r["e2e_tok_s"], "%.2f"), r["errors"], r["load_avg"]), flush=True)
+
+
+def ratios(rows):
+    out = []
+    by = {(r["server"], r["case"], r["clients"]): r for r in rows}
+    for (srv, case, n), r in sorted(by.items()):
+        if case != "warm" or (srv, "cold", n) not in by:
+            continue
+        c = by[(srv, "cold", n)]
+        if r["ttft_p50_ms"] and c["ttft_p50_ms"]:
+            out.append({"server": srv, "clients": n, "ttft_cold_over_warm": c["ttft_p50_ms"] / r["ttft_p50_ms"],
+                        "tok_s_warm_over_cold": (r["e2e_tok_s"] or 0) / c["e2e_tok_s"] if c["e2e_tok_s"] else None})
+    for n in sorted({r["clients"] for r in rows if r["server"] == "llama-server"}):
+        ours, theirs = by.get(("ri-worker", "warm", n)), by.get(("llama-server", "warm", n))
+        if ours and theirs and ours["ttft_p50_ms"] and theirs["ttft_p50_ms"]:
+            out.append({"server": "ri-worker/llama-server", "clients": n,
+                        "ttft_llama_over_ours_warm": theirs["ttft_p50_ms"] / ours["ttft_p50_ms"]})
+    return out
+
+
+def main(argv):
+    a = parse_args(argv)
+    model = resolve_model(a.model)
+    if a.llama_server and not os.access(a.llama_server, os.X_OK):
+        raise SystemExit("--llama-server %s is not an executable" % a.llama_server)
+    report = {"bench": "prefix", "git": git_sha(), "machine": machine(), "model": os.path.basename(model),
+              "attn": a.attn, "hog": a.hog}
+    rows, mem, hogs = [], {}, hog(os.cpu_count() or 1) if a.hog else []
+    tmp = tempfile.mkdtemp(prefix="ri-bench-prefix-")
+    kvs = worker = None
+    try:
+        kvs, ports = start_kvstore(a.build, tmp, a.kvstore_memory)
+        worker, addr = start_worker(a.build, tmp, model, "127.0.0.1:" + ports["grpc"], a)
+        model_id = json.loads(http_get(addr, "/v1/models"))["data"][0]["id"]
+        rng = random.Random(a.seed)
+        doc = make_doc(addr, a.doc_tokens, rng)
+        qs = make_questions(addr, max(a.clients + a.cold_clients + [a.llama_clients]), a.question_tokens, rng)
+        print("prefix: %s, document %d tokens, questions %d tokens, attn %s, logs in %s" % (
+            os.path.basename(model), len(doc), a.question_tokens, a.attn, tmp), flush=True)
+        ri_cases(a, addr, model_id, doc, qs, kvs.pid, worker.pid, rows, mem)
+        stop(worker)
+        worker = None
+        if a.llama_server:
+            llama_cases(a, model, tmp, doc, qs, rows)
+    finally:
+        stop(worker)
+        stop(kvs)
+        for h in hogs:
+            h.kill()
+    report["rows"] = rows
+    report["ratios"] = ratios(rows)
+    report["memory"] = mem
+    report["machine"]["load_avg_end"] = os.getloadavg()[0]
+    for r in report["ratios"]:
+        print("ratio", json.dumps(r))
+    if mem.get("kvstore_peak"):
+        one = sum(mem["kvstore_one_copy"]) - sum(mem["kvstore_before"])
+        grow = sum(mem["kvstore_peak"]) - sum(mem["kvstore_before"])
+        mem["kvstore_growth_over_one_copy"] = grow / one if one > 0 else None
+        print("memory: kvstore one copy %.1f MiB, with %d clients attached %.1f MiB (%.2fx)" % (
+            one / 2**20, mem["clients"], grow / 2**20, grow / one if one > 0 else float("nan")))
+    if a.json:
+        with open(a.json, "w") as f:
+            json.dump(report, f, indent=1)
+    return 1 if any(r["errors"] for r in rows) else 0
+
+
+def http_get(addr, path):
+    host, port = addr.rsplit(":", 1)
+    c = http.client.HTTPConnection(host, int(port), timeout=30)
+    c.request("GET", path)
+    r = c.getresponse()
+    data = r.read()
+    c.close()
+    return data
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
