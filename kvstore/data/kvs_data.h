@@ -61,6 +61,8 @@ typedef struct kvs_data_config {
     bool recover;                 /* reload spilled sessions from spill_dir at create */
     uint32_t lease_ms;            /* drop a session with no data-plane connection and no KeepAlive for this long
                                    * (0 = never; docs/kvstore.md "Session leases") */
+    uint64_t prefix_max_bytes;    /* memory of all prefix blocks together (0 = a quarter of the pool) */
+    uint64_t prefix_tenant_max_bytes; /* memory of one tenant's prefix blocks (0 = only the global cap) */
     const struct kvs_io_ops *spill_io_ops; /* added: the spill tier's system calls (NULL = the real ones;
                                             * tests inject faults and delays); borrowed, must outlive data */
 } kvs_data_config_t;
