@@ -173,37 +173,31 @@ static uint32_t gw_pfx_sink_end(const gw_pfx_layout_t *lay, uint32_t first)
     return lay->sink_tokens <= first ? first : lay->sink_tokens < end ? lay->sink_tokens : end;
 }
 
-/* Find the clusters of idx that lie in [f, f + B): a contiguous run
- * covering exactly [sink_end, f + B) once each.  RI_ERR_UNSUPPORTED when the
- * index does not split at the block's edges. */
+/* The clusters of idx that lie in [f, f + B) (kn_wave_block_clusters: the
+ * build's own cut), checked to cover [sink_end, f + B) exactly.
+ * RI_ERR_UNSUPPORTED when the index does not split at the block's edges. */
 static ri_status_t gw_pfx_find_clusters(const gw_pfx_layout_t *lay, const kn_index_t *idx, uint32_t f,
                                         gw_pfx_btab_t *t)
 {
     const uint32_t B = lay->block_tokens, lo = gw_pfx_sink_end(lay, f);
-    uint32_t j0 = UINT32_MAX, j1 = 0, tokens = 0;
+    uint32_t j0, j1, tokens = 0;
     uint64_t pages = 0;
 
-    for (uint32_t j = 0; j < idx->n_clusters; j++) {
+    if (kn_wave_block_clusters(idx, f, B, &j0, &j1) != RI_OK)
+        return RI_ERR_UNSUPPORTED;
+    for (uint32_t j = j0; j < j1; j++) {
         const uint32_t *perm = idx->perm + idx->offsets[j];
-        uint32_t in = 0;
-        for (uint32_t i = 0; i < idx->sizes[j]; i++)
-            in += perm[i] >= f && perm[i] < f + B;
-        if (in == 0)
-            continue;
-        if (in != idx->sizes[j] || (j0 != UINT32_MAX && j != j1) || idx->sizes[j] > CM_DP_MAX_CLUSTER_TOKENS)
+        if (idx->sizes[j] > CM_DP_MAX_CLUSTER_TOKENS)
             return RI_ERR_UNSUPPORTED;
         for (uint32_t i = 0; i < idx->sizes[j]; i++)
-            if (perm[i] < lo)
+            if (perm[i] < lo || perm[i] >= f + B)
                 return RI_ERR_UNSUPPORTED;
-        if (j0 == UINT32_MAX)
-            j0 = j;
-        j1 = j + 1;
         tokens += idx->sizes[j];
         pages += (idx->sizes[j] + lay->page_tokens - 1u) / lay->page_tokens;
     }
     if (tokens != f + B - lo) /* positions are distinct in an index: the count says "every one" */
         return RI_ERR_UNSUPPORTED;
-    *t = (gw_pfx_btab_t){idx, j0 == UINT32_MAX ? 0 : j0, j1, tokens, pages};
+    *t = (gw_pfx_btab_t){idx, j0, j1, tokens, pages};
     return RI_OK;
 }
 
@@ -572,4 +566,102 @@ void gw_pfx_block_fill(const gw_pfx_block_t *b, uint32_t layer, uint32_t head, s
         memcpy(k + (p - pos0) * token_stride, lk + (size_t)i * row, row);
         memcpy(v + (p - pos0) * token_stride, lv + (size_t)i * row, row);
     }
+}
+
+/* ---- the blocks of a sequence ---- */
+
+/* kn_wave_pieces_t's ctx for one layer. */
+typedef struct gw_pfx_lctx {
+    gw_pfx_set_t *set;
+    uint32_t layer;
+} gw_pfx_lctx_t;
+
+struct gw_pfx_set {
+    gw_pfx_layout_t lay;       /* the keys' layout */
+    uint32_t max_blocks, n_blocks;
+    gw_pfx_block_t *blocks;    /* [max_blocks], [0, n_blocks) parsed */
+    gw_pfx_lctx_t *lctx;       /* [layers] */
+    kn_wave_pieces_t *pieces;  /* [layers] */
+};
+
+ri_status_t gw_pfx_set_create(const gw_pfx_layout_t *lay, uint32_t max_blocks, gw_pfx_set_t **set_p)
+{
+    gw_pfx_set_t *s = cm_calloc(&gw_prefix_tag, 1, sizeof(*s));
+
+    if (s == NULL)
+        return RI_ERR_NOMEM;
+    s->lay = *lay;
+    s->max_blocks = max_blocks;
+    s->blocks = cm_calloc(&gw_prefix_tag, max_blocks > 0 ? max_blocks : 1, sizeof(*s->blocks));
+    s->lctx = cm_calloc(&gw_prefix_tag, lay->n_layers, sizeof(*s->lctx));
+    s->pieces = cm_calloc(&gw_prefix_tag, lay->n_layers, sizeof(*s->pieces));
+    if (s->blocks == NULL || s->lctx == NULL || s->pieces == NULL) {
+        gw_pfx_set_destroy(s);
+        return RI_ERR_NOMEM;
+    }
+    *set_p = s;
+    return RI_OK;
+}
+
+void gw_pfx_set_destroy(gw_pfx_set_t *set)
+{
+    if (set == NULL)
+        return;
+    for (uint32_t i = 0; i < set->n_blocks; i++)
+        gw_pfx_block_release(&set->blocks[i]);
+    cm_free(set->blocks);
+    cm_free(set->lctx);
+    cm_free(set->pieces);
+    cm_free(set);
+}
+
+ri_status_t gw_pfx_set_add(gw_pfx_set_t *set, const uint8_t *buf, uint64_t len)
+{
+    if (set->n_blocks >= set->max_blocks)
+        return RI_ERR_RANGE;
+    ri_status_t st = gw_pfx_block_parse(&set->lay, set->n_blocks, buf, len, &set->blocks[set->n_blocks]);
+    if (st == RI_OK)
+        set->n_blocks++;
+    return st;
+}
+
+uint32_t gw_pfx_set_blocks(const gw_pfx_set_t *set)
+{
+    return set != NULL ? set->n_blocks : 0;
+}
+
+ri_status_t gw_pfx_set_fill(void *arg, uint32_t layer, uint32_t kv_head, size_t pos0, size_t n, cm_fp16_t *k,
+                            cm_fp16_t *v, size_t token_stride)
+{
+    gw_pfx_set_t *s = arg;
+    const uint32_t B = s->lay.block_tokens;
+
+    if (layer >= s->lay.n_layers || kv_head >= s->lay.n_kv_heads || pos0 + n > (size_t)s->n_blocks * B)
+        return RI_ERR_RANGE;
+    for (size_t b = pos0 / B; n > 0 && b < s->n_blocks && b * B < pos0 + n; b++)
+        gw_pfx_block_fill(&s->blocks[b], layer, kv_head, pos0, n, k, v, token_stride);
+    return RI_OK;
+}
+
+static ri_status_t gw_pfx_piece_get(void *ctx, uint32_t block, uint32_t kv_head, kn_wave_piece_t *piece_p)
+{
+    const gw_pfx_lctx_t *c = ctx;
+    const gw_pfx_set_t *s = c->set;
+    if (block >= s->n_blocks || kv_head >= s->lay.n_kv_heads)
+        return RI_ERR_RANGE;
+    const gw_pfx_block_t *b = &s->blocks[block];
+    const gw_pfx_table_t *T = &b->tables[(size_t)c->layer * s->lay.n_kv_heads + kv_head];
+    *piece_p = (kn_wave_piece_t){b->first_pos, T->n_clusters, T->sizes, T->perm, T->centroids, T->vmean};
+    return RI_OK;
+}
+
+const kn_wave_pieces_t *gw_pfx_set_pieces(void *ctx, uint32_t layer)
+{
+    gw_pfx_set_t *s = ctx;
+    if (s == NULL || layer >= s->lay.n_layers || s->n_blocks == 0 || !s->lay.indexed ||
+        s->blocks[0].tables[(size_t)layer * s->lay.n_kv_heads].n_clusters == 0)
+        return NULL;
+    s->lctx[layer] = (gw_pfx_lctx_t){s, layer};
+    s->pieces[layer] = (kn_wave_pieces_t){&s->lctx[layer], s->n_blocks, gw_pfx_piece_get};
+    return &s->pieces[layer];
 }

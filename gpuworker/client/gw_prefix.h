@@ -170,4 +170,32 @@ void gw_pfx_block_release(gw_pfx_block_t *b);
 void gw_pfx_block_fill(const gw_pfx_block_t *b, uint32_t layer, uint32_t head, size_t pos0, size_t n,
                        cm_fp16_t *k, cm_fp16_t *v, size_t token_stride);
 
+/* The attached blocks of one sequence, parsed, in block order: what the
+ * model's preload and the wave build read (mdl_seq_preload's fill,
+ * mdl_prefix_src_t's pieces). */
+typedef struct gw_pfx_set gw_pfx_set_t;
+
+/* An empty set for up to max_blocks blocks under lay (copied).  Caller
+ * frees with gw_pfx_set_destroy. */
+ri_status_t gw_pfx_set_create(const gw_pfx_layout_t *lay, uint32_t max_blocks, gw_pfx_set_t **set_p);
+void gw_pfx_set_destroy(gw_pfx_set_t *set);
+
+/* Parse buf (len bytes, borrowed: must outlive the set) as the next block
+ * (gw_pfx_block_parse's errors; RI_ERR_RANGE past max_blocks). */
+ri_status_t gw_pfx_set_add(gw_pfx_set_t *set, const uint8_t *buf, uint64_t len);
+
+/* Blocks added so far; their tokens are [0, n * B). */
+uint32_t gw_pfx_set_blocks(const gw_pfx_set_t *set);
+
+/* A preload fill (mdl_seq_preload): arg is the set; writes positions
+ * [pos0, pos0 + n) of (layer, kv_head) from the blocks.  RI_ERR_RANGE when
+ * the range reaches past the blocks. */
+ri_status_t gw_pfx_set_fill(void *arg, uint32_t layer, uint32_t kv_head, size_t pos0, size_t n, cm_fp16_t *k,
+                            cm_fp16_t *v, size_t token_stride);
+
+/* The wave-index pieces of layer's blocks (kn_wave_build_pieces); NULL
+ * when the layer has none (no index there, or no block).  ctx is the set;
+ * the result is owned by it. */
+const kn_wave_pieces_t *gw_pfx_set_pieces(void *ctx, uint32_t layer);
+
 #endif /* GW_PREFIX_H */

@@ -94,8 +94,8 @@ static int fx_setup(void **state)
     f->kv->len = NTOK;
     for (uint32_t l = 0; l < L_; l++)
         for (size_t i = 0; i < (size_t)H_ * f->kv->cap * D_; i++) {
-            f->kv->k[l][i] = (cm_fp16_t)rnd(&seed);
-            f->kv->v[l][i] = (cm_fp16_t)rnd(&seed);
+            f->kv->k[l][i] = cm_f32_to_fp16((float)(rnd(&seed) % 2001) / 1000.f - 1.f);
+            f->kv->v[l][i] = cm_f32_to_fp16((float)(rnd(&seed) % 2001) / 1000.f - 1.f);
         }
     for (uint32_t l = 0; l < L_; l++)
         for (uint32_t h = 0; h < H_; h++)
@@ -238,6 +238,79 @@ static void test_bad_blocks(void **state)
     x->perm[a] = t;
 }
 
+/* The kernels' own index: blocks exported from a real build and imported
+ * through the parsed set give a bit-identical index, and the preload fill
+ * restores every prefix position. */
+static void test_wave_import(void **state)
+{
+    fx_t *f = *state;
+    kn_shape_t shape = {4, H_, D_, 0};
+    kn_wave_params_t w;
+    kn_wave_t *w1[L_] = {0}, *w2[L_] = {0};
+    uint8_t *bufs[2] = {0};
+    uint64_t lens[2];
+    gw_pfx_set_t *set = NULL;
+    const uint32_t window = 16;
+
+    kn_wave_params_default(&w);
+    w.sink_tokens = SINK;
+    w.window_tokens = window;
+    w.tokens_per_cluster = CS;
+    w.segment_tokens = B_;
+    w.update_tokens = 16;
+    assert_int_equal(gw_pfx_max_blocks(&f->lay, window, NTOK), 2);
+    for (uint32_t l = 0; l < L_; l += 2) {
+        kn_kv_view_t kv = {f->kv->k[l], f->kv->v[l], NTOK, D_, f->kv->cap * D_};
+        assert_int_equal(kn_wave_create(&shape, &w, &w1[l]), RI_OK);
+        assert_int_equal(kn_wave_build(w1[l], &kv), RI_OK);
+        for (uint32_t h = 0; h < H_; h++)
+            f->idx[l][h] = *kn_wave_index(w1[l], h); /* the fixture's index() answers these */
+    }
+    gw_pfx_src_t src = {f->kv, f, fx_index};
+    assert_int_equal(gw_pfx_set_create(&f->lay, 2, &set), RI_OK);
+    for (uint32_t b = 0; b < 2; b++) {
+        assert_int_equal(gw_pfx_block_build(&f->lay, &src, b, &bufs[b], &lens[b]), RI_OK);
+        assert_int_equal(gw_pfx_set_add(set, bufs[b], lens[b]), RI_OK);
+    }
+    assert_null(gw_pfx_set_pieces(set, 1));
+    for (uint32_t l = 0; l < L_; l += 2) {
+        kn_kv_view_t kv = {f->kv->k[l], f->kv->v[l], NTOK, D_, f->kv->cap * D_};
+        const kn_wave_pieces_t *pc = gw_pfx_set_pieces(set, l);
+        assert_non_null(pc);
+        assert_int_equal(pc->n_blocks, 2);
+        assert_int_equal(kn_wave_create(&shape, &w, &w2[l]), RI_OK);
+        assert_int_equal(kn_wave_build_pieces(w2[l], &kv, pc), RI_OK);
+        for (uint32_t h = 0; h < H_; h++) {
+            const kn_index_t *a = kn_wave_index(w1[l], h), *b = kn_wave_index(w2[l], h);
+            assert_true(a->n_clusters > 2 * B_ / CS);
+            assert_int_equal(a->n_clusters, b->n_clusters);
+            assert_int_equal(a->n_tokens, b->n_tokens);
+            assert_memory_equal(a->sizes, b->sizes, a->n_clusters * 4);
+            assert_memory_equal(a->perm, b->perm, a->n_tokens * 4);
+            assert_memory_equal(a->centroids, b->centroids, (size_t)a->n_clusters * D_ * 2);
+            assert_memory_equal(a->vmean, b->vmean, (size_t)a->n_clusters * D_ * 2);
+        }
+    }
+    /* the preload: every position of the two blocks, every layer and head */
+    cm_fp16_t *k = calloc(2 * B_ * D_, 2), *v = calloc(2 * B_ * D_, 2);
+    for (uint32_t l = 0; l < L_; l++)
+        for (uint32_t h = 0; h < H_; h++) {
+            assert_int_equal(gw_pfx_set_fill(set, l, h, 0, 2 * B_, k, v, D_), RI_OK);
+            assert_memory_equal(k, f->kv->k[l] + (size_t)h * f->kv->cap * D_, 2 * B_ * D_ * 2);
+            assert_memory_equal(v, f->kv->v[l] + (size_t)h * f->kv->cap * D_, 2 * B_ * D_ * 2);
+        }
+    assert_int_equal(gw_pfx_set_fill(set, 0, 0, 1, 2 * B_, k, v, D_), RI_ERR_RANGE);
+    free(k);
+    free(v);
+    gw_pfx_set_destroy(set);
+    for (uint32_t l = 0; l < L_; l++) {
+        kn_wave_destroy(w1[l]);
+        kn_wave_destroy(w2[l]);
+    }
+    cm_free(bufs[0]);
+    cm_free(bufs[1]);
+}
+
 static void test_keys(void **state)
 {
     fx_t *f = *state;
@@ -289,6 +362,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_roundtrip, fx_setup, fx_teardown),
         cmocka_unit_test_setup_teardown(test_roundtrip_unindexed, fx_setup, fx_teardown),
         cmocka_unit_test_setup_teardown(test_bad_blocks, fx_setup, fx_teardown),
+        cmocka_unit_test_setup_teardown(test_wave_import, fx_setup, fx_teardown),
         cmocka_unit_test_setup_teardown(test_keys, fx_setup, fx_teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
