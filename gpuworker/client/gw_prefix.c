@@ -232,6 +232,8 @@ static ri_status_t gw_pfx_plan(const gw_pfx_layout_t *lay, const gw_pfx_src_t *s
         p->worker_bytes += 8u + cm_pfx_pad8(4u * (uint64_t)p->n_loose[l]) +
                            (uint64_t)H * 2u * cm_pfx_pad8(2u * (uint64_t)p->n_loose[l] * d);
     }
+    if (lay->indexed && p->total_clusters == 0)
+        return RI_ERR_UNSUPPORTED; /* no index built yet: the block would lack its clusters */
     p->tables_bytes = cm_pfx_tables_bytes(lay->n_layers * H, p->total_clusters);
     return RI_OK;
 }

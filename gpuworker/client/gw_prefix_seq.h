@@ -41,6 +41,14 @@ typedef struct gw_pfx_stats {
     _Atomic uint64_t fallbacks;        /* lookups or publishes that failed (full prefill / not published) */
 } gw_pfx_stats_t;
 
+/* A worker's prefix reuse: one per loaded model, for the process's life. */
+typedef struct gw_pfx_ctx {
+    gw_pfx_keyer_t keyer;      /* model digest and tenant salt */
+    gw_ctl_t *ctl;             /* borrowed: the kvstore's control channel */
+    uint32_t timeout_ms;       /* its calls' deadline */
+    gw_pfx_stats_t stats;
+} gw_pfx_ctx_t;
+
 /* A prefix-only kvstore session. */
 typedef struct gw_pfx_conn {
     gw_ctl_t *ctl;             /* borrowed: outlives the connection */
