@@ -590,3 +590,107 @@ void kvs_prefix_metrics_write_locked(kvs_data_t *data, FILE *out)
                  "# TYPE ri_kvs_prefix_dropped_total counter\nri_kvs_prefix_dropped_total %" PRIu64 "\n",
             pc->put_new, pc->put_existed, pc->put_refused, pc->evictions, pc->dropped);
 }
+
+/* --- control side (kvs_data.h) --------------------------------------------- */
+
+ri_status_t kvs_data_prefix_lookup(kvs_data_t *data, const char *tenant, const uint8_t *keys, size_t n,
+                                   uint32_t *cached_p, uint64_t *tokens_p)
+{
+    uint32_t cached = 0;
+    uint64_t tokens = 0;
+
+    if (data == NULL || tenant == NULL || (keys == NULL && n > 0) || n > CM_PFX_MAX_KEYS || cached_p == NULL ||
+        tokens_p == NULL)
+        return RI_ERR_INVALID;
+    pthread_mutex_lock(&data->lock);
+    for (; cached < n; cached++) {
+        const kvs_pblock_t *b = kvs_pfx_find_locked(data, tenant, keys + (size_t)cached * CM_PFX_KEY_SIZE);
+        if (b == NULL)
+            break;
+        tokens += b->n_tokens;
+    }
+    pthread_mutex_unlock(&data->lock);
+    *cached_p = cached;
+    *tokens_p = tokens;
+    return RI_OK;
+}
+
+static void kvs_pfx_info_fill(const kvs_pblock_t *b, kvs_prefix_info_t *info)
+{
+    memcpy(info->key, b->key, CM_PFX_KEY_SIZE);
+    snprintf(info->tenant, sizeof(info->tenant), "%s", b->tenant);
+    info->bytes = b->bytes;
+    info->tokens = b->n_tokens;
+    info->refs = b->refs;
+    info->created_unix_ms = b->created_unix_ms;
+}
+
+ri_status_t kvs_data_prefix_list(kvs_data_t *data, const char *tenant, kvs_prefix_info_t **infos_p, size_t *n_p)
+{
+    kvs_prefix_info_t *infos = NULL;
+    size_t n = 0, cap = 0;
+    ri_status_t st = RI_OK;
+
+    if (data == NULL || infos_p == NULL || n_p == NULL)
+        return RI_ERR_INVALID;
+    pthread_mutex_lock(&data->lock);
+    for (uint32_t i = 0; i < KVS_PFX_BUCKETS && st == RI_OK; i++) {
+        for (const kvs_pblock_t *b = data->prefix.buckets[i]; b != NULL; b = b->hnext) {
+            if (tenant != NULL && strcmp(b->tenant, tenant) != 0)
+                continue;
+            if (n == cap) {
+                size_t nc = cap ? 2u * cap : 16u;
+                kvs_prefix_info_t *ni = cm_realloc(&kvs_prefix_tag, infos, nc * sizeof(*ni));
+                if (ni == NULL) {
+                    st = RI_ERR_NOMEM;
+                    break;
+                }
+                infos = ni;
+                cap = nc;
+            }
+            kvs_pfx_info_fill(b, &infos[n++]);
+        }
+    }
+    pthread_mutex_unlock(&data->lock);
+    if (st != RI_OK) {
+        cm_free(infos);
+        return st;
+    }
+    *infos_p = infos;
+    *n_p = n;
+    return RI_OK;
+}
+
+ri_status_t kvs_data_prefix_drop(kvs_data_t *data, const char *tenant, const uint8_t key[KVS_PFX_KEY],
+                                 uint32_t *n_p, uint64_t *bytes_p)
+{
+    uint32_t dropped = 0;
+    uint64_t freed = 0;
+
+    if (data == NULL || key == NULL)
+        return RI_ERR_INVALID;
+    pthread_mutex_lock(&data->lock);
+    for (uint32_t i = 0; i < KVS_PFX_BUCKETS; i++) {
+        kvs_pblock_t *b = data->prefix.buckets[i], *next;
+        for (; b != NULL; b = next) {
+            next = b->hnext;
+            if (memcmp(b->key, key, CM_PFX_KEY_SIZE) != 0 || (tenant != NULL && strcmp(b->tenant, tenant) != 0))
+                continue;
+            kvs_pfx_unlink_locked(data, b);
+            dropped++;
+            data->prefix.dropped++;
+            if (b->refs == 0) {
+                freed += b->charge;
+                kvs_pfx_free_locked(data, b);
+            } /* else: freed at its last detach */
+        }
+        if (tenant != NULL && dropped > 0)
+            break; /* one tenant holds a key once */
+    }
+    pthread_mutex_unlock(&data->lock);
+    if (n_p != NULL)
+        *n_p = dropped;
+    if (bytes_p != NULL)
+        *bytes_p = freed;
+    return dropped > 0 ? RI_OK : RI_ERR_NOT_FOUND;
+}

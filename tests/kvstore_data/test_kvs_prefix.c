@@ -21,6 +21,7 @@
 
 #include <cmocka.h>
 
+#include "common/cm_alloc.h"
 #include "common/cm_crc32c.h"
 #include "common/cm_dp_direct.h"
 #include "common/cm_dp_prefix.h"
@@ -375,6 +376,63 @@ static void test_put_existing_and_tenants(void **state)
     assert_int_equal(n_att, 0);
     assert_int_equal(gw_dp_prefix_put(c.dp, key, other.buf, other.len, &slot, &flags), RI_OK);
     assert_int_equal(flags, 0);
+
+    /* the control API: each tenant sees its own; bob cannot drop alice's */
+    {
+        gw_ctl_t *alice = NULL, *bob = NULL, *root = NULL;
+        gw_ctl_error_t err = {0};
+        gw_ctl_prefix_info_t *infos = NULL;
+        size_t n = 0;
+        uint32_t cached = 9, dropped = 0;
+        uint64_t tokens = 0, freed = 9;
+        uint8_t keys[2 * CM_PFX_KEY_SIZE];
+        assert_int_equal(gw_ctl_create(g_grpc, "tok-alice", &alice), RI_OK);
+        assert_int_equal(gw_ctl_create(g_grpc, "tok-bob-1", &bob), RI_OK);
+        assert_int_equal(gw_ctl_create(g_grpc, "tok-root-1", &root), RI_OK);
+        memcpy(keys, key, CM_PFX_KEY_SIZE);
+        key_of(keys + CM_PFX_KEY_SIZE, 8);
+        assert_int_equal(gw_ctl_lookup_prefix(alice, 5000, keys, 2, &cached, &tokens, &err), RI_OK);
+        assert_int_equal(cached, 1);
+        assert_int_equal(tokens, BLOCK_TOKENS);
+        assert_int_equal(gw_ctl_list_prefixes(alice, 5000, &infos, &n, &err), RI_OK);
+        assert_int_equal(n, 1);
+        assert_string_equal(infos[0].tenant, "alice");
+        assert_memory_equal(infos[0].key, key, CM_PFX_KEY_SIZE);
+        assert_int_equal(infos[0].bytes, k.len);
+        assert_int_equal(infos[0].sessions, 2);
+        cm_free(infos);
+        assert_int_equal(gw_ctl_list_prefixes(bob, 5000, &infos, &n, &err), RI_OK);
+        assert_int_equal(n, 1);
+        assert_string_equal(infos[0].tenant, "bob");
+        cm_free(infos);
+        assert_int_equal(gw_ctl_list_prefixes(root, 5000, &infos, &n, &err), RI_OK);
+        assert_int_equal(n, 2); /* an admin sees every tenant's */
+        cm_free(infos);
+        assert_int_equal(gw_ctl_drop_prefix(bob, 5000, key, "alice", NULL, NULL, &err), RI_ERR_PERMISSION);
+        assert_int_equal(gw_ctl_drop_prefix(bob, 5000, key, NULL, &dropped, NULL, &err), RI_OK); /* his own */
+        assert_int_equal(dropped, 1);
+        assert_int_equal(gw_ctl_drop_prefix(bob, 5000, key, NULL, NULL, NULL, &err), RI_ERR_NOT_FOUND);
+        assert_int_equal(gw_ctl_lookup_prefix(alice, 5000, keys, 1, &cached, &tokens, &err), RI_OK);
+        assert_int_equal(cached, 1); /* alice's stands */
+        /* alice drops hers while two sessions hold it: gone from the
+         * catalog now, still readable by them, freed when they end */
+        assert_int_equal(gw_ctl_drop_prefix(alice, 5000, key, NULL, &dropped, &freed, &err), RI_OK);
+        assert_int_equal(dropped, 1);
+        assert_int_equal(freed, 0);
+        assert_int_equal(gw_ctl_lookup_prefix(alice, 5000, keys, 1, &cached, &tokens, &err), RI_OK);
+        assert_int_equal(cached, 0);
+        {
+            uint8_t *got = malloc(k.len);
+            assert_int_equal(gw_dp_prefix_get(a.dp, 0, 0, got, k.len), RI_OK);
+            assert_memory_equal(got, k.buf, k.len);
+            free(got);
+        }
+        assert_int_equal(gw_dp_prefix_attach(b.dp, key, 1, att, &n_att), RI_OK);
+        assert_int_equal(n_att, 0);
+        gw_ctl_destroy(alice);
+        gw_ctl_destroy(bob);
+        gw_ctl_destroy(root);
+    }
     gw_dp_close(a.dp);
     gw_dp_close(b.dp);
     gw_dp_close(c.dp);
