@@ -168,4 +168,35 @@ typedef struct kvs_data_pool_info {
 } kvs_data_pool_info_t;
 void kvs_data_pool_info(kvs_data_t *data, kvs_data_pool_info_t *info_p);
 
+/* --- prefix blocks (kvs_prefix.c; docs/kvstore-data.md "Prefix blocks") --- */
+
+#define KVS_PFX_KEY 32u  /* CM_PFX_KEY_SIZE */
+
+/* One published block as ListPrefixes shows it. */
+typedef struct kvs_prefix_info {
+    uint8_t key[KVS_PFX_KEY];
+    char tenant[KVS_TENANT_MAX];     /* owner */
+    uint64_t bytes;                  /* block length */
+    uint32_t tokens;                 /* tokens it covers */
+    uint32_t refs;                   /* sessions it is attached to */
+    uint64_t created_unix_ms;
+} kvs_prefix_info_t;
+
+/* How many of keys[0..n) (n x KVS_PFX_KEY bytes), from the first, this
+ * tenant holds (*cached_p), and their tokens (*tokens_p).  Changes nothing
+ * (not even recency).  RI_ERR_INVALID for bad arguments. */
+ri_status_t kvs_data_prefix_lookup(kvs_data_t *data, const char *tenant, const uint8_t *keys, size_t n,
+                                   uint32_t *cached_p, uint64_t *tokens_p);
+
+/* This tenant's blocks (NULL: every tenant's, for an admin).  *infos_p is
+ * cm_malloc'd (caller frees with cm_free; NULL when *n_p is 0). */
+ri_status_t kvs_data_prefix_list(kvs_data_t *data, const char *tenant, kvs_prefix_info_t **infos_p, size_t *n_p);
+
+/* Take key out of this tenant's catalog (NULL: out of every tenant's, for an
+ * admin).  A block still attached leaves the catalog at once and is freed
+ * at its last detach.  *n_p (may be NULL): blocks dropped; *bytes_p (may be
+ * NULL): bytes freed now.  RI_ERR_NOT_FOUND when there is none. */
+ri_status_t kvs_data_prefix_drop(kvs_data_t *data, const char *tenant, const uint8_t key[KVS_PFX_KEY],
+                                 uint32_t *n_p, uint64_t *bytes_p);
+
 #endif /* KVS_DATA_H */

@@ -131,16 +131,20 @@ typedef struct kvs_tenant {
 /* A published prefix block (kvs_prefix.c; format common/cm_dp_prefix.h):
  * immutable bytes in a sealed anonymous memory file, mapped here read-only,
  * held in the tenant's catalog under its key and referenced once per
- * session slot it is attached to.  Unreferenced blocks in the catalog are
- * on the LRU, first to go under a cap or pool pressure. */
+ * session slot it is attached to.  Unreferenced resident blocks in the
+ * catalog are on the LRU, first to go under a cap or pool pressure: to the
+ * spill tier when there is one (on_disk: no memory, read back at attach),
+ * else out of the catalog. */
 typedef struct kvs_pblock {
     uint8_t key[32];                 /* CM_PFX_KEY_SIZE */
     char tenant[KVS_TENANT_MAX];
-    const uint8_t *base;             /* the block, mapped read-only */
+    const uint8_t *base;             /* the block, mapped read-only (NULL when on disk) */
     uint64_t bytes;                  /* its length */
-    uint64_t charge;                 /* pool bytes held for it (hold_off) */
+    uint64_t charge;                 /* pool bytes held for it (hold_off); 0 when on disk */
     uint64_t hold_off;               /* pool extent held so the pool's budget counts it */
-    int fd;                          /* the memory file (sealed against every write) */
+    int fd;                          /* the memory file (sealed against every write); -1 when on disk */
+    bool on_disk;                    /* its bytes are only in the spill store, records disk_id */
+    uint64_t disk_id;                /* its records' id in the spill store (kvs_prefix_spill.c) */
     uint32_t n_tokens;               /* tokens of the block (header) */
     uint32_t refs;                   /* attached session slots */
     bool in_catalog;                 /* reachable by key (a dropped block lives until its last detach) */
@@ -157,6 +161,9 @@ typedef struct kvs_pcat {
     kvs_pblock_t *lru_head, *lru_tail;    /* head = least recently used */
     uint64_t max_bytes, tenant_max_bytes; /* caps (tenant 0 = only the global one) */
     uint64_t blocks, bytes;               /* resident blocks (in the catalog or awaiting their last detach) */
+    uint64_t disk_blocks, disk_bytes;     /* blocks only in the spill store */
+    uint64_t next_disk_id;                /* of the next block written to the spill store */
+    uint64_t spills, readbacks, corrupt;  /* blocks written out, read back, refused on read-back */
     uint64_t attach_hits, attach_misses;  /* keys */
     uint64_t tokens_attached;
     uint64_t put_new, put_existed, put_refused;
@@ -317,6 +324,35 @@ uint64_t kvs_prefix_reclaim_locked(kvs_data_t *data, uint64_t bytes);
 
 /* A new descriptor of the block attached to s at slot (caller closes).  Lock held. */
 ri_status_t kvs_prefix_handover_locked(kvs_session_t *s, uint32_t slot, int *fd_p, uint64_t *bytes_p);
+
+/* --- prefix blocks in the spill tier (kvs_prefix_spill.c); lock held --- */
+
+/* Write resident, unreferenced b to the spill store and give its memory back
+ * (it stays in the catalog, on disk).  Nothing changes on failure. */
+ri_status_t kvs_prefix_spill_locked(kvs_data_t *data, kvs_pblock_t *b);
+
+/* Read on-disk b back into a sealed memory file (verifying every record and
+ * the block's own CRC); b is then resident and its records are forgotten.
+ * RI_ERR_CORRUPT (or the read's error) leaves it on disk: the caller drops it. */
+ri_status_t kvs_prefix_load_locked(kvs_data_t *data, kvs_pblock_t *b, kvs_tenant_t *t);
+
+/* Forget on-disk b's records. */
+void kvs_prefix_disk_forget_locked(kvs_data_t *data, kvs_pblock_t *b);
+
+/* --recover: put the blocks the spill store holds back in the catalog, on disk. */
+void kvs_prefix_recover_locked(kvs_data_t *data);
+
+/* True for spill-store keys of prefix blocks (never a session's). */
+bool kvs_prefix_disk_key(uint64_t session);
+
+/* Shared with kvs_prefix.c: a sealed read-only memory file of len bytes of
+ * buf (*b_p: a new unaccounted block); make room under the caps for need
+ * bytes of tenant t, hold its pool extent and account it. */
+ri_status_t kvs_prefix_make(const uint8_t *buf, uint64_t len, kvs_pblock_t **b_p);
+ri_status_t kvs_prefix_hold_locked(kvs_data_t *data, kvs_tenant_t *t, kvs_pblock_t *b);
+void kvs_prefix_insert_locked(kvs_data_t *data, kvs_pblock_t *b);
+kvs_pblock_t *kvs_prefix_find_locked(kvs_data_t *data, const char *tenant, const uint8_t *key);
+void kvs_prefix_unlink_locked(kvs_data_t *data, kvs_pblock_t *b);
 
 /* Append the prefix metrics.  Lock held. */
 void kvs_prefix_metrics_write_locked(kvs_data_t *data, FILE *out);

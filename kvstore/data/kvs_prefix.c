@@ -47,7 +47,7 @@ static uint32_t kvs_pfx_bucket(const char *tenant, const uint8_t key[CM_PFX_KEY_
     return (uint32_t)(h % KVS_PFX_BUCKETS);
 }
 
-static kvs_pblock_t *kvs_pfx_find_locked(kvs_data_t *data, const char *tenant, const uint8_t *key)
+kvs_pblock_t *kvs_prefix_find_locked(kvs_data_t *data, const char *tenant, const uint8_t *key)
 {
     for (kvs_pblock_t *b = data->prefix.buckets[kvs_pfx_bucket(tenant, key)]; b != NULL; b = b->hnext)
         if (memcmp(b->key, key, CM_PFX_KEY_SIZE) == 0 && strcmp(b->tenant, tenant) == 0)
@@ -80,19 +80,19 @@ static void kvs_pfx_lru_push(kvs_pcat_t *pc, kvs_pblock_t *b)
     pc->lru_tail = b;
 }
 
-static void kvs_pfx_insert_locked(kvs_data_t *data, kvs_pblock_t *b)
+void kvs_prefix_insert_locked(kvs_data_t *data, kvs_pblock_t *b)
 {
     uint32_t i = kvs_pfx_bucket(b->tenant, b->key);
 
     b->hnext = data->prefix.buckets[i];
     data->prefix.buckets[i] = b;
     b->in_catalog = true;
-    if (b->refs == 0)
+    if (b->refs == 0 && !b->on_disk)
         kvs_pfx_lru_push(&data->prefix, b);
 }
 
 /* Take b out of the catalog (and the LRU); it lives on while referenced. */
-static void kvs_pfx_unlink_locked(kvs_data_t *data, kvs_pblock_t *b)
+void kvs_prefix_unlink_locked(kvs_data_t *data, kvs_pblock_t *b)
 {
     kvs_pblock_t **pp = &data->prefix.buckets[kvs_pfx_bucket(b->tenant, b->key)];
 
@@ -101,7 +101,7 @@ static void kvs_pfx_unlink_locked(kvs_data_t *data, kvs_pblock_t *b)
     if (*pp == b)
         *pp = b->hnext;
     b->hnext = NULL;
-    if (b->in_catalog && b->refs == 0)
+    if (b->in_catalog && b->refs == 0 && !b->on_disk)
         kvs_pfx_lru_remove(&data->prefix, b);
     b->in_catalog = false;
 }
@@ -119,11 +119,18 @@ static void kvs_pfx_release(kvs_pblock_t *b)
     cm_free(b);
 }
 
-/* Free an admitted block nobody references: its pool hold and charges go back. */
+/* Free an admitted block nobody references: its pool hold and charges (or
+ * its disk records) go back. */
 static void kvs_pfx_free_locked(kvs_data_t *data, kvs_pblock_t *b)
 {
-    kvs_tenant_t *t = kvs_tenant_get_locked(data, b->tenant);
+    kvs_tenant_t *t;
 
+    if (b->on_disk) {
+        kvs_prefix_disk_forget_locked(data, b);
+        kvs_pfx_release(b);
+        return;
+    }
+    t = kvs_tenant_get_locked(data, b->tenant);
     kvs_pool_free(data->pool, b->hold_off, b->charge);
     data->prefix.blocks--;
     data->prefix.bytes -= b->charge;
@@ -132,12 +139,19 @@ static void kvs_pfx_free_locked(kvs_data_t *data, kvs_pblock_t *b)
     kvs_pfx_release(b);
 }
 
-/* Evict an unreferenced block of the catalog. */
+/* Evict an unreferenced resident block of the catalog: to the spill tier
+ * when there is one and it takes the block, else out of the catalog. */
 static void kvs_pfx_evict_locked(kvs_data_t *data, kvs_pblock_t *b)
 {
-    cm_debug("prefix: evicting a block of tenant %s (%" PRIu64 " bytes)", b->tenant, b->bytes);
-    kvs_pfx_unlink_locked(data, b);
     data->prefix.evictions++;
+    if (kvs_tier_on(data)) {
+        kvs_pfx_lru_remove(&data->prefix, b);
+        if (kvs_prefix_spill_locked(data, b) == RI_OK)
+            return;
+        kvs_pfx_lru_push(&data->prefix, b); /* so that unlink finds it where it expects */
+    }
+    cm_debug("prefix: evicting a block of tenant %s (%" PRIu64 " bytes)", b->tenant, b->bytes);
+    kvs_prefix_unlink_locked(data, b);
     kvs_pfx_free_locked(data, b);
 }
 
@@ -184,7 +198,7 @@ static uint64_t kvs_pfx_unix_ms(void)
 /* Put len bytes of buf into a new memory file, seal it against every
  * change (the writable mapping is gone first: F_SEAL_WRITE needs that) and
  * map it read-only.  Lock not held: this copies the whole block. */
-static ri_status_t kvs_pfx_make(const uint8_t *buf, uint64_t len, kvs_pblock_t **b_p)
+ri_status_t kvs_prefix_make(const uint8_t *buf, uint64_t len, kvs_pblock_t **b_p)
 {
     kvs_pblock_t *b = cm_calloc(&kvs_prefix_tag, 1, sizeof(*b));
     void *w, *r;
@@ -290,13 +304,13 @@ void kvs_prefix_detach_all_locked(kvs_data_t *data, kvs_session_t *s)
 }
 
 /* Make room under the caps for b (of tenant t) by evicting unreferenced
- * blocks (the tenant's own for its cap), hold its pool extent and put it in
- * the catalog.  RI_ERR_QUOTA when the caps cannot be met even so (nothing
- * evicted then), RI_ERR_NOSPACE when the pool has no room. */
-static ri_status_t kvs_pfx_admit_locked(kvs_data_t *data, kvs_tenant_t *t, kvs_pblock_t *b)
+ * blocks (the tenant's own for its cap), hold its pool extent and account
+ * it.  RI_ERR_QUOTA when the caps cannot be met even so (nothing evicted
+ * then), RI_ERR_NOSPACE when the pool has no room. */
+ri_status_t kvs_prefix_hold_locked(kvs_data_t *data, kvs_tenant_t *t, kvs_pblock_t *b)
 {
     kvs_pcat_t *pc = &data->prefix;
-    uint64_t need = b->charge, tmax = pc->tenant_max_bytes;
+    uint64_t need = kvs_pool_round(b->bytes), tmax = pc->tenant_max_bytes;
     ri_status_t st;
 
     if (need > pc->max_bytes || (tmax != 0 && need > tmax))
@@ -314,11 +328,40 @@ static ri_status_t kvs_pfx_admit_locked(kvs_data_t *data, kvs_tenant_t *t, kvs_p
         st = kvs_pool_alloc(data->pool, need, &b->hold_off);
     if (st != RI_OK)
         return st;
+    b->charge = need;
     pc->blocks++;
     pc->bytes += need;
     t->prefix_bytes += need;
-    kvs_pfx_insert_locked(data, b);
     return RI_OK;
+}
+
+/* Find tenant's block of key, reading it back when it is on disk.  One whose
+ * records fail verification (or are missing) is dropped: a miss, never
+ * served.  One that cannot be read back now (caps, memory, I/O) stays on
+ * disk; NULL then too. */
+static kvs_pblock_t *kvs_pfx_find_resident_locked(kvs_data_t *data, const char *tenant, const uint8_t *key)
+{
+    kvs_pblock_t *b = kvs_prefix_find_locked(data, tenant, key);
+    kvs_tenant_t *t;
+    ri_status_t st;
+
+    if (b == NULL || !b->on_disk)
+        return b;
+    t = kvs_tenant_get_locked(data, tenant);
+    st = t != NULL ? kvs_prefix_load_locked(data, b, t) : RI_ERR_NOMEM;
+    if (st == RI_OK) {
+        if (b->refs == 0)
+            kvs_pfx_lru_push(&data->prefix, b); /* resident again, the most recent */
+        return b;
+    }
+    if (st == RI_ERR_CORRUPT || st == RI_ERR_NOT_FOUND || st == RI_ERR_TRUNCATED || st == RI_ERR_PROTOCOL) {
+        cm_error("prefix: a spilled block of tenant %s failed verification (%s): dropped", tenant,
+                 ri_status_str(st));
+        data->prefix.corrupt++;
+        kvs_prefix_unlink_locked(data, b);
+        kvs_pfx_free_locked(data, b);
+    }
+    return NULL;
 }
 
 /* --- ops ----------------------------------------------------------------- */
@@ -345,7 +388,7 @@ ri_status_t kvs_prefix_attach(kvs_data_t *data, kvs_session_t *s, const cm_wire_
     }
     pthread_mutex_lock(&data->lock);
     for (; n_att < n; n_att++) {
-        kvs_pblock_t *b = kvs_pfx_find_locked(data, s->tenant, keys + (size_t)n_att * CM_PFX_KEY_SIZE);
+        kvs_pblock_t *b = kvs_pfx_find_resident_locked(data, s->tenant, keys + (size_t)n_att * CM_PFX_KEY_SIZE);
         if (b == NULL)
             break;
         st = kvs_pfx_attach_locked(data, s, b, &ent[n_att].slot);
@@ -411,10 +454,14 @@ static ri_status_t kvs_pfx_publish_locked(kvs_data_t *data, kvs_session_t *s, co
                                           const uint8_t *blk, const cm_pfx_view_t *v, uint32_t *slot_p,
                                           uint32_t *flags_p)
 {
-    kvs_pblock_t *b = kvs_pfx_find_locked(data, s->tenant, key);
+    kvs_pblock_t *b = kvs_pfx_find_resident_locked(data, s->tenant, key);
     kvs_tenant_t *t;
     ri_status_t st;
 
+    if (b == NULL && kvs_prefix_find_locked(data, s->tenant, key) != NULL) {
+        kvs_pfx_release(nb); /* on disk and not readable now: neither replaced nor attached */
+        return RI_ERR_QUOTA;
+    }
     if (b != NULL) {
         kvs_pfx_release(nb);
         *flags_p = CM_PFX_F_EXISTED;
@@ -428,16 +475,18 @@ static ri_status_t kvs_pfx_publish_locked(kvs_data_t *data, kvs_session_t *s, co
     memcpy(nb->key, key, CM_PFX_KEY_SIZE);
     snprintf(nb->tenant, sizeof(nb->tenant), "%s", s->tenant);
     nb->n_tokens = v->hdr.n_tokens;
-    nb->charge = kvs_pool_round(nb->bytes);
     nb->created_unix_ms = kvs_pfx_unix_ms();
-    st = kvs_pfx_admit_locked(data, t, nb);
+    st = kvs_prefix_hold_locked(data, t, nb);
     if (st != RI_OK) {
         kvs_pfx_release(nb);
         return st;
     }
+    kvs_prefix_insert_locked(data, nb);
     st = kvs_pfx_attach_locked(data, s, nb, slot_p);
-    if (st != RI_OK)
-        kvs_pfx_evict_locked(data, nb); /* unreferenced: nothing else saw it */
+    if (st != RI_OK) { /* unreferenced: nothing else saw it */
+        kvs_prefix_unlink_locked(data, nb);
+        kvs_pfx_free_locked(data, nb);
+    }
     *flags_p = 0;
     return st;
 }
@@ -459,12 +508,12 @@ ri_status_t kvs_prefix_put(kvs_data_t *data, kvs_session_t *s, const cm_wire_hdr
     if (reply == NULL)
         return RI_ERR_NOMEM;
     pthread_mutex_lock(&data->lock);
-    b = kvs_pfx_find_locked(data, s->tenant, key);
+    b = kvs_pfx_find_resident_locked(data, s->tenant, key);
     if (b != NULL)
         st = kvs_pfx_put_existing_locked(data, s, b, blk, &v, &slot);
     pthread_mutex_unlock(&data->lock);
     if (b == NULL) {
-        st = kvs_pfx_make(blk, bytes, &nb); /* the copy runs without the lock */
+        st = kvs_prefix_make(blk, bytes, &nb); /* the copy runs without the lock */
         pthread_mutex_lock(&data->lock);
         if (st == RI_OK)
             st = kvs_pfx_publish_locked(data, s, key, nb, blk, &v, &slot, &flags);
@@ -552,14 +601,26 @@ void kvs_prefix_init(kvs_data_t *data)
 
 void kvs_prefix_destroy(kvs_data_t *data)
 {
+    uint64_t kept = 0;
+
     for (uint32_t i = 0; i < KVS_PFX_BUCKETS; i++) {
         while (data->prefix.buckets[i] != NULL) {
             kvs_pblock_t *b = data->prefix.buckets[i];
-            kvs_pfx_unlink_locked(data, b);
-            if (b->refs == 0)
+            /* A clean stop writes resident blocks out too, so that
+             * --recover finds them; what is on disk stays there. */
+            if (kvs_tier_on(data) && !b->on_disk && b->refs == 0 && kvs_prefix_spill_locked(data, b) != RI_OK)
+                cm_warn("shutdown: a prefix block of tenant %s did not reach the spill tier", b->tenant);
+            kvs_prefix_unlink_locked(data, b);
+            if (b->on_disk) {
+                kept++;
+                kvs_pfx_release(b); /* its records stay */
+            } else if (b->refs == 0) {
                 kvs_pfx_free_locked(data, b);
+            }
         }
     }
+    if (kept > 0)
+        cm_info("shutdown: %" PRIu64 " prefix block(s) kept in the spill tier", kept);
 }
 
 void kvs_prefix_metrics_write_locked(kvs_data_t *data, FILE *out)
@@ -589,4 +650,108 @@ void kvs_prefix_metrics_write_locked(kvs_data_t *data, FILE *out)
                  "# HELP ri_kvs_prefix_dropped_total Prefix blocks dropped by DropPrefix.\n"
                  "# TYPE ri_kvs_prefix_dropped_total counter\nri_kvs_prefix_dropped_total %" PRIu64 "\n",
             pc->put_new, pc->put_existed, pc->put_refused, pc->evictions, pc->dropped);
+}
+
+/* --- control side (kvs_data.h) --------------------------------------------- */
+
+ri_status_t kvs_data_prefix_lookup(kvs_data_t *data, const char *tenant, const uint8_t *keys, size_t n,
+                                   uint32_t *cached_p, uint64_t *tokens_p)
+{
+    uint32_t cached = 0;
+    uint64_t tokens = 0;
+
+    if (data == NULL || tenant == NULL || (keys == NULL && n > 0) || n > CM_PFX_MAX_KEYS || cached_p == NULL ||
+        tokens_p == NULL)
+        return RI_ERR_INVALID;
+    pthread_mutex_lock(&data->lock);
+    for (; cached < n; cached++) {
+        const kvs_pblock_t *b = kvs_prefix_find_locked(data, tenant, keys + (size_t)cached * CM_PFX_KEY_SIZE);
+        if (b == NULL)
+            break;
+        tokens += b->n_tokens;
+    }
+    pthread_mutex_unlock(&data->lock);
+    *cached_p = cached;
+    *tokens_p = tokens;
+    return RI_OK;
+}
+
+static void kvs_pfx_info_fill(const kvs_pblock_t *b, kvs_prefix_info_t *info)
+{
+    memcpy(info->key, b->key, CM_PFX_KEY_SIZE);
+    snprintf(info->tenant, sizeof(info->tenant), "%s", b->tenant);
+    info->bytes = b->bytes;
+    info->tokens = b->n_tokens;
+    info->refs = b->refs;
+    info->created_unix_ms = b->created_unix_ms;
+}
+
+ri_status_t kvs_data_prefix_list(kvs_data_t *data, const char *tenant, kvs_prefix_info_t **infos_p, size_t *n_p)
+{
+    kvs_prefix_info_t *infos = NULL;
+    size_t n = 0, cap = 0;
+    ri_status_t st = RI_OK;
+
+    if (data == NULL || infos_p == NULL || n_p == NULL)
+        return RI_ERR_INVALID;
+    pthread_mutex_lock(&data->lock);
+    for (uint32_t i = 0; i < KVS_PFX_BUCKETS && st == RI_OK; i++) {
+        for (const kvs_pblock_t *b = data->prefix.buckets[i]; b != NULL; b = b->hnext) {
+            if (tenant != NULL && strcmp(b->tenant, tenant) != 0)
+                continue;
+            if (n == cap) {
+                size_t nc = cap ? 2u * cap : 16u;
+                kvs_prefix_info_t *ni = cm_realloc(&kvs_prefix_tag, infos, nc * sizeof(*ni));
+                if (ni == NULL) {
+                    st = RI_ERR_NOMEM;
+                    break;
+                }
+                infos = ni;
+                cap = nc;
+            }
+            kvs_pfx_info_fill(b, &infos[n++]);
+        }
+    }
+    pthread_mutex_unlock(&data->lock);
+    if (st != RI_OK) {
+        cm_free(infos);
+        return st;
+    }
+    *infos_p = infos;
+    *n_p = n;
+    return RI_OK;
+}
+
+ri_status_t kvs_data_prefix_drop(kvs_data_t *data, const char *tenant, const uint8_t key[KVS_PFX_KEY],
+                                 uint32_t *n_p, uint64_t *bytes_p)
+{
+    uint32_t dropped = 0;
+    uint64_t freed = 0;
+
+    if (data == NULL || key == NULL)
+        return RI_ERR_INVALID;
+    pthread_mutex_lock(&data->lock);
+    for (uint32_t i = 0; i < KVS_PFX_BUCKETS; i++) {
+        kvs_pblock_t *b = data->prefix.buckets[i], *next;
+        for (; b != NULL; b = next) {
+            next = b->hnext;
+            if (memcmp(b->key, key, CM_PFX_KEY_SIZE) != 0 || (tenant != NULL && strcmp(b->tenant, tenant) != 0))
+                continue;
+            kvs_prefix_unlink_locked(data, b);
+            dropped++;
+            data->prefix.dropped++;
+            if (b->refs == 0) {
+                freed += b->charge;
+                kvs_pfx_free_locked(data, b);
+            } /* else: freed at its last detach */
+        }
+        if (tenant != NULL && dropped > 0)
+            break; /* one tenant holds a key once */
+    }
+    pthread_mutex_unlock(&data->lock);
+    if (n_p != NULL)
+        *n_p = dropped;
+    if (bytes_p != NULL)
+        *bytes_p = freed;
+    return dropped > 0 ? RI_OK : RI_ERR_NOT_FOUND;
 }

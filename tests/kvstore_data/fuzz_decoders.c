@@ -145,16 +145,17 @@ static void fz_prefix(uint8_t which, const uint8_t *p, size_t n)
                 s += cm_dp_get32(v.counts + 4u * t);
             for (uint64_t k = 0; k < v.total_clusters; k++)
                 s += cm_dp_get32(v.sizes + 4u * k);
+            /* sections are multiples of 8 bytes: their last word */
             if (v.hdr.worker_bytes > 0)
-                s += v.worker[v.hdr.worker_bytes - 1];
+                s += cm_dp_get32(v.worker + v.hdr.worker_bytes - 4);
             if (v.hdr.pages_bytes > 0)
-                s += v.pages[v.hdr.pages_bytes - 1];
+                s += cm_dp_get32(v.pages + v.hdr.pages_bytes - 4);
         }
     } else if (which == 15) {
         uint32_t cnt;
         const uint8_t *keys;
         if (cm_pfx_attach_req_decode(p, n, &cnt, &keys) == RI_OK)
-            s += keys[(size_t)cnt * CM_PFX_KEY_SIZE - 1];
+            s += cm_dp_get32(keys + (size_t)cnt * CM_PFX_KEY_SIZE - 4);
     } else if (which == 16) {
         cm_pfx_attached_t a[8];
         uint32_t cnt;
