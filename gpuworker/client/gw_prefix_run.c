@@ -83,14 +83,17 @@ ri_status_t gw_pfx_run_create(gw_pfx_ctx_t *ctx, mdl_model_t *m, const mdl_attn_
     run->cfg.prefix = NULL;
     /* a published block reads every token of its layers: keep them */
     run->cfg.release_window = false;
+    /* no kvstore session for a prompt with no attachable block (most chats) */
     if (gw_pfx_run_layout(m, attn, cfg, n, &run->lay) &&
+        gw_pfx_max_blocks(&run->lay, cfg->wave.window_tokens, n) > 0 &&
         gw_pfx_conn_open(ctx->ctl, ctx->timeout_ms, &run->lay, &run->conn) == RI_OK) {
         st = gw_pfx_seq_begin(run->conn->dp, &ctx->keyer, &run->lay, cfg->wave.window_tokens, ids, n, &ctx->stats,
                               &run->seq);
         if (st != RI_OK)
             goto err_free;
-    } else if (run->conn == NULL && run->lay.block_tokens != 0) {
-        atomic_fetch_add(&ctx->stats.fallbacks, 1);
+    } else if (run->conn == NULL && run->lay.block_tokens != 0 &&
+               gw_pfx_max_blocks(&run->lay, cfg->wave.window_tokens, n) > 0) {
+        atomic_fetch_add(&ctx->stats.fallbacks, 1); /* the kvstore could not be reached */
     }
     if (gw_pfx_seq_cached(run->seq) > 0) {
         run->src = (mdl_prefix_src_t){gw_pfx_seq_set(run->seq), gw_pfx_seq_cached(run->seq), gw_pfx_set_pieces};
