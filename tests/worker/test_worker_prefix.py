@@ -107,11 +107,20 @@ def run_same_twice(tmp, attn):
                   m.get("ri_worker_prefix_fallbacks_total", -1) == 0,
                   "metrics: lookups, hits, saved tokens, attached bytes, no fallback (%s)" %
                   {k: v for k, v in m.items() if "prefix" in k or "saved" in k})
+            # the kvstore gone: the request is prefilled whole, answers the same, and the failure is counted
+            kvs.terminate()
+            kvs.wait(30)
+            t, u = ask(w, attn, QUESTIONS[0])
+            m = w.metrics()
+            check(t == want["completion"] and cached(u) == 0 and m.get("ri_worker_prefix_fallbacks_total", 0) >= 1,
+                  "kvstore gone: same text, nothing cached, a fallback counted (%s, %s)" %
+                  (u, m.get("ri_worker_prefix_fallbacks_total")))
         finally:
             check(w.stop() == 0, "SIGTERM -> exit 0")
     finally:
-        kvs.terminate()
-        kvs.wait(30)
+        if kvs.poll() is None:
+            kvs.terminate()
+            kvs.wait(30)
 
 
 def test_full(tmp):
