@@ -33,8 +33,8 @@ static uint32_t gw_pfx_fbits(float f)
     return u;
 }
 
-void gw_pfx_layout_init(const mdl_hparams_t *hp, const kn_wave_params_t *wave, bool indexed,
-                        uint32_t cluster_tokens, uint32_t page_tokens, gw_pfx_layout_t *lay)
+void gw_pfx_layout_init(const mdl_hparams_t *hp, const kn_wave_params_t *wave, bool indexed, uint32_t cluster_tokens,
+                        uint32_t page_tokens, gw_pfx_layout_t *lay)
 {
     memset(lay, 0, sizeof(*lay));
     lay->indexed = indexed ? 1u : 0u;
@@ -59,11 +59,22 @@ void gw_pfx_layout_init(const mdl_hparams_t *hp, const kn_wave_params_t *wave, b
 
 static void gw_pfx_layout_encode(const gw_pfx_layout_t *l, uint8_t out[GW_PFX_LAYOUT_BYTES])
 {
-    const uint32_t f[16] = {l->indexed,    l->cluster_tokens, l->sink_tokens, l->block_tokens,
-                            l->page_tokens, l->dtype,         l->n_layers,    l->n_kv_heads,
-                            l->head_dim,   l->n_rot,          l->rope_neox,   l->n_swa,
-                            l->swa_period, gw_pfx_fbits(l->rope_theta), gw_pfx_fbits(l->rope_scale),
-                            gw_pfx_fbits(l->rope_theta_swa)};
+    const uint32_t f[16] = { l->indexed,
+                             l->cluster_tokens,
+                             l->sink_tokens,
+                             l->block_tokens,
+                             l->page_tokens,
+                             l->dtype,
+                             l->n_layers,
+                             l->n_kv_heads,
+                             l->head_dim,
+                             l->n_rot,
+                             l->rope_neox,
+                             l->n_swa,
+                             l->swa_period,
+                             gw_pfx_fbits(l->rope_theta),
+                             gw_pfx_fbits(l->rope_scale),
+                             gw_pfx_fbits(l->rope_theta_swa) };
     for (uint32_t i = 0; i < 16; i++)
         gw_pfx_put32(out + 4u * i, f[i]);
 }
@@ -92,8 +103,8 @@ err_free_ctx:
 
 ri_status_t gw_pfx_model_digest(const void *base, size_t size, uint8_t out[32])
 {
-    const void *parts[1] = {base};
-    size_t lens[1] = {size};
+    const void *parts[1] = { base };
+    size_t lens[1] = { size };
     if (base == NULL && size > 0)
         return RI_ERR_INVALID;
     return gw_pfx_sha256(parts, lens, 1, out);
@@ -103,8 +114,8 @@ ri_status_t gw_pfx_tenant_salt(const char *token, const char *extra, uint8_t out
 {
     uint8_t tl[4], el[4];
     size_t tn = token != NULL ? strlen(token) : 0, en = extra != NULL ? strlen(extra) : 0;
-    const void *parts[5] = {"RIPS", tl, token, el, extra};
-    size_t lens[5] = {4, 4, tn, 4, en};
+    const void *parts[5] = { "RIPS", tl, token, el, extra };
+    size_t lens[5] = { 4, 4, tn, 4, en };
 
     if (tn > UINT32_MAX || en > UINT32_MAX)
         return RI_ERR_INVALID;
@@ -113,8 +124,8 @@ ri_status_t gw_pfx_tenant_salt(const char *token, const char *extra, uint8_t out
     return gw_pfx_sha256(parts, lens, 5, out);
 }
 
-ri_status_t gw_pfx_keys(const gw_pfx_keyer_t *kr, const gw_pfx_layout_t *lay, const int32_t *tokens,
-                        uint32_t n_blocks, uint8_t *keys)
+ri_status_t gw_pfx_keys(const gw_pfx_keyer_t *kr, const gw_pfx_layout_t *lay, const int32_t *tokens, uint32_t n_blocks,
+                        uint8_t *keys)
 {
     const uint32_t B = lay->block_tokens;
     uint8_t head[8], layout[GW_PFX_LAYOUT_BYTES], prev[32], *ids;
@@ -132,8 +143,8 @@ ri_status_t gw_pfx_keys(const gw_pfx_keyer_t *kr, const gw_pfx_layout_t *lay, co
     for (uint32_t b = 0; b < n_blocks && st == RI_OK; b++) {
         for (uint32_t i = 0; i < B; i++)
             gw_pfx_put32(ids + 4u * i, (uint32_t)tokens[(size_t)b * B + i]);
-        const void *parts[6] = {head, prev, kr->model, layout, kr->salt, ids};
-        size_t lens[6] = {8, 32, 32, GW_PFX_LAYOUT_BYTES, 32, 4u * (size_t)B};
+        const void *parts[6] = { head, prev, kr->model, layout, kr->salt, ids };
+        size_t lens[6] = { 8, 32, 32, GW_PFX_LAYOUT_BYTES, 32, 4u * (size_t)B };
         st = gw_pfx_sha256(parts, lens, 6, keys + (size_t)b * CM_PFX_KEY_SIZE);
         memcpy(prev, keys + (size_t)b * CM_PFX_KEY_SIZE, 32);
     }
@@ -143,8 +154,8 @@ ri_status_t gw_pfx_keys(const gw_pfx_keyer_t *kr, const gw_pfx_layout_t *lay, co
 
 uint32_t gw_pfx_max_blocks(const gw_pfx_layout_t *lay, uint32_t window_tokens, size_t n_tokens)
 {
-    size_t limit = lay->indexed ? (n_tokens > window_tokens ? n_tokens - window_tokens : 0)
-                                : (n_tokens > 0 ? n_tokens - 1 : 0);
+    size_t limit =
+        lay->indexed ? (n_tokens > window_tokens ? n_tokens - window_tokens : 0) : (n_tokens > 0 ? n_tokens - 1 : 0);
     size_t n = lay->block_tokens > 0 ? limit / lay->block_tokens : 0;
     return n > CM_PFX_MAX_KEYS ? CM_PFX_MAX_KEYS : (uint32_t)n;
 }
@@ -153,16 +164,16 @@ uint32_t gw_pfx_max_blocks(const gw_pfx_layout_t *lay, uint32_t window_tokens, s
 
 /* The clusters of one table of the block being built. */
 typedef struct gw_pfx_btab {
-    const kn_index_t *idx;     /* NULL: no index */
-    uint32_t j0, j1;           /* its clusters [j0, j1) lie in the block */
-    uint32_t tokens;           /* their tokens */
-    uint64_t pages;            /* their pages */
+    const kn_index_t *idx; /* NULL: no index */
+    uint32_t j0, j1;       /* its clusters [j0, j1) lie in the block */
+    uint32_t tokens;       /* their tokens */
+    uint64_t pages;        /* their pages */
 } gw_pfx_btab_t;
 
 /* Sizes of a block's sections and its loose tokens per layer. */
 typedef struct gw_pfx_plan {
-    gw_pfx_btab_t *tabs;       /* [n_tables] */
-    uint32_t *n_loose;         /* [layers] */
+    gw_pfx_btab_t *tabs; /* [n_tables] */
+    uint32_t *n_loose;   /* [layers] */
     uint64_t total_clusters, tables_bytes, worker_bytes, pages_bytes;
 } gw_pfx_plan_t;
 
@@ -176,8 +187,7 @@ static uint32_t gw_pfx_sink_end(const gw_pfx_layout_t *lay, uint32_t first)
 /* The clusters of idx that lie in [f, f + B) (kn_wave_block_clusters: the
  * build's own cut), checked to cover [sink_end, f + B) exactly.
  * RI_ERR_UNSUPPORTED when the index does not split at the block's edges. */
-static ri_status_t gw_pfx_find_clusters(const gw_pfx_layout_t *lay, const kn_index_t *idx, uint32_t f,
-                                        gw_pfx_btab_t *t)
+static ri_status_t gw_pfx_find_clusters(const gw_pfx_layout_t *lay, const kn_index_t *idx, uint32_t f, gw_pfx_btab_t *t)
 {
     const uint32_t B = lay->block_tokens, lo = gw_pfx_sink_end(lay, f);
     uint32_t j0, j1, tokens = 0;
@@ -197,7 +207,7 @@ static ri_status_t gw_pfx_find_clusters(const gw_pfx_layout_t *lay, const kn_ind
     }
     if (tokens != f + B - lo) /* positions are distinct in an index: the count says "every one" */
         return RI_ERR_UNSUPPORTED;
-    *t = (gw_pfx_btab_t){idx, j0, j1, tokens, pages};
+    *t = (gw_pfx_btab_t){ idx, j0, j1, tokens, pages };
     return RI_OK;
 }
 
@@ -225,8 +235,8 @@ static ri_status_t gw_pfx_plan(const gw_pfx_layout_t *lay, const gw_pfx_src_t *s
                 return st;
             p->total_clusters += t->j1 - t->j0;
             p->pages_bytes += t->pages * page_bytes;
-            p->worker_bytes += cm_pfx_pad8(4u * (uint64_t)t->tokens) +
-                               2u * cm_pfx_pad8(2u * (uint64_t)(t->j1 - t->j0) * d);
+            p->worker_bytes +=
+                cm_pfx_pad8(4u * (uint64_t)t->tokens) + 2u * cm_pfx_pad8(2u * (uint64_t)(t->j1 - t->j0) * d);
         }
         p->n_loose[l] = indexed && lay->indexed ? gw_pfx_sink_end(lay, f) - f : B;
         p->worker_bytes += 8u + cm_pfx_pad8(4u * (uint64_t)p->n_loose[l]) +
@@ -242,8 +252,7 @@ static ri_status_t gw_pfx_plan(const gw_pfx_layout_t *lay, const gw_pfx_src_t *s
  * *sizes_p, advanced), its perm / centroids / vmean at *w_p (advanced) and
  * its pages at *pg_p (advanced). */
 static void gw_pfx_write_table(const gw_pfx_layout_t *lay, const mdl_kv_t *kv, uint32_t l, uint32_t h,
-                               const gw_pfx_btab_t *t, uint32_t f, uint8_t **sizes_p, uint8_t **w_p,
-                               uint8_t **pg_p)
+                               const gw_pfx_btab_t *t, uint32_t f, uint8_t **sizes_p, uint8_t **w_p, uint8_t **pg_p)
 {
     const uint32_t d = lay->head_dim, P = lay->page_tokens, C = t->j1 - t->j0;
     const size_t row = (size_t)d * sizeof(cm_fp16_t), page_bytes = 4u * (size_t)P * d;
@@ -277,8 +286,8 @@ static void gw_pfx_write_table(const gw_pfx_layout_t *lay, const mdl_kv_t *kv, u
 }
 
 /* Write layer l's loose tokens (the first n of the block: sinks, or all). */
-static uint8_t *gw_pfx_write_loose(const gw_pfx_layout_t *lay, const mdl_kv_t *kv, uint32_t l, uint32_t f,
-                                   uint32_t n, uint8_t *w)
+static uint8_t *gw_pfx_write_loose(const gw_pfx_layout_t *lay, const mdl_kv_t *kv, uint32_t l, uint32_t f, uint32_t n,
+                                   uint8_t *w)
 {
     const uint32_t d = lay->head_dim;
     const size_t row = (size_t)d * sizeof(cm_fp16_t), part = cm_pfx_pad8((uint64_t)n * row);
@@ -298,12 +307,12 @@ static uint8_t *gw_pfx_write_loose(const gw_pfx_layout_t *lay, const mdl_kv_t *k
     return w;
 }
 
-ri_status_t gw_pfx_block_build(const gw_pfx_layout_t *lay, const gw_pfx_src_t *src, uint32_t block,
-                               uint8_t **buf_p, uint64_t *len_p)
+ri_status_t gw_pfx_block_build(const gw_pfx_layout_t *lay, const gw_pfx_src_t *src, uint32_t block, uint8_t **buf_p,
+                               uint64_t *len_p)
 {
     const uint32_t H = lay->n_kv_heads, B = lay->block_tokens, n_tables = lay->n_layers * H;
     const uint64_t f64 = (uint64_t)block * B;
-    gw_pfx_plan_t p = {0};
+    gw_pfx_plan_t p = { 0 };
     cm_pfx_hdr_t hdr;
     uint8_t *buf = NULL, *sizes, *w, *pg;
     uint64_t len;
@@ -337,8 +346,17 @@ ri_status_t gw_pfx_block_build(const gw_pfx_layout_t *lay, const gw_pfx_src_t *s
     }
     for (uint32_t l = 0; l < lay->n_layers; l++)
         w = gw_pfx_write_loose(lay, src->kv, l, (uint32_t)f64, p.n_loose[l], w);
-    hdr = (cm_pfx_hdr_t){lay->n_layers, H, lay->head_dim, lay->dtype, lay->page_tokens, (uint32_t)f64, B, 0,
-                         p.tables_bytes, p.worker_bytes, p.pages_bytes};
+    hdr = (cm_pfx_hdr_t){ lay->n_layers,
+                          H,
+                          lay->head_dim,
+                          lay->dtype,
+                          lay->page_tokens,
+                          (uint32_t)f64,
+                          B,
+                          0,
+                          p.tables_bytes,
+                          p.worker_bytes,
+                          p.pages_bytes };
     hdr.crc = cm_crc32c(0, buf + CM_PFX_HDR_SIZE, (size_t)(len - CM_PFX_HDR_SIZE));
     cm_pfx_hdr_encode(buf, &hdr);
     *buf_p = buf;
@@ -391,8 +409,8 @@ static ri_status_t gw_pfx_check_hdr(const gw_pfx_layout_t *lay, uint32_t block, 
     if (cm_crc32c(0, buf + CM_PFX_HDR_SIZE, (size_t)(len - CM_PFX_HDR_SIZE)) != v->hdr.crc)
         return RI_ERR_CORRUPT;
     if (v->hdr.layers != lay->n_layers || v->hdr.kv_heads != lay->n_kv_heads || v->hdr.head_dim != lay->head_dim ||
-        v->hdr.dtype != lay->dtype || v->hdr.page_tokens != lay->page_tokens ||
-        v->hdr.n_tokens != lay->block_tokens || (uint64_t)v->hdr.first_pos != (uint64_t)block * lay->block_tokens)
+        v->hdr.dtype != lay->dtype || v->hdr.page_tokens != lay->page_tokens || v->hdr.n_tokens != lay->block_tokens ||
+        (uint64_t)v->hdr.first_pos != (uint64_t)block * lay->block_tokens)
         return RI_ERR_INVALID;
     return RI_OK;
 }
@@ -500,7 +518,7 @@ ri_status_t gw_pfx_block_parse(const gw_pfx_layout_t *lay, uint32_t block, const
         st = RI_ERR_NOMEM;
         goto err_release;
     }
-    c = (gw_pfx_cur_t){b.view.worker, b.view.worker + b.view.hdr.worker_bytes};
+    c = (gw_pfx_cur_t){ b.view.worker, b.view.worker + b.view.hdr.worker_bytes };
     magic = gw_pfx_take(&c, 8);
     if (magic == NULL || cm_dp_get32(magic) != GW_PFX_WMAGIC || cm_dp_get32(magic + 4) != GW_PFX_WVERSION) {
         st = magic == NULL ? RI_ERR_TRUNCATED : RI_ERR_PROTOCOL;
@@ -537,8 +555,8 @@ void gw_pfx_block_release(gw_pfx_block_t *b)
     memset(b, 0, sizeof(*b));
 }
 
-void gw_pfx_block_fill(const gw_pfx_block_t *b, uint32_t layer, uint32_t head, size_t pos0, size_t n,
-                       cm_fp16_t *k, cm_fp16_t *v, size_t token_stride)
+void gw_pfx_block_fill(const gw_pfx_block_t *b, uint32_t layer, uint32_t head, size_t pos0, size_t n, cm_fp16_t *k,
+                       cm_fp16_t *v, size_t token_stride)
 {
     const uint32_t H = b->view.hdr.kv_heads, d = b->view.hdr.head_dim, P = b->page_tokens;
     const size_t row = (size_t)d * sizeof(cm_fp16_t), page_bytes = 4u * (size_t)P * d;
@@ -579,11 +597,11 @@ typedef struct gw_pfx_lctx {
 } gw_pfx_lctx_t;
 
 struct gw_pfx_set {
-    gw_pfx_layout_t lay;       /* the keys' layout */
+    gw_pfx_layout_t lay; /* the keys' layout */
     uint32_t max_blocks, n_blocks;
-    gw_pfx_block_t *blocks;    /* [max_blocks], [0, n_blocks) parsed */
-    gw_pfx_lctx_t *lctx;       /* [layers] */
-    kn_wave_pieces_t *pieces;  /* [layers] */
+    gw_pfx_block_t *blocks;   /* [max_blocks], [0, n_blocks) parsed */
+    gw_pfx_lctx_t *lctx;      /* [layers] */
+    kn_wave_pieces_t *pieces; /* [layers] */
 };
 
 ri_status_t gw_pfx_set_create(const gw_pfx_layout_t *lay, uint32_t max_blocks, gw_pfx_set_t **set_p)
@@ -653,7 +671,7 @@ static ri_status_t gw_pfx_piece_get(void *ctx, uint32_t block, uint32_t kv_head,
         return RI_ERR_RANGE;
     const gw_pfx_block_t *b = &s->blocks[block];
     const gw_pfx_table_t *T = &b->tables[(size_t)c->layer * s->lay.n_kv_heads + kv_head];
-    *piece_p = (kn_wave_piece_t){b->first_pos, T->n_clusters, T->sizes, T->perm, T->centroids, T->vmean};
+    *piece_p = (kn_wave_piece_t){ b->first_pos, T->n_clusters, T->sizes, T->perm, T->centroids, T->vmean };
     return RI_OK;
 }
 
@@ -663,7 +681,7 @@ const kn_wave_pieces_t *gw_pfx_set_pieces(void *ctx, uint32_t layer)
     if (s == NULL || layer >= s->lay.n_layers || s->n_blocks == 0 || !s->lay.indexed ||
         s->blocks[0].tables[(size_t)layer * s->lay.n_kv_heads].n_clusters == 0)
         return NULL;
-    s->lctx[layer] = (gw_pfx_lctx_t){s, layer};
-    s->pieces[layer] = (kn_wave_pieces_t){&s->lctx[layer], s->n_blocks, gw_pfx_piece_get};
+    s->lctx[layer] = (gw_pfx_lctx_t){ s, layer };
+    s->pieces[layer] = (kn_wave_pieces_t){ &s->lctx[layer], s->n_blocks, gw_pfx_piece_get };
     return &s->pieces[layer];
 }

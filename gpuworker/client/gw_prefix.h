@@ -53,21 +53,21 @@
 #include "kernels/kn_ops.h"
 #include "retroinfer/status.h"
 
-#define GW_PFX_KEY_MAGIC "RIPK"
+#define GW_PFX_KEY_MAGIC   "RIPK"
 #define GW_PFX_KEY_VERSION 1u
-#define GW_PFX_WMAGIC 0x57504952u /* "RIPW" */
-#define GW_PFX_WVERSION 1u
-#define GW_PFX_DTYPE_F16 1u       /* cm_wire dtype of the blocks we write */
+#define GW_PFX_WMAGIC      0x57504952u /* "RIPW" */
+#define GW_PFX_WVERSION    1u
+#define GW_PFX_DTYPE_F16   1u /* cm_wire dtype of the blocks we write */
 
 /* Everything besides the tokens that changes a block's K/V or its index;
  * part of every key.  Fill it with gw_pfx_layout_init. */
 typedef struct gw_pfx_layout {
-    uint32_t indexed;          /* 1: the backend keeps a wave index; 0: none (full) */
-    uint32_t cluster_tokens;   /* tokens per cluster (kn_wave_cluster_tokens); 0 unindexed */
-    uint32_t sink_tokens;      /* attention sinks */
-    uint32_t block_tokens;     /* B (the wave index's segment_tokens) */
-    uint32_t page_tokens;      /* kvstore page P; 1 unindexed */
-    uint32_t dtype;            /* K/V dtype (GW_PFX_DTYPE_F16) */
+    uint32_t indexed;        /* 1: the backend keeps a wave index; 0: none (full) */
+    uint32_t cluster_tokens; /* tokens per cluster (kn_wave_cluster_tokens); 0 unindexed */
+    uint32_t sink_tokens;    /* attention sinks */
+    uint32_t block_tokens;   /* B (the wave index's segment_tokens) */
+    uint32_t page_tokens;    /* kvstore page P; 1 unindexed */
+    uint32_t dtype;          /* K/V dtype (GW_PFX_DTYPE_F16) */
     uint32_t n_layers, n_kv_heads, head_dim;
     uint32_t n_rot, rope_neox, n_swa, swa_period;
     float rope_theta, rope_scale, rope_theta_swa;
@@ -77,13 +77,13 @@ typedef struct gw_pfx_layout {
  * sink_tokens the sinks); indexed: the backend keeps a wave index, then
  * cluster_tokens and page_tokens are the index's and the session's (else
  * both are written as 0 and 1). */
-void gw_pfx_layout_init(const mdl_hparams_t *hp, const kn_wave_params_t *wave, bool indexed,
-                        uint32_t cluster_tokens, uint32_t page_tokens, gw_pfx_layout_t *lay);
+void gw_pfx_layout_init(const mdl_hparams_t *hp, const kn_wave_params_t *wave, bool indexed, uint32_t cluster_tokens,
+                        uint32_t page_tokens, gw_pfx_layout_t *lay);
 
 /* Model identity and layout of one model's keys, computed once per model. */
 typedef struct gw_pfx_keyer {
-    uint8_t model[32];         /* gw_pfx_model_digest */
-    uint8_t salt[32];          /* gw_pfx_tenant_salt */
+    uint8_t model[32]; /* gw_pfx_model_digest */
+    uint8_t salt[32];  /* gw_pfx_tenant_salt */
 } gw_pfx_keyer_t;
 
 /* SHA-256 of the model file's bytes (base, size: the mapped GGUF, e.g.
@@ -98,8 +98,8 @@ ri_status_t gw_pfx_tenant_salt(const char *token, const char *extra, uint8_t out
 /* The keys of blocks [0, n_blocks) of tokens (at least n_blocks * B of
  * them) into keys (n_blocks x CM_PFX_KEY_SIZE).  RI_ERR_INVALID on a
  * zero B; keys untouched on error. */
-ri_status_t gw_pfx_keys(const gw_pfx_keyer_t *kr, const gw_pfx_layout_t *lay, const int32_t *tokens,
-                        uint32_t n_blocks, uint8_t *keys);
+ri_status_t gw_pfx_keys(const gw_pfx_keyer_t *kr, const gw_pfx_layout_t *lay, const int32_t *tokens, uint32_t n_blocks,
+                        uint8_t *keys);
 
 /* How many leading blocks of a prompt of n_tokens may be attached or
  * published: (b+1)*B <= n_tokens - window for an indexed layout (wholly
@@ -111,7 +111,7 @@ uint32_t gw_pfx_max_blocks(const gw_pfx_layout_t *lay, uint32_t window_tokens, s
  * (positions [0, (b+1)*B) complete) and, per (layer, head), its wave index
  * (NULL: that layer has none). */
 typedef struct gw_pfx_src {
-    const mdl_kv_t *kv;        /* borrowed */
+    const mdl_kv_t *kv; /* borrowed */
     void *ctx;
     const kn_index_t *(*index)(void *ctx, uint32_t layer, uint32_t kv_head);
 } gw_pfx_src_t;
@@ -122,35 +122,35 @@ typedef struct gw_pfx_src {
  * (a cluster straddles them, or the clusters miss some of the block's
  * indexed tokens: the block cannot be published), RI_ERR_INVALID on a
  * K/V cache too short or a geometry that differs from lay. */
-ri_status_t gw_pfx_block_build(const gw_pfx_layout_t *lay, const gw_pfx_src_t *src, uint32_t block,
-                               uint8_t **buf_p, uint64_t *len_p);
+ri_status_t gw_pfx_block_build(const gw_pfx_layout_t *lay, const gw_pfx_src_t *src, uint32_t block, uint8_t **buf_p,
+                               uint64_t *len_p);
 
 /* One table's clusters in a parsed block. */
 typedef struct gw_pfx_table {
-    uint32_t n_clusters;       /* 0: the layer has no index in this block */
-    const uint32_t *sizes;     /* [n_clusters], in the block */
-    uint32_t *perm;            /* [tokens] ABSOLUTE positions, cluster-major (owned) */
+    uint32_t n_clusters;        /* 0: the layer has no index in this block */
+    const uint32_t *sizes;      /* [n_clusters], in the block */
+    uint32_t *perm;             /* [tokens] ABSOLUTE positions, cluster-major (owned) */
     const cm_fp16_t *centroids; /* [n_clusters][d], in the block */
-    const cm_fp16_t *vmean;    /* [n_clusters][d], in the block */
-    const uint8_t *pages;      /* the table's first page in the pages section */
+    const cm_fp16_t *vmean;     /* [n_clusters][d], in the block */
+    const uint8_t *pages;       /* the table's first page in the pages section */
 } gw_pfx_table_t;
 
 /* One layer's tokens in no cluster. */
 typedef struct gw_pfx_loose {
-    uint32_t n;                /* tokens */
-    const uint32_t *pos;       /* [n] relative positions, in the block */
-    const cm_fp16_t *kv;       /* per head: K [n][d] then V [n][d], in the block */
+    uint32_t n;          /* tokens */
+    const uint32_t *pos; /* [n] relative positions, in the block */
+    const cm_fp16_t *kv; /* per head: K [n][d] then V [n][d], in the block */
 } gw_pfx_loose_t;
 
 /* A parsed block: views into the caller's buffer (borrowed; must outlive
  * the parse) plus the absolute permutations. */
 typedef struct gw_pfx_block {
-    cm_pfx_view_t view;        /* the decoded header and sections */
-    uint32_t first_pos;        /* b * B */
-    uint32_t n_tokens;         /* B */
-    uint32_t page_tokens;      /* P */
-    gw_pfx_table_t *tables;    /* [layers * kv_heads] (owned) */
-    gw_pfx_loose_t *loose;     /* [layers] (owned) */
+    cm_pfx_view_t view;     /* the decoded header and sections */
+    uint32_t first_pos;     /* b * B */
+    uint32_t n_tokens;      /* B */
+    uint32_t page_tokens;   /* P */
+    gw_pfx_table_t *tables; /* [layers * kv_heads] (owned) */
+    gw_pfx_loose_t *loose;  /* [layers] (owned) */
 } gw_pfx_block_t;
 
 /* Parse and check the block of len bytes at buf as block b under lay:
@@ -167,8 +167,8 @@ void gw_pfx_block_release(gw_pfx_block_t *b);
  * the block into k / v (fp16 [n][d] at token_stride elements per token,
  * k[(p - pos0) * token_stride] for position p); positions outside the block
  * are left alone. */
-void gw_pfx_block_fill(const gw_pfx_block_t *b, uint32_t layer, uint32_t head, size_t pos0, size_t n,
-                       cm_fp16_t *k, cm_fp16_t *v, size_t token_stride);
+void gw_pfx_block_fill(const gw_pfx_block_t *b, uint32_t layer, uint32_t head, size_t pos0, size_t n, cm_fp16_t *k,
+                       cm_fp16_t *v, size_t token_stride);
 
 /* The attached blocks of one sequence, parsed, in block order: what the
  * model's preload and the wave build read (mdl_seq_preload's fill,

@@ -15,13 +15,13 @@
 static CM_ALLOC_TAG(gw_pfx_run_tag, "gw.prefix.run");
 
 struct gw_pfx_run {
-    gw_pfx_ctx_t *ctx;         /* borrowed */
+    gw_pfx_ctx_t *ctx; /* borrowed */
     gw_pfx_layout_t lay;
-    gw_pfx_conn_t *conn;       /* owned; NULL when the kvstore could not be reached */
-    gw_pfx_seq_t *seq;         /* owned; NULL without conn */
-    mdl_prefix_src_t src;      /* what the sequence's build reads (cfg.prefix) */
-    mdl_attn_cfg_t cfg;        /* the sequence's settings, prefix set */
-    bool published;            /* publish ran */
+    gw_pfx_conn_t *conn;  /* owned; NULL when the kvstore could not be reached */
+    gw_pfx_seq_t *seq;    /* owned; NULL without conn */
+    mdl_prefix_src_t src; /* what the sequence's build reads (cfg.prefix) */
+    mdl_attn_cfg_t cfg;   /* the sequence's settings, prefix set */
+    bool published;       /* publish ran */
 };
 
 bool gw_pfx_run_supports(const mdl_attn_ops_t *attn)
@@ -32,8 +32,8 @@ bool gw_pfx_run_supports(const mdl_attn_ops_t *attn)
 /* The prompt's layout: the wave's cluster size for this prompt and the
  * kvstore page size a remote session of it would use (so that in-process
  * and remote RetroInfer workers name the same blocks alike). */
-static bool gw_pfx_run_layout(const mdl_model_t *m, const mdl_attn_ops_t *attn, const mdl_attn_cfg_t *cfg,
-                              size_t n, gw_pfx_layout_t *lay)
+static bool gw_pfx_run_layout(const mdl_model_t *m, const mdl_attn_ops_t *attn, const mdl_attn_cfg_t *cfg, size_t n,
+                              gw_pfx_layout_t *lay)
 {
     const kn_wave_params_t *w = &cfg->wave;
     bool indexed = strcmp(attn->name, "full") != 0;
@@ -63,14 +63,13 @@ static bool gw_pfx_run_preload(gw_pfx_run_t *run, mdl_seq_t *seq)
     gw_pfx_set_t *set = gw_pfx_seq_set(run->seq);
     ri_status_t st = mdl_seq_preload(seq, gw_pfx_seq_cached(run->seq), gw_pfx_set_fill, set);
     if (st != RI_OK)
-        cm_warn("prefix: preload of %zu tokens failed (%s): the prompt is prefilled whole",
-                gw_pfx_seq_cached(run->seq), ri_status_str(st));
+        cm_warn("prefix: preload of %zu tokens failed (%s): the prompt is prefilled whole", gw_pfx_seq_cached(run->seq),
+                ri_status_str(st));
     return st == RI_OK;
 }
 
-ri_status_t gw_pfx_run_create(gw_pfx_ctx_t *ctx, mdl_model_t *m, const mdl_attn_ops_t *attn,
-                              const mdl_attn_cfg_t *cfg, size_t cap, const int32_t *ids, size_t n,
-                              gw_pfx_run_t **run_p, mdl_seq_t **seq_p)
+ri_status_t gw_pfx_run_create(gw_pfx_ctx_t *ctx, mdl_model_t *m, const mdl_attn_ops_t *attn, const mdl_attn_cfg_t *cfg,
+                              size_t cap, const int32_t *ids, size_t n, gw_pfx_run_t **run_p, mdl_seq_t **seq_p)
 {
     gw_pfx_run_t *run = cm_calloc(&gw_pfx_run_tag, 1, sizeof(*run));
     mdl_seq_t *seq = NULL;
@@ -84,8 +83,7 @@ ri_status_t gw_pfx_run_create(gw_pfx_ctx_t *ctx, mdl_model_t *m, const mdl_attn_
     /* a published block reads every token of its layers: keep them */
     run->cfg.release_window = false;
     /* no kvstore session for a prompt with no attachable block (most chats) */
-    if (gw_pfx_run_layout(m, attn, cfg, n, &run->lay) &&
-        gw_pfx_max_blocks(&run->lay, cfg->wave.window_tokens, n) > 0 &&
+    if (gw_pfx_run_layout(m, attn, cfg, n, &run->lay) && gw_pfx_max_blocks(&run->lay, cfg->wave.window_tokens, n) > 0 &&
         gw_pfx_conn_open(ctx->ctl, ctx->timeout_ms, &run->lay, &run->conn) == RI_OK) {
         st = gw_pfx_seq_begin(run->conn->dp, &ctx->keyer, &run->lay, cfg->wave.window_tokens, ids, n, &ctx->stats,
                               &run->seq);
@@ -96,7 +94,7 @@ ri_status_t gw_pfx_run_create(gw_pfx_ctx_t *ctx, mdl_model_t *m, const mdl_attn_
         atomic_fetch_add(&ctx->stats.fallbacks, 1); /* the kvstore could not be reached */
     }
     if (gw_pfx_seq_cached(run->seq) > 0) {
-        run->src = (mdl_prefix_src_t){gw_pfx_seq_set(run->seq), gw_pfx_seq_cached(run->seq), gw_pfx_set_pieces};
+        run->src = (mdl_prefix_src_t){ gw_pfx_seq_set(run->seq), gw_pfx_seq_cached(run->seq), gw_pfx_set_pieces };
         run->cfg.prefix = &run->src;
     }
     st = mdl_seq_create(m, attn, &run->cfg, cap, &seq);
@@ -150,7 +148,7 @@ void gw_pfx_run_publish(gw_pfx_run_t *run, const mdl_seq_t *seq)
     if (run == NULL || run->seq == NULL || run->published)
         return;
     run->published = true;
-    gw_pfx_src_t src = {mdl_seq_kv(seq), (void *)seq, run->lay.indexed ? gw_pfx_run_index : NULL};
+    gw_pfx_src_t src = { mdl_seq_kv(seq), (void *)seq, run->lay.indexed ? gw_pfx_run_index : NULL };
     (void)gw_pfx_seq_publish(run->seq, &src, NULL);
 }
 

@@ -35,9 +35,8 @@ bool gw_pfx_run_supports(const mdl_attn_ops_t *attn);
  * *seq_p (the caller's, mdl_seq_destroy) on success.  ctx is borrowed and
  * outlives the run.  Errors: mdl_seq_create's (without a prefix) and
  * RI_ERR_NOMEM. */
-ri_status_t gw_pfx_run_create(gw_pfx_ctx_t *ctx, mdl_model_t *m, const mdl_attn_ops_t *attn,
-                              const mdl_attn_cfg_t *cfg, size_t cap, const int32_t *ids, size_t n,
-                              gw_pfx_run_t **run_p, mdl_seq_t **seq_p);
+ri_status_t gw_pfx_run_create(gw_pfx_ctx_t *ctx, mdl_model_t *m, const mdl_attn_ops_t *attn, const mdl_attn_cfg_t *cfg,
+                              size_t cap, const int32_t *ids, size_t n, gw_pfx_run_t **run_p, mdl_seq_t **seq_p);
 
 /* Prompt tokens the sequence was preloaded with (prefill the rest). */
 size_t gw_pfx_run_cached(const gw_pfx_run_t *run);

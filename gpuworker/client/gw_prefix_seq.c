@@ -17,25 +17,27 @@ static CM_ALLOC_TAG(gw_pfx_seq_tag, "gw.prefix.seq");
 #define GW_PFX_CONN_EXPECTED_TOKENS 256u
 
 struct gw_pfx_seq {
-    gw_dp_t *dp;               /* borrowed */
+    gw_dp_t *dp; /* borrowed */
     gw_pfx_layout_t lay;
-    gw_pfx_stats_t *stats;     /* borrowed */
-    size_t n;                  /* prompt tokens */
-    uint32_t max_blocks;       /* attachable blocks of the prompt */
-    uint8_t *keys;             /* [max_blocks][32] */
-    uint32_t n_cached;         /* blocks attached and parsed */
-    gw_pfx_set_t *set;         /* NULL when nothing is cached */
-    uint8_t **copies;          /* [max_blocks] PREFIX_GET copies (another host), owned */
+    gw_pfx_stats_t *stats; /* borrowed */
+    size_t n;              /* prompt tokens */
+    uint32_t max_blocks;   /* attachable blocks of the prompt */
+    uint8_t *keys;         /* [max_blocks][32] */
+    uint32_t n_cached;     /* blocks attached and parsed */
+    gw_pfx_set_t *set;     /* NULL when nothing is cached */
+    uint8_t **copies;      /* [max_blocks] PREFIX_GET copies (another host), owned */
 };
 
-ri_status_t gw_pfx_conn_open(gw_ctl_t *ctl, uint32_t timeout_ms, const gw_pfx_layout_t *lay,
-                             gw_pfx_conn_t **conn_p)
+ri_status_t gw_pfx_conn_open(gw_ctl_t *ctl, uint32_t timeout_ms, const gw_pfx_layout_t *lay, gw_pfx_conn_t **conn_p)
 {
-    gw_ctl_geometry_t geo = {.layers = lay->n_layers, .kv_heads = lay->n_kv_heads, .head_dim = lay->head_dim,
-                             .dtype = lay->dtype, .page_tokens = lay->page_tokens};
+    gw_ctl_geometry_t geo = { .layers = lay->n_layers,
+                              .kv_heads = lay->n_kv_heads,
+                              .head_dim = lay->head_dim,
+                              .dtype = lay->dtype,
+                              .page_tokens = lay->page_tokens };
     gw_ctl_session_t sess;
-    gw_ctl_error_t err = {0};
-    gw_dp_options_t dopt = {.timeout_ms = timeout_ms};
+    gw_ctl_error_t err = { 0 };
+    gw_dp_options_t dopt = { .timeout_ms = timeout_ms };
     gw_pfx_conn_t *c;
     ri_status_t st;
 
@@ -140,9 +142,8 @@ static ri_status_t gw_pfx_seq_lookup(gw_pfx_seq_t *seq)
     return st;
 }
 
-ri_status_t gw_pfx_seq_begin(gw_dp_t *dp, const gw_pfx_keyer_t *keyer, const gw_pfx_layout_t *lay,
-                             uint32_t window, const int32_t *ids, size_t n, gw_pfx_stats_t *stats,
-                             gw_pfx_seq_t **seq_p)
+ri_status_t gw_pfx_seq_begin(gw_dp_t *dp, const gw_pfx_keyer_t *keyer, const gw_pfx_layout_t *lay, uint32_t window,
+                             const int32_t *ids, size_t n, gw_pfx_stats_t *stats, gw_pfx_seq_t **seq_p)
 {
     gw_pfx_seq_t *seq = cm_calloc(&gw_pfx_seq_tag, 1, sizeof(*seq));
     ri_status_t st = RI_OK;

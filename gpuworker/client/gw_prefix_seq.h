@@ -43,25 +43,24 @@ typedef struct gw_pfx_stats {
 
 /* A worker's prefix reuse: one per loaded model, for the process's life. */
 typedef struct gw_pfx_ctx {
-    gw_pfx_keyer_t keyer;      /* model digest and tenant salt */
-    gw_ctl_t *ctl;             /* borrowed: the kvstore's control channel */
-    uint32_t timeout_ms;       /* its calls' deadline */
+    gw_pfx_keyer_t keyer; /* model digest and tenant salt */
+    gw_ctl_t *ctl;        /* borrowed: the kvstore's control channel */
+    uint32_t timeout_ms;  /* its calls' deadline */
     gw_pfx_stats_t stats;
 } gw_pfx_ctx_t;
 
 /* A prefix-only kvstore session. */
 typedef struct gw_pfx_conn {
-    gw_ctl_t *ctl;             /* borrowed: outlives the connection */
+    gw_ctl_t *ctl; /* borrowed: outlives the connection */
     uint32_t timeout_ms;
     uint64_t session_id;
-    gw_dp_t *dp;               /* owned */
+    gw_dp_t *dp; /* owned */
 } gw_pfx_conn_t;
 
 /* CreateSession for lay's geometry with a small expected size (the blocks
  * are not counted in it) and connect its data plane.  Caller closes with
  * gw_pfx_conn_close.  Errors: those of CreateSession and gw_dp_connect. */
-ri_status_t gw_pfx_conn_open(gw_ctl_t *ctl, uint32_t timeout_ms, const gw_pfx_layout_t *lay,
-                             gw_pfx_conn_t **conn_p);
+ri_status_t gw_pfx_conn_open(gw_ctl_t *ctl, uint32_t timeout_ms, const gw_pfx_layout_t *lay, gw_pfx_conn_t **conn_p);
 /* Disconnect and DropSession (the kvstore drops its references to the
  * attached blocks).  NULL is a no-op. */
 void gw_pfx_conn_close(gw_pfx_conn_t *conn);
@@ -73,9 +72,8 @@ typedef struct gw_pfx_seq gw_pfx_seq_t;
  * blocks).  Never fails for a kvstore or block problem (cached 0, counted
  * as a fallback); RI_ERR_NOMEM only when nothing could be allocated.
  * Caller frees with gw_pfx_seq_destroy. */
-ri_status_t gw_pfx_seq_begin(gw_dp_t *dp, const gw_pfx_keyer_t *keyer, const gw_pfx_layout_t *lay,
-                             uint32_t window, const int32_t *ids, size_t n, gw_pfx_stats_t *stats,
-                             gw_pfx_seq_t **seq_p);
+ri_status_t gw_pfx_seq_begin(gw_dp_t *dp, const gw_pfx_keyer_t *keyer, const gw_pfx_layout_t *lay, uint32_t window,
+                             const int32_t *ids, size_t n, gw_pfx_stats_t *stats, gw_pfx_seq_t **seq_p);
 
 /* Prompt tokens [0, cached) the attached blocks hold (a multiple of B). */
 size_t gw_pfx_seq_cached(const gw_pfx_seq_t *seq);

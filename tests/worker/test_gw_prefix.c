@@ -14,11 +14,11 @@
 #include "common/cm_alloc.h"
 #include "gpuworker/client/gw_prefix.h"
 
-#define L_ 3u   /* layers; layer 1 has no index (a sliding-window layer) */
-#define H_ 2u   /* kv heads */
-#define D_ 8u   /* head dim */
-#define B_ 32u  /* block tokens */
-#define CS 4u   /* tokens per cluster */
+#define L_   3u  /* layers; layer 1 has no index (a sliding-window layer) */
+#define H_   2u  /* kv heads */
+#define D_   8u  /* head dim */
+#define B_   32u /* block tokens */
+#define CS   4u  /* tokens per cluster */
 #define SINK 4u
 #define NTOK 96u /* three blocks of K/V */
 
@@ -83,9 +83,10 @@ static void fx_index_build(fx_t *f, uint32_t l, uint32_t h, uint32_t *seed)
 static int fx_setup(void **state)
 {
     fx_t *f = calloc(1, sizeof(*f));
-    mdl_attn_geom_t g = {L_, 4, H_, D_};
-    mdl_hparams_t hp = {.n_layers = L_, .n_kv_heads = H_, .head_dim = D_, .n_rot = D_, .rope_theta = 10000.f,
-                        .rope_scale = 1.f};
+    mdl_attn_geom_t g = { L_, 4, H_, D_ };
+    mdl_hparams_t hp = {
+        .n_layers = L_, .n_kv_heads = H_, .head_dim = D_, .n_rot = D_, .rope_theta = 10000.f, .rope_scale = 1.f
+    };
     kn_wave_params_t w;
     uint32_t seed = 12345;
 
@@ -120,7 +121,7 @@ static int fx_teardown(void **state)
  * clusters of the indexed layers against the sequence's. */
 static void roundtrip(fx_t *f, uint32_t b)
 {
-    gw_pfx_src_t src = {f->kv, f, fx_index};
+    gw_pfx_src_t src = { f->kv, f, fx_index };
     gw_pfx_block_t pb;
     uint8_t *buf = NULL;
     uint64_t len = 0;
@@ -181,7 +182,7 @@ static void test_roundtrip_unindexed(void **state)
 {
     fx_t *f = *state;
     gw_pfx_layout_t lay = f->lay;
-    gw_pfx_src_t src = {f->kv, NULL, NULL};
+    gw_pfx_src_t src = { f->kv, NULL, NULL };
     gw_pfx_block_t pb;
     uint8_t *buf = NULL;
     uint64_t len = 0;
@@ -208,7 +209,7 @@ static void test_roundtrip_unindexed(void **state)
 static void test_bad_blocks(void **state)
 {
     fx_t *f = *state;
-    gw_pfx_src_t src = {f->kv, f, fx_index};
+    gw_pfx_src_t src = { f->kv, f, fx_index };
     gw_pfx_block_t pb;
     uint8_t *buf = NULL;
     uint64_t len = 0;
@@ -244,10 +245,10 @@ static void test_bad_blocks(void **state)
 static void test_wave_import(void **state)
 {
     fx_t *f = *state;
-    kn_shape_t shape = {4, H_, D_, 0};
+    kn_shape_t shape = { 4, H_, D_, 0 };
     kn_wave_params_t w;
-    kn_wave_t *w1[L_] = {0}, *w2[L_] = {0};
-    uint8_t *bufs[2] = {0};
+    kn_wave_t *w1[L_] = { 0 }, *w2[L_] = { 0 };
+    uint8_t *bufs[2] = { 0 };
     uint64_t lens[2];
     gw_pfx_set_t *set = NULL;
     const uint32_t window = 16;
@@ -260,13 +261,13 @@ static void test_wave_import(void **state)
     w.update_tokens = 16;
     assert_int_equal(gw_pfx_max_blocks(&f->lay, window, NTOK), 2);
     for (uint32_t l = 0; l < L_; l += 2) {
-        kn_kv_view_t kv = {f->kv->k[l], f->kv->v[l], NTOK, D_, f->kv->cap * D_};
+        kn_kv_view_t kv = { f->kv->k[l], f->kv->v[l], NTOK, D_, f->kv->cap * D_ };
         assert_int_equal(kn_wave_create(&shape, &w, &w1[l]), RI_OK);
         assert_int_equal(kn_wave_build(w1[l], &kv), RI_OK);
         for (uint32_t h = 0; h < H_; h++)
             f->idx[l][h] = *kn_wave_index(w1[l], h); /* the fixture's index() answers these */
     }
-    gw_pfx_src_t src = {f->kv, f, fx_index};
+    gw_pfx_src_t src = { f->kv, f, fx_index };
     assert_int_equal(gw_pfx_set_create(&f->lay, 2, &set), RI_OK);
     for (uint32_t b = 0; b < 2; b++) {
         assert_int_equal(gw_pfx_block_build(&f->lay, &src, b, &bufs[b], &lens[b]), RI_OK);
@@ -274,7 +275,7 @@ static void test_wave_import(void **state)
     }
     assert_null(gw_pfx_set_pieces(set, 1));
     for (uint32_t l = 0; l < L_; l += 2) {
-        kn_kv_view_t kv = {f->kv->k[l], f->kv->v[l], NTOK, D_, f->kv->cap * D_};
+        kn_kv_view_t kv = { f->kv->k[l], f->kv->v[l], NTOK, D_, f->kv->cap * D_ };
         const kn_wave_pieces_t *pc = gw_pfx_set_pieces(set, l);
         assert_non_null(pc);
         assert_int_equal(pc->n_blocks, 2);
@@ -325,27 +326,27 @@ static void test_keys(void **state)
     assert_int_equal(gw_pfx_tenant_salt("token-a", NULL, kr.salt), RI_OK);
     assert_int_equal(gw_pfx_keys(&kr, &lay, toks, 3, k1), RI_OK);
     assert_int_equal(gw_pfx_keys(&kr, &lay, toks, 3, k2), RI_OK);
-    assert_memory_equal(k1, k2, sizeof(k1));               /* deterministic */
+    assert_memory_equal(k1, k2, sizeof(k1)); /* deterministic */
     assert_memory_not_equal(k1, k1 + 32, 32);
-    toks[B_ + 3]++;                                        /* block 1 changes: keys 1, 2 do */
+    toks[B_ + 3]++; /* block 1 changes: keys 1, 2 do */
     assert_int_equal(gw_pfx_keys(&kr, &lay, toks, 3, k2), RI_OK);
     assert_memory_equal(k1, k2, 32);
     assert_memory_not_equal(k1 + 32, k2 + 32, 32);
     assert_memory_not_equal(k1 + 64, k2 + 64, 32);
     toks[B_ + 3]--;
-    kr2 = kr;                                              /* another tenant */
+    kr2 = kr; /* another tenant */
     assert_int_equal(gw_pfx_tenant_salt("token-b", NULL, kr2.salt), RI_OK);
     assert_int_equal(gw_pfx_keys(&kr2, &lay, toks, 1, k2), RI_OK);
     assert_memory_not_equal(k1, k2, 32);
     assert_int_equal(gw_pfx_tenant_salt("token-a", "x", kr2.salt), RI_OK); /* an extra salt */
     assert_memory_not_equal(kr.salt, kr2.salt, 32);
-    lay.cluster_tokens = 8;                                /* another layout */
+    lay.cluster_tokens = 8; /* another layout */
     assert_int_equal(gw_pfx_keys(&kr, &lay, toks, 1, k2), RI_OK);
     assert_memory_not_equal(k1, k2, 32);
     /* SHA-256("abc"), FIPS 180-2 */
-    static const uint8_t abc[32] = {0xba, 0x78, 0x16, 0xbf, 0x8f, 0x01, 0xcf, 0xea, 0x41, 0x41, 0x40,
-                                    0xde, 0x5d, 0xae, 0x22, 0x23, 0xb0, 0x03, 0x61, 0xa3, 0x96, 0x17,
-                                    0x7a, 0x9c, 0xb4, 0x10, 0xff, 0x61, 0xf2, 0x00, 0x15, 0xad};
+    static const uint8_t abc[32] = { 0xba, 0x78, 0x16, 0xbf, 0x8f, 0x01, 0xcf, 0xea, 0x41, 0x41, 0x40,
+                                     0xde, 0x5d, 0xae, 0x22, 0x23, 0xb0, 0x03, 0x61, 0xa3, 0x96, 0x17,
+                                     0x7a, 0x9c, 0xb4, 0x10, 0xff, 0x61, 0xf2, 0x00, 0x15, 0xad };
     assert_int_equal(gw_pfx_model_digest("abc", 3, kr2.model), RI_OK);
     assert_memory_equal(kr2.model, abc, 32);
     /* attachable blocks */

@@ -19,12 +19,12 @@
 #include "gpuworker/client/gw_prefix_seq.h"
 #include "wk_test_util.h"
 
-#define L_ 2u
-#define H_ 2u
-#define D_ 16u
-#define B_ 32u
+#define L_   2u
+#define H_   2u
+#define D_   16u
+#define B_   32u
 #define NTOK 128u
-#define WIN 16u
+#define WIN  16u
 
 static wk_env_t env;
 static int env_rc;
@@ -47,10 +47,11 @@ static const kn_index_t *fx_index(void *ctx, uint32_t l, uint32_t h)
 static int fx_setup(void **state)
 {
     fx_t *f = calloc(1, sizeof(*f));
-    mdl_attn_geom_t g = {L_, 4, H_, D_};
-    mdl_hparams_t hp = {.n_layers = L_, .n_kv_heads = H_, .head_dim = D_, .n_rot = D_, .rope_theta = 1e4f,
-                        .rope_scale = 1.f};
-    kn_shape_t shape = {4, H_, D_, 0};
+    mdl_attn_geom_t g = { L_, 4, H_, D_ };
+    mdl_hparams_t hp = {
+        .n_layers = L_, .n_kv_heads = H_, .head_dim = D_, .n_rot = D_, .rope_theta = 1e4f, .rope_scale = 1.f
+    };
+    kn_shape_t shape = { 4, H_, D_, 0 };
     kn_wave_params_t w;
 
     if (env_rc != 0)
@@ -66,7 +67,7 @@ static int fx_setup(void **state)
     w.update_tokens = 16;
     for (uint32_t l = 0; l < L_; l++) {
         wk_synth_kv(f->kv->k[l], f->kv->v[l], f->kv->cap, H_, D_, 0, NTOK, l);
-        kn_kv_view_t kv = {f->kv->k[l], f->kv->v[l], NTOK, D_, f->kv->cap * D_};
+        kn_kv_view_t kv = { f->kv->k[l], f->kv->v[l], NTOK, D_, f->kv->cap * D_ };
         assert_int_equal(kn_wave_create(&shape, &w, &f->w[l]), RI_OK);
         assert_int_equal(kn_wave_build(f->w[l], &kv), RI_OK);
     }
@@ -119,7 +120,7 @@ static size_t lookup(fx_t *f, const gw_pfx_keyer_t *kr, const int32_t *ids, bool
 static void test_publish_attach(void **state)
 {
     fx_t *f = *state;
-    gw_pfx_src_t src = {f->kv, f, fx_index};
+    gw_pfx_src_t src = { f->kv, f, fx_index };
     gw_pfx_conn_t *c = NULL;
     gw_pfx_seq_t *s = NULL;
     uint32_t published = 0;
@@ -149,7 +150,7 @@ static void test_publish_attach(void **state)
 static void test_bad_block_falls_back(void **state)
 {
     fx_t *f = *state;
-    gw_pfx_src_t src = {f->kv, f, fx_index};
+    gw_pfx_src_t src = { f->kv, f, fx_index };
     gw_pfx_conn_t *c = NULL;
     uint8_t *buf = NULL, key[CM_PFX_KEY_SIZE];
     uint64_t len = 0;
@@ -161,7 +162,7 @@ static void test_bad_block_falls_back(void **state)
     assert_int_equal(gw_pfx_keys(&f->kr, &f->lay, ids, 1, key), RI_OK);
     assert_int_equal(gw_pfx_block_build(&f->lay, &src, 0, &buf, &len), RI_OK);
     uint8_t *perm = buf + CM_PFX_HDR_SIZE + cm_dp_get64(buf + 40) + 8; /* table 0's perm */
-    memcpy(perm, perm + 4, 4);                                           /* a token twice */
+    memcpy(perm, perm + 4, 4);                                         /* a token twice */
     cm_dp_put32(buf + 36, cm_crc32c(0, buf + CM_PFX_HDR_SIZE, (size_t)(len - CM_PFX_HDR_SIZE)));
     assert_int_equal(gw_pfx_conn_open(env.ctl, 5000, &f->lay, &c), RI_OK);
     assert_int_equal(gw_dp_prefix_put(c->dp, key, buf, len, &slot, &flags), RI_OK);

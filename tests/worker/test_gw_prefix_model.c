@@ -25,8 +25,8 @@
 #include "kernels/kn_wave.h"
 #include "tests/model/tm_util.h"
 
-#define TP_N 1536u /* prompt tokens */
-#define TP_GEN 12u /* greedy tokens compared */
+#define TP_N   1536u /* prompt tokens */
+#define TP_GEN 12u   /* greedy tokens compared */
 
 static mdl_model_t *tp_model;
 static int32_t tp_prompt[TP_N];
@@ -112,7 +112,7 @@ static void tp_run(const char *method)
     mdl_seq_t *a, *b;
     gw_pfx_layout_t lay;
     gw_pfx_set_t *set = NULL;
-    uint8_t *bufs[16] = {0};
+    uint8_t *bufs[16] = { 0 };
     float *la = malloc(nv * sizeof(float)), *lb = malloc(nv * sizeof(float)), *scratch = malloc(nv * sizeof(float));
     int32_t ga[TP_GEN], gb[TP_GEN];
 
@@ -131,14 +131,14 @@ static void tp_run(const char *method)
     assert_int_equal(mdl_prefill(tp_model, a, tp_prompt, TP_N, la, NULL, NULL, NULL), RI_OK);
     tp_greedy(a, la, ga, scratch, nv); /* the first step builds the index */
 
-    gw_pfx_src_t src = {mdl_seq_kv(a), a, retro ? tp_index : NULL};
+    gw_pfx_src_t src = { mdl_seq_kv(a), a, retro ? tp_index : NULL };
     assert_int_equal(gw_pfx_set_create(&lay, nb, &set), RI_OK);
     for (uint32_t i = 0; i < nb; i++) {
         uint64_t len = 0;
         assert_int_equal(gw_pfx_block_build(&lay, &src, i, &bufs[i], &len), RI_OK);
         assert_int_equal(gw_pfx_set_add(set, bufs[i], len), RI_OK);
     }
-    mdl_prefix_src_t psrc = {set, pre, gw_pfx_set_pieces};
+    mdl_prefix_src_t psrc = { set, pre, gw_pfx_set_pieces };
     cfg.prefix = &psrc;
     assert_int_equal(mdl_seq_create(tp_model, mdl_attn_find(method), &cfg, TP_N + TP_GEN + 1, &b), RI_OK);
     assert_int_equal(mdl_seq_preload(b, pre, gw_pfx_set_fill, set), RI_OK);
@@ -150,8 +150,8 @@ static void tp_run(const char *method)
         hi = fmaxf(hi, la[i]);
         diff = fmaxf(diff, fabsf(la[i] - lb[i]));
     }
-    fprintf(stderr, "%s, %s: %u blocks (%zu tokens) preloaded; logits differ by %g (range %g)\n", tp_name, method,
-            nb, pre, diff, hi - lo);
+    fprintf(stderr, "%s, %s: %u blocks (%zu tokens) preloaded; logits differ by %g (range %g)\n", tp_name, method, nb,
+            pre, diff, hi - lo);
     assert_true(diff <= 1e-5f * (hi - lo));
     tp_greedy(b, lb, gb, scratch, nv);
     assert_memory_equal(ga, gb, sizeof(ga));
