@@ -699,6 +699,25 @@ static void test_spill_recover(void **state)
     assert_int_equal(gw_dp_prefix_put(d.dp, key, k[4].buf, k[4].len, &slot, &flags), RI_OK);
     gw_dp_close(d.dp);
 
+    /* Stats and ListPrefixes say where the blocks are */
+    {
+        gw_ctl_t *ctl = NULL;
+        gw_ctl_error_t err = {0};
+        gw_ctl_stats_t st;
+        gw_ctl_prefix_info_t *infos = NULL;
+        size_t n = 0;
+        assert_int_equal(gw_ctl_create(g_grpc, "tok-alice", &ctl), RI_OK);
+        assert_int_equal(gw_ctl_stats(ctl, 5000, &st, &err), RI_OK);
+        assert_int_equal(st.prefix.blocks_memory, 2); /* 202 read back, 204 new */
+        assert_int_equal(st.prefix.blocks_disk, 0);
+        assert_int_equal(st.prefix.publishes_new, 1);
+        assert_int_equal(gw_ctl_list_prefixes(ctl, 5000, &infos, &n, &err), RI_OK);
+        assert_int_equal(n, 2);
+        assert_false(infos[0].on_disk);
+        cm_free(infos);
+        gw_ctl_destroy(ctl);
+    }
+
     /* a clean stop writes 202 and 204 out; then a byte of 202 flips on disk */
     assert_int_equal(kvs_spawn_stop(&g_sp, SIGTERM, 10000), 0);
     assert_true(flip_on_disk(dir, k[2].buf + k[2].len - 200, 64) > 0);
@@ -709,6 +728,22 @@ static void test_spill_recover(void **state)
     assert_int_equal(n_att, 0); /* never served */
     assert_int_equal(gw_dp_prefix_attach(d.dp, key, 1, att, &n_att), RI_OK);
     assert_int_equal(n_att, 0); /* and dropped */
+    {
+        gw_ctl_t *ctl = NULL;
+        gw_ctl_error_t err = {0};
+        gw_ctl_stats_t st;
+        gw_ctl_prefix_info_t *infos = NULL;
+        size_t n = 0;
+        assert_int_equal(gw_ctl_create(g_grpc, "tok-alice", &ctl), RI_OK);
+        assert_int_equal(gw_ctl_list_prefixes(ctl, 5000, &infos, &n, &err), RI_OK);
+        assert_int_equal(n, 1); /* 204, on disk until attached */
+        assert_true(infos[0].on_disk);
+        cm_free(infos);
+        assert_int_equal(gw_ctl_stats(ctl, 5000, &st, &err), RI_OK);
+        assert_int_equal(st.prefix.corrupt, 1);
+        assert_int_equal(st.prefix.attach_misses, 2);
+        gw_ctl_destroy(ctl);
+    }
     key_of(key, 204);
     assert_int_equal(gw_dp_prefix_attach(d.dp, key, 1, att, &n_att), RI_OK);
     assert_int_equal(n_att, 1);
