@@ -29,6 +29,9 @@
 #include "common/cm_status.h"
 #include "gpuworker/client/gw_ctl.h"
 #include "gpuworker/client/gw_dp.h"
+#ifdef PFX_HAVE_DIRECT
+#include "gpuworker/client/gw_direct.h"
+#endif
 #include "tests/kvstore_data/kvs_spawn.h"
 
 #define LAYERS 2u
@@ -336,6 +339,17 @@ static void test_publish_attach_share(void **state)
         assert_ptr_equal(again, map);
         /* no such slot: refused like any other unknown object */
         assert_int_equal(gw_dp_map_block(b.dp, 7, &again, &again_bytes), RI_ERR_UNAUTHENTICATED);
+#ifdef PFX_HAVE_DIRECT
+        /* the worker's direct reads: a tagged answer reads the block's mapping */
+        gw_direct_t *d = NULL;
+        assert_int_equal(gw_direct_open(b.dp, LAYERS, HEADS, PAGE_BYTES, &d), RI_OK);
+        assert_int_equal(gw_direct_record(d, 0, 1, 0, 2, offs), RI_OK);
+        assert_null(gw_direct_pages(d, 0, 1, 1, 2)); /* block not mapped in d yet: fetch it */
+        assert_int_equal(gw_direct_set_block(d, 0, map, map_bytes), RI_OK);
+        assert_ptr_equal(gw_direct_pages(d, 0, 1, 1, 2), map + cluster_off(&k, 1, 1));
+        assert_null(gw_direct_pages(d, 0, 1, 1, 4096)); /* past the block: never read */
+        gw_direct_close(d);
+#endif
     }
     /* TOUCH of attached clusters is accepted like the session's own. */
     {
