@@ -537,6 +537,62 @@ static void test_eviction_under_cap(void **state)
         free(k[i].buf);
 }
 
+/* --prefix-tenant-max-bytes: over it a PUT evicts the tenant's own
+ * unreferenced blocks, never another tenant's; with all its own attached it
+ * is refused (QUOTA) while another tenant still publishes. */
+static void test_tenant_cap(void **state)
+{
+    sess_t a1, a2, b1, w;
+    blk_t k[6];
+    uint8_t key[CM_PFX_KEY_SIZE];
+    uint32_t slot, flags, n_att;
+    cm_pfx_attached_t att[1];
+    char tmax[64];
+    uint64_t charge;
+    (void)state;
+
+    for (uint32_t i = 0; i < 6; i++)
+        k[i] = make_block(40 + i, 10, 12);
+    charge = (k[0].len + 4095u) / 4096u * 4096u;
+    snprintf(tmax, sizeof(tmax), "--prefix-tenant-max-bytes=%llu", (unsigned long long)(2 * charge));
+    START_OR_SKIP2("0", tmax, NULL);
+    OPEN_OR_SKIP("tok-alice", &a1);
+    OPEN_OR_SKIP("tok-bob-1", &b1);
+    for (uint32_t i = 0; i < 2; i++) {
+        key_of(key, 300 + i);
+        assert_int_equal(gw_dp_prefix_put(a1.dp, key, k[i].buf, k[i].len, &slot, &flags), RI_OK);
+    }
+    key_of(key, 302);
+    assert_int_equal(gw_dp_prefix_put(a1.dp, key, k[2].buf, k[2].len, &slot, &flags), RI_ERR_QUOTA);
+    for (uint32_t i = 3; i < 5; i++) { /* bob has a cap of his own */
+        key_of(key, 300 + i);
+        assert_int_equal(gw_dp_prefix_put(b1.dp, key, k[i].buf, k[i].len, &slot, &flags), RI_OK);
+    }
+    drop_session("tok-alice", &a1); /* 300, 301 unreferenced */
+    drop_session("tok-bob-1", &b1); /* 303, 304 unreferenced, older than nothing of alice's next */
+    OPEN_OR_SKIP("tok-alice", &a2);
+    key_of(key, 305);
+    assert_int_equal(gw_dp_prefix_put(a2.dp, key, k[5].buf, k[5].len, &slot, &flags), RI_OK); /* 300 goes */
+    OPEN_OR_SKIP("tok-alice", &w);
+    const uint32_t want_alice[3] = {0, 1, 1}, keys_alice[3] = {300, 301, 305};
+    for (uint32_t i = 0; i < 3; i++) {
+        key_of(key, keys_alice[i]);
+        assert_int_equal(gw_dp_prefix_attach(w.dp, key, 1, att, &n_att), RI_OK);
+        assert_int_equal(n_att, want_alice[i]);
+    }
+    gw_dp_close(w.dp);
+    OPEN_OR_SKIP("tok-bob-1", &w);
+    for (uint32_t i = 3; i < 5; i++) { /* bob's stayed */
+        key_of(key, 300 + i);
+        assert_int_equal(gw_dp_prefix_attach(w.dp, key, 1, att, &n_att), RI_OK);
+        assert_int_equal(n_att, 1);
+    }
+    gw_dp_close(w.dp);
+    gw_dp_close(a2.dp);
+    for (uint32_t i = 0; i < 6; i++)
+        free(k[i].buf);
+}
+
 /* Send a PREFIX_PUT with this meta and data through the raw path. */
 static ri_status_t raw_put(gw_dp_t *dp, const void *meta, uint32_t meta_len, const void *data, uint64_t len)
 {
@@ -776,6 +832,7 @@ int main(void)
         cmocka_unit_test_teardown(test_publish_attach_share, teardown_daemon),
         cmocka_unit_test_teardown(test_put_existing_and_tenants, teardown_daemon),
         cmocka_unit_test_teardown(test_eviction_under_cap, teardown_daemon),
+        cmocka_unit_test_teardown(test_tenant_cap, teardown_daemon),
         cmocka_unit_test_teardown(test_malformed, teardown_daemon),
         cmocka_unit_test_teardown(test_spill_recover, teardown_daemon),
     };
