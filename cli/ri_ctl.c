@@ -112,6 +112,17 @@ static int ri_ctl_stats(gw_ctl_t *ctl, const char *addr, uint32_t timeout_ms)
         printf(" (hit ratio %.3f)", (double)s.cache_hits / (double)looked);
     printf("\n  sent         %s\n", d);
     printf("  errors       %" PRIu64 "\n", s.errors);
+    {
+        char mem[32], disk[32];
+        ri_ctl_bytes(s.prefix.bytes_memory, mem, sizeof(mem));
+        ri_ctl_bytes(s.prefix.bytes_disk, disk, sizeof(disk));
+        printf("  prefixes     %" PRIu64 " in memory (%s), %" PRIu64 " on disk (%s); attached %" PRIu64
+               " keys (%" PRIu64 " tokens), missed %" PRIu64 "; published %" PRIu64 " new, %" PRIu64
+               " existing, %" PRIu64 " refused; %" PRIu64 " evicted, %" PRIu64 " spilled, %" PRIu64 " corrupt\n",
+               s.prefix.blocks_memory, mem, s.prefix.blocks_disk, disk, s.prefix.attach_hits,
+               s.prefix.tokens_attached, s.prefix.attach_misses, s.prefix.publishes_new, s.prefix.publishes_existing,
+               s.prefix.publishes_refused, s.prefix.evictions, s.prefix.spills, s.prefix.corrupt);
+    }
     return 0;
 }
 
@@ -209,7 +220,8 @@ static int ri_ctl_prefixes(gw_ctl_t *ctl, const char *addr, uint32_t timeout_ms)
         return ri_ctl_fail("ListPrefixes", addr, st, &err);
     printf("%zu prefix block(s) at %s\n", n, addr);
     if (n > 0)
-        printf("%-64s %-12s %10s %7s %8s  %s\n", "KEY", "TENANT", "BYTES", "TOKENS", "SESSIONS", "CREATED (UTC)");
+        printf("%-64s %-12s %-6s %10s %7s %8s  %s\n", "KEY", "TENANT", "TIER", "BYTES", "TOKENS", "SESSIONS",
+               "CREATED (UTC)");
     for (size_t i = 0; i < n; i++) {
         const gw_ctl_prefix_info_t *p = &infos[i];
         char hex[65], bytes[32], when[32];
@@ -220,7 +232,8 @@ static int ri_ctl_prefixes(gw_ctl_t *ctl, const char *addr, uint32_t timeout_ms)
         gmtime_r(&t, &tm);
         strftime(when, sizeof(when), "%Y-%m-%d %H:%M:%S", &tm);
         ri_ctl_bytes(p->bytes, bytes, sizeof(bytes));
-        printf("%-64s %-12s %10s %7u %8u  %s\n", hex, p->tenant, bytes, p->tokens, p->sessions, when);
+        printf("%-64s %-12s %-6s %10s %7u %8u  %s\n", hex, p->tenant, p->on_disk ? "disk" : "memory", bytes,
+               p->tokens, p->sessions, when);
     }
     cm_free(infos);
     return 0;

@@ -387,6 +387,19 @@ ri_status_t gw_ctl_stats(gw_ctl_t *ctl, uint32_t timeout_ms, gw_ctl_stats_t *out
     out->bytes_sent = r->bytes_sent;
     out->errors = r->errors;
     out->uptime_ms = r->uptime_ms;
+    out->prefix.blocks_memory = r->prefix_blocks_memory;
+    out->prefix.bytes_memory = r->prefix_bytes_memory;
+    out->prefix.blocks_disk = r->prefix_blocks_disk;
+    out->prefix.bytes_disk = r->prefix_bytes_disk;
+    out->prefix.attach_hits = r->prefix_attach_hits;
+    out->prefix.attach_misses = r->prefix_attach_misses;
+    out->prefix.tokens_attached = r->prefix_tokens_attached;
+    out->prefix.publishes_new = r->prefix_publishes_new;
+    out->prefix.publishes_existing = r->prefix_publishes_existing;
+    out->prefix.publishes_refused = r->prefix_publishes_refused;
+    out->prefix.evictions = r->prefix_evictions;
+    out->prefix.spills = r->prefix_spills;
+    out->prefix.corrupt = r->prefix_corrupt;
     retroinfer__v1__stats_response__free_unpacked(r, NULL);
     return RI_OK;
 }
@@ -604,6 +617,7 @@ ri_status_t gw_ctl_list_prefixes(gw_ctl_t *ctl, uint32_t timeout_ms, gw_ctl_pref
         infos[i].tokens = p->tokens;
         infos[i].sessions = p->sessions;
         infos[i].created_unix_ms = p->created_unix_ms;
+        infos[i].on_disk = p->on_disk;
     }
     *n_p = r->n_prefixes;
     *infos_p = infos;

@@ -41,6 +41,12 @@ typedef struct gw_ctl_stats {
     uint32_t sessions_all;  /* every tenant */
     uint64_t clusters;      /* the caller's tenant */
     uint64_t fetches, cache_hits, cache_misses, bytes_sent, errors, uptime_ms;
+    struct {                /* prefix blocks, daemon-wide */
+        uint64_t blocks_memory, bytes_memory, blocks_disk, bytes_disk;
+        uint64_t attach_hits, attach_misses, tokens_attached;
+        uint64_t publishes_new, publishes_existing, publishes_refused;
+        uint64_t evictions, spills, corrupt;
+    } prefix;
 } gw_ctl_stats_t;
 
 typedef struct gw_ctl_geometry {
@@ -122,6 +128,7 @@ typedef struct gw_ctl_prefix_info {
     uint32_t tokens;           /* tokens it covers */
     uint32_t sessions;         /* sessions it is attached to */
     uint64_t created_unix_ms;
+    bool on_disk;              /* only in the spill tier */
 } gw_ctl_prefix_info_t;
 
 /* How many of keys[0..n) (n x 32 bytes), from the first, the caller's

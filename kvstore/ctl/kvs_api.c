@@ -108,6 +108,19 @@ static ri_status_t kvs_api_stats(void *app, const kvs_caller_t *caller, const ui
     out.bytes_sent = s.bytes_sent;
     out.errors = s.errors;
     out.uptime_ms = kvs_api_uptime_ms(ctl);
+    out.prefix_blocks_memory = s.prefix.blocks_memory;
+    out.prefix_bytes_memory = s.prefix.bytes_memory;
+    out.prefix_blocks_disk = s.prefix.blocks_disk;
+    out.prefix_bytes_disk = s.prefix.bytes_disk;
+    out.prefix_attach_hits = s.prefix.attach_hits;
+    out.prefix_attach_misses = s.prefix.attach_misses;
+    out.prefix_tokens_attached = s.prefix.tokens_attached;
+    out.prefix_publishes_new = s.prefix.publishes_new;
+    out.prefix_publishes_existing = s.prefix.publishes_existing;
+    out.prefix_publishes_refused = s.prefix.publishes_refused;
+    out.prefix_evictions = s.prefix.evictions;
+    out.prefix_spills = s.prefix.spills;
+    out.prefix_corrupt = s.prefix.corrupt;
     return kvs_api_pack(&out.base, reply);
 }
 
@@ -508,6 +521,7 @@ static ri_status_t kvs_api_list_prefixes(void *app, const kvs_caller_t *caller, 
         items[i].tokens = infos[i].tokens;
         items[i].sessions = infos[i].refs;
         items[i].created_unix_ms = infos[i].created_unix_ms;
+        items[i].on_disk = infos[i].on_disk;
         ptrs[i] = &items[i];
     }
     Retroinfer__V1__ListPrefixesResponse out = RETROINFER__V1__LIST_PREFIXES_RESPONSE__INIT;

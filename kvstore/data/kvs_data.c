@@ -646,6 +646,19 @@ void kvs_data_stats(kvs_data_t *data, const char *tenant, kvs_data_stats_t *stat
     s.bytes_sent = data->bytes_sent;
     for (int k = 0; k < KVS_ERRK_COUNT; k++)
         s.errors += data->errors[k];
+    s.prefix.blocks_memory = data->prefix.blocks;
+    s.prefix.bytes_memory = data->prefix.bytes;
+    s.prefix.blocks_disk = data->prefix.disk_blocks;
+    s.prefix.bytes_disk = data->prefix.disk_bytes;
+    s.prefix.attach_hits = data->prefix.attach_hits;
+    s.prefix.attach_misses = data->prefix.attach_misses;
+    s.prefix.tokens_attached = data->prefix.tokens_attached;
+    s.prefix.publishes_new = data->prefix.put_new;
+    s.prefix.publishes_existing = data->prefix.put_existed;
+    s.prefix.publishes_refused = data->prefix.put_refused;
+    s.prefix.evictions = data->prefix.evictions;
+    s.prefix.spills = data->prefix.spills;
+    s.prefix.corrupt = data->prefix.corrupt;
     pthread_mutex_unlock(&data->lock);
     *stats_p = s;
 }

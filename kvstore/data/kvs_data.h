@@ -92,6 +92,12 @@ typedef struct kvs_data_stats {
     uint64_t cache_misses;       /* clusters answered as misses */
     uint64_t bytes_sent;         /* data-plane bytes sent */
     uint64_t errors;             /* requests answered with an error */
+    struct {                     /* prefix blocks, daemon-wide */
+        uint64_t blocks_memory, bytes_memory, blocks_disk, bytes_disk;
+        uint64_t attach_hits, attach_misses, tokens_attached;
+        uint64_t publishes_new, publishes_existing, publishes_refused;
+        uint64_t evictions, spills, corrupt;
+    } prefix;
 } kvs_data_stats_t;
 
 typedef struct kvs_data kvs_data_t;
@@ -180,6 +186,7 @@ typedef struct kvs_prefix_info {
     uint32_t tokens;                 /* tokens it covers */
     uint32_t refs;                   /* sessions it is attached to */
     uint64_t created_unix_ms;
+    bool on_disk;                    /* only in the spill tier */
 } kvs_prefix_info_t;
 
 /* How many of keys[0..n) (n x KVS_PFX_KEY bytes), from the first, this

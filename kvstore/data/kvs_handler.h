@@ -19,7 +19,7 @@
  *
  *   kvs_data.c (catalog; starts the transport with the ops' handler table)
  *     -> operations: kvs_internal.h, kvs_ops.c, kvs_tier.c, kvs_direct.c,
- *                    kvs_cache.c, kvs_lease.c
+ *                    kvs_prefix.c, kvs_prefix_spill.c, kvs_cache.c, kvs_lease.c
  *     -> transport:  kvs_dp.h, kvs_dp_lane.h, kvs_dp.c, kvs_dp_setup.c,
  *                    kvs_dp_region.c, kvs_dp_check.c
  *   both -> kvs_handler.h (this file) -> common/

@@ -628,10 +628,18 @@ void kvs_prefix_metrics_write_locked(kvs_data_t *data, FILE *out)
     const kvs_pcat_t *pc = &data->prefix;
 
     fprintf(out, "# HELP ri_kvs_prefix_blocks Prefix blocks held, by tier.\n# TYPE ri_kvs_prefix_blocks gauge\n"
-                 "ri_kvs_prefix_blocks{tier=\"memory\"} %" PRIu64 "\n"
-                 "# HELP ri_kvs_prefix_bytes Bytes of the prefix blocks held, by tier.\n"
-                 "# TYPE ri_kvs_prefix_bytes gauge\nri_kvs_prefix_bytes{tier=\"memory\"} %" PRIu64 "\n",
-            pc->blocks, pc->bytes);
+                 "ri_kvs_prefix_blocks{tier=\"memory\"} %" PRIu64 "\nri_kvs_prefix_blocks{tier=\"disk\"} %" PRIu64 "\n"
+                 "# HELP ri_kvs_prefix_bytes Bytes of the prefix blocks held, by tier (memory: pool units).\n"
+                 "# TYPE ri_kvs_prefix_bytes gauge\nri_kvs_prefix_bytes{tier=\"memory\"} %" PRIu64 "\n"
+                 "ri_kvs_prefix_bytes{tier=\"disk\"} %" PRIu64 "\n",
+            pc->blocks, pc->disk_blocks, pc->bytes, pc->disk_bytes);
+    fprintf(out, "# HELP ri_kvs_prefix_spills_total Prefix blocks written to the spill tier.\n"
+                 "# TYPE ri_kvs_prefix_spills_total counter\nri_kvs_prefix_spills_total %" PRIu64 "\n"
+                 "# HELP ri_kvs_prefix_readbacks_total Prefix blocks read back from the spill tier.\n"
+                 "# TYPE ri_kvs_prefix_readbacks_total counter\nri_kvs_prefix_readbacks_total %" PRIu64 "\n"
+                 "# HELP ri_kvs_prefix_corrupt_total Spilled prefix blocks that failed verification (dropped).\n"
+                 "# TYPE ri_kvs_prefix_corrupt_total counter\nri_kvs_prefix_corrupt_total %" PRIu64 "\n",
+            pc->spills, pc->readbacks, pc->corrupt);
     fprintf(out, "# HELP ri_kvs_prefix_attach_keys_total Keys asked for in PREFIX_ATTACH, by outcome.\n"
                  "# TYPE ri_kvs_prefix_attach_keys_total counter\n"
                  "ri_kvs_prefix_attach_keys_total{outcome=\"hit\"} %" PRIu64 "\n"
@@ -684,6 +692,7 @@ static void kvs_pfx_info_fill(const kvs_pblock_t *b, kvs_prefix_info_t *info)
     info->tokens = b->n_tokens;
     info->refs = b->refs;
     info->created_unix_ms = b->created_unix_ms;
+    info->on_disk = b->on_disk;
 }
 
 ri_status_t kvs_data_prefix_list(kvs_data_t *data, const char *tenant, kvs_prefix_info_t **infos_p, size_t *n_p)

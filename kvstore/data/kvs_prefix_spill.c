@@ -142,6 +142,9 @@ ri_status_t kvs_prefix_spill_locked(kvs_data_t *data, kvs_pblock_t *b)
     data->prefix.disk_blocks++;
     data->prefix.disk_bytes += b->bytes;
     data->prefix.spills++;
+    /* Durable now (manifest): kill -9 keeps it without a tail scan's luck. */
+    if (kvs_spill_sync(data->spill) != RI_OK)
+        cm_warn("prefix: spill manifest not written: a crash may lose the block just spilled");
     return RI_OK;
 }
 
@@ -158,6 +161,8 @@ void kvs_prefix_disk_forget_locked(kvs_data_t *data, kvs_pblock_t *b)
             keys[i] = kvs_pfx_disk_key(b->disk_id, i);
         kvs_spill_remove(data->spill, keys, (size_t)chunks + 1u);
         cm_free(keys);
+        /* so that a crash's tail scan does not bring a dropped block back */
+        (void)kvs_spill_sync(data->spill);
     }
     data->prefix.disk_blocks--;
     data->prefix.disk_bytes -= b->bytes;

@@ -5,6 +5,7 @@
  * synthetic tables and pages (the worker's section is opaque bytes to the
  * kvstore).  Exits 77 when the daemon or UCX cannot run here.
  */
+#define _GNU_SOURCE
 #include <setjmp.h>
 #include <signal.h>
 #include <stdarg.h>
@@ -25,8 +26,12 @@
 #include "common/cm_crc32c.h"
 #include "common/cm_dp_direct.h"
 #include "common/cm_dp_prefix.h"
+#include "common/cm_status.h"
 #include "gpuworker/client/gw_ctl.h"
 #include "gpuworker/client/gw_dp.h"
+#ifdef PFX_HAVE_DIRECT
+#include "gpuworker/client/gw_direct.h"
+#endif
 #include "tests/kvstore_data/kvs_spawn.h"
 
 #define LAYERS 2u
@@ -42,6 +47,7 @@ static kvs_spawn_t g_sp;      /* pid of the daemon of the running test */
 static char g_grpc[200];
 static char g_tokens[256];
 static int g_skipped;
+static char g_spill_dir[64]; /* removed by the teardown */
 
 /* --- blocks ----------------------------------------------------------------- */
 
@@ -76,8 +82,13 @@ static blk_t make_block(uint32_t seed, uint32_t a, uint32_t b)
     for (uint32_t t = 0; t < NT; t++)
         for (int i = 0; i < 2; i++)
             cm_dp_put32(p + 4u * NT + 4u * (2u * t + (uint32_t)i), sizes[i]);
-    for (uint64_t i = 0; i < worker + h.pages_bytes; i++)
-        k.buf[CM_PFX_HDR_SIZE + tables + i] = (uint8_t)(seed * 131u + i * 7u + (i >> 8));
+    uint64_t x = 0x9e3779b97f4a7c15ull * (seed + 1u); /* xorshift: windows of bytes unique to the block */
+    for (uint64_t i = 0; i < worker + h.pages_bytes; i++) {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        k.buf[CM_PFX_HDR_SIZE + tables + i] = (uint8_t)x;
+    }
     h.crc = cm_crc32c(0, k.buf + CM_PFX_HDR_SIZE, k.len - CM_PFX_HDR_SIZE);
     cm_pfx_hdr_encode(k.buf, &h);
     return k;
@@ -107,7 +118,9 @@ static void key_of(uint8_t key[CM_PFX_KEY_SIZE], uint32_t n)
 
 /* --- daemon ------------------------------------------------------------------ */
 
-static int daemon_start(const char *prefix_max)
+/* Start ri-kvstore with --prefix-max-bytes=prefix_max and up to two more
+ * options (NULL: none). */
+static int daemon_start2(const char *prefix_max, const char *opt1, const char *opt2)
 {
     const char *bdir = getenv("RI_BUILD_DIR");
     char path[512], portfile[256], pmax[64], line[512];
@@ -136,7 +149,7 @@ static int daemon_start(const char *prefix_max)
             dup2(devnull, 1);
         execl(path, path, "--listen=127.0.0.1:0", "--dataplane-listen=127.0.0.1:0", "--metrics-listen=off",
               "--memory=64MiB", "--hugepages=false", "--port-file", portfile, "--drain-timeout-ms=2000",
-              "--tokens-file", g_tokens, pmax, (char *)NULL);
+              "--tokens-file", g_tokens, pmax, opt1, opt2, (char *)NULL);
         _exit(127);
     }
     for (int i = 0; i < 500 && f == NULL; i++) {
@@ -160,12 +173,24 @@ static int daemon_start(const char *prefix_max)
     return g_grpc[0] != '\0' ? 0 : -1;
 }
 
+static int daemon_start(const char *prefix_max)
+{
+    return daemon_start2(prefix_max, NULL, NULL);
+}
+
 static int teardown_daemon(void **state)
 {
     (void)state;
     if (g_sp.pid > 0)
         kvs_spawn_stop(&g_sp, SIGTERM, 5000);
     unlink(g_tokens);
+    if (g_spill_dir[0] != '\0') { /* segment files are preallocated: do not leave them */
+        char cmd[128];
+        snprintf(cmd, sizeof(cmd), "rm -rf '%s'", g_spill_dir);
+        if (system(cmd) != 0)
+            fprintf(stderr, "could not remove %s\n", g_spill_dir);
+        g_spill_dir[0] = '\0';
+    }
     return 0;
 }
 
@@ -211,6 +236,16 @@ static void drop_session(const char *token, sess_t *s)
 #define START_OR_SKIP(pmax)                                                 \
     do {                                                                    \
         int rc_ = daemon_start(pmax);                                       \
+        if (rc_ == 77) {                                                    \
+            g_skipped = 1;                                                  \
+            return;                                                         \
+        }                                                                   \
+        assert_int_equal(rc_, 0);                                           \
+    } while (0)
+
+#define START_OR_SKIP2(pmax, o1, o2)                                        \
+    do {                                                                    \
+        int rc_ = daemon_start2(pmax, o1, o2);                              \
         if (rc_ == 77) {                                                    \
             g_skipped = 1;                                                  \
             return;                                                         \
@@ -304,6 +339,17 @@ static void test_publish_attach_share(void **state)
         assert_ptr_equal(again, map);
         /* no such slot: refused like any other unknown object */
         assert_int_equal(gw_dp_map_block(b.dp, 7, &again, &again_bytes), RI_ERR_UNAUTHENTICATED);
+#ifdef PFX_HAVE_DIRECT
+        /* the worker's direct reads: a tagged answer reads the block's mapping */
+        gw_direct_t *d = NULL;
+        assert_int_equal(gw_direct_open(b.dp, LAYERS, HEADS, PAGE_BYTES, &d), RI_OK);
+        assert_int_equal(gw_direct_record(d, 0, 1, 0, 2, offs), RI_OK);
+        assert_null(gw_direct_pages(d, 0, 1, 1, 2)); /* block not mapped in d yet: fetch it */
+        assert_int_equal(gw_direct_set_block(d, 0, map, map_bytes), RI_OK);
+        assert_ptr_equal(gw_direct_pages(d, 0, 1, 1, 2), map + cluster_off(&k, 1, 1));
+        assert_null(gw_direct_pages(d, 0, 1, 1, 4096)); /* past the block: never read */
+        gw_direct_close(d);
+#endif
     }
     /* TOUCH of attached clusters is accepted like the session's own. */
     {
@@ -491,6 +537,62 @@ static void test_eviction_under_cap(void **state)
         free(k[i].buf);
 }
 
+/* --prefix-tenant-max-bytes: over it a PUT evicts the tenant's own
+ * unreferenced blocks, never another tenant's; with all its own attached it
+ * is refused (QUOTA) while another tenant still publishes. */
+static void test_tenant_cap(void **state)
+{
+    sess_t a1, a2, b1, w;
+    blk_t k[6];
+    uint8_t key[CM_PFX_KEY_SIZE];
+    uint32_t slot, flags, n_att;
+    cm_pfx_attached_t att[1];
+    char tmax[64];
+    uint64_t charge;
+    (void)state;
+
+    for (uint32_t i = 0; i < 6; i++)
+        k[i] = make_block(40 + i, 10, 12);
+    charge = (k[0].len + 4095u) / 4096u * 4096u;
+    snprintf(tmax, sizeof(tmax), "--prefix-tenant-max-bytes=%llu", (unsigned long long)(2 * charge));
+    START_OR_SKIP2("0", tmax, NULL);
+    OPEN_OR_SKIP("tok-alice", &a1);
+    OPEN_OR_SKIP("tok-bob-1", &b1);
+    for (uint32_t i = 0; i < 2; i++) {
+        key_of(key, 300 + i);
+        assert_int_equal(gw_dp_prefix_put(a1.dp, key, k[i].buf, k[i].len, &slot, &flags), RI_OK);
+    }
+    key_of(key, 302);
+    assert_int_equal(gw_dp_prefix_put(a1.dp, key, k[2].buf, k[2].len, &slot, &flags), RI_ERR_QUOTA);
+    for (uint32_t i = 3; i < 5; i++) { /* bob has a cap of his own */
+        key_of(key, 300 + i);
+        assert_int_equal(gw_dp_prefix_put(b1.dp, key, k[i].buf, k[i].len, &slot, &flags), RI_OK);
+    }
+    drop_session("tok-alice", &a1); /* 300, 301 unreferenced */
+    drop_session("tok-bob-1", &b1); /* 303, 304 unreferenced, older than nothing of alice's next */
+    OPEN_OR_SKIP("tok-alice", &a2);
+    key_of(key, 305);
+    assert_int_equal(gw_dp_prefix_put(a2.dp, key, k[5].buf, k[5].len, &slot, &flags), RI_OK); /* 300 goes */
+    OPEN_OR_SKIP("tok-alice", &w);
+    const uint32_t want_alice[3] = {0, 1, 1}, keys_alice[3] = {300, 301, 305};
+    for (uint32_t i = 0; i < 3; i++) {
+        key_of(key, keys_alice[i]);
+        assert_int_equal(gw_dp_prefix_attach(w.dp, key, 1, att, &n_att), RI_OK);
+        assert_int_equal(n_att, want_alice[i]);
+    }
+    gw_dp_close(w.dp);
+    OPEN_OR_SKIP("tok-bob-1", &w);
+    for (uint32_t i = 3; i < 5; i++) { /* bob's stayed */
+        key_of(key, 300 + i);
+        assert_int_equal(gw_dp_prefix_attach(w.dp, key, 1, att, &n_att), RI_OK);
+        assert_int_equal(n_att, 1);
+    }
+    gw_dp_close(w.dp);
+    gw_dp_close(a2.dp);
+    for (uint32_t i = 0; i < 6; i++)
+        free(k[i].buf);
+}
+
 /* Send a PREFIX_PUT with this meta and data through the raw path. */
 static ri_status_t raw_put(gw_dp_t *dp, const void *meta, uint32_t meta_len, const void *data, uint64_t len)
 {
@@ -576,13 +678,163 @@ static void test_malformed(void **state)
     free(k.buf);
 }
 
+/* Flip one byte of every copy of needle (len bytes) in the spill
+ * directory's segment files (a block written twice has a dead copy too);
+ * returns the copies flipped. */
+static int flip_on_disk(const char *dir, const uint8_t *needle, size_t len)
+{
+    char path[512];
+    int flipped = 0;
+
+    for (int seg = 0; seg < 64; seg++) {
+        struct stat sb;
+        uint8_t *buf;
+        FILE *f;
+        snprintf(path, sizeof(path), "%s/seg-%08d.dat", dir, seg);
+        f = fopen(path, "r+b");
+        if (f == NULL)
+            continue;
+        assert_int_equal(fstat(fileno(f), &sb), 0);
+        buf = malloc((size_t)sb.st_size);
+        assert_non_null(buf);
+        assert_int_equal(fread(buf, 1, (size_t)sb.st_size, f), (size_t)sb.st_size);
+        for (uint8_t *p = buf, *hit; (hit = memmem(p, (size_t)(buf + sb.st_size - p), needle, len)) != NULL;
+             p = hit + len) {
+            uint8_t c = (uint8_t)(hit[len / 2] ^ 0x10);
+            fseek(f, (long)(hit - buf) + (long)len / 2, SEEK_SET);
+            assert_int_equal(fwrite(&c, 1, 1, f), 1);
+            flipped++;
+        }
+        free(buf);
+        fclose(f);
+    }
+    return flipped;
+}
+
+/* With a spill directory: an evicted block goes to disk and comes back at
+ * attach; kill -9 keeps what was spilled and --recover finds it; a clean
+ * stop writes resident blocks out; a record with a flipped byte is a miss,
+ * never served. */
+static void test_spill_recover(void **state)
+{
+    sess_t a, b, c, d;
+    blk_t k[6];
+    uint8_t key[CM_PFX_KEY_SIZE], *got;
+    uint32_t slot, flags, n_att;
+    cm_pfx_attached_t att[1];
+    char *dir = g_spill_dir, pmax[32], sdir[96];
+    uint64_t charge;
+    (void)state;
+
+    for (uint32_t i = 0; i < 6; i++)
+        k[i] = make_block(20 + i, 10, 12);
+    got = malloc(k[0].len);
+    charge = (k[0].len + 4095u) / 4096u * 4096u;
+    snprintf(pmax, sizeof(pmax), "%llu", (unsigned long long)(2 * charge));
+    snprintf(g_spill_dir, sizeof(g_spill_dir), "/tmp/ri-pfx-spill-XXXXXX");
+    assert_non_null(mkdtemp(g_spill_dir));
+    snprintf(sdir, sizeof(sdir), "--spill-dir=%s", dir);
+    START_OR_SKIP2(pmax, sdir, NULL);
+    OPEN_OR_SKIP("tok-alice", &a);
+    for (uint32_t i = 1; i <= 2; i++) {
+        key_of(key, 200 + i);
+        assert_int_equal(gw_dp_prefix_put(a.dp, key, k[i].buf, k[i].len, &slot, &flags), RI_OK);
+    }
+    drop_session("tok-alice", &a); /* 201, 202 unreferenced */
+    OPEN_OR_SKIP("tok-alice", &b);
+    key_of(key, 203);
+    assert_int_equal(gw_dp_prefix_put(b.dp, key, k[3].buf, k[3].len, &slot, &flags), RI_OK); /* 201 to disk */
+    OPEN_OR_SKIP("tok-alice", &c);
+    key_of(key, 201);
+    assert_int_equal(gw_dp_prefix_attach(c.dp, key, 1, att, &n_att), RI_OK); /* read back; 202 to disk */
+    assert_int_equal(n_att, 1);
+    assert_int_equal(gw_dp_prefix_get(c.dp, att[0].slot, 0, got, k[1].len), RI_OK);
+    assert_memory_equal(got, k[1].buf, k[1].len);
+    gw_dp_close(b.dp);
+    gw_dp_close(c.dp);
+
+    /* kill -9: 202 was on disk; 201 and 203 were in memory only */
+    kvs_spawn_stop(&g_sp, SIGKILL, 2000);
+    START_OR_SKIP2(pmax, sdir, "--recover");
+    OPEN_OR_SKIP("tok-alice", &d);
+    const uint32_t want[3] = {0, 1, 0};
+    for (uint32_t i = 0; i < 3; i++) {
+        key_of(key, 201 + i);
+        assert_int_equal(gw_dp_prefix_attach(d.dp, key, 1, att, &n_att), RI_OK);
+        assert_int_equal(n_att, want[i]);
+    }
+    assert_int_equal(gw_dp_prefix_get(d.dp, 0, 0, got, k[2].len), RI_OK);
+    assert_memory_equal(got, k[2].buf, k[2].len);
+    key_of(key, 204);
+    assert_int_equal(gw_dp_prefix_put(d.dp, key, k[4].buf, k[4].len, &slot, &flags), RI_OK);
+    gw_dp_close(d.dp);
+
+    /* Stats and ListPrefixes say where the blocks are */
+    {
+        gw_ctl_t *ctl = NULL;
+        gw_ctl_error_t err = {0};
+        gw_ctl_stats_t st;
+        gw_ctl_prefix_info_t *infos = NULL;
+        size_t n = 0;
+        assert_int_equal(gw_ctl_create(g_grpc, "tok-alice", &ctl), RI_OK);
+        assert_int_equal(gw_ctl_stats(ctl, 5000, &st, &err), RI_OK);
+        assert_int_equal(st.prefix.blocks_memory, 2); /* 202 read back, 204 new */
+        assert_int_equal(st.prefix.blocks_disk, 0);
+        assert_int_equal(st.prefix.publishes_new, 1);
+        assert_int_equal(gw_ctl_list_prefixes(ctl, 5000, &infos, &n, &err), RI_OK);
+        assert_int_equal(n, 2);
+        assert_false(infos[0].on_disk);
+        cm_free(infos);
+        gw_ctl_destroy(ctl);
+    }
+
+    /* a clean stop writes 202 and 204 out; then a byte of 202 flips on disk */
+    assert_int_equal(kvs_spawn_stop(&g_sp, SIGTERM, 10000), 0);
+    assert_true(flip_on_disk(dir, k[2].buf + k[2].len - 200, 64) > 0);
+    START_OR_SKIP2(pmax, sdir, "--recover");
+    OPEN_OR_SKIP("tok-alice", &d);
+    key_of(key, 202);
+    assert_int_equal(gw_dp_prefix_attach(d.dp, key, 1, att, &n_att), RI_OK);
+    assert_int_equal(n_att, 0); /* never served */
+    assert_int_equal(gw_dp_prefix_attach(d.dp, key, 1, att, &n_att), RI_OK);
+    assert_int_equal(n_att, 0); /* and dropped */
+    {
+        gw_ctl_t *ctl = NULL;
+        gw_ctl_error_t err = {0};
+        gw_ctl_stats_t st;
+        gw_ctl_prefix_info_t *infos = NULL;
+        size_t n = 0;
+        assert_int_equal(gw_ctl_create(g_grpc, "tok-alice", &ctl), RI_OK);
+        assert_int_equal(gw_ctl_list_prefixes(ctl, 5000, &infos, &n, &err), RI_OK);
+        assert_int_equal(n, 1); /* 204, on disk until attached */
+        assert_true(infos[0].on_disk);
+        cm_free(infos);
+        assert_int_equal(gw_ctl_stats(ctl, 5000, &st, &err), RI_OK);
+        assert_int_equal(st.prefix.corrupt, 1);
+        assert_int_equal(st.prefix.attach_misses, 2);
+        gw_ctl_destroy(ctl);
+    }
+    key_of(key, 204);
+    assert_int_equal(gw_dp_prefix_attach(d.dp, key, 1, att, &n_att), RI_OK);
+    assert_int_equal(n_att, 1);
+    assert_int_equal(gw_dp_prefix_get(d.dp, att[0].slot, 0, got, k[4].len), RI_OK);
+    assert_memory_equal(got, k[4].buf, k[4].len);
+    gw_dp_close(d.dp);
+
+    for (uint32_t i = 0; i < 6; i++)
+        free(k[i].buf);
+    free(got);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test_teardown(test_publish_attach_share, teardown_daemon),
         cmocka_unit_test_teardown(test_put_existing_and_tenants, teardown_daemon),
         cmocka_unit_test_teardown(test_eviction_under_cap, teardown_daemon),
+        cmocka_unit_test_teardown(test_tenant_cap, teardown_daemon),
         cmocka_unit_test_teardown(test_malformed, teardown_daemon),
+        cmocka_unit_test_teardown(test_spill_recover, teardown_daemon),
     };
     int rc = cmocka_run_group_tests(tests, NULL, NULL);
     return rc == 0 && g_skipped ? 77 : rc;
