@@ -1,11 +1,13 @@
 /*
  * ri-ctl: talks to a ri-kvstore's control API for the `ri status`, `ri stats`,
- * `ri sessions` and `ri drain` commands (cli/ri_main.c passes the command name
+ * `ri sessions`, `ri drain` and `ri prefixes` commands (cli/ri_main.c passes the command name
  * as argv[1]).  Human-readable output; exit 0 on success, 1 when the call
  * failed (the message names the address), 2 for bad usage.
  */
 #define _GNU_SOURCE
+#include <ctype.h>
 #include <errno.h>
+#include <stdbool.h>
 #include <inttypes.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -21,12 +23,14 @@
 static void ri_ctl_usage(FILE *out)
 {
     fprintf(out,
-            "usage: ri status|stats|sessions|drain [--addr HOST:PORT] [--token T | --token-file F] [--timeout-ms N]\n"
-            "          [--tls-ca PEM [--tls-cert PEM --tls-key PEM]]\n"
+            "usage: ri status|stats|sessions|drain|prefixes [--addr HOST:PORT] [--token T | --token-file F]\n"
+            "          [--timeout-ms N] [--tls-ca PEM [--tls-cert PEM --tls-key PEM]] [--drop KEYHEX [--tenant T]]\n"
             "  status    call Health (no token needed)\n"
             "  stats     pool, session and cache counters of your tenant\n"
             "  sessions  list your tenant's sessions\n"
             "  drain     stop the kvstore accepting new sessions (admin token)\n"
+            "  prefixes  list your tenant's prefix blocks (an admin token: everyone's); --drop KEYHEX drops one\n"
+            "            (64 hex digits; an admin may name --tenant, else every tenant's block under the key)\n"
             "defaults: --addr $RI_KVS_ADDR or %s; token from $RI_KVS_TOKEN; --tls-ca/--tls-cert/--tls-key from $RI_CTL_TLS_CA/$RI_CTL_TLS_CERT/$RI_CTL_TLS_KEY\n",
             RI_CTL_DEFAULT_ADDR);
 }
@@ -108,6 +112,17 @@ static int ri_ctl_stats(gw_ctl_t *ctl, const char *addr, uint32_t timeout_ms)
         printf(" (hit ratio %.3f)", (double)s.cache_hits / (double)looked);
     printf("\n  sent         %s\n", d);
     printf("  errors       %" PRIu64 "\n", s.errors);
+    {
+        char mem[32], disk[32];
+        ri_ctl_bytes(s.prefix.bytes_memory, mem, sizeof(mem));
+        ri_ctl_bytes(s.prefix.bytes_disk, disk, sizeof(disk));
+        printf("  prefixes     %" PRIu64 " in memory (%s), %" PRIu64 " on disk (%s); attached %" PRIu64
+               " keys (%" PRIu64 " tokens), missed %" PRIu64 "; published %" PRIu64 " new, %" PRIu64
+               " existing, %" PRIu64 " refused; %" PRIu64 " evicted, %" PRIu64 " spilled, %" PRIu64 " corrupt\n",
+               s.prefix.blocks_memory, mem, s.prefix.blocks_disk, disk, s.prefix.attach_hits,
+               s.prefix.tokens_attached, s.prefix.attach_misses, s.prefix.publishes_new, s.prefix.publishes_existing,
+               s.prefix.publishes_refused, s.prefix.evictions, s.prefix.spills, s.prefix.corrupt);
+    }
     return 0;
 }
 
@@ -148,6 +163,79 @@ static int ri_ctl_drain(gw_ctl_t *ctl, const char *addr, uint32_t timeout_ms)
     if (st != RI_OK)
         return ri_ctl_fail("Drain", addr, st, &err);
     printf("ri-kvstore at %s is draining: no new sessions; %u session(s) still open\n", addr, open);
+    return 0;
+}
+
+static const char *g_drop_hex;    /* prefixes --drop KEYHEX */
+static const char *g_drop_tenant; /* prefixes --tenant T (admin) */
+
+/* 64 hex digits into 32 bytes; false when it is not that. */
+static bool ri_ctl_key_parse(const char *hex, uint8_t key[32])
+{
+    if (strlen(hex) != 64)
+        return false;
+    for (int i = 0; i < 32; i++) {
+        unsigned v;
+        if (sscanf(hex + 2 * i, "%2x", &v) != 1 || !isxdigit((unsigned char)hex[2 * i]) ||
+            !isxdigit((unsigned char)hex[2 * i + 1]))
+            return false;
+        key[i] = (uint8_t)v;
+    }
+    return true;
+}
+
+static int ri_ctl_prefix_drop(gw_ctl_t *ctl, const char *addr, uint32_t timeout_ms)
+{
+    uint8_t key[32];
+    uint32_t dropped = 0;
+    uint64_t freed = 0;
+    char fb[32];
+    gw_ctl_error_t err = {0};
+    ri_status_t st;
+
+    if (!ri_ctl_key_parse(g_drop_hex, key)) {
+        fprintf(stderr, "ri: --drop wants a key of 64 hex digits (as `ri prefixes` lists it)\n");
+        return 2;
+    }
+    st = gw_ctl_drop_prefix(ctl, timeout_ms, key, g_drop_tenant, &dropped, &freed, &err);
+    if (st != RI_OK)
+        return ri_ctl_fail("DropPrefix", addr, st, &err);
+    ri_ctl_bytes(freed, fb, sizeof(fb));
+    printf("dropped %u prefix block(s) at %s; %s freed now (attached ones go when their last session ends)\n",
+           dropped, addr, fb);
+    return 0;
+}
+
+static int ri_ctl_prefixes(gw_ctl_t *ctl, const char *addr, uint32_t timeout_ms)
+{
+    gw_ctl_prefix_info_t *infos = NULL;
+    size_t n = 0;
+    gw_ctl_error_t err = {0};
+    ri_status_t st;
+
+    if (g_drop_hex != NULL)
+        return ri_ctl_prefix_drop(ctl, addr, timeout_ms);
+    st = gw_ctl_list_prefixes(ctl, timeout_ms, &infos, &n, &err);
+    if (st != RI_OK)
+        return ri_ctl_fail("ListPrefixes", addr, st, &err);
+    printf("%zu prefix block(s) at %s\n", n, addr);
+    if (n > 0)
+        printf("%-64s %-12s %-6s %10s %7s %8s  %s\n", "KEY", "TENANT", "TIER", "BYTES", "TOKENS", "SESSIONS",
+               "CREATED (UTC)");
+    for (size_t i = 0; i < n; i++) {
+        const gw_ctl_prefix_info_t *p = &infos[i];
+        char hex[65], bytes[32], when[32];
+        struct tm tm;
+        time_t t = (time_t)(p->created_unix_ms / 1000u);
+        for (int j = 0; j < 32; j++)
+            snprintf(hex + 2 * j, 3, "%02x", p->key[j]);
+        gmtime_r(&t, &tm);
+        strftime(when, sizeof(when), "%Y-%m-%d %H:%M:%S", &tm);
+        ri_ctl_bytes(p->bytes, bytes, sizeof(bytes));
+        printf("%-64s %-12s %-6s %10s %7u %8u  %s\n", hex, p->tenant, p->on_disk ? "disk" : "memory", bytes,
+               p->tokens, p->sessions, when);
+    }
+    cm_free(infos);
     return 0;
 }
 
@@ -193,7 +281,7 @@ int main(int argc, char **argv)
         }
         if ((strcmp(a, "--addr") == 0 || strcmp(a, "--token") == 0 || strcmp(a, "--token-file") == 0 ||
              strcmp(a, "--timeout-ms") == 0 || strcmp(a, "--tls-ca") == 0 || strcmp(a, "--tls-cert") == 0 ||
-             strcmp(a, "--tls-key") == 0) &&
+             strcmp(a, "--tls-key") == 0 || strcmp(a, "--drop") == 0 || strcmp(a, "--tenant") == 0) &&
             v == NULL) {
             fprintf(stderr, "ri: %s needs a value\n", a);
             return 2;
@@ -203,6 +291,9 @@ int main(int argc, char **argv)
                                : strcmp(a, "--tls-cert") == 0 ? &tls.cert_file
                                                               : &tls.key_file;
             *dst = v;
+            i++;
+        } else if ((strcmp(a, "--drop") == 0 || strcmp(a, "--tenant") == 0) && strcmp(cmd, "prefixes") == 0) {
+            *(strcmp(a, "--drop") == 0 ? &g_drop_hex : &g_drop_tenant) = v;
             i++;
         } else if (strcmp(a, "--addr") == 0) {
             addr = v;
@@ -250,6 +341,8 @@ int main(int argc, char **argv)
         fn = ri_ctl_sessions;
     else if (strcmp(cmd, "drain") == 0)
         fn = ri_ctl_drain;
+    else if (strcmp(cmd, "prefixes") == 0)
+        fn = ri_ctl_prefixes;
     if (fn == NULL) {
         fprintf(stderr, "ri: '%s' is not a control command\n", cmd);
         ri_ctl_usage(stderr);

@@ -25,6 +25,7 @@ static const ri_cli_route_t ri_cli_routes[] = {
     {"stats", "ctl", "show a kvstore's Stats"},
     {"sessions", "ctl", "list a kvstore's sessions"},
     {"drain", "ctl", "stop a kvstore accepting sessions"},
+    {"prefixes", "ctl", "list (or --drop) a kvstore's prefix blocks"},
 };
 
 static int ri_cli_self_dir(char *dir, size_t len)

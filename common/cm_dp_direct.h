@@ -22,7 +22,10 @@
  *   expected size, no memory): the worker stays two-sided.
  * Handover (the unix socket): the worker connects to the name, sends
  *   CM_DP_HANDOVER_REQ bytes: u32 CM_DP_HANDOVER_MAGIC, u32 version (1),
- *   u64 session_id, u8 secret[CM_WIRE_SECRET_SIZE]; the kvstore answers
+ *   u64 session_id, u8 secret[CM_WIRE_SECRET_SIZE]; or, version 2,
+ *   CM_DP_HANDOVER_REQ2 bytes: the same then u32 object, u32 0, where
+ *   object 0 is the session's region and slot + 1 the prefix block attached
+ *   to the session at that slot (cm_dp_prefix.h); the kvstore answers
  *   CM_DP_HANDOVER_REP bytes: i32 status, u32 0, u64 bytes, with the
  *   region's descriptor attached when status is RI_OK.  A wrong secret, an
  *   unknown session and a session without a region (no MAP yet) answer
@@ -52,7 +55,9 @@
 #define CM_DP_MAX_SOCK_NAME 100u  /* fits sockaddr_un's sun_path after the NUL */
 #define CM_DP_HANDOVER_MAGIC 0x52494844u /* "RIHD" */
 #define CM_DP_HANDOVER_VERSION 1u
+#define CM_DP_HANDOVER_VERSION2 2u
 #define CM_DP_HANDOVER_REQ (16u + CM_WIRE_SECRET_SIZE)
+#define CM_DP_HANDOVER_REQ2 (CM_DP_HANDOVER_REQ + 8u)
 #define CM_DP_HANDOVER_REP 16u
 #define CM_DP_LOCATE_SIZE 16u
 #define CM_DP_TOUCH_FIXED 8u
@@ -101,16 +106,46 @@ static inline void cm_dp_handover_req_encode(uint8_t buf[CM_DP_HANDOVER_REQ], ui
     memcpy(buf + 16, secret, CM_WIRE_SECRET_SIZE);
 }
 
-/* secret_p points into buf on success. */
-static inline ri_status_t cm_dp_handover_req_decode(const uint8_t *buf, size_t len, uint64_t *session_id_p,
-                                                    const uint8_t **secret_p)
+/* Version 2: names the object (0 = region, slot + 1 = attached block). */
+static inline void cm_dp_handover_req2_encode(uint8_t buf[CM_DP_HANDOVER_REQ2], uint64_t session_id,
+                                              const uint8_t secret[CM_WIRE_SECRET_SIZE], uint32_t object)
 {
-    if (len != CM_DP_HANDOVER_REQ)
-        return len < CM_DP_HANDOVER_REQ ? RI_ERR_TRUNCATED : RI_ERR_PROTOCOL;
-    if (cm_dp_get32(buf) != CM_DP_HANDOVER_MAGIC || cm_dp_get32(buf + 4) != CM_DP_HANDOVER_VERSION)
+    cm_dp_handover_req_encode(buf, session_id, secret);
+    cm_dp_put32(buf + 4, CM_DP_HANDOVER_VERSION2);
+    cm_dp_put32(buf + CM_DP_HANDOVER_REQ, object);
+    cm_dp_put32(buf + CM_DP_HANDOVER_REQ + 4, 0);
+}
+
+/* Bytes of a request whose first CM_DP_HANDOVER_REQ bytes are buf: the
+ * version decides (0 when it is neither, or the magic is wrong). */
+static inline size_t cm_dp_handover_req_size(const uint8_t buf[CM_DP_HANDOVER_REQ])
+{
+    if (cm_dp_get32(buf) != CM_DP_HANDOVER_MAGIC)
+        return 0;
+    if (cm_dp_get32(buf + 4) == CM_DP_HANDOVER_VERSION)
+        return CM_DP_HANDOVER_REQ;
+    return cm_dp_get32(buf + 4) == CM_DP_HANDOVER_VERSION2 ? CM_DP_HANDOVER_REQ2 : 0;
+}
+
+/* Either version; secret_p points into buf on success; *object_p is 0 for
+ * version 1. */
+static inline ri_status_t cm_dp_handover_req_decode(const uint8_t *buf, size_t len, uint64_t *session_id_p,
+                                                    const uint8_t **secret_p, uint32_t *object_p)
+{
+    size_t want;
+
+    if (len < CM_DP_HANDOVER_REQ)
+        return RI_ERR_TRUNCATED;
+    want = cm_dp_handover_req_size(buf);
+    if (want == 0)
+        return RI_ERR_PROTOCOL;
+    if (len != want)
+        return len < want ? RI_ERR_TRUNCATED : RI_ERR_PROTOCOL;
+    if (want == CM_DP_HANDOVER_REQ2 && cm_dp_get32(buf + CM_DP_HANDOVER_REQ + 4) != 0)
         return RI_ERR_PROTOCOL;
     *session_id_p = cm_dp_get64(buf + 8);
     *secret_p = buf + 16;
+    *object_p = want == CM_DP_HANDOVER_REQ2 ? cm_dp_get32(buf + CM_DP_HANDOVER_REQ) : 0;
     return RI_OK;
 }
 

@@ -38,7 +38,7 @@ void kn_wave_params_default(kn_wave_params_t *p)
     p->sink_tokens = 4;
     p->window_tokens = 64;
     p->tokens_per_cluster = 0;  /* auto: 4 up to 8K, 8 up to 16K, 16 beyond */
-    p->segment_tokens = 8192;
+    p->segment_tokens = KN_WAVE_SEGMENT_TOKENS;  /* blocks of prefix reuse */
     p->retrieval_frac = KN_WAVE_RETRIEVAL_FRAC;
     p->estimation_frac = KN_WAVE_ESTIMATION_FRAC;
     p->retrieval_min_tokens = KN_WAVE_RETRIEVAL_MIN_TOKENS;
@@ -270,21 +270,288 @@ static bool kn_kv_valid(const kn_wave_t *w, const kn_kv_view_t *kv)
            kv->n_tokens < UINT32_MAX / 2;
 }
 
+/* ---- the build: one k-means per block, or an imported piece ---- */
+
+typedef struct kn_wave_build_job {
+    kn_wave_t *w;
+    const kn_kv_view_t *kv;
+    uint32_t lo, hi;               /* the indexed range */
+    uint32_t B;                    /* block length */
+    uint32_t tpc;                  /* cluster size */
+    uint32_t n_blocks;             /* blocks [0, n_blocks) meet [0, hi) */
+    uint32_t n_import;             /* blocks [0, n_import) are imported */
+    const kn_wave_piece_t *pieces; /* [n_import][n_kv] */
+    uint32_t *first;               /* [n_kv] clusters imported per head */
+    _Atomic int status;            /* first failure */
+} kn_wave_build_job_t;
+
+static uint32_t kn_wave_block_len(const kn_wave_params_t *p)
+{
+    return p->segment_tokens ? p->segment_tokens : KN_WAVE_SEGMENT_TOKENS;
+}
+
+/* The indexed tokens [*blo, *bhi) of block b (empty when b lies in the sinks). */
+static void kn_wave_block_range(const kn_wave_build_job_t *job, uint32_t b, uint32_t *blo, uint32_t *bhi)
+{
+    uint64_t a = (uint64_t)b * job->B, e = a + job->B;
+    *blo = (uint32_t)CM_MAX(a, (uint64_t)job->lo);
+    *bhi = (uint32_t)CM_MIN(e, (uint64_t)job->hi);
+    if (*bhi < *blo)
+        *bhi = *blo;
+}
+
+/* Clusters the build gives a block of nt tokens. */
+static uint32_t kn_wave_block_plan(const kn_wave_build_job_t *job, uint32_t nt)
+{
+    uint32_t S;
+    if (nt == 0)
+        return 0;
+    return CM_MIN(kn_index_plan(nt, job->tpc, job->B, &S), nt);
+}
+
+/* Drop the empty clusters among [first, n_clusters) of idx (a k-means may
+ * leave some): every cluster then holds a token, so a block's clusters are
+ * found by their tokens alone.  perm is untouched (empty clusters own none). */
+static void kn_wave_drop_empty(kn_index_t *idx, uint32_t first)
+{
+    size_t d = idx->head_dim;
+    uint32_t o = first;
+    for (uint32_t j = first; j < idx->n_clusters; j++) {
+        if (idx->sizes[j] == 0)
+            continue;
+        if (o != j) {
+            idx->sizes[o] = idx->sizes[j];
+            idx->offsets[o] = idx->offsets[j];
+            memcpy(idx->centroids + o * d, idx->centroids + j * d, d * sizeof(cm_fp16_t));
+            memcpy(idx->vmean + o * d, idx->vmean + j * d, d * sizeof(cm_fp16_t));
+        }
+        o++;
+    }
+    idx->offsets[o] = idx->n_tokens;
+    idx->n_clusters = o;
+}
+
+/* Append a checked piece to idx (room reserved). */
+static void kn_wave_import_piece(kn_index_t *idx, const kn_wave_piece_t *pc)
+{
+    size_t d = idx->head_dim, c0 = idx->n_clusters;
+    uint32_t off = idx->n_tokens;
+    for (uint32_t j = 0; j < pc->n_clusters; j++) {
+        idx->sizes[c0 + j] = pc->sizes[j];
+        idx->offsets[c0 + j] = off;
+        off += pc->sizes[j];
+    }
+    idx->offsets[c0 + pc->n_clusters] = off;
+    memcpy(idx->perm + idx->n_tokens, pc->perm, (size_t)(off - idx->n_tokens) * sizeof(uint32_t));
+    memcpy(idx->centroids + c0 * d, pc->centroids, (size_t)pc->n_clusters * d * sizeof(cm_fp16_t));
+    memcpy(idx->vmean + c0 * d, pc->vmean, (size_t)pc->n_clusters * d * sizeof(cm_fp16_t));
+    idx->n_clusters += pc->n_clusters;
+    idx->n_tokens = off;
+}
+
+static ri_status_t kn_wave_build_head(kn_wave_build_job_t *job, uint32_t h)
+{
+    kn_wave_t *w = job->w;
+    const kn_kv_view_t *kv = job->kv;
+    kn_index_t *idx = &w->idx[h];
+    uint64_t add_c = 0;
+    uint32_t blo, bhi;
+    ri_status_t st;
+
+    for (uint32_t b = 0; b < job->n_blocks; b++) {
+        kn_wave_block_range(job, b, &blo, &bhi);
+        add_c += b < job->n_import ? job->pieces[(size_t)b * w->shape.n_kv_heads + h].n_clusters
+                                   : kn_wave_block_plan(job, bhi - blo);
+    }
+    if (add_c > UINT32_MAX / 2)
+        return RI_ERR_RANGE;
+    st = kn_index_reserve(idx, (uint32_t)add_c, job->hi - job->lo);  /* once: the blocks append in place */
+    for (uint32_t b = 0; b < job->n_blocks && st == RI_OK; b++) {
+        kn_wave_block_range(job, b, &blo, &bhi);
+        if (b < job->n_import) {
+            kn_wave_import_piece(idx, &job->pieces[(size_t)b * w->shape.n_kv_heads + h]);
+            continue;
+        }
+        if (b == job->n_import)
+            job->first[h] = idx->n_clusters;
+        if (bhi == blo)
+            continue;
+        size_t off = (size_t)h * kv->head_stride + (size_t)blo * kv->token_stride;
+        uint32_t f = idx->n_clusters;
+        st = kn_index_build(w->ops, &w->p.build, kv->k + off, kv->v + off, kv->token_stride, bhi - blo, blo,
+                            kn_wave_block_plan(job, bhi - blo), 1, idx);
+        if (st == RI_OK)
+            kn_wave_drop_empty(idx, f);
+    }
+    if (job->n_import >= job->n_blocks)
+        job->first[h] = idx->n_clusters;
+    cm_free(idx->vsum);  /* the reserve's scratch when nothing was clustered */
+    idx->vsum = NULL;
+    if (st == RI_OK && w->store == NULL)
+        st = kn_wave_copy_clusters(w, h, kv, 0);
+    return st;
+}
+
+static void kn_wave_build_task(void *arg, size_t begin, size_t end, unsigned worker)
+{
+    kn_wave_build_job_t *job = arg;
+    (void)worker;
+    for (size_t h = begin; h < end; h++) {
+        ri_status_t st = kn_wave_build_head(job, (uint32_t)h);
+        if (st != RI_OK) {
+            int expect = RI_OK;
+            atomic_compare_exchange_strong(&job->status, &expect, (int)st);
+        }
+    }
+}
+
+/* Is pc a consistent piece of block b, whose indexed tokens are [blo, bhi)?
+ * seen: bhi - blo bytes of scratch. */
+static bool kn_wave_piece_ok(const kn_wave_piece_t *pc, uint64_t first_pos, uint32_t blo, uint32_t bhi,
+                             uint8_t *seen)
+{
+    uint64_t sum = 0;
+    const uint32_t *perm = pc->perm;
+
+    if (pc->first_pos != first_pos || pc->n_clusters > bhi - blo)
+        return false;
+    if (pc->n_clusters > 0 && (!pc->sizes || !pc->perm || !pc->centroids || !pc->vmean))
+        return false;
+    for (uint32_t j = 0; j < pc->n_clusters; j++)
+        sum += pc->sizes[j];
+    if (sum != bhi - blo)
+        return false;
+    memset(seen, 0, bhi - blo);
+    for (uint32_t j = 0; j < pc->n_clusters; j++) {
+        if (pc->sizes[j] == 0)
+            return false;
+        for (uint32_t i = 0; i < pc->sizes[j]; i++) {
+            uint32_t t = perm[i];
+            if (t < blo || t >= bhi || seen[t - blo] || (i > 0 && t <= perm[i - 1]))
+                return false;
+            seen[t - blo] = 1;
+        }
+        perm += pc->sizes[j];
+    }
+    return true;
+}
+
+/* Ask for every (block, head) piece and check it, before anything changes. */
+static ri_status_t kn_wave_fetch_pieces(kn_wave_build_job_t *job, const kn_wave_pieces_t *pieces,
+                                        kn_wave_piece_t *out)
+{
+    uint32_t nkv = job->w->shape.n_kv_heads, blo, bhi;
+    uint8_t *seen = cm_malloc(&kn_tag, job->B);
+    ri_status_t st = RI_OK;
+
+    if (seen == NULL)
+        return RI_ERR_NOMEM;
+    for (uint32_t b = 0; b < job->n_import && st == RI_OK; b++) {
+        kn_wave_block_range(job, b, &blo, &bhi);
+        for (uint32_t h = 0; h < nkv && st == RI_OK; h++) {
+            kn_wave_piece_t *pc = &out[(size_t)b * nkv + h];
+            memset(pc, 0, sizeof(*pc));
+            st = pieces->get(pieces->ctx, b, h, pc);
+            if (st == RI_OK && !kn_wave_piece_ok(pc, (uint64_t)b * job->B, blo, bhi, seen))
+                st = RI_ERR_INVALID;
+        }
+    }
+    cm_free(seen);
+    return st;
+}
+
+ri_status_t kn_wave_build_pieces(kn_wave_t *w, const kn_kv_view_t *kv, const kn_wave_pieces_t *pieces)
+{
+    uint32_t nkv, first_local[KN_WAVE_MAX_KV_LOCAL];
+    kn_wave_build_job_t job = {.w = w, .kv = kv};
+    kn_wave_piece_t *got = NULL;
+    ri_status_t st = RI_OK;
+
+    if (w == NULL || !kn_kv_valid(w, kv) || w->idx[0].n_clusters != 0 ||
+        (pieces != NULL && pieces->n_blocks > 0 && pieces->get == NULL))
+        return RI_ERR_INVALID;
+    job.n_import = pieces ? pieces->n_blocks : 0;
+    if (kv->n_tokens < (size_t)w->p.sink_tokens + w->p.window_tokens + w->p.update_tokens)
+        return job.n_import ? RI_ERR_INVALID : RI_OK;  /* too short: dense until the first update */
+    nkv = w->shape.n_kv_heads;
+    job.lo = w->p.sink_tokens;
+    job.hi = (uint32_t)(kv->n_tokens - w->p.window_tokens);
+    job.B = kn_wave_block_len(&w->p);
+    job.tpc = kn_wave_cluster_tokens(&w->p, job.hi - job.lo);
+    job.n_blocks = (uint32_t)(((uint64_t)job.hi + job.B - 1) / job.B);
+    if ((uint64_t)job.n_import * job.B > job.hi)
+        return RI_ERR_INVALID;  /* an imported block reaches past the indexed range */
+    job.first = first_local;
+    if (nkv > KN_WAVE_MAX_KV_LOCAL && (job.first = cm_malloc(&kn_tag, nkv * sizeof(uint32_t))) == NULL)
+        return RI_ERR_NOMEM;
+    if (job.n_import > 0) {
+        got = cm_malloc(&kn_tag, (size_t)job.n_import * nkv * sizeof(*got));
+        st = got ? kn_wave_fetch_pieces(&job, pieces, got) : RI_ERR_NOMEM;
+        if (st != RI_OK)
+            goto free_job;
+        job.pieces = got;
+    }
+    atomic_init(&job.status, RI_OK);
+    cm_pool_parallel_for(kn_pool(), nkv, 1, kn_wave_build_task, &job);
+    st = (ri_status_t)atomic_load(&job.status);
+    if (st == RI_OK && w->store != NULL)
+        st = w->store->append(w->store->ctx, w->idx, job.first, kv);
+    if (st != RI_OK) {
+        for (uint32_t h = 0; h < nkv; h++)  /* unchanged: the indexes were empty */
+            kn_index_cleanup(&w->idx[h]);
+        goto free_job;
+    }
+    kn_wave_fix_geometry(w, job.hi - job.lo);
+    w->indexed_end = job.hi;
+    kn_wave_budget_grow(&w->p, w->idx[0].n_clusters, w->idx[0].n_clusters, &w->n_r, &w->n_e);
+free_job:
+    cm_free(got);
+    if (job.first != first_local)
+        cm_free(job.first);
+    return st;
+}
+
 ri_status_t kn_wave_build(kn_wave_t *w, const kn_kv_view_t *kv)
 {
-    size_t sink = w->p.sink_tokens, n_idx;
-    uint32_t S, C;
+    return kn_wave_build_pieces(w, kv, NULL);
+}
 
-    if (w == NULL || !kn_kv_valid(w, kv) || w->idx[0].n_clusters != 0)
+ri_status_t kn_wave_block_clusters(const kn_index_t *idx, uint32_t first_pos, uint32_t n_tokens, uint32_t *j0_p,
+                                   uint32_t *j1_p)
+{
+    uint64_t end = (uint64_t)first_pos + n_tokens;
+    uint32_t lo, hi, j0, j1;
+
+    if (idx == NULL || j0_p == NULL || j1_p == NULL || (idx->n_clusters > 0 && (!idx->offsets || !idx->perm)))
         return RI_ERR_INVALID;
-    if (kv->n_tokens < sink + w->p.window_tokens + w->p.update_tokens)
-        return RI_OK;  /* too short: dense until the first update */
-    n_idx = kv->n_tokens - sink - w->p.window_tokens;
-    kn_wave_fix_geometry(w, n_idx);
-    C = kn_index_plan((uint32_t)n_idx, w->p.tokens_per_cluster, w->p.segment_tokens, &S);
-    C = CM_MIN(C, (uint32_t)n_idx);
-    S = CM_MIN(S, C);
-    return kn_wave_cluster(w, kv, sink, (uint32_t)n_idx, C, S);
+    /* a cluster's first token is its smallest and clusters come block after
+     * block: "first token < x" holds for a prefix of the clusters */
+#define KN_FIRST_TOK(j) (idx->offsets[j] < idx->n_tokens ? (uint64_t)idx->perm[idx->offsets[j]] : UINT64_MAX)
+    for (lo = 0, hi = idx->n_clusters; lo < hi;) {
+        uint32_t m = lo + (hi - lo) / 2;
+        if (KN_FIRST_TOK(m) < first_pos)
+            lo = m + 1;
+        else
+            hi = m;
+    }
+    j0 = lo;
+    for (hi = idx->n_clusters; lo < hi;) {
+        uint32_t m = lo + (hi - lo) / 2;
+        if (KN_FIRST_TOK(m) < end)
+            lo = m + 1;
+        else
+            hi = m;
+    }
+#undef KN_FIRST_TOK
+    j1 = lo;
+    for (uint32_t j = j0; j < j1; j++)  /* every token inside: the last is the largest */
+        if (idx->sizes[j] > 0 && idx->perm[idx->offsets[j + 1] - 1] >= end)
+            return RI_ERR_INVALID;
+    if (j0 > 0 && idx->offsets[j0] > 0 && idx->perm[idx->offsets[j0] - 1] >= first_pos)
+        return RI_ERR_INVALID;  /* a cluster before reaches into the range */
+    *j0_p = j0;
+    *j1_p = j1;
+    return RI_OK;
 }
 
 ri_status_t kn_wave_update(kn_wave_t *w, const kn_kv_view_t *kv, bool *updated_p)

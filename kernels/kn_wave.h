@@ -57,13 +57,19 @@
 #define KN_WAVE_TINY_TOKENS_PER_CLUSTER 4u
 #define KN_WAVE_TINY_CONTEXT 8192u
 
+/* The build's block when segment_tokens is 0. */
+#define KN_WAVE_SEGMENT_TOKENS 256u
+
 /* Settings (defaults in docs/architecture.md). */
 typedef struct kn_wave_params {
     uint32_t sink_tokens;        /* attention sinks kept exact (4) */
     uint32_t window_tokens;      /* recent tokens kept exact (64) */
     uint32_t tokens_per_cluster; /* 0 = auto (4 up to KN_WAVE_TINY_CONTEXT, 8 up to
                                     KN_WAVE_SHORT_CONTEXT, 16 beyond); else ~this */
-    uint32_t segment_tokens;     /* 8192 */
+    uint32_t segment_tokens;     /* B, the build's block (256): the indexed range is cut
+                                    at absolute multiples of B and each block clustered
+                                    on its own, so that a block's clusters depend on its
+                                    K/V alone (prefix reuse, docs/prefix.md); 0 = 256 */
     float retrieval_frac;        /* R = max(round(frac*C), 1) (0.018) */
     float estimation_frac;       /* E = min(round(frac*C), C-R) (0.232) */
     uint32_t retrieval_min_tokens;  /* R is at least this many tokens' worth of
@@ -184,8 +190,62 @@ void kn_wave_destroy(kn_wave_t *wave);
 
 /* Index tokens [sink, n - window) of kv (the prompt).  Called once, on an
  * empty object; with fewer than update_tokens indexable tokens nothing is
- * indexed and decode stays dense until the first update. */
+ * indexed and decode stays dense until the first update.  The range is cut
+ * into blocks at absolute multiples of B = segment_tokens (block b =
+ * positions [b B, (b+1) B), block 0 from the sink on, the last one possibly
+ * partial) and each block is clustered on its own (one k-means segment,
+ * kn_index_plan of its token count at the index's cluster size): the same
+ * K/V in a block gives bit-identical clusters whatever surrounds it.  Empty
+ * clusters are dropped, so every cluster holds at least one token and a
+ * block's clusters are a contiguous run of the index (kn_wave_block_clusters);
+ * the budget grows once (kn_wave_budget_grow) on the total cluster count. */
 ri_status_t kn_wave_build(kn_wave_t *wave, const kn_kv_view_t *kv);
+
+/* One block's clusters of one KV head of one layer, as an index holds them
+ * (borrowed from whoever supplies it). */
+typedef struct kn_wave_piece {
+    uint32_t first_pos;          /* absolute position of the block's first token (b * B) */
+    uint32_t n_clusters;         /* clusters of the block */
+    const uint32_t *sizes;       /* [n_clusters] tokens per cluster (each >= 1) */
+    const uint32_t *perm;        /* [sum sizes] ABSOLUTE token positions, cluster-major,
+                                    ascending inside a cluster */
+    const cm_fp16_t *centroids;  /* [n_clusters][d] */
+    const cm_fp16_t *vmean;      /* [n_clusters][d] */
+} kn_wave_piece_t;
+
+/* The pieces of one layer's leading blocks.  get fills *piece_p with the
+ * piece of (block, kv_head), pointers valid until the build that asked
+ * returns; an error from it fails that build. */
+typedef struct kn_wave_pieces {
+    void *ctx;
+    uint32_t n_blocks;           /* blocks [0, n_blocks) have pieces */
+    ri_status_t (*get)(void *ctx, uint32_t block, uint32_t kv_head, kn_wave_piece_t *piece_p);
+} kn_wave_pieces_t;
+
+/* kn_wave_build, but the blocks b < pieces->n_blocks are imported: their
+ * pieces are appended as given (no k-means; an in-process wave copies their
+ * tokens' K/V from kv), and every other block of the indexed range is
+ * clustered on its own as kn_wave_build does.  Each imported block must lie
+ * wholly inside the indexed range [sink, n - window), the sinks excluded
+ * (block 0's piece covers [sink, B)); its sizes must sum to the block's
+ * indexed tokens and its perm name each of them once.  With a store,
+ * store->append is called once with first[h] = the clusters imported for
+ * head h (the store holds those already): clusters [first[h], n) are new.
+ * pieces NULL or n_blocks 0 = kn_wave_build.  Pieces exported from a build
+ * of the same K/V (kn_wave_block_clusters) give a bit-identical index.
+ * Errors: RI_ERR_INVALID (a piece outside the indexed range, or a prompt too
+ * short to index at all, inconsistent sizes / perm, NULL arrays), the get
+ * callback's error, RI_ERR_NOMEM; on error the wave is unchanged. */
+ri_status_t kn_wave_build_pieces(kn_wave_t *wave, const kn_kv_view_t *kv, const kn_wave_pieces_t *pieces);
+
+/* The contiguous cluster range [*j0_p, *j1_p) of idx whose tokens lie in
+ * [first_pos, first_pos + n_tokens): a block's piece is clusters [j0, j1)
+ * (sizes, offsets into perm, centroids, vmean).  Relies on the build's
+ * order (a block's clusters before the next block's); j0 == j1 when none
+ * lies there.  RI_ERR_INVALID when a cluster straddles the range's bounds
+ * (the index was not cut there) or for NULL arguments. */
+ri_status_t kn_wave_block_clusters(const kn_index_t *idx, uint32_t first_pos, uint32_t n_tokens, uint32_t *j0_p,
+                                   uint32_t *j1_p);
 
 /* If the steady zone holds sink + window + update_tokens tokens or more,
  * cluster the update_tokens oldest non-sink steady tokens into

@@ -13,6 +13,7 @@
  *
  *   ri bench model [--json PATH] [--contexts 512,2048,8192] [--steps N]
  *                  [--methods full,retroinfer] [--model NAME|PATH] [--cluster-tokens N]
+ *                  [--segment-tokens B]
  */
 #define _GNU_SOURCE
 #include <stdio.h>
@@ -61,6 +62,8 @@ static const char *const bm_act_names[BM_N_ACTS] = {"i16", "i8", "f32", "i16-avx
 /* --cluster-tokens: the wave index's cluster size (0 = the auto size); set
  * once by main before any case. */
 static uint32_t bm_cluster_tokens;
+/* --segment-tokens: the index build's block (0 = kn_wave's); set once by main. */
+static uint32_t bm_segment_tokens;
 
 static ri_status_t bm_case_init(bm_case_t *c, mdl_model_t *m, const mdl_seq_t *base, const float *logits0)
 {
@@ -68,6 +71,8 @@ static ri_status_t bm_case_init(bm_case_t *c, mdl_model_t *m, const mdl_seq_t *b
     mdl_attn_cfg_t acfg;
     mdl_attn_cfg_default(&acfg);
     acfg.wave.tokens_per_cluster = bm_cluster_tokens;
+    if (bm_segment_tokens > 0)
+        acfg.wave.segment_tokens = bm_segment_tokens;
     c->logits = malloc(c->batch * hp->n_vocab * sizeof(float));
     if (c->logits == NULL)
         return RI_ERR_NOMEM;
@@ -160,7 +165,7 @@ static void bm_profile(bm_case_t *c, mdl_model_t *m, int steps, bn_report_t *rep
 /* The command line (bn_args). */
 typedef struct bm_args {
     char *json, *contexts, *methods, *model;
-    int64_t steps, cluster_tokens;
+    int64_t steps, cluster_tokens, segment_tokens;
 } bm_args_t;
 
 static const cm_config_item_t bm_items[] = {
@@ -172,6 +177,8 @@ static const cm_config_item_t bm_items[] = {
     BN_ARG(bm_args_t, "model", CM_CFG_STRING, NULL, "model NAME or PATH (empty: the default)", model, 0, 0),
     BN_ARG(bm_args_t, "cluster-tokens", CM_CFG_INT, "0", "tokens per cluster, 1..1024 (0 = the auto size)",
            cluster_tokens, 0, 1024),
+    BN_ARG(bm_args_t, "segment-tokens", CM_CFG_INT, "0", "the index build's block in tokens (0 = kn_wave's)",
+           segment_tokens, 0, 1 << 30),
 };
 static const cm_config_table_t bm_table = {"ri bench model", "RI_BENCH_MODEL_", bm_items, CM_ARRAY_LEN(bm_items), 0,
                                            NULL};
@@ -197,6 +204,7 @@ static int bm_main(const void *opts, const char *argv0)
     snprintf(methods_buf, sizeof(methods_buf), "%s", a->methods != NULL ? a->methods : "");
     snprintf(model_path, sizeof(model_path), "%s", a->model != NULL ? a->model : "");
     bm_cluster_tokens = (uint32_t)a->cluster_tokens;
+    bm_segment_tokens = (uint32_t)a->segment_tokens;
     const char *methods[8];
     size_t n_m = 0;
     for (char *save = NULL, *t = strtok_r(methods_buf, ",", &save); t && n_m < 8; t = strtok_r(NULL, ",", &save)) {

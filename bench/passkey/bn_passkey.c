@@ -15,7 +15,7 @@
  *                    [--depths 0.1,0.5,0.9] [--trials N (10)] [--seed S]
  *                    [--methods full,retroinfer,quest,streaming[,retroinfer-remote]]
  *                    [--retrieval-min T,..] [--adapt-tau X,..] [--kvstore ADDR]
- *                    [--model NAME|PATH]
+ *                    [--model NAME|PATH] [--segment-tokens B]
  */
 #define _GNU_SOURCE
 #include <math.h>
@@ -262,7 +262,7 @@ out:
 /* The command line (bn_args). */
 typedef struct pk_args {
     char *json, *contexts, *depths, *methods, *retrieval_min, *adapt_tau, *kvstore, *model;
-    int64_t trials, seed;
+    int64_t trials, seed, segment_tokens;
 } pk_args_t;
 
 static const cm_config_item_t pk_items[] = {
@@ -280,6 +280,8 @@ static const cm_config_item_t pk_items[] = {
     BN_ARG(pk_args_t, "kvstore", CM_CFG_STRING, NULL,
            "retroinfer-remote: this ri-kvstore (gRPC ADDR), else one started", kvstore, 0, 0),
     BN_ARG(pk_args_t, "model", CM_CFG_STRING, NULL, "model NAME or PATH (empty: the default)", model, 0, 0),
+    BN_ARG(pk_args_t, "segment-tokens", CM_CFG_INT, "0", "retroinfer: the index build's block in tokens (0: kn_wave's)",
+           segment_tokens, 0, 1 << 30),
 };
 static const cm_config_table_t pk_table = {"ri bench passkey", "RI_BENCH_PASSKEY_", pk_items, CM_ARRAY_LEN(pk_items),
                                            0, NULL};
@@ -351,6 +353,8 @@ static int pk_main(const void *opts, const char *argv0)
     size_t n_v = pk_variants(methods_buf, mins, n_min, taus, n_tau, v);
     if (n_v == 0)
         goto out;
+    for (size_t i = 0; i < n_v && a->segment_tokens > 0; i++)
+        v[i].cfg.wave.segment_tokens = (uint32_t)a->segment_tokens;
     char model_arg[4096]; /* a name (gemma3-270m) or a path */
     snprintf(model_arg, sizeof(model_arg), "%s", model_path);
     if (mdl_model_resolve(model_arg, model_path, sizeof(model_path)) != RI_OK) {
@@ -366,6 +370,7 @@ static int pk_main(const void *opts, const char *argv0)
         goto out;
     cJSON_AddStringToObject(bn_report_root(rep), "model", mdl_model_name(m));
     cJSON_AddNumberToObject(bn_report_root(rep), "seed", (double)seed);
+    cJSON_AddNumberToObject(bn_report_root(rep), "segment_tokens", v[0].cfg.wave.segment_tokens);
     if (remote)
         cJSON_AddStringToObject(bn_report_root(rep), "kvstore", kvs);
     if (pk_run(m, rep, v, n_v, ctxs, n_ctx, depths, n_depth, trials, seed, ran) != 0)

@@ -12,7 +12,7 @@
  *   ri bench ruler [--model NAME|PATH] [--contexts L,..] [--tasks T,..] [--trials N]
  *                  [--methods full,retroinfer,quest,streaming[,retroinfer-remote]]
  *                  [--seed S] [--retrieval-min T] [--window T] [--adapt-tau X] [--trial K]
- *                  [--cluster-tokens T] [--estimation X]
+ *                  [--cluster-tokens T] [--estimation X] [--segment-tokens B]
  *                  [--quick] [--quiet] [--show-prompt] [--json PATH]
  *
  * Defaults: 4K, 8K, 16K, 32K for a model trained to 32K (Gemma 3 270M), the
@@ -53,6 +53,7 @@ typedef struct rl_opts {
     double adapt_tau;                  /* --adapt-tau; < 0: the default (off) */
     int only_trial;                    /* --trial; -1: every trial */
     long cluster_tokens;               /* --cluster-tokens; -1: kn_wave's choice */
+    long segment_tokens;               /* --segment-tokens; -1: kn_wave's block */
     double estimation;                 /* --estimation; < 0: the default share */
     bool quick, quiet, show_prompt;
 } rl_opts_t;
@@ -61,7 +62,7 @@ typedef struct rl_opts {
  * rl_opts_from.  A -1 default keeps the attention config's own value. */
 typedef struct rl_args {
     char *json, *model, *contexts, *tasks, *methods;
-    int64_t trials, seed, retrieval_min, window, only_trial, cluster_tokens;
+    int64_t trials, seed, retrieval_min, window, only_trial, cluster_tokens, segment_tokens;
     double adapt_tau, estimation;
     bool quick, quiet, show_prompt;
 } rl_args_t;
@@ -87,6 +88,8 @@ static const cm_config_item_t rl_items[] = {
            1 << 20),
     BN_ARG(rl_args_t, "cluster-tokens", CM_CFG_INT, "-1", "retroinfer: tokens per cluster, 1..4096 (-1: kn_wave's)",
            cluster_tokens, -1, 4096),
+    BN_ARG(rl_args_t, "segment-tokens", CM_CFG_INT, "-1",
+           "retroinfer: the index build's block in tokens, >= 1 (-1: kn_wave's)", segment_tokens, -1, 1 << 30),
     BN_ARG(rl_args_t, "estimation", CM_CFG_DOUBLE, "-1", "retroinfer: estimation share in [0, 1] (-1: the default)",
            estimation, -1, 1),
     BN_ARG(rl_args_t, "quick", CM_CFG_BOOL, "false", "one trial of every task at 1,200 tokens (for tests)", quick, 0,
@@ -104,6 +107,7 @@ static bool rl_args_check(const rl_args_t *a)
     const char *bad = a->window == 0 ? "--window is a token count >= 1"
                       : a->adapt_tau >= 1 ? "--adapt-tau is in [0, 1)"
                       : a->cluster_tokens == 0 ? "--cluster-tokens is 1..4096"
+                      : a->segment_tokens == 0 ? "--segment-tokens is a token count >= 1"
                       : (a->adapt_tau < 0 && a->adapt_tau != -1) || (a->estimation < 0 && a->estimation != -1)
                           ? "--adapt-tau and --estimation are -1 (the default) or >= 0"
                           : NULL;
@@ -121,6 +125,7 @@ static int rl_opts_from(const rl_args_t *a, rl_opts_t *o)
     *o = (rl_opts_t){.model = a->model, .trials = (int)a->trials, .seed = (uint64_t)a->seed,
                      .retrieval_min = (long)a->retrieval_min, .window = (long)a->window, .adapt_tau = a->adapt_tau,
                      .only_trial = (int)a->only_trial, .cluster_tokens = (long)a->cluster_tokens,
+                     .segment_tokens = (long)a->segment_tokens,
                      .estimation = a->estimation, .quick = a->quick, .quiet = a->quiet, .show_prompt = a->show_prompt};
     if (a->contexts != NULL && a->contexts[0] != '\0') {
         o->n_ctx = bn_args_counts(a->contexts, o->ctx, RL_MAX_CTX);
@@ -267,6 +272,8 @@ static int rl_main(rl_opts_t *o, const char *json, const char *argv0)
         acfg->wave.tokens_per_cluster = (uint32_t)o->cluster_tokens;
     if (o->estimation >= 0)
         acfg->wave.estimation_frac = (float)o->estimation;
+    if (o->segment_tokens > 0)
+        acfg->wave.segment_tokens = (uint32_t)o->segment_tokens;
     bool remote;
     if (rl_methods(o->methods, run.methods, &run.n_methods, &remote) != 0)
         return 2;
@@ -314,6 +321,7 @@ static int rl_main(rl_opts_t *o, const char *json, const char *argv0)
     cJSON_AddNumberToObject(root, "adapt_tau", used->adapt_tau);
     cJSON_AddNumberToObject(root, "tokens_per_cluster", used->tokens_per_cluster);
     cJSON_AddNumberToObject(root, "estimation_frac", used->estimation_frac);
+    cJSON_AddNumberToObject(root, "segment_tokens", used->segment_tokens);
     if (o->only_trial >= 0)
         cJSON_AddNumberToObject(root, "only_trial", o->only_trial);
     run.outputs = cJSON_AddArrayToObject(root, "outputs");

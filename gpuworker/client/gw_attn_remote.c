@@ -382,6 +382,14 @@ ri_status_t gw_attn_remote_configure(const gw_attn_remote_cfg_t *cfg, char *err,
     return RI_OK;
 }
 
+struct gw_ctl *gw_attn_remote_ctl(uint32_t *timeout_ms_p)
+{
+    pthread_mutex_lock(&gw_g.lock);
+    struct gw_ctl *ctl = gw_api_client_ctl(gw_g.client, timeout_ms_p);
+    pthread_mutex_unlock(&gw_g.lock);
+    return ctl;
+}
+
 void gw_attn_remote_shutdown(void)
 {
     pthread_mutex_lock(&gw_g.lock);

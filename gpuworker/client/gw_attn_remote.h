@@ -64,6 +64,11 @@ typedef struct gw_attn_remote_cfg {
  * on failure.  Errors: those of ri_client_connect. */
 ri_status_t gw_attn_remote_configure(const gw_attn_remote_cfg_t *cfg, char *err, size_t errlen);
 
+/* The configured kvstore's control channel (borrowed: valid until
+ * gw_attn_remote_shutdown or a reconfigure) and its deadline; NULL when
+ * not configured.  Prefix reuse opens its prefix-only sessions on it. */
+struct gw_ctl *gw_attn_remote_ctl(uint32_t *timeout_ms_p);
+
 /* Disconnect (every sequence on the backend must be destroyed first). */
 void gw_attn_remote_shutdown(void);
 

@@ -387,6 +387,19 @@ ri_status_t gw_ctl_stats(gw_ctl_t *ctl, uint32_t timeout_ms, gw_ctl_stats_t *out
     out->bytes_sent = r->bytes_sent;
     out->errors = r->errors;
     out->uptime_ms = r->uptime_ms;
+    out->prefix.blocks_memory = r->prefix_blocks_memory;
+    out->prefix.bytes_memory = r->prefix_bytes_memory;
+    out->prefix.blocks_disk = r->prefix_blocks_disk;
+    out->prefix.bytes_disk = r->prefix_bytes_disk;
+    out->prefix.attach_hits = r->prefix_attach_hits;
+    out->prefix.attach_misses = r->prefix_attach_misses;
+    out->prefix.tokens_attached = r->prefix_tokens_attached;
+    out->prefix.publishes_new = r->prefix_publishes_new;
+    out->prefix.publishes_existing = r->prefix_publishes_existing;
+    out->prefix.publishes_refused = r->prefix_publishes_refused;
+    out->prefix.evictions = r->prefix_evictions;
+    out->prefix.spills = r->prefix_spills;
+    out->prefix.corrupt = r->prefix_corrupt;
     retroinfer__v1__stats_response__free_unpacked(r, NULL);
     return RI_OK;
 }
@@ -538,5 +551,101 @@ ri_status_t gw_ctl_drain(gw_ctl_t *ctl, uint32_t timeout_ms, uint32_t *sessions_
     if (sessions_open_p != NULL)
         *sessions_open_p = r->sessions_open;
     retroinfer__v1__drain_response__free_unpacked(r, NULL);
+    return RI_OK;
+}
+
+ri_status_t gw_ctl_lookup_prefix(gw_ctl_t *ctl, uint32_t timeout_ms, const uint8_t *keys, size_t n,
+                                 uint32_t *cached_p, uint64_t *tokens_p, gw_ctl_error_t *err)
+{
+    uint8_t *resp = NULL;
+    size_t len = 0;
+    ProtobufCBinaryData *kb;
+    if ((keys == NULL && n > 0) || cached_p == NULL)
+        return RI_ERR_INVALID;
+    kb = cm_calloc(&gw_ctl_tag, n ? n : 1, sizeof(*kb));
+    if (kb == NULL)
+        return RI_ERR_NOMEM;
+    for (size_t i = 0; i < n; i++)
+        kb[i] = (ProtobufCBinaryData){.len = 32, .data = (uint8_t *)(uintptr_t)(keys + 32 * i)};
+    Retroinfer__V1__LookupPrefixRequest in = RETROINFER__V1__LOOKUP_PREFIX_REQUEST__INIT;
+    in.n_keys = n;
+    in.keys = kb; /* only read by the packer */
+    ri_status_t st = gw_ctl_call_pb(ctl, GW_CTL_PATH("LookupPrefix"), &in.base, timeout_ms, &resp, &len, err);
+    cm_free(kb);
+    if (st != RI_OK)
+        return st;
+    Retroinfer__V1__LookupPrefixResponse *r = retroinfer__v1__lookup_prefix_response__unpack(NULL, len, resp);
+    cm_free(resp);
+    if (r == NULL)
+        return gw_ctl_bad_reply(ctl, "LookupPrefix", err);
+    *cached_p = r->cached;
+    if (tokens_p != NULL)
+        *tokens_p = r->tokens;
+    retroinfer__v1__lookup_prefix_response__free_unpacked(r, NULL);
+    return RI_OK;
+}
+
+ri_status_t gw_ctl_list_prefixes(gw_ctl_t *ctl, uint32_t timeout_ms, gw_ctl_prefix_info_t **infos_p, size_t *n_p,
+                                 gw_ctl_error_t *err)
+{
+    uint8_t *resp = NULL;
+    size_t n = 0;
+    gw_ctl_prefix_info_t *infos = NULL;
+    if (infos_p == NULL || n_p == NULL)
+        return RI_ERR_INVALID;
+    Retroinfer__V1__ListPrefixesRequest in = RETROINFER__V1__LIST_PREFIXES_REQUEST__INIT;
+    ri_status_t st = gw_ctl_call_pb(ctl, GW_CTL_PATH("ListPrefixes"), &in.base, timeout_ms, &resp, &n, err);
+    if (st != RI_OK)
+        return st;
+    Retroinfer__V1__ListPrefixesResponse *r = retroinfer__v1__list_prefixes_response__unpack(NULL, n, resp);
+    cm_free(resp);
+    if (r == NULL)
+        return gw_ctl_bad_reply(ctl, "ListPrefixes", err);
+    if (r->n_prefixes > 0) {
+        infos = cm_calloc(&gw_ctl_tag, r->n_prefixes, sizeof(*infos));
+        if (infos == NULL) {
+            retroinfer__v1__list_prefixes_response__free_unpacked(r, NULL);
+            return RI_ERR_NOMEM;
+        }
+    }
+    for (size_t i = 0; i < r->n_prefixes; i++) {
+        const Retroinfer__V1__PrefixInfo *p = r->prefixes[i];
+        if (p->key.len == sizeof(infos[i].key))
+            memcpy(infos[i].key, p->key.data, sizeof(infos[i].key));
+        gw_ctl_copy_str(infos[i].tenant, sizeof(infos[i].tenant), p->tenant);
+        infos[i].bytes = p->bytes;
+        infos[i].tokens = p->tokens;
+        infos[i].sessions = p->sessions;
+        infos[i].created_unix_ms = p->created_unix_ms;
+        infos[i].on_disk = p->on_disk;
+    }
+    *n_p = r->n_prefixes;
+    *infos_p = infos;
+    retroinfer__v1__list_prefixes_response__free_unpacked(r, NULL);
+    return RI_OK;
+}
+
+ri_status_t gw_ctl_drop_prefix(gw_ctl_t *ctl, uint32_t timeout_ms, const uint8_t key[32], const char *tenant,
+                               uint32_t *dropped_p, uint64_t *bytes_freed_p, gw_ctl_error_t *err)
+{
+    uint8_t *resp = NULL;
+    size_t n = 0;
+    if (key == NULL)
+        return RI_ERR_INVALID;
+    Retroinfer__V1__DropPrefixRequest in = RETROINFER__V1__DROP_PREFIX_REQUEST__INIT;
+    in.key = (ProtobufCBinaryData){.len = 32, .data = (uint8_t *)(uintptr_t)key};
+    in.tenant = (char *)(tenant != NULL ? tenant : "");
+    ri_status_t st = gw_ctl_call_pb(ctl, GW_CTL_PATH("DropPrefix"), &in.base, timeout_ms, &resp, &n, err);
+    if (st != RI_OK)
+        return st;
+    Retroinfer__V1__DropPrefixResponse *r = retroinfer__v1__drop_prefix_response__unpack(NULL, n, resp);
+    cm_free(resp);
+    if (r == NULL)
+        return gw_ctl_bad_reply(ctl, "DropPrefix", err);
+    if (dropped_p != NULL)
+        *dropped_p = r->dropped;
+    if (bytes_freed_p != NULL)
+        *bytes_freed_p = r->bytes_freed;
+    retroinfer__v1__drop_prefix_response__free_unpacked(r, NULL);
     return RI_OK;
 }

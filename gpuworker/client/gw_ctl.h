@@ -41,6 +41,12 @@ typedef struct gw_ctl_stats {
     uint32_t sessions_all;  /* every tenant */
     uint64_t clusters;      /* the caller's tenant */
     uint64_t fetches, cache_hits, cache_misses, bytes_sent, errors, uptime_ms;
+    struct {                /* prefix blocks, daemon-wide */
+        uint64_t blocks_memory, bytes_memory, blocks_disk, bytes_disk;
+        uint64_t attach_hits, attach_misses, tokens_attached;
+        uint64_t publishes_new, publishes_existing, publishes_refused;
+        uint64_t evictions, spills, corrupt;
+    } prefix;
 } gw_ctl_stats_t;
 
 typedef struct gw_ctl_geometry {
@@ -113,6 +119,30 @@ ri_status_t gw_ctl_drain(gw_ctl_t *ctl, uint32_t timeout_ms, uint32_t *sessions_
  * *lease_ms_p: the daemon's lease period (0 = none).  Either may be NULL. */
 ri_status_t gw_ctl_keepalive(gw_ctl_t *ctl, uint32_t timeout_ms, const uint64_t *ids, size_t n, uint32_t *renewed_p,
                              uint64_t *lease_ms_p, gw_ctl_error_t *err);
+
+/* Prefix blocks (docs/kvstore-data.md "Prefix blocks"); keys are 32 bytes. */
+typedef struct gw_ctl_prefix_info {
+    uint8_t key[32];
+    char tenant[64];
+    uint64_t bytes;            /* block length */
+    uint32_t tokens;           /* tokens it covers */
+    uint32_t sessions;         /* sessions it is attached to */
+    uint64_t created_unix_ms;
+    bool on_disk;              /* only in the spill tier */
+} gw_ctl_prefix_info_t;
+
+/* How many of keys[0..n) (n x 32 bytes), from the first, the caller's
+ * tenant holds (*cached_p) and their tokens (*tokens_p; may be NULL). */
+ri_status_t gw_ctl_lookup_prefix(gw_ctl_t *ctl, uint32_t timeout_ms, const uint8_t *keys, size_t n,
+                                 uint32_t *cached_p, uint64_t *tokens_p, gw_ctl_error_t *err);
+/* The caller's tenant's blocks (an admin: every tenant's).  *infos_p:
+ * cm_malloc'd, caller frees with cm_free (NULL when *n_p is 0). */
+ri_status_t gw_ctl_list_prefixes(gw_ctl_t *ctl, uint32_t timeout_ms, gw_ctl_prefix_info_t **infos_p, size_t *n_p,
+                                 gw_ctl_error_t *err);
+/* Drop key (32 bytes) of tenant (NULL or "": the caller's own; an admin:
+ * every tenant's).  *dropped_p, *bytes_freed_p may be NULL. */
+ri_status_t gw_ctl_drop_prefix(gw_ctl_t *ctl, uint32_t timeout_ms, const uint8_t key[32], const char *tenant,
+                               uint32_t *dropped_p, uint64_t *bytes_freed_p, gw_ctl_error_t *err);
 
 /* A raw unary call: send req (len bytes, any content) to method (a full path
  * such as "/retroinfer.v1.KvStore/Health").  On success *resp_p holds the

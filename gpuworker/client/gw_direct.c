@@ -5,6 +5,7 @@
 
 #include "common/cm_alloc.h"
 #include "common/cm_dp_direct.h"
+#include "common/cm_dp_prefix.h"
 #include "common/cm_log.h"
 
 static CM_ALLOC_TAG(gw_direct_tag, "gw.direct");
@@ -23,6 +24,11 @@ struct gw_direct {
     uint32_t *recs;          /* pending access records, 3 u32 each */
     uint32_t n_recs;
     uint64_t reads;
+    struct {
+        const uint8_t *base;   /* attached block `slot`, mapped (owned by the connection), or NULL */
+        uint64_t bytes;
+    } *blocks;                 /* by slot */
+    uint32_t n_blocks;
 };
 
 ri_status_t gw_direct_open(gw_dp_t *dp, uint32_t n_layers, uint32_t n_kv, size_t page_bytes, gw_direct_t **d_p)
@@ -61,6 +67,7 @@ void gw_direct_close(gw_direct_t *d)
         cm_free(d->off[i]);
     cm_free(d->off);
     cm_free(d->cap);
+    cm_free(d->blocks);
     cm_free(d->recs);
     cm_free(d);
 }
@@ -112,6 +119,54 @@ ri_status_t gw_direct_apply(gw_direct_t *d, gw_io_t *io)
     return st;
 }
 
+ri_status_t gw_direct_record(gw_direct_t *d, uint32_t layer, uint32_t head, uint32_t first, uint32_t count,
+                             const uint64_t *offs)
+{
+    size_t t;
+    ri_status_t st;
+
+    if (d == NULL || offs == NULL || layer >= d->n_layers || head >= d->n_kv)
+        return RI_ERR_INVALID;
+    t = (size_t)layer * d->n_kv + head;
+    st = gw_direct_reserve(d, t, (uint64_t)first + count);
+    if (st != RI_OK)
+        return st;
+    memcpy(d->off[t] + first, offs, (size_t)count * sizeof(uint64_t));
+    return RI_OK;
+}
+
+ri_status_t gw_direct_set_block(gw_direct_t *d, uint32_t slot, const uint8_t *base, uint64_t bytes)
+{
+    if (d == NULL || base == NULL || slot > CM_PFX_LOC_MAX_SLOT)
+        return RI_ERR_INVALID;
+    if (slot >= d->n_blocks) {
+        uint32_t cap = d->n_blocks ? d->n_blocks : 8u;
+        while (cap <= slot)
+            cap *= 2u;
+        void *n = cm_realloc(&gw_direct_tag, d->blocks, (size_t)cap * sizeof(*d->blocks));
+        if (n == NULL)
+            return RI_ERR_NOMEM;
+        d->blocks = n;
+        memset(d->blocks + d->n_blocks, 0, (size_t)(cap - d->n_blocks) * sizeof(*d->blocks));
+        d->n_blocks = cap;
+    }
+    d->blocks[slot].base = base;
+    d->blocks[slot].bytes = bytes;
+    return RI_OK;
+}
+
+/* An attached block's pages: off is tagged with its slot. */
+static const uint8_t *gw_direct_block_pages(const gw_direct_t *d, uint64_t loc, uint64_t len)
+{
+    uint32_t slot = cm_pfx_loc_slot(loc);
+    uint64_t off = cm_pfx_loc_off(loc);
+
+    if (slot >= d->n_blocks || d->blocks[slot].base == NULL || off > d->blocks[slot].bytes ||
+        len > d->blocks[slot].bytes - off)
+        return NULL;
+    return d->blocks[slot].base + off;
+}
+
 const uint8_t *gw_direct_pages(const gw_direct_t *d, uint32_t layer, uint32_t head, uint32_t id, uint32_t n_pages)
 {
     size_t t;
@@ -124,6 +179,8 @@ const uint8_t *gw_direct_pages(const gw_direct_t *d, uint32_t layer, uint32_t he
         return NULL;
     off = d->off[t][id];
     len = (uint64_t)n_pages * d->page_bytes;
+    if (cm_pfx_loc_is_block(off))
+        return gw_direct_block_pages(d, off, len);
     /* The kvstore says where; we still keep every read inside the mapping. */
     if (off == CM_DP_NOT_DIRECT || off > d->bytes || len > d->bytes - off)
         return NULL;

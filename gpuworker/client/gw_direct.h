@@ -32,8 +32,20 @@ void gw_direct_close(gw_direct_t *d);
 /* Record the offsets of every located upload the io thread finished. */
 ri_status_t gw_direct_apply(gw_direct_t *d, gw_io_t *io);
 
+/* Record the LOCATE answers offs[0..count) of clusters [first, first + count)
+ * of (layer, head), e.g. those of attached prefix blocks (common/cm_dp_prefix.h):
+ * an answer tagged CM_PFX_LOC(slot, off) is read from the block's mapping
+ * (gw_direct_set_block), CM_DP_NOT_DIRECT is fetched. */
+ri_status_t gw_direct_record(gw_direct_t *d, uint32_t layer, uint32_t head, uint32_t first, uint32_t count,
+                             const uint64_t *offs);
+
+/* The attached block at slot is mapped at base (bytes long; gw_dp_map_block:
+ * borrowed, owned by the connection, which outlives d). */
+ri_status_t gw_direct_set_block(gw_direct_t *d, uint32_t slot, const uint8_t *base, uint64_t bytes);
+
 /* The first page of cluster `id` (kvstore id) of (layer, head), n_pages long,
- * when it is located and inside the region; else NULL (fetch it). */
+ * when it is located and inside the region, or inside the mapping of the
+ * attached block its location names; else NULL (fetch it). */
 const uint8_t *gw_direct_pages(const gw_direct_t *d, uint32_t layer, uint32_t head, uint32_t id, uint32_t n_pages);
 
 /* Note that the cluster was read; a full batch goes to the io thread. */

@@ -27,6 +27,7 @@
 
 #include "common/cm_alloc.h"
 #include "common/cm_dp_direct.h"
+#include "common/cm_dp_prefix.h"
 #include "common/cm_log.h"
 #include "common/cm_net.h"
 #include "common/cm_status.h"
@@ -80,6 +81,13 @@ struct gw_dp {
     int efd;                       /* worker event fd, -1 when none */
     uint8_t *direct;               /* the session's direct region, mapped read-only (gw_dp_map), or NULL */
     uint64_t direct_bytes;
+    char ho_name[CM_DP_MAX_SOCK_NAME]; /* the handover socket's name (from MAP), not NUL-terminated */
+    uint32_t ho_name_len;          /* 0 until a MAP told it */
+    struct gw_dp_bmap {
+        const uint8_t *base;       /* attached block `slot`, mapped read-only (gw_dp_map_block), or NULL */
+        uint64_t bytes;
+    } *bmaps;                      /* by slot */
+    uint32_t n_bmaps;
     void **orphans;                /* send buffers of calls that failed (owned; freed after the worker) */
     size_t n_orphans;
 };
@@ -440,6 +448,10 @@ void gw_dp_close(gw_dp_t *dp)
     prm.flags = dp->failed ? UCP_EP_CLOSE_FLAG_FORCE : 0;
     if (dp->direct != NULL)
         munmap(dp->direct, dp->direct_bytes);
+    for (uint32_t i = 0; i < dp->n_bmaps; i++)
+        if (dp->bmaps[i].base != NULL)
+            munmap((void *)(uintptr_t)dp->bmaps[i].base, dp->bmaps[i].bytes);
+    cm_free(dp->bmaps);
     req = ucp_ep_close_nbx(dp->ep, &prm);
     if (req != NULL && !UCS_PTR_IS_ERR(req)) {
         deadline = cm_time_ns() + 2000000000ull;
@@ -467,11 +479,13 @@ void gw_dp_close(gw_dp_t *dp)
     cm_free(dp);
 }
 
-/* Send the handover request on conn and receive the answer: the region's
- * descriptor in *fd_p (caller closes) and its length. */
-static ri_status_t gw_dp_handover_recv(gw_dp_t *dp, int conn, int *fd_p, uint64_t *bytes_p)
+/* Send the handover request for object (0 = the region, slot + 1 = an
+ * attached block) on conn and receive the answer: the object's descriptor
+ * in *fd_p (caller closes) and its length. */
+static ri_status_t gw_dp_handover_recv(gw_dp_t *dp, int conn, uint32_t object, int *fd_p, uint64_t *bytes_p)
 {
-    uint8_t req[CM_DP_HANDOVER_REQ], rep[CM_DP_HANDOVER_REP];
+    uint8_t req[CM_DP_HANDOVER_REQ2], rep[CM_DP_HANDOVER_REP];
+    size_t req_len = object != 0 ? CM_DP_HANDOVER_REQ2 : CM_DP_HANDOVER_REQ;
     union {
         char buf[CMSG_SPACE(sizeof(int))];
         struct cmsghdr align;
@@ -482,8 +496,11 @@ static ri_status_t gw_dp_handover_recv(gw_dp_t *dp, int conn, int *fd_p, uint64_
     int fd = -1;
     ri_status_t st;
 
-    cm_dp_handover_req_encode(req, dp->session_id, dp->secret);
-    if (send(conn, req, sizeof(req), MSG_NOSIGNAL) != (ssize_t)sizeof(req))
+    if (object != 0)
+        cm_dp_handover_req2_encode(req, dp->session_id, dp->secret, object);
+    else
+        cm_dp_handover_req_encode(req, dp->session_id, dp->secret); /* a kvstore of either version answers it */
+    if (send(conn, req, req_len, MSG_NOSIGNAL) != (ssize_t)req_len)
         return RI_ERR_IO;
     if (recvmsg(conn, &msg, MSG_CMSG_CLOEXEC | MSG_WAITALL) != (ssize_t)sizeof(rep))
         return RI_ERR_IO; /* closed, timed out or cut short: no answer */
@@ -506,16 +523,16 @@ static ri_status_t gw_dp_handover_recv(gw_dp_t *dp, int conn, int *fd_p, uint64_
 
 /* Connect to the abstract socket name; -1 when it is not reachable from
  * here (another host or network namespace). */
-static int gw_dp_handover_connect(const cm_dp_map_t *m, uint32_t timeout_ms)
+static int gw_dp_handover_connect(const char *name, uint32_t name_len, uint32_t timeout_ms)
 {
     struct sockaddr_un sa = {.sun_family = AF_UNIX};
     struct timeval tv = {.tv_sec = timeout_ms / 1000u, .tv_usec = (timeout_ms % 1000u) * 1000u};
-    socklen_t len = (socklen_t)(offsetof(struct sockaddr_un, sun_path) + 1 + m->name_len);
+    socklen_t len = (socklen_t)(offsetof(struct sockaddr_un, sun_path) + 1 + name_len);
     int conn = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
 
     if (conn < 0)
         return -1;
-    memcpy(sa.sun_path + 1, m->name, m->name_len);
+    memcpy(sa.sun_path + 1, name, name_len);
     (void)setsockopt(conn, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
     (void)setsockopt(conn, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof(tv));
     if (connect(conn, (struct sockaddr *)&sa, len) != 0) {
@@ -559,12 +576,14 @@ ri_status_t gw_dp_map(gw_dp_t *dp, uint8_t **local_p, uint64_t *bytes_p)
     st = cm_dp_map_decode(dp->reply_body, dp->reply_hdr.meta_len, &m);
     if (st != RI_OK)
         return st;
+    memcpy(dp->ho_name, m.name, m.name_len); /* for the attached blocks' handovers */
+    dp->ho_name_len = m.name_len;
     /* Not reachable: the kvstore is on another host (or in another network
      * namespace); reads stay two-sided. */
-    conn = gw_dp_handover_connect(&m, dp->timeout_ms);
+    conn = gw_dp_handover_connect(m.name, m.name_len, dp->timeout_ms);
     if (conn < 0)
         return RI_ERR_UNSUPPORTED;
-    st = gw_dp_handover_recv(dp, conn, &fd, &bytes);
+    st = gw_dp_handover_recv(dp, conn, 0, &fd, &bytes);
     close(conn);
     if (st == RI_ERR_IO) {
         cm_warn("dp client: the kvstore's handover socket gave no answer: reads stay two-sided");
@@ -969,4 +988,155 @@ void gw_dp_recv_free(gw_dp_t *dp, void *ptr)
             ucp_mem_unmap(dp->ctx, dp->allocs[i].memh);
             dp->allocs[i].ptr = NULL;
         }
+}
+
+/* --- prefix blocks (common/cm_dp_prefix.h) --------------------------------- */
+
+ri_status_t gw_dp_prefix_attach(gw_dp_t *dp, const uint8_t *keys, uint32_t n_keys, cm_pfx_attached_t *out,
+                                uint32_t *n_attached_p)
+{
+    uint8_t *meta;
+    uint32_t n = 0;
+    ri_status_t st;
+
+    if (dp == NULL || keys == NULL || out == NULL || n_attached_p == NULL || n_keys == 0 ||
+        n_keys > CM_PFX_MAX_KEYS)
+        return RI_ERR_INVALID;
+    meta = cm_malloc(&gw_dp_tag, cm_pfx_attach_req_size(n_keys));
+    if (meta == NULL)
+        return RI_ERR_NOMEM;
+    cm_pfx_attach_req_encode(meta, n_keys, keys);
+    st = gw_dp_op(dp, CM_WIRE_OP_PREFIX_ATTACH, meta, (uint32_t)cm_pfx_attach_req_size(n_keys), NULL, 0, 0);
+    cm_free(meta);
+    if (st != RI_OK)
+        return st;
+    st = cm_pfx_attach_rep_decode(dp->reply_body, dp->reply_hdr.meta_len, n_keys, out, &n);
+    if (st != RI_OK)
+        return st;
+    *n_attached_p = n;
+    return RI_OK;
+}
+
+ri_status_t gw_dp_prefix_put(gw_dp_t *dp, const uint8_t key[CM_PFX_KEY_SIZE], const void *block, uint64_t len,
+                             uint32_t *slot_p, uint32_t *flags_p)
+{
+    uint32_t slot, flags;
+    uint64_t bytes;
+    ri_status_t st;
+
+    if (dp == NULL || key == NULL || block == NULL || len < CM_PFX_HDR_SIZE || len > SIZE_MAX - CM_PFX_PUT_META)
+        return RI_ERR_INVALID;
+    st = gw_dp_op(dp, CM_WIRE_OP_PREFIX_PUT, key, CM_PFX_PUT_META, block, (size_t)len, 0);
+    if (st != RI_OK)
+        return st;
+    st = cm_pfx_put_rep_decode(dp->reply_body, dp->reply_hdr.meta_len, &slot, &flags, &bytes);
+    if (st != RI_OK)
+        return st;
+    if (bytes != len)
+        return RI_ERR_PROTOCOL;
+    if (slot_p != NULL)
+        *slot_p = slot;
+    if (flags_p != NULL)
+        *flags_p = flags;
+    return RI_OK;
+}
+
+ri_status_t gw_dp_prefix_get(gw_dp_t *dp, uint32_t slot, uint64_t offset, void *buf, uint64_t len)
+{
+    cm_pfx_get_t g = {.slot = slot, .offset = offset, .length = len};
+    uint8_t meta[CM_PFX_GET_META];
+    uint64_t bytes, off;
+    ri_status_t st;
+
+    if (dp == NULL || buf == NULL || len == 0 || len > SIZE_MAX)
+        return RI_ERR_INVALID;
+    if (dp->waiting)
+        return RI_ERR_BUSY;
+    cm_pfx_get_encode(meta, &g);
+    dp->target = buf; /* the data block is received in place */
+    dp->target_len = (size_t)len;
+    st = gw_dp_op(dp, CM_WIRE_OP_PREFIX_GET, meta, sizeof(meta), NULL, 0, 0);
+    dp->target = NULL;
+    dp->target_len = 0;
+    if (st != RI_OK)
+        return st;
+    st = cm_pfx_get_rep_decode(dp->reply_body, dp->reply_hdr.meta_len, &bytes, &off);
+    if (st != RI_OK)
+        return st;
+    return off == offset && dp->reply_hdr.data_len == len ? RI_OK : RI_ERR_PROTOCOL;
+}
+
+/* Learn the handover socket's name (a MAP) when no MAP told it yet. */
+static ri_status_t gw_dp_ho_name(gw_dp_t *dp)
+{
+    cm_dp_map_t m;
+    ri_status_t st;
+
+    if (dp->ho_name_len != 0)
+        return RI_OK;
+    st = gw_dp_op(dp, CM_WIRE_OP_MAP, NULL, 0, NULL, 0, 0);
+    if (st != RI_OK)
+        return st;
+    st = cm_dp_map_decode(dp->reply_body, dp->reply_hdr.meta_len, &m);
+    if (st != RI_OK)
+        return st;
+    memcpy(dp->ho_name, m.name, m.name_len);
+    dp->ho_name_len = m.name_len;
+    return RI_OK;
+}
+
+/* Room for slot in dp->bmaps. */
+static ri_status_t gw_dp_bmaps_reserve(gw_dp_t *dp, uint32_t slot)
+{
+    struct gw_dp_bmap *n;
+    uint32_t cap = dp->n_bmaps ? dp->n_bmaps : 8u;
+
+    if (slot < dp->n_bmaps)
+        return RI_OK;
+    while (cap <= slot)
+        cap *= 2u;
+    n = cm_realloc(&gw_dp_tag, dp->bmaps, (size_t)cap * sizeof(*n));
+    if (n == NULL)
+        return RI_ERR_NOMEM;
+    memset(n + dp->n_bmaps, 0, (size_t)(cap - dp->n_bmaps) * sizeof(*n));
+    dp->bmaps = n;
+    dp->n_bmaps = cap;
+    return RI_OK;
+}
+
+ri_status_t gw_dp_map_block(gw_dp_t *dp, uint32_t slot, const uint8_t **base_p, uint64_t *bytes_p)
+{
+    uint64_t bytes = 0;
+    uint8_t *base = NULL;
+    int conn, fd = -1;
+    ri_status_t st;
+
+    if (dp == NULL || base_p == NULL || bytes_p == NULL || slot > CM_PFX_LOC_MAX_SLOT)
+        return RI_ERR_INVALID;
+    st = gw_dp_bmaps_reserve(dp, slot);
+    if (st != RI_OK)
+        return st;
+    if (dp->bmaps[slot].base == NULL) {
+        st = gw_dp_ho_name(dp);
+        if (st != RI_OK)
+            return st; /* no MAP here (UNSUPPORTED): PREFIX_GET */
+        conn = gw_dp_handover_connect(dp->ho_name, dp->ho_name_len, dp->timeout_ms);
+        if (conn < 0)
+            return RI_ERR_UNSUPPORTED; /* another host: PREFIX_GET */
+        st = gw_dp_handover_recv(dp, conn, slot + 1u, &fd, &bytes);
+        close(conn);
+        if (st == RI_ERR_IO)
+            return RI_ERR_UNSUPPORTED;
+        if (st != RI_OK)
+            return st;
+        st = gw_dp_map_fd(fd, bytes, &base);
+        close(fd); /* the mapping keeps the memory */
+        if (st != RI_OK)
+            return st;
+        dp->bmaps[slot].base = base;
+        dp->bmaps[slot].bytes = bytes;
+    }
+    *base_p = dp->bmaps[slot].base;
+    *bytes_p = dp->bmaps[slot].bytes;
+    return RI_OK;
 }

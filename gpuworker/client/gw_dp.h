@@ -14,6 +14,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "common/cm_dp_prefix.h"
 #include "common/cm_dp_proto.h"
 #include "common/cm_wire.h"
 #include "retroinfer/status.h"
@@ -149,6 +150,34 @@ ri_status_t gw_dp_raw(gw_dp_t *dp, const void *hdr, size_t hdr_len, const void *
  * except for gw_dp_close. */
 ri_status_t gw_dp_raw_start(gw_dp_t *dp, const void *hdr, size_t hdr_len, const void *body, size_t body_len,
                             uint32_t progress_ms);
+
+/*
+ * Prefix blocks (common/cm_dp_prefix.h).
+ *
+ * PREFIX_ATTACH: attach to the session the leading blocks of keys
+ * (n_keys x CM_PFX_KEY_SIZE bytes) the session's tenant holds; out (room for
+ * n_keys) gets one entry per attached block, *n_attached_p how many (0: the
+ * first key is not cached).
+ */
+ri_status_t gw_dp_prefix_attach(gw_dp_t *dp, const uint8_t *keys, uint32_t n_keys, cm_pfx_attached_t *out,
+                                uint32_t *n_attached_p);
+
+/* PREFIX_PUT: publish block (len bytes, "RIPB" format) under key and attach
+ * it; *slot_p its slot, *flags_p CM_PFX_F_EXISTED when the key was there
+ * with equal tables (either may be NULL).  RI_ERR_EXISTS (the key holds
+ * other tables), RI_ERR_QUOTA (over a prefix cap), RI_ERR_CORRUPT (CRC). */
+ri_status_t gw_dp_prefix_put(gw_dp_t *dp, const uint8_t key[CM_PFX_KEY_SIZE], const void *block, uint64_t len,
+                             uint32_t *slot_p, uint32_t *flags_p);
+
+/* PREFIX_GET: bytes [offset, offset + len) of the block attached at slot
+ * into buf (two-sided: for a worker that cannot map it). */
+ri_status_t gw_dp_prefix_get(gw_dp_t *dp, uint32_t slot, uint64_t offset, void *buf, uint64_t len);
+
+/* Same host: the block attached at slot mapped read-only through the
+ * handover (object = slot + 1).  The mapping is owned by dp: the same one
+ * on repeated calls, unmapped at gw_dp_close.  RI_ERR_UNSUPPORTED when it
+ * cannot be mapped here (another host, no handover): use gw_dp_prefix_get. */
+ri_status_t gw_dp_map_block(gw_dp_t *dp, uint32_t slot, const uint8_t **base_p, uint64_t *bytes_p);
 
 /* Fill a request header for this connection's session (request id set). */
 void gw_dp_header(gw_dp_t *dp, uint16_t op, uint32_t meta_len, uint64_t data_len, cm_wire_hdr_t *hdr_p);

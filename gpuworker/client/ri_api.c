@@ -218,6 +218,15 @@ err_free:
     return st;
 }
 
+gw_ctl_t *gw_api_client_ctl(ri_client_h client, uint32_t *timeout_ms_p)
+{
+    if (client == NULL)
+        return NULL;
+    if (timeout_ms_p != NULL)
+        *timeout_ms_p = client->timeout_ms;
+    return client->ctl;
+}
+
 void ri_client_close(ri_client_h c)
 {
     if (c == NULL)

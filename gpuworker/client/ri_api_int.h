@@ -23,4 +23,10 @@ ri_status_t gw_api_session_create(ri_client_h client, const ri_session_params_t 
  * a bad session or layer. */
 const kn_wave_params_t *gw_api_session_wave(ri_session_h session, uint32_t layer);
 
+/* The client's control channel (borrowed: valid until ri_client_close;
+ * thread-safe) and its call deadline, for the prefix-only sessions of
+ * gw_prefix_seq.h. */
+struct gw_ctl;
+struct gw_ctl *gw_api_client_ctl(ri_client_h client, uint32_t *timeout_ms_p);
+
 #endif /* RI_API_INT_H */

@@ -12,7 +12,9 @@
  *                              [pos, pos+n) over tokens [0, pos+n) (every
  *                              method prefills exactly, as in the paper);
  *   prefill_end(layer)         the prompt of this layer is complete: build
- *                              indexes (wave index, Quest pages);
+ *                              indexes (wave index, Quest pages; with
+ *                              cfg.prefix, the wave index imports the
+ *                              prefix's pieces);
  *   decode(layer, pos, q)      one new token at pos (its K/V already in the
  *                              cache): the method's (sparse) attention.
  *
@@ -64,6 +66,18 @@ void mdl_kv_store(mdl_kv_t *kv, uint32_t layer, size_t pos, size_t n, const floa
 /* Copy the first n tokens of every layer of src into dst (same geometry, dst->cap >= n). */
 ri_status_t mdl_kv_copy(mdl_kv_t *dst, const mdl_kv_t *src, size_t n);
 
+/* What a sequence starts from when its leading blocks were prefilled
+ * before (prefix reuse, docs/prefix.md): positions [0, n_tokens) were
+ * preloaded (mdl_seq_preload) and pieces gives, per layer, the wave-index
+ * pieces of the leading blocks (kn_wave_build_pieces), which a backend
+ * with a wave index imports instead of clustering them again.  Borrowed:
+ * it must outlive the sequence's index build (its first decode step). */
+typedef struct mdl_prefix_src {
+    void *ctx;
+    size_t n_tokens;             /* positions [0, n_tokens) were preloaded */
+    const kn_wave_pieces_t *(*pieces)(void *ctx, uint32_t layer);  /* NULL result: none for that layer */
+} mdl_prefix_src_t;
+
 /* Settings of the backends (defaults in docs/architecture.md).  The wave
  * index and tripartite settings are kernels' own struct, embedded whole:
  * "retroinfer" hands it to kn_wave_create and "retroinfer-remote" to its
@@ -78,6 +92,7 @@ typedef struct mdl_attn_cfg {
     bool release_window;      /* give back each sliding-window layer's K/V older than its
                                  window as decoding goes (a server that keeps only what it
                                  reads); false: keep every token (forks, K/V dumps) */
+    const mdl_prefix_src_t *prefix; /* the sequence's preloaded prefix (borrowed); NULL = none */
 } mdl_attn_cfg_t;
 
 /* The built-in defaults (kn_wave_params_default for the wave index). */
@@ -108,6 +123,9 @@ typedef struct mdl_attn_ops {
      * update_clusters resolved once it is built), into *wave_p; false when
      * the backend keeps no wave index.  May be NULL. */
     bool (*wave_params)(void *state, uint32_t layer, kn_wave_params_t *wave_p);
+    /* The wave index of (layer, kv_head) once built (borrowed, valid until
+     * the next build or update); NULL when there is none.  May be NULL. */
+    const kn_index_t *(*index)(void *state, uint32_t layer, uint32_t kv_head);
 } mdl_attn_ops_t;
 
 /* Find a backend by name; NULL when unknown (or not built). */

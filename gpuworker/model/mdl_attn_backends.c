@@ -118,7 +118,10 @@ static ri_status_t mdl_be_prefill_end(void *state, uint32_t layer)
     kn_kv_view_t view = mdl_be_view(b, layer, b->kv->len);
     ri_status_t st = RI_OK;
     if (b->kind == MDL_BE_RETRO)
-        st = kn_wave_build(b->wave[layer], &view);
+        st = kn_wave_build_pieces(b->wave[layer], &view,
+                                  b->cfg.prefix != NULL && b->cfg.prefix->pieces != NULL
+                                      ? b->cfg.prefix->pieces(b->cfg.prefix->ctx, layer)
+                                      : NULL);
     else if (b->kind == MDL_BE_QUEST)
         st = kn_quest_update(b->quest[layer], &view);
     b->st.build_s += cm_time_s() - t0;
@@ -214,6 +217,22 @@ static bool mdl_be_wave_params(void *state, uint32_t layer, kn_wave_params_t *wa
     return false;
 }
 
+static const kn_index_t *mdl_be_index(void *state, uint32_t layer, uint32_t kv_head)
+{
+    const mdl_be_t *b = state;
+#ifdef MDL_HAVE_KERNELS
+    if (b->wave != NULL && layer < b->kv->geom.n_layers) {
+        const kn_index_t *idx = kn_wave_index(b->wave[layer], kv_head);
+        return idx != NULL && idx->n_clusters > 0 ? idx : NULL;
+    }
+#else
+    (void)b;
+    (void)layer;
+    (void)kv_head;
+#endif
+    return NULL;
+}
+
 #define MDL_BE_CREATE(fn, kind)                                                          \
     static ri_status_t fn(const mdl_attn_cfg_t *cfg, mdl_kv_t *kv, void **state_p)       \
     {                                                                                    \
@@ -236,7 +255,7 @@ MDL_BE_CREATE(mdl_be_create_oracle, MDL_BE_ORACLE)
 static const mdl_attn_ops_t mdl_be_retro = {
     .name = "retroinfer", .help = "wave index + tripartite attention (in-process)", .create = mdl_be_create_retro,
     .destroy = mdl_be_destroy, .prefill = mdl_be_prefill, .prefill_end = mdl_be_prefill_end,
-    .decode = mdl_be_decode, .stats = mdl_be_stats, .wave_params = mdl_be_wave_params};
+    .decode = mdl_be_decode, .stats = mdl_be_stats, .wave_params = mdl_be_wave_params, .index = mdl_be_index};
 static const mdl_attn_ops_t mdl_be_quest = {
     .name = "quest", .help = "Quest: 16-token pages, min/max key bounds, top pages to the budget",
     .create = mdl_be_create_quest, .destroy = mdl_be_destroy, .prefill = mdl_be_prefill,

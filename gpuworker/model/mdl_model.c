@@ -464,6 +464,34 @@ ri_status_t mdl_seq_fork(const mdl_seq_t *s, const mdl_attn_ops_t *attn, const m
     return RI_OK;
 }
 
+ri_status_t mdl_seq_preload(mdl_seq_t *s, size_t n,
+                            ri_status_t (*fill)(void *arg, uint32_t layer, uint32_t kv_head, size_t pos0, size_t n,
+                                                cm_fp16_t *k, cm_fp16_t *v, size_t token_stride),
+                            void *arg)
+{
+    if (s == NULL || fill == NULL || n == 0 || s->decoding || s->kv->len != 0)
+        return RI_ERR_INVALID;
+    if (n > s->kv->cap)
+        return RI_ERR_RANGE;
+    const mdl_attn_geom_t *g = &s->kv->geom;
+    for (uint32_t l = 0; l < g->n_layers; l++)
+        for (uint32_t h = 0; h < g->n_kv_heads; h++) {
+            size_t off = (size_t)h * s->kv->cap * g->head_dim;
+            ri_status_t st = fill(arg, l, h, 0, n, s->kv->k[l] + off, s->kv->v[l] + off, g->head_dim);
+            if (st != RI_OK)
+                return st;  /* len stays 0: what was written is never read */
+        }
+    s->kv->len = n;
+    return RI_OK;
+}
+
+const kn_index_t *mdl_seq_wave_index(const mdl_seq_t *s, uint32_t layer, uint32_t kv_head)
+{
+    if (s == NULL || s->attn->index == NULL || layer >= s->kv->geom.n_layers || kv_head >= s->kv->geom.n_kv_heads)
+        return NULL;
+    return s->attn->index(s->attn_state, layer, kv_head);
+}
+
 size_t mdl_seq_len(const mdl_seq_t *s)
 {
     return s->kv->len;

@@ -137,6 +137,24 @@ void mdl_seq_destroy(mdl_seq_t *s);
 ri_status_t mdl_seq_fork(const mdl_seq_t *s, const mdl_attn_ops_t *attn, const mdl_attn_cfg_t *cfg,
                          mdl_seq_t **fork_p);
 
+/* Preload positions [0, n) of an empty sequence (nothing prefilled yet)
+ * from elsewhere, e.g. a prefix prefilled by another sequence: fill writes
+ * the K and V (fp16, post-RoPE, [n][d] at token_stride elements a token)
+ * of positions [pos0, pos0 + n) of (layer, kv_head), and is called once
+ * for every (layer, kv_head) with pos0 = 0.  Then the length is n and
+ * mdl_prefill continues at position n.  Errors: RI_ERR_INVALID (the
+ * sequence is not empty, n 0, fill NULL), RI_ERR_RANGE (n over the
+ * capacity), fill's error (the sequence stays empty). */
+ri_status_t mdl_seq_preload(mdl_seq_t *s, size_t n,
+                            ri_status_t (*fill)(void *arg, uint32_t layer, uint32_t kv_head, size_t pos0, size_t n,
+                                                cm_fp16_t *k, cm_fp16_t *v, size_t token_stride),
+                            void *arg);
+
+/* The backend's wave index of (layer, kv_head) once built (borrowed, valid
+ * until the next decode step); NULL when it keeps none (full, quest, a
+ * layer not indexed). */
+const kn_index_t *mdl_seq_wave_index(const mdl_seq_t *s, uint32_t layer, uint32_t kv_head);
+
 /* Tokens in the sequence so far. */
 size_t mdl_seq_len(const mdl_seq_t *s);
 /* Room for tokens. */

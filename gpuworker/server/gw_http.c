@@ -30,6 +30,7 @@
 #include "common/cm_time.h"
 #include "gpuworker/model/mdl_tok.h"
 #include "gpuworker/client/gw_attn_remote.h"
+#include "gpuworker/client/gw_prefix_seq.h"
 #include "gpuworker/server/gw_http_guard.h"
 
 static CM_ALLOC_TAG(gw_http_tag, "worker.http");
@@ -628,6 +629,8 @@ static void gw_add_usage(cJSON *o, const gw_req_view_t *v)
     cJSON_AddNumberToObject(u, "prompt_tokens", (double)v->prompt_tokens);
     cJSON_AddNumberToObject(u, "completion_tokens", (double)v->completion_tokens);
     cJSON_AddNumberToObject(u, "total_tokens", (double)(v->prompt_tokens + v->completion_tokens));
+    cJSON *d = cJSON_AddObjectToObject(u, "prompt_tokens_details");
+    cJSON_AddNumberToObject(d, "cached_tokens", (double)v->cached_tokens);
 }
 
 /* One choice: text (completion) or message/delta (chat); text NULL = none. */
@@ -1040,6 +1043,27 @@ static void gw_metric(FILE *f, const char *name, const char *type, const char *h
     fprintf(f, "# HELP %s %s\n# TYPE %s %s\n%s %.17g\n", name, help, name, type, name, v);
 }
 
+/* Prefix reuse's counters (gw_prefix_seq.h). */
+static void gw_http_prefix_metrics(FILE *f, gw_pfx_stats_t *p)
+{
+    double hit = (double)atomic_load(&p->hit_tokens);
+    gw_metric(f, "ri_worker_prefix_lookups_total", "counter", "Prompts looked up in the prefix cache.",
+              (double)atomic_load(&p->lookups));
+    gw_metric(f, "ri_worker_prefix_hit_tokens_total", "counter", "Prompt tokens served from cached prefix blocks.",
+              hit);
+    gw_metric(f, "ri_worker_prefix_miss_tokens_total", "counter", "Prompt tokens prefilled after a lookup.",
+              (double)atomic_load(&p->miss_tokens));
+    gw_metric(f, "ri_worker_prefix_published_blocks_total", "counter", "Prefix blocks published to the kvstore.",
+              (double)atomic_load(&p->published_blocks));
+    gw_metric(f, "ri_worker_prefix_attached_bytes_total", "counter", "Bytes of the prefix blocks attached.",
+              (double)atomic_load(&p->attached_bytes));
+    gw_metric(f, "ri_worker_prefix_fallbacks_total", "counter",
+              "Prefix lookups or publishes that failed (the prompt prefilled whole / blocks not published).",
+              (double)atomic_load(&p->fallbacks));
+    gw_metric(f, "ri_worker_prefill_tokens_saved_total", "counter",
+              "Prompt tokens not prefilled thanks to the prefix cache.", hit);
+}
+
 static void gw_http_render_metrics(gw_http_t *h, FILE *f)
 {
     gw_sched_stats_t st;
@@ -1091,6 +1115,8 @@ static void gw_http_render_metrics(gw_http_t *h, FILE *f)
                        "From a request's arrival to its first token.", NULL);
     cm_hist_write_prom(&st.itl_s, f, "ri_worker_inter_token_latency_seconds", "Between two tokens of one request.",
                        NULL);
+    if (h->cfg.prefix != NULL)
+        gw_http_prefix_metrics(f, h->cfg.prefix);
     if (h->cfg.kvstore) {
         gw_attn_remote_totals_t t;
         gw_attn_remote_totals(&t);

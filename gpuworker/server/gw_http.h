@@ -48,6 +48,8 @@ typedef struct gw_http_cfg {
     unsigned max_conn_per_addr;  /* regular connections of one client address */
     uint32_t request_ms;         /* a request (headers + body) must arrive within this */
     bool kvstore;                /* export the retroinfer-remote backend's counters */
+    struct gw_pfx_stats *prefix; /* export prefix reuse's counters (borrowed, outlives the
+                                    service); NULL = off */
     cm_keys_t *keys;             /* API keys every endpoint but /health requires (ownership taken by
                                     gw_http_start, also when it fails); NULL = no authentication */
 } gw_http_cfg_t;

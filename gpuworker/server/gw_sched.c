@@ -25,6 +25,7 @@
 #include "common/cm_log.h"
 #include "common/cm_status.h"
 #include "common/cm_time.h"
+#include "gpuworker/client/gw_prefix_run.h"
 #include "gpuworker/model/mdl_device.h"
 #include "gpuworker/model/mdl_gen.h"
 
@@ -60,6 +61,7 @@ struct gw_req {
     gw_req_t *next;               /* queue link */
     gw_phase_t phase;
     mdl_seq_t *seq;               /* owned while admitted */
+    gw_pfx_run_t *pfx;            /* prefix reuse of seq (cfg.prefix), owned while admitted; NULL = none */
     void *dseq;                   /* with cfg.dev: its device copy (mdl_device.h), owned while decoding */
     mdl_sampler_t *smp;           /* owned while admitted */
     mdl_gen_t gen_state;          /* the generation's rules (stop token, length), from the prompt's end */
@@ -334,6 +336,8 @@ static void gw_sched_finish(gw_sched_t *s, gw_req_t *r, gw_finish_t f, ri_status
     r->dseq = NULL;
     mdl_seq_destroy(r->seq);
     r->seq = NULL;
+    gw_pfx_run_destroy(r->pfx); /* after the sequence, which borrowed its blocks */
+    r->pfx = NULL;
     mdl_sampler_destroy(r->smp);
     r->smp = NULL;
     r->phase = GW_PHASE_DONE;
@@ -407,6 +411,24 @@ static void gw_sched_step(gw_sched_t *s, gw_req_t *r, const float *logits)
 
 /* Prefill the next chunk of r's prompt (creating its sequence first); at
  * the end of the prompt the first token comes from the prefill's logits. */
+/* r's sequence of cap tokens: with prefix reuse (cfg.prefix, a backend
+ * it applies to, no device), preloaded with the prompt's cached blocks and
+ * r->prefilled set past them. */
+static ri_status_t gw_sched_seq_create(gw_sched_t *s, gw_req_t *r, size_t cap)
+{
+    if (s->cfg.prefix == NULL || s->cfg.dev != NULL || !gw_pfx_run_supports(r->attn))
+        return mdl_seq_create(s->m, r->attn, &s->cfg.attn, cap, &r->seq);
+    ri_status_t st = gw_pfx_run_create(s->cfg.prefix, s->m, r->attn, &s->cfg.attn, cap, r->ids, r->n_ids, &r->pfx,
+                                       &r->seq);
+    if (st != RI_OK)
+        return st;
+    r->prefilled = gw_pfx_run_cached(r->pfx);
+    pthread_mutex_lock(&r->mu);
+    r->view.cached_tokens = r->prefilled;
+    pthread_mutex_unlock(&r->mu);
+    return RI_OK;
+}
+
 static void gw_sched_prefill(gw_sched_t *s, gw_req_t *r)
 {
     ri_status_t st;
@@ -418,7 +440,7 @@ static void gw_sched_prefill(gw_sched_t *s, gw_req_t *r)
     }
     if (r->seq == NULL) {
         size_t cap = r->n_ids + r->max_tokens + 1;
-        if ((st = mdl_seq_create(s->m, r->attn, &s->cfg.attn, cap, &r->seq)) != RI_OK) {
+        if ((st = gw_sched_seq_create(s, r, cap)) != RI_OK) {
             cm_error("request: cannot create a %zu-token sequence with attn %s: %s", cap, r->attn->name,
                      ri_status_str(st));
             gw_sched_finish(s, r, GW_FINISH_ERROR, st, "cannot create a %zu-token sequence with attn %s: %s", cap,
@@ -443,6 +465,11 @@ static void gw_sched_prefill(gw_sched_t *s, gw_req_t *r)
     pthread_mutex_lock(&s->mu);
     s->st.prompt_tokens += n;
     pthread_mutex_unlock(&s->mu);
+    if (last) {
+        gw_pfx_run_prefilled(r->pfx);
+        if (gw_pfx_run_ready(r->pfx, r->seq)) /* "full": nothing more to build */
+            gw_pfx_run_publish(r->pfx, r->seq);
+    }
     if (last && s->cfg.dev != NULL && (st = gw_dev_upload(s, r)) != RI_OK) {
         cm_error("request: cannot copy the prefill to the device: %s", ri_status_str(st));
         gw_sched_finish(s, r, GW_FINISH_ERROR, st, "cannot copy the prefill to the device: %s", ri_status_str(st));
@@ -529,6 +556,9 @@ static void gw_sched_decode(gw_sched_t *s)
                             ri_status_str(sb));
             continue;
         }
+        /* the first step built the wave index: the prompt's blocks can go out */
+        if (gw_pfx_run_ready(r->pfx, r->seq))
+            gw_pfx_run_publish(r->pfx, r->seq);
         gw_sched_step(s, r, row);
     }
 }

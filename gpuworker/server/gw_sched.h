@@ -39,6 +39,9 @@ typedef struct gw_sched_cfg {
                                the CPU; full attention only.  NULL = the CPU */
     mdl_attn_cfg_t attn;   /* settings of every sequence it creates (mdl_attn_cfg_default's
                               unless the program sets them) */
+    struct gw_pfx_ctx *prefix; /* prefix reuse of the "full" and "retroinfer" sequences
+                                  (gw_prefix_run.h; borrowed, outlives the scheduler);
+                                  NULL = off */
 } gw_sched_cfg_t;
 
 /* Why a request ended. */
@@ -69,6 +72,7 @@ typedef struct gw_req_view {
     char error[256];           /* message for a failure */
     bool started;              /* admitted into the batch */
     size_t prompt_tokens;      /* tokens of the prompt */
+    size_t cached_tokens;      /* of them, preloaded from cached prefix blocks (not prefilled) */
     size_t completion_tokens;  /* tokens generated so far */
 } gw_req_view_t;
 

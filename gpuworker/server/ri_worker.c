@@ -52,6 +52,7 @@
 #include "gpuworker/model/mdl_model.h"
 #include "gpuworker/model/mdl_gen.h"
 #include "gpuworker/client/gw_attn_remote.h"
+#include "gpuworker/client/gw_prefix_seq.h"
 #include "gpuworker/server/gw_http.h"
 #include "gpuworker/client/gw_remote.h"
 #include "gpuworker/server/gw_sched.h"
@@ -101,6 +102,8 @@ typedef struct wk_cfg {
     char *device;        /* where decode runs: cpu or cuda */
     char *api_keys_file; /* HTTP service: API keys clients must send; empty = none */
     bool insecure;       /* HTTP service: allow a non-loopback --listen without API keys */
+    bool prefix_cache;   /* HTTP service with a kvstore: reuse and publish prompt prefix blocks */
+    char *prefix_salt;   /* extra salt of the prefix block keys (workers share blocks only with the same) */
 } wk_cfg_t;
 
 #define WK_ITEM(n, t, d, h, f) {n, t, d, h, offsetof(wk_cfg_t, f), 0, 0, NULL}
@@ -145,6 +148,12 @@ static const cm_config_item_t wk_items[] = {
     WK_ITEM("keep-kv", CM_CFG_BOOL, "false",
             "retroinfer-remote: keep the K/V the kvstore holds (a session it loses is re-filled, not rebuilt)",
             keep_kv),
+    WK_ITEM("prefix-cache", CM_CFG_BOOL, "true",
+            "HTTP service with --kvstore: attach the cached leading 256-token blocks of a prompt instead of "
+            "prefilling them, and publish the new ones (full and retroinfer; docs/prefix.md)", prefix_cache),
+    WK_ITEM("prefix-salt", CM_CFG_STRING, NULL,
+            "extra salt of the prefix block keys: only workers with the same salt (and kvstore token) share blocks",
+            prefix_salt),
     CM_RUNTIME_LOG_ITEM(wk_cfg_t, rt),
     CM_RUNTIME_COMPUTE_ITEMS(wk_cfg_t, rt),
     WK_ITEM("prompt-file", CM_CFG_STRING, NULL, "answer this prompt once and exit (no stdin requests)", prompt_file),
@@ -598,8 +607,33 @@ static int wk_listen_check(const wk_cfg_t *cfg)
 /* The HTTP service, until SIGTERM/SIGINT (blocked by main before any
  * thread started, so that only sigwait sees them).  Returns the exit
  * status: 0 after a clean stop, 1 when it could not start. */
+/* Prefix reuse's keys for the loaded model: the model file's digest (once:
+ * about 0.1 s per 100 MB), the tenant salt from the kvstore token and
+ * --prefix-salt; the prefix-only sessions go through the remote backend's
+ * control channel.  false (reuse off) when that is not there. */
+static bool wk_prefix_setup(const mdl_model_t *model, const wk_cfg_t *cfg, const char *token, gw_pfx_ctx_t *ctx)
+{
+    const mdl_gguf_t *g = mdl_model_gguf(model);
+    double t0 = cm_time_s();
+    ri_status_t st;
+
+    memset(ctx, 0, sizeof(*ctx));
+    ctx->ctl = gw_attn_remote_ctl(&ctx->timeout_ms);
+    if (ctx->ctl == NULL)
+        return false;
+    st = gw_pfx_model_digest(g->base, g->size, ctx->keyer.model);
+    if (st == RI_OK)
+        st = gw_pfx_tenant_salt(token, cfg->prefix_salt, ctx->keyer.salt);
+    if (st != RI_OK) {
+        fprintf(stderr, "ri-worker: prefix cache off: cannot hash the model: %s\n", ri_status_str(st));
+        return false;
+    }
+    cm_info("prefix cache on: model digest of %zu bytes in %.3f s", g->size, cm_time_s() - t0);
+    return true;
+}
+
 static int wk_serve_http(mdl_model_t *model, const wk_cfg_t *cfg, const char *path, const char *default_attn,
-                         bool have_kvs, const sigset_t *sigs)
+                         bool have_kvs, gw_pfx_ctx_t *prefix, const sigset_t *sigs)
 {
     char err[512] = "", name[4096];
     gw_sched_t *sched = NULL;
@@ -621,6 +655,7 @@ static int wk_serve_http(mdl_model_t *model, const wk_cfg_t *cfg, const char *pa
                            .prefill_chunk = (size_t)cfg->prefill_chunk};
     wk_attn_cfg(cfg, &scfg.attn);
     scfg.dev = wk_dev;
+    scfg.prefix = prefix;
     ri_status_t st = gw_sched_create(model, &scfg, &sched);
     if (st != RI_OK) {
         fprintf(stderr, "ri-worker: cannot start the scheduler: %s\n", ri_status_str(st));
@@ -651,7 +686,7 @@ static int wk_serve_http(mdl_model_t *model, const wk_cfg_t *cfg, const char *pa
                           .default_max_tokens = (size_t)cfg->max_tokens, .max_conn = max_conn,
                           .reserve_conn = reserve, .max_conn_per_addr = per_addr,
                           .request_ms = (uint32_t)cfg->http_request_timeout_ms, .kvstore = have_kvs,
-                          .keys = keys};
+                          .keys = keys, .prefix = prefix != NULL ? &prefix->stats : NULL};
     if (gw_http_start(&hcfg, model, sched, &http, err, sizeof(err)) != RI_OK) {
         fprintf(stderr, "ri-worker: cannot serve HTTP: %s\n", err);
         goto out;
@@ -840,7 +875,9 @@ int main(int argc, char **argv)
             mdl_attn_names());
 
     if (serve) {
-        rc = wk_serve_http(model, &cfg, path, default_attn, have_kvs, &sigs);
+        static gw_pfx_ctx_t prefix; /* outlives the service and its scheduler */
+        bool pfx_on = have_kvs && cfg.prefix_cache && wk_dev == NULL && wk_prefix_setup(model, &cfg, token, &prefix);
+        rc = wk_serve_http(model, &cfg, path, default_attn, have_kvs, pfx_on ? &prefix : NULL, &sigs);
         goto out;
     }
     if (cfg.prompt_file != NULL && cfg.prompt_file[0] != '\0') {

@@ -20,6 +20,7 @@
 
 #define KVS_API_MAX_TOKENS (1ull << 30) /* expected_tokens upper bound */
 #define KVS_API_SESSION_TABLE 4096u     /* sessions of all tenants the store holds (its table size) */
+#define KVS_API_MAX_PREFIX_KEYS 65536u  /* keys of one LookupPrefix (CM_PFX_MAX_KEYS) */
 
 static CM_ALLOC_TAG(kvs_api_tag, "kvs.api");
 
@@ -107,6 +108,19 @@ static ri_status_t kvs_api_stats(void *app, const kvs_caller_t *caller, const ui
     out.bytes_sent = s.bytes_sent;
     out.errors = s.errors;
     out.uptime_ms = kvs_api_uptime_ms(ctl);
+    out.prefix_blocks_memory = s.prefix.blocks_memory;
+    out.prefix_bytes_memory = s.prefix.bytes_memory;
+    out.prefix_blocks_disk = s.prefix.blocks_disk;
+    out.prefix_bytes_disk = s.prefix.bytes_disk;
+    out.prefix_attach_hits = s.prefix.attach_hits;
+    out.prefix_attach_misses = s.prefix.attach_misses;
+    out.prefix_tokens_attached = s.prefix.tokens_attached;
+    out.prefix_publishes_new = s.prefix.publishes_new;
+    out.prefix_publishes_existing = s.prefix.publishes_existing;
+    out.prefix_publishes_refused = s.prefix.publishes_refused;
+    out.prefix_evictions = s.prefix.evictions;
+    out.prefix_spills = s.prefix.spills;
+    out.prefix_corrupt = s.prefix.corrupt;
     return kvs_api_pack(&out.base, reply);
 }
 
@@ -420,6 +434,149 @@ out_free:
     return st;
 }
 
+/* --- prefix blocks --- */
+
+static ri_status_t kvs_api_lookup_prefix(void *app, const kvs_caller_t *caller, const uint8_t *req, size_t len,
+                                         kvs_reply_t *reply)
+{
+    kvs_ctl_t *ctl = app;
+    uint8_t *keys = NULL;
+    uint32_t cached = 0;
+    uint64_t tokens = 0;
+    ri_status_t st = RI_OK;
+    Retroinfer__V1__LookupPrefixRequest *in =
+        retroinfer__v1__lookup_prefix_request__unpack(&kvs_pb_allocator, len, req);
+    if (in == NULL)
+        return kvs_api_bad_message("LookupPrefix", reply);
+    if (in->n_keys > KVS_API_MAX_PREFIX_KEYS) {
+        snprintf(reply->msg, sizeof(reply->msg), "LookupPrefix: %zu keys, at most %u", in->n_keys,
+                 KVS_API_MAX_PREFIX_KEYS);
+        st = RI_ERR_INVALID;
+        goto out_free;
+    }
+    keys = cm_malloc(&kvs_api_tag, (in->n_keys ? in->n_keys : 1) * KVS_PFX_KEY);
+    if (keys == NULL) {
+        snprintf(reply->msg, sizeof(reply->msg), "LookupPrefix: out of memory");
+        st = RI_ERR_NOMEM;
+        goto out_free;
+    }
+    for (size_t i = 0; i < in->n_keys; i++) {
+        if (in->keys[i].len != KVS_PFX_KEY) {
+            snprintf(reply->msg, sizeof(reply->msg), "LookupPrefix: key %zu has %zu bytes, keys have %u", i,
+                     in->keys[i].len, KVS_PFX_KEY);
+            st = RI_ERR_INVALID;
+            goto out_free;
+        }
+        memcpy(keys + i * KVS_PFX_KEY, in->keys[i].data, KVS_PFX_KEY);
+    }
+    /* Always the caller's own tenant: a lookup never sees another's blocks. */
+    st = kvs_data_prefix_lookup(ctl->data, caller->tenant, keys, in->n_keys, &cached, &tokens);
+    if (st != RI_OK) {
+        snprintf(reply->msg, sizeof(reply->msg), "LookupPrefix: %s", ri_status_str(st));
+        goto out_free;
+    }
+    Retroinfer__V1__LookupPrefixResponse out = RETROINFER__V1__LOOKUP_PREFIX_RESPONSE__INIT;
+    out.cached = cached;
+    out.tokens = tokens;
+    st = kvs_api_pack(&out.base, reply);
+out_free:
+    cm_free(keys);
+    retroinfer__v1__lookup_prefix_request__free_unpacked(in, &kvs_pb_allocator);
+    return st;
+}
+
+static ri_status_t kvs_api_list_prefixes(void *app, const kvs_caller_t *caller, const uint8_t *req, size_t len,
+                                         kvs_reply_t *reply)
+{
+    kvs_ctl_t *ctl = app;
+    kvs_prefix_info_t *infos = NULL;
+    Retroinfer__V1__PrefixInfo *items = NULL, **ptrs = NULL;
+    size_t n = 0;
+    ri_status_t st;
+    Retroinfer__V1__ListPrefixesRequest *in =
+        retroinfer__v1__list_prefixes_request__unpack(&kvs_pb_allocator, len, req);
+    if (in == NULL)
+        return kvs_api_bad_message("ListPrefixes", reply);
+    retroinfer__v1__list_prefixes_request__free_unpacked(in, &kvs_pb_allocator);
+    st = kvs_data_prefix_list(ctl->data, caller->admin ? NULL : caller->tenant, &infos, &n);
+    if (st != RI_OK) {
+        snprintf(reply->msg, sizeof(reply->msg), "ListPrefixes: %s", ri_status_str(st));
+        return st;
+    }
+    if (n > 0) {
+        items = cm_calloc(&kvs_api_tag, n, sizeof(*items));
+        ptrs = cm_calloc(&kvs_api_tag, n, sizeof(*ptrs));
+        if (items == NULL || ptrs == NULL) {
+            st = RI_ERR_NOMEM;
+            snprintf(reply->msg, sizeof(reply->msg), "ListPrefixes: out of memory");
+            goto out_free;
+        }
+    }
+    for (size_t i = 0; i < n; i++) {
+        retroinfer__v1__prefix_info__init(&items[i]);
+        items[i].key.data = infos[i].key;
+        items[i].key.len = KVS_PFX_KEY;
+        items[i].tenant = infos[i].tenant;
+        items[i].bytes = infos[i].bytes;
+        items[i].tokens = infos[i].tokens;
+        items[i].sessions = infos[i].refs;
+        items[i].created_unix_ms = infos[i].created_unix_ms;
+        items[i].on_disk = infos[i].on_disk;
+        ptrs[i] = &items[i];
+    }
+    Retroinfer__V1__ListPrefixesResponse out = RETROINFER__V1__LIST_PREFIXES_RESPONSE__INIT;
+    out.n_prefixes = n;
+    out.prefixes = ptrs;
+    st = kvs_api_pack(&out.base, reply);
+out_free:
+    cm_free(ptrs);
+    cm_free(items);
+    cm_free(infos);
+    return st;
+}
+
+static ri_status_t kvs_api_drop_prefix(void *app, const kvs_caller_t *caller, const uint8_t *req, size_t len,
+                                       kvs_reply_t *reply)
+{
+    kvs_ctl_t *ctl = app;
+    const char *scope;
+    uint32_t dropped = 0;
+    uint64_t freed = 0;
+    ri_status_t st;
+    Retroinfer__V1__DropPrefixRequest *in = retroinfer__v1__drop_prefix_request__unpack(&kvs_pb_allocator, len, req);
+    if (in == NULL)
+        return kvs_api_bad_message("DropPrefix", reply);
+    if (in->key.len != KVS_PFX_KEY) {
+        snprintf(reply->msg, sizeof(reply->msg), "DropPrefix: the key has %zu bytes, keys have %u", in->key.len,
+                 KVS_PFX_KEY);
+        st = RI_ERR_INVALID;
+        goto out_free;
+    }
+    /* An admin names any tenant (or none: every tenant's); others only their own. */
+    scope = in->tenant != NULL && in->tenant[0] != '\0' ? in->tenant : NULL;
+    if (!caller->admin && scope != NULL && strcmp(scope, caller->tenant) != 0) {
+        snprintf(reply->msg, sizeof(reply->msg), "DropPrefix: tenant '%s' may not drop tenant '%s''s blocks",
+                 caller->tenant, scope);
+        st = RI_ERR_PERMISSION;
+        goto out_free;
+    }
+    if (!caller->admin)
+        scope = caller->tenant;
+    st = kvs_data_prefix_drop(ctl->data, scope, in->key.data, &dropped, &freed);
+    if (st != RI_OK) {
+        snprintf(reply->msg, sizeof(reply->msg), "DropPrefix: %s",
+                 st == RI_ERR_NOT_FOUND ? "no such prefix block" : ri_status_str(st));
+        goto out_free;
+    }
+    Retroinfer__V1__DropPrefixResponse out = RETROINFER__V1__DROP_PREFIX_RESPONSE__INIT;
+    out.dropped = dropped;
+    out.bytes_freed = freed;
+    st = kvs_api_pack(&out.base, reply);
+out_free:
+    retroinfer__v1__drop_prefix_request__free_unpacked(in, &kvs_pb_allocator);
+    return st;
+}
+
 #define KVS_API_PATH(m) "/retroinfer.v1.KvStore/" m
 
 const kvs_method_t kvs_ctl_methods[] = {
@@ -430,5 +587,8 @@ const kvs_method_t kvs_ctl_methods[] = {
     {"ListSessions", KVS_API_PATH("ListSessions"), true, kvs_api_list_sessions},
     {"Drain", KVS_API_PATH("Drain"), true, kvs_api_drain},
     {"KeepAlive", KVS_API_PATH("KeepAlive"), true, kvs_api_keepalive},
+    {"LookupPrefix", KVS_API_PATH("LookupPrefix"), true, kvs_api_lookup_prefix},
+    {"ListPrefixes", KVS_API_PATH("ListPrefixes"), true, kvs_api_list_prefixes},
+    {"DropPrefix", KVS_API_PATH("DropPrefix"), true, kvs_api_drop_prefix},
 };
 const size_t kvs_ctl_n_methods = CM_ARRAY_LEN(kvs_ctl_methods);

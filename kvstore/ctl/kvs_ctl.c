@@ -77,6 +77,12 @@ static const cm_config_item_t kvs_ctl_config_items[] = {
     KVS_CFG("recover", CM_CFG_BOOL, "false",
             "at start, reload the sessions spilled in spill-dir (else the spill directory starts empty)", recover, 0,
             0),
+    KVS_CFG("prefix-max-bytes", CM_CFG_SIZE, "0",
+            "memory of all published prefix blocks together; past it a publish evicts unreferenced blocks, "
+            "least recently used first, else is refused (0 = a quarter of the pool)", prefix_max_bytes, 0, 0),
+    KVS_CFG("prefix-tenant-max-bytes", CM_CFG_SIZE, "0",
+            "memory of one tenant's prefix blocks; past it a publish evicts that tenant's unreferenced blocks, "
+            "else is refused (0 = only prefix-max-bytes)", prefix_tenant_max_bytes, 0, 0),
     KVS_CFG("tls-cert", CM_CFG_STRING, "", "PEM certificate chain: serve gRPC over TLS (empty = plaintext)", tls_cert,
             0, 0),
     KVS_CFG("tls-key", CM_CFG_STRING, "", "PEM private key of tls-cert", tls_key, 0, 0),
@@ -318,6 +324,8 @@ ri_status_t kvs_ctl_start(const kvs_ctl_config_t *cfg, kvs_ctl_t **ctl_p, char *
         .spill_high_water = cfg->spill_high_water,
         .recover = cfg->recover,
         .lease_ms = (uint32_t)cfg->session_lease_ms,
+        .prefix_max_bytes = cfg->prefix_max_bytes,
+        .prefix_tenant_max_bytes = cfg->prefix_tenant_max_bytes,
     };
     st = kvs_data_create(&dcfg, &ctl->data);
     if (st != RI_OK) {

@@ -44,6 +44,8 @@ typedef struct kvs_ctl_config {
     char *log_level;                 /* error|warn|info|debug|trace */
     char *spill_dir;                 /* spill tier directory, or "" = off */
     uint64_t spill_quota;            /* spill disk quota; 0 = none */
+    uint64_t prefix_max_bytes;       /* all prefix blocks in memory; 0 = a quarter of the pool */
+    uint64_t prefix_tenant_max_bytes; /* one tenant's prefix blocks; 0 = only the global cap */
     double spill_high_water;         /* pool share that starts spilling */
     bool recover;                    /* reload spilled sessions at start */
     char *tls_cert;                  /* PEM server certificate chain, or "" for plaintext */

@@ -236,6 +236,7 @@ static void kvs_session_free_locked(kvs_data_t *data, kvs_session_t *s)
     for (uint32_t i = 0; i < KVS_MAX_CACHES_PER_SESSION; i++)
         kvs_wcache_free(data, s->caches[i]);
     kvs_direct_free_locked(data, s);
+    kvs_prefix_detach_all_locked(data, s);
     if (s->tables != NULL)
         for (uint64_t i = 0; i < (uint64_t)s->geo.layers * s->geo.kv_heads; i++)
             cm_free(s->tables[i].c);
@@ -324,6 +325,7 @@ ri_status_t kvs_data_create(const kvs_data_config_t *cfg, kvs_data_t **data_p)
         goto err_free_sessions;
     data->global_quota = cfg->global_quota_bytes ? CM_MIN(cfg->global_quota_bytes, kvs_pool_size(data->pool))
                                                  : kvs_pool_size(data->pool);
+    kvs_prefix_init(data);
     if (cfg->spill_dir != NULL && cfg->spill_dir[0] != '\0') {
         st = kvs_tier_open(data);
         if (st != RI_OK)
@@ -382,6 +384,7 @@ void kvs_data_destroy(kvs_data_t *data)
         kvs_session_unref_locked(data, data->sessions[i]);
     }
     data->n_sessions = 0;
+    kvs_prefix_destroy(data);
     pthread_mutex_unlock(&data->lock);
     kvs_dp_free(data->dp);
     kvs_tier_destroy_store(data);
@@ -643,6 +646,19 @@ void kvs_data_stats(kvs_data_t *data, const char *tenant, kvs_data_stats_t *stat
     s.bytes_sent = data->bytes_sent;
     for (int k = 0; k < KVS_ERRK_COUNT; k++)
         s.errors += data->errors[k];
+    s.prefix.blocks_memory = data->prefix.blocks;
+    s.prefix.bytes_memory = data->prefix.bytes;
+    s.prefix.blocks_disk = data->prefix.disk_blocks;
+    s.prefix.bytes_disk = data->prefix.disk_bytes;
+    s.prefix.attach_hits = data->prefix.attach_hits;
+    s.prefix.attach_misses = data->prefix.attach_misses;
+    s.prefix.tokens_attached = data->prefix.tokens_attached;
+    s.prefix.publishes_new = data->prefix.put_new;
+    s.prefix.publishes_existing = data->prefix.put_existed;
+    s.prefix.publishes_refused = data->prefix.put_refused;
+    s.prefix.evictions = data->prefix.evictions;
+    s.prefix.spills = data->prefix.spills;
+    s.prefix.corrupt = data->prefix.corrupt;
     pthread_mutex_unlock(&data->lock);
     *stats_p = s;
 }
@@ -740,6 +756,7 @@ void kvs_data_metrics_write(kvs_data_t *data, FILE *out)
                     s->caches[c]->id, cc.hits + cc.misses ? (double)cc.hits / (double)(cc.hits + cc.misses) : 0.0);
         }
     }
+    kvs_prefix_metrics_write_locked(data, out);
     kvs_tier_metrics_write_locked(data, out);
     pthread_mutex_unlock(&data->lock);
 }

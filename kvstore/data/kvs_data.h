@@ -61,6 +61,8 @@ typedef struct kvs_data_config {
     bool recover;                 /* reload spilled sessions from spill_dir at create */
     uint32_t lease_ms;            /* drop a session with no data-plane connection and no KeepAlive for this long
                                    * (0 = never; docs/kvstore.md "Session leases") */
+    uint64_t prefix_max_bytes;    /* memory of all prefix blocks together (0 = a quarter of the pool) */
+    uint64_t prefix_tenant_max_bytes; /* memory of one tenant's prefix blocks (0 = only the global cap) */
     const struct kvs_io_ops *spill_io_ops; /* added: the spill tier's system calls (NULL = the real ones;
                                             * tests inject faults and delays); borrowed, must outlive data */
 } kvs_data_config_t;
@@ -90,6 +92,12 @@ typedef struct kvs_data_stats {
     uint64_t cache_misses;       /* clusters answered as misses */
     uint64_t bytes_sent;         /* data-plane bytes sent */
     uint64_t errors;             /* requests answered with an error */
+    struct {                     /* prefix blocks, daemon-wide */
+        uint64_t blocks_memory, bytes_memory, blocks_disk, bytes_disk;
+        uint64_t attach_hits, attach_misses, tokens_attached;
+        uint64_t publishes_new, publishes_existing, publishes_refused;
+        uint64_t evictions, spills, corrupt;
+    } prefix;
 } kvs_data_stats_t;
 
 typedef struct kvs_data kvs_data_t;
@@ -165,5 +173,37 @@ typedef struct kvs_data_pool_info {
     int hugepages;               /* 0 plain, 1 THP (madvise), 2 explicit hugetlb */
 } kvs_data_pool_info_t;
 void kvs_data_pool_info(kvs_data_t *data, kvs_data_pool_info_t *info_p);
+
+/* --- prefix blocks (kvs_prefix.c; docs/kvstore-data.md "Prefix blocks") --- */
+
+#define KVS_PFX_KEY 32u  /* CM_PFX_KEY_SIZE */
+
+/* One published block as ListPrefixes shows it. */
+typedef struct kvs_prefix_info {
+    uint8_t key[KVS_PFX_KEY];
+    char tenant[KVS_TENANT_MAX];     /* owner */
+    uint64_t bytes;                  /* block length */
+    uint32_t tokens;                 /* tokens it covers */
+    uint32_t refs;                   /* sessions it is attached to */
+    uint64_t created_unix_ms;
+    bool on_disk;                    /* only in the spill tier */
+} kvs_prefix_info_t;
+
+/* How many of keys[0..n) (n x KVS_PFX_KEY bytes), from the first, this
+ * tenant holds (*cached_p), and their tokens (*tokens_p).  Changes nothing
+ * (not even recency).  RI_ERR_INVALID for bad arguments. */
+ri_status_t kvs_data_prefix_lookup(kvs_data_t *data, const char *tenant, const uint8_t *keys, size_t n,
+                                   uint32_t *cached_p, uint64_t *tokens_p);
+
+/* This tenant's blocks (NULL: every tenant's, for an admin).  *infos_p is
+ * cm_malloc'd (caller frees with cm_free; NULL when *n_p is 0). */
+ri_status_t kvs_data_prefix_list(kvs_data_t *data, const char *tenant, kvs_prefix_info_t **infos_p, size_t *n_p);
+
+/* Take key out of this tenant's catalog (NULL: out of every tenant's, for an
+ * admin).  A block still attached leaves the catalog at once and is freed
+ * at its last detach.  *n_p (may be NULL): blocks dropped; *bytes_p (may be
+ * NULL): bytes freed now.  RI_ERR_NOT_FOUND when there is none. */
+ri_status_t kvs_data_prefix_drop(kvs_data_t *data, const char *tenant, const uint8_t key[KVS_PFX_KEY],
+                                 uint32_t *n_p, uint64_t *bytes_p);
 
 #endif /* KVS_DATA_H */

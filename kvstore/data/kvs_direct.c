@@ -12,6 +12,7 @@
 
 #include "common/cm_alloc.h"
 #include "common/cm_dp_direct.h"
+#include "common/cm_dp_prefix.h"
 #include "common/cm_log.h"
 #include "common/cm_time.h"
 #include "kvstore/data/kvs_internal.h"
@@ -124,7 +125,10 @@ ri_status_t kvs_direct_locate(kvs_data_t *data, kvs_session_t *s, const cm_wire_
     for (uint32_t i = 0; i < l.count; i++) {
         const kvs_cluster_t *c = &t->c[l.first + i];
         bool direct = c->direct && c->tier == KVS_TIER_POOL && s->region != NULL;
-        cm_dp_put64(reply + 8u * i, direct ? c->off : CM_DP_NOT_DIRECT);
+        uint64_t loc = direct ? c->off : CM_DP_NOT_DIRECT;
+        if (c->tier == KVS_TIER_BLOCK && c->block <= CM_PFX_LOC_MAX_SLOT)
+            loc = CM_PFX_LOC(c->block, c->off); /* read from the block's own mapping */
+        cm_dp_put64(reply + 8u * i, loc);
     }
     pthread_mutex_unlock(&data->lock);
     *reply_p = reply;
@@ -191,7 +195,7 @@ void kvs_direct_free_locked(kvs_data_t *data, kvs_session_t *s)
 }
 
 ri_status_t kvs_direct_handover(kvs_data_t *data, uint64_t session_id, const uint8_t secret[CM_WIRE_SECRET_SIZE],
-                                int *fd_p, uint64_t *bytes_p)
+                                uint32_t object, int *fd_p, uint64_t *bytes_p)
 {
     kvs_session_t *s;
     ri_status_t st = RI_ERR_UNAUTHENTICATED;
@@ -201,7 +205,13 @@ ri_status_t kvs_direct_handover(kvs_data_t *data, uint64_t session_id, const uin
     s = kvs_session_find_locked(data, session_id);
     /* The secret is checked even for a session without a region, and every
      * refusal is the same: a caller learns nothing without the secret. */
-    if (s == NULL || !cm_wire_secret_equal(s->secret, secret) || s->region == NULL)
+    if (s == NULL || !cm_wire_secret_equal(s->secret, secret))
+        goto out;
+    if (object != 0) {
+        st = kvs_prefix_handover_locked(s, object - 1u, fd_p, bytes_p);
+        goto out;
+    }
+    if (s->region == NULL)
         goto out;
     fd = fcntl(s->region->fd, F_DUPFD_CLOEXEC, 0);
     if (fd < 0) {

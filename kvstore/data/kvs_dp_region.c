@@ -151,17 +151,23 @@ static void kvs_ho_reply(int conn, ri_status_t st, uint64_t bytes, int fd)
 /* One connection: the request, the check, the answer. */
 static void kvs_ho_serve(kvs_dp_t *dp, int conn)
 {
-    uint8_t req[CM_DP_HANDOVER_REQ];
+    uint8_t req[CM_DP_HANDOVER_REQ2];
     const uint8_t *secret;
-    uint64_t sid = 0, bytes = 0;
+    uint64_t sid = 0, bytes = 0, deadline = cm_time_ns() + KVS_HO_DEADLINE_MS * 1000000ull;
+    uint32_t object = 0;
+    size_t len;
     int fd = -1;
     ri_status_t st;
 
-    if (!kvs_ho_read(conn, req, sizeof(req), cm_time_ns() + KVS_HO_DEADLINE_MS * 1000000ull))
+    /* The version (in the first part) says whether an object follows. */
+    if (!kvs_ho_read(conn, req, CM_DP_HANDOVER_REQ, deadline))
         return; /* nothing complete in time: close without a word */
-    st = cm_dp_handover_req_decode(req, sizeof(req), &sid, &secret);
+    len = cm_dp_handover_req_size(req);
+    if (len > CM_DP_HANDOVER_REQ && !kvs_ho_read(conn, req + CM_DP_HANDOVER_REQ, len - CM_DP_HANDOVER_REQ, deadline))
+        return;
+    st = cm_dp_handover_req_decode(req, len != 0 ? len : CM_DP_HANDOVER_REQ, &sid, &secret, &object);
     if (st == RI_OK)
-        st = dp->h.handover(dp->h.arg, sid, secret, &fd, &bytes);
+        st = dp->h.handover(dp->h.arg, sid, secret, object, &fd, &bytes);
     if (st != RI_OK) {
         cm_warn("dp: handover refused (session %" PRIu64 "): %s", sid, ri_status_str(st));
         kvs_ho_reply(conn, st, 0, -1);

@@ -19,7 +19,7 @@
  *
  *   kvs_data.c (catalog; starts the transport with the ops' handler table)
  *     -> operations: kvs_internal.h, kvs_ops.c, kvs_tier.c, kvs_direct.c,
- *                    kvs_cache.c, kvs_lease.c
+ *                    kvs_prefix.c, kvs_prefix_spill.c, kvs_cache.c, kvs_lease.c
  *     -> transport:  kvs_dp.h, kvs_dp_lane.h, kvs_dp.c, kvs_dp_setup.c,
  *                    kvs_dp_region.c, kvs_dp_check.c
  *   both -> kvs_handler.h (this file) -> common/
@@ -95,11 +95,12 @@ typedef struct kvs_handlers {
     /* Count n requests of op (0: none) that the transport answered or
      * dropped itself with st (RI_OK: not an error). */
     void (*account)(void *arg, uint8_t op, ri_status_t st, uint64_t n);
-    /* The direct-region handover: a new descriptor of session_id's region
-     * (*fd_p, caller closes) and its length, when secret is the session's;
+    /* The handover: a new descriptor of session_id's object (0: its direct
+     * region, slot + 1: the prefix block attached at slot) (*fd_p, caller
+     * closes) and its length, when secret is the session's;
      * RI_ERR_UNAUTHENTICATED otherwise. */
-    ri_status_t (*handover)(void *arg, uint64_t session_id, const uint8_t secret[CM_WIRE_SECRET_SIZE], int *fd_p,
-                            uint64_t *bytes_p);
+    ri_status_t (*handover)(void *arg, uint64_t session_id, const uint8_t secret[CM_WIRE_SECRET_SIZE],
+                            uint32_t object, int *fd_p, uint64_t *bytes_p);
 } kvs_handlers_t;
 
 /* What the transport does for the operations; handle is the transport's. */

@@ -34,6 +34,8 @@
 #define KVS_TIER_DISK 1u      /* spilled: the spill store holds it under its key */
 #define KVS_TIER_LOST 2u      /* its spill record failed verification: never served (CORRUPT) */
 #define KVS_TIER_GONE 3u      /* no record after a crash: it was in memory only (LOST) */
+#define KVS_TIER_BLOCK 4u     /* in the prefix block attached at slot `block` (kvs_prefix.c): never spilled
+                               * or freed per cluster, off is from the block's start */
 
 #define KVS_MAX_SESSIONS 4096u
 #define KVS_MAX_CACHES_PER_SESSION 64u
@@ -49,6 +51,7 @@ typedef struct kvs_cluster {
     bool direct;             /* off is in the session's direct region, not the pool */
     bool no_crc;             /* recovered from disk: crc unknown, the spill record's CRC stands */
     uint32_t pins;           /* fetches using it without data->lock: never spilled or freed while > 0 */
+    uint32_t block;          /* tier KVS_TIER_BLOCK: the session's attach slot of the block holding it */
 } kvs_cluster_t;
 
 /* The cluster table of one (layer, KV head). */
@@ -105,6 +108,8 @@ typedef struct kvs_session {
     kvs_table_t *tables;         /* layers * kv_heads, index layer*kv_heads+head */
     kvs_sextent_t *extents;      /* owned pool extents */
     kvs_region_t *region;        /* direct region (owned), NULL until MAP */
+    struct kvs_pblock **blocks;  /* attached prefix blocks by slot (each referenced once per slot) */
+    uint32_t n_blocks, cap_blocks;
     size_t n_extents, cap_extents;
     kvs_wcache_t *caches[KVS_MAX_CACHES_PER_SESSION]; /* NULL = free slot */
     uint32_t next_cache_id;
@@ -120,7 +125,50 @@ typedef struct kvs_tenant {
     uint64_t quota;              /* 0 = no limit */
     uint64_t charged;            /* sum over sessions of max(reserved, used) */
     bool quota_set;              /* explicit quota (else the default) */
+    uint64_t prefix_bytes;       /* memory of its prefix blocks (resident, in the catalog or not yet freed) */
 } kvs_tenant_t;
+
+/* A published prefix block (kvs_prefix.c; format common/cm_dp_prefix.h):
+ * immutable bytes in a sealed anonymous memory file, mapped here read-only,
+ * held in the tenant's catalog under its key and referenced once per
+ * session slot it is attached to.  Unreferenced resident blocks in the
+ * catalog are on the LRU, first to go under a cap or pool pressure: to the
+ * spill tier when there is one (on_disk: no memory, read back at attach),
+ * else out of the catalog. */
+typedef struct kvs_pblock {
+    uint8_t key[32];                 /* CM_PFX_KEY_SIZE */
+    char tenant[KVS_TENANT_MAX];
+    const uint8_t *base;             /* the block, mapped read-only (NULL when on disk) */
+    uint64_t bytes;                  /* its length */
+    uint64_t charge;                 /* pool bytes held for it (hold_off); 0 when on disk */
+    uint64_t hold_off;               /* pool extent held so the pool's budget counts it */
+    int fd;                          /* the memory file (sealed against every write); -1 when on disk */
+    bool on_disk;                    /* its bytes are only in the spill store, records disk_id */
+    uint64_t disk_id;                /* its records' id in the spill store (kvs_prefix_spill.c) */
+    uint32_t n_tokens;               /* tokens of the block (header) */
+    uint32_t refs;                   /* attached session slots */
+    bool in_catalog;                 /* reachable by key (a dropped block lives until its last detach) */
+    uint64_t created_unix_ms;
+    struct kvs_pblock *hnext;        /* hash chain */
+    struct kvs_pblock *lru_prev, *lru_next; /* on the LRU when in the catalog and unreferenced */
+} kvs_pblock_t;
+
+#define KVS_PFX_BUCKETS 4096u
+
+/* The prefix catalog and its counters (data->lock). */
+typedef struct kvs_pcat {
+    kvs_pblock_t *buckets[KVS_PFX_BUCKETS];
+    kvs_pblock_t *lru_head, *lru_tail;    /* head = least recently used */
+    uint64_t max_bytes, tenant_max_bytes; /* caps (tenant 0 = only the global one) */
+    uint64_t blocks, bytes;               /* resident blocks (in the catalog or awaiting their last detach) */
+    uint64_t disk_blocks, disk_bytes;     /* blocks only in the spill store */
+    uint64_t next_disk_id;                /* of the next block written to the spill store */
+    uint64_t spills, readbacks, corrupt;  /* blocks written out, read back, refused on read-back */
+    uint64_t attach_hits, attach_misses;  /* keys */
+    uint64_t tokens_attached;
+    uint64_t put_new, put_existed, put_refused;
+    uint64_t evictions, dropped;
+} kvs_pcat_t;
 
 /* Error kinds for counters and metrics. */
 typedef enum kvs_err_kind {
@@ -150,6 +198,7 @@ struct kvs_data {
     uint64_t global_quota;
     uint64_t global_charged;
     uint64_t meta_charged;           /* cache directories of all sessions (heap, own cap) */
+    kvs_pcat_t prefix;               /* published prefix blocks (kvs_prefix.c) */
     bool draining;
     kvs_dp_t *dp;                    /* UCX data plane (NULL when not started); only kvs_data.c uses it */
     kvs_xport_t xport;               /* its services to the operations (ops NULL when not started) */
@@ -237,10 +286,76 @@ static inline uint64_t kvs_cluster_pages(const kvs_session_t *s, uint32_t tokens
 void kvs_session_uncharge_locked(kvs_data_t *data, kvs_session_t *s, uint64_t less);
 
 /* Where a pool- or region-resident cluster's bytes are. */
-static inline uint8_t *kvs_cluster_data(kvs_data_t *data, const kvs_session_t *s, const kvs_cluster_t *c)
+static inline const uint8_t *kvs_cluster_data(kvs_data_t *data, const kvs_session_t *s, const kvs_cluster_t *c)
 {
+    if (c->tier == KVS_TIER_BLOCK)
+        return s->blocks[c->block]->base + c->off;
     return c->direct ? s->region->base + c->off : kvs_pool_base(data->pool) + c->off;
 }
+
+/* Make room in table t for `more` clusters (RI_ERR_RANGE past the id space). */
+ri_status_t kvs_table_reserve(kvs_table_t *t, uint64_t more);
+
+/* --- prefix blocks (kvs_prefix.c) --- */
+
+/* Set the caps from the config (max_bytes 0 = a quarter of the pool). */
+void kvs_prefix_init(kvs_data_t *data);
+
+/* Free every block (after every session is freed). */
+void kvs_prefix_destroy(kvs_data_t *data);
+
+/* PREFIX_ATTACH / PREFIX_PUT / PREFIX_GET (common/cm_dp_prefix.h); lock not
+ * held.  GET answers itself through reply. */
+ri_status_t kvs_prefix_attach(kvs_data_t *data, kvs_session_t *s, const cm_wire_hdr_t *hdr, const uint8_t *body,
+                              uint8_t **reply_p, size_t *reply_len_p);
+ri_status_t kvs_prefix_put(kvs_data_t *data, kvs_session_t *s, const cm_wire_hdr_t *hdr, const uint8_t *body,
+                           uint8_t **reply_p, size_t *reply_len_p);
+ri_status_t kvs_prefix_get(kvs_data_t *data, kvs_session_t *s, const cm_wire_hdr_t *hdr, const uint8_t *body,
+                           kvs_reply_obj_t *reply);
+
+/* The session is being freed: detach its blocks (a block dropped from the
+ * catalog goes with its last detach).  Lock held. */
+void kvs_prefix_detach_all_locked(kvs_data_t *data, kvs_session_t *s);
+
+/* Pool pressure: evict unreferenced blocks, least recently used first,
+ * until `bytes` pool bytes were freed or none is left.  Returns the bytes
+ * freed.  Lock held. */
+uint64_t kvs_prefix_reclaim_locked(kvs_data_t *data, uint64_t bytes);
+
+/* A new descriptor of the block attached to s at slot (caller closes).  Lock held. */
+ri_status_t kvs_prefix_handover_locked(kvs_session_t *s, uint32_t slot, int *fd_p, uint64_t *bytes_p);
+
+/* --- prefix blocks in the spill tier (kvs_prefix_spill.c); lock held --- */
+
+/* Write resident, unreferenced b to the spill store and give its memory back
+ * (it stays in the catalog, on disk).  Nothing changes on failure. */
+ri_status_t kvs_prefix_spill_locked(kvs_data_t *data, kvs_pblock_t *b);
+
+/* Read on-disk b back into a sealed memory file (verifying every record and
+ * the block's own CRC); b is then resident and its records are forgotten.
+ * RI_ERR_CORRUPT (or the read's error) leaves it on disk: the caller drops it. */
+ri_status_t kvs_prefix_load_locked(kvs_data_t *data, kvs_pblock_t *b, kvs_tenant_t *t);
+
+/* Forget on-disk b's records. */
+void kvs_prefix_disk_forget_locked(kvs_data_t *data, kvs_pblock_t *b);
+
+/* --recover: put the blocks the spill store holds back in the catalog, on disk. */
+void kvs_prefix_recover_locked(kvs_data_t *data);
+
+/* True for spill-store keys of prefix blocks (never a session's). */
+bool kvs_prefix_disk_key(uint64_t session);
+
+/* Shared with kvs_prefix.c: a sealed read-only memory file of len bytes of
+ * buf (*b_p: a new unaccounted block); make room under the caps for need
+ * bytes of tenant t, hold its pool extent and account it. */
+ri_status_t kvs_prefix_make(const uint8_t *buf, uint64_t len, kvs_pblock_t **b_p);
+ri_status_t kvs_prefix_hold_locked(kvs_data_t *data, kvs_tenant_t *t, kvs_pblock_t *b);
+void kvs_prefix_insert_locked(kvs_data_t *data, kvs_pblock_t *b);
+kvs_pblock_t *kvs_prefix_find_locked(kvs_data_t *data, const char *tenant, const uint8_t *key);
+void kvs_prefix_unlink_locked(kvs_data_t *data, kvs_pblock_t *b);
+
+/* Append the prefix metrics.  Lock held. */
+void kvs_prefix_metrics_write_locked(kvs_data_t *data, FILE *out);
 
 /* --- direct reads (kvs_direct.c) --- */
 
@@ -258,11 +373,12 @@ bool kvs_direct_take_locked(kvs_session_t *s, uint64_t bytes, uint64_t *off_p);
 /* Free s's region (session free); lock held. */
 void kvs_direct_free_locked(kvs_data_t *data, kvs_session_t *s);
 
-/* The handover: a new descriptor of session_id's region (*fd_p, caller
- * closes) and its length, when secret is the session's and it has a region
- * (MAP made it).  RI_ERR_UNAUTHENTICATED otherwise, alike for every reason. */
+/* The handover: a new descriptor of session_id's object (*fd_p, caller
+ * closes) and its length, when secret is the session's and it has that
+ * object: 0 its region (MAP made it), slot + 1 the prefix block attached at
+ * slot.  RI_ERR_UNAUTHENTICATED otherwise, alike for every reason. */
 ri_status_t kvs_direct_handover(kvs_data_t *data, uint64_t session_id, const uint8_t secret[CM_WIRE_SECRET_SIZE],
-                                int *fd_p, uint64_t *bytes_p);
+                                uint32_t object, int *fd_p, uint64_t *bytes_p);
 
 /* --- op handlers (kvs_ops.c) --- */
 

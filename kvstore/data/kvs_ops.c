@@ -50,7 +50,7 @@ static ri_status_t kvs_ops_precheck(void *arg, const cm_wire_hdr_t *hdr)
     return st;
 }
 
-static ri_status_t kvs_table_reserve(kvs_table_t *t, uint64_t more)
+ri_status_t kvs_table_reserve(kvs_table_t *t, uint64_t more)
 {
     uint64_t want = (uint64_t)t->n + more;
     uint32_t cap;
@@ -204,6 +204,9 @@ static ri_status_t kvs_upload_place_locked(kvs_data_t *data, kvs_session_t *s, k
         if (u->head_bytes[n_alloc] == 0 || u->in_region[n_alloc])
             continue;
         st = kvs_pool_alloc(data->pool, u->head_bytes[n_alloc], &u->head_off[n_alloc]);
+        /* Unreferenced prefix blocks go before a live session's data. */
+        if (st == RI_ERR_NOSPACE && kvs_prefix_reclaim_locked(data, kvs_pool_round(u->head_bytes[n_alloc])) > 0)
+            st = kvs_pool_alloc(data->pool, u->head_bytes[n_alloc], &u->head_off[n_alloc]);
         if (st != RI_OK)
             goto err_free_extents;
     }
@@ -461,7 +464,7 @@ static ri_status_t kvs_fetch_check(const kvs_data_t *data, const kvs_session_t *
         return s->recovered ? RI_ERR_LOST : RI_ERR_RANGE;
     if (t->c[id].tier == KVS_TIER_LOST)
         return RI_ERR_CORRUPT; /* its spill record failed verification */
-    if (t->c[id].tier != KVS_TIER_POOL && !kvs_tier_on(data))
+    if (t->c[id].tier != KVS_TIER_POOL && t->c[id].tier != KVS_TIER_BLOCK && !kvs_tier_on(data))
         return RI_ERR_UNSUPPORTED;
     return RI_OK;
 }
@@ -484,7 +487,7 @@ static void kvs_fetch_plan_one_locked(kvs_data_t *data, kvs_session_t *s, kvs_fe
         return;
     f->miss_bytes += f->reqs[k].pages * s->page_bytes;
     f->flags[k] = KVS_FETCH_PINNED;
-    if (c->tier == KVS_TIER_POOL) {
+    if (c->tier == KVS_TIER_POOL || c->tier == KVS_TIER_BLOCK) {
         f->src[k] = kvs_cluster_data(data, s, c);
         c->pins++;
     } else {
@@ -728,6 +731,12 @@ static ri_status_t kvs_ops_dispatch(kvs_data_t *data, kvs_session_t *s, const cm
         return kvs_direct_locate(data, s, hdr, body, meta_p, len_p);
     case CM_WIRE_OP_TOUCH:
         return kvs_direct_touch(data, s, hdr, body);
+    case CM_WIRE_OP_PREFIX_ATTACH:
+        return kvs_prefix_attach(data, s, hdr, body, meta_p, len_p);
+    case CM_WIRE_OP_PREFIX_PUT:
+        return kvs_prefix_put(data, s, hdr, body, meta_p, len_p);
+    case CM_WIRE_OP_PREFIX_GET:
+        return kvs_prefix_get(data, s, hdr, body, reply);
     default:
         return RI_ERR_PROTOCOL;
     }
@@ -795,9 +804,9 @@ static void kvs_ops_account(void *arg, uint8_t op, ri_status_t st, uint64_t n)
 }
 
 static ri_status_t kvs_ops_handover(void *arg, uint64_t session_id, const uint8_t secret[CM_WIRE_SECRET_SIZE],
-                                    int *fd_p, uint64_t *bytes_p)
+                                    uint32_t object, int *fd_p, uint64_t *bytes_p)
 {
-    return kvs_direct_handover(arg, session_id, secret, fd_p, bytes_p);
+    return kvs_direct_handover(arg, session_id, secret, object, fd_p, bytes_p);
 }
 
 void kvs_ops_handlers(kvs_data_t *data, kvs_handlers_t *h)

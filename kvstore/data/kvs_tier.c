@@ -158,7 +158,9 @@ static ri_status_t kvs_tier_spill_keys_locked(kvs_data_t *data, const kvs_spill_
 static uint64_t kvs_tier_spill_locked(kvs_data_t *data, uint64_t bytes)
 {
     kvs_spill_key_t keys[KVS_TIER_BATCH];
-    uint64_t freed = 0;
+    /* Unreferenced prefix blocks go first (to disk too): before any live
+     * session's clusters. */
+    uint64_t freed = kvs_prefix_reclaim_locked(data, bytes);
 
     /* Fetches of other data-plane threads may be moving pool bytes without
      * data->lock: those clusters are pinned and skipped (kvs_tier_spill_keys_locked). */
@@ -500,7 +502,11 @@ typedef struct kvs_tier_rebuild {
 static void kvs_tier_rebuild_one(void *arg, const kvs_spill_info_t *info)
 {
     kvs_tier_rebuild_t *rb = arg;
-    kvs_session_t *s = kvs_session_find_locked(rb->data, info->key.session);
+    kvs_session_t *s;
+
+    if (kvs_prefix_disk_key(info->key.session))
+        return; /* a prefix block's record (kvs_prefix_recover_locked) */
+    s = kvs_session_find_locked(rb->data, info->key.session);
     kvs_table_t *t = s ? kvs_tier_table(s, info->key.layer, info->key.head) : NULL;
 
     if (t == NULL || info->key.cluster >= CM_DP_MAX_IDS || info->tokens == 0 ||
@@ -577,6 +583,8 @@ ri_status_t kvs_tier_open(kvs_data_t *data)
         kvs_tier_rebuild_t rb = {.data = data, .st = RI_OK};
         kvs_spill_foreach(data->spill, 0, kvs_tier_rebuild_one, &rb);
         st = rb.st;
+        if (st == RI_OK)
+            kvs_prefix_recover_locked(data);
         cm_info("recover: %u session(s), %" PRIu64 " cluster record(s) (%" PRIu64 " corrupt, %" PRIu64
                 " without a session) from %s",
                 data->n_sessions, rb.records, rep.corrupt, rb.orphans, data->spill_dir);

@@ -89,7 +89,8 @@ static void test_malformed_protobuf_is_invalid_argument(void **state)
     static const char *const methods[] = {"/retroinfer.v1.KvStore/Health", "/retroinfer.v1.KvStore/Stats",
                                           "/retroinfer.v1.KvStore/CreateSession", "/retroinfer.v1.KvStore/DropSession",
                                           "/retroinfer.v1.KvStore/ListSessions", "/retroinfer.v1.KvStore/KeepAlive",
-                                          "/retroinfer.v1.KvStore/Drain"};
+                                          "/retroinfer.v1.KvStore/LookupPrefix", "/retroinfer.v1.KvStore/ListPrefixes",
+                                          "/retroinfer.v1.KvStore/DropPrefix", "/retroinfer.v1.KvStore/Drain"};
     for (size_t m = 0; m < sizeof(methods) / sizeof(methods[0]); m++) {
         for (size_t b = 0; b < sizeof(lens) / sizeof(lens[0]); b++) {
             uint8_t *resp = NULL;

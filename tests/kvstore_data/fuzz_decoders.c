@@ -8,11 +8,13 @@
  *     an over-read of what the decoder checked shows under ASan;
  *   5-10 the gRPC request messages (protobuf-c unpack, as the handlers call it);
  *   11-13 the direct-read meta blocks (MAP reply, LOCATE, TOUCH), every
- *     promised byte read as for 1-4.
+ *     promised byte read as for 1-4;
+ *   14-17 the prefix-block decoders (a whole block, PREFIX_ATTACH request
+ *     and reply, PREFIX_PUT / PREFIX_GET metas), every promised byte read.
  * Built with clang -fsanitize=fuzzer,address,undefined (tests/kvstore_data).
  *
  * Mutation check: built again with -DFZ_MUTANT_SLACK=1 (fuzz_decoders_mutant),
- * the data-plane decoders (0-4, 11-13) are told every message is one byte longer than
+ * the data-plane decoders (0-4, 11-17) are told every message is one byte longer than
  * the bytes that exist, which is what a decoder with a bounds check off by one
  * believes: it then reads the byte past the message.  The real decoders run
  * unchanged on that wrong length, so the over-read happens in their code, and
@@ -22,6 +24,7 @@
 #include <stdint.h>
 
 #include "common/cm_dp_direct.h"
+#include "common/cm_dp_prefix.h"
 #include "common/cm_dp_proto.h"
 #include "common/cm_wire.h"
 #include "retroinfer.pb-c.h"
@@ -110,12 +113,13 @@ static void fz_direct(uint8_t which, const uint8_t *p, size_t n)
     if (which == 11) {
         cm_dp_map_t m;
         uint64_t sid;
+        uint32_t object;
         const uint8_t *secret;
         if (cm_dp_map_decode(p, n, &m) == RI_OK)
             for (uint32_t i = 0; i < m.name_len; i++)
                 s += (uint8_t)m.name[i];
-        if (cm_dp_handover_req_decode(p, n, &sid, &secret) == RI_OK)
-            s += sid + secret[CM_WIRE_SECRET_SIZE - 1];
+        if (cm_dp_handover_req_decode(p, n, &sid, &secret, &object) == RI_OK)
+            s += sid + secret[CM_WIRE_SECRET_SIZE - 1] + object;
     } else if (which == 12) {
         cm_dp_locate_t l;
         if (cm_dp_locate_decode(p, n, &l) == RI_OK)
@@ -127,6 +131,47 @@ static void fz_direct(uint8_t which, const uint8_t *p, size_t n)
                 cm_dp_touch_entry(p, i, &layer, &head, &id);
                 s += layer + head + id;
             }
+    }
+    sink += s;
+}
+
+static void fz_prefix(uint8_t which, const uint8_t *p, size_t n)
+{
+    uint64_t s = 0;
+    if (which == 14) {
+        cm_pfx_view_t v;
+        if (cm_pfx_decode(p, n, &v) == RI_OK) {
+            for (uint32_t t = 0; t < v.n_tables; t++)
+                s += cm_dp_get32(v.counts + 4u * t);
+            for (uint64_t k = 0; k < v.total_clusters; k++)
+                s += cm_dp_get32(v.sizes + 4u * k);
+            /* sections are multiples of 8 bytes: their last word */
+            if (v.hdr.worker_bytes > 0)
+                s += cm_dp_get32(v.worker + v.hdr.worker_bytes - 4);
+            if (v.hdr.pages_bytes > 0)
+                s += cm_dp_get32(v.pages + v.hdr.pages_bytes - 4);
+        }
+    } else if (which == 15) {
+        uint32_t cnt;
+        const uint8_t *keys;
+        if (cm_pfx_attach_req_decode(p, n, &cnt, &keys) == RI_OK)
+            s += cm_dp_get32(keys + (size_t)cnt * CM_PFX_KEY_SIZE - 4);
+    } else if (which == 16) {
+        cm_pfx_attached_t a[8];
+        uint32_t cnt;
+        if (cm_pfx_attach_rep_decode(p, n, 8, a, &cnt) == RI_OK)
+            for (uint32_t i = 0; i < cnt; i++)
+                s += a[i].slot + a[i].n_tokens + a[i].block_bytes;
+    } else {
+        cm_pfx_get_t g;
+        uint32_t slot, flags;
+        uint64_t bytes, off;
+        if (cm_pfx_get_decode(p, n, &g) == RI_OK)
+            s += g.slot + g.offset + g.length;
+        if (cm_pfx_put_rep_decode(p, n, &slot, &flags, &bytes) == RI_OK)
+            s += slot + flags + bytes;
+        if (cm_pfx_get_rep_decode(p, n, &bytes, &off) == RI_OK)
+            s += bytes + off;
     }
     sink += s;
 }
@@ -172,7 +217,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     const uint8_t *p = data + 1;
     size_t n = size - 1;
     size_t claimed = n + FZ_MUTANT_SLACK; /* the length the data-plane decoders are given */
-    uint8_t which = (uint8_t)(data[0] % 14);
+    uint8_t which = (uint8_t)(data[0] % 18);
     switch (which) {
     case 0: fz_wire(p, claimed); break;
     case 1: fz_clusters(p, claimed); break;
@@ -180,6 +225,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     case 3: fz_fetch(p, claimed); break;
     case 4: fz_fetch_reply(p, claimed); break;
     case 11: case 12: case 13: fz_direct(which, p, claimed); break;
+    case 14: case 15: case 16: case 17: fz_prefix(which, p, claimed); break;
     default: fz_proto(which, p, n); break;
     }
     return 0;

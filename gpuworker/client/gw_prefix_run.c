@@ -1,0 +1,162 @@
+/*
+ * Prefix reuse around an in-process model sequence (gw_prefix_run.h): one
+ * prefix-only kvstore session per request, a lookup before the prefill and
+ * one publish once the index is built.
+ */
+#include "gpuworker/client/gw_prefix_run.h"
+
+#include <string.h>
+
+#include "common/cm_alloc.h"
+#include "common/cm_log.h"
+#include "common/cm_status.h"
+#include "gpuworker/client/gw_remote.h"
+
+static CM_ALLOC_TAG(gw_pfx_run_tag, "gw.prefix.run");
+
+struct gw_pfx_run {
+    gw_pfx_ctx_t *ctx; /* borrowed */
+    gw_pfx_layout_t lay;
+    gw_pfx_conn_t *conn;  /* owned; NULL when the kvstore could not be reached */
+    gw_pfx_seq_t *seq;    /* owned; NULL without conn */
+    mdl_prefix_src_t src; /* what the sequence's build reads (cfg.prefix) */
+    mdl_attn_cfg_t cfg;   /* the sequence's settings, prefix set */
+    bool published;       /* publish ran */
+};
+
+bool gw_pfx_run_supports(const mdl_attn_ops_t *attn)
+{
+    return attn != NULL && (strcmp(attn->name, "full") == 0 || strcmp(attn->name, "retroinfer") == 0);
+}
+
+/* The prompt's layout: the wave's cluster size for this prompt and the
+ * kvstore page size a remote session of it would use (so that in-process
+ * and remote RetroInfer workers name the same blocks alike). */
+static bool gw_pfx_run_layout(const mdl_model_t *m, const mdl_attn_ops_t *attn, const mdl_attn_cfg_t *cfg, size_t n,
+                              gw_pfx_layout_t *lay)
+{
+    const kn_wave_params_t *w = &cfg->wave;
+    bool indexed = strcmp(attn->name, "full") != 0;
+    uint32_t cs = 0, pt = 1;
+
+    if (indexed) {
+        if (n < (size_t)w->sink_tokens + w->window_tokens + w->update_tokens)
+            return false; /* too short to index: nothing to import or publish */
+        gw_remote_params_t g;
+        gw_remote_params_default(&g);
+        g.wave = *w;
+        cs = kn_wave_cluster_tokens(w, n - w->sink_tokens - w->window_tokens);
+        g.wave.tokens_per_cluster = cs;
+        pt = gw_remote_page_tokens(&g);
+    }
+    kn_wave_params_t wb = *w;
+    if (wb.segment_tokens == 0)
+        wb.segment_tokens = KN_WAVE_SEGMENT_TOKENS;
+    gw_pfx_layout_init(mdl_model_hparams(m), &wb, indexed, cs, pt, lay);
+    return true;
+}
+
+/* Preload seq from the run's blocks; false (the sequence stays empty) on
+ * a failure. */
+static bool gw_pfx_run_preload(gw_pfx_run_t *run, mdl_seq_t *seq)
+{
+    gw_pfx_set_t *set = gw_pfx_seq_set(run->seq);
+    ri_status_t st = mdl_seq_preload(seq, gw_pfx_seq_cached(run->seq), gw_pfx_set_fill, set);
+    if (st != RI_OK)
+        cm_warn("prefix: preload of %zu tokens failed (%s): the prompt is prefilled whole", gw_pfx_seq_cached(run->seq),
+                ri_status_str(st));
+    return st == RI_OK;
+}
+
+ri_status_t gw_pfx_run_create(gw_pfx_ctx_t *ctx, mdl_model_t *m, const mdl_attn_ops_t *attn, const mdl_attn_cfg_t *cfg,
+                              size_t cap, const int32_t *ids, size_t n, gw_pfx_run_t **run_p, mdl_seq_t **seq_p)
+{
+    gw_pfx_run_t *run = cm_calloc(&gw_pfx_run_tag, 1, sizeof(*run));
+    mdl_seq_t *seq = NULL;
+    ri_status_t st;
+
+    if (run == NULL)
+        return RI_ERR_NOMEM;
+    run->ctx = ctx;
+    run->cfg = *cfg;
+    run->cfg.prefix = NULL;
+    /* a published block reads every token of its layers: keep them */
+    run->cfg.release_window = false;
+    /* no kvstore session for a prompt with no attachable block (most chats) */
+    if (gw_pfx_run_layout(m, attn, cfg, n, &run->lay) && gw_pfx_max_blocks(&run->lay, cfg->wave.window_tokens, n) > 0 &&
+        gw_pfx_conn_open(ctx->ctl, ctx->timeout_ms, &run->lay, &run->conn) == RI_OK) {
+        st = gw_pfx_seq_begin(run->conn->dp, &ctx->keyer, &run->lay, cfg->wave.window_tokens, ids, n, &ctx->stats,
+                              &run->seq);
+        if (st != RI_OK)
+            goto err_free;
+    } else if (run->conn == NULL && run->lay.block_tokens != 0 &&
+               gw_pfx_max_blocks(&run->lay, cfg->wave.window_tokens, n) > 0) {
+        atomic_fetch_add(&ctx->stats.fallbacks, 1); /* the kvstore could not be reached */
+    }
+    if (gw_pfx_seq_cached(run->seq) > 0) {
+        run->src = (mdl_prefix_src_t){ gw_pfx_seq_set(run->seq), gw_pfx_seq_cached(run->seq), gw_pfx_set_pieces };
+        run->cfg.prefix = &run->src;
+    }
+    st = mdl_seq_create(m, attn, &run->cfg, cap, &seq);
+    if (st == RI_OK && run->cfg.prefix != NULL && !gw_pfx_run_preload(run, seq)) {
+        mdl_seq_destroy(seq);
+        seq = NULL;
+        gw_pfx_seq_drop(run->seq);
+        run->cfg.prefix = NULL;
+        st = mdl_seq_create(m, attn, &run->cfg, cap, &seq);
+    }
+    if (st != RI_OK)
+        goto err_free;
+    *run_p = run;
+    *seq_p = seq;
+    return RI_OK;
+err_free:
+    gw_pfx_run_destroy(run);
+    return st;
+}
+
+size_t gw_pfx_run_cached(const gw_pfx_run_t *run)
+{
+    return run != NULL && run->cfg.prefix != NULL ? run->src.n_tokens : 0;
+}
+
+void gw_pfx_run_prefilled(gw_pfx_run_t *run)
+{
+    if (run != NULL && run->seq != NULL)
+        gw_pfx_seq_prefilled(run->seq);
+}
+
+bool gw_pfx_run_ready(const gw_pfx_run_t *run, const mdl_seq_t *seq)
+{
+    if (run == NULL || run->seq == NULL || run->published)
+        return false;
+    if (!run->lay.indexed)
+        return true;
+    for (uint32_t l = 0; l < run->lay.n_layers; l++)
+        if (mdl_seq_wave_index(seq, l, 0) != NULL)
+            return true;
+    return false;
+}
+
+static const kn_index_t *gw_pfx_run_index(void *ctx, uint32_t layer, uint32_t kv_head)
+{
+    return mdl_seq_wave_index(ctx, layer, kv_head);
+}
+
+void gw_pfx_run_publish(gw_pfx_run_t *run, const mdl_seq_t *seq)
+{
+    if (run == NULL || run->seq == NULL || run->published)
+        return;
+    run->published = true;
+    gw_pfx_src_t src = { mdl_seq_kv(seq), (void *)seq, run->lay.indexed ? gw_pfx_run_index : NULL };
+    (void)gw_pfx_seq_publish(run->seq, &src, NULL);
+}
+
+void gw_pfx_run_destroy(gw_pfx_run_t *run)
+{
+    if (run == NULL)
+        return;
+    gw_pfx_seq_destroy(run->seq);
+    gw_pfx_conn_close(run->conn);
+    cm_free(run);
+}

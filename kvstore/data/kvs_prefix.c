@@ -1,0 +1,766 @@
+/*
+ * Prefix blocks, the kvstore's side (common/cm_dp_prefix.h,
+ * docs/kvstore-data.md "Prefix blocks").  A published block is an object of
+ * its own, apart from every session: its bytes live in an anonymous memory
+ * file written once and then sealed against every write (F_SEAL_WRITE, after
+ * the writable mapping is gone; we keep a read-only one), so neither we nor
+ * a worker that maps it can change it.  The pool lends it an extent nobody
+ * touches, as for direct regions, so that the pool's budget and pressure
+ * count it.  The catalog is per tenant (a hash on tenant and key): a caller
+ * only ever finds its own tenant's blocks.
+ *
+ * A session that attaches a block references it once per slot; its cluster
+ * tables gain entries of tier KVS_TIER_BLOCK that point into the block, so
+ * FETCH_RANKED, LOCATE and TOUCH treat them as the session's own, but they
+ * are never spilled or freed one by one.  Unreferenced blocks in the
+ * catalog are on an LRU: they go first when a PUT passes a cap and when the
+ * pool runs short for a session's data.  A block taken out of the catalog
+ * while referenced (DropPrefix) is freed at its last detach.
+ */
+#define _GNU_SOURCE
+#include <errno.h>
+#include <fcntl.h>
+#include <inttypes.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "common/cm_alloc.h"
+#include "common/cm_crc32c.h"
+#include "common/cm_dp_prefix.h"
+#include "common/cm_log.h"
+#include "common/cm_status.h"
+#include "kvstore/data/kvs_internal.h"
+
+static CM_ALLOC_TAG(kvs_prefix_tag, "kvs.prefix");
+
+/* --- catalog ------------------------------------------------------------ */
+
+static uint32_t kvs_pfx_bucket(const char *tenant, const uint8_t key[CM_PFX_KEY_SIZE])
+{
+    uint64_t h;
+
+    memcpy(&h, key, sizeof(h)); /* keys are hashes already */
+    for (const char *c = tenant; *c != '\0'; c++)
+        h = (h ^ (uint8_t)*c) * UINT64_C(0x100000001b3);
+    return (uint32_t)(h % KVS_PFX_BUCKETS);
+}
+
+kvs_pblock_t *kvs_prefix_find_locked(kvs_data_t *data, const char *tenant, const uint8_t *key)
+{
+    for (kvs_pblock_t *b = data->prefix.buckets[kvs_pfx_bucket(tenant, key)]; b != NULL; b = b->hnext)
+        if (memcmp(b->key, key, CM_PFX_KEY_SIZE) == 0 && strcmp(b->tenant, tenant) == 0)
+            return b;
+    return NULL;
+}
+
+static void kvs_pfx_lru_remove(kvs_pcat_t *pc, kvs_pblock_t *b)
+{
+    if (b->lru_prev != NULL)
+        b->lru_prev->lru_next = b->lru_next;
+    else if (pc->lru_head == b)
+        pc->lru_head = b->lru_next;
+    if (b->lru_next != NULL)
+        b->lru_next->lru_prev = b->lru_prev;
+    else if (pc->lru_tail == b)
+        pc->lru_tail = b->lru_prev;
+    b->lru_prev = b->lru_next = NULL;
+}
+
+/* Most recently used at the tail. */
+static void kvs_pfx_lru_push(kvs_pcat_t *pc, kvs_pblock_t *b)
+{
+    b->lru_prev = pc->lru_tail;
+    b->lru_next = NULL;
+    if (pc->lru_tail != NULL)
+        pc->lru_tail->lru_next = b;
+    else
+        pc->lru_head = b;
+    pc->lru_tail = b;
+}
+
+void kvs_prefix_insert_locked(kvs_data_t *data, kvs_pblock_t *b)
+{
+    uint32_t i = kvs_pfx_bucket(b->tenant, b->key);
+
+    b->hnext = data->prefix.buckets[i];
+    data->prefix.buckets[i] = b;
+    b->in_catalog = true;
+    if (b->refs == 0 && !b->on_disk)
+        kvs_pfx_lru_push(&data->prefix, b);
+}
+
+/* Take b out of the catalog (and the LRU); it lives on while referenced. */
+void kvs_prefix_unlink_locked(kvs_data_t *data, kvs_pblock_t *b)
+{
+    kvs_pblock_t **pp = &data->prefix.buckets[kvs_pfx_bucket(b->tenant, b->key)];
+
+    while (*pp != NULL && *pp != b)
+        pp = &(*pp)->hnext;
+    if (*pp == b)
+        *pp = b->hnext;
+    b->hnext = NULL;
+    if (b->in_catalog && b->refs == 0 && !b->on_disk)
+        kvs_pfx_lru_remove(&data->prefix, b);
+    b->in_catalog = false;
+}
+
+/* Unmap and close a block's file (no accounting: it was never admitted, or
+ * kvs_pfx_free_locked did that). */
+static void kvs_pfx_release(kvs_pblock_t *b)
+{
+    if (b == NULL)
+        return;
+    if (b->base != NULL)
+        munmap((void *)(uintptr_t)b->base, b->bytes);
+    if (b->fd >= 0)
+        close(b->fd);
+    cm_free(b);
+}
+
+/* Free an admitted block nobody references: its pool hold and charges (or
+ * its disk records) go back. */
+static void kvs_pfx_free_locked(kvs_data_t *data, kvs_pblock_t *b)
+{
+    kvs_tenant_t *t;
+
+    if (b->on_disk) {
+        kvs_prefix_disk_forget_locked(data, b);
+        kvs_pfx_release(b);
+        return;
+    }
+    t = kvs_tenant_get_locked(data, b->tenant);
+    kvs_pool_free(data->pool, b->hold_off, b->charge);
+    data->prefix.blocks--;
+    data->prefix.bytes -= b->charge;
+    if (t != NULL)
+        t->prefix_bytes -= b->charge;
+    kvs_pfx_release(b);
+}
+
+/* Evict an unreferenced resident block of the catalog: to the spill tier
+ * when there is one and it takes the block, else out of the catalog. */
+static void kvs_pfx_evict_locked(kvs_data_t *data, kvs_pblock_t *b)
+{
+    data->prefix.evictions++;
+    if (kvs_tier_on(data)) {
+        kvs_pfx_lru_remove(&data->prefix, b);
+        if (kvs_prefix_spill_locked(data, b) == RI_OK)
+            return;
+        kvs_pfx_lru_push(&data->prefix, b); /* so that unlink finds it where it expects */
+    }
+    cm_debug("prefix: evicting a block of tenant %s (%" PRIu64 " bytes)", b->tenant, b->bytes);
+    kvs_prefix_unlink_locked(data, b);
+    kvs_pfx_free_locked(data, b);
+}
+
+/* The least recently used unreferenced block (of tenant, or of anyone when NULL). */
+static kvs_pblock_t *kvs_pfx_lru_victim(const kvs_pcat_t *pc, const char *tenant)
+{
+    for (kvs_pblock_t *b = pc->lru_head; b != NULL; b = b->lru_next)
+        if (tenant == NULL || strcmp(b->tenant, tenant) == 0)
+            return b;
+    return NULL;
+}
+
+/* Bytes the LRU could give back (of tenant, or of anyone when NULL). */
+static uint64_t kvs_pfx_evictable(const kvs_pcat_t *pc, const char *tenant)
+{
+    uint64_t n = 0;
+
+    for (kvs_pblock_t *b = pc->lru_head; b != NULL; b = b->lru_next)
+        if (tenant == NULL || strcmp(b->tenant, tenant) == 0)
+            n += b->charge;
+    return n;
+}
+
+uint64_t kvs_prefix_reclaim_locked(kvs_data_t *data, uint64_t bytes)
+{
+    uint64_t freed = 0;
+
+    while (freed < bytes && data->prefix.lru_head != NULL) {
+        freed += data->prefix.lru_head->charge;
+        kvs_pfx_evict_locked(data, data->prefix.lru_head);
+    }
+    return freed;
+}
+
+/* --- blocks -------------------------------------------------------------- */
+
+static uint64_t kvs_pfx_unix_ms(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    return (uint64_t)ts.tv_sec * 1000u + (uint64_t)ts.tv_nsec / 1000000u;
+}
+
+/* Put len bytes of buf into a new memory file, seal it against every
+ * change (the writable mapping is gone first: F_SEAL_WRITE needs that) and
+ * map it read-only.  Lock not held: this copies the whole block. */
+ri_status_t kvs_prefix_make(const uint8_t *buf, uint64_t len, kvs_pblock_t **b_p)
+{
+    kvs_pblock_t *b = cm_calloc(&kvs_prefix_tag, 1, sizeof(*b));
+    void *w, *r;
+    int e;
+
+    if (b == NULL)
+        return RI_ERR_NOMEM;
+    b->fd = memfd_create("ri-prefix", MFD_CLOEXEC | MFD_ALLOW_SEALING);
+    if (b->fd < 0 || ftruncate(b->fd, (off_t)len) != 0)
+        goto err_errno;
+    w = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_SHARED, b->fd, 0);
+    if (w == MAP_FAILED)
+        goto err_errno;
+    memcpy(w, buf, len);
+    munmap(w, len);
+    if (fcntl(b->fd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_WRITE | F_SEAL_SEAL) != 0)
+        goto err_errno;
+    r = mmap(NULL, len, PROT_READ, MAP_SHARED, b->fd, 0);
+    if (r == MAP_FAILED)
+        goto err_errno;
+    b->base = r;
+    b->bytes = len;
+    *b_p = b;
+    return RI_OK;
+
+err_errno:
+    e = errno;
+    cm_warn("prefix: no memory file for a block of %" PRIu64 " bytes: %s", len, strerror(e));
+    kvs_pfx_release(b);
+    return e == ENOMEM || e == ENOSPC ? RI_ERR_NOMEM : RI_ERR_IO;
+}
+
+static bool kvs_pfx_geometry_ok(const kvs_session_t *s, const cm_pfx_hdr_t *h)
+{
+    return h->layers == s->geo.layers && h->kv_heads == s->geo.kv_heads && h->head_dim == s->geo.head_dim &&
+           h->dtype == s->geo.dtype && h->page_tokens == s->geo.page_tokens;
+}
+
+/* Attach b to s at the next slot: its clusters are appended to s's tables,
+ * table by table.  All or nothing (room is made before anything changes). */
+static ri_status_t kvs_pfx_attach_locked(kvs_data_t *data, kvs_session_t *s, kvs_pblock_t *b, uint32_t *slot_p)
+{
+    cm_pfx_view_t v;
+    uint32_t slot = s->n_blocks;
+    uint64_t off;
+    const uint8_t *sz;
+    ri_status_t st = cm_pfx_decode(b->base, b->bytes, &v); /* checked at PUT; the view is not kept */
+
+    if (st != RI_OK)
+        return RI_ERR_CORRUPT;
+    if (!kvs_pfx_geometry_ok(s, &v.hdr))
+        return RI_ERR_INVALID;
+    if (slot > CM_PFX_LOC_MAX_SLOT)
+        return RI_ERR_QUOTA;
+    if (slot == s->cap_blocks) {
+        uint32_t cap = s->cap_blocks ? 2u * s->cap_blocks : 8u;
+        kvs_pblock_t **nb = cm_realloc(&kvs_prefix_tag, s->blocks, (size_t)cap * sizeof(*nb));
+        if (nb == NULL)
+            return RI_ERR_NOMEM;
+        s->blocks = nb;
+        s->cap_blocks = cap;
+    }
+    for (uint32_t t = 0; t < v.n_tables; t++) {
+        st = kvs_table_reserve(&s->tables[t], cm_dp_get32(v.counts + 4u * t));
+        if (st != RI_OK)
+            return st;
+    }
+    off = (uint64_t)(v.pages - b->base);
+    sz = v.sizes;
+    for (uint32_t t = 0; t < v.n_tables; t++) {
+        kvs_table_t *tab = &s->tables[t];
+        for (uint32_t j = cm_dp_get32(v.counts + 4u * t); j > 0; j--, sz += 4) {
+            uint32_t tok = cm_dp_get32(sz);
+            tab->c[tab->n++] = (kvs_cluster_t){.off = off, .tokens = tok, .tier = KVS_TIER_BLOCK, .no_crc = true,
+                                               .block = slot};
+            off += kvs_cluster_pages(s, tok) * s->page_bytes;
+        }
+    }
+    s->clusters += v.total_clusters;
+    s->blocks[slot] = b;
+    s->n_blocks++;
+    if (b->refs++ == 0 && b->in_catalog)
+        kvs_pfx_lru_remove(&data->prefix, b);
+    data->prefix.tokens_attached += b->n_tokens;
+    *slot_p = slot;
+    return RI_OK;
+}
+
+void kvs_prefix_detach_all_locked(kvs_data_t *data, kvs_session_t *s)
+{
+    for (uint32_t i = 0; i < s->n_blocks; i++) {
+        kvs_pblock_t *b = s->blocks[i];
+        if (--b->refs > 0)
+            continue;
+        if (b->in_catalog)
+            kvs_pfx_lru_push(&data->prefix, b); /* stays cached, now evictable */
+        else
+            kvs_pfx_free_locked(data, b); /* dropped while attached: its last user left */
+    }
+    cm_free(s->blocks);
+    s->blocks = NULL;
+    s->n_blocks = s->cap_blocks = 0;
+}
+
+/* Make room under the caps for b (of tenant t) by evicting unreferenced
+ * blocks (the tenant's own for its cap), hold its pool extent and account
+ * it.  RI_ERR_QUOTA when the caps cannot be met even so (nothing evicted
+ * then), RI_ERR_NOSPACE when the pool has no room. */
+ri_status_t kvs_prefix_hold_locked(kvs_data_t *data, kvs_tenant_t *t, kvs_pblock_t *b)
+{
+    kvs_pcat_t *pc = &data->prefix;
+    uint64_t need = kvs_pool_round(b->bytes), tmax = pc->tenant_max_bytes;
+    ri_status_t st;
+
+    if (need > pc->max_bytes || (tmax != 0 && need > tmax))
+        return RI_ERR_QUOTA;
+    if (tmax != 0 && t->prefix_bytes + need > tmax && t->prefix_bytes - kvs_pfx_evictable(pc, t->name) + need > tmax)
+        return RI_ERR_QUOTA;
+    if (pc->bytes + need > pc->max_bytes && pc->bytes - kvs_pfx_evictable(pc, NULL) + need > pc->max_bytes)
+        return RI_ERR_QUOTA;
+    while (tmax != 0 && t->prefix_bytes + need > tmax)
+        kvs_pfx_evict_locked(data, kvs_pfx_lru_victim(pc, t->name));
+    while (pc->bytes + need > pc->max_bytes)
+        kvs_pfx_evict_locked(data, pc->lru_head);
+    st = kvs_pool_alloc(data->pool, need, &b->hold_off);
+    if (st == RI_ERR_NOSPACE && kvs_prefix_reclaim_locked(data, need) > 0)
+        st = kvs_pool_alloc(data->pool, need, &b->hold_off);
+    if (st != RI_OK)
+        return st;
+    b->charge = need;
+    pc->blocks++;
+    pc->bytes += need;
+    t->prefix_bytes += need;
+    return RI_OK;
+}
+
+/* Find tenant's block of key, reading it back when it is on disk.  One whose
+ * records fail verification (or are missing) is dropped: a miss, never
+ * served.  One that cannot be read back now (caps, memory, I/O) stays on
+ * disk; NULL then too. */
+static kvs_pblock_t *kvs_pfx_find_resident_locked(kvs_data_t *data, const char *tenant, const uint8_t *key)
+{
+    kvs_pblock_t *b = kvs_prefix_find_locked(data, tenant, key);
+    kvs_tenant_t *t;
+    ri_status_t st;
+
+    if (b == NULL || !b->on_disk)
+        return b;
+    t = kvs_tenant_get_locked(data, tenant);
+    st = t != NULL ? kvs_prefix_load_locked(data, b, t) : RI_ERR_NOMEM;
+    if (st == RI_OK) {
+        if (b->refs == 0)
+            kvs_pfx_lru_push(&data->prefix, b); /* resident again, the most recent */
+        return b;
+    }
+    if (st == RI_ERR_CORRUPT || st == RI_ERR_NOT_FOUND || st == RI_ERR_TRUNCATED || st == RI_ERR_PROTOCOL) {
+        cm_error("prefix: a spilled block of tenant %s failed verification (%s): dropped", tenant,
+                 ri_status_str(st));
+        data->prefix.corrupt++;
+        kvs_prefix_unlink_locked(data, b);
+        kvs_pfx_free_locked(data, b);
+    }
+    return NULL;
+}
+
+/* --- ops ----------------------------------------------------------------- */
+
+ri_status_t kvs_prefix_attach(kvs_data_t *data, kvs_session_t *s, const cm_wire_hdr_t *hdr, const uint8_t *body,
+                              uint8_t **reply_p, size_t *reply_len_p)
+{
+    const uint8_t *keys;
+    cm_pfx_attached_t *ent;
+    uint32_t n, n_att = 0;
+    uint8_t *reply;
+    ri_status_t st;
+
+    if (hdr->data_len != 0)
+        return RI_ERR_PROTOCOL;
+    st = cm_pfx_attach_req_decode(body, hdr->meta_len, &n, &keys);
+    if (st != RI_OK)
+        return st;
+    ent = cm_malloc(&kvs_prefix_tag, (size_t)n * sizeof(*ent));
+    reply = cm_malloc(&kvs_prefix_tag, cm_pfx_attach_rep_size(n));
+    if (ent == NULL || reply == NULL) {
+        st = RI_ERR_NOMEM;
+        goto out;
+    }
+    pthread_mutex_lock(&data->lock);
+    for (; n_att < n; n_att++) {
+        kvs_pblock_t *b = kvs_pfx_find_resident_locked(data, s->tenant, keys + (size_t)n_att * CM_PFX_KEY_SIZE);
+        if (b == NULL)
+            break;
+        st = kvs_pfx_attach_locked(data, s, b, &ent[n_att].slot);
+        if (st != RI_OK)
+            break;
+        ent[n_att].n_tokens = b->n_tokens;
+        ent[n_att].block_bytes = b->bytes;
+    }
+    /* A block that cannot be attached (another geometry, no memory) ends the
+     * prefix like a miss; only a first key that fails so is an error. */
+    if (n_att > 0)
+        st = RI_OK;
+    data->prefix.attach_hits += n_att;
+    data->prefix.attach_misses += n - n_att;
+    pthread_mutex_unlock(&data->lock);
+    if (st != RI_OK)
+        goto out;
+    cm_pfx_attach_rep_encode(reply, n_att, ent);
+    *reply_p = reply;
+    *reply_len_p = cm_pfx_attach_rep_size(n_att);
+    reply = NULL;
+out:
+    cm_free(ent);
+    cm_free(reply);
+    return st;
+}
+
+/* The key exists already: attach the stored block when its header and
+ * tables equal the sent block's, else RI_ERR_EXISTS.  Lock held. */
+static ri_status_t kvs_pfx_put_existing_locked(kvs_data_t *data, kvs_session_t *s, kvs_pblock_t *b,
+                                               const uint8_t *blk, const cm_pfx_view_t *v, uint32_t *slot_p)
+{
+    uint64_t cmp = CM_PFX_HDR_SIZE + v->hdr.tables_bytes;
+
+    if (b->bytes < cmp || memcmp(b->base, blk, cmp) != 0)
+        return RI_ERR_EXISTS;
+    return kvs_pfx_attach_locked(data, s, b, slot_p);
+}
+
+/* Check a PUT: meta, structure, CRC, geometry.  Lock not held. */
+static ri_status_t kvs_pfx_put_check(const kvs_session_t *s, const cm_wire_hdr_t *hdr, const uint8_t *body,
+                                     cm_pfx_view_t *v)
+{
+    const uint8_t *blk = body + CM_PFX_PUT_META;
+    ri_status_t st;
+
+    if (hdr->meta_len != CM_PFX_PUT_META)
+        return hdr->meta_len < CM_PFX_PUT_META ? RI_ERR_TRUNCATED : RI_ERR_PROTOCOL;
+    if (hdr->data_len > CM_PFX_MAX_BLOCK_BYTES)
+        return RI_ERR_TOO_LARGE;
+    st = cm_pfx_decode(blk, hdr->data_len, v);
+    if (st != RI_OK)
+        return st;
+    if (cm_crc32c(0, blk + CM_PFX_HDR_SIZE, hdr->data_len - CM_PFX_HDR_SIZE) != v->hdr.crc)
+        return RI_ERR_CORRUPT;
+    return kvs_pfx_geometry_ok(s, &v->hdr) ? RI_OK : RI_ERR_INVALID;
+}
+
+/* Publish the new block nb under key for s's tenant and attach it; or, when
+ * the key appeared meanwhile, treat it as existing (nb is released).  Lock
+ * held; nb is consumed. */
+static ri_status_t kvs_pfx_publish_locked(kvs_data_t *data, kvs_session_t *s, const uint8_t *key, kvs_pblock_t *nb,
+                                          const uint8_t *blk, const cm_pfx_view_t *v, uint32_t *slot_p,
+                                          uint32_t *flags_p)
+{
+    kvs_pblock_t *b = kvs_pfx_find_resident_locked(data, s->tenant, key);
+    kvs_tenant_t *t;
+    ri_status_t st;
+
+    if (b == NULL && kvs_prefix_find_locked(data, s->tenant, key) != NULL) {
+        kvs_pfx_release(nb); /* on disk and not readable now: neither replaced nor attached */
+        return RI_ERR_QUOTA;
+    }
+    if (b != NULL) {
+        kvs_pfx_release(nb);
+        *flags_p = CM_PFX_F_EXISTED;
+        return kvs_pfx_put_existing_locked(data, s, b, blk, v, slot_p);
+    }
+    t = kvs_tenant_get_locked(data, s->tenant);
+    if (t == NULL) {
+        kvs_pfx_release(nb);
+        return RI_ERR_NOMEM;
+    }
+    memcpy(nb->key, key, CM_PFX_KEY_SIZE);
+    snprintf(nb->tenant, sizeof(nb->tenant), "%s", s->tenant);
+    nb->n_tokens = v->hdr.n_tokens;
+    nb->created_unix_ms = kvs_pfx_unix_ms();
+    st = kvs_prefix_hold_locked(data, t, nb);
+    if (st != RI_OK) {
+        kvs_pfx_release(nb);
+        return st;
+    }
+    kvs_prefix_insert_locked(data, nb);
+    st = kvs_pfx_attach_locked(data, s, nb, slot_p);
+    if (st != RI_OK) { /* unreferenced: nothing else saw it */
+        kvs_prefix_unlink_locked(data, nb);
+        kvs_pfx_free_locked(data, nb);
+    }
+    *flags_p = 0;
+    return st;
+}
+
+ri_status_t kvs_prefix_put(kvs_data_t *data, kvs_session_t *s, const cm_wire_hdr_t *hdr, const uint8_t *body,
+                           uint8_t **reply_p, size_t *reply_len_p)
+{
+    const uint8_t *key = body, *blk = body + CM_PFX_PUT_META;
+    kvs_pblock_t *b, *nb = NULL;
+    cm_pfx_view_t v;
+    uint32_t slot = 0, flags = CM_PFX_F_EXISTED;
+    uint64_t bytes = hdr->data_len;
+    uint8_t *reply;
+    ri_status_t st = kvs_pfx_put_check(s, hdr, body, &v);
+
+    if (st != RI_OK)
+        goto count;
+    reply = cm_malloc(&kvs_prefix_tag, CM_PFX_PUT_REPLY);
+    if (reply == NULL)
+        return RI_ERR_NOMEM;
+    pthread_mutex_lock(&data->lock);
+    b = kvs_pfx_find_resident_locked(data, s->tenant, key);
+    if (b != NULL)
+        st = kvs_pfx_put_existing_locked(data, s, b, blk, &v, &slot);
+    pthread_mutex_unlock(&data->lock);
+    if (b == NULL) {
+        st = kvs_prefix_make(blk, bytes, &nb); /* the copy runs without the lock */
+        pthread_mutex_lock(&data->lock);
+        if (st == RI_OK)
+            st = kvs_pfx_publish_locked(data, s, key, nb, blk, &v, &slot, &flags);
+        pthread_mutex_unlock(&data->lock);
+    }
+    if (st != RI_OK) {
+        cm_free(reply);
+        goto count;
+    }
+    cm_pfx_put_rep_encode(reply, slot, flags, bytes);
+    *reply_p = reply;
+    *reply_len_p = CM_PFX_PUT_REPLY;
+count:
+    pthread_mutex_lock(&data->lock);
+    if (st != RI_OK)
+        data->prefix.put_refused++;
+    else if (flags & CM_PFX_F_EXISTED)
+        data->prefix.put_existed++;
+    else
+        data->prefix.put_new++;
+    pthread_mutex_unlock(&data->lock);
+    return st;
+}
+
+ri_status_t kvs_prefix_get(kvs_data_t *data, kvs_session_t *s, const cm_wire_hdr_t *hdr, const uint8_t *body,
+                           kvs_reply_obj_t *reply)
+{
+    uint8_t meta[CM_PFX_GET_REPLY];
+    const kvs_pblock_t *b = NULL;
+    cm_pfx_get_t g;
+    kvs_iov_t iov;
+    ri_status_t st;
+
+    if (hdr->data_len != 0)
+        return RI_ERR_PROTOCOL;
+    st = cm_pfx_get_decode(body, hdr->meta_len, &g);
+    if (st != RI_OK)
+        return st;
+    /* The session's slots only grow, on this (its only) lane: b stays
+     * referenced while the session, which the request holds, lives. */
+    pthread_mutex_lock(&data->lock);
+    if (g.slot < s->n_blocks)
+        b = s->blocks[g.slot];
+    pthread_mutex_unlock(&data->lock);
+    if (b == NULL || g.offset > b->bytes)
+        return RI_ERR_RANGE;
+    if (g.length == 0)
+        g.length = b->bytes - g.offset;
+    if (g.length > b->bytes - g.offset)
+        return RI_ERR_RANGE;
+    cm_pfx_get_rep_encode(meta, b->bytes, g.offset);
+    iov = (kvs_iov_t){b->base + g.offset, (size_t)g.length};
+    st = kvs_reply_send(reply, RI_OK, meta, sizeof(meta), &iov, 1, g.length);
+    if (st == RI_OK) {
+        pthread_mutex_lock(&data->lock);
+        data->bytes_sent += g.length;
+        pthread_mutex_unlock(&data->lock);
+    }
+    return st;
+}
+
+ri_status_t kvs_prefix_handover_locked(kvs_session_t *s, uint32_t slot, int *fd_p, uint64_t *bytes_p)
+{
+    int fd;
+
+    if (slot >= s->n_blocks)
+        return RI_ERR_UNAUTHENTICATED; /* refused like every other miss */
+    fd = fcntl(s->blocks[slot]->fd, F_DUPFD_CLOEXEC, 0);
+    if (fd < 0)
+        return RI_ERR_NOMEM;
+    *fd_p = fd;
+    *bytes_p = s->blocks[slot]->bytes;
+    return RI_OK;
+}
+
+/* --- lifetime and metrics -------------------------------------------------- */
+
+void kvs_prefix_init(kvs_data_t *data)
+{
+    uint64_t pool = kvs_pool_size(data->pool);
+
+    data->prefix.max_bytes = data->cfg.prefix_max_bytes ? CM_MIN(data->cfg.prefix_max_bytes, pool) : pool / 4u;
+    data->prefix.tenant_max_bytes = data->cfg.prefix_tenant_max_bytes;
+}
+
+void kvs_prefix_destroy(kvs_data_t *data)
+{
+    uint64_t kept = 0;
+
+    for (uint32_t i = 0; i < KVS_PFX_BUCKETS; i++) {
+        while (data->prefix.buckets[i] != NULL) {
+            kvs_pblock_t *b = data->prefix.buckets[i];
+            /* A clean stop writes resident blocks out too, so that
+             * --recover finds them; what is on disk stays there. */
+            if (kvs_tier_on(data) && !b->on_disk && b->refs == 0 && kvs_prefix_spill_locked(data, b) != RI_OK)
+                cm_warn("shutdown: a prefix block of tenant %s did not reach the spill tier", b->tenant);
+            kvs_prefix_unlink_locked(data, b);
+            if (b->on_disk) {
+                kept++;
+                kvs_pfx_release(b); /* its records stay */
+            } else if (b->refs == 0) {
+                kvs_pfx_free_locked(data, b);
+            }
+        }
+    }
+    if (kept > 0)
+        cm_info("shutdown: %" PRIu64 " prefix block(s) kept in the spill tier", kept);
+}
+
+void kvs_prefix_metrics_write_locked(kvs_data_t *data, FILE *out)
+{
+    const kvs_pcat_t *pc = &data->prefix;
+
+    fprintf(out, "# HELP ri_kvs_prefix_blocks Prefix blocks held, by tier.\n# TYPE ri_kvs_prefix_blocks gauge\n"
+                 "ri_kvs_prefix_blocks{tier=\"memory\"} %" PRIu64 "\nri_kvs_prefix_blocks{tier=\"disk\"} %" PRIu64 "\n"
+                 "# HELP ri_kvs_prefix_bytes Bytes of the prefix blocks held, by tier (memory: pool units).\n"
+                 "# TYPE ri_kvs_prefix_bytes gauge\nri_kvs_prefix_bytes{tier=\"memory\"} %" PRIu64 "\n"
+                 "ri_kvs_prefix_bytes{tier=\"disk\"} %" PRIu64 "\n",
+            pc->blocks, pc->disk_blocks, pc->bytes, pc->disk_bytes);
+    fprintf(out, "# HELP ri_kvs_prefix_spills_total Prefix blocks written to the spill tier.\n"
+                 "# TYPE ri_kvs_prefix_spills_total counter\nri_kvs_prefix_spills_total %" PRIu64 "\n"
+                 "# HELP ri_kvs_prefix_readbacks_total Prefix blocks read back from the spill tier.\n"
+                 "# TYPE ri_kvs_prefix_readbacks_total counter\nri_kvs_prefix_readbacks_total %" PRIu64 "\n"
+                 "# HELP ri_kvs_prefix_corrupt_total Spilled prefix blocks that failed verification (dropped).\n"
+                 "# TYPE ri_kvs_prefix_corrupt_total counter\nri_kvs_prefix_corrupt_total %" PRIu64 "\n",
+            pc->spills, pc->readbacks, pc->corrupt);
+    fprintf(out, "# HELP ri_kvs_prefix_attach_keys_total Keys asked for in PREFIX_ATTACH, by outcome.\n"
+                 "# TYPE ri_kvs_prefix_attach_keys_total counter\n"
+                 "ri_kvs_prefix_attach_keys_total{outcome=\"hit\"} %" PRIu64 "\n"
+                 "ri_kvs_prefix_attach_keys_total{outcome=\"miss\"} %" PRIu64 "\n"
+                 "# HELP ri_kvs_prefix_tokens_attached_total Tokens of the blocks attached to sessions.\n"
+                 "# TYPE ri_kvs_prefix_tokens_attached_total counter\n"
+                 "ri_kvs_prefix_tokens_attached_total %" PRIu64 "\n",
+            pc->attach_hits, pc->attach_misses, pc->tokens_attached);
+    fprintf(out, "# HELP ri_kvs_prefix_publishes_total PREFIX_PUT requests, by outcome.\n"
+                 "# TYPE ri_kvs_prefix_publishes_total counter\n"
+                 "ri_kvs_prefix_publishes_total{outcome=\"new\"} %" PRIu64 "\n"
+                 "ri_kvs_prefix_publishes_total{outcome=\"existing\"} %" PRIu64 "\n"
+                 "ri_kvs_prefix_publishes_total{outcome=\"refused\"} %" PRIu64 "\n"
+                 "# HELP ri_kvs_prefix_evictions_total Unreferenced prefix blocks evicted (caps, pool pressure).\n"
+                 "# TYPE ri_kvs_prefix_evictions_total counter\nri_kvs_prefix_evictions_total %" PRIu64 "\n"
+                 "# HELP ri_kvs_prefix_dropped_total Prefix blocks dropped by DropPrefix.\n"
+                 "# TYPE ri_kvs_prefix_dropped_total counter\nri_kvs_prefix_dropped_total %" PRIu64 "\n",
+            pc->put_new, pc->put_existed, pc->put_refused, pc->evictions, pc->dropped);
+}
+
+/* --- control side (kvs_data.h) --------------------------------------------- */
+
+ri_status_t kvs_data_prefix_lookup(kvs_data_t *data, const char *tenant, const uint8_t *keys, size_t n,
+                                   uint32_t *cached_p, uint64_t *tokens_p)
+{
+    uint32_t cached = 0;
+    uint64_t tokens = 0;
+
+    if (data == NULL || tenant == NULL || (keys == NULL && n > 0) || n > CM_PFX_MAX_KEYS || cached_p == NULL ||
+        tokens_p == NULL)
+        return RI_ERR_INVALID;
+    pthread_mutex_lock(&data->lock);
+    for (; cached < n; cached++) {
+        const kvs_pblock_t *b = kvs_prefix_find_locked(data, tenant, keys + (size_t)cached * CM_PFX_KEY_SIZE);
+        if (b == NULL)
+            break;
+        tokens += b->n_tokens;
+    }
+    pthread_mutex_unlock(&data->lock);
+    *cached_p = cached;
+    *tokens_p = tokens;
+    return RI_OK;
+}
+
+static void kvs_pfx_info_fill(const kvs_pblock_t *b, kvs_prefix_info_t *info)
+{
+    memcpy(info->key, b->key, CM_PFX_KEY_SIZE);
+    snprintf(info->tenant, sizeof(info->tenant), "%s", b->tenant);
+    info->bytes = b->bytes;
+    info->tokens = b->n_tokens;
+    info->refs = b->refs;
+    info->created_unix_ms = b->created_unix_ms;
+    info->on_disk = b->on_disk;
+}
+
+ri_status_t kvs_data_prefix_list(kvs_data_t *data, const char *tenant, kvs_prefix_info_t **infos_p, size_t *n_p)
+{
+    kvs_prefix_info_t *infos = NULL;
+    size_t n = 0, cap = 0;
+    ri_status_t st = RI_OK;
+
+    if (data == NULL || infos_p == NULL || n_p == NULL)
+        return RI_ERR_INVALID;
+    pthread_mutex_lock(&data->lock);
+    for (uint32_t i = 0; i < KVS_PFX_BUCKETS && st == RI_OK; i++) {
+        for (const kvs_pblock_t *b = data->prefix.buckets[i]; b != NULL; b = b->hnext) {
+            if (tenant != NULL && strcmp(b->tenant, tenant) != 0)
+                continue;
+            if (n == cap) {
+                size_t nc = cap ? 2u * cap : 16u;
+                kvs_prefix_info_t *ni = cm_realloc(&kvs_prefix_tag, infos, nc * sizeof(*ni));
+                if (ni == NULL) {
+                    st = RI_ERR_NOMEM;
+                    break;
+                }
+                infos = ni;
+                cap = nc;
+            }
+            kvs_pfx_info_fill(b, &infos[n++]);
+        }
+    }
+    pthread_mutex_unlock(&data->lock);
+    if (st != RI_OK) {
+        cm_free(infos);
+        return st;
+    }
+    *infos_p = infos;
+    *n_p = n;
+    return RI_OK;
+}
+
+ri_status_t kvs_data_prefix_drop(kvs_data_t *data, const char *tenant, const uint8_t key[KVS_PFX_KEY],
+                                 uint32_t *n_p, uint64_t *bytes_p)
+{
+    uint32_t dropped = 0;
+    uint64_t freed = 0;
+
+    if (data == NULL || key == NULL)
+        return RI_ERR_INVALID;
+    pthread_mutex_lock(&data->lock);
+    for (uint32_t i = 0; i < KVS_PFX_BUCKETS; i++) {
+        kvs_pblock_t *b = data->prefix.buckets[i], *next;
+        for (; b != NULL; b = next) {
+            next = b->hnext;
+            if (memcmp(b->key, key, CM_PFX_KEY_SIZE) != 0 || (tenant != NULL && strcmp(b->tenant, tenant) != 0))
+                continue;
+            kvs_prefix_unlink_locked(data, b);
+            dropped++;
+            data->prefix.dropped++;
+            if (b->refs == 0) {
+                freed += b->charge;
+                kvs_pfx_free_locked(data, b);
+            } /* else: freed at its last detach */
+        }
+        if (tenant != NULL && dropped > 0)
+            break; /* one tenant holds a key once */
+    }
+    pthread_mutex_unlock(&data->lock);
+    if (n_p != NULL)
+        *n_p = dropped;
+    if (bytes_p != NULL)
+        *bytes_p = freed;
+    return dropped > 0 ? RI_OK : RI_ERR_NOT_FOUND;
+}

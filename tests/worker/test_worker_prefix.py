@@ -1,0 +1,195 @@
+#!/usr/bin/env python3
+"""Prefix reuse through ri-worker's HTTP service, against real processes.
+
+One ctest test per mode (the first argument):
+  full        --attn full: the same ~1.5K-token document + question twice;
+              the second answer reports cached_tokens > 0 (completions and
+              chat, streaming and not) and is token-for-token the greedy
+              text of a worker with --prefix-cache false; /metrics counts
+              the lookups, hits and published blocks
+  retroinfer  the same with the in-process wave index (imported pieces)
+  two         two ri-worker processes on one kvstore: the second reuses the
+              blocks the first published, then both decode different
+              questions at once, each equal to the reference answer
+
+Exits 77 (skipped) without the model or the binaries.
+"""
+import os
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import test_worker_http as wh  # noqa: E402  (the Worker helper and the checks)
+
+check = wh.check
+DOC = ("Notes of the harbour office, volume three. " +
+       " ".join("Ship %d arrived from port %d carrying %d crates of %s." %
+                (i, i * 7 % 13, 10 + i * 3 % 17, ["tea", "salt", "wool", "iron", "glass"][i % 5])
+                for i in range(1, 80)))
+QUESTIONS = [" Question: what did ship 12 carry? Answer:", " Question: where did ship 30 come from? Answer:"]
+
+
+def start_kvstore(tmp):
+    env = dict(os.environ, UCX_TLS=os.environ.get("UCX_TLS", "posix,sysv,cma,tcp,self"))
+    os.environ["UCX_TLS"] = env["UCX_TLS"]
+    ports = os.path.join(tmp, "kvs.ports")
+    kvs = subprocess.Popen([wh.KVSTORE, "--listen=127.0.0.1:0", "--dataplane-listen=127.0.0.1:0",
+                            "--metrics-listen=127.0.0.1:0", "--insecure-admin", "--memory=512MiB", "--no-hugepages",
+                            "--drain-timeout-ms=3000", "--port-file=" + ports],
+                           stdout=open(os.path.join(tmp, "kvstore.log"), "wb"), stderr=subprocess.STDOUT, env=env)
+    for _ in range(1500):
+        if os.path.exists(ports) and "grpc=" in open(ports).read():
+            break
+        if kvs.poll() is not None:
+            raise SystemExit("ri-kvstore exited %d" % kvs.returncode)
+        time.sleep(0.01)
+    grpc = dict(l.split("=", 1) for l in open(ports).read().split("\n") if "=" in l)["grpc"]
+    return kvs, grpc
+
+
+def ask(w, attn, question, kind="completion", max_tokens=12):
+    """(text, usage) of one greedy request; kind: completion, chat, stream."""
+    if kind == "chat":
+        body = wh.chat(DOC + question, max_tokens=max_tokens, attn=attn)
+        st, _, c = w.request("POST", "/v1/chat/completions", body)
+        check(st == 200, "chat answers (%d)" % st)
+        return c["choices"][0]["message"]["content"], c["usage"]
+    body = wh.completion(DOC + question, max_tokens=max_tokens, attn=attn)
+    if kind == "stream":
+        st, _, ev = w.stream("/v1/completions", dict(body, stream_options={"include_usage": True}))
+        check(st == 200 and ev[-1] == "[DONE]", "stream answers (%d)" % st)
+        usage = [e["usage"] for e in ev[:-1] if e.get("usage")]
+        return wh.stream_text(ev, False), usage[-1] if usage else {}
+    st, _, c = w.request("POST", "/v1/completions", body)
+    check(st == 200, "completion answers (%d)" % st)
+    return c["choices"][0]["text"], c["usage"]
+
+
+def cached(u):
+    return u.get("prompt_tokens_details", {}).get("cached_tokens", -1)
+
+
+def run_same_twice(tmp, attn):
+    kvs, grpc = start_kvstore(tmp)
+    try:
+        ref = wh.Worker("--kvstore", grpc, "--attn", attn, "--no-prefix-cache", tmp=tmp)
+        try:
+            want = {k: ask(ref, attn, QUESTIONS[0], k)[0] for k in ("completion", "chat")}
+            _, u = ask(ref, attn, QUESTIONS[0])
+            check(cached(u) == 0, "--prefix-cache false: nothing cached (%s)" % u)
+        finally:
+            ref.stop()
+        w = wh.Worker("--kvstore", grpc, "--attn", attn, tmp=tmp)
+        try:
+            t1, u1 = ask(w, attn, QUESTIONS[0])
+            check(u1["prompt_tokens"] > 1200 and cached(u1) == 0,
+                  "first time: %d prompt tokens, none cached (%s)" % (u1["prompt_tokens"], u1))
+            check(t1 == want["completion"], "first answer equals the reference (%r vs %r)" % (t1, want["completion"]))
+            m = w.metrics()
+            check(m.get("ri_worker_prefix_published_blocks_total", 0) >= 4,
+                  "the prompt's blocks were published (%s)" % m.get("ri_worker_prefix_published_blocks_total"))
+            _, u = ask(w, attn, QUESTIONS[0], "chat")  # its template's tokens differ: a first time too
+            check(cached(u) == 0, "chat, first time: nothing cached (%s)" % u)
+            for kind in ("completion", "stream", "chat"):
+                t, u = ask(w, attn, QUESTIONS[0], kind)
+                check(cached(u) >= 1024 and cached(u) % 256 == 0 and cached(u) < u["prompt_tokens"],
+                      "%s: again, cached_tokens %d of %d" % (kind, cached(u), u["prompt_tokens"]))
+                ref_text = want["chat" if kind == "chat" else "completion"]
+                check(t == ref_text, "%s: same greedy text as without the cache (%r vs %r)" % (kind, t, ref_text))
+            m = w.metrics()
+            check(m.get("ri_worker_prefix_lookups_total", 0) >= 5 and
+                  m.get("ri_worker_prefix_hit_tokens_total", 0) >= 2048 and
+                  m.get("ri_worker_prefill_tokens_saved_total", 0) == m.get("ri_worker_prefix_hit_tokens_total") and
+                  m.get("ri_worker_prefix_attached_bytes_total", 0) > 0 and
+                  m.get("ri_worker_prefix_fallbacks_total", -1) == 0,
+                  "metrics: lookups, hits, saved tokens, attached bytes, no fallback (%s)" %
+                  {k: v for k, v in m.items() if "prefix" in k or "saved" in k})
+            # the kvstore gone: the request is prefilled whole, answers the same, and the failure is counted
+            kvs.terminate()
+            kvs.wait(30)
+            t, u = ask(w, attn, QUESTIONS[0])
+            m = w.metrics()
+            check(t == want["completion"] and cached(u) == 0 and m.get("ri_worker_prefix_fallbacks_total", 0) >= 1,
+                  "kvstore gone: same text, nothing cached, a fallback counted (%s, %s)" %
+                  (u, m.get("ri_worker_prefix_fallbacks_total")))
+        finally:
+            check(w.stop() == 0, "SIGTERM -> exit 0")
+    finally:
+        if kvs.poll() is None:
+            kvs.terminate()
+            kvs.wait(30)
+
+
+def test_full(tmp):
+    run_same_twice(tmp, "full")
+
+
+def test_retroinfer(tmp):
+    run_same_twice(tmp, "retroinfer")
+
+
+def test_two(tmp):
+    attn = "retroinfer"
+    kvs, grpc = start_kvstore(tmp)
+    try:
+        ref = wh.Worker("--kvstore", grpc, "--attn", attn, "--no-prefix-cache", tmp=tmp)
+        try:
+            want = [ask(ref, attn, q)[0] for q in QUESTIONS]
+        finally:
+            ref.stop()
+        a = wh.Worker("--kvstore", grpc, "--attn", attn, tmp=tmp)
+        b = wh.Worker("--kvstore", grpc, "--attn", attn, tmp=tmp)
+        try:
+            t, u = ask(a, attn, QUESTIONS[0])
+            check(cached(u) == 0 and t == want[0], "worker A prefills and publishes (%s)" % u)
+            out = [None, None]
+
+            def one(i, w):
+                out[i] = ask(w, attn, QUESTIONS[i])
+            th = [threading.Thread(target=one, args=(i, w)) for i, w in ((1, b), (0, a))]
+            for x in th:
+                x.start()
+            for x in th:
+                x.join(300)
+            check(out[1] is not None and cached(out[1][1]) >= 1024,
+                  "worker B reuses A's blocks (%s)" % (out[1] and out[1][1]))
+            for i in range(2):
+                check(out[i] is not None and out[i][0] == want[i],
+                      "question %d: same text as the reference (%r vs %r)" % (i, out[i] and out[i][0], want[i]))
+        finally:
+            check(a.stop() == 0 and b.stop() == 0, "both exit 0")
+    finally:
+        kvs.terminate()
+        kvs.wait(30)
+
+
+def main():
+    mode = sys.argv[1] if len(sys.argv) > 1 else "full"
+    if not os.path.exists(wh.MODEL):
+        print("skip: no model at %s" % wh.MODEL)
+        return 77
+    if not os.access(wh.WORKER, os.X_OK) or not os.access(wh.KVSTORE, os.X_OK):
+        print("skip: ri-worker / ri-kvstore not built in %s" % wh.BUILD)
+        return 77
+    with tempfile.TemporaryDirectory(prefix="ri-prefix-") as tmp:
+        try:
+            {"full": test_full, "retroinfer": test_retroinfer, "two": test_two}[mode](tmp)
+        except Exception as e:
+            check(False, "%s: %s" % (type(e).__name__, e))
+        finally:
+            log = os.path.join(tmp, "worker.log")
+            if wh.failures and os.path.exists(log):
+                print("--- ri-worker log (tail) ---")
+                print(open(log, errors="replace").read()[-3000:])
+    if wh.failures:
+        print("%d check(s) failed" % len(wh.failures))
+        return 1
+    print("all checks passed")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
