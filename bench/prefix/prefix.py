@@ -85,14 +85,18 @@ def git_sha():
 
 
 def rss(pid):
-    """(anonymous, shared) resident bytes of a process."""
+    """(anonymous resident bytes of a process, the machine's shared memory).
+    The kvstore keeps blocks and regions in memory files whose pages count
+    in a process's RSS only where it touched them through a mapping; the
+    machine's Shmem (/proc/meminfo) counts each page once, whoever maps it."""
     anon = shmem = 0
     try:
         for line in open("/proc/%d/status" % pid):
             if line.startswith("RssAnon:"):
                 anon = int(line.split()[1]) * 1024
-            elif line.startswith("RssShmem:") or line.startswith("RssFile:"):
-                shmem += int(line.split()[1]) * 1024 if line.startswith("RssShmem:") else 0
+        for line in open("/proc/meminfo"):
+            if line.startswith("Shmem:"):
+                shmem = int(line.split()[1]) * 1024
     except OSError:
         pass
     return anon, shmem
@@ -233,8 +237,8 @@ def stream(addr, path, body, timeout=1800):
                     tm = ev.get("timings") or {}
                     cached = tm.get("cache_n", cached)
                     tokens = ev.get("tokens_predicted", tokens)
-            if text and ttft is None:
-                ttft = time.time() - t0
+            if ttft is None and (text or ev.get("choices")):
+                ttft = time.time() - t0  # the first token's event (its text may be empty: EOS)
             if text and "choices" in ev:
                 tokens += 1
             u = ev.get("usage")
@@ -244,7 +248,10 @@ def stream(addr, path, body, timeout=1800):
         c.close()
     except (OSError, ValueError, http.client.HTTPException) as e:
         err = str(e)
-    return ttft, time.time() - t0, tokens, cached, err
+    end = time.time() - t0
+    if ttft is None and err is None:
+        ttft = end  # no token event: the answer ended at once
+    return ttft, end, tokens, cached, err
 
 
 def ri_body(a, model_id, ids):
@@ -285,7 +292,7 @@ def case_row(server, case, n, results, wall, a):
     toks = sum(r[2] for r in results)
     return {"server": server, "attn": a.attn if server == "ri-worker" else None, "case": case, "clients": n,
             "doc_tokens": a.doc_tokens, "question_tokens": a.question_tokens, "max_tokens": a.max_tokens,
-            "requests": len(results), "errors": len(errors) + len(results) - len(ttft),
+            "requests": len(results), "errors": len(errors),
             "error_sample": errors[0] if errors else None,
             "ttft_p50_ms": 1000 * pct(ttft, 0.5) if ttft else None,
             "ttft_max_ms": 1000 * max(ttft) if ttft else None,
@@ -418,9 +425,10 @@ def llama_cases(a, model, tmp, doc, qs, rows):
 
 def print_row(r):
     f = lambda v, fmt: (fmt % v) if v is not None else "-"
-    print("%-12s %-5s %3d  ttft p50 %9s ms  max %9s ms  cached %6s  %7s tok/s  err %d  load %.1f" % (
+    print("%-12s %-5s %3d  ttft p50 %9s ms  max %9s ms  cached %6s  %7s tok/s  err %d  load %.1f%s" % (
         r["server"], r["case"], r["clients"], f(r["ttft_p50_ms"], "%.0f"), f(r["ttft_max_ms"], "%.0f"),
-        f(r["cached_tokens_median"], "%d"), f(r["e2e_tok_s"], "%.2f"), r["errors"], r["load_avg"]), flush=True)
+        f(r["cached_tokens_median"], "%d"), f(r["e2e_tok_s"], "%.2f"), r["errors"], r["load_avg"],
+        ("  (" + r["error_sample"] + ")") if r["error_sample"] else ""), flush=True)
 
 
 def ratios(rows):
@@ -453,7 +461,7 @@ def main(argv):
     kvs = worker = None
     try:
         kvs, ports = start_kvstore(a.build, tmp, a.kvstore_memory)
-        worker, addr = start_worker(a.build, tmp, model, "127.0.0.1:" + ports["grpc"], a)
+        worker, addr = start_worker(a.build, tmp, model, ports["grpc"], a)
         model_id = json.loads(http_get(addr, "/v1/models"))["data"][0]["id"]
         rng = random.Random(a.seed)
         doc = make_doc(addr, a.doc_tokens, rng)
@@ -480,8 +488,11 @@ def main(argv):
         one = sum(mem["kvstore_one_copy"]) - sum(mem["kvstore_before"])
         grow = sum(mem["kvstore_peak"]) - sum(mem["kvstore_before"])
         mem["kvstore_growth_over_one_copy"] = grow / one if one > 0 else None
-        print("memory: kvstore one copy %.1f MiB, with %d clients attached %.1f MiB (%.2fx)" % (
-            one / 2**20, mem["clients"], grow / 2**20, grow / one if one > 0 else float("nan")))
+        wgrow = mem["worker_peak"][0] - mem["worker_after_one"][0]
+        mem["worker_anon_growth_per_client"] = wgrow / mem["clients"]
+        print("memory: kvstore one copy %.1f MiB, with %d clients attached %.1f MiB (%.2fx); worker +%.1f MiB "
+              "anonymous per client at peak" % (one / 2**20, mem["clients"], grow / 2**20,
+                                                 grow / one if one > 0 else float("nan"), wgrow / mem["clients"] / 2**20))
     if a.json:
         with open(a.json, "w") as f:
             json.dump(report, f, indent=1)
