@@ -59,9 +59,11 @@
  * PREFIX_PUT request meta: u8 key[CM_PFX_KEY_SIZE]; data: the block.
  *   Publishes the block under key in the caller's tenant and attaches it.
  *   When the key exists already the stored block stands (immutable): it is
- *   attached if its header and tables equal the sent block's (the worker's
- *   index then names the same clusters), else RI_ERR_EXISTS and nothing
- *   changes (the worker uploads those clusters as its own).
+ *   attached if its header (all but the crc field, which covers pages that
+ *   another prefill may round differently) and tables equal the sent
+ *   block's (the worker's index then names the same clusters), else
+ *   RI_ERR_EXISTS and nothing changes (the worker uploads those clusters as
+ *   its own).
  *   RI_ERR_QUOTA over the tenant's prefix quota (after evicting its
  *   unreferenced blocks), RI_ERR_CORRUPT when the CRC does not match.
  *   reply meta: u32 slot, u32 flags (CM_PFX_F_EXISTED), u64 block_bytes.

@@ -44,6 +44,9 @@ static ri_status_t kvs_direct_make_locked(kvs_data_t *data, kvs_session_t *s)
         return RI_ERR_NOMEM;
     r->fd = -1;
     st = kvs_pool_alloc(data->pool, bytes, &r->hold_off);
+    /* Unreferenced prefix blocks go before a live session's region. */
+    if (st == RI_ERR_NOSPACE && kvs_prefix_reclaim_locked(data, bytes) > 0)
+        st = kvs_pool_alloc(data->pool, bytes, &r->hold_off);
     if (st != RI_OK)
         goto err_free;
     st = kvs_session_charge_locked(data, s, bytes);

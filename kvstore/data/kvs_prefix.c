@@ -417,13 +417,18 @@ out:
 }
 
 /* The key exists already: attach the stored block when its header and
- * tables equal the sent block's, else RI_ERR_EXISTS.  Lock held. */
+ * tables equal the sent block's, else RI_ERR_EXISTS.  The header's CRC is
+ * left out: it covers the pages too, which another worker's prefill of the
+ * same tokens may round differently; equal tables are what makes the
+ * stored block's clusters the ones the sender's index names.  Lock held. */
 static ri_status_t kvs_pfx_put_existing_locked(kvs_data_t *data, kvs_session_t *s, kvs_pblock_t *b,
                                                const uint8_t *blk, const cm_pfx_view_t *v, uint32_t *slot_p)
 {
+    const uint32_t crc_at = 36; /* the header's u32 crc32c (cm_pfx_hdr_encode) */
     uint64_t cmp = CM_PFX_HDR_SIZE + v->hdr.tables_bytes;
 
-    if (b->bytes < cmp || memcmp(b->base, blk, cmp) != 0)
+    if (b->bytes < cmp || memcmp(b->base, blk, crc_at) != 0 ||
+        memcmp(b->base + crc_at + 4, blk + crc_at + 4, cmp - crc_at - 4) != 0)
         return RI_ERR_EXISTS;
     return kvs_pfx_attach_locked(data, s, b, slot_p);
 }

@@ -48,6 +48,8 @@ static char g_grpc[200];
 static char g_tokens[256];
 static int g_skipped;
 static char g_spill_dir[64]; /* removed by the teardown */
+static uint64_t g_expected = 4096; /* expected_tokens of the sessions made */
+static const char *g_memory = "--memory=64MiB"; /* the daemon's pool */
 
 /* --- blocks ----------------------------------------------------------------- */
 
@@ -148,7 +150,7 @@ static int daemon_start2(const char *prefix_max, const char *opt1, const char *o
         if (devnull >= 0)
             dup2(devnull, 1);
         execl(path, path, "--listen=127.0.0.1:0", "--dataplane-listen=127.0.0.1:0", "--metrics-listen=off",
-              "--memory=64MiB", "--hugepages=false", "--port-file", portfile, "--drain-timeout-ms=2000",
+              g_memory, "--hugepages=false", "--port-file", portfile, "--drain-timeout-ms=2000",
               "--tokens-file", g_tokens, pmax, opt1, opt2, (char *)NULL);
         _exit(127);
     }
@@ -209,7 +211,7 @@ static int open_session(const char *token, sess_t *out)
     ri_status_t st = gw_ctl_create(g_grpc, token, &ctl);
 
     if (st == RI_OK)
-        st = gw_ctl_create_session(ctl, 5000, &g, 4096, "pfx-test", &out->s, &err);
+        st = gw_ctl_create_session(ctl, 5000, &g, g_expected, "pfx-test", &out->s, &err);
     gw_ctl_destroy(ctl);
     assert_int_equal(st, RI_OK);
     if (out->s.dataplane_address[0] == '\0')
@@ -410,12 +412,21 @@ static void test_put_existing_and_tenants(void **state)
         assert_memory_equal(got, k.buf, k.len); /* the stored block stands */
         free(got);
     }
-    /* other pages change the header's CRC: refused like other tables */
-    assert_int_equal(gw_dp_prefix_put(b.dp, key, repaged.buf, repaged.len, &slot, &flags), RI_ERR_EXISTS);
-    /* other tables: refused, b's tables unchanged */
+    /* equal tables, other pages (another worker's rounding): the stored block
+     * is attached and stands */
+    assert_int_equal(gw_dp_prefix_put(b.dp, key, repaged.buf, repaged.len, &slot, &flags), RI_OK);
+    assert_int_equal(flags, CM_PFX_F_EXISTED);
+    assert_int_equal(slot, 1);
+    {
+        uint8_t *got = malloc(k.len);
+        assert_int_equal(gw_dp_prefix_get(b.dp, 1, 0, got, k.len), RI_OK);
+        assert_memory_equal(got, k.buf, k.len);
+        free(got);
+    }
+    /* other tables: refused, b's tables unchanged (two attached blocks) */
     assert_int_equal(gw_dp_prefix_put(b.dp, key, other.buf, other.len, &slot, &flags), RI_ERR_EXISTS);
-    assert_int_equal(gw_dp_locate(b.dp, 0, 0, 0, 2, offs), RI_OK);
-    assert_int_equal(gw_dp_locate(b.dp, 0, 0, 0, 3, offs), RI_ERR_RANGE);
+    assert_int_equal(gw_dp_locate(b.dp, 0, 0, 0, 4, offs), RI_OK);
+    assert_int_equal(gw_dp_locate(b.dp, 0, 0, 0, 5, offs), RI_ERR_RANGE);
 
     /* bob: a miss on attach; his own block under the same key is his own */
     assert_int_equal(gw_dp_prefix_attach(c.dp, key, 1, att, &n_att), RI_OK);
@@ -445,7 +456,7 @@ static void test_put_existing_and_tenants(void **state)
         assert_string_equal(infos[0].tenant, "alice");
         assert_memory_equal(infos[0].key, key, CM_PFX_KEY_SIZE);
         assert_int_equal(infos[0].bytes, k.len);
-        assert_int_equal(infos[0].sessions, 2);
+        assert_int_equal(infos[0].sessions, 3); /* a once, b twice (two slots) */
         cm_free(infos);
         assert_int_equal(gw_ctl_list_prefixes(bob, 5000, &infos, &n, &err), RI_OK);
         assert_int_equal(n, 1);
@@ -591,6 +602,62 @@ static void test_tenant_cap(void **state)
     gw_dp_close(a2.dp);
     for (uint32_t i = 0; i < 6; i++)
         free(k[i].buf);
+}
+
+/* Pool pressure: when a session's upload finds the pool full, unreferenced
+ * blocks are evicted (least recently used first) before the upload fails;
+ * attached blocks stay. */
+static void test_pool_pressure(void **state)
+{
+    sess_t a, b;
+    blk_t k = make_block(60, 10, 12);
+    uint8_t key[CM_PFX_KEY_SIZE];
+    uint32_t slot, flags, n_att, n = 0;
+    cm_pfx_attached_t att[1];
+    ri_status_t st = RI_OK;
+    (void)state;
+
+    /* blocks may fill the whole (1 MiB) pool; sessions reserve little */
+    g_expected = 64;
+    g_memory = "--memory=1MiB";
+    START_OR_SKIP2("1MiB", NULL, NULL);
+    OPEN_OR_SKIP("tok-alice", &a);
+    OPEN_OR_SKIP("tok-alice", &b);
+    while (st == RI_OK && n < 1000) {
+        key_of(key, 400 + n);
+        st = gw_dp_prefix_put(a.dp, key, k.buf, k.len, &slot, &flags);
+        n += st == RI_OK;
+    }
+    /* the cap is the pool here: blocks fill it but for less than a block */
+    assert_true(st == RI_ERR_QUOTA || st == RI_ERR_NOSPACE);
+    assert_true(n > 10);
+    /* b holds the first one; a lets go of the rest */
+    key_of(key, 400);
+    assert_int_equal(gw_dp_prefix_attach(b.dp, key, 1, att, &n_att), RI_OK);
+    assert_int_equal(n_att, 1);
+    drop_session("tok-alice", &a);
+    /* b's own upload (16 pages, more than the pool has left): the pool is
+     * full of blocks, the least recently used unreferenced one goes */
+    {
+        uint32_t head = 1, cnt = 1, tok = 128, first = 0;
+        static uint8_t pages[16 * PAGE_BYTES];
+        memset(pages, 0x3c, sizeof(pages));
+        assert_int_equal(gw_dp_upload(b.dp, true, 0, 1, &head, &cnt, &tok, pages, sizeof(pages), &first), RI_OK);
+        assert_int_equal(first, 2);
+    }
+    key_of(key, 400);
+    assert_int_equal(gw_dp_prefix_attach(b.dp, key, 1, att, &n_att), RI_OK);
+    assert_int_equal(n_att, 1); /* attached: stayed */
+    key_of(key, 401);
+    assert_int_equal(gw_dp_prefix_attach(b.dp, key, 1, att, &n_att), RI_OK);
+    assert_int_equal(n_att, 0); /* the least recently used unreferenced one went */
+    key_of(key, 402);
+    assert_int_equal(gw_dp_prefix_attach(b.dp, key, 1, att, &n_att), RI_OK);
+    assert_int_equal(n_att, 1);
+    gw_dp_close(b.dp);
+    free(k.buf);
+    g_expected = 4096;
+    g_memory = "--memory=64MiB";
 }
 
 /* Send a PREFIX_PUT with this meta and data through the raw path. */
@@ -833,6 +900,7 @@ int main(void)
         cmocka_unit_test_teardown(test_put_existing_and_tenants, teardown_daemon),
         cmocka_unit_test_teardown(test_eviction_under_cap, teardown_daemon),
         cmocka_unit_test_teardown(test_tenant_cap, teardown_daemon),
+        cmocka_unit_test_teardown(test_pool_pressure, teardown_daemon),
         cmocka_unit_test_teardown(test_malformed, teardown_daemon),
         cmocka_unit_test_teardown(test_spill_recover, teardown_daemon),
     };
