@@ -102,17 +102,30 @@ def rss(pid):
     return anon, shmem
 
 
-class Peak:
-    """Samples a process's resident bytes every 50 ms until stopped."""
+def pool_used(metrics_addr):
+    """The kvstore's own count of its pool bytes in use (sessions' pages,
+    regions and prefix blocks), from its /metrics."""
+    try:
+        for line in http_get(metrics_addr, "/metrics").decode().splitlines():
+            if line.startswith('ri_kvs_pool_bytes{state="used"}'):
+                return int(float(line.split()[-1]))
+    except (OSError, ValueError):
+        pass
+    return 0
 
-    def __init__(self, pid):
+
+class Peak:
+    """Samples a process's resident bytes (or another probe) every 50 ms until stopped."""
+
+    def __init__(self, pid, probe=None):
         self.pid, self.peak, self.stop_ev = pid, (0, 0), threading.Event()
+        self.probe = probe or (lambda: rss(self.pid))
         self.t = threading.Thread(target=self.run, daemon=True)
         self.t.start()
 
     def run(self):
         while not self.stop_ev.is_set():
-            a, s = rss(self.pid)
+            a, s = self.probe()
             if a + s > sum(self.peak):
                 self.peak = (a, s)
             time.sleep(0.05)
@@ -375,25 +388,28 @@ def resolve_model(name):
     return path
 
 
-def ri_cases(a, addr, model_id, doc, qs, kvs_pid, worker_pid, rows, mem):
+def ri_cases(a, addr, model_id, doc, qs, kvs_pid, worker_pid, rows, mem, metrics):
     rng = random.Random(a.seed + 1)
     send = lambda ids: stream(addr, "/v1/completions", ri_body(a, model_id, ids))
     # publish the document (unmeasured), then the memory of one copy
-    k0, w0 = rss(kvs_pid), rss(worker_pid)
+    k0, w0, p0 = rss(kvs_pid), rss(worker_pid), pool_used(metrics)
     r = send(doc + qs[0])
     if r[4]:
         raise SystemExit("priming request failed: " + r[4])
     time.sleep(0.5)
     mem.update({"kvstore_before": k0, "worker_before": w0, "kvstore_one_copy": rss(kvs_pid),
+                "pool_used_before": p0, "pool_used_one_copy": pool_used(metrics),
                 "worker_after_one": rss(worker_pid), "priming_cached_tokens": r[3]})
     biggest = max(a.clients)
     for rnd in range(a.rounds):
         for n in sorted(set(a.clients) | set(a.cold_clients)):
             if n in a.clients:
-                peak = (Peak(kvs_pid), Peak(worker_pid)) if n == biggest and rnd == 0 else None
+                peak = (Peak(kvs_pid), Peak(worker_pid), Peak(0, lambda: (pool_used(metrics), 0))) \
+                    if n == biggest and rnd == 0 else None
                 res, wall = run_case(send, [doc + qs[i % len(qs)] for i in range(n)])
                 if peak:
-                    mem.update({"clients": n, "kvstore_peak": peak[0].stop(), "worker_peak": peak[1].stop()})
+                    mem.update({"clients": n, "kvstore_peak": peak[0].stop(), "worker_peak": peak[1].stop(),
+                                "pool_used_peak": peak[2].stop()[0]})
                 rows.append(case_row("ri-worker", "warm", n, res, wall, a))
                 print_row(rows[-1])
             if n in a.cold_clients:
@@ -468,7 +484,7 @@ def main(argv):
         qs = make_questions(addr, max(a.clients + a.cold_clients + [a.llama_clients]), a.question_tokens, rng)
         print("prefix: %s, document %d tokens, questions %d tokens, attn %s, logs in %s" % (
             os.path.basename(model), len(doc), a.question_tokens, a.attn, tmp), flush=True)
-        ri_cases(a, addr, model_id, doc, qs, kvs.pid, worker.pid, rows, mem)
+        ri_cases(a, addr, model_id, doc, qs, kvs.pid, worker.pid, rows, mem, ports["metrics"])
         stop(worker)
         worker = None
         if a.llama_server:
@@ -488,6 +504,11 @@ def main(argv):
         one = sum(mem["kvstore_one_copy"]) - sum(mem["kvstore_before"])
         grow = sum(mem["kvstore_peak"]) - sum(mem["kvstore_before"])
         mem["kvstore_growth_over_one_copy"] = grow / one if one > 0 else None
+        pone = mem["pool_used_one_copy"] - mem["pool_used_before"]
+        pgrow = mem["pool_used_peak"] - mem["pool_used_before"]
+        mem["pool_growth_over_one_copy"] = pgrow / pone if pone > 0 else None
+        print("memory: kvstore pool in use: one copy %.1f MiB, with %d clients attached %.1f MiB (%.2fx)" % (
+            pone / 2**20, mem["clients"], pgrow / 2**20, pgrow / pone if pone > 0 else float("nan")))
         wgrow = mem["worker_peak"][0] - mem["worker_after_one"][0]
         mem["worker_anon_growth_per_client"] = wgrow / mem["clients"]
         print("memory: kvstore one copy %.1f MiB, with %d clients attached %.1f MiB (%.2fx); worker +%.1f MiB "
