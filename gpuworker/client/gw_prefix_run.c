@@ -82,9 +82,9 @@ static bool gw_pfx_run_layout(const mdl_model_t *m, const mdl_attn_ops_t *attn, 
             return false; /* too short to index: nothing to import or publish */
         gw_remote_params_t g;
         gw_remote_params_default(&g);
-        g.wave = *w;
+        g.wave = *w; /* as configured: a session's pages are chosen before its index resolves an
+                        auto cluster size (1-token pages then, whatever the prompt) */
         cs = kn_wave_cluster_tokens(w, n - w->sink_tokens - w->window_tokens);
-        g.wave.tokens_per_cluster = cs;
         pt = gw_remote_page_tokens(&g);
     }
     kn_wave_params_t wb = *w;
