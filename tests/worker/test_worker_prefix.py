@@ -94,10 +94,17 @@ def run_same_twice(tmp, attn):
             m = w.metrics()
             check(m.get("ri_worker_prefix_published_blocks_total", 0) >= 4,
                   "the prompt's blocks were published (%s)" % m.get("ri_worker_prefix_published_blocks_total"))
+            up = "ri_worker_kvstore_uploaded_bytes_total"
+            first_up = m.get(up, 0)
             _, u = ask(w, attn, QUESTIONS[0], "chat")  # its template's tokens differ: a first time too
             check(cached(u) == 0, "chat, first time: nothing cached (%s)" % u)
             for kind in ("completion", "stream", "chat"):
+                before = w.metrics().get(up, 0)
                 t, u = ask(w, attn, QUESTIONS[0], kind)
+                if attn == "retroinfer-remote":  # the session imported the blocks: it uploads only the rest
+                    again = w.metrics().get(up, 0) - before
+                    check(0 < first_up and again < first_up / 2,
+                          "%s: uploaded %d bytes, the first time %d" % (kind, again, first_up))
                 check(cached(u) >= 1024 and cached(u) % 256 == 0 and cached(u) < u["prompt_tokens"],
                       "%s: again, cached_tokens %d of %d" % (kind, cached(u), u["prompt_tokens"]))
                 ref_text = want["chat" if kind == "chat" else "completion"]
