@@ -47,6 +47,8 @@ typedef struct gw_attn {
     bool compare;
     float *full;              /* [n_heads][d] exact output (compare) */
     bool release;             /* give back each layer's K/V once in the kvstore */
+    const mdl_prefix_src_t *prefix; /* cfg->prefix (borrowed), or NULL */
+    bool built_pending;       /* prefix->built not called yet: hold every release back */
     size_t *released;         /* [n_layers] tokens [sink, released[l]) given back */
 } gw_attn_t;
 
@@ -56,7 +58,7 @@ typedef struct gw_attn {
 static void gw_attn_release(gw_attn_t *a, uint32_t layer)
 {
     size_t end = 0, from;
-    if (!a->release || ri_session_indexed_end(a->sess, layer, &end) != RI_OK)
+    if (!a->release || a->built_pending || ri_session_indexed_end(a->sess, layer, &end) != RI_OK)
         return;
     from = CM_MAX(a->released[layer], (size_t)a->cfg.wave.sink_tokens);
     if (end <= from)
@@ -118,6 +120,31 @@ static void gw_attn_destroy(void *state)
     cm_free(a);
 }
 
+/* Attach the preloaded blocks to the new session (before any prefill), so
+ * that each layer's build imports them.  Fewer than preloaded (an admin
+ * dropped one meanwhile): RI_ERR_NOT_FOUND, and the caller prefills whole. */
+static ri_status_t gw_attn_attach(gw_attn_t *a, const mdl_prefix_src_t *prefix)
+{
+    uint32_t n_att = 0;
+    ri_status_t st;
+
+    a->prefix = prefix;
+    a->built_pending = prefix != NULL && prefix->built != NULL;
+    if (prefix == NULL || prefix->keys == NULL || prefix->n_keys == 0)
+        return RI_OK;
+    st = ri_session_attach_prefix(a->sess, prefix->keys, prefix->n_keys, &n_att);
+    if (st != RI_OK) {
+        cm_warn("attention backend %s: %s", GW_ATTN_REMOTE_NAME, ri_last_error());
+        return st;
+    }
+    if (n_att < prefix->n_keys) {
+        cm_warn("attention backend %s: %u of %u prefix blocks still cached: the prompt is prefilled whole",
+                GW_ATTN_REMOTE_NAME, n_att, prefix->n_keys);
+        return RI_ERR_NOT_FOUND;
+    }
+    return RI_OK;
+}
+
 static ri_status_t gw_attn_create(const mdl_attn_cfg_t *cfg, mdl_kv_t *kv, void **state_p)
 {
     ri_session_params_t sp;
@@ -174,6 +201,9 @@ static ri_status_t gw_attn_create(const mdl_attn_cfg_t *cfg, mdl_kv_t *kv, void 
         cm_error("attention backend %s: %s", GW_ATTN_REMOTE_NAME, ri_last_error());
         goto err;
     }
+    st = gw_attn_attach(a, cfg->prefix);
+    if (st != RI_OK)
+        goto err;
     *state_p = a;
     return RI_OK;
 
@@ -270,6 +300,13 @@ static ri_status_t gw_attn_decode(void *state, uint32_t layer, size_t pos, const
     gw_attn_t *a = state;
     const mdl_attn_geom_t *g = &a->kv->geom;
     ri_kv_view_t v = gw_attn_view(a->kv, layer, pos + 1);
+
+    if (a->built_pending) {
+        /* Every prefill_end ran before this first step: the indexes are
+         * built and the K/V still whole, the last moment to read both. */
+        a->prefix->built(a->prefix->ctx);
+        a->built_pending = false;
+    }
     ri_status_t st = ri_decode(&a->sess, 1, layer, q, &v, out);
 
     if (st == RI_ERR_CONN_RESET || st == RI_ERR_TIMEOUT || st == RI_ERR_TRANSPORT) {
@@ -320,6 +357,11 @@ static bool gw_attn_wave_params(void *state, uint32_t layer, kn_wave_params_t *w
     return true;
 }
 
+static const kn_index_t *gw_attn_index(void *state, uint32_t layer, uint32_t kv_head)
+{
+    return gw_api_session_index(((gw_attn_t *)state)->sess, layer, kv_head);
+}
+
 static const mdl_attn_ops_t gw_attn_ops = {
     .name = GW_ATTN_REMOTE_NAME,
     .help = "wave index + tripartite attention, clusters in ri-kvstore (needs --kvstore)",
@@ -330,6 +372,7 @@ static const mdl_attn_ops_t gw_attn_ops = {
     .decode = gw_attn_decode,
     .stats = gw_attn_stats,
     .wave_params = gw_attn_wave_params,
+    .index = gw_attn_index,
 };
 
 ri_status_t gw_attn_remote_configure(const gw_attn_remote_cfg_t *cfg, char *err, size_t errlen)

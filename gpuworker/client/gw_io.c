@@ -141,6 +141,8 @@ static ri_status_t gw_io_run(gw_io_t *io, gw_io_job_t *job)
             st = RI_OK;
         }
         return st;
+    case GW_IO_CALL:
+        return job->fn != NULL ? job->fn(io->dp, job->arg) : RI_ERR_INVALID;
     }
     return st;
 }

@@ -30,6 +30,8 @@ typedef enum gw_io_kind {
     GW_IO_REGISTER,     /* gw_dp_register_cache; the caller waits */
     GW_IO_RELEASE,      /* gw_dp_release; the caller waits */
     GW_IO_TOUCH,        /* gw_dp_touch; detached, a failure is logged only */
+    GW_IO_CALL,         /* fn(dp, arg): a few calls in a row on the connection (prefix
+                           attach, block reads, LOCATE); the caller waits */
 } gw_io_kind_t;
 
 typedef struct gw_io_job {
@@ -55,6 +57,9 @@ typedef struct gw_io_job {
     uint32_t *recs;           /* TOUCH: n_recs x {layer, head, id} (owned) */
     uint32_t n_recs;
     size_t page_bytes;        /* UPLOAD: bytes of one page */
+    /* CALL: run on the connection (borrowed until done) */
+    ri_status_t (*fn)(gw_dp_t *dp, void *arg);
+    void *arg;
     /* FETCH (borrowed until done) */
     uint32_t cache_id;        /* FETCH, RELEASE */
     const uint32_t *ids;      /* remote ids, head by head */

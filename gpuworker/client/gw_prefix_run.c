@@ -10,6 +10,7 @@
 #include "common/cm_alloc.h"
 #include "common/cm_log.h"
 #include "common/cm_status.h"
+#include "gpuworker/client/gw_attn_remote.h"
 #include "gpuworker/client/gw_remote.h"
 
 static CM_ALLOC_TAG(gw_pfx_run_tag, "gw.prefix.run");
@@ -22,11 +23,48 @@ struct gw_pfx_run {
     mdl_prefix_src_t src; /* what the sequence's build reads (cfg.prefix) */
     mdl_attn_cfg_t cfg;   /* the sequence's settings, prefix set */
     bool published;       /* publish ran */
+    bool remote;          /* "retroinfer-remote": the backend attaches the keys and
+                             calls src.built, where the run publishes */
+    const mdl_seq_t *mseq; /* the sequence (the caller's), for src.built */
 };
 
 bool gw_pfx_run_supports(const mdl_attn_ops_t *attn)
 {
-    return attn != NULL && (strcmp(attn->name, "full") == 0 || strcmp(attn->name, "retroinfer") == 0);
+    return attn != NULL && (strcmp(attn->name, "full") == 0 || strcmp(attn->name, "retroinfer") == 0 ||
+                            strcmp(attn->name, GW_ATTN_REMOTE_NAME) == 0);
+}
+
+static const kn_wave_pieces_t *gw_pfx_run_pieces(void *ctx, uint32_t layer)
+{
+    gw_pfx_run_t *run = ctx;
+    return gw_pfx_seq_cached(run->seq) > 0 ? gw_pfx_set_pieces(gw_pfx_seq_set(run->seq), layer) : NULL;
+}
+
+/* src.built of a remote backend: its K/V and index are whole now, and
+ * about to be given back. */
+static void gw_pfx_run_built(void *ctx)
+{
+    gw_pfx_run_t *run = ctx;
+    if (run->mseq != NULL)
+        gw_pfx_run_publish(run, run->mseq);
+}
+
+/* What the sequence starts from: the cached blocks (their keys for a
+ * remote backend, which attaches them itself) and, for a remote backend,
+ * the publish hook, also when nothing is cached. */
+static void gw_pfx_run_src(gw_pfx_run_t *run)
+{
+    size_t cached = gw_pfx_seq_cached(run->seq);
+    run->cfg.prefix = NULL;
+    if (cached == 0 && !(run->remote && run->seq != NULL))
+        return;
+    run->src = (mdl_prefix_src_t){.ctx = run, .n_tokens = cached, .pieces = gw_pfx_run_pieces};
+    if (run->remote) {
+        run->src.keys = cached > 0 ? gw_pfx_seq_keys(run->seq) : NULL;
+        run->src.n_keys = (uint32_t)(cached / run->lay.block_tokens);
+        run->src.built = gw_pfx_run_built;
+    }
+    run->cfg.prefix = &run->src;
 }
 
 /* The prompt's layout: the wave's cluster size for this prompt and the
@@ -44,9 +82,9 @@ static bool gw_pfx_run_layout(const mdl_model_t *m, const mdl_attn_ops_t *attn, 
             return false; /* too short to index: nothing to import or publish */
         gw_remote_params_t g;
         gw_remote_params_default(&g);
-        g.wave = *w;
+        g.wave = *w; /* as configured: a session's pages are chosen before its index resolves an
+                        auto cluster size (1-token pages then, whatever the prompt) */
         cs = kn_wave_cluster_tokens(w, n - w->sink_tokens - w->window_tokens);
-        g.wave.tokens_per_cluster = cs;
         pt = gw_remote_page_tokens(&g);
     }
     kn_wave_params_t wb = *w;
@@ -93,20 +131,22 @@ ri_status_t gw_pfx_run_create(gw_pfx_ctx_t *ctx, mdl_model_t *m, const mdl_attn_
                gw_pfx_max_blocks(&run->lay, cfg->wave.window_tokens, n) > 0) {
         atomic_fetch_add(&ctx->stats.fallbacks, 1); /* the kvstore could not be reached */
     }
-    if (gw_pfx_seq_cached(run->seq) > 0) {
-        run->src = (mdl_prefix_src_t){ gw_pfx_seq_set(run->seq), gw_pfx_seq_cached(run->seq), gw_pfx_set_pieces };
-        run->cfg.prefix = &run->src;
-    }
+    run->remote = strcmp(attn->name, GW_ATTN_REMOTE_NAME) == 0;
+    gw_pfx_run_src(run);
     st = mdl_seq_create(m, attn, &run->cfg, cap, &seq);
-    if (st == RI_OK && run->cfg.prefix != NULL && !gw_pfx_run_preload(run, seq)) {
-        mdl_seq_destroy(seq);
+    if (gw_pfx_seq_cached(run->seq) > 0 && (st != RI_OK || !gw_pfx_run_preload(run, seq))) {
+        /* a remote backend could not attach every block, or the preload
+         * failed: prefill the prompt whole (and still publish) */
+        if (st == RI_OK)
+            mdl_seq_destroy(seq);
         seq = NULL;
         gw_pfx_seq_drop(run->seq);
-        run->cfg.prefix = NULL;
+        gw_pfx_run_src(run);
         st = mdl_seq_create(m, attn, &run->cfg, cap, &seq);
     }
     if (st != RI_OK)
         goto err_free;
+    run->mseq = seq;
     *run_p = run;
     *seq_p = seq;
     return RI_OK;
@@ -128,8 +168,8 @@ void gw_pfx_run_prefilled(gw_pfx_run_t *run)
 
 bool gw_pfx_run_ready(const gw_pfx_run_t *run, const mdl_seq_t *seq)
 {
-    if (run == NULL || run->seq == NULL || run->published)
-        return false;
+    if (run == NULL || run->seq == NULL || run->published || run->remote)
+        return false; /* a remote backend publishes from src.built, before its K/V goes */
     if (!run->lay.indexed)
         return true;
     for (uint32_t l = 0; l < run->lay.n_layers; l++)

@@ -178,6 +178,11 @@ size_t gw_pfx_seq_cached(const gw_pfx_seq_t *seq)
     return seq != NULL ? (size_t)seq->n_cached * seq->lay.block_tokens : 0;
 }
 
+const uint8_t *gw_pfx_seq_keys(const gw_pfx_seq_t *seq)
+{
+    return seq != NULL ? seq->keys : NULL;
+}
+
 gw_pfx_set_t *gw_pfx_seq_set(gw_pfx_seq_t *seq)
 {
     return seq != NULL && seq->n_cached > 0 ? seq->set : NULL;

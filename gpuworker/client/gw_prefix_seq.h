@@ -78,6 +78,11 @@ ri_status_t gw_pfx_seq_begin(gw_dp_t *dp, const gw_pfx_keyer_t *keyer, const gw_
 /* Prompt tokens [0, cached) the attached blocks hold (a multiple of B). */
 size_t gw_pfx_seq_cached(const gw_pfx_seq_t *seq);
 
+/* The prompt's block keys (attachable blocks x CM_PFX_KEY_SIZE bytes,
+ * block order; borrowed from seq); the first gw_pfx_seq_cached / B of them
+ * are the attached ones.  NULL when the prompt has no attachable block. */
+const uint8_t *gw_pfx_seq_keys(const gw_pfx_seq_t *seq);
+
 /* The parsed blocks (gw_pfx_set_fill / gw_pfx_set_pieces read them);
  * borrowed from seq; NULL when nothing is cached. */
 gw_pfx_set_t *gw_pfx_seq_set(gw_pfx_seq_t *seq);

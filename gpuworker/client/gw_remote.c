@@ -207,6 +207,7 @@ void gw_remote_destroy(gw_remote_t *r)
     cm_free(r->old_recv);
     cm_free(r->recv);
     cm_free(r->cache);
+    gw_prefix_free(r);
     gw_remote_step_free(&r->step);
     for (uint32_t i = 0; i < GW_PEND_MAX; i++) {
         cm_free(r->pend[i].heads);
@@ -237,6 +238,27 @@ static void gw_pack_cluster(const gw_remote_t *r, const kn_index_t *idx, uint32_
     }
 }
 
+ri_status_t gw_head_reserve(gw_head_t *H, uint32_t want)
+{
+    if (want <= H->rcap)
+        return RI_OK;
+    uint32_t *nr = cm_realloc(&gw_remote_tag, H->rid, want * sizeof(uint32_t));
+    if (nr == NULL)
+        return RI_ERR_NOMEM;
+    H->rid = nr;
+    nr = cm_realloc(&gw_remote_tag, H->lid, want * sizeof(uint32_t));
+    if (nr == NULL)
+        return RI_ERR_NOMEM;
+    H->lid = nr;
+    uint32_t **nc = cm_realloc(&gw_remote_tag, H->cpg, want * sizeof(uint32_t *));
+    if (nc == NULL)
+        return RI_ERR_NOMEM;
+    memset(nc + H->rcap, 0, (want - H->rcap) * sizeof(uint32_t *));
+    H->cpg = nc;
+    H->rcap = want;
+    return RI_OK;
+}
+
 /* Pack the non-empty clusters of layer from first[h] on (per head), give
  * them kvstore ids (after the n_remote[h] the kvstore holds) and queue one
  * UPLOAD (append = false) or APPEND for all heads. */
@@ -251,22 +273,10 @@ static ri_status_t gw_remote_queue_upload(gw_remote_t *r, uint32_t layer, const 
 
     for (uint32_t h = 0; h < r->n_kv; h++) {
         const kn_index_t *idx = &L->idx[h];
-        if (idx->n_clusters > L->hd[h].rcap) {
-            uint32_t *nr = cm_realloc(&gw_remote_tag, L->hd[h].rid, idx->n_clusters * sizeof(uint32_t));
-            if (nr == NULL)
-                return RI_ERR_NOMEM;
-            L->hd[h].rid = nr;
-            nr = cm_realloc(&gw_remote_tag, L->hd[h].lid, idx->n_clusters * sizeof(uint32_t));
-            if (nr == NULL)
-                return RI_ERR_NOMEM;
-            L->hd[h].lid = nr;
-            uint32_t **nc = cm_realloc(&gw_remote_tag, L->hd[h].cpg, idx->n_clusters * sizeof(uint32_t *));
-            if (nc == NULL)
-                return RI_ERR_NOMEM;
-            memset(nc + L->hd[h].rcap, 0, (idx->n_clusters - L->hd[h].rcap) * sizeof(uint32_t *));
-            L->hd[h].cpg = nc;
-            L->hd[h].rcap = idx->n_clusters;
-        }
+        /* local ids up to n_clusters, kvstore ids up to n_remote + the new ones */
+        uint32_t want = CM_MAX(idx->n_clusters, L->hd[h].n_remote + (idx->n_clusters - first[h]));
+        if (gw_head_reserve(&L->hd[h], want) != RI_OK)
+            return RI_ERR_NOMEM;
         for (uint32_t j = first[h]; j < idx->n_clusters; j++) {
             if (idx->sizes[j] == 0)
                 continue;
@@ -333,6 +343,12 @@ static ri_status_t gw_store_append(void *ctx, const kn_index_t *idx, const uint3
     gw_layer_t *L = ctx;
     ri_status_t st;
     (void)idx; /* the same array as L->idx */
+    if (!L->adopted) {
+        L->adopted = true; /* the build's call: it may have imported attached blocks */
+        st = gw_prefix_adopt(L->r, L, first);
+        if (st != RI_OK)
+            return st;
+    }
     st = gw_remote_queue_upload(L->r, L->layer, kv, first, L->appendable);
     if (st == RI_OK)
         for (uint32_t h = 0; h < L->r->n_kv; h++)
@@ -346,7 +362,7 @@ static ri_status_t gw_remote_index_step(gw_remote_t *r, uint32_t layer, const kn
                                         bool *updated_p)
 {
     double t0 = cm_time_s();
-    ri_status_t st = build ? kn_wave_build(r->layers[layer].wave, kv)
+    ri_status_t st = build ? kn_wave_build_pieces(r->layers[layer].wave, kv, gw_prefix_pieces(r, layer))
                            : kn_wave_update(r->layers[layer].wave, kv, updated_p);
     r->st.build_s += cm_time_s() - t0;
     if (st != RI_OK && st != RI_ERR_INVALID && r->err == RI_OK)
@@ -442,7 +458,7 @@ ri_status_t gw_remote_reconnect(gw_remote_t *r, const char *addr, uint64_t sessi
     /* Re-fill: the same index, every cluster re-packed from the caller's K/V. */
     for (uint32_t l = 0; l < r->n_layers && st == RI_OK; l++) {
         for (uint32_t h = 0; h < r->n_kv; h++)
-            r->layers[l].hd[h].n_remote = 0;
+            r->layers[l].hd[h].n_remote = r->layers[l].hd[h].n_attached = 0; /* a new session: ours alone */
         st = gw_remote_queue_upload(r, l, &kv[l], zero, false);
     }
     cm_free(zero);

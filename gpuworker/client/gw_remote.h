@@ -43,6 +43,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "common/cm_half.h"
 #include "common/cm_wire.h"
 #include "kernels/kn_ops.h"
 #include "kernels/kn_wave.h"
@@ -194,6 +195,35 @@ void gw_remote_budget(const gw_remote_t *r, uint32_t layer, uint32_t *n_r_p, uin
  * tokens_per_cluster and update_clusters are the resolved ones once the
  * layer is built, the configured ones before. */
 const kn_wave_params_t *gw_remote_wave_params(const gw_remote_t *r, uint32_t layer);
+
+/*
+ * Prefix blocks (docs/prefix.md, common/cm_dp_prefix.h).  Before any layer
+ * is built, attach the leading blocks of keys (n_keys x CM_PFX_KEY_SIZE,
+ * in block order) the session's tenant holds: PREFIX_ATTACH on the
+ * session's own connection, then each block is read (mapped in place on
+ * the kvstore's host, else a PREFIX_GET copy) and parsed under the
+ * session's geometry (B = wave.segment_tokens, the sinks, the page size),
+ * and, with direct reads, its clusters are LOCATEd so that steps read them
+ * in the block's mapping.  The kvstore's tables then start with the
+ * blocks' clusters: each layer's build (gw_remote_build) imports their
+ * wave-index pieces instead of clustering those tokens and APPENDs only
+ * its new clusters; the block cache counts the attached clusters' pages.
+ * The caller's views must still hold every token (the engine preloads the
+ * blocks' K/V with gw_remote_prefix_fill).  *n_attached_p: the leading
+ * blocks attached (0 when the first key is not cached).  RI_ERR_INVALID
+ * after a build or a second attach; a failure once blocks were attached
+ * breaks the object (the tables hold clusters it cannot name).
+ */
+ri_status_t gw_remote_attach_prefix(gw_remote_t *r, const uint8_t *keys, uint32_t n_keys, uint32_t *n_attached_p);
+
+/* Tokens [0, n) the attached blocks hold (n = blocks * B). */
+size_t gw_remote_prefix_tokens(const gw_remote_t *r);
+
+/* The attached blocks' K and V of positions [pos0, pos0 + n) of (layer,
+ * kv_head) into k / v (fp16 [n][d], token_stride elements per token).
+ * RI_ERR_RANGE past the blocks, RI_ERR_INVALID without any. */
+ri_status_t gw_remote_prefix_fill(gw_remote_t *r, uint32_t layer, uint32_t kv_head, size_t pos0, size_t n,
+                                  cm_fp16_t *k, cm_fp16_t *v, size_t token_stride);
 
 /* The sticky error (RI_OK while healthy). */
 ri_status_t gw_remote_error(gw_remote_t *r);

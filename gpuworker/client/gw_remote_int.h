@@ -14,6 +14,7 @@
 #include "common/cm_dp_proto.h"
 #include "gpuworker/client/gw_direct.h"
 #include "gpuworker/client/gw_io.h"
+#include "gpuworker/client/gw_prefix.h"
 #include "gpuworker/client/gw_remote.h"
 
 #define GW_NO_ID UINT32_MAX
@@ -25,6 +26,8 @@ typedef struct gw_head {
     uint32_t rcap;         /* entries allocated in rid, lid, cpg */
     uint32_t n_remote;     /* clusters the kvstore holds for the head */
     uint32_t max_pages;    /* pages of the largest cluster */
+    uint32_t n_attached;   /* clusters of attached prefix blocks: kvstore ids [0, n_attached),
+                              local ids the same once the build imported them */
     uint32_t *lid;         /* kvstore id -> local cluster id */
     uint32_t **cpg;        /* per local cluster: its cache pages (owned), NULL when not
                               cached: our mirror of the kvstore's directory */
@@ -38,7 +41,9 @@ typedef struct gw_layer {
     kn_wave_store_t store; /* ctx = this layer */
     struct gw_remote *r;   /* owner, for the store */
     uint32_t layer;
-    bool appendable;       /* the store's next upload is an APPEND (the layer was indexed) */
+    bool appendable;       /* the store's next upload is an APPEND (the layer was indexed,
+                              or its tables hold attached prefix blocks) */
+    bool adopted;          /* the build's store call mapped the imported clusters */
     const kn_index_t *idx; /* [n_kv] the wave's meta index (borrowed) */
     gw_head_t *hd;         /* [n_kv] what is remote of each KV head */
 } gw_layer_t;
@@ -125,6 +130,10 @@ struct gw_remote {
     uint32_t late_layer;
     ri_status_t err;         /* sticky */
     gw_remote_stats_t st;
+    /* prefix blocks attached to the session (gw_remote_prefix.c) */
+    gw_pfx_set_t *pfx;       /* parsed, in block order; NULL = none */
+    uint8_t **pfx_copies;    /* [pfx_cap] PREFIX_GET copies (blocks not mappable here) */
+    uint32_t pfx_cap;
 };
 
 static inline uint32_t gw_pages(const gw_remote_t *r, uint32_t tokens)
@@ -153,6 +162,22 @@ static inline void gw_fetch_job_init(gw_io_job_t *job, const gw_remote_t *r, uin
     job->recv_offset = 0;
     job->timeout_ms = r->p.timeout_ms;
 }
+
+/* Room for ids [0, want) in H's rid, lid and cpg (new cpg entries NULL). */
+ri_status_t gw_head_reserve(gw_head_t *H, uint32_t want);
+
+/* --- gw_remote_prefix.c --- */
+
+/* The build's store call of layer L: map the first[h] clusters the build
+ * imported (ids [0, first[h]) local and remote) before the new ones are
+ * queued.  RI_ERR_INTERNAL when they are not the attached ones. */
+ri_status_t gw_prefix_adopt(gw_remote_t *r, gw_layer_t *L, const uint32_t *first);
+
+/* The wave-index pieces of layer's attached blocks, or NULL. */
+const kn_wave_pieces_t *gw_prefix_pieces(gw_remote_t *r, uint32_t layer);
+
+/* Free the attached blocks' parse and copies. */
+void gw_prefix_free(gw_remote_t *r);
 
 /* --- gw_remote_mirror.c --- */
 

@@ -253,6 +253,7 @@ static void ri_params_to_wave(const ri_session_params_t *p, kn_wave_params_t *w)
     w->retrieval_min_tokens = p->retrieval_min_tokens;
     w->estimation_min_tokens = p->estimation_min_tokens;
     w->adapt_tau = p->adapt_tau;
+    w->segment_tokens = p->block_tokens;
 }
 
 static void ri_params_from_wave(const kn_wave_params_t *w, ri_session_params_t *p)
@@ -267,6 +268,7 @@ static void ri_params_from_wave(const kn_wave_params_t *w, ri_session_params_t *
     p->retrieval_min_tokens = w->retrieval_min_tokens;
     p->estimation_min_tokens = w->estimation_min_tokens;
     p->adapt_tau = w->adapt_tau;
+    p->block_tokens = w->segment_tokens ? w->segment_tokens : KN_WAVE_SEGMENT_TOKENS;
 }
 
 void ri_session_params_init(ri_session_params_t *p)
@@ -696,6 +698,57 @@ ri_status_t ri_session_recover(ri_session_h s, const ri_kv_view_t *kv)
         (void)gw_ctl_drop_session(s->client->ctl, 1000, old, NULL, NULL);
     s->recoveries++;
     return RI_OK;
+}
+
+ri_status_t ri_session_attach_prefix(ri_session_h s, const uint8_t *keys, uint32_t n_keys, uint32_t *n_attached_p)
+{
+    uint32_t n = 0;
+    ri_status_t st;
+
+    ri_err_clear();
+    if (s == NULL || keys == NULL || n_attached_p == NULL || n_keys == 0 || s->steady != NULL) {
+        ri_err_set("ri_session_attach_prefix: no session, keys or output");
+        return RI_ERR_INVALID;
+    }
+    st = gw_remote_attach_prefix(s->r, keys, n_keys, &n);
+    if (st == RI_ERR_INVALID)
+        ri_err_set("ri_session_attach_prefix: only once, before the first prefill, with 1..65536 keys");
+    else if (st != RI_OK)
+        ri_err_set("kvstore %s: prefix attach of session %llu: %s", s->client->address,
+                   (unsigned long long)s->session_id, ri_status_str(st));
+    else
+        *n_attached_p = n;
+    return st;
+}
+
+ri_status_t ri_session_prefix_tokens(ri_session_h s, size_t *n_p)
+{
+    if (s == NULL || n_p == NULL)
+        return RI_ERR_INVALID;
+    *n_p = gw_remote_prefix_tokens(s->r);
+    return RI_OK;
+}
+
+ri_status_t ri_session_prefix_kv(ri_session_h s, uint32_t layer, uint32_t kv_head, size_t pos0, size_t n,
+                                 uint16_t *k, uint16_t *v, size_t token_stride)
+{
+    ri_status_t st;
+    ri_err_clear();
+    if (s == NULL)
+        return RI_ERR_INVALID;
+    st = gw_remote_prefix_fill(s->r, layer, kv_head, pos0, n, (cm_fp16_t *)k, (cm_fp16_t *)v, token_stride);
+    if (st != RI_OK)
+        ri_err_set("ri_session_prefix_kv: layer %u head %u positions [%zu, %zu) of %zu attached: %s", layer, kv_head,
+                   pos0, pos0 + n, gw_remote_prefix_tokens(s->r), ri_status_str(st));
+    return st;
+}
+
+const kn_index_t *gw_api_session_index(ri_session_h s, uint32_t layer, uint32_t kv_head)
+{
+    if (s == NULL || layer >= s->p.n_layers || kv_head >= s->p.n_kv_heads)
+        return NULL;
+    const kn_index_t *idx = gw_remote_index(s->r, layer, kv_head);
+    return idx != NULL && idx->n_clusters > 0 ? idx : NULL;
 }
 
 ri_status_t ri_session_indexed_end(ri_session_h s, uint32_t layer, size_t *end_p)

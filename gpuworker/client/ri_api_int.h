@@ -23,6 +23,11 @@ ri_status_t gw_api_session_create(ri_client_h client, const ri_session_params_t 
  * a bad session or layer. */
 const kn_wave_params_t *gw_api_session_wave(ri_session_h session, uint32_t layer);
 
+/* The wave index of (layer, kv_head) once built (borrowed, valid until
+ * the next build or update), NULL before or for bad arguments: what a
+ * worker publishes prefix blocks from. */
+const kn_index_t *gw_api_session_index(ri_session_h session, uint32_t layer, uint32_t kv_head);
+
 /* The client's control channel (borrowed: valid until ri_client_close;
  * thread-safe) and its call deadline, for the prefix-only sessions of
  * gw_prefix_seq.h. */

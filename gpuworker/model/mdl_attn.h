@@ -76,6 +76,16 @@ typedef struct mdl_prefix_src {
     void *ctx;
     size_t n_tokens;             /* positions [0, n_tokens) were preloaded */
     const kn_wave_pieces_t *(*pieces)(void *ctx, uint32_t layer);  /* NULL result: none for that layer */
+    /* The kvstore names of the preloaded blocks (n_keys x 32 bytes, block
+     * order): a backend whose index lives in the kvstore attaches them
+     * there itself ("retroinfer-remote").  NULL / 0: none. */
+    const uint8_t *keys;
+    uint32_t n_keys;
+    /* Optional: a backend whose K/V leaves the worker calls it once every
+     * layer's index is built and BEFORE it gives any K/V back (the last
+     * moment the sequence's K/V and index are whole), e.g. to publish the
+     * prompt's blocks.  NULL: not needed. */
+    void (*built)(void *ctx);
 } mdl_prefix_src_t;
 
 /* Settings of the backends (defaults in docs/architecture.md).  The wave

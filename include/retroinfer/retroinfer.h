@@ -61,8 +61,10 @@ extern "C" {
  *    io thread, no prediction), ri_session_params_get (the settings a
  *    session runs with, the auto cluster size resolved).
  * 4: ri_set_threads, ri_set_log_level, ri_config_from_env (the library no
- *    longer reads RI_THREADS / RI_LOG_LEVEL by itself). */
-#define RI_API_VERSION 4
+ *    longer reads RI_THREADS / RI_LOG_LEVEL by itself).
+ * 5: prefix reuse: ri_session_params_t.block_tokens, ri_session_attach_prefix,
+ *    ri_session_prefix_tokens, ri_session_prefix_kv. */
+#define RI_API_VERSION 5
 
 /* The API version the library was built with (RI_API_VERSION). */
 int ri_api_version(void);
@@ -169,6 +171,9 @@ typedef struct ri_session_params {
                                    to the estimation zone */
     /* appended in API version 3 */
     uint32_t flags;             /* RI_SESSION_* bits; 0 = the defaults */
+    /* appended in API version 5 */
+    uint32_t block_tokens;      /* B, tokens per prefix block and the index build's segment
+                                   (block b = positions [b*B, (b+1)*B)); 0 = 256 */
 } ri_session_params_t;
 
 /* ri_session_params_t.flags.  The library reads no environment variable for
@@ -272,6 +277,57 @@ ri_status_t ri_session_recover(ri_session_h session, const ri_kv_view_t *kv);
  * all the views must still hold.  Grows at prefill and every update_tokens
  * decode steps. */
 ri_status_t ri_session_indexed_end(ri_session_h session, uint32_t layer, size_t *end_p);
+
+/*
+ * Prefix reuse (docs/prefix.md, docs/worker.md).  A document prefilled
+ * once serves every later session that starts with it: its leading blocks
+ * of block_tokens tokens are published to the kvstore as immutable
+ * per-tenant objects under 32-byte keys (ri-worker computes and publishes
+ * them; the key rule is in docs/prefix.md), and a new session attaches
+ * them instead of uploading their clusters again:
+ *
+ *   ri_session_create(c, &sp, &s);
+ *   ri_session_attach_prefix(s, keys, n_keys, &n_att);   // before any prefill
+ *   cached = n_att * block_tokens;
+ *   for each layer and KV head: ri_session_prefix_kv(s, layer, h, 0, cached, k, v, stride);
+ *   the engine computes positions [cached, n) itself, then per layer:
+ *   ri_prefill(s, layer, &kv[layer]);                    // kv covers [0, n)
+ *
+ * ri_prefill of a layer then imports the attached blocks' wave-index
+ * pieces (no clustering of those tokens) and uploads only the new
+ * clusters; decode reads the blocks' clusters where the kvstore keeps them
+ * (in place on its host), exactly as the session's own, and the block
+ * cache (cache_frac) counts them.  The session holds no copy of the
+ * attached clusters: the kvstore keeps one per tenant, referenced until
+ * the session closes.  Blocks lie wholly inside the indexed range: at
+ * most floor((n - window_tokens) / block_tokens) of a prompt of n tokens.
+ */
+
+/* Attach the leading blocks of keys (n_keys x 32 bytes, block order) that
+ * the client's tenant holds, on the session's data-plane connection, and
+ * read them (mapped on the kvstore's host, else copied).  Only before the
+ * session's first prefill, once.  *n_attached_p: how many (0 when the first
+ * key is not cached; the session is then as before).  The blocks must have
+ * been published for the session's geometry, block_tokens, sink_tokens and
+ * page size (a worker with the same settings).  Errors: RI_ERR_INVALID
+ * (after a prefill, called twice, n_keys 0 or > 65536), a block of another
+ * geometry (RI_ERR_INVALID / RI_ERR_PROTOCOL / RI_ERR_CORRUPT) or a
+ * transport error: the session is then broken (close it and start
+ * another, without the prefix). */
+ri_status_t ri_session_attach_prefix(ri_session_h session, const uint8_t *keys, uint32_t n_keys,
+                                     uint32_t *n_attached_p);
+
+/* Tokens [0, *n_p) the attached blocks hold (0 when none). */
+ri_status_t ri_session_prefix_tokens(ri_session_h session, size_t *n_p);
+
+/* The attached blocks' K and V (fp16 bits, post-RoPE as published) of
+ * positions [pos0, pos0 + n) of (layer, kv_head) into k and v: the row of
+ * position p at k + (p - pos0) * token_stride (elements).  For an engine
+ * that keeps its own K/V cache: it preloads these instead of recomputing
+ * them.  Errors: RI_ERR_INVALID (no blocks, bad layer / head / stride),
+ * RI_ERR_RANGE (past the blocks). */
+ri_status_t ri_session_prefix_kv(ri_session_h session, uint32_t layer, uint32_t kv_head, size_t pos0, size_t n,
+                                 uint16_t *k, uint16_t *v, size_t token_stride);
 
 /* RI_OK while the session is healthy, else the error that broke it. */
 ri_status_t ri_session_status(ri_session_h session);

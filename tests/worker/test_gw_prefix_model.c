@@ -138,7 +138,7 @@ static void tp_run(const char *method)
         assert_int_equal(gw_pfx_block_build(&lay, &src, i, &bufs[i], &len), RI_OK);
         assert_int_equal(gw_pfx_set_add(set, bufs[i], len), RI_OK);
     }
-    mdl_prefix_src_t psrc = { set, pre, gw_pfx_set_pieces };
+    mdl_prefix_src_t psrc = { .ctx = set, .n_tokens = pre, .pieces = gw_pfx_set_pieces };
     cfg.prefix = &psrc;
     assert_int_equal(mdl_seq_create(tp_model, mdl_attn_find(method), &cfg, TP_N + TP_GEN + 1, &b), RI_OK);
     assert_int_equal(mdl_seq_preload(b, pre, gw_pfx_set_fill, set), RI_OK);

@@ -11,6 +11,9 @@ One ctest test per mode (the first argument):
   two         two ri-worker processes on one kvstore: the second reuses the
               blocks the first published, then both decode different
               questions at once, each equal to the reference answer
+  remote      "full"'s checks with --attn retroinfer-remote (the session
+              attaches the blocks and imports their pieces itself)
+  two-remote  "two" with --attn retroinfer-remote
 
 Exits 77 (skipped) without the model or the binaries.
 """
@@ -91,10 +94,17 @@ def run_same_twice(tmp, attn):
             m = w.metrics()
             check(m.get("ri_worker_prefix_published_blocks_total", 0) >= 4,
                   "the prompt's blocks were published (%s)" % m.get("ri_worker_prefix_published_blocks_total"))
+            up = "ri_worker_kvstore_uploaded_bytes_total"
+            first_up = m.get(up, 0)
             _, u = ask(w, attn, QUESTIONS[0], "chat")  # its template's tokens differ: a first time too
             check(cached(u) == 0, "chat, first time: nothing cached (%s)" % u)
             for kind in ("completion", "stream", "chat"):
+                before = w.metrics().get(up, 0)
                 t, u = ask(w, attn, QUESTIONS[0], kind)
+                if attn == "retroinfer-remote":  # the session imported the blocks: it uploads only the rest
+                    again = w.metrics().get(up, 0) - before
+                    check(0 < first_up and again < first_up / 2,
+                          "%s: uploaded %d bytes, the first time %d" % (kind, again, first_up))
                 check(cached(u) >= 1024 and cached(u) % 256 == 0 and cached(u) < u["prompt_tokens"],
                       "%s: again, cached_tokens %d of %d" % (kind, cached(u), u["prompt_tokens"]))
                 ref_text = want["chat" if kind == "chat" else "completion"]
@@ -108,13 +118,15 @@ def run_same_twice(tmp, attn):
                   "metrics: lookups, hits, saved tokens, attached bytes, no fallback (%s)" %
                   {k: v for k, v in m.items() if "prefix" in k or "saved" in k})
             # the kvstore gone: the request is prefilled whole, answers the same, and the failure is counted
-            kvs.terminate()
-            kvs.wait(30)
-            t, u = ask(w, attn, QUESTIONS[0])
-            m = w.metrics()
-            check(t == want["completion"] and cached(u) == 0 and m.get("ri_worker_prefix_fallbacks_total", 0) >= 1,
-                  "kvstore gone: same text, nothing cached, a fallback counted (%s, %s)" %
-                  (u, m.get("ri_worker_prefix_fallbacks_total")))
+            # (not for retroinfer-remote, whose attention itself lives in the kvstore)
+            if attn != "retroinfer-remote":
+                kvs.terminate()
+                kvs.wait(30)
+                t, u = ask(w, attn, QUESTIONS[0])
+                m = w.metrics()
+                check(t == want["completion"] and cached(u) == 0 and m.get("ri_worker_prefix_fallbacks_total", 0) >= 1,
+                      "kvstore gone: same text, nothing cached, a fallback counted (%s, %s)" %
+                      (u, m.get("ri_worker_prefix_fallbacks_total")))
         finally:
             check(w.stop() == 0, "SIGTERM -> exit 0")
     finally:
@@ -131,8 +143,11 @@ def test_retroinfer(tmp):
     run_same_twice(tmp, "retroinfer")
 
 
-def test_two(tmp):
-    attn = "retroinfer"
+def test_remote(tmp):
+    run_same_twice(tmp, "retroinfer-remote")
+
+
+def test_two(tmp, attn="retroinfer"):
     kvs, grpc = start_kvstore(tmp)
     try:
         ref = wh.Worker("--kvstore", grpc, "--attn", attn, "--no-prefix-cache", tmp=tmp)
@@ -176,7 +191,8 @@ def main():
         return 77
     with tempfile.TemporaryDirectory(prefix="ri-prefix-") as tmp:
         try:
-            {"full": test_full, "retroinfer": test_retroinfer, "two": test_two}[mode](tmp)
+            {"full": test_full, "retroinfer": test_retroinfer, "two": test_two, "remote": test_remote,
+             "two-remote": lambda t: test_two(t, "retroinfer-remote")}[mode](tmp)
         except Exception as e:
             check(False, "%s: %s" % (type(e).__name__, e))
         finally:
