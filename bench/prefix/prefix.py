@@ -222,7 +222,7 @@ def post_json(addr, path, body, timeout=600):
     return json.loads(data)
 
 
-def stream(addr, path, body, timeout=1800):
+def stream(addr, path, body, timeout=1800, on_first=None):
     """One streaming request: (ttft_s, end_s, tokens, cached_tokens, error)."""
     host, port = addr.rsplit(":", 1)
     t0 = time.time()
@@ -252,6 +252,8 @@ def stream(addr, path, body, timeout=1800):
                     tokens = ev.get("tokens_predicted", tokens)
             if ttft is None and (text or ev.get("choices")):
                 ttft = time.time() - t0  # the first token's event (its text may be empty: EOS)
+                if on_first:
+                    on_first()
             if text and "choices" in ev:
                 tokens += 1
             u = ev.get("usage")
@@ -264,6 +266,8 @@ def stream(addr, path, body, timeout=1800):
     end = time.time() - t0
     if ttft is None and err is None:
         ttft = end  # no token event: the answer ended at once
+        if on_first:
+            on_first()
     return ttft, end, tokens, cached, err
 
 
@@ -277,12 +281,21 @@ def llama_body(a, ids):
             "ignore_eos": True}
 
 
-def run_case(send, prompts):
-    """Send every prompt at once; per request (ttft, end, tokens, cached, err) and the wall time."""
+def run_case(send, prompts, when_all_first=None):
+    """Send every prompt at once; per request (ttft, end, tokens, cached, err) and the wall time.
+    when_all_first (may be None) runs once every request has its first token: all are decoding."""
     out = [None] * len(prompts)
+    lock, firsts = threading.Lock(), [0]
+
+    def first():
+        with lock:
+            firsts[0] += 1
+            last = firsts[0] == len(prompts)
+        if last and when_all_first:
+            when_all_first()
 
     def one(i):
-        out[i] = send(prompts[i])
+        out[i] = send(prompts[i], first)
 
     t0 = time.time()
     th = [threading.Thread(target=one, args=(i,)) for i in range(len(prompts))]
@@ -390,7 +403,7 @@ def resolve_model(name):
 
 def ri_cases(a, addr, model_id, doc, qs, kvs_pid, worker_pid, rows, mem, metrics):
     rng = random.Random(a.seed + 1)
-    send = lambda ids: stream(addr, "/v1/completions", ri_body(a, model_id, ids))
+    send = lambda ids, cb=None: stream(addr, "/v1/completions", ri_body(a, model_id, ids), on_first=cb)
     # publish the document (unmeasured), then the memory of one copy
     k0, w0, p0 = rss(kvs_pid), rss(worker_pid), pool_used(metrics)
     r = send(doc + qs[0])
@@ -406,8 +419,14 @@ def ri_cases(a, addr, model_id, doc, qs, kvs_pid, worker_pid, rows, mem, metrics
             if n in a.clients:
                 peak = (Peak(kvs_pid), Peak(worker_pid), Peak(0, lambda: (pool_used(metrics), 0))) \
                     if n == biggest and rnd == 0 else None
-                res, wall = run_case(send, [doc + qs[i % len(qs)] for i in range(n)])
+                steady = {}
+
+                def sample():
+                    steady.update({"worker_decoding": rss(worker_pid), "pool_used_decoding": pool_used(metrics)})
+
+                res, wall = run_case(send, [doc + qs[i % len(qs)] for i in range(n)], sample if peak else None)
                 if peak:
+                    mem.update(steady)
                     mem.update({"clients": n, "kvstore_peak": peak[0].stop(), "worker_peak": peak[1].stop(),
                                 "pool_used_peak": peak[2].stop()[0]})
                 rows.append(case_row("ri-worker", "warm", n, res, wall, a))
@@ -422,7 +441,7 @@ def llama_cases(a, model, tmp, doc, qs, rows):
     ctx = a.doc_tokens + a.question_tokens + a.max_tokens + 64
     p, addr = start_llama(a.llama_server, tmp, model, a, ctx)
     try:
-        send = lambda ids: stream(addr, "/completion", llama_body(a, ids))
+        send = lambda ids, cb=None: stream(addr, "/completion", llama_body(a, ids), on_first=cb)
         r = send(doc + qs[0])
         if r[4]:
             raise SystemExit("llama-server priming request failed: " + r[4])
@@ -509,6 +528,12 @@ def main(argv):
         mem["pool_growth_over_one_copy"] = pgrow / pone if pone > 0 else None
         print("memory: kvstore pool in use: one copy %.1f MiB, with %d clients attached %.1f MiB (%.2fx)" % (
             pone / 2**20, mem["clients"], pgrow / 2**20, pgrow / pone if pone > 0 else float("nan")))
+        if "worker_decoding" in mem:
+            wdec = mem["worker_decoding"][0] - mem["worker_after_one"][0]
+            mem["worker_anon_growth_per_client_decoding"] = wdec / mem["clients"]
+            print("memory: worker +%.1f MiB anonymous per client once all %d decode; kvstore pool then %.1f MiB "
+                  "over before" % (wdec / mem["clients"] / 2**20, mem["clients"],
+                                   (mem["pool_used_decoding"] - mem["pool_used_before"]) / 2**20))
         wgrow = mem["worker_peak"][0] - mem["worker_after_one"][0]
         mem["worker_anon_growth_per_client"] = wgrow / mem["clients"]
         print("memory: kvstore one copy %.1f MiB, with %d clients attached %.1f MiB (%.2fx); worker +%.1f MiB "
