@@ -195,6 +195,7 @@ static ri_status_t gw_attn_create(const mdl_attn_cfg_t *cfg, mdl_kv_t *kv, void 
     sp.deadline_us = deadline_us;
     sp.flags = flags;
     sp.expected_tokens = kv->cap;
+    sp.prefix_tokens = cfg->prefix != NULL && cfg->prefix->n_keys > 0 ? cfg->prefix->n_tokens : 0;
     sp.label = "ri-worker";
     st = gw_api_session_create(client, &sp, &cfg->wave, &a->sess); /* the wave settings whole */
     if (st != RI_OK) {

@@ -309,8 +309,10 @@ static ri_status_t ri_session_open(ri_session_h s, gw_ctl_session_t *out)
     gw_ctl_geometry_t geo = {.layers = s->p.n_layers, .kv_heads = s->p.n_kv_heads, .head_dim = s->p.head_dim,
                              .dtype = 1, .page_tokens = gw_remote_page_tokens(&g)};
     gw_ctl_error_t err = {0};
-    ri_status_t st = gw_ctl_create_session(s->client->ctl, s->client->timeout_ms, &geo,
-                                           s->p.expected_tokens ? s->p.expected_tokens : 8192,
+    uint64_t expected = s->p.expected_tokens ? s->p.expected_tokens : 8192;
+    /* attached blocks are held once for all their sessions: reserve our own part only */
+    expected -= CM_MIN(s->p.prefix_tokens, expected - 1);
+    ri_status_t st = gw_ctl_create_session(s->client->ctl, s->client->timeout_ms, &geo, expected,
                                            s->label ? s->label : "", out, &err);
     if (st != RI_OK)
         ri_err_set("kvstore %s: CreateSession: %s (%s)", s->client->address, ri_status_str(st), err.message);

@@ -62,7 +62,7 @@ extern "C" {
  *    session runs with, the auto cluster size resolved).
  * 4: ri_set_threads, ri_set_log_level, ri_config_from_env (the library no
  *    longer reads RI_THREADS / RI_LOG_LEVEL by itself).
- * 5: prefix reuse: ri_session_params_t.block_tokens, ri_session_attach_prefix,
+ * 5: prefix reuse: ri_session_params_t.block_tokens and .prefix_tokens, ri_session_attach_prefix,
  *    ri_session_prefix_tokens, ri_session_prefix_kv. */
 #define RI_API_VERSION 5
 
@@ -174,6 +174,11 @@ typedef struct ri_session_params {
     /* appended in API version 5 */
     uint32_t block_tokens;      /* B, tokens per prefix block and the index build's segment
                                    (block b = positions [b*B, (b+1)*B)); 0 = 256 */
+    uint64_t prefix_tokens;     /* tokens the session will attach as prefix blocks
+                                   (ri_session_attach_prefix), a hint: the kvstore then
+                                   reserves memory for expected_tokens - prefix_tokens of
+                                   the session's own (the attached blocks are held once,
+                                   for every session that attaches them); 0 = none */
 } ri_session_params_t;
 
 /* ri_session_params_t.flags.  The library reads no environment variable for
