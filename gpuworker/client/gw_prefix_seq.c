@@ -13,8 +13,13 @@
 
 static CM_ALLOC_TAG(gw_pfx_seq_tag, "gw.prefix.seq");
 
-/* The expected size of a prefix-only session: it uploads nothing itself. */
-#define GW_PFX_CONN_EXPECTED_TOKENS 256u
+/* The expected size of a prefix-only session: it uploads nothing itself,
+ * so it reserves as little as the kvstore allows (a session with no
+ * expected size gets no direct region, and mapping its blocks needs one:
+ * MAP names the handover socket).  Every request holds one of these while
+ * it lives; sixteen requests on one document must not reserve sixteen
+ * blocks' worth. */
+#define GW_PFX_CONN_EXPECTED_TOKENS 1u
 
 struct gw_pfx_seq {
     gw_dp_t *dp; /* borrowed */
