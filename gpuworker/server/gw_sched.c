@@ -466,9 +466,7 @@ static void gw_sched_prefill(gw_sched_t *s, gw_req_t *r)
     s->st.prompt_tokens += n;
     pthread_mutex_unlock(&s->mu);
     if (last) {
-        gw_pfx_run_prefilled(r->pfx);
-        if (gw_pfx_run_ready(r->pfx, r->seq)) /* "full": nothing more to build */
-            gw_pfx_run_publish(r->pfx, r->seq);
+        gw_pfx_run_prefilled(r->pfx, s->m, r->seq); /* builds the index and publishes */
     }
     if (last && s->cfg.dev != NULL && (st = gw_dev_upload(s, r)) != RI_OK) {
         cm_error("request: cannot copy the prefill to the device: %s", ri_status_str(st));
@@ -556,9 +554,6 @@ static void gw_sched_decode(gw_sched_t *s)
                             ri_status_str(sb));
             continue;
         }
-        /* the first step built the wave index: the prompt's blocks can go out */
-        if (gw_pfx_run_ready(r->pfx, r->seq))
-            gw_pfx_run_publish(r->pfx, r->seq);
         gw_sched_step(s, r, row);
     }
 }

@@ -14,6 +14,11 @@ One ctest test per mode (the first argument):
   remote      "full"'s checks with --attn retroinfer-remote (the session
               attaches the blocks and imports their pieces itself)
   two-remote  "two" with --attn retroinfer-remote
+  prime / prime-remote
+              a warm-up request with max_tokens 1 (it ends before any
+              decode step) publishes the document's blocks: the same
+              prompt again reports cached_tokens > 0 and answers the
+              reference's greedy text (retroinfer / retroinfer-remote)
 
 Exits 77 (skipped) without the model or the binaries.
 """
@@ -147,6 +152,34 @@ def test_remote(tmp):
     run_same_twice(tmp, "retroinfer-remote")
 
 
+def test_prime(tmp, attn):
+    kvs, grpc = start_kvstore(tmp)
+    try:
+        ref = wh.Worker("--kvstore", grpc, "--attn", attn, "--no-prefix-cache", tmp=tmp)
+        try:
+            want1 = ask(ref, attn, QUESTIONS[0], max_tokens=1)[0]
+            want = ask(ref, attn, QUESTIONS[0])[0]
+        finally:
+            ref.stop()
+        w = wh.Worker("--kvstore", grpc, "--attn", attn, tmp=tmp)
+        try:
+            t, u = ask(w, attn, QUESTIONS[0], max_tokens=1)
+            check(cached(u) == 0 and u["completion_tokens"] == 1 and t == want1,
+                  "max_tokens 1: one token, the reference's (%r vs %r, %s)" % (t, want1, u))
+            m = w.metrics()
+            check(m.get("ri_worker_prefix_published_blocks_total", 0) >= 4,
+                  "max_tokens 1 published the prompt's blocks (%s)" % m.get("ri_worker_prefix_published_blocks_total"))
+            t, u = ask(w, attn, QUESTIONS[0])
+            check(cached(u) >= 1024 and cached(u) % 256 == 0,
+                  "after the warm-up: cached_tokens %d of %d" % (cached(u), u["prompt_tokens"]))
+            check(t == want, "same greedy text as without the cache (%r vs %r)" % (t, want))
+        finally:
+            check(w.stop() == 0, "SIGTERM -> exit 0")
+    finally:
+        kvs.terminate()
+        kvs.wait(30)
+
+
 def test_two(tmp, attn="retroinfer"):
     kvs, grpc = start_kvstore(tmp)
     try:
@@ -192,7 +225,9 @@ def main():
     with tempfile.TemporaryDirectory(prefix="ri-prefix-") as tmp:
         try:
             {"full": test_full, "retroinfer": test_retroinfer, "two": test_two, "remote": test_remote,
-             "two-remote": lambda t: test_two(t, "retroinfer-remote")}[mode](tmp)
+             "two-remote": lambda t: test_two(t, "retroinfer-remote"),
+             "prime": lambda t: test_prime(t, "retroinfer"),
+             "prime-remote": lambda t: test_prime(t, "retroinfer-remote")}[mode](tmp)
         except Exception as e:
             check(False, "%s: %s" % (type(e).__name__, e))
         finally:
