@@ -19,6 +19,10 @@ One ctest test per mode (the first argument):
               decode step) publishes the document's blocks: the same
               prompt again reports cached_tokens > 0 and answers the
               reference's greedy text (retroinfer / retroinfer-remote)
+  gemma-remote
+              Gemma 3 270M (sliding-window layers) on retroinfer-remote:
+              the same document twice, the second time cached and the
+              greedy text of a worker with --no-prefix-cache
 
 Exits 77 (skipped) without the model or the binaries.
 """
@@ -37,6 +41,7 @@ DOC = ("Notes of the harbour office, volume three. " +
        " ".join("Ship %d arrived from port %d carrying %d crates of %s." %
                 (i, i * 7 % 13, 10 + i * 3 % 17, ["tea", "salt", "wool", "iron", "glass"][i % 5])
                 for i in range(1, 80)))
+GEMMA_FILE = "gemma-3-270m-q4_k_m.gguf"
 QUESTIONS = [" Question: what did ship 12 carry? Answer:", " Question: where did ship 30 come from? Answer:"]
 
 
@@ -58,14 +63,14 @@ def start_kvstore(tmp):
     return kvs, grpc
 
 
-def ask(w, attn, question, kind="completion", max_tokens=12):
+def ask(w, attn, question, kind="completion", max_tokens=12, model=wh.MODEL_ID, doc=DOC):
     """(text, usage) of one greedy request; kind: completion, chat, stream."""
     if kind == "chat":
-        body = wh.chat(DOC + question, max_tokens=max_tokens, attn=attn)
+        body = wh.chat(doc + question, max_tokens=max_tokens, attn=attn, model=model)
         st, _, c = w.request("POST", "/v1/chat/completions", body)
         check(st == 200, "chat answers (%d)" % st)
         return c["choices"][0]["message"]["content"], c["usage"]
-    body = wh.completion(DOC + question, max_tokens=max_tokens, attn=attn)
+    body = wh.completion(doc + question, max_tokens=max_tokens, attn=attn, model=model)
     if kind == "stream":
         st, _, ev = w.stream("/v1/completions", dict(body, stream_options={"include_usage": True}))
         check(st == 200 and ev[-1] == "[DONE]", "stream answers (%d)" % st)
@@ -180,6 +185,36 @@ def test_prime(tmp, attn):
         kvs.wait(30)
 
 
+def test_gemma_remote(tmp):
+    attn, model = "retroinfer-remote", "gemma3-270m"
+    doc = DOC + " " + DOC.replace("Ship", "Boat")  # Gemma's tokens are fewer: room for several blocks
+    kvs, grpc = start_kvstore(tmp)
+    try:
+        ref = wh.Worker("--kvstore", grpc, "--model", model, "--attn", attn, "--no-prefix-cache", tmp=tmp)
+        try:
+            model_id = ref.request("GET", "/v1/models")[2]["data"][0]["id"]
+            want = ask(ref, attn, QUESTIONS[0], model=model_id, doc=doc)[0]
+        finally:
+            ref.stop()
+        w = wh.Worker("--kvstore", grpc, "--model", model, "--attn", attn, tmp=tmp)
+        try:
+            t1, u1 = ask(w, attn, QUESTIONS[0], model=model_id, doc=doc)
+            check(u1["prompt_tokens"] >= 1500 and cached(u1) == 0 and t1 == want,
+                  "first time: %d prompt tokens, none cached, the reference's text (%r vs %r)" %
+                  (u1["prompt_tokens"], t1, want))
+            t, u = ask(w, attn, QUESTIONS[0], model=model_id, doc=doc)
+            check(cached(u) >= 1024 and cached(u) % 256 == 0,
+                  "again: cached_tokens %d of %d" % (cached(u), u["prompt_tokens"]))
+            check(t == want, "again: same greedy text as without the cache (%r vs %r)" % (t, want))
+            print("gemma3-270m: %d prompt tokens, %d cached the second time, text %r" %
+                  (u["prompt_tokens"], cached(u), t))
+        finally:
+            check(w.stop() == 0, "SIGTERM -> exit 0")
+    finally:
+        kvs.terminate()
+        kvs.wait(30)
+
+
 def test_two(tmp, attn="retroinfer"):
     kvs, grpc = start_kvstore(tmp)
     try:
@@ -219,6 +254,9 @@ def main():
     if not os.path.exists(wh.MODEL):
         print("skip: no model at %s" % wh.MODEL)
         return 77
+    if mode == "gemma-remote" and not os.path.exists(os.path.join(os.path.dirname(wh.MODEL), GEMMA_FILE)):
+        print("skip: no Gemma 3 270M model next to %s" % wh.MODEL)
+        return 77
     if not os.access(wh.WORKER, os.X_OK) or not os.access(wh.KVSTORE, os.X_OK):
         print("skip: ri-worker / ri-kvstore not built in %s" % wh.BUILD)
         return 77
@@ -227,7 +265,8 @@ def main():
             {"full": test_full, "retroinfer": test_retroinfer, "two": test_two, "remote": test_remote,
              "two-remote": lambda t: test_two(t, "retroinfer-remote"),
              "prime": lambda t: test_prime(t, "retroinfer"),
-             "prime-remote": lambda t: test_prime(t, "retroinfer-remote")}[mode](tmp)
+             "prime-remote": lambda t: test_prime(t, "retroinfer-remote"),
+             "gemma-remote": test_gemma_remote}[mode](tmp)
         except Exception as e:
             check(False, "%s: %s" % (type(e).__name__, e))
         finally:
