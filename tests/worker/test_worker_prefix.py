@@ -23,9 +23,15 @@ One ctest test per mode (the first argument):
               Gemma 3 270M (sliding-window layers) on retroinfer-remote:
               the same document twice, the second time cached and the
               greedy text of a worker with --no-prefix-cache
+  kill-remote retroinfer-remote with a spill-tier kvstore: a streamed
+              request that attached the document's blocks sees the kvstore
+              killed (-9) and restarted with --recover mid-answer; the
+              stream still ends with the reference's text, and a new
+              request with the same document answers it too
 
 Exits 77 (skipped) without the model or the binaries.
 """
+import json
 import os
 import subprocess
 import sys
@@ -45,14 +51,16 @@ GEMMA_FILE = "gemma-3-270m-q4_k_m.gguf"
 QUESTIONS = [" Question: what did ship 12 carry? Answer:", " Question: where did ship 30 come from? Answer:"]
 
 
-def start_kvstore(tmp):
+def start_kvstore(tmp, listen="127.0.0.1:0", extra=()):
     env = dict(os.environ, UCX_TLS=os.environ.get("UCX_TLS", "posix,sysv,cma,tcp,self"))
     os.environ["UCX_TLS"] = env["UCX_TLS"]
     ports = os.path.join(tmp, "kvs.ports")
-    kvs = subprocess.Popen([wh.KVSTORE, "--listen=127.0.0.1:0", "--dataplane-listen=127.0.0.1:0",
+    if os.path.exists(ports):
+        os.unlink(ports)
+    kvs = subprocess.Popen([wh.KVSTORE, "--listen=" + listen, "--dataplane-listen=127.0.0.1:0",
                             "--metrics-listen=127.0.0.1:0", "--insecure-admin", "--memory=512MiB", "--no-hugepages",
-                            "--drain-timeout-ms=3000", "--port-file=" + ports],
-                           stdout=open(os.path.join(tmp, "kvstore.log"), "wb"), stderr=subprocess.STDOUT, env=env)
+                            "--drain-timeout-ms=3000", "--port-file=" + ports, *extra],
+                           stdout=open(os.path.join(tmp, "kvstore.log"), "ab"), stderr=subprocess.STDOUT, env=env)
     for _ in range(1500):
         if os.path.exists(ports) and "grpc=" in open(ports).read():
             break
@@ -215,6 +223,74 @@ def test_gemma_remote(tmp):
         kvs.wait(30)
 
 
+def stream_until(w, attn, n, on_n, max_tokens):
+    """A streamed greedy completion of DOC + QUESTIONS[0]; on_n() runs once
+    after n text pieces.  (text, usage)."""
+    body = dict(wh.completion(DOC + QUESTIONS[0], max_tokens=max_tokens, attn=attn),
+                stream=True, stream_options={"include_usage": True})
+    c = w.conn(timeout=600)
+    c.request("POST", "/v1/completions", body=json.dumps(body).encode(), headers={"Content-Type": "application/json"})
+    r = c.getresponse()
+    check(r.status == 200, "stream answers (%d)" % r.status)
+    pieces, usage, fired = [], {}, False
+    for line in r:
+        line = line.decode().strip()
+        if not line.startswith("data: ") or line == "data: [DONE]":
+            continue
+        ev = json.loads(line[6:])
+        check("error" not in ev, "no error event (%s)" % ev.get("error"))
+        usage = ev.get("usage") or usage
+        if ev.get("choices") and ev["choices"][0].get("text"):
+            pieces.append(ev["choices"][0]["text"])
+        if len(pieces) >= n and not fired:
+            fired = True
+            on_n()
+    c.close()
+    return "".join(pieces), usage
+
+
+def test_kill_remote(tmp):
+    attn = "retroinfer-remote"
+    spill = os.path.join(tmp, "spill")
+    os.mkdir(spill)
+    extra = ("--spill-dir=" + spill, "--recover", "--session-lease-ms=60000")
+    kvs, grpc = start_kvstore(tmp, extra=extra)
+    os.environ.setdefault("RI_WORKER_DIRECT", "false")  # every step two-sided: the decode sees the kill at once
+    w = None
+    try:
+        ref = wh.Worker("--kvstore", grpc, "--attn", attn, "--no-prefix-cache", tmp=tmp)
+        try:
+            want = ask(ref, attn, QUESTIONS[0], max_tokens=24)[0]
+        finally:
+            ref.stop()
+        w = wh.Worker("--kvstore", grpc, "--attn", attn, "--timeout-ms", "2000", tmp=tmp)
+        _, u = ask(w, attn, QUESTIONS[0], max_tokens=1)  # publishes the document's blocks
+        box = {}
+
+        def restart():
+            kvs.kill()
+            kvs.wait(30)
+            box["kvs"] = start_kvstore(tmp, listen=grpc, extra=extra)[0]
+        t, u = stream_until(w, attn, 6, restart, 24)
+        kvs = box.get("kvs", kvs)
+        check(cached(u) >= 1024, "the stream attached the blocks (%s)" % u)
+        check(t == want,
+              "killed mid-answer: the stream ends with the reference's text (%r vs %r, %s)" % (t, want, u))
+        m = w.metrics()
+        check(m.get("ri_worker_sequences_rebuilt_total", 0) >= 1, "the sequence was rebuilt (%s)" %
+              m.get("ri_worker_sequences_rebuilt_total"))
+        # the rebuild published the blocks the crash lost: a new request finds them
+        t, u = ask(w, attn, QUESTIONS[0], max_tokens=24)
+        check(t == want, "after the restart, the same document: the reference's text (%r vs %r)" % (t, want))
+        check(cached(u) >= 1024, "after the restart, the same document is cached again (%s)" % u)
+    finally:
+        if w is not None:
+            check(w.stop() == 0, "SIGTERM -> exit 0")
+        if kvs.poll() is None:
+            kvs.terminate()
+            kvs.wait(30)
+
+
 def test_two(tmp, attn="retroinfer"):
     kvs, grpc = start_kvstore(tmp)
     try:
@@ -266,7 +342,7 @@ def main():
              "two-remote": lambda t: test_two(t, "retroinfer-remote"),
              "prime": lambda t: test_prime(t, "retroinfer"),
              "prime-remote": lambda t: test_prime(t, "retroinfer-remote"),
-             "gemma-remote": test_gemma_remote}[mode](tmp)
+             "gemma-remote": test_gemma_remote, "kill-remote": test_kill_remote}[mode](tmp)
         except Exception as e:
             check(False, "%s: %s" % (type(e).__name__, e))
         finally:
