@@ -40,6 +40,8 @@ static const kn_wave_pieces_t *gw_pfx_run_pieces(void *ctx, uint32_t layer)
     return gw_pfx_seq_cached(run->seq) > 0 ? gw_pfx_set_pieces(gw_pfx_seq_set(run->seq), layer) : NULL;
 }
 
+static void gw_pfx_run_publish(gw_pfx_run_t *run, const mdl_seq_t *seq);
+
 /* src.built of a remote backend: its K/V and index are whole now, and
  * about to be given back. */
 static void gw_pfx_run_built(void *ctx)
@@ -160,36 +162,39 @@ size_t gw_pfx_run_cached(const gw_pfx_run_t *run)
     return run != NULL && run->cfg.prefix != NULL ? run->src.n_tokens : 0;
 }
 
-void gw_pfx_run_prefilled(gw_pfx_run_t *run)
-{
-    if (run != NULL && run->seq != NULL)
-        gw_pfx_seq_prefilled(run->seq);
-}
-
-bool gw_pfx_run_ready(const gw_pfx_run_t *run, const mdl_seq_t *seq)
-{
-    if (run == NULL || run->seq == NULL || run->published || run->remote)
-        return false; /* a remote backend publishes from src.built, before its K/V goes */
-    if (!run->lay.indexed)
-        return true;
-    for (uint32_t l = 0; l < run->lay.n_layers; l++)
-        if (mdl_seq_wave_index(seq, l, 0) != NULL)
-            return true;
-    return false;
-}
-
 static const kn_index_t *gw_pfx_run_index(void *ctx, uint32_t layer, uint32_t kv_head)
 {
     return mdl_seq_wave_index(ctx, layer, kv_head);
 }
 
-void gw_pfx_run_publish(gw_pfx_run_t *run, const mdl_seq_t *seq)
+static void gw_pfx_run_publish(gw_pfx_run_t *run, const mdl_seq_t *seq)
 {
     if (run == NULL || run->seq == NULL || run->published)
         return;
     run->published = true;
     gw_pfx_src_t src = { mdl_seq_kv(seq), (void *)seq, run->lay.indexed ? gw_pfx_run_index : NULL };
     (void)gw_pfx_seq_publish(run->seq, &src, NULL);
+}
+
+void gw_pfx_run_prefilled(gw_pfx_run_t *run, mdl_model_t *m, mdl_seq_t *seq)
+{
+    if (run == NULL || run->seq == NULL)
+        return;
+    gw_pfx_seq_prefilled(run->seq);
+    if (run->published)
+        return;
+    /* The wave backends build their index at the first decode step, which
+     * a request that ends at its first token (max_tokens 1, a stop) never
+     * takes: build it now, the same index from the same K/V, so that such
+     * a request (a cache warm-up) publishes too. */
+    ri_status_t st = run->lay.indexed ? mdl_seq_build(m, seq) : RI_OK;
+    if (st != RI_OK) {
+        /* the first decode step tries the build again and reports it; a
+         * remote backend still publishes from src.built then */
+        cm_warn("prefix: index build after the prefill failed (%s): blocks not published yet", ri_status_str(st));
+        return;
+    }
+    gw_pfx_run_publish(run, seq);
 }
 
 void gw_pfx_run_destroy(gw_pfx_run_t *run)

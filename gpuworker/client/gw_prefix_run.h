@@ -6,8 +6,8 @@
  *
  *   gw_pfx_run_create(ctx, m, attn, cfg, cap, ids, n, &run, &seq);
  *   prefill ids[gw_pfx_run_cached(run) .. n) into seq;
- *   once the index is built (after the prefill for "full", after the first
- *   decode step for "retroinfer"): gw_pfx_run_publish(run, seq);
+ *   gw_pfx_run_prefilled(run, m, seq);  (builds the index, publishes)
+ *   decode ...
  *   mdl_seq_destroy(seq); gw_pfx_run_destroy(run);
  *
  * Any prefix failure falls back to a whole prefill (counted in ctx's
@@ -41,16 +41,12 @@ ri_status_t gw_pfx_run_create(gw_pfx_ctx_t *ctx, mdl_model_t *m, const mdl_attn_
 /* Prompt tokens the sequence was preloaded with (prefill the rest). */
 size_t gw_pfx_run_cached(const gw_pfx_run_t *run);
 
-/* The prompt is prefilled: count its hit and miss tokens. */
-void gw_pfx_run_prefilled(gw_pfx_run_t *run);
-
-/* Whether the sequence's blocks can be published now: its backend's index
- * is built (always for "full"). */
-bool gw_pfx_run_ready(const gw_pfx_run_t *run, const mdl_seq_t *seq);
-
-/* Publish the prompt's new blocks from seq (once; later calls do nothing).
- * Never fails the request. */
-void gw_pfx_run_publish(gw_pfx_run_t *run, const mdl_seq_t *seq);
+/* The prompt is prefilled into seq (model m, the run's sequence): count
+ * its hit and miss tokens, build the backend's index now (mdl_seq_build)
+ * and publish the prompt's new blocks, so that a request ending before
+ * its first decode step publishes too.  Once; never fails the request (a
+ * failed build is left to the first decode step, which reports it). */
+void gw_pfx_run_prefilled(gw_pfx_run_t *run, mdl_model_t *m, mdl_seq_t *seq);
 
 /* NULL is a no-op.  After the sequence is destroyed. */
 void gw_pfx_run_destroy(gw_pfx_run_t *run);

@@ -918,6 +918,22 @@ static void mdl_release_windows(mdl_model_t *m, mdl_seq_t *s)
     s->win_released = to;
 }
 
+ri_status_t mdl_seq_build(mdl_model_t *m, mdl_seq_t *s)
+{
+    ri_status_t st;
+    if (m == NULL || s == NULL || s->model != m)
+        return RI_ERR_INVALID;
+    if (s->decoding)
+        return RI_OK; /* built already */
+    /* the sliding-window layers keep no index: the backend reads their window */
+    for (uint32_t l = 0; l < m->hp.n_layers; l++)
+        if (m->layers[l].window == 0 && s->attn->prefill_end != NULL &&
+            (st = s->attn->prefill_end(s->attn_state, l)) != RI_OK)
+            return st;
+    s->decoding = true;
+    return RI_OK;
+}
+
 ri_status_t mdl_decode(mdl_model_t *m, mdl_seq_t *const *seqs, const int32_t *tokens, size_t n_seqs, float *logits)
 {
     if (n_seqs == 0 || !mdl_tokens_ok(m, tokens, n_seqs))
@@ -930,16 +946,9 @@ ri_status_t mdl_decode(mdl_model_t *m, mdl_seq_t *const *seqs, const int32_t *to
                 return RI_ERR_INVALID;
     }
     ri_status_t st;
-    for (size_t b = 0; b < n_seqs; b++) {
-        mdl_seq_t *s = seqs[b];
-        if (s->decoding)
-            continue;
-        for (uint32_t l = 0; l < m->hp.n_layers; l++)
-            if (m->layers[l].window == 0 && s->attn->prefill_end != NULL &&
-                (st = s->attn->prefill_end(s->attn_state, l)) != RI_OK)
-                return st;
-        s->decoding = true;
-    }
+    for (size_t b = 0; b < n_seqs; b++)
+        if ((st = mdl_seq_build(m, seqs[b])) != RI_OK)
+            return st;
     mdl_act_t a;
     if ((st = mdl_act_alloc(&m->hp, n_seqs, &a)) != RI_OK)
         return st;

@@ -150,6 +150,15 @@ ri_status_t mdl_seq_preload(mdl_seq_t *s, size_t n,
                                                 cm_fp16_t *k, cm_fp16_t *v, size_t token_stride),
                             void *arg);
 
+/* End the prompt: build the backend's index of the sequence's tokens
+ * (each global layer's prefill_end) now rather than at the first decode
+ * step, which then does not repeat it; e.g. to publish the index of a
+ * request that ends before any decode step.  After it the sequence takes
+ * no more mdl_prefill, only mdl_decode.  RI_OK at once when built already.
+ * Errors: RI_ERR_INVALID (NULL, s not of m), the backend's (the build is
+ * then tried again by the next call or decode step). */
+ri_status_t mdl_seq_build(mdl_model_t *m, mdl_seq_t *s);
+
 /* The backend's wave index of (layer, kv_head) once built (borrowed, valid
  * until the next decode step); NULL when it keeps none (full, quest, a
  * layer not indexed). */

@@ -466,9 +466,7 @@ static void gw_sched_prefill(gw_sched_t *s, gw_req_t *r)
     s->st.prompt_tokens += n;
     pthread_mutex_unlock(&s->mu);
     if (last) {
-        gw_pfx_run_prefilled(r->pfx);
-        if (gw_pfx_run_ready(r->pfx, r->seq)) /* "full": nothing more to build */
-            gw_pfx_run_publish(r->pfx, r->seq);
+        gw_pfx_run_prefilled(r->pfx, s->m, r->seq); /* builds the index and publishes */
     }
     if (last && s->cfg.dev != NULL && (st = gw_dev_upload(s, r)) != RI_OK) {
         cm_error("request: cannot copy the prefill to the device: %s", ri_status_str(st));
@@ -482,37 +480,77 @@ static void gw_sched_prefill(gw_sched_t *s, gw_req_t *r)
     }
 }
 
-/* The kvstore lost r's session and the worker no longer holds the K/V it
- * had uploaded (RI_ERR_LOST): rebuild the sequence from its token ids, the
- * prompt and every generated token but the last (which the next decode step
- * feeds), in a new sequence and so a new kvstore session. */
-static ri_status_t gw_sched_rebuild(gw_sched_t *s, gw_req_t *r)
+/* The rebuilt sequence of r for the n tokens ids, prefilled.  With prefix
+ * reuse (r had a run), through a new run: it attaches the leading blocks
+ * the kvstore still holds (a restart with --recover finds again those it
+ * had spilled), prefills only the rest, and publishes what is missing, so
+ * the next request with the same document finds it cached.  *run_p (NULL
+ * without prefix reuse) and *seq_p on success. */
+static ri_status_t gw_sched_rebuild_seq(gw_sched_t *s, gw_req_t *r, const int32_t *ids, size_t n,
+                                        gw_pfx_run_t **run_p, mdl_seq_t **seq_p)
 {
+    size_t cap = mdl_seq_cap(r->seq), done = 0;
+    gw_pfx_run_t *run = NULL;
     mdl_seq_t *seq = NULL;
     ri_status_t st;
 
     /* A kvstore that was restarted may not listen yet: the data plane notices
      * its death at once, well before a supervisor has it back. */
     uint64_t give_up = cm_time_ns() + GW_SCHED_REBUILD_WAIT_MS * 1000000ull;
-    while ((st = mdl_seq_create(s->m, r->attn, &s->cfg.attn, mdl_seq_cap(r->seq), &seq)) == RI_ERR_UNREACHABLE &&
-           cm_time_ns() < give_up)
+    for (;;) {
+        st = r->pfx != NULL ? gw_pfx_run_create(s->cfg.prefix, s->m, r->attn, &s->cfg.attn, cap, ids, n, &run, &seq)
+                            : mdl_seq_create(s->m, r->attn, &s->cfg.attn, cap, &seq);
+        if (st != RI_ERR_UNREACHABLE || cm_time_ns() >= give_up)
+            break;
         usleep(200 * 1000);
-#ifndef GW_MUTANT_REBUILD_NO_PREFILL /* the mutant (tests only) forgets the prompt */
-    if (st == RI_OK)
-        st = mdl_prefill(s->m, seq, r->ids, r->n_ids, NULL, NULL, NULL, NULL);
-#endif
-    if (st == RI_OK && r->n_gen > 1)
-        st = mdl_prefill(s->m, seq, r->gen, r->n_gen - 1, NULL, NULL, NULL, NULL);
+    }
+    if (st != RI_OK)
+        return st;
+    done = gw_pfx_run_cached(run);
+    st = mdl_prefill(s->m, seq, ids + done, n - done, NULL, NULL, NULL, NULL);
     if (st != RI_OK) {
         mdl_seq_destroy(seq);
+        gw_pfx_run_destroy(run);
         return st;
     }
+    gw_pfx_run_prefilled(run, s->m, seq); /* builds the index and publishes */
+    *run_p = run;
+    *seq_p = seq;
+    return RI_OK;
+}
+
+/* The kvstore lost r's session and the worker no longer holds the K/V it
+ * had uploaded (RI_ERR_LOST): rebuild the sequence from its token ids, the
+ * prompt and every generated token but the last (which the next decode step
+ * feeds), in a new sequence and so a new kvstore session. */
+static ri_status_t gw_sched_rebuild(gw_sched_t *s, gw_req_t *r)
+{
+    size_t skip = 0, n = r->n_ids + (r->n_gen > 0 ? r->n_gen - 1 : 0);
+    gw_pfx_run_t *run = NULL;
+    mdl_seq_t *seq = NULL;
+    int32_t *ids = cm_malloc(&gw_sched_tag, n * sizeof(*ids));
+    ri_status_t st;
+
+    if (ids == NULL)
+        return RI_ERR_NOMEM;
+    memcpy(ids, r->ids, r->n_ids * sizeof(*ids));
+    memcpy(ids + r->n_ids, r->gen, (n - r->n_ids) * sizeof(*ids));
+#ifdef GW_MUTANT_REBUILD_NO_PREFILL /* the mutant (tests only) forgets the prompt */
+    skip = r->n_ids;
+#endif
+    st = gw_sched_rebuild_seq(s, r, ids + skip, n - skip, &run, &seq);
+    cm_free(ids);
+    if (st != RI_OK)
+        return st;
     mdl_seq_destroy(r->seq);
+    gw_pfx_run_destroy(r->pfx); /* after the sequence, which borrowed its blocks */
     r->seq = seq;
+    r->pfx = run;
     pthread_mutex_lock(&s->mu);
     s->st.rebuilt++;
     pthread_mutex_unlock(&s->mu);
-    cm_warn("request: sequence rebuilt from its %zu tokens after its kvstore session was lost", r->n_ids + r->n_gen - 1);
+    cm_warn("request: sequence rebuilt from its %zu tokens (%zu from cached prefix blocks) after its kvstore "
+            "session was lost", n, gw_pfx_run_cached(run));
     return RI_OK;
 }
 
@@ -556,9 +594,6 @@ static void gw_sched_decode(gw_sched_t *s)
                             ri_status_str(sb));
             continue;
         }
-        /* the first step built the wave index: the prompt's blocks can go out */
-        if (gw_pfx_run_ready(r->pfx, r->seq))
-            gw_pfx_run_publish(r->pfx, r->seq);
         gw_sched_step(s, r, row);
     }
 }

@@ -147,6 +147,8 @@ typedef struct kvs_pblock {
     uint64_t disk_id;                /* its records' id in the spill store (kvs_prefix_spill.c) */
     uint32_t n_tokens;               /* tokens of the block (header) */
     uint32_t refs;                   /* attached session slots */
+    uint32_t pins;                   /* read-backs in flight without the lock: while > 0 the
+                                        block is not freed and its records stay */
     bool in_catalog;                 /* reachable by key (a dropped block lives until its last detach) */
     uint64_t created_unix_ms;
     struct kvs_pblock *hnext;        /* hash chain */
@@ -331,10 +333,21 @@ ri_status_t kvs_prefix_handover_locked(kvs_session_t *s, uint32_t slot, int *fd_
  * (it stays in the catalog, on disk).  Nothing changes on failure. */
 ri_status_t kvs_prefix_spill_locked(kvs_data_t *data, kvs_pblock_t *b);
 
-/* Read on-disk b back into a sealed memory file (verifying every record and
- * the block's own CRC); b is then resident and its records are forgotten.
- * RI_ERR_CORRUPT (or the read's error) leaves it on disk: the caller drops it. */
-ri_status_t kvs_prefix_load_locked(kvs_data_t *data, kvs_pblock_t *b, kvs_tenant_t *t);
+/* Read the records of an on-disk block (disk_id, bytes long) back into a
+ * new sealed memory file, verifying every record and the block's own CRC:
+ * *tmp_p (unaccounted, for kvs_prefix_install_locked or
+ * kvs_prefix_discard) on success.  Lock NOT held: the caller pins the
+ * block (kvs_pblock_t.pins) so that its records stay.  RI_ERR_CORRUPT,
+ * RI_ERR_NOT_FOUND, RI_ERR_TRUNCATED, RI_ERR_PROTOCOL: the records fail. */
+ri_status_t kvs_prefix_read_back(kvs_data_t *data, uint64_t disk_id, uint64_t bytes, kvs_pblock_t **tmp_p);
+
+/* Make on-disk b resident with tmp's memory file (kvs_prefix_read_back;
+ * consumed either way), under the caps; b's records are then forgotten.
+ * On failure (caps, pool) b stays on disk. */
+ri_status_t kvs_prefix_install_locked(kvs_data_t *data, kvs_pblock_t *b, kvs_tenant_t *t, kvs_pblock_t *tmp);
+
+/* Unmap, close and free tmp (kvs_prefix_read_back's, never admitted). */
+void kvs_prefix_discard(kvs_pblock_t *tmp);
 
 /* Forget on-disk b's records. */
 void kvs_prefix_disk_forget_locked(kvs_data_t *data, kvs_pblock_t *b);

@@ -152,7 +152,8 @@ static void kvs_pfx_evict_locked(kvs_data_t *data, kvs_pblock_t *b)
     }
     cm_debug("prefix: evicting a block of tenant %s (%" PRIu64 " bytes)", b->tenant, b->bytes);
     kvs_prefix_unlink_locked(data, b);
-    kvs_pfx_free_locked(data, b);
+    if (b->pins == 0)
+        kvs_pfx_free_locked(data, b); /* else a lane still reading it back frees it at its unpin */
 }
 
 /* The least recently used unreferenced block (of tenant, or of anyone when NULL). */
@@ -295,7 +296,7 @@ void kvs_prefix_detach_all_locked(kvs_data_t *data, kvs_session_t *s)
             continue;
         if (b->in_catalog)
             kvs_pfx_lru_push(&data->prefix, b); /* stays cached, now evictable */
-        else
+        else if (b->pins == 0)
             kvs_pfx_free_locked(data, b); /* dropped while attached: its last user left */
     }
     cm_free(s->blocks);
@@ -335,32 +336,65 @@ ri_status_t kvs_prefix_hold_locked(kvs_data_t *data, kvs_tenant_t *t, kvs_pblock
     return RI_OK;
 }
 
-/* Find tenant's block of key, reading it back when it is on disk.  One whose
- * records fail verification (or are missing) is dropped: a miss, never
- * served.  One that cannot be read back now (caps, memory, I/O) stays on
- * disk; NULL then too. */
+/* Drop b from the catalog after its records failed verification: a miss
+ * from now on, freed once nobody pins or references it.  Lock held. */
+static void kvs_pfx_drop_corrupt_locked(kvs_data_t *data, kvs_pblock_t *b, ri_status_t st)
+{
+    cm_error("prefix: a spilled block of tenant %s failed verification (%s): dropped", b->tenant, ri_status_str(st));
+    data->prefix.corrupt++;
+    kvs_prefix_unlink_locked(data, b);
+    if (b->pins == 0 && b->refs == 0)
+        kvs_pfx_free_locked(data, b);
+}
+
+/* Find tenant's block of key, reading it back when it is on disk.  The
+ * read (disk I/O and a copy into a memory file) runs WITHOUT data->lock, so
+ * it stalls no other session: the block is pinned meanwhile, so that a drop
+ * frees it only after (the last unpin does), and another lane may read the
+ * same block at the same time (the first back installs it; the other's copy
+ * goes).  One whose records fail verification (or are missing) is dropped:
+ * a miss, never served.  One that cannot be read back now (caps, memory,
+ * I/O) stays on disk; NULL then too.  Lock held on entry and on return,
+ * released in between. */
 static kvs_pblock_t *kvs_pfx_find_resident_locked(kvs_data_t *data, const char *tenant, const uint8_t *key)
 {
-    kvs_pblock_t *b = kvs_prefix_find_locked(data, tenant, key);
+    kvs_pblock_t *b = kvs_prefix_find_locked(data, tenant, key), *tmp = NULL;
     kvs_tenant_t *t;
     ri_status_t st;
 
     if (b == NULL || !b->on_disk)
         return b;
-    t = kvs_tenant_get_locked(data, tenant);
-    st = t != NULL ? kvs_prefix_load_locked(data, b, t) : RI_ERR_NOMEM;
+    if (!kvs_tier_on(data))
+        return NULL;
+    b->pins++;
+    uint64_t disk_id = b->disk_id, bytes = b->bytes; /* fixed while on disk and pinned */
+    pthread_mutex_unlock(&data->lock);
+    st = kvs_prefix_read_back(data, disk_id, bytes, &tmp);
+    pthread_mutex_lock(&data->lock);
+    b->pins--;
+    if (!b->in_catalog) { /* dropped meanwhile: a miss */
+        kvs_prefix_discard(tmp);
+        if (b->pins == 0 && b->refs == 0)
+            kvs_pfx_free_locked(data, b);
+        return NULL;
+    }
+    if (!b->on_disk) { /* another lane read it back first (and forgot the records we read) */
+        kvs_prefix_discard(tmp);
+        return b;
+    }
+    if (st == RI_OK) {
+        t = kvs_tenant_get_locked(data, tenant);
+        st = t != NULL ? kvs_prefix_install_locked(data, b, t, tmp) : RI_ERR_NOMEM;
+        if (t == NULL)
+            kvs_prefix_discard(tmp);
+    }
     if (st == RI_OK) {
         if (b->refs == 0)
             kvs_pfx_lru_push(&data->prefix, b); /* resident again, the most recent */
         return b;
     }
-    if (st == RI_ERR_CORRUPT || st == RI_ERR_NOT_FOUND || st == RI_ERR_TRUNCATED || st == RI_ERR_PROTOCOL) {
-        cm_error("prefix: a spilled block of tenant %s failed verification (%s): dropped", tenant,
-                 ri_status_str(st));
-        data->prefix.corrupt++;
-        kvs_prefix_unlink_locked(data, b);
-        kvs_pfx_free_locked(data, b);
-    }
+    if (st == RI_ERR_CORRUPT || st == RI_ERR_NOT_FOUND || st == RI_ERR_TRUNCATED || st == RI_ERR_PROTOCOL)
+        kvs_pfx_drop_corrupt_locked(data, b, st);
     return NULL;
 }
 
@@ -754,10 +788,10 @@ ri_status_t kvs_data_prefix_drop(kvs_data_t *data, const char *tenant, const uin
             kvs_prefix_unlink_locked(data, b);
             dropped++;
             data->prefix.dropped++;
-            if (b->refs == 0) {
+            if (b->refs == 0 && b->pins == 0) {
                 freed += b->charge;
                 kvs_pfx_free_locked(data, b);
-            } /* else: freed at its last detach */
+            } /* else: freed at its last detach or unpin */
         }
         if (tenant != NULL && dropped > 0)
             break; /* one tenant holds a key once */

@@ -197,28 +197,44 @@ static ri_status_t kvs_pfx_read(kvs_data_t *data, const kvs_pblock_t *b, uint8_t
     return st;
 }
 
-ri_status_t kvs_prefix_load_locked(kvs_data_t *data, kvs_pblock_t *b, kvs_tenant_t *t)
+ri_status_t kvs_prefix_read_back(kvs_data_t *data, uint64_t disk_id, uint64_t bytes, kvs_pblock_t **tmp_p)
 {
+    kvs_pblock_t d = {.disk_id = disk_id, .bytes = bytes};
     uint8_t *buf;
-    kvs_pblock_t *tmp = NULL;
     ri_status_t st;
 
-    if (!b->on_disk || !kvs_tier_on(data))
+    if (!kvs_tier_on(data))
         return RI_ERR_INVALID;
-    buf = cm_malloc(&kvs_pfx_spill_tag, b->bytes);
+    buf = cm_malloc(&kvs_pfx_spill_tag, bytes);
     if (buf == NULL)
         return RI_ERR_NOMEM;
-    st = kvs_pfx_read(data, b, buf);
+    st = kvs_pfx_read(data, &d, buf);
     if (st == RI_OK)
-        st = kvs_prefix_make(buf, b->bytes, &tmp);
+        st = kvs_prefix_make(buf, bytes, tmp_p);
     cm_free(buf);
-    if (st != RI_OK)
-        return st;
+    return st;
+}
+
+void kvs_prefix_discard(kvs_pblock_t *tmp)
+{
+    if (tmp == NULL)
+        return;
+    munmap((void *)(uintptr_t)tmp->base, tmp->bytes);
+    close(tmp->fd);
+    cm_free(tmp);
+}
+
+ri_status_t kvs_prefix_install_locked(kvs_data_t *data, kvs_pblock_t *b, kvs_tenant_t *t, kvs_pblock_t *tmp)
+{
+    ri_status_t st;
+
+    if (!b->on_disk || tmp->bytes != b->bytes) {
+        kvs_prefix_discard(tmp);
+        return RI_ERR_INVALID;
+    }
     st = kvs_prefix_hold_locked(data, t, b); /* may spill others, never b: it is not on the LRU */
     if (st != RI_OK) {
-        munmap((void *)(uintptr_t)tmp->base, tmp->bytes);
-        close(tmp->fd);
-        cm_free(tmp);
+        kvs_prefix_discard(tmp);
         return st;
     }
     kvs_prefix_disk_forget_locked(data, b); /* resident again: its records go */

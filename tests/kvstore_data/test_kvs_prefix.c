@@ -17,6 +17,7 @@
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <fcntl.h>
+#include <pthread.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -893,6 +894,115 @@ static void test_spill_recover(void **state)
     free(got);
 }
 
+/* One session's attach of one key, run by a thread at the barrier. */
+typedef struct racer {
+    sess_t s;
+    uint32_t key_n;
+    const blk_t *want;
+    pthread_barrier_t *go;
+    ri_status_t st;
+    uint32_t n_att;
+    bool same; /* an attached block read back with the bytes published */
+} racer_t;
+
+static void *racer_main(void *arg)
+{
+    racer_t *r = arg;
+    uint8_t key[CM_PFX_KEY_SIZE];
+    cm_pfx_attached_t att[1];
+    uint8_t *got = malloc(r->want->len);
+
+    key_of(key, r->key_n);
+    pthread_barrier_wait(r->go);
+    r->st = gw_dp_prefix_attach(r->s.dp, key, 1, att, &r->n_att);
+    r->same = r->st == RI_OK && r->n_att == 1 && got != NULL &&
+              gw_dp_prefix_get(r->s.dp, att[0].slot, 0, got, r->want->len) == RI_OK &&
+              memcmp(got, r->want->buf, r->want->len) == 0;
+    free(got);
+    return NULL;
+}
+
+/* Sessions (on their own connections, so on the daemon's lanes) attach a
+ * block on disk at once: its read-back runs without the catalog lock, with
+ * the block pinned.  All get the block's bytes; a DropPrefix racing the
+ * read-backs leaves each attach a hit with the right bytes or a miss, and
+ * the block gone afterwards. */
+static void test_spill_readback_race(void **state)
+{
+    enum { N = 4 };
+    sess_t a;
+    racer_t r[N];
+    pthread_t th[N];
+    pthread_barrier_t go;
+    blk_t k[5];
+    uint8_t key[CM_PFX_KEY_SIZE];
+    uint32_t slot, flags, n_att;
+    cm_pfx_attached_t att[1];
+    char pmax[32], sdir[96];
+    uint64_t charge;
+    gw_ctl_t *ctl = NULL;
+    gw_ctl_error_t err = {0};
+    gw_ctl_stats_t st;
+    (void)state;
+
+    for (uint32_t i = 0; i < 5; i++)
+        k[i] = make_block(40 + i, 10, 12);
+    charge = (k[0].len + 4095u) / 4096u * 4096u;
+    snprintf(pmax, sizeof(pmax), "%llu", (unsigned long long)(2 * charge));
+    snprintf(g_spill_dir, sizeof(g_spill_dir), "/tmp/ri-pfx-spill-XXXXXX");
+    assert_non_null(mkdtemp(g_spill_dir));
+    snprintf(sdir, sizeof(sdir), "--spill-dir=%s", g_spill_dir);
+    START_OR_SKIP2(pmax, sdir, NULL);
+    for (uint32_t i = 0; i < 5; i++) { /* each unreferenced once published: 301..303 go to disk */
+        OPEN_OR_SKIP("tok-alice", &a);
+        key_of(key, 301 + i);
+        assert_int_equal(gw_dp_prefix_put(a.dp, key, k[i].buf, k[i].len, &slot, &flags), RI_OK);
+        drop_session("tok-alice", &a);
+    }
+    assert_int_equal(gw_ctl_create(g_grpc, "tok-alice", &ctl), RI_OK);
+    assert_int_equal(gw_ctl_stats(ctl, 5000, &st, &err), RI_OK);
+    assert_int_equal(st.prefix.blocks_disk, 3);
+
+    /* N sessions read 301 back at once: every one attaches it */
+    for (uint32_t round = 0; round < 2; round++) {
+        assert_int_equal(pthread_barrier_init(&go, NULL, N + 1), 0);
+        for (uint32_t i = 0; i < N; i++) {
+            r[i] = (racer_t){.key_n = 301 + round, .want = &k[round], .go = &go};
+            OPEN_OR_SKIP("tok-alice", &r[i].s);
+            assert_int_equal(pthread_create(&th[i], NULL, racer_main, &r[i]), 0);
+        }
+        pthread_barrier_wait(&go);
+        if (round == 1) { /* 302: dropped while the sessions read it back */
+            key_of(key, 302);
+            assert_int_equal(gw_ctl_drop_prefix(ctl, 5000, key, NULL, NULL, NULL, &err), RI_OK);
+        }
+        for (uint32_t i = 0; i < N; i++) {
+            assert_int_equal(pthread_join(th[i], NULL), 0);
+            assert_int_equal(r[i].st, RI_OK);
+            if (round == 0)
+                assert_int_equal(r[i].n_att, 1);
+            if (r[i].n_att == 1)
+                assert_true(r[i].same);
+        }
+        pthread_barrier_destroy(&go);
+        for (uint32_t i = 0; i < N; i++)
+            drop_session("tok-alice", &r[i].s);
+    }
+    OPEN_OR_SKIP("tok-alice", &a);
+    key_of(key, 302);
+    assert_int_equal(gw_dp_prefix_attach(a.dp, key, 1, att, &n_att), RI_OK);
+    assert_int_equal(n_att, 0); /* dropped for good */
+    key_of(key, 303);
+    assert_int_equal(gw_dp_prefix_attach(a.dp, key, 1, att, &n_att), RI_OK);
+    assert_int_equal(n_att, 1); /* the daemon serves on */
+    drop_session("tok-alice", &a);
+    assert_int_equal(gw_ctl_stats(ctl, 5000, &st, &err), RI_OK);
+    assert_int_equal(st.prefix.corrupt, 0);
+    gw_ctl_destroy(ctl);
+    for (uint32_t i = 0; i < 5; i++)
+        free(k[i].buf);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -903,6 +1013,7 @@ int main(void)
         cmocka_unit_test_teardown(test_pool_pressure, teardown_daemon),
         cmocka_unit_test_teardown(test_malformed, teardown_daemon),
         cmocka_unit_test_teardown(test_spill_recover, teardown_daemon),
+        cmocka_unit_test_teardown(test_spill_readback_race, teardown_daemon),
     };
     int rc = cmocka_run_group_tests(tests, NULL, NULL);
     return rc == 0 && g_skipped ? 77 : rc;

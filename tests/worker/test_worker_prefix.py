@@ -14,9 +14,24 @@ One ctest test per mode (the first argument):
   remote      "full"'s checks with --attn retroinfer-remote (the session
               attaches the blocks and imports their pieces itself)
   two-remote  "two" with --attn retroinfer-remote
+  prime / prime-remote
+              a warm-up request with max_tokens 1 (it ends before any
+              decode step) publishes the document's blocks: the same
+              prompt again reports cached_tokens > 0 and answers the
+              reference's greedy text (retroinfer / retroinfer-remote)
+  gemma-remote
+              Gemma 3 270M (sliding-window layers) on retroinfer-remote:
+              the same document twice, the second time cached and the
+              greedy text of a worker with --no-prefix-cache
+  kill-remote retroinfer-remote with a spill-tier kvstore: a streamed
+              request that attached the document's blocks sees the kvstore
+              killed (-9) and restarted with --recover mid-answer; the
+              stream still ends with the reference's text, and a new
+              request with the same document answers it too
 
 Exits 77 (skipped) without the model or the binaries.
 """
+import json
 import os
 import subprocess
 import sys
@@ -32,17 +47,20 @@ DOC = ("Notes of the harbour office, volume three. " +
        " ".join("Ship %d arrived from port %d carrying %d crates of %s." %
                 (i, i * 7 % 13, 10 + i * 3 % 17, ["tea", "salt", "wool", "iron", "glass"][i % 5])
                 for i in range(1, 80)))
+GEMMA_FILE = "gemma-3-270m-q4_k_m.gguf"
 QUESTIONS = [" Question: what did ship 12 carry? Answer:", " Question: where did ship 30 come from? Answer:"]
 
 
-def start_kvstore(tmp):
+def start_kvstore(tmp, listen="127.0.0.1:0", extra=()):
     env = dict(os.environ, UCX_TLS=os.environ.get("UCX_TLS", "posix,sysv,cma,tcp,self"))
     os.environ["UCX_TLS"] = env["UCX_TLS"]
     ports = os.path.join(tmp, "kvs.ports")
-    kvs = subprocess.Popen([wh.KVSTORE, "--listen=127.0.0.1:0", "--dataplane-listen=127.0.0.1:0",
+    if os.path.exists(ports):
+        os.unlink(ports)
+    kvs = subprocess.Popen([wh.KVSTORE, "--listen=" + listen, "--dataplane-listen=127.0.0.1:0",
                             "--metrics-listen=127.0.0.1:0", "--insecure-admin", "--memory=512MiB", "--no-hugepages",
-                            "--drain-timeout-ms=3000", "--port-file=" + ports],
-                           stdout=open(os.path.join(tmp, "kvstore.log"), "wb"), stderr=subprocess.STDOUT, env=env)
+                            "--drain-timeout-ms=3000", "--port-file=" + ports, *extra],
+                           stdout=open(os.path.join(tmp, "kvstore.log"), "ab"), stderr=subprocess.STDOUT, env=env)
     for _ in range(1500):
         if os.path.exists(ports) and "grpc=" in open(ports).read():
             break
@@ -53,14 +71,14 @@ def start_kvstore(tmp):
     return kvs, grpc
 
 
-def ask(w, attn, question, kind="completion", max_tokens=12):
+def ask(w, attn, question, kind="completion", max_tokens=12, model=wh.MODEL_ID, doc=DOC):
     """(text, usage) of one greedy request; kind: completion, chat, stream."""
     if kind == "chat":
-        body = wh.chat(DOC + question, max_tokens=max_tokens, attn=attn)
+        body = wh.chat(doc + question, max_tokens=max_tokens, attn=attn, model=model)
         st, _, c = w.request("POST", "/v1/chat/completions", body)
         check(st == 200, "chat answers (%d)" % st)
         return c["choices"][0]["message"]["content"], c["usage"]
-    body = wh.completion(DOC + question, max_tokens=max_tokens, attn=attn)
+    body = wh.completion(doc + question, max_tokens=max_tokens, attn=attn, model=model)
     if kind == "stream":
         st, _, ev = w.stream("/v1/completions", dict(body, stream_options={"include_usage": True}))
         check(st == 200 and ev[-1] == "[DONE]", "stream answers (%d)" % st)
@@ -147,6 +165,132 @@ def test_remote(tmp):
     run_same_twice(tmp, "retroinfer-remote")
 
 
+def test_prime(tmp, attn):
+    kvs, grpc = start_kvstore(tmp)
+    try:
+        ref = wh.Worker("--kvstore", grpc, "--attn", attn, "--no-prefix-cache", tmp=tmp)
+        try:
+            want1 = ask(ref, attn, QUESTIONS[0], max_tokens=1)[0]
+            want = ask(ref, attn, QUESTIONS[0])[0]
+        finally:
+            ref.stop()
+        w = wh.Worker("--kvstore", grpc, "--attn", attn, tmp=tmp)
+        try:
+            t, u = ask(w, attn, QUESTIONS[0], max_tokens=1)
+            check(cached(u) == 0 and u["completion_tokens"] == 1 and t == want1,
+                  "max_tokens 1: one token, the reference's (%r vs %r, %s)" % (t, want1, u))
+            m = w.metrics()
+            check(m.get("ri_worker_prefix_published_blocks_total", 0) >= 4,
+                  "max_tokens 1 published the prompt's blocks (%s)" % m.get("ri_worker_prefix_published_blocks_total"))
+            t, u = ask(w, attn, QUESTIONS[0])
+            check(cached(u) >= 1024 and cached(u) % 256 == 0,
+                  "after the warm-up: cached_tokens %d of %d" % (cached(u), u["prompt_tokens"]))
+            check(t == want, "same greedy text as without the cache (%r vs %r)" % (t, want))
+        finally:
+            check(w.stop() == 0, "SIGTERM -> exit 0")
+    finally:
+        kvs.terminate()
+        kvs.wait(30)
+
+
+def test_gemma_remote(tmp):
+    attn, model = "retroinfer-remote", "gemma3-270m"
+    doc = DOC + " " + DOC.replace("Ship", "Boat")  # Gemma's tokens are fewer: room for several blocks
+    kvs, grpc = start_kvstore(tmp)
+    try:
+        ref = wh.Worker("--kvstore", grpc, "--model", model, "--attn", attn, "--no-prefix-cache", tmp=tmp)
+        try:
+            model_id = ref.request("GET", "/v1/models")[2]["data"][0]["id"]
+            want = ask(ref, attn, QUESTIONS[0], model=model_id, doc=doc)[0]
+        finally:
+            ref.stop()
+        w = wh.Worker("--kvstore", grpc, "--model", model, "--attn", attn, tmp=tmp)
+        try:
+            t1, u1 = ask(w, attn, QUESTIONS[0], model=model_id, doc=doc)
+            check(u1["prompt_tokens"] >= 1500 and cached(u1) == 0 and t1 == want,
+                  "first time: %d prompt tokens, none cached, the reference's text (%r vs %r)" %
+                  (u1["prompt_tokens"], t1, want))
+            t, u = ask(w, attn, QUESTIONS[0], model=model_id, doc=doc)
+            check(cached(u) >= 1024 and cached(u) % 256 == 0,
+                  "again: cached_tokens %d of %d" % (cached(u), u["prompt_tokens"]))
+            check(t == want, "again: same greedy text as without the cache (%r vs %r)" % (t, want))
+            print("gemma3-270m: %d prompt tokens, %d cached the second time, text %r" %
+                  (u["prompt_tokens"], cached(u), t))
+        finally:
+            check(w.stop() == 0, "SIGTERM -> exit 0")
+    finally:
+        kvs.terminate()
+        kvs.wait(30)
+
+
+def stream_until(w, attn, n, on_n, max_tokens):
+    """A streamed greedy completion of DOC + QUESTIONS[0]; on_n() runs once
+    after n text pieces.  (text, usage)."""
+    body = dict(wh.completion(DOC + QUESTIONS[0], max_tokens=max_tokens, attn=attn),
+                stream=True, stream_options={"include_usage": True})
+    c = w.conn(timeout=600)
+    c.request("POST", "/v1/completions", body=json.dumps(body).encode(), headers={"Content-Type": "application/json"})
+    r = c.getresponse()
+    check(r.status == 200, "stream answers (%d)" % r.status)
+    pieces, usage, fired = [], {}, False
+    for line in r:
+        line = line.decode().strip()
+        if not line.startswith("data: ") or line == "data: [DONE]":
+            continue
+        ev = json.loads(line[6:])
+        check("error" not in ev, "no error event (%s)" % ev.get("error"))
+        usage = ev.get("usage") or usage
+        if ev.get("choices") and ev["choices"][0].get("text"):
+            pieces.append(ev["choices"][0]["text"])
+        if len(pieces) >= n and not fired:
+            fired = True
+            on_n()
+    c.close()
+    return "".join(pieces), usage
+
+
+def test_kill_remote(tmp):
+    attn = "retroinfer-remote"
+    spill = os.path.join(tmp, "spill")
+    os.mkdir(spill)
+    extra = ("--spill-dir=" + spill, "--recover", "--session-lease-ms=60000")
+    kvs, grpc = start_kvstore(tmp, extra=extra)
+    os.environ.setdefault("RI_WORKER_DIRECT", "false")  # every step two-sided: the decode sees the kill at once
+    w = None
+    try:
+        ref = wh.Worker("--kvstore", grpc, "--attn", attn, "--no-prefix-cache", tmp=tmp)
+        try:
+            want = ask(ref, attn, QUESTIONS[0], max_tokens=24)[0]
+        finally:
+            ref.stop()
+        w = wh.Worker("--kvstore", grpc, "--attn", attn, "--timeout-ms", "2000", tmp=tmp)
+        _, u = ask(w, attn, QUESTIONS[0], max_tokens=1)  # publishes the document's blocks
+        box = {}
+
+        def restart():
+            kvs.kill()
+            kvs.wait(30)
+            box["kvs"] = start_kvstore(tmp, listen=grpc, extra=extra)[0]
+        t, u = stream_until(w, attn, 6, restart, 24)
+        kvs = box.get("kvs", kvs)
+        check(cached(u) >= 1024, "the stream attached the blocks (%s)" % u)
+        check(t == want,
+              "killed mid-answer: the stream ends with the reference's text (%r vs %r, %s)" % (t, want, u))
+        m = w.metrics()
+        check(m.get("ri_worker_sequences_rebuilt_total", 0) >= 1, "the sequence was rebuilt (%s)" %
+              m.get("ri_worker_sequences_rebuilt_total"))
+        # the rebuild published the blocks the crash lost: a new request finds them
+        t, u = ask(w, attn, QUESTIONS[0], max_tokens=24)
+        check(t == want, "after the restart, the same document: the reference's text (%r vs %r)" % (t, want))
+        check(cached(u) >= 1024, "after the restart, the same document is cached again (%s)" % u)
+    finally:
+        if w is not None:
+            check(w.stop() == 0, "SIGTERM -> exit 0")
+        if kvs.poll() is None:
+            kvs.terminate()
+            kvs.wait(30)
+
+
 def test_two(tmp, attn="retroinfer"):
     kvs, grpc = start_kvstore(tmp)
     try:
@@ -186,13 +330,19 @@ def main():
     if not os.path.exists(wh.MODEL):
         print("skip: no model at %s" % wh.MODEL)
         return 77
+    if mode == "gemma-remote" and not os.path.exists(os.path.join(os.path.dirname(wh.MODEL), GEMMA_FILE)):
+        print("skip: no Gemma 3 270M model next to %s" % wh.MODEL)
+        return 77
     if not os.access(wh.WORKER, os.X_OK) or not os.access(wh.KVSTORE, os.X_OK):
         print("skip: ri-worker / ri-kvstore not built in %s" % wh.BUILD)
         return 77
     with tempfile.TemporaryDirectory(prefix="ri-prefix-") as tmp:
         try:
             {"full": test_full, "retroinfer": test_retroinfer, "two": test_two, "remote": test_remote,
-             "two-remote": lambda t: test_two(t, "retroinfer-remote")}[mode](tmp)
+             "two-remote": lambda t: test_two(t, "retroinfer-remote"),
+             "prime": lambda t: test_prime(t, "retroinfer"),
+             "prime-remote": lambda t: test_prime(t, "retroinfer-remote"),
+             "gemma-remote": test_gemma_remote, "kill-remote": test_kill_remote}[mode](tmp)
         except Exception as e:
             check(False, "%s: %s" % (type(e).__name__, e))
         finally:
