@@ -284,12 +284,15 @@ static int rl_main(rl_opts_t *o, const char *json, const char *argv0)
     }
     if (remote && rl_remote_start(argv0) != 0)
         return 1;
-    for (size_t k = 0; k < run.n_methods; k++)
-        if (mdl_attn_find(run.methods[k]) == NULL) {
-            fprintf(stderr, "ri bench ruler: unknown method '%s' (have: %s)\n", run.methods[k], mdl_attn_names());
+    for (size_t k = 0; k < run.n_methods; k++) {
+        uint32_t seg;
+        if (rl_method_attn(run.methods[k], &seg) == NULL) {
+            fprintf(stderr, "ri bench ruler: unknown method '%s' (have: %s, and retroinfer@segN)\n", run.methods[k],
+                    mdl_attn_names());
             rl_remote_stop();
             return 2;
         }
+    }
     if (mdl_model_load(path, &run.model, err, sizeof(err)) != RI_OK) {
         fprintf(stderr, "ri bench ruler: %s\n", err);
         rl_remote_stop();

@@ -130,6 +130,30 @@ static void rl_record(cJSON *outputs, rl_task_t t, size_t ctx, int trial, const 
     cJSON_AddItemToArray(outputs, o);
 }
 
+/* A method name: a backend's, or "retroinfer@segN": retroinfer with its
+ * index built in blocks of N tokens, so that two block lengths are compared
+ * on the same prefill of the same prompt.  The backend; *seg_p gets N (0
+ * without the suffix); NULL for an unknown name or a bad N. */
+const mdl_attn_ops_t *rl_method_attn(const char *name, uint32_t *seg_p)
+{
+    const char *at = strstr(name, "@seg");
+    char base[64];
+    *seg_p = 0;
+    if (at == NULL)
+        return mdl_attn_find(name);
+    size_t len = (size_t)(at - name);
+    char *end;
+    unsigned long n = strtoul(at + 4, &end, 10);
+    if (len >= sizeof(base) || *end != '\0' || end == at + 4 || n == 0 || n > (1ul << 30))
+        return NULL;
+    memcpy(base, name, len);
+    base[len] = '\0';
+    if (strcmp(base, "retroinfer") != 0)
+        return NULL;
+    *seg_p = (uint32_t)n;
+    return mdl_attn_find(base);
+}
+
 static bool rl_is_baseline(const char *name)
 {
     return strcmp(name, "quest") == 0 || strcmp(name, "streaming") == 0 || strcmp(name, "oracle") == 0;
@@ -176,9 +200,13 @@ ri_status_t rl_run_trial(const rl_run_t *run, rl_task_t t, size_t ctx, int trial
     double retro_budget = 0;   /* retroinfer's mean exact tokens per head and layer-step in this trial */
     for (size_t k = 0; k < run->n_methods && st == RI_OK; k++) {
         mdl_attn_cfg_t cfg = run->attn;
+        uint32_t seg = 0;
+        const mdl_attn_ops_t *attn = rl_method_attn(run->methods[k], &seg);
         if (rl_is_baseline(run->methods[k]) && retro_budget > 0)
             cfg.budget_tokens = (uint32_t)lround(retro_budget);
-        st = rl_decode(m, base, logits, mdl_attn_find(run->methods[k]), &cfg, max_gen, &gen[k]);
+        if (seg > 0)
+            cfg.wave.segment_tokens = seg;
+        st = rl_decode(m, base, logits, attn, &cfg, max_gen, &gen[k]);
         if (st != RI_OK) {
             fprintf(stderr, "ri bench ruler: %s decode failed: %s\n", run->methods[k], ri_status_str(st));
             break;

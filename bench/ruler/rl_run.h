@@ -63,4 +63,9 @@ int rl_remote_start(const char *argv0);
 /* Disconnect and stop the kvstore; safe when not started. */
 void rl_remote_stop(void);
 
+/* The backend of a method name: a backend's own, or "retroinfer@segN"
+ * (retroinfer with its index built in blocks of N tokens); *seg_p gets N,
+ * 0 without the suffix.  NULL when unknown. */
+const mdl_attn_ops_t *rl_method_attn(const char *name, uint32_t *seg_p);
+
 #endif /* RL_RUN_H */
