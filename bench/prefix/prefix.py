@@ -366,7 +366,8 @@ def parse_args(argv):
     ap.add_argument("--doc-tokens", type=int, default=8192)
     ap.add_argument("--question-tokens", type=int, default=64)
     ap.add_argument("--clients", default="1,4,16", help="concurrent clients of the warm case, comma-separated")
-    ap.add_argument("--cold-clients", default=None, help="client counts of the cold case (default: --clients)")
+    ap.add_argument("--cold-clients", default=None,
+                    help="client counts of the cold case (default: --clients; 0: no cold case)")
     ap.add_argument("--attn", default="retroinfer-remote", choices=("full", "retroinfer", "retroinfer-remote"))
     ap.add_argument("--max-tokens", type=int, default=8)
     ap.add_argument("--rounds", type=int, default=1)
@@ -384,6 +385,7 @@ def parse_args(argv):
     try:
         a.clients = [int(x) for x in a.clients.split(",")]
         a.cold_clients = [int(x) for x in a.cold_clients.split(",")] if a.cold_clients else list(a.clients)
+        a.cold_clients = [n for n in a.cold_clients if n != 0]
     except ValueError:
         ap.error("--clients and --cold-clients take comma-separated numbers")
     if min(a.clients + a.cold_clients) < 1 or a.doc_tokens < 256 or a.question_tokens < 8:
@@ -417,8 +419,12 @@ def ri_cases(a, addr, model_id, doc, qs, kvs_pid, worker_pid, rows, mem, metrics
     for rnd in range(a.rounds):
         for n in sorted(set(a.clients) | set(a.cold_clients)):
             if n in a.clients:
-                peak = (Peak(kvs_pid), Peak(worker_pid), Peak(0, lambda: (pool_used(metrics), 0))) \
-                    if n == biggest and rnd == 0 else None
+                peak = None
+                if n == biggest and rnd == 0:
+                    # the baseline right before: earlier cases (cold documents) hold blocks of their own
+                    mem.update({"before_case_kvstore": rss(kvs_pid), "before_case_worker": rss(worker_pid),
+                                "before_case_pool_used": pool_used(metrics)})
+                    peak = (Peak(kvs_pid), Peak(worker_pid), Peak(0, lambda: (pool_used(metrics), 0)))
                 steady = {}
 
                 def sample():
@@ -520,23 +526,26 @@ def main(argv):
     for r in report["ratios"]:
         print("ratio", json.dumps(r))
     if mem.get("kvstore_peak"):
+        # one copy: what publishing the document added; with N attached: that copy plus what the
+        # N sessions added on top of it during their case
         one = sum(mem["kvstore_one_copy"]) - sum(mem["kvstore_before"])
-        grow = sum(mem["kvstore_peak"]) - sum(mem["kvstore_before"])
+        grow = one + sum(mem["kvstore_peak"]) - sum(mem["before_case_kvstore"])
         mem["kvstore_growth_over_one_copy"] = grow / one if one > 0 else None
         pone = mem["pool_used_one_copy"] - mem["pool_used_before"]
-        pgrow = mem["pool_used_peak"] - mem["pool_used_before"]
+        pgrow = pone + mem["pool_used_peak"] - mem["before_case_pool_used"]
         mem["pool_growth_over_one_copy"] = pgrow / pone if pone > 0 else None
         print("memory: kvstore pool in use: one copy %.1f MiB, with %d clients attached %.1f MiB (%.2fx)" % (
             pone / 2**20, mem["clients"], pgrow / 2**20, pgrow / pone if pone > 0 else float("nan")))
         if "worker_decoding" in mem:
-            wdec = mem["worker_decoding"][0] - mem["worker_after_one"][0]
+            wdec = mem["worker_decoding"][0] - mem["before_case_worker"][0]
             mem["worker_anon_growth_per_client_decoding"] = wdec / mem["clients"]
             print("memory: worker +%.1f MiB anonymous per client once all %d decode; kvstore pool then %.1f MiB "
                   "over before" % (wdec / mem["clients"] / 2**20, mem["clients"],
-                                   (mem["pool_used_decoding"] - mem["pool_used_before"]) / 2**20))
-        wgrow = mem["worker_peak"][0] - mem["worker_after_one"][0]
+                                   (mem["pool_used_decoding"] - mem["before_case_pool_used"]) / 2**20))
+        wgrow = mem["worker_peak"][0] - mem["before_case_worker"][0]
         mem["worker_anon_growth_per_client"] = wgrow / mem["clients"]
-        print("memory: kvstore one copy %.1f MiB, with %d clients attached %.1f MiB (%.2fx); worker +%.1f MiB "
+        print("memory: machine shared + kvstore anonymous: one copy %.1f MiB, with %d clients attached %.1f MiB "
+              "(%.2fx); worker +%.1f MiB "
               "anonymous per client at peak" % (one / 2**20, mem["clients"], grow / 2**20,
                                                  grow / one if one > 0 else float("nan"), wgrow / mem["clients"] / 2**20))
     if a.json:
