@@ -48,6 +48,11 @@ import tempfile
 import threading
 import time
 
+# The memory "while decoding" is sampled once every client has had this many
+# token events: past the first decode steps, which give back what the
+# prefill no longer needs (the sliding-window layers' old K/V, the K/V the
+# kvstore holds).
+DECODING_EVENTS = 3
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 MODELS = {"smollm2-135m": "SmolLM2-135M-Instruct.Q4_1.gguf", "gemma3-270m": "gemma-3-270m-q4_k_m.gguf"}
 WORDS = ("river stone garden lantern harbor meadow copper violin orchard canyon ledger compass glacier "
@@ -226,7 +231,7 @@ def stream(addr, path, body, timeout=1800, on_first=None):
     """One streaming request: (ttft_s, end_s, tokens, cached_tokens, error)."""
     host, port = addr.rsplit(":", 1)
     t0 = time.time()
-    ttft, tokens, cached, err = None, 0, None, None
+    ttft, tokens, cached, err, events = None, 0, None, None, 0
     try:
         c = http.client.HTTPConnection(host, int(port), timeout=timeout)
         c.request("POST", path, body=json.dumps(body).encode(), headers={"Content-Type": "application/json"})
@@ -250,10 +255,13 @@ def stream(addr, path, body, timeout=1800, on_first=None):
                     tm = ev.get("timings") or {}
                     cached = tm.get("cache_n", cached)
                     tokens = ev.get("tokens_predicted", tokens)
-            if ttft is None and (text or ev.get("choices")):
-                ttft = time.time() - t0  # the first token's event (its text may be empty: EOS)
-                if on_first:
+            if text or ev.get("choices"):
+                events += 1
+                if ttft is None:
+                    ttft = time.time() - t0  # the first token's event (its text may be empty: EOS)
+                if events == DECODING_EVENTS and on_first:
                     on_first()
+                    on_first = None
             if text and "choices" in ev:
                 tokens += 1
             u = ev.get("usage")
@@ -266,8 +274,8 @@ def stream(addr, path, body, timeout=1800, on_first=None):
     end = time.time() - t0
     if ttft is None and err is None:
         ttft = end  # no token event: the answer ended at once
-        if on_first:
-            on_first()
+    if on_first:
+        on_first()  # fewer events than DECODING_EVENTS: count it as decoding at its end
     return ttft, end, tokens, cached, err
 
 
@@ -283,7 +291,7 @@ def llama_body(a, ids):
 
 def run_case(send, prompts, when_all_first=None):
     """Send every prompt at once; per request (ttft, end, tokens, cached, err) and the wall time.
-    when_all_first (may be None) runs once every request has its first token: all are decoding."""
+    when_all_first (may be None) runs once every request has had DECODING_EVENTS token events."""
     out = [None] * len(prompts)
     lock, firsts = threading.Lock(), [0]
 

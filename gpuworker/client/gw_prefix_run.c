@@ -23,6 +23,7 @@ struct gw_pfx_run {
     mdl_prefix_src_t src; /* what the sequence's build reads (cfg.prefix) */
     mdl_attn_cfg_t cfg;   /* the sequence's settings, prefix set */
     bool published;       /* publish ran */
+    bool release_window;  /* the caller's cfg.release_window: back on once published */
     bool remote;          /* "retroinfer-remote": the backend attaches the keys and
                              calls src.built, where the run publishes */
     const mdl_seq_t *mseq; /* the sequence (the caller's), for src.built */
@@ -120,7 +121,9 @@ ri_status_t gw_pfx_run_create(gw_pfx_ctx_t *ctx, mdl_model_t *m, const mdl_attn_
     run->ctx = ctx;
     run->cfg = *cfg;
     run->cfg.prefix = NULL;
-    /* a published block reads every token of its layers: keep them */
+    /* a published block reads every token of its layers: keep them until
+     * the publish (gw_pfx_run_prefilled turns the caller's choice back on) */
+    run->release_window = cfg->release_window;
     run->cfg.release_window = false;
     /* no kvstore session for a prompt with no attachable block (most chats) */
     if (gw_pfx_run_layout(m, attn, cfg, n, &run->lay) && gw_pfx_max_blocks(&run->lay, cfg->wave.window_tokens, n) > 0 &&
@@ -176,11 +179,26 @@ static void gw_pfx_run_publish(gw_pfx_run_t *run, const mdl_seq_t *seq)
     (void)gw_pfx_seq_publish(run->seq, &src, NULL);
 }
 
+static void gw_pfx_run_publish_now(gw_pfx_run_t *run, mdl_model_t *m, mdl_seq_t *seq);
+
 void gw_pfx_run_prefilled(gw_pfx_run_t *run, mdl_model_t *m, mdl_seq_t *seq)
 {
-    if (run == NULL || run->seq == NULL)
+    if (run == NULL)
         return;
-    gw_pfx_seq_prefilled(run->seq);
+    if (run->seq != NULL) {
+        gw_pfx_seq_prefilled(run->seq);
+        gw_pfx_run_publish_now(run, m, seq);
+    }
+    /* published (or nothing to publish): the sliding-window layers' old
+     * K/V may go now, as without prefix reuse (Gemma 3 at 32K: 0.5 GB a
+     * sequence otherwise) */
+    if (run->release_window && (run->published || run->seq == NULL))
+        mdl_seq_set_release_window(seq, true);
+}
+
+/* Build the index if the backend builds it later, and publish. */
+static void gw_pfx_run_publish_now(gw_pfx_run_t *run, mdl_model_t *m, mdl_seq_t *seq)
+{
     if (run->published)
         return;
     /* The wave backends build their index at the first decode step, which

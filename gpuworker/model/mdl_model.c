@@ -918,6 +918,12 @@ static void mdl_release_windows(mdl_model_t *m, mdl_seq_t *s)
     s->win_released = to;
 }
 
+void mdl_seq_set_release_window(mdl_seq_t *s, bool on)
+{
+    if (s != NULL)
+        s->cfg.release_window = on;
+}
+
 ri_status_t mdl_seq_build(mdl_model_t *m, mdl_seq_t *s)
 {
     ri_status_t st;

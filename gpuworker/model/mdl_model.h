@@ -157,6 +157,11 @@ ri_status_t mdl_seq_preload(mdl_seq_t *s, size_t n,
  * no more mdl_prefill, only mdl_decode.  RI_OK at once when built already.
  * Errors: RI_ERR_INVALID (NULL, s not of m), the backend's (the build is
  * then tried again by the next call or decode step). */
+/* Switch the giving back of sliding-window layers' old K/V (cfg.release_window)
+ * on or off for s from now on; e.g. on once whatever had to read every token
+ * (a prefix publish) is done.  The next decode step gives back what is due. */
+void mdl_seq_set_release_window(mdl_seq_t *s, bool on);
+
 ri_status_t mdl_seq_build(mdl_model_t *m, mdl_seq_t *s);
 
 /* The backend's wave index of (layer, kv_head) once built (borrowed, valid
