@@ -39,21 +39,21 @@ import argparse
 import http.client
 import json
 import os
-import platform
 import random
-import signal
 import subprocess
 import sys
 import tempfile
 import threading
 import time
 
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "common"))
+from bn_proc import ROOT, git_sha, machine, start_kvstore, stop, wait_port_file  # noqa: E402
+
 # The memory "while decoding" is sampled once every client has had this many
 # token events: past the first decode steps, which give back what the
 # prefill no longer needs (the sliding-window layers' old K/V, the K/V the
 # kvstore holds).
 DECODING_EVENTS = 3
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 MODELS = {"smollm2-135m": "SmolLM2-135M-Instruct.Q4_1.gguf", "gemma3-270m": "gemma-3-270m-q4_k_m.gguf"}
 WORDS = ("river stone garden lantern harbor meadow copper violin orchard canyon ledger compass glacier "
          "pepper market thunder window saddle marble beacon falcon willow engine cotton summit parcel "
@@ -64,29 +64,6 @@ WORDS = ("river stone garden lantern harbor meadow copper violin orchard canyon 
 def skip(why):
     print("prefix: skipped: " + why)
     sys.exit(77)
-
-
-def machine():
-    cpu = platform.processor() or "unknown"
-    try:
-        for line in open("/proc/cpuinfo"):
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
-    return {"cpu": cpu, "cores": os.cpu_count(), "load_avg": os.getloadavg()[0]}
-
-
-def git_sha():
-    try:
-        sha = subprocess.run(["git", "-C", ROOT, "rev-parse", "HEAD"], capture_output=True, text=True,
-                             timeout=10).stdout.strip()
-        dirty = subprocess.run(["git", "-C", ROOT, "status", "--porcelain", "-uno"], capture_output=True,
-                               text=True, timeout=10).stdout.strip()
-        return sha + ("-dirty" if dirty else "") if sha else "unknown"
-    except (OSError, subprocess.SubprocessError):
-        return "unknown"
 
 
 def rss(pid):
@@ -143,30 +120,6 @@ class Peak:
 
 # ---- the processes ----
 
-def wait_port_file(proc, path, what, seconds=180):
-    end = time.time() + seconds
-    while time.time() < end:
-        if os.path.exists(path):
-            keys = dict(l.split("=", 1) for l in open(path).read().split() if "=" in l)
-            if keys:
-                return keys
-        if proc.poll() is not None:
-            raise SystemExit("%s exited %d at start" % (what, proc.returncode))
-        time.sleep(0.05)
-    raise SystemExit("%s wrote no port file in %d s" % (what, seconds))
-
-
-def start_kvstore(build, tmp, memory):
-    ports = os.path.join(tmp, "kvs.ports")
-    os.environ.setdefault("UCX_TLS", "posix,sysv,cma,tcp,self")
-    p = subprocess.Popen([os.path.join(build, "bin", "ri-kvstore"), "--listen=127.0.0.1:0",
-                          "--dataplane-listen=127.0.0.1:0", "--metrics-listen=127.0.0.1:0", "--insecure-admin",
-                          "--memory=" + memory, "--no-hugepages", "--drain-timeout-ms=3000",
-                          "--port-file=" + ports],
-                         stdout=open(os.path.join(tmp, "kvstore.log"), "wb"), stderr=subprocess.STDOUT)
-    return p, wait_port_file(p, ports, "ri-kvstore")
-
-
 def start_worker(build, tmp, model, kvstore, a):
     port_file = os.path.join(tmp, "worker.port")
     cmd = [os.path.join(build, "bin", "ri-worker"), "--model", model, "--listen", "127.0.0.1:0",
@@ -198,17 +151,6 @@ def start_llama(path, tmp, model, a, ctx):
             pass
         time.sleep(0.5)
     raise SystemExit("llama-server did not answer /health in 180 s")
-
-
-def stop(p):
-    if p is None or p.poll() is not None:
-        return
-    p.send_signal(signal.SIGTERM)
-    try:
-        p.wait(30)
-    except subprocess.TimeoutExpired:
-        p.kill()
-        p.wait()
 
 
 # ---- requests ----

@@ -32,6 +32,9 @@ import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))
+sys.path.insert(0, os.path.join(os.path.dirname(HERE), "common"))
+import bn_proc  # noqa: E402  (bench/common: the processes and report fields the Python benches share)
+from bn_proc import git_sha, machine, stop, wait_port_file  # noqa: E402
 MODEL_DIR = os.environ.get("RI_MODEL_DIR", os.path.expanduser("~/.cache/retroinfer/models"))
 MODELS = {"smollm2-135m": "SmolLM2-135M-Instruct.Q4_1.gguf", "gemma3-270m": "gemma-3-270m-q4_k_m.gguf"}
 # SmolLM2-Instruct's chat template with its default system turn (as
@@ -167,27 +170,9 @@ def wilson(k, n, z=1.959963984540054):
 
 # ---- the processes ----
 
-def wait_port_file(proc, path, what, seconds=120):
-    end = time.time() + seconds
-    while time.time() < end:
-        if os.path.exists(path):
-            keys = dict(l.split("=", 1) for l in open(path).read().split() if "=" in l)
-            if keys:
-                return keys
-        if proc.poll() is not None:
-            raise SystemExit("%s exited %d at start" % (what, proc.returncode))
-        time.sleep(0.05)
-    raise SystemExit("%s wrote no port file in %d s" % (what, seconds))
-
-
 def start_kvstore(build, tmp, memory):
-    ports = os.path.join(tmp, "kvs.ports")
-    os.environ.setdefault("UCX_TLS", "posix,sysv,cma,tcp,self")  # same host: shared memory
-    p = subprocess.Popen([os.path.join(build, "bin", "ri-kvstore"), "--listen=127.0.0.1:0",
-                          "--dataplane-listen=127.0.0.1:0", "--metrics-listen=127.0.0.1:0", "--insecure-admin",
-                          "--memory=" + memory, "--no-hugepages", "--drain-timeout-ms=3000", "--port-file=" + ports],
-                         stdout=open(os.path.join(tmp, "kvstore.log"), "wb"), stderr=subprocess.STDOUT)
-    return p, wait_port_file(p, ports, "ri-kvstore")["grpc"]
+    p, ports = bn_proc.start_kvstore(build, tmp, memory)
+    return p, ports["grpc"]
 
 
 def start_worker(build, tmp, model, methods, kvstore, threads, extra):
@@ -198,17 +183,6 @@ def start_worker(build, tmp, model, methods, kvstore, threads, extra):
     p = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=open(os.path.join(tmp, "worker.log"), "wb"),
                          stderr=subprocess.STDOUT)
     return p, wait_port_file(p, port_file, "ri-worker")["http"]
-
-
-def stop(p):
-    if p is None or p.poll() is not None:
-        return
-    p.send_signal(signal.SIGTERM)
-    try:
-        p.wait(30)
-    except subprocess.TimeoutExpired:
-        p.kill()
-        p.wait()
 
 
 # ---- the run ----
@@ -291,29 +265,6 @@ def auto_cluster_tokens(n):
     """docs/architecture.md "Defaults": the size auto picks for an indexed
     range of n tokens (the worker does not report the size it used)."""
     return 4 if n <= 8192 else 8 if n <= 16384 else 16
-
-
-def git_sha():
-    try:
-        sha = subprocess.run(["git", "-C", ROOT, "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
-                             timeout=10).stdout.strip()
-        dirty = subprocess.run(["git", "-C", ROOT, "status", "--porcelain", "-uno"], capture_output=True, text=True,
-                               timeout=10).stdout.strip()
-        return sha + ("-dirty" if dirty else "") if sha else "unknown"
-    except (OSError, subprocess.SubprocessError):
-        return "unknown"
-
-
-def machine():
-    cpu = platform.processor() or "unknown"
-    try:
-        for line in open("/proc/cpuinfo"):
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
-    return {"cpu": cpu, "cores": os.cpu_count(), "load_avg": os.getloadavg()[0]}
 
 
 def parse_args(argv):
