@@ -393,7 +393,7 @@ static void test_put_existing_and_tenants(void **state)
     uint8_t key[CM_PFX_KEY_SIZE];
     uint32_t slot, flags, n_att = 9;
     cm_pfx_attached_t att[1];
-    uint64_t offs[3];
+    uint64_t offs[5];
     (void)state;
 
     START_OR_SKIP("0");
