@@ -5,12 +5,18 @@ kvstore's /metrics (standard library only).
   compose_client.py complete URL N      N greedy completions; all the same text, printed
   compose_client.py remote URL          a ~1.3K-token prompt on retroinfer-remote
   compose_client.py metric URL NAME     a Prometheus metric of URL, summed over its labels
+  compose_client.py stream URL N [K CMD] the ~1.3K-token prompt on retroinfer-remote, streamed, N
+                                        greedy tokens; its text printed.  With K and CMD: after K
+                                        tokens run the shell command CMD (it kills the kvstore
+                                        holding the session) and report how long the next token took
 
 The workers' API key comes from RI_API_KEY.
 """
 import json
 import os
+import subprocess
 import sys
+import time
 import urllib.request
 
 MODEL = None
@@ -45,6 +51,47 @@ def complete(base, prompt, attn, max_tokens):
     return got["choices"][0]["text"]
 
 
+PASSKEY_FILL = " The grass is green. The sky is blue. The sun is yellow. Here we go. There and back again."
+PASSKEY = ("There is an important info hidden inside a lot of irrelevant text. Find it and memorize it." +
+           PASSKEY_FILL * 27 + " The pass key is 52817. Remember it. 52817 is the pass key." + PASSKEY_FILL * 27 +
+           " What is the pass key? The pass key is")
+
+
+def stream(base, n, kill_after=None, cmd=None):
+    """A streamed greedy completion; runs cmd after kill_after token events."""
+    body = {"model": model(base), "prompt": PASSKEY, "max_tokens": n, "temperature": 0, "attn": "retroinfer-remote",
+            "stream": True, "ignore_eos": True}
+    headers = {"Content-Type": "application/json"}
+    if os.environ.get("RI_API_KEY"):
+        headers["Authorization"] = "Bearer " + os.environ["RI_API_KEY"]
+    req = urllib.request.Request(base + "/v1/completions", data=json.dumps(body).encode(), headers=headers)
+    text, events, t_kill, gap = "", 0, None, None
+    with urllib.request.urlopen(req, timeout=600) as r:
+        for raw in r:
+            line = raw.decode("utf-8", "replace").strip()
+            if not line.startswith("data:") or line[5:].strip() == "[DONE]":
+                continue
+            ev = json.loads(line[5:])
+            if ev.get("error"):
+                sys.exit(f"FAIL: error event after {events} tokens: {ev['error']}")
+            if not ev.get("choices"):
+                continue
+            if t_kill is not None and gap is None:
+                gap = time.time() - t_kill
+            text += ev["choices"][0].get("text") or ""
+            events += 1
+            if cmd and events == kill_after:
+                subprocess.run(cmd, shell=True, check=True)
+                t_kill = time.time()
+    if events != n:
+        sys.exit(f"FAIL: {events} tokens streamed, wanted {n}")
+    if cmd:
+        if gap is None:
+            sys.exit("FAIL: no token after the kill")
+        print(f"the next token came {gap:.2f} s after the kill", file=sys.stderr)
+    return text
+
+
 def main():
     cmd, base = sys.argv[1], sys.argv[2].rstrip("/")
     if cmd == "models":
@@ -60,6 +107,9 @@ def main():
                   f * 27 + " The pass key is 52817. Remember it. 52817 is the pass key." + f * 27 +
                   " What is the pass key? The pass key is")
         print("retroinfer-remote:", json.dumps(complete(base, prompt, "retroinfer-remote", 6)), file=sys.stderr)
+    elif cmd == "stream":
+        k = int(sys.argv[4]) if len(sys.argv) > 5 else None
+        print(json.dumps(stream(base, int(sys.argv[3]), k, sys.argv[5] if k else None)))
     elif cmd == "metric":
         name = sys.argv[3]
         text = call(base).decode()

@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # docker/compose.yaml on a real Docker engine (label "docker"; `./ri test
 # --docker` runs it):
-#  1. builds the three images (kvstore, worker, nginx front door) from this
-#     tree and starts the stack with one worker; every service turns healthy;
+#  1. builds the four images (etcd, kvstore, worker, nginx front door) from
+#     this tree and starts the stack with one kvstore and one worker; every
+#     service turns healthy;
 #  2. completions through the front door: a short greedy one, and a long
 #     prompt on retroinfer-remote, which must reach the kvstore's data plane
 #     from the worker's container over TCP (the kvstore's fetch counter
@@ -13,7 +14,12 @@
 #     answer, per its upstream log) and both give the same greedy text;
 #  4. kills one worker container: every request after it still succeeds,
 #     served by the other;
-#  5. tears everything down (containers, network; the images stay cached).
+#  5. the cluster: scales to 2 kvstores and 2 workers (both kvstores are in
+#     etcd's directory); a streamed greedy completion on retroinfer-remote
+#     loses its kvstore (docker kill of the container its session record in
+#     etcd names) a few tokens in, and completes with the same text as
+#     before on the other kvstore;
+#  6. tears everything down (containers, network; the images stay cached).
 # The engine: one that answers is used as is; else, as root, Debian's
 # docker.io/docker-compose/debootstrap are installed and dockerd started with
 # the settings that need no kernel extras (vfs storage, no NAT rules; data in
@@ -125,6 +131,7 @@ wait_healthy() {  # SERVICE COUNT SECONDS
     sleep 1
   done
 }
+wait_healthy etcd 1 60
 wait_healthy kvstore 1 60
 wait_healthy worker 1 180
 wait_healthy worker-shm 1 180
@@ -183,5 +190,33 @@ py complete "$front" 6 >"$work/text3"
 running="$(for c in $(ids worker); do docker inspect -f '{{.State.Running}}' "$c"; done | grep -c true || true)"
 [ "$running" = 1 ] || { echo "FAIL: $running workers running after the kill, wanted 1"; exit 1; }
 say "6 completions after the kill: all served by the surviving worker"
+
+# ---- the cluster ----
+# New replicas publish their ports on free host ports (the first kvstore
+# keeps RI_METRICS_PORT; --no-recreate leaves it as it is).
+say "scaling to 2 kvstores and 2 workers"
+RI_METRICS_PORT= RI_SHM_HTTP_PORT= dc up -d --no-recreate --scale kvstore=2 --scale worker=2 >>"$work/up.log" 2>&1 ||
+  { cat "$work/up.log"; exit 1; }
+wait_healthy kvstore 2 120
+wait_healthy worker 2 180
+etcdc="$(ids etcd)"
+etcdctl() { docker exec "$etcdc" /usr/bin/etcdctl --endpoints=127.0.0.1:2379 "$@"; }
+nodes="$(etcdctl get --prefix --keys-only /ri/compose/nodes/ | grep -c . || true)"
+[ "$nodes" = 2 ] || { echo "FAIL: $nodes kvstores in the directory, wanted 2"; etcdctl get --prefix /ri/compose/nodes/; exit 1; }
+say "2 kvstores registered in etcd"
+# Through the front door: either worker; both place on the same 2 kvstores.
+py stream "$front" 24 >"$work/ref"
+say "reference stream: $(cat "$work/ref")"
+# The kill: the node named by the (only) live session record.
+cat >"$work/kill.sh" <<EOS
+set -e
+node=\$(docker exec $etcdc /usr/bin/etcdctl --endpoints=127.0.0.1:2379 get --prefix --keys-only /ri/compose/sessions/ | awk -F/ 'NF >= 6 {print \$5; exit}')
+[ -n "\$node" ] || { echo "FAIL: no session record in etcd" >&2; exit 1; }
+echo "\$node" >"$work/victim"
+docker kill "\${node#kvs-}" >/dev/null
+EOS
+py stream "$front" 24 6 "bash $work/kill.sh" >"$work/fo"
+[ "$(cat "$work/ref")" = "$(cat "$work/fo")" ] || { echo "FAIL: the stream's text changed with the kill: $(cat "$work/fo")"; exit 1; }
+say "killed kvstore $(cat "$work/victim") 6 tokens into a stream: it completed with the same text on the other node"
 ok=1
-say "compose: build, health, front door, data plane, scale, kill: ok"
+say "compose: build, health, front door, data plane, scale, kill, cluster failover: ok"
