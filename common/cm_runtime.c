@@ -56,6 +56,8 @@ ri_status_t cm_runtime_apply(const cm_runtime_t *rt, char *err, size_t errlen)
                  (long long)rt->threads, cm_pool_size(cm_pool_default()));
         return RI_ERR_BUSY;
     }
+    if (rt->pool_spin_us > 0)
+        cm_pool_set_spin_us(cm_pool_default(), (unsigned)rt->pool_spin_us);
     if (set_level)
         cm_log_set_level(level);
     return RI_OK;

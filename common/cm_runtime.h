@@ -23,6 +23,7 @@
 
 typedef struct cm_runtime {
     int64_t threads;       /* compute threads of the default pool, caller included (0 = every CPU) */
+    int64_t pool_spin_us;  /* the default pool's busy wait between loops (cm_pool_set_spin_us) */
     char *log_level;       /* error|warn|info|debug|trace ("" = leave the level as it is) */
     char *kernels;         /* kernel backend: ref|cpu|cuda ("" = best available) */
     bool kernels_no_simd;  /* CPU kernels without AVX2 (A/B checks) */
@@ -48,6 +49,9 @@ typedef struct cm_runtime {
     CM_RUNTIME_ITEM_(type, member, "threads", CM_CFG_INT, "0",                                         \
                      "compute threads, the caller included (0 = every CPU)", threads, 0, 1024,         \
                      "RI_THREADS"),                                                                    \
+    CM_RUNTIME_ITEM_(type, member, "pool-spin-us", CM_CFG_INT, "0",                                    \
+                     "microseconds a compute thread busy-waits for the next parallel loop before it "  \
+                     "sleeps (0 = sleep at once)", pool_spin_us, 0, 100000, "RI_POOL_SPIN_US"),        \
     CM_RUNTIME_ITEM_(type, member, "kernels", CM_CFG_STRING, "",                                       \
                      "kernel backend: ref, cpu or cuda (empty = cuda where built and present, else cpu)", \
                      kernels, 0, 0, "RI_KERNELS"),                                                     \

@@ -12,6 +12,7 @@
 
 #include "common/cm_alloc.h"
 #include "common/cm_log.h"
+#include "common/cm_time.h"
 
 static CM_ALLOC_TAG(cm_pool_tag, "cm.pool");
 
@@ -35,6 +36,7 @@ struct cm_pool {
     pthread_cond_t done;         /* caller waits for the last item */
     pthread_mutex_t run_lock;    /* one loop at a time */
     uint64_t generation;         /* bumped per loop (24 bits used in next) */
+    uint64_t spin_ns;            /* a worker's busy wait for the next loop before it sleeps */
     bool stop;                   /* set by destroy */
     bool caller_waiting;         /* caller sleeps on done */
     /* the current loop (written under lock before generation moves) */
@@ -83,6 +85,39 @@ static void cm_pool_drain(cm_pool_t *pool, const cm_pool_loop_t *loop, unsigned 
     }
 }
 
+static inline void cm_pool_relax(void)
+{
+#if defined(__x86_64__) || defined(__i386__)
+    __builtin_ia32_pause();
+#elif defined(__aarch64__)
+    __asm__ __volatile__("yield");
+#endif
+}
+
+/* Busy-wait up to spin_ns for a loop after generation seen: the next
+ * product of a decode step usually follows within microseconds, and a
+ * worker asleep on the condition variable wakes only after the caller has
+ * taken every chunk itself (on a loaded machine, a scheduler slice later).
+ * Reads only the atomic counter, whose tag the caller moves with release
+ * after writing the loop; the loop itself is read under the lock. */
+static void cm_pool_spin(cm_pool_t *pool, uint64_t seen, uint64_t spin_ns)
+{
+    uint64_t tag = seen & 0xffffffu, until = 0;
+    for (unsigned i = 0;; i++) {
+        uint64_t cur = atomic_load_explicit(&pool->next, memory_order_acquire);
+        if ((cur >> CM_POOL_IDX_BITS) != tag)
+            return;
+        if ((i & 63u) == 0) {
+            uint64_t now = cm_time_ns();
+            if (until == 0)
+                until = now + spin_ns;
+            else if (now >= until)
+                return;
+        }
+        cm_pool_relax();
+    }
+}
+
 static void *cm_pool_worker_main(void *p)
 {
     cm_pool_t *pool = ((cm_pool_worker_arg_t *)p)->pool;
@@ -91,6 +126,12 @@ static void *cm_pool_worker_main(void *p)
     cm_free(p);
     pthread_mutex_lock(&pool->lock);
     for (;;) {
+        uint64_t spin_ns = pool->spin_ns;
+        if (spin_ns > 0 && seen != 0 && !pool->stop && pool->generation == seen) {
+            pthread_mutex_unlock(&pool->lock);
+            cm_pool_spin(pool, seen, spin_ns);
+            pthread_mutex_lock(&pool->lock);
+        }
         while (!pool->stop && pool->generation == seen)
             pthread_cond_wait(&pool->wake, &pool->lock);
         if (pool->stop)
@@ -173,6 +214,15 @@ void cm_pool_destroy(cm_pool_t *pool)
     pthread_mutex_destroy(&pool->run_lock);
     cm_free(pool->threads);
     cm_free(pool);
+}
+
+void cm_pool_set_spin_us(cm_pool_t *pool, unsigned spin_us)
+{
+    if (pool == NULL)
+        return;
+    pthread_mutex_lock(&pool->lock);
+    pool->spin_ns = (uint64_t)spin_us * 1000u;
+    pthread_mutex_unlock(&pool->lock);
 }
 
 unsigned cm_pool_size(const cm_pool_t *pool)

@@ -3,7 +3,9 @@
  * cm_pool_parallel_for() splits [0, n) into tasks handed out by an atomic
  * counter; the calling thread works too and returns when all are done.  One
  * loop runs at a time per pool (calls from several threads are serialised).
- * Workers sleep on a condition variable between loops.
+ * Between loops a worker busy-waits for the next one for a while (the spin
+ * time, cm_pool_set_spin_us; 0 at creation), then sleeps on a condition
+ * variable.
  */
 #ifndef CM_THREAD_H
 #define CM_THREAD_H
@@ -23,6 +25,12 @@ ri_status_t cm_pool_create(unsigned nthreads, cm_pool_t **pool_p);
 
 /* Stop and join the workers; NULL is a no-op. */
 void cm_pool_destroy(cm_pool_t *pool);
+
+/* How long a worker busy-waits for the next loop before it sleeps, in
+ * microseconds (0 = sleep at once).  A decode step is hundreds of small
+ * loops microseconds apart: a sleeping worker wakes only after the caller
+ * has done the loop alone.  NULL is a no-op. */
+void cm_pool_set_spin_us(cm_pool_t *pool, unsigned spin_us);
 
 /* Number of threads, the caller included. */
 unsigned cm_pool_size(const cm_pool_t *pool);
