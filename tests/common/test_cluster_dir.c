@@ -305,7 +305,7 @@ static void test_sessions_under_observer_lease(void **state)
 {
     (void)state;
     cm_cluster_t *o = open_cluster("sess");
-    cm_cluster_session_t s = {.session_id = 0x1234abcdull, .tokens = 4096, .created_ms = 17};
+    cm_cluster_session_t s = { .session_id = 0x1234abcdull, .tokens = 4096, .created_ms = 17 };
     snprintf(s.node, sizeof(s.node), "kv-1");
     snprintf(s.label, sizeof(s.label), "chat");
     assert_int_equal(cm_cluster_session_put(o, &s), RI_ERR_INVALID); /* not joined */
@@ -396,7 +396,7 @@ static void test_watch_and_outage(void **state)
     while (cm_cluster_registered(m1) && now_s() - start < LEASE_MS / 1000.0 + 2)
         usleep(50000);
     assert_false(cm_cluster_registered(m1));
-    cm_cluster_session_t s = {.session_id = 5};
+    cm_cluster_session_t s = { .session_id = 5 };
     snprintf(s.node, sizeof(s.node), "kv-b");
     assert_int_equal(cm_cluster_join_observer(o, "wk", LEASE_MS), RI_ERR_UNREACHABLE);
 

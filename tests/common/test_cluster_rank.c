@@ -45,16 +45,16 @@ static void expect_order(const cm_cluster_node_t *nodes, size_t n, const bool *s
 static void test_most_free(void **state)
 {
     (void)state;
-    cm_cluster_node_t n[] = {node("c", "h1", 100, 10), node("a", "h2", 100, 50), node("b", "h3", 200, 20),
-                             node("d", "h1", 100, 120) /* over-used: 0 free */};
+    cm_cluster_node_t n[] = { node("c", "h1", 100, 10), node("a", "h2", 100, 50), node("b", "h3", 200, 20),
+                              node("d", "h1", 100, 120) /* over-used: 0 free */ };
     expect_order(n, 4, NULL, "h1", CM_CLUSTER_MOST_FREE, NULL, "b c a d");
 }
 
 static void test_local_first(void **state)
 {
     (void)state;
-    cm_cluster_node_t n[] = {node("c", "h1", 100, 10), node("a", "h2", 100, 50), node("b", "h3", 200, 20),
-                             node("d", "h1", 100, 90)};
+    cm_cluster_node_t n[] = { node("c", "h1", 100, 10), node("a", "h2", 100, 50), node("b", "h3", 200, 20),
+                              node("d", "h1", 100, 90) };
     /* my host's nodes first (most free first among them), then the rest */
     expect_order(n, 4, NULL, "h1", CM_CLUSTER_LOCAL_FIRST, NULL, "c d b a");
     /* no node on my host: most free */
@@ -65,7 +65,7 @@ static void test_local_first(void **state)
 static void test_ties_by_name(void **state)
 {
     (void)state;
-    cm_cluster_node_t n[] = {node("n3", "h", 100, 0), node("n1", "h", 100, 0), node("n2", "h", 100, 0)};
+    cm_cluster_node_t n[] = { node("n3", "h", 100, 0), node("n1", "h", 100, 0), node("n2", "h", 100, 0) };
     expect_order(n, 3, NULL, "h", CM_CLUSTER_MOST_FREE, NULL, "n1 n2 n3");
     expect_order(n, 3, NULL, "h", CM_CLUSTER_LOCAL_FIRST, NULL, "n1 n2 n3");
     expect_order(n, 3, NULL, "x", CM_CLUSTER_LOCAL_FIRST, NULL, "n1 n2 n3");
@@ -74,14 +74,14 @@ static void test_ties_by_name(void **state)
 static void test_round_robin(void **state)
 {
     (void)state;
-    cm_cluster_node_t n[] = {node("b", "h", 1, 0), node("a", "h", 100, 0), node("c", "h", 50, 0)};
+    cm_cluster_node_t n[] = { node("b", "h", 1, 0), node("a", "h", 100, 0), node("c", "h", 50, 0) };
     uint32_t rr = 0;
     expect_order(n, 3, NULL, "h", CM_CLUSTER_ROUND_ROBIN, &rr, "a b c");
     expect_order(n, 3, NULL, "h", CM_CLUSTER_ROUND_ROBIN, &rr, "b c a");
     expect_order(n, 3, NULL, "h", CM_CLUSTER_ROUND_ROBIN, &rr, "c a b");
     expect_order(n, 3, NULL, "h", CM_CLUSTER_ROUND_ROBIN, &rr, "a b c");
     assert_int_equal(rr, 4);
-    bool skip[] = {false, true, false};
+    bool skip[] = { false, true, false };
     rr = 1;
     expect_order(n, 3, skip, "h", CM_CLUSTER_ROUND_ROBIN, &rr, "c b");
 }
@@ -89,11 +89,11 @@ static void test_round_robin(void **state)
 static void test_skip_and_empty(void **state)
 {
     (void)state;
-    cm_cluster_node_t n[] = {node("a", "h", 100, 0), node("b", "h", 200, 0), node("c", "x", 300, 0)};
-    bool skip[] = {false, true, false};
+    cm_cluster_node_t n[] = { node("a", "h", 100, 0), node("b", "h", 200, 0), node("c", "x", 300, 0) };
+    bool skip[] = { false, true, false };
     expect_order(n, 3, skip, "h", CM_CLUSTER_MOST_FREE, NULL, "c a");
     expect_order(n, 3, skip, "h", CM_CLUSTER_LOCAL_FIRST, NULL, "a c");
-    bool all[] = {true, true, true};
+    bool all[] = { true, true, true };
     expect_order(n, 3, all, "h", CM_CLUSTER_MOST_FREE, NULL, "");
     uint32_t rr = 0;
     expect_order(NULL, 0, NULL, "h", CM_CLUSTER_ROUND_ROBIN, &rr, "");
@@ -104,7 +104,7 @@ static void test_policy_names(void **state)
 {
     (void)state;
     cm_cluster_policy_t p = CM_CLUSTER_MOST_FREE;
-    const char *names[] = {"local-first", "most-free", "round-robin"};
+    const char *names[] = { "local-first", "most-free", "round-robin" };
     for (int i = 0; i < 3; i++) {
         assert_true(cm_cluster_policy_parse(names[i], &p));
         assert_int_equal(p, i);
@@ -159,11 +159,16 @@ static void test_node_json(void **state)
 
     /* refusals leave *n alone */
     static const char *bad[] = {
-        "{\"addr\":\"h:1\"}", "{\"node\":\"n\"}", "{\"node\":1,\"addr\":\"h:1\"}",
+        "{\"addr\":\"h:1\"}",
+        "{\"node\":\"n\"}",
+        "{\"node\":1,\"addr\":\"h:1\"}",
         "{\"node\":\"n\",\"addr\":\"h:1\",\"pool_total\":\"big\"}",
         "{\"node\":\"n\",\"addr\":\"h:1\",\"pool_used\":-1}",
         "{\"node\":\"n\",\"addr\":\"h:1\",\"tenants\":\"t1\"}",
-        "{\"node\":\"n\",\"addr\":\"h:1\",\"recovered\":1}", "[1,2]", "not json", "",
+        "{\"node\":\"n\",\"addr\":\"h:1\",\"recovered\":1}",
+        "[1,2]",
+        "not json",
+        "",
     };
     memset(&b, 0x5a, sizeof(b));
     cm_cluster_node_t before = b;
@@ -177,10 +182,9 @@ static void test_node_json(void **state)
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_most_free),     cmocka_unit_test(test_local_first),
-        cmocka_unit_test(test_ties_by_name),  cmocka_unit_test(test_round_robin),
-        cmocka_unit_test(test_skip_and_empty), cmocka_unit_test(test_policy_names),
-        cmocka_unit_test(test_names),         cmocka_unit_test(test_node_json),
+        cmocka_unit_test(test_most_free),   cmocka_unit_test(test_local_first),    cmocka_unit_test(test_ties_by_name),
+        cmocka_unit_test(test_round_robin), cmocka_unit_test(test_skip_and_empty), cmocka_unit_test(test_policy_names),
+        cmocka_unit_test(test_names),       cmocka_unit_test(test_node_json),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
