@@ -107,6 +107,7 @@ static void cm_etcd_free_endpoints(cm_etcd_t *e)
             cm_free(e->eps[i]);
     }
     cm_free(e->chans);
+    cm_free(e->reset_ms);
     cm_free(e->eps);
 }
 
@@ -149,7 +150,8 @@ ri_status_t cm_etcd_open(const char *endpoints, uint32_t timeout_ms, cm_etcd_t *
         n += *p == ',';
     e->eps = cm_calloc(&cm_etcd_tag, n, sizeof(*e->eps));
     e->chans = cm_calloc(&cm_etcd_tag, n, sizeof(*e->chans));
-    if (e->eps == NULL || e->chans == NULL)
+    e->reset_ms = cm_calloc(&cm_etcd_tag, n, sizeof(*e->reset_ms));
+    if (e->eps == NULL || e->chans == NULL || e->reset_ms == NULL)
         goto err_free;
     grpc_init();
     for (size_t i = 0; i < n; i++) {
@@ -167,6 +169,7 @@ ri_status_t cm_etcd_open(const char *endpoints, uint32_t timeout_ms, cm_etcd_t *
         s = comma ? comma + 1 : s + len;
     }
     atomic_init(&e->cur, 0);
+    pthread_mutex_init(&e->mu, NULL);
     *e_p = e;
     return RI_OK;
 
@@ -186,15 +189,52 @@ void cm_etcd_close(cm_etcd_t *e)
     if (e == NULL)
         return;
     cm_etcd_free_endpoints(e);
+    pthread_mutex_destroy(&e->mu);
     grpc_shutdown();
     cm_free(e);
 }
 
 /* ---- one call ----------------------------------------------------------- */
 
-/* gRPC status -> ours.  A deadline on a channel that is not connected means
- * etcd cannot be reached rather than that it was slow. */
-static ri_status_t cm_etcd_status(grpc_status_code code, grpc_channel *ch)
+static uint64_t cm_etcd_now_ms(void)
+{
+    gpr_timespec t = gpr_now(GPR_CLOCK_MONOTONIC);
+    return (uint64_t)t.tv_sec * 1000u + (uint64_t)t.tv_nsec / 1000000u;
+}
+
+grpc_call *cm_etcd_new_call(cm_etcd_t *e, size_t ep, grpc_completion_queue *cq, const char *method,
+                            gpr_timespec deadline)
+{
+    grpc_slice method_s = grpc_slice_from_copied_string(method);
+    pthread_mutex_lock(&e->mu);
+    grpc_call *call =
+        grpc_channel_create_call(e->chans[ep], NULL, GRPC_PROPAGATE_DEFAULTS, cq, method_s, NULL, deadline, NULL);
+    pthread_mutex_unlock(&e->mu);
+    grpc_slice_unref(method_s);
+    return call;
+}
+
+void cm_etcd_reset_channel(cm_etcd_t *e, size_t ep)
+{
+    uint64_t now = cm_etcd_now_ms();
+    pthread_mutex_lock(&e->mu);
+    if (now - e->reset_ms[ep] < 500) {
+        pthread_mutex_unlock(&e->mu);
+        return;
+    }
+    grpc_channel *fresh = cm_etcd_channel(e->eps[ep]), *old = NULL;
+    if (fresh != NULL) {
+        old = e->chans[ep];
+        e->chans[ep] = fresh;
+        e->reset_ms[ep] = now;
+    }
+    pthread_mutex_unlock(&e->mu);
+    if (old != NULL)
+        grpc_channel_destroy(old); /* calls made on it hold their own reference */
+}
+
+/* gRPC status -> ours. */
+static ri_status_t cm_etcd_status(grpc_status_code code)
 {
     switch (code) {
     case GRPC_STATUS_OK:
@@ -202,7 +242,7 @@ static ri_status_t cm_etcd_status(grpc_status_code code, grpc_channel *ch)
     case GRPC_STATUS_UNAVAILABLE:
         return RI_ERR_UNREACHABLE;
     case GRPC_STATUS_DEADLINE_EXCEEDED:
-        return grpc_channel_check_connectivity_state(ch, 0) == GRPC_CHANNEL_READY ? RI_ERR_TIMEOUT : RI_ERR_UNREACHABLE;
+        return RI_ERR_TIMEOUT;
     case GRPC_STATUS_NOT_FOUND:
         return RI_ERR_NOT_FOUND;
     case GRPC_STATUS_ALREADY_EXISTS:
@@ -250,7 +290,6 @@ static ri_status_t cm_etcd_read_bb(grpc_byte_buffer *bb, uint8_t **out_p, size_t
 static ri_status_t cm_etcd_call_one(cm_etcd_t *e, size_t ep, const char *method, const void *req, size_t len,
                                     uint8_t **resp_p, size_t *resp_len_p)
 {
-    grpc_channel *ch = e->chans[ep];
     grpc_metadata_array init_md, trail_md;
     grpc_byte_buffer *resp_bb = NULL;
     grpc_status_code code = GRPC_STATUS_UNKNOWN;
@@ -261,9 +300,7 @@ static ri_status_t cm_etcd_call_one(cm_etcd_t *e, size_t ep, const char *method,
     gpr_timespec deadline =
         gpr_time_add(gpr_now(GPR_CLOCK_MONOTONIC), gpr_time_from_millis((int64_t)e->timeout_ms, GPR_TIMESPAN));
     grpc_completion_queue *cq = grpc_completion_queue_create_for_pluck(NULL);
-    grpc_slice method_s = grpc_slice_from_copied_string(method);
-    grpc_call *call = grpc_channel_create_call(ch, NULL, GRPC_PROPAGATE_DEFAULTS, cq, method_s, NULL, deadline, NULL);
-    grpc_slice_unref(method_s);
+    grpc_call *call = cm_etcd_new_call(e, ep, cq, method, deadline);
     grpc_slice req_s = grpc_slice_from_copied_buffer(req, len);
     grpc_byte_buffer *req_bb = grpc_raw_byte_buffer_create(&req_s, 1);
     grpc_slice_unref(req_s);
@@ -296,7 +333,15 @@ static ri_status_t cm_etcd_call_one(cm_etcd_t *e, size_t ep, const char *method,
         grpc_call_cancel(call, NULL);
         grpc_completion_queue_pluck(cq, call, gpr_inf_future(GPR_CLOCK_MONOTONIC), NULL);
     }
-    st = cm_etcd_status(code, ch);
+    st = cm_etcd_status(code);
+    if (st == RI_ERR_TIMEOUT) {
+        /* a deadline on a channel that never connected: etcd cannot be
+         * reached, rather than slow */
+        pthread_mutex_lock(&e->mu);
+        if (grpc_channel_check_connectivity_state(e->chans[ep], 0) != GRPC_CHANNEL_READY)
+            st = RI_ERR_UNREACHABLE;
+        pthread_mutex_unlock(&e->mu);
+    }
     if (st != RI_OK) {
         int dl = (int)GRPC_SLICE_LENGTH(details);
         cm_etcd_set_error("etcd at %s: %s: %s (%.*s)", e->eps[ep], method, ri_status_str(st), dl > 300 ? 300 : dl,
@@ -333,6 +378,8 @@ ri_status_t cm_etcd_call(cm_etcd_t *e, const char *method, const void *req, size
     for (size_t k = 0; k < e->n_ep; k++) {
         size_t ep = (first + k) % e->n_ep;
         st = cm_etcd_call_one(e, ep, method, req, len, resp_p, resp_len_p);
+        if (st == RI_ERR_UNREACHABLE)
+            cm_etcd_reset_channel(e, ep);
         if (st != RI_ERR_UNREACHABLE && st != RI_ERR_TIMEOUT) {
             if (ep != first)
                 atomic_store(&e->cur, ep);

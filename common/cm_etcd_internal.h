@@ -6,6 +6,7 @@
 #ifndef CM_ETCD_INTERNAL_H
 #define CM_ETCD_INTERNAL_H
 
+#include <pthread.h>
 #include <stdatomic.h>
 
 #include <grpc/grpc.h>
@@ -19,13 +20,27 @@ extern cm_alloc_tag_t cm_etcd_tag;
 struct cm_etcd {
     size_t n_ep;          /* endpoints */
     char **eps;           /* owned "host:port" strings, n_ep of them */
+    pthread_mutex_t mu;   /* guards chans and reset_ms (a channel is swapped after a failure) */
     grpc_channel **chans; /* owned, one per endpoint */
+    uint64_t *reset_ms;   /* when each channel was last made (monotonic ms) */
     atomic_size_t cur;    /* the endpoint that last answered */
     uint32_t timeout_ms;
 };
 
 /* Set the calling thread's last error (printf format). */
 void cm_etcd_set_error(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+
+/* A new call on endpoint ep's channel (taken under e->mu: the call holds
+ * its own reference, so a later swap of the channel cannot free it under
+ * the call).  deadline as grpc_channel_create_call. */
+grpc_call *cm_etcd_new_call(cm_etcd_t *e, size_t ep, grpc_completion_queue *cq, const char *method,
+                            gpr_timespec deadline);
+
+/* Replace endpoint ep's channel after it failed to reach etcd (at most
+ * every 500 ms).  gRPC 1.51's channel, once in TRANSIENT_FAILURE after a
+ * longer outage, kept answering with its cached error and never connected
+ * again when etcd came back; a fresh channel connects at once. */
+void cm_etcd_reset_channel(cm_etcd_t *e, size_t ep);
 
 /* One call of method with the request bytes req[0..len), on the endpoints in
  * turn (the one that last answered first), each with the client's timeout.

@@ -142,14 +142,12 @@ static grpc_byte_buffer *cm_etcd_watch_create_msg(const cm_etcd_watch_t *w, int6
 static void cm_etcd_watch_stream(cm_etcd_watch_t *w, int64_t rev)
 {
     cm_etcd_t *e = w->e;
-    grpc_channel *ch = e->chans[atomic_load(&e->cur) % e->n_ep];
     grpc_byte_buffer *req_bb = cm_etcd_watch_create_msg(w, rev);
     if (req_bb == NULL)
         return;
     grpc_completion_queue *cq = grpc_completion_queue_create_for_pluck(NULL);
-    grpc_slice method = grpc_slice_from_static_string(CM_ETCD_WATCH_PATH);
-    grpc_call *call = grpc_channel_create_call(ch, NULL, GRPC_PROPAGATE_DEFAULTS, cq, method, NULL,
-                                               gpr_inf_future(GPR_CLOCK_REALTIME), NULL);
+    grpc_call *call =
+        cm_etcd_new_call(e, atomic_load(&e->cur) % e->n_ep, cq, CM_ETCD_WATCH_PATH, gpr_inf_future(GPR_CLOCK_REALTIME));
     grpc_metadata_array init_md, trail_md;
     grpc_metadata_array_init(&init_md);
     grpc_metadata_array_init(&trail_md);

@@ -399,6 +399,16 @@ static void test_watch_and_outage(void **state)
     cm_cluster_session_t s = { .session_id = 5 };
     snprintf(s.node, sizeof(s.node), "kv-b");
     assert_int_equal(cm_cluster_join_observer(o, "wk", LEASE_MS), RI_ERR_UNREACHABLE);
+    cm_cluster_t *late = open_cluster("obs");
+    cm_cluster_node_t n3 = make_node("kv-late", "h", 0);
+    start = now_s();
+    assert_int_equal(cm_cluster_register(late, &n3, LEASE_MS), RI_ERR_UNREACHABLE);
+    assert_true(now_s() - start < 2.0); /* within the 800 ms timeout, with margin */
+    assert_false(cm_cluster_registered(late));
+    cm_cluster_node_t *seen = NULL;
+    size_t n_seen = 0;
+    assert_int_equal(cm_cluster_nodes(late, &seen, &n_seen, NULL), RI_ERR_UNREACHABLE); /* no watch: one list */
+    cm_cluster_close(late);
 
     /* sit out more than a lease, so the member's lease could expire, then
      * bring etcd back: the member registers again, the copy is fresh */
