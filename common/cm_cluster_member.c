@@ -199,7 +199,8 @@ static void cm_cluster_member_flush_ops(cm_cluster_t *c, int64_t lease, const ch
         }
         memmove(ops, ops + done, rest * sizeof(*ops));
         size_t keep = c->n_ops <= cap - rest ? c->n_ops : cap - rest;
-        memcpy(ops + rest, c->ops, keep * sizeof(*ops));
+        if (keep > 0)
+            memcpy(ops + rest, c->ops, keep * sizeof(*ops));
         cm_free(c->ops);
         c->ops = ops;
         c->n_ops = rest + keep;
