@@ -276,6 +276,29 @@ static void test_unreachable_never_started(void **state)
     cm_etcd_close(e);
 }
 
+/* A dead endpoint first: every call goes on to the live one. */
+static void test_failover_to_live_endpoint(void **state)
+{
+    (void)state;
+    char url[128];
+    snprintf(url, sizeof(url), "etcd://127.0.0.1:1,%s", g_etcd.url);
+    cm_etcd_t *e = NULL;
+    assert_int_equal(cm_etcd_open(url, 800, &e), RI_OK);
+    assert_int_equal(cm_etcd_put(e, "/t/fo/k", "v", 1, 0), RI_OK);
+    cm_etcd_kv_t kv;
+    assert_int_equal(cm_etcd_get(e, "/t/fo/k", &kv), RI_OK);
+    assert_string_equal(kv.val, "v");
+    cm_etcd_kv_free(&kv);
+    collected_t c = { .mu = PTHREAD_MUTEX_INITIALIZER };
+    cm_etcd_watch_t *w = NULL;
+    assert_int_equal(cm_etcd_watch_start(e, "/t/fo/", 0, collect, &c, &w), RI_OK);
+    assert_int_equal(cm_etcd_put(e, "/t/fo/k2", "w", 1, 0), RI_OK);
+    assert_true(wait_event(&c, 0, CM_ETCD_PUT, "/t/fo/k2", 5) >= 1);
+    cm_etcd_watch_stop(w);
+    assert_int_equal(cm_etcd_delete(e, "/t/fo/", true, NULL), RI_OK);
+    cm_etcd_close(e);
+}
+
 static void test_bad_arguments(void **state)
 {
     (void)state;
@@ -376,9 +399,13 @@ int main(void)
         return 77;
     }
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_put_get_list_delete),           cmocka_unit_test(test_create_race),
-        cmocka_unit_test(test_lease_keepalive_expiry_revoke), cmocka_unit_test(test_watch_in_order),
-        cmocka_unit_test(test_unreachable_never_started),     cmocka_unit_test(test_bad_arguments),
+        cmocka_unit_test(test_put_get_list_delete),
+        cmocka_unit_test(test_create_race),
+        cmocka_unit_test(test_lease_keepalive_expiry_revoke),
+        cmocka_unit_test(test_watch_in_order),
+        cmocka_unit_test(test_unreachable_never_started),
+        cmocka_unit_test(test_failover_to_live_endpoint),
+        cmocka_unit_test(test_bad_arguments),
         cmocka_unit_test(test_watch_survives_kill_restart),
     };
     return cmocka_run_group_tests(tests, group_setup, group_teardown);
