@@ -435,8 +435,10 @@ int main(void)
         return 77;
     }
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_register_record_and_exists),
+        /* first: it forks, and a child is safest before the parent has
+         * started gRPC's threads */
         cmocka_unit_test(test_killed_member_disappears),
+        cmocka_unit_test(test_register_record_and_exists),
         cmocka_unit_test(test_update_and_prefix),
         cmocka_unit_test(test_member_reregisters_after_expiry),
         cmocka_unit_test(test_sessions_under_observer_lease),
