@@ -253,7 +253,6 @@ static void test_register_fields_sigterm(void **state)
     while (node_get("n1", &n) == RI_OK && n.sessions != 1 && now_ms() - t < 4000)
         usleep(50 * 1000);
     assert_int_equal(n.sessions, 1);
-    assert_true(n.pool_used > 0);
     printf("figures published %lld ms after CreateSession\n", now_ms() - t);
 
     /* Over the pool: refused, nothing created, the message names the node. */
