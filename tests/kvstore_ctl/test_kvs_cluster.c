@@ -288,6 +288,47 @@ static void test_register_fields_sigterm(void **state)
     kvs_test_daemon_cleanup(&d);
 }
 
+/* Default names: the bound address, or gethostname():port on a wildcard
+ * listen; tenants from the tokens file, updated by SIGHUP. */
+static void test_defaults_and_tenants(void **state)
+{
+    kvs_test_daemon_t d = {0}, w = {0};
+    cm_cluster_node_t n;
+    char tokens[600], tflag[700], host[256], want[320];
+    unsigned port;
+    (void)state;
+
+    assert_int_equal(kvs_test_daemon_prepare(&d), 0);
+    assert_int_equal(kvs_test_daemon_write_file(&d, "tokens", "token-aaa alice\ntoken-bbb bob\ntoken-aa2 alice\n",
+                                                tokens, sizeof(tokens)), 0);
+    snprintf(tflag, sizeof(tflag), "--tokens-file=%s", tokens);
+    const char *extra[] = {g_cluster_flag, "--cluster-name=" CLUSTER, tflag, NULL};
+    assert_int_equal(kvs_test_daemon_start(&d, extra, NULL), 0);
+    assert_true(node_wait(d.grpc, true, 2000, &n) >= 0); /* named after its address */
+    assert_string_equal(n.addr, d.grpc);
+    assert_string_equal(n.tenants, "alice,bob");
+    assert_int_equal(
+        kvs_test_daemon_write_file(&d, "tokens", "token-aaa alice\ntoken-ccc carol\n", tokens, sizeof(tokens)), 0);
+    kill(d.pid, SIGHUP);
+    long long t = now_ms();
+    while (node_get(d.grpc, &n) == RI_OK && strcmp(n.tenants, "alice,carol") != 0 && now_ms() - t < 4000)
+        usleep(50 * 1000);
+    assert_string_equal(n.tenants, "alice,carol");
+    assert_int_equal(kvs_test_daemon_stop(&d, SIGTERM, 10000), 0);
+    kvs_test_daemon_cleanup(&d);
+
+    /* A wildcard listen: others dial gethostname():port. */
+    const char *wild[] = {g_cluster_flag, "--cluster-name=" CLUSTER, "--listen=0.0.0.0:0", "--insecure", NULL};
+    assert_int_equal(kvs_test_daemon_start(&w, wild, NULL), 0);
+    assert_int_equal(gethostname(host, sizeof(host)), 0);
+    assert_true(sscanf(strrchr(w.grpc, ':') + 1, "%u", &port) == 1);
+    snprintf(want, sizeof(want), "%s:%u", host, port);
+    assert_true(node_wait(want, true, 2000, &n) >= 0);
+    assert_string_equal(n.addr, want);
+    assert_int_equal(kvs_test_daemon_stop(&w, SIGTERM, 10000), 0);
+    kvs_test_daemon_cleanup(&w);
+}
+
 /* --- prefix blocks ---------------------------------------------------------- */
 
 /* A one-table block (1 layer, 1 KV head) with one cluster of PT tokens. */
@@ -478,6 +519,7 @@ int main(void)
         cmocka_unit_test(test_bad_flags),
         cmocka_unit_test(test_unreachable_at_start),
         cmocka_unit_test(test_register_fields_sigterm),
+        cmocka_unit_test(test_defaults_and_tenants),
         cmocka_unit_test(test_prefix_kill9_recover),
         cmocka_unit_test(test_etcd_outage),
     };
