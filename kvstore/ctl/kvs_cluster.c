@@ -27,16 +27,16 @@
 
 static CM_ALLOC_TAG(kvs_cluster_tag, "kvs.cluster");
 
-#define KVS_CLUSTER_REFRESH_MS 1000u   /* figures handed to the member thread this often */
-#define KVS_CLUSTER_RETRY_MS 250u      /* register retries while etcd does not answer at start */
+#define KVS_CLUSTER_REFRESH_MS      1000u /* figures handed to the member thread this often */
+#define KVS_CLUSTER_RETRY_MS        250u  /* register retries while etcd does not answer at start */
 #define KVS_CLUSTER_ETCD_TIMEOUT_MS 2000u
 
 struct kvs_cluster {
-    kvs_ctl_t *ctl;                  /* borrowed */
-    cm_cluster_t *dir;               /* owned */
-    pthread_mutex_t mu;              /* guards self, stop, poke */
+    kvs_ctl_t *ctl;     /* borrowed */
+    cm_cluster_t *dir;  /* owned */
+    pthread_mutex_t mu; /* guards self, stop, poke */
     pthread_cond_t cv;
-    cm_cluster_node_t self;          /* what we publish */
+    cm_cluster_node_t self; /* what we publish */
     bool stop, poke;
     bool thread_started;
     pthread_t thread;
@@ -233,8 +233,8 @@ ri_status_t kvs_cluster_start(kvs_ctl_t *ctl, kvs_cluster_t **c_p, char *err, si
         goto err_unhook;
     }
     c->thread_started = true;
-    cm_info("cluster: registered as %s (%s, host %s) in cluster %s at %s, lease %lld ms%s", c->self.name,
-            c->self.addr, c->self.host, cfg->cluster_name, cfg->cluster, (long long)cfg->cluster_lease_ms,
+    cm_info("cluster: registered as %s (%s, host %s) in cluster %s at %s, lease %lld ms%s", c->self.name, c->self.addr,
+            c->self.host, cfg->cluster_name, cfg->cluster, (long long)cfg->cluster_lease_ms,
             c->self.recovered ? ", recovered" : "");
     *c_p = c;
     return RI_OK;

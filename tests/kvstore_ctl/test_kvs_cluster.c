@@ -32,15 +32,15 @@
 #include "tests/common/etcd_spawn.h"
 #include "tests/kvstore_ctl/kvs_test_daemon.h"
 
-#define CLUSTER "kvs-test"
+#define CLUSTER  "kvs-test"
 #define LEASE_MS 2000
-#define PT 8u
-#define DIM 16u
+#define PT       8u
+#define DIM      16u
 
 static etcd_spawn_t g_etcd;
-static char g_url[96];        /* "etcd://127.0.0.1:PORT" */
+static char g_url[96]; /* "etcd://127.0.0.1:PORT" */
 static char g_cluster_flag[128];
-static cm_etcd_t *g_e;        /* the test's own client, to read the directory */
+static cm_etcd_t *g_e; /* the test's own client, to read the directory */
 
 static long long now_ms(void)
 {
@@ -124,8 +124,9 @@ static void node_start(kvs_test_daemon_t *d, const char *name, const char *f1, c
 {
     char nflag[128];
     snprintf(nflag, sizeof(nflag), "--node-name=%s", name);
-    const char *extra[] = {g_cluster_flag, "--cluster-name=" CLUSTER, nflag, "--cluster-lease-ms=2000", f1, f2, f3,
-                           NULL};
+    const char *extra[] = {
+        g_cluster_flag, "--cluster-name=" CLUSTER, nflag, "--cluster-lease-ms=2000", f1, f2, f3, NULL
+    };
     int ex = -1;
     int rc = kvs_test_daemon_start(d, extra, &ex);
     if (rc != 0)
@@ -138,9 +139,18 @@ static int run_kvstore(char *out, size_t len, int timeout_ms, const char *f1, co
 {
     char bin[512];
     kvs_test_bin("ri-kvstore", bin, sizeof(bin));
-    const char *argv[] = {bin, "--listen=127.0.0.1:0", "--dataplane-listen=127.0.0.1:0", "--metrics-listen=off",
-                          "--memory=64MiB", "--no-hugepages", "--cluster-name=" CLUSTER, "--cluster-lease-ms=2000",
-                          f1, f2, f3, NULL};
+    const char *argv[] = { bin,
+                           "--listen=127.0.0.1:0",
+                           "--dataplane-listen=127.0.0.1:0",
+                           "--metrics-listen=off",
+                           "--memory=64MiB",
+                           "--no-hugepages",
+                           "--cluster-name=" CLUSTER,
+                           "--cluster-lease-ms=2000",
+                           f1,
+                           f2,
+                           f3,
+                           NULL };
     return kvs_test_run(argv, out, len, timeout_ms);
 }
 
@@ -157,11 +167,10 @@ static double metric(const kvs_test_daemon_t *d, const char *name)
     return strtod(p + strlen(pat), NULL);
 }
 
-static ri_status_t create_session(const kvs_test_daemon_t *d, uint64_t tokens, gw_ctl_session_t *s,
-                                  gw_ctl_error_t *err)
+static ri_status_t create_session(const kvs_test_daemon_t *d, uint64_t tokens, gw_ctl_session_t *s, gw_ctl_error_t *err)
 {
     gw_ctl_t *ctl = NULL;
-    gw_ctl_geometry_t g = {.layers = 1, .kv_heads = 1, .head_dim = DIM, .dtype = 1, .page_tokens = PT};
+    gw_ctl_geometry_t g = { .layers = 1, .kv_heads = 1, .head_dim = DIM, .dtype = 1, .page_tokens = PT };
     ri_status_t st = gw_ctl_create(d->grpc, NULL, &ctl);
     if (st == RI_OK)
         st = gw_ctl_create_session(ctl, 5000, &g, tokens, "cluster-test", s, err);
@@ -177,13 +186,13 @@ static void test_bad_flags(void **state)
     static const struct {
         const char *flag, *names;
     } cases[] = {
-        {"--cluster=etcd://no-port", "cluster"},
-        {"--cluster=etcd://127.0.0.1:2379,,", "cluster"},
-        {"--node-name=bad/name", "node-name"},
-        {"--cluster-host=bad host", "cluster-host"},
-        {"--cluster-advertise=0.0.0.0:7070", "cluster-advertise"},
-        {"--cluster-advertise=nohostport", "cluster-advertise"},
-        {"--cluster-lease-ms=100", "cluster-lease-ms"},
+        { "--cluster=etcd://no-port", "cluster" },
+        { "--cluster=etcd://127.0.0.1:2379,,", "cluster" },
+        { "--node-name=bad/name", "node-name" },
+        { "--cluster-host=bad host", "cluster-host" },
+        { "--cluster-advertise=0.0.0.0:7070", "cluster-advertise" },
+        { "--cluster-advertise=nohostport", "cluster-advertise" },
+        { "--cluster-lease-ms=100", "cluster-lease-ms" },
     };
     char out[4096];
     (void)state;
@@ -206,7 +215,7 @@ static void test_unreachable_at_start(void **state)
     char out[4096], flag[96];
     (void)state;
     int fd = socket(AF_INET, SOCK_STREAM, 0);
-    struct sockaddr_in sa = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+    struct sockaddr_in sa = { .sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK) };
     socklen_t sl = sizeof(sa);
     assert_int_equal(bind(fd, (struct sockaddr *)&sa, sizeof(sa)), 0);
     assert_int_equal(getsockname(fd, (struct sockaddr *)&sa, &sl), 0);
@@ -227,10 +236,10 @@ static void test_unreachable_at_start(void **state)
  * published; SIGTERM removes the record at once. */
 static void test_register_fields_sigterm(void **state)
 {
-    kvs_test_daemon_t d = {0};
+    kvs_test_daemon_t d = { 0 };
     cm_cluster_node_t n;
     gw_ctl_session_t s;
-    gw_ctl_error_t err = {0};
+    gw_ctl_error_t err = { 0 };
     char out[4096];
     (void)state;
 
@@ -292,7 +301,7 @@ static void test_register_fields_sigterm(void **state)
  * listen; tenants from the tokens file, updated by SIGHUP. */
 static void test_defaults_and_tenants(void **state)
 {
-    kvs_test_daemon_t d = {0}, w = {0};
+    kvs_test_daemon_t d = { 0 }, w = { 0 };
     cm_cluster_node_t n;
     char tokens[600], tflag[700], host[256], want[320];
     unsigned port;
@@ -300,9 +309,10 @@ static void test_defaults_and_tenants(void **state)
 
     assert_int_equal(kvs_test_daemon_prepare(&d), 0);
     assert_int_equal(kvs_test_daemon_write_file(&d, "tokens", "token-aaa alice\ntoken-bbb bob\ntoken-aa2 alice\n",
-                                                tokens, sizeof(tokens)), 0);
+                                                tokens, sizeof(tokens)),
+                     0);
     snprintf(tflag, sizeof(tflag), "--tokens-file=%s", tokens);
-    const char *extra[] = {g_cluster_flag, "--cluster-name=" CLUSTER, tflag, NULL};
+    const char *extra[] = { g_cluster_flag, "--cluster-name=" CLUSTER, tflag, NULL };
     assert_int_equal(kvs_test_daemon_start(&d, extra, NULL), 0);
     assert_true(node_wait(d.grpc, true, 2000, &n) >= 0); /* named after its address */
     assert_string_equal(n.addr, d.grpc);
@@ -318,7 +328,7 @@ static void test_defaults_and_tenants(void **state)
     kvs_test_daemon_cleanup(&d);
 
     /* A wildcard listen: others dial gethostname():port. */
-    const char *wild[] = {g_cluster_flag, "--cluster-name=" CLUSTER, "--listen=0.0.0.0:0", "--insecure", NULL};
+    const char *wild[] = { g_cluster_flag, "--cluster-name=" CLUSTER, "--listen=0.0.0.0:0", "--insecure", NULL };
     assert_int_equal(kvs_test_daemon_start(&w, wild, NULL), 0);
     assert_int_equal(gethostname(host, sizeof(host)), 0);
     assert_true(sscanf(strrchr(w.grpc, ':') + 1, "%u", &port) == 1);
@@ -335,8 +345,16 @@ static void test_defaults_and_tenants(void **state)
 static uint8_t *make_block(uint32_t seed, uint64_t *len_p)
 {
     uint64_t tables = cm_pfx_tables_bytes(1, 1), worker = 64, pages = 4u * PT * DIM;
-    cm_pfx_hdr_t h = {.layers = 1, .kv_heads = 1, .head_dim = DIM, .dtype = 1, .page_tokens = PT, .first_pos = 0,
-                      .n_tokens = PT, .tables_bytes = tables, .worker_bytes = worker, .pages_bytes = pages};
+    cm_pfx_hdr_t h = { .layers = 1,
+                       .kv_heads = 1,
+                       .head_dim = DIM,
+                       .dtype = 1,
+                       .page_tokens = PT,
+                       .first_pos = 0,
+                       .n_tokens = PT,
+                       .tables_bytes = tables,
+                       .worker_bytes = worker,
+                       .pages_bytes = pages };
     uint64_t len = CM_PFX_HDR_SIZE + tables + worker + pages;
     uint8_t *buf = calloc(1, len);
     assert_non_null(buf);
@@ -360,7 +378,7 @@ static void key_of(uint8_t key[32], uint32_t n)
 static bool publish_two(const kvs_test_daemon_t *d, const uint8_t k1[32], const uint8_t k2[32])
 {
     gw_ctl_session_t s;
-    gw_ctl_error_t err = {0};
+    gw_ctl_error_t err = { 0 };
     gw_dp_t *dp = NULL;
     uint64_t len;
     uint32_t slot, flags;
@@ -388,9 +406,9 @@ static bool publish_two(const kvs_test_daemon_t *d, const uint8_t k1[32], const 
  * recovered and a new epoch. */
 static void test_prefix_kill9_recover(void **state)
 {
-    kvs_test_daemon_t d = {0};
+    kvs_test_daemon_t d = { 0 };
     cm_cluster_node_t n, before;
-    gw_ctl_error_t err = {0};
+    gw_ctl_error_t err = { 0 };
     uint8_t k1[32], k2[32];
     char spill[600];
     (void)state;
@@ -451,10 +469,10 @@ static void test_prefix_kill9_recover(void **state)
  * node is registered again. */
 static void test_etcd_outage(void **state)
 {
-    kvs_test_daemon_t d = {0};
+    kvs_test_daemon_t d = { 0 };
     cm_cluster_node_t n, before;
     gw_ctl_session_t s;
-    gw_ctl_error_t err = {0};
+    gw_ctl_error_t err = { 0 };
     gw_ctl_health_t h;
     (void)state;
 
