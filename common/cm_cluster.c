@@ -536,7 +536,7 @@ void cm_cluster_rank(const cm_cluster_node_t *nodes, size_t n, const bool *skip,
 {
     size_t m = 0;
     for (size_t i = 0; i < n; i++) {
-        if (skip != NULL && skip[i])
+        if ((skip != NULL && skip[i]) || nodes[i].draining) /* a draining node takes no new session */
             continue;
         /* insertion sort: tens of nodes */
         size_t j = m++;

@@ -142,7 +142,8 @@ const char *cm_cluster_policy_name(cm_cluster_policy_t p);
 /* Rank nodes for a new session: order[0..n) gets indexes into nodes, best
  * first (the caller tries them in turn: a node refuses a session it cannot
  * hold).  skip (may be NULL) marks nodes to leave out (the caller found
- * them unreachable); *n_order_p the count ranked.  my_host as
+ * them unreachable; draining nodes are left out too); *n_order_p the
+ * count ranked.  my_host as
  * cm_cluster_node_t.host; *rr is the round-robin cursor the caller keeps.
  * Pure: no etcd call (unit-testable). */
 void cm_cluster_rank(const cm_cluster_node_t *nodes, size_t n, const bool *skip, const char *my_host,
