@@ -232,8 +232,8 @@ ri_status_t cm_cluster_node_to_json(const cm_cluster_node_t *n, char **json_p)
         !cJSON_AddNumberToObject(o, "pool_total", (double)n->pool_total) ||
         !cJSON_AddNumberToObject(o, "pool_used", (double)n->pool_used) ||
         !cJSON_AddNumberToObject(o, "sessions", (double)n->sessions) || !cm_cluster_add_tenants(o, n->tenants) ||
-        !cJSON_AddNumberToObject(o, "epoch", (double)n->epoch) || !cJSON_AddBoolToObject(o, "recovered", n->recovered) ||
-        !cJSON_AddBoolToObject(o, "draining", n->draining))
+        !cJSON_AddNumberToObject(o, "epoch", (double)n->epoch) ||
+        !cJSON_AddBoolToObject(o, "recovered", n->recovered) || !cJSON_AddBoolToObject(o, "draining", n->draining))
         goto out;
     st = cm_cluster_print(o, json_p);
 out:
