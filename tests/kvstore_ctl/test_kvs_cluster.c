@@ -207,6 +207,12 @@ static void test_bad_flags(void **state)
     int rc = run_kvstore(out, sizeof(out), 10000, g_cluster_flag, "--cluster-name=", NULL);
     if (rc != 2 || strstr(out, "cluster-name") == NULL)
         fail_msg("empty cluster-name: exit %d, output: %s", rc, out);
+    /* from the environment, like every setting */
+    setenv("RI_KVS_NODE_NAME", "bad/name", 1);
+    rc = run_kvstore(out, sizeof(out), 10000, g_cluster_flag, NULL, NULL);
+    unsetenv("RI_KVS_NODE_NAME");
+    if (rc != 2 || strstr(out, "node-name 'bad/name'") == NULL)
+        fail_msg("RI_KVS_NODE_NAME=bad/name: exit %d, output: %s", rc, out);
 }
 
 /* etcd not there at start: retried for one lease, then exit 1 saying so. */
