@@ -232,7 +232,8 @@ ri_status_t cm_cluster_node_to_json(const cm_cluster_node_t *n, char **json_p)
         !cJSON_AddNumberToObject(o, "pool_total", (double)n->pool_total) ||
         !cJSON_AddNumberToObject(o, "pool_used", (double)n->pool_used) ||
         !cJSON_AddNumberToObject(o, "sessions", (double)n->sessions) || !cm_cluster_add_tenants(o, n->tenants) ||
-        !cJSON_AddNumberToObject(o, "epoch", (double)n->epoch) || !cJSON_AddBoolToObject(o, "recovered", n->recovered))
+        !cJSON_AddNumberToObject(o, "epoch", (double)n->epoch) ||
+        !cJSON_AddBoolToObject(o, "recovered", n->recovered) || !cJSON_AddBoolToObject(o, "draining", n->draining))
         goto out;
     st = cm_cluster_print(o, json_p);
 out:
@@ -300,6 +301,7 @@ ri_status_t cm_cluster_node_from_json(const char *json, size_t len, cm_cluster_n
     memset(&r, 0, sizeof(r));
     uint64_t sessions = 0;
     const cJSON *rec = cJSON_GetObjectItemCaseSensitive(o, "recovered");
+    const cJSON *drn = cJSON_GetObjectItemCaseSensitive(o, "draining"); /* absent: an older node, not draining */
     bool ok = cm_cluster_json_str(o, "node", true, r.name, sizeof(r.name)) &&
               cm_cluster_json_str(o, "addr", true, r.addr, sizeof(r.addr)) &&
               cm_cluster_json_str(o, "dataplane", false, r.dataplane, sizeof(r.dataplane)) &&
@@ -307,9 +309,11 @@ ri_status_t cm_cluster_node_from_json(const char *json, size_t len, cm_cluster_n
               cm_cluster_json_u64(o, "pool_total", &r.pool_total) &&
               cm_cluster_json_u64(o, "pool_used", &r.pool_used) && cm_cluster_json_u64(o, "sessions", &sessions) &&
               sessions <= UINT32_MAX && cm_cluster_json_tenants(o, r.tenants, sizeof(r.tenants)) &&
-              cm_cluster_json_u64(o, "epoch", &r.epoch) && (rec == NULL || cJSON_IsBool(rec));
+              cm_cluster_json_u64(o, "epoch", &r.epoch) && (rec == NULL || cJSON_IsBool(rec)) &&
+              (drn == NULL || cJSON_IsBool(drn));
     r.sessions = (uint32_t)sessions;
     r.recovered = rec != NULL && cJSON_IsTrue(rec);
+    r.draining = drn != NULL && cJSON_IsTrue(drn);
     cJSON_Delete(o);
     if (!ok) {
         cm_etcd_set_error("cluster: a node record with a missing or mistyped field");
@@ -532,7 +536,7 @@ void cm_cluster_rank(const cm_cluster_node_t *nodes, size_t n, const bool *skip,
 {
     size_t m = 0;
     for (size_t i = 0; i < n; i++) {
-        if (skip != NULL && skip[i])
+        if ((skip != NULL && skip[i]) || nodes[i].draining) /* a draining node takes no new session */
             continue;
         /* insertion sort: tens of nodes */
         size_t j = m++;

@@ -13,7 +13,7 @@
  *
  *   /ri/<cluster>/nodes/<node>                  lease: the node's
  *       {"node","addr","dataplane","host","pool_total","pool_used",
- *        "sessions","tenants":[...],"epoch","recovered"}
+ *        "sessions","tenants":[...],"epoch","recovered","draining"}
  *   /ri/<cluster>/sessions/<node>/<session id, 16 hex>   lease: the worker's
  *       {"worker","label","tokens","created_ms"}
  *   /ri/<cluster>/prefix/<block key, 64 hex>/<node>       lease: the node's
@@ -60,6 +60,7 @@ typedef struct cm_cluster_node {
     uint64_t epoch;                      /* start time, ms since the epoch: a new value
                                             means the node restarted */
     bool recovered;                      /* it started with --recover */
+    bool draining;                       /* it takes no new sessions (Drain): placement skips it */
 } cm_cluster_node_t;
 
 /* A session's owner record. */
@@ -106,6 +107,14 @@ void cm_cluster_prefix_del(cm_cluster_t *c, const uint8_t key[32]);
 /* Is the member registered with a live lease now (false during an outage)? */
 bool cm_cluster_registered(cm_cluster_t *c);
 
+/* A member's counters since register (for metrics). */
+typedef struct cm_cluster_member_stats {
+    uint64_t renewals;                   /* lease renewals etcd acknowledged */
+    uint64_t errors;                     /* etcd calls of the member that failed */
+    uint64_t registrations;              /* registrations written (1 + re-registrations after outages) */
+} cm_cluster_member_stats_t;
+void cm_cluster_member_stats(cm_cluster_t *c, cm_cluster_member_stats_t *out);
+
 /* ---- observer side (ri-worker, ri, tools) ------------------------------ */
 
 /* Start the local copy of the node list (a watch on nodes/).  Waits up to
@@ -133,7 +142,8 @@ const char *cm_cluster_policy_name(cm_cluster_policy_t p);
 /* Rank nodes for a new session: order[0..n) gets indexes into nodes, best
  * first (the caller tries them in turn: a node refuses a session it cannot
  * hold).  skip (may be NULL) marks nodes to leave out (the caller found
- * them unreachable); *n_order_p the count ranked.  my_host as
+ * them unreachable; draining nodes are left out too); *n_order_p the
+ * count ranked.  my_host as
  * cm_cluster_node_t.host; *rr is the round-robin cursor the caller keeps.
  * Pure: no etcd call (unit-testable). */
 void cm_cluster_rank(const cm_cluster_node_t *nodes, size_t n, const bool *skip, const char *my_host,

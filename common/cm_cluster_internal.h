@@ -45,6 +45,9 @@ struct cm_cluster {
     int64_t lease;       /* 0 = none (outage, or not registered) */
     uint64_t renewed_ms; /* last successful renewal (monotonic ms) */
     atomic_bool registered;
+    _Atomic uint64_t renewals;      /* lease renewals etcd acknowledged */
+    _Atomic uint64_t errors;        /* member etcd calls that failed */
+    _Atomic uint64_t registrations; /* registrations written (first and after outages) */
     uint8_t (*held)[32]; /* prefix blocks held (re-put after a re-grant) */
     size_t n_held, cap_held;
     cm_cluster_prefix_op_t *ops; /* queued prefix puts and deletes */

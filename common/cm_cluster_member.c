@@ -85,6 +85,7 @@ ri_status_t cm_cluster_register(cm_cluster_t *c, const cm_cluster_node_t *self, 
     c->self_dirty = false;
     c->kick = c->n_ops > 0; /* prefixes noted before the registration */
     atomic_store(&c->registered, true);
+    atomic_fetch_add(&c->registrations, 1);
     st = cm_cluster_thread_start_locked(c);
     pthread_cond_broadcast(&c->cv);
     pthread_mutex_unlock(&c->mu);
@@ -99,6 +100,7 @@ void cm_cluster_update(cm_cluster_t *c, const cm_cluster_node_t *self)
     c->self.pool_total = self->pool_total;
     c->self.pool_used = self->pool_used;
     c->self.sessions = self->sessions;
+    c->self.draining = self->draining;
     if (memchr(self->tenants, '\0', sizeof(self->tenants)) != NULL)
         snprintf(c->self.tenants, sizeof(c->self.tenants), "%s", self->tenants);
     c->self_dirty = true;
@@ -167,6 +169,18 @@ bool cm_cluster_registered(cm_cluster_t *c)
     return c != NULL && atomic_load(&c->registered);
 }
 
+void cm_cluster_member_stats(cm_cluster_t *c, cm_cluster_member_stats_t *out)
+{
+    if (out == NULL)
+        return;
+    memset(out, 0, sizeof(*out));
+    if (c == NULL)
+        return;
+    out->renewals = atomic_load(&c->renewals);
+    out->errors = atomic_load(&c->errors);
+    out->registrations = atomic_load(&c->registrations);
+}
+
 /* Write the queued prefix changes in order; stop at the first failure and
  * keep the rest (in order, before anything queued meanwhile). */
 static void cm_cluster_member_flush_ops(cm_cluster_t *c, int64_t lease, const char *node)
@@ -183,8 +197,10 @@ static void cm_cluster_member_flush_ops(cm_cluster_t *c, int64_t lease, const ch
         cm_cluster_prefix_key(c, ops[done].key, node, key);
         ri_status_t st =
             ops[done].add ? cm_etcd_put(c->etcd, key, "", 0, lease) : cm_etcd_delete(c->etcd, key, false, NULL);
-        if (st != RI_OK)
+        if (st != RI_OK) {
+            atomic_fetch_add(&c->errors, 1);
             break;
+        }
     }
     pthread_mutex_lock(&c->mu);
     if (done < n) {
@@ -223,6 +239,7 @@ static void cm_cluster_member_regrant(cm_cluster_t *c)
     int64_t lease = 0;
     ri_status_t st = cm_cluster_member_create(c, &self, lease_ms, &lease);
     if (st != RI_OK) {
+        atomic_fetch_add(&c->errors, 1);
         if (st == RI_ERR_EXISTS)
             cm_warn("cluster: cannot register again as %s: another live node has the name", self.name);
         return;
@@ -237,6 +254,7 @@ static void cm_cluster_member_regrant(cm_cluster_t *c)
         cm_cluster_op_push(c, c->held[i], true);
     pthread_mutex_unlock(&c->mu);
     atomic_store(&c->registered, true);
+    atomic_fetch_add(&c->registrations, 1);
     cm_info("cluster: registered again as %s after the lease expired", self.name);
     cm_cluster_member_flush_ops(c, lease, self.name);
 }
@@ -258,6 +276,7 @@ static void cm_cluster_member_publish(cm_cluster_t *c, int64_t lease)
         st = cm_etcd_put(c->etcd, key, json, strlen(json), lease);
     cm_free(json);
     if (st != RI_OK) {
+        atomic_fetch_add(&c->errors, 1);
         pthread_mutex_lock(&c->mu);
         c->self_dirty = true;
         pthread_mutex_unlock(&c->mu);
@@ -282,6 +301,7 @@ void cm_cluster_member_tick(cm_cluster_t *c)
     }
     ri_status_t st = cm_etcd_lease_keepalive(c->etcd, lease, NULL);
     if (st == RI_OK) {
+        atomic_fetch_add(&c->renewals, 1);
         pthread_mutex_lock(&c->mu);
         c->renewed_ms = cm_cluster_now_ms();
         pthread_mutex_unlock(&c->mu);
@@ -290,14 +310,17 @@ void cm_cluster_member_tick(cm_cluster_t *c)
         cm_cluster_member_flush_ops(c, lease, node);
     } else if (st == RI_ERR_NOT_FOUND) {
         /* expired while etcd could not hear us: our records are gone */
+        atomic_fetch_add(&c->errors, 1);
         atomic_store(&c->registered, false);
         pthread_mutex_lock(&c->mu);
         c->lease = 0;
         pthread_mutex_unlock(&c->mu);
         cm_warn("cluster: the lease of %s expired; registering again", node);
         cm_cluster_member_regrant(c);
-    } else if (cm_cluster_now_ms() - renewed > lease_ms) {
-        atomic_store(&c->registered, false);
+    } else {
+        atomic_fetch_add(&c->errors, 1);
+        if (cm_cluster_now_ms() - renewed > lease_ms)
+            atomic_store(&c->registered, false);
     }
 }
 

@@ -15,6 +15,7 @@
 #include "common/cm_log.h"
 #include "common/cm_status.h"
 #include "common/cm_time.h"
+#include "kvstore/ctl/kvs_cluster.h"
 #include "kvstore/ctl/kvs_ctl.h"
 #include "retroinfer.pb-c.h"
 
@@ -241,10 +242,12 @@ static ri_status_t kvs_api_create_session(void *app, const kvs_caller_t *caller,
                  "CreateSession: the spill directory could not record the session (%s%s); nothing was created",
                  ri_status_str(st), st == RI_ERR_NOSPACE ? ": the disk is full" : "");
     } else if (st == RI_ERR_QUOTA) {
+        /* Workers of a cluster try the next node on this refusal: name this one. */
         snprintf(reply->msg, sizeof(reply->msg),
                  "CreateSession: %" PRIu64 " tokens of %ux%ux%u would exceed the memory quota of tenant '%s' or "
-                 "of the kvstore",
-                 in->expected_tokens, g.layers, g.kv_heads, g.head_dim, caller->tenant);
+                 "of the kvstore (node %.80s)",
+                 in->expected_tokens, g.layers, g.kv_heads, g.head_dim, caller->tenant,
+                 ctl->cluster != NULL ? kvs_cluster_node_name(ctl->cluster) : ctl->grpc_addr);
     } else if (st == RI_ERR_SHUTDOWN) {
         snprintf(reply->msg, sizeof(reply->msg), "CreateSession: the kvstore is draining; no new sessions");
     } else if (st == RI_ERR_INVALID) {
@@ -394,6 +397,7 @@ static ri_status_t kvs_api_drain(void *app, const kvs_caller_t *caller, const ui
         return RI_ERR_PERMISSION;
     }
     atomic_store(&ctl->draining, true);
+    kvs_cluster_poke(ctl->cluster); /* publish "draining" now: workers stop placing sessions here */
     uint32_t open = kvs_data_drain(ctl->data);
     cm_info("drain requested by tenant %s: %u session(s) still open", caller->tenant, open);
     Retroinfer__V1__DrainResponse out = RETROINFER__V1__DRAIN_RESPONSE__INIT;

@@ -13,11 +13,14 @@
 #include <strings.h>
 
 #include "common/cm_alloc.h"
+#include "common/cm_cluster.h"
+#include "common/cm_etcd.h"
 #include "common/cm_file.h"
 #include "common/cm_log.h"
 #include "common/cm_net.h"
 #include "common/cm_status.h"
 #include "common/cm_time.h"
+#include "kvstore/ctl/kvs_cluster.h"
 #include "kvstore/ctl/kvs_http.h"
 
 static CM_ALLOC_TAG(kvs_ctl_tag, "kvs.ctl");
@@ -107,6 +110,22 @@ static const cm_config_item_t kvs_ctl_config_items[] = {
             "drop a session whose worker has had no data-plane connection and sent no KeepAlive for this long "
             "(0 = never; sessions --recover brings back get a whole lease to re-attach)", session_lease_ms, 0,
             86400000),
+    KVS_CFG("cluster", CM_CFG_STRING, "",
+            "join a cluster: etcd endpoints etcd://host:port[,host:port] where this node registers itself, its "
+            "figures and its prefix blocks (empty = no cluster)", cluster, 0, 0),
+    KVS_CFG("cluster-name", CM_CFG_STRING, "default", "the cluster's name in etcd (keys under /ri/NAME/)",
+            cluster_name, 0, 0),
+    KVS_CFG("node-name", CM_CFG_STRING, "",
+            "this node's name in the cluster, stable across restarts (empty = the advertised address)", node_name, 0,
+            0),
+    KVS_CFG("cluster-advertise", CM_CFG_STRING, "",
+            "gRPC host:port that workers dial (empty = listen with its bound port, or gethostname():port when listen "
+            "is a wildcard)", cluster_advertise, 0, 0),
+    KVS_CFG("cluster-host", CM_CFG_STRING, "",
+            "host identity for same-host placement, as workers give it (empty = gethostname())", cluster_host, 0, 0),
+    KVS_CFG("cluster-lease-ms", CM_CFG_INT, "5000",
+            "lease of the node's records in etcd: a killed node is gone from the directory within it, and etcd "
+            "unreachable at start is retried this long", cluster_lease_ms, 2000, 600000),
 };
 
 const cm_config_table_t kvs_ctl_config_table = {
@@ -129,11 +148,46 @@ bool kvs_ctl_addr_is_loopback(const char *addr)
     return false;
 }
 
+/* The cluster settings: checked only with --cluster (without it they do nothing). */
+static ri_status_t kvs_ctl_cluster_check(const kvs_ctl_config_t *cfg, char *err, size_t errlen)
+{
+    char host[256];
+    unsigned port;
+
+    if (cfg->cluster[0] == '\0')
+        return RI_OK;
+    if (!cm_etcd_endpoints_valid(cfg->cluster)) {
+        snprintf(err, errlen, "cluster '%s' is not etcd://host:port[,host:port...]", cfg->cluster);
+        return RI_ERR_INVALID;
+    }
+    if (!cm_cluster_name_valid(cfg->cluster_name)) {
+        snprintf(err, errlen, "cluster-name '%s' is not 1..63 characters of A-Z a-z 0-9 . _ : -", cfg->cluster_name);
+        return RI_ERR_INVALID;
+    }
+    if (cfg->node_name[0] != '\0' && !cm_cluster_name_valid(cfg->node_name)) {
+        snprintf(err, errlen, "node-name '%s' is not 1..63 characters of A-Z a-z 0-9 . _ : -", cfg->node_name);
+        return RI_ERR_INVALID;
+    }
+    if (cfg->cluster_host[0] != '\0' && !cm_cluster_name_valid(cfg->cluster_host)) {
+        snprintf(err, errlen, "cluster-host '%s' is not 1..63 characters of A-Z a-z 0-9 . _ : -", cfg->cluster_host);
+        return RI_ERR_INVALID;
+    }
+    if (cfg->cluster_advertise[0] != '\0' &&
+        (!cm_net_split(cfg->cluster_advertise, host, sizeof(host), &port) || port == 0 ||
+         cm_net_host_is_wildcard(host))) {
+        snprintf(err, errlen, "cluster-advertise '%s' is not host:port with a port and a host others can dial",
+                 cfg->cluster_advertise);
+        return RI_ERR_INVALID;
+    }
+    return RI_OK;
+}
+
 ri_status_t kvs_ctl_config_check(const kvs_ctl_config_t *cfg, char *err, size_t errlen)
 {
     char host[256];
     unsigned port;
     cm_log_level_t level;
+    ri_status_t st;
 
     if (!cm_net_split(cfg->listen, host, sizeof(host), &port)) {
         snprintf(err, errlen, "listen '%s' is not host:port", cfg->listen);
@@ -155,6 +209,9 @@ ri_status_t kvs_ctl_config_check(const kvs_ctl_config_t *cfg, char *err, size_t 
         snprintf(err, errlen, "tls-cert and tls-key go together (one of them is empty)");
         return RI_ERR_INVALID;
     }
+    st = kvs_ctl_cluster_check(cfg, err, errlen);
+    if (st != RI_OK)
+        return st;
     if (cfg->recover && cfg->spill_dir[0] == '\0') {
         snprintf(err, errlen, "recover needs spill-dir (the directory to recover from)");
         return RI_ERR_INVALID;
@@ -379,9 +436,17 @@ ri_status_t kvs_ctl_start(const kvs_ctl_config_t *cfg, kvs_ctl_t **ctl_p, char *
         if (!kvs_ctl_addr_is_loopback(cfg->metrics_listen))
             cm_warn("metrics: %s is not loopback; /metrics has no authentication", ctl->metrics_addr);
     }
+    /* Last: a node in the directory serves, with what --recover reloaded. */
+    if (cfg->cluster[0] != '\0') {
+        st = kvs_cluster_start(ctl, &ctl->cluster, err, errlen);
+        if (st != RI_OK)
+            goto err_stop_http;
+    }
     *ctl_p = ctl;
     return RI_OK;
 
+err_stop_http:
+    kvs_http_destroy(ctl->http);
 err_stop_grpc:
     kvs_grpc_destroy(ctl->grpc);
 err_destroy_data:
@@ -399,10 +464,13 @@ void kvs_ctl_destroy(kvs_ctl_t *ctl)
     if (ctl == NULL)
         return;
     atomic_store(&ctl->draining, true);
+    /* First: workers stop placing sessions here at once. */
+    kvs_cluster_leave(ctl->cluster);
     uint64_t t0 = cm_time_ns();
     unsigned cancelled = kvs_grpc_shutdown(ctl->grpc, (uint32_t)ctl->cfg.drain_timeout_ms);
     cm_info("grpc: stopped in %.1f ms (%u call(s) cancelled)", (double)(cm_time_ns() - t0) / 1e6, cancelled);
-    kvs_http_destroy(ctl->http); /* before grpc: the page reads its counters */
+    kvs_http_destroy(ctl->http); /* before grpc and cluster: the page reads their counters */
+    kvs_cluster_destroy(ctl->cluster);
     kvs_grpc_destroy(ctl->grpc);
     kvs_data_destroy(ctl->data);
     kvs_auth_destroy(ctl->auth);
@@ -471,6 +539,7 @@ ri_status_t kvs_ctl_reload_tokens(kvs_ctl_t *ctl, char *err, size_t errlen)
     }
     kvs_auth_t *old = kvs_grpc_swap_auth(ctl->grpc, fresh);
     ctl->auth = fresh;
+    kvs_cluster_set_tenants(ctl->cluster, fresh);
     kvs_ctl_revoke_removed(ctl, old, fresh);
     kvs_auth_destroy(old);
     atomic_fetch_add(&ctl->reloads, 1);
@@ -527,6 +596,7 @@ void kvs_ctl_metrics_write(kvs_ctl_t *ctl, FILE *out)
     fprintf(out, "ri_kvs_limit_refusals_total{limit=\"session-table\"} %llu\n",
             (unsigned long long)atomic_load(&ctl->table_full_refusals));
     kvs_grpc_metrics_write(ctl->grpc, out);
+    kvs_cluster_metrics_write(ctl->cluster, out);
     fprintf(out, "# HELP ri_kvs_alloc_bytes Live heap bytes by allocation tag.\n");
     fprintf(out, "# TYPE ri_kvs_alloc_bytes gauge\n");
     cm_alloc_visit(kvs_ctl_alloc_line, &v);

@@ -57,6 +57,12 @@ typedef struct kvs_ctl_config {
     int64_t max_connections;         /* gRPC client connections held at once (and their fd budget) */
     int64_t idle_timeout_ms;         /* close gRPC connections idle this long */
     int64_t session_lease_ms;        /* drop sessions with no data-plane connection or KeepAlive this long; 0 = never */
+    char *cluster;                   /* etcd endpoints "etcd://host:port[,host:port]", or "" = no cluster */
+    char *cluster_name;              /* the cluster's name in the directory */
+    char *node_name;                 /* this node's name, or "" = the advertised address */
+    char *cluster_advertise;         /* gRPC "host:port" others dial, or "" = derived from listen */
+    char *cluster_host;              /* host identity for same-host placement, or "" = gethostname() */
+    int64_t cluster_lease_ms;        /* the node's lease in etcd */
 } kvs_ctl_config_t;
 
 extern const cm_config_table_t kvs_ctl_config_table;
@@ -74,6 +80,7 @@ typedef struct kvs_ctl {
     kvs_data_t *data;               /* owned */
     kvs_grpc_t *grpc;               /* owned */
     struct kvs_http *http;          /* owned; NULL when metrics are off */
+    struct kvs_cluster *cluster;    /* owned; NULL without --cluster */
     uint64_t start_ns;              /* monotonic start time */
     atomic_bool draining;           /* Drain was called or shutdown began */
     char grpc_addr[300];            /* bound gRPC address "host:port" */

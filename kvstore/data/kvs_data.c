@@ -375,6 +375,7 @@ void kvs_data_destroy(kvs_data_t *data)
     kvs_lease_stop(data);
     pthread_mutex_lock(&data->lock);
     data->draining = true;
+    data->prefix.hook = NULL; /* a clean stop keeps its blocks on disk: nothing to tell */
     pthread_mutex_unlock(&data->lock);
     kvs_dp_stop(data->dp);
     kvs_tier_close(data);

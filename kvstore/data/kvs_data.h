@@ -206,4 +206,20 @@ ri_status_t kvs_data_prefix_list(kvs_data_t *data, const char *tenant, kvs_prefi
 ri_status_t kvs_data_prefix_drop(kvs_data_t *data, const char *tenant, const uint8_t key[KVS_PFX_KEY],
                                  uint32_t *n_p, uint64_t *bytes_p);
 
+/* Told when block key becomes held by this daemon (held: published, or
+ * found in the spill tier by --recover) and when it stops being held
+ * (dropped, evicted without a spill tier to take it, found corrupt).  A
+ * block spilled to disk is still held.  Called with the catalog lock held,
+ * from any thread: it must be quick and must not call kvs_data_*.  Keys
+ * are salted per tenant, so a key names one tenant's block. */
+typedef void (*kvs_prefix_hook_fn_t)(void *arg, const uint8_t key[KVS_PFX_KEY], bool held);
+
+/* Install fn (NULL: remove the hook; no call runs after this returns).
+ * When fn is set, it is first called (held = true) for every block held
+ * now, under the same lock, so that it misses nothing and sees every later
+ * change after.  arg is borrowed until the hook is removed.  The hook is
+ * removed by kvs_data_destroy before it stops anything, so a clean stop,
+ * which keeps the blocks on disk, tells nothing. */
+void kvs_data_set_prefix_hook(kvs_data_t *data, kvs_prefix_hook_fn_t fn, void *arg);
+
 #endif /* KVS_DATA_H */

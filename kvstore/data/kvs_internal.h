@@ -170,6 +170,8 @@ typedef struct kvs_pcat {
     uint64_t tokens_attached;
     uint64_t put_new, put_existed, put_refused;
     uint64_t evictions, dropped;
+    kvs_prefix_hook_fn_t hook;            /* told when a key becomes held / stops (kvs_data_set_prefix_hook) */
+    void *hook_arg;
 } kvs_pcat_t;
 
 /* Error kinds for counters and metrics. */

@@ -86,6 +86,8 @@ void kvs_prefix_insert_locked(kvs_data_t *data, kvs_pblock_t *b)
 
     b->hnext = data->prefix.buckets[i];
     data->prefix.buckets[i] = b;
+    if (!b->in_catalog && data->prefix.hook != NULL)
+        data->prefix.hook(data->prefix.hook_arg, b->key, true);
     b->in_catalog = true;
     if (b->refs == 0 && !b->on_disk)
         kvs_pfx_lru_push(&data->prefix, b);
@@ -103,6 +105,8 @@ void kvs_prefix_unlink_locked(kvs_data_t *data, kvs_pblock_t *b)
     b->hnext = NULL;
     if (b->in_catalog && b->refs == 0 && !b->on_disk)
         kvs_pfx_lru_remove(&data->prefix, b);
+    if (b->in_catalog && data->prefix.hook != NULL)
+        data->prefix.hook(data->prefix.hook_arg, b->key, false);
     b->in_catalog = false;
 }
 
@@ -768,6 +772,19 @@ ri_status_t kvs_data_prefix_list(kvs_data_t *data, const char *tenant, kvs_prefi
     *infos_p = infos;
     *n_p = n;
     return RI_OK;
+}
+
+void kvs_data_set_prefix_hook(kvs_data_t *data, kvs_prefix_hook_fn_t fn, void *arg)
+{
+    if (data == NULL)
+        return;
+    pthread_mutex_lock(&data->lock);
+    data->prefix.hook = fn;
+    data->prefix.hook_arg = fn != NULL ? arg : NULL;
+    for (uint32_t i = 0; fn != NULL && i < KVS_PFX_BUCKETS; i++)
+        for (const kvs_pblock_t *b = data->prefix.buckets[i]; b != NULL; b = b->hnext)
+            fn(arg, b->key, true);
+    pthread_mutex_unlock(&data->lock);
 }
 
 ri_status_t kvs_data_prefix_drop(kvs_data_t *data, const char *tenant, const uint8_t key[KVS_PFX_KEY],

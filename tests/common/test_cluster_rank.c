@@ -98,6 +98,10 @@ static void test_skip_and_empty(void **state)
     uint32_t rr = 0;
     expect_order(NULL, 0, NULL, "h", CM_CLUSTER_ROUND_ROBIN, &rr, "");
     expect_order(NULL, 0, NULL, "h", CM_CLUSTER_LOCAL_FIRST, NULL, "");
+    /* a draining node is never ranked, whatever the policy */
+    n[2].draining = true;
+    expect_order(n, 3, NULL, "x", CM_CLUSTER_LOCAL_FIRST, NULL, "b a");
+    expect_order(n, 3, NULL, "h", CM_CLUSTER_MOST_FREE, NULL, "b a");
 }
 
 static void test_policy_names(void **state)
@@ -143,6 +147,7 @@ static void test_node_json(void **state)
     a.sessions = 7;
     a.epoch = 1764900000123ull;
     a.recovered = true;
+    a.draining = true;
     char *json = NULL;
     assert_int_equal(cm_cluster_node_to_json(&a, &json), RI_OK);
     cm_cluster_node_t b;
@@ -166,6 +171,7 @@ static void test_node_json(void **state)
         "{\"node\":\"n\",\"addr\":\"h:1\",\"pool_used\":-1}",
         "{\"node\":\"n\",\"addr\":\"h:1\",\"tenants\":\"t1\"}",
         "{\"node\":\"n\",\"addr\":\"h:1\",\"recovered\":1}",
+        "{\"node\":\"n\",\"addr\":\"h:1\",\"draining\":\"yes\"}",
         "[1,2]",
         "not json",
         "",
