@@ -26,6 +26,7 @@ static const ri_cli_route_t ri_cli_routes[] = {
     {"sessions", "ctl", "list a kvstore's sessions"},
     {"drain", "ctl", "stop a kvstore accepting sessions"},
     {"prefixes", "ctl", "list (or --drop) a kvstore's prefix blocks"},
+    {"cluster", "cluster", "list a kvstore cluster's nodes and session owners (etcd directory)"},
 };
 
 static int ri_cli_self_dir(char *dir, size_t len)
