@@ -9,10 +9,12 @@
 #include <time.h>
 
 #include "common/cm_alloc.h"
+#include "common/cm_dp_prefix.h"
 #include "common/cm_etcd.h"
 #include "common/cm_log.h"
 #include "common/cm_status.h"
 #include "common/cm_time.h"
+#include "gpuworker/client/gw_dp.h"
 #include "gpuworker/client/ri_api_int.h"
 
 static CM_ALLOC_TAG(gw_cl_tag, "gw.attn.cluster");
@@ -44,6 +46,7 @@ struct gw_cl {
     size_t n_retired, cap_retired;
     uint32_t rr;                    /* round-robin cursor */
     uint64_t failovers;
+    uint64_t prefix_copies, prefix_copy_bytes; /* blocks copied node to node */
 };
 
 static char *gw_cl_dup(const char *s)
@@ -396,31 +399,6 @@ void gw_cl_node_lost(gw_cl_t *cl, const char *node)
     cm_warn("cluster: node %s lost a session: left out of placement until it comes back", node);
 }
 
-struct gw_ctl *gw_cl_pick(gw_cl_t *cl, char *node, uint32_t *timeout_ms_p)
-{
-    cm_cluster_node_t *nodes = NULL;
-    size_t *order = NULL, n_order = 0;
-    struct gw_ctl *ctl = NULL;
-
-    if (gw_cl_ranked(cl, NULL, &nodes, &order, &n_order) != RI_OK)
-        return NULL;
-    for (size_t k = 0; k < n_order && ctl == NULL; k++) {
-        const cm_cluster_node_t *nd = &nodes[order[k]];
-        ri_client_h c = NULL;
-        ri_status_t st = gw_cl_client(cl, nd, &c);
-        if (st != RI_OK) {
-            if (gw_cl_unreachable(st))
-                gw_cl_mark_down(cl, nd->name, nd->epoch);
-            continue;
-        }
-        ctl = gw_api_client_ctl(c, timeout_ms_p);
-        snprintf(node, CM_CLUSTER_NAME_MAX, "%s", nd->name);
-    }
-    cm_free(order);
-    cm_free(nodes);
-    return ctl;
-}
-
 void gw_cl_stats(gw_cl_t *cl, gw_cl_stats_t *st_p)
 {
     gw_cl_stats_t st;
@@ -438,6 +416,8 @@ void gw_cl_stats(gw_cl_t *cl, gw_cl_stats_t *st_p)
     cm_free(nodes);
     pthread_mutex_lock(&cl->mu);
     st.failovers = cl->failovers;
+    st.prefix_copies = cl->prefix_copies;
+    st.prefix_copy_bytes = cl->prefix_copy_bytes;
     if (cl->n_nodes > 0)
         st.nodes = cm_calloc(&gw_cl_tag, cl->n_nodes, sizeof(*st.nodes));
     for (size_t i = 0; st.nodes != NULL && i < cl->n_nodes; i++) {
@@ -448,4 +428,152 @@ void gw_cl_stats(gw_cl_t *cl, gw_cl_stats_t *st_p)
     }
     pthread_mutex_unlock(&cl->mu);
     *st_p = st;
+}
+
+/* ---- prefix-aware placement ------------------------------------------ */
+
+/* run[i] = how many of the prompt's leading blocks nodes[order[i]] holds
+ * (from the directory's prefix records: one list per block, until no node
+ * holds the next one).  Zeros when etcd does not answer. */
+static void gw_cl_prefix_runs(gw_cl_t *cl, const cm_cluster_node_t *nodes, const size_t *order, size_t n_order,
+                              const uint8_t *keys, uint32_t n_keys, uint32_t *run)
+{
+    char (*names)[CM_CLUSTER_NAME_MAX] = cm_calloc(&gw_cl_tag, n_order, sizeof(*names));
+    memset(run, 0, n_order * sizeof(*run));
+    if (names == NULL)
+        return;
+    for (uint32_t b = 0; b < n_keys; b++) {
+        size_t n_h = 0;
+        bool advanced = false;
+        if (cm_cluster_prefix_holders(cl->dir, keys + (size_t)b * CM_PFX_KEY_SIZE, names, n_order, &n_h) != RI_OK)
+            break;
+        for (size_t i = 0; i < n_order; i++)
+            for (size_t h = 0; h < CM_MIN(n_h, n_order) && run[i] == b; h++)
+                if (strcmp(names[h], nodes[order[i]].name) == 0) {
+                    run[i] = b + 1;
+                    advanced = true;
+                }
+        if (!advanced)
+            break;
+    }
+    cm_free(names);
+}
+
+/* Copy blocks [b0, b1) of keys from node `from` to node `to` through this
+ * worker: attach them on a prefix-only session of the holder, read each
+ * (PREFIX_GET) and PUT it on a prefix-only session of the target (the
+ * target keeps it as an unreferenced block once that session ends, for
+ * the request's own lookup to attach).  Returns the blocks copied; *bytes_p
+ * their bytes.  Stops at the first failure (the rest is prefilled). */
+static uint32_t gw_cl_copy_blocks(ri_client_h from, ri_client_h to, const gw_pfx_layout_t *lay, const uint8_t *keys,
+                                  uint32_t b0, uint32_t b1, uint64_t *bytes_p)
+{
+    uint32_t t_from = 0, t_to = 0, n_att = 0, copied = 0;
+    gw_ctl_t *c_from = gw_api_client_ctl(from, &t_from), *c_to = gw_api_client_ctl(to, &t_to);
+    gw_pfx_conn_t *src = NULL, *dst = NULL;
+    cm_pfx_attached_t *att = cm_calloc(&gw_cl_tag, b1, sizeof(*att));
+    ri_status_t st = att != NULL ? RI_OK : RI_ERR_NOMEM;
+
+    *bytes_p = 0;
+    if (st == RI_OK)
+        st = gw_pfx_conn_open(c_from, t_from, lay, &src);
+    if (st == RI_OK)
+        st = gw_pfx_conn_open(c_to, t_to, lay, &dst);
+    if (st == RI_OK)
+        st = gw_dp_prefix_attach(src->dp, keys, b1, att, &n_att);
+    for (uint32_t i = b0; st == RI_OK && i < n_att; i++) {
+        uint64_t len = att[i].block_bytes;
+        if (len == 0 || len > CM_PFX_MAX_BLOCK_BYTES) {
+            st = RI_ERR_PROTOCOL;
+            break;
+        }
+        uint8_t *buf = cm_malloc_aligned(&gw_cl_tag, (size_t)len, 64);
+        st = buf != NULL ? gw_dp_prefix_get(src->dp, att[i].slot, 0, buf, len) : RI_ERR_NOMEM;
+        if (st == RI_OK)
+            st = gw_dp_prefix_put(dst->dp, keys + (size_t)i * CM_PFX_KEY_SIZE, buf, len, NULL, NULL);
+        cm_free(buf);
+        if (st == RI_OK) {
+            copied++;
+            *bytes_p += len;
+        }
+    }
+    if (st != RI_OK)
+        cm_warn("cluster: prefix block copy stopped after %u of %u blocks: %s", copied, b1 - b0, ri_status_str(st));
+    gw_pfx_conn_close(dst);
+    gw_pfx_conn_close(src);
+    cm_free(att);
+    return copied;
+}
+
+struct gw_ctl *gw_cl_pick_prefix(gw_cl_t *cl, const gw_pfx_layout_t *lay, const uint8_t *keys, uint32_t n_keys,
+                                 char *node, uint32_t *timeout_ms_p)
+{
+    cm_cluster_node_t *nodes = NULL;
+    size_t *order = NULL, n_order = 0;
+    uint32_t *run = NULL;
+    struct gw_ctl *ctl = NULL;
+    ri_client_h chosen = NULL;
+    size_t ci = 0;
+
+    if (gw_cl_ranked(cl, NULL, &nodes, &order, &n_order) != RI_OK)
+        return NULL;
+    run = cm_calloc(&gw_cl_tag, n_order ? n_order : 1, sizeof(*run));
+    if (run == NULL)
+        goto out;
+    if (keys != NULL && n_keys > 0)
+        gw_cl_prefix_runs(cl, nodes, order, n_order, keys, n_keys, run);
+    /* The tie-break: a local node stays first under local-first (direct
+     * reads beat a copy); otherwise the node holding the longest leading
+     * run of the prompt's blocks goes first (rank order among equals). */
+    bool local = cl->policy == CM_CLUSTER_LOCAL_FIRST && n_order > 0 &&
+                 strcmp(nodes[order[0]].host, cl->host) == 0;
+    size_t best = 0;
+    for (size_t i = 1; i < n_order && !local; i++)
+        if (run[i] > run[best])
+            best = i;
+    if (best != 0) {
+        size_t o = order[best];
+        uint32_t r = run[best];
+        memmove(order + 1, order, best * sizeof(*order));
+        memmove(run + 1, run, best * sizeof(*run));
+        order[0] = o;
+        run[0] = r;
+    }
+    for (ci = 0; ci < n_order && chosen == NULL; ci++) {
+        const cm_cluster_node_t *nd = &nodes[order[ci]];
+        ri_status_t st = gw_cl_client(cl, nd, &chosen);
+        if (st != RI_OK && gw_cl_unreachable(st))
+            gw_cl_mark_down(cl, nd->name, nd->epoch);
+        if (st != RI_OK)
+            chosen = NULL;
+    }
+    if (chosen == NULL)
+        goto out;
+    ci--;
+    snprintf(node, CM_CLUSTER_NAME_MAX, "%s", nodes[order[ci]].name);
+    ctl = gw_api_client_ctl(chosen, timeout_ms_p);
+    /* Blocks another node holds beyond what the chosen one has: copied
+     * node to node (cheaper than prefilling them). */
+    size_t holder = ci;
+    for (size_t i = 0; i < n_order; i++)
+        if (run[i] > run[holder])
+            holder = i;
+    if (holder != ci) {
+        ri_client_h from = NULL;
+        uint64_t bytes = 0;
+        if (gw_cl_client(cl, &nodes[order[holder]], &from) == RI_OK) {
+            uint32_t n = gw_cl_copy_blocks(from, chosen, lay, keys, run[ci], run[holder], &bytes);
+            pthread_mutex_lock(&cl->mu);
+            cl->prefix_copies += n;
+            cl->prefix_copy_bytes += bytes;
+            pthread_mutex_unlock(&cl->mu);
+            cm_info("cluster: %u prefix blocks (%llu bytes) copied from %s to %s", n, (unsigned long long)bytes,
+                    nodes[order[holder]].name, node);
+        }
+    }
+out:
+    cm_free(run);
+    cm_free(order);
+    cm_free(nodes);
+    return ctl;
 }

@@ -23,6 +23,7 @@
 #include <stdint.h>
 
 #include "common/cm_cluster.h"
+#include "gpuworker/client/gw_prefix_seq.h"
 #include "kernels/kn_wave.h"
 #include "retroinfer/retroinfer.h"
 
@@ -72,8 +73,17 @@ void gw_cl_node_lost(gw_cl_t *cl, const char *node);
 
 /* Rank the live nodes as a new session would and return the first one that
  * answers: its name in node, its control channel (borrowed, valid until
- * gw_cl_close) and deadline.  NULL when none answers. */
-struct gw_ctl *gw_cl_pick(gw_cl_t *cl, char *node, uint32_t *timeout_ms_p);
+ * gw_cl_close) and deadline; NULL when none answers.  keys[0..n_keys)
+ * (layout lay; NULL / 0: none) are the prompt's attachable blocks, and the
+ * choice is prefix-aware.  Under local-first a node on this host stays
+ * first; otherwise the node that holds the longest leading run of the
+ * blocks (the directory's prefix records) goes first, rank order deciding
+ * among equals.  When another node holds more of the run than the chosen
+ * one, the blocks the chosen one lacks are copied to it node to node
+ * through this worker (PREFIX_GET there, PREFIX_PUT here) and counted;
+ * a failed copy only leaves the rest to prefill. */
+struct gw_ctl *gw_cl_pick_prefix(gw_cl_t *cl, const gw_pfx_layout_t *lay, const uint8_t *keys, uint32_t n_keys,
+                                 char *node, uint32_t *timeout_ms_p);
 
 /* Figures for /metrics.  nodes_p: per-node counters, *n_p of them
  * (allocated, cm_free; every node seen since the start). */
@@ -87,6 +97,8 @@ typedef struct gw_cl_stats {
     size_t live_nodes;      /* in the directory now (the last known list while stale) */
     bool stale;             /* the directory's watch is cut off from etcd */
     uint64_t failovers;     /* sessions lost with their node */
+    uint64_t prefix_copies; /* prefix blocks copied node to node */
+    uint64_t prefix_copy_bytes;
     gw_cl_node_stats_t *nodes;
     size_t n_nodes;
 } gw_cl_stats_t;

@@ -489,7 +489,8 @@ bool gw_attn_remote_clustered(void)
     return on;
 }
 
-struct gw_ctl *gw_attn_remote_place(uint32_t *timeout_ms_p)
+struct gw_ctl *gw_attn_remote_place(const struct gw_pfx_layout *lay, const uint8_t *keys, uint32_t n_keys,
+                                    uint32_t *timeout_ms_p)
 {
     pthread_mutex_lock(&gw_g.lock);
     gw_cl_t *cl = gw_g.cl; /* lives until shutdown, after every sequence */
@@ -497,7 +498,7 @@ struct gw_ctl *gw_attn_remote_place(uint32_t *timeout_ms_p)
     gw_place_hint[0] = '\0';
     if (cl == NULL)
         return NULL;
-    return gw_cl_pick(cl, gw_place_hint, timeout_ms_p);
+    return gw_cl_pick_prefix(cl, lay, keys, n_keys, gw_place_hint, timeout_ms_p);
 }
 
 void gw_attn_remote_place_clear(void)

@@ -98,9 +98,13 @@ bool gw_attn_remote_clustered(void);
  * creates on this backend, and return its control channel (borrowed, as
  * gw_attn_remote_ctl's) and deadline, or NULL when no node answers.  A
  * prefix-only session opened there sits on the same node as the sequence's
- * session (an attach is node-local).  The choice holds until
- * gw_attn_remote_place_clear. */
-struct gw_ctl *gw_attn_remote_place(uint32_t *timeout_ms_p);
+ * session (an attach is node-local).  keys[0..n_keys) (layout lay) are the
+ * prompt's attachable blocks: the choice is prefix-aware, and blocks
+ * another node holds are copied to the chosen one (gw_cl_pick_prefix).
+ * The choice holds until gw_attn_remote_place_clear. */
+struct gw_pfx_layout;
+struct gw_ctl *gw_attn_remote_place(const struct gw_pfx_layout *lay, const uint8_t *keys, uint32_t n_keys,
+                                    uint32_t *timeout_ms_p);
 void gw_attn_remote_place_clear(void);
 
 /* Disconnect (every sequence on the backend must be destroyed first). */

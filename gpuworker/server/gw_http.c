@@ -1163,6 +1163,10 @@ static void gw_http_cluster_metrics(FILE *f)
               cs.stale ? 1.0 : 0.0);
     gw_metric(f, "ri_worker_cluster_failovers_total", "counter", "Sessions lost with their node (their sequences "
               "rebuilt on another).", (double)cs.failovers);
+    gw_metric(f, "ri_worker_prefix_remote_copies_total", "counter", "Prefix blocks copied from the node holding "
+              "them to the request's node instead of being prefilled.", (double)cs.prefix_copies);
+    gw_metric(f, "ri_worker_prefix_remote_copy_bytes_total", "counter", "Bytes of those blocks.",
+              (double)cs.prefix_copy_bytes);
     fprintf(f, "# HELP ri_worker_cluster_placements_total Sessions placed, by node.\n"
                "# TYPE ri_worker_cluster_placements_total counter\n");
     for (size_t i = 0; i < cs.n_nodes; i++)
