@@ -16,6 +16,11 @@ Modes (the first argument):
              without the kill, and the worker counts one failover;
            - etcd killed: a running request finishes, the directory reads
              stale, and a new request is still placed (last known list).
+  prefix   etcd + 2 kvstores (hosts "ha" and "hb") + 2 workers (local-first,
+           one per host): a document published through worker 1 on node A
+           is attached by worker 2, placed on node B, after its blocks were
+           copied from A to B through the worker (cached_tokens > 0, the
+           same greedy text as worker 1's, the copies counted).
 
 Exits 77 (skipped) without the model, the binaries or etcd.
 """
@@ -30,6 +35,7 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import test_worker_http as wh  # noqa: E402  (the Worker helper and the checks)
+import test_worker_prefix as wp  # noqa: E402  (the document and questions)
 
 check = wh.check
 RI_CLUSTER = os.path.join(wh.BUILD, "bin", "ri-cluster")
@@ -68,7 +74,7 @@ def start_etcd(tmp):
     raise SystemExit("etcd does not answer")
 
 
-def start_kvstore(tmp, url, memory):
+def start_kvstore(tmp, url, memory, host=None):
     """ri-kvstore --cluster url with memory bytes of pool; (process, gRPC address = its node name)."""
     ports = os.path.join(tmp, "kvs.ports")
     if os.path.exists(ports):
@@ -76,7 +82,7 @@ def start_kvstore(tmp, url, memory):
     kvs = subprocess.Popen([wh.KVSTORE, "--listen=127.0.0.1:0", "--dataplane-listen=127.0.0.1:0",
                             "--metrics-listen=127.0.0.1:0", "--insecure-admin", "--memory=" + memory, "--no-hugepages",
                             "--drain-timeout-ms=3000", "--port-file=" + ports, "--cluster=" + url,
-                            "--cluster-lease-ms=2000"],
+                            "--cluster-lease-ms=2000", *(["--cluster-host=" + host] if host else [])],
                            stdout=open(os.path.join(tmp, "kvstore.log"), "ab"), stderr=subprocess.STDOUT)
     for _ in range(1500):
         if os.path.exists(ports) and "grpc=" in open(ports).read():
@@ -258,6 +264,53 @@ def test_cluster(tmp):
             etcd.wait()
 
 
+def test_prefix(tmp):
+    etcd, url = start_etcd(tmp)
+    kvs = {}
+    workers = []
+    try:
+        (pa, node_a), (pb, node_b) = start_kvstore(tmp, url, "512MiB", "ha"), start_kvstore(tmp, url, "512MiB", "hb")
+        kvs = {node_a: pa, node_b: pb}
+        check("nodes: 2\n" in wait_nodes(url, 2), "ri cluster lists the 2 nodes")
+        common = ("--cluster", url, "--placement", "local-first", "--attn", ATTN)
+        w1 = wh.Worker(*common, "--cluster-host", "ha", "--worker-name", "w1", tmp=tmp)
+        workers.append(w1)
+        w2 = wh.Worker(*common, "--cluster-host", "hb", "--worker-name", "w2", tmp=tmp)
+        workers.append(w2)
+        t1, u1 = wp.ask(w1, ATTN, wp.QUESTIONS[0])
+        check(wp.cached(u1) == 0 and u1["prompt_tokens"] > 1200, "w1: first time, nothing cached (%s)" % u1)
+        placed = by_node(w1.metrics(), "ri_worker_cluster_placements_total")
+        check(placed.get(node_a) == 1 and not placed.get(node_b), "w1 placed on its host's node A: %s" % placed)
+        # the blocks reach the directory with node A's next renewal
+        ctl = ["etcdctl", "--endpoints", url[len("etcd://"):], "get", "--prefix", "--keys-only", "/ri/default/prefix/"]
+        keys = ""
+        for _ in range(100):
+            keys = subprocess.run(ctl, capture_output=True, text=True, env=dict(os.environ, ETCDCTL_API="3")).stdout
+            if keys.count(node_a) >= 4:
+                break
+            time.sleep(0.1)
+        check(keys.count(node_a) >= 4, "node A's blocks are in the directory (%d)" % keys.count(node_a))
+        t2, u2 = wp.ask(w2, ATTN, wp.QUESTIONS[0])
+        m2 = w2.metrics()
+        placed = by_node(m2, "ri_worker_cluster_placements_total")
+        check(placed.get(node_b) == 1 and not placed.get(node_a), "w2 placed on its host's node B: %s" % placed)
+        check(m2.get("ri_worker_prefix_remote_copies_total", 0) >= 4 and
+              m2.get("ri_worker_prefix_remote_copy_bytes_total", 0) > 0,
+              "w2 copied the blocks from A to B (%s blocks, %s bytes)" %
+              (m2.get("ri_worker_prefix_remote_copies_total"), m2.get("ri_worker_prefix_remote_copy_bytes_total")))
+        check(wp.cached(u2) >= 1024, "w2: cached_tokens %d of %d" % (wp.cached(u2), u2["prompt_tokens"]))
+        check(t2 == t1, "w2 answers w1's greedy text (%r vs %r)" % (t2, t1))
+    finally:
+        for w in workers:
+            w.stop()
+        for p in kvs.values():
+            if p.poll() is None:
+                p.terminate()
+                p.wait()
+        etcd.kill()
+        etcd.wait()
+
+
 def main():
     mode = sys.argv[1] if len(sys.argv) > 1 else "cluster"
     if not os.path.exists(wh.MODEL):
@@ -269,7 +322,7 @@ def main():
             return 77
     with tempfile.TemporaryDirectory(prefix="ri-cluster-") as tmp:
         try:
-            {"cluster": test_cluster}[mode](tmp)
+            {"cluster": test_cluster, "prefix": test_prefix}[mode](tmp)
         except Exception as e:
             check(False, "%s: %s" % (type(e).__name__, e))
         finally:
