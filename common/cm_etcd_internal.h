@@ -44,4 +44,12 @@ void cm_etcd_prefix_end(const char *prefix, size_t plen, uint8_t *end, size_t *e
  * RI_ERR_NOMEM; *kv untouched on failure. */
 ri_status_t cm_etcd_kv_copy(const Mvccpb__KeyValue *src, cm_etcd_kv_t *kv);
 
+/* cm_etcd_watch_start with one more callback, synced(arg), called on the
+ * watch thread after the PUTs of each full list (the first one and the one
+ * after every RESYNC): a cache can swap in the list it built and clear its
+ * stale flag.  synced may be NULL. */
+typedef void (*cm_etcd_synced_fn)(void *arg);
+ri_status_t cm_etcd_watch_start_synced(cm_etcd_t *e, const char *prefix, uint32_t retry_ms, cm_etcd_watch_fn fn,
+                                       cm_etcd_synced_fn synced, void *arg, cm_etcd_watch_t **w_p);
+
 #endif /* CM_ETCD_INTERNAL_H */

@@ -34,6 +34,7 @@ struct cm_etcd_watch {
     size_t end_len;
     uint32_t retry_ms;
     cm_etcd_watch_fn fn;
+    cm_etcd_synced_fn synced;  /* may be NULL */
     void *arg;
     cm_etcd_list_t first;      /* the list made by watch_start, handed to the thread */
     pthread_t thread;
@@ -232,6 +233,8 @@ static void *cm_etcd_watch_main(void *arg)
         cm_etcd_list_free(&l);
         if (atomic_load(&w->stop))
             break;
+        if (w->synced != NULL)
+            w->synced(w->arg);
         cm_etcd_watch_stream(w, rev + 1);
         if (atomic_load(&w->stop))
             break;
@@ -253,6 +256,12 @@ static void cm_etcd_watch_free(cm_etcd_watch_t *w)
 ri_status_t cm_etcd_watch_start(cm_etcd_t *e, const char *prefix, uint32_t retry_ms, cm_etcd_watch_fn fn, void *arg,
                                 cm_etcd_watch_t **w_p)
 {
+    return cm_etcd_watch_start_synced(e, prefix, retry_ms, fn, NULL, arg, w_p);
+}
+
+ri_status_t cm_etcd_watch_start_synced(cm_etcd_t *e, const char *prefix, uint32_t retry_ms, cm_etcd_watch_fn fn,
+                                       cm_etcd_synced_fn synced, void *arg, cm_etcd_watch_t **w_p)
+{
     if (e == NULL || prefix == NULL || fn == NULL || w_p == NULL) {
         cm_etcd_set_error("etcd watch: missing argument");
         return RI_ERR_INVALID;
@@ -270,6 +279,7 @@ ri_status_t cm_etcd_watch_start(cm_etcd_t *e, const char *prefix, uint32_t retry
     cm_etcd_prefix_end(prefix, plen, w->end, &w->end_len);
     w->retry_ms = retry_ms ? retry_ms : 500;
     w->fn = fn;
+    w->synced = synced;
     w->arg = arg;
     atomic_init(&w->stop, false);
     /* The first list here, so that a caller learns at once that etcd is down. */
