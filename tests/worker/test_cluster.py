@@ -25,7 +25,7 @@ Modes (the first argument):
 Exits 77 (skipped) without the model, the binaries or etcd.
 """
 import os
-import shutil
+import signal
 import socket
 import subprocess
 import sys
@@ -40,7 +40,7 @@ import test_worker_prefix as wp  # noqa: E402  (the document and questions)
 check = wh.check
 RI_CLUSTER = os.path.join(wh.BUILD, "bin", "ri-cluster")
 RI = os.path.join(wh.BUILD, "bin", "ri")
-ETCD = shutil.which("etcd") or "/usr/bin/etcd"
+ETCD = "/usr/bin/etcd"
 FILLER = " The grass is green. The sky is blue. The sun is yellow. Here we go. There and back again."
 LONG = ("There is an important info hidden inside a lot of irrelevant text." + FILLER * 27 +
         " The pass key is 52817. Remember it." + FILLER * 27 + " Repeat the pass key many times:")
@@ -55,23 +55,25 @@ def free_port():
     return p
 
 
-def start_etcd(tmp):
-    """A one-member etcd on free loopback ports; (process, "etcd://127.0.0.1:PORT")."""
-    c, p = free_port(), free_port()
-    cu, pu = "http://127.0.0.1:%d" % c, "http://127.0.0.1:%d" % p
-    proc = subprocess.Popen([ETCD, "--name", "t", "--data-dir", os.path.join(tmp, "etcd"), "--listen-client-urls", cu,
-                             "--advertise-client-urls", cu, "--listen-peer-urls", pu, "--initial-advertise-peer-urls",
-                             pu, "--initial-cluster", "t=" + pu],
-                            stdout=open(os.path.join(tmp, "etcd.log"), "ab"), stderr=subprocess.STDOUT)
-    for _ in range(200):
+ETCD_UP = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "common", "etcd_up.sh")
+
+
+class Etcd:
+    """A real etcd on free loopback ports (tests/common/etcd_up.sh, executed)."""
+
+    def __init__(self, tmp):
+        d = os.path.join(tmp, "etcd")
+        out = subprocess.run(["bash", ETCD_UP, d], capture_output=True, text=True, timeout=60)
+        if out.returncode != 0:
+            raise SystemExit("etcd_up.sh: %d %s" % (out.returncode, out.stderr))
+        self.url = "etcd://" + out.stdout.split()[-1]
+        self.pid = int(open(os.path.join(d, "etcd.pid")).read())
+
+    def kill(self):
         try:
-            socket.create_connection(("127.0.0.1", c), timeout=0.2).close()
-            return proc, "etcd://127.0.0.1:%d" % c
-        except OSError:
-            if proc.poll() is not None:
-                raise SystemExit("etcd exited %d" % proc.returncode)
-            time.sleep(0.05)
-    raise SystemExit("etcd does not answer")
+            os.kill(self.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
 
 
 def start_kvstore(tmp, url, memory, host=None):
@@ -144,7 +146,8 @@ def worker_flags(url, tmp):
 
 
 def test_cluster(tmp):
-    etcd, url = start_etcd(tmp)
+    etcd = Etcd(tmp)
+    url = etcd.url
     kvs = {}
     workers = []
     try:
@@ -240,7 +243,6 @@ def test_cluster(tmp):
         th.start()
         time.sleep(0.3)
         etcd.kill()
-        etcd.wait()
         th.join(300)
         check(holder.get("r", (None, 0))[1] == 200, "a request running when etcd died finished")
         stale = 0
@@ -259,13 +261,12 @@ def test_cluster(tmp):
             if p.poll() is None:
                 p.terminate()
                 p.wait()
-        if etcd.poll() is None:
-            etcd.kill()
-            etcd.wait()
+        etcd.kill()
 
 
 def test_prefix(tmp):
-    etcd, url = start_etcd(tmp)
+    etcd = Etcd(tmp)
+    url = etcd.url
     kvs = {}
     workers = []
     try:
@@ -308,7 +309,6 @@ def test_prefix(tmp):
                 p.terminate()
                 p.wait()
         etcd.kill()
-        etcd.wait()
 
 
 def main():
