@@ -394,7 +394,7 @@ static const kn_index_t *gw_attn_index(void *state, uint32_t layer, uint32_t kv_
 
 static const mdl_attn_ops_t gw_attn_ops = {
     .name = GW_ATTN_REMOTE_NAME,
-    .help = "wave index + tripartite attention, clusters in ri-kvstore (needs --kvstore)",
+    .help = "wave index + tripartite attention, clusters in ri-kvstore (needs --kvstore or --cluster)",
     .create = gw_attn_create,
     .destroy = gw_attn_destroy,
     .prefill = gw_attn_prefill,

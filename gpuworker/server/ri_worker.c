@@ -1,7 +1,8 @@
 /*
  * ri-worker: our own inference engine as a worker process.  Loads the model
  * (default: the installed SmolLM2), connects to a ri-kvstore (--kvstore
- * ADDR: the "retroinfer-remote" attention backend), and serves generation
+ * ADDR: the "retroinfer-remote" attention backend; or --cluster URL: the
+ * nodes of a kvstore cluster in etcd, docs/worker.md), and serves generation
  * requests, one JSON object per line on stdin, one JSON reply per line on
  * stdout (docs/worker.md):
  *
@@ -168,8 +169,8 @@ static const cm_config_item_t wk_items[] = {
             "retroinfer-remote: keep the K/V the kvstore holds (a session it loses is re-filled, not rebuilt)",
             keep_kv),
     WK_ITEM("prefix-cache", CM_CFG_BOOL, "true",
-            "HTTP service with --kvstore: attach the cached leading 256-token blocks of a prompt instead of "
-            "prefilling them, and publish the new ones (full and retroinfer; docs/prefix.md)", prefix_cache),
+            "HTTP service with --kvstore or --cluster: attach the cached leading 256-token blocks of a prompt "
+            "instead of prefilling them, and publish the new ones (full and retroinfer; docs/prefix.md)", prefix_cache),
     WK_ITEM("prefix-salt", CM_CFG_STRING, NULL,
             "extra salt of the prefix block keys: only workers with the same salt (and kvstore token) share blocks",
             prefix_salt),
@@ -198,7 +199,8 @@ static const cm_config_item_t wk_items[] = {
     {"ctx", CM_CFG_INT, "0", "HTTP service: prompt + max_tokens limit (0 = the model's trained context)",
      offsetof(wk_cfg_t, ctx), 0, 1 << 24, NULL},
     WK_ITEM("allow-attn", CM_CFG_STRING, "full,retroinfer,retroinfer-remote",
-            "HTTP service: backends a request's \"attn\" may choose (retroinfer-remote needs --kvstore)", allow_attn),
+            "HTTP service: backends a request's \"attn\" may choose (retroinfer-remote needs --kvstore or "
+            "--cluster)", allow_attn),
     {"http-max-conn", CM_CFG_INT, "256", "HTTP service: connections at once (one thread each)",
      offsetof(wk_cfg_t, http_max_conn), 4, 65536, NULL},
     {"http-reserve-conn", CM_CFG_INT, "0", "HTTP service: of http-max-conn, slots kept for short requests such as "
