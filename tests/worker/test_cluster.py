@@ -320,6 +320,10 @@ def main():
         if not os.access(b, os.X_OK):
             print("skip: %s not there" % b)
             return 77
+    helps = subprocess.run([wh.KVSTORE, "--help"], capture_output=True, text=True).stdout
+    if "--cluster " not in helps:
+        print("skip: %s has no --cluster" % wh.KVSTORE)
+        return 77
     with tempfile.TemporaryDirectory(prefix="ri-cluster-") as tmp:
         try:
             {"cluster": test_cluster, "prefix": test_prefix}[mode](tmp)
