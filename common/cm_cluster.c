@@ -75,7 +75,8 @@ void cm_cluster_session_key(const cm_cluster_t *c, const char *node, uint64_t id
 ri_status_t cm_cluster_open(const char *url, const char *cluster, uint32_t timeout_ms, cm_cluster_t **c_p)
 {
     if (c_p == NULL || !cm_cluster_name_valid(cluster)) {
-        cm_etcd_set_error("cluster name \"%s\" is not 1..63 characters of [A-Za-z0-9._:-]", cluster ? cluster : "(null)");
+        cm_etcd_set_error("cluster name \"%s\" is not 1..63 characters of [A-Za-z0-9._:-]",
+                          cluster ? cluster : "(null)");
         return RI_ERR_INVALID;
     }
     cm_cluster_t *c = cm_calloc(&cm_cluster_tag, 1, sizeof(*c));
@@ -303,10 +304,10 @@ ri_status_t cm_cluster_node_from_json(const char *json, size_t len, cm_cluster_n
               cm_cluster_json_str(o, "addr", true, r.addr, sizeof(r.addr)) &&
               cm_cluster_json_str(o, "dataplane", false, r.dataplane, sizeof(r.dataplane)) &&
               cm_cluster_json_str(o, "host", false, r.host, sizeof(r.host)) &&
-              cm_cluster_json_u64(o, "pool_total", &r.pool_total) && cm_cluster_json_u64(o, "pool_used", &r.pool_used) &&
-              cm_cluster_json_u64(o, "sessions", &sessions) && sessions <= UINT32_MAX &&
-              cm_cluster_json_tenants(o, r.tenants, sizeof(r.tenants)) && cm_cluster_json_u64(o, "epoch", &r.epoch) &&
-              (rec == NULL || cJSON_IsBool(rec));
+              cm_cluster_json_u64(o, "pool_total", &r.pool_total) &&
+              cm_cluster_json_u64(o, "pool_used", &r.pool_used) && cm_cluster_json_u64(o, "sessions", &sessions) &&
+              sessions <= UINT32_MAX && cm_cluster_json_tenants(o, r.tenants, sizeof(r.tenants)) &&
+              cm_cluster_json_u64(o, "epoch", &r.epoch) && (rec == NULL || cJSON_IsBool(rec));
     r.sessions = (uint32_t)sessions;
     r.recovered = rec != NULL && cJSON_IsTrue(rec);
     cJSON_Delete(o);
@@ -477,9 +478,9 @@ bool cm_cluster_policy_parse(const char *text, cm_cluster_policy_t *p)
         const char *name;
         cm_cluster_policy_t p;
     } map[] = {
-        {"local-first", CM_CLUSTER_LOCAL_FIRST},
-        {"most-free", CM_CLUSTER_MOST_FREE},
-        {"round-robin", CM_CLUSTER_ROUND_ROBIN},
+        { "local-first", CM_CLUSTER_LOCAL_FIRST },
+        { "most-free", CM_CLUSTER_MOST_FREE },
+        { "round-robin", CM_CLUSTER_ROUND_ROBIN },
     };
     for (size_t i = 0; text != NULL && i < CM_ARRAY_LEN(map); i++) {
         if (strcmp(text, map[i].name) == 0) {
@@ -494,9 +495,12 @@ bool cm_cluster_policy_parse(const char *text, cm_cluster_policy_t *p)
 const char *cm_cluster_policy_name(cm_cluster_policy_t p)
 {
     switch (p) {
-    case CM_CLUSTER_LOCAL_FIRST: return "local-first";
-    case CM_CLUSTER_MOST_FREE: return "most-free";
-    case CM_CLUSTER_ROUND_ROBIN: return "round-robin";
+    case CM_CLUSTER_LOCAL_FIRST:
+        return "local-first";
+    case CM_CLUSTER_MOST_FREE:
+        return "most-free";
+    case CM_CLUSTER_ROUND_ROBIN:
+        return "round-robin";
     }
     return "unknown";
 }

@@ -15,58 +15,58 @@
 #include "common/cm_etcd.h"
 
 #define CM_CLUSTER_ROOT_MAX (CM_CLUSTER_NAME_MAX + 8)
-#define CM_CLUSTER_KEY_MAX 512
+#define CM_CLUSTER_KEY_MAX  512
 
 extern cm_alloc_tag_t cm_cluster_tag;
 
 /* A prefix record waiting for the keepalive thread. */
 typedef struct cm_cluster_prefix_op {
     uint8_t key[32];
-    bool add;                      /* true: put, false: delete */
+    bool add; /* true: put, false: delete */
 } cm_cluster_prefix_op_t;
 
 struct cm_cluster {
-    cm_etcd_t *etcd;               /* owned */
-    char root[CM_CLUSTER_ROOT_MAX];/* "/ri/<cluster>/" */
+    cm_etcd_t *etcd;                /* owned */
+    char root[CM_CLUSTER_ROOT_MAX]; /* "/ri/<cluster>/" */
     uint32_t timeout_ms;
 
-    pthread_mutex_t mu;            /* guards everything below */
-    pthread_cond_t cv;             /* wakes the keepalive thread; signals the first node list */
-    pthread_t thread;              /* the keepalive thread (member and observer leases) */
+    pthread_mutex_t mu; /* guards everything below */
+    pthread_cond_t cv;  /* wakes the keepalive thread; signals the first node list */
+    pthread_t thread;   /* the keepalive thread (member and observer leases) */
     bool thread_running;
     bool stop;
-    bool kick;                     /* work queued: run a round now */
+    bool kick; /* work queued: run a round now */
 
     /* member */
     bool member;
-    cm_cluster_node_t self;        /* the published record */
-    bool self_dirty;               /* figures changed since the last put */
+    cm_cluster_node_t self; /* the published record */
+    bool self_dirty;        /* figures changed since the last put */
     uint32_t lease_ms;
-    int64_t lease;                 /* 0 = none (outage, or not registered) */
-    uint64_t renewed_ms;           /* last successful renewal (monotonic ms) */
+    int64_t lease;       /* 0 = none (outage, or not registered) */
+    uint64_t renewed_ms; /* last successful renewal (monotonic ms) */
     atomic_bool registered;
-    uint8_t (*held)[32];           /* prefix blocks held (re-put after a re-grant) */
+    uint8_t (*held)[32]; /* prefix blocks held (re-put after a re-grant) */
     size_t n_held, cap_held;
-    cm_cluster_prefix_op_t *ops;   /* queued prefix puts and deletes */
+    cm_cluster_prefix_op_t *ops; /* queued prefix puts and deletes */
     size_t n_ops, cap_ops;
 
     /* observer */
     bool observer;
     char worker[CM_CLUSTER_NAME_MAX];
     uint32_t obs_lease_ms;
-    int64_t obs_lease;             /* 0 = none */
+    int64_t obs_lease; /* 0 = none */
     uint64_t obs_renewed_ms;
-    cm_cluster_session_t *sess;    /* records under the lease (re-put after a re-grant) */
-    bool *sess_pending;            /* parallel: the put failed, retry */
+    cm_cluster_session_t *sess; /* records under the lease (re-put after a re-grant) */
+    bool *sess_pending;         /* parallel: the put failed, retry */
     size_t n_sess, cap_sess;
     char (*del_keys)[CM_CLUSTER_KEY_MAX]; /* deletes that failed, retried */
     size_t n_del, cap_del;
 
     /* node watch */
     cm_etcd_watch_t *watch;
-    cm_cluster_node_t *nodes;      /* the local copy, sorted by name */
+    cm_cluster_node_t *nodes; /* the local copy, sorted by name */
     size_t n_nodes;
-    cm_cluster_node_t *building;   /* the list being rebuilt after a RESYNC */
+    cm_cluster_node_t *building; /* the list being rebuilt after a RESYNC */
     size_t n_building;
     bool rebuilding;
     bool stale;

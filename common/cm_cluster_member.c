@@ -181,8 +181,8 @@ static void cm_cluster_member_flush_ops(cm_cluster_t *c, int64_t lease, const ch
     for (; done < n; done++) {
         char key[CM_CLUSTER_KEY_MAX];
         cm_cluster_prefix_key(c, ops[done].key, node, key);
-        ri_status_t st = ops[done].add ? cm_etcd_put(c->etcd, key, "", 0, lease)
-                                       : cm_etcd_delete(c->etcd, key, false, NULL);
+        ri_status_t st =
+            ops[done].add ? cm_etcd_put(c->etcd, key, "", 0, lease) : cm_etcd_delete(c->etcd, key, false, NULL);
         if (st != RI_OK)
             break;
     }

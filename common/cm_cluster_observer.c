@@ -68,8 +68,8 @@ static void cm_cluster_watch_event(void *arg, const cm_etcd_event_t *ev)
         const char *name = ev->kv->key + strlen(prefix);
         cm_cluster_node_t n;
         if (ev->type == CM_ETCD_DELETE) {
-            cm_cluster_nodes_remove(c->rebuilding ? c->building : c->nodes, c->rebuilding ? &c->n_building : &c->n_nodes,
-                                    name);
+            cm_cluster_nodes_remove(c->rebuilding ? c->building : c->nodes,
+                                    c->rebuilding ? &c->n_building : &c->n_nodes, name);
         } else if (cm_cluster_node_from_json(ev->kv->val, ev->kv->len, &n) == RI_OK && strcmp(n.name, name) == 0) {
             if (c->rebuilding)
                 cm_cluster_nodes_upsert(&c->building, &c->n_building, &n);
@@ -116,8 +116,8 @@ ri_status_t cm_cluster_watch_nodes(cm_cluster_t *c)
     char prefix[CM_CLUSTER_KEY_MAX];
     snprintf(prefix, sizeof(prefix), "%snodes/", c->root);
     cm_etcd_watch_t *w = NULL;
-    ri_status_t st = cm_etcd_watch_start_synced(c->etcd, prefix, 0, cm_cluster_watch_event, cm_cluster_watch_synced, c,
-                                                &w);
+    ri_status_t st =
+        cm_etcd_watch_start_synced(c->etcd, prefix, 0, cm_cluster_watch_event, cm_cluster_watch_synced, c, &w);
     if (st != RI_OK)
         return st;
     /* the first list was read by watch_start; wait for the thread to hand
@@ -194,8 +194,8 @@ static ri_status_t cm_cluster_session_write(cm_cluster_t *c, const cm_cluster_se
 
 ri_status_t cm_cluster_session_put(cm_cluster_t *c, const cm_cluster_session_t *s)
 {
-    if (c == NULL || s == NULL || !cm_cluster_name_valid(s->node) ||
-        memchr(s->label, '\0', sizeof(s->label)) == NULL || memchr(s->worker, '\0', sizeof(s->worker)) == NULL) {
+    if (c == NULL || s == NULL || !cm_cluster_name_valid(s->node) || memchr(s->label, '\0', sizeof(s->label)) == NULL ||
+        memchr(s->worker, '\0', sizeof(s->worker)) == NULL) {
         cm_etcd_set_error("cluster session put: a valid node name is needed");
         return RI_ERR_INVALID;
     }

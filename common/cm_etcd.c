@@ -26,10 +26,10 @@
 #include "etcd/rpc.pb-c.h"
 
 #define CM_ETCD_DEFAULT_TIMEOUT_MS 2000
-#define CM_ETCD_MAX_MSG (64 << 20)
-#define CM_ETCD_MAX_ENDPOINTS 16
-#define CM_ETCD_KV(m) "/etcdserverpb.KV/" m
-#define CM_ETCD_LEASE(m) "/etcdserverpb.Lease/" m
+#define CM_ETCD_MAX_MSG            (64 << 20)
+#define CM_ETCD_MAX_ENDPOINTS      16
+#define CM_ETCD_KV(m)              "/etcdserverpb.KV/" m
+#define CM_ETCD_LEASE(m)           "/etcdserverpb.Lease/" m
 
 CM_ALLOC_TAG(cm_etcd_tag, "cm.etcd");
 
@@ -117,14 +117,14 @@ static void cm_etcd_free_endpoints(cm_etcd_t *e)
 static grpc_channel *cm_etcd_channel(const char *target)
 {
     grpc_arg args[] = {
-        {.type = GRPC_ARG_INTEGER, .key = GRPC_ARG_MAX_RECEIVE_MESSAGE_LENGTH, .value.integer = CM_ETCD_MAX_MSG},
-        {.type = GRPC_ARG_INTEGER, .key = GRPC_ARG_MAX_SEND_MESSAGE_LENGTH, .value.integer = CM_ETCD_MAX_MSG},
-        {.type = GRPC_ARG_INTEGER, .key = GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, .value.integer = 100},
-        {.type = GRPC_ARG_INTEGER, .key = GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, .value.integer = 1000},
-        {.type = GRPC_ARG_INTEGER, .key = GRPC_ARG_KEEPALIVE_TIME_MS, .value.integer = 10000},
-        {.type = GRPC_ARG_INTEGER, .key = GRPC_ARG_KEEPALIVE_TIMEOUT_MS, .value.integer = 5000},
+        { .type = GRPC_ARG_INTEGER, .key = GRPC_ARG_MAX_RECEIVE_MESSAGE_LENGTH, .value.integer = CM_ETCD_MAX_MSG },
+        { .type = GRPC_ARG_INTEGER, .key = GRPC_ARG_MAX_SEND_MESSAGE_LENGTH, .value.integer = CM_ETCD_MAX_MSG },
+        { .type = GRPC_ARG_INTEGER, .key = GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, .value.integer = 100 },
+        { .type = GRPC_ARG_INTEGER, .key = GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, .value.integer = 1000 },
+        { .type = GRPC_ARG_INTEGER, .key = GRPC_ARG_KEEPALIVE_TIME_MS, .value.integer = 10000 },
+        { .type = GRPC_ARG_INTEGER, .key = GRPC_ARG_KEEPALIVE_TIMEOUT_MS, .value.integer = 5000 },
     };
-    grpc_channel_args chargs = {.num_args = CM_ARRAY_LEN(args), .args = args};
+    grpc_channel_args chargs = { .num_args = CM_ARRAY_LEN(args), .args = args };
     grpc_channel_credentials *creds = grpc_insecure_credentials_create();
     if (creds == NULL)
         return NULL;
@@ -197,21 +197,31 @@ void cm_etcd_close(cm_etcd_t *e)
 static ri_status_t cm_etcd_status(grpc_status_code code, grpc_channel *ch)
 {
     switch (code) {
-    case GRPC_STATUS_OK: return RI_OK;
-    case GRPC_STATUS_UNAVAILABLE: return RI_ERR_UNREACHABLE;
+    case GRPC_STATUS_OK:
+        return RI_OK;
+    case GRPC_STATUS_UNAVAILABLE:
+        return RI_ERR_UNREACHABLE;
     case GRPC_STATUS_DEADLINE_EXCEEDED:
-        return grpc_channel_check_connectivity_state(ch, 0) == GRPC_CHANNEL_READY ? RI_ERR_TIMEOUT
-                                                                                  : RI_ERR_UNREACHABLE;
-    case GRPC_STATUS_NOT_FOUND: return RI_ERR_NOT_FOUND;
-    case GRPC_STATUS_ALREADY_EXISTS: return RI_ERR_EXISTS;
+        return grpc_channel_check_connectivity_state(ch, 0) == GRPC_CHANNEL_READY ? RI_ERR_TIMEOUT : RI_ERR_UNREACHABLE;
+    case GRPC_STATUS_NOT_FOUND:
+        return RI_ERR_NOT_FOUND;
+    case GRPC_STATUS_ALREADY_EXISTS:
+        return RI_ERR_EXISTS;
     case GRPC_STATUS_INVALID_ARGUMENT:
-    case GRPC_STATUS_OUT_OF_RANGE: return RI_ERR_INVALID;
-    case GRPC_STATUS_RESOURCE_EXHAUSTED: return RI_ERR_QUOTA;
-    case GRPC_STATUS_CANCELLED: return RI_ERR_CANCELLED;
-    case GRPC_STATUS_UNAUTHENTICATED: return RI_ERR_UNAUTHENTICATED;
-    case GRPC_STATUS_PERMISSION_DENIED: return RI_ERR_PERMISSION;
-    case GRPC_STATUS_UNIMPLEMENTED: return RI_ERR_UNSUPPORTED;
-    default: return RI_ERR_TRANSPORT;
+    case GRPC_STATUS_OUT_OF_RANGE:
+        return RI_ERR_INVALID;
+    case GRPC_STATUS_RESOURCE_EXHAUSTED:
+        return RI_ERR_QUOTA;
+    case GRPC_STATUS_CANCELLED:
+        return RI_ERR_CANCELLED;
+    case GRPC_STATUS_UNAUTHENTICATED:
+        return RI_ERR_UNAUTHENTICATED;
+    case GRPC_STATUS_PERMISSION_DENIED:
+        return RI_ERR_PERMISSION;
+    case GRPC_STATUS_UNIMPLEMENTED:
+        return RI_ERR_UNSUPPORTED;
+    default:
+        return RI_ERR_TRANSPORT;
     }
 }
 
@@ -429,8 +439,8 @@ ri_status_t cm_etcd_put(cm_etcd_t *e, const char *key, const void *val, size_t l
     if (e == NULL || !cm_etcd_key_ok(key) || (val == NULL && len > 0) || lease < 0)
         return RI_ERR_INVALID;
     Etcdserverpb__PutRequest in = ETCDSERVERPB__PUT_REQUEST__INIT;
-    in.key = (ProtobufCBinaryData){strlen(key), (uint8_t *)key};
-    in.value = (ProtobufCBinaryData){len, (uint8_t *)val};
+    in.key = (ProtobufCBinaryData){ strlen(key), (uint8_t *)key };
+    in.value = (ProtobufCBinaryData){ len, (uint8_t *)val };
     in.lease = lease;
     uint8_t *resp = NULL;
     size_t n = 0;
@@ -451,7 +461,7 @@ ri_status_t cm_etcd_create(cm_etcd_t *e, const char *key, const void *val, size_
 {
     if (e == NULL || !cm_etcd_key_ok(key) || (val == NULL && len > 0) || lease < 0)
         return RI_ERR_INVALID;
-    ProtobufCBinaryData k = {strlen(key), (uint8_t *)key};
+    ProtobufCBinaryData k = { strlen(key), (uint8_t *)key };
     Etcdserverpb__Compare cmp = ETCDSERVERPB__COMPARE__INIT;
     cmp.result = ETCDSERVERPB__COMPARE__COMPARE_RESULT__EQUAL;
     cmp.target = ETCDSERVERPB__COMPARE__COMPARE_TARGET__CREATE;
@@ -460,13 +470,13 @@ ri_status_t cm_etcd_create(cm_etcd_t *e, const char *key, const void *val, size_
     cmp.create_revision = 0;
     Etcdserverpb__PutRequest put = ETCDSERVERPB__PUT_REQUEST__INIT;
     put.key = k;
-    put.value = (ProtobufCBinaryData){len, (uint8_t *)val};
+    put.value = (ProtobufCBinaryData){ len, (uint8_t *)val };
     put.lease = lease;
     Etcdserverpb__RequestOp op = ETCDSERVERPB__REQUEST_OP__INIT;
     op.request_case = ETCDSERVERPB__REQUEST_OP__REQUEST_REQUEST_PUT;
     op.request_put = &put;
-    Etcdserverpb__Compare *cmps[] = {&cmp};
-    Etcdserverpb__RequestOp *ops[] = {&op};
+    Etcdserverpb__Compare *cmps[] = { &cmp };
+    Etcdserverpb__RequestOp *ops[] = { &op };
     Etcdserverpb__TxnRequest in = ETCDSERVERPB__TXN_REQUEST__INIT;
     in.n_compare = 1;
     in.compare = cmps;
@@ -495,9 +505,9 @@ static ri_status_t cm_etcd_range(cm_etcd_t *e, const char *key, const uint8_t *e
     Etcdserverpb__RangeRequest in = ETCDSERVERPB__RANGE_REQUEST__INIT;
     size_t klen = strlen(key);
     /* etcd refuses an empty key: the whole space starts at "\0". */
-    in.key = klen ? (ProtobufCBinaryData){klen, (uint8_t *)key} : (ProtobufCBinaryData){1, (uint8_t *)""};
+    in.key = klen ? (ProtobufCBinaryData){ klen, (uint8_t *)key } : (ProtobufCBinaryData){ 1, (uint8_t *)"" };
     if (end != NULL)
-        in.range_end = (ProtobufCBinaryData){end_len, (uint8_t *)end};
+        in.range_end = (ProtobufCBinaryData){ end_len, (uint8_t *)end };
     in.limit = (int64_t)limit;
     in.sort_order = ETCDSERVERPB__RANGE_REQUEST__SORT_ORDER__ASCEND;
     in.sort_target = ETCDSERVERPB__RANGE_REQUEST__SORT_TARGET__KEY;
@@ -547,7 +557,7 @@ ri_status_t cm_etcd_list(cm_etcd_t *e, const char *prefix, size_t limit, cm_etcd
     cm_free(end);
     if (st != RI_OK)
         return st;
-    cm_etcd_list_t l = {.revision = r->header ? r->header->revision : 0};
+    cm_etcd_list_t l = { .revision = r->header ? r->header->revision : 0 };
     if (r->n_kvs > 0) {
         l.kvs = cm_calloc(&cm_etcd_tag, r->n_kvs, sizeof(*l.kvs));
         if (l.kvs == NULL) {
@@ -579,9 +589,9 @@ ri_status_t cm_etcd_delete(cm_etcd_t *e, const char *key, bool prefix, int64_t *
     size_t end_len = 0;
     cm_etcd_prefix_end(key, klen, end, &end_len);
     Etcdserverpb__DeleteRangeRequest in = ETCDSERVERPB__DELETE_RANGE_REQUEST__INIT;
-    in.key = (ProtobufCBinaryData){klen, (uint8_t *)key};
+    in.key = (ProtobufCBinaryData){ klen, (uint8_t *)key };
     if (prefix)
-        in.range_end = (ProtobufCBinaryData){end_len, end};
+        in.range_end = (ProtobufCBinaryData){ end_len, end };
     uint8_t *resp = NULL;
     size_t n = 0;
     ri_status_t st = cm_etcd_call_pb(e, CM_ETCD_KV("DeleteRange"), &in.base, &resp, &n);

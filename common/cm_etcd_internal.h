@@ -17,10 +17,10 @@
 extern cm_alloc_tag_t cm_etcd_tag;
 
 struct cm_etcd {
-    size_t n_ep;              /* endpoints */
-    char **eps;               /* owned "host:port" strings, n_ep of them */
-    grpc_channel **chans;     /* owned, one per endpoint */
-    atomic_size_t cur;        /* the endpoint that last answered */
+    size_t n_ep;          /* endpoints */
+    char **eps;           /* owned "host:port" strings, n_ep of them */
+    grpc_channel **chans; /* owned, one per endpoint */
+    atomic_size_t cur;    /* the endpoint that last answered */
     uint32_t timeout_ms;
 };
 

@@ -24,22 +24,22 @@
 #include "common/cm_status.h"
 #include "etcd/rpc.pb-c.h"
 
-#define CM_ETCD_WATCH_PATH "/etcdserverpb.Watch/Watch"
+#define CM_ETCD_WATCH_PATH    "/etcdserverpb.Watch/Watch"
 #define CM_ETCD_WATCH_POLL_MS 100 /* how often a blocked read looks at the stop flag */
 
 struct cm_etcd_watch {
-    cm_etcd_t *e;              /* borrowed: outlives the watch */
-    char *prefix;              /* owned */
-    uint8_t *end;              /* owned: the prefix's range end */
+    cm_etcd_t *e; /* borrowed: outlives the watch */
+    char *prefix; /* owned */
+    uint8_t *end; /* owned: the prefix's range end */
     size_t end_len;
     uint32_t retry_ms;
     cm_etcd_watch_fn fn;
-    cm_etcd_synced_fn synced;  /* may be NULL */
+    cm_etcd_synced_fn synced; /* may be NULL */
     void *arg;
-    cm_etcd_list_t first;      /* the list made by watch_start, handed to the thread */
+    cm_etcd_list_t first; /* the list made by watch_start, handed to the thread */
     pthread_t thread;
-    pthread_mutex_t mu;        /* guards stop for the condition variable */
-    pthread_cond_t cv;         /* wakes the retry sleep at stop */
+    pthread_mutex_t mu; /* guards stop for the condition variable */
+    pthread_cond_t cv;  /* wakes the retry sleep at stop */
     atomic_bool stop;
 };
 
@@ -64,7 +64,7 @@ static void cm_etcd_watch_sleep(cm_etcd_watch_t *w, uint32_t ms)
 
 static void cm_etcd_watch_emit(cm_etcd_watch_t *w, cm_etcd_event_type_t type, const cm_etcd_kv_t *kv)
 {
-    cm_etcd_event_t ev = {.type = type, .kv = kv};
+    cm_etcd_event_t ev = { .type = type, .kv = kv };
     w->fn(w->arg, &ev);
 }
 
@@ -73,8 +73,8 @@ static void cm_etcd_watch_emit(cm_etcd_watch_t *w, cm_etcd_event_type_t type, co
 static bool cm_etcd_watch_wait(cm_etcd_watch_t *w, grpc_completion_queue *cq, grpc_call *call, void *tag)
 {
     for (;;) {
-        gpr_timespec dl = gpr_time_add(gpr_now(GPR_CLOCK_MONOTONIC),
-                                       gpr_time_from_millis(CM_ETCD_WATCH_POLL_MS, GPR_TIMESPAN));
+        gpr_timespec dl =
+            gpr_time_add(gpr_now(GPR_CLOCK_MONOTONIC), gpr_time_from_millis(CM_ETCD_WATCH_POLL_MS, GPR_TIMESPAN));
         grpc_event ev = grpc_completion_queue_pluck(cq, tag, dl, NULL);
         if (ev.type == GRPC_OP_COMPLETE)
             return ev.success != 0 && !atomic_load(&w->stop);
@@ -117,8 +117,8 @@ static grpc_byte_buffer *cm_etcd_watch_create_msg(const cm_etcd_watch_t *w, int6
 {
     Etcdserverpb__WatchCreateRequest cr = ETCDSERVERPB__WATCH_CREATE_REQUEST__INIT;
     size_t plen = strlen(w->prefix);
-    cr.key = plen ? (ProtobufCBinaryData){plen, (uint8_t *)w->prefix} : (ProtobufCBinaryData){1, (uint8_t *)""};
-    cr.range_end = (ProtobufCBinaryData){w->end_len, w->end};
+    cr.key = plen ? (ProtobufCBinaryData){ plen, (uint8_t *)w->prefix } : (ProtobufCBinaryData){ 1, (uint8_t *)"" };
+    cr.range_end = (ProtobufCBinaryData){ w->end_len, w->end };
     cr.start_revision = rev;
     Etcdserverpb__WatchRequest in = ETCDSERVERPB__WATCH_REQUEST__INIT;
     in.request_union_case = ETCDSERVERPB__WATCH_REQUEST__REQUEST_UNION_CREATE_REQUEST;

@@ -31,7 +31,7 @@ static uint16_t etcd_spawn_free_port(void)
     int fd = socket(AF_INET, SOCK_STREAM, 0);
     if (fd < 0)
         return 0;
-    struct sockaddr_in a = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+    struct sockaddr_in a = { .sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK) };
     socklen_t len = sizeof(a);
     uint16_t port = 0;
     if (bind(fd, (struct sockaddr *)&a, sizeof(a)) == 0 && getsockname(fd, (struct sockaddr *)&a, &len) == 0)
@@ -46,9 +46,11 @@ static bool etcd_spawn_healthy(uint16_t port)
     int fd = socket(AF_INET, SOCK_STREAM, 0);
     if (fd < 0)
         return false;
-    struct timeval tv = {.tv_sec = 1};
+    struct timeval tv = { .tv_sec = 1 };
     setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
-    struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons(port), .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+    struct sockaddr_in a = { .sin_family = AF_INET,
+                             .sin_port = htons(port),
+                             .sin_addr.s_addr = htonl(INADDR_LOOPBACK) };
     bool ok = false;
     if (connect(fd, (struct sockaddr *)&a, sizeof(a)) == 0) {
         static const char req[] = "GET /health HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n";

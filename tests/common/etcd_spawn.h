@@ -14,11 +14,11 @@
 #define ETCD_SPAWN_BIN "/usr/bin/etcd"
 
 typedef struct etcd_spawn {
-    pid_t pid;             /* the etcd process, 0 when not running */
-    uint16_t client_port;  /* client (gRPC) port on 127.0.0.1 */
-    uint16_t peer_port;    /* peer port on 127.0.0.1 (unused but bound) */
-    char dir[256];         /* temporary folder (data dir and log under it) */
-    char url[64];          /* "127.0.0.1:<client_port>" */
+    pid_t pid;            /* the etcd process, 0 when not running */
+    uint16_t client_port; /* client (gRPC) port on 127.0.0.1 */
+    uint16_t peer_port;   /* peer port on 127.0.0.1 (unused but bound) */
+    char dir[256];        /* temporary folder (data dir and log under it) */
+    char url[64];         /* "127.0.0.1:<client_port>" */
 } etcd_spawn_t;
 
 /* Is etcd installed here?  A test exits 77 when not. */

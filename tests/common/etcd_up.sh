@@ -4,7 +4,8 @@
 # Sourced:   . tests/common/etcd_up.sh; etcd_up   -> ETCD_URL (host:port),
 #            ETCD_PID, ETCD_DIR; etcd_kill (kill -9, keeps ports and data),
 #            etcd_up again restarts on the same ports and data; etcd_down
-#            stops it and removes the folder (also run at exit).
+#            stops it and removes the folder (also run at exit, before
+#            an EXIT trap set earlier).
 # Executed:  etcd_up.sh DIR  -> starts etcd detached with its data in DIR,
 #            prints its client URL; DIR/etcd.pid holds its pid (the caller
 #            kills it and removes DIR).
@@ -72,5 +73,7 @@ if [ "${BASH_SOURCE[0]:-$0}" = "$0" ]; then
   etcd_start "$dir" "$c" "$p"
   echo "127.0.0.1:$c"
 else
-  trap etcd_down EXIT
+  # run before any EXIT trap already set (kvs_up.sh sets one too)
+  _etcd_prev_trap="$(trap -p EXIT | sed -E "s/^trap -- '(.*)' EXIT$/\1/")"
+  trap "etcd_down; ${_etcd_prev_trap:-:}" EXIT
 fi

@@ -195,7 +195,7 @@ static void test_watch_in_order(void **state)
 {
     (void)state;
     cm_etcd_t *e = open_client(0);
-    collected_t c = {.mu = PTHREAD_MUTEX_INITIALIZER};
+    collected_t c = { .mu = PTHREAD_MUTEX_INITIALIZER };
     assert_int_equal(cm_etcd_put(e, "/t/w1/old", "0", 1, 0), RI_OK);
     assert_int_equal(cm_etcd_put(e, "/t/w1x", "outside", 7, 0), RI_OK);
     cm_etcd_watch_t *w = NULL;
@@ -211,8 +211,8 @@ static void test_watch_in_order(void **state)
         cm_etcd_event_type_t t;
         const char *k, *v;
     } want[] = {
-        {CM_ETCD_PUT, "/t/w1/old", "0"}, {CM_ETCD_PUT, "/t/w1/a", "1"}, {CM_ETCD_PUT, "/t/w1/b", "2"},
-        {CM_ETCD_PUT, "/t/w1/a", "3"},   {CM_ETCD_DELETE, "/t/w1/a", ""},
+        { CM_ETCD_PUT, "/t/w1/old", "0" }, { CM_ETCD_PUT, "/t/w1/a", "1" },   { CM_ETCD_PUT, "/t/w1/b", "2" },
+        { CM_ETCD_PUT, "/t/w1/a", "3" },   { CM_ETCD_DELETE, "/t/w1/a", "" },
     };
     assert_int_equal(c.n, sizeof(want) / sizeof(want[0]));
     for (size_t i = 0; i < c.n; i++) {
@@ -237,7 +237,7 @@ static void check_all_unreachable(cm_etcd_t *e, uint32_t timeout_ms)
     int64_t id = 0, n = 0;
     ri_status_t st[9];
     double t[10];
-    collected_t c = {.mu = PTHREAD_MUTEX_INITIALIZER};
+    collected_t c = { .mu = PTHREAD_MUTEX_INITIALIZER };
     cm_etcd_watch_t *w = NULL;
     t[0] = now_s();
     st[0] = cm_etcd_put(e, "/t/down/k", "v", 1, 0);
@@ -296,8 +296,8 @@ static void test_bad_arguments(void **state)
     assert_false(cm_etcd_endpoints_valid("a:x"));
 
     e = open_client(0);
-    cm_etcd_kv_t kv = {0};
-    cm_etcd_list_t l = {0};
+    cm_etcd_kv_t kv = { 0 };
+    cm_etcd_list_t l = { 0 };
     int64_t id = 0;
     cm_etcd_watch_t *w = NULL;
     assert_int_equal(cm_etcd_put(e, "", "v", 1, 0), RI_ERR_INVALID);
@@ -330,7 +330,7 @@ static void test_watch_survives_kill_restart(void **state)
 {
     (void)state;
     cm_etcd_t *e = open_client(800);
-    collected_t c = {.mu = PTHREAD_MUTEX_INITIALIZER};
+    collected_t c = { .mu = PTHREAD_MUTEX_INITIALIZER };
     assert_int_equal(cm_etcd_put(e, "/t/w2/a", "1", 1, 0), RI_OK);
     cm_etcd_watch_t *w = NULL;
     assert_int_equal(cm_etcd_watch_start(e, "/t/w2/", 100, collect, &c, &w), RI_OK);
@@ -365,12 +365,9 @@ int main(void)
         return 77;
     }
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_put_get_list_delete),
-        cmocka_unit_test(test_create_race),
-        cmocka_unit_test(test_lease_keepalive_expiry_revoke),
-        cmocka_unit_test(test_watch_in_order),
-        cmocka_unit_test(test_unreachable_never_started),
-        cmocka_unit_test(test_bad_arguments),
+        cmocka_unit_test(test_put_get_list_delete),           cmocka_unit_test(test_create_race),
+        cmocka_unit_test(test_lease_keepalive_expiry_revoke), cmocka_unit_test(test_watch_in_order),
+        cmocka_unit_test(test_unreachable_never_started),     cmocka_unit_test(test_bad_arguments),
         cmocka_unit_test(test_watch_survives_kill_restart),
     };
     return cmocka_run_group_tests(tests, group_setup, group_teardown);
