@@ -33,8 +33,8 @@ static void ri_cluster_print_nodes(const cm_cluster_node_t *nodes, size_t n, boo
     printf("nodes: %zu%s\n", n, stale ? " (stale: etcd does not answer)" : "");
     if (n == 0)
         return;
-    printf("  %-24s %-22s %-16s %10s %10s %8s %14s %s\n", "NODE", "ADDR", "HOST", "POOL_USED", "POOL_TOTAL",
-           "SESSIONS", "EPOCH", "RECOVERED");
+    printf("  %-24s %-22s %-16s %10s %10s %8s %14s %s\n", "NODE", "ADDR", "HOST", "POOL_USED", "POOL_TOTAL", "SESSIONS",
+           "EPOCH", "RECOVERED");
     for (size_t i = 0; i < n; i++) {
         const cm_cluster_node_t *d = &nodes[i];
         printf("  %-24s %-22s %-16s %10" PRIu64 " %10" PRIu64 " %8u %14" PRIu64 " %s\n", d->name, d->addr, d->host,

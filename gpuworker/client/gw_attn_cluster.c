@@ -40,11 +40,11 @@ struct gw_cl {
     char worker[CM_CLUSTER_NAME_MAX];
     char *token, *tls_ca, *tls_cert, *tls_key; /* owned copies, or NULL */
     uint32_t timeout_ms;
-    gw_cl_node_t *nodes;            /* every node seen (under mu) */
+    gw_cl_node_t *nodes; /* every node seen (under mu) */
     size_t n_nodes, cap_nodes;
-    ri_client_h *retired;           /* clients of a previous epoch: sessions may still use them */
+    ri_client_h *retired; /* clients of a previous epoch: sessions may still use them */
     size_t n_retired, cap_retired;
-    uint32_t rr;                    /* round-robin cursor */
+    uint32_t rr; /* round-robin cursor */
     uint64_t failovers;
     uint64_t prefix_copies, prefix_copy_bytes; /* blocks copied node to node */
 };
@@ -117,8 +117,8 @@ ri_status_t gw_cl_open(const gw_cl_cfg_t *cfg, gw_cl_t **cl_p, char *err, size_t
     }
     st = cm_cluster_watch_nodes(cl->dir);
     if (st != RI_OK) {
-        snprintf(err, errlen, "cluster %s: cannot read the directory at %s (%s): %s", name, cfg->url,
-                 ri_status_str(st), cm_etcd_last_error());
+        snprintf(err, errlen, "cluster %s: cannot read the directory at %s (%s): %s", name, cfg->url, ri_status_str(st),
+                 cm_etcd_last_error());
         goto err_close;
     }
     st = cm_cluster_join_observer(cl->dir, cl->worker, cfg->lease_ms);
@@ -438,7 +438,7 @@ void gw_cl_stats(gw_cl_t *cl, gw_cl_stats_t *st_p)
 static void gw_cl_prefix_runs(gw_cl_t *cl, const cm_cluster_node_t *nodes, const size_t *order, size_t n_order,
                               const uint8_t *keys, uint32_t n_keys, uint32_t *run)
 {
-    char (*names)[CM_CLUSTER_NAME_MAX] = cm_calloc(&gw_cl_tag, n_order, sizeof(*names));
+    char(*names)[CM_CLUSTER_NAME_MAX] = cm_calloc(&gw_cl_tag, n_order, sizeof(*names));
     memset(run, 0, n_order * sizeof(*run));
     if (names == NULL)
         return;
@@ -525,8 +525,7 @@ struct gw_ctl *gw_cl_pick_prefix(gw_cl_t *cl, const gw_pfx_layout_t *lay, const 
     /* The tie-break: a local node stays first under local-first (direct
      * reads beat a copy); otherwise the node holding the longest leading
      * run of the prompt's blocks goes first (rank order among equals). */
-    bool local = cl->policy == CM_CLUSTER_LOCAL_FIRST && n_order > 0 &&
-                 strcmp(nodes[order[0]].host, cl->host) == 0;
+    bool local = cl->policy == CM_CLUSTER_LOCAL_FIRST && n_order > 0 && strcmp(nodes[order[0]].host, cl->host) == 0;
     size_t best = 0;
     for (size_t i = 1; i < n_order && !local; i++)
         if (run[i] > run[best])

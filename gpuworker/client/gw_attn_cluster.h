@@ -33,14 +33,14 @@
 typedef struct gw_cl gw_cl_t;
 
 typedef struct gw_cl_cfg {
-    const char *url;        /* etcd endpoints "etcd://host:port[,...]" */
-    const char *cluster;    /* cluster name */
+    const char *url;     /* etcd endpoints "etcd://host:port[,...]" */
+    const char *cluster; /* cluster name */
     cm_cluster_policy_t policy;
-    const char *worker;     /* this worker's name in the session records */
-    const char *host;       /* host identity for local-first */
-    uint32_t lease_ms;      /* the worker's lease (0 = the directory's default) */
-    const char *token;      /* bearer token of every node */
-    uint32_t timeout_ms;    /* each node's call deadline */
+    const char *worker;                      /* this worker's name in the session records */
+    const char *host;                        /* host identity for local-first */
+    uint32_t lease_ms;                       /* the worker's lease (0 = the directory's default) */
+    const char *token;                       /* bearer token of every node */
+    uint32_t timeout_ms;                     /* each node's call deadline */
     const char *tls_ca, *tls_cert, *tls_key; /* every node's TLS (NULL = plaintext) */
 } gw_cl_cfg_t;
 
@@ -89,8 +89,8 @@ struct gw_ctl *gw_cl_pick_prefix(gw_cl_t *cl, const gw_pfx_layout_t *lay, const 
  * (allocated, cm_free; every node seen since the start). */
 typedef struct gw_cl_node_stats {
     char name[CM_CLUSTER_NAME_MAX];
-    uint64_t placements;    /* sessions created there */
-    uint64_t refusals;      /* sessions it refused */
+    uint64_t placements; /* sessions created there */
+    uint64_t refusals;   /* sessions it refused */
 } gw_cl_node_stats_t;
 
 typedef struct gw_cl_stats {
