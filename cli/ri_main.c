@@ -26,6 +26,7 @@ static const ri_cli_route_t ri_cli_routes[] = {
     {"sessions", "ctl", "list a kvstore's sessions"},
     {"drain", "ctl", "stop a kvstore accepting sessions"},
     {"prefixes", "ctl", "list (or --drop) a kvstore's prefix blocks"},
+    {"cluster", "cluster", "list a kvstore cluster's nodes and session owners (etcd directory)"},
 };
 
 static int ri_cli_self_dir(char *dir, size_t len)
@@ -52,7 +53,7 @@ static void ri_cli_usage(const char *dir)
     struct dirent *e;
     while ((e = readdir(d)) != NULL) {
         if (strncmp(e->d_name, "ri-", 3) == 0 && strcmp(e->d_name, "ri-ctl") != 0 &&
-            strncmp(e->d_name, "ri-bench-", 9) != 0)
+            strcmp(e->d_name, "ri-cluster") != 0 && strncmp(e->d_name, "ri-bench-", 9) != 0)
             printf("  %-12s (program %s)\n", e->d_name + 3, e->d_name);
     }
     closedir(d);

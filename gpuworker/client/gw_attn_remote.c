@@ -20,6 +20,7 @@
 #include "common/cm_time.h"
 #include "kernels/kn_ops.h"
 #include "gpuworker/model/mdl_kv_mem.h"
+#include "gpuworker/client/gw_attn_cluster.h"
 #include "gpuworker/client/ri_api_int.h"
 #include "retroinfer/retroinfer.h"
 
@@ -28,7 +29,8 @@ static CM_ALLOC_TAG(gw_attn_tag, "gw.attn.remote");
 /* Process-wide settings and counters. */
 static struct {
     pthread_mutex_t lock;
-    ri_client_h client;       /* NULL until configured */
+    ri_client_h client;       /* NULL until configured, and in cluster mode */
+    gw_cl_t *cl;              /* cluster mode's node pool, or NULL */
     gw_attn_remote_cfg_t cfg; /* strings owned below */
     char *address, *token;
     bool registered;
@@ -50,7 +52,14 @@ typedef struct gw_attn {
     const mdl_prefix_src_t *prefix; /* cfg->prefix (borrowed), or NULL */
     bool built_pending;       /* prefix->built not called yet: hold every release back */
     size_t *released;         /* [n_layers] tokens [sink, released[l]) given back */
+    gw_cl_t *cl;              /* cluster mode: the pool the session came from, or NULL */
+    char node[CM_CLUSTER_NAME_MAX]; /* cluster mode: the session's node */
+    uint64_t recorded_id;     /* cluster mode: the session id of its owner record */
 } gw_attn_t;
+
+/* Cluster mode: the node chosen for the next sequence of this thread
+ * (gw_attn_remote_place), "" = rank as usual. */
+static _Thread_local char gw_place_hint[CM_CLUSTER_NAME_MAX];
 
 /* Give back the tokens of layer the library no longer reads: they are in
  * the kvstore (ri_session_indexed_end).  Not with compare_full, whose exact
@@ -110,6 +119,8 @@ static void gw_attn_destroy(void *state)
     if (a->sess != NULL) {
         gw_attn_account(a);
         ri_session_close(a->sess);
+        if (a->cl != NULL)
+            gw_cl_session_gone(a->cl, a->node, a->recorded_id);
     }
     cm_free(a->full);
     cm_free(a->released);
@@ -153,13 +164,14 @@ static ri_status_t gw_attn_create(const mdl_attn_cfg_t *cfg, mdl_kv_t *kv, void 
 
     pthread_mutex_lock(&gw_g.lock);
     ri_client_h client = gw_g.client;
+    gw_cl_t *cl = gw_g.cl;
     float cache_frac = gw_g.cfg.cache_frac;
     uint32_t deadline_us = gw_g.cfg.deadline_us, flags = gw_g.cfg.session_flags;
     bool compare = gw_g.cfg.compare_full, keep_kv = gw_g.cfg.keep_kv;
-    if (client != NULL)
+    if (client != NULL || cl != NULL)
         gw_g.live++;
     pthread_mutex_unlock(&gw_g.lock);
-    if (client == NULL) {
+    if (client == NULL && cl == NULL) {
         cm_error("attention backend %s: not configured (no kvstore address)", GW_ATTN_REMOTE_NAME);
         return RI_ERR_INVALID;
     }
@@ -197,10 +209,21 @@ static ri_status_t gw_attn_create(const mdl_attn_cfg_t *cfg, mdl_kv_t *kv, void 
     sp.expected_tokens = kv->cap;
     sp.prefix_tokens = cfg->prefix != NULL && cfg->prefix->n_keys > 0 ? cfg->prefix->n_tokens : 0;
     sp.label = "ri-worker";
-    st = gw_api_session_create(client, &sp, &cfg->wave, &a->sess); /* the wave settings whole */
-    if (st != RI_OK) {
-        cm_error("attention backend %s: %s", GW_ATTN_REMOTE_NAME, ri_last_error());
-        goto err;
+    if (cl != NULL) {
+        char why[1024];
+        st = gw_cl_session_create(cl, &sp, &cfg->wave, gw_place_hint, &a->sess, a->node, &a->recorded_id, why,
+                                  sizeof(why));
+        if (st != RI_OK) {
+            cm_error("attention backend %s: no kvstore node took the session: %s", GW_ATTN_REMOTE_NAME, why);
+            goto err;
+        }
+        a->cl = cl;
+    } else {
+        st = gw_api_session_create(client, &sp, &cfg->wave, &a->sess); /* the wave settings whole */
+        if (st != RI_OK) {
+            cm_error("attention backend %s: %s", GW_ATTN_REMOTE_NAME, ri_last_error());
+            goto err;
+        }
     }
     st = gw_attn_attach(a, cfg->prefix);
     if (st != RI_OK)
@@ -315,6 +338,12 @@ static ri_status_t gw_attn_decode(void *state, uint32_t layer, size_t pos, const
         st = gw_attn_recover(a);
         if (st == RI_OK)
             st = ri_decode(&a->sess, 1, layer, q, &v, out);
+        if (st != RI_OK && a->cl != NULL) {
+            /* The node is gone with the session: another live node takes
+             * the rebuilt sequence at once (the caller rebuilds on LOST). */
+            gw_cl_node_lost(a->cl, a->node);
+            st = RI_ERR_LOST;
+        }
     }
     a->st.decode_steps++;
     if (st == RI_OK)
@@ -365,7 +394,7 @@ static const kn_index_t *gw_attn_index(void *state, uint32_t layer, uint32_t kv_
 
 static const mdl_attn_ops_t gw_attn_ops = {
     .name = GW_ATTN_REMOTE_NAME,
-    .help = "wave index + tripartite attention, clusters in ri-kvstore (needs --kvstore)",
+    .help = "wave index + tripartite attention, clusters in ri-kvstore (needs --kvstore or --cluster)",
     .create = gw_attn_create,
     .destroy = gw_attn_destroy,
     .prefill = gw_attn_prefill,
@@ -382,9 +411,22 @@ ri_status_t gw_attn_remote_configure(const gw_attn_remote_cfg_t *cfg, char *err,
     ri_client_h client = NULL;
     ri_status_t st;
 
-    if (cfg == NULL || cfg->address == NULL) {
+    bool clustered = cfg != NULL && cfg->cluster.url != NULL && cfg->cluster.url[0] != '\0';
+    gw_cl_t *cl = NULL;
+
+    if (cfg == NULL || (cfg->address == NULL && !clustered)) {
         snprintf(err, errlen, "no kvstore address");
         return RI_ERR_INVALID;
+    }
+    if (clustered) {
+        gw_cl_cfg_t cc = {.url = cfg->cluster.url, .cluster = cfg->cluster.name, .policy = cfg->cluster.policy,
+                          .worker = cfg->cluster.worker, .host = cfg->cluster.host, .lease_ms = cfg->cluster.lease_ms,
+                          .token = cfg->token, .timeout_ms = cfg->timeout_ms, .tls_ca = cfg->tls_ca,
+                          .tls_cert = cfg->tls_cert, .tls_key = cfg->tls_key};
+        st = gw_cl_open(&cc, &cl, err, errlen);
+        if (st != RI_OK)
+            return st;
+        goto install;
     }
     ri_client_params_init(&cp);
     cp.address = cfg->address;
@@ -398,24 +440,29 @@ ri_status_t gw_attn_remote_configure(const gw_attn_remote_cfg_t *cfg, char *err,
         snprintf(err, errlen, "%s", ri_last_error());
         return st;
     }
+install:
     pthread_mutex_lock(&gw_g.lock);
     if (gw_g.live > 0) {
         pthread_mutex_unlock(&gw_g.lock);
         ri_client_close(client);
+        gw_cl_close(cl);
         snprintf(err, errlen, "sequences still use the %s backend", GW_ATTN_REMOTE_NAME);
         return RI_ERR_BUSY;
     }
     ri_client_close(gw_g.client);
+    gw_cl_close(gw_g.cl);
     cm_free(gw_g.address);
     cm_free(gw_g.token);
     gw_g.client = client;
+    gw_g.cl = cl;
     gw_g.cfg = *cfg;
-    gw_g.address = cm_strdup(&gw_attn_tag, cfg->address);
+    gw_g.address = cfg->address ? cm_strdup(&gw_attn_tag, cfg->address) : NULL;
     gw_g.token = cfg->token ? cm_strdup(&gw_attn_tag, cfg->token) : NULL;
     gw_g.cfg.address = gw_g.address;
     gw_g.cfg.token = gw_g.token;
     /* the certificate files were read by ri_client_connect: not kept */
     gw_g.cfg.tls_ca = gw_g.cfg.tls_cert = gw_g.cfg.tls_key = NULL;
+    memset(&gw_g.cfg.cluster, 0, sizeof(gw_g.cfg.cluster)); /* the pool keeps its own copies */
     bool reg = !gw_g.registered;
     gw_g.registered = true;
     pthread_mutex_unlock(&gw_g.lock);
@@ -434,11 +481,49 @@ struct gw_ctl *gw_attn_remote_ctl(uint32_t *timeout_ms_p)
     return ctl;
 }
 
+bool gw_attn_remote_clustered(void)
+{
+    pthread_mutex_lock(&gw_g.lock);
+    bool on = gw_g.cl != NULL;
+    pthread_mutex_unlock(&gw_g.lock);
+    return on;
+}
+
+struct gw_ctl *gw_attn_remote_place(const struct gw_pfx_layout *lay, const uint8_t *keys, uint32_t n_keys,
+                                    uint32_t *timeout_ms_p)
+{
+    pthread_mutex_lock(&gw_g.lock);
+    gw_cl_t *cl = gw_g.cl; /* lives until shutdown, after every sequence */
+    pthread_mutex_unlock(&gw_g.lock);
+    gw_place_hint[0] = '\0';
+    if (cl == NULL)
+        return NULL;
+    return gw_cl_pick_prefix(cl, lay, keys, n_keys, gw_place_hint, timeout_ms_p);
+}
+
+void gw_attn_remote_place_clear(void)
+{
+    gw_place_hint[0] = '\0';
+}
+
+bool gw_attn_remote_cluster_stats(struct gw_cl_stats *st_p)
+{
+    pthread_mutex_lock(&gw_g.lock);
+    gw_cl_t *cl = gw_g.cl;
+    pthread_mutex_unlock(&gw_g.lock);
+    if (cl == NULL)
+        return false;
+    gw_cl_stats(cl, st_p);
+    return true;
+}
+
 void gw_attn_remote_shutdown(void)
 {
     pthread_mutex_lock(&gw_g.lock);
     ri_client_close(gw_g.client);
     gw_g.client = NULL;
+    gw_cl_close(gw_g.cl);
+    gw_g.cl = NULL;
     cm_free(gw_g.address);
     cm_free(gw_g.token);
     gw_g.address = gw_g.token = NULL;

@@ -25,6 +25,14 @@
  * and the caller rebuilds the sequence by prefilling its tokens again (the
  * HTTP service does); with the K/V kept, by re-creating and re-filling the
  * session from it.
+ *
+ * Cluster mode (cfg.cluster.url set, in place of cfg.address): the sessions
+ * go to the ri-kvstore nodes of a cluster directory in etcd
+ * (gw_attn_cluster.h ranks them by cfg.cluster.policy and moves on past a
+ * node that refuses or does not answer).  When a node dies under a sequence
+ * the backend leaves the node out of placement and decode returns
+ * RI_ERR_LOST, so that the caller's rebuild lands on another live node at
+ * once.
  */
 #ifndef GW_ATTN_REMOTE_H
 #define GW_ATTN_REMOTE_H
@@ -33,13 +41,24 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "common/cm_cluster.h"
 #include "gpuworker/model/mdl_attn.h"
 #include "retroinfer/status.h"
 
 #define GW_ATTN_REMOTE_NAME "retroinfer-remote"
 
+/* Cluster mode's settings (strings copied). */
+typedef struct gw_attn_remote_cluster {
+    const char *url;        /* etcd endpoints "etcd://host:port[,...]"; NULL or "" = single address */
+    const char *name;       /* cluster name (NULL = "default") */
+    cm_cluster_policy_t policy;
+    const char *worker;     /* this worker's name in the session records */
+    const char *host;       /* host identity for local-first (NULL = none matches) */
+    uint32_t lease_ms;      /* the worker's lease in the directory (0 = default) */
+} gw_attn_remote_cluster_t;
+
 typedef struct gw_attn_remote_cfg {
-    const char *address;    /* ri-kvstore gRPC "host:port" (copied) */
+    const char *address;    /* ri-kvstore gRPC "host:port" (copied); unused in cluster mode */
     const char *token;      /* bearer token or NULL (copied) */
     uint32_t timeout_ms;    /* control and data-plane deadline (0 = 5000) */
     const char *tls_ca;     /* TLS of the control connection: CA, client cert, key (NULL or "" = plaintext) */
@@ -53,12 +72,14 @@ typedef struct gw_attn_remote_cfg {
                                reads, fetch on the io thread, no prediction */
     bool keep_kv;           /* keep the sequence's K/V once in the kvstore (a re-fill
                                can then recover a session a daemon lost) */
+    gw_attn_remote_cluster_t cluster; /* cluster mode when cluster.url is set */
 } gw_attn_remote_cfg_t;
 
 /* The wave index settings come with each sequence (mdl_attn_cfg_t.wave) and
  * reach its session whole.  Nothing here reads the environment. */
 
-/* Connect to the kvstore (Health) and register the backend with the model
+/* Connect to the kvstore (Health), or in cluster mode read the directory
+ * (no directory: RI_ERR_UNREACHABLE), and register the backend with the model
  * runtime (once per process; a second call reconnects with new settings
  * when no sequence uses the backend).  err gets a message naming the address
  * on failure.  Errors: those of ri_client_connect. */
@@ -66,8 +87,25 @@ ri_status_t gw_attn_remote_configure(const gw_attn_remote_cfg_t *cfg, char *err,
 
 /* The configured kvstore's control channel (borrowed: valid until
  * gw_attn_remote_shutdown or a reconfigure) and its deadline; NULL when
- * not configured.  Prefix reuse opens its prefix-only sessions on it. */
+ * not configured or in cluster mode.  Prefix reuse opens its prefix-only
+ * sessions on it. */
 struct gw_ctl *gw_attn_remote_ctl(uint32_t *timeout_ms_p);
+
+/* Cluster mode configured? */
+bool gw_attn_remote_clustered(void);
+
+/* Cluster mode: choose the node of the next sequence the calling thread
+ * creates on this backend, and return its control channel (borrowed, as
+ * gw_attn_remote_ctl's) and deadline, or NULL when no node answers.  A
+ * prefix-only session opened there sits on the same node as the sequence's
+ * session (an attach is node-local).  keys[0..n_keys) (layout lay) are the
+ * prompt's attachable blocks: the choice is prefix-aware, and blocks
+ * another node holds are copied to the chosen one (gw_cl_pick_prefix).
+ * The choice holds until gw_attn_remote_place_clear. */
+struct gw_pfx_layout;
+struct gw_ctl *gw_attn_remote_place(const struct gw_pfx_layout *lay, const uint8_t *keys, uint32_t n_keys,
+                                    uint32_t *timeout_ms_p);
+void gw_attn_remote_place_clear(void);
 
 /* Disconnect (every sequence on the backend must be destroyed first). */
 void gw_attn_remote_shutdown(void);
@@ -96,6 +134,11 @@ typedef struct gw_attn_remote_totals {
 } gw_attn_remote_totals_t;
 
 void gw_attn_remote_totals(gw_attn_remote_totals_t *t_p);
+
+/* Cluster mode's figures (gw_attn_cluster.h); false outside cluster mode.
+ * st_p->nodes allocated (cm_free). */
+struct gw_cl_stats;
+bool gw_attn_remote_cluster_stats(struct gw_cl_stats *st_p);
 void gw_attn_remote_reset_totals(void);
 
 #endif /* GW_ATTN_REMOTE_H */

@@ -109,6 +109,18 @@ static bool gw_pfx_run_preload(gw_pfx_run_t *run, mdl_seq_t *seq)
     return st == RI_OK;
 }
 
+/* Cluster mode: the node of this request, chosen from the prompt's block
+ * keys (prefix-aware, missing blocks copied there), and its channel. */
+static gw_ctl_t *gw_pfx_run_place(gw_pfx_ctx_t *ctx, const gw_pfx_layout_t *lay, const int32_t *ids, uint32_t n_blocks,
+                                  uint32_t *timeout_ms_p)
+{
+    uint8_t *keys = cm_malloc(&gw_pfx_run_tag, (size_t)n_blocks * CM_PFX_KEY_SIZE);
+    bool have = keys != NULL && gw_pfx_keys(&ctx->keyer, lay, ids, n_blocks, keys) == RI_OK;
+    gw_ctl_t *ctl = gw_attn_remote_place(lay, have ? keys : NULL, have ? n_blocks : 0, timeout_ms_p);
+    cm_free(keys);
+    return ctl;
+}
+
 ri_status_t gw_pfx_run_create(gw_pfx_ctx_t *ctx, mdl_model_t *m, const mdl_attn_ops_t *attn, const mdl_attn_cfg_t *cfg,
                               size_t cap, const int32_t *ids, size_t n, gw_pfx_run_t **run_p, mdl_seq_t **seq_p)
 {
@@ -125,9 +137,17 @@ ri_status_t gw_pfx_run_create(gw_pfx_ctx_t *ctx, mdl_model_t *m, const mdl_attn_
      * the publish (gw_pfx_run_prefilled turns the caller's choice back on) */
     run->release_window = cfg->release_window;
     run->cfg.release_window = false;
+    /* In a cluster the prefix-only session and the sequence's session must
+     * share a node (an attach is node-local): the node is chosen here, once
+     * for the request, and the remote backend places the sequence there. */
+    gw_ctl_t *ctl = ctx->ctl;
+    uint32_t timeout_ms = ctx->timeout_ms;
+    bool placed = ctl == NULL && gw_attn_remote_clustered();
     /* no kvstore session for a prompt with no attachable block (most chats) */
     if (gw_pfx_run_layout(m, attn, cfg, n, &run->lay) && gw_pfx_max_blocks(&run->lay, cfg->wave.window_tokens, n) > 0 &&
-        gw_pfx_conn_open(ctx->ctl, ctx->timeout_ms, &run->lay, &run->conn) == RI_OK) {
+        (!placed || (ctl = gw_pfx_run_place(ctx, &run->lay, ids, gw_pfx_max_blocks(&run->lay, cfg->wave.window_tokens,
+                                                                                   n), &timeout_ms)) != NULL) &&
+        gw_pfx_conn_open(ctl, timeout_ms, &run->lay, &run->conn) == RI_OK) {
         st = gw_pfx_seq_begin(run->conn->dp, &ctx->keyer, &run->lay, cfg->wave.window_tokens, ids, n, &ctx->stats,
                               &run->seq);
         if (st != RI_OK)
@@ -149,6 +169,8 @@ ri_status_t gw_pfx_run_create(gw_pfx_ctx_t *ctx, mdl_model_t *m, const mdl_attn_
         gw_pfx_run_src(run);
         st = mdl_seq_create(m, attn, &run->cfg, cap, &seq);
     }
+    if (placed)
+        gw_attn_remote_place_clear();
     if (st != RI_OK)
         goto err_free;
     run->mseq = seq;
@@ -156,6 +178,8 @@ ri_status_t gw_pfx_run_create(gw_pfx_ctx_t *ctx, mdl_model_t *m, const mdl_attn_
     *seq_p = seq;
     return RI_OK;
 err_free:
+    if (placed)
+        gw_attn_remote_place_clear();
     gw_pfx_run_destroy(run);
     return st;
 }

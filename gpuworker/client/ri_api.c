@@ -218,6 +218,11 @@ err_free:
     return st;
 }
 
+uint64_t gw_api_session_id(ri_session_h session)
+{
+    return session != NULL ? session->session_id : 0;
+}
+
 gw_ctl_t *gw_api_client_ctl(ri_client_h client, uint32_t *timeout_ms_p)
 {
     if (client == NULL)

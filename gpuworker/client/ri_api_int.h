@@ -28,6 +28,9 @@ const kn_wave_params_t *gw_api_session_wave(ri_session_h session, uint32_t layer
  * worker publishes prefix blocks from. */
 const kn_index_t *gw_api_session_index(ri_session_h session, uint32_t layer, uint32_t kv_head);
 
+/* The kvstore session id the session uses now (0 for NULL). */
+uint64_t gw_api_session_id(ri_session_h session);
+
 /* The client's control channel (borrowed: valid until ri_client_close;
  * thread-safe) and its call deadline, for the prefix-only sessions of
  * gw_prefix_seq.h. */

@@ -29,6 +29,7 @@
 #include "common/cm_status.h"
 #include "common/cm_time.h"
 #include "gpuworker/model/mdl_tok.h"
+#include "gpuworker/client/gw_attn_cluster.h"
 #include "gpuworker/client/gw_attn_remote.h"
 #include "gpuworker/client/gw_prefix_seq.h"
 #include "gpuworker/server/gw_http_guard.h"
@@ -1064,6 +1065,8 @@ static void gw_http_prefix_metrics(FILE *f, gw_pfx_stats_t *p)
               "Prompt tokens not prefilled thanks to the prefix cache.", hit);
 }
 
+static void gw_http_cluster_metrics(FILE *f);
+
 static void gw_http_render_metrics(gw_http_t *h, FILE *f)
 {
     gw_sched_stats_t st;
@@ -1144,7 +1147,37 @@ static void gw_http_render_metrics(gw_http_t *h, FILE *f)
         gw_metric(f, "ri_worker_kvstore_recoveries_total", "counter", "Sessions re-created after a kvstore failure.",
                   (double)t.recoveries);
         gw_metric(f, "ri_worker_kvstore_failures_total", "counter", "Decode steps that failed.", (double)t.failures);
+        gw_http_cluster_metrics(f);
     }
+}
+
+/* Cluster mode's figures (nothing outside it). */
+static void gw_http_cluster_metrics(FILE *f)
+{
+    gw_cl_stats_t cs;
+    if (!gw_attn_remote_cluster_stats(&cs))
+        return;
+    gw_metric(f, "ri_worker_cluster_nodes", "gauge", "Live kvstore nodes in the cluster directory (the last known "
+              "list while it is stale).", (double)cs.live_nodes);
+    gw_metric(f, "ri_worker_cluster_directory_stale", "gauge", "1 while the directory's watch is cut off from etcd.",
+              cs.stale ? 1.0 : 0.0);
+    gw_metric(f, "ri_worker_cluster_failovers_total", "counter", "Sessions lost with their node (their sequences "
+              "rebuilt on another).", (double)cs.failovers);
+    gw_metric(f, "ri_worker_prefix_remote_copies_total", "counter", "Prefix blocks copied from the node holding "
+              "them to the request's node instead of being prefilled.", (double)cs.prefix_copies);
+    gw_metric(f, "ri_worker_prefix_remote_copy_bytes_total", "counter", "Bytes of those blocks.",
+              (double)cs.prefix_copy_bytes);
+    fprintf(f, "# HELP ri_worker_cluster_placements_total Sessions placed, by node.\n"
+               "# TYPE ri_worker_cluster_placements_total counter\n");
+    for (size_t i = 0; i < cs.n_nodes; i++)
+        fprintf(f, "ri_worker_cluster_placements_total{node=\"%s\"} %llu\n", cs.nodes[i].name,
+                (unsigned long long)cs.nodes[i].placements);
+    fprintf(f, "# HELP ri_worker_cluster_refusals_total Sessions a node refused (quota, no space, shutting down), "
+               "by node.\n# TYPE ri_worker_cluster_refusals_total counter\n");
+    for (size_t i = 0; i < cs.n_nodes; i++)
+        fprintf(f, "ri_worker_cluster_refusals_total{node=\"%s\"} %llu\n", cs.nodes[i].name,
+                (unsigned long long)cs.nodes[i].refusals);
+    cm_free(cs.nodes);
 }
 
 /* ---- routing ---- */

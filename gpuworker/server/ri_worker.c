@@ -1,7 +1,8 @@
 /*
  * ri-worker: our own inference engine as a worker process.  Loads the model
  * (default: the installed SmolLM2), connects to a ri-kvstore (--kvstore
- * ADDR: the "retroinfer-remote" attention backend), and serves generation
+ * ADDR: the "retroinfer-remote" attention backend; or --cluster URL: the
+ * nodes of a kvstore cluster in etcd, docs/worker.md), and serves generation
  * requests, one JSON object per line on stdin, one JSON reply per line on
  * stdout (docs/worker.md):
  *
@@ -38,7 +39,9 @@
 #include <unistd.h>
 
 #include "common/cm_alloc.h"
+#include "common/cm_cluster.h"
 #include "common/cm_config.h"
+#include "common/cm_etcd.h"
 #include "common/cm_runtime.h"
 #include "common/cm_file.h"
 #include "common/cm_keys.h"
@@ -104,6 +107,12 @@ typedef struct wk_cfg {
     bool insecure;       /* HTTP service: allow a non-loopback --listen without API keys */
     bool prefix_cache;   /* HTTP service with a kvstore: reuse and publish prompt prefix blocks */
     char *prefix_salt;   /* extra salt of the prefix block keys (workers share blocks only with the same) */
+    char *cluster;       /* etcd endpoints of a kvstore cluster (in place of --kvstore); empty = none */
+    char *cluster_name;  /* the cluster's name in the directory */
+    char *placement;     /* local-first, most-free or round-robin */
+    char *worker_name;   /* this worker in the session records; empty = host:port or host:pid */
+    char *cluster_host;  /* host identity for local-first; empty = gethostname() */
+    int64_t cluster_lease_ms; /* the worker's lease in the directory */
 } wk_cfg_t;
 
 #define WK_ITEM(n, t, d, h, f) {n, t, d, h, offsetof(wk_cfg_t, f), 0, 0, NULL}
@@ -111,6 +120,17 @@ static const cm_config_item_t wk_items[] = {
     WK_ITEM("model", CM_CFG_STRING, NULL,
             "model name (smollm2-135m, gemma3-270m) or GGUF file (default: smollm2-135m)", model),
     WK_ITEM("kvstore", CM_CFG_STRING, NULL, "ri-kvstore gRPC address host:port (enables retroinfer-remote)", kvstore),
+    WK_ITEM("cluster", CM_CFG_STRING, NULL, "etcd endpoints etcd://HOST:PORT[,HOST:PORT] of a ri-kvstore cluster: "
+            "sessions go to its live nodes (enables retroinfer-remote; excludes --kvstore)", cluster),
+    WK_ITEM("cluster-name", CM_CFG_STRING, "default", "the cluster's name in the directory", cluster_name),
+    WK_ITEM("placement", CM_CFG_STRING, "local-first", "cluster: node of a new session: local-first (a node on this "
+            "host, else the most free memory), most-free, round-robin", placement),
+    WK_ITEM("worker-name", CM_CFG_STRING, NULL, "cluster: this worker's name in the session records (default: "
+            "hostname:HTTP port, or hostname:pid)", worker_name),
+    WK_ITEM("cluster-host", CM_CFG_STRING, NULL, "cluster: host identity for local-first (default: hostname)",
+            cluster_host),
+    {"cluster-lease-ms", CM_CFG_INT, "5000", "cluster: lease of the worker's session records (gone this long after "
+     "the worker dies)", offsetof(wk_cfg_t, cluster_lease_ms), 2000, 600000, NULL},
     WK_ITEM("token", CM_CFG_STRING, NULL, "bearer token for the kvstore", token),
     WK_ITEM("token-file", CM_CFG_STRING, NULL, "read the bearer token from this file: the first word of its first "
             "line that is not blank or a # comment (a kvstore tokens file gives its first token)", token_file),
@@ -149,8 +169,8 @@ static const cm_config_item_t wk_items[] = {
             "retroinfer-remote: keep the K/V the kvstore holds (a session it loses is re-filled, not rebuilt)",
             keep_kv),
     WK_ITEM("prefix-cache", CM_CFG_BOOL, "true",
-            "HTTP service with --kvstore: attach the cached leading 256-token blocks of a prompt instead of "
-            "prefilling them, and publish the new ones (full and retroinfer; docs/prefix.md)", prefix_cache),
+            "HTTP service with --kvstore or --cluster: attach the cached leading 256-token blocks of a prompt "
+            "instead of prefilling them, and publish the new ones (full and retroinfer; docs/prefix.md)", prefix_cache),
     WK_ITEM("prefix-salt", CM_CFG_STRING, NULL,
             "extra salt of the prefix block keys: only workers with the same salt (and kvstore token) share blocks",
             prefix_salt),
@@ -179,7 +199,8 @@ static const cm_config_item_t wk_items[] = {
     {"ctx", CM_CFG_INT, "0", "HTTP service: prompt + max_tokens limit (0 = the model's trained context)",
      offsetof(wk_cfg_t, ctx), 0, 1 << 24, NULL},
     WK_ITEM("allow-attn", CM_CFG_STRING, "full,retroinfer,retroinfer-remote",
-            "HTTP service: backends a request's \"attn\" may choose (retroinfer-remote needs --kvstore)", allow_attn),
+            "HTTP service: backends a request's \"attn\" may choose (retroinfer-remote needs --kvstore or "
+            "--cluster)", allow_attn),
     {"http-max-conn", CM_CFG_INT, "256", "HTTP service: connections at once (one thread each)",
      offsetof(wk_cfg_t, http_max_conn), 4, 65536, NULL},
     {"http-reserve-conn", CM_CFG_INT, "0", "HTTP service: of http-max-conn, slots kept for short requests such as "
@@ -618,8 +639,8 @@ static bool wk_prefix_setup(const mdl_model_t *model, const wk_cfg_t *cfg, const
     ri_status_t st;
 
     memset(ctx, 0, sizeof(*ctx));
-    ctx->ctl = gw_attn_remote_ctl(&ctx->timeout_ms);
-    if (ctx->ctl == NULL)
+    ctx->ctl = gw_attn_remote_ctl(&ctx->timeout_ms); /* NULL in a cluster: each run picks its node */
+    if (ctx->ctl == NULL && !gw_attn_remote_clustered())
         return false;
     st = gw_pfx_model_digest(g->base, g->size, ctx->keyer.model);
     if (st == RI_OK)
@@ -725,6 +746,63 @@ out:
     return rc;
 }
 
+static bool wk_set(const char *s)
+{
+    return s != NULL && s[0] != '\0';
+}
+
+/* The cluster settings: 0, or 2 after saying what is wrong.  *cl filled
+ * (its strings borrow cfg's, and names / host, which the caller keeps). */
+static int wk_cluster_check(const wk_cfg_t *cfg, gw_attn_remote_cluster_t *cl, char *worker, char *host)
+{
+    memset(cl, 0, sizeof(*cl));
+    if (!wk_set(cfg->cluster))
+        return 0;
+    if (wk_set(cfg->kvstore)) {
+        fprintf(stderr, "ri-worker: --cluster and --kvstore exclude each other (try --help)\n");
+        return 2;
+    }
+    if (!cm_etcd_endpoints_valid(cfg->cluster)) {
+        fprintf(stderr, "ri-worker: --cluster %s: want etcd://HOST:PORT[,HOST:PORT...]\n", cfg->cluster);
+        return 2;
+    }
+    if (!cm_cluster_policy_parse(cfg->placement, &cl->policy)) {
+        fprintf(stderr, "ri-worker: --placement %s: want local-first, most-free or round-robin\n", cfg->placement);
+        return 2;
+    }
+    if (!cm_cluster_name_valid(cfg->cluster_name)) {
+        fprintf(stderr, "ri-worker: --cluster-name '%s': 1 to 63 characters of A-Z a-z 0-9 . _ : -\n",
+                cfg->cluster_name);
+        return 2;
+    }
+    char hn[CM_CLUSTER_NAME_MAX] = "localhost";
+    (void)gethostname(hn, sizeof(hn) - 1);
+    hn[sizeof(hn) - 1] = '\0';
+    snprintf(host, CM_CLUSTER_NAME_MAX, "%s", wk_set(cfg->cluster_host) ? cfg->cluster_host : hn);
+    if (wk_set(cfg->worker_name)) {
+        snprintf(worker, CM_CLUSTER_NAME_MAX, "%s", cfg->worker_name);
+    } else {
+        /* the HTTP port names a service; a stdin worker has its pid */
+        const char *colon = wk_set(cfg->listen) ? strrchr(cfg->listen, ':') : NULL;
+        long port = colon != NULL ? strtol(colon + 1, NULL, 10) : 0;
+        snprintf(worker, CM_CLUSTER_NAME_MAX, "%.40s:%ld", hn, port > 0 ? port : (long)getpid());
+    }
+    const char *bad = !cm_cluster_name_valid(worker) ? "--worker-name" : !cm_cluster_name_valid(host) ? "--cluster-host"
+                                                                                                       : NULL;
+    if (bad != NULL) {
+        fprintf(stderr, "ri-worker: %s '%s': 1 to 63 characters of A-Z a-z 0-9 . _ : -%s\n", bad,
+                bad[2] == 'w' ? worker : host, wk_set(bad[2] == 'w' ? cfg->worker_name : cfg->cluster_host) ? ""
+                : " (the host name does not fit: give it)");
+        return 2;
+    }
+    cl->url = cfg->cluster;
+    cl->name = cfg->cluster_name;
+    cl->worker = worker;
+    cl->host = host;
+    cl->lease_ms = (uint32_t)cfg->cluster_lease_ms;
+    return 0;
+}
+
 /* --device: 0 when this build has it, else 2 after saying why. */
 static int wk_device_check(const char *device)
 {
@@ -817,7 +895,14 @@ int main(int argc, char **argv)
         cm_config_free(&wk_table, &cfg);
         return 2;
     }
-    bool have_kvs = cfg.kvstore != NULL && cfg.kvstore[0] != '\0';
+    static char wk_worker[CM_CLUSTER_NAME_MAX], wk_host[CM_CLUSTER_NAME_MAX]; /* the backend copies them */
+    gw_attn_remote_cluster_t cluster;
+    if ((rc = wk_cluster_check(&cfg, &cluster, wk_worker, wk_host)) != 0) {
+        cm_config_free(&wk_table, &cfg);
+        return rc;
+    }
+    rc = 1;
+    bool have_kvs = wk_set(cfg.kvstore) || cluster.url != NULL;
     char file_token[512];
     if (cfg.token_file != NULL && cfg.token_file[0] != '\0') {
         ri_status_t st = cm_file_read_token(cfg.token_file, file_token, sizeof(file_token));
@@ -842,12 +927,19 @@ int main(int argc, char **argv)
                                        .session_flags = (cfg.direct ? 0 : RI_SESSION_TWO_SIDED) |
                                                         (cfg.fetch_async ? RI_SESSION_FETCH_ASYNC : 0) |
                                                         (cfg.predict ? 0 : RI_SESSION_NO_PREDICT),
-                                       .keep_kv = cfg.keep_kv};
+                                       .keep_kv = cfg.keep_kv, .cluster = cluster};
         ri_status_t st = gw_attn_remote_configure(&rc_cfg, err, sizeof(err));
+        if (st != RI_OK && cluster.url != NULL) {
+            fprintf(stderr, "ri-worker: cannot use the cluster at %s: %s\n", cluster.url, err);
+            goto out;
+        }
         if (st != RI_OK) {
             fprintf(stderr, "ri-worker: cannot use the kvstore at %s: %s\n", cfg.kvstore, err);
             goto out;
         }
+        if (cluster.url != NULL)
+            fprintf(stderr, "ri-worker: cluster '%s' at %s, placement %s, worker %s, host %s\n", cluster.name,
+                    cluster.url, cm_cluster_policy_name(cluster.policy), cluster.worker, cluster.host);
     }
     /* a missing default is exit 3; a named or given file that is missing fails to load below (exit 1) */
     ri_status_t pst = mdl_model_resolve(cfg.model, path, sizeof(path));
@@ -871,7 +963,8 @@ int main(int argc, char **argv)
         goto out;
     rc = 1;
     fprintf(stderr, "ri-worker: model %s, %u threads, kvstore %s, default attn %s; backends: %s\n",
-            mdl_model_name(model), cm_pool_size(cm_pool_default()), have_kvs ? cfg.kvstore : "(none)", default_attn,
+            mdl_model_name(model), cm_pool_size(cm_pool_default()),
+            cluster.url != NULL ? "(cluster)" : have_kvs ? cfg.kvstore : "(none)", default_attn,
             mdl_attn_names());
 
     if (serve) {
