@@ -7,10 +7,12 @@
  *
  * Locking: data->lock guards the session list, tenants, every session's
  * tables/extents/caches and the counters that are not atomics.  It is never
- * held across a read-back's disk I/O nor while reply bytes move: a fetch
- * plans and pins its misses under it (kvs_cluster_t.pins: a pinned cluster
- * is never spilled), reads disk records and sends without it, and re-takes
- * it to commit and to unpin (docs/kvstore-data.md "Locking").  A request
+ * held across a read-back's disk I/O, a cluster spill write, nor while reply
+ * bytes move: a fetch plans and pins its misses under it (kvs_cluster_t.pins:
+ * a pinned cluster is never spilled), reads disk records and sends without
+ * it, and re-takes it to commit and to unpin; a spill marks its victims
+ * (kvs_cluster_t.wstate), writes them without it and re-takes it to commit
+ * or abandon each (docs/kvstore-data.md "Locking").  A request
  * holds a session reference, so the session outlives a drop meanwhile.
  * Each session is served by one data-plane thread only (its lane), so its
  * caches and tables are changed by one thread.
@@ -37,6 +39,12 @@
 #define KVS_TIER_BLOCK 4u     /* in the prefix block attached at slot `block` (kvs_prefix.c): never spilled
                                * or freed per cluster, off is from the block's start */
 
+/* kvs_cluster_t.wstate: its bytes are being written to the spill store
+ * (the pool pages stay valid and are what readers get), and whether it was
+ * touched meanwhile (then the write is abandoned: it stays in the pool). */
+#define KVS_WS_WRITING 1u
+#define KVS_WS_TOUCHED 2u
+
 #define KVS_MAX_SESSIONS 4096u
 #define KVS_MAX_CACHES_PER_SESSION 64u
 #define KVS_MAX_EXPECTED_TOKENS (UINT64_C(1) << 30)
@@ -50,6 +58,7 @@ typedef struct kvs_cluster {
     uint8_t tier;            /* KVS_TIER_* */
     bool direct;             /* off is in the session's direct region, not the pool */
     bool no_crc;             /* recovered from disk: crc unknown, the spill record's CRC stands */
+    uint8_t wstate;          /* KVS_WS_* bits: a spill write of it is in flight without data->lock */
     uint32_t pins;           /* fetches using it without data->lock: never spilled or freed while > 0 */
     uint32_t block;          /* tier KVS_TIER_BLOCK: the session's attach slot of the block holding it */
 } kvs_cluster_t;
@@ -210,6 +219,9 @@ struct kvs_data {
     struct kvs_spill_cold *cold;     /* owned: coldness of pool-resident clusters */
     uint64_t served_pool, served_disk;    /* clusters sent, by the tier they came from */
     uint64_t spilled_clusters, spilled_bytes, spill_failures, lost_clusters;
+    uint64_t spill_abandoned;        /* written clusters not committed: touched, pinned or dropped meanwhile */
+    bool spill_busy;                 /* a spill round owns the writer role (one at a time) */
+    pthread_cond_t spill_cond;       /* signalled (with lock) when spill_busy clears */
     /* counters (under lock) */
     uint64_t fetches, cache_hits, cache_misses, bytes_sent, bytes_received;
     uint64_t direct_regions, direct_bytes, direct_reads; /* live regions, their bytes, records */
@@ -419,16 +431,21 @@ void kvs_tier_close(kvs_data_t *data);
 
 /* Allocate one pool extent per cluster (sizes[i] bytes) for s, charging the
  * quota; when the pool or the quota is short, spill the coldest clusters and
- * retry once.  All or nothing: on failure nothing is allocated or charged. */
+ * retry once.  All or nothing: on failure nothing is allocated or charged.
+ * A spill releases data->lock during its disk write (the caller holds a
+ * reference on s; other sessions change meanwhile): RI_ERR_NOT_FOUND when s
+ * was dropped then. */
 ri_status_t kvs_tier_alloc_clusters_locked(kvs_data_t *data, kvs_session_t *s, const uint64_t *sizes, size_t n,
                                            uint64_t *offs);
 
-/* Spill the coldest clusters while the pool is above the high-water mark. */
+/* Spill the coldest clusters while the pool is above the high-water mark;
+ * releases data->lock during the disk write, and does nothing while another
+ * spill is writing (that one frees the room). */
 void kvs_tier_relieve_locked(kvs_data_t *data);
 
 /* A cluster became pool-resident or was fetched from the pool: make it the
  * most recently used. */
-void kvs_tier_touch_locked(kvs_data_t *data, const kvs_session_t *s, uint32_t layer, uint32_t head, uint32_t id);
+void kvs_tier_touch_locked(kvs_data_t *data, kvs_session_t *s, uint32_t layer, uint32_t head, uint32_t id);
 
 /* Reading a fetch's disk-resident misses back, in three steps so that the
  * disk I/O runs without data->lock:
