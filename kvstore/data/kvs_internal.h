@@ -156,12 +156,16 @@ typedef struct kvs_pblock {
     uint64_t disk_id;                /* its records' id in the spill store (kvs_prefix_spill.c) */
     uint32_t n_tokens;               /* tokens of the block (header) */
     uint32_t refs;                   /* attached session slots */
-    uint32_t pins;                   /* read-backs in flight without the lock: while > 0 the
-                                        block is not freed and its records stay */
+    uint32_t pins;                   /* read-backs and spill writes in flight without the lock:
+                                        while > 0 the block is not freed and its records stay */
+    bool writing;                    /* resident, being written to the spill store without the
+                                        lock: off the LRU (so nobody picks it again) */
+    bool wtouched;                   /* attached during that write: the write is abandoned */
     bool in_catalog;                 /* reachable by key (a dropped block lives until its last detach) */
     uint64_t created_unix_ms;
     struct kvs_pblock *hnext;        /* hash chain */
-    struct kvs_pblock *lru_prev, *lru_next; /* on the LRU when in the catalog and unreferenced */
+    struct kvs_pblock *lru_prev, *lru_next; /* on the LRU when in the catalog, unreferenced, resident
+                                                and not being written */
 } kvs_pblock_t;
 
 #define KVS_PFX_BUCKETS 4096u
@@ -175,6 +179,7 @@ typedef struct kvs_pcat {
     uint64_t disk_blocks, disk_bytes;     /* blocks only in the spill store */
     uint64_t next_disk_id;                /* of the next block written to the spill store */
     uint64_t spills, readbacks, corrupt;  /* blocks written out, read back, refused on read-back */
+    uint64_t spill_abandoned;             /* written without the lock, then attached or dropped: kept */
     uint64_t attach_hits, attach_misses;  /* keys */
     uint64_t tokens_attached;
     uint64_t put_new, put_existed, put_refused;
@@ -336,14 +341,34 @@ void kvs_prefix_detach_all_locked(kvs_data_t *data, kvs_session_t *s);
  * freed.  Lock held. */
 uint64_t kvs_prefix_reclaim_locked(kvs_data_t *data, uint64_t bytes);
 
+/* The same for the spill writer (kvs_tier.c, holding the writer role): each
+ * block is written to the spill store WITHOUT data->lock (released and
+ * taken again per block); a block attached or dropped during its write
+ * stays (or goes with its drop) and its records are forgotten.  Returns the
+ * pool bytes freed. */
+uint64_t kvs_prefix_reclaim_writer_locked(kvs_data_t *data, uint64_t bytes);
+
 /* A new descriptor of the block attached to s at slot (caller closes).  Lock held. */
 ri_status_t kvs_prefix_handover_locked(kvs_session_t *s, uint32_t slot, int *fd_p, uint64_t *bytes_p);
 
 /* --- prefix blocks in the spill tier (kvs_prefix_spill.c); lock held --- */
 
 /* Write resident, unreferenced b to the spill store and give its memory back
- * (it stays in the catalog, on disk).  Nothing changes on failure. */
+ * (it stays in the catalog, on disk), all under the lock (cap evictions,
+ * shutdown).  Nothing changes on failure. */
 ri_status_t kvs_prefix_spill_locked(kvs_data_t *data, kvs_pblock_t *b);
+
+/* The same in steps, for a write without the lock (kvs_prefix_reclaim_writer_locked):
+ *   kvs_prefix_disk_write          (lock NOT needed) writes b's records under
+ *                                  id, then the manifest; on failure removes
+ *                                  what it wrote.  b must stay resident and
+ *                                  unchanged (pinned, marked writing);
+ *   kvs_prefix_disk_commit_locked  gives b's memory back: on disk under id;
+ *   kvs_prefix_disk_abandon_locked forgets id's records instead (b was
+ *                                  attached or dropped meanwhile). */
+ri_status_t kvs_prefix_disk_write(kvs_data_t *data, const kvs_pblock_t *b, uint64_t id);
+void kvs_prefix_disk_commit_locked(kvs_data_t *data, kvs_pblock_t *b, uint64_t id);
+void kvs_prefix_disk_abandon_locked(kvs_data_t *data, const kvs_pblock_t *b, uint64_t id);
 
 /* Read the records of an on-disk block (disk_id, bytes long) back into a
  * new sealed memory file, verifying every record and the block's own CRC:

@@ -101,7 +101,7 @@ void kvs_prefix_unlink_locked(kvs_data_t *data, kvs_pblock_t *b)
     if (*pp == b)
         *pp = b->hnext;
     b->hnext = NULL;
-    if (b->in_catalog && b->refs == 0 && !b->on_disk)
+    if (b->in_catalog && b->refs == 0 && !b->on_disk && !b->writing)
         kvs_pfx_lru_remove(&data->prefix, b);
     b->in_catalog = false;
 }
@@ -183,6 +183,69 @@ uint64_t kvs_prefix_reclaim_locked(kvs_data_t *data, uint64_t bytes)
     while (freed < bytes && data->prefix.lru_head != NULL) {
         freed += data->prefix.lru_head->charge;
         kvs_pfx_evict_locked(data, data->prefix.lru_head);
+    }
+    return freed;
+}
+
+/* Write b (resident, unreferenced, in the catalog, taken off the LRU) to
+ * the spill store without data->lock: pinned and marked writing, so that
+ * its memory stays and a DropPrefix leaves its freeing to us; an attach
+ * meanwhile reads its memory.  Then, under the lock again: on disk (memory
+ * freed), or, when it was attached or dropped during the write, the write
+ * is abandoned (records forgotten) and it stays resident, back on the LRU
+ * when unreferenced, or is freed when dropped and unused.  A failed write
+ * evicts it from memory, as under the lock.  Returns the pool bytes freed. */
+static uint64_t kvs_pfx_spill_unlocked(kvs_data_t *data, kvs_pblock_t *b)
+{
+    uint64_t id = ++data->prefix.next_disk_id, charge = b->charge;
+    ri_status_t st;
+
+    b->writing = true;
+    b->wtouched = false;
+    b->pins++;
+    pthread_mutex_unlock(&data->lock);
+    st = kvs_prefix_disk_write(data, b, id);
+    pthread_mutex_lock(&data->lock);
+    b->pins--;
+    b->writing = false;
+    if (st == RI_OK && b->in_catalog && b->refs == 0 && !b->wtouched) {
+        kvs_prefix_disk_commit_locked(data, b, id);
+        return charge;
+    }
+    if (st == RI_OK)
+        kvs_prefix_disk_abandon_locked(data, b, id);
+    if (!b->in_catalog) { /* dropped meanwhile */
+        if (b->refs > 0 || b->pins > 0)
+            return 0; /* its last detach or unpin frees it */
+        kvs_pfx_free_locked(data, b);
+        return charge;
+    }
+    if (b->refs > 0)
+        return 0; /* attached: off the LRU while referenced */
+    if (st == RI_OK) {
+        kvs_pfx_lru_push(&data->prefix, b); /* used meanwhile: the most recent now */
+        return 0;
+    }
+    cm_debug("prefix: evicting a block of tenant %s (%" PRIu64 " bytes)", b->tenant, b->bytes);
+    kvs_prefix_unlink_locked(data, b);
+    if (b->pins == 0)
+        kvs_pfx_free_locked(data, b);
+    return charge;
+}
+
+uint64_t kvs_prefix_reclaim_writer_locked(kvs_data_t *data, uint64_t bytes)
+{
+    uint64_t freed = 0, tries = 0;
+
+    if (!kvs_tier_on(data))
+        return kvs_prefix_reclaim_locked(data, bytes);
+    for (const kvs_pblock_t *b = data->prefix.lru_head; b != NULL; b = b->lru_next)
+        tries++; /* each block once at most: one used during its write goes to the LRU's end */
+    while (freed < bytes && tries-- > 0 && data->prefix.lru_head != NULL) {
+        kvs_pblock_t *b = data->prefix.lru_head;
+        data->prefix.evictions++;
+        kvs_pfx_lru_remove(&data->prefix, b);
+        freed += kvs_pfx_spill_unlocked(data, b);
     }
     return freed;
 }
@@ -281,8 +344,11 @@ static ri_status_t kvs_pfx_attach_locked(kvs_data_t *data, kvs_session_t *s, kvs
     s->clusters += v.total_clusters;
     s->blocks[slot] = b;
     s->n_blocks++;
-    if (b->refs++ == 0 && b->in_catalog)
+    if (b->writing)
+        b->wtouched = true; /* its write in flight is abandoned: it is in use again */
+    else if (b->refs == 0 && b->in_catalog)
         kvs_pfx_lru_remove(&data->prefix, b);
+    b->refs++;
     data->prefix.tokens_attached += b->n_tokens;
     *slot_p = slot;
     return RI_OK;
@@ -294,9 +360,10 @@ void kvs_prefix_detach_all_locked(kvs_data_t *data, kvs_session_t *s)
         kvs_pblock_t *b = s->blocks[i];
         if (--b->refs > 0)
             continue;
-        if (b->in_catalog)
-            kvs_pfx_lru_push(&data->prefix, b); /* stays cached, now evictable */
-        else if (b->pins == 0)
+        if (b->in_catalog) {
+            if (!b->writing) /* else its write's end puts it back */
+                kvs_pfx_lru_push(&data->prefix, b); /* stays cached, now evictable */
+        } else if (b->pins == 0)
             kvs_pfx_free_locked(data, b); /* dropped while attached: its last user left */
     }
     cm_free(s->blocks);
@@ -677,8 +744,11 @@ void kvs_prefix_metrics_write_locked(kvs_data_t *data, FILE *out)
                  "# HELP ri_kvs_prefix_readbacks_total Prefix blocks read back from the spill tier.\n"
                  "# TYPE ri_kvs_prefix_readbacks_total counter\nri_kvs_prefix_readbacks_total %" PRIu64 "\n"
                  "# HELP ri_kvs_prefix_corrupt_total Spilled prefix blocks that failed verification (dropped).\n"
-                 "# TYPE ri_kvs_prefix_corrupt_total counter\nri_kvs_prefix_corrupt_total %" PRIu64 "\n",
-            pc->spills, pc->readbacks, pc->corrupt);
+                 "# TYPE ri_kvs_prefix_corrupt_total counter\nri_kvs_prefix_corrupt_total %" PRIu64 "\n"
+                 "# HELP ri_kvs_prefix_spill_abandoned_total Prefix blocks written to the spill tier but kept: "
+                 "attached or dropped during the write.\n"
+                 "# TYPE ri_kvs_prefix_spill_abandoned_total counter\nri_kvs_prefix_spill_abandoned_total %" PRIu64 "\n",
+            pc->spills, pc->readbacks, pc->corrupt, pc->spill_abandoned);
     fprintf(out, "# HELP ri_kvs_prefix_attach_keys_total Keys asked for in PREFIX_ATTACH, by outcome.\n"
                  "# TYPE ri_kvs_prefix_attach_keys_total counter\n"
                  "ri_kvs_prefix_attach_keys_total{outcome=\"hit\"} %" PRIu64 "\n"

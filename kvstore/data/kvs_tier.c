@@ -251,7 +251,7 @@ static uint64_t kvs_tier_spill_locked(kvs_data_t *data, uint64_t bytes, bool wai
         return 0;
     /* Unreferenced prefix blocks go first (to disk too): before any live
      * session's clusters. */
-    freed = kvs_prefix_reclaim_locked(data, bytes);
+    freed = kvs_prefix_reclaim_writer_locked(data, bytes);
     /* Fetches of other data-plane threads may be moving pool bytes without
      * data->lock: those clusters are pinned and skipped (kvs_tier_spill_plan_locked). */
     while (freed < bytes) {
