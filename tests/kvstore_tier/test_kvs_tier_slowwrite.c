@@ -20,6 +20,11 @@
  *   while they are being written: no record of A is left in the store, no
  *   pool byte of A is left, B's data stays bit-exact; dropping B too leaves
  *   the pool empty.
+ * - prefix_attach_during_write / prefix_drop_during_write: an unreferenced
+ *   prefix block goes first under pool pressure; while its write is held,
+ *   A attaches it (quickly, from memory: it stays resident, bit-exact, its
+ *   records forgotten), or DropPrefix drops it (freed after the write: no
+ *   pool byte, no record left).
  */
 #define _GNU_SOURCE
 #include <errno.h>
@@ -35,6 +40,8 @@
 #include <unistd.h>
 #include <cmocka.h>
 
+#include "common/cm_crc32c.h"
+#include "common/cm_dp_prefix.h"
 #include "common/cm_dp_proto.h"
 #include "common/cm_status.h"
 #include "common/cm_time.h"
@@ -300,6 +307,131 @@ static void test_touch_during_write(void **state)
     assert_int_equal(pool_used(), resident * POOL_UNIT);
 }
 
+/* --- prefix blocks ----------------------------------------------------- */
+
+/* A block of the sessions' geometry: each (layer, head) table holds two
+ * one-page clusters, pages filled from seed; CRC set. */
+static uint8_t *make_block(uint32_t seed, uint64_t *len_p)
+{
+    const uint32_t nt = HEADS, per = 2, worker = 64;
+    uint64_t tables = cm_pfx_tables_bytes(nt, per * nt), pages = (uint64_t)nt * per * CL_BYTES;
+    cm_pfx_hdr_t h = {.layers = 1, .kv_heads = HEADS, .head_dim = DIM, .dtype = KVS_DTYPE_F16, .page_tokens = PT,
+                      .first_pos = 0, .n_tokens = PT * per, .tables_bytes = tables, .worker_bytes = worker,
+                      .pages_bytes = pages};
+    uint64_t len = CM_PFX_HDR_SIZE + tables + worker + pages, x = 0x9e3779b97f4a7c15ull * (seed + 1u);
+    uint8_t *buf = calloc(1, len), *p;
+
+    assert_non_null(buf);
+    p = buf + CM_PFX_HDR_SIZE;
+    for (uint32_t t = 0; t < nt; t++)
+        cm_dp_put32(p + 4u * t, per);
+    for (uint32_t i = 0; i < nt * per; i++)
+        cm_dp_put32(p + 4u * nt + 4u * i, PT);
+    for (uint64_t i = 0; i < worker + pages; i++) {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        buf[CM_PFX_HDR_SIZE + tables + i] = (uint8_t)x;
+    }
+    h.crc = cm_crc32c(0, buf + CM_PFX_HDR_SIZE, len - CM_PFX_HDR_SIZE);
+    cm_pfx_hdr_encode(buf, &h);
+    *len_p = len;
+    return buf;
+}
+
+/* Publish a block from a session of its own, then drop that session: the
+ * block is in the catalog, unreferenced, the least recently used. */
+static uint8_t *publish_unreferenced(uint8_t key[CM_PFX_KEY_SIZE], uint64_t *len_p)
+{
+    static const kvs_geometry_t g = {.layers = 1, .kv_heads = HEADS, .head_dim = DIM, .dtype = KVS_DTYPE_F16,
+                                     .page_tokens = PT};
+    uint8_t *blk = make_block(7, len_p);
+    uint32_t slot, flags;
+    uint64_t freed;
+    sess_t p = {0};
+
+    memset(key, 0x5a, CM_PFX_KEY_SIZE);
+    assert_int_equal(kvs_data_session_create(g_data, "t", &g, 0, "publisher", &p.id, p.secret), RI_OK);
+    assert_int_equal(gw_dp_connect(kvs_data_address(g_data, p.id), p.id, p.secret, NULL, &p.dp), RI_OK);
+    assert_int_equal(gw_dp_prefix_put(p.dp, key, blk, *len_p, &slot, &flags), RI_OK);
+    gw_dp_close(p.dp);
+    assert_int_equal(kvs_data_session_drop(g_data, "t", p.id, &freed), RI_OK);
+    assert_int_equal(metric("ri_kvs_prefix_blocks{tier=\"memory\"}"), 1);
+    return blk;
+}
+
+static uint64_t pool_round(uint64_t bytes)
+{
+    return (bytes + POOL_UNIT - 1) / POOL_UNIT * POOL_UNIT;
+}
+
+static void test_prefix_attach_during_write(void **state)
+{
+    (void)state;
+    pthread_t t;
+    bg_append_t a = {0};
+    uint8_t key[CM_PFX_KEY_SIZE];
+    uint64_t len, t0, ns, spilled;
+    uint8_t *blk = publish_unreferenced(key, &len), *got = malloc(len);
+    cm_pfx_attached_t att[1];
+    uint32_t n_att = 0;
+
+    assert_non_null(got);
+    start_slow(&t, &a, &g_b);             /* the block goes first: its write is held */
+    t0 = cm_time_ns();
+    assert_int_equal(gw_dp_prefix_attach(g_a.dp, key, 1, att, &n_att), RI_OK);
+    ns = cm_time_ns() - t0;
+    assert_int_equal(n_att, 1);
+    assert_int_equal(gw_dp_prefix_get(g_a.dp, att[0].slot, 0, got, len), RI_OK);
+    assert_memory_equal(got, blk, len);
+    bool overlapped = atomic_load(&g_in_slow) != 0;
+    assert_int_equal(pthread_join(t, NULL), 0);
+    printf("attach + get during the held block write: %.1f ms\n", (double)ns / 1e6);
+    assert_true(overlapped);
+    assert_true(ns < (uint64_t)FAST_MS * 1000000u);
+    assert_int_equal(a.st, RI_OK);
+    /* Attached during its write: kept in memory, its records forgotten. */
+    assert_int_equal(metric("ri_kvs_prefix_spill_abandoned_total"), 1);
+    assert_int_equal(metric("ri_kvs_prefix_spills_total"), 0);
+    assert_int_equal(metric("ri_kvs_prefix_blocks{tier=\"memory\"}"), 1);
+    assert_int_equal(metric("ri_kvs_prefix_blocks{tier=\"disk\"}"), 0);
+    memset(got, 0, len);
+    assert_int_equal(gw_dp_prefix_get(g_a.dp, att[0].slot, 0, got, len), RI_OK);
+    assert_memory_equal(got, blk, len);
+    spilled = metric("ri_kvs_spilled_clusters_total");
+    assert_true(spilled > 0);             /* the clusters' spill went on after the block */
+    assert_int_equal(metric("kvs_spill_records"), spilled);
+    assert_int_equal(pool_used(), ((uint64_t)HEADS * (g_a.n + g_b.n) - spilled) * POOL_UNIT + pool_round(len));
+    free(got);
+    free(blk);
+}
+
+static void test_prefix_drop_during_write(void **state)
+{
+    (void)state;
+    pthread_t t;
+    bg_append_t a = {0};
+    uint8_t key[CM_PFX_KEY_SIZE];
+    uint64_t len, spilled, bytes = 0;
+    uint8_t *blk = publish_unreferenced(key, &len);
+    uint32_t n = 0;
+
+    start_slow(&t, &a, &g_b);
+    assert_int_equal(kvs_data_prefix_drop(g_data, "t", key, &n, &bytes), RI_OK);
+    assert_int_equal(n, 1);
+    assert_true(atomic_load(&g_in_slow) != 0);
+    assert_int_equal(pthread_join(t, NULL), 0);
+    assert_int_equal(a.st, RI_OK);
+    /* Freed once its write ended: no block, no record, no pool byte left. */
+    assert_int_equal(metric("ri_kvs_prefix_spill_abandoned_total"), 1);
+    assert_int_equal(metric("ri_kvs_prefix_blocks{tier=\"memory\"}"), 0);
+    assert_int_equal(metric("ri_kvs_prefix_blocks{tier=\"disk\"}"), 0);
+    spilled = metric("ri_kvs_spilled_clusters_total");
+    assert_int_equal(metric("kvs_spill_records"), spilled);
+    assert_int_equal(pool_used(), ((uint64_t)HEADS * (g_a.n + g_b.n) - spilled) * POOL_UNIT);
+    free(blk);
+}
+
 static void test_drop_during_write(void **state)
 {
     (void)state;
@@ -378,6 +510,8 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_other_session_not_held, setup, teardown),
         cmocka_unit_test_setup_teardown(test_touch_during_write, setup, teardown),
         cmocka_unit_test_setup_teardown(test_drop_during_write, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_prefix_attach_during_write, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_prefix_drop_during_write, setup, teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
