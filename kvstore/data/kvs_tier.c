@@ -167,6 +167,7 @@ static void kvs_tier_spill_plan_locked(kvs_data_t *data, const kvs_spill_key_t *
 static ri_status_t kvs_tier_spill_commit_locked(kvs_data_t *data, kvs_tier_wbatch_t *wb, uint64_t *freed_p)
 {
     ri_status_t st = RI_OK;
+    bool of_dropped = false;
 
     *freed_p = 0;
     for (size_t i = 0; i < wb->n; i++) {
@@ -184,6 +185,7 @@ static ri_status_t kvs_tier_spill_commit_locked(kvs_data_t *data, kvs_tier_wbatc
         if (s->dropped || (ws & KVS_WS_TOUCHED) || c->pins > 0 || c->tier != KVS_TIER_POOL) {
             kvs_spill_remove(data->spill, &w->key, 1);
             data->spill_abandoned++;
+            of_dropped |= s->dropped;
             continue;
         }
         if (!c->direct) { /* a region's bytes go with the region */
@@ -199,6 +201,11 @@ static ri_status_t kvs_tier_spill_commit_locked(kvs_data_t *data, kvs_tier_wbatc
         data->spilled_clusters++;
         data->spilled_bytes += w->payload_bytes;
     }
+    /* The drop's own manifest may list records this write indexed after the
+     * drop: write one without them, so that --recover after a crash finds
+     * no record of a dropped session (rare: a drop during a write). */
+    if (of_dropped)
+        (void)kvs_spill_sync(data->spill);
     for (size_t i = 0; i < wb->n; i++)
         kvs_session_unref_locked(data, wb->s[i]); /* may free a dropped session, its pool pages with it */
     if (st != RI_OK) {
