@@ -250,6 +250,46 @@ uint64_t kvs_prefix_reclaim_writer_locked(kvs_data_t *data, uint64_t bytes)
     return freed;
 }
 
+/* Before a block of need bytes (tenant's) is held: with a spill tier, make
+ * room under the caps by writing unreferenced blocks out, each without the
+ * lock (kvs_pfx_spill_unlocked), but only while the LRU can make it fit:
+ * the same rules as kvs_prefix_hold_locked, which then finds room (and
+ * evicts under the lock only what a race took) or answers RI_ERR_QUOTA,
+ * nothing evicted.  Lock held, released per block written: the caller
+ * looks up again what it found before. */
+static void kvs_pfx_make_room_locked(kvs_data_t *data, const char *tenant, uint64_t need)
+{
+    kvs_pcat_t *pc = &data->prefix;
+    uint64_t tries = 1;
+
+    if (!kvs_tier_on(data))
+        return; /* evicting from memory is quick: kvs_prefix_hold_locked does it */
+    for (const kvs_pblock_t *b = pc->lru_head; b != NULL; b = b->lru_next)
+        tries++;
+    while (tries-- > 0) {
+        /* again each time: the tenant table may move while the lock is out */
+        kvs_tenant_t *t = kvs_tenant_get_locked(data, tenant);
+        uint64_t tmax = pc->tenant_max_bytes;
+        bool t_over = t != NULL && tmax != 0 && t->prefix_bytes + need > tmax;
+        kvs_pblock_t *victim;
+        if (t == NULL || need > pc->max_bytes || (tmax != 0 && need > tmax) ||
+            (t_over && t->prefix_bytes - kvs_pfx_evictable(pc, t->name) + need > tmax) ||
+            (pc->bytes + need > pc->max_bytes && pc->bytes - kvs_pfx_evictable(pc, NULL) + need > pc->max_bytes))
+            return; /* fits, or cannot be made to: kvs_prefix_hold_locked answers */
+        if (t_over)
+            victim = kvs_pfx_lru_victim(pc, t->name);
+        else if (pc->bytes + need > pc->max_bytes)
+            victim = pc->lru_head;
+        else
+            return; /* fits */
+        if (victim == NULL)
+            return;
+        pc->evictions++;
+        kvs_pfx_lru_remove(pc, victim);
+        (void)kvs_pfx_spill_unlocked(data, victim);
+    }
+}
+
 /* --- blocks -------------------------------------------------------------- */
 
 static uint64_t kvs_pfx_unix_ms(void)
@@ -438,6 +478,8 @@ static kvs_pblock_t *kvs_pfx_find_resident_locked(kvs_data_t *data, const char *
     pthread_mutex_unlock(&data->lock);
     st = kvs_prefix_read_back(data, disk_id, bytes, &tmp);
     pthread_mutex_lock(&data->lock);
+    if (st == RI_OK && b->in_catalog && b->on_disk) /* room for it, written out without the lock; b stays pinned */
+        kvs_pfx_make_room_locked(data, tenant, kvs_pool_round(bytes));
     b->pins--;
     if (!b->in_catalog) { /* dropped meanwhile: a miss */
         kvs_prefix_discard(tmp);
@@ -621,6 +663,8 @@ ri_status_t kvs_prefix_put(kvs_data_t *data, kvs_session_t *s, const cm_wire_hdr
     if (b == NULL) {
         st = kvs_prefix_make(blk, bytes, &nb); /* the copy runs without the lock */
         pthread_mutex_lock(&data->lock);
+        if (st == RI_OK)
+            kvs_pfx_make_room_locked(data, s->tenant, kvs_pool_round(bytes)); /* writes without the lock */
         if (st == RI_OK)
             st = kvs_pfx_publish_locked(data, s, key, nb, blk, &v, &slot, &flags);
         pthread_mutex_unlock(&data->lock);
