@@ -25,6 +25,9 @@
  *   A attaches it (quickly, from memory: it stays resident, bit-exact, its
  *   records forgotten), or DropPrefix drops it (freed after the write: no
  *   pool byte, no record left).
+ * - prefix_cap_not_held: A's PUT of a second block over --prefix-max-bytes
+ *   writes the first out (held); B's fetches and appends meanwhile each
+ *   complete well under 100 ms; the first block comes back bit-exact.
  */
 #define _GNU_SOURCE
 #include <errno.h>
@@ -432,6 +435,71 @@ static void test_prefix_drop_during_write(void **state)
     free(blk);
 }
 
+typedef struct bg_put {
+    const uint8_t *key, *blk;
+    uint64_t len;
+    ri_status_t st;
+} bg_put_t;
+
+static void *bg_put_main(void *arg)
+{
+    bg_put_t *p = arg;
+    uint32_t slot, flags;
+    p->st = gw_dp_prefix_put(g_a.dp, p->key, p->blk, p->len, &slot, &flags);
+    return NULL;
+}
+
+static void test_prefix_cap_not_held(void **state)
+{
+    (void)state;
+    pthread_t t;
+    uint8_t key1[CM_PFX_KEY_SIZE], key2[CM_PFX_KEY_SIZE];
+    uint64_t len1, len2, worst = 0, freed;
+    uint8_t *blk1 = publish_unreferenced(key1, &len1), *blk2 = make_block(8, &len2), *got = malloc(len1);
+    bg_put_t p = {.key = key2, .blk = blk2, .len = len2};
+    uint64_t deadline = cm_time_ns() + 5000000000ull;
+    cm_pfx_attached_t att[1];
+    uint32_t n_att = 0;
+
+    assert_non_null(got);
+    memset(key2, 0x6b, sizeof(key2));
+    atomic_store(&g_armed, 1);
+    assert_int_equal(pthread_create(&t, NULL, bg_put_main, &p), 0);
+    while (!atomic_load(&g_in_slow) && cm_time_ns() < deadline)
+        cm_time_sleep_ns(1000000);
+    assert_true(atomic_load(&g_in_slow));  /* the cap made A's PUT write block 1 out */
+    for (uint32_t i = 0; i < B_OPS; i++) {
+        uint32_t d = 0;
+        uint64_t t0 = cm_time_ns();
+        assert_int_equal(fetch2(&g_b, i * FETCH_N, i * FETCH_N, &d), RI_OK);
+        worst = CM_MAX(worst, cm_time_ns() - t0);
+        t0 = cm_time_ns();
+        assert_int_equal(put(&g_b, true, 4), RI_OK);
+        worst = CM_MAX(worst, cm_time_ns() - t0);
+    }
+    bool overlapped = atomic_load(&g_in_slow) != 0;
+    assert_int_equal(pthread_join(t, NULL), 0);
+    printf("cap eviction write held: B's slowest op meanwhile %.1f ms\n", (double)worst / 1e6);
+    assert_true(overlapped);
+    assert_true(worst < (uint64_t)FAST_MS * 1000000u);
+    assert_int_equal(p.st, RI_OK);
+    assert_int_equal(metric("ri_kvs_prefix_spills_total"), 1);
+    assert_int_equal(metric("ri_kvs_prefix_blocks{tier=\"memory\"}"), 1);
+    assert_int_equal(metric("ri_kvs_prefix_blocks{tier=\"disk\"}"), 1);
+    /* With A gone, block 2 is evictable: block 1 comes back from disk. */
+    gw_dp_close(g_a.dp);
+    g_a.dp = NULL;
+    assert_int_equal(kvs_data_session_drop(g_data, "t", g_a.id, &freed), RI_OK);
+    assert_int_equal(gw_dp_prefix_attach(g_b.dp, key1, 1, att, &n_att), RI_OK);
+    assert_int_equal(n_att, 1);
+    assert_int_equal(gw_dp_prefix_get(g_b.dp, att[0].slot, 0, got, len1), RI_OK);
+    assert_memory_equal(got, blk1, len1);
+    assert_int_equal(metric("ri_kvs_prefix_readbacks_total"), 1);
+    free(got);
+    free(blk1);
+    free(blk2);
+}
+
 static void test_drop_during_write(void **state)
 {
     (void)state;
@@ -465,7 +533,8 @@ static int setup(void **state)
     /* 16 MiB pool, mark at 30%: the two uploads (4 MiB) fit under it, one
      * spilling append (1 MiB) does not. */
     kvs_data_config_t cfg = {.memory_bytes = 16u << 20, .dp_listen_addr = "127.0.0.1:0", .dp_lanes = 2,
-                             .drain_timeout_ms = 2000, .spill_high_water = 0.30, .spill_io_ops = &g_ops};
+                             .drain_timeout_ms = 2000, .spill_high_water = 0.30, .spill_io_ops = &g_ops,
+                             .prefix_max_bytes = 16u << 10}; /* one test block fits, two do not */
     ri_status_t st;
 
     (void)state;
@@ -495,7 +564,8 @@ static int teardown(void **state)
 {
     char cmd[128];
     (void)state;
-    gw_dp_close(g_a.dp);
+    if (g_a.dp != NULL)
+        gw_dp_close(g_a.dp);
     gw_dp_close(g_b.dp);
     kvs_data_destroy(g_data);
     free(g_a.recv);
@@ -512,6 +582,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_drop_during_write, setup, teardown),
         cmocka_unit_test_setup_teardown(test_prefix_attach_during_write, setup, teardown),
         cmocka_unit_test_setup_teardown(test_prefix_drop_during_write, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_prefix_cap_not_held, setup, teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
