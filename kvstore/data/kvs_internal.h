@@ -354,11 +354,13 @@ ri_status_t kvs_prefix_handover_locked(kvs_session_t *s, uint32_t slot, int *fd_
 /* --- prefix blocks in the spill tier (kvs_prefix_spill.c); lock held --- */
 
 /* Write resident, unreferenced b to the spill store and give its memory back
- * (it stays in the catalog, on disk), all under the lock (cap evictions,
- * shutdown).  Nothing changes on failure. */
+ * (it stays in the catalog, on disk), all under the lock (evictions inside
+ * kvs_prefix_hold_locked or for a direct region, shutdown).  Nothing
+ * changes on failure. */
 ri_status_t kvs_prefix_spill_locked(kvs_data_t *data, kvs_pblock_t *b);
 
-/* The same in steps, for a write without the lock (kvs_prefix_reclaim_writer_locked):
+/* The same in steps, for a write without the lock (kvs_prefix.c: the spill
+ * writer's reclaim and the evictions that make room under the caps):
  *   kvs_prefix_disk_write          (lock NOT needed) writes b's records under
  *                                  id, then the manifest; on failure removes
  *                                  what it wrote.  b must stay resident and

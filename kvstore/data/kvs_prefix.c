@@ -16,6 +16,12 @@
  * catalog are on an LRU: they go first when a PUT passes a cap and when the
  * pool runs short for a session's data.  A block taken out of the catalog
  * while referenced (DropPrefix) is freed at its last detach.
+ *
+ * With a spill tier, evicted blocks are written out, mostly without
+ * data->lock (kvs_pfx_spill_unlocked: the spill writer's reclaim and the
+ * room made under the caps before a block is held): the block is pinned
+ * and marked writing (off the LRU) meanwhile, and abandoned if it was
+ * attached or dropped before the commit.
  */
 #define _GNU_SOURCE
 #include <errno.h>
