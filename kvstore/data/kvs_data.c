@@ -315,6 +315,7 @@ ri_status_t kvs_data_create(const kvs_data_config_t *cfg, kvs_data_t **data_p)
         data->cfg.drain_timeout_ms = 5000;
     data->next_id = 1;
     pthread_mutex_init(&data->lock, NULL);
+    pthread_cond_init(&data->spill_cond, NULL);
     data->sessions = cm_calloc(&kvs_catalog_tag, KVS_MAX_SESSIONS, sizeof(*data->sessions));
     if (data->sessions == NULL) {
         st = RI_ERR_NOMEM;
@@ -361,6 +362,7 @@ err_free_catalog:
 err_free_sessions:
     cm_free(data->sessions);
 err_free_data:
+    pthread_cond_destroy(&data->spill_cond);
     pthread_mutex_destroy(&data->lock);
     cm_free(data);
     return st;
@@ -392,6 +394,7 @@ void kvs_data_destroy(kvs_data_t *data)
     kvs_pool_destroy(data->pool);
     cm_free(data->tenants);
     cm_free(data->sessions);
+    pthread_cond_destroy(&data->spill_cond);
     pthread_mutex_destroy(&data->lock);
     cm_free(data);
 }

@@ -7,10 +7,12 @@
  *
  * Locking: data->lock guards the session list, tenants, every session's
  * tables/extents/caches and the counters that are not atomics.  It is never
- * held across a read-back's disk I/O nor while reply bytes move: a fetch
- * plans and pins its misses under it (kvs_cluster_t.pins: a pinned cluster
- * is never spilled), reads disk records and sends without it, and re-takes
- * it to commit and to unpin (docs/kvstore-data.md "Locking").  A request
+ * held across a read-back's disk I/O, a cluster spill write, nor while reply
+ * bytes move: a fetch plans and pins its misses under it (kvs_cluster_t.pins:
+ * a pinned cluster is never spilled), reads disk records and sends without
+ * it, and re-takes it to commit and to unpin; a spill marks its victims
+ * (kvs_cluster_t.wstate), writes them without it and re-takes it to commit
+ * or abandon each (docs/kvstore-data.md "Locking").  A request
  * holds a session reference, so the session outlives a drop meanwhile.
  * Each session is served by one data-plane thread only (its lane), so its
  * caches and tables are changed by one thread.
@@ -37,6 +39,12 @@
 #define KVS_TIER_BLOCK 4u     /* in the prefix block attached at slot `block` (kvs_prefix.c): never spilled
                                * or freed per cluster, off is from the block's start */
 
+/* kvs_cluster_t.wstate: its bytes are being written to the spill store
+ * (the pool pages stay valid and are what readers get), and whether it was
+ * touched meanwhile (then the write is abandoned: it stays in the pool). */
+#define KVS_WS_WRITING 1u
+#define KVS_WS_TOUCHED 2u
+
 #define KVS_MAX_SESSIONS 4096u
 #define KVS_MAX_CACHES_PER_SESSION 64u
 #define KVS_MAX_EXPECTED_TOKENS (UINT64_C(1) << 30)
@@ -50,6 +58,7 @@ typedef struct kvs_cluster {
     uint8_t tier;            /* KVS_TIER_* */
     bool direct;             /* off is in the session's direct region, not the pool */
     bool no_crc;             /* recovered from disk: crc unknown, the spill record's CRC stands */
+    uint8_t wstate;          /* KVS_WS_* bits: a spill write of it is in flight without data->lock */
     uint32_t pins;           /* fetches using it without data->lock: never spilled or freed while > 0 */
     uint32_t block;          /* tier KVS_TIER_BLOCK: the session's attach slot of the block holding it */
 } kvs_cluster_t;
@@ -147,12 +156,16 @@ typedef struct kvs_pblock {
     uint64_t disk_id;                /* its records' id in the spill store (kvs_prefix_spill.c) */
     uint32_t n_tokens;               /* tokens of the block (header) */
     uint32_t refs;                   /* attached session slots */
-    uint32_t pins;                   /* read-backs in flight without the lock: while > 0 the
-                                        block is not freed and its records stay */
+    uint32_t pins;                   /* read-backs and spill writes in flight without the lock:
+                                        while > 0 the block is not freed and its records stay */
+    bool writing;                    /* resident, being written to the spill store without the
+                                        lock: off the LRU (so nobody picks it again) */
+    bool wtouched;                   /* attached during that write: the write is abandoned */
     bool in_catalog;                 /* reachable by key (a dropped block lives until its last detach) */
     uint64_t created_unix_ms;
     struct kvs_pblock *hnext;        /* hash chain */
-    struct kvs_pblock *lru_prev, *lru_next; /* on the LRU when in the catalog and unreferenced */
+    struct kvs_pblock *lru_prev, *lru_next; /* on the LRU when in the catalog, unreferenced, resident
+                                                and not being written */
 } kvs_pblock_t;
 
 #define KVS_PFX_BUCKETS 4096u
@@ -166,6 +179,7 @@ typedef struct kvs_pcat {
     uint64_t disk_blocks, disk_bytes;     /* blocks only in the spill store */
     uint64_t next_disk_id;                /* of the next block written to the spill store */
     uint64_t spills, readbacks, corrupt;  /* blocks written out, read back, refused on read-back */
+    uint64_t spill_abandoned;             /* written without the lock, then attached or dropped: kept */
     uint64_t attach_hits, attach_misses;  /* keys */
     uint64_t tokens_attached;
     uint64_t put_new, put_existed, put_refused;
@@ -212,6 +226,9 @@ struct kvs_data {
     struct kvs_spill_cold *cold;     /* owned: coldness of pool-resident clusters */
     uint64_t served_pool, served_disk;    /* clusters sent, by the tier they came from */
     uint64_t spilled_clusters, spilled_bytes, spill_failures, lost_clusters;
+    uint64_t spill_abandoned;        /* written clusters not committed: touched, pinned or dropped meanwhile */
+    bool spill_busy;                 /* a spill round owns the writer role (one at a time) */
+    pthread_cond_t spill_cond;       /* signalled (with lock) when spill_busy clears */
     /* counters (under lock) */
     uint64_t fetches, cache_hits, cache_misses, bytes_sent, bytes_received;
     uint64_t direct_regions, direct_bytes, direct_reads; /* live regions, their bytes, records */
@@ -326,14 +343,36 @@ void kvs_prefix_detach_all_locked(kvs_data_t *data, kvs_session_t *s);
  * freed.  Lock held. */
 uint64_t kvs_prefix_reclaim_locked(kvs_data_t *data, uint64_t bytes);
 
+/* The same for the spill writer (kvs_tier.c, holding the writer role): each
+ * block is written to the spill store WITHOUT data->lock (released and
+ * taken again per block); a block attached or dropped during its write
+ * stays (or goes with its drop) and its records are forgotten.  Returns the
+ * pool bytes freed. */
+uint64_t kvs_prefix_reclaim_writer_locked(kvs_data_t *data, uint64_t bytes);
+
 /* A new descriptor of the block attached to s at slot (caller closes).  Lock held. */
 ri_status_t kvs_prefix_handover_locked(kvs_session_t *s, uint32_t slot, int *fd_p, uint64_t *bytes_p);
 
 /* --- prefix blocks in the spill tier (kvs_prefix_spill.c); lock held --- */
 
 /* Write resident, unreferenced b to the spill store and give its memory back
- * (it stays in the catalog, on disk).  Nothing changes on failure. */
+ * (it stays in the catalog, on disk), all under the lock (evictions inside
+ * kvs_prefix_hold_locked or for a direct region, shutdown).  Nothing
+ * changes on failure. */
 ri_status_t kvs_prefix_spill_locked(kvs_data_t *data, kvs_pblock_t *b);
+
+/* The same in steps, for a write without the lock (kvs_prefix.c: the spill
+ * writer's reclaim and the evictions that make room under the caps):
+ *   kvs_prefix_disk_write          (lock NOT needed) writes b's records under
+ *                                  id, then the manifest; on failure removes
+ *                                  what it wrote.  b must stay resident and
+ *                                  unchanged (pinned, marked writing);
+ *   kvs_prefix_disk_commit_locked  gives b's memory back: on disk under id;
+ *   kvs_prefix_disk_abandon_locked forgets id's records instead (b was
+ *                                  attached or dropped meanwhile). */
+ri_status_t kvs_prefix_disk_write(kvs_data_t *data, const kvs_pblock_t *b, uint64_t id);
+void kvs_prefix_disk_commit_locked(kvs_data_t *data, kvs_pblock_t *b, uint64_t id);
+void kvs_prefix_disk_abandon_locked(kvs_data_t *data, const kvs_pblock_t *b, uint64_t id);
 
 /* Read the records of an on-disk block (disk_id, bytes long) back into a
  * new sealed memory file, verifying every record and the block's own CRC:
@@ -421,16 +460,21 @@ void kvs_tier_close(kvs_data_t *data);
 
 /* Allocate one pool extent per cluster (sizes[i] bytes) for s, charging the
  * quota; when the pool or the quota is short, spill the coldest clusters and
- * retry once.  All or nothing: on failure nothing is allocated or charged. */
+ * retry once.  All or nothing: on failure nothing is allocated or charged.
+ * A spill releases data->lock during its disk write (the caller holds a
+ * reference on s; other sessions change meanwhile): RI_ERR_NOT_FOUND when s
+ * was dropped then. */
 ri_status_t kvs_tier_alloc_clusters_locked(kvs_data_t *data, kvs_session_t *s, const uint64_t *sizes, size_t n,
                                            uint64_t *offs);
 
-/* Spill the coldest clusters while the pool is above the high-water mark. */
+/* Spill the coldest clusters while the pool is above the high-water mark;
+ * releases data->lock during the disk write, and does nothing while another
+ * spill is writing (that one frees the room). */
 void kvs_tier_relieve_locked(kvs_data_t *data);
 
 /* A cluster became pool-resident or was fetched from the pool: make it the
  * most recently used. */
-void kvs_tier_touch_locked(kvs_data_t *data, const kvs_session_t *s, uint32_t layer, uint32_t head, uint32_t id);
+void kvs_tier_touch_locked(kvs_data_t *data, kvs_session_t *s, uint32_t layer, uint32_t head, uint32_t id);
 
 /* Reading a fetch's disk-resident misses back, in three steps so that the
  * disk I/O runs without data->lock:

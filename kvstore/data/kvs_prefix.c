@@ -16,6 +16,12 @@
  * catalog are on an LRU: they go first when a PUT passes a cap and when the
  * pool runs short for a session's data.  A block taken out of the catalog
  * while referenced (DropPrefix) is freed at its last detach.
+ *
+ * With a spill tier, evicted blocks are written out, mostly without
+ * data->lock (kvs_pfx_spill_unlocked: the spill writer's reclaim and the
+ * room made under the caps before a block is held): the block is pinned
+ * and marked writing (off the LRU) meanwhile, and abandoned if it was
+ * attached or dropped before the commit.
  */
 #define _GNU_SOURCE
 #include <errno.h>
@@ -103,7 +109,7 @@ void kvs_prefix_unlink_locked(kvs_data_t *data, kvs_pblock_t *b)
     if (*pp == b)
         *pp = b->hnext;
     b->hnext = NULL;
-    if (b->in_catalog && b->refs == 0 && !b->on_disk)
+    if (b->in_catalog && b->refs == 0 && !b->on_disk && !b->writing)
         kvs_pfx_lru_remove(&data->prefix, b);
     if (b->in_catalog && data->prefix.hook != NULL)
         data->prefix.hook(data->prefix.hook_arg, b->key, false);
@@ -189,6 +195,109 @@ uint64_t kvs_prefix_reclaim_locked(kvs_data_t *data, uint64_t bytes)
         kvs_pfx_evict_locked(data, data->prefix.lru_head);
     }
     return freed;
+}
+
+/* Write b (resident, unreferenced, in the catalog, taken off the LRU) to
+ * the spill store without data->lock: pinned and marked writing, so that
+ * its memory stays and a DropPrefix leaves its freeing to us; an attach
+ * meanwhile reads its memory.  Then, under the lock again: on disk (memory
+ * freed), or, when it was attached or dropped during the write, the write
+ * is abandoned (records forgotten) and it stays resident, back on the LRU
+ * when unreferenced, or is freed when dropped and unused.  A failed write
+ * evicts it from memory, as under the lock.  Returns the pool bytes freed. */
+static uint64_t kvs_pfx_spill_unlocked(kvs_data_t *data, kvs_pblock_t *b)
+{
+    uint64_t id = ++data->prefix.next_disk_id, charge = b->charge;
+    ri_status_t st;
+
+    b->writing = true;
+    b->wtouched = false;
+    b->pins++;
+    pthread_mutex_unlock(&data->lock);
+    st = kvs_prefix_disk_write(data, b, id);
+    pthread_mutex_lock(&data->lock);
+    b->pins--;
+    b->writing = false;
+    if (st == RI_OK && b->in_catalog && b->refs == 0 && !b->wtouched) {
+        kvs_prefix_disk_commit_locked(data, b, id);
+        return charge;
+    }
+    if (st == RI_OK)
+        kvs_prefix_disk_abandon_locked(data, b, id);
+    if (!b->in_catalog) { /* dropped meanwhile */
+        if (b->refs > 0 || b->pins > 0)
+            return 0; /* its last detach or unpin frees it */
+        kvs_pfx_free_locked(data, b);
+        return charge;
+    }
+    if (b->refs > 0)
+        return 0; /* attached: off the LRU while referenced */
+    if (st == RI_OK) {
+        kvs_pfx_lru_push(&data->prefix, b); /* used meanwhile: the most recent now */
+        return 0;
+    }
+    cm_debug("prefix: evicting a block of tenant %s (%" PRIu64 " bytes)", b->tenant, b->bytes);
+    kvs_prefix_unlink_locked(data, b);
+    if (b->pins == 0)
+        kvs_pfx_free_locked(data, b);
+    return charge;
+}
+
+uint64_t kvs_prefix_reclaim_writer_locked(kvs_data_t *data, uint64_t bytes)
+{
+    uint64_t freed = 0, tries = 0;
+
+    if (!kvs_tier_on(data))
+        return kvs_prefix_reclaim_locked(data, bytes);
+    for (const kvs_pblock_t *b = data->prefix.lru_head; b != NULL; b = b->lru_next)
+        tries++; /* each block once at most: one used during its write goes to the LRU's end */
+    while (freed < bytes && tries-- > 0 && data->prefix.lru_head != NULL) {
+        kvs_pblock_t *b = data->prefix.lru_head;
+        data->prefix.evictions++;
+        kvs_pfx_lru_remove(&data->prefix, b);
+        freed += kvs_pfx_spill_unlocked(data, b);
+    }
+    return freed;
+}
+
+/* Before a block of need bytes (tenant's) is held: with a spill tier, make
+ * room under the caps by writing unreferenced blocks out, each without the
+ * lock (kvs_pfx_spill_unlocked), but only while the LRU can make it fit:
+ * the same rules as kvs_prefix_hold_locked, which then finds room (and
+ * evicts under the lock only what a race took) or answers RI_ERR_QUOTA,
+ * nothing evicted.  Lock held, released per block written: the caller
+ * looks up again what it found before. */
+static void kvs_pfx_make_room_locked(kvs_data_t *data, const char *tenant, uint64_t need)
+{
+    kvs_pcat_t *pc = &data->prefix;
+    uint64_t tries = 1;
+
+    if (!kvs_tier_on(data))
+        return; /* evicting from memory is quick: kvs_prefix_hold_locked does it */
+    for (const kvs_pblock_t *b = pc->lru_head; b != NULL; b = b->lru_next)
+        tries++;
+    while (tries-- > 0) {
+        /* again each time: the tenant table may move while the lock is out */
+        kvs_tenant_t *t = kvs_tenant_get_locked(data, tenant);
+        uint64_t tmax = pc->tenant_max_bytes;
+        bool t_over = t != NULL && tmax != 0 && t->prefix_bytes + need > tmax;
+        kvs_pblock_t *victim;
+        if (t == NULL || need > pc->max_bytes || (tmax != 0 && need > tmax) ||
+            (t_over && t->prefix_bytes - kvs_pfx_evictable(pc, t->name) + need > tmax) ||
+            (pc->bytes + need > pc->max_bytes && pc->bytes - kvs_pfx_evictable(pc, NULL) + need > pc->max_bytes))
+            return; /* fits, or cannot be made to: kvs_prefix_hold_locked answers */
+        if (t_over)
+            victim = kvs_pfx_lru_victim(pc, t->name);
+        else if (pc->bytes + need > pc->max_bytes)
+            victim = pc->lru_head;
+        else
+            return; /* fits */
+        if (victim == NULL)
+            return;
+        pc->evictions++;
+        kvs_pfx_lru_remove(pc, victim);
+        (void)kvs_pfx_spill_unlocked(data, victim);
+    }
 }
 
 /* --- blocks -------------------------------------------------------------- */
@@ -285,8 +394,11 @@ static ri_status_t kvs_pfx_attach_locked(kvs_data_t *data, kvs_session_t *s, kvs
     s->clusters += v.total_clusters;
     s->blocks[slot] = b;
     s->n_blocks++;
-    if (b->refs++ == 0 && b->in_catalog)
+    if (b->writing)
+        b->wtouched = true; /* its write in flight is abandoned: it is in use again */
+    else if (b->refs == 0 && b->in_catalog)
         kvs_pfx_lru_remove(&data->prefix, b);
+    b->refs++;
     data->prefix.tokens_attached += b->n_tokens;
     *slot_p = slot;
     return RI_OK;
@@ -298,9 +410,10 @@ void kvs_prefix_detach_all_locked(kvs_data_t *data, kvs_session_t *s)
         kvs_pblock_t *b = s->blocks[i];
         if (--b->refs > 0)
             continue;
-        if (b->in_catalog)
-            kvs_pfx_lru_push(&data->prefix, b); /* stays cached, now evictable */
-        else if (b->pins == 0)
+        if (b->in_catalog) {
+            if (!b->writing) /* else its write's end puts it back */
+                kvs_pfx_lru_push(&data->prefix, b); /* stays cached, now evictable */
+        } else if (b->pins == 0)
             kvs_pfx_free_locked(data, b); /* dropped while attached: its last user left */
     }
     cm_free(s->blocks);
@@ -375,6 +488,8 @@ static kvs_pblock_t *kvs_pfx_find_resident_locked(kvs_data_t *data, const char *
     pthread_mutex_unlock(&data->lock);
     st = kvs_prefix_read_back(data, disk_id, bytes, &tmp);
     pthread_mutex_lock(&data->lock);
+    if (st == RI_OK && b->in_catalog && b->on_disk) /* room for it, written out without the lock; b stays pinned */
+        kvs_pfx_make_room_locked(data, tenant, kvs_pool_round(bytes));
     b->pins--;
     if (!b->in_catalog) { /* dropped meanwhile: a miss */
         kvs_prefix_discard(tmp);
@@ -559,6 +674,8 @@ ri_status_t kvs_prefix_put(kvs_data_t *data, kvs_session_t *s, const cm_wire_hdr
         st = kvs_prefix_make(blk, bytes, &nb); /* the copy runs without the lock */
         pthread_mutex_lock(&data->lock);
         if (st == RI_OK)
+            kvs_pfx_make_room_locked(data, s->tenant, kvs_pool_round(bytes)); /* writes without the lock */
+        if (st == RI_OK)
             st = kvs_pfx_publish_locked(data, s, key, nb, blk, &v, &slot, &flags);
         pthread_mutex_unlock(&data->lock);
     }
@@ -681,8 +798,11 @@ void kvs_prefix_metrics_write_locked(kvs_data_t *data, FILE *out)
                  "# HELP ri_kvs_prefix_readbacks_total Prefix blocks read back from the spill tier.\n"
                  "# TYPE ri_kvs_prefix_readbacks_total counter\nri_kvs_prefix_readbacks_total %" PRIu64 "\n"
                  "# HELP ri_kvs_prefix_corrupt_total Spilled prefix blocks that failed verification (dropped).\n"
-                 "# TYPE ri_kvs_prefix_corrupt_total counter\nri_kvs_prefix_corrupt_total %" PRIu64 "\n",
-            pc->spills, pc->readbacks, pc->corrupt);
+                 "# TYPE ri_kvs_prefix_corrupt_total counter\nri_kvs_prefix_corrupt_total %" PRIu64 "\n"
+                 "# HELP ri_kvs_prefix_spill_abandoned_total Prefix blocks written to the spill tier but kept: "
+                 "attached or dropped during the write.\n"
+                 "# TYPE ri_kvs_prefix_spill_abandoned_total counter\nri_kvs_prefix_spill_abandoned_total %" PRIu64 "\n",
+            pc->spills, pc->readbacks, pc->corrupt, pc->spill_abandoned);
     fprintf(out, "# HELP ri_kvs_prefix_attach_keys_total Keys asked for in PREFIX_ATTACH, by outcome.\n"
                  "# TYPE ri_kvs_prefix_attach_keys_total counter\n"
                  "ri_kvs_prefix_attach_keys_total{outcome=\"hit\"} %" PRIu64 "\n"

@@ -92,16 +92,32 @@ static kvs_pblock_t *kvs_pfx_desc_decode(const uint8_t *d, uint32_t len, uint64_
     return b;
 }
 
-ri_status_t kvs_prefix_spill_locked(kvs_data_t *data, kvs_pblock_t *b)
+/* Forget records 0..chunks of block id (missing ones are ignored); with
+ * sync, write the manifest too, so that a crash's tail scan does not bring
+ * them back. */
+static void kvs_pfx_disk_remove(kvs_data_t *data, uint64_t id, uint64_t bytes, bool sync)
+{
+    uint32_t chunks = kvs_pfx_chunks(bytes);
+    kvs_spill_key_t *keys = cm_malloc(&kvs_pfx_spill_tag, ((size_t)chunks + 1u) * sizeof(*keys));
+
+    if (keys == NULL)
+        return; /* left for compaction to find dead (never read: nothing names it) */
+    for (uint32_t i = 0; i <= chunks; i++)
+        keys[i] = kvs_pfx_disk_key(id, i);
+    kvs_spill_remove(data->spill, keys, (size_t)chunks + 1u);
+    cm_free(keys);
+    if (sync)
+        (void)kvs_spill_sync(data->spill);
+}
+
+ri_status_t kvs_prefix_disk_write(kvs_data_t *data, const kvs_pblock_t *b, uint64_t id)
 {
     uint32_t chunks = kvs_pfx_chunks(b->bytes);
-    uint64_t id = data->prefix.next_disk_id + 1;
     uint8_t desc[KVS_PFX_DESC_BYTES];
     kvs_spill_wreq_t *w;
-    kvs_tenant_t *t;
     ri_status_t st;
 
-    if (!kvs_tier_on(data) || b->on_disk || b->refs > 0 || chunks > KVS_PFX_MAX_CHUNKS)
+    if (chunks > KVS_PFX_MAX_CHUNKS)
         return RI_ERR_UNSUPPORTED;
     w = cm_calloc(&kvs_pfx_spill_tag, (size_t)chunks + 1u, sizeof(*w));
     if (w == NULL)
@@ -115,18 +131,23 @@ ri_status_t kvs_prefix_spill_locked(kvs_data_t *data, kvs_pblock_t *b)
                                       .payload_bytes = (uint32_t)CM_MIN((uint64_t)KVS_PFX_CHUNK, b->bytes - off)};
     }
     st = kvs_spill_write(data->spill, w, (size_t)chunks + 1u);
+    cm_free(w);
     if (st != RI_OK) {
-        kvs_spill_key_t *keys = (kvs_spill_key_t *)w; /* reuse: a key is smaller than a request */
-        for (uint32_t i = 0; i <= chunks; i++)
-            keys[i] = kvs_pfx_disk_key(id, i);
-        kvs_spill_remove(data->spill, keys, (size_t)chunks + 1u); /* the records that made it */
-        cm_free(w);
+        kvs_pfx_disk_remove(data, id, b->bytes, false); /* the records that made it */
         cm_warn("prefix: a block of tenant %s not spilled (%s)", b->tenant, ri_status_str(st));
         return st;
     }
-    cm_free(w);
-    data->prefix.next_disk_id = id;
-    t = kvs_tenant_get_locked(data, b->tenant);
+    /* Durable now (manifest), before its memory goes: kill -9 keeps it
+     * without a tail scan's luck. */
+    if (kvs_spill_sync(data->spill) != RI_OK)
+        cm_warn("prefix: spill manifest not written: a crash may lose the block just spilled");
+    return RI_OK;
+}
+
+void kvs_prefix_disk_commit_locked(kvs_data_t *data, kvs_pblock_t *b, uint64_t id)
+{
+    kvs_tenant_t *t = kvs_tenant_get_locked(data, b->tenant);
+
     kvs_pool_free(data->pool, b->hold_off, b->charge);
     data->prefix.blocks--;
     data->prefix.bytes -= b->charge;
@@ -142,28 +163,37 @@ ri_status_t kvs_prefix_spill_locked(kvs_data_t *data, kvs_pblock_t *b)
     data->prefix.disk_blocks++;
     data->prefix.disk_bytes += b->bytes;
     data->prefix.spills++;
-    /* Durable now (manifest): kill -9 keeps it without a tail scan's luck. */
-    if (kvs_spill_sync(data->spill) != RI_OK)
-        cm_warn("prefix: spill manifest not written: a crash may lose the block just spilled");
-    return RI_OK;
+}
+
+void kvs_prefix_disk_abandon_locked(kvs_data_t *data, const kvs_pblock_t *b, uint64_t id)
+{
+    /* A block dropped meanwhile must not come back from a crash's tail scan;
+     * one still in the catalog may (the same bytes, on disk). */
+    kvs_pfx_disk_remove(data, id, b->bytes, !b->in_catalog);
+    data->prefix.spill_abandoned++;
+}
+
+ri_status_t kvs_prefix_spill_locked(kvs_data_t *data, kvs_pblock_t *b)
+{
+    uint64_t id;
+    ri_status_t st;
+
+    if (!kvs_tier_on(data) || b->on_disk || b->refs > 0 || b->writing ||
+        kvs_pfx_chunks(b->bytes) > KVS_PFX_MAX_CHUNKS)
+        return RI_ERR_UNSUPPORTED;
+    id = ++data->prefix.next_disk_id; /* reserved now: a write without the lock may be using the next */
+    st = kvs_prefix_disk_write(data, b, id);
+    if (st == RI_OK)
+        kvs_prefix_disk_commit_locked(data, b, id);
+    return st;
 }
 
 void kvs_prefix_disk_forget_locked(kvs_data_t *data, kvs_pblock_t *b)
 {
-    uint32_t chunks = kvs_pfx_chunks(b->bytes);
-    kvs_spill_key_t *keys;
-
     if (!b->on_disk)
         return;
-    keys = cm_malloc(&kvs_pfx_spill_tag, ((size_t)chunks + 1u) * sizeof(*keys));
-    if (keys != NULL) { /* else: left for compaction to find dead (never read: nothing names it) */
-        for (uint32_t i = 0; i <= chunks; i++)
-            keys[i] = kvs_pfx_disk_key(b->disk_id, i);
-        kvs_spill_remove(data->spill, keys, (size_t)chunks + 1u);
-        cm_free(keys);
-        /* so that a crash's tail scan does not bring a dropped block back */
-        (void)kvs_spill_sync(data->spill);
-    }
+    /* so that a crash's tail scan does not bring a dropped block back */
+    kvs_pfx_disk_remove(data, b->disk_id, b->bytes, true);
     data->prefix.disk_blocks--;
     data->prefix.disk_bytes -= b->bytes;
     b->on_disk = false;

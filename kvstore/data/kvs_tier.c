@@ -18,8 +18,12 @@
  * pins each cluster it will read while it plans (lock held), a spill skips
  * pinned clusters, and the fetch unpins once its bytes are out (lock held
  * again).  A session is freed only when its last reference goes, and a fetch
- * holds one.  Read-back (kvs_tier_read) runs without data->lock; spilling
- * (the spill store's writes, a few ms per batch) still runs under it.
+ * holds one.  Read-back (kvs_tier_read) runs without data->lock, and so
+ * does a spill's disk write: victims are chosen and marked under the lock
+ * (kvs_cluster_t.wstate; their sessions referenced, their pool pages stay
+ * and keep serving fetches), written without it, and committed under it
+ * again, or abandoned when a cluster was touched, pinned or its session
+ * dropped meanwhile.  One spill writes at a time (data->spill_busy).
  */
 #define _GNU_SOURCE
 #include "kvstore/data/kvs_internal.h"
@@ -68,32 +72,59 @@ static uint64_t kvs_tier_cluster_bytes(const kvs_session_t *s, const kvs_cluster
     return kvs_cluster_pages(s, c->tokens) * s->page_bytes;
 }
 
-void kvs_tier_touch_locked(kvs_data_t *data, const kvs_session_t *s, uint32_t layer, uint32_t head, uint32_t id)
+void kvs_tier_touch_locked(kvs_data_t *data, kvs_session_t *s, uint32_t layer, uint32_t head, uint32_t id)
 {
     kvs_spill_key_t key = {.session = s->id, .layer = layer, .head = head, .cluster = id};
-    const kvs_cluster_t *c = &s->tables[(uint64_t)layer * s->geo.kv_heads + head].c[id];
+    kvs_cluster_t *c = &s->tables[(uint64_t)layer * s->geo.kv_heads + head].c[id];
 
     if (c->direct)
-        return; /* in a direct region: read in place by a worker, never spilled */
+        return;
+    if (c->wstate & KVS_WS_WRITING)
+        c->wstate |= KVS_WS_TOUCHED; /* hot again: its write in flight is abandoned at commit */ /* in a direct region: read in place by a worker, never spilled */
     /* A failed touch (out of memory) only means the cluster is never picked. */
     (void)kvs_spill_cold_touch(data->cold, &key, kvs_pool_round(kvs_tier_cluster_bytes(s, c)));
 }
 
-/* Write the clusters of keys to disk, then mark them DISK and free their pool
- * pages.  *freed_p gets the pool bytes freed.  Clusters of a direct region
- * are written only when closing (so that --recover finds them; a worker may
- * read them at any time until then, so they never leave before).  Returns
- * RI_OK, or the error that should stop spilling (quota, I/O). */
-static ri_status_t kvs_tier_spill_keys_locked(kvs_data_t *data, const kvs_spill_key_t *keys, size_t n,
-                                              bool closing, uint64_t *freed_p)
+/* Take the writer role (one spill writes at a time).  False when another
+ * spill holds it and wait is false; with wait, sleeps on spill_cond until
+ * it is free (data->lock released meanwhile). */
+static bool kvs_tier_writer_begin_locked(kvs_data_t *data, bool wait)
 {
-    kvs_spill_wreq_t w[KVS_TIER_BATCH];
-    kvs_session_t *ws[KVS_TIER_BATCH];
-    size_t m = 0;
-    ri_status_t st = RI_OK;
+    while (data->spill_busy) {
+        if (!wait)
+            return false;
+        pthread_cond_wait(&data->spill_cond, &data->lock);
+    }
+    data->spill_busy = true;
+    return true;
+}
 
-    *freed_p = 0;
-    for (size_t i = 0; i < n && m < KVS_TIER_BATCH; i++) {
+static void kvs_tier_writer_end_locked(kvs_data_t *data)
+{
+    data->spill_busy = false;
+    pthread_cond_broadcast(&data->spill_cond);
+}
+
+/* A spill batch between its plan and its commit: the write requests and,
+ * for each, its session (referenced, so that its tables and pool pages
+ * outlive a drop until the commit). */
+typedef struct kvs_tier_wbatch {
+    kvs_spill_wreq_t w[KVS_TIER_BATCH];
+    kvs_session_t *s[KVS_TIER_BATCH];
+    size_t n;
+} kvs_tier_wbatch_t;
+
+/* Plan (lock held): choose the clusters of keys that can go, mark each
+ * KVS_WS_WRITING and reference its session.  The requests' payloads point
+ * at the pool pages (or, when closing, the direct region), which stay valid
+ * and unchanged until the commit: clusters are immutable once published,
+ * and nothing frees a cluster's pages but its spill's commit or its
+ * session's free, which the reference holds off. */
+static void kvs_tier_spill_plan_locked(kvs_data_t *data, const kvs_spill_key_t *keys, size_t n, bool closing,
+                                       kvs_tier_wbatch_t *wb)
+{
+    wb->n = 0;
+    for (size_t i = 0; i < n && wb->n < KVS_TIER_BATCH; i++) {
         kvs_session_t *s = kvs_session_find_locked(data, keys[i].session);
         kvs_table_t *t = s ? kvs_tier_table(s, keys[i].layer, keys[i].head) : NULL;
         kvs_cluster_t *c;
@@ -110,39 +141,73 @@ static ri_status_t kvs_tier_spill_keys_locked(kvs_data_t *data, const kvs_spill_
             kvs_spill_cold_remove(data->cold, &keys[i]);
             continue;
         }
+        if (c->wstate != 0)
+            continue; /* already in this batch (a key picked twice) */
         bytes = kvs_tier_cluster_bytes(s, c);
         if (bytes + 64u > KVS_TIER_MAX_RECORD) {
             kvs_spill_cold_remove(data->cold, &keys[i]); /* too large for a record: stays in the pool */
             continue;
         }
-        ws[m] = s;
-        w[m++] = (kvs_spill_wreq_t){.key = keys[i], .dtype = (uint16_t)s->geo.dtype, .tokens = c->tokens,
-                                    .payload = kvs_cluster_data(data, s, c),
-                                    .payload_bytes = (uint32_t)bytes};
+        c->wstate = KVS_WS_WRITING;
+        s->refs++;
+        wb->s[wb->n] = s;
+        wb->w[wb->n++] = (kvs_spill_wreq_t){.key = keys[i], .dtype = (uint16_t)s->geo.dtype, .tokens = c->tokens,
+                                            .payload = kvs_cluster_data(data, s, c),
+                                            .payload_bytes = (uint32_t)bytes};
     }
-    if (m == 0)
-        return RI_OK;
-    (void)kvs_spill_write(data->spill, w, m);
-    for (size_t i = 0; i < m; i++) {
-        kvs_cluster_t *c = &kvs_tier_table(ws[i], w[i].key.layer, w[i].key.head)->c[w[i].key.cluster];
-        if (w[i].status != RI_OK) {
+}
+
+/* Commit (lock held, after the write): each written cluster becomes DISK
+ * and its pool pages are freed, unless meanwhile its session was dropped, a
+ * fetch touched or still pins it, or it left the pool: then the write is
+ * abandoned (its record removed from the store, dead space for compaction;
+ * the cluster stays where it is, freed with its session if that was
+ * dropped).  Then the sessions' references go.  *freed_p gets the pool bytes
+ * freed; returns RI_OK or the write's first error (quota, I/O). */
+static ri_status_t kvs_tier_spill_commit_locked(kvs_data_t *data, kvs_tier_wbatch_t *wb, uint64_t *freed_p)
+{
+    ri_status_t st = RI_OK;
+    bool of_dropped = false;
+
+    *freed_p = 0;
+    for (size_t i = 0; i < wb->n; i++) {
+        const kvs_spill_wreq_t *w = &wb->w[i];
+        kvs_session_t *s = wb->s[i];
+        kvs_cluster_t *c = &kvs_tier_table(s, w->key.layer, w->key.head)->c[w->key.cluster];
+        uint8_t ws = c->wstate;
+
+        c->wstate = 0;
+        if (w->status != RI_OK) {
             if (st == RI_OK)
-                st = w[i].status;
+                st = w->status;
+            continue;
+        }
+        if (s->dropped || (ws & KVS_WS_TOUCHED) || c->pins > 0 || c->tier != KVS_TIER_POOL) {
+            kvs_spill_remove(data->spill, &w->key, 1);
+            data->spill_abandoned++;
+            of_dropped |= s->dropped;
             continue;
         }
         if (!c->direct) { /* a region's bytes go with the region */
-            kvs_pool_free(data->pool, c->off, w[i].payload_bytes);
-            kvs_session_uncharge_locked(data, ws[i], kvs_pool_round(w[i].payload_bytes));
-            *freed_p += kvs_pool_round(w[i].payload_bytes);
+            kvs_pool_free(data->pool, c->off, w->payload_bytes);
+            kvs_session_uncharge_locked(data, s, kvs_pool_round(w->payload_bytes));
+            *freed_p += kvs_pool_round(w->payload_bytes);
         }
         c->tier = KVS_TIER_DISK;
         c->direct = false;
         c->off = 0;
-        ws[i]->disk_bytes += w[i].payload_bytes;
-        kvs_spill_cold_remove(data->cold, &w[i].key);
+        s->disk_bytes += w->payload_bytes;
+        kvs_spill_cold_remove(data->cold, &w->key);
         data->spilled_clusters++;
-        data->spilled_bytes += w[i].payload_bytes;
+        data->spilled_bytes += w->payload_bytes;
     }
+    /* The drop's own manifest may list records this write indexed after the
+     * drop: write one without them, so that --recover after a crash finds
+     * no record of a dropped session (rare: a drop during a write). */
+    if (of_dropped)
+        (void)kvs_spill_sync(data->spill);
+    for (size_t i = 0; i < wb->n; i++)
+        kvs_session_unref_locked(data, wb->s[i]); /* may free a dropped session, its pool pages with it */
     if (st != RI_OK) {
         data->spill_failures++;
         if (st == RI_ERR_QUOTA)
@@ -153,17 +218,49 @@ static ri_status_t kvs_tier_spill_keys_locked(kvs_data_t *data, const kvs_spill_
     return st;
 }
 
+/* Write the clusters of keys to disk, then mark them DISK and free their pool
+ * pages.  The caller holds the writer role and data->lock; the lock is
+ * released for the disk write itself (plan, write, commit), except when
+ * closing (the data plane has stopped: nobody waits).  *freed_p gets the
+ * pool bytes freed.  Clusters of a direct region are written only when
+ * closing (so that --recover finds them; a worker may read them at any time
+ * until then, so they never leave before).  Returns RI_OK, or the error that
+ * should stop spilling (quota, I/O). */
+static ri_status_t kvs_tier_spill_keys_locked(kvs_data_t *data, const kvs_spill_key_t *keys, size_t n,
+                                              bool closing, uint64_t *freed_p)
+{
+    kvs_tier_wbatch_t wb;
+
+    *freed_p = 0;
+    kvs_tier_spill_plan_locked(data, keys, n, closing, &wb);
+    if (wb.n == 0)
+        return RI_OK;
+    if (!closing)
+        pthread_mutex_unlock(&data->lock);
+    /* The store is thread-safe and copies each payload into its bounce
+     * slots; a fetch may read the same pool pages meanwhile (both only read). */
+    (void)kvs_spill_write(data->spill, wb.w, wb.n);
+    if (!closing)
+        pthread_mutex_lock(&data->lock);
+    return kvs_tier_spill_commit_locked(data, &wb, freed_p);
+}
+
 /* Spill the coldest clusters until bytes pool bytes are free or nothing is
- * left to spill.  Returns the bytes freed. */
-static uint64_t kvs_tier_spill_locked(kvs_data_t *data, uint64_t bytes)
+ * left to spill.  Returns the bytes freed.  Takes the writer role first:
+ * when another spill holds it, returns 0 at once unless wait (then it waits
+ * for it).  data->lock is released during each batch's disk write. */
+static uint64_t kvs_tier_spill_locked(kvs_data_t *data, uint64_t bytes, bool wait)
 {
     kvs_spill_key_t keys[KVS_TIER_BATCH];
+    uint64_t freed;
+
+    if (!kvs_tier_writer_begin_locked(data, wait))
+        return 0;
     /* Unreferenced prefix blocks go first (to disk too): before any live
      * session's clusters. */
-    uint64_t freed = kvs_prefix_reclaim_locked(data, bytes);
-
+    freed = kvs_prefix_reclaim_writer_locked(data, bytes);
     /* Fetches of other data-plane threads may be moving pool bytes without
-     * data->lock: those clusters are pinned and skipped (kvs_tier_spill_keys_locked). */
+     * data->lock: those clusters are pinned and skipped (kvs_tier_spill_plan_locked). */
     while (freed < bytes) {
         uint64_t f = 0;
         size_t n = kvs_spill_cold_pick(data->cold, KVS_TIER_BATCH, bytes - freed, keys);
@@ -174,6 +271,7 @@ static uint64_t kvs_tier_spill_locked(kvs_data_t *data, uint64_t bytes)
         if (st != RI_OK)
             break; /* quota or I/O: retrying now would fail the same way */
     }
+    kvs_tier_writer_end_locked(data);
     return freed;
 }
 
@@ -199,7 +297,7 @@ void kvs_tier_relieve_locked(kvs_data_t *data)
         return;
     excess = kvs_tier_excess(data, 0);
     if (excess > 0)
-        (void)kvs_tier_spill_locked(data, excess);
+        (void)kvs_tier_spill_locked(data, excess, false); /* a spill in flight frees room already */
 }
 
 ri_status_t kvs_tier_alloc_clusters_locked(kvs_data_t *data, kvs_session_t *s, const uint64_t *sizes, size_t n,
@@ -212,11 +310,16 @@ ri_status_t kvs_tier_alloc_clusters_locked(kvs_data_t *data, kvs_session_t *s, c
         charge += kvs_pool_round(sizes[i]);
     for (int attempt = 0; attempt < 2; attempt++) {
         size_t done = 0;
-        /* First keep under the high-water mark; after a failure (quota or a
-         * pool too fragmented), free the whole request's size once more. */
+        /* First keep under the high-water mark (unless a spill is writing
+         * already: then go on if the pool has room); after a failure (quota
+         * or a pool too fragmented), wait for that spill and free the whole
+         * request's size once more. */
         uint64_t want = attempt == 0 ? kvs_tier_excess(data, charge) : charge;
-        if (want > 0)
-            (void)kvs_tier_spill_locked(data, want);
+        if (want > 0) {
+            (void)kvs_tier_spill_locked(data, want, attempt > 0);
+            if (s->dropped)
+                return RI_ERR_NOT_FOUND; /* dropped while the lock was released for the write */
+        }
         st = kvs_session_charge_locked(data, s, charge);
         if (st == RI_OK) {
             for (done = 0; done < n; done++) {
@@ -614,6 +717,9 @@ void kvs_tier_close(kvs_data_t *data)
     if (!kvs_tier_on(data))
         return;
     pthread_mutex_lock(&data->lock);
+    /* The data plane has stopped, so no spill is writing; the role is taken
+     * anyway, and these writes keep the lock (nobody is left to wait). */
+    (void)kvs_tier_writer_begin_locked(data, true);
     /* Write out what is still only in the pool, so that a restart with
      * --recover finds every cluster (bounded by the disk quota). */
     for (uint32_t i = 0; i < data->n_sessions && st == RI_OK; i++) {
@@ -636,6 +742,7 @@ void kvs_tier_close(kvs_data_t *data)
         st = kvs_tier_spill_keys_locked(data, keys, n, true, &freed);
     if (st != RI_OK)
         cm_warn("shutdown: not every pool cluster reached the spill tier (%s)", ri_status_str(st));
+    kvs_tier_writer_end_locked(data);
     (void)kvs_smf_write_locked(data);
     pthread_mutex_unlock(&data->lock);
 }
@@ -677,6 +784,10 @@ void kvs_tier_metrics_write_locked(kvs_data_t *data, FILE *out)
     fprintf(out, "# HELP ri_kvs_spill_failures_total Spill batches that stopped on a quota or I/O error.\n"
                  "# TYPE ri_kvs_spill_failures_total counter\nri_kvs_spill_failures_total %" PRIu64 "\n",
             data->spill_failures);
+    fprintf(out, "# HELP ri_kvs_spill_abandoned_total Clusters written to disk but kept in the pool: touched, "
+                 "pinned or dropped during their write.\n"
+                 "# TYPE ri_kvs_spill_abandoned_total counter\nri_kvs_spill_abandoned_total %" PRIu64 "\n",
+            data->spill_abandoned);
     fprintf(out, "# HELP ri_kvs_clusters_lost_total Clusters whose spill record failed verification.\n"
                  "# TYPE ri_kvs_clusters_lost_total counter\nri_kvs_clusters_lost_total %" PRIu64 "\n",
             data->lost_clusters);
