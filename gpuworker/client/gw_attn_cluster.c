@@ -267,9 +267,13 @@ static ri_status_t gw_cl_ranked(gw_cl_t *cl, const char *prefer, cm_cluster_node
         else
             skip[i] = any_left = true;
     }
-    cm_cluster_rank(nodes, n, skip, cl->host, cl->policy, &cl->rr, order, &n_order);
+    /* One placement moves the round-robin cursor once: a session whose node
+     * a prefix run chose already (prefer) ranks on a copy of it. */
+    uint32_t rr_copy = cl->rr;
+    uint32_t *rr = prefer != NULL && prefer[0] != '\0' ? &rr_copy : &cl->rr;
+    cm_cluster_rank(nodes, n, skip, cl->host, cl->policy, rr, order, &n_order);
     if (n_order == 0 && any_left)
-        cm_cluster_rank(nodes, n, NULL, cl->host, cl->policy, &cl->rr, order, &n_order);
+        cm_cluster_rank(nodes, n, NULL, cl->host, cl->policy, rr, order, &n_order);
     pthread_mutex_unlock(&cl->mu);
     for (size_t k = 0; prefer != NULL && prefer[0] != '\0' && k < n_order; k++)
         if (strcmp(nodes[order[k]].name, prefer) == 0) {
