@@ -73,7 +73,8 @@ class Directory:
     def __init__(self, url: str, cluster: str = "default", timeout: float = 5.0) -> None:
         eps = url[len("etcd://"):] if url.startswith("etcd://") else url
         self.endpoints = [e for e in eps.split(",") if e]
-        if not self.endpoints or any(":" not in e for e in self.endpoints):
+        if "://" in eps or not self.endpoints or \
+                any(not e.rpartition(":")[0] or not e.rpartition(":")[2].isdigit() for e in self.endpoints):
             raise InvalidArgument("cluster URL %r is not etcd://host:port[,host:port...]" % url)
         if not cluster or "/" in cluster:
             raise InvalidArgument("cluster name %r is empty or holds '/'" % cluster)
