@@ -24,7 +24,7 @@ mdl_gen_end_t mdl_gen_pick(mdl_gen_t *g, const float *logits, int32_t *tok_p)
 {
     int32_t id = g->smp != NULL ? mdl_sample(g->smp, logits) : mdl_argmax(logits, g->n_vocab);
     *tok_p = id;
-    if (mdl_tok_is_stop(g->tok, id))
+    if (!g->ignore_stop && mdl_tok_is_stop(g->tok, id))
         return MDL_GEN_STOP;
     g->n_gen++;
     if (g->n_gen >= g->max_tokens || g->len >= g->cap)

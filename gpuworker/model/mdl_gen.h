@@ -41,6 +41,8 @@ typedef struct mdl_gen {
     size_t cap;           /* capacity of the decoding sequence */
     size_t len;           /* tokens in it, counting the one a MORE pick asks to decode */
     size_t n_gen;         /* tokens that counted so far */
+    bool ignore_stop;     /* the stop token counts like any other (fixed-length runs:
+                             benchmarks, the HTTP API's ignore_eos); false after init */
 } mdl_gen_t;
 
 /* Start a generation on a sequence of len tokens (after its prefill) and

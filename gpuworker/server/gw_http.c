@@ -108,6 +108,7 @@ typedef struct gw_gen {
     const mdl_attn_ops_t *attn;
     const char *stop[GW_HTTP_MAX_STOP];   /* borrowed from the parsed body */
     size_t n_stop;
+    bool ignore_eos;                      /* vLLM's and llama-server's extension */
 } gw_gen_t;
 
 /* Makes the seeds of requests without one differ even within a nanosecond. */
@@ -364,6 +365,14 @@ static bool gw_parse_options(gw_http_t *h, const cJSON *b, gw_gen_t *g, bool *ha
         if (!gw_is_int(it))
             return GW_BAD(e, "seed", "seed must be an integer");
         g->sampler.seed = (uint64_t)(int64_t)it->valuedouble;
+    }
+    /* ignore_eos (an extension vLLM and llama-server share): generate
+     * exactly max_tokens, the stop token counting like any other, for
+     * benchmarks that must compare runs of one length. */
+    if ((it = gw_field(b, "ignore_eos")) != NULL) {
+        if (!cJSON_IsBool(it))
+            return GW_BAD(e, "ignore_eos", "ignore_eos must be true or false");
+        g->ignore_eos = cJSON_IsTrue(it);
     }
     const char *mt_name = "max_tokens";
     if ((it = gw_field(b, "max_tokens")) == NULL && g->chat && (it = gw_field(b, "max_completion_tokens")) != NULL)
@@ -900,7 +909,7 @@ static enum MHD_Result gw_http_generate(gw_http_t *h, struct MHD_Connection *con
     if (!gw_parse_gen(h, body, &g, &e))
         goto fail;
     gw_req_params_t p = {.ids = g.ids, .n_ids = g.n_ids, .max_tokens = g.max_tokens, .sampler = g.sampler,
-                         .attn = g.attn, .stop = g.stop, .n_stop = g.n_stop};
+                         .attn = g.attn, .stop = g.stop, .n_stop = g.n_stop, .ignore_eos = g.ignore_eos};
     ri_status_t st = gw_req_create(&p, &req);
     if (st != RI_OK) {
         gw_err_set(&e, 500, "server_error", NULL, NULL, "cannot create the request: %s", ri_status_str(st));

@@ -52,6 +52,7 @@ struct gw_req {
     int32_t *ids;                 /* prompt, owned */
     size_t n_ids;
     size_t max_tokens;
+    bool ignore_eos;              /* gw_req_params_t.ignore_eos */
     mdl_sampler_cfg_t scfg;
     const mdl_attn_ops_t *attn;   /* registered backend (process lifetime) */
     char **stop;                  /* owned strings */
@@ -149,6 +150,7 @@ ri_status_t gw_req_create(const gw_req_params_t *p, gw_req_t **req_p)
     pthread_cond_init(&r->cv, NULL);
     r->n_ids = p->n_ids;
     r->max_tokens = p->max_tokens;
+    r->ignore_eos = p->ignore_eos;
     r->scfg = p->sampler;
     r->attn = p->attn;
     r->view.prompt_tokens = p->n_ids;
@@ -476,6 +478,7 @@ static void gw_sched_prefill(gw_sched_t *s, gw_req_t *r)
     if (last) {
         r->phase = GW_PHASE_DECODE;
         mdl_gen_init(&r->gen_state, s->tok, r->smp, s->n_vocab, r->max_tokens, gw_seq_len(s, r), mdl_seq_cap(r->seq));
+        r->gen_state.ignore_stop = r->ignore_eos;
         gw_sched_step(s, r, s->plogits);
     }
 }

@@ -62,6 +62,7 @@ typedef struct gw_req_params {
     const mdl_attn_ops_t *attn;    /* attention backend (registered, lives for the process) */
     const char *const *stop;       /* stop strings (not part of the text), n_stop of them */
     size_t n_stop;
+    bool ignore_eos;               /* the model's stop token does not end the generation */
 } gw_req_params_t;
 
 /* A snapshot of a request's progress. */

@@ -247,6 +247,16 @@ def test_api(tmp):
         count("/v1/completions", st)
         check(st == 200 and c["usage"]["completion_tokens"] == 3 and c["choices"][0]["finish_reason"] == "length",
               "max_tokens 3 -> 3 tokens, finish_reason length")
+        # ignore_eos: the stop token no longer ends the text, max_tokens does
+        st, _, c = w.request("POST", "/v1/chat/completions", chat(question="Is the sky blue? Answer yes or no.", max_tokens=40))
+        count("/v1/chat/completions", st)
+        n_stop = c["usage"]["completion_tokens"] if st == 200 else -1
+        check(st == 200 and c["choices"][0]["finish_reason"] == "stop" and n_stop < 40,
+              "a short answer ends at the stop token (%d tokens)" % n_stop)
+        st, _, c = w.request("POST", "/v1/chat/completions", chat(question="Is the sky blue? Answer yes or no.", max_tokens=40, ignore_eos=True))
+        count("/v1/chat/completions", st)
+        check(st == 200 and c["usage"]["completion_tokens"] == 40 and c["choices"][0]["finish_reason"] == "length",
+              "ignore_eos: exactly max_tokens, finish_reason length")
         st, _, c = w.request("POST", "/v1/completions", completion(max_tokens=None))
         count("/v1/completions", st)
         check(st == 200 and c["usage"]["completion_tokens"] <= 16, "no max_tokens -> the server's --max-tokens")
@@ -271,6 +281,7 @@ def test_api(tmp):
             (C, completion(model="gpt-4"), None, 404, "model", "unknown model"),
             (C, {"model": MODEL_ID}, None, 400, "prompt", "no prompt"),
             (C, completion(prompt=""), None, 400, "prompt", "empty prompt"),
+            (C, completion(ignore_eos="yes"), None, 400, "ignore_eos", "ignore_eos not a boolean"),
             (C, completion(prompt=["a", "b"]), None, 400, "prompt", "two prompts"),
             (C, completion(prompt=[1, 99999999]), None, 400, "prompt", "token id out of the vocabulary"),
             (Q, {"model": MODEL_ID}, None, 400, "messages", "no messages"),
