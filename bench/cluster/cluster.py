@@ -13,21 +13,26 @@ refuses a session it cannot hold), and one ri-worker with --cluster
             (max_tokens) are opened one after another, each kept decoding,
             until one is refused by every node (or --max-sessions): the
             sessions held;
-  decode    --seqs sequences of --decode-tokens tokens at once: decode
-            tokens/s per sequence (after its first token), the median;
-  failover  (K >= 2) one greedy stream of --failover-tokens tokens; after a
-            quarter of them the node holding its session (read from the
-            directory) is killed with SIGKILL: the time from the kill to
-            the next token, and whether the text equals the same request
-            run before without a kill.
+  decode    --seqs sequences of a ~1.3K-token prompt (past the steady
+            zone: every step reads clusters from a kvstore), --decode-tokens
+            tokens each, at once: decode tokens/s per sequence (after its
+            first token), the median;
+  failover  (K >= 2) one greedy stream of the same prompt, --failover-tokens
+            tokens; after a quarter of them the node holding its session
+            (read from the directory) is killed with SIGKILL: the stall
+            (the longest gap between tokens from the kill on: noticing the
+            loss, placing a new session on another node, prefilling the
+            prompt and the tokens so far again), whether the worker counted
+            exactly one failover, and whether the text equals the same
+            request run before without a kill.
 
 Rows "cluster" (docs/bench-format.md): kvstores, sessions_held,
 decode_tok_s, failover_s, outputs_identical, plus ratios against one node
 and the lease period.  With --hog one spinning process per core runs for
 the whole run (a shared CPU).
 
-  ri bench cluster [--json PATH] [--nodes 1,2,3] [--memory 160MiB]
-                   [--hold-tokens 2048] [--seqs 4] [--decode-tokens 48]
+  ri bench cluster [--json PATH] [--nodes 1,2,3] [--memory 256MiB]
+                   [--hold-tokens 1024] [--seqs 4] [--decode-tokens 48]
                    [--failover-tokens 64] [--lease-ms 2000]
                    [--placement most-free] [--threads 2] [--hog]
 
@@ -129,6 +134,19 @@ def start_worker(build, tmp, etcd, a, max_batch):
 
 # ---- requests ----
 
+_MODEL_IDS = {}
+
+
+def model_id(addr):
+    """The served model's id (GET /v1/models), once per worker."""
+    if addr not in _MODEL_IDS:
+        host, port = addr.rsplit(":", 1)
+        c = http.client.HTTPConnection(host, int(port), timeout=30)
+        c.request("GET", "/v1/models")
+        _MODEL_IDS[addr] = json.loads(c.getresponse().read())["data"][0]["id"]
+        c.close()
+    return _MODEL_IDS[addr]
+
 class Stream:
     """One streaming completion on its own thread: token event times and text.
     state: "wait" (no token yet), "run", "done", "error"."""
@@ -143,8 +161,8 @@ class Stream:
 
     def run(self):
         host, port = self.addr.rsplit(":", 1)
-        body = {"prompt": self.prompt, "max_tokens": self.max_tokens, "temperature": 0, "stream": True,
-                "ignore_eos": True}
+        body = {"model": model_id(self.addr), "prompt": self.prompt, "max_tokens": self.max_tokens,
+                "temperature": 0, "stream": True, "ignore_eos": True}
         try:
             self.conn = http.client.HTTPConnection(host, int(port), timeout=600)
             self.conn.request("POST", "/v1/completions", body=json.dumps(body).encode(),
@@ -197,6 +215,22 @@ PROMPT = ("You are a careful assistant. Here is a list of cities and the rivers 
           "Paris on the Seine, London on the Thames, Vienna on the Danube, Cairo on the Nile, Cologne on the Rhine, "
           "Warsaw on the Vistula, Prague on the Vltava, Lisbon on the Tagus. Repeat the list in reverse order, "
           "one city a line, and say for each which sea its river reaches.")
+# ~1.3K tokens: past the steady zone (sinks and recent window), so decoding
+# reads clusters from the kvstore every step and a killed node is noticed.
+FILL = " The grass is green. The sky is blue. The sun is yellow. Here we go. There and back again."
+LONG = ("There is an important info hidden inside a lot of irrelevant text. Find it and memorize it." + FILL * 27 +
+        " The pass key is 52817. Remember it. 52817 is the pass key." + FILL * 27 +
+        " What is the pass key? The pass key is")
+
+
+def worker_metric(addr, name):
+    """A counter of the worker's /metrics, summed over its labels."""
+    host, port = addr.rsplit(":", 1)
+    c = http.client.HTTPConnection(host, int(port), timeout=30)
+    c.request("GET", "/metrics")
+    text = c.getresponse().read().decode()
+    c.close()
+    return sum(float(l.split()[-1]) for l in text.splitlines() if l.split("{")[0].split(" ")[0] == name)
 
 
 def sessions_in_directory(etcd):
@@ -227,7 +261,7 @@ def measure_capacity(addr, a):
 
 
 def measure_decode(addr, a):
-    ss = [Stream(addr, PROMPT + " [%d]" % i, a.decode_tokens) for i in range(a.seqs)]
+    ss = [Stream(addr, LONG + " [%d]" % i, a.decode_tokens) for i in range(a.seqs)]
     for s in ss:
         s.th.join(900)
     rates = sorted(r for r in (s.decode_tok_s() for s in ss) if r)
@@ -236,11 +270,13 @@ def measure_decode(addr, a):
 
 
 def measure_failover(addr, etcd, nodes, a):
-    ref = Stream(addr, PROMPT, a.failover_tokens)
+    """(seconds the stream stalled around the kill, text identical, note)."""
+    ref = Stream(addr, LONG, a.failover_tokens)
     ref.th.join(900)
     if ref.err:
         return None, None, "reference run: " + ref.err
-    s = Stream(addr, PROMPT, a.failover_tokens)
+    before = worker_metric(addr, "ri_worker_cluster_failovers_total")
+    s = Stream(addr, LONG, a.failover_tokens)
     while len(s.times) < a.failover_tokens // 4 and s.state in ("wait", "run"):
         time.sleep(0.01)
     owners = sessions_in_directory(etcd)
@@ -256,10 +292,17 @@ def measure_failover(addr, etcd, nodes, a):
     nodes[victim].send_signal(signal.SIGKILL)
     nodes[victim].wait()
     s.th.join(900)
-    after = [t for t in s.times[n_before:] if t > t_kill]
-    if s.err or not after:
+    if s.err or len(s.times) <= n_before:
         return None, False, "stream after the kill of %s: %s" % (victim, s.err or "no token")
-    return after[0] - t_kill, s.text == ref.text, victim
+    failovers = worker_metric(addr, "ri_worker_cluster_failovers_total") - before
+    # the stall: from the kill to the first token of the sequence rebuilt
+    # elsewhere, i.e. the longest gap between tokens from the kill on
+    ts = [t_kill] + [t for t in s.times if t > t_kill]
+    stall = max(b - x for x, b in zip(ts, ts[1:]))
+    note = "killed %s after %d tokens; worker failovers %d" % (victim, n_before, failovers)
+    if failovers != 1:
+        return None, s.text == ref.text, note + " (wanted 1: the kill was not noticed)"
+    return stall, s.text == ref.text, note
 
 
 # ---- the run ----
@@ -294,7 +337,7 @@ def run_nodes(k, build, a, rows, base):
             k, held, "%.2f" % row["held_ratio"] if row["held_ratio"] else "-",
             "%.2f" % rate if rate else "-", "%.2f" % row["decode_ratio"] if row["decode_ratio"] else "-",
             "%.2f" % fo_s if fo_s is not None else "-", row["load_avg"]), flush=True)
-        if fo_note and fo_s is None:
+        if fo_note:
             print("          failover: " + fo_note, flush=True)
     finally:
         stop(worker)
@@ -312,8 +355,8 @@ def parse_args(argv):
     ap = argparse.ArgumentParser(prog="ri bench cluster", description=__doc__.split("\n\n")[0])
     ap.add_argument("--json", default=None)
     ap.add_argument("--nodes", default="1,2,3")
-    ap.add_argument("--memory", default="160MiB", help="pool of each kvstore")
-    ap.add_argument("--hold-tokens", type=int, default=2048, help="tokens each capacity session reserves")
+    ap.add_argument("--memory", default="256MiB", help="pool of each kvstore")
+    ap.add_argument("--hold-tokens", type=int, default=1024, help="tokens each capacity session reserves")
     ap.add_argument("--max-sessions", type=int, default=48)
     ap.add_argument("--seqs", type=int, default=4)
     ap.add_argument("--decode-tokens", type=int, default=48)
