@@ -378,6 +378,7 @@ def main(argv):
     a.model_path = os.path.join(models, MODEL)
     if not os.path.exists(a.model_path):
         skip("no model at " + a.model_path)
+    load_start = os.getloadavg()[0]
     hogs = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(os.cpu_count() or 1)] \
         if a.hog else []
     rows, base = [], {}
@@ -390,7 +391,8 @@ def main(argv):
             h.kill()
     ok = all(r["sessions_held"] > 0 and r["decode_tok_s"] for r in rows) and \
         all(r["outputs_identical"] for r in rows if r["kvstores"] >= 2)
-    report = {"bench": "cluster", "git": git_sha(), "machine": machine(), "rows": rows,
+    mach = dict(machine(), load_avg_start=load_start)
+    report = {"bench": "cluster", "git": git_sha(), "machine": mach, "rows": rows,
               "args": {k: v for k, v in vars(a).items() if k not in ("build",)}}
     if a.json:
         with open(a.json, "w") as f:
