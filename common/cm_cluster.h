@@ -160,6 +160,14 @@ ri_status_t cm_cluster_join_observer(cm_cluster_t *c, const char *worker, uint32
 ri_status_t cm_cluster_session_put(cm_cluster_t *c, const cm_cluster_session_t *s);
 ri_status_t cm_cluster_session_del(cm_cluster_t *c, const char *node, uint64_t session_id);
 
+/* The same without waiting on etcd at all: the record is noted (or
+ * forgotten) and the keepalive thread writes (or deletes) it at once, and
+ * again until etcd takes it.  For callers on a serving path (a worker's
+ * scheduler), which an etcd host that drops packets must not slow down.
+ * Invalid arguments are ignored (nothing is noted). */
+void cm_cluster_session_put_async(cm_cluster_t *c, const cm_cluster_session_t *s);
+void cm_cluster_session_del_async(cm_cluster_t *c, const char *node, uint64_t session_id);
+
 /* Every session record (node "" = all nodes).  *out_p allocated (cm_free). */
 ri_status_t cm_cluster_sessions(cm_cluster_t *c, const char *node, cm_cluster_session_t **out_p, size_t *n_p);
 

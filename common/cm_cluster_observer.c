@@ -192,7 +192,10 @@ static ri_status_t cm_cluster_session_write(cm_cluster_t *c, const cm_cluster_se
     return st;
 }
 
-ri_status_t cm_cluster_session_put(cm_cluster_t *c, const cm_cluster_session_t *s)
+/* Note s as pending in the observer's records (*rec_p the record as kept,
+ * *lease_p the observer's lease now). */
+static ri_status_t cm_cluster_session_note(cm_cluster_t *c, const cm_cluster_session_t *s,
+                                           cm_cluster_session_t *rec_p, int64_t *lease_p, bool kick)
 {
     if (c == NULL || s == NULL || !cm_cluster_name_valid(s->node) || memchr(s->label, '\0', sizeof(s->label)) == NULL ||
         memchr(s->worker, '\0', sizeof(s->worker)) == NULL) {
@@ -227,9 +230,24 @@ ri_status_t cm_cluster_session_put(cm_cluster_t *c, const cm_cluster_session_t *
     }
     c->sess[i] = rec;
     c->sess_pending[i] = true;
-    int64_t lease = c->obs_lease;
+    *lease_p = c->obs_lease;
+    *rec_p = rec;
+    if (kick) {
+        c->kick = true; /* the keepalive thread writes it */
+        pthread_cond_broadcast(&c->cv);
+    }
     pthread_mutex_unlock(&c->mu);
-    ri_status_t st = RI_ERR_UNREACHABLE;
+    return RI_OK;
+}
+
+ri_status_t cm_cluster_session_put(cm_cluster_t *c, const cm_cluster_session_t *s)
+{
+    cm_cluster_session_t rec;
+    int64_t lease = 0;
+    ri_status_t st = cm_cluster_session_note(c, s, &rec, &lease, false);
+    if (st != RI_OK)
+        return st;
+    st = RI_ERR_UNREACHABLE;
     if (lease != 0)
         st = cm_cluster_session_write(c, &rec, lease);
     else
@@ -242,6 +260,13 @@ ri_status_t cm_cluster_session_put(cm_cluster_t *c, const cm_cluster_session_t *
         pthread_mutex_unlock(&c->mu);
     }
     return st;
+}
+
+void cm_cluster_session_put_async(cm_cluster_t *c, const cm_cluster_session_t *s)
+{
+    cm_cluster_session_t rec;
+    int64_t lease = 0;
+    (void)cm_cluster_session_note(c, s, &rec, &lease, true);
 }
 
 /* Remember a delete to retry (c->mu held). */
@@ -281,6 +306,25 @@ ri_status_t cm_cluster_session_del(cm_cluster_t *c, const char *node, uint64_t s
         pthread_mutex_unlock(&c->mu);
     }
     return st;
+}
+
+void cm_cluster_session_del_async(cm_cluster_t *c, const char *node, uint64_t session_id)
+{
+    if (c == NULL || !cm_cluster_name_valid(node))
+        return;
+    char key[CM_CLUSTER_KEY_MAX];
+    cm_cluster_session_key(c, node, session_id, key);
+    pthread_mutex_lock(&c->mu);
+    int i = cm_cluster_sess_find(c, node, session_id);
+    if (i >= 0) {
+        memmove(c->sess + i, c->sess + i + 1, (c->n_sess - (size_t)i - 1) * sizeof(*c->sess));
+        memmove(c->sess_pending + i, c->sess_pending + i + 1, (c->n_sess - (size_t)i - 1) * sizeof(bool));
+        c->n_sess--;
+    }
+    cm_cluster_del_push(c, key); /* the keepalive thread deletes it */
+    c->kick = true;
+    pthread_cond_broadcast(&c->cv);
+    pthread_mutex_unlock(&c->mu);
 }
 
 /* Write the records still pending (or all of them, after a re-grant) and

@@ -323,9 +323,10 @@ static void gw_cl_record(gw_cl_t *cl, const char *node, uint64_t id, const ri_se
     snprintf(rec.label, sizeof(rec.label), "%s", sp->label != NULL ? sp->label : "");
     rec.tokens = sp->expected_tokens;
     rec.created_ms = gw_cl_unix_ms();
-    if (cm_cluster_session_put(cl->dir, &rec) != RI_OK)
-        cm_warn("cluster: owner record of session %016llx on %s not written: %s", (unsigned long long)id, node,
-                cm_etcd_last_error());
+    /* Written by the directory's own thread: a sequence never waits on
+     * etcd (an etcd host that drops packets would cost each start its
+     * timeout); the thread retries until etcd takes it. */
+    cm_cluster_session_put_async(cl->dir, &rec);
 }
 
 ri_status_t gw_cl_session_create(gw_cl_t *cl, const ri_session_params_t *sp, const kn_wave_params_t *wave,
@@ -384,9 +385,8 @@ out:
 
 void gw_cl_session_gone(gw_cl_t *cl, const char *node, uint64_t id)
 {
-    if (cl != NULL && cm_cluster_session_del(cl->dir, node, id) != RI_OK)
-        cm_info("cluster: owner record of session %016llx on %s not deleted: %s (it goes with the worker's lease)",
-                (unsigned long long)id, node, cm_etcd_last_error());
+    if (cl != NULL)
+        cm_cluster_session_del_async(cl->dir, node, id); /* as the put: never waits on etcd */
 }
 
 void gw_cl_node_lost(gw_cl_t *cl, const char *node)

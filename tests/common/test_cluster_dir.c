@@ -342,6 +342,27 @@ static void test_sessions_under_observer_lease(void **state)
     assert_int_equal(n, 1);
     cm_free(all);
 
+    /* the asynchronous pair: written, then deleted, by the directory's thread */
+    s.session_id = 3;
+    snprintf(s.node, sizeof(s.node), "kv-3");
+    cm_cluster_session_put_async(o, &s);
+    size_t seen = 0;
+    for (int i = 0; i < 200 && seen != 2; i++) {
+        usleep(10000);
+        assert_int_equal(cm_cluster_sessions(r, NULL, &all, &n), RI_OK);
+        seen = n;
+        cm_free(all);
+    }
+    assert_int_equal(seen, 2);
+    cm_cluster_session_del_async(o, "kv-3", 3);
+    for (int i = 0; i < 200 && seen != 1; i++) {
+        usleep(10000);
+        assert_int_equal(cm_cluster_sessions(r, NULL, &all, &n), RI_OK);
+        seen = n;
+        cm_free(all);
+    }
+    assert_int_equal(seen, 1);
+
     /* the observer leaves: its records go */
     cm_cluster_close(o);
     assert_int_equal(cm_cluster_sessions(r, NULL, &all, &n), RI_OK);

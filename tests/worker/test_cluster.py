@@ -177,7 +177,9 @@ def test_cluster(tmp):
 
         # the small node cannot hold a long prompt's session: it refuses, placement moves on
         for i in range(3):
-            t, st = ask(w2, LONG + " %d" % i, max_tokens=1)
+            # distinct from the first token on: no shared prefix block pulls
+            # placement to the node holding it (the prefix-aware tie-break)
+            t, st = ask(w2, "Request %d. " % i + LONG, max_tokens=1)
             check(st == 200, "w2 long request %d answered (%d)" % (i, st))
         m2 = w2.metrics()
         refused = by_node(m2, "ri_worker_cluster_refusals_total")
