@@ -183,7 +183,9 @@ class Stream:
                     self.err, self.state = json.dumps(ev["error"])[:300], "error"
                     return
                 ch = ev.get("choices") or []
-                if ch:
+                if ch and ch[0].get("finish_reason") is not None:  # the closing event: no token
+                    self.text += ch[0].get("text") or ""
+                elif ch:
                     self.times.append(time.time())
                     self.text += ch[0].get("text") or ""
                     self.state = "run"

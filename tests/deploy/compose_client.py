@@ -76,6 +76,9 @@ def stream(base, n, kill_after=None, cmd=None):
                 sys.exit(f"FAIL: error event after {events} tokens: {ev['error']}")
             if not ev.get("choices"):
                 continue
+            if ev["choices"][0].get("finish_reason") is not None:  # the closing event: no token
+                text += ev["choices"][0].get("text") or ""
+                continue
             if t_kill is not None and gap is None:
                 gap = time.time() - t_kill
             text += ev["choices"][0].get("text") or ""
