@@ -205,7 +205,9 @@ nodes="$(etcdctl get --prefix --keys-only /ri/compose/nodes/ | grep -c . || true
 [ "$nodes" = 2 ] || { echo "FAIL: $nodes kvstores in the directory, wanted 2"; etcdctl get --prefix /ri/compose/nodes/; exit 1; }
 say "2 kvstores registered in etcd"
 # Through the front door: either worker; both place on the same 2 kvstores.
-py stream "$front" 24 >"$work/ref"
+# 96 tokens: long enough that the stream still runs when the kill lands
+# (finding the node through docker exec takes a second)
+py stream "$front" 96 >"$work/ref"
 say "reference stream: $(cat "$work/ref")"
 # The kill: the node named by the (only) live session record.
 cat >"$work/kill.sh" <<EOS
@@ -215,7 +217,7 @@ node=\$(docker exec $etcdc /usr/bin/etcdctl --endpoints=127.0.0.1:2379 get --pre
 echo "\$node" >"$work/victim"
 docker kill "\${node#kvs-}" >/dev/null
 EOS
-py stream "$front" 24 6 "bash $work/kill.sh" >"$work/fo"
+py stream "$front" 96 6 "bash $work/kill.sh" >"$work/fo"
 [ "$(cat "$work/ref")" = "$(cat "$work/fo")" ] || { echo "FAIL: the stream's text changed with the kill: $(cat "$work/fo")"; exit 1; }
 say "killed kvstore $(cat "$work/victim") 6 tokens into a stream: it completed with the same text on the other node"
 ok=1
