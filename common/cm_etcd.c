@@ -22,6 +22,7 @@
 
 #include "common/cm_alloc.h"
 #include "common/cm_etcd_internal.h"
+#include "common/cm_grpc.h"
 #include "common/cm_status.h"
 #include "etcd/rpc.pb-c.h"
 
@@ -266,74 +267,23 @@ static ri_status_t cm_etcd_status(grpc_status_code code)
 }
 
 /* Read a whole byte buffer into *out_p (cm_free; NULL when empty). */
-static ri_status_t cm_etcd_read_bb(grpc_byte_buffer *bb, uint8_t **out_p, size_t *len_p)
-{
-    grpc_byte_buffer_reader reader;
-    if (!grpc_byte_buffer_reader_init(&reader, bb))
-        return RI_ERR_PROTOCOL;
-    grpc_slice s = grpc_byte_buffer_reader_readall(&reader);
-    grpc_byte_buffer_reader_destroy(&reader);
-    size_t n = GRPC_SLICE_LENGTH(s);
-    uint8_t *out = cm_malloc(&cm_etcd_tag, n ? n : 1);
-    if (out == NULL) {
-        grpc_slice_unref(s);
-        return RI_ERR_NOMEM;
-    }
-    memcpy(out, GRPC_SLICE_START_PTR(s), n);
-    grpc_slice_unref(s);
-    *out_p = out;
-    *len_p = n;
-    return RI_OK;
-}
-
-/* One attempt on one channel; *code_p gets the gRPC status. */
+/* One attempt on one channel. */
 static ri_status_t cm_etcd_call_one(cm_etcd_t *e, size_t ep, const char *method, const void *req, size_t len,
                                     uint8_t **resp_p, size_t *resp_len_p)
 {
-    grpc_metadata_array init_md, trail_md;
-    grpc_byte_buffer *resp_bb = NULL;
-    grpc_status_code code = GRPC_STATUS_UNKNOWN;
-    grpc_slice details = grpc_empty_slice();
-    grpc_op ops[6];
-    ri_status_t st;
+    cm_grpc_result_t res;
 
     gpr_timespec deadline =
         gpr_time_add(gpr_now(GPR_CLOCK_MONOTONIC), gpr_time_from_millis((int64_t)e->timeout_ms, GPR_TIMESPAN));
     grpc_completion_queue *cq = grpc_completion_queue_create_for_pluck(NULL);
     grpc_call *call = cm_etcd_new_call(e, ep, cq, method, deadline);
-    grpc_slice req_s = grpc_slice_from_copied_buffer(req, len);
-    grpc_byte_buffer *req_bb = grpc_raw_byte_buffer_create(&req_s, 1);
-    grpc_slice_unref(req_s);
-    grpc_metadata_array_init(&init_md);
-    grpc_metadata_array_init(&trail_md);
-
-    memset(ops, 0, sizeof(ops));
-    ops[0].op = GRPC_OP_SEND_INITIAL_METADATA;
-    ops[1].op = GRPC_OP_SEND_MESSAGE;
-    ops[1].data.send_message.send_message = req_bb;
-    ops[2].op = GRPC_OP_SEND_CLOSE_FROM_CLIENT;
-    ops[3].op = GRPC_OP_RECV_INITIAL_METADATA;
-    ops[3].data.recv_initial_metadata.recv_initial_metadata = &init_md;
-    ops[4].op = GRPC_OP_RECV_MESSAGE;
-    ops[4].data.recv_message.recv_message = &resp_bb;
-    ops[5].op = GRPC_OP_RECV_STATUS_ON_CLIENT;
-    ops[5].data.recv_status_on_client.trailing_metadata = &trail_md;
-    ops[5].data.recv_status_on_client.status = &code;
-    ops[5].data.recv_status_on_client.status_details = &details;
-
-    if (grpc_call_start_batch(call, ops, CM_ARRAY_LEN(ops), call, NULL) != GRPC_CALL_OK) {
-        st = RI_ERR_INTERNAL;
-        cm_etcd_set_error("etcd %s: grpc start_batch failed", method);
-        goto out;
+    ri_status_t st = cm_grpc_unary(call, cq, deadline, NULL, req, len, &res);
+    if (st != RI_OK) {
+        cm_etcd_set_error("etcd %s: %s", method,
+                          st == RI_ERR_INTERNAL ? "grpc start_batch failed" : "cannot read the answer");
+        return st;
     }
-    /* The deadline ends the batch; the margin guards against a core bug. */
-    gpr_timespec guard = gpr_time_add(deadline, gpr_time_from_millis(5000, GPR_TIMESPAN));
-    grpc_event ev = grpc_completion_queue_pluck(cq, call, guard, NULL);
-    if (ev.type != GRPC_OP_COMPLETE) {
-        grpc_call_cancel(call, NULL);
-        grpc_completion_queue_pluck(cq, call, gpr_inf_future(GPR_CLOCK_MONOTONIC), NULL);
-    }
-    st = cm_etcd_status(code);
+    st = cm_etcd_status(res.code);
     if (st == RI_ERR_TIMEOUT) {
         /* a deadline on a channel that never connected: etcd cannot be
          * reached, rather than slow */
@@ -343,31 +293,19 @@ static ri_status_t cm_etcd_call_one(cm_etcd_t *e, size_t ep, const char *method,
         pthread_mutex_unlock(&e->mu);
     }
     if (st != RI_OK) {
-        int dl = (int)GRPC_SLICE_LENGTH(details);
-        cm_etcd_set_error("etcd at %s: %s: %s (%.*s)", e->eps[ep], method, ri_status_str(st), dl > 300 ? 300 : dl,
-                          (const char *)GRPC_SLICE_START_PTR(details));
-        goto out;
+        cm_free(res.resp);
+        cm_etcd_set_error("etcd at %s: %s: %s (%.300s)", e->eps[ep], method, ri_status_str(st), res.details);
+        return st;
     }
-    if (resp_bb == NULL) {
-        st = RI_ERR_PROTOCOL;
+    if (!res.got_message) {
         cm_etcd_set_error("etcd at %s: %s: no answer message", e->eps[ep], method);
-        goto out;
+        return RI_ERR_PROTOCOL;
     }
-    st = cm_etcd_read_bb(resp_bb, resp_p, resp_len_p);
-    if (st != RI_OK)
-        cm_etcd_set_error("etcd at %s: %s: cannot read the answer", e->eps[ep], method);
-
-out:
-    grpc_slice_unref(details);
-    grpc_metadata_array_destroy(&init_md);
-    grpc_metadata_array_destroy(&trail_md);
-    grpc_byte_buffer_destroy(req_bb);
-    if (resp_bb != NULL)
-        grpc_byte_buffer_destroy(resp_bb);
-    grpc_call_unref(call);
-    grpc_completion_queue_shutdown(cq);
-    grpc_completion_queue_destroy(cq);
-    return st;
+    if (res.resp == NULL && (res.resp = cm_malloc(&cm_etcd_tag, 1)) == NULL) /* an empty answer: never NULL */
+        return RI_ERR_NOMEM;
+    *resp_p = res.resp;
+    *resp_len_p = res.resp_len;
+    return RI_OK;
 }
 
 ri_status_t cm_etcd_call(cm_etcd_t *e, const char *method, const void *req, size_t len, uint8_t **resp_p,

@@ -19,6 +19,7 @@
 
 #include "common/cm_alloc.h"
 #include "common/cm_file.h"
+#include "common/cm_grpc.h"
 #include "common/cm_log.h"
 #include "common/cm_status.h"
 #include "retroinfer.pb-c.h"
@@ -190,13 +191,7 @@ static void gw_ctl_set_err(gw_ctl_error_t *err, int code, const char *fmt, const
 ri_status_t gw_ctl_call_raw(gw_ctl_t *ctl, const char *method, const void *req, size_t len, uint32_t timeout_ms,
                             uint8_t **resp_p, size_t *resp_len_p, gw_ctl_error_t *err)
 {
-    ri_status_t st;
-    grpc_metadata md;
-    grpc_metadata_array init_md, trail_md;
-    grpc_byte_buffer *resp_bb = NULL;
-    grpc_status_code code = GRPC_STATUS_UNKNOWN;
-    grpc_slice details = grpc_empty_slice();
-    grpc_op ops[6];
+    cm_grpc_result_t res;
 
     if (ctl == NULL || method == NULL || (req == NULL && len > 0) || resp_p == NULL || resp_len_p == NULL)
         return RI_ERR_INVALID;
@@ -209,110 +204,40 @@ ri_status_t gw_ctl_call_raw(gw_ctl_t *ctl, const char *method, const void *req, 
     grpc_call *call = grpc_channel_create_call(ctl->channel, NULL, GRPC_PROPAGATE_DEFAULTS, cq, method_s, NULL,
                                                deadline, NULL);
     grpc_slice_unref(method_s);
-    grpc_slice req_s = grpc_slice_from_copied_buffer(req ? (const char *)req : "", len);
-    grpc_byte_buffer *req_bb = grpc_raw_byte_buffer_create(&req_s, 1);
-    grpc_slice_unref(req_s);
-    grpc_metadata_array_init(&init_md);
-    grpc_metadata_array_init(&trail_md);
-
-    memset(ops, 0, sizeof(ops));
-    memset(&md, 0, sizeof(md));
-    ops[0].op = GRPC_OP_SEND_INITIAL_METADATA;
-    if (ctl->bearer != NULL) {
-        md.key = grpc_slice_from_static_string("authorization");
-        md.value = grpc_slice_from_copied_string(ctl->bearer);
-        ops[0].data.send_initial_metadata.count = 1;
-        ops[0].data.send_initial_metadata.metadata = &md;
-    }
-    ops[1].op = GRPC_OP_SEND_MESSAGE;
-    ops[1].data.send_message.send_message = req_bb;
-    ops[2].op = GRPC_OP_SEND_CLOSE_FROM_CLIENT;
-    ops[3].op = GRPC_OP_RECV_INITIAL_METADATA;
-    ops[3].data.recv_initial_metadata.recv_initial_metadata = &init_md;
-    ops[4].op = GRPC_OP_RECV_MESSAGE;
-    ops[4].data.recv_message.recv_message = &resp_bb;
-    ops[5].op = GRPC_OP_RECV_STATUS_ON_CLIENT;
-    ops[5].data.recv_status_on_client.trailing_metadata = &trail_md;
-    ops[5].data.recv_status_on_client.status = &code;
-    ops[5].data.recv_status_on_client.status_details = &details;
-
-    grpc_call_error ce = grpc_call_start_batch(call, ops, CM_ARRAY_LEN(ops), call, NULL);
-    if (ce != GRPC_CALL_OK) {
-        st = RI_ERR_INTERNAL;
+    ri_status_t st = cm_grpc_unary(call, cq, deadline, ctl->bearer, req, len, &res);
+    if (st == RI_ERR_INTERNAL) {
         gw_ctl_set_err(err, GRPC_STATUS_INTERNAL, "grpc start_batch failed calling %s on %s", method, ctl->addr);
-        goto out;
+        return st;
     }
-    /* The call's deadline ends the batch; the extra margin only guards
-     * against a core bug turning into a hang. */
-    gpr_timespec guard = gpr_time_add(deadline, gpr_time_from_millis(5000, GPR_TIMESPAN));
-    grpc_event ev = grpc_completion_queue_pluck(cq, call, guard, NULL);
-    if (ev.type != GRPC_OP_COMPLETE) {
-        grpc_call_cancel(call, NULL);
-        grpc_completion_queue_pluck(cq, call, gpr_inf_future(GPR_CLOCK_MONOTONIC), NULL);
+    if (st == RI_ERR_PROTOCOL) {
+        gw_ctl_set_err(err, GRPC_STATUS_INTERNAL, "cannot read the reply of %s from %s", method, ctl->addr);
+        return st;
     }
-
-    st = gw_ctl_status_from_grpc((int)code);
+    if (st != RI_OK)
+        return st;
+    st = gw_ctl_status_from_grpc(res.code);
     if (st != RI_OK) {
-        char msg[400];
-        size_t dl = GRPC_SLICE_LENGTH(details);
-        if (dl >= sizeof(msg))
-            dl = sizeof(msg) - 1;
-        memcpy(msg, GRPC_SLICE_START_PTR(details), dl);
-        msg[dl] = '\0';
+        cm_free(res.resp);
         if (err != NULL) {
-            err->grpc_code = (int)code;
-            if (code == GRPC_STATUS_UNAVAILABLE)
-                snprintf(err->message, sizeof(err->message), "cannot reach ri-kvstore at %s: %s", ctl->addr, msg);
-            else if (code == GRPC_STATUS_DEADLINE_EXCEEDED)
+            err->grpc_code = res.code;
+            if (res.code == GRPC_STATUS_UNAVAILABLE)
+                snprintf(err->message, sizeof(err->message), "cannot reach ri-kvstore at %s: %s", ctl->addr,
+                         res.details);
+            else if (res.code == GRPC_STATUS_DEADLINE_EXCEEDED)
                 snprintf(err->message, sizeof(err->message), "no answer from %s within %u ms: %s", ctl->addr,
-                         timeout_ms, msg);
+                         timeout_ms, res.details);
             else
-                snprintf(err->message, sizeof(err->message), "%s", msg);
+                snprintf(err->message, sizeof(err->message), "%s", res.details);
         }
-        goto out;
+        return st;
     }
-    *resp_p = NULL;
-    *resp_len_p = 0;
-    if (resp_bb != NULL) {
-        grpc_byte_buffer_reader reader;
-        if (!grpc_byte_buffer_reader_init(&reader, resp_bb)) {
-            st = RI_ERR_PROTOCOL;
-            gw_ctl_set_err(err, GRPC_STATUS_INTERNAL, "cannot read the reply of %s from %s", method, ctl->addr);
-            goto out;
-        }
-        grpc_slice s = grpc_byte_buffer_reader_readall(&reader);
-        grpc_byte_buffer_reader_destroy(&reader);
-        size_t n = GRPC_SLICE_LENGTH(s);
-        if (n > 0) {
-            *resp_p = cm_malloc(&gw_ctl_tag, n);
-            if (*resp_p == NULL) {
-                grpc_slice_unref(s);
-                st = RI_ERR_NOMEM;
-                goto out;
-            }
-            memcpy(*resp_p, GRPC_SLICE_START_PTR(s), n);
-            *resp_len_p = n;
-        }
-        grpc_slice_unref(s);
-    }
+    *resp_p = res.resp; /* NULL for an empty answer */
+    *resp_len_p = res.resp_len;
     if (err != NULL) {
         err->grpc_code = 0;
         err->message[0] = '\0';
     }
-
-out:
-    if (ctl->bearer != NULL)
-        grpc_slice_unref(md.value);
-    grpc_slice_unref(details);
-    grpc_metadata_array_destroy(&init_md);
-    grpc_metadata_array_destroy(&trail_md);
-    grpc_byte_buffer_destroy(req_bb);
-    if (resp_bb != NULL)
-        grpc_byte_buffer_destroy(resp_bb);
-    grpc_call_unref(call);
-    grpc_completion_queue_shutdown(cq);
-    grpc_completion_queue_destroy(cq);
-    return st;
+    return RI_OK;
 }
 
 /* Pack msg, call method, hand the reply bytes back (caller frees with cm_free). */
