@@ -126,7 +126,8 @@ def start_worker(build, tmp, etcd, a, max_batch):
     cmd = [os.path.join(build, "bin", "ri-worker"), "--model", a.model_path, "--listen", "127.0.0.1:0",
            "--port-file", port_file, "--max-batch", str(max_batch), "--threads", str(a.threads),
            "--cluster", etcd.url, "--cluster-name", CLUSTER, "--placement", a.placement,
-           "--cluster-lease-ms", str(a.lease_ms), "--worker-name", "bench-worker"]
+           "--cluster-lease-ms", str(a.lease_ms), "--worker-name", "bench-worker",
+           "--prefix-replicas", str(a.prefix_replicas)]
     p = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=open(os.path.join(tmp, "worker.log"), "wb"),
                          stderr=subprocess.STDOUT)
     return p, wait_port_file(p, port_file, "ri-worker")["http"]
@@ -301,7 +302,9 @@ def measure_failover(addr, etcd, nodes, a):
     # elsewhere, i.e. the longest gap between tokens from the kill on
     ts = [t_kill] + [t for t in s.times if t > t_kill]
     stall = max(b - x for x, b in zip(ts, ts[1:]))
-    note = "killed %s after %d tokens; worker failovers %d" % (victim, n_before, failovers)
+    note = "killed %s after %d tokens; worker failovers %d; replicated blocks %d; same text %s" % (
+        victim, n_before, failovers, worker_metric(addr, "ri_worker_prefix_replica_blocks_total"),
+        s.text == ref.text)
     if failovers != 1:
         return None, s.text == ref.text, note + " (wanted 1: the kill was not noticed)"
     return stall, s.text == ref.text, note
@@ -329,6 +332,7 @@ def run_nodes(k, build, a, rows, base):
         row = {"bench": "cluster", "kvstores": k, "sessions_held": held, "refused_with": why,
                "decode_tok_s": rate, "decode_errors": derrs, "failover_s": fo_s, "outputs_identical": same,
                "failover_note": fo_note, "lease_ms": a.lease_ms, "placement": a.placement,
+               "prefix_replicas": a.prefix_replicas,
                "memory_per_node": a.memory, "hold_tokens": a.hold_tokens, "seqs": a.seqs,
                "held_ratio": held / base["held"] if base.get("held") else None,
                "decode_ratio": rate / base["rate"] if rate and base.get("rate") else None,
@@ -364,6 +368,9 @@ def parse_args(argv):
     ap.add_argument("--decode-tokens", type=int, default=48)
     ap.add_argument("--failover-tokens", type=int, default=64)
     ap.add_argument("--lease-ms", type=int, default=2000)
+    ap.add_argument("--prefix-replicas", type=int, default=1,
+                    help="ri-worker --prefix-replicas: nodes holding each published prefix block (2: a failover "
+                         "attaches the prompt's blocks on another node instead of prefilling them)")
     ap.add_argument("--placement", default="most-free", choices=("local-first", "most-free", "round-robin"))
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--hog", action="store_true", help="one spinning process per core for the whole run")

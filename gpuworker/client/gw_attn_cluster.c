@@ -47,7 +47,26 @@ struct gw_cl {
     uint32_t rr; /* round-robin cursor */
     uint64_t failovers;
     uint64_t prefix_copies, prefix_copy_bytes; /* blocks copied node to node */
+    /* prefix replicas: a queue of copies and the thread that runs them */
+    uint32_t replicas;
+    pthread_t rep_thread;
+    pthread_cond_t rep_cv;
+    bool rep_running, rep_stop;
+    struct gw_cl_job *jobs, **jobs_tail;
+    size_t n_jobs;
+    uint64_t replica_blocks, replica_bytes, replica_dropped;
 };
+
+/* One replication: blocks keys[0..n_keys) published on node from. */
+typedef struct gw_cl_job {
+    struct gw_cl_job *next;
+    gw_pfx_layout_t lay;
+    char from[CM_CLUSTER_NAME_MAX];
+    uint32_t n_keys;
+    uint8_t keys[]; /* n_keys x CM_PFX_KEY_SIZE */
+} gw_cl_job_t;
+
+#define GW_CL_MAX_JOBS 64
 
 static char *gw_cl_dup(const char *s)
 {
@@ -101,6 +120,9 @@ ri_status_t gw_cl_open(const gw_cl_cfg_t *cfg, gw_cl_t **cl_p, char *err, size_t
     if (cl == NULL)
         return RI_ERR_NOMEM;
     pthread_mutex_init(&cl->mu, NULL);
+    pthread_cond_init(&cl->rep_cv, NULL);
+    cl->jobs_tail = &cl->jobs;
+    cl->replicas = cfg->prefix_replicas;
     cl->policy = cfg->policy;
     snprintf(cl->host, sizeof(cl->host), "%s", cfg->host != NULL ? cfg->host : "");
     snprintf(cl->worker, sizeof(cl->worker), "%s", cfg->worker);
@@ -138,6 +160,18 @@ void gw_cl_close(gw_cl_t *cl)
 {
     if (cl == NULL)
         return;
+    pthread_mutex_lock(&cl->mu);
+    bool joining = cl->rep_running;
+    cl->rep_stop = true;
+    pthread_cond_broadcast(&cl->rep_cv);
+    pthread_mutex_unlock(&cl->mu);
+    if (joining)
+        pthread_join(cl->rep_thread, NULL); /* it finishes the copy under way */
+    while (cl->jobs != NULL) {
+        gw_cl_job_t *j = cl->jobs;
+        cl->jobs = j->next;
+        cm_free(j);
+    }
     cm_cluster_close(cl->dir); /* revokes the worker's lease: its records go */
     for (size_t i = 0; i < cl->n_nodes; i++)
         ri_client_close(cl->nodes[i].client);
@@ -149,6 +183,7 @@ void gw_cl_close(gw_cl_t *cl)
     cm_free(cl->tls_ca);
     cm_free(cl->tls_cert);
     cm_free(cl->tls_key);
+    pthread_cond_destroy(&cl->rep_cv);
     pthread_mutex_destroy(&cl->mu);
     cm_free(cl);
 }
@@ -422,6 +457,9 @@ void gw_cl_stats(gw_cl_t *cl, gw_cl_stats_t *st_p)
     st.failovers = cl->failovers;
     st.prefix_copies = cl->prefix_copies;
     st.prefix_copy_bytes = cl->prefix_copy_bytes;
+    st.replica_blocks = cl->replica_blocks;
+    st.replica_bytes = cl->replica_bytes;
+    st.replica_dropped = cl->replica_dropped;
     if (cl->n_nodes > 0)
         st.nodes = cm_calloc(&gw_cl_tag, cl->n_nodes, sizeof(*st.nodes));
     for (size_t i = 0; st.nodes != NULL && i < cl->n_nodes; i++) {
@@ -579,4 +617,115 @@ out:
     cm_free(order);
     cm_free(nodes);
     return ctl;
+}
+
+/* ---- prefix replicas --------------------------------------------------- */
+
+/* Copy one job's blocks to other nodes until cl->replicas nodes hold them
+ * (the source included): the nodes ranked as for a new session, each
+ * lacking one given what it lacks of the source's leading run. */
+static void gw_cl_replicate_one(gw_cl_t *cl, const gw_cl_job_t *job)
+{
+    cm_cluster_node_t *nodes = NULL;
+    size_t *order = NULL, n_order = 0, src = SIZE_MAX;
+    uint32_t *run = NULL;
+
+    /* ranked with the source as "prefer": the round-robin cursor stays */
+    if (gw_cl_ranked(cl, job->from, &nodes, &order, &n_order) != RI_OK || n_order < 2)
+        goto out;
+    if ((run = cm_calloc(&gw_cl_tag, n_order, sizeof(*run))) == NULL)
+        goto out;
+    gw_cl_prefix_runs(cl, nodes, order, n_order, job->keys, job->n_keys, run);
+    for (size_t i = 0; i < n_order; i++)
+        if (strcmp(nodes[order[i]].name, job->from) == 0)
+            src = i;
+    if (src == SIZE_MAX || run[src] == 0)
+        goto out; /* the source is gone, or its records are not visible yet */
+    uint32_t have = 1;
+    for (size_t i = 0; i < n_order; i++)
+        if (i != src && run[i] >= run[src])
+            have++;
+    ri_client_h from = NULL;
+    if (have < cl->replicas && gw_cl_client(cl, &nodes[order[src]], &from) != RI_OK)
+        goto out;
+    for (size_t i = 0; i < n_order && have < cl->replicas; i++) {
+        ri_client_h to = NULL;
+        uint64_t bytes = 0;
+        if (i == src || run[i] >= run[src] || gw_cl_client(cl, &nodes[order[i]], &to) != RI_OK)
+            continue;
+        uint32_t n = gw_cl_copy_blocks(from, to, &job->lay, job->keys, run[i], run[src], &bytes);
+        pthread_mutex_lock(&cl->mu);
+        cl->replica_blocks += n;
+        cl->replica_bytes += bytes;
+        pthread_mutex_unlock(&cl->mu);
+        if (run[i] + n == run[src]) {
+            have++;
+            cm_debug("cluster: %u prefix blocks (%llu bytes) replicated from %s to %s", n, (unsigned long long)bytes,
+                     job->from, nodes[order[i]].name);
+        }
+    }
+out:
+    cm_free(run);
+    cm_free(order);
+    cm_free(nodes);
+}
+
+static void *gw_cl_rep_main(void *arg)
+{
+    gw_cl_t *cl = arg;
+    pthread_mutex_lock(&cl->mu);
+    for (;;) {
+        while (!cl->rep_stop && cl->jobs == NULL)
+            pthread_cond_wait(&cl->rep_cv, &cl->mu);
+        if (cl->rep_stop)
+            break;
+        gw_cl_job_t *j = cl->jobs;
+        cl->jobs = j->next;
+        if (cl->jobs == NULL)
+            cl->jobs_tail = &cl->jobs;
+        cl->n_jobs--;
+        pthread_mutex_unlock(&cl->mu);
+        gw_cl_replicate_one(cl, j);
+        cm_free(j);
+        pthread_mutex_lock(&cl->mu);
+    }
+    pthread_mutex_unlock(&cl->mu);
+    return NULL;
+}
+
+void gw_cl_replicate(gw_cl_t *cl, const gw_pfx_layout_t *lay, const uint8_t *keys, uint32_t n_keys,
+                     const char *from)
+{
+    if (cl == NULL || cl->replicas <= 1 || lay == NULL || keys == NULL || n_keys == 0 || from == NULL ||
+        from[0] == '\0')
+        return;
+    gw_cl_job_t *j = cm_malloc(&gw_cl_tag, sizeof(*j) + (size_t)n_keys * CM_PFX_KEY_SIZE);
+    if (j == NULL)
+        return;
+    j->next = NULL;
+    j->lay = *lay;
+    snprintf(j->from, sizeof(j->from), "%s", from);
+    j->n_keys = n_keys;
+    memcpy(j->keys, keys, (size_t)n_keys * CM_PFX_KEY_SIZE);
+    pthread_mutex_lock(&cl->mu);
+    if (cl->rep_stop || cl->n_jobs >= GW_CL_MAX_JOBS) {
+        cl->replica_dropped++;
+        pthread_mutex_unlock(&cl->mu);
+        cm_free(j);
+        return;
+    }
+    if (!cl->rep_running) {
+        if (pthread_create(&cl->rep_thread, NULL, gw_cl_rep_main, cl) != 0) {
+            cl->replica_dropped++;
+            pthread_mutex_unlock(&cl->mu);
+            cm_free(j);
+            return;
+        }
+        cl->rep_running = true;
+    }
+    *cl->jobs_tail = j;
+    cl->jobs_tail = &j->next;
+    cl->n_jobs++;
+    pthread_cond_signal(&cl->rep_cv);
+    pthread_mutex_unlock(&cl->mu);
 }

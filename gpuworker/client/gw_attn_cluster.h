@@ -42,6 +42,7 @@ typedef struct gw_cl_cfg {
     const char *token;                       /* bearer token of every node */
     uint32_t timeout_ms;                     /* each node's call deadline */
     const char *tls_ca, *tls_cert, *tls_key; /* every node's TLS (NULL = plaintext) */
+    uint32_t prefix_replicas;                /* nodes that should hold a published block (<= 1: one) */
 } gw_cl_cfg_t;
 
 /* Open the directory, read the node list (a watch) and join as an observer.
@@ -85,6 +86,14 @@ void gw_cl_node_lost(gw_cl_t *cl, const char *node);
 struct gw_ctl *gw_cl_pick_prefix(gw_cl_t *cl, const gw_pfx_layout_t *lay, const uint8_t *keys, uint32_t n_keys,
                                  char *node, uint32_t *timeout_ms_p);
 
+/* Queue the copy of blocks keys[0..n_keys) (published on node from) to
+ * other live nodes until prefix_replicas nodes hold them; a thread of the
+ * pool copies them node to node through this worker (as a prefix-aware
+ * placement does), the nodes ranked as for a new session.  Never waits;
+ * a full queue (64 jobs) drops the job.  lay and keys are copied. */
+void gw_cl_replicate(gw_cl_t *cl, const gw_pfx_layout_t *lay, const uint8_t *keys, uint32_t n_keys,
+                     const char *from);
+
 /* Figures for /metrics.  nodes_p: per-node counters, *n_p of them
  * (allocated, cm_free; every node seen since the start). */
 typedef struct gw_cl_node_stats {
@@ -99,6 +108,9 @@ typedef struct gw_cl_stats {
     uint64_t failovers;     /* sessions lost with their node */
     uint64_t prefix_copies; /* prefix blocks copied node to node */
     uint64_t prefix_copy_bytes;
+    uint64_t replica_blocks;  /* prefix blocks copied to a replica node */
+    uint64_t replica_bytes;
+    uint64_t replica_dropped; /* jobs dropped: the queue was full */
     gw_cl_node_stats_t *nodes;
     size_t n_nodes;
 } gw_cl_stats_t;

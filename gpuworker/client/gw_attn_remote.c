@@ -422,7 +422,8 @@ ri_status_t gw_attn_remote_configure(const gw_attn_remote_cfg_t *cfg, char *err,
         gw_cl_cfg_t cc = {.url = cfg->cluster.url, .cluster = cfg->cluster.name, .policy = cfg->cluster.policy,
                           .worker = cfg->cluster.worker, .host = cfg->cluster.host, .lease_ms = cfg->cluster.lease_ms,
                           .token = cfg->token, .timeout_ms = cfg->timeout_ms, .tls_ca = cfg->tls_ca,
-                          .tls_cert = cfg->tls_cert, .tls_key = cfg->tls_key};
+                          .tls_cert = cfg->tls_cert, .tls_key = cfg->tls_key,
+                          .prefix_replicas = cfg->cluster.prefix_replicas};
         st = gw_cl_open(&cc, &cl, err, errlen);
         if (st != RI_OK)
             return st;
@@ -504,6 +505,20 @@ struct gw_ctl *gw_attn_remote_place(const struct gw_pfx_layout *lay, const uint8
 void gw_attn_remote_place_clear(void)
 {
     gw_place_hint[0] = '\0';
+}
+
+const char *gw_attn_remote_placed_node(void)
+{
+    return gw_place_hint;
+}
+
+void gw_attn_remote_replicate(const struct gw_pfx_layout *lay, const uint8_t *keys, uint32_t n_keys,
+                              const char *from)
+{
+    pthread_mutex_lock(&gw_g.lock);
+    gw_cl_t *cl = gw_g.cl; /* lives until shutdown */
+    pthread_mutex_unlock(&gw_g.lock);
+    gw_cl_replicate(cl, lay, keys, n_keys, from);
 }
 
 bool gw_attn_remote_cluster_stats(struct gw_cl_stats *st_p)

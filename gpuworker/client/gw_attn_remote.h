@@ -55,6 +55,8 @@ typedef struct gw_attn_remote_cluster {
     const char *worker;     /* this worker's name in the session records */
     const char *host;       /* host identity for local-first (NULL = none matches) */
     uint32_t lease_ms;      /* the worker's lease in the directory (0 = default) */
+    uint32_t prefix_replicas; /* nodes that should hold each published prefix block
+                                 (0 or 1 = only the one it was published on) */
 } gw_attn_remote_cluster_t;
 
 typedef struct gw_attn_remote_cfg {
@@ -106,6 +108,17 @@ struct gw_pfx_layout;
 struct gw_ctl *gw_attn_remote_place(const struct gw_pfx_layout *lay, const uint8_t *keys, uint32_t n_keys,
                                     uint32_t *timeout_ms_p);
 void gw_attn_remote_place_clear(void);
+
+/* The node the last gw_attn_remote_place of this thread chose ("" = none). */
+const char *gw_attn_remote_placed_node(void);
+
+/* Blocks keys[0..n_keys) were published on node from: in cluster mode with
+ * prefix_replicas > 1, have them copied to other nodes in the background
+ * (a sequence rebuilt elsewhere after its node died attaches them there
+ * instead of prefilling them).  Never blocks on the copy; a no-op
+ * otherwise.  keys and lay are copied. */
+void gw_attn_remote_replicate(const struct gw_pfx_layout *lay, const uint8_t *keys, uint32_t n_keys,
+                              const char *from);
 
 /* Disconnect (every sequence on the backend must be destroyed first). */
 void gw_attn_remote_shutdown(void);

@@ -5,6 +5,7 @@
  */
 #include "gpuworker/client/gw_prefix_run.h"
 
+#include <stdio.h>
 #include <string.h>
 
 #include "common/cm_alloc.h"
@@ -27,6 +28,7 @@ struct gw_pfx_run {
     bool remote;          /* "retroinfer-remote": the backend attaches the keys and
                              calls src.built, where the run publishes */
     const mdl_seq_t *mseq; /* the sequence (the caller's), for src.built */
+    char node[CM_CLUSTER_NAME_MAX]; /* in a cluster: the node chosen for the request ("" = none) */
 };
 
 bool gw_pfx_run_supports(const mdl_attn_ops_t *attn)
@@ -148,6 +150,8 @@ ri_status_t gw_pfx_run_create(gw_pfx_ctx_t *ctx, mdl_model_t *m, const mdl_attn_
         (!placed || (ctl = gw_pfx_run_place(ctx, &run->lay, ids, gw_pfx_max_blocks(&run->lay, cfg->wave.window_tokens,
                                                                                    n), &timeout_ms)) != NULL) &&
         gw_pfx_conn_open(ctl, timeout_ms, &run->lay, &run->conn) == RI_OK) {
+        if (placed)
+            snprintf(run->node, sizeof(run->node), "%s", gw_attn_remote_placed_node());
         st = gw_pfx_seq_begin(run->conn->dp, &ctx->keyer, &run->lay, cfg->wave.window_tokens, ids, n, &ctx->stats,
                               &run->seq);
         if (st != RI_OK)
@@ -200,7 +204,13 @@ static void gw_pfx_run_publish(gw_pfx_run_t *run, const mdl_seq_t *seq)
         return;
     run->published = true;
     gw_pfx_src_t src = { mdl_seq_kv(seq), (void *)seq, run->lay.indexed ? gw_pfx_run_index : NULL };
-    (void)gw_pfx_seq_publish(run->seq, &src, NULL);
+    uint32_t published = 0;
+    (void)gw_pfx_seq_publish(run->seq, &src, &published);
+    /* In a cluster, copies on other nodes (--prefix-replicas): a sequence
+     * rebuilt after its node died attaches them there, not prefilling */
+    uint32_t held = (uint32_t)(gw_pfx_seq_cached(run->seq) / run->lay.block_tokens) + published;
+    if (run->node[0] != '\0' && held > 0)
+        gw_attn_remote_replicate(&run->lay, gw_pfx_seq_keys(run->seq), held, run->node);
 }
 
 static void gw_pfx_run_publish_now(gw_pfx_run_t *run, mdl_model_t *m, mdl_seq_t *seq);

@@ -1176,6 +1176,11 @@ static void gw_http_cluster_metrics(FILE *f)
               "them to the request's node instead of being prefilled.", (double)cs.prefix_copies);
     gw_metric(f, "ri_worker_prefix_remote_copy_bytes_total", "counter", "Bytes of those blocks.",
               (double)cs.prefix_copy_bytes);
+    gw_metric(f, "ri_worker_prefix_replica_blocks_total", "counter", "Published prefix blocks copied to another node "
+              "(--prefix-replicas).", (double)cs.replica_blocks);
+    gw_metric(f, "ri_worker_prefix_replica_bytes_total", "counter", "Bytes of those blocks.", (double)cs.replica_bytes);
+    gw_metric(f, "ri_worker_prefix_replica_dropped_total", "counter", "Replications dropped: their queue was full.",
+              (double)cs.replica_dropped);
     fprintf(f, "# HELP ri_worker_cluster_placements_total Sessions placed, by node.\n"
                "# TYPE ri_worker_cluster_placements_total counter\n");
     for (size_t i = 0; i < cs.n_nodes; i++)

@@ -113,6 +113,7 @@ typedef struct wk_cfg {
     char *worker_name;   /* this worker in the session records; empty = host:port or host:pid */
     char *cluster_host;  /* host identity for local-first; empty = gethostname() */
     int64_t cluster_lease_ms; /* the worker's lease in the directory */
+    int64_t prefix_replicas;  /* nodes that should hold each published prefix block */
 } wk_cfg_t;
 
 #define WK_ITEM(n, t, d, h, f) {n, t, d, h, offsetof(wk_cfg_t, f), 0, 0, NULL}
@@ -131,6 +132,9 @@ static const cm_config_item_t wk_items[] = {
             cluster_host),
     {"cluster-lease-ms", CM_CFG_INT, "5000", "cluster: lease of the worker's session records (gone this long after "
      "the worker dies)", offsetof(wk_cfg_t, cluster_lease_ms), 2000, 600000, NULL},
+    {"prefix-replicas", CM_CFG_INT, "1", "cluster: nodes that should hold each published prefix block; above 1 the "
+     "worker copies new blocks to other nodes in the background, so a sequence rebuilt after its node died attaches "
+     "them instead of prefilling them", offsetof(wk_cfg_t, prefix_replicas), 1, 8, NULL},
     WK_ITEM("token", CM_CFG_STRING, NULL, "bearer token for the kvstore", token),
     WK_ITEM("token-file", CM_CFG_STRING, NULL, "read the bearer token from this file: the first word of its first "
             "line that is not blank or a # comment (a kvstore tokens file gives its first token)", token_file),
@@ -800,6 +804,7 @@ static int wk_cluster_check(const wk_cfg_t *cfg, gw_attn_remote_cluster_t *cl, c
     cl->worker = worker;
     cl->host = host;
     cl->lease_ms = (uint32_t)cfg->cluster_lease_ms;
+    cl->prefix_replicas = (uint32_t)cfg->prefix_replicas;
     return 0;
 }
 

@@ -6,7 +6,9 @@ the sessions one node holds (admission is arithmetic on the pools), decode
 works over both, and the kill of the node holding a stream's session is
 noticed once (one failover) and the stream ends with the text of a run
 without the kill.  Not that the numbers are good (that is the bench's
-job).  Skipped (77) without the model or etcd.  About 60 s."""
+job).  With --prefix-replicas 2 the prompt's blocks are copied to the
+other node, so the rebuild after the kill attaches them there.  Skipped
+(77) without the model or etcd.  About 60 s."""
 import json
 import os
 import re
@@ -29,6 +31,7 @@ with tempfile.TemporaryDirectory() as tmp:
     out = os.path.join(tmp, "cluster.json")
     r = subprocess.run([sys.executable, BENCH, "--nodes", "1,2", "--memory", "96MiB", "--hold-tokens", "1024",
                         "--max-sessions", "8", "--seqs", "2", "--decode-tokens", "8", "--failover-tokens", "24",
+                        "--prefix-replicas", "2",
                         "--json", out, "--build", os.environ.get("RI_BUILD_DIR", "build")],
                        capture_output=True, text=True, timeout=900)
     print(r.stdout[-3000:], r.stderr[-2000:])
@@ -54,6 +57,9 @@ if one and two:
           "2 nodes hold twice what 1 holds (%s, %s)" % (one["sessions_held"], two["sessions_held"]))
     check(two["failover_s"] is not None and two["failover_s"] > 0, "failover measured (%s)" % two["failover_s"])
     check("worker failovers 1" in (two.get("failover_note") or ""), "one failover (%s)" % two.get("failover_note"))
+    m = re.search(r"replicated blocks (\d+)", two.get("failover_note") or "")
+    check(m is not None and int(m.group(1)) > 0, "--prefix-replicas 2 copied blocks to the other node (%s)" %
+          two.get("failover_note"))
     check(two["outputs_identical"] is True, "the stream's text survived the kill")
 if bad:
     sys.exit("FAIL: " + "; ".join(bad))
