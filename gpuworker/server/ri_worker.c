@@ -9,9 +9,12 @@
  *   {"id": 1, "prompt": "...", "max_tokens": 32, "attn": "retroinfer-remote",
  *    "compare_attn": "full", "chat": false}
  *
- * compare_attn runs a second backend on a copy of the same prefill, so that
- * two methods answer the same prompt for the cost of one prefill.  With
- * --prompt-file the worker answers that one request and exits (no stdin).
+ * Each line's request goes through the scheduler of gw_sched.h (the HTTP
+ * service's: prefix reuse, rebuild of a lost kvstore session, cluster
+ * failover) and is answered before the next line is read.  compare_attn
+ * runs a second backend on a copy of the same prefill, so that two methods
+ * answer the same prompt for the cost of one prefill.  With --prompt-file
+ * the worker answers that one request and exits (no stdin).
  *
  * A request that fails (kvstore gone and not back) gets {"ok": false,
  * "error": ...}; the process stays up, and the next request opens a new
@@ -50,10 +53,8 @@
 #include "common/cm_status.h"
 #include "common/cm_thread.h"
 #include "common/cm_time.h"
-#include "gpuworker/model/mdl_kv_mem.h"
 #include "gpuworker/model/mdl_device.h"
 #include "gpuworker/model/mdl_model.h"
-#include "gpuworker/model/mdl_gen.h"
 #include "gpuworker/client/gw_attn_remote.h"
 #include "gpuworker/client/gw_prefix_seq.h"
 #include "gpuworker/server/gw_http.h"
@@ -169,8 +170,8 @@ static const cm_config_item_t wk_items[] = {
             "retroinfer-remote: keep the K/V the kvstore holds (a session it loses is re-filled, not rebuilt)",
             keep_kv),
     WK_ITEM("prefix-cache", CM_CFG_BOOL, "true",
-            "HTTP service with --kvstore or --cluster: attach the cached leading 256-token blocks of a prompt "
-            "instead of prefilling them, and publish the new ones (full and retroinfer; docs/prefix.md)", prefix_cache),
+            "with --kvstore or --cluster: attach the cached leading 256-token blocks of a prompt instead of "
+            "prefilling them, and publish the new ones (full and retroinfer; docs/prefix.md)", prefix_cache),
     WK_ITEM("prefix-salt", CM_CFG_STRING, NULL,
             "extra salt of the prefix block keys: only workers with the same salt (and kvstore token) share blocks",
             prefix_salt),
@@ -194,7 +195,7 @@ static const cm_config_item_t wk_items[] = {
      offsetof(wk_cfg_t, max_batch), 1, 64, NULL},
     {"queue-size", CM_CFG_INT, "32", "HTTP service: requests waiting for a batch slot; more get 429",
      offsetof(wk_cfg_t, queue_size), 1, 1000000, NULL},
-    {"prefill-chunk", CM_CFG_INT, "256", "HTTP service: prompt tokens prefilled between two decode steps "
+    {"prefill-chunk", CM_CFG_INT, "256", "prompt tokens prefilled between two decode steps "
      "(a multiple of 64)", offsetof(wk_cfg_t, prefill_chunk), 64, 1 << 20, NULL},
     {"ctx", CM_CFG_INT, "0", "HTTP service: prompt + max_tokens limit (0 = the model's trained context)",
      offsetof(wk_cfg_t, ctx), 0, 1 << 24, NULL},
