@@ -414,7 +414,7 @@ static void gw_run_close(gw_req_t *r, ri_status_t st)
     rs->status = st;
     rs->n_gen = r->n_gen;
     rs->decode_s = (double)(cm_time_ns() - r->t_run_ns) * 1e-9;
-    if (r->seq != NULL) {
+    if (r->seq != NULL && r->figures) { /* mincore over the K/V: only when asked */
         rs->seq_len = mdl_seq_len(r->seq);
         rs->kv_resident_bytes = mdl_kv_resident_bytes(mdl_seq_kv(r->seq));
     }

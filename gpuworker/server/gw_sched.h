@@ -109,8 +109,8 @@ typedef struct gw_run_stats {
     gw_attn_remote_totals_t remote_totals; /* over the run (reset at its start), taken at its end */
 } gw_run_stats_t;
 
-/* A request's figures once done.  The remote totals only with
- * gw_req_params_t.figures; the rest always. */
+/* A request's figures once done.  The K/V memory and the remote totals
+ * only with gw_req_params_t.figures; the rest always. */
 typedef struct gw_req_figures {
     double prefill_s;              /* wall time of the prompt's prefill (the chunks not cached, and the
                                       prefix publish) */
