@@ -1,6 +1,7 @@
 /*
  * Token generation: the one loop every user of the model runs (ri-worker's
- * scheduler and its JSON-lines mode, ri generate, the benches).
+ * scheduler, which serves its HTTP and JSON-lines modes, ri generate, the
+ * benches).
  *
  * Rules, the same for all: after the prefill, a token is picked from the
  * logits (sampled, or greedy argmax); the model's stop token ends the

@@ -28,6 +28,7 @@
 #include "gpuworker/client/gw_prefix_run.h"
 #include "gpuworker/model/mdl_device.h"
 #include "gpuworker/model/mdl_gen.h"
+#include "gpuworker/model/mdl_kv_mem.h"
 
 static CM_ALLOC_TAG(gw_sched_tag, "worker.sched");
 
@@ -57,6 +58,8 @@ struct gw_req {
     const mdl_attn_ops_t *attn;   /* registered backend (process lifetime) */
     char **stop;                  /* owned strings */
     size_t n_stop;
+    const mdl_attn_ops_t *cmp_attn; /* the second run's backend (gw_req_params_t.compare_attn); NULL = none */
+    bool figures;                 /* gw_req_params_t.figures */
     /* the scheduler's (these two under the scheduler's mu; the rest its thread only) */
     bool submitted;               /* gw_sched_submit took it */
     gw_req_t *next;               /* queue link */
@@ -73,6 +76,16 @@ struct gw_req {
     size_t gen_cap;
     uint64_t t_submit_ns;         /* for TTFT */
     uint64_t t_last_ns;           /* last token, for the inter-token latency */
+    /* runs (one, or two with cmp_attn): the scheduler thread's until done */
+    size_t run;                   /* the run going on: 0, or 1 (the compare run) */
+    bool run_open;                /* the run has started and is not closed */
+    uint64_t t_run_ns;            /* its start (its first pick) */
+    mdl_seq_t *cmp_seq;           /* the fork of the prefill for run 1, owned until run 1 starts */
+    float *cmp_logits;            /* [n_vocab] the prefill's last logits for run 1, owned */
+    gw_pfx_run_t *pfx_kept;       /* run 0's prefix run, kept past its sequence until the end, owned */
+    int32_t *run_ids[2];          /* each closed run's tokens, owned */
+    size_t run_n[2];
+    gw_req_figures_t fig;         /* what waiters read once done */
     /* what waiters read, under mu */
     pthread_mutex_t mu;
     pthread_cond_t cv;            /* more text, or done */
@@ -153,6 +166,8 @@ ri_status_t gw_req_create(const gw_req_params_t *p, gw_req_t **req_p)
     r->ignore_eos = p->ignore_eos;
     r->scfg = p->sampler;
     r->attn = p->attn;
+    r->cmp_attn = p->compare_attn;
+    r->figures = p->figures;
     r->view.prompt_tokens = p->n_ids;
     if ((r->ids = cm_malloc(&gw_sched_tag, p->n_ids * sizeof(int32_t))) == NULL)
         goto err_free;
@@ -183,6 +198,9 @@ void gw_req_release(gw_req_t *r)
     for (size_t i = 0; r->stop != NULL && i < r->n_stop; i++)
         cm_free(r->stop[i]);
     cm_free(r->stop);
+    cm_free(r->cmp_logits);
+    cm_free(r->run_ids[0]);
+    cm_free(r->run_ids[1]);
     cm_free(r->ids);
     cm_free(r->gen);
     cm_free(r->text);
@@ -225,6 +243,40 @@ ri_status_t gw_req_take(gw_req_t *r, size_t from, uint32_t timeout_ms, char **te
     *text_p = text;
     *len_p = n;
     return st;
+}
+
+void gw_req_figures(gw_req_t *r, gw_req_figures_t *f_p)
+{
+    pthread_mutex_lock(&r->mu);
+    if (r->view.done) {
+        *f_p = r->fig;
+        f_p->cached_tokens = r->view.cached_tokens;
+    } else {
+        memset(f_p, 0, sizeof(*f_p));
+    }
+    pthread_mutex_unlock(&r->mu);
+}
+
+ri_status_t gw_req_run_ids(gw_req_t *r, size_t run, int32_t **ids_p, size_t *n_p)
+{
+    ri_status_t st = RI_OK;
+    int32_t *ids = NULL;
+    size_t n = 0;
+    pthread_mutex_lock(&r->mu);
+    if (!r->view.done || run >= r->fig.n_runs) {
+        st = RI_ERR_INVALID;
+    } else if ((n = r->run_n[run]) > 0) {
+        if ((ids = cm_malloc(&gw_sched_tag, n * sizeof(*ids))) == NULL)
+            st = RI_ERR_NOMEM;
+        else
+            memcpy(ids, r->run_ids[run], n * sizeof(*ids));
+    }
+    pthread_mutex_unlock(&r->mu);
+    if (st != RI_OK)
+        return st;
+    *ids_p = ids;
+    *n_p = n;
+    return RI_OK;
 }
 
 /* The end of text[0, end) without a UTF-8 sequence cut short at its end. */
@@ -327,6 +379,55 @@ static size_t gw_seq_len(const gw_sched_t *s, const gw_req_t *r)
     return mdl_seq_len(r->seq);
 }
 
+/* A run of r starts: its first pick comes next.  With figures, the remote
+ * backend's totals start from zero (process-wide: the request runs alone).
+ * Scheduler thread. */
+static void gw_run_open(gw_req_t *r)
+{
+    gw_run_stats_t *rs = &r->fig.runs[r->run];
+    rs->attn = r->attn;
+    rs->started = true;
+    rs->remote = strcmp(r->attn->name, GW_ATTN_REMOTE_NAME) == 0;
+    if (r->figures && rs->remote)
+        gw_attn_remote_reset_totals();
+    r->fig.n_runs = r->run + 1;
+    r->run_open = true;
+    r->t_run_ns = cm_time_ns();
+}
+
+/* A decode step of r's run went through (for its figures). */
+static void gw_run_stepped(gw_req_t *r)
+{
+    gw_run_stats_t *rs = &r->fig.runs[r->run];
+    if (r->run_open && ++rs->steps == 1)
+        rs->first_step_s = (double)(cm_time_ns() - r->t_run_ns) * 1e-9;
+}
+
+/* The run going on ends with status st: its figures and tokens are kept
+ * (its sequence still alive).  Scheduler thread. */
+static void gw_run_close(gw_req_t *r, ri_status_t st)
+{
+    gw_run_stats_t *rs = &r->fig.runs[r->run];
+    if (!r->run_open)
+        return;
+    r->run_open = false;
+    rs->status = st;
+    rs->n_gen = r->n_gen;
+    rs->decode_s = (double)(cm_time_ns() - r->t_run_ns) * 1e-9;
+    if (r->seq != NULL && r->figures) { /* mincore over the K/V: only when asked */
+        rs->seq_len = mdl_seq_len(r->seq);
+        rs->kv_resident_bytes = mdl_kv_resident_bytes(mdl_seq_kv(r->seq));
+    }
+    if (r->figures && rs->remote)
+        gw_attn_remote_totals(&rs->remote_totals);
+    if (r->n_gen > 0 && (r->run_ids[r->run] = cm_malloc(&gw_sched_tag, r->n_gen * sizeof(int32_t))) != NULL) {
+        memcpy(r->run_ids[r->run], r->gen, r->n_gen * sizeof(int32_t));
+        r->run_n[r->run] = r->n_gen;
+    } else if (r->n_gen > 0 && rs->status == RI_OK) {
+        rs->status = RI_ERR_NOMEM; /* its tokens are lost */
+    }
+}
+
 /* End a request: waiters see all its text and why.  The scheduler's
  * reference stays until the request leaves the batch (gw_sched_main), so
  * that the round can still read its phase.  Scheduler thread. */
@@ -334,12 +435,19 @@ static void gw_sched_finish(gw_sched_t *s, gw_req_t *r, gw_finish_t f, ri_status
     __attribute__((format(printf, 5, 6)));
 static void gw_sched_finish(gw_sched_t *s, gw_req_t *r, gw_finish_t f, ri_status_t st, const char *fmt, ...)
 {
+    /* the text is run 0's (a compare run's tokens are apart) */
+    size_t completion = r->run == 0 ? r->n_gen : r->run_n[0];
+    gw_run_close(r, st);
     gw_dev_seq_free(s, r->dseq);
     r->dseq = NULL;
     mdl_seq_destroy(r->seq);
     r->seq = NULL;
-    gw_pfx_run_destroy(r->pfx); /* after the sequence, which borrowed its blocks */
+    mdl_seq_destroy(r->cmp_seq);
+    r->cmp_seq = NULL;
+    gw_pfx_run_destroy(r->pfx); /* after the sequences, which borrowed its blocks */
     r->pfx = NULL;
+    gw_pfx_run_destroy(r->pfx_kept);
+    r->pfx_kept = NULL;
     mdl_sampler_destroy(r->smp);
     r->smp = NULL;
     r->phase = GW_PHASE_DONE;
@@ -347,7 +455,7 @@ static void gw_sched_finish(gw_sched_t *s, gw_req_t *r, gw_finish_t f, ri_status
     r->view.done = true;
     r->view.finish = f;
     r->view.status = st;
-    r->view.completion_tokens = r->n_gen;
+    r->view.completion_tokens = completion;
     if (fmt != NULL) {
         va_list ap;
         va_start(ap, fmt);
@@ -362,7 +470,9 @@ static void gw_sched_finish(gw_sched_t *s, gw_req_t *r, gw_finish_t f, ri_status
     pthread_mutex_unlock(&s->mu);
 }
 
-/* One generated token for r from its logits row; finishes r when it is
+static void gw_sched_run_end(gw_sched_t *s, gw_req_t *r, gw_finish_t f);
+
+/* One generated token for r from its logits row; ends r's run when it is
  * done.  The rules are the model's (mdl_gen_pick): a stop token ends it
  * unseen, then the token counts, then the length ends it; a stop string
  * ends it too. */
@@ -372,7 +482,7 @@ static void gw_sched_step(gw_sched_t *s, gw_req_t *r, const float *logits)
     mdl_gen_end_t end = mdl_gen_pick(&r->gen_state, logits, &id);
     uint64_t now = cm_time_ns();
     if (end == MDL_GEN_STOP) {
-        gw_sched_finish(s, r, GW_FINISH_STOP, RI_OK, NULL);
+        gw_sched_run_end(s, r, GW_FINISH_STOP);
         return;
     }
     pthread_mutex_lock(&s->mu);
@@ -398,17 +508,64 @@ static void gw_sched_step(gw_sched_t *s, gw_req_t *r, const float *logits)
 
     char *piece = NULL;
     bool stopped = false;
-    (void)mdl_tok_decode(s->tok, &id, 1, true, &piece); /* control tokens give "" */
+    if (r->run == 0) /* a compare run's tokens are not the text */
+        (void)mdl_tok_decode(s->tok, &id, 1, true, &piece); /* control tokens give "" */
     pthread_mutex_lock(&r->mu);
-    r->view.completion_tokens = r->n_gen;
+    if (r->run == 0)
+        r->view.completion_tokens = r->n_gen;
     if (piece != NULL)
         stopped = gw_req_append(r, piece, strlen(piece));
     pthread_mutex_unlock(&r->mu);
     cm_free(piece);
     if (stopped)
-        gw_sched_finish(s, r, GW_FINISH_STOP, RI_OK, NULL);
+        gw_sched_run_end(s, r, GW_FINISH_STOP);
     else if (end == MDL_GEN_LENGTH)
-        gw_sched_finish(s, r, GW_FINISH_LENGTH, RI_OK, NULL);
+        gw_sched_run_end(s, r, GW_FINISH_LENGTH);
+}
+
+/* Run 1 of r (compare_attn): its sequence, the fork of the prefill, takes
+ * the place of run 0's, and generates from the prefill's logits by the same
+ * rules.  Run 0's prefix run stays until the end (the fork was copied from
+ * a sequence that borrowed its blocks); a rebuild of run 1 prefills whole. */
+static void gw_sched_compare_start(gw_sched_t *s, gw_req_t *r)
+{
+    ri_status_t st;
+    gw_run_close(r, RI_OK);
+    gw_dev_seq_free(s, r->dseq);
+    r->dseq = NULL;
+    mdl_seq_destroy(r->seq);
+    r->seq = r->cmp_seq;
+    r->cmp_seq = NULL;
+    r->pfx_kept = r->pfx;
+    r->pfx = NULL;
+    r->attn = r->cmp_attn;
+    r->run = 1;
+    r->n_gen = 0;
+    mdl_sampler_destroy(r->smp);
+    r->smp = NULL;
+    if ((st = mdl_sampler_create(&r->scfg, s->n_vocab, &r->smp)) != RI_OK) {
+        gw_sched_finish(s, r, GW_FINISH_ERROR, st, "cannot create the sampler: %s", ri_status_str(st));
+        return;
+    }
+    if (s->cfg.dev != NULL && (st = gw_dev_upload(s, r)) != RI_OK) {
+        cm_error("request: cannot copy the prefill to the device: %s", ri_status_str(st));
+        gw_sched_finish(s, r, GW_FINISH_ERROR, st, "cannot copy the prefill to the device: %s", ri_status_str(st));
+        return;
+    }
+    mdl_gen_init(&r->gen_state, s->tok, r->smp, s->n_vocab, r->max_tokens, gw_seq_len(s, r), mdl_seq_cap(r->seq));
+    r->gen_state.ignore_stop = r->ignore_eos;
+    gw_run_open(r);
+    gw_sched_step(s, r, r->cmp_logits);
+}
+
+/* r's run ended by f (stop or length): the compare run starts if there is
+ * one, else r is done. */
+static void gw_sched_run_end(gw_sched_t *s, gw_req_t *r, gw_finish_t f)
+{
+    if (r->run == 0 && r->cmp_seq != NULL)
+        gw_sched_compare_start(s, r);
+    else
+        gw_sched_finish(s, r, f, RI_OK, NULL);
 }
 
 /* Prefill the next chunk of r's prompt (creating its sequence first); at
@@ -431,13 +588,28 @@ static ri_status_t gw_sched_seq_create(gw_sched_t *s, gw_req_t *r, size_t cap)
     return RI_OK;
 }
 
+/* compare_attn: the fork of r's prefilled sequence into the second
+ * backend, and the prefill's last logits, kept for run 1. */
+static ri_status_t gw_sched_fork(gw_sched_t *s, gw_req_t *r)
+{
+    if ((r->cmp_logits = cm_malloc(&gw_sched_tag, s->n_vocab * sizeof(float))) == NULL)
+        return RI_ERR_NOMEM;
+    memcpy(r->cmp_logits, s->plogits, s->n_vocab * sizeof(float));
+    ri_status_t st = mdl_seq_fork(r->seq, r->cmp_attn, &s->cfg.attn, &r->cmp_seq);
+    if (st != RI_OK)
+        cm_error("request: cannot start attn %s on the prefill: %s", r->cmp_attn->name, ri_status_str(st));
+    return st;
+}
+
 static void gw_sched_prefill(gw_sched_t *s, gw_req_t *r)
 {
     ri_status_t st;
-    if (r->seq == NULL && s->cfg.dev != NULL && strcmp(r->attn->name, "full") != 0) {
+    const mdl_attn_ops_t *off = s->cfg.dev == NULL ? NULL : strcmp(r->attn->name, "full") != 0 ? r->attn
+                              : r->cmp_attn != NULL && strcmp(r->cmp_attn->name, "full") != 0 ? r->cmp_attn : NULL;
+    if (r->seq == NULL && off != NULL) {
         gw_sched_finish(s, r, GW_FINISH_ERROR, RI_ERR_UNSUPPORTED,
                         "attn %s does not run with --device cuda yet (the device decodes full attention only)",
-                        r->attn->name);
+                        off->name);
         return;
     }
     if (r->seq == NULL) {
@@ -456,8 +628,10 @@ static void gw_sched_prefill(gw_sched_t *s, gw_req_t *r)
     }
     size_t n = CM_MIN(s->cfg.prefill_chunk, r->n_ids - r->prefilled);
     bool last = r->prefilled + n == r->n_ids;
-    if ((st = mdl_prefill(s->m, r->seq, r->ids + r->prefilled, n, last ? s->plogits : NULL, NULL, NULL, NULL)) !=
-        RI_OK) {
+    uint64_t t0 = cm_time_ns();
+    st = mdl_prefill(s->m, r->seq, r->ids + r->prefilled, n, last ? s->plogits : NULL, NULL, NULL, NULL);
+    r->fig.prefill_s += (double)(cm_time_ns() - t0) * 1e-9;
+    if (st != RI_OK) {
         cm_error("request: prefill with attn %s failed: %s", r->attn->name, ri_status_str(st));
         gw_sched_finish(s, r, GW_FINISH_ERROR, st, "prefill with attn %s failed: %s", r->attn->name,
                         ri_status_str(st));
@@ -468,7 +642,14 @@ static void gw_sched_prefill(gw_sched_t *s, gw_req_t *r)
     s->st.prompt_tokens += n;
     pthread_mutex_unlock(&s->mu);
     if (last) {
+        t0 = cm_time_ns();
         gw_pfx_run_prefilled(r->pfx, s->m, r->seq); /* builds the index and publishes */
+        r->fig.prefill_s += (double)(cm_time_ns() - t0) * 1e-9;
+    }
+    if (last && r->cmp_attn != NULL && (st = gw_sched_fork(s, r)) != RI_OK) {
+        gw_sched_finish(s, r, GW_FINISH_ERROR, st, "cannot start attn %s on the prefill: %s", r->cmp_attn->name,
+                        ri_status_str(st));
+        return;
     }
     if (last && s->cfg.dev != NULL && (st = gw_dev_upload(s, r)) != RI_OK) {
         cm_error("request: cannot copy the prefill to the device: %s", ri_status_str(st));
@@ -479,6 +660,7 @@ static void gw_sched_prefill(gw_sched_t *s, gw_req_t *r)
         r->phase = GW_PHASE_DECODE;
         mdl_gen_init(&r->gen_state, s->tok, r->smp, s->n_vocab, r->max_tokens, gw_seq_len(s, r), mdl_seq_cap(r->seq));
         r->gen_state.ignore_stop = r->ignore_eos;
+        gw_run_open(r);
         gw_sched_step(s, r, s->plogits);
     }
 }
@@ -549,6 +731,7 @@ static ri_status_t gw_sched_rebuild(gw_sched_t *s, gw_req_t *r)
     gw_pfx_run_destroy(r->pfx); /* after the sequence, which borrowed its blocks */
     r->seq = seq;
     r->pfx = run;
+    r->fig.rebuilt++;
     pthread_mutex_lock(&s->mu);
     s->st.rebuilt++;
     pthread_mutex_unlock(&s->mu);
@@ -597,6 +780,7 @@ static void gw_sched_decode(gw_sched_t *s)
                             ri_status_str(sb));
             continue;
         }
+        gw_run_stepped(r);
         gw_sched_step(s, r, row);
     }
 }

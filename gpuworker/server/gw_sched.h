@@ -13,6 +13,13 @@
  * tokens come, holding back bytes that may still turn into a stop string or
  * that end inside a UTF-8 sequence.
  *
+ * ri-worker's JSON-lines mode submits here too, one request at a time, and
+ * asks for each request's figures (gw_req_params_t.figures: prefill and
+ * decode times, K/V memory, the remote backend's totals) and optionally a
+ * second run on a copy of the prefill with another backend
+ * (gw_req_params_t.compare_attn), read back with gw_req_figures and
+ * gw_req_run_ids once the request is done.
+ *
  * Workload: a few to a few dozen concurrent requests, prompts of up to the
  * model's context, tens to hundreds of generated tokens each.
  */
@@ -24,6 +31,7 @@
 #include <stdint.h>
 
 #include "common/cm_hist.h"
+#include "gpuworker/client/gw_attn_remote.h"
 #include "gpuworker/model/mdl_model.h"
 #include "gpuworker/model/mdl_sample.h"
 #include "retroinfer/status.h"
@@ -63,6 +71,14 @@ typedef struct gw_req_params {
     const char *const *stop;       /* stop strings (not part of the text), n_stop of them */
     size_t n_stop;
     bool ignore_eos;               /* the model's stop token does not end the generation */
+    const mdl_attn_ops_t *compare_attn; /* NULL, or a second run: after the first run ends (stop or
+                                           length) this backend generates again from a copy of the
+                                           same prefill (mdl_seq_fork; no second prefill).  Its
+                                           tokens are not part of the text: read them with
+                                           gw_req_run_ids */
+    bool figures;                  /* keep per-run figures (gw_req_figures).  Resets the remote
+                                      backend's process-wide totals at each run's start, so only
+                                      for a request that runs alone (the JSON-lines mode) */
 } gw_req_params_t;
 
 /* A snapshot of a request's progress. */
@@ -76,6 +92,33 @@ typedef struct gw_req_view {
     size_t cached_tokens;      /* of them, preloaded from cached prefix blocks (not prefilled) */
     size_t completion_tokens;  /* tokens generated so far */
 } gw_req_view_t;
+
+/* What one run of a request did. */
+typedef struct gw_run_stats {
+    const mdl_attn_ops_t *attn;    /* its backend */
+    bool started;                  /* it got to its first token pick */
+    ri_status_t status;            /* RI_OK, or why it failed */
+    size_t n_gen;                  /* tokens generated */
+    size_t steps;                  /* decode steps run (a rebuild's prefill not counted) */
+    double decode_s;               /* wall time from the first pick to the end */
+    double first_step_s;           /* wall time to the end of the first decode step (builds a sparse index) */
+    size_t seq_len;                /* tokens in its CPU sequence at the end (the prompt's, with a device) */
+    size_t kv_resident_bytes;      /* the engine's resident K/V bytes at the end (mdl_kv_resident_bytes) */
+    bool remote;                   /* the backend is retroinfer-remote (with figures: remote_totals
+                                      holds its totals) */
+    gw_attn_remote_totals_t remote_totals; /* over the run (reset at its start), taken at its end */
+} gw_run_stats_t;
+
+/* A request's figures once done.  The K/V memory and the remote totals
+ * only with gw_req_params_t.figures; the rest always. */
+typedef struct gw_req_figures {
+    double prefill_s;              /* wall time of the prompt's prefill (the chunks not cached, and the
+                                      prefix publish) */
+    size_t cached_tokens;          /* prompt tokens preloaded from cached prefix blocks */
+    uint64_t rebuilt;              /* times a lost sequence was rebuilt */
+    size_t n_runs;                 /* runs started: 1, or 2 with compare_attn */
+    gw_run_stats_t runs[2];
+} gw_req_figures_t;
 
 /* Scheduler figures for /metrics (cumulative unless said otherwise). */
 typedef struct gw_sched_stats {
@@ -102,6 +145,16 @@ ri_status_t gw_req_create(const gw_req_params_t *p, gw_req_t **req_p);
 
 /* Drop one reference; the last frees.  NULL is a no-op. */
 void gw_req_release(gw_req_t *req);
+
+/* The figures of a done request into *f_p (all zero before it is done).
+ * Any thread. */
+void gw_req_figures(gw_req_t *req, gw_req_figures_t *f_p);
+
+/* A copy of the token ids run `run` (0, or 1 for compare_attn) generated,
+ * once the request is done: *ids_p (caller frees with cm_free; NULL when
+ * none) and *n_p.  Errors: RI_ERR_INVALID (not done, or no such run),
+ * RI_ERR_NOMEM. */
+ri_status_t gw_req_run_ids(gw_req_t *req, size_t run, int32_t **ids_p, size_t *n_p);
 
 /* Ask the scheduler to stop the request at the next step boundary (it ends
  * GW_FINISH_CANCELLED unless it ended first).  Any thread. */

@@ -9,9 +9,12 @@
  *   {"id": 1, "prompt": "...", "max_tokens": 32, "attn": "retroinfer-remote",
  *    "compare_attn": "full", "chat": false}
  *
- * compare_attn runs a second backend on a copy of the same prefill, so that
- * two methods answer the same prompt for the cost of one prefill.  With
- * --prompt-file the worker answers that one request and exits (no stdin).
+ * Each line's request goes through the scheduler of gw_sched.h (the HTTP
+ * service's: prefix reuse, rebuild of a lost kvstore session, cluster
+ * failover) and is answered before the next line is read.  compare_attn
+ * runs a second backend on a copy of the same prefill, so that two methods
+ * answer the same prompt for the cost of one prefill.  With --prompt-file
+ * the worker answers that one request and exits (no stdin).
  *
  * A request that fails (kvstore gone and not back) gets {"ok": false,
  * "error": ...}; the process stays up, and the next request opens a new
@@ -50,10 +53,8 @@
 #include "common/cm_status.h"
 #include "common/cm_thread.h"
 #include "common/cm_time.h"
-#include "gpuworker/model/mdl_kv_mem.h"
 #include "gpuworker/model/mdl_device.h"
 #include "gpuworker/model/mdl_model.h"
-#include "gpuworker/model/mdl_gen.h"
 #include "gpuworker/client/gw_attn_remote.h"
 #include "gpuworker/client/gw_prefix_seq.h"
 #include "gpuworker/server/gw_http.h"
@@ -173,8 +174,8 @@ static const cm_config_item_t wk_items[] = {
             "retroinfer-remote: keep the K/V the kvstore holds (a session it loses is re-filled, not rebuilt)",
             keep_kv),
     WK_ITEM("prefix-cache", CM_CFG_BOOL, "true",
-            "HTTP service with --kvstore or --cluster: attach the cached leading 256-token blocks of a prompt "
-            "instead of prefilling them, and publish the new ones (full and retroinfer; docs/prefix.md)", prefix_cache),
+            "with --kvstore or --cluster: attach the cached leading 256-token blocks of a prompt instead of "
+            "prefilling them, and publish the new ones (full and retroinfer; docs/prefix.md)", prefix_cache),
     WK_ITEM("prefix-salt", CM_CFG_STRING, NULL,
             "extra salt of the prefix block keys: only workers with the same salt (and kvstore token) share blocks",
             prefix_salt),
@@ -198,7 +199,7 @@ static const cm_config_item_t wk_items[] = {
      offsetof(wk_cfg_t, max_batch), 1, 64, NULL},
     {"queue-size", CM_CFG_INT, "32", "HTTP service: requests waiting for a batch slot; more get 429",
      offsetof(wk_cfg_t, queue_size), 1, 1000000, NULL},
-    {"prefill-chunk", CM_CFG_INT, "256", "HTTP service: prompt tokens prefilled between two decode steps "
+    {"prefill-chunk", CM_CFG_INT, "256", "prompt tokens prefilled between two decode steps "
      "(a multiple of 64)", offsetof(wk_cfg_t, prefill_chunk), 64, 1 << 20, NULL},
     {"ctx", CM_CFG_INT, "0", "HTTP service: prompt + max_tokens limit (0 = the model's trained context)",
      offsetof(wk_cfg_t, ctx), 0, 1 << 24, NULL},
@@ -241,29 +242,7 @@ static bool wk_device_takes(const mdl_attn_ops_t *ops)
     return wk_dev == NULL || strcmp(ops->name, "full") == 0;
 }
 
-/* One decode step of the device twin dseq of a sequence, with --device
- * cuda (mdl_gen_decode_fn_t). */
-static ri_status_t wk_step_dev(void *dseq, int32_t tok, float *logits)
-{
-    void *one[1] = {dseq};
-    return mdl_device_decode(wk_dev, one, &tok, 1, logits);
-}
-
-/* On a device: a device sequence holding seq's prefill (caller frees with
- * wk_device_seq_free); NULL on the CPU. */
-static ri_status_t wk_device_seq(const mdl_seq_t *seq, void **dseq_p)
-{
-    return mdl_device_seq_adopt(wk_dev, seq, dseq_p);
-}
-
-static void wk_device_seq_free(void *dseq)
-{
-    if (dseq != NULL)
-        mdl_device_seq_free(wk_dev, dseq);
-}
-
 typedef struct wk_req {
-    const mdl_attn_cfg_t *acfg; /* settings of its sequences */
     const char *prompt;
     const char *attn;
     const char *compare_attn;
@@ -271,117 +250,106 @@ typedef struct wk_req {
     bool chat;
 } wk_req_t;
 
-/* The token ids a generation delivered (mdl_gen_token_fn_t). */
-typedef struct wk_tokens {
-    int32_t *ids; /* [max_tokens] */
-    size_t n;
-} wk_tokens_t;
-
-static void wk_collect(void *arg, int32_t id)
+static void wk_add_remote_stats(cJSON *run, const gw_attn_remote_totals_t *t, size_t steps)
 {
-    wk_tokens_t *o = arg;
-    o->ids[o->n++] = id;
+    cJSON_AddNumberToObject(run, "hit_ratio", t->hits + t->misses ? (double)t->hits / (double)(t->hits + t->misses)
+                                                                  : 0);
+    cJSON_AddNumberToObject(run, "cache_hits", (double)t->hits);
+    cJSON_AddNumberToObject(run, "cache_misses", (double)t->misses);
+    cJSON_AddNumberToObject(run, "fetched_bytes", (double)t->fetched_bytes);
+    cJSON_AddNumberToObject(run, "fetched_bytes_per_token", steps ? (double)t->fetched_bytes / (double)steps : 0);
+    cJSON_AddNumberToObject(run, "uploaded_bytes", (double)t->uploaded_bytes);
+    cJSON_AddNumberToObject(run, "index_build_s", t->build_s);
+    cJSON_AddNumberToObject(run, "fetch_wait_s", t->fetch_wait_s);
+    cJSON_AddNumberToObject(run, "max_wait_ms", t->max_wait_s * 1e3);
+    cJSON_AddNumberToObject(run, "late_steps", (double)t->late_steps);
+    cJSON_AddNumberToObject(run, "late_clusters", (double)t->late_clusters);
+    cJSON_AddNumberToObject(run, "direct_steps", (double)t->direct_steps);
+    cJSON_AddNumberToObject(run, "direct_clusters", (double)t->direct_clusters);
+    cJSON_AddNumberToObject(run, "compare_s", t->compare_s);
+    cJSON_AddNumberToObject(run, "recoveries", (double)t->recoveries);
+    if (t->n_err > 0) {
+        cJSON_AddNumberToObject(run, "attn_rel_err_median", t->err_median);
+        cJSON_AddNumberToObject(run, "attn_rel_err_p90", t->err_p90);
+        cJSON_AddNumberToObject(run, "attn_rel_err_p99", t->err_p99);
+        cJSON_AddNumberToObject(run, "attn_rel_err_max", t->err_max);
+        cJSON_AddNumberToObject(run, "attn_err_samples", (double)t->n_err);
+    }
 }
 
-/* Greedy generation on seq from the prefill's logits (copied in). */
-static ri_status_t wk_generate(mdl_model_t *m, mdl_seq_t *seq, const float *logits0, size_t max_tokens,
-                               cJSON *run)
+/* One run's object of the reply: its text (its tokens decoded at once),
+ * decode figures, K/V memory (the sequence's whole K/V in fp16, what of the
+ * engine's arrays was resident, plus the remote backend's own bytes: block
+ * cache, receive buffer, meta index) and the remote backend's totals. */
+static void wk_add_run(mdl_model_t *m, gw_req_t *req, const gw_run_stats_t *rs, size_t i, cJSON *runs)
 {
     const mdl_hparams_t *hp = mdl_model_hparams(m);
-    float *logits = cm_malloc(&wk_tag, hp->n_vocab * sizeof(float));
-    wk_tokens_t out = {cm_malloc(&wk_tag, (max_tokens + 1) * sizeof(int32_t)), 0};
-    void *dseq = NULL; /* the device's copy of seq with --device cuda */
-    ri_status_t st = RI_OK;
+    cJSON *run = cJSON_CreateObject();
+    int32_t *ids = NULL;
+    size_t n = 0;
     char *text = NULL;
 
-    if (logits == NULL || out.ids == NULL) {
-        st = RI_ERR_NOMEM;
-        goto done;
-    }
-    if ((st = wk_device_seq(seq, &dseq)) != RI_OK)
-        goto done;
-    memcpy(logits, logits0, hp->n_vocab * sizeof(float));
-    mdl_gen_cfg_t gcfg = {.max_tokens = max_tokens, .on_token = wk_collect, .token_arg = &out,
-                          .decode = dseq != NULL ? wk_step_dev : NULL, .decode_arg = dseq};
-    mdl_gen_result_t res;
-    st = mdl_generate(m, seq, NULL, 0, logits, &gcfg, &res);
-    if (mdl_tok_decode(mdl_model_tok(m), out.ids, out.n, true, &text) == RI_OK) {
+    cJSON_AddItemToArray(runs, run);
+    cJSON_AddStringToObject(run, "attn", rs->attn->name);
+    if (gw_req_run_ids(req, i, &ids, &n) == RI_OK && mdl_tok_decode(mdl_model_tok(m), ids, n, true, &text) == RI_OK)
         cJSON_AddStringToObject(run, "text", text);
-        cm_free(text);
+    cm_free(text);
+    cm_free(ids);
+    cJSON_AddNumberToObject(run, "tokens", (double)rs->n_gen);
+    cJSON_AddNumberToObject(run, "decode_steps", (double)rs->steps);
+    cJSON_AddNumberToObject(run, "decode_s", rs->decode_s);
+    cJSON_AddNumberToObject(run, "first_step_s", rs->first_step_s);
+    /* steady-state speed: without the first step (index build), and
+     * without the exact pass of --compare-full, which is not the method's */
+    double rest = rs->decode_s - rs->first_step_s;
+    if (rs->remote && rs->steps > 1 && rs->remote_totals.compare_s > 0) {
+        double r2 = rest - rs->remote_totals.compare_s / (double)rs->steps * (double)(rs->steps - 1);
+        rest = r2 > 0 ? r2 : rest;
     }
-    cJSON_AddNumberToObject(run, "tokens", (double)out.n);
-    cJSON_AddNumberToObject(run, "decode_steps", (double)res.steps);
-    cJSON_AddNumberToObject(run, "decode_s", res.decode_s);
-    cJSON_AddNumberToObject(run, "first_step_s", res.first_step_s);
-    /* steady-state speed: without the first step (index build) */
-    cJSON_AddNumberToObject(run, "decode_tok_s",
-                            res.steps > 1 ? (double)(res.steps - 1) / (res.decode_s - res.first_step_s) : 0.0);
+    cJSON_AddNumberToObject(run, "decode_tok_s", rs->steps > 1 ? (double)(rs->steps - 1) / rest : 0.0);
     cJSON_AddStringToObject(run, "device", wk_device_name());
-done:
-    wk_device_seq_free(dseq);
-    cm_free(logits);
-    cm_free(out.ids);
-    return st;
-}
-
-static void wk_add_remote_stats(cJSON *run, size_t steps)
-{
-    gw_attn_remote_totals_t t;
-    gw_attn_remote_totals(&t);
-    cJSON_AddNumberToObject(run, "hit_ratio", t.hits + t.misses ? (double)t.hits / (double)(t.hits + t.misses) : 0);
-    cJSON_AddNumberToObject(run, "cache_hits", (double)t.hits);
-    cJSON_AddNumberToObject(run, "cache_misses", (double)t.misses);
-    cJSON_AddNumberToObject(run, "fetched_bytes", (double)t.fetched_bytes);
-    cJSON_AddNumberToObject(run, "fetched_bytes_per_token", steps ? (double)t.fetched_bytes / (double)steps : 0);
-    cJSON_AddNumberToObject(run, "uploaded_bytes", (double)t.uploaded_bytes);
-    cJSON_AddNumberToObject(run, "index_build_s", t.build_s);
-    cJSON_AddNumberToObject(run, "fetch_wait_s", t.fetch_wait_s);
-    cJSON_AddNumberToObject(run, "max_wait_ms", t.max_wait_s * 1e3);
-    cJSON_AddNumberToObject(run, "late_steps", (double)t.late_steps);
-    cJSON_AddNumberToObject(run, "late_clusters", (double)t.late_clusters);
-    cJSON_AddNumberToObject(run, "direct_steps", (double)t.direct_steps);
-    cJSON_AddNumberToObject(run, "direct_clusters", (double)t.direct_clusters);
-    cJSON_AddNumberToObject(run, "compare_s", t.compare_s);
-    cJSON_AddNumberToObject(run, "recoveries", (double)t.recoveries);
-    if (t.n_err > 0) {
-        cJSON_AddNumberToObject(run, "attn_rel_err_median", t.err_median);
-        cJSON_AddNumberToObject(run, "attn_rel_err_p90", t.err_p90);
-        cJSON_AddNumberToObject(run, "attn_rel_err_p99", t.err_p99);
-        cJSON_AddNumberToObject(run, "attn_rel_err_max", t.err_max);
-        cJSON_AddNumberToObject(run, "attn_err_samples", (double)t.n_err);
-    }
-}
-
-/* K/V memory of the sequence: its whole K/V (fp16), what of the engine's
- * arrays is resident (the kernel's count: retroinfer-remote gives back what
- * the kvstore holds), and the remote backend's own bytes (block cache,
- * receive buffer, meta index). */
-static void wk_add_memory(cJSON *run, const mdl_seq_t *seq, bool remote)
-{
-    const mdl_kv_t *kv = mdl_seq_kv(seq);
-    double full = (double)mdl_seq_len(seq) * kv->geom.n_layers * kv->geom.n_kv_heads * kv->geom.head_dim * 2.0 *
-                  sizeof(cm_fp16_t);
-    double engine = (double)mdl_kv_resident_bytes(kv), lib = 0;
-    if (remote) {
-        gw_attn_remote_totals_t t;
-        gw_attn_remote_totals(&t);
-        lib = (double)t.resident_bytes;
-    }
-    cJSON_AddNumberToObject(run, "full_kv_bytes", full);
+    double engine = (double)rs->kv_resident_bytes;
+    cJSON_AddNumberToObject(run, "full_kv_bytes", (double)rs->seq_len * hp->n_layers * hp->n_kv_heads *
+                                                      hp->head_dim * 2.0 * sizeof(cm_fp16_t));
     cJSON_AddNumberToObject(run, "engine_kv_resident_bytes", engine);
-    cJSON_AddNumberToObject(run, "worker_kv_bytes", engine + lib);
+    cJSON_AddNumberToObject(run, "worker_kv_bytes",
+                            engine + (rs->remote ? (double)rs->remote_totals.resident_bytes : 0));
+    if (rs->remote)
+        wk_add_remote_stats(run, &rs->remote_totals, rs->steps);
 }
 
-/* Serve one request; the reply (ok or error) goes into reply. */
-static void wk_serve(mdl_model_t *m, const wk_req_t *rq, cJSON *reply)
+/* The reply of a request the scheduler finished: prompt and prefill
+ * figures, then its runs, then ok or the error. */
+static void wk_reply(mdl_model_t *m, gw_req_t *req, const gw_req_view_t *v, size_t n_ids, cJSON *reply)
+{
+    gw_req_figures_t f;
+    gw_req_figures(req, &f);
+    cJSON_AddNumberToObject(reply, "prompt_tokens", (double)n_ids);
+    cJSON_AddNumberToObject(reply, "cached_tokens", (double)f.cached_tokens);
+    if (f.n_runs > 0) {
+        cJSON_AddNumberToObject(reply, "prefill_s", f.prefill_s);
+        cJSON_AddNumberToObject(reply, "prefill_tok_s", f.prefill_s > 0 ? (double)n_ids / f.prefill_s : 0.0);
+        if (f.rebuilt > 0)
+            cJSON_AddNumberToObject(reply, "rebuilt", (double)f.rebuilt);
+        cJSON *runs = cJSON_AddArrayToObject(reply, "runs");
+        for (size_t i = 0; i < f.n_runs; i++)
+            wk_add_run(m, req, &f.runs[i], i, runs);
+    }
+    bool ok = v->finish == GW_FINISH_STOP || v->finish == GW_FINISH_LENGTH;
+    cJSON_AddBoolToObject(reply, "ok", ok);
+    if (!ok)
+        cJSON_AddStringToObject(reply, "error", v->error[0] ? v->error : ri_status_str(v->status));
+}
+
+/* Serve one request through the scheduler (submitted, then waited for: the
+ * lines are answered in order); the reply (ok or error) goes into reply. */
+static void wk_serve(mdl_model_t *m, gw_sched_t *sched, const wk_req_t *rq, cJSON *reply)
 {
     const mdl_tok_t *tok = mdl_model_tok(m);
-    const mdl_hparams_t *hp = mdl_model_hparams(m);
     const mdl_attn_ops_t *ops[2] = {mdl_attn_find(rq->attn), NULL};
-    mdl_seq_t *seq[2] = {NULL, NULL};
+    gw_req_t *req = NULL;
     int32_t *ids = NULL;
     size_t n_ids = 0, n_runs = 1;
-    float *logits = NULL;
     char err[512] = "";
     ri_status_t st;
 
@@ -408,70 +376,33 @@ static void wk_serve(mdl_model_t *m, const wk_req_t *rq, cJSON *reply)
         snprintf(err, sizeof(err), "cannot tokenize the prompt: %s", st ? ri_status_str(st) : "it is empty");
         goto fail;
     }
-    size_t cap = n_ids + rq->max_tokens + 1;
-    if ((st = mdl_seq_create(m, ops[0], rq->acfg, cap, &seq[0])) != RI_OK) {
-        snprintf(err, sizeof(err), "cannot create a %zu-token sequence with attn %s: %s", cap, ops[0]->name,
-                 ri_status_str(st));
+    gw_req_params_t p = {.ids = ids, .n_ids = n_ids, .max_tokens = rq->max_tokens, .attn = ops[0],
+                         .sampler = {.temperature = 0, .top_p = 1}, .compare_attn = ops[1], .figures = true};
+    if ((st = gw_req_create(&p, &req)) != RI_OK || (st = gw_sched_submit(sched, req)) != RI_OK) {
+        snprintf(err, sizeof(err), "cannot queue the request: %s", ri_status_str(st));
         goto fail;
     }
-    logits = cm_malloc(&wk_tag, hp->n_vocab * sizeof(float));
-    if (logits == NULL) {
-        snprintf(err, sizeof(err), "out of memory");
+    gw_req_view_t v;
+    do {
+        char *text = NULL;
+        size_t len = 0;
+        /* the text is read from the runs' tokens at the end: take nothing
+         * (from the end of the text) until done */
+        st = gw_req_take(req, SIZE_MAX, 60000, &text, &len, &v);
+        cm_free(text);
+    } while (!v.done && (st == RI_OK || st == RI_ERR_TIMEOUT));
+    if (!v.done) {
+        gw_req_cancel(req);
+        snprintf(err, sizeof(err), "waiting for the request: %s", ri_status_str(st));
         goto fail;
     }
-    double t0 = cm_time_s();
-    if ((st = mdl_prefill(m, seq[0], ids, n_ids, logits, NULL, NULL, NULL)) != RI_OK) {
-        snprintf(err, sizeof(err), "prefill failed: %s", ri_status_str(st));
-        goto fail;
-    }
-    double t_prefill = cm_time_s() - t0;
-    cJSON_AddNumberToObject(reply, "prompt_tokens", (double)n_ids);
-    cJSON_AddNumberToObject(reply, "prefill_s", t_prefill);
-    cJSON_AddNumberToObject(reply, "prefill_tok_s", (double)n_ids / t_prefill);
-    if (n_runs == 2 && (st = mdl_seq_fork(seq[0], ops[1], rq->acfg, &seq[1])) != RI_OK) {
-        snprintf(err, sizeof(err), "cannot start attn %s on the prefill: %s", ops[1]->name, ri_status_str(st));
-        goto fail;
-    }
-    cJSON *runs = cJSON_AddArrayToObject(reply, "runs");
-    for (size_t r = 0; r < n_runs; r++) {
-        cJSON *run = cJSON_CreateObject();
-        cJSON_AddItemToArray(runs, run);
-        cJSON_AddStringToObject(run, "attn", ops[r]->name);
-        bool remote = strcmp(ops[r]->name, GW_ATTN_REMOTE_NAME) == 0;
-        if (remote)
-            gw_attn_remote_reset_totals();
-        st = wk_generate(m, seq[r], logits, rq->max_tokens, run);
-        wk_add_memory(run, seq[r], remote);
-        if (remote) {
-            cJSON *steps = cJSON_GetObjectItem(run, "decode_steps");
-            size_t n = steps ? (size_t)steps->valuedouble : 0;
-            wk_add_remote_stats(run, n);
-            /* the exact pass of --compare-full is not part of the method */
-            gw_attn_remote_totals_t t;
-            gw_attn_remote_totals(&t);
-            cJSON *ds = cJSON_GetObjectItem(run, "decode_s"), *fs = cJSON_GetObjectItem(run, "first_step_s");
-            if (n > 1 && t.compare_s > 0 && ds && fs) {
-                double per = t.compare_s / (double)n;
-                double rest = ds->valuedouble - fs->valuedouble - per * (double)(n - 1);
-                if (rest > 0)
-                    cJSON_SetNumberValue(cJSON_GetObjectItem(run, "decode_tok_s"), (double)(n - 1) / rest);
-            }
-        }
-        if (st != RI_OK) {
-            snprintf(err, sizeof(err), "decode with attn %s failed: %s%s", ops[r]->name, ri_status_str(st),
-                     remote ? " (kvstore session lost; the worker carries on)" : "");
-            goto fail;
-        }
-    }
-    cJSON_AddBoolToObject(reply, "ok", true);
+    wk_reply(m, req, &v, n_ids, reply);
     goto out;
 fail:
     cJSON_AddBoolToObject(reply, "ok", false);
     cJSON_AddStringToObject(reply, "error", err);
 out:
-    mdl_seq_destroy(seq[1]);
-    mdl_seq_destroy(seq[0]);
-    cm_free(logits);
+    gw_req_release(req);
     cm_free(ids);
 }
 
@@ -505,9 +436,6 @@ static void wk_emit(cJSON *reply)
     }
 }
 
-/* One request line -> one reply line.  Returns whether the reply says ok,
- * so that the exit status can tell a caller (a script, a pipe) that
- * something failed. */
 /* The settings of every sequence this worker creates, from its flags. */
 static void wk_attn_cfg(const wk_cfg_t *cfg, mdl_attn_cfg_t *acfg)
 {
@@ -519,13 +447,31 @@ static void wk_attn_cfg(const wk_cfg_t *cfg, mdl_attn_cfg_t *acfg)
     acfg->release_window = true; /* a server keeps what it reads */
 }
 
-static bool wk_handle_line(mdl_model_t *m, const wk_cfg_t *cfg, const char *line, const char *default_attn)
+/* The scheduler of either mode, from the flags: batch, queue, prefill
+ * chunk, sequence settings, the device, prefix reuse (NULL = off).
+ * Caller frees with gw_sched_destroy. */
+static ri_status_t wk_sched_start(mdl_model_t *model, const wk_cfg_t *cfg, gw_pfx_ctx_t *prefix, gw_sched_t **s_p)
+{
+    gw_sched_cfg_t scfg = {.max_batch = (size_t)cfg->max_batch, .queue_size = (size_t)cfg->queue_size,
+                           .prefill_chunk = (size_t)cfg->prefill_chunk};
+    wk_attn_cfg(cfg, &scfg.attn);
+    scfg.dev = wk_dev;
+    scfg.prefix = prefix;
+    ri_status_t st = gw_sched_create(model, &scfg, s_p);
+    if (st != RI_OK)
+        fprintf(stderr, "ri-worker: cannot start the scheduler: %s\n", ri_status_str(st));
+    return st;
+}
+
+/* One request line -> one reply line.  Returns whether the reply says ok,
+ * so that the exit status can tell a caller (a script, a pipe) that
+ * something failed. */
+static bool wk_handle_line(mdl_model_t *m, gw_sched_t *sched, const wk_cfg_t *cfg, const char *line,
+                           const char *default_attn)
 {
     cJSON *rq = cJSON_Parse(line), *reply = cJSON_CreateObject(), *it;
     char *file_text = NULL;
-    mdl_attn_cfg_t acfg;
-    wk_attn_cfg(cfg, &acfg);
-    wk_req_t r = {.acfg = &acfg, .attn = default_attn, .max_tokens = (size_t)cfg->max_tokens};
+    wk_req_t r = {.attn = default_attn, .max_tokens = (size_t)cfg->max_tokens};
 
     if (rq == NULL || !cJSON_IsObject(rq)) {
         cJSON_AddBoolToObject(reply, "ok", false);
@@ -557,7 +503,7 @@ static bool wk_handle_line(mdl_model_t *m, const wk_cfg_t *cfg, const char *line
         cJSON_AddStringToObject(reply, "error", "no prompt");
         goto out;
     }
-    wk_serve(m, &r, reply);
+    wk_serve(m, sched, &r, reply);
 out:;
     bool ok = cJSON_IsTrue(cJSON_GetObjectItem(reply, "ok"));
     wk_emit(reply);
@@ -657,6 +603,54 @@ static bool wk_prefix_setup(const mdl_model_t *model, const wk_cfg_t *cfg, const
     return true;
 }
 
+/* The JSON-lines mode: the --prompt-file request, else one request per
+ * line of stdin, each through the scheduler and answered before the next
+ * line is read.  Returns the exit status: 0 when every request succeeded,
+ * 1 when any failed (each failure answered on its line) or the scheduler
+ * could not start. */
+static int wk_serve_lines(mdl_model_t *model, const wk_cfg_t *cfg, const char *default_attn, gw_pfx_ctx_t *prefix)
+{
+    gw_sched_t *sched = NULL;
+    size_t failed = 0;
+    int rc = 1;
+
+    if (wk_sched_start(model, cfg, prefix, &sched) != RI_OK)
+        return 1;
+    if (cfg->prompt_file != NULL && cfg->prompt_file[0] != '\0') {
+        cJSON *rq = cJSON_CreateObject();
+        cJSON_AddStringToObject(rq, "prompt_file", cfg->prompt_file);
+        cJSON_AddStringToObject(rq, "attn", default_attn);
+        if (cfg->compare_attn != NULL && cfg->compare_attn[0] != '\0')
+            cJSON_AddStringToObject(rq, "compare_attn", cfg->compare_attn);
+        cJSON_AddNumberToObject(rq, "max_tokens", (double)cfg->max_tokens);
+        cJSON_AddBoolToObject(rq, "chat", cfg->chat);
+        char *line = cJSON_PrintUnformatted(rq);
+        bool ok = line != NULL && wk_handle_line(model, sched, cfg, line, default_attn);
+        cJSON_free(line);
+        cJSON_Delete(rq);
+        rc = ok ? 0 : 1;
+        goto out;
+    }
+    fprintf(stderr, "ri-worker: ready: one JSON request per line on stdin\n");
+    char *line = NULL;
+    size_t cap = 0;
+    while (getline(&line, &cap, stdin) > 0) {
+        if (line[strspn(line, " \t\r\n")] == '\0')
+            continue;
+        if (!wk_handle_line(model, sched, cfg, line, default_attn))
+            failed++;
+    }
+    free(line);
+    /* Every request was answered (failures in their replies); the status
+     * says whether all of them succeeded. */
+    if (failed > 0)
+        fprintf(stderr, "ri-worker: %zu request(s) failed\n", failed);
+    rc = failed > 0 ? 1 : 0;
+out:
+    gw_sched_destroy(sched);
+    return rc;
+}
+
 static int wk_serve_http(mdl_model_t *model, const wk_cfg_t *cfg, const char *path, const char *default_attn,
                          bool have_kvs, gw_pfx_ctx_t *prefix, const sigset_t *sigs)
 {
@@ -676,16 +670,8 @@ static int wk_serve_http(mdl_model_t *model, const wk_cfg_t *cfg, const char *pa
     }
     const mdl_hparams_t *hp = mdl_model_hparams(model);
     size_t ctx = cfg->ctx > 0 ? (size_t)cfg->ctx : hp->n_ctx;
-    gw_sched_cfg_t scfg = {.max_batch = (size_t)cfg->max_batch, .queue_size = (size_t)cfg->queue_size,
-                           .prefill_chunk = (size_t)cfg->prefill_chunk};
-    wk_attn_cfg(cfg, &scfg.attn);
-    scfg.dev = wk_dev;
-    scfg.prefix = prefix;
-    ri_status_t st = gw_sched_create(model, &scfg, &sched);
-    if (st != RI_OK) {
-        fprintf(stderr, "ri-worker: cannot start the scheduler: %s\n", ri_status_str(st));
+    if (wk_sched_start(model, cfg, prefix, &sched) != RI_OK)
         goto out;
-    }
     const char *allow = cfg->allow_attn ? cfg->allow_attn : "";
     /* the device decodes full attention only (main refused any other
      * default): a request that asks for more is refused at validation (400,
@@ -868,6 +854,12 @@ int main(int argc, char **argv)
         return rc;
     }
     rc = 1;
+    if (cfg.prefill_chunk % 64 != 0) {
+        fprintf(stderr, "ri-worker: --prefill-chunk %lld is not a multiple of 64 (the model's chunk)\n",
+                (long long)cfg.prefill_chunk);
+        cm_config_free(&wk_table, &cfg);
+        return 2;
+    }
     sigset_t sigs;
     sigemptyset(&sigs);
     if (serve) {
@@ -881,12 +873,6 @@ int main(int argc, char **argv)
             return rc;
         }
         rc = 1;
-        if (cfg.prefill_chunk % 64 != 0) {
-            fprintf(stderr, "ri-worker: --prefill-chunk %lld is not a multiple of 64 (the model's chunk)\n",
-                    (long long)cfg.prefill_chunk);
-            cm_config_free(&wk_table, &cfg);
-            return 2;
-        }
         /* Before any thread exists (thread pool, gRPC, HTTP): every thread
          * inherits the mask, so the signals reach only sigwait. */
         sigaddset(&sigs, SIGTERM);
@@ -972,43 +958,12 @@ int main(int argc, char **argv)
             cluster.url != NULL ? "(cluster)" : have_kvs ? cfg.kvstore : "(none)", default_attn,
             mdl_attn_names());
 
-    if (serve) {
-        static gw_pfx_ctx_t prefix; /* outlives the service and its scheduler */
-        bool pfx_on = have_kvs && cfg.prefix_cache && wk_dev == NULL && wk_prefix_setup(model, &cfg, token, &prefix);
+    static gw_pfx_ctx_t prefix; /* outlives the scheduler */
+    bool pfx_on = have_kvs && cfg.prefix_cache && wk_dev == NULL && wk_prefix_setup(model, &cfg, token, &prefix);
+    if (serve)
         rc = wk_serve_http(model, &cfg, path, default_attn, have_kvs, pfx_on ? &prefix : NULL, &sigs);
-        goto out;
-    }
-    if (cfg.prompt_file != NULL && cfg.prompt_file[0] != '\0') {
-        cJSON *rq = cJSON_CreateObject();
-        cJSON_AddStringToObject(rq, "prompt_file", cfg.prompt_file);
-        cJSON_AddStringToObject(rq, "attn", default_attn);
-        if (cfg.compare_attn != NULL && cfg.compare_attn[0] != '\0')
-            cJSON_AddStringToObject(rq, "compare_attn", cfg.compare_attn);
-        cJSON_AddNumberToObject(rq, "max_tokens", (double)cfg.max_tokens);
-        cJSON_AddBoolToObject(rq, "chat", cfg.chat);
-        char *line = cJSON_PrintUnformatted(rq);
-        bool ok = wk_handle_line(model, &cfg, line, default_attn);
-        cJSON_free(line);
-        cJSON_Delete(rq);
-        rc = ok ? 0 : 1;
-        goto out;
-    }
-    fprintf(stderr, "ri-worker: ready: one JSON request per line on stdin\n");
-    char *line = NULL;
-    size_t cap = 0;
-    size_t failed = 0;
-    while (getline(&line, &cap, stdin) > 0) {
-        if (line[strspn(line, " \t\r\n")] == '\0')
-            continue;
-        if (!wk_handle_line(model, &cfg, line, default_attn))
-            failed++;
-    }
-    free(line);
-    /* Every request was answered (failures in their replies); the status
-     * says whether all of them succeeded. */
-    if (failed > 0)
-        fprintf(stderr, "ri-worker: %zu request(s) failed\n", failed);
-    rc = failed > 0 ? 1 : 0;
+    else
+        rc = wk_serve_lines(model, &cfg, default_attn, pfx_on ? &prefix : NULL);
 out:
     mdl_device_close(wk_dev); /* before the model: the engine reads its embedding */
     mdl_model_destroy(model);

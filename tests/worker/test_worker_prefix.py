@@ -28,6 +28,12 @@ One ctest test per mode (the first argument):
               killed (-9) and restarted with --recover mid-answer; the
               stream still ends with the reference's text, and a new
               request with the same document answers it too
+  lines       the JSON-lines mode (stdin) goes through the same scheduler:
+              the same document twice on one pipe, with compare_attn
+              retroinfer; the second reply reports cached_tokens > 0 and
+              both runs answer the first reply's greedy texts (the fork
+              of a preloaded prefill included); --no-prefix-cache
+              reports 0 cached
 
 Exits 77 (skipped) without the model or the binaries.
 """
@@ -100,7 +106,7 @@ def run_same_twice(tmp, attn):
         try:
             want = {k: ask(ref, attn, QUESTIONS[0], k)[0] for k in ("completion", "chat")}
             _, u = ask(ref, attn, QUESTIONS[0])
-            check(cached(u) == 0, "--prefix-cache false: nothing cached (%s)" % u)
+            check(cached(u) == 0, "--no-prefix-cache: nothing cached (%s)" % u)
         finally:
             ref.stop()
         w = wh.Worker("--kvstore", grpc, "--attn", attn, tmp=tmp)
@@ -291,6 +297,44 @@ def test_kill_remote(tmp):
             kvs.wait(30)
 
 
+def test_lines(tmp):
+    kvs, grpc = start_kvstore(tmp)
+    try:
+        def lines(*extra):
+            req = {"prompt": DOC + QUESTIONS[0], "max_tokens": 12, "attn": "full", "compare_attn": "retroinfer"}
+            inp = "".join(json.dumps(dict(req, id=i)) + "\n" for i in (1, 2))
+            out = subprocess.run([wh.WORKER, "--threads", "2", "--kvstore", grpc, *extra], input=inp,
+                                 capture_output=True, text=True, timeout=240)
+            with open(os.path.join(tmp, "worker.log"), "a") as f:
+                f.write(out.stderr)
+            check(out.returncode == 0, "ri-worker %s exits 0 (%d)" % (" ".join(extra), out.returncode))
+            return [json.loads(l) for l in out.stdout.splitlines()]
+        r = lines()
+        check(len(r) == 2 and all(x["ok"] and len(x["runs"]) == 2 for x in r), "two replies, two runs each (%s)" %
+              [(x.get("ok"), x.get("error")) for x in r])
+        first, again = r
+        check(first["prompt_tokens"] > 1200 and first["cached_tokens"] == 0,
+              "first time: %d prompt tokens, none cached" % first["prompt_tokens"])
+        check(again["cached_tokens"] >= 1024 and again["cached_tokens"] % 256 == 0 and
+              again["cached_tokens"] < again["prompt_tokens"],
+              "again: cached_tokens %d of %d" % (again["cached_tokens"], again["prompt_tokens"]))
+        for i, attn in enumerate(("full", "retroinfer")):
+            a, b = first["runs"][i], again["runs"][i]
+            check(a["attn"] == attn and b["attn"] == attn and a["tokens"] == 12 and a["decode_steps"] == 11,
+                  "run %d: %s, 12 tokens, 11 decode steps (%s)" % (i, attn, {k: a[k] for k in ("attn", "tokens",
+                                                                                                "decode_steps")}))
+            check(a["text"] and a["text"] == b["text"], "run %d (%s): same greedy text with the cache (%r vs %r)" %
+                  (i, attn, b["text"], a["text"]))
+        off = lines("--no-prefix-cache")
+        check([x.get("cached_tokens") for x in off] == [0, 0], "--no-prefix-cache: nothing cached (%s)" %
+              [x.get("cached_tokens") for x in off])
+        check([x["runs"][0]["text"] for x in off] == [first["runs"][0]["text"]] * 2,
+              "--no-prefix-cache: the same text")
+    finally:
+        kvs.terminate()
+        kvs.wait(30)
+
+
 def test_two(tmp, attn="retroinfer"):
     kvs, grpc = start_kvstore(tmp)
     try:
@@ -342,7 +386,7 @@ def main():
              "two-remote": lambda t: test_two(t, "retroinfer-remote"),
              "prime": lambda t: test_prime(t, "retroinfer"),
              "prime-remote": lambda t: test_prime(t, "retroinfer-remote"),
-             "gemma-remote": test_gemma_remote, "kill-remote": test_kill_remote}[mode](tmp)
+             "gemma-remote": test_gemma_remote, "kill-remote": test_kill_remote, "lines": test_lines}[mode](tmp)
         except Exception as e:
             check(False, "%s: %s" % (type(e).__name__, e))
         finally:
