@@ -49,9 +49,10 @@ typedef struct cm_runtime {
     CM_RUNTIME_ITEM_(type, member, "threads", CM_CFG_INT, "0",                                         \
                      "compute threads, the caller included (0 = every CPU)", threads, 0, 1024,         \
                      "RI_THREADS"),                                                                    \
-    CM_RUNTIME_ITEM_(type, member, "pool-spin-us", CM_CFG_INT, "0",                                    \
+    CM_RUNTIME_ITEM_(type, member, "pool-spin-us", CM_CFG_INT, "100",                                  \
                      "microseconds a compute thread busy-waits for the next parallel loop before it "  \
-                     "sleeps (0 = sleep at once)", pool_spin_us, 0, 100000, "RI_POOL_SPIN_US"),        \
+                     "sleeps, while the machine has a core to spare (0 = sleep at once)", pool_spin_us, \
+                     0, 100000, "RI_POOL_SPIN_US"),                                                    \
     CM_RUNTIME_ITEM_(type, member, "kernels", CM_CFG_STRING, "",                                       \
                      "kernel backend: ref, cpu or cuda (empty = cuda where built and present, else cpu)", \
                      kernels, 0, 0, "RI_KERNELS"),                                                     \
