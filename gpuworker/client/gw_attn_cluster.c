@@ -6,6 +6,9 @@
 #include <pthread.h>
 #include <stdio.h>
 #include <string.h>
+#include <sys/resource.h>
+#include <sys/syscall.h>
+#include <unistd.h>
 #include <time.h>
 
 #include "common/cm_alloc.h"
@@ -673,6 +676,9 @@ out:
 static void *gw_cl_rep_main(void *arg)
 {
     gw_cl_t *cl = arg;
+    /* Copies are insurance: they yield the CPU to decoding (this thread
+     * only; Linux applies nice per thread) */
+    (void)setpriority(PRIO_PROCESS, (id_t)syscall(SYS_gettid), 10);
     pthread_mutex_lock(&cl->mu);
     for (;;) {
         while (!cl->rep_stop && cl->jobs == NULL)
