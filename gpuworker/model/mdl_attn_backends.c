@@ -22,6 +22,9 @@
 #include "kernels/kn_wave.h"
 #endif
 
+/* Quest's first layers decode densely, as in its paper (Tang et al., 2024). */
+#define MDL_QUEST_DENSE_LAYERS 2u
+
 static CM_ALLOC_TAG(mdl_be_tag, "model.attn.backend");
 
 size_t mdl_attn_builtin(const mdl_attn_ops_t *const **ops_p);
@@ -165,6 +168,13 @@ static ri_status_t mdl_be_decode(void *state, uint32_t layer, size_t pos, const 
     }
     case MDL_BE_QUEST: {
         uint64_t bytes = 0;
+        if (layer < MDL_QUEST_DENSE_LAYERS) {
+            /* as Quest's paper runs it: its first two layers attend densely
+             * (their attention is too flat for page bounds to pick from) */
+            b->st.exact_tokens += n;
+            b->st.bytes_read += n * kv_row_bytes;
+            return kn_attn_decode(NULL, &b->shape, 1, q, &view, out, NULL);
+        }
         st = kn_quest_update(b->quest[layer], &view);
         if (st == RI_OK)
             st = kn_quest_decode(NULL, b->quest[layer], q, &view, budget, out, NULL, &bytes);
@@ -257,7 +267,8 @@ static const mdl_attn_ops_t mdl_be_retro = {
     .destroy = mdl_be_destroy, .prefill = mdl_be_prefill, .prefill_end = mdl_be_prefill_end,
     .decode = mdl_be_decode, .stats = mdl_be_stats, .wave_params = mdl_be_wave_params, .index = mdl_be_index};
 static const mdl_attn_ops_t mdl_be_quest = {
-    .name = "quest", .help = "Quest: 16-token pages, min/max key bounds, top pages to the budget",
+    .name = "quest", .help = "Quest: 16-token pages, min/max key bounds, top pages to the budget (the first two "
+            "layers dense, as in its paper)",
     .create = mdl_be_create_quest, .destroy = mdl_be_destroy, .prefill = mdl_be_prefill,
     .prefill_end = mdl_be_prefill_end, .decode = mdl_be_decode, .stats = mdl_be_stats,
     .wave_params = mdl_be_wave_params};

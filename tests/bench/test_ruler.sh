@@ -92,7 +92,13 @@ for t in tasks:
                   w + "sparse: %.0f exact tokens of %.0f" % (r["budget_tokens"], full["budget_tokens"]))
         if m in ("quest", "streaming") and (t, "retroinfer") in rows:
             rb = rows[(t, "retroinfer")]["budget_tokens"]
-            check(abs(r["budget_tokens"] - rb) <= 1, w + "budget %.1f = retroinfer's %.1f" % (r["budget_tokens"], rb))
+            want = rb
+            if m == "quest" and full is not None:
+                # Quest's first 2 of SmolLM2's 30 layers attend densely (as in
+                # its paper); the other 28 run at retroinfer's budget
+                want = rb * 28 / 30 + full["budget_tokens"] * 2 / 30
+            check(abs(r["budget_tokens"] - want) <= 1.5,
+                  w + "budget %.1f = retroinfer's %.1f (%.1f with dense layers)" % (r["budget_tokens"], rb, want))
 check(rows.get(("niah_single", "full"), {}).get("passed") == 1, "full attention passes the quick niah_single trial")
 outs = doc.get("outputs", [])
 check(len(outs) == len(tasks) * len(methods), "one output per trial and method")
