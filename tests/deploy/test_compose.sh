@@ -203,7 +203,9 @@ etcdc="$(ids etcd)"
 etcdctl() { docker exec "$etcdc" /usr/bin/etcdctl --endpoints=127.0.0.1:2379 "$@"; }
 nodes="$(etcdctl get --prefix --keys-only /ri/compose/nodes/ | grep -c . || true)"
 [ "$nodes" = 2 ] || { echo "FAIL: $nodes kvstores in the directory, wanted 2"; etcdctl get --prefix /ri/compose/nodes/; exit 1; }
-say "2 kvstores registered in etcd"
+listed="$(docker exec "$(ids worker | awk 'NR == 1')" ri cluster --cluster etcd://etcd:2379 --cluster-name compose)"
+echo "$listed" | grep -q '^nodes: 2$' || { echo "FAIL: ri cluster in a worker container: $listed"; exit 1; }
+say "2 kvstores registered in etcd (ri cluster lists both)"
 # Through the front door: either worker; both place on the same 2 kvstores.
 # 96 tokens: long enough that the stream still runs when the kill lands
 # (finding the node through docker exec takes a second)
