@@ -283,6 +283,17 @@ static void cm_cluster_del_push(cm_cluster_t *c, const char *key)
     snprintf(c->del_keys[c->n_del++], CM_CLUSTER_KEY_MAX, "%s", key);
 }
 
+/* Drop the record of (node, session_id) from the observer's list (c->mu held). */
+static void cm_cluster_sess_forget_locked(cm_cluster_t *c, const char *node, uint64_t session_id)
+{
+    int i = cm_cluster_sess_find(c, node, session_id);
+    if (i >= 0) {
+        memmove(c->sess + i, c->sess + i + 1, (c->n_sess - (size_t)i - 1) * sizeof(*c->sess));
+        memmove(c->sess_pending + i, c->sess_pending + i + 1, (c->n_sess - (size_t)i - 1) * sizeof(bool));
+        c->n_sess--;
+    }
+}
+
 ri_status_t cm_cluster_session_del(cm_cluster_t *c, const char *node, uint64_t session_id)
 {
     if (c == NULL || !cm_cluster_name_valid(node)) {
@@ -292,12 +303,7 @@ ri_status_t cm_cluster_session_del(cm_cluster_t *c, const char *node, uint64_t s
     char key[CM_CLUSTER_KEY_MAX];
     cm_cluster_session_key(c, node, session_id, key);
     pthread_mutex_lock(&c->mu);
-    int i = cm_cluster_sess_find(c, node, session_id);
-    if (i >= 0) {
-        memmove(c->sess + i, c->sess + i + 1, (c->n_sess - (size_t)i - 1) * sizeof(*c->sess));
-        memmove(c->sess_pending + i, c->sess_pending + i + 1, (c->n_sess - (size_t)i - 1) * sizeof(bool));
-        c->n_sess--;
-    }
+    cm_cluster_sess_forget_locked(c, node, session_id);
     pthread_mutex_unlock(&c->mu);
     ri_status_t st = cm_etcd_delete(c->etcd, key, false, NULL);
     if (st != RI_OK) {
@@ -315,12 +321,7 @@ void cm_cluster_session_del_async(cm_cluster_t *c, const char *node, uint64_t se
     char key[CM_CLUSTER_KEY_MAX];
     cm_cluster_session_key(c, node, session_id, key);
     pthread_mutex_lock(&c->mu);
-    int i = cm_cluster_sess_find(c, node, session_id);
-    if (i >= 0) {
-        memmove(c->sess + i, c->sess + i + 1, (c->n_sess - (size_t)i - 1) * sizeof(*c->sess));
-        memmove(c->sess_pending + i, c->sess_pending + i + 1, (c->n_sess - (size_t)i - 1) * sizeof(bool));
-        c->n_sess--;
-    }
+    cm_cluster_sess_forget_locked(c, node, session_id);
     cm_cluster_del_push(c, key); /* the keepalive thread deletes it */
     c->kick = true;
     pthread_cond_broadcast(&c->cv);
