@@ -82,7 +82,9 @@ int bn_daemon_start(bn_daemon_t *d, const char *argv0, const char *memory)
     snprintf(flag_mem, sizeof(flag_mem), "--memory=%s", memory);
     d->pid = fork();
     if (d->pid == 0) {
-        int fd = open("/dev/null", O_WRONLY);
+        /* RI_BENCH_DAEMON_LOG=FILE keeps the daemon's log (appended). */
+        const char *log = getenv("RI_BENCH_DAEMON_LOG");
+        int fd = open(log != NULL ? log : "/dev/null", O_WRONLY | O_CREAT | O_APPEND, 0644);
         if (fd >= 0) {
             dup2(fd, 1);
             dup2(fd, 2);

@@ -16,7 +16,8 @@ typedef struct bn_daemon {
     pid_t pid;            /* 0 when not running */
     char dir[256];        /* temporary folder (port file) */
     char grpc[400];       /* "127.0.0.1:PORT" */
-    char dataplane[CM_DP_ADDR_MAX]; /* as the daemon reports it ("ucx:HEX") */
+    char dataplane[CM_DP_ADDR_MAX]; /* lane 0 as the daemon reports it ("ucx:HEX"); a session connects
+                                     * to the address its CreateSession gave */
     char metrics[400];    /* "127.0.0.1:PORT" */
 } bn_daemon_t;
 

@@ -45,6 +45,11 @@ static const cm_config_item_t kvs_ctl_config_items[] = {
             "data plane: the interface (by its address) UCX's TCP transport uses, and its port (0 = any; a "
             "wildcard host = every interface).  No listener takes connections: workers get the UCX address from "
             "CreateSession", dataplane_listen, 0, 0),
+    /* Also read as RI_ADDRCHECK_PROGRAM (tests point it at another checker). */
+    {"addrcheck-program", CM_CFG_STRING, "",
+     "the data plane's address checker (ri-kvstore-addrcheck) to run on each worker's UCX address (empty = the "
+     "one next to this program, else the build's)", offsetof(kvs_ctl_config_t, addrcheck_program), 0, 0,
+     "RI_ADDRCHECK_PROGRAM"},
     KVS_CFG("dataplane-threads", CM_CFG_INT, "2",
             "data-plane threads, each with its own UCX worker; a session is served by one of them, so a slow "
             "client delays only the sessions of its thread", dataplane_threads, 1, 64),
@@ -372,6 +377,7 @@ ri_status_t kvs_ctl_start(const kvs_ctl_config_t *cfg, kvs_ctl_t **ctl_p, char *
         .global_quota_bytes = cfg->global_quota,
         .tenant_quota_bytes = cfg->tenant_quota,
         .dp_listen_addr = cfg->dataplane_listen,
+        .dp_check_program = cfg->addrcheck_program,
         .max_msg_bytes = cfg->dataplane_max_message,
         .dp_lanes = (uint32_t)cfg->dataplane_threads,
         .dp_nice = (int32_t)cfg->dataplane_nice,
@@ -383,6 +389,7 @@ ri_status_t kvs_ctl_start(const kvs_ctl_config_t *cfg, kvs_ctl_t **ctl_p, char *
         .lease_ms = (uint32_t)cfg->session_lease_ms,
         .prefix_max_bytes = cfg->prefix_max_bytes,
         .prefix_tenant_max_bytes = cfg->prefix_tenant_max_bytes,
+        .ucx_user = cfg->ucx_user,
     };
     st = kvs_data_create(&dcfg, &ctl->data);
     if (st != RI_OK) {

@@ -31,6 +31,7 @@ typedef struct kvs_ctl_config {
     bool hugepages;                  /* try hugepages for the pool */
     bool core_dumps;                 /* stay dumpable (else PR_SET_DUMPABLE 0: /proc/PID is root's) */
     char *dataplane_listen;          /* data plane: UCX TCP interface address and port "host:port" */
+    char *addrcheck_program;         /* the data plane's address checker, or "" = next to the program */
     uint64_t dataplane_max_message;  /* largest data-plane message */
     int64_t dataplane_threads;       /* data-plane lanes (threads, each its own UCX worker) */
     int64_t dataplane_nice;          /* nice value of the data-plane threads */
@@ -63,6 +64,8 @@ typedef struct kvs_ctl_config {
     char *cluster_advertise;         /* gRPC "host:port" others dial, or "" = derived from listen */
     char *cluster_host;              /* host identity for same-host placement, or "" = gethostname() */
     int64_t cluster_lease_ms;        /* the node's lease in etcd */
+    kvs_ucx_user_env_t ucx_user;     /* not a setting: UCX's own variables the user set, read from the
+                                        environment by the program (kvs_main.c) */
 } kvs_ctl_config_t;
 
 extern const cm_config_table_t kvs_ctl_config_table;

@@ -41,6 +41,26 @@ static int kvs_main_write_port_file(const char *path, const kvs_ctl_t *ctl)
     return 0;
 }
 
+/* UCX's own variables (UCX reads them itself, so they are environment
+ * variables, not ri-kvstore settings): the data side is told which ones the
+ * user set, so as not to override them, and reads no environment itself.
+ * UCX 1.13 takes the TCP transport's port range only from the environment:
+ * when the data-plane address names a port and the user set no range, it
+ * is set here, before any thread runs, for the data plane to find. */
+static void kvs_main_ucx_env(kvs_ctl_config_t *cfg)
+{
+    char range[32];
+
+    cfg->ucx_user.tls = getenv("UCX_TLS");
+    cfg->ucx_user.net_devices = getenv("UCX_NET_DEVICES");
+    cfg->ucx_user.port_range = getenv("UCX_TCP_PORT_RANGE");
+    cfg->ucx_user.keepalive = getenv("UCX_KEEPALIVE_INTERVAL");
+    if (cfg->ucx_user.port_range == NULL &&
+        kvs_data_ucx_port_range(cfg->dataplane_listen, (uint32_t)cfg->dataplane_threads, range, sizeof(range)) &&
+        setenv("UCX_TCP_PORT_RANGE", range, 0) != 0)
+        cm_warn("UCX_TCP_PORT_RANGE=%s not set (%s): UCX picks the data plane's ports", range, strerror(errno));
+}
+
 int main(int argc, char **argv)
 {
     kvs_ctl_config_t cfg;
@@ -76,6 +96,8 @@ int main(int argc, char **argv)
         cm_config_free(&kvs_ctl_config_table, &cfg);
         return 2;
     }
+
+    kvs_main_ucx_env(&cfg);
 
     /* Not dumpable: /proc/PID/{fd,map_files,mem,maps} become root's and
      * ptrace (process_vm_readv too) is refused to processes of our own uid,

@@ -49,7 +49,8 @@ int main(int argc, char **argv)
         return 2;
     }
     /* The daemon's environment reaches us (error handling of the shared
-     * memory transports, UCX_NET_DEVICES): the same lanes get chosen. */
+     * memory transports) with its UCX_TLS and UCX_NET_DEVICES put in
+     * (kvs_dp_check.c): the same lanes get chosen. */
     if (cm_ucx_context("ri-kvstore-addrcheck", NULL, false, &ctx) != RI_OK || cm_ucx_worker(ctx, &worker, NULL) != RI_OK)
         return 4;
     ep.field_mask = UCP_EP_PARAM_FIELD_REMOTE_ADDRESS | UCP_EP_PARAM_FIELD_ERR_HANDLER |

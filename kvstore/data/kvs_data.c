@@ -4,6 +4,7 @@
  * stats, drain and metrics.  Expected load: a handful of control calls per
  * second from gRPC threads, concurrent with the data-plane thread.
  */
+#define _GNU_SOURCE /* explicit_bzero */
 #include "kvstore/data/kvs_internal.h"
 #include "kvstore/data/kvs_dp.h"
 
@@ -283,7 +284,11 @@ static ri_status_t kvs_data_start_dp(kvs_data_t *data)
 {
     kvs_dp_config_t dc = {.listen_addr = data->cfg.dp_listen_addr, .lanes = data->cfg.dp_lanes,
                           .nice = data->cfg.dp_nice, .max_msg_bytes = data->cfg.max_msg_bytes,
-                          .drain_timeout_ms = data->cfg.drain_timeout_ms, .lease_ms = data->cfg.lease_ms};
+                          .drain_timeout_ms = data->cfg.drain_timeout_ms, .lease_ms = data->cfg.lease_ms,
+                          .check_program = data->cfg.dp_check_program,
+                          .user_tls = data->cfg.ucx_user.tls,
+                          .user_net_devices = data->cfg.ucx_user.net_devices,
+                          .user_keepalive = data->cfg.ucx_user.keepalive};
     kvs_handlers_t h;
     ri_status_t st;
 
@@ -315,6 +320,8 @@ ri_status_t kvs_data_create(const kvs_data_config_t *cfg, kvs_data_t **data_p)
         data->cfg.drain_timeout_ms = 5000;
     data->next_id = 1;
     pthread_mutex_init(&data->lock, NULL);
+    pthread_mutex_init(&data->smf_mu, NULL);
+    pthread_mutex_init(&data->pmf_mu, NULL);
     pthread_cond_init(&data->spill_cond, NULL);
     data->sessions = cm_calloc(&kvs_catalog_tag, KVS_MAX_SESSIONS, sizeof(*data->sessions));
     if (data->sessions == NULL) {
@@ -363,6 +370,8 @@ err_free_sessions:
     cm_free(data->sessions);
 err_free_data:
     pthread_cond_destroy(&data->spill_cond);
+    pthread_mutex_destroy(&data->pmf_mu);
+    pthread_mutex_destroy(&data->smf_mu);
     pthread_mutex_destroy(&data->lock);
     cm_free(data);
     return st;
@@ -395,8 +404,15 @@ void kvs_data_destroy(kvs_data_t *data)
     cm_free(data->tenants);
     cm_free(data->sessions);
     pthread_cond_destroy(&data->spill_cond);
+    pthread_mutex_destroy(&data->pmf_mu);
+    pthread_mutex_destroy(&data->smf_mu);
     pthread_mutex_destroy(&data->lock);
     cm_free(data);
+}
+
+bool kvs_data_ucx_port_range(const char *listen_addr, uint32_t lanes, char *out, size_t cap)
+{
+    return kvs_dp_port_range(listen_addr, lanes, out, cap);
 }
 
 const char *kvs_data_address(const kvs_data_t *data, uint64_t session_id)
@@ -423,6 +439,27 @@ ri_status_t kvs_data_set_tenant_quota(kvs_data_t *data, const char *tenant, uint
     return st;
 }
 
+/* Take back a session whose manifest write failed, unless someone dropped
+ * it meanwhile: as a drop, so that a manifest written since (by another
+ * change, with it) is rewritten without it. */
+static void kvs_session_create_undo(kvs_data_t *data, uint64_t id)
+{
+    kvs_tier_smf_t smf = {.st = RI_OK};
+    bool found = false;
+
+    pthread_mutex_lock(&data->lock);
+    for (uint32_t i = 0; i < data->n_sessions; i++) {
+        if (data->sessions[i]->id == id) {
+            (void)kvs_session_remove_locked(data, i, &smf);
+            found = true;
+            break;
+        }
+    }
+    pthread_mutex_unlock(&data->lock);
+    if (found)
+        (void)kvs_tier_smf_finish(data, &smf);
+}
+
 ri_status_t kvs_data_session_create(kvs_data_t *data, const char *tenant, const kvs_geometry_t *geometry,
                                     uint64_t expected_tokens, const char *label, uint64_t *id_p,
                                     uint8_t secret_p[CM_WIRE_SECRET_SIZE])
@@ -430,7 +467,9 @@ ri_status_t kvs_data_session_create(kvs_data_t *data, const char *tenant, const 
     kvs_session_t *s;
     kvs_tenant_t *t;
     kvs_geometry_t g;
-    uint64_t n_tables, reserve;
+    kvs_tier_smf_t smf;
+    uint8_t secret[CM_WIRE_SECRET_SIZE];
+    uint64_t n_tables, reserve, id;
     ri_status_t st;
 
     if (data == NULL || geometry == NULL || id_p == NULL || secret_p == NULL || !kvs_tenant_valid(tenant))
@@ -484,20 +523,26 @@ ri_status_t kvs_data_session_create(kvs_data_t *data, const char *tenant, const 
     data->global_charged += s->reserved_bytes;
     s->id = data->next_id++;
     data->sessions[data->n_sessions++] = s;
-    /* Acknowledge only what --recover would find: a session the manifest
-     * could not record (disk full) is undone and the call fails. */
-    st = kvs_tier_session_created_locked(data);
-    if (st != RI_OK) {
-        data->n_sessions--;
-        t->charged -= s->reserved_bytes;
-        data->global_charged -= s->reserved_bytes;
-        goto err_unlock;
-    }
-    *id_p = s->id;
-    memcpy(secret_p, s->secret, CM_WIRE_SECRET_SIZE);
+    id = s->id;
+    reserve = s->reserved_bytes;
+    memcpy(secret, s->secret, CM_WIRE_SECRET_SIZE);
+    kvs_tier_session_created_locked(data, &smf);
     pthread_mutex_unlock(&data->lock);
+    /* Acknowledge only what --recover would find: the manifest is written
+     * without the lock (the session is already listed, but nobody knows its
+     * secret yet), and a session it could not record (disk full) is undone
+     * and the call fails.  s may be gone by now (an admin's drop by id). */
+    st = kvs_tier_smf_finish(data, &smf);
+    if (st != RI_OK) {
+        kvs_session_create_undo(data, id);
+        explicit_bzero(secret, sizeof(secret));
+        return st;
+    }
+    *id_p = id;
+    memcpy(secret_p, secret, CM_WIRE_SECRET_SIZE);
+    explicit_bzero(secret, sizeof(secret));
     cm_info("session %" PRIu64 " created for tenant %s (%u layers, %u kv heads, d=%u, reserve %" PRIu64 " bytes)",
-            s->id, tenant, g.layers, g.kv_heads, g.head_dim, s->reserved_bytes);
+            id, tenant, g.layers, g.kv_heads, g.head_dim, reserve);
     return RI_OK;
 
 err_unlock:
@@ -514,7 +559,7 @@ static bool kvs_tenant_in_scope(const char *want, const char *have)
     return want == NULL || strcmp(want, have) == 0;
 }
 
-uint64_t kvs_session_remove_locked(kvs_data_t *data, uint32_t i)
+uint64_t kvs_session_remove_locked(kvs_data_t *data, uint32_t i, kvs_tier_smf_t *smf)
 {
     kvs_session_t *s = data->sessions[i];
     uint64_t id = s->id, freed = s->used_bytes + s->disk_bytes, charge = kvs_session_charge(s);
@@ -526,7 +571,7 @@ uint64_t kvs_session_remove_locked(kvs_data_t *data, uint32_t i)
     data->global_charged -= charge;
     data->meta_charged -= s->meta_bytes;
     s->dropped = true;
-    kvs_tier_session_dropped_locked(data, id);
+    kvs_tier_session_dropped_locked(data, id, smf); /* memory only: the caller writes */
     /* Pages go back now when the data plane is not using the session, else
      * when its last data-plane reference ends. */
     kvs_session_unref_locked(data, s);
@@ -535,6 +580,7 @@ uint64_t kvs_session_remove_locked(kvs_data_t *data, uint32_t i)
 
 ri_status_t kvs_data_session_drop(kvs_data_t *data, const char *tenant, uint64_t id, uint64_t *bytes_freed_p)
 {
+    kvs_tier_smf_t smf = {.st = RI_OK};
     uint64_t freed = 0;
     bool found = false;
 
@@ -543,7 +589,7 @@ ri_status_t kvs_data_session_drop(kvs_data_t *data, const char *tenant, uint64_t
     pthread_mutex_lock(&data->lock);
     for (uint32_t i = 0; i < data->n_sessions; i++) {
         if (data->sessions[i]->id == id && kvs_tenant_in_scope(tenant, data->sessions[i]->tenant)) {
-            freed = kvs_session_remove_locked(data, i);
+            freed = kvs_session_remove_locked(data, i, &smf);
             found = true;
             break;
         }
@@ -551,6 +597,10 @@ ri_status_t kvs_data_session_drop(kvs_data_t *data, const char *tenant, uint64_t
     pthread_mutex_unlock(&data->lock);
     if (!found)
         return RI_ERR_NOT_FOUND;
+    /* Before the answer, so that --recover never brings the session back.
+     * A failure (logged) leaves it in the old manifest: it would come back
+     * empty (its spilled records are gone). */
+    (void)kvs_tier_smf_finish(data, &smf);
     if (bytes_freed_p != NULL)
         *bytes_freed_p = freed;
     cm_info("session %" PRIu64 " dropped (%" PRIu64 " bytes)", id, freed);

@@ -43,12 +43,25 @@ typedef struct kvs_geometry {
 } kvs_geometry_t;
 
 /* Settings of the data side; filled by the daemon from its config table. */
+/* UCX's own environment variables as the user set them (NULL: unset), read
+ * by the program (ri-kvstore's main) and passed in: UCX itself reads them,
+ * so they are environment variables, not ri-kvstore settings.  The data
+ * plane reads no environment; it looks at these only so as not to override
+ * what the user chose.  Borrowed: must outlive the data side. */
+typedef struct kvs_ucx_user_env {
+    const char *tls;              /* UCX_TLS: shared-memory transports are still left out */
+    const char *net_devices;      /* UCX_NET_DEVICES: set, UCX is not kept on dp_listen_addr's interface */
+    const char *port_range;       /* UCX_TCP_PORT_RANGE: set, the program does not set it (kvs_data_ucx_port_range) */
+    const char *keepalive;        /* UCX_KEEPALIVE_INTERVAL: set, the lease does not shorten it */
+} kvs_ucx_user_env_t;
+
 typedef struct kvs_data_config {
     uint64_t memory_bytes;        /* size of the host block pool arena */
     bool hugepages;               /* try explicit hugepages, then THP via madvise */
     uint64_t global_quota_bytes;  /* 0 = the pool size */
     uint64_t tenant_quota_bytes;  /* default per-tenant limit; 0 = no limit */
     const char *dp_listen_addr;   /* "host:port": the interface (and port) of UCX's TCP transport; port 0 = any */
+    const char *dp_check_program; /* the data plane's address checker; NULL or "" = found next to the program */
     uint32_t dp_lanes;            /* data-plane threads, each with its own UCX worker (0 = 2) */
     int32_t dp_nice;              /* nice value of the data-plane threads (0 = as the process) */
     uint64_t max_msg_bytes;       /* largest data-plane message accepted */
@@ -65,6 +78,7 @@ typedef struct kvs_data_config {
     uint64_t prefix_tenant_max_bytes; /* memory of one tenant's prefix blocks (0 = only the global cap) */
     const struct kvs_io_ops *spill_io_ops; /* added: the spill tier's system calls (NULL = the real ones;
                                             * tests inject faults and delays); borrowed, must outlive data */
+    kvs_ucx_user_env_t ucx_user;  /* UCX variables the user set (all NULL: none) */
 } kvs_data_config_t;
 
 /* One session as ListSessions shows it. */
@@ -109,6 +123,15 @@ ri_status_t kvs_data_create(const kvs_data_config_t *cfg, kvs_data_t **data_p);
 /* Stop the data plane (finishing in-flight requests within drain_timeout_ms),
  * free every session and the pool.  NULL is a no-op. */
 void kvs_data_destroy(kvs_data_t *data);
+
+/* The port range UCX's TCP transport should listen on for a data plane on
+ * listen_addr ("host:port") with lanes lanes (0 = 2): the port and the next
+ * lanes-1 ports, one per lane, so that a firewall can name them.  Written
+ * to out (cap bytes) as "FIRST-LAST"; false (out untouched) when
+ * listen_addr names no port (0 or none: UCX picks).  UCX 1.13 takes this
+ * only from the environment (UCX_TCP_PORT_RANGE), so the program sets it,
+ * unless the user did, before kvs_data_create starts the data plane. */
+bool kvs_data_ucx_port_range(const char *listen_addr, uint32_t lanes, char *out, size_t cap);
 
 /* The data-plane address a worker of session_id connects to: the packed UCX
  * address of the lane that serves it ("ucx:HEX"; session 0: lane 0), "" when

@@ -44,9 +44,11 @@ static ri_status_t kvs_direct_make_locked(kvs_data_t *data, kvs_session_t *s)
         return RI_ERR_NOMEM;
     r->fd = -1;
     st = kvs_pool_alloc(data->pool, bytes, &r->hold_off);
-    /* Unreferenced prefix blocks go before a live session's region. */
-    if (st == RI_ERR_NOSPACE && kvs_prefix_reclaim_locked(data, bytes) > 0)
-        st = kvs_pool_alloc(data->pool, bytes, &r->hold_off);
+    /* Unreferenced prefix blocks go before a live session's region; with a
+     * spill tier they are written out with the lock released (the request
+     * holds s; one lane serves s, so nobody else makes its region). */
+    if (st == RI_ERR_NOSPACE && kvs_tier_reclaim_prefix_locked(data, bytes) > 0)
+        st = s->dropped ? RI_ERR_NOT_FOUND : kvs_pool_alloc(data->pool, bytes, &r->hold_off);
     if (st != RI_OK)
         goto err_free;
     st = kvs_session_charge_locked(data, s, bytes);

@@ -437,7 +437,7 @@ static ri_status_t kvs_dp_connect(kvs_dpw_t *w, kvs_dreq_t *r, const cm_wire_hdr
                 KVS_DP_MAX_CONNS_PER_SESSION, KVS_DP_MAX_CONNS);
         return RI_ERR_QUOTA;
     }
-    st = kvs_dp_check_address(r->desc, h->meta_len, dp->net_dev);
+    st = kvs_dp_check_address(r->desc, h->meta_len, dp->net_dev, dp->tls, dp->check_program);
     if (st != RI_OK)
         return st;
     c = cm_calloc(&kvs_dp_tag, 1, sizeof(*c));

@@ -20,7 +20,16 @@ typedef struct kvs_dp_config {
     uint64_t max_msg_bytes;       /* largest message accepted */
     uint32_t drain_timeout_ms;    /* bound on receives and in-flight work at stop */
     uint32_t lease_ms;            /* session lease: UCX keepalive is set to notice a dead peer within it */
+    const char *check_program;    /* the address checker to run (copied); NULL or "" = the one next
+                                     to the program, else at its build location (kvs_dp_check.h) */
+    /* UCX variables the user set (NULL: unset; kvs_ucx_user_env_t in
+     * kvs_data.h), borrowed: the transport reads no environment. */
+    const char *user_tls, *user_net_devices, *user_keepalive;
 } kvs_dp_config_t;
+
+/* The port range of UCX's TCP transport for listen_addr and lanes
+ * (kvs_data_ucx_port_range). */
+bool kvs_dp_port_range(const char *listen_addr, uint32_t lanes, char *out, size_t cap);
 
 /* Start the lanes; every request goes to h (copied; h->arg must outlive the
  * transport).  *dp_p on success. */

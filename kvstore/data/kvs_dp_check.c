@@ -31,16 +31,16 @@ extern char **environ;
 
 static CM_ALLOC_TAG(kvs_check_tag, "kvs.dp.check");
 
-/* The checker next to the running program, else where the build put it. */
-static bool kvs_dp_check_path(char *out, size_t len)
+/* The configured checker, else the one next to the running program, else
+ * where the build put it. */
+static bool kvs_dp_check_path(const char *program, char *out, size_t len)
 {
     char self[PATH_MAX];
     ssize_t n = readlink("/proc/self/exe", self, sizeof(self) - 1);
     struct stat sb;
-    const char *env = getenv("RI_ADDRCHECK_PROGRAM");
 
-    if (env != NULL && env[0] != '\0') {
-        snprintf(out, len, "%s", env);
+    if (program != NULL && program[0] != '\0') {
+        snprintf(out, len, "%s", program);
         return access(out, X_OK) == 0;
     }
     if (n > 0) {
@@ -62,36 +62,51 @@ static bool kvs_dp_check_path(char *out, size_t len)
 #endif
 }
 
-/* environ plus UCX_NET_DEVICES=net_devices (unless the user set it), less
- * UCX_TCP_PORT_RANGE: the daemon holds that port, and a checker that cannot
- * bind it would refuse every address. */
-static char **kvs_dp_check_env(const char *net_devices, char *dev_var, size_t dev_len)
+/* Does environment entry e set variable var_eq ("NAME=")? */
+static bool kvs_dp_env_is(const char *e, const char *var_eq)
 {
-    static const char port_var[] = "UCX_TCP_PORT_RANGE=";
+    return strncmp(e, var_eq, strlen(var_eq)) == 0;
+}
+
+/* The checker's environment: the process's (inherited, as any child's:
+ * error handling of UCX's shared-memory transports, the user's UCX
+ * variables) with the data plane's own choices put in: UCX_TLS=tls (in
+ * place of the inherited one) and UCX_NET_DEVICES=net_devices (only ever
+ * given when the user set none, kvs_dp_setup.c); less UCX_TCP_PORT_RANGE:
+ * the daemon holds that port, and a checker that cannot bind it would
+ * refuse every address.  The strings are borrowed from environ and the
+ * two buffers. */
+static char **kvs_dp_check_env(const char *net_devices, const char *tls, char *dev_var, size_t dev_len,
+                               char *tls_var, size_t tls_len)
+{
     size_t n = 0, m = 0;
     char **env;
-    bool add = net_devices != NULL && net_devices[0] != '\0' && getenv("UCX_NET_DEVICES") == NULL;
+    bool add_dev = net_devices != NULL && net_devices[0] != '\0', add_tls = tls != NULL && tls[0] != '\0';
 
     while (environ[n] != NULL)
         n++;
-    env = cm_calloc(&kvs_check_tag, n + 2, sizeof(*env));
+    env = cm_calloc(&kvs_check_tag, n + 3, sizeof(*env));
     if (env == NULL)
         return NULL;
     for (size_t i = 0; i < n; i++)
-        if (strncmp(environ[i], port_var, sizeof(port_var) - 1) != 0)
+        if (!kvs_dp_env_is(environ[i], "UCX_TCP_PORT_RANGE=") && !(add_tls && kvs_dp_env_is(environ[i], "UCX_TLS=")))
             env[m++] = environ[i];
-    n = m;
-    if (add) {
+    if (add_dev) {
         snprintf(dev_var, dev_len, "UCX_NET_DEVICES=%s", net_devices);
-        env[n++] = dev_var;
+        env[m++] = dev_var;
     }
-    env[n] = NULL;
+    if (add_tls) {
+        snprintf(tls_var, tls_len, "UCX_TLS=%s", tls);
+        env[m++] = tls_var;
+    }
+    env[m] = NULL;
     return env;
 }
 
-ri_status_t kvs_dp_check_address(const void *addr, size_t len, const char *net_devices)
+ri_status_t kvs_dp_check_address(const void *addr, size_t len, const char *net_devices, const char *tls,
+                                 const char *program)
 {
-    char path[PATH_MAX], dev_var[128];
+    char path[PATH_MAX], dev_var[128], tls_var[300];
     char *text = NULL, **env = NULL;
     char *argv[3];
     posix_spawn_file_actions_t fa;
@@ -100,13 +115,14 @@ ri_status_t kvs_dp_check_address(const void *addr, size_t len, const char *net_d
     uint64_t deadline;
     ri_status_t st;
 
-    if (!kvs_dp_check_path(path, sizeof(path))) {
-        cm_error("dp: %s not found next to the program or at its build location: CONNECT refused "
-                 "(set RI_ADDRCHECK_PROGRAM to its path)", KVS_CHECK_NAME);
+    if (!kvs_dp_check_path(program, path, sizeof(path))) {
+        cm_error("dp: %s not found (%s): CONNECT refused (--addrcheck-program or RI_ADDRCHECK_PROGRAM names it)",
+                 KVS_CHECK_NAME,
+                 program != NULL && program[0] != '\0' ? program : "next to the program or at its build location");
         return RI_ERR_NOT_FOUND;
     }
     text = cm_malloc(&kvs_check_tag, CM_DP_ADDR_MAX);
-    env = kvs_dp_check_env(net_devices, dev_var, sizeof(dev_var));
+    env = kvs_dp_check_env(net_devices, tls, dev_var, sizeof(dev_var), tls_var, sizeof(tls_var));
     if (text == NULL || env == NULL) {
         st = RI_ERR_NOMEM;
         goto out;

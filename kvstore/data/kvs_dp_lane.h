@@ -12,6 +12,7 @@
 #ifndef KVS_DP_LANE_H
 #define KVS_DP_LANE_H
 
+#include <limits.h>
 #include <net/if.h>
 #include <pthread.h>
 #include <stdatomic.h>
@@ -91,6 +92,8 @@ struct kvs_dp {
     char listen_addr[128];
     ucp_context_h ctx;
     char net_dev[IF_NAMESIZE + 1];    /* UCX network device we restrict to ("" = all) */
+    char tls[256];                    /* UCX_TLS of our context (no shared memory; kvs_dp_setup.c) */
+    char check_program[PATH_MAX];     /* cfg.check_program ("" = found next to the program) */
     uint64_t max_body;
     atomic_bool stop;
     atomic_uint n_conns;              /* connections of every lane */

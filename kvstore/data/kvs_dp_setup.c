@@ -11,7 +11,6 @@
 #include <arpa/inet.h>
 #include <ifaddrs.h>
 #include <stdio.h>
-#include <stdlib.h>
 #include <string.h>
 
 #include "common/cm_alloc.h"
@@ -49,7 +48,7 @@ static void kvs_dp_config_devices(kvs_dp_t *dp, ucp_config_t *config, const stru
 {
     struct ifaddrs *ifs = NULL;
     char dev[IF_NAMESIZE + 1] = "";
-    if (getenv("UCX_NET_DEVICES") != NULL || cm_net_host_is_wildcard(host) || getifaddrs(&ifs) != 0)
+    if (dp->cfg.user_net_devices != NULL || cm_net_host_is_wildcard(host) || getifaddrs(&ifs) != 0)
         return;
     for (struct ifaddrs *i = ifs; i != NULL && dev[0] == '\0'; i = i->ifa_next)
         if (kvs_dp_same_ip(i->ifa_addr, ss))
@@ -69,15 +68,20 @@ static void kvs_dp_config_devices(kvs_dp_t *dp, ucp_config_t *config, const stru
 
 /* The port of dp_listen_addr, when it names one, is where UCX's TCP
  * transport listens (a firewall can then name it): the port and the next
- * lanes-1 ports, one per lane; 0 leaves it to UCX.  A transport setting: only
- * the environment reaches it in UCX 1.13, and a value the user set wins. */
-static void kvs_dp_config_port(unsigned port, uint32_t lanes)
+ * lanes-1 ports, one per lane; 0 leaves it to UCX.  A transport setting:
+ * only the environment reaches it in UCX 1.13, so the program sets it
+ * (kvs_data_ucx_port_range), and a value the user set wins. */
+bool kvs_dp_port_range(const char *listen_addr, uint32_t lanes, char *out, size_t cap)
 {
-    char range[32];
-    if (port == 0 || getenv("UCX_TCP_PORT_RANGE") != NULL)
-        return;
-    snprintf(range, sizeof(range), "%u-%u", port, port + lanes - 1);
-    setenv("UCX_TCP_PORT_RANGE", range, 0);
+    char host[128];
+    unsigned port = 0;
+    uint32_t n = lanes ? CM_MIN(lanes, KVS_DP_MAX_LANES) : 2; /* as kvs_dp_start counts them */
+    int w;
+
+    if (listen_addr == NULL || !cm_net_split(listen_addr, host, sizeof(host), &port) || port == 0)
+        return false;
+    w = snprintf(out, cap, "%u-%u", port, port + n - 1);
+    return w > 0 && (size_t)w < cap;
 }
 
 /* A worker killed with -9 closes no connection: UCX notices it only by its
@@ -85,11 +89,11 @@ static void kvs_dp_config_port(unsigned port, uint32_t lanes)
  * process up), and only then does the session's lease start to run.  Check
  * at least twice per lease period, so that a dead worker's session goes
  * within about 1.5 leases of its death.  A value the user set wins. */
-static void kvs_dp_config_keepalive(ucp_config_t *config, uint32_t lease_ms)
+static void kvs_dp_config_keepalive(ucp_config_t *config, uint32_t lease_ms, const char *user_keepalive)
 {
     char v[32];
     uint32_t ms = lease_ms / 2u;
-    if (lease_ms == 0 || ms >= 20000u || getenv("UCX_KEEPALIVE_INTERVAL") != NULL)
+    if (lease_ms == 0 || ms >= 20000u || user_keepalive != NULL)
         return;
     snprintf(v, sizeof(v), "%ums", ms < 100u ? 100u : ms);
     if (ucp_config_modify(config, "KEEPALIVE_INTERVAL", v) != UCS_OK)
@@ -162,12 +166,11 @@ static void kvs_dp_lane_close(kvs_dpw_t *w)
  * another uid ("shmat: Permission denied"), and our process is not
  * dumpable (kvs_main.c), which breaks cma and posix's /proc links anyway.
  * A same-host worker reads its region directly (kvs_dp_region.c); the ops
- * go over TCP loopback (or the network transports UCX_TLS names).  out gets
- * the TLS value to use. */
-static void kvs_dp_tls(char *out, size_t cap)
+ * go over TCP loopback (or the network transports UCX_TLS names).  env is
+ * the user's UCX_TLS (NULL: unset); out gets the TLS value to use. */
+static void kvs_dp_tls(const char *env, char *out, size_t cap)
 {
     static const char *const shm[] = {"sm", "shm", "mm", "posix", "sysv", "cma", "knem", "xpmem"};
-    const char *env = getenv("UCX_TLS");
     char buf[256], *save = NULL;
     size_t n = 0;
     bool net = false;
@@ -201,18 +204,22 @@ static void kvs_dp_tls(char *out, size_t cap)
 static ri_status_t kvs_dp_context(kvs_dp_t *dp, const struct sockaddr_storage *ss, const char *host)
 {
     ucp_config_t *config = NULL;
-    char tls[256];
     ri_status_t st;
 
-    /* In the environment, so that the address checker (kvs_dp_check.c)
-     * unpacks workers' addresses with the transports we use. */
-    kvs_dp_tls(tls, sizeof(tls));
-    setenv("UCX_TLS", tls, 1);
+    /* Kept in dp->tls too: the address checker (kvs_dp_check.c) gets it in
+     * its environment, so that it unpacks workers' addresses with the
+     * transports we use. */
+    kvs_dp_tls(dp->cfg.user_tls, dp->tls, sizeof(dp->tls));
     st = cm_ucx_status(ucp_config_read(NULL, NULL, &config));
     if (st != RI_OK)
         goto err;
+    st = cm_ucx_status(ucp_config_modify(config, "TLS", dp->tls));
+    if (st != RI_OK) {
+        ucp_config_release(config);
+        goto err;
+    }
     kvs_dp_config_devices(dp, config, ss, host);
-    kvs_dp_config_keepalive(config, dp->cfg.lease_ms);
+    kvs_dp_config_keepalive(config, dp->cfg.lease_ms, dp->cfg.user_keepalive);
     st = cm_ucx_context("ri-kvstore", config, false, &dp->ctx);
     ucp_config_release(config);
     if (st != RI_OK)
@@ -229,7 +236,6 @@ ri_status_t kvs_dp_start(const kvs_dp_config_t *cfg, const kvs_handlers_t *h, kv
     struct sockaddr_storage ss;
     socklen_t sl;
     char host[128];
-    unsigned port = 0;
     uint32_t i;
     ri_status_t st;
 
@@ -241,6 +247,7 @@ ri_status_t kvs_dp_start(const kvs_dp_config_t *cfg, const kvs_handlers_t *h, kv
     snprintf(dp->listen_addr, sizeof(dp->listen_addr), "%s", cfg->listen_addr ? cfg->listen_addr : "127.0.0.1:0");
     dp->cfg.listen_addr = dp->listen_addr;
     dp->ho_fd = -1;
+    snprintf(dp->check_program, sizeof(dp->check_program), "%s", cfg->check_program ? cfg->check_program : "");
     dp->max_body = cfg->max_msg_bytes;
     dp->n_lanes = cfg->lanes ? CM_MIN(cfg->lanes, KVS_DP_MAX_LANES) : 2;
     atomic_init(&dp->stop, false);
@@ -255,10 +262,7 @@ ri_status_t kvs_dp_start(const kvs_dp_config_t *cfg, const kvs_handlers_t *h, kv
         cm_error("dp: bad interface address '%s'", dp->cfg.listen_addr);
         goto err_free;
     }
-    if (!cm_net_split(dp->cfg.listen_addr, host, sizeof(host), &port))
-        port = 0;
     cm_ucx_env_once();
-    kvs_dp_config_port(port, dp->n_lanes);
     st = kvs_dp_context(dp, &ss, host);
     if (st != RI_OK)
         goto err_free;

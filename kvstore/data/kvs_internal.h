@@ -178,6 +178,8 @@ typedef struct kvs_pcat {
     uint64_t blocks, bytes;               /* resident blocks (in the catalog or awaiting their last detach) */
     uint64_t disk_blocks, disk_bytes;     /* blocks only in the spill store */
     uint64_t next_disk_id;                /* of the next block written to the spill store */
+    _Atomic uint64_t mf_gen;              /* on-disk blocks forgotten so far (bumped under data->lock):
+                                             the store manifest without their records is due */
     uint64_t spills, readbacks, corrupt;  /* blocks written out, read back, refused on read-back */
     uint64_t spill_abandoned;             /* written without the lock, then attached or dropped: kept */
     uint64_t attach_hits, attach_misses;  /* keys */
@@ -229,6 +231,12 @@ struct kvs_data {
     uint64_t spill_abandoned;        /* written clusters not committed: touched, pinned or dropped meanwhile */
     bool spill_busy;                 /* a spill round owns the writer role (one at a time) */
     pthread_cond_t spill_cond;       /* signalled (with lock) when spill_busy clears */
+    uint64_t smf_gen;                /* last session manifest snapshot's generation (under lock) */
+    pthread_mutex_t smf_mu;          /* one manifest write at a time; never taken with lock held */
+    uint64_t smf_disk_gen;           /* generation of the manifest on disk (under smf_mu) */
+    pthread_mutex_t pmf_mu;          /* one store manifest write for forgotten prefix blocks at a
+                                        time (kvs_prefix_mf_finish); never taken with lock held */
+    uint64_t pmf_disk_gen;           /* prefix.mf_gen that write last put on disk (under pmf_mu) */
     /* counters (under lock) */
     uint64_t fetches, cache_hits, cache_misses, bytes_sent, bytes_received;
     uint64_t direct_regions, direct_bytes, direct_reads; /* live regions, their bytes, records */
@@ -277,8 +285,11 @@ kvs_tenant_t *kvs_tenant_get_locked(kvs_data_t *data, const char *name);
 
 /* Take session s (at index i of data->sessions) out of the catalog and
  * release its quota, as DropSession does; its pages go when the last
- * data-plane reference ends.  Returns the bytes it held. */
-uint64_t kvs_session_remove_locked(kvs_data_t *data, uint32_t i);
+ * data-plane reference ends.  *smf gets the disk work of the drop (spill
+ * records, manifest): the caller runs kvs_tier_smf_finish on it after
+ * releasing the lock, before answering.  Returns the bytes it held. */
+struct kvs_tier_smf;
+uint64_t kvs_session_remove_locked(kvs_data_t *data, uint32_t i, struct kvs_tier_smf *smf);
 
 /* --- session leases (kvs_lease.c) --- */
 
@@ -356,9 +367,9 @@ ri_status_t kvs_prefix_handover_locked(kvs_session_t *s, uint32_t slot, int *fd_
 /* --- prefix blocks in the spill tier (kvs_prefix_spill.c); lock held --- */
 
 /* Write resident, unreferenced b to the spill store and give its memory back
- * (it stays in the catalog, on disk), all under the lock (evictions inside
- * kvs_prefix_hold_locked or for a direct region, shutdown).  Nothing
- * changes on failure. */
+ * (it stays in the catalog, on disk), all under the lock: for the shutdown
+ * write-out only (nothing is served then; every other eviction writes
+ * without the lock).  Nothing changes on failure. */
 ri_status_t kvs_prefix_spill_locked(kvs_data_t *data, kvs_pblock_t *b);
 
 /* The same in steps, for a write without the lock (kvs_prefix.c: the spill
@@ -369,10 +380,14 @@ ri_status_t kvs_prefix_spill_locked(kvs_data_t *data, kvs_pblock_t *b);
  *                                  unchanged (pinned, marked writing);
  *   kvs_prefix_disk_commit_locked  gives b's memory back: on disk under id;
  *   kvs_prefix_disk_abandon_locked forgets id's records instead (b was
- *                                  attached or dropped meanwhile). */
+ *                                  attached or dropped meanwhile); true when
+ *                                  b was dropped: the caller then writes the
+ *                                  store's manifest (kvs_spill_sync) after
+ *                                  releasing the lock, so that a crash's
+ *                                  tail scan does not bring b back. */
 ri_status_t kvs_prefix_disk_write(kvs_data_t *data, const kvs_pblock_t *b, uint64_t id);
 void kvs_prefix_disk_commit_locked(kvs_data_t *data, kvs_pblock_t *b, uint64_t id);
-void kvs_prefix_disk_abandon_locked(kvs_data_t *data, const kvs_pblock_t *b, uint64_t id);
+bool kvs_prefix_disk_abandon_locked(kvs_data_t *data, const kvs_pblock_t *b, uint64_t id);
 
 /* Read the records of an on-disk block (disk_id, bytes long) back into a
  * new sealed memory file, verifying every record and the block's own CRC:
@@ -383,15 +398,34 @@ void kvs_prefix_disk_abandon_locked(kvs_data_t *data, const kvs_pblock_t *b, uin
 ri_status_t kvs_prefix_read_back(kvs_data_t *data, uint64_t disk_id, uint64_t bytes, kvs_pblock_t **tmp_p);
 
 /* Make on-disk b resident with tmp's memory file (kvs_prefix_read_back;
- * consumed either way), under the caps; b's records are then forgotten.
- * On failure (caps, pool) b stays on disk. */
+ * consumed, except on RI_ERR_BUSY), under the caps; b's records are then
+ * forgotten.  On failure (caps, pool) b stays on disk; RI_ERR_BUSY: room
+ * must be written out first, without the lock (kvs_prefix_hold_locked). */
 ri_status_t kvs_prefix_install_locked(kvs_data_t *data, kvs_pblock_t *b, kvs_tenant_t *t, kvs_pblock_t *tmp);
 
 /* Unmap, close and free tmp (kvs_prefix_read_back's, never admitted). */
 void kvs_prefix_discard(kvs_pblock_t *tmp);
 
-/* Forget on-disk b's records. */
+/* Forget on-disk b's records, in memory only: the store's manifest
+ * without them (so that a crash's tail scan does not bring a dropped block
+ * back) is due, counted in data->prefix.mf_gen, and written after the
+ * caller releases the lock: it notes kvs_prefix_mf_gen_locked when it
+ * takes the lock, kvs_prefix_mf_due_locked before it releases it, and runs
+ * kvs_prefix_mf_finish on that before it answers. */
 void kvs_prefix_disk_forget_locked(kvs_data_t *data, kvs_pblock_t *b);
+
+/* The forget generation now (lock held). */
+uint64_t kvs_prefix_mf_gen_locked(const kvs_data_t *data);
+
+/* The generation the caller's forgets since gen0 need on disk; 0 when it
+ * forgot nothing (lock held). */
+uint64_t kvs_prefix_mf_due_locked(const kvs_data_t *data, uint64_t gen0);
+
+/* With data->lock NOT held: have the store's manifest of generation gen,
+ * or a newer one, on disk (one write at a time under data->pmf_mu; skipped
+ * when a write since covered gen).  A no-op for gen 0.  Returns RI_OK or
+ * the write's error (logged). */
+ri_status_t kvs_prefix_mf_finish(kvs_data_t *data, uint64_t gen);
 
 /* --recover: put the blocks the spill store holds back in the catalog, on disk. */
 void kvs_prefix_recover_locked(kvs_data_t *data);
@@ -401,7 +435,9 @@ bool kvs_prefix_disk_key(uint64_t session);
 
 /* Shared with kvs_prefix.c: a sealed read-only memory file of len bytes of
  * buf (*b_p: a new unaccounted block); make room under the caps for need
- * bytes of tenant t, hold its pool extent and account it. */
+ * bytes of tenant t, hold its pool extent and account it (never writes:
+ * RI_ERR_BUSY when, with a spill tier, that would need a block written out
+ * first; the caller then makes room without the lock and retries). */
 ri_status_t kvs_prefix_make(const uint8_t *buf, uint64_t len, kvs_pblock_t **b_p);
 ri_status_t kvs_prefix_hold_locked(kvs_data_t *data, kvs_tenant_t *t, kvs_pblock_t *b);
 void kvs_prefix_insert_locked(kvs_data_t *data, kvs_pblock_t *b);
@@ -511,17 +547,45 @@ void kvs_tier_unpin_locked(kvs_data_t *data, kvs_session_t *s, uint32_t layer, u
 /* Free the pool extents of s's pool-resident clusters (session free). */
 void kvs_tier_session_free_locked(kvs_data_t *data, kvs_session_t *s);
 
-/* A session was dropped: free its spill records and coldness entries, and
- * rewrite the session manifest. */
-void kvs_tier_session_dropped_locked(kvs_data_t *data, uint64_t id);
+/* A session manifest change: snapshotted under data->lock (memory only),
+ * finished after the lock is released and before the change is answered
+ * (kvs_tier_smf_finish), so that no manifest write holds the catalog. */
+typedef struct kvs_tier_smf {
+    uint8_t *buf;      /* the encoded manifest (owned; NULL: nothing to write) */
+    size_t len;        /* its bytes */
+    uint64_t gen;      /* its generation (data->smf_gen): snapshots in catalog order */
+    uint64_t drop_id;  /* a dropped session whose spill records go first (0: none) */
+    ri_status_t st;    /* RI_ERR_NOMEM when the snapshot could not be taken */
+} kvs_tier_smf_t;
 
-/* A session was created: rewrite the session manifest (so --recover finds it).
- * Returns the write's error (RI_ERR_NOSPACE on a full disk): the caller undoes
- * the creation. */
-ri_status_t kvs_tier_session_created_locked(kvs_data_t *data);
+/* A session was dropped (lock held): forget its coldness entries and
+ * snapshot the manifest without it into *smf (memory only).  The caller
+ * runs kvs_tier_smf_finish once it released the lock. */
+void kvs_tier_session_dropped_locked(kvs_data_t *data, uint64_t id, kvs_tier_smf_t *smf);
+
+/* A session was created (lock held): snapshot the manifest with it into
+ * *smf.  The caller runs kvs_tier_smf_finish once it released the lock and
+ * undoes the creation when that fails. */
+void kvs_tier_session_created_locked(kvs_data_t *data, kvs_tier_smf_t *smf);
+
+/* Finish a manifest change with data->lock NOT held: free a dropped
+ * session's spill records (the store's manifest written), then write the
+ * snapshot unless a newer one is on disk already (waits for a manifest
+ * write in flight).  Frees the snapshot; a no-op for an empty *smf (tier
+ * off).  Returns RI_OK, or the manifest's error (RI_ERR_NOSPACE on a full
+ * disk, RI_ERR_NOMEM from the snapshot), logged. */
+ri_status_t kvs_tier_smf_finish(kvs_data_t *data, kvs_tier_smf_t *smf);
 
 /* Append the tier's counters and the spill store's metrics. */
 void kvs_tier_metrics_write_locked(kvs_data_t *data, FILE *out);
+
+/* Give back at least bytes of pool by evicting unreferenced prefix blocks
+ * (fewer when the LRU runs out).  With a spill tier they are written out as
+ * the spill writer does (writer role taken, waiting for a spill in flight;
+ * data->lock released for each block's write: the caller checks again what
+ * it looked at, e.g. whether its session was dropped); without one they are
+ * dropped from memory under the lock.  Returns the pool bytes freed. */
+uint64_t kvs_tier_reclaim_prefix_locked(kvs_data_t *data, uint64_t bytes);
 
 /* Close the spill store and the coldness tracker (after every session is freed). */
 void kvs_tier_destroy_store(kvs_data_t *data);

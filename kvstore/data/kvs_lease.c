@@ -35,11 +35,13 @@ static uint64_t kvs_lease_tick_ns(const kvs_data_t *data)
     return tick_ms * 1000000u;
 }
 
-/* Drop every session whose lease ran out; lock held. */
+/* Drop every session whose lease ran out; lock held, released for each
+ * drop's disk work (spill records, session manifest), so the scan starts
+ * over after each drop. */
 static void kvs_lease_reap_locked(kvs_data_t *data, uint64_t now_ns)
 {
     uint64_t lease_ns = (uint64_t)data->cfg.lease_ms * 1000000u;
-    for (uint32_t i = 0; i < data->n_sessions;) {
+    for (uint32_t i = 0; i < data->n_sessions && !data->lease_stop;) {
         kvs_session_t *s = data->sessions[i];
         if (s->dp_conns > 0 || now_ns - s->lease_ns < lease_ns) {
             i++;
@@ -48,9 +50,14 @@ static void kvs_lease_reap_locked(kvs_data_t *data, uint64_t now_ns)
         uint64_t id = s->id, idle_ms = (now_ns - s->lease_ns) / 1000000u;
         char tenant[KVS_TENANT_MAX];
         snprintf(tenant, sizeof(tenant), "%s", s->tenant);
-        /* Removal moves the last entry into slot i: look at i again. */
-        uint64_t freed = kvs_session_remove_locked(data, i);
+        kvs_tier_smf_t smf;
+        uint64_t freed = kvs_session_remove_locked(data, i, &smf);
         data->sessions_expired++;
+        pthread_mutex_unlock(&data->lock);
+        (void)kvs_tier_smf_finish(data, &smf);
+        pthread_mutex_lock(&data->lock);
+        i = 0; /* the catalog may have changed meanwhile, with sessions newer than now_ns */
+        now_ns = cm_time_ns();
         cm_warn("session %" PRIu64 " of tenant %s expired: no data-plane connection and no KeepAlive for %" PRIu64
                 " ms (session-lease-ms=%u); dropped, %" PRIu64 " bytes freed",
                 id, tenant, idle_ms, data->cfg.lease_ms, freed);

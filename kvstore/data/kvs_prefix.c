@@ -17,11 +17,14 @@
  * pool runs short for a session's data.  A block taken out of the catalog
  * while referenced (DropPrefix) is freed at its last detach.
  *
- * With a spill tier, evicted blocks are written out, mostly without
- * data->lock (kvs_pfx_spill_unlocked: the spill writer's reclaim and the
- * room made under the caps before a block is held): the block is pinned
- * and marked writing (off the LRU) meanwhile, and abandoned if it was
- * attached or dropped before the commit.
+ * With a spill tier, evicted blocks are written out without data->lock
+ * (kvs_pfx_spill_unlocked: the spill writer's reclaim, which a direct
+ * region's room uses too, and the room made under the caps and in the pool
+ * before a block is held): the block is pinned and marked writing (off the
+ * LRU) meanwhile, and abandoned if it was attached or dropped before the
+ * commit.  The hold never writes: when another lane took the room, it
+ * answers RI_ERR_BUSY and its caller makes room again.  Only the shutdown
+ * write-out (nothing served) writes under the lock.
  */
 #define _GNU_SOURCE
 #include <errno.h>
@@ -38,6 +41,11 @@
 #include "common/cm_log.h"
 #include "common/cm_status.h"
 #include "kvstore/data/kvs_internal.h"
+#include "kvstore/spill/kvs_spill.h"
+
+/* Makings of room before a hold gives up when other lanes keep taking it
+ * (rare: each needs a race with a write in between). */
+#define KVS_PFX_HOLD_TRIES 3u
 
 static CM_ALLOC_TAG(kvs_prefix_tag, "kvs.prefix");
 
@@ -204,8 +212,9 @@ uint64_t kvs_prefix_reclaim_locked(kvs_data_t *data, uint64_t bytes)
  * freed), or, when it was attached or dropped during the write, the write
  * is abandoned (records forgotten) and it stays resident, back on the LRU
  * when unreferenced, or is freed when dropped and unused.  A failed write
- * evicts it from memory, as under the lock.  Returns the pool bytes freed. */
-static uint64_t kvs_pfx_spill_unlocked(kvs_data_t *data, kvs_pblock_t *b)
+ * evicts it from memory, as under the lock.  Returns the pool bytes freed;
+ * *sync_p is set when the write was abandoned for a dropped block. */
+static uint64_t kvs_pfx_spill_write_unlocked(kvs_data_t *data, kvs_pblock_t *b, bool *sync_p)
 {
     uint64_t id = ++data->prefix.next_disk_id, charge = b->charge;
     ri_status_t st;
@@ -223,7 +232,7 @@ static uint64_t kvs_pfx_spill_unlocked(kvs_data_t *data, kvs_pblock_t *b)
         return charge;
     }
     if (st == RI_OK)
-        kvs_prefix_disk_abandon_locked(data, b, id);
+        *sync_p = kvs_prefix_disk_abandon_locked(data, b, id);
     if (!b->in_catalog) { /* dropped meanwhile */
         if (b->refs > 0 || b->pins > 0)
             return 0; /* its last detach or unpin frees it */
@@ -243,6 +252,22 @@ static uint64_t kvs_pfx_spill_unlocked(kvs_data_t *data, kvs_pblock_t *b)
     return charge;
 }
 
+/* kvs_pfx_spill_write_unlocked, then, when the write was abandoned for a
+ * block dropped meanwhile, the store's manifest without its records, the
+ * lock released again for that write (rare: a drop during the write). */
+static uint64_t kvs_pfx_spill_unlocked(kvs_data_t *data, kvs_pblock_t *b)
+{
+    bool sync = false;
+    uint64_t freed = kvs_pfx_spill_write_unlocked(data, b, &sync);
+
+    if (sync) {
+        pthread_mutex_unlock(&data->lock);
+        (void)kvs_spill_sync(data->spill);
+        pthread_mutex_lock(&data->lock);
+    }
+    return freed;
+}
+
 uint64_t kvs_prefix_reclaim_writer_locked(kvs_data_t *data, uint64_t bytes)
 {
     uint64_t freed = 0, tries = 0;
@@ -260,20 +285,16 @@ uint64_t kvs_prefix_reclaim_writer_locked(kvs_data_t *data, uint64_t bytes)
     return freed;
 }
 
-/* Before a block of need bytes (tenant's) is held: with a spill tier, make
- * room under the caps by writing unreferenced blocks out, each without the
- * lock (kvs_pfx_spill_unlocked), but only while the LRU can make it fit:
- * the same rules as kvs_prefix_hold_locked, which then finds room (and
- * evicts under the lock only what a race took) or answers RI_ERR_QUOTA,
- * nothing evicted.  Lock held, released per block written: the caller
- * looks up again what it found before. */
-static void kvs_pfx_make_room_locked(kvs_data_t *data, const char *tenant, uint64_t need)
+/* Make room under the caps for a block of need bytes (tenant's) by
+ * writing unreferenced blocks out, each without the lock
+ * (kvs_pfx_spill_unlocked), but only while the LRU can make it fit: the
+ * same rules as kvs_prefix_hold_locked.  Spill tier on; lock held,
+ * released per block written. */
+static void kvs_pfx_make_cap_room_locked(kvs_data_t *data, const char *tenant, uint64_t need)
 {
     kvs_pcat_t *pc = &data->prefix;
     uint64_t tries = 1;
 
-    if (!kvs_tier_on(data))
-        return; /* evicting from memory is quick: kvs_prefix_hold_locked does it */
     for (const kvs_pblock_t *b = pc->lru_head; b != NULL; b = b->lru_next)
         tries++;
     while (tries-- > 0) {
@@ -298,6 +319,36 @@ static void kvs_pfx_make_room_locked(kvs_data_t *data, const char *tenant, uint6
         kvs_pfx_lru_remove(pc, victim);
         (void)kvs_pfx_spill_unlocked(data, victim);
     }
+}
+
+/* Before a block of need bytes (tenant's) is held: with a spill tier, make
+ * room for it under the caps (kvs_pfx_make_cap_room_locked) and in the pool
+ * (a trial allocation, given back at once; when it fails, unreferenced
+ * blocks are written out the spill writer's way,
+ * kvs_tier_reclaim_prefix_locked), every write without the lock.
+ * kvs_prefix_hold_locked then finds room, or answers RI_ERR_QUOTA (the caps
+ * cannot be met), or RI_ERR_BUSY when another lane took the room meanwhile
+ * (the caller comes back here).  Lock held, released per block written:
+ * the caller looks up again what it found before. */
+static void kvs_pfx_make_room_locked(kvs_data_t *data, const char *tenant, uint64_t need)
+{
+    const kvs_pcat_t *pc = &data->prefix;
+    const kvs_tenant_t *t;
+    uint64_t off;
+    ri_status_t st;
+
+    if (!kvs_tier_on(data))
+        return; /* evicting from memory is quick: kvs_prefix_hold_locked does it */
+    kvs_pfx_make_cap_room_locked(data, tenant, need);
+    t = kvs_tenant_get_locked(data, tenant); /* again: the table may have moved */
+    if (pc->lru_head == NULL || t == NULL || pc->bytes + need > pc->max_bytes ||
+        (pc->tenant_max_bytes != 0 && t->prefix_bytes + need > pc->tenant_max_bytes))
+        return; /* nothing to write out, or over a cap anyway: the hold answers */
+    st = kvs_pool_alloc(data->pool, need, &off);
+    if (st == RI_OK)
+        kvs_pool_free(data->pool, off, need);
+    else if (st == RI_ERR_NOSPACE)
+        (void)kvs_tier_reclaim_prefix_locked(data, need);
 }
 
 /* --- blocks -------------------------------------------------------------- */
@@ -424,11 +475,16 @@ void kvs_prefix_detach_all_locked(kvs_data_t *data, kvs_session_t *s)
 /* Make room under the caps for b (of tenant t) by evicting unreferenced
  * blocks (the tenant's own for its cap), hold its pool extent and account
  * it.  RI_ERR_QUOTA when the caps cannot be met even so (nothing evicted
- * then), RI_ERR_NOSPACE when the pool has no room. */
+ * then), RI_ERR_NOSPACE when the pool has no room.  With a spill tier an
+ * eviction would write to disk, which never happens under the lock: when
+ * room is still short (another lane took what kvs_pfx_make_room_locked
+ * made), it evicts nothing and answers RI_ERR_BUSY; the caller makes room
+ * again and retries (kvs_pfx_make_room_locked). */
 ri_status_t kvs_prefix_hold_locked(kvs_data_t *data, kvs_tenant_t *t, kvs_pblock_t *b)
 {
     kvs_pcat_t *pc = &data->prefix;
     uint64_t need = kvs_pool_round(b->bytes), tmax = pc->tenant_max_bytes;
+    bool spill = kvs_tier_on(data);
     ri_status_t st;
 
     if (need > pc->max_bytes || (tmax != 0 && need > tmax))
@@ -437,11 +493,15 @@ ri_status_t kvs_prefix_hold_locked(kvs_data_t *data, kvs_tenant_t *t, kvs_pblock
         return RI_ERR_QUOTA;
     if (pc->bytes + need > pc->max_bytes && pc->bytes - kvs_pfx_evictable(pc, NULL) + need > pc->max_bytes)
         return RI_ERR_QUOTA;
+    if (spill && ((tmax != 0 && t->prefix_bytes + need > tmax) || pc->bytes + need > pc->max_bytes))
+        return RI_ERR_BUSY; /* room again, without the lock */
     while (tmax != 0 && t->prefix_bytes + need > tmax)
         kvs_pfx_evict_locked(data, kvs_pfx_lru_victim(pc, t->name));
     while (pc->bytes + need > pc->max_bytes)
         kvs_pfx_evict_locked(data, pc->lru_head);
     st = kvs_pool_alloc(data->pool, need, &b->hold_off);
+    if (st == RI_ERR_NOSPACE && spill && pc->lru_head != NULL)
+        return RI_ERR_BUSY; /* the LRU could give room back, written out without the lock */
     if (st == RI_ERR_NOSPACE && kvs_prefix_reclaim_locked(data, need) > 0)
         st = kvs_pool_alloc(data->pool, need, &b->hold_off);
     if (st != RI_OK)
@@ -464,6 +524,33 @@ static void kvs_pfx_drop_corrupt_locked(kvs_data_t *data, kvs_pblock_t *b, ri_st
         kvs_pfx_free_locked(data, b);
 }
 
+/* Install *tmp_p (b's bytes, read back) as b's memory: room made first,
+ * written out without the lock (kvs_pfx_make_room_locked); a hold that
+ * finds the room taken again (RI_ERR_BUSY) makes room once more, up to
+ * KVS_PFX_HOLD_TRIES times in all, then answers RI_ERR_QUOTA (retryable).
+ * b pinned, lock held, released for the writes.  *tmp_p becomes NULL once
+ * consumed (installed, or discarded by a failed install); RI_OK with *tmp_p
+ * left when b left the disk or the catalog meanwhile (the caller sees it). */
+static ri_status_t kvs_pfx_readback_install_locked(kvs_data_t *data, kvs_pblock_t *b, const char *tenant,
+                                                   kvs_pblock_t **tmp_p)
+{
+    ri_status_t st = RI_ERR_BUSY;
+
+    for (unsigned i = 0; i < KVS_PFX_HOLD_TRIES && st == RI_ERR_BUSY; i++) {
+        kvs_tenant_t *t;
+        kvs_pfx_make_room_locked(data, tenant, kvs_pool_round(b->bytes));
+        if (!b->in_catalog || !b->on_disk)
+            return RI_OK;
+        t = kvs_tenant_get_locked(data, tenant);
+        if (t == NULL)
+            return RI_ERR_NOMEM;
+        st = kvs_prefix_install_locked(data, b, t, *tmp_p);
+        if (st != RI_ERR_BUSY)
+            *tmp_p = NULL;
+    }
+    return st == RI_ERR_BUSY ? RI_ERR_QUOTA : st;
+}
+
 /* Find tenant's block of key, reading it back when it is on disk.  The
  * read (disk I/O and a copy into a memory file) runs WITHOUT data->lock, so
  * it stalls no other session: the block is pinned meanwhile, so that a drop
@@ -476,7 +563,7 @@ static void kvs_pfx_drop_corrupt_locked(kvs_data_t *data, kvs_pblock_t *b, ri_st
 static kvs_pblock_t *kvs_pfx_find_resident_locked(kvs_data_t *data, const char *tenant, const uint8_t *key)
 {
     kvs_pblock_t *b = kvs_prefix_find_locked(data, tenant, key), *tmp = NULL;
-    kvs_tenant_t *t;
+    bool mine = false;
     ri_status_t st;
 
     if (b == NULL || !b->on_disk)
@@ -488,30 +575,24 @@ static kvs_pblock_t *kvs_pfx_find_resident_locked(kvs_data_t *data, const char *
     pthread_mutex_unlock(&data->lock);
     st = kvs_prefix_read_back(data, disk_id, bytes, &tmp);
     pthread_mutex_lock(&data->lock);
-    if (st == RI_OK && b->in_catalog && b->on_disk) /* room for it, written out without the lock; b stays pinned */
-        kvs_pfx_make_room_locked(data, tenant, kvs_pool_round(bytes));
+    if (st == RI_OK && b->in_catalog && b->on_disk) { /* b stays pinned meanwhile */
+        st = kvs_pfx_readback_install_locked(data, b, tenant, &tmp);
+        mine = st == RI_OK && tmp == NULL;
+    }
     b->pins--;
-    if (!b->in_catalog) { /* dropped meanwhile: a miss */
-        kvs_prefix_discard(tmp);
-        if (b->pins == 0 && b->refs == 0)
-            kvs_pfx_free_locked(data, b);
-        return NULL;
-    }
-    if (!b->on_disk) { /* another lane read it back first (and forgot the records we read) */
-        kvs_prefix_discard(tmp);
-        return b;
-    }
-    if (st == RI_OK) {
-        t = kvs_tenant_get_locked(data, tenant);
-        st = t != NULL ? kvs_prefix_install_locked(data, b, t, tmp) : RI_ERR_NOMEM;
-        if (t == NULL)
-            kvs_prefix_discard(tmp);
-    }
-    if (st == RI_OK) {
+    if (mine) {
         if (b->refs == 0)
             kvs_pfx_lru_push(&data->prefix, b); /* resident again, the most recent */
         return b;
     }
+    kvs_prefix_discard(tmp);
+    if (!b->in_catalog) { /* dropped meanwhile: a miss */
+        if (b->pins == 0 && b->refs == 0)
+            kvs_pfx_free_locked(data, b);
+        return NULL;
+    }
+    if (!b->on_disk) /* another lane read it back first (and forgot the records we read) */
+        return b;
     if (st == RI_ERR_CORRUPT || st == RI_ERR_NOT_FOUND || st == RI_ERR_TRUNCATED || st == RI_ERR_PROTOCOL)
         kvs_pfx_drop_corrupt_locked(data, b, st);
     return NULL;
@@ -525,6 +606,7 @@ ri_status_t kvs_prefix_attach(kvs_data_t *data, kvs_session_t *s, const cm_wire_
     const uint8_t *keys;
     cm_pfx_attached_t *ent;
     uint32_t n, n_att = 0;
+    uint64_t mf;
     uint8_t *reply;
     ri_status_t st;
 
@@ -540,6 +622,7 @@ ri_status_t kvs_prefix_attach(kvs_data_t *data, kvs_session_t *s, const cm_wire_
         goto out;
     }
     pthread_mutex_lock(&data->lock);
+    mf = kvs_prefix_mf_gen_locked(data);
     for (; n_att < n; n_att++) {
         kvs_pblock_t *b = kvs_pfx_find_resident_locked(data, s->tenant, keys + (size_t)n_att * CM_PFX_KEY_SIZE);
         if (b == NULL)
@@ -556,7 +639,9 @@ ri_status_t kvs_prefix_attach(kvs_data_t *data, kvs_session_t *s, const cm_wire_
         st = RI_OK;
     data->prefix.attach_hits += n_att;
     data->prefix.attach_misses += n - n_att;
+    mf = kvs_prefix_mf_due_locked(data, mf);
     pthread_mutex_unlock(&data->lock);
+    (void)kvs_prefix_mf_finish(data, mf); /* read back or dropped on disk: answered once that is durable */
     if (st != RI_OK)
         goto out;
     cm_pfx_attach_rep_encode(reply, n_att, ent);
@@ -607,7 +692,8 @@ static ri_status_t kvs_pfx_put_check(const kvs_session_t *s, const cm_wire_hdr_t
 
 /* Publish the new block nb under key for s's tenant and attach it; or, when
  * the key appeared meanwhile, treat it as existing (nb is released).  Lock
- * held; nb is consumed. */
+ * held; nb is consumed, except on RI_ERR_BUSY (the hold found no room: the
+ * caller makes room and calls again). */
 static ri_status_t kvs_pfx_publish_locked(kvs_data_t *data, kvs_session_t *s, const uint8_t *key, kvs_pblock_t *nb,
                                           const uint8_t *blk, const cm_pfx_view_t *v, uint32_t *slot_p,
                                           uint32_t *flags_p)
@@ -635,6 +721,8 @@ static ri_status_t kvs_pfx_publish_locked(kvs_data_t *data, kvs_session_t *s, co
     nb->n_tokens = v->hdr.n_tokens;
     nb->created_unix_ms = kvs_pfx_unix_ms();
     st = kvs_prefix_hold_locked(data, t, nb);
+    if (st == RI_ERR_BUSY)
+        return st; /* nb stays the caller's */
     if (st != RI_OK) {
         kvs_pfx_release(nb);
         return st;
@@ -649,6 +737,24 @@ static ri_status_t kvs_pfx_publish_locked(kvs_data_t *data, kvs_session_t *s, co
     return st;
 }
 
+/* Make room for nb (written out without the lock) and publish it; when
+ * another lane took the room meanwhile, again, up to KVS_PFX_HOLD_TRIES
+ * times in all, then RI_ERR_QUOTA (retryable).  Lock held, released for
+ * the writes; nb is consumed. */
+static ri_status_t kvs_pfx_publish_room_locked(kvs_data_t *data, kvs_session_t *s, const uint8_t *key,
+                                               kvs_pblock_t *nb, const uint8_t *blk, const cm_pfx_view_t *v,
+                                               uint32_t *slot_p, uint32_t *flags_p)
+{
+    for (unsigned i = 0; i < KVS_PFX_HOLD_TRIES; i++) {
+        kvs_pfx_make_room_locked(data, s->tenant, kvs_pool_round(nb->bytes));
+        ri_status_t st = kvs_pfx_publish_locked(data, s, key, nb, blk, v, slot_p, flags_p);
+        if (st != RI_ERR_BUSY)
+            return st;
+    }
+    kvs_pfx_release(nb);
+    return RI_ERR_QUOTA;
+}
+
 ri_status_t kvs_prefix_put(kvs_data_t *data, kvs_session_t *s, const cm_wire_hdr_t *hdr, const uint8_t *body,
                            uint8_t **reply_p, size_t *reply_len_p)
 {
@@ -656,7 +762,7 @@ ri_status_t kvs_prefix_put(kvs_data_t *data, kvs_session_t *s, const cm_wire_hdr
     kvs_pblock_t *b, *nb = NULL;
     cm_pfx_view_t v;
     uint32_t slot = 0, flags = CM_PFX_F_EXISTED;
-    uint64_t bytes = hdr->data_len;
+    uint64_t bytes = hdr->data_len, mf0, mf;
     uint8_t *reply;
     ri_status_t st = kvs_pfx_put_check(s, hdr, body, &v);
 
@@ -666,19 +772,21 @@ ri_status_t kvs_prefix_put(kvs_data_t *data, kvs_session_t *s, const cm_wire_hdr
     if (reply == NULL)
         return RI_ERR_NOMEM;
     pthread_mutex_lock(&data->lock);
+    mf0 = kvs_prefix_mf_gen_locked(data);
     b = kvs_pfx_find_resident_locked(data, s->tenant, key);
     if (b != NULL)
         st = kvs_pfx_put_existing_locked(data, s, b, blk, &v, &slot);
+    mf = kvs_prefix_mf_due_locked(data, mf0);
     pthread_mutex_unlock(&data->lock);
     if (b == NULL) {
         st = kvs_prefix_make(blk, bytes, &nb); /* the copy runs without the lock */
         pthread_mutex_lock(&data->lock);
         if (st == RI_OK)
-            kvs_pfx_make_room_locked(data, s->tenant, kvs_pool_round(bytes)); /* writes without the lock */
-        if (st == RI_OK)
-            st = kvs_pfx_publish_locked(data, s, key, nb, blk, &v, &slot, &flags);
+            st = kvs_pfx_publish_room_locked(data, s, key, nb, blk, &v, &slot, &flags);
+        mf = kvs_prefix_mf_due_locked(data, mf0);
         pthread_mutex_unlock(&data->lock);
     }
+    (void)kvs_prefix_mf_finish(data, mf); /* read back or dropped on disk: answered once that is durable */
     if (st != RI_OK) {
         cm_free(reply);
         goto count;
@@ -911,11 +1019,12 @@ ri_status_t kvs_data_prefix_drop(kvs_data_t *data, const char *tenant, const uin
                                  uint32_t *n_p, uint64_t *bytes_p)
 {
     uint32_t dropped = 0;
-    uint64_t freed = 0;
+    uint64_t freed = 0, mf;
 
     if (data == NULL || key == NULL)
         return RI_ERR_INVALID;
     pthread_mutex_lock(&data->lock);
+    mf = kvs_prefix_mf_gen_locked(data);
     for (uint32_t i = 0; i < KVS_PFX_BUCKETS; i++) {
         kvs_pblock_t *b = data->prefix.buckets[i], *next;
         for (; b != NULL; b = next) {
@@ -933,7 +1042,9 @@ ri_status_t kvs_data_prefix_drop(kvs_data_t *data, const char *tenant, const uin
         if (tenant != NULL && dropped > 0)
             break; /* one tenant holds a key once */
     }
+    mf = kvs_prefix_mf_due_locked(data, mf);
     pthread_mutex_unlock(&data->lock);
+    (void)kvs_prefix_mf_finish(data, mf); /* a block on disk: answered once it cannot come back */
     if (n_p != NULL)
         *n_p = dropped;
     if (bytes_p != NULL)

@@ -19,6 +19,7 @@
  */
 #define _GNU_SOURCE
 #include <inttypes.h>
+#include <stdatomic.h>
 #include <string.h>
 #include <sys/mman.h>
 #include <unistd.h>
@@ -92,10 +93,9 @@ static kvs_pblock_t *kvs_pfx_desc_decode(const uint8_t *d, uint32_t len, uint64_
     return b;
 }
 
-/* Forget records 0..chunks of block id (missing ones are ignored); with
- * sync, write the manifest too, so that a crash's tail scan does not bring
- * them back. */
-static void kvs_pfx_disk_remove(kvs_data_t *data, uint64_t id, uint64_t bytes, bool sync)
+/* Forget records 0..chunks of block id (missing ones are ignored), in
+ * the store's memory only: its manifest is the caller's to write. */
+static void kvs_pfx_disk_remove(kvs_data_t *data, uint64_t id, uint64_t bytes)
 {
     uint32_t chunks = kvs_pfx_chunks(bytes);
     kvs_spill_key_t *keys = cm_malloc(&kvs_pfx_spill_tag, ((size_t)chunks + 1u) * sizeof(*keys));
@@ -106,8 +106,6 @@ static void kvs_pfx_disk_remove(kvs_data_t *data, uint64_t id, uint64_t bytes, b
         keys[i] = kvs_pfx_disk_key(id, i);
     kvs_spill_remove(data->spill, keys, (size_t)chunks + 1u);
     cm_free(keys);
-    if (sync)
-        (void)kvs_spill_sync(data->spill);
 }
 
 ri_status_t kvs_prefix_disk_write(kvs_data_t *data, const kvs_pblock_t *b, uint64_t id)
@@ -133,7 +131,7 @@ ri_status_t kvs_prefix_disk_write(kvs_data_t *data, const kvs_pblock_t *b, uint6
     st = kvs_spill_write(data->spill, w, (size_t)chunks + 1u);
     cm_free(w);
     if (st != RI_OK) {
-        kvs_pfx_disk_remove(data, id, b->bytes, false); /* the records that made it */
+        kvs_pfx_disk_remove(data, id, b->bytes); /* the records that made it */
         cm_warn("prefix: a block of tenant %s not spilled (%s)", b->tenant, ri_status_str(st));
         return st;
     }
@@ -165,12 +163,13 @@ void kvs_prefix_disk_commit_locked(kvs_data_t *data, kvs_pblock_t *b, uint64_t i
     data->prefix.spills++;
 }
 
-void kvs_prefix_disk_abandon_locked(kvs_data_t *data, const kvs_pblock_t *b, uint64_t id)
+bool kvs_prefix_disk_abandon_locked(kvs_data_t *data, const kvs_pblock_t *b, uint64_t id)
 {
+    kvs_pfx_disk_remove(data, id, b->bytes);
+    data->prefix.spill_abandoned++;
     /* A block dropped meanwhile must not come back from a crash's tail scan;
      * one still in the catalog may (the same bytes, on disk). */
-    kvs_pfx_disk_remove(data, id, b->bytes, !b->in_catalog);
-    data->prefix.spill_abandoned++;
+    return !b->in_catalog;
 }
 
 ri_status_t kvs_prefix_spill_locked(kvs_data_t *data, kvs_pblock_t *b)
@@ -192,11 +191,48 @@ void kvs_prefix_disk_forget_locked(kvs_data_t *data, kvs_pblock_t *b)
 {
     if (!b->on_disk)
         return;
-    /* so that a crash's tail scan does not bring a dropped block back */
-    kvs_pfx_disk_remove(data, b->disk_id, b->bytes, true);
+    /* Removed before the generation counts it, so that a manifest written
+     * for this generation or a later one (kvs_prefix_mf_finish) lacks them. */
+    kvs_pfx_disk_remove(data, b->disk_id, b->bytes);
+    atomic_fetch_add(&data->prefix.mf_gen, 1);
     data->prefix.disk_blocks--;
     data->prefix.disk_bytes -= b->bytes;
     b->on_disk = false;
+}
+
+uint64_t kvs_prefix_mf_gen_locked(const kvs_data_t *data)
+{
+    return atomic_load(&data->prefix.mf_gen);
+}
+
+uint64_t kvs_prefix_mf_due_locked(const kvs_data_t *data, uint64_t gen0)
+{
+    uint64_t gen = atomic_load(&data->prefix.mf_gen);
+
+    return gen > gen0 ? gen : 0;
+}
+
+ri_status_t kvs_prefix_mf_finish(kvs_data_t *data, uint64_t gen)
+{
+    ri_status_t st = RI_OK;
+
+    if (gen == 0 || data->spill == NULL)
+        return RI_OK;
+    pthread_mutex_lock(&data->pmf_mu);
+    if (gen > data->pmf_disk_gen) {
+        /* Every forget counted up to now removed its records first, and the
+         * store snapshots its index inside the write: this write covers
+         * them all, so their callers need not write again. */
+        uint64_t now = atomic_load(&data->prefix.mf_gen);
+        st = kvs_spill_sync(data->spill);
+        if (st == RI_OK)
+            data->pmf_disk_gen = now;
+        else
+            cm_warn("prefix: spill manifest not written (%s): a crash may bring forgotten blocks back",
+                    ri_status_str(st));
+    }
+    pthread_mutex_unlock(&data->pmf_mu);
+    return st;
 }
 
 /* Read b's records into buf (b->bytes), each verified by the store; then
@@ -262,7 +298,9 @@ ri_status_t kvs_prefix_install_locked(kvs_data_t *data, kvs_pblock_t *b, kvs_ten
         kvs_prefix_discard(tmp);
         return RI_ERR_INVALID;
     }
-    st = kvs_prefix_hold_locked(data, t, b); /* may spill others, never b: it is not on the LRU */
+    st = kvs_prefix_hold_locked(data, t, b); /* never writes; b is not on the LRU */
+    if (st == RI_ERR_BUSY)
+        return st; /* tmp stays the caller's: room again, then retry */
     if (st != RI_OK) {
         kvs_prefix_discard(tmp);
         return st;

@@ -23,7 +23,10 @@
  * (kvs_cluster_t.wstate; their sessions referenced, their pool pages stay
  * and keep serving fetches), written without it, and committed under it
  * again, or abandoned when a cluster was touched, pinned or its session
- * dropped meanwhile.  One spill writes at a time (data->spill_busy).
+ * dropped meanwhile.  One spill writes at a time (data->spill_busy).  The
+ * session manifest is snapshotted under data->lock and written without it
+ * (kvs_tier_smf_finish), generations keeping an older snapshot from
+ * overwriting a newer one.
  */
 #define _GNU_SOURCE
 #include "kvstore/data/kvs_internal.h"
@@ -42,6 +45,7 @@
 #include "common/cm_status.h"
 #include "kvstore/spill/kvs_spill.h"
 #include "kvstore/spill/kvs_spill_cold.h"
+#include "kvstore/spill/kvs_spill_io.h"
 
 static CM_ALLOC_TAG(kvs_tier_tag, "kvs.tier");
 
@@ -163,8 +167,11 @@ static void kvs_tier_spill_plan_locked(kvs_data_t *data, const kvs_spill_key_t *
  * abandoned (its record removed from the store, dead space for compaction;
  * the cluster stays where it is, freed with its session if that was
  * dropped).  Then the sessions' references go.  *freed_p gets the pool bytes
- * freed; returns RI_OK or the write's first error (quota, I/O). */
-static ri_status_t kvs_tier_spill_commit_locked(kvs_data_t *data, kvs_tier_wbatch_t *wb, uint64_t *freed_p)
+ * freed; *sync_p is set when a write was abandoned for a dropped session
+ * (the caller then writes the store's manifest, without the lock); returns
+ * RI_OK or the write's first error (quota, I/O). */
+static ri_status_t kvs_tier_spill_commit_locked(kvs_data_t *data, kvs_tier_wbatch_t *wb, uint64_t *freed_p,
+                                                bool *sync_p)
 {
     ri_status_t st = RI_OK;
     bool of_dropped = false;
@@ -201,11 +208,7 @@ static ri_status_t kvs_tier_spill_commit_locked(kvs_data_t *data, kvs_tier_wbatc
         data->spilled_clusters++;
         data->spilled_bytes += w->payload_bytes;
     }
-    /* The drop's own manifest may list records this write indexed after the
-     * drop: write one without them, so that --recover after a crash finds
-     * no record of a dropped session (rare: a drop during a write). */
-    if (of_dropped)
-        (void)kvs_spill_sync(data->spill);
+    *sync_p = of_dropped;
     for (size_t i = 0; i < wb->n; i++)
         kvs_session_unref_locked(data, wb->s[i]); /* may free a dropped session, its pool pages with it */
     if (st != RI_OK) {
@@ -230,6 +233,8 @@ static ri_status_t kvs_tier_spill_keys_locked(kvs_data_t *data, const kvs_spill_
                                               bool closing, uint64_t *freed_p)
 {
     kvs_tier_wbatch_t wb;
+    bool sync = false;
+    ri_status_t st;
 
     *freed_p = 0;
     kvs_tier_spill_plan_locked(data, keys, n, closing, &wb);
@@ -242,7 +247,21 @@ static ri_status_t kvs_tier_spill_keys_locked(kvs_data_t *data, const kvs_spill_
     (void)kvs_spill_write(data->spill, wb.w, wb.n);
     if (!closing)
         pthread_mutex_lock(&data->lock);
-    return kvs_tier_spill_commit_locked(data, &wb, freed_p);
+    st = kvs_tier_spill_commit_locked(data, &wb, freed_p, &sync);
+    /* The drop's own manifest may list records this write indexed after the
+     * drop: write one without them, so that --recover after a crash finds
+     * no record of a dropped session (rare: a drop during a write).  The
+     * records are already out of the store's index; the manifest write
+     * (and its wait for a store write in flight) runs without the catalog
+     * lock, still holding the writer role, like the write itself. */
+    if (sync) {
+        if (!closing)
+            pthread_mutex_unlock(&data->lock);
+        (void)kvs_spill_sync(data->spill);
+        if (!closing)
+            pthread_mutex_lock(&data->lock);
+    }
+    return st;
 }
 
 /* Spill the coldest clusters until bytes pool bytes are free or nothing is
@@ -271,6 +290,18 @@ static uint64_t kvs_tier_spill_locked(kvs_data_t *data, uint64_t bytes, bool wai
         if (st != RI_OK)
             break; /* quota or I/O: retrying now would fail the same way */
     }
+    kvs_tier_writer_end_locked(data);
+    return freed;
+}
+
+uint64_t kvs_tier_reclaim_prefix_locked(kvs_data_t *data, uint64_t bytes)
+{
+    uint64_t freed;
+
+    if (!kvs_tier_on(data))
+        return kvs_prefix_reclaim_locked(data, bytes); /* from memory only: quick */
+    (void)kvs_tier_writer_begin_locked(data, true);
+    freed = kvs_prefix_reclaim_writer_locked(data, bytes);
     kvs_tier_writer_end_locked(data);
     return freed;
 }
@@ -434,25 +465,35 @@ void kvs_tier_session_free_locked(kvs_data_t *data, kvs_session_t *s)
 
 /* --- session manifest ---------------------------------------------------- */
 
+/* Catalog changes take a snapshot of the manifest under data->lock (memory
+ * only, numbered in catalog order: data->smf_gen) and write it after the
+ * lock is released, before the change is answered.  One write at a time
+ * (data->smf_mu, never taken with data->lock held); a snapshot older than
+ * the manifest on disk (data->smf_disk_gen) is skipped, since the newer one
+ * already holds its change, so an older snapshot never overwrites a newer. */
+
 static void kvs_smf_path(const kvs_data_t *data, char *path, size_t len, const char *suffix)
 {
     snprintf(path, len, "%s/%s%s", data->spill_dir, KVS_SMF_NAME, suffix);
 }
 
-/* Rewrite the session manifest atomically (temp file, fsync, rename, fsync
- * of the directory).  Returns RI_OK, or the error (logged): RI_ERR_NOSPACE
- * for a full disk.  The old manifest stays in place on failure. */
-static ri_status_t kvs_smf_write_locked(kvs_data_t *data)
+static const kvs_io_ops_t *kvs_smf_ops(const kvs_data_t *data)
 {
-    char path[4200], tmp[4200];
+    return data->cfg.spill_io_ops != NULL ? data->cfg.spill_io_ops : kvs_io_ops_default();
+}
+
+/* Encode the catalog's sessions into smf->buf (lock held; memory only) and
+ * give it the next generation.  smf->st gets RI_ERR_NOMEM (logged) when the
+ * buffer cannot be had; nothing is written for it then. */
+static void kvs_smf_snapshot_locked(kvs_data_t *data, kvs_tier_smf_t *smf)
+{
     size_t len = KVS_SMF_HEADER + (size_t)data->n_sessions * KVS_SMF_ENTRY + 4u, off;
     uint8_t *b = cm_calloc(&kvs_tier_tag, 1, len);
-    int fd = -1;
-    ri_status_t st = RI_OK;
 
     if (b == NULL) {
         cm_error("session manifest: out of memory");
-        return RI_ERR_NOMEM;
+        smf->st = RI_ERR_NOMEM;
+        return;
     }
     memcpy(b, KVS_SMF_MAGIC, 8);
     cm_dp_put32(b + 8, KVS_SMF_VERSION);
@@ -475,47 +516,99 @@ static ri_status_t kvs_smf_write_locked(kvs_data_t *data)
         memcpy(e + 20, s->secret, CM_WIRE_SECRET_SIZE);
     }
     cm_dp_put32(b + off, cm_crc32c(0, b, off));
+    smf->buf = b;
+    smf->len = len;
+    smf->gen = ++data->smf_gen;
+    smf->st = RI_OK;
+}
+
+/* Write b atomically as the manifest (temp file, write, fsync, rename, fsync
+ * of the directory), through the tier's system calls.  Caller holds
+ * data->smf_mu, not data->lock.  Returns RI_OK, or the error (logged):
+ * RI_ERR_NOSPACE for a full disk; the old manifest stays in place then. */
+static ri_status_t kvs_smf_write_file(kvs_data_t *data, const uint8_t *b, size_t len)
+{
+    const kvs_io_ops_t *ops = kvs_smf_ops(data);
+    char path[4200], tmp[4200];
+    int fd, err = 0;
+
     kvs_smf_path(data, path, sizeof(path), "");
     kvs_smf_path(data, tmp, sizeof(tmp), ".tmp");
-    fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600); /* holds secrets */
-    ssize_t wr = fd >= 0 ? write(fd, b, len) : -1;
-    int err = fd < 0 || wr < 0 ? errno : wr != (ssize_t)len ? ENOSPC : 0;
-    if (err == 0 && fsync(fd) != 0)
+    fd = ops->open(ops->arg, tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600); /* holds secrets */
+    if (fd < 0) {
         err = errno;
-    if (fd >= 0 && close(fd) != 0 && err == 0)
-        err = errno;
-    if (err == 0 && rename(tmp, path) != 0)
-        err = errno;
+    } else {
+        ssize_t wr = ops->pwrite(ops->arg, fd, b, len, 0);
+        err = wr < 0 ? errno : wr != (ssize_t)len ? ENOSPC : 0;
+        if (err == 0 && ops->fsync(ops->arg, fd) != 0)
+            err = errno;
+        if (ops->close(ops->arg, fd) != 0 && err == 0)
+            err = errno;
+        if (err == 0 && ops->rename(ops->arg, tmp, path) != 0)
+            err = errno;
+    }
     if (err != 0) {
         cm_error("session manifest %s: %s", path, strerror(err));
-        st = cm_status_from_errno(err);
         if (fd >= 0)
-            (void)unlink(tmp);
-    } else {
-        int dfd = open(data->spill_dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-        if (dfd >= 0) {
-            (void)fsync(dfd);
-            close(dfd);
-        }
+            (void)ops->unlink(ops->arg, tmp);
+        return cm_status_from_errno(err);
     }
-    cm_free(b);
+    int dfd = ops->open(ops->arg, data->spill_dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC, 0);
+    if (dfd >= 0) {
+        (void)ops->fsync(ops->arg, dfd);
+        (void)ops->close(ops->arg, dfd);
+    }
+    return RI_OK;
+}
+
+/* Have smf's snapshot, or a newer one, on disk (data->lock NOT held).
+ * Waits for a write in flight; skips the write when a newer snapshot is on
+ * disk already.  Frees the snapshot.  Returns RI_OK or the write's error. */
+static ri_status_t kvs_smf_write(kvs_data_t *data, kvs_tier_smf_t *smf)
+{
+    ri_status_t st = smf->st;
+
+    if (smf->buf == NULL)
+        return st;
+    pthread_mutex_lock(&data->smf_mu);
+    if (smf->gen > data->smf_disk_gen) {
+        st = kvs_smf_write_file(data, smf->buf, smf->len);
+        if (st == RI_OK)
+            data->smf_disk_gen = smf->gen;
+    }
+    pthread_mutex_unlock(&data->smf_mu);
+    cm_free(smf->buf);
+    smf->buf = NULL;
     return st;
 }
 
-ri_status_t kvs_tier_session_created_locked(kvs_data_t *data)
+void kvs_tier_session_created_locked(kvs_data_t *data, kvs_tier_smf_t *smf)
 {
-    return kvs_tier_on(data) ? kvs_smf_write_locked(data) : RI_OK;
+    *smf = (kvs_tier_smf_t){.st = RI_OK};
+    if (kvs_tier_on(data))
+        kvs_smf_snapshot_locked(data, smf);
 }
 
-void kvs_tier_session_dropped_locked(kvs_data_t *data, uint64_t id)
+void kvs_tier_session_dropped_locked(kvs_data_t *data, uint64_t id, kvs_tier_smf_t *smf)
 {
+    *smf = (kvs_tier_smf_t){.st = RI_OK};
     if (!kvs_tier_on(data))
         return;
-    (void)kvs_spill_drop_session(data->spill, id, NULL); /* NOT_FOUND: nothing was spilled */
-    (void)kvs_spill_cold_drop_session(data->cold, id);
-    /* A failure leaves the dropped session in the old manifest: a later
-     * --recover brings it back empty (its spilled records are gone). */
-    (void)kvs_smf_write_locked(data);
+    (void)kvs_spill_cold_drop_session(data->cold, id); /* memory only */
+    smf->drop_id = id;
+    kvs_smf_snapshot_locked(data, smf);
+}
+
+ri_status_t kvs_tier_smf_finish(kvs_data_t *data, kvs_tier_smf_t *smf)
+{
+    /* Forgetting the records and the store's own manifest write: ids are
+     * never reused, and a spill of this session still in flight abandons
+     * its records at commit (its session is marked dropped), so this needs
+     * no catalog lock.  NOT_FOUND: nothing was spilled. */
+    if (smf->drop_id != 0)
+        (void)kvs_spill_drop_session(data->spill, smf->drop_id, NULL);
+    smf->drop_id = 0;
+    return kvs_smf_write(data, smf);
 }
 
 /* Read the session manifest and recreate its sessions (empty tables). */
@@ -675,12 +768,17 @@ ri_status_t kvs_tier_open(kvs_data_t *data)
         char path[4200];
         kvs_smf_path(data, path, sizeof(path), "");
         (void)unlink(path); /* a fresh store: old sessions are gone */
-        (void)kvs_smf_write_locked(data);
+        kvs_tier_smf_t smf = {.st = RI_OK};
+        pthread_mutex_lock(&data->lock);
+        kvs_smf_snapshot_locked(data, &smf);
+        pthread_mutex_unlock(&data->lock);
+        (void)kvs_smf_write(data, &smf);
         cm_info("spill tier in %s (quota %" PRIu64 " bytes, high-water %.2f)", data->spill_dir,
                 data->cfg.spill_quota_bytes, kvs_tier_high_water(data));
         return RI_OK;
     }
     pthread_mutex_lock(&data->lock);
+    uint64_t mf0 = kvs_prefix_mf_gen_locked(data), mf;
     st = kvs_smf_load_locked(data);
     if (st == RI_OK) {
         kvs_tier_rebuild_t rb = {.data = data, .st = RI_OK};
@@ -692,7 +790,9 @@ ri_status_t kvs_tier_open(kvs_data_t *data)
                 " without a session) from %s",
                 data->n_sessions, rb.records, rep.corrupt, rb.orphans, data->spill_dir);
     }
+    mf = kvs_prefix_mf_due_locked(data, mf0); /* duplicate blocks the recovery forgot */
     pthread_mutex_unlock(&data->lock);
+    (void)kvs_prefix_mf_finish(data, mf);
     if (st != RI_OK)
         goto err_spill;
     return RI_OK;
@@ -710,6 +810,7 @@ err_cold:
 void kvs_tier_close(kvs_data_t *data)
 {
     kvs_spill_key_t keys[KVS_TIER_BATCH];
+    kvs_tier_smf_t smf = {.st = RI_OK};
     ri_status_t st = RI_OK;
     uint64_t freed;
     size_t n = 0;
@@ -717,7 +818,9 @@ void kvs_tier_close(kvs_data_t *data)
     if (!kvs_tier_on(data))
         return;
     pthread_mutex_lock(&data->lock);
-    /* The data plane has stopped, so no spill is writing; the role is taken
+    /* Nothing is served any more: gRPC and HTTP were shut down before the
+     * catalog (kvs_ctl_destroy), the lease reaper and the data plane just
+     * now (kvs_data_destroy).  So no spill is writing; the role is taken
      * anyway, and these writes keep the lock (nobody is left to wait). */
     (void)kvs_tier_writer_begin_locked(data, true);
     /* Write out what is still only in the pool, so that a restart with
@@ -743,8 +846,9 @@ void kvs_tier_close(kvs_data_t *data)
     if (st != RI_OK)
         cm_warn("shutdown: not every pool cluster reached the spill tier (%s)", ri_status_str(st));
     kvs_tier_writer_end_locked(data);
-    (void)kvs_smf_write_locked(data);
+    kvs_smf_snapshot_locked(data, &smf);
     pthread_mutex_unlock(&data->lock);
+    (void)kvs_smf_write(data, &smf);
 }
 
 void kvs_tier_destroy_store(kvs_data_t *data)

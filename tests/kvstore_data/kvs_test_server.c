@@ -45,6 +45,10 @@ int main(int argc, char **argv)
         g.page_tokens = (uint32_t)atoi(argv[4]);
         cfg.memory_bytes = (uint64_t)atoll(argv[5]) << 20;
     }
+    /* UCX's own variables the user set, as ri-kvstore's main passes them */
+    cfg.ucx_user = (kvs_ucx_user_env_t){.tls = getenv("UCX_TLS"), .net_devices = getenv("UCX_NET_DEVICES"),
+                                        .port_range = getenv("UCX_TCP_PORT_RANGE"),
+                                        .keepalive = getenv("UCX_KEEPALIVE_INTERVAL")};
     sigaction(SIGTERM, &sa, NULL);
     sigaction(SIGINT, &sa, NULL);
     st = kvs_data_create(&cfg, &data);

@@ -12,6 +12,7 @@
 #include <fcntl.h>
 #include <setjmp.h>
 #include <signal.h>
+#include <stdbool.h>
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -321,13 +322,40 @@ static ri_status_t fetch_some(gw_dp_t *dp, uint32_t l, uint32_t first)
     return st;
 }
 
+/* Is id among the daemon's sessions?  *addr_p (when not NULL) gets its
+ * data-plane address. */
+static bool listed(uint64_t id, char *addr_p, size_t addr_len)
+{
+    gw_ctl_t *ctl = NULL;
+    gw_ctl_session_info_t *infos = NULL;
+    size_t n = 0;
+    bool found = false;
+
+    assert_int_equal(gw_ctl_create(g_d.grpc, NULL, &ctl), RI_OK);
+    assert_int_equal(gw_ctl_list_sessions(ctl, 5000, &infos, &n, NULL), RI_OK);
+    for (size_t i = 0; i < n; i++)
+        if (infos[i].session_id == id) {
+            found = true;
+            if (addr_p != NULL)
+                snprintf(addr_p, addr_len, "%s", infos[i].dataplane_address);
+        }
+    cm_free(infos);
+    gw_ctl_destroy(ctl);
+    return found;
+}
+
 /* kill -9: what was only in the pool is gone after --recover, and a worker
- * asking for it is told RI_ERR_LOST (rebuild), not RI_ERR_RANGE. */
+ * asking for it is told RI_ERR_LOST (rebuild), not RI_ERR_RANGE.  A session
+ * whose CreateSession answered just before (no upload) comes back with its
+ * secret; one whose DropSession answered does not. */
 static void test_kill9_memory_only_lost(void **state)
 {
     (void)state;
+    static const gw_ctl_geometry_t geo = {.layers = 1, .kv_heads = 1, .head_dim = DIM, .dtype = 1, .page_tokens = PT};
     uint32_t heads[HEADS], counts[HEADS], tokens[HEADS * FETCH_N], first[HEADS];
     uint8_t *buf = malloc((size_t)HEADS * FETCH_N * CL_BYTES);
+    gw_ctl_session_t fresh, gone;
+    gw_ctl_t *ctl;
     gw_dp_t *dp;
 
     if (g_skip)
@@ -350,9 +378,22 @@ static void test_kill9_memory_only_lost(void **state)
     assert_int_equal(first[0], CLUSTERS);
     assert_int_equal(fetch_some(dp, 0, CLUSTERS), RI_OK);
     gw_dp_close(dp);
+    assert_int_equal(gw_ctl_create(g_d.grpc, NULL, &ctl), RI_OK);
+    assert_int_equal(gw_ctl_create_session(ctl, 5000, &geo, 1, "gone", &gone, NULL), RI_OK);
+    assert_int_equal(gw_ctl_drop_session(ctl, 5000, gone.session_id, NULL, NULL), RI_OK);
+    assert_int_equal(gw_ctl_create_session(ctl, 5000, &geo, 1, "fresh", &fresh, NULL), RI_OK);
+    gw_ctl_destroy(ctl);
     assert_int_equal(kvs_test_daemon_stop(&g_d, SIGKILL, 10000), 128 + SIGKILL);
     assert_int_equal(start_daemon(true), 0);
     refresh_address();
+    /* The answered create is on disk: the worker reconnects with its secret. */
+    assert_true(listed(fresh.session_id, fresh.dataplane_address, sizeof(fresh.dataplane_address)));
+    assert_false(listed(gone.session_id, NULL, 0));
+    assert_int_equal(gw_dp_connect(fresh.dataplane_address, fresh.session_id, fresh.secret, NULL, &dp), RI_OK);
+    gw_dp_close(dp);
+    assert_int_equal(gw_ctl_create(g_d.grpc, NULL, &ctl), RI_OK);
+    assert_int_equal(gw_ctl_drop_session(ctl, 5000, fresh.session_id, NULL, NULL), RI_OK);
+    gw_ctl_destroy(ctl);
     assert_int_equal(gw_dp_connect(g_sess.dataplane_address, g_sess.session_id, g_sess.secret, NULL, &dp), RI_OK);
     ri_status_t st = fetch_some(dp, 0, CLUSTERS);
     printf("# after kill -9 and --recover, memory-only clusters answer %s\n", ri_status_str(st));
