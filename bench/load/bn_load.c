@@ -37,6 +37,8 @@
 #include "gpuworker/client/gw_ctl.h"
 #include "gpuworker/client/gw_dp.h"
 
+#include <ucp/api/ucp.h>
+
 #define BL_MAX_CLIENTS 64
 #define BL_MAX_SESSIONS 16
 
@@ -44,8 +46,21 @@
 enum { BL_OK, BL_E_CREATE, BL_E_CONNECT, BL_E_UPLOAD, BL_E_PING, BL_E_LIST, BL_E_DROP, BL_KINDS };
 static const char *const bl_kind[BL_KINDS] = {"ok", "create", "connect", "upload", "ping", "list", "drop"};
 
+/* Per client slot: in_connect while it is inside gw_dp_connect, kill_req
+ * once the parent has chosen it.  UCX 1.13 (Debian 12) aborts the daemon
+ * when a peer dies in the middle of the wireup of a new connection (a
+ * wireup message still queued on the TCP endpoint when it fails trips an
+ * assertion in ucp_request_send_state_ff; UCX 1.14 dropped it).  Unless
+ * --kill-in-connect, the parent kills a client only outside its connect:
+ * client stores in_connect then loads kill_req, parent stores kill_req then
+ * loads in_connect (both seq_cst), so one of them sees the other. */
+typedef struct bl_slot {
+    _Atomic int in_connect, kill_req;
+} bl_slot_t;
+
 typedef struct bl_shared {
     _Atomic uint64_t count[BL_KINDS];
+    bl_slot_t slot[BL_MAX_CLIENTS];
 } bl_shared_t;
 
 static const gw_ctl_geometry_t bl_geo = {.layers = 2, .kv_heads = 2, .head_dim = 64, .dtype = 1, .page_tokens = 8};
@@ -67,7 +82,20 @@ static void bl_count(bl_shared_t *sh, int kind)
 }
 
 /* One client process: runs until killed or the deadline passes. */
-static void bl_client(const bn_daemon_t *d, bl_shared_t *sh, unsigned max_sessions, double deadline, unsigned seed)
+/* Enter a connect unless the parent wants this client dead: then wait for
+ * the SIGKILL outside it. */
+static void bl_enter_connect(bl_slot_t *slot)
+{
+    atomic_store(&slot->in_connect, 1);
+    if (!atomic_load(&slot->kill_req))
+        return;
+    atomic_store(&slot->in_connect, 0);
+    for (;;)
+        pause();
+}
+
+static void bl_client(const bn_daemon_t *d, bl_shared_t *sh, bl_slot_t *slot, unsigned max_sessions,
+                      double deadline, unsigned seed)
 {
     gw_ctl_t *c = NULL;
     uint64_t ids[BL_MAX_SESSIONS];
@@ -85,7 +113,10 @@ static void bl_client(const bn_daemon_t *d, bl_shared_t *sh, unsigned max_sessio
         }
         bl_count(sh, BL_OK);
         ids[n++] = s.session_id;
-        if (gw_dp_connect(d->dataplane, s.session_id, s.secret, NULL, &dp) != RI_OK) {
+        bl_enter_connect(slot);
+        ri_status_t cst = gw_dp_connect(s.dataplane_address, s.session_id, s.secret, NULL, &dp);
+        atomic_store(&slot->in_connect, 0);
+        if (cst != RI_OK) {
             bl_count(sh, BL_E_CONNECT);
         } else {
             bl_count(sh, bl_upload(dp) == RI_OK ? BL_OK : BL_E_UPLOAD);
@@ -107,12 +138,25 @@ static void bl_client(const bn_daemon_t *d, bl_shared_t *sh, unsigned max_sessio
     _exit(0);
 }
 
-static pid_t bl_spawn(const bn_daemon_t *d, bl_shared_t *sh, unsigned sessions, double deadline, unsigned seed)
+static pid_t bl_spawn(const bn_daemon_t *d, bl_shared_t *sh, unsigned i, unsigned sessions, double deadline,
+                      unsigned seed)
 {
+    atomic_store(&sh->slot[i].in_connect, 0);
+    atomic_store(&sh->slot[i].kill_req, 0);
     pid_t p = fork();
     if (p == 0)
-        bl_client(d, sh, sessions, deadline, seed);
+        bl_client(d, sh, &sh->slot[i], sessions, deadline, seed);
     return p;
+}
+
+/* SIGKILL client i; outside a connect unless anywhere. */
+static void bl_kill(bl_shared_t *sh, pid_t pid, unsigned i, bool anywhere)
+{
+    atomic_store(&sh->slot[i].kill_req, 1);
+    while (!anywhere && atomic_load(&sh->slot[i].in_connect))
+        usleep(200);
+    kill(pid, SIGKILL);
+    waitpid(pid, NULL, 0);
 }
 
 /* After the storm: Health, a session, a data-plane ping; *open_p = the
@@ -128,7 +172,7 @@ static bool bl_still_serves(const bn_daemon_t *d, size_t *open_p)
     bool ok = gw_ctl_create(d->grpc, NULL, &c) == RI_OK && gw_ctl_health(c, 5000, &h, NULL) == RI_OK &&
               gw_ctl_list_sessions(c, 5000, &infos, open_p, NULL) == RI_OK &&
               gw_ctl_create_session(c, 5000, &bl_geo, 256, "after", &s, NULL) == RI_OK &&
-              gw_dp_connect(d->dataplane, s.session_id, s.secret, NULL, &dp) == RI_OK && gw_dp_ping(dp) == RI_OK;
+              gw_dp_connect(s.dataplane_address, s.session_id, s.secret, NULL, &dp) == RI_OK && gw_dp_ping(dp) == RI_OK;
     cm_free(infos);
     gw_dp_close(dp);
     gw_ctl_destroy(c);
@@ -142,6 +186,7 @@ typedef struct bl_opts {
     int64_t sessions;
     double seconds;
     int64_t kill_ms;
+    bool kill_in_connect;
 } bl_opts_t;
 
 static const cm_config_item_t bl_items[] = {
@@ -150,6 +195,8 @@ static const cm_config_item_t bl_items[] = {
     BN_ARG(bl_opts_t, "sessions", CM_CFG_INT, "4", "sessions each client keeps open", sessions, 1, BL_MAX_SESSIONS),
     BN_ARG(bl_opts_t, "seconds", CM_CFG_DOUBLE, "20", "load time", seconds, 0.001, 1e9),
     BN_ARG(bl_opts_t, "kill-ms", CM_CFG_INT, "500", "SIGKILL a random client this often", kill_ms, 1, 1 << 30),
+    BN_ARG(bl_opts_t, "kill-in-connect", CM_CFG_BOOL, "false",
+           "kill clients inside a data-plane connect too (UCX 1.13 aborts the daemon there)", kill_in_connect, 0, 0),
     BN_ARG(bl_opts_t, "worker", CM_CFG_BOOL, "false",
            "load a real ri-worker in front of the kvstore instead (--worker --help "
            "lists that mode's options)",
@@ -196,15 +243,14 @@ static int bl_main(const void *arg, const char *argv0)
     double t0 = cm_time_s(), deadline = t0 + seconds, next_kill = t0 + kill_ms / 1000.0;
     unsigned killed = 0, seed = 1;
     for (unsigned i = 0; i < clients; i++)
-        pids[i] = bl_spawn(&d, sh, sessions, deadline, seed++);
+        pids[i] = bl_spawn(&d, sh, i, sessions, deadline, seed++);
     while (cm_time_s() < deadline) {
         usleep(20000);
         if (cm_time_s() >= next_kill) {
             unsigned v = (unsigned)rand() % clients;
-            kill(pids[v], SIGKILL);
-            waitpid(pids[v], NULL, 0);
+            bl_kill(sh, pids[v], v, o->kill_in_connect);
             killed++;
-            pids[v] = bl_spawn(&d, sh, sessions, deadline, seed++);
+            pids[v] = bl_spawn(&d, sh, v, sessions, deadline, seed++);
             next_kill += kill_ms / 1000.0;
         }
     }
@@ -229,6 +275,12 @@ static int bl_main(const void *arg, const char *argv0)
     for (int k = 1; k < BL_KINDS; k++)
         cJSON_AddNumberToObject(ek, bl_kind[k], (double)atomic_load(&sh->count[k]));
     cJSON_AddNumberToObject(row, "clients_killed", killed);
+    cJSON_AddBoolToObject(row, "kill_in_connect", o->kill_in_connect);
+    unsigned umaj = 0, umin = 0, urel = 0;
+    ucp_get_version(&umaj, &umin, &urel);
+    char uver[32];
+    snprintf(uver, sizeof(uver), "%u.%u.%u", umaj, umin, urel);
+    cJSON_AddStringToObject(row, "ucx_version", uver);
     cJSON_AddNumberToObject(row, "rss_before", (double)rss0 * 1024);
     cJSON_AddNumberToObject(row, "rss_after", (double)rss1 * 1024);
     cJSON_AddBoolToObject(row, "served_after", served);
@@ -244,9 +296,18 @@ static int bl_main(const void *arg, const char *argv0)
         printf(" %s %llu", bl_kind[k], (unsigned long long)atomic_load(&sh->count[k]));
     printf("\nsessions left open by killed clients: %zu (the daemon keeps a session until it is dropped)\n",
            left_open);
-    rc = served ? 0 : 1;
+    /* A killed client counts nothing after its death, so errors come from
+     * live clients only: beyond a few timeouts on a loaded machine they are
+     * a fault of the daemon (or of this bench: it once dialled lane 0 for
+     * every session, and half its connects timed out). */
+    uint64_t ok_count = atomic_load(&sh->count[BL_OK]);
+    bool few_errors = errors * 20 <= ok_count;
+    rc = served && few_errors ? 0 : 1;
     if (!served)
         fprintf(stderr, "BENCH FAILED: the daemon did not serve after the load\n");
+    if (!few_errors)
+        fprintf(stderr, "BENCH FAILED: %llu errors for %llu requests (more than 1 in 20)\n",
+                (unsigned long long)errors, (unsigned long long)ok_count);
 out:
     bn_daemon_stop(&d);
     if (rep != NULL && bn_report_finish(rep, json) != 0)

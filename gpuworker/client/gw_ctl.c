@@ -133,9 +133,17 @@ ri_status_t gw_ctl_create_tls(const char *addr, const char *token, const gw_ctl_
         snprintf(ctl->bearer, n, "Bearer %s", token);
     }
     grpc_init();
+    /* Reconnect back-off capped at 1 s (gRPC's default grows to 120 s): a
+     * kvstore restarted after a crash is found again within a second, not
+     * after however long the failed attempts while it was down have grown
+     * the back-off to.  One connection attempt a second to a dead loopback
+     * or LAN peer costs nothing. */
     grpc_arg args[] = {
         {.type = GRPC_ARG_INTEGER, .key = GRPC_ARG_MAX_RECEIVE_MESSAGE_LENGTH, .value.integer = GW_CTL_MAX_RECV},
         {.type = GRPC_ARG_INTEGER, .key = GRPC_ARG_MAX_SEND_MESSAGE_LENGTH, .value.integer = GW_CTL_MAX_RECV},
+        {.type = GRPC_ARG_INTEGER, .key = GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, .value.integer = 100},
+        {.type = GRPC_ARG_INTEGER, .key = GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, .value.integer = 100},
+        {.type = GRPC_ARG_INTEGER, .key = GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, .value.integer = 1000},
     };
     grpc_channel_args chargs = {.num_args = CM_ARRAY_LEN(args), .args = args};
     grpc_channel_credentials *creds = tls ? gw_ctl_tls_creds(tls, &st) : grpc_insecure_credentials_create();
@@ -188,6 +196,35 @@ static void gw_ctl_set_err(gw_ctl_error_t *err, int code, const char *fmt, const
     snprintf(err->message, sizeof(err->message), fmt, a, b);
 }
 
+/* A channel whose last connection attempt failed (TRANSIENT_FAILURE) fails
+ * a call at once with that old error, and its next attempt, made after the
+ * back-off, moves only while some call polls the channel: a kvstore that
+ * came back after a crash could stay unreached, its answer unread in our
+ * socket.  So before a call on such a channel (or one connecting), watch
+ * its state on cq until READY, until a fresh attempt failed, or for at most
+ * GW_CTL_NUDGE_MS (and never past the call's deadline). */
+#define GW_CTL_NUDGE_MS 1500
+static void gw_ctl_nudge(gw_ctl_t *ctl, grpc_completion_queue *cq, gpr_timespec deadline)
+{
+    grpc_connectivity_state st = grpc_channel_check_connectivity_state(ctl->channel, 1);
+    if (st != GRPC_CHANNEL_TRANSIENT_FAILURE && st != GRPC_CHANNEL_CONNECTING)
+        return;
+    gpr_timespec until = gpr_time_add(gpr_now(GPR_CLOCK_MONOTONIC), gpr_time_from_millis(GW_CTL_NUDGE_MS, GPR_TIMESPAN));
+    if (gpr_time_cmp(deadline, until) < 0)
+        until = deadline;
+    bool left_failure = st != GRPC_CHANNEL_TRANSIENT_FAILURE;
+    while (st != GRPC_CHANNEL_READY && st != GRPC_CHANNEL_SHUTDOWN) {
+        grpc_channel_watch_connectivity_state(ctl->channel, st, until, cq, ctl);
+        grpc_event ev = grpc_completion_queue_pluck(cq, ctl, gpr_inf_future(GPR_CLOCK_REALTIME), NULL);
+        if (ev.type != GRPC_OP_COMPLETE || !ev.success)
+            return;   /* until passed */
+        st = grpc_channel_check_connectivity_state(ctl->channel, 1);
+        if (st == GRPC_CHANNEL_TRANSIENT_FAILURE && left_failure)
+            return;   /* a fresh attempt failed: the call reports it */
+        left_failure = left_failure || st != GRPC_CHANNEL_TRANSIENT_FAILURE;
+    }
+}
+
 ri_status_t gw_ctl_call_raw(gw_ctl_t *ctl, const char *method, const void *req, size_t len, uint32_t timeout_ms,
                             uint8_t **resp_p, size_t *resp_len_p, gw_ctl_error_t *err)
 {
@@ -200,6 +237,7 @@ ri_status_t gw_ctl_call_raw(gw_ctl_t *ctl, const char *method, const void *req, 
     gpr_timespec deadline =
         gpr_time_add(gpr_now(GPR_CLOCK_MONOTONIC), gpr_time_from_millis((int64_t)timeout_ms, GPR_TIMESPAN));
     grpc_completion_queue *cq = grpc_completion_queue_create_for_pluck(NULL);
+    gw_ctl_nudge(ctl, cq, deadline);
     grpc_slice method_s = grpc_slice_from_copied_string(method);
     grpc_call *call = grpc_channel_create_call(ctl->channel, NULL, GRPC_PROPAGATE_DEFAULTS, cq, method_s, NULL,
                                                deadline, NULL);

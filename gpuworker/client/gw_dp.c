@@ -39,6 +39,8 @@
 #define GW_DP_SPIN_NS 200000u  /* idle time before sleeping on the event fd */
 #define GW_DP_CONNECT_MS 5000u /* CONNECT deadline: the kvstore vets our address first */
 #define GW_DP_DISCONNECT_MS 500u /* DISCONNECT deadline at close */
+#define GW_DP_RETIRE_MS 30000u   /* how long a connection given up before it was set up stays alive */
+#define GW_DP_RETIRE_MAX 32u     /* at most this many wait at once: the oldest goes first */
 
 static CM_ALLOC_TAG(gw_dp_tag, "gw.dp");
 struct gw_dp {
@@ -90,6 +92,10 @@ struct gw_dp {
     uint32_t n_bmaps;
     void **orphans;                /* send buffers of calls that failed (owned; freed after the worker) */
     size_t n_orphans;
+    bool established;              /* CONNECT and the first PING were answered */
+    bool retired;                  /* handed to the reaper: callbacks drop what arrives */
+    uint64_t retire_until_ns;      /* when the reaper tears it down */
+    struct gw_dp *retire_next;     /* the reaper's lists */
 };
 
 static ri_status_t gw_dp_status(ucs_status_t s)
@@ -122,6 +128,8 @@ static ucs_status_t gw_dp_am_reply(void *arg, const void *header, size_t header_
     cm_wire_limits_t lim = {.max_meta_len = UINT32_MAX, .max_data_len = GW_DP_MAX_REPLY};
     cm_wire_hdr_t h;
 
+    if (dp->retired)
+        return UCS_OK; /* the caller gave up on this connection (gw_dp_retire) */
     if (cm_wire_decode(header, header_length, 0, &lim, &h) != RI_OK || !(h.flags & CM_WIRE_F_REPLY) ||
         (uint64_t)h.meta_len + h.data_len != length || length > GW_DP_MAX_REPLY) {
         cm_warn("dp client: malformed reply dropped");
@@ -287,6 +295,23 @@ static ri_status_t gw_dp_call(gw_dp_t *dp, const void *hdr, size_t hdr_len, uint
     return st != RI_OK ? st : gw_dp_wait(dp, timeout_ms);
 }
 
+/* Free body, a send's own buffer, after its call: at once, unless the call
+ * failed, when UCX may still read it (a cancelled or still pending send, a
+ * connection retired with its worker still progressed): then it is freed
+ * only once the worker is gone (gw_dp_teardown). */
+static void gw_dp_release_body(gw_dp_t *dp, void *body, ri_status_t st)
+{
+    if (body == NULL || !dp->failed || st == RI_OK) {
+        cm_free(body);
+        return;
+    }
+    void **o = cm_realloc(&gw_dp_tag, dp->orphans, (dp->n_orphans + 1) * sizeof(void *));
+    if (o != NULL) {
+        dp->orphans = o;
+        dp->orphans[dp->n_orphans++] = body;
+    } /* else leaked: never freed under UCX */
+}
+
 /* Call op with meta+data; returns the reply's status. */
 static ri_status_t gw_dp_op(gw_dp_t *dp, uint16_t op, const void *meta, uint32_t meta_len, const void *data,
                             size_t data_len, uint32_t timeout_ms)
@@ -312,17 +337,7 @@ static ri_status_t gw_dp_op(gw_dp_t *dp, uint16_t op, const void *meta, uint32_t
         send_body = meta_len > 0 ? meta : data;
     }
     st = gw_dp_call(dp, hb, sizeof(hb), h.request_id, send_body, meta_len + data_len, timeout_ms);
-    if (!dp->failed || st == RI_OK || body == NULL) {
-        cm_free(body);
-    } else {
-        /* UCX may still read the buffer of a cancelled send: it is freed
-         * only once the worker is gone (gw_dp_close). */
-        void **o = cm_realloc(&gw_dp_tag, dp->orphans, (dp->n_orphans + 1) * sizeof(void *));
-        if (o != NULL) {
-            dp->orphans = o;
-            dp->orphans[dp->n_orphans++] = body;
-        } /* else leaked: never freed under UCX */
-    }
+    gw_dp_release_body(dp, body, st);
     if (st != RI_OK)
         return st;
     return (ri_status_t)dp->reply_hdr.status;
@@ -346,8 +361,18 @@ static ri_status_t gw_dp_hello(gw_dp_t *dp)
         ucp_worker_release_address(dp->worker, self);
         return RI_ERR_TOO_LARGE;
     }
-    st = gw_dp_op(dp, CM_WIRE_OP_CONNECT, self, (uint32_t)len, NULL, 0, CM_MIN(dp->timeout_ms, GW_DP_CONNECT_MS));
+    /* Sent from a copy of our own: a CONNECT that times out may still sit
+     * in UCX's queue, and a retired connection's worker goes on sending
+     * it (gw_dp_retire), after UCX's address buffer would be released. */
+    uint8_t *copy = cm_malloc(&gw_dp_tag, len);
+    if (copy == NULL) {
+        ucp_worker_release_address(dp->worker, self);
+        return RI_ERR_NOMEM;
+    }
+    memcpy(copy, self, len);
     ucp_worker_release_address(dp->worker, self);
+    st = gw_dp_op(dp, CM_WIRE_OP_CONNECT, copy, (uint32_t)len, NULL, 0, CM_MIN(dp->timeout_ms, GW_DP_CONNECT_MS));
+    gw_dp_release_body(dp, copy, st);
     if (st == RI_ERR_TIMEOUT)
         cm_warn("dp client: the kvstore did not accept the connection (session %llu unknown or dropped, wrong "
                 "secret, too many connections, or our address refused: its log says which)",
@@ -415,9 +440,10 @@ ri_status_t gw_dp_connect(const char *addr, uint64_t session_id, const uint8_t s
     if (st == RI_OK)
         st = gw_dp_ping(dp);
     if (st != RI_OK) {
-        gw_dp_close(dp);
+        gw_dp_close(dp); /* not established: retired, not torn down */
         return st;
     }
+    dp->established = true;
     *dp_p = dp;
     return RI_OK;
 
@@ -431,21 +457,15 @@ err_free:
     return st;
 }
 
-void gw_dp_close(gw_dp_t *dp)
+/* Close the endpoint, release the worker, the context and dp. */
+static void gw_dp_teardown(gw_dp_t *dp)
 {
     ucp_request_param_t prm = {0};
     void *req;
     uint64_t deadline;
 
-    if (dp == NULL)
-        return;
-    /* Tell the kvstore, so that it releases our caches now rather than when
-     * UCX notices we are gone.  Best effort: a kvstore that does not answer
-     * in time finds out the slow way. */
-    if (!dp->failed && !dp->waiting)
-        (void)gw_dp_op(dp, CM_WIRE_OP_DISCONNECT, NULL, 0, NULL, 0, GW_DP_DISCONNECT_MS);
     prm.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS;
-    prm.flags = dp->failed ? UCP_EP_CLOSE_FLAG_FORCE : 0;
+    prm.flags = dp->failed || dp->retired ? UCP_EP_CLOSE_FLAG_FORCE : 0;
     if (dp->direct != NULL)
         munmap(dp->direct, dp->direct_bytes);
     for (uint32_t i = 0; i < dp->n_bmaps; i++)
@@ -477,6 +497,132 @@ void gw_dp_close(gw_dp_t *dp)
     cm_free(dp->scratch);
     cm_free(dp->fetch_meta);
     cm_free(dp);
+}
+
+/*
+ * Connections given up before they were set up.  The kvstore runs UCX's
+ * wireup for a new connection when it gets to it: it opens a TCP endpoint to
+ * our worker and queues its wireup reply there.  If our worker is gone by
+ * then (a caller that timed out while the kvstore was busy), the connect is
+ * refused, and UCX 1.13 aborts the kvstore purging the queued reply (an
+ * assertion UCX 1.14 dropped).  So such a connection is not torn down: a
+ * reaper thread keeps progressing its worker for GW_DP_RETIRE_MS, long enough
+ * for a loaded kvstore to finish the wireup, and tears it down then.  A
+ * process killed meanwhile still takes its worker with it: that window is
+ * documented, not closed (docs/kvstore-data.md).
+ */
+static struct {
+    pthread_mutex_t lock; /* held while the reaper progresses the list */
+    gw_dp_t *head;        /* retired connections, newest first */
+    bool started, stopped;
+} gw_dp_rt = {PTHREAD_MUTEX_INITIALIZER, NULL, false, false};
+static pthread_once_t gw_dp_rt_once = PTHREAD_ONCE_INIT;
+
+/* A forked child does not inherit the reaper thread: its copies of retired
+ * connections are left alone (never progressed, never freed). */
+static void gw_dp_rt_child(void)
+{
+    pthread_mutex_init(&gw_dp_rt.lock, NULL);
+    gw_dp_rt.head = NULL;
+    gw_dp_rt.started = false;
+}
+
+/* At exit: tear down what is still retired (UCX's own allocations would
+ * otherwise outlive the process's last check), and stop the reaper. */
+static void gw_dp_rt_exit(void)
+{
+    pthread_mutex_lock(&gw_dp_rt.lock);
+    gw_dp_rt.stopped = true;
+    while (gw_dp_rt.head != NULL) {
+        gw_dp_t *d = gw_dp_rt.head;
+        gw_dp_rt.head = d->retire_next;
+        gw_dp_teardown(d);
+    }
+    pthread_mutex_unlock(&gw_dp_rt.lock);
+}
+
+static void gw_dp_rt_init(void)
+{
+    pthread_atfork(NULL, NULL, gw_dp_rt_child);
+    atexit(gw_dp_rt_exit);
+}
+
+/* One pass: progress every retired connection, tear down those due and
+ * those beyond GW_DP_RETIRE_MAX (the oldest).  Under the lock. */
+static void gw_dp_rt_pass(void)
+{
+    uint64_t now = cm_time_ns();
+    unsigned kept = 0;
+    for (gw_dp_t **pp = &gw_dp_rt.head; *pp != NULL;) {
+        gw_dp_t *d = *pp;
+        while (ucp_worker_progress(d->worker) != 0) {
+        }
+        if (now >= d->retire_until_ns || kept >= GW_DP_RETIRE_MAX) {
+            *pp = d->retire_next;
+            gw_dp_teardown(d);
+            continue;
+        }
+        kept++;
+        pp = &d->retire_next;
+    }
+}
+
+static void *gw_dp_reaper(void *arg)
+{
+    (void)arg;
+    for (;;) {
+        pthread_mutex_lock(&gw_dp_rt.lock);
+        bool stop = gw_dp_rt.stopped;
+        if (!stop)
+            gw_dp_rt_pass();
+        pthread_mutex_unlock(&gw_dp_rt.lock);
+        if (stop)
+            return NULL;
+        usleep(5000);
+    }
+}
+
+/* Hand dp to the reaper; tear it down at once if no reaper can run. */
+static void gw_dp_retire(gw_dp_t *dp)
+{
+    pthread_t t;
+    pthread_once(&gw_dp_rt_once, gw_dp_rt_init);
+    dp->retired = true;
+    dp->retire_until_ns = cm_time_ns() + (uint64_t)GW_DP_RETIRE_MS * 1000000u;
+    pthread_mutex_lock(&gw_dp_rt.lock);
+    if (!gw_dp_rt.started && !gw_dp_rt.stopped) {
+        pthread_attr_t a;
+        bool ok = pthread_attr_init(&a) == 0;
+        ok = ok && pthread_attr_setdetachstate(&a, PTHREAD_CREATE_DETACHED) == 0 &&
+             pthread_create(&t, &a, gw_dp_reaper, NULL) == 0;
+        pthread_attr_destroy(&a);
+        gw_dp_rt.started = ok;
+    }
+    if (!gw_dp_rt.started) {
+        pthread_mutex_unlock(&gw_dp_rt.lock);
+        cm_warn("dp client: no thread to keep an unfinished connection alive; closing it now");
+        gw_dp_teardown(dp);
+        return;
+    }
+    dp->retire_next = gw_dp_rt.head;
+    gw_dp_rt.head = dp;
+    pthread_mutex_unlock(&gw_dp_rt.lock);
+}
+
+void gw_dp_close(gw_dp_t *dp)
+{
+    if (dp == NULL)
+        return;
+    if (!dp->established) {
+        gw_dp_retire(dp);
+        return;
+    }
+    /* Tell the kvstore, so that it releases our caches now rather than when
+     * UCX notices we are gone.  Best effort: a kvstore that does not answer
+     * in time finds out the slow way. */
+    if (!dp->failed && !dp->waiting)
+        (void)gw_dp_op(dp, CM_WIRE_OP_DISCONNECT, NULL, 0, NULL, 0, GW_DP_DISCONNECT_MS);
+    gw_dp_teardown(dp);
 }
 
 /* Send the handover request for object (0 = the region, slot + 1 = an

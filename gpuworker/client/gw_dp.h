@@ -35,7 +35,9 @@ ri_status_t gw_dp_connect(const char *addr, uint64_t session_id, const uint8_t s
                           const gw_dp_options_t *opts, gw_dp_t **dp_p);
 
 /* Close the connection and free everything (registered buffers included).
- * NULL is a no-op. */
+ * NULL is a no-op.  A connection that gw_dp_connect gave up on is closed by
+ * a background thread up to 30 s later (its UCX worker kept alive so that a
+ * slow kvstore's wireup to it still finds it: docs/kvstore-data.md). */
 void gw_dp_close(gw_dp_t *dp);
 
 /* Direct reads (common/cm_dp_direct.h).  MAP: ask the kvstore for the

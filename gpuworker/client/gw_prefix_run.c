@@ -145,11 +145,13 @@ ri_status_t gw_pfx_run_create(gw_pfx_ctx_t *ctx, mdl_model_t *m, const mdl_attn_
     gw_ctl_t *ctl = ctx->ctl;
     uint32_t timeout_ms = ctx->timeout_ms;
     bool placed = ctl == NULL && gw_attn_remote_clustered();
+    ri_status_t open_st = RI_ERR_NOT_FOUND;   /* of the prefix session, when one was tried */
+    run->remote = strcmp(attn->name, GW_ATTN_REMOTE_NAME) == 0;
     /* no kvstore session for a prompt with no attachable block (most chats) */
     if (gw_pfx_run_layout(m, attn, cfg, n, &run->lay) && gw_pfx_max_blocks(&run->lay, cfg->wave.window_tokens, n) > 0 &&
         (!placed || (ctl = gw_pfx_run_place(ctx, &run->lay, ids, gw_pfx_max_blocks(&run->lay, cfg->wave.window_tokens,
                                                                                    n), &timeout_ms)) != NULL) &&
-        gw_pfx_conn_open(ctl, timeout_ms, &run->lay, &run->conn) == RI_OK) {
+        (open_st = gw_pfx_conn_open(ctl, timeout_ms, &run->lay, &run->conn)) == RI_OK) {
         if (placed)
             snprintf(run->node, sizeof(run->node), "%s", gw_attn_remote_placed_node());
         st = gw_pfx_seq_begin(run->conn->dp, &ctx->keyer, &run->lay, cfg->wave.window_tokens, ids, n, &ctx->stats,
@@ -159,8 +161,16 @@ ri_status_t gw_pfx_run_create(gw_pfx_ctx_t *ctx, mdl_model_t *m, const mdl_attn_
     } else if (run->conn == NULL && run->lay.block_tokens != 0 &&
                gw_pfx_max_blocks(&run->lay, cfg->wave.window_tokens, n) > 0) {
         atomic_fetch_add(&ctx->stats.fallbacks, 1); /* the kvstore could not be reached */
+        if (run->remote && !placed && open_st == RI_ERR_UNREACHABLE) {
+            /* The remote sequence needs that kvstore too.  Fail now rather
+             * than create it without the prefix session when the kvstore
+             * comes back a moment later (a restart: a sequence rebuilt after
+             * a crash would then never publish its blocks); the caller's
+             * retry finds both. */
+            st = RI_ERR_UNREACHABLE;
+            goto err_free;
+        }
     }
-    run->remote = strcmp(attn->name, GW_ATTN_REMOTE_NAME) == 0;
     gw_pfx_run_src(run);
     st = mdl_seq_create(m, attn, &run->cfg, cap, &seq);
     if (gw_pfx_seq_cached(run->seq) > 0 && (st != RI_OK || !gw_pfx_run_preload(run, seq))) {

@@ -179,18 +179,32 @@ static void test_raw_bytes_on_every_port(void **state)
     kvs_test_daemon_cleanup(&d);
 }
 
+/* A daemon, a control client and one session on it. */
+static void start_with_session(kvs_test_daemon_t *d, gw_ctl_t **c_p, gw_ctl_session_t *s)
+{
+    gw_ctl_error_t err;
+    start_daemon(d);
+    assert_int_equal(gw_ctl_create(d->grpc, NULL, c_p), RI_OK);
+    assert_int_equal(gw_ctl_create_session(*c_p, 5000, &geo, 64, "s", s, &err), RI_OK);
+}
+
+/* Undo start_with_session: the daemon must stop cleanly. */
+static void stop_with_session(kvs_test_daemon_t *d, gw_ctl_t *c)
+{
+    gw_ctl_destroy(c);
+    assert_int_equal(kvs_test_daemon_stop(d, SIGTERM, 10000), 0);
+    kvs_test_daemon_cleanup(d);
+}
+
 static void test_wrong_secret_gets_no_connection(void **state)
 {
     (void)state;
     kvs_test_daemon_t d;
     gw_ctl_t *c = NULL;
-    gw_ctl_error_t err;
     gw_ctl_session_t s;
     gw_dp_t *dp = NULL;
     gw_dp_options_t o = {.timeout_ms = 1500};
-    start_daemon(&d);
-    assert_int_equal(gw_ctl_create(d.grpc, NULL, &c), RI_OK);
-    assert_int_equal(gw_ctl_create_session(c, 5000, &geo, 64, "s", &s, &err), RI_OK);
+    start_with_session(&d, &c, &s);
     s.secret[3] ^= 0x40;
     assert_int_equal(gw_dp_connect(s.dataplane_address, s.session_id, s.secret, &o, &dp), RI_ERR_TIMEOUT);
     assert_null(dp);
@@ -199,9 +213,44 @@ static void test_wrong_secret_gets_no_connection(void **state)
     gw_dp_close(dp);
     /* an address that is not the kvstore's form is refused by the client */
     assert_int_equal(gw_dp_connect("127.0.0.1:7071", s.session_id, s.secret, &o, &dp), RI_ERR_INVALID);
-    gw_ctl_destroy(c);
-    assert_int_equal(kvs_test_daemon_stop(&d, SIGTERM, 10000), 0);
-    kvs_test_daemon_cleanup(&d);
+    stop_with_session(&d, c);
+}
+
+/* A worker that gives up on a kvstore too slow to answer its CONNECT (here:
+ * deadlines of 1-6 ms) closes its side while the kvstore has not yet run
+ * UCX's wireup for it.  UCX 1.13 aborts a process whose wireup reply is
+ * still queued on a TCP endpoint that then fails, so the client keeps its
+ * UCX worker alive a while after giving up (gw_dp_close retires it), and the
+ * kvstore finishes the wireup against a live peer and keeps serving. */
+static void test_client_gives_up_on_stalled_daemon(void **state)
+{
+    (void)state;
+    kvs_test_daemon_t d;
+    gw_ctl_t *c = NULL;
+    gw_ctl_error_t err;
+    gw_ctl_session_t s;
+    gw_dp_t *dp = NULL;
+    gw_dp_options_t quick = {.timeout_ms = 1000}, patient = {.timeout_ms = 10000};
+    start_with_session(&d, &c, &s);
+    for (int round = 0; round < 60; round++) {
+        quick.timeout_ms = 1 + round % 6;
+        ri_status_t st = gw_dp_connect(s.dataplane_address, s.session_id, s.secret, &quick, &dp);
+        if (st == RI_OK)
+            gw_dp_close(dp);
+        dp = NULL;
+        if (!daemon_alive(&d))
+            fail_msg("the kvstore died after a connect given up after %u ms (round %d)", quick.timeout_ms, round);
+    }
+    usleep(500 * 1000);
+    assert_true(daemon_alive(&d));
+    /* a new session: connections the kvstore accepted late count against
+     * the old one's cap until the reaper closes them */
+    assert_int_equal(gw_ctl_create_session(c, 5000, &geo, 64, "s2", &s, &err), RI_OK);
+    assert_int_equal(gw_dp_connect(s.dataplane_address, s.session_id, s.secret, &patient, &dp), RI_OK);
+    assert_int_equal(gw_dp_ping(dp), RI_OK);
+    gw_dp_close(dp);
+    assert_true(daemon_alive(&d));
+    stop_with_session(&d, c);
 }
 
 static void test_malformed_addresses_refused(void **state)
@@ -655,6 +704,7 @@ int main(int argc, char **argv)
     const struct CMUnitTest all[] = {
         cmocka_unit_test(test_raw_bytes_on_every_port),
         cmocka_unit_test(test_wrong_secret_gets_no_connection),
+        cmocka_unit_test(test_client_gives_up_on_stalled_daemon),
         cmocka_unit_test(test_malformed_addresses_refused),
         cmocka_unit_test(test_connections_per_session_capped),
         cmocka_unit_test_teardown(test_stalled_sender_blocks_nobody, kill_staller),
