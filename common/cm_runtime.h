@@ -31,6 +31,7 @@ typedef struct cm_runtime {
     bool model_avx512;     /* AVX-512 decode products where the CPU has them */
     char *model_act;       /* activations of decode products: f32|i16|i8 */
     int64_t model_par_min; /* products under this many multiply-adds stay on the caller's thread */
+    char *model_load;      /* how a model file is opened: read (huge pages) | map (shared page cache) */
 } cm_runtime_t;
 
 /* The items, for a program whose config struct `type` holds a cm_runtime_t
@@ -73,8 +74,13 @@ typedef struct cm_runtime {
                      "activations of decode products: f32, i16 or i8", model_act, 0, 0,                \
                      "RI_MODEL_ACT"),                                                                  \
     CM_RUNTIME_ITEM_(type, member, "model-par-min", CM_CFG_INT, "524288",                              \
-                     "products under this many multiply-adds run on the calling thread",               \
-                     model_par_min, 1, 1e12, "RI_MODEL_PAR_MIN")
+                     "products under this many multiply-adds (a quarter while the pool spins) stay "   \
+                     "on the calling thread",                                                          \
+                     model_par_min, 1, 1e12, "RI_MODEL_PAR_MIN"),                                     \
+    CM_RUNTIME_ITEM_(type, member, "model-load", CM_CFG_STRING, "read",                                \
+                     "how a model file is opened: read (a private copy on huge pages, faster decode) " \
+                     "or map (the page cache, shared between processes)", model_load, 0, 0,           \
+                     "RI_MODEL_LOAD")
 
 /* For programs without a settings table of their own (tests, small tools):
  * defaults, then the RI_* environment names above.  On error (a bad value,

@@ -266,6 +266,12 @@ void cm_pool_set_spin_us(cm_pool_t *pool, unsigned spin_us)
     pthread_mutex_unlock(&pool->lock);
 }
 
+bool cm_pool_spinning(const cm_pool_t *pool)
+{
+    return pool != NULL && pool->nthreads > 1 && pool->spin_ns > 0 &&
+           atomic_load_explicit(&pool->spin_ok, memory_order_relaxed);
+}
+
 unsigned cm_pool_size(const cm_pool_t *pool)
 {
     return pool ? pool->nthreads : 1u;

@@ -10,6 +10,7 @@
 #ifndef CM_THREAD_H
 #define CM_THREAD_H
 
+#include <stdbool.h>
 #include <stddef.h>
 #include "retroinfer/status.h"
 
@@ -31,6 +32,12 @@ void cm_pool_destroy(cm_pool_t *pool);
  * loops microseconds apart: a sleeping worker wakes only after the caller
  * has done the loop alone.  NULL is a no-op. */
 void cm_pool_set_spin_us(cm_pool_t *pool, unsigned spin_us);
+
+/* True while the workers busy-wait between loops (a spin time is set and
+ * the machine had a core to spare at the last look): a loop then costs
+ * about a microsecond to hand out, so smaller ones pay to split.  NULL:
+ * false. */
+bool cm_pool_spinning(const cm_pool_t *pool);
 
 /* Number of threads, the caller included. */
 unsigned cm_pool_size(const cm_pool_t *pool);

@@ -219,17 +219,20 @@ static ri_status_t kn_cpu_attn_decode(const kn_shape_t *shape, size_t n_seq, con
 
     for (size_t s = 0; s < n_seq; s++)
         total += kv[s].n_tokens;
-    /* Split length: long enough to stream well (>= 512 tokens), short enough
-     * that every thread gets several items to balance uneven lengths. */
+    /* Split length: long enough to stream well (>= 128 tokens: 32-64 KB of
+     * K and V a head at d = 64-256), short enough that every thread gets
+     * several items to balance uneven lengths; a decode over a 512-token
+     * window with one KV head (Gemma 3's local layers) is then four items
+     * rather than one thread's work. */
     split = total * nkv / ((size_t)nthr * 4 + 1);
-    split = CM_MAX(split, (size_t)512);
+    split = CM_MAX(split, (size_t)128);
     split = CM_MIN(split, (size_t)16384);
     ns = cm_malloc(&kn_tag, (n_seq + 1) * sizeof(size_t));
     if (ns == NULL)
         goto out;
     for (size_t s = 0; s < n_seq; s++) {
         bool all_heads = kv[s].head_stride < kv[s].token_stride;  /* token-major */
-        size_t sp = all_heads ? CM_MAX(split / nkv, (size_t)512) : split;
+        size_t sp = all_heads ? CM_MAX(split / nkv, (size_t)128) : split;
         ns[s] = CM_MAX((kv[s].n_tokens + sp - 1) / sp, (size_t)1);
         n_items += ns[s] * (all_heads ? 1 : nkv);
         n_parts += ns[s] * nkv;

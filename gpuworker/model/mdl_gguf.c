@@ -11,6 +11,7 @@
 #include <fcntl.h>
 #include <stdarg.h>
 #include <stdio.h>
+#include <stdint.h>
 #include <string.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
@@ -425,6 +426,49 @@ ri_status_t mdl_gguf_open_mem(const void *buf, size_t len, mdl_gguf_t **g_p, cha
     return RI_OK;
 }
 
+#define MDL_GGUF_HUGE ((size_t)2 << 20)   /* the transparent huge page size of x86-64 */
+
+static bool mdl_gguf_load_map;   /* mdl_gguf_set_load_map */
+
+void mdl_gguf_set_load_map(bool on)
+{
+    mdl_gguf_load_map = on;
+}
+
+/* The file's size bytes read into an anonymous mapping of *len_p bytes
+ * (size rounded up to MDL_GGUF_HUGE, its start aligned to it so that the
+ * kernel can back it with huge pages), read-only once filled; NULL when the
+ * memory cannot be had or the read fails (the caller maps the file). */
+static void *mdl_gguf_read_huge(int fd, size_t size, size_t *len_p)
+{
+    size_t len = (size + MDL_GGUF_HUGE - 1) / MDL_GGUF_HUGE * MDL_GGUF_HUGE;
+    uint8_t *raw = mmap(NULL, len + MDL_GGUF_HUGE, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (raw == MAP_FAILED)
+        return NULL;
+    uint8_t *map = (uint8_t *)(((uintptr_t)raw + MDL_GGUF_HUGE - 1) & ~(uintptr_t)(MDL_GGUF_HUGE - 1));
+    if (map > raw)
+        munmap(raw, (size_t)(map - raw));
+    if (raw + MDL_GGUF_HUGE > map)
+        munmap(map + len, (size_t)(raw + MDL_GGUF_HUGE - map));
+    (void)madvise(map, len, MADV_HUGEPAGE);   /* only a hint: 4 KiB pages where THP is off */
+    for (size_t done = 0; done < size;) {
+        ssize_t n = pread(fd, map + done, size - done, (off_t)done);
+        if (n < 0 && errno == EINTR)
+            continue;
+        if (n <= 0)
+            goto err_unmap;   /* an error, or the file shrank under us */
+        done += (size_t)n;
+    }
+    if (mprotect(map, len, PROT_READ) != 0)
+        goto err_unmap;
+    *len_p = len;
+    return map;
+
+err_unmap:
+    munmap(map, len);
+    return NULL;
+}
+
 ri_status_t mdl_gguf_open(const char *path, mdl_gguf_t **g_p, char *err, size_t errlen)
 {
     ri_status_t st;
@@ -440,7 +484,10 @@ ri_status_t mdl_gguf_open(const char *path, mdl_gguf_t **g_p, char *err, size_t 
         st = RI_ERR_FORMAT;
         goto err_close_fd;
     }
-    void *map = mmap(NULL, (size_t)sb.st_size, PROT_READ, MAP_PRIVATE, fd, 0);
+    size_t map_len = (size_t)sb.st_size;
+    void *map = mdl_gguf_load_map ? NULL : mdl_gguf_read_huge(fd, (size_t)sb.st_size, &map_len);
+    if (map == NULL)
+        map = mmap(NULL, map_len, PROT_READ, MAP_PRIVATE, fd, 0);
     if (map == MAP_FAILED) {
         int e = errno;
         snprintf(err, errlen, "gguf: cannot map %s: %s", path, strerror(e));
@@ -451,10 +498,11 @@ ri_status_t mdl_gguf_open(const char *path, mdl_gguf_t **g_p, char *err, size_t 
     mdl_gguf_t *g;
     st = mdl_gguf_open_mem(map, (size_t)sb.st_size, &g, err, errlen);
     if (st != RI_OK) {
-        munmap(map, (size_t)sb.st_size);
+        munmap(map, map_len);
         return st;
     }
     g->mapped = true;
+    g->map_len = map_len;
     *g_p = g;
     return RI_OK;
 
@@ -468,7 +516,7 @@ void mdl_gguf_close(mdl_gguf_t *g)
     if (g == NULL)
         return;
     if (g->mapped)
-        munmap((void *)g->base, g->size);
+        munmap((void *)g->base, g->map_len);
     mdl_gguf_free_parts(g);
     cm_free(g);
 }

@@ -23,6 +23,9 @@
 #include "gpuworker/model/mdl_kv_mem.h"
 #include "gpuworker/model/mdl_quant.h"
 #include "gpuworker/model/mdl_vec.h"
+#ifdef MDL_HAVE_KERNELS
+#include "kernels/kn_ops.h"
+#endif
 
 static CM_ALLOC_TAG(mdl_model_tag, "model.model");
 static CM_ALLOC_TAG(mdl_act_tag, "model.activations");
@@ -646,6 +649,45 @@ static void mdl_qk_prepare(mdl_model_t *m, const mdl_rows_t *rw, uint32_t l, mdl
         mdl_kv_store(rw->seqs[0]->kv, l, rw->pos0, rw->n, a->k, a->v);
 }
 
+/* Decode rows of a sliding-window layer: each row exactly over its window
+ * (positions (pos - win, pos]).  With the kernels, every row of the batch
+ * in one split-K call (kn_attn_decode over views of the windows), so that
+ * a window of a few hundred tokens and one KV head still spreads over the
+ * pool's threads; the model's own exact attention takes one thread per
+ * (KV head, row) there. */
+static ri_status_t mdl_attention_window(const mdl_rows_t *rw, uint32_t l, uint32_t win, mdl_act_t *a)
+{
+    const mdl_attn_geom_t *g = &rw->seqs[0]->kv->geom;
+    size_t qd = (size_t)g->n_heads * g->head_dim, d = g->head_dim;
+    for (size_t r = 0; r < rw->n; r++)
+        if (rw->seqs[r]->qhook != NULL)
+            rw->seqs[r]->qhook(rw->seqs[r]->qhook_arg, l, mdl_row_pos(rw, r), a->q + r * qd);
+#ifdef MDL_HAVE_KERNELS
+    enum { CHUNK = 16 };   /* rows per call (views on the stack) */
+    kn_kv_view_t views[CHUNK];
+    kn_shape_t shape = {.n_q_heads = g->n_heads, .n_kv_heads = g->n_kv_heads, .head_dim = g->head_dim};
+    ri_status_t st = RI_OK;
+    for (size_t r0 = 0; r0 < rw->n && st == RI_OK; r0 += CHUNK) {
+        size_t nr = CM_MIN((size_t)CHUNK, rw->n - r0);
+        for (size_t i = 0; i < nr; i++) {
+            const mdl_kv_t *kv = rw->seqs[r0 + i]->kv;
+            size_t pos = mdl_row_pos(rw, r0 + i), first = pos >= win ? pos + 1 - win : 0;
+            views[i] = (kn_kv_view_t){.k = kv->k[l] + first * d, .v = kv->v[l] + first * d,
+                                      .n_tokens = pos + 1 - first, .token_stride = d, .head_stride = kv->cap * d};
+        }
+        st = kn_attn_decode(NULL, &shape, nr, a->q + r0 * qd, views, a->att + r0 * qd, NULL);
+    }
+    return st;
+#else
+    ri_status_t st = RI_OK;
+    for (size_t r = 0; r < rw->n && st == RI_OK; r++)
+        st = mdl_attn_exact_win(cm_pool_default(), rw->seqs[r]->kv, l, mdl_row_pos(rw, r), 1, win, a->q + r * qd,
+                                a->att + r * qd);
+    (void)d;
+    return st;
+#endif
+}
+
 /* Attention of layer l for every row into a->att.  A sliding-window layer
  * attends exactly over its window here (whatever the backend: its context
  * never grows past the window, so there is nothing to make sparse); a global
@@ -663,15 +705,14 @@ static ri_status_t mdl_attention(mdl_model_t *m, const mdl_rows_t *rw, uint32_t 
             return mdl_attn_exact_win(cm_pool_default(), s->kv, l, rw->pos0, rw->n, win, a->q, a->att);
         return s->attn->prefill(s->attn_state, l, rw->pos0, rw->n, a->q, a->att);
     }
+    if (win > 0)
+        return mdl_attention_window(rw, l, win, a);
     for (size_t r = 0; r < rw->n && st == RI_OK; r++) {
         mdl_seq_t *s = rw->seqs[r];
         size_t pos = mdl_row_pos(rw, r);
         if (s->qhook != NULL)
             s->qhook(s->qhook_arg, l, pos, a->q + r * qd);
-        if (win > 0)
-            st = mdl_attn_exact_win(cm_pool_default(), s->kv, l, pos, 1, win, a->q + r * qd, a->att + r * qd);
-        else
-            st = s->attn->decode(s->attn_state, l, pos, a->q + r * qd, a->att + r * qd);
+        st = s->attn->decode(s->attn_state, l, pos, a->q + r * qd, a->att + r * qd);
     }
     return st;
 }

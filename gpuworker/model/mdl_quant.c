@@ -23,6 +23,9 @@
 #include "common/cm_alloc.h"
 #include "common/cm_half.h"
 #include "common/cm_status.h"
+#include "gpuworker/model/mdl_quant_gemm16.h"
+#include "gpuworker/model/mdl_quant_q4.h"
+#include "gpuworker/model/mdl_simd.h"
 
 #if defined(__x86_64__)
 #include <immintrin.h>
@@ -33,6 +36,11 @@ static CM_ALLOC_TAG(mdl_quant_tag, "model.matmul");
 
 #define QK 32
 #define QKK 256   /* K-quant super-block */
+/* Decode batches up to this many rows take the quantised-activation
+ * products (one weight row times the batch's rows); larger ones are
+ * products as prefill's: the int16 GEMM (mdl_quant_gemm16.c) where the CPU
+ * has VNNI, else the weights expanded to fp32. */
+#define MDL_QROWS_MAX 4
 
 static bool mdl_is_kquant(mdl_ggml_type_t t)
 {
@@ -252,20 +260,6 @@ void mdl_matmul_ref(const mdl_weight_t *w, const float *x, size_t n, float *y)
 #ifdef MDL_X86
 #define MDL_AVX2 __attribute__((target("avx2,fma,f16c")))
 
-MDL_AVX2 static inline float mdl_hsum(__m256 v)
-{
-    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-    s = _mm_add_ss(s, _mm_movehdup_ps(s));
-    return _mm_cvtss_f32(s);
-}
-
-MDL_AVX2 static inline float mdl_h_avx(const uint8_t *p)
-{
-    uint16_t h;
-    memcpy(&h, p, 2);
-    return _cvtsh_ss(h);
-}
 
 /* One block of Q5_0 (32 elements) or Q4_K / Q6_K (256) as int8 values and a
  * scale and offset per group of 16: x[e] = sc[e/16] * q[e] - mn[e/16].  The
@@ -333,24 +327,6 @@ static size_t mdl_kquant_block_bytes(mdl_ggml_type_t type)
     return type == MDL_GGML_Q5_0 ? 22 : type == MDL_GGML_Q4_K ? 144 : 210;
 }
 
-/* Q6_K: the four 32-element quarters of half h of the super-block at p, as
- * unsigned 6-bit values in bytes (element l + 32k takes nibble k/2 of
- * ql[l + 32 (k & 1)] and bits 2k of qh[l]); the caller subtracts 32. */
-MDL_AVX2 static inline __attribute__((always_inline)) void mdl_unpack_q6_k_half(const uint8_t *p, int h, __m256i q[4])
-{
-    const __m256i m4 = _mm256_set1_epi8(0x0F), m2 = _mm256_set1_epi8(3);
-    __m256i l0 = _mm256_loadu_si256((const __m256i *)(p + 64 * h));
-    __m256i l1 = _mm256_loadu_si256((const __m256i *)(p + 64 * h + 32));
-    __m256i hb = _mm256_loadu_si256((const __m256i *)(p + 128 + 32 * h));
-    q[0] = _mm256_or_si256(_mm256_and_si256(l0, m4), _mm256_slli_epi16(_mm256_and_si256(hb, m2), 4));
-    q[1] = _mm256_or_si256(_mm256_and_si256(l1, m4),
-                           _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(hb, 2), m2), 4));
-    q[2] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l0, 4), m4),
-                           _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(hb, 4), m2), 4));
-    q[3] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l1, 4), m4),
-                           _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(hb, 6), m2), 4));
-}
-
 MDL_AVX2 static inline __m256 mdl_i8x8_ps(const int8_t *q)
 {
     return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)q)));
@@ -374,7 +350,7 @@ MDL_AVX2 static float mdl_dot_kq_avx2(const mdl_weight_t *w, size_t r, const flo
                 accm = _mm256_fmadd_ps(_mm256_set1_ps(mn[g]), _mm256_add_ps(x0, x1), accm);
         }
     }
-    return mdl_hsum(_mm256_sub_ps(acc, accm));
+    return mdl_simd_hsum8(_mm256_sub_ps(acc, accm));
 }
 
 /* 32 int8 values -> out[0..32): x = q * s - m, (s0, m0) for elements 0-15
@@ -415,14 +391,14 @@ MDL_AVX2 static void mdl_dequant_kq_avx2(const mdl_weight_t *w, size_t r, float 
             __m128i raw = _mm_loadu_si128((const __m128i *)(p + 6));
             __m256i q = _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(raw, 4), raw), m4);
             q = _mm256_or_si256(q, _mm256_and_si256(mdl_bits_to_bytes(qh), b5));
-            __m256 d = _mm256_set1_ps(mdl_h_avx(p));
+            __m256 d = _mm256_set1_ps(mdl_simd_h16(p));
             mdl_store_i8x32(out, _mm256_sub_epi8(q, off), d, zero, d, zero);
         }
         return;
     }
     if (w->type == MDL_GGML_Q4_K) {
         for (size_t b = 0; b < w->cols / QKK; b++, p += 144, out += QKK) {
-            float d = mdl_h_avx(p), dmin = mdl_h_avx(p + 2);
+            float d = mdl_simd_h16(p), dmin = mdl_simd_h16(p + 2);
             const uint8_t *s = p + 4;
             for (int c = 0; c < 4; c++) {   /* groups 2c (low nibbles) and 2c+1 (high) */
                 int g = 2 * c, h = g + 1;
@@ -445,10 +421,10 @@ MDL_AVX2 static void mdl_dequant_kq_avx2(const mdl_weight_t *w, size_t r, float 
     const __m256i off = _mm256_set1_epi8(32);
     for (size_t b = 0; b < w->cols / QKK; b++, p += 210) {
         const int8_t *sc = (const int8_t *)(p + 192);
-        float d = mdl_h_avx(p + 208);
+        float d = mdl_simd_h16(p + 208);
         for (int h = 0; h < 2; h++, out += 128) {
             __m256i q[4];
-            mdl_unpack_q6_k_half(p, h, q);
+            mdl_simd_q6_k_half(p, h, q);
             for (int k = 0; k < 4; k++) {
                 __m256 s0 = _mm256_set1_ps(d * sc[8 * h + 2 * k]), s1 = _mm256_set1_ps(d * sc[8 * h + 2 * k + 1]);
                 mdl_store_i8x32(out + 32 * k, _mm256_sub_epi8(q[k], off), s0, zero, s1, zero);
@@ -502,13 +478,13 @@ MDL_AVX2 static float mdl_dot_avx2(const mdl_weight_t *w, size_t r, const float 
             s = _mm256_fmadd_ps(q[1], x1, s);
             s = _mm256_fmadd_ps(q[2], x2, s);
             s = _mm256_fmadd_ps(q[3], x3, s);
-            acc = _mm256_fmadd_ps(_mm256_set1_ps(mdl_h_avx(p)), s, acc);
+            acc = _mm256_fmadd_ps(_mm256_set1_ps(mdl_simd_h16(p)), s, acc);
             if (w->type == MDL_GGML_Q4_1) {
                 __m256 sx = _mm256_add_ps(_mm256_add_ps(x0, x1), _mm256_add_ps(x2, x3));
-                accm = _mm256_fmadd_ps(_mm256_set1_ps(mdl_h_avx(p + 2)), sx, accm);
+                accm = _mm256_fmadd_ps(_mm256_set1_ps(mdl_simd_h16(p + 2)), sx, accm);
             }
         }
-        return mdl_hsum(_mm256_add_ps(acc, accm));
+        return mdl_simd_hsum8(_mm256_add_ps(acc, accm));
     }
     case MDL_GGML_F32:
     case MDL_GGML_F16:
@@ -525,7 +501,7 @@ MDL_AVX2 static float mdl_dot_avx2(const mdl_weight_t *w, size_t r, const float 
                     _mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)(p + 2 * i))), 16));
             acc = _mm256_fmadd_ps(wv, _mm256_loadu_ps(x + i), acc);
         }
-        float s = mdl_hsum(acc);
+        float s = mdl_simd_hsum8(acc);
         if (i < n) {
             float tmp[8];
             mdl_weight_t tail = *w;
@@ -563,8 +539,8 @@ MDL_AVX2 static void mdl_dequant_row_avx2(const mdl_weight_t *w, size_t r, float
                 mdl_unpack_q8(p + qo, q);
             else
                 mdl_unpack_q4(p + qo, w->type == MDL_GGML_Q4_0 ? 8 : 0, q);
-            __m256 d = _mm256_set1_ps(mdl_h_avx(p));
-            __m256 m = _mm256_set1_ps(w->type == MDL_GGML_Q4_1 ? mdl_h_avx(p + 2) : 0.0f);
+            __m256 d = _mm256_set1_ps(mdl_simd_h16(p));
+            __m256 m = _mm256_set1_ps(w->type == MDL_GGML_Q4_1 ? mdl_simd_h16(p + 2) : 0.0f);
             for (int k = 0; k < 4; k++)
                 _mm256_storeu_ps(out + 8 * k, _mm256_fmadd_ps(q[k], d, m));
         }
@@ -587,7 +563,7 @@ MDL_AVX2 static float mdl_dot1_f32_avx2(const float *wr, const float *x, size_t 
     size_t k = 0;
     for (; k + 8 <= n; k += 8)
         a = _mm256_fmadd_ps(_mm256_loadu_ps(wr + k), _mm256_loadu_ps(x + k), a);
-    float s = mdl_hsum(a);
+    float s = mdl_simd_hsum8(a);
     for (; k < n; k++)
         s += wr[k] * x[k];
     return s;
@@ -624,9 +600,9 @@ MDL_AVX2 static void mdl_dot3x4_f32_avx2(const float *w, size_t ws, const float 
         a13 = _mm256_fmadd_ps(v1, xv, a13);
         a23 = _mm256_fmadd_ps(v2, xv, a23);
     }
-    out[0][0] = mdl_hsum(a00), out[0][1] = mdl_hsum(a01), out[0][2] = mdl_hsum(a02), out[0][3] = mdl_hsum(a03);
-    out[1][0] = mdl_hsum(a10), out[1][1] = mdl_hsum(a11), out[1][2] = mdl_hsum(a12), out[1][3] = mdl_hsum(a13);
-    out[2][0] = mdl_hsum(a20), out[2][1] = mdl_hsum(a21), out[2][2] = mdl_hsum(a22), out[2][3] = mdl_hsum(a23);
+    out[0][0] = mdl_simd_hsum8(a00), out[0][1] = mdl_simd_hsum8(a01), out[0][2] = mdl_simd_hsum8(a02), out[0][3] = mdl_simd_hsum8(a03);
+    out[1][0] = mdl_simd_hsum8(a10), out[1][1] = mdl_simd_hsum8(a11), out[1][2] = mdl_simd_hsum8(a12), out[1][3] = mdl_simd_hsum8(a13);
+    out[2][0] = mdl_simd_hsum8(a20), out[2][1] = mdl_simd_hsum8(a21), out[2][2] = mdl_simd_hsum8(a22), out[2][3] = mdl_simd_hsum8(a23);
     for (; k < n; k++)
         for (int r = 0; r < 3; r++)
             for (int i = 0; i < 4; i++)
@@ -684,9 +660,9 @@ MDL_AVX2 static float mdl_dot_q8act_avx2(const mdl_weight_t *w, size_t r, const 
             __m256i y = _mm256_loadu_si256((const __m256i *)(xq + b * QK));
             __m256i prod = _mm256_maddubs_epi16(_mm256_sign_epi8(wq, wq), _mm256_sign_epi8(y, wq));
             __m256 f = _mm256_cvtepi32_ps(_mm256_madd_epi16(prod, ones));
-            acc = _mm256_fmadd_ps(_mm256_set1_ps(mdl_h_avx(p) * xd[b]), f, acc);
+            acc = _mm256_fmadd_ps(_mm256_set1_ps(mdl_simd_h16(p) * xd[b]), f, acc);
         }
-        return mdl_hsum(acc);
+        return mdl_simd_hsum8(acc);
     }
     size_t bb = w->type == MDL_GGML_Q4_0 ? 18 : 20, qo = w->type == MDL_GGML_Q4_1 ? 4 : 2;
     __m128i m4 = _mm_set1_epi8(0x0F);
@@ -695,12 +671,12 @@ MDL_AVX2 static float mdl_dot_q8act_avx2(const mdl_weight_t *w, size_t r, const 
         __m256i wq = _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(raw, 4), m4), _mm_and_si128(raw, m4));
         __m256i y = _mm256_loadu_si256((const __m256i *)(xq + b * QK));
         __m256 f = _mm256_cvtepi32_ps(_mm256_madd_epi16(_mm256_maddubs_epi16(wq, y), ones));
-        float dw = mdl_h_avx(p);
+        float dw = mdl_simd_h16(p);
         acc = _mm256_fmadd_ps(_mm256_set1_ps(dw * xd[b]), f, acc);
         /* Q4_0: (q - 8) d = q d - 8 d; Q4_1: q d + m */
-        accm += (w->type == MDL_GGML_Q4_1 ? mdl_h_avx(p + 2) : -8.0f * dw) * xs[b];
+        accm += (w->type == MDL_GGML_Q4_1 ? mdl_simd_h16(p + 2) : -8.0f * dw) * xs[b];
     }
-    return mdl_hsum(acc) + accm;
+    return mdl_simd_hsum8(acc) + accm;
 }
 
 /* Activations as int16 per 32-block (d = amax/32767; relative error 1.5e-5,
@@ -732,7 +708,7 @@ MDL_AVX2 static void mdl_quant_act16_avx2(const float *x, size_t n, int16_t *q, 
         _mm256_storeu_si256((__m256i *)(q + b * QK), p01);
         _mm256_storeu_si256((__m256i *)(q + b * QK + 16), p23);
         d[b] = db;
-        sum[b] = mdl_hsum(sx);
+        sum[b] = mdl_simd_hsum8(sx);
     }
 }
 
@@ -760,11 +736,11 @@ MDL_AVX2 static float mdl_dot_q5_0_q16act_avx2(const uint8_t *p, size_t nb, cons
         hi = _mm256_or_si256(hi, _mm256_and_si256(_mm256_cmpeq_epi16(hh, bit), b4));
         __m256i s = _mm256_add_epi32(_mm256_madd_epi16(lo, _mm256_loadu_si256((const __m256i *)(xq + b * QK))),
                                      _mm256_madd_epi16(hi, _mm256_loadu_si256((const __m256i *)(xq + b * QK + 16))));
-        float dw = mdl_h_avx(p);
+        float dw = mdl_simd_h16(p);
         acc = _mm256_fmadd_ps(_mm256_set1_ps(dw * xd[b]), _mm256_cvtepi32_ps(s), acc);
         accm -= 16.0f * dw * xs[b];
     }
-    return mdl_hsum(acc) + accm;
+    return mdl_simd_hsum8(acc) + accm;
 }
 
 /* Q4_K with int16 activations: each 32-element group of a super-block has
@@ -777,7 +753,7 @@ MDL_AVX2 static float mdl_dot_q4_k_q16act_avx2(const uint8_t *p, size_t nsb, con
     __m256 acc = _mm256_setzero_ps();
     float accm = 0;
     for (size_t sb = 0; sb < nsb; sb++, p += 144, xq += QKK, xd += 8, xs += 8) {
-        float d = mdl_h_avx(p), dmin = mdl_h_avx(p + 2);
+        float d = mdl_simd_h16(p), dmin = mdl_simd_h16(p + 2);
         const uint8_t *s = p + 4;
         for (int g = 0; g < 8; g++) {
             int s6 = g < 4 ? s[g] & 63 : (s[g + 4] & 0xF) | (s[g - 4] >> 6) << 4;
@@ -793,7 +769,7 @@ MDL_AVX2 static float mdl_dot_q4_k_q16act_avx2(const uint8_t *p, size_t nsb, con
             accm -= dmin * (float)m6 * xs[g];
         }
     }
-    return mdl_hsum(acc) + accm;
+    return mdl_simd_hsum8(acc) + accm;
 }
 
 /* Q6_K with int16 activations: 32-element quarter k of half h takes low or
@@ -806,7 +782,7 @@ MDL_AVX2 static float mdl_dot_q6_k_q16act_avx2(const uint8_t *p, size_t nsb, con
     __m256 acc = _mm256_setzero_ps();
     for (size_t sb = 0; sb < nsb; sb++, p += 210) {
         const int8_t *sc = (const int8_t *)(p + 192);
-        float d = mdl_h_avx(p + 208);
+        float d = mdl_simd_h16(p + 208);
         for (int b = 0; b < 8; b++, xq += QK, xd++) {
             int h = b / 4, k = b % 4;
             const uint8_t *lb = p + 64 * h + 32 * (k & 1), *hb = p + 128 + 32 * h;
@@ -825,7 +801,7 @@ MDL_AVX2 static float mdl_dot_q6_k_q16act_avx2(const uint8_t *p, size_t nsb, con
             acc = _mm256_fmadd_ps(_mm256_set1_ps(d * sc[8 * h + 2 * k + 1] * xd[0]), _mm256_cvtepi32_ps(s1), acc);
         }
     }
-    return mdl_hsum(acc);
+    return mdl_simd_hsum8(acc);
 }
 
 /* ---- AVX-512BW decode products (int16 activations) ----
@@ -883,12 +859,12 @@ MDL_AVX512BW static inline __attribute__((always_inline)) float mdl_dot_q8q5_q16
     for (; b + 2 <= nb; b += 2, p += 2 * bb) {
         __m512 s0 = q8 ? mdl_q8_0_blk512(p, xq + b * QK) : mdl_q5_0_blk512(p, xq + b * QK);
         __m512 s1 = q8 ? mdl_q8_0_blk512(p + bb, xq + b * QK + QK) : mdl_q5_0_blk512(p + bb, xq + b * QK + QK);
-        acc0 = _mm512_fmadd_ps(_mm512_set1_ps(mdl_h_avx(p) * xd[b]), s0, acc0);
-        acc1 = _mm512_fmadd_ps(_mm512_set1_ps(mdl_h_avx(p + bb) * xd[b + 1]), s1, acc1);
+        acc0 = _mm512_fmadd_ps(_mm512_set1_ps(mdl_simd_h16(p) * xd[b]), s0, acc0);
+        acc1 = _mm512_fmadd_ps(_mm512_set1_ps(mdl_simd_h16(p + bb) * xd[b + 1]), s1, acc1);
     }
     if (b < nb) {
         __m512 s0 = q8 ? mdl_q8_0_blk512(p, xq + b * QK) : mdl_q5_0_blk512(p, xq + b * QK);
-        acc0 = _mm512_fmadd_ps(_mm512_set1_ps(mdl_h_avx(p) * xd[b]), s0, acc0);
+        acc0 = _mm512_fmadd_ps(_mm512_set1_ps(mdl_simd_h16(p) * xd[b]), s0, acc0);
     }
     return _mm512_reduce_add_ps(_mm512_add_ps(acc0, acc1));
 }
@@ -914,8 +890,8 @@ MDL_AVX512BW static float mdl_dot_q4_k_q16act_avx512(const uint8_t *p, size_t ns
         __m256 scf = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)u)));
         __m256 mnf = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(u + 2))));
         float sc[8];
-        _mm256_storeu_ps(sc, _mm256_mul_ps(_mm256_mul_ps(scf, _mm256_set1_ps(mdl_h_avx(p))), _mm256_loadu_ps(xd)));
-        accm = _mm256_fmadd_ps(_mm256_mul_ps(mnf, _mm256_set1_ps(mdl_h_avx(p + 2))), _mm256_loadu_ps(xs), accm);
+        _mm256_storeu_ps(sc, _mm256_mul_ps(_mm256_mul_ps(scf, _mm256_set1_ps(mdl_simd_h16(p))), _mm256_loadu_ps(xd)));
+        accm = _mm256_fmadd_ps(_mm256_mul_ps(mnf, _mm256_set1_ps(mdl_simd_h16(p + 2))), _mm256_loadu_ps(xs), accm);
         for (int c = 0; c < 4; c++) {
             __m256i raw = _mm256_loadu_si256((const __m256i *)(p + 16 + 32 * c));
             __m512i w0 = _mm512_cvtepu8_epi16(_mm256_and_si256(raw, m4));
@@ -926,7 +902,14 @@ MDL_AVX512BW static float mdl_dot_q4_k_q16act_avx512(const uint8_t *p, size_t ns
             acc1 = _mm512_fmadd_ps(_mm512_set1_ps(sc[2 * c + 1]), s1, acc1);
         }
     }
-    return _mm512_reduce_add_ps(_mm512_add_ps(acc0, acc1)) - mdl_hsum(accm);
+    return _mm512_reduce_add_ps(_mm512_add_ps(acc0, acc1)) - mdl_simd_hsum8(accm);
+}
+
+/* The scales of the two 16-element groups of a Q6_K 32-element run, d sc[0]
+ * in lanes 0-7 and d sc[1] in lanes 8-15 (the madd's lanes of each group). */
+MDL_AVX512BW static inline __m512 mdl_q6_k_wscale(float d, const int8_t *sc)
+{
+    return _mm512_insertf32x8(_mm512_set1_ps(d * sc[0]), _mm256_set1_ps(d * sc[1]), 1);
 }
 
 /* Q6_K with int16 activations: quarter k of half h (32 elements) built in
@@ -939,16 +922,15 @@ MDL_AVX512BW static float mdl_dot_q6_k_q16act_avx512(const uint8_t *p, size_t ns
     __m512 acc0 = _mm512_setzero_ps(), acc1 = _mm512_setzero_ps();
     for (size_t sb = 0; sb < nsb; sb++, p += 210) {
         const int8_t *sc = (const int8_t *)(p + 192);
-        float d = mdl_h_avx(p + 208);
+        float d = mdl_simd_h16(p + 208);
         for (int h = 0; h < 2; h++, xq += 128, xd += 4) {
             __m256i q[4];
-            mdl_unpack_q6_k_half(p, h, q);
+            mdl_simd_q6_k_half(p, h, q);
             for (int k = 0; k < 4; k++) {
                 __m512i w = _mm512_sub_epi16(_mm512_cvtepu8_epi16(q[k]), off);
                 __m512 s = _mm512_cvtepi32_ps(_mm512_madd_epi16(w, _mm512_loadu_si512(xq + 32 * k)));
-                float dx = d * xd[k];
-                __m512 scv = _mm512_insertf32x8(_mm512_set1_ps(dx * sc[8 * h + 2 * k]),
-                                                _mm256_set1_ps(dx * sc[8 * h + 2 * k + 1]), 1);
+                /* (d sc) xd, the order the batch kernel shares (mdl_dotn_q6_k_avx512) */
+                __m512 scv = _mm512_mul_ps(mdl_q6_k_wscale(d, sc + 8 * h + 2 * k), _mm512_set1_ps(xd[k]));
                 if (k & 1)
                     acc1 = _mm512_fmadd_ps(scv, s, acc1);
                 else
@@ -967,6 +949,202 @@ MDL_AVX512BW static float mdl_dot_q8_0_q16act_avx512(const uint8_t *p, size_t nb
 MDL_AVX512BW static float mdl_dot_q5_0_q16act_avx512(const uint8_t *p, size_t nb, const int16_t *xq, const float *xd)
 {
     return mdl_dot_q8q5_q16act_avx512(p, nb, 22, xq, xd);
+}
+
+/* ---- decode batches: one weight row times N activation rows ----
+ * A batch of N <= MDL_QROWS_MAX sequences decodes through the same int16
+ * products as one: each weight block is unpacked once and multiplied with
+ * the N activation rows (xq + i * cols, scales xd + i * nb, block sums
+ * xs + i * nb), so a step of N sequences reads and unpacks the weights
+ * once, where N separate products unpack them N times and the fp32 path
+ * of prefill expands them to fp32.  The per-row arithmetic is the one-row
+ * kernels' exactly (same order of operations per row), so a row's result
+ * does not depend on the batch it is in. */
+/* Unpacked Q8_0 / Q5_0 block b of a row: 32 int16 weights. */
+MDL_AVX512BW static inline __m512i mdl_q8_0_w512(const uint8_t *p)
+{
+    return _mm512_cvtepi8_epi16(_mm256_loadu_si256((const __m256i *)(p + 2)));
+}
+
+MDL_AVX512BW static inline __m512i mdl_q5_0_w512(const uint8_t *p)
+{
+    uint32_t qh;
+    memcpy(&qh, p + 2, 4);
+    __m256i b = _mm256_cvtepu8_epi16(_mm_loadu_si128((const __m128i *)(p + 6)));
+    __m512i q = _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_and_si256(b, _mm256_set1_epi16(0x0F))),
+                                   _mm256_srli_epi16(b, 4), 1);
+    return _mm512_mask_sub_epi16(q, (__mmask32)~qh, q, _mm512_set1_epi16(16));
+}
+
+/* Q8_0 (bb 34) or Q5_0 (bb 22), N rows of activations; the one-row
+ * kernel's two-accumulator order (even blocks, odd blocks) kept per row. */
+MDL_AVX512BW static inline __attribute__((always_inline)) void
+mdl_dotn_q8q5_avx512(const uint8_t *p, size_t nb, size_t bb, const int16_t *xq, const float *xd, size_t cols,
+                     int N, float *out)
+{
+    __m512 acc0[MDL_QROWS_MAX], acc1[MDL_QROWS_MAX];
+    size_t nbx = cols / QK, b = 0;
+    for (int i = 0; i < N; i++)
+        acc0[i] = acc1[i] = _mm512_setzero_ps();
+    for (; b + 2 <= nb; b += 2, p += 2 * bb) {
+        __m512i w0 = bb == 34 ? mdl_q8_0_w512(p) : mdl_q5_0_w512(p);
+        __m512i w1 = bb == 34 ? mdl_q8_0_w512(p + bb) : mdl_q5_0_w512(p + bb);
+        float d0 = mdl_simd_h16(p), d1 = mdl_simd_h16(p + bb);
+        for (int i = 0; i < N; i++) {
+            const int16_t *x = xq + i * cols + b * QK;
+            __m512 s0 = _mm512_cvtepi32_ps(_mm512_madd_epi16(w0, _mm512_loadu_si512(x)));
+            __m512 s1 = _mm512_cvtepi32_ps(_mm512_madd_epi16(w1, _mm512_loadu_si512(x + QK)));
+            acc0[i] = _mm512_fmadd_ps(_mm512_set1_ps(d0 * xd[i * nbx + b]), s0, acc0[i]);
+            acc1[i] = _mm512_fmadd_ps(_mm512_set1_ps(d1 * xd[i * nbx + b + 1]), s1, acc1[i]);
+        }
+    }
+    if (b < nb) {
+        __m512i w0 = bb == 34 ? mdl_q8_0_w512(p) : mdl_q5_0_w512(p);
+        float d0 = mdl_simd_h16(p);
+        for (int i = 0; i < N; i++) {
+            __m512 s0 = _mm512_cvtepi32_ps(_mm512_madd_epi16(w0, _mm512_loadu_si512(xq + i * cols + b * QK)));
+            acc0[i] = _mm512_fmadd_ps(_mm512_set1_ps(d0 * xd[i * nbx + b]), s0, acc0[i]);
+        }
+    }
+    for (int i = 0; i < N; i++)
+        out[i] = _mm512_reduce_add_ps(_mm512_add_ps(acc0[i], acc1[i]));
+}
+
+/* Q4_K, N rows (the one-row kernel's scales, mins and accumulators per row). */
+MDL_AVX512BW static inline __attribute__((always_inline)) void
+mdl_dotn_q4_k_avx512(const uint8_t *p, size_t nsb, const int16_t *xq, const float *xd, const float *xs, size_t cols,
+                     int N, float *out)
+{
+    const __m256i m4 = _mm256_set1_epi8(0x0F);
+    size_t nbx = cols / QK;
+    __m512 acc0[MDL_QROWS_MAX], acc1[MDL_QROWS_MAX];
+    __m256 accm[MDL_QROWS_MAX];
+    for (int i = 0; i < N; i++) {
+        acc0[i] = acc1[i] = _mm512_setzero_ps();
+        accm[i] = _mm256_setzero_ps();
+    }
+    for (size_t sb = 0; sb < nsb; sb++, p += 144) {
+        uint32_t u[4];
+        memcpy(u, p + 4, 12);
+        u[3] = ((u[2] >> 4) & 0x0f0f0f0f) | (((u[1] >> 6) & 0x03030303) << 4);
+        uint32_t mins_lo = u[1] & 0x3f3f3f3f;
+        u[1] = (u[2] & 0x0f0f0f0f) | (((u[0] >> 6) & 0x03030303) << 4);
+        u[2] = mins_lo;
+        u[0] &= 0x3f3f3f3f;
+        __m256 scf = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)u)));
+        __m256 mnf = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(u + 2))));
+        __m256 scd = _mm256_mul_ps(scf, _mm256_set1_ps(mdl_simd_h16(p)));
+        __m256 mnd = _mm256_mul_ps(mnf, _mm256_set1_ps(mdl_simd_h16(p + 2)));
+        float sc[MDL_QROWS_MAX][8];
+        for (int i = 0; i < N; i++) {
+            const float *xdi = xd + i * nbx + sb * 8, *xsi = xs + i * nbx + sb * 8;
+            _mm256_storeu_ps(sc[i], _mm256_mul_ps(scd, _mm256_loadu_ps(xdi)));
+            accm[i] = _mm256_fmadd_ps(mnd, _mm256_loadu_ps(xsi), accm[i]);
+        }
+        for (int c = 0; c < 4; c++) {
+            __m256i raw = _mm256_loadu_si256((const __m256i *)(p + 16 + 32 * c));
+            __m512i w0 = _mm512_cvtepu8_epi16(_mm256_and_si256(raw, m4));
+            __m512i w1 = _mm512_cvtepu8_epi16(_mm256_and_si256(_mm256_srli_epi16(raw, 4), m4));
+            for (int i = 0; i < N; i++) {
+                const int16_t *x = xq + i * cols + sb * QKK + 64 * c;
+                __m512 s0 = _mm512_cvtepi32_ps(_mm512_madd_epi16(w0, _mm512_loadu_si512(x)));
+                __m512 s1 = _mm512_cvtepi32_ps(_mm512_madd_epi16(w1, _mm512_loadu_si512(x + 32)));
+                acc0[i] = _mm512_fmadd_ps(_mm512_set1_ps(sc[i][2 * c]), s0, acc0[i]);
+                acc1[i] = _mm512_fmadd_ps(_mm512_set1_ps(sc[i][2 * c + 1]), s1, acc1[i]);
+            }
+        }
+    }
+    for (int i = 0; i < N; i++)
+        out[i] = _mm512_reduce_add_ps(_mm512_add_ps(acc0[i], acc1[i])) - mdl_simd_hsum8(accm[i]);
+}
+
+/* Q6_K, N rows. */
+MDL_AVX512BW static inline __attribute__((always_inline)) void
+mdl_dotn_q6_k_avx512(const uint8_t *p, size_t nsb, const int16_t *xq, const float *xd, size_t cols, int N,
+                     float *out)
+{
+    const __m512i off = _mm512_set1_epi16(32);
+    size_t nbx = cols / QK;
+    __m512 acc0[MDL_QROWS_MAX], acc1[MDL_QROWS_MAX];
+    for (int i = 0; i < N; i++)
+        acc0[i] = acc1[i] = _mm512_setzero_ps();
+    for (size_t sb = 0; sb < nsb; sb++, p += 210) {
+        const int8_t *sc = (const int8_t *)(p + 192);
+        float d = mdl_simd_h16(p + 208);
+        for (int h = 0; h < 2; h++) {
+            __m256i q[4];
+            mdl_simd_q6_k_half(p, h, q);
+            for (int k = 0; k < 4; k++) {
+                __m512i w = _mm512_sub_epi16(_mm512_cvtepu8_epi16(q[k]), off);
+                __m512 wsc = mdl_q6_k_wscale(d, sc + 8 * h + 2 * k);
+                size_t blk = sb * 8 + (size_t)h * 4 + (size_t)k;
+                for (int i = 0; i < N; i++) {
+                    __m512 s = _mm512_cvtepi32_ps(_mm512_madd_epi16(w, _mm512_loadu_si512(xq + i * cols + blk * QK)));
+                    __m512 scv = _mm512_mul_ps(wsc, _mm512_set1_ps(xd[i * nbx + blk]));
+                    if (k & 1)
+                        acc1[i] = _mm512_fmadd_ps(scv, s, acc1[i]);
+                    else
+                        acc0[i] = _mm512_fmadd_ps(scv, s, acc0[i]);
+                }
+            }
+        }
+    }
+    for (int i = 0; i < N; i++)
+        out[i] = _mm512_reduce_add_ps(_mm512_add_ps(acc0[i], acc1[i]));
+}
+
+/* Row r of w times N activation rows, one function per (type, N) so that
+ * each accumulator set stays in registers. */
+#define MDL_DOTN_FNS(N)                                                                                          \
+    MDL_AVX512BW static void mdl_dot##N##_q8_0_avx512(const uint8_t *p, size_t nb, const int16_t *xq,            \
+                                                      const float *xd, const float *xs, size_t cols, float *out) \
+    {                                                                                                            \
+        (void)xs;                                                                                                \
+        mdl_dotn_q8q5_avx512(p, nb, 34, xq, xd, cols, N, out);                                                   \
+    }                                                                                                            \
+    MDL_AVX512BW static void mdl_dot##N##_q5_0_avx512(const uint8_t *p, size_t nb, const int16_t *xq,            \
+                                                      const float *xd, const float *xs, size_t cols, float *out) \
+    {                                                                                                            \
+        (void)xs;                                                                                                \
+        mdl_dotn_q8q5_avx512(p, nb, 22, xq, xd, cols, N, out);                                                   \
+    }                                                                                                            \
+    MDL_AVX512BW static void mdl_dot##N##_q4_k_avx512(const uint8_t *p, size_t nb, const int16_t *xq,            \
+                                                      const float *xd, const float *xs, size_t cols, float *out) \
+    {                                                                                                            \
+        mdl_dotn_q4_k_avx512(p, nb * QK / QKK, xq, xd, xs, cols, N, out);                                        \
+    }                                                                                                            \
+    MDL_AVX512BW static void mdl_dot##N##_q6_k_avx512(const uint8_t *p, size_t nb, const int16_t *xq,            \
+                                                      const float *xd, const float *xs, size_t cols, float *out) \
+    {                                                                                                            \
+        (void)xs;                                                                                                \
+        mdl_dotn_q6_k_avx512(p, nb * QK / QKK, xq, xd, cols, N, out);                                            \
+    }
+MDL_DOTN_FNS(2)
+MDL_DOTN_FNS(3)
+MDL_DOTN_FNS(4)
+
+typedef void (*mdl_dotn_fn_t)(const uint8_t *p, size_t nb, const int16_t *xq, const float *xd, const float *xs,
+                              size_t cols, float *out);
+
+/* The N-row kernel for w (2 <= n <= MDL_QROWS_MAX), or NULL where there is
+ * none (no AVX-512, another type): the caller goes row by row. */
+static mdl_dotn_fn_t mdl_dotn_q16act(const mdl_weight_t *w, size_t n)
+{
+    static const mdl_dotn_fn_t fns[4][MDL_QROWS_MAX + 1] = {
+        {NULL, NULL, mdl_dot2_q8_0_avx512, mdl_dot3_q8_0_avx512, mdl_dot4_q8_0_avx512},
+        {NULL, NULL, mdl_dot2_q5_0_avx512, mdl_dot3_q5_0_avx512, mdl_dot4_q5_0_avx512},
+        {NULL, NULL, mdl_dot2_q4_k_avx512, mdl_dot3_q4_k_avx512, mdl_dot4_q4_k_avx512},
+        {NULL, NULL, mdl_dot2_q6_k_avx512, mdl_dot3_q6_k_avx512, mdl_dot4_q6_k_avx512},
+    };
+    if (n < 2 || n > MDL_QROWS_MAX || !mdl_quant_use_avx512())
+        return NULL;
+    switch (w->type) {
+    case MDL_GGML_Q8_0: return fns[0][n];
+    case MDL_GGML_Q5_0: return fns[1][n];
+    case MDL_GGML_Q4_K: return fns[2][n];
+    case MDL_GGML_Q6_K: return fns[3][n];
+    default: return NULL;
+    }
 }
 
 MDL_AVX2 static float mdl_dot_q16act_avx2(const mdl_weight_t *w, size_t r, const int16_t *xq, const float *xd,
@@ -996,9 +1174,9 @@ MDL_AVX2 static float mdl_dot_q16act_avx2(const mdl_weight_t *w, size_t r, const
             __m256i w1 = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(p + 18)));
             __m256i s = _mm256_add_epi32(_mm256_madd_epi16(w0, _mm256_loadu_si256((const __m256i *)(xq + b * QK))),
                                          _mm256_madd_epi16(w1, _mm256_loadu_si256((const __m256i *)(xq + b * QK + 16))));
-            acc = _mm256_fmadd_ps(_mm256_set1_ps(mdl_h_avx(p) * xd[b]), _mm256_cvtepi32_ps(s), acc);
+            acc = _mm256_fmadd_ps(_mm256_set1_ps(mdl_simd_h16(p) * xd[b]), _mm256_cvtepi32_ps(s), acc);
         }
-        return mdl_hsum(acc);
+        return mdl_simd_hsum8(acc);
     }
     size_t bb = w->type == MDL_GGML_Q4_0 ? 18 : 20, qo = w->type == MDL_GGML_Q4_1 ? 4 : 2;
     __m128i m4 = _mm_set1_epi8(0x0F);
@@ -1008,12 +1186,12 @@ MDL_AVX2 static float mdl_dot_q16act_avx2(const mdl_weight_t *w, size_t r, const
         __m256i hi = _mm256_cvtepu8_epi16(_mm_and_si128(_mm_srli_epi16(raw, 4), m4));  /* 16..31 */
         __m256i s = _mm256_add_epi32(_mm256_madd_epi16(lo, _mm256_loadu_si256((const __m256i *)(xq + b * QK))),
                                      _mm256_madd_epi16(hi, _mm256_loadu_si256((const __m256i *)(xq + b * QK + 16))));
-        float dw = mdl_h_avx(p);
+        float dw = mdl_simd_h16(p);
         acc = _mm256_fmadd_ps(_mm256_set1_ps(dw * xd[b]), _mm256_cvtepi32_ps(s), acc);
         /* Q4_0: (q - 8) d = q d - 8 d; Q4_1: q d + m; times the exact block sum of x */
-        accm += (w->type == MDL_GGML_Q4_1 ? mdl_h_avx(p + 2) : -8.0f * dw) * xs[b];
+        accm += (w->type == MDL_GGML_Q4_1 ? mdl_simd_h16(p + 2) : -8.0f * dw) * xs[b];
     }
-    return mdl_hsum(acc) + accm;
+    return mdl_simd_hsum8(acc) + accm;
 }
 #endif /* MDL_X86 */
 
@@ -1043,31 +1221,55 @@ typedef struct mdl_mm_job {
     const mdl_weight_t *const *w; /* the weights (same cols) */
     float *const *y;        /* their outputs: n rows of w[k]->rows */
     size_t nw;              /* how many */
-    size_t g_end[MDL_MM_MAX]; /* cumulative row-group counts (3 rows per group) */
+    size_t g_end[MDL_MM_MAX]; /* cumulative row-group counts (grows rows per group) */
+    size_t grows;           /* rows per group: 3, or MDL_G16_TILE on the int16 GEMM */
     const float *x;         /* n rows of cols */
     size_t n;               /* activation rows */
     float *scratch;         /* per worker: 3 * cols floats */
     bool simd;              /* AVX2 available */
     const int8_t *xq;       /* decode: activations as int8 blocks, or NULL */
     const int16_t *xq16;    /* decode: activations as int16 blocks, or NULL */
+    const int16_t *xq16p;   /* the same in mdl_q4_pairs_layout (AVX-512 Q4_1 products), or NULL */
+    const float *xds;       /* with xq16p: each block's xd, xs side by side */
     const float *xd, *xs;   /* their block scales and block sums */
+    uint8_t *g16;           /* prefill on the int16 GEMM: per-worker scratch, or NULL */
+    size_t g16_bytes;       /* its size per worker */
 } mdl_mm_job_t;
 
-/* Output rows [3*g0, 3*g1) of one weight. */
+/* Output rows [grows*g0, grows*g1) of one weight. */
 static void mdl_mm_rows_one(mdl_mm_job_t *j, const mdl_weight_t *w, float *yout, size_t g0, size_t g1,
                             unsigned worker)
 {
     size_t cols = w->cols, rows = w->rows;
-    size_t r0 = g0 * 3, r1 = CM_MIN(g1 * 3, rows);
-    if (j->n <= 2 || j->scratch == NULL) {
+    size_t r0 = g0 * j->grows, r1 = CM_MIN(g1 * j->grows, rows);
+    if (j->g16 != NULL && mdl_gemm16_type(w->type)) {
+        mdl_gemm16_rows(w, r0, r1, j->xq16, j->xd, j->xs, j->n, yout, j->g16 + (size_t)worker * j->g16_bytes);
+        return;
+    }
+    if (j->scratch == NULL) {
         /* decode: fused expand-and-dot, each weight byte read once */
 #ifdef MDL_X86
         if (j->xq16 != NULL) {
             size_t nb = cols / QK;
-            for (size_t r = r0; r < r1; r++)
+            mdl_dotn_fn_t fn = mdl_dotn_q16act(w, j->n);
+            float o[MDL_QROWS_MAX];
+            for (size_t r = r0; r < r1; r++) {
+                if (fn != NULL) {
+                    fn(mdl_row(w, r), nb, j->xq16, j->xd, j->xs, cols, o);
+                    for (size_t i = 0; i < j->n; i++)
+                        yout[i * rows + r] = o[i];
+                    continue;
+                }
+                if (w->type == MDL_GGML_Q4_1 && j->xq16p != NULL) {
+                    for (size_t i = 0; i < j->n; i++)
+                        yout[i * rows + r] =
+                            mdl_dot_q4_1_q16act_avx512(mdl_row(w, r), nb, j->xq16p + i * cols, j->xds + 2 * i * nb);
+                    continue;
+                }
                 for (size_t i = 0; i < j->n; i++)
                     yout[i * rows + r] =
                         mdl_dot_q16act_avx2(w, r, j->xq16 + i * cols, j->xd + i * nb, j->xs + i * nb);
+            }
             return;
         }
         if (j->xq != NULL) {
@@ -1133,17 +1335,61 @@ static void mdl_mm_rows(void *arg, size_t begin, size_t end, unsigned worker)
 }
 
 /* Products under this many multiply-adds run on the calling thread: waking
- * the pool costs more than it saves (decode of small layers, busy CPUs). */
+ * the pool costs more than it saves (decode of small layers, busy CPUs).
+ * While the pool's workers spin between loops (a core to spare), handing a
+ * loop out costs about a microsecond and a quarter of that splits well
+ * (SmolLM2's 576x576 attention output: 18 -> 10 us on two threads). */
 static size_t mdl_par_min = 512 * 1024;   /* mdl_quant_set_par_min */
 
-static size_t mdl_par_min_macs(void)
+static size_t mdl_par_min_macs(const cm_pool_t *pool)
 {
-    return mdl_par_min;
+    return cm_pool_spinning(pool) ? mdl_par_min / 4 : mdl_par_min;
 }
 
 void mdl_quant_set_par_min(size_t macs)
 {
     mdl_par_min = macs > 0 ? macs : 512 * 1024;
+}
+
+/* The n activation rows quantised once per product for the integer paths
+ * (int8 or int16 per 32-block, with block scales and sums) into *buf_p
+ * (caller frees with cm_free); sets j->xq or j->xq16, j->xd, j->xs, and with
+ * q4p also the regrouped int16 copy of the AVX-512 Q4_1 decode product
+ * (j->xq16p, j->xds). */
+static ri_status_t mdl_mm_quant_act(mdl_mm_job_t *j, const float *x, size_t n, size_t cols, bool i8, bool q4p,
+                                    void **buf_p)
+{
+#ifdef MDL_X86
+    size_t nb = cols / QK;
+    void *qbuf = cm_malloc(&mdl_quant_tag, n * (q4p ? 2 : 1) * (2 * cols + 2 * nb * sizeof(float)) + 64);
+    if (qbuf == NULL)
+        return RI_ERR_NOMEM;
+    float *xd = qbuf, *xs = xd + n * nb;
+    j->xd = xd, j->xs = xs;
+    if (i8) {
+        int8_t *xq = (int8_t *)(xs + n * nb);
+        for (size_t i = 0; i < n; i++)
+            mdl_quant_act_avx2(x + i * cols, cols, xq + i * cols, xd + i * nb, xs + i * nb);
+        j->xq = xq;
+    } else {
+        int16_t *xq = (int16_t *)(xs + n * nb);
+        for (size_t i = 0; i < n; i++)
+            mdl_quant_act16_avx2(x + i * cols, cols, xq + i * cols, xd + i * nb, xs + i * nb);
+        j->xq16 = xq;
+        if (q4p) {
+            float *xds = (float *)(xq + n * cols);
+            int16_t *xp = (int16_t *)(xds + 2 * n * nb);
+            for (size_t i = 0; i < n; i++)
+                mdl_q4_pairs_layout(xq + i * cols, xd + i * nb, xs + i * nb, cols, xp + i * cols, xds + 2 * i * nb);
+            j->xq16p = xp, j->xds = xds;
+        }
+    }
+    *buf_p = qbuf;
+    return RI_OK;
+#else
+    (void)j, (void)x, (void)n, (void)cols, (void)i8, (void)q4p, (void)buf_p;
+    return RI_ERR_UNSUPPORTED;   /* unreachable: the integer paths need x86-64 */
+#endif
 }
 
 ri_status_t mdl_matmul_multi(cm_pool_t *pool, const mdl_weight_t *const *w, size_t nw, const float *x, size_t n,
@@ -1154,56 +1400,68 @@ ri_status_t mdl_matmul_multi(cm_pool_t *pool, const mdl_weight_t *const *w, size
     mdl_mm_job_t j = {.w = w, .y = y, .nw = nw, .x = x, .n = n, .simd = mdl_quant_have_simd()};
     size_t cols = w[0]->cols, groups = 0, macs = 0;
     bool q8able = true, q16able = true;   /* weight types the integer decode paths take */
+    bool g16any = false, g16all = true;   /* ... and the int16 prefill GEMM */
+    bool has_q4_1 = false;
     for (size_t k = 0; k < nw; k++) {
         if (w[k]->cols != cols)
             return RI_ERR_INVALID;
-        groups += (w[k]->rows + 2) / 3;
-        j.g_end[k] = groups;
         macs += w[k]->rows * cols * n;
+        has_q4_1 = has_q4_1 || w[k]->type == MDL_GGML_Q4_1;
         q8able = q8able && (w[k]->type == MDL_GGML_Q4_0 || w[k]->type == MDL_GGML_Q4_1 || w[k]->type == MDL_GGML_Q8_0);
         q16able = q16able && (w[k]->type == MDL_GGML_Q4_0 || w[k]->type == MDL_GGML_Q4_1 ||
                               w[k]->type == MDL_GGML_Q8_0 || w[k]->type == MDL_GGML_Q5_0 ||
                               w[k]->type == MDL_GGML_Q4_K || w[k]->type == MDL_GGML_Q6_K);
+        g16any = g16any || mdl_quant_gemm16_active(w[k]->type);
+        g16all = g16all && mdl_quant_gemm16_active(w[k]->type);
     }
     /* int8 where the weights have an int8 path, else int16 where they have
      * one (Gemma's Q5_0/K-quants under --act i8), else fp32 */
     bool use_i8 = mdl_act_mode() == MDL_ACT_I8 && q8able;
     bool use_i16 = !use_i8 && mdl_act_mode() != MDL_ACT_F32 && q16able;
-    if (macs < mdl_par_min_macs())
+    /* prefill: the int16 GEMM for the weights it takes, fp32 for the rest */
+    bool use_g16 = n > MDL_QROWS_MAX && j.simd && g16any;
+    j.grows = use_g16 ? MDL_G16_TILE : 3;
+    for (size_t k = 0; k < nw; k++) {
+        groups += (w[k]->rows + j.grows - 1) / j.grows;
+        j.g_end[k] = groups;
+    }
+    if (macs < mdl_par_min_macs(pool))
         pool = NULL;
     unsigned nt = pool != NULL ? cm_pool_size(pool) : 1;
-    void *qbuf = NULL;
-    if (n > 2) {
-        j.scratch = cm_malloc(&mdl_quant_tag, (size_t)nt * cols * 3 * sizeof(float));
-        if (j.scratch == NULL)
-            return RI_ERR_NOMEM;
-    }
-#ifdef MDL_X86
-    else if (j.simd && (use_i8 || use_i16)) {
-        size_t nb = cols / QK;
-        qbuf = cm_malloc(&mdl_quant_tag, n * (2 * cols + 2 * nb * sizeof(float)) + 64);
-        if (qbuf == NULL)
-            return RI_ERR_NOMEM;
-        float *xd = qbuf, *xs = xd + n * nb;
-        j.xd = xd, j.xs = xs;
-        if (use_i8) {
-            int8_t *xq = (int8_t *)(xs + n * nb);
-            for (size_t i = 0; i < n; i++)
-                mdl_quant_act_avx2(x + i * cols, cols, xq + i * cols, xd + i * nb, xs + i * nb);
-            j.xq = xq;
-        } else {
-            int16_t *xq = (int16_t *)(xs + n * nb);
-            for (size_t i = 0; i < n; i++)
-                mdl_quant_act16_avx2(x + i * cols, cols, xq + i * cols, xd + i * nb, xs + i * nb);
-            j.xq16 = xq;
+    size_t grain = CM_MAX((size_t)(use_g16 ? 1 : 2), groups / ((size_t)nt * 8));
+    ri_status_t st = RI_OK;
+    void *qbuf = NULL, *g16buf = NULL;
+    if (use_g16) {
+        st = mdl_mm_quant_act(&j, x, n, cols, false, false, &qbuf);
+        if (st != RI_OK)
+            goto free_buffers;
+        j.g16_bytes = mdl_gemm16_scratch_bytes(cols);
+        g16buf = cm_malloc(&mdl_quant_tag, (size_t)nt * j.g16_bytes + 64);
+        if (g16buf == NULL) {
+            st = RI_ERR_NOMEM;
+            goto free_buffers;
         }
+        j.g16 = (uint8_t *)(((uintptr_t)g16buf + 63) & ~(uintptr_t)63);
     }
-#endif
-    size_t grain = CM_MAX((size_t)2, groups / ((size_t)nt * 8));
+    if ((use_g16 && !g16all) || (!use_g16 && (n > MDL_QROWS_MAX || (n > 2 && !(j.simd && (use_i8 || use_i16)))))) {
+        j.scratch = cm_malloc(&mdl_quant_tag, (size_t)nt * cols * 3 * sizeof(float));
+        if (j.scratch == NULL) {
+            st = RI_ERR_NOMEM;
+            goto free_buffers;
+        }
+    } else if (!use_g16 && j.simd && (use_i8 || use_i16)) {
+        /* the AVX-512 Q4_1 decode product reads a regrouped copy besides */
+        bool q4p = use_i16 && has_q4_1 && mdl_quant_use_avx512();
+        st = mdl_mm_quant_act(&j, x, n, cols, use_i8, q4p, &qbuf);
+        if (st != RI_OK)
+            goto free_buffers;
+    }
     cm_pool_parallel_for(pool, groups, grain, mdl_mm_rows, &j);
+free_buffers:
     cm_free(j.scratch);
+    cm_free(g16buf);
     cm_free(qbuf);
-    return RI_OK;
+    return st;
 }
 
 ri_status_t mdl_matmul(cm_pool_t *pool, const mdl_weight_t *w, const float *x, size_t n, float *y)

@@ -3,6 +3,7 @@
 #include <stdio.h>
 #include <string.h>
 
+#include "gpuworker/model/mdl_gguf.h"
 #include "gpuworker/model/mdl_model.h"
 #include "gpuworker/model/mdl_quant.h"
 #include "gpuworker/model/mdl_vec.h"
@@ -36,6 +37,11 @@ ri_status_t mdl_runtime_apply(const cm_runtime_t *rt, char *err, size_t errlen)
         snprintf(err, errlen, "model-act (RI_MODEL_ACT) '%s' is not one of f32, i16, i8", rt->model_act);
         return RI_ERR_INVALID;
     }
+    bool load_map = rt->model_load != NULL && strcmp(rt->model_load, "map") == 0;
+    if (rt->model_load != NULL && rt->model_load[0] != '\0' && !load_map && strcmp(rt->model_load, "read") != 0) {
+        snprintf(err, errlen, "model-load (RI_MODEL_LOAD) '%s' is not one of read, map", rt->model_load);
+        return RI_ERR_INVALID;
+    }
     if (mdl_model_set_dir(rt->model_dir) != RI_OK) {
         snprintf(err, errlen, "model-dir (RI_MODEL_DIR) is too long");
         return RI_ERR_RANGE;
@@ -50,5 +56,6 @@ ri_status_t mdl_runtime_apply(const cm_runtime_t *rt, char *err, size_t errlen)
     mdl_quant_set_avx512(rt->model_avx512);
     mdl_vec_set_avx512(rt->model_avx512);
     mdl_quant_set_par_min((size_t)rt->model_par_min);
+    mdl_gguf_set_load_map(load_map);
     return RI_OK;
 }

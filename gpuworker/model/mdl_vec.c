@@ -7,18 +7,12 @@
 #include <string.h>
 
 #include "gpuworker/model/mdl_quant.h"
+#include "gpuworker/model/mdl_simd.h"
 
 #if defined(__x86_64__)
 #include <immintrin.h>
 #define MDL_AVX2 __attribute__((target("avx2,fma")))
 
-MDL_AVX2 static inline float mdl_hsum8(__m256 v)
-{
-    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-    s = _mm_add_ss(s, _mm_movehdup_ps(s));
-    return _mm_cvtss_f32(s);
-}
 
 MDL_AVX2 static float mdl_dot_avx2(const float *a, const float *b, size_t n)
 {
@@ -30,7 +24,7 @@ MDL_AVX2 static float mdl_dot_avx2(const float *a, const float *b, size_t n)
     }
     for (; i + 8 <= n; i += 8)
         s0 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i), s0);
-    float s = mdl_hsum8(_mm256_add_ps(s0, s1));
+    float s = mdl_simd_hsum8(_mm256_add_ps(s0, s1));
     for (; i < n; i++)
         s += a[i] * b[i];
     return s;
@@ -75,7 +69,7 @@ MDL_AVX2 static float mdl_exp_sub_avx2(float *s, size_t n, float m)
         _mm256_storeu_ps(s + i, e);
         acc = _mm256_add_ps(acc, e);
     }
-    float sum = mdl_hsum8(acc);
+    float sum = mdl_simd_hsum8(acc);
     for (; i < n; i++) {
         s[i] = expf(s[i] - m);
         sum += s[i];

@@ -1,4 +1,5 @@
-/* Thread pool: every index visited exactly once, repeated loops, inline mode. */
+/* Thread pool: every index visited exactly once, repeated loops (with and
+ * without spinning workers), inline mode. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stdatomic.h>
@@ -47,13 +48,25 @@ static void test_pool(void **state)
     assert_int_equal(cm_pool_create(4, &pool), RI_OK);
     assert_int_equal(cm_pool_size(pool), 4);
     run_loops(pool);
+    assert_false(cm_pool_spinning(pool));   /* no spin time set */
+    /* with a spin time the loops are the same; whether the workers spin
+     * then depends on the machine's load, which a test cannot fix */
+    cm_pool_set_spin_us(pool, 50);
+    run_loops(pool);
     cm_pool_destroy(pool);
     cm_pool_destroy(NULL);
+    assert_false(cm_pool_spinning(NULL));
     run_loops(NULL);
     assert_non_null(cm_pool_default());
     run_loops(cm_pool_default());
     assert_true(cm_cpu_count() >= 1);
     assert_int_equal(cm_pool_create(5000, &pool), RI_ERR_INVALID);
+    /* one thread has nobody to hand a loop to: never spinning */
+    assert_int_equal(cm_pool_create(1, &pool), RI_OK);
+    cm_pool_set_spin_us(pool, 50);
+    run_loops(pool);
+    assert_false(cm_pool_spinning(pool));
+    cm_pool_destroy(pool);
 }
 
 /* The default pool takes the size a program sets before its first use;

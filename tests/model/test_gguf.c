@@ -1,6 +1,7 @@
 /*
  * GGUF reader: every metadata type, arrays (nested), alignment and tensor
- * extents of a hand-built file; then malformed input: every truncation,
+ * extents of a hand-built file, also opened from disk (in read-only memory
+ * aligned for huge pages); then malformed input: every truncation,
  * targeted corruptions (each must fail with a message) and random byte flips
  * (must never crash).
  */
@@ -11,6 +12,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include <cmocka.h>
 
@@ -231,6 +233,85 @@ static void test_random_flips_never_crash(void **state)
     free(b.p);
 }
 
+/* The perms field of the line of /proc/self/maps that starts at addr into
+ * perms[5] (and the whole line into line_out[512] unless NULL); false when
+ * there is none. */
+static bool map_line(const void *addr, char *perms, char *line_out)
+{
+    FILE *f = fopen("/proc/self/maps", "r");
+    char line[512];
+    bool found = false;
+    while (f != NULL && !found && fgets(line, sizeof(line), f) != NULL) {
+        unsigned long lo;
+        if (sscanf(line, "%lx-%*x %4s", &lo, perms) == 2 && lo == (uintptr_t)addr) {
+            found = true;
+            if (line_out != NULL)
+                memcpy(line_out, line, sizeof(line));
+        }
+    }
+    if (f != NULL)
+        fclose(f);
+    return found;
+}
+
+/* A file opened from disk: its bytes in memory aligned to 2 MiB (where the
+ * kernel can back them with huge pages), the whole length a multiple of it,
+ * read-only, and parsed as the image is. */
+static void test_open_file(void **state)
+{
+    (void)state;
+    gb_t b = gb_valid();
+    char path[] = "/tmp/test_gguf_XXXXXX", err[256] = "", perms[5] = "";
+    int fd = mkstemp(path);
+    assert_true(fd >= 0);
+    assert_int_equal(write(fd, b.p, b.n), (ssize_t)b.n);
+    close(fd);
+    mdl_gguf_t *g = NULL;
+    assert_int_equal(mdl_gguf_open(path, &g, err, sizeof(err)), RI_OK);
+    unlink(path);
+    assert_true(g->mapped);
+    assert_int_equal(g->size, b.n);
+    assert_int_equal((uintptr_t)g->base % (2u << 20), 0);
+    assert_int_equal(g->map_len % (2u << 20), 0);
+    assert_true(g->map_len >= g->size);
+    assert_memory_equal(g->base, b.p, b.n);
+    assert_true(map_line(g->base, perms, NULL));
+    assert_int_equal(perms[0], 'r');
+    assert_int_equal(perms[1], '-');   /* not writable */
+    const mdl_gguf_tensor_t *t = mdl_gguf_tensor(g, "a");
+    float v;
+    memcpy(&v, (const uint8_t *)t->data + 4 * 5, 4);
+    assert_true(v == 5.0f);
+    mdl_gguf_close(g);
+    free(b.p);
+}
+
+/* --model-load map: the file itself is mapped (its line in /proc/self/maps
+ * names it), read-only, and parsed the same. */
+static void test_open_file_map(void **state)
+{
+    (void)state;
+    gb_t b = gb_valid();
+    char path[] = "/tmp/test_gguf_XXXXXX", err[256] = "", perms[5] = "", line[512] = "";
+    int fd = mkstemp(path);
+    assert_true(fd >= 0);
+    assert_int_equal(write(fd, b.p, b.n), (ssize_t)b.n);
+    close(fd);
+    mdl_gguf_t *g = NULL;
+    mdl_gguf_set_load_map(true);
+    ri_status_t st = mdl_gguf_open(path, &g, err, sizeof(err));
+    mdl_gguf_set_load_map(false);
+    assert_int_equal(st, RI_OK);
+    assert_true(map_line(g->base, perms, line));
+    assert_non_null(strstr(line, path));
+    assert_int_equal(perms[1], '-');
+    assert_memory_equal(g->base, b.p, b.n);
+    assert_non_null(mdl_gguf_tensor(g, "a"));
+    mdl_gguf_close(g);
+    unlink(path);
+    free(b.p);
+}
+
 static void test_open_errors(void **state)
 {
     (void)state;
@@ -249,6 +330,8 @@ int main(void)
         cmocka_unit_test(test_every_truncation_fails),
         cmocka_unit_test(test_corruptions_fail),
         cmocka_unit_test(test_random_flips_never_crash),
+        cmocka_unit_test(test_open_file),
+        cmocka_unit_test(test_open_file_map),
         cmocka_unit_test(test_open_errors),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

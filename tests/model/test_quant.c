@@ -135,8 +135,11 @@ static void check_shape(cm_pool_t *pool, mdl_ggml_type_t type, size_t rows, size
         fail_msg("%s rows %zu cols %zu n %zu: relative error %.3g", mdl_ggml_type_name(type), rows, cols, n, e);
     for (int g = 0; g < 8; g++)
         assert_true(y[n * rows + g] == 12345.0f);
-    if (n <= 2 && type != MDL_GGML_F32 && type != MDL_GGML_F16 && type != MDL_GGML_BF16) {
-        /* decode paths with quantised activations, each within its bound */
+    if (n <= 4 && type != MDL_GGML_F32 && type != MDL_GGML_F16 && type != MDL_GGML_BF16) {
+        /* decode paths with quantised activations (batches up to 4 rows),
+         * each within its bound, and each row's result the same bits as
+         * that row decoded alone: a sequence's tokens do not depend on the
+         * batch it shares a step with */
         /* int16 twice: the AVX-512BW products where the CPU has them, then
          * the AVX2 ones (on other CPUs both runs take the same path) */
         static const struct { mdl_act_mode_t mode; double tol; const char *name; bool avx512; } modes[] = {
@@ -151,6 +154,16 @@ static void check_shape(cm_pool_t *pool, mdl_ggml_type_t type, size_t rows, size
             if (!(e < modes[k].tol))
                 fail_msg("%s %s activations rows %zu cols %zu: relative error %.3g", mdl_ggml_type_name(type),
                          modes[k].name, rows, cols, e);
+            for (size_t i = 0; i < n && n > 1; i++) {
+                mdl_quant_set_avx512(modes[k].avx512);
+                assert_int_equal(mdl_matmul(pool, &wb.w, x + i * cols, 1, yr), RI_OK);
+                mdl_quant_set_avx512(true);
+                for (size_t r = 0; r < rows; r++)
+                    if (memcmp(&yr[r], &y[i * rows + r], sizeof(float)) != 0)
+                        fail_msg("%s %s activations, batch %zu row %zu output %zu: %.9g alone, %.9g in the batch",
+                                 mdl_ggml_type_name(type), modes[k].name, n, i, r, yr[r], y[i * rows + r]);
+            }
+            mdl_matmul_ref(&wb.w, x, n, yr);
         }
     }
     mdl_quant_set_act(MDL_ACT_I16);
@@ -180,14 +193,136 @@ static void test_matmul_all_types(void **state)
     check_shape(pool, MDL_GGML_F32, 5, 113, 1);
     check_shape(pool, MDL_GGML_F16, 5, 113, 6);
     check_shape(pool, MDL_GGML_BF16, 3, 1001, 2);
+    /* Q4_1 decode pairs blocks: rows of 5 blocks (two pairs and one), 18
+     * (SmolLM2's 576) and 48 (its 1536), alone and in batches */
+    for (size_t n = 1; n <= 4; n++) {
+        check_shape(pool, MDL_GGML_Q4_1, 7, 160, n);
+        check_shape(pool, MDL_GGML_Q4_1, 37, 576, n);
+        check_shape(NULL, MDL_GGML_Q4_1, 5, 1536, n);
+    }
     /* a model-sized product */
     check_shape(pool, MDL_GGML_Q4_1, 192, 576, 64);
 }
 
+/* A prefill product (n > 4 rows) under the default int16 activations
+ * against the reference: where the CPU has AVX-512 VNNI it is the int16
+ * GEMM (tiles of 48 rows, 4 activation rows per micro-kernel call, so
+ * rows and n that are not multiples of either exercise the tails).  Its
+ * error is the rounding of each activation to its block's int16 step
+ * d = amax / 32767, at most d/2 per element: each output is checked
+ * against that bound, sum_k |w_k| 0.51 d(k), plus 1e-6 of sum |w x| for the
+ * fp32 arithmetic.  Odd n: every 7th activation 40 times the others
+ * (uneven block ranges, the bound's worst case); even n: uniform ones,
+ * then also within 1e-4 of sum |w x| as the decode products.  Guards
+ * after the output catch overruns. */
+static void check_gemm16(cm_pool_t *pool, mdl_ggml_type_t type, size_t rows, size_t cols, size_t n)
+{
+    wbuf_t wb = make_weight(type, rows, cols);
+    size_t nb = cols / 32;
+    float *x = malloc(n * cols * sizeof(float)), *yr = malloc(n * rows * sizeof(float));
+    float *y = malloc((n * rows + 8) * sizeof(float)), *row = malloc(cols * sizeof(float));
+    double *sc = calloc(n * rows, sizeof(double)), *qb = calloc(n * rows, sizeof(double));
+    double *step = malloc(n * nb * sizeof(double));
+    for (size_t i = 0; i < n * cols; i++)
+        x[i] = frand() * (n % 2 == 1 && i % 7 == 0 ? 40.0f : 1.0f);
+    for (size_t i = 0; i < n * nb; i++) {
+        double amax = 0;
+        for (size_t k = 0; k < 32; k++)
+            amax = fmax(amax, fabs((double)x[i * 32 + k]));
+        step[i] = amax / 32767.0;
+    }
+    for (int g = 0; g < 8; g++)
+        y[n * rows + g] = 12345.0f;
+    for (size_t r = 0; r < rows; r++) {
+        mdl_dequant_row_ref(&wb.w, r, row);
+        for (size_t i = 0; i < n; i++) {
+            double s = 0, q = 0;
+            for (size_t k = 0; k < cols; k++) {
+                s += fabs((double)row[k] * x[i * cols + k]);
+                q += fabs((double)row[k]) * 0.51 * step[i * nb + k / 32];
+            }
+            sc[i * rows + r] = s;
+            qb[i * rows + r] = q + 1e-6 * s;
+        }
+    }
+    mdl_matmul_ref(&wb.w, x, n, yr);
+    mdl_quant_set_act(MDL_ACT_I16);
+    assert_int_equal(mdl_matmul(pool, &wb.w, x, n, y), RI_OK);
+    double e = worst_rel(y, yr, sc, n * rows);
+    if (n % 2 == 0 && !(e < 1e-4))
+        fail_msg("%s int16 prefill rows %zu cols %zu n %zu: relative error %.3g", mdl_ggml_type_name(type), rows, cols,
+                 n, e);
+    for (size_t o = 0; o < n * rows; o++)
+        if (!(fabs((double)y[o] - yr[o]) <= qb[o]))
+            fail_msg("%s int16 prefill rows %zu cols %zu n %zu, output %zu of row %zu: %.9g, reference %.9g, bound %.3g",
+                     mdl_ggml_type_name(type), rows, cols, n, o % rows, o / rows, y[o], yr[o], qb[o]);
+    for (int g = 0; g < 8; g++)
+        assert_true(y[n * rows + g] == 12345.0f);
+    free(x), free(y), free(yr), free(sc), free(qb), free(step), free(row), free(wb.data);
+}
+
+static void test_gemm16_prefill(void **state)
+{
+    cm_pool_t *pool = *state;
+    static const mdl_ggml_type_t g16types[] = {MDL_GGML_Q4_0, MDL_GGML_Q4_1, MDL_GGML_Q8_0,
+                                               MDL_GGML_Q5_0, MDL_GGML_Q4_K, MDL_GGML_Q6_K};
+    static const size_t n_list[] = {5, 16, 33, 128};
+    static const size_t rows_list[] = {1, 17, 48, 100};
+    /* the int16 GEMM is what the default settings select where the CPU
+     * has AVX-512 VNNI (elsewhere the checks below run the fp32 path), and
+     * the fp32 settings turn it off */
+    __builtin_cpu_init();
+    bool vnni = mdl_quant_have_simd() && __builtin_cpu_supports("avx512vnni") && __builtin_cpu_supports("avx512bw");
+    printf("int16 prefill GEMM: %s\n", vnni ? "AVX-512 VNNI" : "not on this CPU (fp32 path)");
+    for (size_t t = 0; t < sizeof(g16types) / sizeof(g16types[0]); t++)
+        assert_true(mdl_quant_gemm16_active(g16types[t]) == vnni);
+    assert_false(mdl_quant_gemm16_active(MDL_GGML_F16));
+    mdl_quant_set_act(MDL_ACT_F32);
+    assert_false(mdl_quant_gemm16_active(MDL_GGML_Q8_0));
+    mdl_quant_set_act(MDL_ACT_I16);
+    mdl_quant_set_avx512(false);
+    assert_false(mdl_quant_gemm16_active(MDL_GGML_Q8_0));
+    mdl_quant_set_avx512(true);
+    mdl_quant_force_scalar(true);
+    assert_false(mdl_quant_gemm16_active(MDL_GGML_Q8_0));
+    mdl_quant_force_scalar(false);
+    for (size_t t = 0; t < sizeof(g16types) / sizeof(g16types[0]); t++) {
+        bool k = g16types[t] == MDL_GGML_Q4_K || g16types[t] == MDL_GGML_Q6_K;
+        for (size_t r = 0; r < sizeof(rows_list) / sizeof(rows_list[0]); r++)
+            for (size_t n = 0; n < sizeof(n_list) / sizeof(n_list[0]); n++)
+                check_gemm16(r % 2 ? pool : NULL, g16types[t], rows_list[r], k ? 512 : 96, n_list[n]);
+    }
+    check_gemm16(pool, MDL_GGML_Q5_0, 257, 640, 64);    /* Gemma's Q/K/gate/up rows */
+    check_gemm16(pool, MDL_GGML_Q6_K, 131, 2048, 37);   /* its ffn_down shape */
+    check_gemm16(pool, MDL_GGML_Q4_K, 97, 1024, 19);    /* its attention output */
+    check_gemm16(pool, MDL_GGML_Q8_0, 200, 640, 5);     /* its head, a short prompt */
+}
+
+/* sc[i][r] = sum_k |W[r][k] x[i][k]| (the scale of each dot's error). */
+static void abs_dots(const mdl_weight_t *w, const float *x, size_t n, double *sc)
+{
+    float *row = malloc(w->cols * sizeof(float));
+    for (size_t r = 0; r < w->rows; r++) {
+        mdl_dequant_row_ref(w, r, row);
+        for (size_t i = 0; i < n; i++) {
+            double s = 0;
+            for (size_t k = 0; k < w->cols; k++)
+                s += fabs((double)row[k] * x[i * w->cols + k]);
+            sc[i * w->rows + r] = s;
+        }
+    }
+    free(row);
+}
+
+/* Q/K/V-style fused products of mixed types: fp32 activations within 1e-4
+ * of each value; the default int16 ones (prefill: the int16 GEMM for the
+ * quantised weights, fp32 for the F16 one) within 1e-4 of sum |w x|. */
 static void test_fused_products(void **state)
 {
     cm_pool_t *pool = *state;
-    for (size_t n = 1; n <= 5; n += 2) {
+    static const size_t n_list[] = {1, 3, 5, 9};
+    for (size_t ni = 0; ni < sizeof(n_list) / sizeof(n_list[0]); ni++) {
+        size_t n = n_list[ni];
         wbuf_t a = make_weight(MDL_GGML_Q4_1, 64, 96), b = make_weight(MDL_GGML_Q8_0, 31, 96),
                c = make_weight(MDL_GGML_F16, 5, 96);
         const mdl_weight_t *ws[3] = {&a.w, &b.w, &c.w};
@@ -195,17 +330,24 @@ static void test_fused_products(void **state)
         for (size_t i = 0; i < n * 96; i++)
             x[i] = frand();
         float *y[3], *r[3];
+        double *sc[3];
         for (int k = 0; k < 3; k++) {
             y[k] = malloc(n * ws[k]->rows * sizeof(float));
             r[k] = malloc(n * ws[k]->rows * sizeof(float));
+            sc[k] = malloc(n * ws[k]->rows * sizeof(double));
             mdl_matmul_ref(ws[k], x, n, r[k]);
+            abs_dots(ws[k], x, n, sc[k]);
         }
-        assert_int_equal(mdl_matmul_multi(pool, ws, 3, x, n, y), RI_OK);
-        for (int k = 0; k < 3; k++) {
-            for (size_t i = 0; i < n * ws[k]->rows; i++)
-                assert_float_equal(y[k][i], r[k][i], 1e-4 * (1 + fabsf(r[k][i])));
-            free(y[k]), free(r[k]);
+        for (int mode = 0; mode < 2; mode++) {
+            mdl_quant_set_act(mode == 0 ? MDL_ACT_F32 : MDL_ACT_I16);
+            assert_int_equal(mdl_matmul_multi(pool, ws, 3, x, n, y), RI_OK);
+            for (int k = 0; k < 3; k++)
+                for (size_t i = 0; i < n * ws[k]->rows; i++)
+                    assert_float_equal(y[k][i], r[k][i], mode == 0 ? 1e-4 * (1 + fabsf(r[k][i])) : 1e-4 * sc[k][i]);
         }
+        mdl_quant_set_act(MDL_ACT_I16);
+        for (int k = 0; k < 3; k++)
+            free(y[k]), free(r[k]), free(sc[k]);
         wbuf_t d = make_weight(MDL_GGML_F32, 4, 64);
         const mdl_weight_t *bad[2] = {&a.w, &d.w};
         assert_int_equal(mdl_matmul_multi(pool, bad, 2, x, n, y), RI_ERR_INVALID);   /* cols differ */
@@ -331,6 +473,7 @@ int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_matmul_all_types),
+        cmocka_unit_test(test_gemm16_prefill),
         cmocka_unit_test(test_fused_products),
         cmocka_unit_test(test_scalar_path_matches),
         cmocka_unit_test(test_block_layouts),

@@ -1,0 +1,52 @@
+/*
+ * Small x86 SIMD pieces shared by the model runtime's product and vector
+ * files (internal).  Each carries the narrowest target it needs, so that it
+ * inlines into callers compiled for that ISA or a wider one (AVX2, AVX-512,
+ * AVX-512 VNNI kernels alike).
+ */
+#ifndef MDL_SIMD_H
+#define MDL_SIMD_H
+
+#if defined(__x86_64__)
+#include <immintrin.h>
+#include <stdint.h>
+#include <string.h>
+
+/* The sum of the 8 floats of v. */
+__attribute__((target("avx"))) static inline float mdl_simd_hsum8(__m256 v)
+{
+    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    s = _mm_add_ss(s, _mm_movehdup_ps(s));
+    return _mm_cvtss_f32(s);
+}
+
+/* The fp16 value stored (little-endian, unaligned) at p. */
+__attribute__((target("f16c"))) static inline float mdl_simd_h16(const uint8_t *p)
+{
+    uint16_t h;
+    memcpy(&h, p, 2);
+    return _cvtsh_ss(h);
+}
+
+/* Q6_K: the four 32-element quarters of half h of the super-block at p, as
+ * unsigned 6-bit values in bytes (element l + 32k takes nibble k/2 of
+ * ql[l + 32 (k & 1)] and bits 2k of qh[l]); the caller subtracts 32. */
+__attribute__((target("avx2"), always_inline)) static inline void mdl_simd_q6_k_half(const uint8_t *p, int h,
+                                                                                      __m256i q[4])
+{
+    const __m256i m4 = _mm256_set1_epi8(0x0F), m2 = _mm256_set1_epi8(3);
+    __m256i l0 = _mm256_loadu_si256((const __m256i *)(p + 64 * h));
+    __m256i l1 = _mm256_loadu_si256((const __m256i *)(p + 64 * h + 32));
+    __m256i hb = _mm256_loadu_si256((const __m256i *)(p + 128 + 32 * h));
+    q[0] = _mm256_or_si256(_mm256_and_si256(l0, m4), _mm256_slli_epi16(_mm256_and_si256(hb, m2), 4));
+    q[1] = _mm256_or_si256(_mm256_and_si256(l1, m4),
+                           _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(hb, 2), m2), 4));
+    q[2] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l0, 4), m4),
+                           _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(hb, 4), m2), 4));
+    q[3] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l1, 4), m4),
+                           _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(hb, 6), m2), 4));
+}
+#endif
+
+#endif /* MDL_SIMD_H */
