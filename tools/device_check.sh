@@ -18,6 +18,10 @@
 #   3. ri-bench-cuda: HBM bandwidth (read kernel, device-to-device copy), the
 #      device index build, full / tripartite / Quest decode at 128K and 1M
 #      with the K/V in HBM, and the wave object with the cuda table at 32K
+#   3c. the synthetic model from the bundle (tools/bundle.sh, tools/device_synth.sh):
+#      the bundled ri-kvstore and ri-worker --device cuda on a tiny synthetic
+#      GGUF decoding a few tokens, then ri-bench-dev --preset llama3-8b at
+#      32K (batch 1 and 4); skipped with RI_SKIP_SYNTH=1 or without a bundle
 #   4. a short table of timings; logs and JSON under $OUT (default ./device-out)
 #
 # Usage:
@@ -26,9 +30,12 @@
 #                                       nothing (works on a machine without GPU)
 # Environment: OUT, RI_DEVICE_BUILD, RI_JOBS (default: all CPUs),
 #              CUDA_ARCH (default 90), RI_DEVICE_BENCH_ARGS (extra bench flags),
-#              RI_XCHECK_TIMEOUT / RI_MODEL_DEV_TIMEOUT / RI_BENCH_TIMEOUT
-#              (seconds per stage: 300 / 120 / 420, so that a short lease
-#              can cap each), RI_SANITIZE=1 (then also the harness without
+#              RI_XCHECK_TIMEOUT / RI_MODEL_DEV_TIMEOUT / RI_SYNTH_TIMEOUT /
+#              RI_BENCH_TIMEOUT (seconds per stage: 120 / 90 / 150 / 120, so
+#              that the whole check stays within about 8 minutes and a short
+#              lease can cap each), RI_BUNDLE (default $RI_DEVICE_BUILD/bundle;
+#              unpacked from $RI_BUNDLE.tar.xz when that is newer),
+#              RI_SKIP_SYNTH=1, RI_SANITIZE=1 (then also the harness without
 #              --slow under compute-sanitizer memcheck, where it is installed),
 #              RI_PROFILE=1 (then also Nsight Compute's time of each decode
 #              kernel over one round of the bench at 128K and at 1M, where
@@ -39,12 +46,14 @@
 # one of the -dev packages of deps/apt.txt that the top-level CMakeLists.txt
 # requires): run `tools/device_check.sh --build-only` on a machine that has
 # them, then carry
-#   build-device/tests/test_kn_xcheck_cuda  build-device/bin/ri-bench-cuda
-#   build-device/tests/test_model_dev
-#   build-device/carry-lib                  build-device/device-build.txt
-# (the CUDA runtime is linked statically; carry-lib holds the shared
-# libraries the programs need beyond the C library, e.g. cmocka, cJSON).
-# On the device the script then runs those binaries and says so.
+#   build-device/bundle.tar.xz              (~17 MB: tools/bundle.sh --archive)
+# It holds every program the check runs (test_kn_xcheck_cuda,
+# test_model_dev, ri-bench-cuda, ri-kvstore, ri-worker, ri-bench-dev) and
+# the shared libraries they need beyond the C library (the CUDA runtime is
+# linked statically).  On the device the script unpacks it (xz, or Python's
+# lzma where xz is missing), runs those binaries and says so.  The older
+# carried set (build-device/tests/..., bin/ri-bench-cuda, carry-lib,
+# device-build.txt; the folder build-device/bundle) is still taken.
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "$0")/.." && pwd)"
@@ -55,6 +64,7 @@ ARCH="${CUDA_ARCH:-90}"
 XCHECK="$BUILD/tests/test_kn_xcheck_cuda"
 BENCH="$BUILD/bin/ri-bench-cuda"
 DEVTEST="$BUILD/tests/test_model_dev"
+BUNDLE="${RI_BUNDLE:-$BUILD/bundle}"
 BUILD_ONLY=0
 
 case "${1:-}" in
@@ -68,6 +78,28 @@ die() { printf '[device_check] FAILED: %s\n' "$*" >&2; exit 1; }
 
 START=$(date +%s)
 mkdir -p "$OUT"
+
+# unpack_bundle: $BUNDLE.tar.xz (one top folder, $BUNDLE's name) into
+# $BUNDLE's parent, replacing an older $BUNDLE; with xz, else Python's lzma.
+unpack_bundle() {
+  local archive="$BUNDLE.tar.xz" parent
+  [ -f "$archive" ] || return 0
+  [ -x "$BUNDLE/run.sh" ] && [ ! "$archive" -nt "$BUNDLE/MANIFEST" ] && return 0
+  parent="$(dirname "$BUNDLE")"
+  rm -rf "$BUNDLE"
+  if command -v xz >/dev/null; then
+    xz -dc "$archive" | tar -C "$parent" -xf - || die "cannot unpack $archive"
+  elif command -v python3 >/dev/null; then
+    python3 -c 'import sys, tarfile
+kw = {"filter": "tar"} if hasattr(tarfile, "tar_filter") else {}
+tarfile.open(sys.argv[1], "r:xz").extractall(sys.argv[2], **kw)' "$archive" "$parent" \
+      || die "cannot unpack $archive (python3)"
+  else
+    die "cannot unpack $archive: neither xz nor python3 here"
+  fi
+  touch "$BUNDLE/MANIFEST"
+  log "unpacked $archive ($(du -sh "$BUNDLE" | cut -f1)): $(sed -n 1p "$BUNDLE/MANIFEST")"
+}
 
 # ---- 1. what the build needs ----
 missing=()
@@ -93,9 +125,16 @@ build() {
   log "configure $BUILD (sm_$ARCH, $NVCC)"
   cmake -S "$ROOT" -B "$BUILD" "${args[@]}" >"$OUT/cmake.log" 2>&1 \
     || { tail -20 "$OUT/cmake.log" >&2; die "cmake configure failed (log: $OUT/cmake.log)"; }
-  log "build test_kn_xcheck_cuda test_model_dev ri-bench-cuda (-j$JOBS)"
-  cmake --build "$BUILD" -j "$JOBS" --target test_kn_xcheck_cuda test_model_dev ri-bench-cuda >"$OUT/build.log" 2>&1 \
+  log "build test_kn_xcheck_cuda test_model_dev ri-bench-cuda ri-kvstore ri-worker ri-bench-dev (-j$JOBS)"
+  cmake --build "$BUILD" -j "$JOBS" --target test_kn_xcheck_cuda test_model_dev ri-bench-cuda \
+    ri-kvstore ri-worker ri-bench-dev >"$OUT/build.log" 2>&1 \
     || { grep -E 'error|Error' "$OUT/build.log" | head -20 >&2; die "build failed (log: $OUT/build.log)"; }
+  rm -rf "$BUILD/bundle" "$BUILD/bundle.tar.xz"
+  # the archive only for carrying (--build-only): xz takes half a minute
+  local archive=()
+  [ "$BUILD_ONLY" = 1 ] && archive=(--archive "$BUILD/bundle.tar.xz")
+  bash "$ROOT/tools/bundle.sh" "${archive[@]}" "$BUILD/bundle" "$BUILD" >"$OUT/bundle.log" 2>&1 \
+    || { cat "$OUT/bundle.log" >&2; die "tools/bundle.sh failed"; }
   if grep -qiE 'warning' "$OUT/build.log"; then
     log "the build printed warnings (see $OUT/build.log)"
   fi
@@ -120,17 +159,26 @@ if [ ${#missing[@]} -eq 0 ]; then
 elif [ "$BUILD_ONLY" = 1 ]; then
   die "cannot build here; missing: ${missing[*]}"
 elif [ -x "$XCHECK" ] && [ -x "$BENCH" ]; then
+  unpack_bundle
   log "cannot build here (missing: ${missing[*]}); using the carried binaries:"
   sed 's/^/    /' "$BUILD/device-build.txt" 2>/dev/null || log "    (no device-build.txt: unknown origin)"
+elif unpack_bundle && [ -x "$BUNDLE/bin/test_kn_xcheck_cuda" ] && [ -x "$BUNDLE/bin/ri-bench-cuda" ]; then
+  XCHECK="$BUNDLE/bin/test_kn_xcheck_cuda"
+  BENCH="$BUNDLE/bin/ri-bench-cuda"
+  DEVTEST="$BUNDLE/bin/test_model_dev"
+  mkdir -p "$BUILD"
+  [ -f "$BUILD/device-build.txt" ] || sed -n 1p "$BUNDLE/MANIFEST" >"$BUILD/device-build.txt"
+  log "cannot build here (missing: ${missing[*]}); using the bundle's binaries ($BUNDLE):"
+  sed -n '1,2p' "$BUNDLE/MANIFEST" | sed 's/^/    /'
 else
-  die "cannot build (missing: ${missing[*]}) and no carried binaries in $BUILD; on a machine with them run 'tools/device_check.sh --build-only' and carry build-device/tests/test_kn_xcheck_cuda, build-device/tests/test_model_dev, build-device/bin/ri-bench-cuda, build-device/carry-lib and build-device/device-build.txt"
+  die "cannot build (missing: ${missing[*]}) and no carried binaries in $BUILD; on a machine with them run 'tools/device_check.sh --build-only' and carry build-device/bundle.tar.xz"
 fi
 log "built: $(sed -n 1p "$BUILD/device-build.txt" 2>/dev/null || echo '?') ($(( $(date +%s) - START )) s so far)"
 if [ "$BUILD_ONLY" = 1 ]; then
-  du -sh "$XCHECK" "$BENCH" "$DEVTEST" "$BUILD/carry-lib" | sed 's/^/    /'
+  du -sh "$BUILD/bundle.tar.xz" "$BUILD/bundle" | sed 's/^/    /'
   exit 0
 fi
-export LD_LIBRARY_PATH="$BUILD/carry-lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+export LD_LIBRARY_PATH="$BUILD/carry-lib:$BUNDLE/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 
 # ---- 2. a device? ----
 if command -v nvidia-smi >/dev/null; then
@@ -141,7 +189,7 @@ fi
 # ---- 3. the cross-check harness on the device ----
 log "test_kn_xcheck_cuda --slow (the unit cases plus N = 131072)"
 set +e
-timeout "${RI_XCHECK_TIMEOUT:-300}" "$XCHECK" --slow >"$OUT/xcheck.log" 2>&1
+timeout "${RI_XCHECK_TIMEOUT:-120}" "$XCHECK" --slow >"$OUT/xcheck.log" 2>&1
 xc_rc=$?
 set -e
 if [ "$xc_rc" = 77 ]; then
@@ -164,7 +212,7 @@ md_summary="not run (no $DEVTEST in the carried set)"
 if [ -x "$DEVTEST" ]; then
   log "test_model_dev (GEMV at awkward shapes; SmolLM2 and Gemma 3 decode vs the CPU)"
   set +e
-  timeout "${RI_MODEL_DEV_TIMEOUT:-120}" "$DEVTEST" >"$OUT/model-dev.log" 2>&1
+  timeout "${RI_MODEL_DEV_TIMEOUT:-90}" "$DEVTEST" >"$OUT/model-dev.log" 2>&1
   md_rc=$?
   set -e
   md_failed="$(grep -oE '^\[  FAILED  \] test_[a-z0-9_]+' "$OUT/model-dev.log" | sed 's/.*\] //' | sort -u |
@@ -174,11 +222,28 @@ if [ -x "$DEVTEST" ]; then
   log "test_model_dev $md_summary (log $OUT/model-dev.log)"
 fi
 
+# ---- 3c. the synthetic model from the bundle ----
+syn_rc=""
+syn_summary="not run (RI_SKIP_SYNTH=1)"
+if [ "${RI_SKIP_SYNTH:-0}" != 1 ]; then
+  if [ -x "$BUNDLE/run.sh" ]; then
+    log "synthetic model from the bundle: ri-kvstore + ri-worker --device cuda (tiny, retroinfer), ri-bench-dev llama3-8b full,retroinfer at 32K and 128K"
+    set +e
+    timeout "${RI_SYNTH_TIMEOUT:-150}" bash "$ROOT/tools/device_synth.sh" "$BUNDLE" "$OUT" cuda >"$OUT/synth.log" 2>&1
+    syn_rc=$?
+    set -e
+    syn_summary="exit $syn_rc; $(grep -E '^worker on' "$OUT/synth.log" | head -1 || true)"
+  else
+    syn_summary="not run (no bundle at $BUNDLE: tools/bundle.sh)"
+  fi
+  log "synthetic model: $syn_summary (log $OUT/synth.log)"
+fi
+
 # ---- 4. bandwidth and the decode bench on the device ----
 log "ri-bench-cuda (128K, 1M; wave object at 32K)"
 set +e
 # shellcheck disable=SC2086
-timeout "${RI_BENCH_TIMEOUT:-420}" "$BENCH" --json "$OUT/bench-cuda.json" ${RI_DEVICE_BENCH_ARGS:-} >"$OUT/bench-cuda.log" 2>&1
+timeout "${RI_BENCH_TIMEOUT:-120}" "$BENCH" --json "$OUT/bench-cuda.json" ${RI_DEVICE_BENCH_ARGS:-} >"$OUT/bench-cuda.log" 2>&1
 bn_rc=$?
 set -e
 log "ri-bench-cuda exit $bn_rc (log $OUT/bench-cuda.log)"
@@ -227,6 +292,8 @@ echo
 echo "== device check: $(sed -n 1p "$BUILD/device-build.txt" 2>/dev/null), $(head -1 "$OUT/gpu.txt" 2>/dev/null || echo 'device ?') =="
 grep -E '^(cuda:|index_build|full|tripartite|quest|wave object)' "$OUT/bench-cuda.log" || echo "(no bench figures: see $OUT/bench-cuda.log)"
 echo "GPU decode path (test_model_dev): $md_summary"
+echo "synthetic model (bundle): $syn_summary"
+grep -E '^(full|retroinfer) ' "$OUT/bench-dev.log" 2>/dev/null | sed 's/^/    ri-bench-dev llama3-8b: /' || true
 echo "compute-sanitizer: $san_summary"
 echo "ncu: $prof_summary"
 grep -E '^device decode' "$OUT/model-dev.log" 2>/dev/null | sed 's/^/    /' || true
@@ -234,7 +301,9 @@ echo "cross-check harness: exit $xc_rc; bench: exit $bn_rc; $(( $(date +%s) - ST
 cat >"$OUT/device-check.json" <<EOF
 {"commit": "$(git -C "$ROOT" rev-parse HEAD 2>/dev/null || echo unknown)",
  "arch": "sm_$ARCH", "xcheck_rc": $xc_rc, "bench_rc": $bn_rc, "model_dev_rc": ${md_rc:-null},
+ "synth_rc": ${syn_rc:-null}, "bench_dev_json": "bench-dev.json",
  "seconds": $(( $(date +%s) - START )), "bench_json": "bench-cuda.json"}
 EOF
-[ "$xc_rc" = 0 ] && [ "$bn_rc" = 0 ] && { [ -z "$md_rc" ] || [ "$md_rc" = 0 ]; } || exit 1
+[ "$xc_rc" = 0 ] && [ "$bn_rc" = 0 ] && { [ -z "$md_rc" ] || [ "$md_rc" = 0 ]; } &&
+  { [ -z "$syn_rc" ] || [ "$syn_rc" = 0 ]; } || exit 1
 exit 0

@@ -48,6 +48,7 @@
 #include "gpuworker/model/mdl_sample.h"
 #include "gpuworker/client/gw_attn_remote.h"
 #include "gpuworker/client/gw_remote.h"
+#include "gpuworker/client/gw_transport.h"
 #include "kernels/kn_synth.h"
 #include "kernels/kn_wave.h"
 #include "retroinfer/retroinfer.h"
@@ -209,6 +210,8 @@ static void e2e_case_report(bn_report_t *rep, const e2e_case_t *c, size_t ctx, u
         cJSON_AddNumberToObject(row, "remote_resident_bytes", (double)t.resident_bytes / (double)c->batch);
         cJSON_AddNumberToObject(row, "late_steps", (double)t.late_steps);
         cJSON_AddNumberToObject(row, "max_wait_ms", t.max_wait_s * 1e3);
+        /* how misses would reach a block cache in device memory (gw_transport.h) */
+        cJSON_AddStringToObject(row, "device_transport", gw_transport_current());
     } else {
         cJSON_AddNullToObject(row, "hit_ratio");
         cJSON_AddNumberToObject(row, "fetched_bytes_per_token", 0);
@@ -451,6 +454,7 @@ static int e2e_synthetic(bn_report_t *rep, const char *kvs, size_t n_tokens, siz
         if (i == 2) {
             cJSON_AddNumberToObject(row, "hit_ratio", hr);
             cJSON_AddNumberToObject(row, "fetched_bytes_per_token", (double)st.fetched_bytes / (double)steps);
+            cJSON_AddStringToObject(row, "device_transport", gw_transport_current());
         } else {
             cJSON_AddNullToObject(row, "hit_ratio");
             cJSON_AddNumberToObject(row, "fetched_bytes_per_token", 0);

@@ -18,6 +18,7 @@
 #include "common/cm_status.h"
 #include "common/cm_thread.h"
 #include "common/cm_time.h"
+#include "kernels/kn_mem.h"
 #include "kernels/kn_ops.h"
 #include "gpuworker/model/mdl_kv_mem.h"
 #include "gpuworker/client/gw_attn_cluster.h"
@@ -183,7 +184,11 @@ static ri_status_t gw_attn_create(const mdl_attn_cfg_t *cfg, mdl_kv_t *kv, void 
     a->kv = kv;
     a->cfg = *cfg;
     a->compare = compare;
-    a->release = !compare && !keep_kv;
+    /* a cache in device memory (the device engine names its kernels in
+     * wave.ops) is the engine's one allocation: nothing is given back there
+     * (mdl_kv_release frees host pages) */
+    bool on_device = cfg->wave.ops != NULL && kn_mem_of(cfg->wave.ops)->device;
+    a->release = !compare && !keep_kv && !on_device;
     a->released = cm_calloc(&gw_attn_tag, kv->geom.n_layers, sizeof(size_t));
     if (a->released == NULL) {
         st = RI_ERR_NOMEM;
@@ -403,6 +408,9 @@ static const mdl_attn_ops_t gw_attn_ops = {
     .stats = gw_attn_stats,
     .wave_params = gw_attn_wave_params,
     .index = gw_attn_index,
+    /* on the device engine the view is the device cache: the session reads
+     * it through the space of cfg->wave.ops (gw_remote.h) */
+    .device_ok = true,
 };
 
 ri_status_t gw_attn_remote_configure(const gw_attn_remote_cfg_t *cfg, char *err, size_t errlen)

@@ -93,6 +93,8 @@ static void gw_remote_step_free(gw_step_t *s)
     cm_free(s->paddr);
     cm_free(s->eoff);
     cm_free(s->etok);
+    cm_free(s->xbuf);
+    cm_free(s->xcap);
 }
 
 ri_status_t gw_remote_create(const char *addr, uint64_t session_id, const uint8_t secret[CM_WIRE_SECRET_SIZE],
@@ -116,6 +118,16 @@ ri_status_t gw_remote_create(const char *addr, uint64_t session_id, const uint8_
     r = cm_calloc(&gw_remote_tag, 1, sizeof(*r));
     if (r == NULL)
         return RI_ERR_NOMEM;
+    r->mem = params->cache_space != NULL ? params->cache_space : kn_mem_host();
+    r->ops = params->wave.ops ? params->wave.ops : kn_ops_default();
+    r->kvm = kn_mem_of(r->ops);
+    if (r->mem->device && r->kvm != r->mem) {
+        /* the step's kernels read the cache's pages in place */
+        cm_error("block cache: pages in the %s space need kernels that read it (these read %s memory)",
+                 r->mem->name, r->kvm->name);
+        cm_free(r);
+        return RI_ERR_UNSUPPORTED;
+    }
     r->shape = *shape;
     r->n_layers = n_layers;
     r->n_kv = shape->n_kv_heads;
@@ -124,7 +136,6 @@ ri_status_t gw_remote_create(const char *addr, uint64_t session_id, const uint8_
     r->p = *params;
     if (r->p.deadline_us > 0)
         r->p.fetch_async = true; /* only an asynchronous fetch can be left behind */
-    r->ops = params->wave.ops ? params->wave.ops : kn_ops_default();
     r->P = gw_remote_page_tokens(params);
     r->page_bytes = (size_t)4 * r->P * r->d;
     r->layers = cm_calloc(&gw_remote_tag, n_layers, sizeof(*r->layers));
@@ -150,9 +161,16 @@ ri_status_t gw_remote_create(const char *addr, uint64_t session_id, const uint8_
     /* per head: exact, estimated and late parts, each [g][d] + [g] */
     r->step.part = cm_malloc(&gw_remote_tag, (size_t)r->n_kv * 3 * r->g * (r->d + 1) * sizeof(float));
     r->step.nl = cm_calloc(&gw_remote_tag, r->n_kv, sizeof(uint32_t));
-    if (!r->step.nr || !r->step.ne || !r->step.heads || !r->step.counts || !r->step.ent0 || !r->step.part ||
-        !r->step.nl)
+    r->step.xbuf = cm_calloc(&gw_remote_tag, r->n_kv, sizeof(cm_fp16_t *));
+    r->step.xcap = cm_calloc(&gw_remote_tag, r->n_kv, sizeof(size_t));
+    if (!r->step.xbuf || !r->step.xcap || !r->step.nr || !r->step.ne || !r->step.heads || !r->step.counts ||
+        !r->step.ent0 || !r->step.part || !r->step.nl)
         goto err_nomem;
+    st = gw_copier_create(r->mem, &r->copier);
+    if (st != RI_OK) {
+        gw_remote_destroy(r);
+        return st;
+    }
 
     st = gw_remote_open(r, addr, session_id, secret);
     if (st != RI_OK) {
@@ -204,10 +222,14 @@ void gw_remote_destroy(gw_remote_t *r)
     cm_free(r->layers);
     for (size_t i = 0; i < r->n_old; i++)
         cm_free(r->old_recv[i]);
+    gw_copier_destroy(r->copier); /* waits: its copies read recv and write cache */
     cm_free(r->old_recv);
     cm_free(r->recv);
-    cm_free(r->cache);
+    if (r->cache != NULL)
+        r->mem->free(r->cache);
     gw_prefix_free(r);
+    for (uint32_t h = 0; r->step.xbuf != NULL && h < r->n_kv; h++)
+        r->mem->free(r->step.xbuf[h]);
     gw_remote_step_free(&r->step);
     for (uint32_t i = 0; i < GW_PEND_MAX; i++) {
         cm_free(r->pend[i].heads);
@@ -220,9 +242,10 @@ void gw_remote_destroy(gw_remote_t *r)
 
 /* ---- index build and upload ---- */
 
-/* Write cluster j of head h of L in page format at dst (pages zero-padded). */
-static void gw_pack_cluster(const gw_remote_t *r, const kn_index_t *idx, uint32_t h, const kn_kv_view_t *kv,
-                            uint32_t j, uint8_t *dst)
+/* Write cluster j of head h in page format at dst (pages zero-padded).  k
+ * and v are host rows of head h: token t at (t - pos0) * token_stride. */
+static void gw_pack_cluster(const gw_remote_t *r, const kn_index_t *idx, const cm_fp16_t *k, const cm_fp16_t *v,
+                            size_t token_stride, uint32_t pos0, uint32_t j, uint8_t *dst)
 {
     const uint32_t P = r->P, d = r->d, n = idx->sizes[j];
     const uint32_t *perm = idx->perm + idx->offsets[j];
@@ -232,10 +255,52 @@ static void gw_pack_cluster(const gw_remote_t *r, const kn_index_t *idx, uint32_
     memset(dst, 0, (size_t)np * r->page_bytes);
     for (uint32_t i = 0; i < n; i++) {
         uint8_t *page = dst + (size_t)(i / P) * r->page_bytes;
-        size_t src = (size_t)h * kv->head_stride + (size_t)perm[i] * kv->token_stride;
-        memcpy(page + (size_t)(i % P) * row, kv->k + src, row);
-        memcpy(page + (size_t)(P + i % P) * row, kv->v + src, row);
+        size_t src = (size_t)(perm[i] - pos0) * token_stride;
+        memcpy(page + (size_t)(i % P) * row, k + src, row);
+        memcpy(page + (size_t)(P + i % P) * row, v + src, row);
     }
+}
+
+/* The rows of head h of kv that clusters [first, n_clusters) of idx hold,
+ * readable on the host: kv's own when it is host memory; else the span of
+ * positions they cover copied down through the kernels' space (one copy
+ * per K and V, into *k_p / *v_p, owned by the caller: cm_free; a copy per
+ * row would be a round trip per row).  *pos0_p the span's first position. */
+static ri_status_t gw_head_rows(const gw_remote_t *r, const kn_index_t *idx, uint32_t h, const kn_kv_view_t *kv,
+                                uint32_t first, const cm_fp16_t **k_p, const cm_fp16_t **v_p, uint32_t *pos0_p,
+                                cm_fp16_t **owned_p)
+{
+    size_t hs = (size_t)h * kv->head_stride;
+    *owned_p = NULL;
+    *pos0_p = 0;
+    *k_p = kv->k + hs;
+    *v_p = kv->v + hs;
+    if (!r->kvm->device || first >= idx->n_clusters)
+        return RI_OK;
+    uint32_t lo = UINT32_MAX, hi = 0;
+    for (uint32_t i = idx->offsets[first]; i < idx->offsets[idx->n_clusters]; i++) {
+        lo = CM_MIN(lo, idx->perm[i]);
+        hi = CM_MAX(hi, idx->perm[i]);
+    }
+    if (lo > hi)
+        return RI_OK; /* empty clusters only */
+    size_t elems = (size_t)(hi - lo) * kv->token_stride + r->d;
+    cm_fp16_t *buf = cm_malloc(&gw_remote_tag, 2 * elems * sizeof(cm_fp16_t));
+    if (buf == NULL)
+        return RI_ERR_NOMEM;
+    size_t at = hs + (size_t)lo * kv->token_stride;
+    ri_status_t st = r->kvm->copy(buf, kv->k + at, elems * sizeof(cm_fp16_t));
+    if (st == RI_OK)
+        st = r->kvm->copy(buf + elems, kv->v + at, elems * sizeof(cm_fp16_t));
+    if (st != RI_OK) {
+        cm_free(buf);
+        return st;
+    }
+    *owned_p = buf;
+    *k_p = buf;
+    *v_p = buf + elems;
+    *pos0_p = lo;
+    return RI_OK;
 }
 
 ri_status_t gw_head_reserve(gw_head_t *H, uint32_t want)
@@ -311,8 +376,13 @@ static ri_status_t gw_remote_queue_upload(gw_remote_t *r, uint32_t layer, const 
         return RI_ERR_NOMEM;
     }
     dst = up->pages;
-    for (uint32_t h = 0; h < r->n_kv; h++) {
+    for (uint32_t h = 0; h < r->n_kv && st == RI_OK; h++) {
         const kn_index_t *idx = &L->idx[h];
+        const cm_fp16_t *hk, *hv;
+        cm_fp16_t *rows;
+        uint32_t pos0;
+        if ((st = gw_head_rows(r, idx, h, kv, first[h], &hk, &hv, &pos0, &rows)) != RI_OK)
+            break;
         up->heads[h] = h;
         up->expect_first[h] = L->hd[h].n_remote;
         for (uint32_t j = first[h]; j < idx->n_clusters; j++) {
@@ -324,10 +394,17 @@ static ri_status_t gw_remote_queue_upload(gw_remote_t *r, uint32_t layer, const 
             L->hd[h].rid[j] = L->hd[h].n_remote++;
             up->counts[h]++;
             up->tokens[k++] = idx->sizes[j];
-            gw_pack_cluster(r, idx, h, kv, j, dst);
+            gw_pack_cluster(r, idx, hk, hv, kv->token_stride, pos0, j, dst);
             dst += (size_t)gw_pages(r, idx->sizes[j]) * r->page_bytes;
             L->hd[h].max_pages = CM_MAX(L->hd[h].max_pages, gw_pages(r, idx->sizes[j]));
         }
+        cm_free(rows);
+    }
+    if (st != RI_OK) {
+        /* the ids given above name clusters never sent: the kvstore and the
+         * index disagree from here on */
+        gw_io_job_free(up);
+        return st;
     }
     r->pages_uploaded += total_pages;
     r->st.uploaded_bytes += up->bytes;
@@ -426,7 +503,18 @@ ri_status_t gw_remote_reconnect(gw_remote_t *r, const char *addr, uint64_t sessi
         r->step.active = r->step.fetching = false;
     }
     (void)gw_pend_complete(r); /* fails at once on a broken connection */
+    (void)gw_admit_wait(r);    /* its copies read recv and write cache */
     gw_mirror_clear(r);
+    if (gw_copier_error(r->copier) != RI_OK) {
+        /* a broken copier stays broken: the new connection gets a new one */
+        gw_copier_t *c = NULL;
+        st = gw_copier_create(r->mem, &c);
+        if (st != RI_OK)
+            return st;
+        gw_copier_destroy(r->copier);
+        r->copier = c;
+        r->admit_t = GW_TICKET_NONE;
+    }
     gw_io_stop(r->io);
     r->io = NULL;
     for (size_t i = 0; i < r->n_old; i++)
@@ -435,7 +523,8 @@ ri_status_t gw_remote_reconnect(gw_remote_t *r, const char *addr, uint64_t sessi
     cm_free(r->recv);
     r->recv = NULL;
     r->recv_len = 0;
-    cm_free(r->cache);
+    if (r->cache != NULL)
+        r->mem->free(r->cache);
     r->cache = NULL;
     r->registered = false;
     if (kv != NULL)

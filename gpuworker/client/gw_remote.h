@@ -23,6 +23,12 @@
  *   decode_begin/decode_end split a step so that a batch of sequences can
  *   have all their fetches in flight at once.
  *
+ * The block cache's pages live in a memory space (params.cache_space; host
+ * memory by default) and admitted misses reach them through that space's
+ * copy engine, asynchronously: a step's admissions are queued as it ends
+ * and waited for before the next step reads the cache or reuses the
+ * receive buffer (docs/worker.md, "Block cache in device memory").
+ *
  * The block cache is registered at the first decode step with a capacity of
  * cache_frac of the pages uploaded so far (or cache_pages); it does not grow
  * with later updates.  The receive buffer is sized for a step's worst case
@@ -45,6 +51,7 @@
 
 #include "common/cm_half.h"
 #include "common/cm_wire.h"
+#include "kernels/kn_mem.h"
 #include "kernels/kn_ops.h"
 #include "kernels/kn_wave.h"
 #include "retroinfer/status.h"
@@ -79,6 +86,14 @@ typedef struct gw_remote_params {
                                  every read two-sided) */
     uint32_t page_tokens;     /* P, tokens per kvstore page (cm_dp_proto.h); must be the
                                  session's; 0 = gw_remote_page_tokens' rule */
+    const kn_mem_t *cache_space; /* memory space of the block cache's pages and the
+                                 step's execution buffers (borrowed forever); NULL =
+                                 kn_mem_host().  Admitted misses go there through the
+                                 space's copy engine (gw_copier.h).  A device space must
+                                 be the one wave.ops reads (kn_mem_of), else
+                                 RI_ERR_UNSUPPORTED.  The caller's K/V views may be in
+                                 the space wave.ops reads: they are read through its
+                                 copy (the upload) or those ops (the steady zone) */
 } gw_remote_params_t;
 
 /* The defaults.  Nothing here reads the environment: programs map their

@@ -171,6 +171,8 @@ ri_status_t gw_remote_decode_begin(gw_remote_t *r, uint32_t layer, const float *
     st = gw_pend_reap(r, false);
     if (st == RI_OK)
         st = gw_late_reap(r, false);
+    if (st == RI_OK)
+        st = gw_admit_wait(r); /* this step reads the cache and may reuse the receive buffer */
     if (st == RI_OK && r->direct != NULL)
         st = gw_direct_apply(r->direct, r->io);
     if (st != RI_OK)
@@ -276,6 +278,16 @@ static void gw_step_fail(gw_step_t *s, ri_status_t st)
     atomic_compare_exchange_strong(&s->status, &expect, (int)st);
 }
 
+/* bytes from src (host memory or mem's) into dst (mem's): the space's copy
+ * for a device space, memcpy for one a host pointer reads. */
+static ri_status_t gw_gather(const kn_mem_t *mem, void *dst, const void *src, size_t bytes)
+{
+    if (mem->device)
+        return mem->copy(dst, src, bytes);
+    memcpy(dst, src, bytes);
+    return RI_OK;
+}
+
 /* Exact part (steady zone + retrieved clusters, in kn_wave's order), merge
  * with the estimated part computed before, per KV head. */
 static void gw_exact_task(void *arg, size_t begin, size_t end, unsigned worker)
@@ -297,44 +309,49 @@ static void gw_exact_task(void *arg, size_t begin, size_t end, unsigned worker)
         const float *op[2] = {o_e, o_l}, *lp[2] = {l_e, l_l};
         size_t row = (size_t)d * sizeof(cm_fp16_t);
         kn_page_t *pages;
-        cm_fp16_t *exec;
-        ri_status_t st;
+        ri_status_t st = RI_OK;
 
         size_t n_ret = 0;
         for (uint32_t i = 0; i < s->nr[h]; i++)
             n_ret += idx->sizes[ids[i]];
         maxp += s->nr[h];
-        /* The execution buffer: each retrieved cluster gathered into
-         * contiguous K and V rows, so that the kernel sees the same rows in
-         * the same runs as the in-process decode (bit-identical results). */
         pages = cm_malloc(&gw_remote_tag, (maxp ? maxp : 1) * sizeof(kn_page_t));
-        exec = cm_malloc(&gw_remote_tag, (n_ret ? n_ret : 1) * 2 * row);
-        if (pages == NULL || exec == NULL) {
-            cm_free(pages);
-            cm_free(exec);
+        if (pages == NULL) {
             gw_step_fail(s, RI_ERR_NOMEM);
             continue;
         }
-        cm_fp16_t *xk = exec, *xv = exec + n_ret * d;
-        for (uint32_t i = 0; i < s->nr[h]; i++) {
+        /* The execution buffer (the head's, in the cache's space, sized by
+         * gw_step_resolve): each retrieved cluster gathered into contiguous
+         * K and V rows, so that the kernel sees the same rows in the same
+         * runs as the in-process decode (bit-identical results).  Pages
+         * come from the cache (the cache's space) or from host memory (the
+         * receive buffer, the mapped region): a device space's copy takes
+         * either; memory a host pointer reads is memcpy'd. */
+        cm_fp16_t *xk = s->xbuf[h], *xv = s->xbuf[h] + n_ret * d;
+        for (uint32_t i = 0; i < s->nr[h] && st == RI_OK; i++) {
             uint32_t e = s->ent0[h] + i, tokens = s->etok[e];
             pages[np++] = (kn_page_t){xk, xv, tokens, d};
-            for (uint32_t p = 0; p < gw_pages(r, tokens); p++) {
+            for (uint32_t p = 0; p < gw_pages(r, tokens) && st == RI_OK; p++) {
                 const uint8_t *base = s->paddr[s->eoff[e] + p];
                 uint32_t nt = CM_MIN(P, tokens - p * P);
-                memcpy(xk, base, nt * row);
-                memcpy(xv, base + (size_t)P * row, nt * row);
+                st = gw_gather(r->mem, xk, base, nt * row);
+                if (st == RI_OK)
+                    st = gw_gather(r->mem, xv, base + (size_t)P * row, nt * row);
                 xk += (size_t)nt * d;
                 xv += (size_t)nt * d;
             }
             retrieved += tokens;
+        }
+        if (st != RI_OK) {
+            cm_free(pages);
+            gw_step_fail(s, st);
+            continue;
         }
         /* steady zone + these, merged with the estimated (and late) parts:
          * kn_wave's second phase, as in process */
         st = kn_wave_exact_merge(L->wave, (uint32_t)h, s->q + h * g * d, kv, pages, np, o_x, l_x, op, lp,
                                  s->nl[h] > 0 ? 2 : 1, s->out + h * g * d, s->lse ? s->lse + h * g : NULL, &exact);
         cm_free(pages);
-        cm_free(exec);
         if (st != RI_OK) {
             gw_step_fail(s, st);
             continue;
@@ -377,6 +394,22 @@ static ri_status_t gw_step_resolve(gw_remote_t *r)
             return RI_ERR_NOMEM;
         s->paddr = a;
         s->cap_paddr = n_pg;
+    }
+    /* each head's execution buffer: its retrieved tokens' K and V rows */
+    for (uint32_t h = 0; h < r->n_kv; h++) {
+        size_t n_ret = 0;
+        for (uint32_t i = 0; i < s->nr[h]; i++)
+            n_ret += L->idx[h].sizes[s->ids[(size_t)h * s->want + i]];
+        size_t bytes = CM_MAX(n_ret, (size_t)1) * 2 * r->d * sizeof(cm_fp16_t);
+        if (bytes > s->xcap[h]) {
+            void *x = NULL;
+            ri_status_t st = r->mem->alloc(&x, bytes);
+            if (st != RI_OK)
+                return st;
+            r->mem->free(s->xbuf[h]);
+            s->xbuf[h] = x;
+            s->xcap[h] = bytes;
+        }
     }
     uint32_t e = 0, pc = 0;
     for (uint32_t h = 0; h < r->n_kv; h++)
@@ -480,7 +513,7 @@ ri_status_t gw_remote_decode_end(gw_remote_t *r, float *out, float *lse)
     }
     if (st == RI_OK) {
         if (s->fetching)
-            gw_step_admit(r);
+            (void)gw_step_admit(r); /* this step's output stands; a failure breaks the object */
         if (s->direct) {
             r->st.direct_steps++;
             for (uint32_t h = 0; h < r->n_kv; h++)

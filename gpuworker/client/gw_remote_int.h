@@ -12,6 +12,7 @@
 #include <string.h>
 
 #include "common/cm_dp_proto.h"
+#include "gpuworker/client/gw_copier.h"
 #include "gpuworker/client/gw_direct.h"
 #include "gpuworker/client/gw_io.h"
 #include "gpuworker/client/gw_prefix.h"
@@ -85,6 +86,10 @@ typedef struct gw_step {
     _Atomic int status;    /* first failure of a parallel part */
     _Atomic uint64_t exact, retrieved, bytes;
     float *out, *lse;      /* decode_end's outputs */
+    /* per KV head: the execution buffer its retrieved clusters are gathered
+     * into, in the cache's space (r->mem), grown by gw_step_resolve */
+    cm_fp16_t **xbuf;      /* [n_kv], each owned (r->mem->free) */
+    size_t *xcap;          /* [n_kv] bytes of each */
 } gw_step_t;
 
 #define GW_PEND_MAX 64u
@@ -114,7 +119,12 @@ struct gw_remote {
     bool registered;
     uint32_t cache_id;
     uint32_t cache_pages;
-    uint8_t *cache;          /* [cache_pages][page_bytes] */
+    uint8_t *cache;          /* [cache_pages][page_bytes], in mem */
+    const kn_mem_t *mem;     /* the cache's memory space (borrowed) */
+    const kn_mem_t *kvm;     /* the space ops reads (kn_mem_of): where the caller's K/V may be;
+                                the upload copies it down through this space */
+    gw_copier_t *copier;     /* moves admitted misses from recv into cache pages */
+    gw_ticket_t admit_t;     /* the last admission copy queued (GW_TICKET_NONE: none) */
     uint8_t *recv;           /* receive buffer (UCX-registered) */
     size_t recv_len;
     void **old_recv;         /* earlier receive buffers, registered until close */
@@ -203,7 +213,14 @@ ri_status_t gw_fetch_check(gw_remote_t *r, uint32_t layer);
 /* Apply the late fetch once it is in (block: wait for it), between steps. */
 ri_status_t gw_late_reap(gw_remote_t *r, bool block);
 
-/* Copy the admitted misses of step.job's answer into their cache pages. */
-void gw_step_admit(gw_remote_t *r);
+/* Queue the copies of the admitted misses of step.job's answer into their
+ * cache pages (they land asynchronously: gw_admit_wait).  A copier error
+ * breaks the object and forgets the mirror (no cluster is left claimed by
+ * pages whose bytes did not land). */
+ri_status_t gw_step_admit(gw_remote_t *r);
+
+/* Wait for the queued admissions: before the cache is read, the receive
+ * buffer reused or either freed.  Errors as gw_step_admit. */
+ri_status_t gw_admit_wait(gw_remote_t *r);
 
 #endif /* GW_REMOTE_INT_H */

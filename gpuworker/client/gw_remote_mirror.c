@@ -215,6 +215,8 @@ ri_status_t gw_remote_register(gw_remote_t *r, size_t need)
     ri_status_t st;
 
     st = gw_pend_complete(r); /* they name the old cache */
+    if (st == RI_OK)
+        st = gw_admit_wait(r); /* copies still read the receive buffer */
     if (st != RI_OK)
         return st;
     gw_mirror_clear(r);
@@ -224,9 +226,11 @@ ri_status_t gw_remote_register(gw_remote_t *r, size_t need)
             cap = (uint64_t)ceil((double)r->p.cache_frac * (double)r->pages_uploaded);
         cap = CM_MAX(cap, (uint64_t)CM_MAX(r->p.min_cache_pages, 1u));
         cap = CM_MIN(cap, (uint64_t)1 << 26);
-        r->cache = cm_malloc_aligned(&gw_remote_tag, (size_t)cap * r->page_bytes, 4096);
-        if (r->cache == NULL)
-            return RI_ERR_NOMEM;
+        void *cache = NULL;
+        st = r->mem->alloc(&cache, (size_t)cap * r->page_bytes);
+        if (st != RI_OK)
+            return st;
+        r->cache = cache;
         r->cache_pages = (uint32_t)cap;
     } else {
         /* A new cache: the old directory and its pages are forgotten. */
@@ -338,7 +342,7 @@ ri_status_t gw_late_reap(gw_remote_t *r, bool block)
     if (st == RI_OK)
         st = gw_mirror_apply(r, r->late_layer, &s->job.res.view, s->jlids);
     if (st == RI_OK)
-        gw_step_admit(r);
+        st = gw_step_admit(r);
     else
         cm_error("data plane: the late fetch of layer %u failed: %s", r->late_layer, ri_status_str(st));
     gw_dp_fetch_result_free(&s->job.res);
@@ -348,21 +352,56 @@ ri_status_t gw_late_reap(gw_remote_t *r, bool block)
     return st;
 }
 
-/* Copy every admitted miss from the receive buffer into its cache pages. */
-void gw_step_admit(gw_remote_t *r)
+/* A copy into the cache failed (or could not be queued): the mirror names
+ * pages whose bytes may not have landed, so it is forgotten, and the object
+ * is broken (the kvstore's directory names them too). */
+static ri_status_t gw_admit_fail(gw_remote_t *r, ri_status_t st)
+{
+    cm_error("block cache: copy of admitted misses into the %s space failed: %s", r->mem->name, ri_status_str(st));
+    gw_mirror_clear(r);
+    if (r->err == RI_OK)
+        r->err = st;
+    return st;
+}
+
+/* Queue a copy of every admitted miss from the receive buffer into its
+ * cache pages; runs of consecutive pages go as one copy. */
+ri_status_t gw_step_admit(gw_remote_t *r)
 {
     const cm_dp_fetch_reply_view_t *v = &r->step.job.res.view;
+    ri_status_t st;
     for (uint32_t e = 0; e < v->n_entries; e++) {
         cm_dp_entry_t en;
         cm_dp_reply_entry(v, e, &en);
         if (!(en.flags & CM_DP_F_ADMITTED))
             continue;
-        for (uint32_t p = 0; p < en.n_pages; p++)
-            memcpy(r->cache + (size_t)cm_dp_reply_page(v, en.page_index + p) * r->page_bytes,
-                   r->recv + en.recv_offset + (size_t)p * r->page_bytes, r->page_bytes);
+        for (uint32_t p = 0, run; p < en.n_pages; p += run) {
+            uint32_t first = cm_dp_reply_page(v, en.page_index + p);
+            for (run = 1; p + run < en.n_pages && cm_dp_reply_page(v, en.page_index + p + run) == first + run; run++)
+                ;
+            gw_ticket_t t;
+            st = gw_copier_submit(r->copier, r->cache + (size_t)first * r->page_bytes,
+                                  r->recv + en.recv_offset + (size_t)p * r->page_bytes, (size_t)run * r->page_bytes,
+                                  &t);
+            if (st != RI_OK)
+                return gw_admit_fail(r, st);
+            r->admit_t = t;
+        }
         r->st.admitted++;
     }
     r->st.evicted += v->n_evicted;
     r->st.fetched_bytes += v->miss_bytes;
+    return RI_OK;
+}
+
+ri_status_t gw_admit_wait(gw_remote_t *r)
+{
+    if (r->copier == NULL || r->admit_t == GW_TICKET_NONE)
+        return RI_OK;
+    ri_status_t st = gw_copier_wait(r->copier, r->admit_t, GW_NO_DEADLINE);
+    if (st != RI_OK)
+        return gw_admit_fail(r, st);
+    r->admit_t = GW_TICKET_NONE;
+    return RI_OK;
 }
 

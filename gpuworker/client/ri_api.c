@@ -21,6 +21,7 @@
 #include "common/cm_time.h"
 #include "gpuworker/client/gw_ctl.h"
 #include "gpuworker/client/gw_remote.h"
+#include "kernels/kn_mem.h"
 #include "gpuworker/client/ri_api_int.h"
 #include "gpuworker/client/ri_steady.h"
 #include "kernels/kn_ops.h"
@@ -303,6 +304,9 @@ static void ri_session_remote_params(const ri_session_h s, gw_remote_params_t *g
     g->direct = (s->p.flags & RI_SESSION_TWO_SIDED) == 0;
     g->fetch_async = (s->p.flags & RI_SESSION_FETCH_ASYNC) != 0;
     g->predict = (s->p.flags & RI_SESSION_NO_PREDICT) == 0;
+    /* an engine whose kernels read another space (the device engine: the
+     * cuda table) keeps the block cache there too; NULL ops: the host */
+    g->cache_space = s->wave.ops != NULL ? kn_mem_of(s->wave.ops) : NULL;
 }
 
 /* CreateSession on the client's kvstore, with the page size the session's

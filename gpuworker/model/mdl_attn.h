@@ -136,6 +136,13 @@ typedef struct mdl_attn_ops {
     /* The wave index of (layer, kv_head) once built (borrowed, valid until
      * the next build or update); NULL when there is none.  May be NULL. */
     const kn_index_t *(*index)(void *state, uint32_t layer, uint32_t kv_head);
+    /* true: the backend also runs on the device engine (mdl_dev.h).  There
+     * its kv's k[l] / v[l] are in the memory space of cfg->wave.ops
+     * (kn_mem_of: device memory on a GPU) and every read of them goes
+     * through that space's copy or those ops; q and out stay host memory;
+     * prefill is never called (the engine prefills exactly itself); and
+     * cfg->prefix is NULL.  false: host K/V only (the CPU runtime). */
+    bool device_ok;
 } mdl_attn_ops_t;
 
 /* Find a backend by name; NULL when unknown (or not built). */

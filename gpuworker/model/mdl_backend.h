@@ -5,7 +5,7 @@
  * and the activations of one batch of rows, and implements the ops.  Two
  * backends exist: the CPU one (mdl_model.c, over mdl_quant.c, mdl_vec.c and
  * the attention backends of mdl_attn.h) and the CUDA one (library
- * ri_model_dev, gpuworker/model/cuda/, decode only; mdl_dev.h).
+ * ri_model_dev, gpuworker/model/cuda/, prefill and decode; mdl_dev.h).
  *
  * A backend names its tensors by the ids below, not by pointers, so that the
  * forward pass never touches backend memory: activation buffers

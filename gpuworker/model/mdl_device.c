@@ -6,10 +6,13 @@
  */
 #include "gpuworker/model/mdl_device.h"
 
+#include <stdio.h>
 #include <string.h>
 
 #include "common/cm_alloc.h"
+#include "common/cm_log.h"
 #include "common/cm_status.h"
+#include "gpuworker/model/mdl_attn.h"
 #ifdef MDL_HAVE_DEV
 #include "gpuworker/model/mdl_dev.h"
 #endif
@@ -88,19 +91,119 @@ uint64_t mdl_device_weight_bytes(const mdl_device_t *dev)
     return 0;
 }
 
-ri_status_t mdl_device_seq_adopt(mdl_device_t *dev, const mdl_seq_t *cpu, void **dseq_p)
+bool mdl_device_takes(const char *name, const char *attn)
+{
+    if (name == NULL || strcmp(name, "cpu") == 0)
+        return true;
+    if (strcmp(name, "cuda") != 0 || attn == NULL)
+        return false;
+    if (strcmp(attn, "full") == 0 || strcmp(attn, "retroinfer") == 0)
+        return true;
+    const mdl_attn_ops_t *ops = mdl_attn_find(attn); /* a registered backend that reads device memory */
+    return ops != NULL && ops->device_ok;
+}
+
+const char *mdl_device_attns(const char *name)
+{
+    static _Thread_local char buf[512];
+    if (name == NULL || strcmp(name, "cpu") == 0)
+        return "every backend";
+    /* the engine's own two, then the registered backends that declare
+     * device_ok (mdl_attn_names: comma-separated) */
+    size_t n = (size_t)snprintf(buf, sizeof(buf), "full, retroinfer");
+    const char *all = mdl_attn_names();
+    while (all != NULL && *all != '\0' && n < sizeof(buf)) {
+        const char *end = strchr(all, ',');
+        size_t len = end != NULL ? (size_t)(end - all) : strlen(all);
+        char one[64];
+        if (len > 0 && len < sizeof(one)) {
+            memcpy(one, all, len);
+            one[len] = '\0';
+            const mdl_attn_ops_t *ops = mdl_attn_find(one);
+            if (ops != NULL && ops->device_ok)
+                n += (size_t)snprintf(buf + n, sizeof(buf) - n, ", %s", one);
+        }
+        all = end != NULL ? end + 1 : NULL;
+        while (all != NULL && *all == ' ')
+            all++;
+    }
+    return buf;
+}
+
+ri_status_t mdl_device_seq_adopt(mdl_device_t *dev, const mdl_seq_t *cpu, const char *attn,
+                                 const mdl_attn_cfg_t *cfg, void **dseq_p)
+{
+    *dseq_p = NULL;
+    if (dev == NULL)
+        return RI_OK;
+    void *ds = NULL;
+    ri_status_t st = mdl_device_seq_new(dev, attn, cfg, mdl_seq_cap(cpu), &ds);
+#ifdef MDL_HAVE_DEV
+    if (st == RI_OK && (st = mdl_dev_seq_upload(dev->d, ds, cpu)) != RI_OK)
+        mdl_dev_seq_destroy(ds);
+#else
+    (void)cpu;
+#endif
+    if (st == RI_OK)
+        *dseq_p = ds;
+    return st;
+}
+
+ri_status_t mdl_device_seq_new(mdl_device_t *dev, const char *attn, const mdl_attn_cfg_t *cfg, size_t cap,
+                               void **dseq_p)
 {
     *dseq_p = NULL;
     if (dev == NULL)
         return RI_OK;
 #ifdef MDL_HAVE_DEV
+    char err[256] = "";
     mdl_dev_seq_t *ds = NULL;
-    ri_status_t st = mdl_dev_seq_create(dev->d, mdl_seq_cap(cpu), &ds);
-    if (st == RI_OK && (st = mdl_dev_seq_upload(dev->d, ds, cpu)) != RI_OK)
-        mdl_dev_seq_destroy(ds);
+    ri_status_t st = mdl_dev_seq_create_attn(dev->d, cap, attn, cfg, &ds, err, sizeof(err));
+    if (st != RI_OK && err[0] != '\0')
+        cm_error("%s device sequence: %s", dev->name, err);
     if (st == RI_OK)
         *dseq_p = ds;
     return st;
+#else
+    (void)attn;
+    (void)cfg;
+    (void)cap;
+    return RI_ERR_NO_DEVICE;
+#endif
+}
+
+ri_status_t mdl_device_seq_load(mdl_device_t *dev, void *dseq, const mdl_seq_t *cpu)
+{
+    if (dev == NULL || dseq == NULL)
+        return RI_ERR_INVALID;
+#ifdef MDL_HAVE_DEV
+    return mdl_dev_seq_load(dev->d, dseq, cpu);
+#else
+    (void)cpu;
+    return RI_ERR_NO_DEVICE;
+#endif
+}
+
+ri_status_t mdl_device_prefill(mdl_device_t *dev, void *dseq, const int32_t *tokens, size_t n, float *logits)
+{
+    if (dev == NULL || dseq == NULL)
+        return RI_ERR_INVALID;
+#ifdef MDL_HAVE_DEV
+    return mdl_dev_prefill(dev->d, dseq, tokens, n, logits);
+#else
+    (void)tokens;
+    (void)n;
+    (void)logits;
+    return RI_ERR_NO_DEVICE;
+#endif
+}
+
+ri_status_t mdl_device_seq_download(mdl_device_t *dev, const void *dseq, mdl_seq_t *cpu)
+{
+    if (dev == NULL || dseq == NULL)
+        return RI_ERR_INVALID;
+#ifdef MDL_HAVE_DEV
+    return mdl_dev_seq_download(dev->d, dseq, cpu);
 #else
     (void)cpu;
     return RI_ERR_NO_DEVICE;

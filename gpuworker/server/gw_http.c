@@ -32,6 +32,7 @@
 #include "gpuworker/client/gw_attn_cluster.h"
 #include "gpuworker/client/gw_attn_remote.h"
 #include "gpuworker/client/gw_prefix_seq.h"
+#include "gpuworker/client/gw_transport.h"
 #include "gpuworker/server/gw_http_guard.h"
 
 static CM_ALLOC_TAG(gw_http_tag, "worker.http");
@@ -1111,6 +1112,10 @@ static void gw_http_render_metrics(gw_http_t *h, FILE *f)
         fprintf(f, "ri_worker_requests_finished_total{reason=\"%s\"} %llu\n", reasons[i],
                 (unsigned long long)st.finished[i]);
     gw_metric(f, "ri_worker_prompt_tokens_total", "counter", "Prompt tokens prefilled.", (double)st.prompt_tokens);
+    fprintf(f, "# HELP ri_worker_device_transport How misses reach a block cache in device memory (ucx-cuda, "
+               "pinned-staging or host), from the build and the machine.\n"
+               "# TYPE ri_worker_device_transport gauge\nri_worker_device_transport{transport=\"%s\"} 1\n",
+            gw_transport_current());
     gw_metric(f, "ri_worker_generated_tokens_total", "counter", "Tokens generated.", (double)st.generated_tokens);
     gw_metric(f, "ri_worker_sequences_rebuilt_total", "counter",
               "Sequences rebuilt by prefilling their tokens again after the kvstore lost them.", (double)st.rebuilt);
@@ -1388,6 +1393,8 @@ ri_status_t gw_http_start(const gw_http_cfg_t *cfg, mdl_model_t *m, gw_sched_t *
     unsigned flags = MHD_USE_THREAD_PER_CONNECTION | MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_POLL | MHD_USE_ITC;
     ri_status_t st;
 
+    /* probe the transport once now, not in the first /metrics request */
+    (void)gw_transport_current();
     bool v6 = false;
     st = cm_net_parse_numeric(cfg->listen, &ss, host, sizeof(host), &port, &v6);
     if (st != RI_OK) {

@@ -347,9 +347,13 @@ static bool gw_req_append(gw_req_t *r, const char *piece, size_t n)
 /* ---- the scheduler ---- */
 
 /* The device side (cfg.dev; docs/cuda.md "GPU decode path"): a request's
- * sequence is prefilled on the CPU, copied to the device after its last
- * chunk, and decodes there from then on.  With cfg.dev NULL (the CPU) these
- * do nothing. */
+ * device sequence is made with its CPU sequence, takes the prefix blocks
+ * the CPU sequence was preloaded with (prefix reuse), is prefilled on the
+ * device chunk by chunk and decodes there.  The CPU sequence then holds no
+ * more than those blocks, unless the prompt's K/V are needed on the host
+ * (publishing prefix blocks, a compare run's fork): then they are copied
+ * down after the last chunk.  With cfg.dev NULL (the CPU) these do
+ * nothing. */
 static void gw_dev_seq_free(gw_sched_t *s, void *dseq)
 {
     if (dseq != NULL)
@@ -358,7 +362,40 @@ static void gw_dev_seq_free(gw_sched_t *s, void *dseq)
 
 static ri_status_t gw_dev_upload(gw_sched_t *s, gw_req_t *r)
 {
-    return mdl_device_seq_adopt(s->cfg.dev, r->seq, &r->dseq);
+    return mdl_device_seq_adopt(s->cfg.dev, r->seq, r->attn->name, &s->cfg.attn, &r->dseq);
+}
+
+/* r's empty device sequence with r->seq's room, holding what r->seq was
+ * preloaded with (r->prefilled tokens of cached prefix blocks). */
+static ri_status_t gw_dev_seq_new(gw_sched_t *s, gw_req_t *r)
+{
+    ri_status_t st = mdl_device_seq_new(s->cfg.dev, r->attn->name, &s->cfg.attn, mdl_seq_cap(r->seq), &r->dseq);
+    if (st == RI_OK && r->prefilled > 0)
+        st = mdl_device_seq_load(s->cfg.dev, r->dseq, r->seq);
+    return st;
+}
+
+/* After the last chunk on the device: r->seq replaced by a CPU sequence
+ * holding the whole prompt's K/V, copied down from the device. */
+static ri_status_t gw_dev_download(gw_sched_t *s, gw_req_t *r)
+{
+    mdl_seq_t *seq = NULL;
+    ri_status_t st = mdl_seq_create(s->m, r->attn, &s->cfg.attn, mdl_seq_cap(r->seq), &seq);
+    if (st == RI_OK && (st = mdl_device_seq_download(s->cfg.dev, r->dseq, seq)) != RI_OK)
+        mdl_seq_destroy(seq);
+    if (st != RI_OK)
+        return st;
+    mdl_seq_destroy(r->seq); /* before r->pfx, whose blocks it borrowed */
+    r->seq = seq;
+    return RI_OK;
+}
+
+/* A prefill chunk of r: on the device when r has a device sequence. */
+static ri_status_t gw_prefill_rows(gw_sched_t *s, gw_req_t *r, const int32_t *ids, size_t n, float *logits)
+{
+    if (r->dseq != NULL)
+        return mdl_device_prefill(s->cfg.dev, r->dseq, ids, n, logits);
+    return mdl_prefill(s->m, r->seq, ids, n, logits, NULL, NULL, NULL);
 }
 
 /* A decode step of n sequences (bseq, or bdev on the device) into logits. */
@@ -571,11 +608,11 @@ static void gw_sched_run_end(gw_sched_t *s, gw_req_t *r, gw_finish_t f)
 /* Prefill the next chunk of r's prompt (creating its sequence first); at
  * the end of the prompt the first token comes from the prefill's logits. */
 /* r's sequence of cap tokens: with prefix reuse (cfg.prefix, a backend
- * it applies to, no device), preloaded with the prompt's cached blocks and
+ * it applies to), preloaded with the prompt's cached blocks and
  * r->prefilled set past them. */
 static ri_status_t gw_sched_seq_create(gw_sched_t *s, gw_req_t *r, size_t cap)
 {
-    if (s->cfg.prefix == NULL || s->cfg.dev != NULL || !gw_pfx_run_supports(r->attn))
+    if (s->cfg.prefix == NULL || !gw_pfx_run_supports(r->attn))
         return mdl_seq_create(s->m, r->attn, &s->cfg.attn, cap, &r->seq);
     ri_status_t st = gw_pfx_run_create(s->cfg.prefix, s->m, r->attn, &s->cfg.attn, cap, r->ids, r->n_ids, &r->pfx,
                                        &r->seq);
@@ -604,12 +641,14 @@ static ri_status_t gw_sched_fork(gw_sched_t *s, gw_req_t *r)
 static void gw_sched_prefill(gw_sched_t *s, gw_req_t *r)
 {
     ri_status_t st;
-    const mdl_attn_ops_t *off = s->cfg.dev == NULL ? NULL : strcmp(r->attn->name, "full") != 0 ? r->attn
-                              : r->cmp_attn != NULL && strcmp(r->cmp_attn->name, "full") != 0 ? r->cmp_attn : NULL;
+    const char *dev = mdl_device_name(s->cfg.dev);
+    const mdl_attn_ops_t *off = !mdl_device_takes(dev, r->attn->name) ? r->attn
+                              : r->cmp_attn != NULL && !mdl_device_takes(dev, r->cmp_attn->name) ? r->cmp_attn
+                                                                                                : NULL;
     if (r->seq == NULL && off != NULL) {
         gw_sched_finish(s, r, GW_FINISH_ERROR, RI_ERR_UNSUPPORTED,
-                        "attn %s does not run with --device cuda yet (the device decodes full attention only)",
-                        off->name);
+                        "attn %s does not run with --device %s (the device decodes %s)", off->name, dev,
+                        mdl_device_attns(dev));
         return;
     }
     if (r->seq == NULL) {
@@ -625,11 +664,16 @@ static void gw_sched_prefill(gw_sched_t *s, gw_req_t *r)
             gw_sched_finish(s, r, GW_FINISH_ERROR, st, "cannot create the sampler: %s", ri_status_str(st));
             return;
         }
+        if (s->cfg.dev != NULL && (st = gw_dev_seq_new(s, r)) != RI_OK) {
+            cm_error("request: cannot make its device sequence: %s", ri_status_str(st));
+            gw_sched_finish(s, r, GW_FINISH_ERROR, st, "cannot make its device sequence: %s", ri_status_str(st));
+            return;
+        }
     }
     size_t n = CM_MIN(s->cfg.prefill_chunk, r->n_ids - r->prefilled);
     bool last = r->prefilled + n == r->n_ids;
     uint64_t t0 = cm_time_ns();
-    st = mdl_prefill(s->m, r->seq, r->ids + r->prefilled, n, last ? s->plogits : NULL, NULL, NULL, NULL);
+    st = gw_prefill_rows(s, r, r->ids + r->prefilled, n, last ? s->plogits : NULL);
     r->fig.prefill_s += (double)(cm_time_ns() - t0) * 1e-9;
     if (st != RI_OK) {
         cm_error("request: prefill with attn %s failed: %s", r->attn->name, ri_status_str(st));
@@ -641,6 +685,11 @@ static void gw_sched_prefill(gw_sched_t *s, gw_req_t *r)
     pthread_mutex_lock(&s->mu);
     s->st.prompt_tokens += n;
     pthread_mutex_unlock(&s->mu);
+    if (last && r->dseq != NULL && (r->pfx != NULL || r->cmp_attn != NULL) && (st = gw_dev_download(s, r)) != RI_OK) {
+        cm_error("request: cannot copy the prefill from the device: %s", ri_status_str(st));
+        gw_sched_finish(s, r, GW_FINISH_ERROR, st, "cannot copy the prefill from the device: %s", ri_status_str(st));
+        return;
+    }
     if (last) {
         t0 = cm_time_ns();
         gw_pfx_run_prefilled(r->pfx, s->m, r->seq); /* builds the index and publishes */
@@ -649,11 +698,6 @@ static void gw_sched_prefill(gw_sched_t *s, gw_req_t *r)
     if (last && r->cmp_attn != NULL && (st = gw_sched_fork(s, r)) != RI_OK) {
         gw_sched_finish(s, r, GW_FINISH_ERROR, st, "cannot start attn %s on the prefill: %s", r->cmp_attn->name,
                         ri_status_str(st));
-        return;
-    }
-    if (last && s->cfg.dev != NULL && (st = gw_dev_upload(s, r)) != RI_OK) {
-        cm_error("request: cannot copy the prefill to the device: %s", ri_status_str(st));
-        gw_sched_finish(s, r, GW_FINISH_ERROR, st, "cannot copy the prefill to the device: %s", ri_status_str(st));
         return;
     }
     if (last) {

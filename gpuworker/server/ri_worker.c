@@ -26,7 +26,9 @@
  * its API keys (--api-keys-file).
  *
  * --device cuda decodes on the GPU, in every mode (mdl_dev.h: prefill on
- * the CPU, then the K/V goes to the device; "full" attention only;
+ * the CPU, then the K/V goes to the device; attention "full",
+ * "retroinfer", whose wave index then lives on the device, or
+ * "retroinfer-remote" (with --kvstore), whose block cache does;
  * docs/cuda.md "GPU decode path": its kernels ran on an H200, this binary
  * has not).
  */
@@ -54,6 +56,9 @@
 #include "common/cm_thread.h"
 #include "common/cm_time.h"
 #include "gpuworker/model/mdl_device.h"
+#ifdef WK_HAVE_GW_CUDA
+#include "gpuworker/client/cuda/gw_cuda.h"
+#endif
 #include "gpuworker/model/mdl_model.h"
 #include "gpuworker/client/gw_attn_remote.h"
 #include "gpuworker/client/gw_prefix_seq.h"
@@ -223,15 +228,16 @@ static const cm_config_item_t wk_items[] = {
             "group/world writable); SIGHUP reloads it", api_keys_file),
     WK_ITEM("insecure", CM_CFG_BOOL, "false", "HTTP service: serve a non-loopback --listen without "
             "--api-keys-file (something in front must authenticate)", insecure),
-    WK_ITEM("device", CM_CFG_STRING, "cpu", "where decode runs: cpu, or cuda (attn full only; prefill stays on the "
-            "CPU; needs a CUDA build and a GPU)", device),
+    WK_ITEM("device", CM_CFG_STRING, "cpu", "where decode runs: cpu, or cuda (attn full, retroinfer, or "
+            "retroinfer-remote with --kvstore; prefill runs there too; needs a CUDA build and a GPU)", device),
 };
 static const cm_config_table_t wk_table = {"ri-worker", "RI_WORKER_", wk_items, CM_ARRAY_LEN(wk_items), 0, NULL};
 
 static mdl_device_t *wk_dev; /* where decode runs, chosen once by main (--device; owned); NULL = the CPU */
 
 /* The device's name for replies, and whether it can decode with backend
- * ops (the device runs full attention only). */
+ * ops (mdl_device_takes: cuda decodes full, retroinfer and
+ * retroinfer-remote). */
 static const char *wk_device_name(void)
 {
     return mdl_device_name(wk_dev);
@@ -239,7 +245,7 @@ static const char *wk_device_name(void)
 
 static bool wk_device_takes(const mdl_attn_ops_t *ops)
 {
-    return wk_dev == NULL || strcmp(ops->name, "full") == 0;
+    return mdl_device_takes(wk_device_name(), ops->name);
 }
 
 typedef struct wk_req {
@@ -366,8 +372,8 @@ static void wk_serve(mdl_model_t *m, gw_sched_t *sched, const wk_req_t *rq, cJSO
     }
     for (size_t r = 0; r < n_runs; r++)
         if (!wk_device_takes(ops[r])) {
-            snprintf(err, sizeof(err), "attn %s does not run with --device %s yet (the device decodes full "
-                     "attention only)", ops[r]->name, wk_device_name());
+            snprintf(err, sizeof(err), "attn %s does not run with --device %s (the device decodes %s)",
+                     ops[r]->name, wk_device_name(), mdl_device_attns(wk_device_name()));
             goto fail;
         }
     st = rq->chat ? mdl_tok_chat(tok, NULL, rq->prompt, &ids, &n_ids)
@@ -673,11 +679,11 @@ static int wk_serve_http(mdl_model_t *model, const wk_cfg_t *cfg, const char *pa
     if (wk_sched_start(model, cfg, prefix, &sched) != RI_OK)
         goto out;
     const char *allow = cfg->allow_attn ? cfg->allow_attn : "";
-    /* the device decodes full attention only (main refused any other
-     * default): a request that asks for more is refused at validation (400,
-     * param "attn"), not failed later; the serving line below says so */
+    /* the device decodes only some backends (main refused any other
+     * default): a request that asks for another is refused at validation
+     * (400, param "attn"), not failed later; the serving line below says so */
     if (wk_dev != NULL)
-        allow = "full";
+        allow = mdl_device_attns(wk_device_name());
     unsigned max_conn = (unsigned)cfg->http_max_conn;
     unsigned reserve = cfg->http_reserve_conn > 0 ? (unsigned)cfg->http_reserve_conn : CM_MAX(max_conn / 16, 2u);
     unsigned per_addr = cfg->http_max_conn_per_addr > 0 ? (unsigned)cfg->http_max_conn_per_addr
@@ -817,8 +823,15 @@ static int wk_device_open(mdl_model_t *model, const char *name)
         fprintf(stderr, "ri-worker: --device %s: %s\n", name, err[0] ? err : ri_status_str(st));
         return 2;
     }
-    fprintf(stderr, "ri-worker: decoding on the %s device: %.0f MB of fp16 weights uploaded in %.1f s; attn full "
-            "only\n", mdl_device_name(wk_dev), (double)mdl_device_weight_bytes(wk_dev) / 1e6, cm_time_s() - t0);
+    fprintf(stderr, "ri-worker: decoding on the %s device: %.0f MB of fp16 weights uploaded in %.1f s; attn %s\n",
+            mdl_device_name(wk_dev), (double)mdl_device_weight_bytes(wk_dev) / 1e6, cm_time_s() - t0,
+            mdl_device_attns(mdl_device_name(wk_dev)));
+#ifdef WK_HAVE_GW_CUDA
+    /* the CUDA space is registered now: its copy engine and pinned staging
+     * memory go with it (the block cache's transport, /metrics) */
+    if (gw_cuda_init() != RI_OK)
+        fprintf(stderr, "ri-worker: no CUDA copy engine for the block cache\n");
+#endif
     return 0;
 }
 
@@ -944,9 +957,15 @@ int main(int argc, char **argv)
         fprintf(stderr, "ri-worker: cannot load %s: %s\n", path, err);
         goto out;
     }
-    if (on_cuda && strcmp(default_attn, "full") != 0) {
-        fprintf(stderr, "ri-worker: --device cuda: attn %s does not run on the device yet (full only; pass --attn "
-                "full)\n", default_attn);
+    if (on_cuda && !have_kvs && strcmp(default_attn, GW_ATTN_REMOTE_NAME) == 0) {
+        fprintf(stderr, "ri-worker: --device cuda: attn %s needs --kvstore (or --cluster)\n", default_attn);
+        rc = 2;
+        goto out;
+    }
+    if (on_cuda && !mdl_device_takes(device, default_attn)) {
+        fprintf(stderr, "ri-worker: --device cuda: attn %s does not run on the device (it decodes %s; pass --attn "
+                "full, retroinfer, or %s with --kvstore)\n", default_attn, mdl_device_attns(device),
+                GW_ATTN_REMOTE_NAME);
         rc = 2;
         goto out;
     }
@@ -959,7 +978,7 @@ int main(int argc, char **argv)
             mdl_attn_names());
 
     static gw_pfx_ctx_t prefix; /* outlives the scheduler */
-    bool pfx_on = have_kvs && cfg.prefix_cache && wk_dev == NULL && wk_prefix_setup(model, &cfg, token, &prefix);
+    bool pfx_on = have_kvs && cfg.prefix_cache && wk_prefix_setup(model, &cfg, token, &prefix);
     if (serve)
         rc = wk_serve_http(model, &cfg, path, default_attn, have_kvs, pfx_on ? &prefix : NULL, &sigs);
     else

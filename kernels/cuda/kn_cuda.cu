@@ -11,6 +11,7 @@
 extern "C" {
 #include "common/cm_log.h"
 #include "kernels/cuda/kn_cuda.h"
+#include "kernels/kn_mem.h"
 }
 
 /* fp16 everywhere; g <= 8 and d <= 256 (registers and shared memory) for
@@ -67,6 +68,11 @@ static void kn_cu_keep_pool(void)
         cudaGetLastError();  /* no pools: kn_cu_alloc falls back to cudaMalloc */
 }
 
+/* The cuda memory space (kn_mem.h): what the table's wave_step reads. */
+static const kn_mem_t kn_cuda_mem = {
+    "cuda", true, kn_cuda_malloc, kn_cuda_free, kn_cuda_copy, kn_cuda_zero,
+};
+
 extern "C" ri_status_t kn_cuda_init(void)
 {
     int count = 0, driver = 0, runtime = 0;
@@ -84,6 +90,7 @@ extern "C" ri_status_t kn_cuda_init(void)
         return RI_ERR_NO_DEVICE;
     }
     kn_cu_keep_pool();
+    kn_mem_register_cuda(&kn_cuda_mem);
     kn_ops_register_cuda(&kn_cuda_table);
     kn_ops_register_cuda_fused(kn_cuda_rank_estimate); /* kn_wave reads the centroids once */
     return RI_OK;

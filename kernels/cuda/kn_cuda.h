@@ -39,6 +39,8 @@ ri_status_t kn_cuda_rank_estimate(const kn_shape_t *grp, const float *q, const k
 ri_status_t kn_cuda_malloc(void **p, size_t bytes);
 void kn_cuda_free(void *p);
 ri_status_t kn_cuda_copy(void *dst, const void *src, size_t bytes);
+/* bytes of device memory at p set to 0.  RI_ERR_DEVICE. */
+ri_status_t kn_cuda_zero(void *p, size_t bytes);
 
 /* attn_pages for pages that are all in device memory (not checked: a host
  * page here is an illegal address on the device).  The table's attn_pages

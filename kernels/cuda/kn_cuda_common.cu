@@ -136,3 +136,10 @@ extern "C" ri_status_t kn_cuda_copy(void *dst, const void *src, size_t bytes)
         return RI_OK;
     return kn_cu_status(cudaMemcpy(dst, src, bytes, cudaMemcpyDefault), "copy");
 }
+
+extern "C" ri_status_t kn_cuda_zero(void *p, size_t bytes)
+{
+    if (bytes == 0)
+        return RI_OK;
+    return kn_cu_status(cudaMemset(p, 0, bytes), "memset");
+}

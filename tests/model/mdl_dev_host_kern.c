@@ -16,6 +16,8 @@
 
 #include "common/cm_half.h"
 #include "gpuworker/model/cuda/mdl_dev_kern.h"
+#include "gpuworker/model/cuda/mdl_dev_synth_kern.h"
+#include "gpuworker/model/mdl_synth.h"
 #include "kernels/cuda/kn_cuda.h"
 #include "mdl_dev_ref.h"
 
@@ -128,4 +130,17 @@ void mdl_dk_qk_store(const mdl_dk_qk_t *g, float *q, float *k, const float *v, c
             cm_f32_to_fp16_n((cm_fp16_t *)(uintptr_t)rows[b].v + at, v + (b * g->n_kv_heads + h) * d, d);
         }
     }
+}
+
+/* ---- the synthetic model's kernels (mdl_dev_synth_kern.h) ---- */
+
+void mdl_dk_synth_fill(uint16_t *w, size_t rows, size_t cols, size_t ld, uint64_t key, float scale)
+{
+    mdl_synth_fill_ref(w, rows, cols, ld, key, scale);
+}
+
+ri_status_t mdl_dk_d2d(void *dst, const void *src, size_t bytes)
+{
+    memcpy(dst, src, bytes);
+    return RI_OK;
 }

@@ -8,6 +8,9 @@
  *    fp16 weights, at shapes that are awkward for it (rows not a multiple of
  *    the 4 rows of a block, row lengths not a multiple of 8: the scalar
  *    tail; batch 1..8);
+ *  - prefill on the device (mdl_dev_prefill) of the second prompt: its
+ *    last logits against the CPU prefill's, and the next step from the
+ *    cache it wrote against one from the uploaded CPU cache;
  *  - SmolLM2 and Gemma 3: two prompts prefilled on the CPU, uploaded, then
  *    8 greedy steps decoded on the CPU and on the device from the same
  *    state (both fed the CPU's argmax, so that one early difference does
@@ -16,6 +19,18 @@
  *    The first 4 steps run both sequences in one batch, the last 4 one at a
  *    time.  Gemma's second prompt is longer than its 512-token window, so
  *    the sliding-window layers attend a window that has moved.
+ *  - retroinfer: the synthetic models at head_dim 64 (a size the device's
+ *    wave_step takes), one sequence decoding with the device's wave index
+ *    (mdl_dwave) beside one with full attention, 64 greedy steps against
+ *    the CPU's in-process "retroinfer" backend with small wave settings
+ *    (the prompt indexes, the steps update): same tokens, logits within
+ *    1e-3 of their range.
+ *  - the synthetic model (mdl_synth.h): an engine whose weights the device
+ *    generated (mdl_dev_create_synth) against the CPU model loaded from the
+ *    GGUF of the same preset and seed, logits within 1e-3 of their range
+ *    over a prefill (uploaded) and greedy steps; and a sequence filled with
+ *    synthetic K/V (mdl_dev_seq_fill_synth) decodes to finite logits and
+ *    holds the same K/V in every layer and every repeated tile.
  *
  * Exits 77 without a CUDA device.  test_model_dev_host is this file over
  * host stand-ins of the kernels (mdl_dev_host_kern.c): it runs everywhere
@@ -38,6 +53,7 @@
 #include "common/cm_alloc.h"
 #include "common/cm_half.h"
 #include "common/cm_time.h"
+#include "gpuworker/model/cuda/mdl_dev_int.h"
 #include "gpuworker/model/cuda/mdl_dev_kern.h"
 #include "gpuworker/model/mdl_dev.h"
 #include "gpuworker/model/mdl_model.h"
@@ -304,16 +320,145 @@ typedef struct td_run {
     double tol;          /* its bound */
 } td_run_t;
 
-/* Prefill prompt p (ids) on the CPU, upload it, take the first token. */
-static void td_prefill(td_run_t *t, int p, const int32_t *ids, size_t n)
+/* How td_prefill_on fills the device sequence. */
+typedef enum td_fill {
+    TD_UPLOAD = 0,  /* mdl_dev_seq_upload of the CPU's */
+    TD_DEVICE,      /* mdl_dev_prefill of the whole prompt */
+    TD_PREFIX,      /* a prefix loaded from a CPU sequence (mdl_dev_seq_load), the rest prefilled on the device */
+} td_fill_t;
+
+/* TD_PREFIX's prefix: the first 32 tokens of ids prefilled on the CPU in a
+ * sequence of their own, loaded into s; then the rest on the device. */
+static void td_prefix_then_device(td_run_t *t, mdl_dev_seq_t *s, const int32_t *ids, size_t n, const char *attn,
+                                  const mdl_attn_cfg_t *cfg, float *logits)
+{
+    size_t k = 32;
+    mdl_seq_t *pre = NULL;
+    assert_true(n > k);
+    assert_int_equal(mdl_seq_create(t->m, mdl_attn_find(attn), cfg, n, &pre), RI_OK);
+    assert_int_equal(mdl_prefill(t->m, pre, ids, k, NULL, NULL, NULL, NULL), RI_OK);
+    assert_int_equal(mdl_dev_seq_load(t->d, s, pre), RI_OK);
+    assert_int_equal(mdl_dev_seq_len(s), k);
+    assert_int_equal(mdl_dev_prefill(t->d, s, ids + k, n - k, logits), RI_OK);
+    mdl_seq_destroy(pre);
+}
+
+/* The device sequence s's K/V copied down into a new CPU sequence
+ * (mdl_dev_seq_download) against the CPU's own prefill cpu: every layer,
+ * head and token within 2% of the row's largest magnitude (fp16 K/V from
+ * the device's fp16 weights); a second download into a non-empty sequence
+ * is refused. */
+static void td_download_check(td_run_t *t, const mdl_dev_seq_t *s, const mdl_seq_t *cpu, const char *attn,
+                              const mdl_attn_cfg_t *cfg)
+{
+    mdl_seq_t *down = NULL;
+    assert_int_equal(mdl_seq_create(t->m, mdl_attn_find(attn), cfg, mdl_seq_cap(cpu), &down), RI_OK);
+    assert_int_equal(mdl_dev_seq_download(t->d, s, down), RI_OK);
+    assert_int_equal(mdl_seq_len(down), mdl_seq_len(cpu));
+    assert_int_equal(mdl_dev_seq_download(t->d, s, down), RI_ERR_INVALID);
+    const mdl_kv_t *a = mdl_seq_kv(down), *b = mdl_seq_kv(cpu);
+    size_t dim = a->geom.head_dim, len = mdl_seq_len(cpu);
+    double worst = 0;
+    for (uint32_t l = 0; l < a->geom.n_layers; l++)
+        for (uint32_t h = 0; h < a->geom.n_kv_heads; h++)
+            for (size_t i = 0; i < len; i++)
+                for (int w = 0; w < 2; w++) {
+                    const cm_fp16_t *ra = (w ? a->v[l] : a->k[l]) + ((size_t)h * a->cap + i) * dim;
+                    const cm_fp16_t *rb = (w ? b->v[l] : b->k[l]) + ((size_t)h * b->cap + i) * dim;
+                    double big = 1e-3, e = 0;
+                    for (size_t j = 0; j < dim; j++) {
+                        double x = cm_fp16_to_f32(ra[j]), y = cm_fp16_to_f32(rb[j]);
+                        big = fabs(y) > big ? fabs(y) : big;
+                        e = fabs(x - y) > e ? fabs(x - y) : e;
+                    }
+                    worst = e / big > worst ? e / big : worst;
+                }
+    printf("  download of %zu tokens: worst |diff| / row max %.2e\n", len, worst);
+    assert_true(worst <= 2e-2);
+    mdl_seq_destroy(down);
+}
+
+/* Prefill prompt p (ids) on the CPU with attention attn (settings cfg),
+ * and into a device sequence of the same attention with room for steps
+ * more, as fill says; prefilled on the device, its last logits are within
+ * the bound of the CPU's and its K/V, copied down, the CPU's; take the
+ * CPU's first token. */
+static void td_prefill_on(td_run_t *t, int p, const int32_t *ids, size_t n, const char *attn,
+                          const mdl_attn_cfg_t *cfg, size_t steps, td_fill_t fill)
 {
     const mdl_hparams_t *hp = mdl_model_hparams(t->m);
-    assert_int_equal(mdl_seq_create(t->m, mdl_attn_find("full"), NULL, n + TD_STEPS + 1, &t->cpu[p]), RI_OK);
+    char err[256] = "";
+    assert_int_equal(mdl_seq_create(t->m, mdl_attn_find(attn), cfg, n + steps + 1, &t->cpu[p]), RI_OK);
     assert_int_equal(mdl_prefill(t->m, t->cpu[p], ids, n, t->lc + p * hp->n_vocab, NULL, NULL, NULL), RI_OK);
-    assert_int_equal(mdl_dev_seq_create(t->d, n + TD_STEPS + 1, &t->dev[p]), RI_OK);
-    assert_int_equal(mdl_dev_seq_upload(t->d, t->dev[p], t->cpu[p]), RI_OK);
+    ri_status_t st = mdl_dev_seq_create_attn(t->d, n + steps + 1, attn, cfg, &t->dev[p], err, sizeof(err));
+    if (st != RI_OK)
+        fprintf(stderr, "mdl_dev_seq_create_attn %s: %s\n", attn, err);
+    assert_int_equal(st, RI_OK);
+    if (fill != TD_UPLOAD) {
+        if (fill == TD_PREFIX)
+            td_prefix_then_device(t, t->dev[p], ids, n, attn, cfg, t->lg + p * hp->n_vocab);
+        else
+            assert_int_equal(mdl_dev_prefill(t->d, t->dev[p], ids, n, t->lg + p * hp->n_vocab), RI_OK);
+        assert_true(tm_logit_ratio(t->lc + p * hp->n_vocab, t->lg + p * hp->n_vocab, hp->n_vocab) <= t->tol);
+        td_download_check(t, t->dev[p], t->cpu[p], attn, cfg);
+    } else {
+        assert_int_equal(mdl_dev_seq_upload(t->d, t->dev[p], t->cpu[p]), RI_OK);
+    }
     assert_int_equal(mdl_dev_seq_len(t->dev[p]), n);
     t->tok[p] = mdl_argmax(t->lc + p * hp->n_vocab, hp->n_vocab);
+}
+
+static void td_prefill_attn(td_run_t *t, int p, const int32_t *ids, size_t n, const char *attn,
+                            const mdl_attn_cfg_t *cfg, size_t steps)
+{
+    td_prefill_on(t, p, ids, n, attn, cfg, steps, TD_UPLOAD);
+}
+
+/* Prefill ids on the device itself (mdl_dev_prefill: 8 tokens a step, each
+ * row causal up to its own position) into a new sequence: the last
+ * token's logits against the CPU prefill's (cpu [n_vocab]) within the
+ * model bound, then one decode step from it against one from an uploaded
+ * copy of the CPU's K/V (up, the same token): the cache it wrote is the
+ * CPU's.  Also its refusals: a bad token, no room. */
+static void td_dev_prefill(td_run_t *t, const int32_t *ids, size_t n, const float *cpu, mdl_seq_t *cpu_seq)
+{
+    const mdl_hparams_t *hp = mdl_model_hparams(t->m);
+    size_t V = hp->n_vocab;
+    mdl_dev_seq_t *s = NULL, *up = NULL;
+    float *lg = malloc(2 * V * sizeof(float));
+    assert_non_null(lg);
+    assert_int_equal(mdl_dev_seq_create(t->d, n + 2, &s), RI_OK);
+    int32_t bad = (int32_t)V;
+    assert_int_equal(mdl_dev_prefill(t->d, s, &bad, 1, lg), RI_ERR_INVALID);
+    int32_t *big = calloc(n + 3, sizeof(int32_t));
+    assert_non_null(big);
+    assert_int_equal(mdl_dev_prefill(t->d, s, big, n + 3, lg), RI_ERR_RANGE);
+    free(big);
+    assert_int_equal(mdl_dev_seq_len(s), 0);
+    assert_int_equal(mdl_dev_prefill(t->d, s, ids, n, lg), RI_OK);
+    assert_int_equal(mdl_dev_seq_len(s), n);
+    double ratio = tm_logit_ratio(cpu, lg, V);
+    printf("  device prefill of %zu tokens: max |diff| / range %.2e, argmax cpu %d device %d\n", n, ratio,
+           mdl_argmax(cpu, V), mdl_argmax(lg, V));
+    assert_true(ratio <= t->tol);
+    assert_int_equal(mdl_argmax(cpu, V), mdl_argmax(lg, V));
+    /* the next step from the device-written cache and from the uploaded one */
+    assert_int_equal(mdl_dev_seq_create(t->d, n + 2, &up), RI_OK);
+    assert_int_equal(mdl_dev_seq_upload(t->d, up, cpu_seq), RI_OK);
+    int32_t tok = mdl_argmax(cpu, V);
+    assert_int_equal(mdl_dev_decode(t->d, &s, &tok, 1, lg), RI_OK);
+    assert_int_equal(mdl_dev_decode(t->d, &up, &tok, 1, lg + V), RI_OK);
+    double r2 = tm_logit_ratio(lg + V, lg, V);
+    printf("  next step from the device prefill vs the upload: ratio %.2e\n", r2);
+    assert_true(r2 <= t->tol);
+    mdl_dev_seq_destroy(up);
+    mdl_dev_seq_destroy(s);
+    free(lg);
+}
+
+static void td_prefill(td_run_t *t, int p, const int32_t *ids, size_t n)
+{
+    td_prefill_attn(t, p, ids, n, "full", NULL, TD_STEPS);
 }
 
 /* Compare row p of the two logit arrays; feed the CPU's argmax next. */
@@ -449,6 +594,7 @@ static void td_xcheck_path(const char *name, const char *path, bool text, size_t
     for (size_t i = 0; i < n2; i++)
         ids[i] = (int32_t)((1000 + (i * 7919) % 20000) % hp->n_vocab);
     td_prefill(&t, 1, ids, n2);
+    td_dev_prefill(&t, ids, n2, t.lc + hp->n_vocab, t.cpu[1]);
     free(ids);
     for (int s = 0; s < TD_STEPS; s++)
         td_step(&t, s, s < TD_STEPS / 2);
@@ -492,6 +638,113 @@ static void td_xcheck_synth(bool gemma)
     unlink(path);
 }
 
+/* ---- retroinfer on the device against the CPU's in-process backend ---- */
+
+#define TD_RETRO_STEPS 64
+#define TD_RETRO_PROMPT 100
+
+
+/* The model at path (head_dim 64): sequence 0 decodes with "retroinfer",
+ * sequence 1 with "full", in one batch (the first half of the steps) and
+ * one at a time, on the CPU and on the device, for 64 greedy steps: same
+ * tokens, logits within 1e-3 of their range; the device's retroinfer read
+ * fewer tokens exactly than full attention would.  With fill TD_DEVICE
+ * the retroinfer sequence is prefilled on the device (mdl_dev_prefill),
+ * with TD_PREFIX a loaded prefix is continued there; either way it is
+ * indexed at its first decode step instead of at an upload.  Then the
+ * device's refusals of what it does not do. */
+static void td_retro_path(const char *name, const char *path, td_fill_t fill)
+{
+    char err[512];
+    td_run_t t;
+    mdl_attn_cfg_t cfg;
+    memset(&t, 0, sizeof(t));
+    t.tol = TD_TOL_SYNTH;
+    tm_synth_wave_cfg(&cfg);
+    if (mdl_model_load(path, &t.m, err, sizeof(err)) != RI_OK)
+        fprintf(stderr, "%s: %s\n", path, err);
+    assert_non_null(t.m);
+    const mdl_hparams_t *hp = mdl_model_hparams(t.m);
+    ri_status_t st = mdl_dev_create(t.m, &t.d, err, sizeof(err));
+    if (st != RI_OK)
+        fprintf(stderr, "mdl_dev_create: %s\n", err);
+    assert_int_equal(st, RI_OK);
+    t.lc = malloc(2 * hp->n_vocab * sizeof(float));
+    t.lg = malloc(2 * hp->n_vocab * sizeof(float));
+    int32_t ids[TD_RETRO_PROMPT];
+    for (size_t i = 0; i < TD_RETRO_PROMPT; i++)
+        ids[i] = (int32_t)((i * 37 + 5) % hp->n_vocab);
+    td_prefill_on(&t, 0, ids, TD_RETRO_PROMPT, "retroinfer", &cfg, TD_RETRO_STEPS, fill);
+    td_prefill_attn(&t, 1, ids + 20, TD_RETRO_PROMPT - 20, "full", &cfg, TD_RETRO_STEPS);
+    for (int s = 0; s < TD_RETRO_STEPS; s++)
+        td_step(&t, s, s < TD_RETRO_STEPS / 2);
+
+    mdl_attn_stats_t cs, ds;
+    mdl_seq_attn_stats(t.cpu[0], &cs);
+    mdl_dev_seq_attn_stats(t.dev[0], &ds);
+    uint64_t dense = 0; /* what full attention reads over the same layer-steps */
+    for (int s = 0; s < TD_RETRO_STEPS; s++)
+        dense += TD_RETRO_PROMPT + (uint64_t)s + 1;
+    dense *= ds.decode_steps / TD_RETRO_STEPS;
+    printf("%s retroinfer: %llu layer-steps, %llu tokens exact on the device (CPU %llu; full would read %llu), "
+           "cluster size %u\n", name, (unsigned long long)ds.decode_steps, (unsigned long long)ds.exact_tokens,
+           (unsigned long long)cs.exact_tokens, (unsigned long long)dense, ds.tokens_per_cluster);
+    assert_int_equal(ds.decode_steps, cs.decode_steps);
+    assert_true(ds.decode_steps > 0 && ds.exact_tokens < dense);
+    assert_int_equal(ds.tokens_per_cluster, 4);
+    /* the retroinfer sequence holds its index beside a cache of the same room */
+    uint64_t kv_bytes = 2ull * hp->n_layers * hp->n_kv_heads * mdl_dev_seq_cap(t.dev[0]) * hp->head_dim * 2;
+    assert_true(mdl_dev_seq_bytes(t.dev[0]) > kv_bytes);
+#ifdef TD_HOST_KERNELS
+    if (fill == TD_UPLOAD) /* the same K/V bits, index and sets on the host */
+        assert_int_equal(ds.exact_tokens, cs.exact_tokens);
+#endif
+
+    /* refused: another attention, a per-head adaptive cut */
+    mdl_dev_seq_t *none = NULL;
+    assert_int_equal(mdl_dev_seq_create_attn(t.d, 64, "quest", &cfg, &none, err, sizeof(err)), RI_ERR_UNSUPPORTED);
+    cfg.wave.adapt_tau = 0.1f;
+    assert_int_equal(mdl_dev_seq_create_attn(t.d, 64, "retroinfer", &cfg, &none, err, sizeof(err)),
+                     RI_ERR_UNSUPPORTED);
+    assert_non_null(strstr(err, "adapt_tau"));
+    assert_null(none);
+    printf("retroinfer cross-check %s%s: passed, worst max |diff| / range %.2e over %d steps x 2 sequences\n", name,
+           fill == TD_DEVICE ? " (prefilled on the device)" : fill == TD_PREFIX ? " (a prefix loaded, the rest prefilled on the device)" : "", t.worst, TD_RETRO_STEPS);
+    for (int p = 0; p < 2; p++) {
+        mdl_dev_seq_destroy(t.dev[p]);
+        mdl_seq_destroy(t.cpu[p]);
+    }
+    mdl_dev_destroy(t.d);
+    mdl_model_destroy(t.m);
+    free(t.lc);
+    free(t.lg);
+}
+
+static void td_retro_synth(bool gemma)
+{
+    char path[] = "/tmp/ri-test-model-dev-XXXXXX";
+    int fd = mkstemp(path);
+    assert_true(fd >= 0);
+    close(fd);
+    assert_true(tm_synth_write_shape(path, gemma, tm_synth_shape_wave(gemma)));
+    td_retro_path(gemma ? "synthetic-gemma3" : "synthetic-llama", path, TD_UPLOAD);
+    td_retro_path(gemma ? "synthetic-gemma3" : "synthetic-llama", path, TD_DEVICE);
+    td_retro_path(gemma ? "synthetic-gemma3" : "synthetic-llama", path, TD_PREFIX);
+    unlink(path);
+}
+
+static void test_synth_llama_retroinfer_matches_cpu(void **state)
+{
+    (void)state;
+    td_retro_synth(false);
+}
+
+static void test_synth_gemma3_retroinfer_matches_cpu(void **state)
+{
+    (void)state;
+    td_retro_synth(true); /* its sliding-window layers stay exact over their window */
+}
+
 static void test_synth_llama_matches_cpu(void **state)
 {
     (void)state;
@@ -502,6 +755,97 @@ static void test_synth_gemma3_matches_cpu(void **state)
 {
     (void)state;
     td_xcheck_synth(true);   /* 40 tokens: past its 16-token window */
+}
+
+/* K of head h of layer l of s, its first n tokens, into out [n][head_dim]. */
+static void td_seq_k_head(const mdl_dev_seq_t *s, uint32_t l, uint32_t h, cm_fp16_t *out, size_t n)
+{
+    size_t dim = s->d->hp.head_dim;
+    assert_int_equal(mdl_dk_d2h(out, mdl_dev_seq_kv(s, l, 0) + h * s->cap * dim, n * dim * 2), RI_OK);
+}
+
+/* The synthetic tiny preset, twice: the engine from the GGUF file
+ * (mdl_dev_create, as the worker) and the engine whose weights the device
+ * generated (mdl_dev_create_synth); both against the CPU model of the file. */
+static void test_synth_preset_matches_cpu(void **state)
+{
+    (void)state;
+    char path[] = "/tmp/ri-test-model-dev-synth-XXXXXX", err[256];
+    const mdl_synth_preset_t *p = mdl_synth_preset_find("tiny");
+    mdl_model_t *m = NULL;
+    mdl_dev_t *d = NULL;
+    int fd = mkstemp(path);
+    assert_true(fd >= 0);
+    close(fd);
+    assert_int_equal(mdl_synth_write_gguf(p, 7, path, err, sizeof(err)), RI_OK);
+    td_xcheck_path("synthetic-tiny (file)", path, false, 0);
+    assert_int_equal(mdl_model_load(path, &m, err, sizeof(err)), RI_OK);
+    if (mdl_dev_create_synth(p, 7, &d, err, sizeof(err)) != RI_OK)
+        fail_msg("mdl_dev_create_synth: %s", err);
+    const mdl_hparams_t *hp = mdl_model_hparams(m);
+    assert_int_equal(mdl_dev_hparams(d)->n_vocab, hp->n_vocab);
+    float *lc = malloc(hp->n_vocab * sizeof(float)), *lg = malloc(hp->n_vocab * sizeof(float));
+    int32_t prompt[19];
+    mdl_seq_t *cs = NULL;
+    mdl_dev_seq_t *ds = NULL;
+    assert_true(lc != NULL && lg != NULL);
+    for (int i = 0; i < 19; i++)
+        prompt[i] = (int32_t)((i * 53 + 11) % hp->n_vocab);
+    assert_int_equal(mdl_seq_create(m, mdl_attn_find("full"), NULL, 19 + TD_STEPS + 1, &cs), RI_OK);
+    assert_int_equal(mdl_prefill(m, cs, prompt, 19, lc, NULL, NULL, NULL), RI_OK);
+    assert_int_equal(mdl_dev_seq_create(d, 19 + TD_STEPS + 1, &ds), RI_OK);
+    assert_int_equal(mdl_dev_seq_upload(d, ds, cs), RI_OK);
+    double worst = 0;
+    for (int k = 0; k < TD_STEPS; k++) {
+        int32_t tok = mdl_argmax(lc, hp->n_vocab);
+        assert_int_equal(mdl_decode(m, &cs, &tok, 1, lc), RI_OK);
+        assert_int_equal(mdl_dev_decode(d, &ds, &tok, 1, lg), RI_OK);
+        float lo = INFINITY, hi = -INFINITY;
+        double diff = 0;
+        for (uint32_t v = 0; v < hp->n_vocab; v++) {
+            lo = fminf(lo, lc[v]);
+            hi = fmaxf(hi, lc[v]);
+            double e = fabs((double)lc[v] - lg[v]);
+            diff = e > diff || isnan(e) ? e : diff;
+        }
+        double ratio = diff / (double)(hi - lo);
+        assert_false(isnan(ratio));
+        assert_true(ratio <= TD_TOL_SYNTH);
+        worst = ratio > worst ? ratio : worst;
+    }
+    printf("synthetic tiny, weights generated on the device: worst max |diff| / range %.2e over %d steps\n", worst,
+           TD_STEPS);
+    /* a filled sequence: every layer holds layer 0's K/V, tiles repeat */
+    mdl_dev_seq_t *f = NULL;
+    size_t n = 40000, dim = hp->head_dim;   /* past one 16K tile */
+    assert_int_equal(mdl_dev_seq_create(d, n + 2, &f), RI_OK);
+    assert_int_equal(mdl_dev_seq_fill_synth(d, f, n + 3, 1), RI_ERR_RANGE);
+    assert_int_equal(mdl_dev_seq_fill_synth(d, f, n, 1), RI_OK);
+    assert_int_equal(mdl_dev_seq_len(f), n);
+    cm_fp16_t *k0 = malloc(n * dim * 2), *kl = malloc(n * dim * 2);
+    assert_true(k0 != NULL && kl != NULL);
+    td_seq_k_head(f, 0, 1, k0, n);
+    td_seq_k_head(f, hp->n_layers - 1, 1, kl, n);
+    assert_memory_equal(k0, kl, n * dim * 2);
+    assert_memory_equal(k0, k0 + 16384 * dim, (n - 16384) * dim * 2);
+    bool nonzero = false;
+    for (size_t i = 0; i < 16384 * dim && !nonzero; i++)
+        nonzero = k0[i] != 0;
+    assert_true(nonzero);
+    int32_t tok = 3;
+    assert_int_equal(mdl_dev_decode(d, &f, &tok, 1, lg), RI_OK);
+    for (uint32_t v = 0; v < hp->n_vocab; v++)
+        assert_true(isfinite(lg[v]));
+    free(k0);
+    free(kl);
+    mdl_dev_seq_destroy(f);
+    mdl_dev_seq_destroy(ds);
+    mdl_seq_destroy(cs);
+    mdl_dev_destroy(d);
+    mdl_model_destroy(m);
+    free(lc);
+    free(lg);
+    unlink(path);
 }
 
 static void test_smollm2_matches_cpu(void **state)
@@ -516,7 +860,10 @@ static void test_gemma3_matches_cpu(void **state)
     td_xcheck("gemma3-270m", 700);   /* past the 512-token window */
 }
 
-int main(void)
+/* argv[1] "--synthetic-only": the kernels and the synthetic models only
+ * (seconds; the sanitizer run's test_model_dev_host_synth), not SmolLM2 and
+ * Gemma 3 (minutes over the host stand-ins). */
+int main(int argc, char **argv)
 {
     /* mdl_dev_create registers the CUDA backend, which then becomes
      * kn_ops_default(): the CPU reference's "full" decode would run the
@@ -534,8 +881,13 @@ int main(void)
         cmocka_unit_test(test_small_kernels),
         cmocka_unit_test(test_synth_llama_matches_cpu),
         cmocka_unit_test(test_synth_gemma3_matches_cpu),
-        cmocka_unit_test(test_smollm2_matches_cpu),
-        cmocka_unit_test(test_gemma3_matches_cpu),
+        cmocka_unit_test(test_synth_llama_retroinfer_matches_cpu),
+        cmocka_unit_test(test_synth_gemma3_retroinfer_matches_cpu),
+        cmocka_unit_test(test_synth_preset_matches_cpu),
+        cmocka_unit_test(test_smollm2_matches_cpu),   /* the installed models last: */
+        cmocka_unit_test(test_gemma3_matches_cpu),    /* --synthetic-only stops before them */
     };
-    return cmocka_run_group_tests(tests, NULL, NULL);
+    bool synth_only = argc > 1 && strcmp(argv[1], "--synthetic-only") == 0;
+    size_t n = sizeof(tests) / sizeof(tests[0]) - (synth_only ? 2 : 0);
+    return _cmocka_run_group_tests("test_model_dev", tests, n, NULL, NULL);
 }

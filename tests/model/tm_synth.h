@@ -17,6 +17,7 @@
 
 #include "common/cm_half.h"
 #include "gguf_builder.h"
+#include "gpuworker/model/mdl_attn.h"
 
 typedef struct tm_synth_shape {
     uint32_t n_vocab, n_embd, n_ff, n_layers, n_heads, n_kv_heads, head_dim;
@@ -30,6 +31,18 @@ static inline tm_synth_shape_t tm_synth_shape(bool gemma)
     /* llama: n_embd = n_heads * head_dim (84: not a multiple of 8 either) */
     return (tm_synth_shape_t){.n_vocab = 299, .n_embd = 84, .n_ff = 150, .n_layers = 3, .n_heads = 6,
                               .n_kv_heads = 2, .head_dim = 14};
+}
+
+/* The same model with head_dim 64, a size the device's tripartite step
+ * (kn_cuda_wave_step: 64, 128, 256) takes: for the device "retroinfer"
+ * check.  llama keeps n_embd = n_heads * head_dim. */
+static inline tm_synth_shape_t tm_synth_shape_wave(bool gemma)
+{
+    tm_synth_shape_t s = tm_synth_shape(gemma);
+    s.head_dim = 64;
+    if (!gemma)
+        s.n_embd = s.n_heads * s.head_dim;
+    return s;
 }
 
 static inline void tm_kv_key(gb_t *b, const char *key, uint32_t type)
@@ -99,10 +112,9 @@ static inline float tm_synth_rand(uint64_t *st)   /* [-1, 1) */
     return (float)((double)(*st >> 11) / (double)(1ull << 53) * 2.0 - 1.0);
 }
 
-/* Write the model to path; false on an I/O error. */
-static inline bool tm_synth_write(const char *path, bool gemma)
+/* Write the model of shape s to path; false on an I/O error. */
+static inline bool tm_synth_write_shape(const char *path, bool gemma, tm_synth_shape_t s)
 {
-    tm_synth_shape_t s = tm_synth_shape(gemma);
     const char *arch = gemma ? "gemma3" : "llama";
     tm_tensor_t *t = calloc(16 + 16 * (size_t)s.n_layers, sizeof(*t));
     size_t nt = tm_synth_tensors(&s, gemma, t);
@@ -181,6 +193,41 @@ static inline bool tm_synth_write(const char *path, bool gemma)
     free(b.p);
     free(t);
     return ok;
+}
+
+/* Write the model (tm_synth_shape) to path; false on an I/O error. */
+static inline bool tm_synth_write(const char *path, bool gemma)
+{
+    return tm_synth_write_shape(path, gemma, tm_synth_shape(gemma));
+}
+
+/* Wave settings small enough that a 100-token prompt of a synthetic model
+ * indexes (80 tokens into 20 clusters) and 64 greedy steps update once (at
+ * 132 tokens): the device tests' retroinfer cases. */
+static inline void tm_synth_wave_cfg(mdl_attn_cfg_t *cfg)
+{
+    mdl_attn_cfg_default(cfg);
+    cfg->wave.sink_tokens = 4;
+    cfg->wave.window_tokens = 16;
+    cfg->wave.update_tokens = 32;
+    cfg->wave.segment_tokens = 32;
+    cfg->wave.tokens_per_cluster = 4;
+    cfg->wave.retrieval_min_tokens = 8;
+    cfg->wave.estimation_min_tokens = 8;
+}
+
+/* max |c - g| / range(c) over n logits (NaN when any difference is). */
+static inline double tm_logit_ratio(const float *c, const float *g, size_t n)
+{
+    float lo = c[0], hi = c[0];
+    double diff = 0;
+    for (size_t i = 0; i < n; i++) {
+        lo = c[i] < lo ? c[i] : lo;
+        hi = c[i] > hi ? c[i] : hi;
+        double e = fabs((double)c[i] - g[i]);
+        diff = e > diff || isnan(e) ? e : diff;
+    }
+    return diff / (double)(hi - lo);
 }
 
 #endif /* TM_SYNTH_H */

@@ -348,6 +348,10 @@ def test_api(tmp):
               m['ri_worker_requests_finished_total{reason="length"}'] >= 1 and
               m["ri_worker_queue_depth"] == 0 and m["ri_worker_running_requests"] == 0 and
               m["ri_worker_batch_size_max"] == 1, "metrics: finish reasons, queue, batch gauges")
+        # this machine has no device memory space: misses would stay in host memory
+        check(m.get('ri_worker_device_transport{transport="host"}') == 1 and
+              sum(1 for k in m if k.startswith("ri_worker_device_transport{")) == 1,
+              "metrics: the device transport is host, alone")
     finally:
         rc = w.stop()
     check(rc == 0 and not os.path.exists(w.port_file), "SIGTERM -> exit 0, port file removed (rc %s)" % rc)

@@ -14,6 +14,7 @@
 #include "common/cm_status.h"
 #include "gpuworker/model/cuda/mdl_dev_int.h"
 #include "kernels/cuda/kn_cuda.h"
+#include "kernels/kn_mem.h"
 
 static CM_ALLOC_TAG(mdl_dev_tag, "model.dev");
 
@@ -109,8 +110,7 @@ static ri_status_t mdl_dev_layer(mdl_dev_t *d, uint32_t l, char *err, size_t err
     return RI_OK;
 }
 
-/* Device activations and host staging for MDL_DEV_MAX_BATCH rows. */
-static ri_status_t mdl_dev_buffers(mdl_dev_t *d)
+ri_status_t mdl_dev_buffers(mdl_dev_t *d)
 {
     const mdl_hparams_t *hp = &d->hp;
     size_t B = MDL_DEV_MAX_BATCH, qd = (size_t)hp->n_heads * hp->head_dim;
@@ -136,8 +136,7 @@ static ri_status_t mdl_dev_buffers(mdl_dev_t *d)
     return RI_OK;
 }
 
-/* The device, its attention op, and a shape that op takes. */
-static ri_status_t mdl_dev_attach(mdl_dev_t *d, char *err, size_t errlen)
+ri_status_t mdl_dev_attach(mdl_dev_t *d, char *err, size_t errlen)
 {
     ri_status_t st = mdl_dk_probe();
     if (st == RI_OK)
@@ -153,6 +152,20 @@ static ri_status_t mdl_dev_attach(mdl_dev_t *d, char *err, size_t errlen)
     return RI_OK;
 }
 
+static void mdl_dev_model_embed_row(const mdl_dev_t *d, int32_t token, float *out)
+{
+    mdl_dequant_row(&d->embd, (size_t)token, out);
+}
+
+static void mdl_dev_model_rope(const mdl_dev_t *d, bool swa, size_t pos, float *cs)
+{
+    mdl_model_rope_angles(d->m, swa, pos, cs);
+}
+
+/* A model's step inputs: read from its mapping, as the CPU path reads them. */
+static const mdl_dev_src_t mdl_dev_model_src = {.embed_row = mdl_dev_model_embed_row,
+                                                .rope_angles = mdl_dev_model_rope};
+
 ri_status_t mdl_dev_create(const mdl_model_t *m, mdl_dev_t **d_p, char *err, size_t errlen)
 {
     const mdl_hparams_t *hp = mdl_model_hparams(m);
@@ -164,6 +177,7 @@ ri_status_t mdl_dev_create(const mdl_model_t *m, mdl_dev_t **d_p, char *err, siz
         return RI_ERR_NOMEM;
     d->m = m;
     d->hp = *hp;
+    d->src = &mdl_dev_model_src;
     if ((st = mdl_dev_attach(d, err, errlen)) != RI_OK)
         goto err_free_dev;
     if ((st = mdl_model_weight(m, "token_embd.weight", hp->n_vocab, hp->n_embd, &d->embd, err, errlen)) != RI_OK)
@@ -228,11 +242,74 @@ uint64_t mdl_dev_weight_bytes(const mdl_dev_t *d)
 
 /* ---- sequences ---- */
 
-ri_status_t mdl_dev_seq_create(mdl_dev_t *d, size_t cap, mdl_dev_seq_t **s_p)
+/* s's wave indexes for "retroinfer": one per global layer, over the
+ * engine's kernels table and the memory space it reads (the device; the
+ * host under the host stand-ins). */
+static ri_status_t mdl_dev_seq_waves(mdl_dev_seq_t *s, const mdl_attn_cfg_t *cfg, char *err, size_t errlen)
+{
+    mdl_dev_t *d = s->d;
+    const kn_mem_t *mem = kn_mem_of(d->ops);
+    s->wave = cm_calloc(&mdl_dev_tag, d->hp.n_layers, sizeof(*s->wave));
+    if (s->wave == NULL)
+        return RI_ERR_NOMEM;
+    for (uint32_t l = 0; l < d->hp.n_layers; l++) {
+        if (d->layers[l].window > 0)
+            continue; /* exact over its window, as the CPU runtime does */
+        ri_status_t st = mdl_dwave_create(&d->shape, &cfg->wave, d->ops, mem, &s->wave[l], err, errlen);
+        if (st != RI_OK)
+            return st;
+    }
+    return RI_OK;
+}
+
+/* s's backend be (device_ok): a view of the device cache as its mdl_kv_t,
+ * host q/out rows, and its state, created with cfg's settings over the
+ * engine's kernels table (so that it reads the cache through the space
+ * that table reads). */
+static ri_status_t mdl_dev_seq_backend(mdl_dev_seq_t *s, const mdl_attn_ops_t *be, const mdl_attn_cfg_t *cfg)
+{
+    mdl_dev_t *d = s->d;
+    const mdl_hparams_t *hp = &d->hp;
+    size_t qd = (size_t)hp->n_heads * hp->head_dim;
+    mdl_attn_cfg_t c = *cfg;
+    c.wave.ops = d->ops;
+    c.prefix = NULL; /* prefix reuse fills a host cache */
+    s->be_kv = (mdl_kv_t){.geom = {.n_layers = hp->n_layers, .n_heads = hp->n_heads,
+                                   .n_kv_heads = hp->n_kv_heads, .head_dim = hp->head_dim},
+                          .cap = s->cap};
+    s->be_kv.k = cm_calloc(&mdl_dev_tag, hp->n_layers, sizeof(cm_fp16_t *));
+    s->be_kv.v = cm_calloc(&mdl_dev_tag, hp->n_layers, sizeof(cm_fp16_t *));
+    s->h_q = cm_malloc(&mdl_dev_tag, qd * sizeof(float));
+    s->h_out = cm_malloc(&mdl_dev_tag, qd * sizeof(float));
+    if (!s->be_kv.k || !s->be_kv.v || !s->h_q || !s->h_out)
+        return RI_ERR_NOMEM;
+    for (uint32_t l = 0; l < hp->n_layers; l++) {
+        s->be_kv.k[l] = (cm_fp16_t *)mdl_dev_seq_kv(s, l, 0);
+        s->be_kv.v[l] = (cm_fp16_t *)mdl_dev_seq_kv(s, l, 1);
+    }
+    ri_status_t st = be->create(&c, &s->be_kv, &s->be_state);
+    if (st == RI_OK)
+        s->be = be;
+    return st;
+}
+
+ri_status_t mdl_dev_seq_create_attn(mdl_dev_t *d, size_t cap, const char *attn, const mdl_attn_cfg_t *cfg,
+                                    mdl_dev_seq_t **s_p, char *err, size_t errlen)
 {
     const mdl_hparams_t *hp = &d->hp;
-    if (cap == 0)
-        return RI_ERR_INVALID;
+    bool retro = attn != NULL && strcmp(attn, "retroinfer") == 0;
+    const mdl_attn_ops_t *be = NULL;
+    if (cap == 0 || attn == NULL || (retro && cfg == NULL))
+        return mdl_errf(err, errlen, RI_ERR_INVALID, "device sequence: bad arguments");
+    if (!retro && strcmp(attn, "full") != 0) {
+        be = mdl_attn_find(attn);
+        if (be == NULL || !be->device_ok)
+            return mdl_errf(err, errlen, RI_ERR_UNSUPPORTED,
+                            "attn %.64s does not run on the device (it decodes full, retroinfer and the "
+                            "backends that read device memory)", attn);
+        if (cfg == NULL)
+            return mdl_errf(err, errlen, RI_ERR_INVALID, "device sequence: attn %.64s needs settings", attn);
+    }
     mdl_dev_seq_t *s = cm_calloc(&mdl_dev_tag, 1, sizeof(*s));
     if (s == NULL)
         return RI_ERR_NOMEM;
@@ -240,20 +317,77 @@ ri_status_t mdl_dev_seq_create(mdl_dev_t *d, size_t cap, mdl_dev_seq_t **s_p)
     s->cap = cap;
     size_t bytes = 2 * (size_t)hp->n_layers * hp->n_kv_heads * cap * hp->head_dim * sizeof(uint16_t);
     ri_status_t st = mdl_dk_malloc((void **)&s->kv, bytes);
+    if (st == RI_OK && retro)
+        st = mdl_dev_seq_waves(s, cfg, err, errlen);
+    if (st == RI_OK && be != NULL && (st = mdl_dev_seq_backend(s, be, cfg)) != RI_OK)
+        mdl_errf(err, errlen, st, "attn %.64s: cannot start a device sequence: %s", attn, ri_status_str(st));
     if (st != RI_OK) {
-        cm_free(s);
+        mdl_dev_seq_destroy(s);
         return st;
     }
     *s_p = s;
     return RI_OK;
 }
 
+ri_status_t mdl_dev_seq_create(mdl_dev_t *d, size_t cap, mdl_dev_seq_t **s_p)
+{
+    return mdl_dev_seq_create_attn(d, cap, "full", NULL, s_p, NULL, 0);
+}
+
 void mdl_dev_seq_destroy(mdl_dev_seq_t *s)
 {
     if (s == NULL)
         return;
+    for (uint32_t l = 0; s->wave != NULL && l < s->d->hp.n_layers; l++)
+        mdl_dwave_destroy(s->wave[l]);
+    cm_free(s->wave);
+    if (s->be != NULL)
+        s->be->destroy(s->be_state); /* before the cache it reads */
+    cm_free(s->be_kv.k);
+    cm_free(s->be_kv.v);
+    cm_free(s->h_q);
+    cm_free(s->h_out);
     mdl_dk_free(s->kv);
     cm_free(s);
+}
+
+void mdl_dev_seq_attn_stats(const mdl_dev_seq_t *s, mdl_attn_stats_t *st_p)
+{
+    const mdl_hparams_t *hp = &s->d->hp;
+    memset(st_p, 0, sizeof(*st_p));
+    if (s->be != NULL) { /* the backend's own figures (global layers) */
+        if (s->be->stats != NULL)
+            s->be->stats(s->be_state, st_p);
+        return;
+    }
+    st_p->decode_steps = s->full_steps;
+    st_p->exact_tokens = s->full_tokens;
+    st_p->bytes_read = s->full_tokens * hp->n_kv_heads * hp->head_dim * 2 * sizeof(uint16_t);
+    for (uint32_t l = 0; s->wave != NULL && l < hp->n_layers; l++) {
+        mdl_dwave_stats_t ws;
+        if (s->wave[l] == NULL)
+            continue;
+        mdl_dwave_stats(s->wave[l], &ws);
+        st_p->decode_steps += ws.steps;
+        st_p->exact_tokens += ws.exact_tokens;
+        st_p->bytes_read += ws.bytes_read;
+        st_p->build_s += ws.build_s;
+        st_p->tokens_per_cluster = kn_wave_params(mdl_dwave_wave(s->wave[l]))->tokens_per_cluster;
+    }
+}
+
+uint64_t mdl_dev_seq_bytes(const mdl_dev_seq_t *s)
+{
+    const mdl_hparams_t *hp = &s->d->hp;
+    uint64_t bytes = 2ull * hp->n_layers * hp->n_kv_heads * s->cap * hp->head_dim * sizeof(uint16_t);
+    for (uint32_t l = 0; s->wave != NULL && l < hp->n_layers; l++) {
+        mdl_dwave_stats_t ws;
+        if (s->wave[l] == NULL)
+            continue;
+        mdl_dwave_stats(s->wave[l], &ws);
+        bytes += ws.index_bytes;
+    }
+    return bytes;
 }
 
 size_t mdl_dev_seq_len(const mdl_dev_seq_t *s)
@@ -266,16 +400,25 @@ size_t mdl_dev_seq_cap(const mdl_dev_seq_t *s)
     return s->cap;
 }
 
-ri_status_t mdl_dev_seq_upload(mdl_dev_t *d, mdl_dev_seq_t *s, const mdl_seq_t *cpu)
+/* Whether cpu's cache has d's geometry. */
+static bool mdl_dev_same_geom(const mdl_dev_t *d, const mdl_kv_t *kv)
+{
+    const mdl_hparams_t *hp = &d->hp;
+    return kv->geom.n_layers == hp->n_layers && kv->geom.n_kv_heads == hp->n_kv_heads &&
+           kv->geom.head_dim == hp->head_dim;
+}
+
+ri_status_t mdl_dev_seq_load(mdl_dev_t *d, mdl_dev_seq_t *s, const mdl_seq_t *cpu)
 {
     const mdl_kv_t *kv = mdl_seq_kv(cpu);
     const mdl_hparams_t *hp = &d->hp;
     size_t len = mdl_seq_len(cpu), dim = hp->head_dim;
-    if (s->d != d || kv->geom.n_layers != hp->n_layers || kv->geom.n_kv_heads != hp->n_kv_heads ||
-        kv->geom.head_dim != dim)
+    if (s->d != d || !mdl_dev_same_geom(d, kv))
         return RI_ERR_INVALID;
     if (len > s->cap)
         return RI_ERR_RANGE;
+    if (s->indexed)
+        return RI_ERR_INVALID;   /* an index covers what the cache held */
     ri_status_t st = RI_OK;
     /* one copy per (layer, head, K|V): the two caches' head strides differ */
     for (uint32_t l = 0; l < hp->n_layers && st == RI_OK; l++)
@@ -285,7 +428,82 @@ ri_status_t mdl_dev_seq_upload(mdl_dev_t *d, mdl_dev_seq_t *s, const mdl_seq_t *
             if (st == RI_OK)
                 st = mdl_dk_h2d(mdl_dev_seq_kv(s, l, 1) + dst, kv->v[l] + src, bytes);
         }
+    if (st != RI_OK)
+        return st;
+    s->len = len;
+    return RI_OK;
+}
+
+ri_status_t mdl_dev_seq_upload(mdl_dev_t *d, mdl_dev_seq_t *s, const mdl_seq_t *cpu)
+{
+    ri_status_t st = mdl_dev_seq_load(d, s, cpu);
+    return st == RI_OK ? mdl_dev_seq_index(d, s) : st;
+}
+
+/* mdl_seq_preload's fill: positions [pos0, pos0 + n) of (layer, kv_head)
+ * copied down from the device sequence arg. */
+static ri_status_t mdl_dev_seq_fill_down(void *arg, uint32_t layer, uint32_t kv_head, size_t pos0, size_t n,
+                                         cm_fp16_t *k, cm_fp16_t *v, size_t token_stride)
+{
+    const mdl_dev_seq_t *s = arg;
+    size_t dim = s->d->hp.head_dim, off = ((size_t)kv_head * s->cap + pos0) * dim;
+    const uint16_t *dk = mdl_dev_seq_kv(s, layer, 0) + off, *dv = mdl_dev_seq_kv(s, layer, 1) + off;
+    if (token_stride == dim) { /* one copy each */
+        ri_status_t st = mdl_dk_d2h(k, dk, n * dim * sizeof(uint16_t));
+        return st == RI_OK ? mdl_dk_d2h(v, dv, n * dim * sizeof(uint16_t)) : st;
+    }
+    for (size_t t = 0; t < n; t++) {
+        ri_status_t st = mdl_dk_d2h(k + t * token_stride, dk + t * dim, dim * sizeof(uint16_t));
+        if (st == RI_OK)
+            st = mdl_dk_d2h(v + t * token_stride, dv + t * dim, dim * sizeof(uint16_t));
+        if (st != RI_OK)
+            return st;
+    }
+    return RI_OK;
+}
+
+ri_status_t mdl_dev_seq_download(mdl_dev_t *d, const mdl_dev_seq_t *s, mdl_seq_t *cpu)
+{
+    if (s->d != d || !mdl_dev_same_geom(d, mdl_seq_kv(cpu)) || mdl_seq_len(cpu) != 0 || s->len == 0)
+        return RI_ERR_INVALID;
+    return mdl_seq_preload(cpu, s->len, mdl_dev_seq_fill_down, (void *)s);
+}
+
+/* s's backend indexes each global layer over the s->len tokens of the
+ * device cache (its prefill_end, as mdl_prefill_end on the CPU), once the
+ * stream wrote them: the backend reads the cache from other threads. */
+static ri_status_t mdl_dev_seq_index_backend(mdl_dev_t *d, mdl_dev_seq_t *s)
+{
+    ri_status_t st = mdl_dk_sync("device sequence index");
+    s->be_kv.len = s->len;
+    for (uint32_t l = 0; l < d->hp.n_layers && st == RI_OK; l++)
+        if (d->layers[l].window == 0 && s->be->prefill_end != NULL)
+            st = s->be->prefill_end(s->be_state, l);
     if (st == RI_OK)
-        s->len = len;
+        s->indexed = true;
+    return st;
+}
+
+ri_status_t mdl_dev_seq_index(mdl_dev_t *d, mdl_dev_seq_t *s)
+{
+    const mdl_hparams_t *hp = &d->hp;
+    size_t dim = hp->head_dim;
+    ri_status_t st = RI_OK;
+    if (s->be != NULL && !s->indexed)
+        return mdl_dev_seq_index_backend(d, s);
+    if (s->wave == NULL || s->indexed)
+        return RI_OK;
+    /* each global layer's index from the device cache (the cuda
+     * index_build reads device K/V in place) */
+    for (uint32_t l = 0; l < hp->n_layers && st == RI_OK; l++) {
+        if (s->wave[l] == NULL)
+            continue;
+        kn_kv_view_t view = {.k = (const cm_fp16_t *)mdl_dev_seq_kv(s, l, 0),
+                             .v = (const cm_fp16_t *)mdl_dev_seq_kv(s, l, 1), .n_tokens = s->len,
+                             .token_stride = dim, .head_stride = s->cap * dim};
+        st = mdl_dwave_build(s->wave[l], &view);
+    }
+    if (st == RI_OK)
+        s->indexed = true;
     return st;
 }
