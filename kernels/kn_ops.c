@@ -140,7 +140,8 @@ void kn_index_init(kn_index_t *idx, uint32_t head_dim)
 uint64_t kn_index_resident_bytes(const kn_index_t *idx)
 {
     uint64_t c = idx->cap_clusters, d = idx->head_dim;
-    uint64_t b = idx->fixed_clusters ? 0 : c * d * sizeof(cm_fp16_t) * ((idx->centroids != NULL) + (idx->vmean != NULL));
+    uint64_t rows = idx->fixed_clusters ? 0 : (uint64_t)(idx->centroids != NULL) + (idx->vmean != NULL);
+    uint64_t b = c * d * sizeof(cm_fp16_t) * rows;
     if (idx->vsum != NULL)
         b += c * d * sizeof(float);
     return b + c * 2 * sizeof(uint32_t) + (uint64_t)idx->cap_tokens * sizeof(uint32_t);

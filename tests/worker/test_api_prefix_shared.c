@@ -33,21 +33,21 @@
 #include "retroinfer/retroinfer.h"
 #include "wk_test_util.h"
 
-#define NL 2
-#define NQ 8
-#define NKV 4
-#define D 128
-#define N 6000 /* 23 attachable blocks of 256, 112 tokens past them */
-#define CAP 6100
-#define B 256u
-#define NSEQ 3
+#define NL    2
+#define NQ    8
+#define NKV   4
+#define D     128
+#define N     6000 /* 23 attachable blocks of 256, 112 tokens past them */
+#define CAP   6100
+#define B     256u
+#define NSEQ  3
 #define STEPS 8
 
 typedef struct fx {
     wk_env_t env;
     ri_client_h client;
-    mdl_kv_t *kv;           /* the publisher's prompt */
-    mdl_kv_t *own[NSEQ];    /* each session's: the prefix, then its own question */
+    mdl_kv_t *kv;        /* the publisher's prompt */
+    mdl_kv_t *own[NSEQ]; /* each session's: the prefix, then its own question */
     uint8_t keys[32 * CM_PFX_KEY_SIZE];
     uint32_t nb;
 } fx_t;
@@ -55,8 +55,8 @@ typedef struct fx {
 /* One run's results: each session's outputs and the memory it took. */
 typedef struct run {
     float out[NSEQ][STEPS][NL][NQ * D];
-    long pss_one, pss_all;  /* kB after the first session, after all of them */
-    uint32_t copies;        /* shared copies held while they lived */
+    long pss_one, pss_all; /* kB after the first session, after all of them */
+    uint32_t copies;       /* shared copies held while they lived */
     uint64_t copy_bytes;
 } run_t;
 
@@ -92,8 +92,12 @@ static ri_session_h open_session(fx_t *f, const char *label)
 
 static ri_kv_view_t view_of(const mdl_kv_t *kv, uint32_t l, size_t n)
 {
-    return (ri_kv_view_t){.struct_size = sizeof(ri_kv_view_t), .k = kv->k[l], .v = kv->v[l], .n_tokens = n,
-                          .token_stride = D, .head_stride = (size_t)CAP * D};
+    return (ri_kv_view_t){ .struct_size = sizeof(ri_kv_view_t),
+                           .k = kv->k[l],
+                           .v = kv->v[l],
+                           .n_tokens = n,
+                           .token_stride = D,
+                           .head_stride = (size_t)CAP * D };
 }
 
 static const kn_index_t *index_of(void *ctx, uint32_t layer, uint32_t head)
@@ -103,7 +107,7 @@ static const kn_index_t *index_of(void *ctx, uint32_t layer, uint32_t head)
 
 static void publish(fx_t *f, ri_session_h s)
 {
-    ri_session_params_t got = {.struct_size = sizeof(got)};
+    ri_session_params_t got = { .struct_size = sizeof(got) };
     gw_pfx_layout_t lay;
     gw_pfx_conn_t *c = NULL;
     uint32_t timeout = 0;
@@ -119,7 +123,7 @@ static void publish(fx_t *f, ri_session_h s)
     lay.n_layers = NL;
     lay.n_kv_heads = NKV;
     lay.head_dim = D;
-    gw_pfx_src_t src = {.kv = f->kv, .ctx = s, .index = index_of};
+    gw_pfx_src_t src = { .kv = f->kv, .ctx = s, .index = index_of };
     assert_int_equal(gw_pfx_conn_open(gw_api_client_ctl(f->client, &timeout), 5000, &lay, &c), RI_OK);
     for (uint32_t b = 0; b < f->nb; b++) {
         uint8_t *buf = NULL;
@@ -174,8 +178,8 @@ static void check_views(fx_t *f, ri_session_h a, ri_session_h b)
             assert_memory_equal(x->centroids, y->centroids, n_att * row);
             assert_memory_equal(x->vmean, y->vmean, n_att * row);
             /* their own questions' clusters, at the same places, differ */
-            assert_true(memcmp(x->centroids + (size_t)n_att * D, y->centroids + (size_t)n_att * D,
-                               (n_min - n_att) * row) != 0);
+            assert_true(
+                memcmp(x->centroids + (size_t)n_att * D, y->centroids + (size_t)n_att * D, (n_min - n_att) * row) != 0);
         }
 }
 
@@ -203,7 +207,7 @@ static void test_sessions_share_the_prefix_index(void **state)
 {
     fx_t f;
     ri_client_params_t cp;
-    mdl_attn_geom_t geom = {.n_layers = NL, .n_heads = NQ, .n_kv_heads = NKV, .head_dim = D};
+    mdl_attn_geom_t geom = { .n_layers = NL, .n_heads = NQ, .n_kv_heads = NKV, .head_dim = D };
     static run_t shared, priv;
     uint32_t copies = 9;
     uint64_t bytes = 0;
@@ -249,7 +253,7 @@ static void test_sessions_share_the_prefix_index(void **state)
     assert_int_equal(priv.copies, 0);
     assert_int_equal(shared.copies, 1); /* one copy for the three sessions */
     assert_true(shared.copy_bytes >= (uint64_t)NL * NKV * (N - 500) / 4 * 4 * D);
-    assert_int_equal(copies, 0);        /* closed with the last session */
+    assert_int_equal(copies, 0); /* closed with the last session */
     assert_int_equal(bytes, 0);
     assert_memory_equal(shared.out, priv.out, sizeof(shared.out)); /* bit for bit */
     /* sessions 2 and 3 cost the same but for the copies: each its own copy
