@@ -140,7 +140,8 @@ void kn_index_init(kn_index_t *idx, uint32_t head_dim)
 uint64_t kn_index_resident_bytes(const kn_index_t *idx)
 {
     uint64_t c = idx->cap_clusters, d = idx->head_dim;
-    uint64_t b = c * d * sizeof(cm_fp16_t) * ((idx->centroids != NULL) + (idx->vmean != NULL));
+    uint64_t rows = idx->fixed_clusters ? 0 : (uint64_t)(idx->centroids != NULL) + (idx->vmean != NULL);
+    uint64_t b = c * d * sizeof(cm_fp16_t) * rows;
     if (idx->vsum != NULL)
         b += c * d * sizeof(float);
     return b + c * 2 * sizeof(uint32_t) + (uint64_t)idx->cap_tokens * sizeof(uint32_t);
@@ -148,15 +149,46 @@ uint64_t kn_index_resident_bytes(const kn_index_t *idx)
 
 void kn_index_cleanup(kn_index_t *idx)
 {
+    kn_index_t home;
+
     if (idx == NULL)
         return;
-    cm_free(idx->centroids);
+    home = *idx;
+    if (!idx->fixed_clusters) {
+        cm_free(idx->centroids);
+        cm_free(idx->vmean);
+    }
     cm_free(idx->vsum);
     cm_free(idx->sizes);
     cm_free(idx->offsets);
     cm_free(idx->perm);
-    cm_free(idx->vmean);
     kn_index_init(idx, idx->head_dim);
+    if (home.fixed_clusters) { /* the caller's rows: still where the next build writes */
+        idx->centroids = home.centroids;
+        idx->vmean = home.vmean;
+        idx->fixed_clusters = home.fixed_clusters;
+    }
+}
+
+/* Clusters past the fixed homes: both arrays move to the heap (the caller
+ * still owns and frees the homes). */
+static ri_status_t kn_index_unfix(kn_index_t *idx)
+{
+    size_t row = (size_t)idx->head_dim * sizeof(cm_fp16_t), cap = idx->fixed_clusters;
+    cm_fp16_t *c = cm_malloc(&kn_tag, cap * row);
+    cm_fp16_t *m = cm_malloc_aligned(&kn_tag, cap * row, 64);
+
+    if (c == NULL || m == NULL) {
+        cm_free(c);
+        cm_free(m);
+        return RI_ERR_NOMEM;
+    }
+    memcpy(c, idx->centroids, (size_t)idx->n_clusters * row);
+    memcpy(m, idx->vmean, (size_t)idx->n_clusters * row);
+    idx->centroids = c;
+    idx->vmean = m;
+    idx->fixed_clusters = 0;
+    return RI_OK;
 }
 
 /* The fp16 means of clusters [first, n_clusters) from their sums.  Here,
@@ -180,9 +212,15 @@ ri_status_t kn_index_reserve(kn_index_t *idx, uint32_t add_clusters, uint32_t ad
 
     if (need_c > UINT32_MAX / 2 || need_t > UINT32_MAX / 2)
         return RI_ERR_RANGE;
+    if (idx->fixed_clusters && need_c > idx->fixed_clusters && kn_index_unfix(idx) != RI_OK)
+        return RI_ERR_NOMEM;
     if (need_c > idx->cap_clusters || idx->offsets == NULL) {
         uint32_t cap = (uint32_t)CM_MAX(need_c, (uint64_t)idx->cap_clusters * 3 / 2);
-        void *c = cm_realloc(&kn_tag, idx->centroids, (size_t)cap * d * sizeof(cm_fp16_t));
+        void *c;
+        if (idx->fixed_clusters) /* the homes have room: only the other arrays grow */
+            cap = CM_MIN(cap, idx->fixed_clusters);
+        c = idx->fixed_clusters ? idx->centroids
+                                : cm_realloc(&kn_tag, idx->centroids, (size_t)cap * d * sizeof(cm_fp16_t));
         if (c == NULL)
             return RI_ERR_NOMEM;
         idx->centroids = c;
@@ -192,14 +230,16 @@ ri_status_t kn_index_reserve(kn_index_t *idx, uint32_t add_clusters, uint32_t ad
                 return RI_ERR_NOMEM;
             idx->vsum = c;
         }
-        /* line-aligned: a gathered mean of d = 128 is 4 cache lines, not 5 */
-        c = cm_malloc_aligned(&kn_tag, (size_t)(cap ? cap : 1) * d * sizeof(cm_fp16_t), 64);
-        if (c == NULL)
-            return RI_ERR_NOMEM;
-        if (idx->vmean != NULL)
-            memcpy(c, idx->vmean, (size_t)idx->n_clusters * d * sizeof(cm_fp16_t));
-        cm_free(idx->vmean);
-        idx->vmean = c;
+        if (!idx->fixed_clusters) {
+            /* line-aligned: a gathered mean of d = 128 is 4 cache lines, not 5 */
+            c = cm_malloc_aligned(&kn_tag, (size_t)(cap ? cap : 1) * d * sizeof(cm_fp16_t), 64);
+            if (c == NULL)
+                return RI_ERR_NOMEM;
+            if (idx->vmean != NULL)
+                memcpy(c, idx->vmean, (size_t)idx->n_clusters * d * sizeof(cm_fp16_t));
+            cm_free(idx->vmean);
+            idx->vmean = c;
+        }
         c = cm_realloc(&kn_tag, idx->sizes, (size_t)(cap ? cap : 1) * sizeof(uint32_t));
         if (c == NULL)
             return RI_ERR_NOMEM;

@@ -123,6 +123,12 @@ typedef struct kn_index {
                                kn_index_build: what every decode reads (accumulated
                                in fp32), half the bytes of vsum; NULL in an index made
                                by hand (the decode reads vsum then) */
+    uint32_t fixed_clusters;/* 0: centroids and vmean are the index's own (heap).  > 0:
+                               they live at fixed addresses with room for this many
+                               clusters, which the caller owns and frees after the index
+                               (kn_wave_place: a shared prefix's rows mapped copy-on-
+                               write); never moved, and growing past them copies both
+                               to the heap (sharing lost, contents kept) */
 } kn_index_t;
 
 /* One KV head of a layer-level tripartite step (the wave_step op): its
@@ -153,15 +159,17 @@ typedef struct kn_build_params {
 
 void kn_build_params_default(kn_build_params_t *p);
 
-/* Bytes an index holds allocated now: centroids and means (fp16), the sums
- * when present (fp32: a hand-made index, or a backend build's result),
- * sizes, offsets, perm; at their capacities. */
+/* Bytes an index holds allocated now: centroids and means (fp16; not when
+ * they live at fixed addresses: the caller's), the sums when present (fp32:
+ * a hand-made index, or a backend build's result), sizes, offsets, perm; at
+ * their capacities. */
 uint64_t kn_index_resident_bytes(const kn_index_t *idx);
 
 /* Initialise an empty index for head_dim d (no allocation). */
 void kn_index_init(kn_index_t *idx, uint32_t head_dim);
 
-/* Free the arrays of an index; leaves it empty.  NULL is a no-op. */
+/* Free the arrays of an index; leaves it empty.  Centroids and means at
+ * fixed addresses are not freed, and stay its homes.  NULL is a no-op. */
 void kn_index_cleanup(kn_index_t *idx);
 
 /* Number of clusters for n indexed tokens: round(n/tpc) rounded to a multiple

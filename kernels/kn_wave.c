@@ -126,6 +126,28 @@ void kn_wave_destroy(kn_wave_t *w)
     cm_free(w);
 }
 
+ri_status_t kn_wave_place(kn_wave_t *w, uint32_t kv_head, cm_fp16_t *centroids, cm_fp16_t *vmean,
+                          uint32_t cap_clusters)
+{
+    kn_index_t *idx;
+
+    if (w == NULL || kv_head >= w->shape.n_kv_heads || (centroids == NULL) != (vmean == NULL) ||
+        (centroids == NULL) != (cap_clusters == 0) || cap_clusters > UINT32_MAX / 2)
+        return RI_ERR_INVALID;
+    idx = &w->idx[kv_head];
+    if (idx->n_clusters != 0 || idx->offsets != NULL || (centroids != NULL && idx->fixed_clusters != 0))
+        return RI_ERR_INVALID; /* before anything is indexed, once */
+    kn_index_cleanup(idx);
+    if (centroids == NULL) { /* given back: the index's own heap arrays again */
+        kn_index_init(idx, idx->head_dim);
+        return RI_OK;
+    }
+    idx->centroids = centroids;
+    idx->vmean = vmean;
+    idx->fixed_clusters = cap_clusters;
+    return RI_OK;
+}
+
 const kn_index_t *kn_wave_index(const kn_wave_t *w, uint32_t kv_head)
 {
     return kv_head < w->shape.n_kv_heads ? &w->idx[kv_head] : NULL;
@@ -331,6 +353,15 @@ static void kn_wave_drop_empty(kn_index_t *idx, uint32_t first)
     idx->n_clusters = o;
 }
 
+/* n bytes of src at dst; at fixed homes only where they differ: the homes'
+ * head may be a shared prefix's rows mapped copy-on-write, holding these
+ * bytes already, and writing them again would copy its pages. */
+static void kn_wave_put_rows(const kn_index_t *idx, void *dst, const void *src, size_t n)
+{
+    if (!idx->fixed_clusters || memcmp(dst, src, n) != 0)
+        memcpy(dst, src, n);
+}
+
 /* Append a checked piece to idx (room reserved). */
 static void kn_wave_import_piece(kn_index_t *idx, const kn_wave_piece_t *pc)
 {
@@ -343,8 +374,8 @@ static void kn_wave_import_piece(kn_index_t *idx, const kn_wave_piece_t *pc)
     }
     idx->offsets[c0 + pc->n_clusters] = off;
     memcpy(idx->perm + idx->n_tokens, pc->perm, (size_t)(off - idx->n_tokens) * sizeof(uint32_t));
-    memcpy(idx->centroids + c0 * d, pc->centroids, (size_t)pc->n_clusters * d * sizeof(cm_fp16_t));
-    memcpy(idx->vmean + c0 * d, pc->vmean, (size_t)pc->n_clusters * d * sizeof(cm_fp16_t));
+    kn_wave_put_rows(idx, idx->centroids + c0 * d, pc->centroids, (size_t)pc->n_clusters * d * sizeof(cm_fp16_t));
+    kn_wave_put_rows(idx, idx->vmean + c0 * d, pc->vmean, (size_t)pc->n_clusters * d * sizeof(cm_fp16_t));
     idx->n_clusters += pc->n_clusters;
     idx->n_tokens = off;
 }

@@ -219,6 +219,7 @@ void gw_remote_destroy(gw_remote_t *r)
         cm_free(L->hd);
         kn_wave_destroy(L->wave);
     }
+    gw_meta_detach(r->meta); /* after the waves: they read its rows */
     cm_free(r->layers);
     for (size_t i = 0; i < r->n_old; i++)
         cm_free(r->old_recv[i]);

@@ -15,6 +15,7 @@
 #include "gpuworker/client/gw_copier.h"
 #include "gpuworker/client/gw_direct.h"
 #include "gpuworker/client/gw_io.h"
+#include "gpuworker/client/gw_meta_share.h"
 #include "gpuworker/client/gw_prefix.h"
 #include "gpuworker/client/gw_remote.h"
 
@@ -144,6 +145,8 @@ struct gw_remote {
     gw_pfx_set_t *pfx;       /* parsed, in block order; NULL = none */
     uint8_t **pfx_copies;    /* [pfx_cap] PREFIX_GET copies (blocks not mappable here) */
     uint32_t pfx_cap;
+    gw_meta_homes_t *meta;   /* the attached prefix's rows shared with the process's other
+                                sequences (gw_meta_share.h), or NULL: the index's own */
 };
 
 static inline uint32_t gw_pages(const gw_remote_t *r, uint32_t tokens)

@@ -158,6 +158,22 @@ static ri_status_t gw_prefix_attach_call(gw_dp_t *dp, void *arg)
     return st;
 }
 
+/* Map the attached prefix's rows shared by the process's sequences at the
+ * head of each index (gw_meta_share.h); key names the last attached block.
+ * Without them the index copies its own, as the build always did. */
+static void gw_prefix_share(gw_remote_t *r, const uint8_t *key)
+{
+    kn_wave_t **waves = cm_calloc(&gw_remote_pfx_tag, r->n_layers, sizeof(*waves));
+
+    if (waves == NULL)
+        return;
+    for (uint32_t l = 0; l < r->n_layers; l++)
+        waves[l] = r->layers[l].wave;
+    if (gw_meta_attach(key, r->pfx, r->n_layers, r->n_kv, r->d, waves, &r->meta) != RI_OK)
+        r->meta = NULL;
+    cm_free(waves);
+}
+
 ri_status_t gw_remote_attach_prefix(gw_remote_t *r, const uint8_t *keys, uint32_t n_keys, uint32_t *n_attached_p)
 {
     gw_attach_t a = {.r = r, .keys = keys, .n_keys = n_keys};
@@ -183,6 +199,8 @@ ri_status_t gw_remote_attach_prefix(gw_remote_t *r, const uint8_t *keys, uint32_
         cm_error("data plane: prefix attach of %u blocks failed: %s", n_keys, ri_status_str(st));
         return st;
     }
+    if (a.n_att > 0 && r->pfx != NULL)
+        gw_prefix_share(r, keys + (size_t)(a.n_att - 1) * CM_PFX_KEY_SIZE);
     *n_attached_p = a.n_att;
     return RI_OK;
 }
