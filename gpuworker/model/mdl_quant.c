@@ -25,6 +25,7 @@
 #include "common/cm_status.h"
 #include "gpuworker/model/mdl_quant_gemm16.h"
 #include "gpuworker/model/mdl_quant_q4.h"
+#include "gpuworker/model/mdl_quant_rows.h"
 #include "gpuworker/model/mdl_simd.h"
 
 #if defined(__x86_64__)
@@ -1236,6 +1237,24 @@ typedef struct mdl_mm_job {
     size_t g16_bytes;       /* its size per worker */
 } mdl_mm_job_t;
 
+#ifdef MDL_X86
+/* Decode with int16 activations, AVX2: output rows [r0, r1) of a Q5_0
+ * weight four at a time for each activation row (mdl_quant_rows.h);
+ * returns the first row left (fewer than four) for the one-row kernel. */
+static size_t mdl_mm_rows4(const mdl_mm_job_t *j, const mdl_weight_t *w, float *yout, size_t r0, size_t r1)
+{
+    size_t cols = w->cols, rows = w->rows, nb = cols / QK, r = r0;
+    for (; r + MDL_ROWS4 <= r1; r += MDL_ROWS4)
+        for (size_t i = 0; i < j->n; i++) {
+            float o[MDL_ROWS4];
+            mdl_dot4_q5_0_q16act_avx2(mdl_row(w, r), w->row_bytes, nb, j->xq16 + i * cols, j->xd + i * nb,
+                                      j->xs + i * nb, o);
+            memcpy(yout + i * rows + r, o, sizeof(o));
+        }
+    return r;
+}
+#endif
+
 /* Output rows [grows*g0, grows*g1) of one weight. */
 static void mdl_mm_rows_one(mdl_mm_job_t *j, const mdl_weight_t *w, float *yout, size_t g0, size_t g1,
                             unsigned worker)
@@ -1253,7 +1272,10 @@ static void mdl_mm_rows_one(mdl_mm_job_t *j, const mdl_weight_t *w, float *yout,
             size_t nb = cols / QK;
             mdl_dotn_fn_t fn = mdl_dotn_q16act(w, j->n);
             float o[MDL_QROWS_MAX];
-            for (size_t r = r0; r < r1; r++) {
+            size_t r = r0;
+            if (fn == NULL && !mdl_quant_use_avx512() && w->type == MDL_GGML_Q5_0)
+                r = mdl_mm_rows4(j, w, yout, r0, r1);
+            for (; r < r1; r++) {
                 if (fn != NULL) {
                     fn(mdl_row(w, r), nb, j->xq16, j->xd, j->xs, cols, o);
                     for (size_t i = 0; i < j->n; i++)
@@ -1420,7 +1442,10 @@ ri_status_t mdl_matmul_multi(cm_pool_t *pool, const mdl_weight_t *const *w, size
     bool use_i16 = !use_i8 && mdl_act_mode() != MDL_ACT_F32 && q16able;
     /* prefill: the int16 GEMM for the weights it takes, fp32 for the rest */
     bool use_g16 = n > MDL_QROWS_MAX && j.simd && g16any;
-    j.grows = use_g16 ? MDL_G16_TILE : 3;
+    /* decode on the integer paths: groups of the four rows mdl_mm_rows4
+     * takes at once; the fp32 expansion: the 3-row kernel's */
+    bool int_decode = !use_g16 && j.simd && (use_i8 || use_i16) && n <= MDL_QROWS_MAX;
+    j.grows = use_g16 ? MDL_G16_TILE : int_decode ? MDL_ROWS4 : 3;
     for (size_t k = 0; k < nw; k++) {
         groups += (w[k]->rows + j.grows - 1) / j.grows;
         j.g_end[k] = groups;
