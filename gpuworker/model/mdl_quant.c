@@ -1238,8 +1238,8 @@ typedef struct mdl_mm_job {
 } mdl_mm_job_t;
 
 #ifdef MDL_X86
-/* Decode with int16 activations, AVX2: output rows [r0, r1) of a Q5_0
- * weight four at a time for each activation row (mdl_quant_rows.h);
+/* Decode with int16 activations, AVX2: output rows [r0, r1) of a Q5_0,
+ * Q4_K or Q6_K weight four at a time for each activation row (mdl_quant_rows.h);
  * returns the first row left (fewer than four) for the one-row kernel. */
 static size_t mdl_mm_rows4(const mdl_mm_job_t *j, const mdl_weight_t *w, float *yout, size_t r0, size_t r1)
 {
@@ -1247,8 +1247,14 @@ static size_t mdl_mm_rows4(const mdl_mm_job_t *j, const mdl_weight_t *w, float *
     for (; r + MDL_ROWS4 <= r1; r += MDL_ROWS4)
         for (size_t i = 0; i < j->n; i++) {
             float o[MDL_ROWS4];
-            mdl_dot4_q5_0_q16act_avx2(mdl_row(w, r), w->row_bytes, nb, j->xq16 + i * cols, j->xd + i * nb,
-                                      j->xs + i * nb, o);
+            const int16_t *xq = j->xq16 + i * cols;
+            const float *xd = j->xd + i * nb, *xs = j->xs + i * nb;
+            if (w->type == MDL_GGML_Q5_0)
+                mdl_dot4_q5_0_q16act_avx2(mdl_row(w, r), w->row_bytes, nb, xq, xd, xs, o);
+            else if (w->type == MDL_GGML_Q4_K)
+                mdl_dot4_q4_k_q16act_avx2(mdl_row(w, r), w->row_bytes, cols / QKK, xq, xd, xs, o);
+            else
+                mdl_dot4_q6_k_q16act_avx2(mdl_row(w, r), w->row_bytes, cols / QKK, xq, xd, o);
             memcpy(yout + i * rows + r, o, sizeof(o));
         }
     return r;
@@ -1273,7 +1279,8 @@ static void mdl_mm_rows_one(mdl_mm_job_t *j, const mdl_weight_t *w, float *yout,
             mdl_dotn_fn_t fn = mdl_dotn_q16act(w, j->n);
             float o[MDL_QROWS_MAX];
             size_t r = r0;
-            if (fn == NULL && !mdl_quant_use_avx512() && w->type == MDL_GGML_Q5_0)
+            if (fn == NULL && !mdl_quant_use_avx512() &&
+                (w->type == MDL_GGML_Q5_0 || w->type == MDL_GGML_Q4_K || w->type == MDL_GGML_Q6_K))
                 r = mdl_mm_rows4(j, w, yout, r0, r1);
             for (; r < r1; r++) {
                 if (fn != NULL) {

@@ -204,8 +204,8 @@ static void test_matmul_all_types(void **state)
     check_shape(pool, MDL_GGML_Q4_1, 192, 576, 64);
 }
 
-/* Decode products that take several weight rows at once (the AVX2 Q5_0
- * kernel of mdl_quant_rows.c, four rows) must give each row the same bits
+/* Decode products that take several weight rows at once (the AVX2 Q5_0,
+ * Q4_K and Q6_K kernels of mdl_quant_rows.c, four rows) must give each row the same bits
  * as the one-row kernel: every output of a product of 37 rows (nine groups
  * of four and a tail of one, so both kernels run) against the same row
  * multiplied alone, as a one-row weight (which only the one-row kernel
@@ -214,12 +214,14 @@ static void test_matmul_all_types(void **state)
  * held to it when added. */
 static void test_row_groups_match_rows_alone(void **state)
 {
-    static const mdl_ggml_type_t qtypes[] = {MDL_GGML_Q4_0, MDL_GGML_Q4_1, MDL_GGML_Q8_0, MDL_GGML_Q5_0};
-    size_t rows = 37, cols = 640;
+    static const mdl_ggml_type_t qtypes[] = {MDL_GGML_Q4_0, MDL_GGML_Q4_1, MDL_GGML_Q8_0,
+                                             MDL_GGML_Q5_0, MDL_GGML_Q4_K, MDL_GGML_Q6_K};
+    size_t rows = 37;
     for (size_t t = 0; t < sizeof(qtypes) / sizeof(qtypes[0]); t++)
         for (size_t n = 1; n <= 2; n++)
             for (int on_pool = 0; on_pool < 2; on_pool++) {
                 cm_pool_t *pool = on_pool ? *state : NULL;
+                size_t cols = t < 4 ? 640 : 1024;   /* Gemma's rows; K-quants: 4 super-blocks */
                 wbuf_t wb = make_weight(qtypes[t], rows, cols);
                 float *x = malloc(n * cols * sizeof(float)), *y = malloc(n * rows * sizeof(float)), y1[2];
                 for (size_t i = 0; i < n * cols; i++)
