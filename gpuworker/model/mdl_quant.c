@@ -43,6 +43,14 @@ static CM_ALLOC_TAG(mdl_quant_tag, "model.matmul");
  * has VNNI, else the weights expanded to fp32. */
 #define MDL_QROWS_MAX 4
 
+/* How far ahead of the row being read the AVX2 decode products (int16 or
+ * int8 activations) of Q8_0, Q4_0 and Q4_1 rows prefetch (bytes; past a
+ * row's end is the next row's start, as the rows are consecutive).  The
+ * hardware prefetcher of the 2-core AMD VM does not keep the stream ahead:
+ * Gemma's 178 MB Q8_0 output head on one core 14.7-15.5 -> 10.3-10.6 ms
+ * (2 KiB or 4 KiB ahead; 1 KiB: 11.7-11.9). */
+#define MDL_PREFETCH_AHEAD 2048
+
 static bool mdl_is_kquant(mdl_ggml_type_t t)
 {
     return t == MDL_GGML_Q4_K || t == MDL_GGML_Q6_K;
@@ -668,6 +676,7 @@ MDL_AVX2 static float mdl_dot_q8act_avx2(const mdl_weight_t *w, size_t r, const 
     size_t bb = w->type == MDL_GGML_Q4_0 ? 18 : 20, qo = w->type == MDL_GGML_Q4_1 ? 4 : 2;
     __m128i m4 = _mm_set1_epi8(0x0F);
     for (size_t b = 0; b < nb; b++, p += bb) {
+        _mm_prefetch((const char *)(p + MDL_PREFETCH_AHEAD), _MM_HINT_T0);
         __m128i raw = _mm_loadu_si128((const __m128i *)(p + qo));
         __m256i wq = _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(raw, 4), m4), _mm_and_si128(raw, m4));
         __m256i y = _mm256_loadu_si256((const __m256i *)(xq + b * QK));
@@ -1171,6 +1180,7 @@ MDL_AVX2 static float mdl_dot_q16act_avx2(const mdl_weight_t *w, size_t r, const
         return mdl_dot_q6_k_q16act_avx2(p, w->cols / QKK, xq, xd);
     if (w->type == MDL_GGML_Q8_0) {
         for (size_t b = 0; b < nb; b++, p += 34) {
+            _mm_prefetch((const char *)(p + MDL_PREFETCH_AHEAD), _MM_HINT_T0);
             __m256i w0 = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(p + 2)));
             __m256i w1 = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(p + 18)));
             __m256i s = _mm256_add_epi32(_mm256_madd_epi16(w0, _mm256_loadu_si256((const __m256i *)(xq + b * QK))),
@@ -1182,6 +1192,7 @@ MDL_AVX2 static float mdl_dot_q16act_avx2(const mdl_weight_t *w, size_t r, const
     size_t bb = w->type == MDL_GGML_Q4_0 ? 18 : 20, qo = w->type == MDL_GGML_Q4_1 ? 4 : 2;
     __m128i m4 = _mm_set1_epi8(0x0F);
     for (size_t b = 0; b < nb; b++, p += bb) {
+        _mm_prefetch((const char *)(p + MDL_PREFETCH_AHEAD), _MM_HINT_T0);
         __m128i raw = _mm_loadu_si128((const __m128i *)(p + qo));
         __m256i lo = _mm256_cvtepu8_epi16(_mm_and_si128(raw, m4));                     /* elements 0..15 */
         __m256i hi = _mm256_cvtepu8_epi16(_mm_and_si128(_mm_srli_epi16(raw, 4), m4));  /* 16..31 */
