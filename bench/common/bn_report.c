@@ -248,25 +248,6 @@ int bn_report_finish(bn_report_t *r, const char *json_path)
     return rc;
 }
 
-const char *bn_parse_json_arg(int *argc, char **argv)
-{
-    const char *path = NULL;
-    int out = 1;
-    for (int i = 1; i < *argc; i++) {
-        if (strcmp(argv[i], "--json") == 0 && i + 1 < *argc) {
-            path = argv[++i];
-            continue;
-        }
-        if (strncmp(argv[i], "--json=", 7) == 0) {
-            path = argv[i] + 7;
-            continue;
-        }
-        argv[out++] = argv[i];
-    }
-    *argc = out;
-    argv[out] = NULL;
-    return path;
-}
 
 static int bn_cmp_double(const void *a, const void *b)
 {

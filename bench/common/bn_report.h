@@ -38,8 +38,6 @@ int bn_report_finish(bn_report_t *r, const char *json_path);
  * threads (0 = all CPUs), best of `reps`; GB/s. */
 double bn_measure_read_bw(size_t bytes, unsigned nthreads, int reps);
 
-/* Parse "--json PATH" out of argv (removing it); returns the path or NULL. */
-const char *bn_parse_json_arg(int *argc, char **argv);
 
 /* The 1-, 5- and 15-minute load averages (/proc/loadavg); zeros if unreadable.
  * The report records them at create ("machine.load_avg"), at finish
