@@ -248,7 +248,6 @@ int bn_report_finish(bn_report_t *r, const char *json_path)
     return rc;
 }
 
-
 static int bn_cmp_double(const void *a, const void *b)
 {
     double x = *(const double *)a, y = *(const double *)b;
