@@ -31,6 +31,7 @@
 #include "gpuworker/client/ri_api_int.h"
 #include "kernels/kn_wave.h"
 #include "retroinfer/retroinfer.h"
+#include "wk_api_prefix.h"
 #include "wk_test_util.h"
 
 #define NL    2
@@ -100,41 +101,9 @@ static ri_kv_view_t view_of(const mdl_kv_t *kv, uint32_t l, size_t n)
                            .head_stride = (size_t)CAP * D };
 }
 
-static const kn_index_t *index_of(void *ctx, uint32_t layer, uint32_t head)
-{
-    return gw_api_session_index(ctx, layer, head);
-}
-
 static void publish(fx_t *f, ri_session_h s)
 {
-    ri_session_params_t got = { .struct_size = sizeof(got) };
-    gw_pfx_layout_t lay;
-    gw_pfx_conn_t *c = NULL;
-    uint32_t timeout = 0;
-
-    assert_int_equal(ri_session_params_get(s, &got), RI_OK);
-    memset(&lay, 0, sizeof(lay));
-    lay.indexed = 1;
-    lay.cluster_tokens = got.tokens_per_cluster;
-    lay.sink_tokens = got.sink_tokens;
-    lay.block_tokens = B;
-    lay.page_tokens = 1; /* the session's: max(clusters / 8, 1) */
-    lay.dtype = GW_PFX_DTYPE_F16;
-    lay.n_layers = NL;
-    lay.n_kv_heads = NKV;
-    lay.head_dim = D;
-    gw_pfx_src_t src = { .kv = f->kv, .ctx = s, .index = index_of };
-    assert_int_equal(gw_pfx_conn_open(gw_api_client_ctl(f->client, &timeout), 5000, &lay, &c), RI_OK);
-    for (uint32_t b = 0; b < f->nb; b++) {
-        uint8_t *buf = NULL;
-        uint64_t len = 0;
-        uint32_t slot = 0, flags = 0;
-        assert_int_equal(gw_pfx_block_build(&lay, &src, b, &buf, &len), RI_OK);
-        assert_int_equal(gw_dp_prefix_put(c->dp, f->keys + (size_t)b * CM_PFX_KEY_SIZE, buf, len, &slot, &flags),
-                         RI_OK);
-        cm_free(buf);
-    }
-    gw_pfx_conn_close(c);
+    wk_api_publish(f->client, s, f->kv, NL, NKV, D, B, f->keys, f->nb);
 }
 
 /* Session i: attach, prefill its own prompt, decode STEPS steps. */
