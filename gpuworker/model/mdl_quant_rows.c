@@ -17,6 +17,7 @@
  */
 #include "gpuworker/model/mdl_quant_rows.h"
 
+#include <math.h>
 #include <string.h>
 
 #include "gpuworker/model/mdl_simd.h"
@@ -66,6 +67,39 @@ MDL_R4_AVX2 void mdl_dot4_q5_0_q16act_avx2(const uint8_t *p, size_t row_bytes, s
     for (int r = 0; r < MDL_ROWS4; r++)
         out[r] = mdl_simd_hsum8(acc[r]) + accm[r];
 }
+MDL_R4_AVX2 void mdl_dot4_q4_1_q16act_avx2(const uint8_t *p, size_t row_bytes, size_t nb, const int16_t *xq,
+                                           const float *xd, const float *xs, float *out)
+{
+    const __m128i m4 = _mm_set1_epi8(0x0F);
+    /* the four rows are consecutive (4 x 20 bytes a block), so the next
+     * group is 80 bytes a block further: two lines a block keep it ahead */
+    const uint8_t *next = p + MDL_ROWS4 * row_bytes;
+    __m256 acc[MDL_ROWS4];
+    float accm[MDL_ROWS4];
+    for (int r = 0; r < MDL_ROWS4; r++)
+        acc[r] = _mm256_setzero_ps(), accm[r] = 0;
+    for (size_t b = 0; b < nb; b++) {
+        _mm_prefetch((const char *)(next + 80 * b), _MM_HINT_T0);
+        _mm_prefetch((const char *)(next + 80 * b + 64), _MM_HINT_T0);
+        __m256i x0 = _mm256_loadu_si256((const __m256i *)(xq + b * QK));
+        __m256i x1 = _mm256_loadu_si256((const __m256i *)(xq + b * QK + 16));
+        for (int r = 0; r < MDL_ROWS4; r++) {
+            const uint8_t *q = p + r * row_bytes + b * 20;
+            __m128i raw = _mm_loadu_si128((const __m128i *)(q + 4));
+            __m256i lo = _mm256_cvtepu8_epi16(_mm_and_si128(raw, m4));                    /* elements 0..15 */
+            __m256i hi = _mm256_cvtepu8_epi16(_mm_and_si128(_mm_srli_epi16(raw, 4), m4)); /* 16..31 */
+            __m256i s = _mm256_add_epi32(_mm256_madd_epi16(lo, x0), _mm256_madd_epi16(hi, x1));
+            float dw = mdl_simd_h16(q);
+            acc[r] = _mm256_fmadd_ps(_mm256_set1_ps(dw * xd[b]), _mm256_cvtepi32_ps(s), acc[r]);
+            /* q d + m: the min times the exact block sum, fused as the
+             * one-row kernel's (the compiler would not fuse it here) */
+            accm[r] = fmaf(mdl_simd_h16(q + 2), xs[b], accm[r]);
+        }
+    }
+    for (int r = 0; r < MDL_ROWS4; r++)
+        out[r] = mdl_simd_hsum8(acc[r]) + accm[r];
+}
+
 /* The 6-bit scale and min of group g of a Q4_K super-block (scales at s),
  * as the one-row kernel takes them. */
 static inline void mdl_q4_k_scale_min(const uint8_t *s, int g, int *s6, int *m6)

@@ -205,7 +205,7 @@ static void test_matmul_all_types(void **state)
 }
 
 /* Decode products that take several weight rows at once (the AVX2 Q5_0,
- * Q4_K and Q6_K kernels of mdl_quant_rows.c, four rows) must give each row the same bits
+ * Q4_1, Q4_K and Q6_K kernels of mdl_quant_rows.c, four rows) must give each row the same bits
  * as the one-row kernel: every output of a product of 37 rows (nine groups
  * of four and a tail of one, so both kernels run) against the same row
  * multiplied alone, as a one-row weight (which only the one-row kernel
