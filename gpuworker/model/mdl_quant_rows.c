@@ -70,7 +70,7 @@ MDL_R4_AVX2 void mdl_dot4_q5_0_q16act_avx2(const uint8_t *p, size_t row_bytes, s
 MDL_R4_AVX2 void mdl_dot4_q4_1_q16act_avx2(const uint8_t *p, size_t row_bytes, size_t nb, const int16_t *xq,
                                            const float *xd, const float *xs, float *out)
 {
-    const __m128i m4 = _mm_set1_epi8(0x0F);
+    const __m256i m4 = _mm256_set1_epi16(0x0F);
     /* the four rows are consecutive (4 x 20 bytes a block), so the next
      * group is 80 bytes a block further: two lines a block keep it ahead */
     const uint8_t *next = p + MDL_ROWS4 * row_bytes;
@@ -85,9 +85,10 @@ MDL_R4_AVX2 void mdl_dot4_q4_1_q16act_avx2(const uint8_t *p, size_t row_bytes, s
         __m256i x1 = _mm256_loadu_si256((const __m256i *)(xq + b * QK + 16));
         for (int r = 0; r < MDL_ROWS4; r++) {
             const uint8_t *q = p + r * row_bytes + b * 20;
-            __m128i raw = _mm_loadu_si128((const __m128i *)(q + 4));
-            __m256i lo = _mm256_cvtepu8_epi16(_mm_and_si128(raw, m4));                    /* elements 0..15 */
-            __m256i hi = _mm256_cvtepu8_epi16(_mm_and_si128(_mm_srli_epi16(raw, 4), m4)); /* 16..31 */
+            /* bytes widened once, then split: low nibbles are elements
+             * 0..15, high ones 16..31 (one widening instead of two) */
+            __m256i raw = _mm256_cvtepu8_epi16(_mm_loadu_si128((const __m128i *)(q + 4)));
+            __m256i lo = _mm256_and_si256(raw, m4), hi = _mm256_srli_epi16(raw, 4);
             __m256i s = _mm256_add_epi32(_mm256_madd_epi16(lo, x0), _mm256_madd_epi16(hi, x1));
             float dw = mdl_simd_h16(q);
             acc[r] = _mm256_fmadd_ps(_mm256_set1_ps(dw * xd[b]), _mm256_cvtepi32_ps(s), acc[r]);
