@@ -75,30 +75,39 @@ MDL_R4_AVX2 void mdl_dot4_q4_1_q16act_avx2(const uint8_t *p, size_t row_bytes, s
      * group is 80 bytes a block further: two lines a block keep it ahead */
     const uint8_t *next = p + MDL_ROWS4 * row_bytes;
     __m256 acc[MDL_ROWS4];
-    float accm[MDL_ROWS4];
+    /* the four rows' scale and min side by side (d0 m0 d1 m1 ...): one
+     * conversion and one multiply for the four, lane by lane the one-row
+     * kernel's scalar arithmetic; the odd lanes accumulate the min terms */
+    __m256 accdm = _mm256_setzero_ps();
     for (int r = 0; r < MDL_ROWS4; r++)
-        acc[r] = _mm256_setzero_ps(), accm[r] = 0;
+        acc[r] = _mm256_setzero_ps();
     for (size_t b = 0; b < nb; b++) {
         _mm_prefetch((const char *)(next + 80 * b), _MM_HINT_T0);
         _mm_prefetch((const char *)(next + 80 * b + 64), _MM_HINT_T0);
         __m256i x0 = _mm256_loadu_si256((const __m256i *)(xq + b * QK));
         __m256i x1 = _mm256_loadu_si256((const __m256i *)(xq + b * QK + 16));
-        for (int r = 0; r < MDL_ROWS4; r++) {
-            const uint8_t *q = p + r * row_bytes + b * 20;
+        const uint8_t *q = p + b * 20;
+        int32_t dm[MDL_ROWS4];
+        for (int r = 0; r < MDL_ROWS4; r++)
+            memcpy(&dm[r], q + r * row_bytes, 4);
+        __m256 dmf = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)dm));
+        __m256 xds = _mm256_unpacklo_ps(_mm256_set1_ps(xd[b]), _mm256_set1_ps(xs[b])); /* xd xs xd xs ... */
+        __m256 dx = _mm256_mul_ps(dmf, xds); /* even lanes: d xd */
+        accdm = _mm256_fmadd_ps(dmf, xds, accdm); /* odd lanes: q d + m, the min times the exact block sum */
+        for (int r = 0; r < MDL_ROWS4; r++, q += row_bytes) {
             /* bytes widened once, then split: low nibbles are elements
              * 0..15, high ones 16..31 (one widening instead of two) */
             __m256i raw = _mm256_cvtepu8_epi16(_mm_loadu_si128((const __m128i *)(q + 4)));
             __m256i lo = _mm256_and_si256(raw, m4), hi = _mm256_srli_epi16(raw, 4);
             __m256i s = _mm256_add_epi32(_mm256_madd_epi16(lo, x0), _mm256_madd_epi16(hi, x1));
-            float dw = mdl_simd_h16(q);
-            acc[r] = _mm256_fmadd_ps(_mm256_set1_ps(dw * xd[b]), _mm256_cvtepi32_ps(s), acc[r]);
-            /* q d + m: the min times the exact block sum, fused as the
-             * one-row kernel's (the compiler would not fuse it here) */
-            accm[r] = fmaf(mdl_simd_h16(q + 2), xs[b], accm[r]);
+            __m256 d = _mm256_permutevar8x32_ps(dx, _mm256_set1_epi32(2 * r));
+            acc[r] = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(s), acc[r]);
         }
     }
+    float dmv[2 * MDL_ROWS4];
+    _mm256_storeu_ps(dmv, accdm);
     for (int r = 0; r < MDL_ROWS4; r++)
-        out[r] = mdl_simd_hsum8(acc[r]) + accm[r];
+        out[r] = mdl_simd_hsum8(acc[r]) + dmv[2 * r + 1];
 }
 
 /* The 6-bit scale and min of group g of a Q4_K super-block (scales at s),
