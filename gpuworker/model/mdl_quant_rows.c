@@ -94,9 +94,11 @@ MDL_R4_AVX2 void mdl_dot4_q4_1_q16act_avx2(const uint8_t *p, size_t row_bytes, s
         for (int r = 0; r < MDL_ROWS4; r++)
             memcpy(&dm[r], q + r * row_bytes, 4);
         __m256 dmf = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)dm));
-        __m256 xds = _mm256_unpacklo_ps(_mm256_set1_ps(xd[b]), _mm256_set1_ps(xs[b])); /* xd xs xd xs ... */
-        __m256 dx = _mm256_mul_ps(dmf, xds); /* even lanes: d xd */
-        accdm = _mm256_fmadd_ps(dmf, xds, accdm); /* odd lanes: q d + m, the min times the exact block sum */
+        /* xd xs xd xs ...: even lanes d xd, odd lanes accumulate q d + m,
+         * the min times the exact block sum */
+        __m256 xds = _mm256_unpacklo_ps(_mm256_set1_ps(xd[b]), _mm256_set1_ps(xs[b]));
+        __m256 dx = _mm256_mul_ps(dmf, xds);
+        accdm = _mm256_fmadd_ps(dmf, xds, accdm);
         for (int r = 0; r < MDL_ROWS4; r++, q += row_bytes) {
             /* bytes widened once, then split: low nibbles are elements
              * 0..15, high ones 16..31 (one widening instead of two) */
