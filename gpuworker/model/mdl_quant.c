@@ -1200,8 +1200,9 @@ MDL_AVX2 static float mdl_dot_q16act_avx2(const mdl_weight_t *w, size_t r, const
                                      _mm256_madd_epi16(hi, _mm256_loadu_si256((const __m256i *)(xq + b * QK + 16))));
         float dw = mdl_simd_h16(p);
         acc = _mm256_fmadd_ps(_mm256_set1_ps(dw * xd[b]), _mm256_cvtepi32_ps(s), acc);
-        /* Q4_0: (q - 8) d = q d - 8 d; Q4_1: q d + m; times the exact block sum of x */
-        accm += (w->type == MDL_GGML_Q4_1 ? mdl_simd_h16(p + 2) : -8.0f * dw) * xs[b];
+        /* Q4_0: (q - 8) d = q d - 8 d; Q4_1: q d + m; times the exact block
+         * sum of x, fused as in the four-row Q4_1 kernel (same bits) */
+        accm = fmaf(w->type == MDL_GGML_Q4_1 ? mdl_simd_h16(p + 2) : -8.0f * dw, xs[b], accm);
     }
     return mdl_simd_hsum8(acc) + accm;
 }
@@ -1250,7 +1251,7 @@ typedef struct mdl_mm_job {
 
 #ifdef MDL_X86
 /* Decode with int16 activations, AVX2: output rows [r0, r1) of a Q5_0,
- * Q4_K or Q6_K weight four at a time for each activation row (mdl_quant_rows.h);
+ * Q4_1, Q4_K or Q6_K weight four at a time for each activation row (mdl_quant_rows.h);
  * returns the first row left (fewer than four) for the one-row kernel. */
 static size_t mdl_mm_rows4(const mdl_mm_job_t *j, const mdl_weight_t *w, float *yout, size_t r0, size_t r1)
 {
@@ -1262,6 +1263,8 @@ static size_t mdl_mm_rows4(const mdl_mm_job_t *j, const mdl_weight_t *w, float *
             const float *xd = j->xd + i * nb, *xs = j->xs + i * nb;
             if (w->type == MDL_GGML_Q5_0)
                 mdl_dot4_q5_0_q16act_avx2(mdl_row(w, r), w->row_bytes, nb, xq, xd, xs, o);
+            else if (w->type == MDL_GGML_Q4_1)
+                mdl_dot4_q4_1_q16act_avx2(mdl_row(w, r), w->row_bytes, nb, xq, xd, xs, o);
             else if (w->type == MDL_GGML_Q4_K)
                 mdl_dot4_q4_k_q16act_avx2(mdl_row(w, r), w->row_bytes, cols / QKK, xq, xd, xs, o);
             else
@@ -1291,7 +1294,8 @@ static void mdl_mm_rows_one(mdl_mm_job_t *j, const mdl_weight_t *w, float *yout,
             float o[MDL_QROWS_MAX];
             size_t r = r0;
             if (fn == NULL && !mdl_quant_use_avx512() &&
-                (w->type == MDL_GGML_Q5_0 || w->type == MDL_GGML_Q4_K || w->type == MDL_GGML_Q6_K))
+                (w->type == MDL_GGML_Q5_0 || w->type == MDL_GGML_Q4_1 || w->type == MDL_GGML_Q4_K ||
+                 w->type == MDL_GGML_Q6_K))
                 r = mdl_mm_rows4(j, w, yout, r0, r1);
             for (; r < r1; r++) {
                 if (fn != NULL) {

@@ -205,43 +205,51 @@ static void test_matmul_all_types(void **state)
 }
 
 /* Decode products that take several weight rows at once (the AVX2 Q5_0,
- * Q4_K and Q6_K kernels of mdl_quant_rows.c, four rows) must give each row the same bits
- * as the one-row kernel: every output of a product of 37 rows (nine groups
- * of four and a tail of one, so both kernels run) against the same row
- * multiplied alone, as a one-row weight (which only the one-row kernel
- * takes), for one and two activation rows, on the caller and the pool.
- * Every int-activation type is checked, so another multi-row kernel is
- * held to it when added. */
+ * Q4_1, Q4_K and Q6_K kernels of mdl_quant_rows.c, four rows) must give each
+ * row the same bits as the one-row kernel: every output of a product of
+ * `rows` rows (37: nine groups of four and a tail of one, so both kernels
+ * run) against the same row multiplied alone, as a one-row weight (which
+ * only the one-row kernel takes), for one and two activation rows, on the
+ * caller and the pool. */
+static void check_groups_match_rows(cm_pool_t *pool, mdl_ggml_type_t type, size_t rows, size_t cols, size_t n)
+{
+    wbuf_t wb = make_weight(type, rows, cols);
+    float *x = malloc(n * cols * sizeof(float)), *y = malloc(n * rows * sizeof(float)), y1[2];
+    for (size_t i = 0; i < n * cols; i++)
+        x[i] = frand();
+    mdl_quant_set_act(MDL_ACT_I16);
+    mdl_quant_set_avx512(false);
+    assert_int_equal(mdl_matmul(pool, &wb.w, x, n, y), RI_OK);
+    for (size_t r = 0; r < rows; r++) {
+        mdl_weight_t one = wb.w;
+        one.rows = 1;
+        one.data = wb.data + r * wb.w.row_bytes;
+        assert_int_equal(mdl_matmul(pool, &one, x, n, y1), RI_OK);
+        for (size_t i = 0; i < n; i++)
+            if (memcmp(&y1[i], &y[i * rows + r], sizeof(float)) != 0)
+                fail_msg("%s, %zu x %zu, %zu activation rows: output %zu of row %zu is %.9g in the product, %.9g "
+                         "alone",
+                         mdl_ggml_type_name(type), rows, cols, n, i, r, y[i * rows + r], y1[i]);
+    }
+    mdl_quant_set_avx512(true);
+    free(x), free(y), free(wb.data);
+}
+
+/* Every int-activation type at Gemma's row lengths (so another multi-row
+ * kernel is held to it when added), and Q4_1 at SmolLM2's (18 and 48
+ * blocks a row: the four-row kernel's prefetch runs past short rows). */
 static void test_row_groups_match_rows_alone(void **state)
 {
-    static const mdl_ggml_type_t qtypes[] = {MDL_GGML_Q4_0, MDL_GGML_Q4_1, MDL_GGML_Q8_0,
-                                             MDL_GGML_Q5_0, MDL_GGML_Q4_K, MDL_GGML_Q6_K};
-    size_t rows = 37;
-    for (size_t t = 0; t < sizeof(qtypes) / sizeof(qtypes[0]); t++)
-        for (size_t n = 1; n <= 2; n++)
-            for (int on_pool = 0; on_pool < 2; on_pool++) {
-                cm_pool_t *pool = on_pool ? *state : NULL;
-                size_t cols = t < 4 ? 640 : 1024;   /* Gemma's rows; K-quants: 4 super-blocks */
-                wbuf_t wb = make_weight(qtypes[t], rows, cols);
-                float *x = malloc(n * cols * sizeof(float)), *y = malloc(n * rows * sizeof(float)), y1[2];
-                for (size_t i = 0; i < n * cols; i++)
-                    x[i] = frand();
-                mdl_quant_set_act(MDL_ACT_I16);
-                mdl_quant_set_avx512(false);
-                assert_int_equal(mdl_matmul(pool, &wb.w, x, n, y), RI_OK);
-                for (size_t r = 0; r < rows; r++) {
-                    mdl_weight_t one = wb.w;
-                    one.rows = 1;
-                    one.data = wb.data + r * wb.w.row_bytes;
-                    assert_int_equal(mdl_matmul(pool, &one, x, n, y1), RI_OK);
-                    for (size_t i = 0; i < n; i++)
-                        if (memcmp(&y1[i], &y[i * rows + r], sizeof(float)) != 0)
-                            fail_msg("%s, %zu activation rows: output %zu of row %zu is %.9g in the product, %.9g "
-                                     "alone", mdl_ggml_type_name(qtypes[t]), n, i, r, y[i * rows + r], y1[i]);
-                }
-                mdl_quant_set_avx512(true);
-                free(x), free(y), free(wb.data);
-            }
+    static const mdl_ggml_type_t qtypes[] = { MDL_GGML_Q4_0, MDL_GGML_Q4_1, MDL_GGML_Q8_0,
+                                              MDL_GGML_Q5_0, MDL_GGML_Q4_K, MDL_GGML_Q6_K };
+    for (size_t n = 1; n <= 2; n++)
+        for (int on_pool = 0; on_pool < 2; on_pool++) {
+            cm_pool_t *pool = on_pool ? *state : NULL;
+            for (size_t t = 0; t < sizeof(qtypes) / sizeof(qtypes[0]); t++)
+                check_groups_match_rows(pool, qtypes[t], 37, t < 4 ? 640 : 1024, n); /* K-quants: 4 super-blocks */
+            check_groups_match_rows(pool, MDL_GGML_Q4_1, 37, 576, n);
+            check_groups_match_rows(pool, MDL_GGML_Q4_1, 37, 1536, n);
+        }
 }
 
 /* A prefill product (n > 4 rows) under the default int16 activations
