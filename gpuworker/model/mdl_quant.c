@@ -728,24 +728,11 @@ MDL_AVX2 static void mdl_quant_act16_avx2(const float *x, size_t n, int16_t *q, 
 MDL_AVX2 static float mdl_dot_q5_0_q16act_avx2(const uint8_t *p, size_t nb, const int16_t *xq, const float *xd,
                                                const float *xs)
 {
-    const __m256i bit = _mm256_setr_epi16(1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384,
-                                          (short)0x8000);
-    const __m256i b4 = _mm256_set1_epi16(0x10);
-    const __m128i m4 = _mm_set1_epi8(0x0F);
     __m256 acc = _mm256_setzero_ps();
     float accm = 0;
     for (size_t b = 0; b < nb; b++, p += 22) {
-        uint32_t qh;
-        memcpy(&qh, p + 2, 4);
-        __m128i raw = _mm_loadu_si128((const __m128i *)(p + 6));
-        __m256i lo = _mm256_cvtepu8_epi16(_mm_and_si128(raw, m4));
-        __m256i hi = _mm256_cvtepu8_epi16(_mm_and_si128(_mm_srli_epi16(raw, 4), m4));
-        __m256i hl = _mm256_and_si256(_mm256_set1_epi16((short)(qh & 0xFFFF)), bit);
-        __m256i hh = _mm256_and_si256(_mm256_set1_epi16((short)(qh >> 16)), bit);
-        lo = _mm256_or_si256(lo, _mm256_and_si256(_mm256_cmpeq_epi16(hl, bit), b4));
-        hi = _mm256_or_si256(hi, _mm256_and_si256(_mm256_cmpeq_epi16(hh, bit), b4));
-        __m256i s = _mm256_add_epi32(_mm256_madd_epi16(lo, _mm256_loadu_si256((const __m256i *)(xq + b * QK))),
-                                     _mm256_madd_epi16(hi, _mm256_loadu_si256((const __m256i *)(xq + b * QK + 16))));
+        __m256i s = mdl_simd_q5_0_dot(p, _mm256_loadu_si256((const __m256i *)(xq + b * QK)),
+                                      _mm256_loadu_si256((const __m256i *)(xq + b * QK + 16)));
         float dw = mdl_simd_h16(p);
         acc = _mm256_fmadd_ps(_mm256_set1_ps(dw * xd[b]), _mm256_cvtepi32_ps(s), acc);
         accm -= 16.0f * dw * xs[b];

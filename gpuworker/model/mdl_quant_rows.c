@@ -37,12 +37,6 @@
 MDL_R4_AVX2 void mdl_dot4_q5_0_q16act_avx2(const uint8_t *p, size_t row_bytes, size_t nb, const int16_t *xq,
                                            const float *xd, const float *xs, float *out)
 {
-    /* bit j of the high bits is element j's fifth bit: spread to int16
-     * lanes by comparing (qh & 1<<j) with 1<<j, as the one-row kernel */
-    const __m256i bit =
-        _mm256_setr_epi16(1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384, (short)0x8000);
-    const __m256i b4 = _mm256_set1_epi16(0x10);
-    const __m128i m4 = _mm_set1_epi8(0x0F);
     __m256 acc[MDL_ROWS4];
     float accm[MDL_ROWS4];
     for (int r = 0; r < MDL_ROWS4; r++)
@@ -53,16 +47,7 @@ MDL_R4_AVX2 void mdl_dot4_q5_0_q16act_avx2(const uint8_t *p, size_t row_bytes, s
         for (int r = 0; r < MDL_ROWS4; r++) {
             const uint8_t *q = p + r * row_bytes + b * 22;
             _mm_prefetch((const char *)(q + MDL_ROWS4 * row_bytes), _MM_HINT_T0);
-            uint32_t qh;
-            memcpy(&qh, q + 2, 4);
-            __m128i raw = _mm_loadu_si128((const __m128i *)(q + 6));
-            __m256i lo = _mm256_cvtepu8_epi16(_mm_and_si128(raw, m4));
-            __m256i hi = _mm256_cvtepu8_epi16(_mm_and_si128(_mm_srli_epi16(raw, 4), m4));
-            __m256i hl = _mm256_and_si256(_mm256_set1_epi16((short)(qh & 0xFFFF)), bit);
-            __m256i hh = _mm256_and_si256(_mm256_set1_epi16((short)(qh >> 16)), bit);
-            lo = _mm256_or_si256(lo, _mm256_and_si256(_mm256_cmpeq_epi16(hl, bit), b4));
-            hi = _mm256_or_si256(hi, _mm256_and_si256(_mm256_cmpeq_epi16(hh, bit), b4));
-            __m256i s = _mm256_add_epi32(_mm256_madd_epi16(lo, x0), _mm256_madd_epi16(hi, x1));
+            __m256i s = mdl_simd_q5_0_dot(q, x0, x1);
             float dw = mdl_simd_h16(q);
             acc[r] = _mm256_fmadd_ps(_mm256_set1_ps(dw * xd[b]), _mm256_cvtepi32_ps(s), acc[r]);
             accm[r] -= 16.0f * dw * xs[b];

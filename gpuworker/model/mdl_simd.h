@@ -47,6 +47,30 @@ __attribute__((target("avx2"), always_inline)) static inline void mdl_simd_q6_k_
     q[3] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l1, 4), m4),
                            _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(hb, 6), m2), 4));
 }
+/* Q5_0: the int32 lane sums of the 22-byte block at q (d, qh, 16 nibble
+ * bytes) times the block's 32 int16 activations x0 (elements 0-15) and x1
+ * (16-31), before d and the -16 offset.  The fifth bit of element j is bit
+ * j of qh, spread to the int16 lanes by comparing (qh & 1<<j) with 1<<j.
+ * One copy for the one-row and the four-row kernels, so that a row's bits
+ * are the same in both. */
+__attribute__((target("avx2"), always_inline)) static inline __m256i mdl_simd_q5_0_dot(const uint8_t *q, __m256i x0,
+                                                                                       __m256i x1)
+{
+    const __m256i bit = _mm256_setr_epi16(1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384,
+                                          (short)0x8000);
+    const __m256i b4 = _mm256_set1_epi16(0x10);
+    const __m128i m4 = _mm_set1_epi8(0x0F);
+    uint32_t qh;
+    memcpy(&qh, q + 2, 4);
+    __m128i raw = _mm_loadu_si128((const __m128i *)(q + 6));
+    __m256i lo = _mm256_cvtepu8_epi16(_mm_and_si128(raw, m4));
+    __m256i hi = _mm256_cvtepu8_epi16(_mm_and_si128(_mm_srli_epi16(raw, 4), m4));
+    __m256i hl = _mm256_and_si256(_mm256_set1_epi16((short)(qh & 0xFFFF)), bit);
+    __m256i hh = _mm256_and_si256(_mm256_set1_epi16((short)(qh >> 16)), bit);
+    lo = _mm256_or_si256(lo, _mm256_and_si256(_mm256_cmpeq_epi16(hl, bit), b4));
+    hi = _mm256_or_si256(hi, _mm256_and_si256(_mm256_cmpeq_epi16(hh, bit), b4));
+    return _mm256_add_epi32(_mm256_madd_epi16(lo, x0), _mm256_madd_epi16(hi, x1));
+}
 #endif
 
 #endif /* MDL_SIMD_H */
