@@ -77,7 +77,9 @@ copy_deps "$DIR"/bin/*
 
 # UCX loads its transports (shared memory, cma, verbs, ...) from ucx/ beside
 # libucs: bring them and what they load, where this machine has them.
-ucs="$(ldd "$DIR/bin/ri-kvstore" | awk '/libucs\.so/{print $3; exit}')"
+# (awk reads to the end: an early exit could kill ldd with SIGPIPE, and
+# under pipefail and set -e that ended the script silently with status 1)
+ucs="$(ldd "$DIR/bin/ri-kvstore" | awk '/libucs\.so/ && !found {print $3; found = 1}')"
 if [ -n "$ucs" ] && [ -d "$(dirname "$ucs")/ucx" ]; then
   mkdir -p "$DIR/lib/ucx"
   for m in "$(dirname "$ucs")"/ucx/*.so*; do
