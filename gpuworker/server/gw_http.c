@@ -31,6 +31,7 @@
 #include "gpuworker/model/mdl_tok.h"
 #include "gpuworker/client/gw_attn_cluster.h"
 #include "gpuworker/client/gw_attn_remote.h"
+#include "gpuworker/client/gw_meta_share.h"
 #include "gpuworker/client/gw_prefix_seq.h"
 #include "gpuworker/client/gw_transport.h"
 #include "gpuworker/server/gw_http_guard.h"
@@ -1073,6 +1074,14 @@ static void gw_http_prefix_metrics(FILE *f, gw_pfx_stats_t *p)
               (double)atomic_load(&p->fallbacks));
     gw_metric(f, "ri_worker_prefill_tokens_saved_total", "counter",
               "Prompt tokens not prefilled thanks to the prefix cache.", hit);
+    uint32_t copies = 0;
+    uint64_t bytes = 0;
+    gw_meta_stats(&copies, &bytes);
+    gw_metric(f, "ri_worker_prefix_meta_shared_copies", "gauge",
+              "Attached prefixes whose meta index the process holds once for every sequence reading it.",
+              (double)copies);
+    gw_metric(f, "ri_worker_prefix_meta_shared_bytes", "gauge", "Bytes of those shared meta indexes.",
+              (double)bytes);
 }
 
 static void gw_http_cluster_metrics(FILE *f);

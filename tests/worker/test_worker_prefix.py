@@ -138,8 +138,11 @@ def run_same_twice(tmp, attn):
                   m.get("ri_worker_prefix_hit_tokens_total", 0) >= 2048 and
                   m.get("ri_worker_prefill_tokens_saved_total", 0) == m.get("ri_worker_prefix_hit_tokens_total") and
                   m.get("ri_worker_prefix_attached_bytes_total", 0) > 0 and
-                  m.get("ri_worker_prefix_fallbacks_total", -1) == 0,
-                  "metrics: lookups, hits, saved tokens, attached bytes, no fallback (%s)" %
+                  m.get("ri_worker_prefix_fallbacks_total", -1) == 0 and
+                  # a shared meta index lives as long as a sequence reads it: none once the requests ended
+                  m.get("ri_worker_prefix_meta_shared_copies", -1) == 0 and
+                  m.get("ri_worker_prefix_meta_shared_bytes", -1) == 0,
+                  "metrics: lookups, hits, saved tokens, attached bytes, no fallback, no shared index left (%s)" %
                   {k: v for k, v in m.items() if "prefix" in k or "saved" in k})
             # the kvstore gone: the request is prefilled whole, answers the same, and the failure is counted
             # (not for retroinfer-remote, whose attention itself lives in the kvstore)
