@@ -774,26 +774,16 @@ MDL_AVX2 static float mdl_dot_q4_k_q16act_avx2(const uint8_t *p, size_t nsb, con
  * halves of 16 have their own int8 scales.  The -32 is applied in int16. */
 MDL_AVX2 static float mdl_dot_q6_k_q16act_avx2(const uint8_t *p, size_t nsb, const int16_t *xq, const float *xd)
 {
-    const __m128i m4 = _mm_set1_epi8(0x0F), m2 = _mm_set1_epi8(0x03);
-    const __m256i off = _mm256_set1_epi16(32);
     __m256 acc = _mm256_setzero_ps();
     for (size_t sb = 0; sb < nsb; sb++, p += 210) {
         const int8_t *sc = (const int8_t *)(p + 192);
         float d = mdl_simd_h16(p + 208);
         for (int b = 0; b < 8; b++, xq += QK, xd++) {
             int h = b / 4, k = b % 4;
-            const uint8_t *lb = p + 64 * h + 32 * (k & 1), *hb = p + 128 + 32 * h;
-            __m128i l0 = _mm_loadu_si128((const __m128i *)lb), l1 = _mm_loadu_si128((const __m128i *)(lb + 16));
-            if (k >= 2)
-                l0 = _mm_srli_epi16(l0, 4), l1 = _mm_srli_epi16(l1, 4);
-            __m128i h0 = _mm_and_si128(_mm_srli_epi16(_mm_loadu_si128((const __m128i *)hb), 2 * k), m2);
-            __m128i h1 = _mm_and_si128(_mm_srli_epi16(_mm_loadu_si128((const __m128i *)(hb + 16)), 2 * k), m2);
-            __m128i q0 = _mm_or_si128(_mm_and_si128(l0, m4), _mm_slli_epi16(h0, 4));
-            __m128i q1 = _mm_or_si128(_mm_and_si128(l1, m4), _mm_slli_epi16(h1, 4));
-            __m256i w0 = _mm256_sub_epi16(_mm256_cvtepu8_epi16(q0), off);
-            __m256i w1 = _mm256_sub_epi16(_mm256_cvtepu8_epi16(q1), off);
-            __m256i s0 = _mm256_madd_epi16(w0, _mm256_loadu_si256((const __m256i *)xq));
-            __m256i s1 = _mm256_madd_epi16(w1, _mm256_loadu_si256((const __m256i *)(xq + 16)));
+            __m256i w[2];
+            mdl_simd_q6_k_quarter(p, h, k, w);
+            __m256i s0 = _mm256_madd_epi16(w[0], _mm256_loadu_si256((const __m256i *)xq));
+            __m256i s1 = _mm256_madd_epi16(w[1], _mm256_loadu_si256((const __m256i *)(xq + 16)));
             acc = _mm256_fmadd_ps(_mm256_set1_ps(d * sc[8 * h + 2 * k] * xd[0]), _mm256_cvtepi32_ps(s0), acc);
             acc = _mm256_fmadd_ps(_mm256_set1_ps(d * sc[8 * h + 2 * k + 1] * xd[0]), _mm256_cvtepi32_ps(s1), acc);
         }

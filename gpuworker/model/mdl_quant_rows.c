@@ -150,8 +150,6 @@ MDL_R4_AVX2 void mdl_dot4_q4_k_q16act_avx2(const uint8_t *p, size_t row_bytes, s
 MDL_R4_AVX2 void mdl_dot4_q6_k_q16act_avx2(const uint8_t *p, size_t row_bytes, size_t nsb, const int16_t *xq,
                                            const float *xd, float *out)
 {
-    const __m128i m4 = _mm_set1_epi8(0x0F), m2 = _mm_set1_epi8(0x03);
-    const __m256i off = _mm256_set1_epi16(32);
     __m256 acc[MDL_ROWS4];
     for (int r = 0; r < MDL_ROWS4; r++)
         acc[r] = _mm256_setzero_ps();
@@ -164,20 +162,12 @@ MDL_R4_AVX2 void mdl_dot4_q6_k_q16act_avx2(const uint8_t *p, size_t row_bytes, s
                 const uint8_t *q = p + r * row_bytes;
                 const int8_t *sc = (const int8_t *)(q + 192);
                 float d = mdl_simd_h16(q + 208);
-                const uint8_t *lb = q + 64 * h + 32 * (k & 1), *hb = q + 128 + 32 * h;
+                __m256i w[2];
                 if (b < 4) /* the next group's super-block, a line per sub-block */
                     _mm_prefetch((const char *)(q + MDL_ROWS4 * row_bytes + 64 * b), _MM_HINT_T0);
-                __m128i l0 = _mm_loadu_si128((const __m128i *)lb), l1 = _mm_loadu_si128((const __m128i *)(lb + 16));
-                if (k >= 2)
-                    l0 = _mm_srli_epi16(l0, 4), l1 = _mm_srli_epi16(l1, 4);
-                __m128i h0 = _mm_and_si128(_mm_srli_epi16(_mm_loadu_si128((const __m128i *)hb), 2 * k), m2);
-                __m128i h1 = _mm_and_si128(_mm_srli_epi16(_mm_loadu_si128((const __m128i *)(hb + 16)), 2 * k), m2);
-                __m128i q0 = _mm_or_si128(_mm_and_si128(l0, m4), _mm_slli_epi16(h0, 4));
-                __m128i q1 = _mm_or_si128(_mm_and_si128(l1, m4), _mm_slli_epi16(h1, 4));
-                __m256i w0 = _mm256_sub_epi16(_mm256_cvtepu8_epi16(q0), off);
-                __m256i w1 = _mm256_sub_epi16(_mm256_cvtepu8_epi16(q1), off);
-                __m256i s0 = _mm256_madd_epi16(w0, x0);
-                __m256i s1 = _mm256_madd_epi16(w1, x1);
+                mdl_simd_q6_k_quarter(q, h, k, w);
+                __m256i s0 = _mm256_madd_epi16(w[0], x0);
+                __m256i s1 = _mm256_madd_epi16(w[1], x1);
                 acc[r] = _mm256_fmadd_ps(_mm256_set1_ps(d * sc[8 * h + 2 * k] * xd[0]), _mm256_cvtepi32_ps(s0), acc[r]);
                 acc[r] =
                     _mm256_fmadd_ps(_mm256_set1_ps(d * sc[8 * h + 2 * k + 1] * xd[0]), _mm256_cvtepi32_ps(s1), acc[r]);

@@ -71,6 +71,26 @@ __attribute__((target("avx2"), always_inline)) static inline __m256i mdl_simd_q5
     hi = _mm256_or_si256(hi, _mm256_and_si256(_mm256_cmpeq_epi16(hh, bit), b4));
     return _mm256_add_epi32(_mm256_madd_epi16(lo, x0), _mm256_madd_epi16(hi, x1));
 }
+/* Q6_K: quarter k (0-3) of half h of the super-block at q, its 32 weights
+ * as int16 minus 32: elements 0-15 in w[0], 16-31 in w[1] (low or high
+ * nibbles of 32 ql bytes, bits 2k and 2k+1 of 32 qh bytes).  One copy for
+ * the one-row and the four-row kernels. */
+__attribute__((target("avx2"), always_inline)) static inline void mdl_simd_q6_k_quarter(const uint8_t *q, int h, int k,
+                                                                                         __m256i w[2])
+{
+    const __m128i m4 = _mm_set1_epi8(0x0F), m2 = _mm_set1_epi8(0x03);
+    const __m256i off = _mm256_set1_epi16(32);
+    const uint8_t *lb = q + 64 * h + 32 * (k & 1), *hb = q + 128 + 32 * h;
+    __m128i l0 = _mm_loadu_si128((const __m128i *)lb), l1 = _mm_loadu_si128((const __m128i *)(lb + 16));
+    if (k >= 2)
+        l0 = _mm_srli_epi16(l0, 4), l1 = _mm_srli_epi16(l1, 4);
+    __m128i h0 = _mm_and_si128(_mm_srli_epi16(_mm_loadu_si128((const __m128i *)hb), 2 * k), m2);
+    __m128i h1 = _mm_and_si128(_mm_srli_epi16(_mm_loadu_si128((const __m128i *)(hb + 16)), 2 * k), m2);
+    __m128i q0 = _mm_or_si128(_mm_and_si128(l0, m4), _mm_slli_epi16(h0, 4));
+    __m128i q1 = _mm_or_si128(_mm_and_si128(l1, m4), _mm_slli_epi16(h1, 4));
+    w[0] = _mm256_sub_epi16(_mm256_cvtepu8_epi16(q0), off);
+    w[1] = _mm256_sub_epi16(_mm256_cvtepu8_epi16(q1), off);
+}
 #endif
 
 #endif /* MDL_SIMD_H */
