@@ -551,23 +551,30 @@ static void td_speed(td_run_t *t)
 }
 #endif
 
+/* Load the model at path into t->m and create its device copy t->d; fails
+ * the test (saying why) on either error. */
+static void td_open(td_run_t *t, const char *path)
+{
+    char err[512];
+    if (mdl_model_load(path, &t->m, err, sizeof(err)) != RI_OK)
+        fprintf(stderr, "%s: %s\n", path, err);
+    assert_non_null(t->m);
+    ri_status_t st = mdl_dev_create(t->m, &t->d, err, sizeof(err));
+    if (st != RI_OK)
+        fprintf(stderr, "mdl_dev_create: %s\n", err);
+    assert_int_equal(st, RI_OK);
+}
+
 /* The cross-check on the model at path; text: the first prompt is text
  * (else token ids, for the synthetic models' placeholder vocabulary). */
 static void td_xcheck_path(const char *name, const char *path, bool text, size_t long_prompt)
 {
-    char err[512];
     td_run_t t;
     memset(&t, 0, sizeof(t));
     /* fp16 weights in the file leave the device only its sums' order to differ by */
     t.tol = text ? TD_TOL : TD_TOL_SYNTH;
-    if (mdl_model_load(path, &t.m, err, sizeof(err)) != RI_OK)
-        fprintf(stderr, "%s: %s\n", path, err);
-    assert_non_null(t.m);
+    td_open(&t, path);
     const mdl_hparams_t *hp = mdl_model_hparams(t.m);
-    ri_status_t st = mdl_dev_create(t.m, &t.d, err, sizeof(err));
-    if (st != RI_OK)
-        fprintf(stderr, "mdl_dev_create: %s\n", err);
-    assert_int_equal(st, RI_OK);
     printf("model %s on the device: %.1f MB of fp16 weights\n", mdl_model_name(t.m),
            (double)mdl_dev_weight_bytes(t.d) / 1e6);
     t.lc = malloc(2 * hp->n_vocab * sizeof(float));
@@ -661,14 +668,8 @@ static void td_retro_path(const char *name, const char *path, td_fill_t fill)
     memset(&t, 0, sizeof(t));
     t.tol = TD_TOL_SYNTH;
     tm_synth_wave_cfg(&cfg);
-    if (mdl_model_load(path, &t.m, err, sizeof(err)) != RI_OK)
-        fprintf(stderr, "%s: %s\n", path, err);
-    assert_non_null(t.m);
+    td_open(&t, path);
     const mdl_hparams_t *hp = mdl_model_hparams(t.m);
-    ri_status_t st = mdl_dev_create(t.m, &t.d, err, sizeof(err));
-    if (st != RI_OK)
-        fprintf(stderr, "mdl_dev_create: %s\n", err);
-    assert_int_equal(st, RI_OK);
     t.lc = malloc(2 * hp->n_vocab * sizeof(float));
     t.lg = malloc(2 * hp->n_vocab * sizeof(float));
     int32_t ids[TD_RETRO_PROMPT];
