@@ -14,6 +14,7 @@
  *                  [--seed S] [--retrieval-min T] [--window T] [--adapt-tau X] [--trial K]
  *                  [--cluster-tokens T] [--estimation X] [--segment-tokens B]
  *                  [--quick] [--quiet] [--show-prompt] [--json PATH]
+ *   ri bench ruler --prompts-in IN --preds-out OUT [--model ..] [--methods ..]
  *
  * Defaults: 4K, 8K, 16K, 32K for a model trained to 32K (Gemma 3 270M), the
  * lengths up to the trained context otherwise (4K, 8K for SmolLM2); 10
@@ -22,6 +23,8 @@
  * task, marked "partial" until the run ends.  --trial K runs only trial K
  * of the cell's N (the same prompt as in the full run: the needle's depth
  * depends on K and N), for looking at one failure under other settings.
+ * --prompts-in runs prompts made elsewhere (NVIDIA's RULER package) through
+ * the same fork engine instead of this suite's own (rl_pkg.h).
  */
 #define _GNU_SOURCE
 #include <stdio.h>
@@ -30,6 +33,7 @@
 
 #include "bench/common/bn_args.h"
 #include "bench/common/bn_report.h"
+#include "bench/ruler/rl_pkg.h"
 #include "bench/ruler/rl_run.h"
 #include "bench/ruler/rl_score.h"
 #include "common/cm_alloc.h"
@@ -55,13 +59,14 @@ typedef struct rl_opts {
     long cluster_tokens;               /* --cluster-tokens; -1: kn_wave's choice */
     long segment_tokens;               /* --segment-tokens; -1: kn_wave's block */
     double estimation;                 /* --estimation; < 0: the default share */
+    const char *prompts_in, *preds_out; /* --prompts-in, --preds-out (borrowed; NULL: the suite's prompts) */
     bool quick, quiet, show_prompt;
 } rl_opts_t;
 
 /* The command line (bn_args): the table's fields, turned into rl_opts_t by
  * rl_opts_from.  A -1 default keeps the attention config's own value. */
 typedef struct rl_args {
-    char *json, *model, *contexts, *tasks, *methods;
+    char *json, *model, *contexts, *tasks, *methods, *prompts_in, *preds_out;
     int64_t trials, seed, retrieval_min, window, only_trial, cluster_tokens, segment_tokens;
     double adapt_tau, estimation;
     bool quick, quiet, show_prompt;
@@ -92,6 +97,10 @@ static const cm_config_item_t rl_items[] = {
            "retroinfer: the index build's block in tokens, >= 1 (-1: kn_wave's)", segment_tokens, -1, 1 << 30),
     BN_ARG(rl_args_t, "estimation", CM_CFG_DOUBLE, "-1", "retroinfer: estimation share in [0, 1] (-1: the default)",
            estimation, -1, 1),
+    BN_ARG(rl_args_t, "prompts-in", CM_CFG_STRING, NULL,
+           "run these prompts instead of the suite's: JSON lines {index, ids, max_gen} (rl_pkg.h)", prompts_in, 0, 0),
+    BN_ARG(rl_args_t, "preds-out", CM_CFG_STRING, NULL, "with --prompts-in: append each method's output here",
+           preds_out, 0, 0),
     BN_ARG(rl_args_t, "quick", CM_CFG_BOOL, "false", "one trial of every task at 1,200 tokens (for tests)", quick, 0,
            0),
     BN_ARG(rl_args_t, "quiet", CM_CFG_BOOL, "false", "no per-trial lines", quiet, 0, 0),
@@ -108,6 +117,8 @@ static bool rl_args_check(const rl_args_t *a)
                       : a->adapt_tau >= 1 ? "--adapt-tau is in [0, 1)"
                       : a->cluster_tokens == 0 ? "--cluster-tokens is 1..4096"
                       : a->segment_tokens == 0 ? "--segment-tokens is a token count >= 1"
+                      : (a->prompts_in != NULL) != (a->preds_out != NULL)
+                          ? "--prompts-in and --preds-out go together"
                       : (a->adapt_tau < 0 && a->adapt_tau != -1) || (a->estimation < 0 && a->estimation != -1)
                           ? "--adapt-tau and --estimation are -1 (the default) or >= 0"
                           : NULL;
@@ -126,7 +137,7 @@ static int rl_opts_from(const rl_args_t *a, rl_opts_t *o)
                      .retrieval_min = (long)a->retrieval_min, .window = (long)a->window, .adapt_tau = a->adapt_tau,
                      .only_trial = (int)a->only_trial, .cluster_tokens = (long)a->cluster_tokens,
                      .segment_tokens = (long)a->segment_tokens,
-                     .estimation = a->estimation, .quick = a->quick, .quiet = a->quiet, .show_prompt = a->show_prompt};
+                     .estimation = a->estimation, .prompts_in = a->prompts_in, .preds_out = a->preds_out, .quick = a->quick, .quiet = a->quiet, .show_prompt = a->show_prompt};
     if (a->contexts != NULL && a->contexts[0] != '\0') {
         o->n_ctx = bn_args_counts(a->contexts, o->ctx, RL_MAX_CTX);
         if (o->n_ctx == 0) {
@@ -285,9 +296,10 @@ static int rl_main(rl_opts_t *o, const char *json, const char *argv0)
     if (remote && rl_remote_start(argv0) != 0)
         return 1;
     for (size_t k = 0; k < run.n_methods; k++) {
-        uint32_t seg;
-        if (rl_method_attn(run.methods[k], &seg) == NULL) {
-            fprintf(stderr, "ri bench ruler: unknown method '%s' (have: %s, and retroinfer@segN)\n", run.methods[k],
+        uint32_t seg, ct;
+        if (rl_method_attn(run.methods[k], &seg, &ct) == NULL) {
+            fprintf(stderr, "ri bench ruler: unknown method '%s' (have: %s, retroinfer@segN, retroinfer@ctN)\n",
+                    run.methods[k],
                     mdl_attn_names());
             rl_remote_stop();
             return 2;
@@ -297,6 +309,12 @@ static int rl_main(rl_opts_t *o, const char *json, const char *argv0)
         fprintf(stderr, "ri bench ruler: %s\n", err);
         rl_remote_stop();
         return 1;
+    }
+    if (o->prompts_in != NULL) {
+        int rc = rl_pkg_run(&run, o->prompts_in, o->preds_out);
+        mdl_model_destroy(run.model);
+        rl_remote_stop();
+        return rc;
     }
     const mdl_hparams_t *hp = mdl_model_hparams(run.model);
     const char *model = o->model && o->model[0] ? o->model : "smollm2-135m";

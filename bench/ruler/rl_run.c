@@ -21,19 +21,7 @@
 
 static CM_ALLOC_TAG(rl_run_tag, "bench.ruler.run");
 
-/* Generated tokens of one method (the stop token included, when reached). */
-typedef struct rl_gen {
-    int32_t toks[128];         /* token ids */
-    size_t n;                  /* count */
-    char text[1024];           /* their text, stop token left out */
-    mdl_attn_stats_t st;       /* backend statistics */
-    double secs;               /* decode time, the first step's index build included */
-} rl_gen_t;
-
-/* Greedy decode of up to max_gen tokens from a fork of base under attn, by
- * mdl_gen's steps (the stop token is kept in g->toks: the agreement between
- * methods counts it). */
-static ri_status_t rl_decode(mdl_model_t *m, const mdl_seq_t *base, const float *logits0, const mdl_attn_ops_t *attn,
+ri_status_t rl_decode(mdl_model_t *m, const mdl_seq_t *base, const float *logits0, const mdl_attn_ops_t *attn,
                              const mdl_attn_cfg_t *cfg, int max_gen, rl_gen_t *g)
 {
     const mdl_hparams_t *hp = mdl_model_hparams(m);
@@ -50,6 +38,7 @@ static ri_status_t rl_decode(mdl_model_t *m, const mdl_seq_t *base, const float 
     memcpy(logits, logits0, hp->n_vocab * sizeof(float));
     size_t ol = 0;
     g->n = 0;
+    g->stopped = false;
     g->text[0] = '\0';
     mdl_gen_t gen;
     mdl_gen_init(&gen, tok, NULL, hp->n_vocab, CM_MIN((size_t)max_gen, CM_ARRAY_LEN(g->toks)), mdl_seq_len(s),
@@ -60,6 +49,7 @@ static ri_status_t rl_decode(mdl_model_t *m, const mdl_seq_t *base, const float 
         int32_t next;
         end = mdl_gen_pick(&gen, logits, &next);
         g->toks[g->n++] = next;
+        g->stopped = end == MDL_GEN_STOP;
         if (end == MDL_GEN_STOP)
             break;
         int l = mdl_tok_piece(tok, next, g->text + ol, sizeof(g->text) - ol - 1);
@@ -130,28 +120,30 @@ static void rl_record(cJSON *outputs, rl_task_t t, size_t ctx, int trial, const 
     cJSON_AddItemToArray(outputs, o);
 }
 
-/* A method name: a backend's, or "retroinfer@segN": retroinfer with its
- * index built in blocks of N tokens, so that two block lengths are compared
- * on the same prefill of the same prompt.  The backend; *seg_p gets N (0
- * without the suffix); NULL for an unknown name or a bad N. */
-const mdl_attn_ops_t *rl_method_attn(const char *name, uint32_t *seg_p)
+/* A method name: a backend's, or retroinfer with one setting changed, so
+ * that settings are compared on the same prefill of the same prompt:
+ * "retroinfer@segN" (the index built in blocks of N tokens) or
+ * "retroinfer@ctN" (N tokens per cluster).  The backend; *seg_p and *ct_p
+ * get N for their suffix, else 0; NULL for an unknown name or a bad N. */
+const mdl_attn_ops_t *rl_method_attn(const char *name, uint32_t *seg_p, uint32_t *ct_p)
 {
-    const char *at = strstr(name, "@seg");
-    char base[64];
-    *seg_p = 0;
+    const char *at = strchr(name, '@');
+    *seg_p = *ct_p = 0;
     if (at == NULL)
         return mdl_attn_find(name);
-    size_t len = (size_t)(at - name);
+    size_t skip = strncmp(at, "@seg", 4) == 0 ? 4 : strncmp(at, "@ct", 3) == 0 ? 3 : 0;
     char *end;
-    unsigned long n = strtoul(at + 4, &end, 10);
-    if (len >= sizeof(base) || *end != '\0' || end == at + 4 || n == 0 || n > (1ul << 30))
+    unsigned long n = skip ? strtoul(at + skip, &end, 10) : 0;
+    if (skip == 0 || (size_t)(at - name) != strlen("retroinfer") || strncmp(name, "retroinfer", (size_t)(at - name))
+        || *end != '\0' || end == at + skip || n == 0)
         return NULL;
-    memcpy(base, name, len);
-    base[len] = '\0';
-    if (strcmp(base, "retroinfer") != 0)
+    if (skip == 4 && n <= (1ul << 30))
+        *seg_p = (uint32_t)n;
+    else if (skip == 3 && n <= 4096)
+        *ct_p = (uint32_t)n;
+    else
         return NULL;
-    *seg_p = (uint32_t)n;
-    return mdl_attn_find(base);
+    return mdl_attn_find("retroinfer");
 }
 
 static bool rl_is_baseline(const char *name)
@@ -200,12 +192,14 @@ ri_status_t rl_run_trial(const rl_run_t *run, rl_task_t t, size_t ctx, int trial
     double retro_budget = 0;   /* retroinfer's mean exact tokens per head and layer-step in this trial */
     for (size_t k = 0; k < run->n_methods && st == RI_OK; k++) {
         mdl_attn_cfg_t cfg = run->attn;
-        uint32_t seg = 0;
-        const mdl_attn_ops_t *attn = rl_method_attn(run->methods[k], &seg);
+        uint32_t seg, ct;
+        const mdl_attn_ops_t *attn = rl_method_attn(run->methods[k], &seg, &ct);
         if (rl_is_baseline(run->methods[k]) && retro_budget > 0)
             cfg.budget_tokens = (uint32_t)lround(retro_budget);
         if (seg > 0)
             cfg.wave.segment_tokens = seg;
+        if (ct > 0)
+            cfg.wave.tokens_per_cluster = ct;
         st = rl_decode(m, base, logits, attn, &cfg, max_gen, &gen[k]);
         if (st != RI_OK) {
             fprintf(stderr, "ri bench ruler: %s decode failed: %s\n", run->methods[k], ri_status_str(st));

@@ -20,6 +20,16 @@
 
 #define RL_MAX_METHODS 8
 
+/* Generated tokens of one method (the stop token included, when reached). */
+typedef struct rl_gen {
+    int32_t toks[128];         /* token ids */
+    size_t n;                  /* count */
+    bool stopped;              /* the last of toks is the stop token */
+    char text[1024];           /* their text, stop token left out */
+    mdl_attn_stats_t st;       /* backend statistics */
+    double secs;               /* decode time, the first step's index build included */
+} rl_gen_t;
+
 /* Totals of one (task, context, method) cell over its trials. */
 typedef struct rl_cell {
     int trials;             /* run */
@@ -63,9 +73,16 @@ int rl_remote_start(const char *argv0);
 /* Disconnect and stop the kvstore; safe when not started. */
 void rl_remote_stop(void);
 
-/* The backend of a method name: a backend's own, or "retroinfer@segN"
- * (retroinfer with its index built in blocks of N tokens); *seg_p gets N,
- * 0 without the suffix.  NULL when unknown. */
-const mdl_attn_ops_t *rl_method_attn(const char *name, uint32_t *seg_p);
+/* The backend of a method name: a backend's own, "retroinfer@segN"
+ * (retroinfer with its index built in blocks of N tokens) or
+ * "retroinfer@ctN" (N tokens per cluster); *seg_p and *ct_p get N for
+ * their suffix, else 0.  NULL when unknown. */
+const mdl_attn_ops_t *rl_method_attn(const char *name, uint32_t *seg_p, uint32_t *ct_p);
+
+/* Greedy decode of up to max_gen (<= 128) tokens from a fork of base under
+ * attn and cfg, by mdl_gen's steps, from the prefill's logits0 (the stop
+ * token is kept in g->toks: the agreement between methods counts it). */
+ri_status_t rl_decode(mdl_model_t *m, const mdl_seq_t *base, const float *logits0, const mdl_attn_ops_t *attn,
+                      const mdl_attn_cfg_t *cfg, int max_gen, rl_gen_t *g);
 
 #endif /* RL_RUN_H */

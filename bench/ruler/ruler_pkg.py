@@ -9,6 +9,17 @@ model's own tokenizer through ri-worker's POST /tokenize, sent as greedy
 completions with the request's "attn" field, and scored with the package's
 string_match_all / string_match_part.
 
+Two engines answer the prompts.  --engine http (the default) sends each
+prompt to ri-worker once per method.  --engine fork hands a task's prompts
+to `ri-bench-ruler --prompts-in` (bench/ruler/rl_pkg.h), which prefills
+each prompt once and decodes every method from a fork of that prefill: the
+same runtime and greedy loop, one prefill instead of one per method, and
+method variants the worker does not take per request (retroinfer@ctN:
+N tokens per cluster; retroinfer@segN).  There quest and streaming get the
+exact-token budget retroinfer measured on the same prompt.  --check-http N
+sends the first N prompts of the first cell through the worker too and
+fails when a text differs from the fork engine's.
+
 Steps, each kept on disk under --out so that a stopped run resumes:
   data/L/TASK.jsonl           the package's samples (the same for every method)
   pred/L/METHOD/TASK.jsonl    one line per answered sample, appended as it goes
@@ -22,6 +33,7 @@ import json
 import math
 import os
 import platform
+import re
 import runpy
 import signal
 import statistics
@@ -43,6 +55,7 @@ MODELS = {"smollm2-135m": "SmolLM2-135M-Instruct.Q4_1.gguf", "gemma3-270m": "gem
 CHATML = ("<|im_start|>system\nYou are a helpful AI assistant named SmolLM, trained by Hugging Face<|im_end|>\n"
           "<|im_start|>user\n{task_template}<|im_end|>\n<|im_start|>assistant\n")
 ATTN_METHODS = ("full", "retroinfer", "retroinfer-remote", "quest", "streaming")
+VARIANT = re.compile(r"^retroinfer@(ct|seg)([1-9][0-9]*)$")  # fork engine only
 SKIP = 77
 
 
@@ -283,6 +296,13 @@ def parse_args(argv):
     ap.add_argument("--worker-arg", action="append", default=[], help="one more ri-worker flag (repeatable)")
     ap.add_argument("--kvstore-memory", default="1GiB", help="ri-kvstore --memory for retroinfer-remote")
     ap.add_argument("--gen-timeout", type=int, default=3600, help="seconds one task's generation may take")
+    ap.add_argument("--engine", default="http", choices=("http", "fork"),
+                    help="http: one request per prompt and method; fork: one prefill per prompt (rl_pkg.h)")
+    ap.add_argument("--check-http", type=int, default=0,
+                    help="fork engine: also answer the first N prompts of the first cell through the worker and "
+                         "fail on a different text (full and retroinfer)")
+    ap.add_argument("--fork-arg", action="append", default=[],
+                    help="fork engine: one more ri-bench-ruler flag (repeatable), e.g. --estimation=0.2")
     ap.add_argument("--build", default=os.environ.get("RI_BUILD_DIR", os.path.join(ROOT, "build")))
     return ap.parse_args(argv)
 
@@ -303,7 +323,8 @@ def main(argv):
     model = a.model if os.path.sep in a.model else os.path.join(MODEL_DIR, MODELS.get(a.model, a.model))
     if not os.path.exists(model):
         skip("no model at %s" % model)
-    for b in ("ri-worker",) + (("ri-kvstore",) if "retroinfer-remote" in a.methods else ()):
+    need = ("ri-worker",) + (("ri-kvstore",) if "retroinfer-remote" in a.methods else ())
+    for b in need + (("ri-bench-ruler",) if a.engine == "fork" else ()):
         if not os.access(os.path.join(a.build, "bin", b), os.X_OK):
             skip("%s not built in %s" % (b, a.build))
     tasks = list(tasks_all) if a.tasks == "all" else a.tasks.split(",")
@@ -313,8 +334,9 @@ def main(argv):
         if t not in tasks_all:
             raise SystemExit("unknown task %r (the package has: %s)" % (t, ", ".join(tasks_all)))
     for m in methods:
-        if m not in ATTN_METHODS:
-            raise SystemExit("unknown method %r (have: %s)" % (m, ", ".join(ATTN_METHODS)))
+        if m not in ATTN_METHODS and not (a.engine == "fork" and VARIANT.match(m)):
+            raise SystemExit("unknown method %r (have: %s; with --engine fork also retroinfer@ctN and "
+                             "retroinfer@segN)" % (m, ", ".join(ATTN_METHODS)))
     out = a.out or os.path.join(ROOT, "build", "ruler-pkg", os.path.basename(model).rsplit(".gguf", 1)[0])
     key = os.environ.get("RI_API_KEY")
     t_start = time.time()
@@ -323,9 +345,12 @@ def main(argv):
         kvs = worker = None
         try:
             grpc = None
-            if "retroinfer-remote" in methods:
+            # the fork engine starts its own kvstore for retroinfer-remote;
+            # its worker only tokenizes and answers --check-http
+            served = methods if a.engine == "http" else ["full", "retroinfer"]
+            if "retroinfer-remote" in served:
                 kvs, grpc = start_kvstore(a.build, tmp, a.kvstore_memory)
-            worker, addr = start_worker(a.build, tmp, model, methods, grpc, a.threads, a.worker_arg)
+            worker, addr = start_worker(a.build, tmp, model, served, grpc, a.threads, a.worker_arg)
             http = RiHttp(addr, key)
             st, body = http.get("/v1/models")
             model_id = json.loads(body)["data"][0]["id"]
@@ -336,7 +361,9 @@ def main(argv):
                           else "nltk PunktSentenceTokenizer, untrained (no punkt data)", seed=a.seed)
             print("model %s, template %s, methods %s, lengths %s, %d samples, out %s" %
                   (model_id, report["template"], ",".join(methods), a.lengths, a.samples, out), flush=True)
-            results = run_grid(a, tasks, tasks_all, lengths, methods, template, addr, http, model_id, out, tmp)
+            report["engine"] = a.engine
+            results = run_grid(a, tasks, tasks_all, lengths, methods, template, addr, http, model_id, out, tmp,
+                               model, report)
         except BaseException:
             for name in ("worker.log", "kvstore.log"):
                 p = os.path.join(tmp, name)
@@ -358,7 +385,7 @@ def main(argv):
     return 0
 
 
-def run_grid(a, tasks, tasks_all, lengths, methods, template, addr, http, model_id, out, tmp):
+def run_grid(a, tasks, tasks_all, lengths, methods, template, addr, http, model_id, out, tmp, model, report):
     """Every (length, task, method) cell: generate once, answer what the
     prediction file lacks (appending), score.  {(L, task, method): cell}."""
     results = {}
@@ -366,25 +393,94 @@ def run_grid(a, tasks, tasks_all, lengths, methods, template, addr, http, model_
         for task in tasks:
             cfg = tasks_all[task]
             samples = generate(task, cfg, length, a.samples, a.seed, template, addr, out, tmp, a.gen_timeout)
+            pred_path = lambda method: os.path.join(out, "pred", str(length), method, task + ".jsonl")  # noqa: E731
+            done = {}
             for method in methods:
-                pred_path = os.path.join(out, "pred", str(length), method, task + ".jsonl")
-                os.makedirs(os.path.dirname(pred_path), exist_ok=True)
-                done = {p["index"]: p for p in read_jsonl(pred_path) if p.get("input_len") is not None}
-                with open(pred_path, "a") as f:
+                os.makedirs(os.path.dirname(pred_path(method)), exist_ok=True)
+                done[method] = {p["index"]: p for p in read_jsonl(pred_path(method)) if p.get("input_len") is not None}
+            fresh = lambda method, s: (s["index"] in done[method] and  # noqa: E731
+                                       done[method][s["index"]]["input_len"] == len(s["input"]))
+            if a.engine == "fork":
+                todo = [s for s in samples if not all(fresh(m, s) for m in methods)]
+                if todo:
+                    answer_fork(a, http, model, todo, cfg, methods, length, pred_path, done, tmp)
+                if a.check_http and "http_check" not in report:
+                    report["http_check"] = check_http(http, model_id, samples[:a.check_http], cfg, methods, done,
+                                                      length, task)
+            for method in methods:
+                with open(pred_path(method), "a") as f:
                     for s in samples:
-                        if s["index"] in done and done[s["index"]]["input_len"] == len(s["input"]):
+                        if fresh(method, s):
                             continue
                         p = dict(answer(http, model_id, s, cfg, method), input_len=len(s["input"]))
                         f.write(json.dumps(p) + "\n")
                         f.flush()
-                        done[s["index"]] = p
-                preds = [done[s["index"]] for s in samples]
+                        done[method][s["index"]] = p
+                preds = [done[method][s["index"]] for s in samples]
                 cell = score_cell(cfg, preds)
                 cell["prompt_tokens"] = sorted(p["prompt_tokens"] for p in preds)
+                cell["budget_tokens"] = [p["budget_tokens"] for p in preds if p.get("budget_tokens") is not None]
+                cell["tokens_per_cluster"] = max((p.get("tokens_per_cluster", 0) for p in preds), default=0)
+                cell["seconds"] = sum(p["seconds"] for p in preds)
                 results[(length, task, method)] = cell
                 print("  %-16s %6d %-18s %d/%d  score %.1f" % (task, length, method, cell["passed"], len(preds),
                                                                cell["score"]), flush=True)
     return results
+
+
+def answer_fork(a, http, model, todo, cfg, methods, length, pred_path, done, tmp):
+    """The fork engine over the prompts todo: one prefill each, every
+    method from a fork (rl_pkg.h); the lines go to each method's file."""
+    ids_path, out_path = os.path.join(tmp, "fork-in.jsonl"), os.path.join(tmp, "fork-out.jsonl")
+    with open(ids_path, "w") as f:
+        for s in todo:
+            ids = http.post("/tokenize", {"content": s["input"], "parse_special": True, "add_special": True})["tokens"]
+            f.write(json.dumps({"index": s["index"], "ids": ids, "max_gen": cfg["tokens_to_generate"]}) + "\n")
+    if os.path.exists(out_path):
+        os.unlink(out_path)
+    env = dict(os.environ, RI_THREADS=str(a.threads)) if a.threads else None
+    cmd = [os.path.join(a.build, "bin", "ri-bench-ruler"), "--model", model, "--methods", ",".join(methods),
+           "--prompts-in", ids_path, "--preds-out", out_path] + a.fork_arg
+    t0 = time.time()
+    r = subprocess.run(cmd, env=env, capture_output=True, text=True)
+    by_index = {s["index"]: s for s in todo}
+    files = {}
+    try:
+        for p in read_jsonl(out_path):
+            m = p.pop("attn")
+            if m not in methods:   # the fork engine always runs full, the reference
+                continue
+            s = by_index[p["index"]]
+            p.update(input_len=len(s["input"]), outputs=s["outputs"], engine="fork")
+            if m not in files:
+                files[m] = open(pred_path(m), "a")
+            files[m].write(json.dumps(p) + "\n")
+            done[m][p["index"]] = p
+    finally:
+        for f in files.values():
+            f.close()
+    if r.returncode != 0:
+        raise SystemExit("ri-bench-ruler --prompts-in failed (%d):\n%s" % (r.returncode, r.stderr[-3000:]))
+    print("  fork engine: %d prompts at %d, %d methods, %.0f s" % (len(todo), length, len(methods),
+                                                                   time.time() - t0), flush=True)
+
+
+def check_http(http, model_id, samples, cfg, methods, done, length, task):
+    """The first prompts through the worker too: the texts must be the fork
+    engine's (full and retroinfer, which the worker serves as they are)."""
+    out = []
+    for m in ("full", "retroinfer"):
+        if m not in methods:
+            continue
+        for s in samples:
+            got = answer(http, model_id, s, cfg, m)["pred"]
+            want = done[m][s["index"]]["pred"]
+            out.append({"task": task, "context": length, "attn": m, "index": s["index"], "same": got == want})
+            if got != want:
+                raise SystemExit("--check-http: %s at %d, %s, prompt %d: the worker said %r, the fork engine %r" %
+                                 (task, length, m, s["index"], got, want))
+    print("  check-http: %d answers through the worker equal the fork engine's" % len(out), flush=True)
+    return out
 
 
 def build_rows(a, results, tasks_all, model_id, methods, lengths, tasks):
@@ -398,11 +494,15 @@ def build_rows(a, results, tasks_all, model_id, methods, lengths, tasks):
         rows.append({"model": model_id, "task": task, "metric": tasks_all[task]["metric_fn"].__name__,
                      "context": length, "attn": method, "trials": n, "passed": c["passed"],
                      "score": c["score"], "nulls": c["nulls"],
-                     "budget_tokens": None,  # the worker does not report what a sparse method attended
+                     # the fork engine measures what a sparse method attended; the worker does not report it
+                     "budget_tokens": round(statistics.mean(c["budget_tokens"]), 1) if c["budget_tokens"] else None,
                      "wilson_lo": round(lo, 4), "wilson_hi": round(hi, 4),
                      "prompt_tokens_min": pt[0], "prompt_tokens_median": statistics.median(pt),
                      "prompt_tokens_max": pt[-1], "load_avg": os.getloadavg()[0]})
-        if sparse:  # wave methods only (docs/bench-format.md)
+        rows[-1].update(engine=a.engine, seconds_per_sample=round(c["seconds"] / n, 2))
+        if sparse and c["tokens_per_cluster"]:  # measured by the fork engine
+            rows[-1].update(tokens_per_cluster=c["tokens_per_cluster"], tokens_per_cluster_source="measured")
+        elif sparse:  # wave methods only (docs/bench-format.md)
             rows[-1].update(tokens_per_cluster=explicit_ct or auto_cluster_tokens(pt[-1]),
                             tokens_per_cluster_source="--cluster-tokens" if explicit_ct else "auto rule")
     for length in lengths:

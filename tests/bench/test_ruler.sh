@@ -122,3 +122,27 @@ if command -v gnuplot >/dev/null 2>&1; then
   [ -s "$tmp/img/r-pass.png" ] || { echo "FAIL: ri plot drew no r-pass.png"; exit 1; }
   echo "ri plot: r-pass.png drawn"
 fi
+# --prompts-in (the fork engine of ri bench ruler-pkg): a bad line or a
+# lone flag is a clear error, and a bad method name is refused
+"$bin/ri-bench-ruler" --model "$model" --prompts-in "$tmp/in.jsonl" > "$tmp/e1.txt" 2>&1
+[ $? -eq 2 ] && grep -q 'go together' "$tmp/e1.txt" || { echo "FAIL: --prompts-in without --preds-out"; exit 1; }
+printf '{"index": 0, "ids": [1, 2], "max_gen": 500}\n' > "$tmp/in.jsonl"
+"$bin/ri-bench-ruler" --model "$model" --prompts-in "$tmp/in.jsonl" --preds-out "$tmp/p.jsonl" > "$tmp/e2.txt" 2>&1
+[ $? -eq 1 ] && grep -q 'max_gen' "$tmp/e2.txt" && [ ! -s "$tmp/p.jsonl" ] ||
+  { cat "$tmp/e2.txt"; echo "FAIL: a bad --prompts-in line"; exit 1; }
+"$bin/ri-bench-ruler" --model "$model" --methods retroinfer@ct0 --prompts-in "$tmp/in.jsonl" \
+  --preds-out "$tmp/p.jsonl" > "$tmp/e3.txt" 2>&1
+[ $? -eq 2 ] && grep -q "unknown method 'retroinfer@ct0'" "$tmp/e3.txt" ||
+  { cat "$tmp/e3.txt"; echo "FAIL: retroinfer@ct0 accepted"; exit 1; }
+# one good prompt: a line per method, in order, with its counts
+printf '{"index": 7, "ids": [1, 2, 3, 4, 5, 6, 7, 8], "max_gen": 4}\n' > "$tmp/in.jsonl"
+"$bin/ri-bench-ruler" --model "$model" --methods full,retroinfer@ct8 --prompts-in "$tmp/in.jsonl" \
+  --preds-out "$tmp/p.jsonl" > "$tmp/e4.txt" 2>&1 || { cat "$tmp/e4.txt"; echo "FAIL: --prompts-in"; exit 1; }
+python3 - "$tmp/p.jsonl" <<'PY' || exit 1
+import json, sys
+lines = [json.loads(l) for l in open(sys.argv[1])]
+ok = [l["attn"] for l in lines] == ["full", "retroinfer@ct8"] and all(
+    l["index"] == 7 and l["prompt_tokens"] == 8 and 0 < l["completion_tokens"] <= 4 for l in lines)
+print("--prompts-in: %s" % ("ok" if ok else "FAIL %r" % lines))
+sys.exit(0 if ok else 1)
+PY

@@ -11,11 +11,16 @@ the length with the task's generation, and that scoring ran: each row's
 passed (every expected item found) and score (RULER's, with partial credit)
 equal an independent re-scoring of the prediction file (substring,
 case-insensitive, as RULER).  A second run over the same folder
-answers nothing again (resumed from the prediction files).
+answers nothing again (resumed from the prediction files).  Then the fork
+engine (--engine fork: ri-bench-ruler --prompts-in, one prefill per prompt)
+on the same data with full and retroinfer@ct8: its full-attention texts
+must equal the worker's, token for token, --check-http must pass, and the
+variant gets its own rows.
 Exits 77 (skipped) without the package, the model or the binary.
 """
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -32,9 +37,9 @@ def check(cond, what):
         failures.append(what)
 
 
-def run(out, js):
+def run(out, js, extra=()):
     cmd = [sys.executable, HARNESS, "--model", "smollm2-135m", "--lengths", "1024", "--tasks", ",".join(TASKS),
-           "--samples", "2", "--methods", "full", "--threads", "2", "--out", out, "--json", js]
+           "--samples", "2", "--methods", "full", "--threads", "2", "--out", out, "--json", js] + list(extra)
     p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         out_text, err_text = p.communicate(timeout=400)
@@ -56,6 +61,26 @@ def rescore(path, metric):
         per.append(any(hits) if metric == "string_match_part" else all(hits))
         frac.append(float(any(hits)) if metric == "string_match_part" else sum(hits) / len(hits))
     return sum(per), len(preds), 100.0 * sum(frac) / len(frac)
+
+
+def check_fork(tmp, http_out):
+    """The fork engine over the HTTP run's data: the same texts."""
+    out, js = os.path.join(tmp, "fork"), os.path.join(tmp, "f.json")
+    shutil.copytree(os.path.join(http_out, "data"), os.path.join(out, "data"))
+    rc = run(out, js, ["--engine", "fork", "--check-http", "1", "--methods", "full,retroinfer@ct8"])
+    check(rc == 0 and os.path.exists(js), "the fork engine ran (rc %d)" % rc)
+    if rc != 0:
+        return
+    rep = json.load(open(js))
+    check(rep.get("engine") == "fork" and len(rep.get("http_check", [])) == 1 and
+          all(c["same"] for c in rep["http_check"]), "fork: --check-http compared full's first answer (%s)" %
+          rep.get("http_check"))
+    check(sorted((r["task"], r["attn"]) for r in rep["rows"]) ==
+          sorted((t, m) for t in TASKS for m in ("full", "retroinfer@ct8")), "fork: a row per task and method")
+    for task in TASKS:
+        pred = lambda o: {p["index"]: p["pred"] for p in map(json.loads, open(  # noqa: E731
+            os.path.join(o, "pred", "1024", "full", task + ".jsonl")))}
+        check(pred(out) == pred(http_out), "%s: the fork engine's texts equal the worker's" % task)
 
 
 def main():
@@ -98,6 +123,7 @@ def main():
         rc = run(out, js)
         check(rc == 0 and all(os.path.getsize(os.path.join(out, "pred", "1024", "full", t + ".jsonl")) == s
                               for t, s in sizes.items()), "a second run resumes: nothing answered again")
+        check_fork(tmp, out)
     if failures:
         print("%d check(s) failed" % len(failures))
         return 1
