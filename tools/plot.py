@@ -160,6 +160,11 @@ def plot_serve(doc):
 
 
 def plot_ruler(doc):
+    pkg = doc.get("suite") == "nvidia-long-context-eval"
+    if pkg:  # ruler-pkg rows: passed/trials with their Wilson interval
+        for r in doc["rows"]:
+            if r.get("trials"):
+                r.update(pass_rate=r["passed"] / r["trials"], ci_low=r["wilson_lo"], ci_high=r["wilson_hi"])
     rows = [r for r in doc["rows"] if r.get("pass_rate") is not None]
     cats, methods = [], []
     for r in rows:  # the bench's order: tasks (per context), methods
@@ -183,8 +188,8 @@ def plot_ruler(doc):
         series.append((m, pts))
     ctxs = sorted({c for c, _ in cats if c})
     trials = sorted({r.get("trials") for r in rows if r.get("trials")})
-    title = "RULER-style pass rate, %s, %s tokens, %s trials per bar (95%% Wilson interval)\\n%s" % (
-        doc.get("model", "?"), "/".join("%dK" % round(c / 1024) for c in ctxs) or "?",
+    title = "%s pass rate, %s, %s tokens, %s trials per bar (95%% Wilson interval)\\n%s" % (
+        "RULER" if pkg else "RULER-style", doc.get("model", "?"), "/".join("%dK" % round(c / 1024) for c in ctxs) or "?",
         "/".join(str(t) for t in trials) or "?", machine_note(doc))
     script = HEAD.format(out=None, title=title, key="outside right top")
     script += ("set termoption noenhanced\nset style data histogram\nset style histogram errorbars gap 1 lw 1\n"
