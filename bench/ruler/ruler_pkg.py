@@ -23,6 +23,7 @@ fails when a text differs from the fork engine's.
 Steps, each kept on disk under --out so that a stopped run resumes:
   data/L/TASK.jsonl           the package's samples (the same for every method)
   pred/L/METHOD/TASK.jsonl    one line per answered sample, appended as it goes
+  fork/L/TASK.jsonl           the fork engine's lines of a task still running
 then the table, and --json in the bench format (docs/bench-format.md).
 
 Exits 77 when the package or the model is missing (the ctest skips).
@@ -401,9 +402,12 @@ def run_grid(a, tasks, tasks_all, lengths, methods, template, addr, http, model_
             fresh = lambda method, s: (s["index"] in done[method] and  # noqa: E731
                                        done[method][s["index"]]["input_len"] == len(s["input"]))
             if a.engine == "fork":
+                partial = os.path.join(out, "fork", str(length), task + ".jsonl")
+                os.makedirs(os.path.dirname(partial), exist_ok=True)
+                ingest_fork(partial, samples, methods, pred_path, done)  # what a stopped run had answered
                 todo = [s for s in samples if not all(fresh(m, s) for m in methods)]
                 if todo:
-                    answer_fork(a, http, model, todo, cfg, methods, length, pred_path, done, tmp)
+                    answer_fork(a, http, model, todo, cfg, methods, length, pred_path, done, partial, tmp)
                 if a.check_http and "http_check" not in report:
                     report["http_check"] = check_http(http, model_id, samples[:a.check_http], cfg, methods, done,
                                                       length, task)
@@ -428,29 +432,38 @@ def run_grid(a, tasks, tasks_all, lengths, methods, template, addr, http, model_
     return results
 
 
-def answer_fork(a, http, model, todo, cfg, methods, length, pred_path, done, tmp):
+def answer_fork(a, http, model, todo, cfg, methods, length, pred_path, done, out_path, tmp):
     """The fork engine over the prompts todo: one prefill each, every
-    method from a fork (rl_pkg.h); the lines go to each method's file."""
-    ids_path, out_path = os.path.join(tmp, "fork-in.jsonl"), os.path.join(tmp, "fork-out.jsonl")
+    method from a fork (rl_pkg.h); the lines go to each method's file.
+    out_path (under --out) keeps what a stopped run answered."""
+    ids_path = os.path.join(tmp, "fork-in.jsonl")
     with open(ids_path, "w") as f:
         for s in todo:
             ids = http.post("/tokenize", {"content": s["input"], "parse_special": True, "add_special": True})["tokens"]
             f.write(json.dumps({"index": s["index"], "ids": ids, "max_gen": cfg["tokens_to_generate"]}) + "\n")
-    if os.path.exists(out_path):
-        os.unlink(out_path)
     env = dict(os.environ, RI_THREADS=str(a.threads)) if a.threads else None
     cmd = [os.path.join(a.build, "bin", "ri-bench-ruler"), "--model", model, "--methods", ",".join(methods),
            "--prompts-in", ids_path, "--preds-out", out_path] + a.fork_arg
     t0 = time.time()
     r = subprocess.run(cmd, env=env, capture_output=True, text=True)
-    by_index = {s["index"]: s for s in todo}
+    ingest_fork(out_path, todo, methods, pred_path, done)
+    if r.returncode != 0:
+        raise SystemExit("ri-bench-ruler --prompts-in failed (%d):\n%s" % (r.returncode, r.stderr[-3000:]))
+    print("  fork engine: %d prompts at %d, %d methods, %.0f s" % (len(todo), length, len(methods),
+                                                                   time.time() - t0), flush=True)
+
+
+def ingest_fork(out_path, samples, methods, pred_path, done):
+    """Move the fork engine's lines (of these samples) into each method's
+    prediction file, then drop its file."""
+    by_index = {s["index"]: s for s in samples}
     files = {}
     try:
         for p in read_jsonl(out_path):
             m = p.pop("attn")
-            if m not in methods:   # the fork engine always runs full, the reference
+            s = by_index.get(p["index"])
+            if m not in methods or s is None:   # the fork engine always runs full, the reference
                 continue
-            s = by_index[p["index"]]
             p.update(input_len=len(s["input"]), outputs=s["outputs"], engine="fork")
             if m not in files:
                 files[m] = open(pred_path(m), "a")
@@ -459,10 +472,8 @@ def answer_fork(a, http, model, todo, cfg, methods, length, pred_path, done, tmp
     finally:
         for f in files.values():
             f.close()
-    if r.returncode != 0:
-        raise SystemExit("ri-bench-ruler --prompts-in failed (%d):\n%s" % (r.returncode, r.stderr[-3000:]))
-    print("  fork engine: %d prompts at %d, %d methods, %.0f s" % (len(todo), length, len(methods),
-                                                                   time.time() - t0), flush=True)
+    if os.path.exists(out_path):
+        os.unlink(out_path)
 
 
 def check_http(http, model_id, samples, cfg, methods, done, length, task):
