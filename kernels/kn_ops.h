@@ -123,15 +123,15 @@ typedef struct kn_index {
                                kn_index_build: what every decode reads (accumulated
                                in fp32), half the bytes of vsum; NULL in an index made
                                by hand (the decode reads vsum then) */
-    uint32_t fixed_clusters;/* 0: the arrays are the index's own (heap).  > 0: all five
-                               (centroids, vmean, sizes, offsets, perm) live at fixed
-                               addresses, room for this many clusters and fixed_tokens
-                               perm entries, which the caller owns and frees after the
-                               index (kn_wave_place: a shared prefix's rows and tables
-                               mapped copy-on-write); never moved, and growing past
-                               either room copies all five to the heap (sharing lost,
-                               contents kept) */
-    uint32_t fixed_tokens;  /* perm entries of room at the fixed home (0 when not fixed) */
+    uint32_t fixed_clusters; /* 0: the arrays are the index's own (heap).  > 0: all five
+                                (centroids, vmean, sizes, offsets, perm) live at fixed
+                                addresses, room for this many clusters and fixed_tokens
+                                perm entries, which the caller owns and frees after the
+                                index (kn_wave_place: a shared prefix's rows and tables
+                                mapped copy-on-write); never moved, and growing past
+                                either room copies all five to the heap (sharing lost,
+                                contents kept) */
+    uint32_t fixed_tokens;   /* perm entries of room at the fixed home (0 when not fixed) */
 } kn_index_t;
 
 /* Fixed homes for an index's arrays (kn_wave_place), owned by the caller:

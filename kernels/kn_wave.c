@@ -132,6 +132,10 @@ void kn_wave_destroy(kn_wave_t *w)
  * (even the same bytes: the fault is on the write, not on a change). */
 static void kn_wave_put_rows(const kn_index_t *idx, void *dst, const void *src, size_t n)
 {
+#ifdef KN_WAVE_MUTANT_PUT_ALWAYS /* tests/kernels' mutant: the shared head written again */
+    memcpy(dst, src, n);
+    return;
+#endif
     if (!idx->fixed_clusters || memcmp(dst, src, n) != 0)
         memcpy(dst, src, n);
 }
@@ -151,8 +155,8 @@ ri_status_t kn_wave_place(kn_wave_t *w, uint32_t kv_head, const kn_index_homes_t
     if (w == NULL || kv_head >= w->shape.n_kv_heads)
         return RI_ERR_INVALID;
     if (homes != NULL && (!homes->centroids || !homes->vmean || !homes->sizes || !homes->offsets || !homes->perm ||
-                          homes->cap_clusters == 0 || homes->cap_tokens == 0 ||
-                          homes->cap_clusters > UINT32_MAX / 2 || homes->cap_tokens > UINT32_MAX / 2))
+                          homes->cap_clusters == 0 || homes->cap_tokens == 0 || homes->cap_clusters > UINT32_MAX / 2 ||
+                          homes->cap_tokens > UINT32_MAX / 2))
         return RI_ERR_INVALID;
     idx = &w->idx[kv_head];
     if (!kn_index_untouched(idx) || (homes != NULL && idx->fixed_clusters != 0))

@@ -42,7 +42,7 @@
  * together at 16), and a larger fixed cluster size runs out of this one
  * first: the index goes to the heap, correct either way.  1 MiB of address
  * space a table, virtual only. */
-#define GW_META_OWN_TOKENS (GW_META_OWN_CLUSTERS * KN_WAVE_TOKENS_PER_CLUSTER)
+#define GW_META_OWN_TOKENS   (GW_META_OWN_CLUSTERS * KN_WAVE_TOKENS_PER_CLUSTER)
 
 /* One sequence's view of a shared prefix's rows. */
 typedef struct gw_meta_homes gw_meta_homes_t;
