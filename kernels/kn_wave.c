@@ -132,12 +132,18 @@ void kn_wave_destroy(kn_wave_t *w)
  * (even the same bytes: the fault is on the write, not on a change). */
 static void kn_wave_put_rows(const kn_index_t *idx, void *dst, const void *src, size_t n)
 {
-#ifdef KN_WAVE_MUTANT_PUT_ALWAYS /* tests/kernels' mutant: the shared head written again */
-    memcpy(dst, src, n);
-    return;
-#endif
     if (!idx->fixed_clusters || memcmp(dst, src, n) != 0)
         memcpy(dst, src, n);
+}
+
+/* n entries of a table (sizes, offsets, perm) at dst, as kn_wave_put_rows. */
+static void kn_wave_put_table(const kn_index_t *idx, uint32_t *dst, const uint32_t *src, size_t n)
+{
+#ifdef KN_WAVE_MUTANT_PUT_TABLES /* the tests' mutant: each sequence writes its own tables again */
+    memcpy(dst, src, n * sizeof(uint32_t));
+    return;
+#endif
+    kn_wave_put_rows(idx, dst, src, n * sizeof(uint32_t));
 }
 
 /* Nothing indexed, nothing reserved: a heap index never built, or one at
@@ -389,13 +395,13 @@ static void kn_wave_import_piece(kn_index_t *idx, const kn_wave_piece_t *pc)
     uint32_t off = idx->n_tokens;
     /* the tables too: a shared prefix's sizes, offsets and perm are the
      * same bytes in every sequence (its clusters first, absolute positions) */
-    kn_wave_put_rows(idx, idx->sizes + c0, pc->sizes, (size_t)pc->n_clusters * sizeof(uint32_t));
+    kn_wave_put_table(idx, idx->sizes + c0, pc->sizes, pc->n_clusters);
     for (uint32_t j = 0; j <= pc->n_clusters; j++) {
-        kn_wave_put_rows(idx, idx->offsets + c0 + j, &off, sizeof(off));
+        kn_wave_put_table(idx, idx->offsets + c0 + j, &off, 1);
         if (j < pc->n_clusters)
             off += pc->sizes[j];
     }
-    kn_wave_put_rows(idx, idx->perm + idx->n_tokens, pc->perm, (size_t)(off - idx->n_tokens) * sizeof(uint32_t));
+    kn_wave_put_table(idx, idx->perm + idx->n_tokens, pc->perm, off - idx->n_tokens);
     kn_wave_put_rows(idx, idx->centroids + c0 * d, pc->centroids, (size_t)pc->n_clusters * d * sizeof(cm_fp16_t));
     kn_wave_put_rows(idx, idx->vmean + c0 * d, pc->vmean, (size_t)pc->n_clusters * d * sizeof(cm_fp16_t));
     idx->n_clusters += pc->n_clusters;

@@ -2,10 +2,10 @@
  * Fixed homes for a wave index's arrays (kn_wave_place): a shared prefix's
  * centroids, value means, sizes, offsets and perm mapped at the homes'
  * head, as docs/prefix.md "Shared meta index" does.  Here the homes are
- * the test's own pages, the prefix's bytes laid out as the memory file
- * holds them and the whole pages of that head made read-only, so that any
- * write there (even of the same bytes, which would copy a shared page)
- * crashes the test.  Checked:
+ * the test's own: the prefix's bytes in a memory file mapped copy-on-write
+ * at their heads as the worker maps them, so that any write there (even of
+ * the same bytes, which copies a shared page) shows in /proc/self/pagemap
+ * as an anonymous page.  Checked:
  *   - a placed index builds, imports, updates and decodes bit for bit as an
  *     unplaced one, at its homes, counting none of them as its own bytes;
  *   - growing past either room copies all five arrays to the heap with
@@ -13,6 +13,7 @@
  *   - a failed build keeps the homes, and the next one writes no head page;
  *   - bad arguments give RI_ERR_INVALID and change nothing.
  */
+#define _GNU_SOURCE /* memfd_create */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -83,19 +84,43 @@ static size_t wp_page(void)
     return (size_t)sysconf(_SC_PAGESIZE);
 }
 
-/* A range of room bytes with src's n bytes at its head, the head's whole
- * pages read-only. */
+/* A range of room bytes with src's n bytes at its head, mapped
+ * copy-on-write from a memory file as the shared meta index maps a
+ * prefix's (gw_meta_share.c), the rest private anonymous pages. */
 static void *wp_range(size_t room, const void *src, size_t n, size_t *len_p)
 {
-    size_t pg = wp_page(), len = (room + pg - 1) / pg * pg;
-    void *p = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    size_t pg = wp_page(), len = (room + pg - 1) / pg * pg, head = (n + pg - 1) / pg * pg;
+    uint8_t *p = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
     assert_true(p != MAP_FAILED);
-    if (n > 0)
-        memcpy(p, src, n);
-    if (n / pg > 0)
-        assert_int_equal(mprotect(p, n / pg * pg, PROT_READ), 0);
+    if (n > 0) {
+        int fd = memfd_create("wp-head", MFD_CLOEXEC);
+        assert_true(fd >= 0);
+        assert_int_equal(ftruncate(fd, (off_t)head), 0);
+        assert_int_equal(pwrite(fd, src, n, 0), (ssize_t)n);
+        assert_true(mmap(p, head, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_FIXED, fd, 0) == p);
+        close(fd);
+    }
     *len_p = len;
     return p;
+}
+
+/* Are the whole pages of the n bytes at p still the memory file's (a write,
+ * even of the same bytes, makes a page an anonymous copy)?  pagemap's bit
+ * 61: file page; bit 63: present. */
+static void wp_expect_file_pages(const void *p, size_t n, const char *what)
+{
+    size_t pg = wp_page();
+    FILE *f = fopen("/proc/self/pagemap", "rb");
+    assert_non_null(f);
+    for (size_t a = 0; a + pg <= n; a += pg) {
+        uint64_t e = 0;
+        assert_int_equal(fseeko(f, (off_t)(((uintptr_t)p + a) / pg * sizeof(e)), SEEK_SET), 0);
+        assert_int_equal(fread(&e, sizeof(e), 1, f), 1);
+        if (((e >> 63) & 1) && !((e >> 61) & 1))
+            printf("%s: page %zu of the shared head written (an anonymous copy now)\n", what, a / pg);
+        assert_false(((e >> 63) & 1) && !((e >> 61) & 1));
+    }
+    fclose(f);
 }
 
 /* Homes with room for cap_c clusters and cap_t tokens, holding the first
@@ -105,7 +130,7 @@ static void wp_homes(wp_homes_t *m, const kn_index_t *ref, uint32_t n_c, uint32_
     size_t row = (size_t)WP_D * sizeof(cm_fp16_t), u = sizeof(uint32_t);
     uint32_t n_t = n_c ? ref->offsets[n_c] : 0, zero = 0;
     memset(m, 0, sizeof(*m));
-    if (n_c > 0) /* a read-only page in each of the five, or the test proves less */
+    if (n_c > 0) /* a whole head page in each of the five, or the test proves less */
         assert_true(n_c * u >= wp_page());
     m->n_c = n_c;
     m->n_t = n_t;
@@ -129,10 +154,16 @@ static void wp_homes_free(wp_homes_t *m)
         munmap(m->map[i], m->len[i]);
 }
 
-/* The homes' heads still hold ref's first clusters. */
+/* The homes' heads still hold ref's first clusters, in the memory file's
+ * pages: nothing wrote them. */
 static void wp_expect_heads(const wp_homes_t *m, const kn_index_t *ref)
 {
     size_t row = (size_t)WP_D * sizeof(cm_fp16_t), u = sizeof(uint32_t);
+    wp_expect_file_pages(m->h.centroids, m->n_c * row, "centroids");
+    wp_expect_file_pages(m->h.vmean, m->n_c * row, "vmean");
+    wp_expect_file_pages(m->h.sizes, m->n_c * u, "sizes");
+    wp_expect_file_pages(m->h.offsets, (m->n_c + 1) * u, "offsets");
+    wp_expect_file_pages(m->h.perm, m->n_t * u, "perm");
     assert_memory_equal(m->h.centroids, ref->centroids, m->n_c * row);
     assert_memory_equal(m->h.vmean, ref->vmean, m->n_c * row);
     assert_memory_equal(m->h.sizes, ref->sizes, m->n_c * u);
