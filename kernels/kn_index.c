@@ -161,7 +161,8 @@ ri_status_t kn_index_build_impl(const kn_build_params_t *p, const cm_fp16_t *k, 
     for (uint32_t j = 0; j < C; j++) {
         uint32_t g = idx->n_clusters + j;
         idx->sizes[g] = count[j];
-        idx->offsets[g] = pos[j];
+        if (idx->offsets[g] != pos[j]) /* j == 0: already n_tokens, maybe a shared home's page */
+            idx->offsets[g] = pos[j];
         idx->offsets[g + 1] = pos[j + 1];
         memset(idx->vsum + (size_t)g * d, 0, d * sizeof(float));
     }

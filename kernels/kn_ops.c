@@ -139,11 +139,12 @@ void kn_index_init(kn_index_t *idx, uint32_t head_dim)
 
 uint64_t kn_index_resident_bytes(const kn_index_t *idx)
 {
-    uint64_t c = idx->cap_clusters, d = idx->head_dim;
-    uint64_t rows = idx->fixed_clusters ? 0 : (uint64_t)(idx->centroids != NULL) + (idx->vmean != NULL);
-    uint64_t b = c * d * sizeof(cm_fp16_t) * rows;
+    uint64_t c = idx->cap_clusters, d = idx->head_dim, b = 0;
     if (idx->vsum != NULL)
         b += c * d * sizeof(float);
+    if (idx->fixed_clusters) /* the other five are the caller's */
+        return b;
+    b += c * d * sizeof(cm_fp16_t) * ((uint64_t)(idx->centroids != NULL) + (idx->vmean != NULL));
     return b + c * 2 * sizeof(uint32_t) + (uint64_t)idx->cap_tokens * sizeof(uint32_t);
 }
 
@@ -157,37 +158,61 @@ void kn_index_cleanup(kn_index_t *idx)
     if (!idx->fixed_clusters) {
         cm_free(idx->centroids);
         cm_free(idx->vmean);
+        cm_free(idx->sizes);
+        cm_free(idx->offsets);
+        cm_free(idx->perm);
     }
     cm_free(idx->vsum);
-    cm_free(idx->sizes);
-    cm_free(idx->offsets);
-    cm_free(idx->perm);
     kn_index_init(idx, idx->head_dim);
-    if (home.fixed_clusters) { /* the caller's rows: still where the next build writes */
+    if (home.fixed_clusters) { /* the caller's arrays: still where the next build writes */
         idx->centroids = home.centroids;
         idx->vmean = home.vmean;
+        idx->sizes = home.sizes;
+        idx->offsets = home.offsets;
+        idx->perm = home.perm;
         idx->fixed_clusters = home.fixed_clusters;
+        idx->fixed_tokens = home.fixed_tokens;
     }
 }
 
-/* Clusters past the fixed homes: both arrays move to the heap (the caller
- * still owns and frees the homes). */
+/* A heap copy of the first n bytes of src in a block of cap bytes (at least
+ * one byte), or NULL: line-aligned for the means (as kn_index_grow_clusters
+ * keeps them), else a block cm_realloc can grow. */
+static void *kn_index_dup(const void *src, size_t n, size_t cap, bool aligned)
+{
+    void *c = aligned ? cm_malloc_aligned(&kn_tag, cap ? cap : 1, 64) : cm_malloc(&kn_tag, cap ? cap : 1);
+    if (c != NULL && n > 0)
+        memcpy(c, src, n);
+    return c;
+}
+
+/* Past the fixed homes' room: all five arrays move to the heap at the
+ * index's capacities, contents kept (the caller still owns and frees the
+ * homes; the index never touches them again). */
 static ri_status_t kn_index_unfix(kn_index_t *idx)
 {
-    size_t row = (size_t)idx->head_dim * sizeof(cm_fp16_t), cap = idx->fixed_clusters;
-    cm_fp16_t *c = cm_malloc(&kn_tag, cap * row);
-    cm_fp16_t *m = cm_malloc_aligned(&kn_tag, cap * row, 64);
+    size_t row = (size_t)idx->head_dim * sizeof(cm_fp16_t), c = idx->cap_clusters, n = idx->n_clusters;
+    size_t u = sizeof(uint32_t);
+    void *a[5] = {
+        kn_index_dup(idx->centroids, n * row, c * row, false),
+        kn_index_dup(idx->vmean, n * row, c * row, true),
+        kn_index_dup(idx->sizes, n * u, c * u, false),
+        kn_index_dup(idx->offsets, (n + 1) * u, (c + 1) * u, false),
+        kn_index_dup(idx->perm, (size_t)idx->n_tokens * u, (size_t)idx->cap_tokens * u, false),
+    };
 
-    if (c == NULL || m == NULL) {
-        cm_free(c);
-        cm_free(m);
+    if (!a[0] || !a[1] || !a[2] || !a[3] || !a[4]) {
+        for (int i = 0; i < 5; i++)
+            cm_free(a[i]);
         return RI_ERR_NOMEM;
     }
-    memcpy(c, idx->centroids, (size_t)idx->n_clusters * row);
-    memcpy(m, idx->vmean, (size_t)idx->n_clusters * row);
-    idx->centroids = c;
-    idx->vmean = m;
+    idx->centroids = a[0];
+    idx->vmean = a[1];
+    idx->sizes = a[2];
+    idx->offsets = a[3];
+    idx->perm = a[4];
     idx->fixed_clusters = 0;
+    idx->fixed_tokens = 0;
     return RI_OK;
 }
 
@@ -204,6 +229,46 @@ static void kn_index_fill_means(kn_index_t *idx, uint32_t first)
     }
 }
 
+/* Grow the heap arrays of clusters (centroids, the sums, means, sizes,
+ * offsets) to cap; at fixed homes only the sums (the homes have room). */
+static ri_status_t kn_index_grow_clusters(kn_index_t *idx, uint32_t cap)
+{
+    size_t d = idx->head_dim;
+    void *c;
+
+    if (idx->vsum != NULL) { /* a backend's build without the means dropped them */
+        c = cm_realloc(&kn_tag, idx->vsum, (size_t)(cap ? cap : 1) * d * sizeof(float));
+        if (c == NULL)
+            return RI_ERR_NOMEM;
+        idx->vsum = c;
+    }
+    if (idx->fixed_clusters)
+        return RI_OK;
+    c = cm_realloc(&kn_tag, idx->centroids, (size_t)(cap ? cap : 1) * d * sizeof(cm_fp16_t));
+    if (c == NULL)
+        return RI_ERR_NOMEM;
+    idx->centroids = c;
+    /* line-aligned: a gathered mean of d = 128 is 4 cache lines, not 5 */
+    c = cm_malloc_aligned(&kn_tag, (size_t)(cap ? cap : 1) * d * sizeof(cm_fp16_t), 64);
+    if (c == NULL)
+        return RI_ERR_NOMEM;
+    if (idx->vmean != NULL)
+        memcpy(c, idx->vmean, (size_t)idx->n_clusters * d * sizeof(cm_fp16_t));
+    cm_free(idx->vmean);
+    idx->vmean = c;
+    c = cm_realloc(&kn_tag, idx->sizes, (size_t)(cap ? cap : 1) * sizeof(uint32_t));
+    if (c == NULL)
+        return RI_ERR_NOMEM;
+    idx->sizes = c;
+    c = cm_realloc(&kn_tag, idx->offsets, ((size_t)cap + 1) * sizeof(uint32_t));
+    if (c == NULL)
+        return RI_ERR_NOMEM;
+    if (idx->offsets == NULL)
+        ((uint32_t *)c)[0] = 0;
+    idx->offsets = c;
+    return RI_OK;
+}
+
 ri_status_t kn_index_reserve(kn_index_t *idx, uint32_t add_clusters, uint32_t add_tokens)
 {
     uint64_t need_c = (uint64_t)idx->n_clusters + add_clusters;
@@ -212,44 +277,15 @@ ri_status_t kn_index_reserve(kn_index_t *idx, uint32_t add_clusters, uint32_t ad
 
     if (need_c > UINT32_MAX / 2 || need_t > UINT32_MAX / 2)
         return RI_ERR_RANGE;
-    if (idx->fixed_clusters && need_c > idx->fixed_clusters && kn_index_unfix(idx) != RI_OK)
+    if (idx->fixed_clusters && (need_c > idx->fixed_clusters || need_t > idx->fixed_tokens) &&
+        kn_index_unfix(idx) != RI_OK)
         return RI_ERR_NOMEM;
     if (need_c > idx->cap_clusters || idx->offsets == NULL) {
         uint32_t cap = (uint32_t)CM_MAX(need_c, (uint64_t)idx->cap_clusters * 3 / 2);
-        void *c;
-        if (idx->fixed_clusters) /* the homes have room: only the other arrays grow */
+        if (idx->fixed_clusters) /* the homes have room: only the sums grow */
             cap = CM_MIN(cap, idx->fixed_clusters);
-        c = idx->fixed_clusters ? idx->centroids
-                                : cm_realloc(&kn_tag, idx->centroids, (size_t)cap * d * sizeof(cm_fp16_t));
-        if (c == NULL)
+        if (kn_index_grow_clusters(idx, cap) != RI_OK)
             return RI_ERR_NOMEM;
-        idx->centroids = c;
-        if (idx->vsum != NULL) { /* a backend's build without the means dropped them */
-            c = cm_realloc(&kn_tag, idx->vsum, (size_t)cap * d * sizeof(float));
-            if (c == NULL)
-                return RI_ERR_NOMEM;
-            idx->vsum = c;
-        }
-        if (!idx->fixed_clusters) {
-            /* line-aligned: a gathered mean of d = 128 is 4 cache lines, not 5 */
-            c = cm_malloc_aligned(&kn_tag, (size_t)(cap ? cap : 1) * d * sizeof(cm_fp16_t), 64);
-            if (c == NULL)
-                return RI_ERR_NOMEM;
-            if (idx->vmean != NULL)
-                memcpy(c, idx->vmean, (size_t)idx->n_clusters * d * sizeof(cm_fp16_t));
-            cm_free(idx->vmean);
-            idx->vmean = c;
-        }
-        c = cm_realloc(&kn_tag, idx->sizes, (size_t)(cap ? cap : 1) * sizeof(uint32_t));
-        if (c == NULL)
-            return RI_ERR_NOMEM;
-        idx->sizes = c;
-        c = cm_realloc(&kn_tag, idx->offsets, ((size_t)cap + 1) * sizeof(uint32_t));
-        if (c == NULL)
-            return RI_ERR_NOMEM;
-        if (idx->offsets == NULL)
-            ((uint32_t *)c)[0] = 0;
-        idx->offsets = c;
         idx->cap_clusters = cap;
     }
     if (idx->vsum == NULL) { /* the build's scratch: only the new clusters' rows are written */
@@ -259,8 +295,10 @@ ri_status_t kn_index_reserve(kn_index_t *idx, uint32_t add_clusters, uint32_t ad
     }
     if (need_t > idx->cap_tokens || idx->perm == NULL) {
         uint32_t cap = (uint32_t)CM_MAX(need_t, (uint64_t)idx->cap_tokens * 3 / 2);
-        void *c = cm_realloc(&kn_tag, idx->perm, (size_t)(cap ? cap : 1) * sizeof(uint32_t));
-        if (c == NULL)
+        void *c = idx->perm;
+        if (idx->fixed_clusters)
+            cap = CM_MIN(cap, idx->fixed_tokens);
+        else if ((c = cm_realloc(&kn_tag, idx->perm, (size_t)(cap ? cap : 1) * sizeof(uint32_t))) == NULL)
             return RI_ERR_NOMEM;
         idx->perm = c;
         idx->cap_tokens = cap;

@@ -123,13 +123,27 @@ typedef struct kn_index {
                                kn_index_build: what every decode reads (accumulated
                                in fp32), half the bytes of vsum; NULL in an index made
                                by hand (the decode reads vsum then) */
-    uint32_t fixed_clusters;/* 0: centroids and vmean are the index's own (heap).  > 0:
-                               they live at fixed addresses with room for this many
-                               clusters, which the caller owns and frees after the index
-                               (kn_wave_place: a shared prefix's rows mapped copy-on-
-                               write); never moved, and growing past them copies both
-                               to the heap (sharing lost, contents kept) */
+    uint32_t fixed_clusters; /* 0: the arrays are the index's own (heap).  > 0: all five
+                                (centroids, vmean, sizes, offsets, perm) live at fixed
+                                addresses, room for this many clusters and fixed_tokens
+                                perm entries, which the caller owns and frees after the
+                                index (kn_wave_place: a shared prefix's rows and tables
+                                mapped copy-on-write); never moved, and growing past
+                                either room copies all five to the heap (sharing lost,
+                                contents kept) */
+    uint32_t fixed_tokens;   /* perm entries of room at the fixed home (0 when not fixed) */
 } kn_index_t;
+
+/* Fixed homes for an index's arrays (kn_wave_place), owned by the caller:
+ * room for cap_clusters clusters and cap_tokens perm entries. */
+typedef struct kn_index_homes {
+    cm_fp16_t *centroids; /* [cap_clusters][d], 64-byte aligned */
+    cm_fp16_t *vmean;     /* [cap_clusters][d], 64-byte aligned */
+    uint32_t *sizes;      /* [cap_clusters] */
+    uint32_t *offsets;    /* [cap_clusters + 1] */
+    uint32_t *perm;       /* [cap_tokens] */
+    uint32_t cap_clusters, cap_tokens;
+} kn_index_homes_t;
 
 /* One KV head of a layer-level tripartite step (the wave_step op): its
  * index and its K/V, in the memory the backend reads (host for ref and cpu,
@@ -159,17 +173,18 @@ typedef struct kn_build_params {
 
 void kn_build_params_default(kn_build_params_t *p);
 
-/* Bytes an index holds allocated now: centroids and means (fp16; not when
- * they live at fixed addresses: the caller's), the sums when present (fp32:
- * a hand-made index, or a backend build's result), sizes, offsets, perm; at
- * their capacities. */
+/* Bytes an index holds allocated now: centroids and means (fp16), sizes,
+ * offsets, perm at their capacities (none of the five when they live at
+ * fixed homes: the caller's), and the sums when present (fp32: a hand-made
+ * index, or a backend build's result). */
 uint64_t kn_index_resident_bytes(const kn_index_t *idx);
 
 /* Initialise an empty index for head_dim d (no allocation). */
 void kn_index_init(kn_index_t *idx, uint32_t head_dim);
 
-/* Free the arrays of an index; leaves it empty.  Centroids and means at
- * fixed addresses are not freed, and stay its homes.  NULL is a no-op. */
+/* Free the arrays of an index; leaves it empty.  Arrays at fixed homes are
+ * not freed, and stay its homes (a rebuild writes there again).  NULL is a
+ * no-op. */
 void kn_index_cleanup(kn_index_t *idx);
 
 /* Number of clusters for n indexed tokens: round(n/tpc) rounded to a multiple

@@ -126,25 +126,59 @@ void kn_wave_destroy(kn_wave_t *w)
     cm_free(w);
 }
 
-ri_status_t kn_wave_place(kn_wave_t *w, uint32_t kv_head, cm_fp16_t *centroids, cm_fp16_t *vmean,
-                          uint32_t cap_clusters)
+/* n bytes of src at dst; at fixed homes only where they differ: the homes'
+ * head may be a shared prefix's rows and tables mapped copy-on-write,
+ * holding these bytes already, and writing them again would copy its pages
+ * (even the same bytes: the fault is on the write, not on a change). */
+static void kn_wave_put_rows(const kn_index_t *idx, void *dst, const void *src, size_t n)
+{
+    if (!idx->fixed_clusters || memcmp(dst, src, n) != 0)
+        memcpy(dst, src, n);
+}
+
+/* n entries of a table (sizes, offsets, perm) at dst, as kn_wave_put_rows. */
+static void kn_wave_put_table(const kn_index_t *idx, uint32_t *dst, const uint32_t *src, size_t n)
+{
+#ifdef KN_WAVE_MUTANT_PUT_TABLES /* the tests' mutant: each sequence writes its own tables again */
+    memcpy(dst, src, n * sizeof(uint32_t));
+    return;
+#endif
+    kn_wave_put_rows(idx, dst, src, n * sizeof(uint32_t));
+}
+
+/* Nothing indexed, nothing reserved: a heap index never built, or one at
+ * its homes with no cluster (before its build, or after a cleanup). */
+static bool kn_index_untouched(const kn_index_t *idx)
+{
+    return idx->n_clusters == 0 && idx->n_tokens == 0 && (idx->fixed_clusters ? true : idx->offsets == NULL);
+}
+
+ri_status_t kn_wave_place(kn_wave_t *w, uint32_t kv_head, const kn_index_homes_t *homes)
 {
     kn_index_t *idx;
+    const uint32_t zero = 0;
 
-    if (w == NULL || kv_head >= w->shape.n_kv_heads || (centroids == NULL) != (vmean == NULL) ||
-        (centroids == NULL) != (cap_clusters == 0) || cap_clusters > UINT32_MAX / 2)
+    if (w == NULL || kv_head >= w->shape.n_kv_heads)
+        return RI_ERR_INVALID;
+    if (homes != NULL && (!homes->centroids || !homes->vmean || !homes->sizes || !homes->offsets || !homes->perm ||
+                          homes->cap_clusters == 0 || homes->cap_tokens == 0 || homes->cap_clusters > UINT32_MAX / 2 ||
+                          homes->cap_tokens > UINT32_MAX / 2))
         return RI_ERR_INVALID;
     idx = &w->idx[kv_head];
-    if (idx->n_clusters != 0 || idx->offsets != NULL || (centroids != NULL && idx->fixed_clusters != 0))
+    if (!kn_index_untouched(idx) || (homes != NULL && idx->fixed_clusters != 0))
         return RI_ERR_INVALID; /* before anything is indexed, once */
     kn_index_cleanup(idx);
-    if (centroids == NULL) { /* given back: the index's own heap arrays again */
-        kn_index_init(idx, idx->head_dim);
+    kn_index_init(idx, idx->head_dim); /* NULL: given back, the index's own heap arrays again */
+    if (homes == NULL)
         return RI_OK;
-    }
-    idx->centroids = centroids;
-    idx->vmean = vmean;
-    idx->fixed_clusters = cap_clusters;
+    idx->centroids = homes->centroids;
+    idx->vmean = homes->vmean;
+    idx->sizes = homes->sizes;
+    idx->offsets = homes->offsets;
+    idx->perm = homes->perm;
+    idx->fixed_clusters = homes->cap_clusters;
+    idx->fixed_tokens = homes->cap_tokens;
+    kn_wave_put_rows(idx, idx->offsets, &zero, sizeof(zero)); /* an empty index's one offset */
     return RI_OK;
 }
 
@@ -349,17 +383,9 @@ static void kn_wave_drop_empty(kn_index_t *idx, uint32_t first)
         }
         o++;
     }
-    idx->offsets[o] = idx->n_tokens;
+    if (idx->offsets[o] != idx->n_tokens) /* none dropped: already so */
+        idx->offsets[o] = idx->n_tokens;
     idx->n_clusters = o;
-}
-
-/* n bytes of src at dst; at fixed homes only where they differ: the homes'
- * head may be a shared prefix's rows mapped copy-on-write, holding these
- * bytes already, and writing them again would copy its pages. */
-static void kn_wave_put_rows(const kn_index_t *idx, void *dst, const void *src, size_t n)
-{
-    if (!idx->fixed_clusters || memcmp(dst, src, n) != 0)
-        memcpy(dst, src, n);
 }
 
 /* Append a checked piece to idx (room reserved). */
@@ -367,13 +393,15 @@ static void kn_wave_import_piece(kn_index_t *idx, const kn_wave_piece_t *pc)
 {
     size_t d = idx->head_dim, c0 = idx->n_clusters;
     uint32_t off = idx->n_tokens;
-    for (uint32_t j = 0; j < pc->n_clusters; j++) {
-        idx->sizes[c0 + j] = pc->sizes[j];
-        idx->offsets[c0 + j] = off;
-        off += pc->sizes[j];
+    /* the tables too: a shared prefix's sizes, offsets and perm are the
+     * same bytes in every sequence (its clusters first, absolute positions) */
+    kn_wave_put_table(idx, idx->sizes + c0, pc->sizes, pc->n_clusters);
+    for (uint32_t j = 0; j <= pc->n_clusters; j++) {
+        kn_wave_put_table(idx, idx->offsets + c0 + j, &off, 1);
+        if (j < pc->n_clusters)
+            off += pc->sizes[j];
     }
-    idx->offsets[c0 + pc->n_clusters] = off;
-    memcpy(idx->perm + idx->n_tokens, pc->perm, (size_t)(off - idx->n_tokens) * sizeof(uint32_t));
+    kn_wave_put_table(idx, idx->perm + idx->n_tokens, pc->perm, off - idx->n_tokens);
     kn_wave_put_rows(idx, idx->centroids + c0 * d, pc->centroids, (size_t)pc->n_clusters * d * sizeof(cm_fp16_t));
     kn_wave_put_rows(idx, idx->vmean + c0 * d, pc->vmean, (size_t)pc->n_clusters * d * sizeof(cm_fp16_t));
     idx->n_clusters += pc->n_clusters;

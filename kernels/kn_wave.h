@@ -270,20 +270,23 @@ ri_status_t kn_wave_decode_budget(kn_wave_t *wave, const float *q, const kn_kv_v
 ri_status_t kn_wave_exact_mask(kn_wave_t *wave, const float *q, const kn_kv_view_t *kv,
                                uint32_t kv_head, uint32_t n_r, uint8_t *mask);
 
-/* Give KV head kv_head's index fixed homes for its centroids and value
- * means, room for cap_clusters clusters each ([cap][d] fp16, 64-byte
- * aligned), before anything is indexed.  The caller owns them and frees
- * them after kn_wave_destroy; the wave never moves or frees them (past
- * cap_clusters it copies both to its own heap arrays).  What for: a prefix's
- * rows shared by several sequences, mapped copy-on-write at the homes'
- * head (docs/prefix.md "Shared meta index"): an imported piece whose rows
- * the homes hold already is not written again, so those pages stay
- * shared, and the sequence's own clusters land after them.  NULL homes
- * with 0 room give placed homes back (before any build).  Errors:
- * RI_ERR_INVALID (one of the homes NULL, or room 0 with homes; a head
- * indexed, or placed already). */
-ri_status_t kn_wave_place(kn_wave_t *wave, uint32_t kv_head, cm_fp16_t *centroids, cm_fp16_t *vmean,
-                          uint32_t cap_clusters);
+/* Give KV head kv_head's index fixed homes for all its arrays (centroids,
+ * value means, sizes, offsets, perm: kn_index_homes_t, room for
+ * cap_clusters clusters and cap_tokens perm entries), before anything is
+ * indexed.  The caller owns them and frees them after kn_wave_destroy; the
+ * wave never moves or frees them (past either room it copies all five to
+ * its own heap arrays, contents kept, and leaves the homes alone).  What
+ * for: a prefix's rows and tables shared by several sequences, mapped
+ * copy-on-write at the homes' head (docs/prefix.md "Shared meta index"):
+ * an imported piece whose bytes the homes hold already (rows, sizes,
+ * offsets from 0, absolute positions in perm) is not written again, so
+ * those pages stay shared, and the sequence's own clusters land after them
+ * (the build, the updates and kn_wave_drop_empty write only past the
+ * imported clusters).  offsets[0] must be (or is made) 0.  NULL homes give
+ * placed homes back (before any build, or after a failed one).  Errors:
+ * RI_ERR_INVALID (a home NULL, a room 0 or over UINT32_MAX / 2; a head
+ * indexed, or placed already); on error nothing changes. */
+ri_status_t kn_wave_place(kn_wave_t *wave, uint32_t kv_head, const kn_index_homes_t *homes);
 
 /* The index of KV head h (borrowed, valid until the next build/update). */
 const kn_index_t *kn_wave_index(const kn_wave_t *wave, uint32_t kv_head);

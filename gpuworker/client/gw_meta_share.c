@@ -18,12 +18,17 @@
 
 static CM_ALLOC_TAG(gw_meta_tag, "gw.meta");
 
-/* One prefix's rows: per table t, centroids at off[t], value means at
- * off[t] + span(n_c[t]), each region page-aligned (a mapping's offset). */
+/* A table's five arrays, in the order the file and a reservation hold them. */
+enum { GW_META_CENT, GW_META_MEAN, GW_META_SIZES, GW_META_OFFS, GW_META_PERM, GW_META_ARRAYS };
+
+/* One prefix's rows and tables: per table t, from off[t], the five arrays
+ * of its n_c[t] clusters and n_t[t] tokens, each region page-aligned (a
+ * mapping's offset). */
 typedef struct gw_meta_copy {
     uint8_t key[CM_PFX_KEY_SIZE];
     uint32_t n_blocks, n_tables, d;
     uint32_t *n_c;  /* [n_tables] clusters of the prefix */
+    uint32_t *n_t;  /* [n_tables] tokens of the prefix (its perm entries) */
     uint64_t *off;  /* [n_tables] */
     uint64_t bytes; /* the file's size */
     int fd;
@@ -47,11 +52,43 @@ static size_t gw_meta_page(void)
     return p > 0 ? (size_t)p : 4096u;
 }
 
-/* Bytes of n rows of d fp16, rounded up to whole pages. */
-static size_t gw_meta_span(uint64_t n, uint32_t d)
+/* Bytes of array r for n_c clusters and n_t tokens of head dim d, rounded
+ * up to whole pages. */
+static size_t gw_meta_span(int r, uint64_t n_c, uint64_t n_t, uint32_t d)
 {
-    size_t pg = gw_meta_page(), b = (size_t)n * d * sizeof(cm_fp16_t);
+    size_t pg = gw_meta_page(), b;
+    switch (r) {
+    case GW_META_CENT:
+    case GW_META_MEAN:
+        b = (size_t)n_c * d * sizeof(cm_fp16_t);
+        break;
+    case GW_META_SIZES:
+        b = (size_t)n_c * sizeof(uint32_t);
+        break;
+    case GW_META_OFFS:
+        b = ((size_t)n_c + 1) * sizeof(uint32_t);
+        break;
+    default:
+        b = (size_t)n_t * sizeof(uint32_t);
+        break;
+    }
     return (b + pg - 1) / pg * pg;
+}
+
+/* Array r of table t in the file (at = its offset) and in a sequence's
+ * reservation (room_at, room: its offset and bytes there, the prefix's plus
+ * the sequence's own room). */
+static void gw_meta_region(const gw_meta_copy_t *c, uint32_t t, int r, uint64_t *at, size_t *room_at, size_t *room)
+{
+    uint64_t f = c->off[t];
+    size_t g = 0, own_c = c->n_c[t] + (uint64_t)GW_META_OWN_CLUSTERS, own_t = c->n_t[t] + (uint64_t)GW_META_OWN_TOKENS;
+    for (int i = 0; i < r; i++) {
+        f += gw_meta_span(i, c->n_c[t], c->n_t[t], c->d);
+        g += gw_meta_span(i, own_c, own_t, c->d);
+    }
+    *at = f;
+    *room_at = g;
+    *room = gw_meta_span(r, own_c, own_t, c->d);
 }
 
 static void gw_meta_copy_free(gw_meta_copy_t *c)
@@ -61,15 +98,16 @@ static void gw_meta_copy_free(gw_meta_copy_t *c)
     if (c->fd >= 0)
         close(c->fd);
     cm_free(c->n_c);
+    cm_free(c->n_t);
     cm_free(c->off);
     cm_free(c);
 }
 
-/* Table t's clusters in set (0 when its layer has no pieces). */
-static ri_status_t gw_meta_count(gw_pfx_set_t *set, uint32_t n_kv, uint32_t t, uint32_t *n_p)
+/* Table t's clusters and tokens in set (0 when its layer has no pieces). */
+static ri_status_t gw_meta_count(gw_pfx_set_t *set, uint32_t n_kv, uint32_t t, uint32_t *n_p, uint32_t *tok_p)
 {
     const kn_wave_pieces_t *pcs = gw_pfx_set_pieces(set, t / n_kv);
-    uint64_t n = 0;
+    uint64_t n = 0, tok = 0;
 
     for (uint32_t b = 0; pcs != NULL && b < pcs->n_blocks; b++) {
         kn_wave_piece_t pc;
@@ -77,32 +115,60 @@ static ri_status_t gw_meta_count(gw_pfx_set_t *set, uint32_t n_kv, uint32_t t, u
         if (st != RI_OK)
             return st;
         n += pc.n_clusters;
+        for (uint32_t j = 0; j < pc.n_clusters; j++)
+            tok += pc.sizes[j];
     }
-    if (n > UINT32_MAX / 4)
+    if (n > UINT32_MAX / 4 || tok > UINT32_MAX / 4)
         return RI_ERR_RANGE;
     *n_p = (uint32_t)n;
+    *tok_p = (uint32_t)tok;
     return RI_OK;
 }
 
-/* Write table t's rows from set's pieces into c's file. */
+/* Write n bytes at the file's offset at. */
+static ri_status_t gw_meta_put(int fd, const void *p, size_t n, uint64_t at)
+{
+    return n == 0 || pwrite(fd, p, n, (off_t)at) == (ssize_t)n ? RI_OK : RI_ERR_IO;
+}
+
+/* Write table t's rows and tables from set's pieces into c's file: what an
+ * index importing the same pieces holds (kn_wave_build_pieces): the pieces'
+ * rows, sizes and absolute positions one after the other, offsets from 0. */
 static ri_status_t gw_meta_write_table(gw_meta_copy_t *c, gw_pfx_set_t *set, uint32_t n_kv, uint32_t t)
 {
     const kn_wave_pieces_t *pcs = gw_pfx_set_pieces(set, t / n_kv);
-    size_t row = (size_t)c->d * sizeof(cm_fp16_t), vm = gw_meta_span(c->n_c[t], c->d);
-    uint64_t at = 0;
+    size_t row = (size_t)c->d * sizeof(cm_fp16_t), u = sizeof(uint32_t), room_at, room;
+    uint64_t at[GW_META_ARRAYS], j0 = 0;
+    uint32_t *offs = cm_malloc(&gw_meta_tag, ((size_t)c->n_c[t] + 1) * u), tok = 0;
+    ri_status_t st = offs ? RI_OK : RI_ERR_NOMEM;
 
-    for (uint32_t b = 0; pcs != NULL && b < pcs->n_blocks; b++) {
+    for (int r = 0; r < GW_META_ARRAYS; r++)
+        gw_meta_region(c, t, r, &at[r], &room_at, &room);
+    for (uint32_t b = 0; st == RI_OK && pcs != NULL && b < pcs->n_blocks; b++) {
         kn_wave_piece_t pc;
-        size_t n;
-        if (pcs->get(pcs->ctx, b, t % n_kv, &pc) != RI_OK)
-            return RI_ERR_INVALID;
-        n = (size_t)pc.n_clusters * row;
-        if (n > 0 && (pwrite(c->fd, pc.centroids, n, (off_t)(c->off[t] + at)) != (ssize_t)n ||
-                      pwrite(c->fd, pc.vmean, n, (off_t)(c->off[t] + vm + at)) != (ssize_t)n))
-            return RI_ERR_IO;
-        at += n;
+        uint32_t n_tok = 0;
+        if (pcs->get(pcs->ctx, b, t % n_kv, &pc) != RI_OK || j0 + pc.n_clusters > c->n_c[t]) {
+            st = RI_ERR_INVALID;
+            break;
+        }
+        for (uint32_t j = 0; j < pc.n_clusters; j++) {
+            offs[j0 + j] = tok + n_tok;
+            n_tok += pc.sizes[j];
+        }
+        if ((st = gw_meta_put(c->fd, pc.centroids, pc.n_clusters * row, at[GW_META_CENT] + j0 * row)) != RI_OK ||
+            (st = gw_meta_put(c->fd, pc.vmean, pc.n_clusters * row, at[GW_META_MEAN] + j0 * row)) != RI_OK ||
+            (st = gw_meta_put(c->fd, pc.sizes, pc.n_clusters * u, at[GW_META_SIZES] + j0 * u)) != RI_OK ||
+            (st = gw_meta_put(c->fd, pc.perm, (size_t)n_tok * u, at[GW_META_PERM] + (uint64_t)tok * u)) != RI_OK)
+            break;
+        j0 += pc.n_clusters;
+        tok += n_tok;
     }
-    return RI_OK;
+    if (st == RI_OK) {
+        offs[j0] = tok;
+        st = gw_meta_put(c->fd, offs, (size_t)(j0 + 1) * u, at[GW_META_OFFS]);
+    }
+    cm_free(offs);
+    return st;
 }
 
 /* A new copy of set's rows (refs 0), or an error. */
@@ -120,14 +186,16 @@ static ri_status_t gw_meta_copy_make(const uint8_t *key, gw_pfx_set_t *set, uint
     c->n_tables = n_tables;
     c->d = d;
     c->n_c = cm_calloc(&gw_meta_tag, n_tables, sizeof(*c->n_c));
+    c->n_t = cm_calloc(&gw_meta_tag, n_tables, sizeof(*c->n_t));
     c->off = cm_calloc(&gw_meta_tag, n_tables, sizeof(*c->off));
-    if (c->n_c == NULL || c->off == NULL)
+    if (c->n_c == NULL || c->n_t == NULL || c->off == NULL)
         goto fail;
     for (uint32_t t = 0; t < n_tables; t++) {
-        if ((st = gw_meta_count(set, n_kv, t, &c->n_c[t])) != RI_OK)
+        if ((st = gw_meta_count(set, n_kv, t, &c->n_c[t], &c->n_t[t])) != RI_OK)
             goto fail;
         c->off[t] = c->bytes;
-        c->bytes += 2 * (uint64_t)gw_meta_span(c->n_c[t], d);
+        for (int r = 0; r < GW_META_ARRAYS; r++)
+            c->bytes += gw_meta_span(r, c->n_c[t], c->n_t[t], d);
     }
     st = RI_ERR_IO;
     c->fd = memfd_create("ri-prefix-meta", MFD_CLOEXEC | MFD_ALLOW_SEALING);
@@ -158,8 +226,8 @@ static gw_meta_copy_t *gw_meta_find(const uint8_t *key, gw_pfx_set_t *set, uint3
         bool same = memcmp(c->key, key, CM_PFX_KEY_SIZE) == 0 && c->n_blocks == gw_pfx_set_blocks(set) &&
                     c->n_tables == n_tables && c->d == d;
         for (uint32_t t = 0; same && t < n_tables; t++) {
-            uint32_t n = 0;
-            same = gw_meta_count(set, n_kv, t, &n) == RI_OK && n == c->n_c[t];
+            uint32_t n = 0, tok = 0;
+            same = gw_meta_count(set, n_kv, t, &n, &tok) == RI_OK && n == c->n_c[t] && tok == c->n_t[t];
         }
         if (same)
             return c;
@@ -167,24 +235,38 @@ static gw_meta_copy_t *gw_meta_find(const uint8_t *key, gw_pfx_set_t *set, uint3
     return NULL;
 }
 
-/* Reserve table t's arrays (centroids, then value means, each with room for
- * the prefix's clusters and GW_META_OWN_CLUSTERS more) with the file's rows
- * mapped copy-on-write at both heads. */
-static ri_status_t gw_meta_map_table(gw_meta_homes_t *m, uint32_t t)
+/* Reserve table t's five arrays, one range each in one reservation, with
+ * room for the prefix's clusters and GW_META_OWN_CLUSTERS more (its tokens
+ * and GW_META_OWN_TOKENS more for perm), and map the file's arrays
+ * copy-on-write at their heads; *homes gets them. */
+static ri_status_t gw_meta_map_table(gw_meta_homes_t *m, uint32_t t, kn_index_homes_t *homes)
 {
     const gw_meta_copy_t *c = m->copy;
-    size_t head = gw_meta_span(c->n_c[t], c->d);
-    size_t room = gw_meta_span((uint64_t)c->n_c[t] + GW_META_OWN_CLUSTERS, c->d);
-    uint8_t *base = mmap(NULL, 2 * room, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+    uint8_t *head[GW_META_ARRAYS], *base;
+    size_t total = 0, room_at, room;
+    uint64_t at;
 
+    gw_meta_region(c, t, GW_META_ARRAYS - 1, &at, &room_at, &room);
+    total = room_at + room;
+    base = mmap(NULL, total, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
     if (base == MAP_FAILED)
         return RI_ERR_IO;
     m->base[t] = base;
-    m->len[t] = 2 * room;
-    if (mmap(base, head, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_FIXED, c->fd, (off_t)c->off[t]) == MAP_FAILED ||
-        mmap(base + room, head, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_FIXED, c->fd, (off_t)(c->off[t] + head)) ==
-            MAP_FAILED)
-        return RI_ERR_IO;
+    m->len[t] = total;
+    for (int r = 0; r < GW_META_ARRAYS; r++) {
+        size_t n = gw_meta_span(r, c->n_c[t], c->n_t[t], c->d);
+        gw_meta_region(c, t, r, &at, &room_at, &room);
+        head[r] = base + room_at;
+        if (n > 0 && mmap(head[r], n, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_FIXED, c->fd, (off_t)at) == MAP_FAILED)
+            return RI_ERR_IO;
+    }
+    *homes = (kn_index_homes_t){ .centroids = (cm_fp16_t *)head[GW_META_CENT],
+                                 .vmean = (cm_fp16_t *)head[GW_META_MEAN],
+                                 .sizes = (uint32_t *)head[GW_META_SIZES],
+                                 .offsets = (uint32_t *)head[GW_META_OFFS],
+                                 .perm = (uint32_t *)head[GW_META_PERM],
+                                 .cap_clusters = c->n_c[t] + GW_META_OWN_CLUSTERS,
+                                 .cap_tokens = c->n_t[t] + GW_META_OWN_TOKENS };
     return RI_OK;
 }
 
@@ -244,18 +326,17 @@ ri_status_t gw_meta_attach(const uint8_t key[CM_PFX_KEY_SIZE], gw_pfx_set_t *set
     m->len = cm_calloc(&gw_meta_tag, n_tables, sizeof(*m->len));
     st = m->base && m->len ? gw_meta_ref(key, set, n_tables, n_kv, d, &m->copy) : RI_ERR_NOMEM;
     for (uint32_t t = 0; st == RI_OK && t < n_tables; t++) {
-        uint32_t n = m->copy->n_c[t], room = n + GW_META_OWN_CLUSTERS;
-        if (n == 0)
+        kn_index_homes_t homes;
+        if (m->copy->n_c[t] == 0)
             continue; /* a layer without pieces: its index is its own */
-        st = gw_meta_map_table(m, t);
+        st = gw_meta_map_table(m, t, &homes);
         if (st == RI_OK)
-            st = kn_wave_place(waves[t / n_kv], t % n_kv, (cm_fp16_t *)m->base[t],
-                               (cm_fp16_t *)(m->base[t] + m->len[t] / 2), room);
+            st = kn_wave_place(waves[t / n_kv], t % n_kv, &homes);
     }
     if (st != RI_OK) {
         /* the waves are still empty; those placed must not keep our homes */
         for (uint32_t t = 0; m->copy != NULL && t < n_tables; t++)
-            (void)kn_wave_place(waves[t / n_kv], t % n_kv, NULL, NULL, 0);
+            (void)kn_wave_place(waves[t / n_kv], t % n_kv, NULL);
         cm_error("prefix: cannot share the meta index (%s): this sequence keeps its own copy", ri_status_str(st));
         gw_meta_detach(m);
         return st;

@@ -3,16 +3,18 @@
  * (docs/prefix.md "Shared meta index").
  *
  * The centroids and value means of a prefix's clusters are the bulk of a
- * sequence's meta index, and every sequence that attaches the same blocks
- * has the same ones.  The first sequence to attach a prefix lays them out,
- * per (layer, KV head) table, in a sealed memory file; every sequence that
- * attaches it maps the file's rows copy-on-write at the head of its own
- * reserved, never-moving arrays (kn_wave_place), whose tail takes its own
- * clusters (its question and decode-time updates) in private anonymous
- * pages.  The index build finds the rows already there and does not write
- * them (kn_wave_build_pieces), so the pages stay shared: one copy per
- * process, whatever the number of sequences, and a sequence's appends never
- * show in another's view.
+ * sequence's meta index, its cluster tables (sizes, offsets, the token
+ * permutation) the rest, and every sequence that attaches the same blocks
+ * has the same ones: the prefix's clusters come first, perm holds absolute
+ * positions and offsets start at 0.  The first sequence to attach a prefix
+ * lays all five arrays out, per (layer, KV head) table, in a sealed memory
+ * file; every sequence that attaches it maps the file's arrays
+ * copy-on-write at the heads of its own reserved, never-moving arrays
+ * (kn_wave_place), whose tails take its own clusters (its question and
+ * decode-time updates) in private anonymous pages.  The index build finds
+ * the bytes already there and does not write them (kn_wave_build_pieces),
+ * so the pages stay shared: one copy per process, whatever the number of
+ * sequences, and a sequence's appends never show in another's view.
  *
  * The memory file is reference-counted by the sequences that map it and
  * closed when the last one detaches.  Thread-safe (one lock per process).
@@ -28,19 +30,29 @@
 #include "kernels/kn_wave.h"
 
 /* Clusters of its own a sequence's reserved arrays take after the prefix's
- * (virtual room only: pages are taken as they are written).  Past it the
- * index copies its arrays to the heap (kn_wave_place). */
+ * (virtual room only: pages are taken as they are written).  Past it (or
+ * past GW_META_OWN_TOKENS) the index copies its arrays to the heap
+ * (kn_wave_place). */
 #define GW_META_OWN_CLUSTERS 16384u
+/* Perm entries of its own (tokens) the same arrays take.  A cluster's size
+ * has no bound (a k-means cluster may take a whole block), but the own
+ * tokens average the cluster size the index was built with (round(n / tpc)
+ * clusters for n tokens), at most KN_WAVE_TOKENS_PER_CLUSTER with the auto
+ * size: with this room the cluster room is what runs out first (or both
+ * together at 16), and a larger fixed cluster size runs out of this one
+ * first: the index goes to the heap, correct either way.  1 MiB of address
+ * space a table, virtual only. */
+#define GW_META_OWN_TOKENS   (GW_META_OWN_CLUSTERS * KN_WAVE_TOKENS_PER_CLUSTER)
 
 /* One sequence's view of a shared prefix's rows. */
 typedef struct gw_meta_homes gw_meta_homes_t;
 
-/* Map the rows of the prefix whose last attached block is named key (keys
- * are chained: it names every block before it) for a sequence whose parsed
- * blocks are set (n_layers x n_kv tables of head_dim d): the process's copy
- * when one exists with the same blocks and cluster counts, else a new one
- * laid out from set's pieces.  Then give every (layer, head) index of the
- * sequence its homes (kn_wave_place on waves[layer], before any build).
+/* Map the rows and tables of the prefix whose last attached block is named
+ * key (keys are chained: it names every block before it) for a sequence
+ * whose parsed blocks are set (n_layers x n_kv tables of head_dim d): the
+ * process's copy when one exists with the same blocks and cluster and token
+ * counts, else a new one laid out from set's pieces.  Then give every
+ * (layer, head) index of the sequence its homes (kn_wave_place on waves[layer], before any build).
  * *homes_p is the caller's until gw_meta_detach, which must come after the
  * waves are destroyed.  Errors: RI_ERR_INVALID, RI_ERR_NOMEM, RI_ERR_IO (no
  * memory file or mapping); on error nothing is placed or held. */

@@ -439,7 +439,8 @@ out:
         for (uint32_t j = 0; j < C; j++) {
             uint32_t gj = idx->n_clusters + j;
             idx->sizes[gj] = sizes[j];
-            idx->offsets[gj] = pos;
+            if (idx->offsets[gj] != pos) /* j == 0: already n_tokens, maybe a shared home's page */
+                idx->offsets[gj] = pos;
             pos += sizes[j];
             idx->offsets[gj + 1] = pos;
         }

@@ -4,14 +4,21 @@
  * ri-kvstore.  A session publishes a long prompt's blocks; then three
  * sessions in this process attach them, each with its own question (the
  * tokens after the prefix differ), prefill and decode on their own queries:
- *   - with sharing, the process holds one copy of the prefix's centroids
- *     and value means (gw_meta_stats), each session sees the shared rows at the head of its index and its
- *     own clusters after them (which differ from the others');
+ *   - with sharing, the process holds one copy of the prefix's centroids,
+ *     value means and cluster tables (sizes, offsets, perm; gw_meta_stats),
+ *     each session sees the shared rows and tables at the head of its index
+ *     and its own clusters after them (which differ from the others'), and
+ *     the tables' head pages are still the memory file's (/proc/self/
+ *     pagemap: file pages, not the anonymous copies a write makes);
  *   - without (gw_meta_set_sharing(false): every session its own copy, as
- *     before), the same sessions decode bit for bit the same, and the
- *     second and third sessions grow the process's proportional set size
- *     (smaps_rollup Pss) by at least 1.5 copies more than with sharing:
- *     a per-sequence copy fails the test.
+ *     before), the same sessions decode bit for bit the same, their tables
+ *     are anonymous pages, and the second and third sessions grow the
+ *     process's proportional set size (smaps_rollup Pss) by at least 1.5
+ *     copies (rows and tables, their bytes from the geometry) more than with
+ *     sharing: a per-sequence copy fails the test.  The tables are 24 of the
+ *     536 bytes a 4-token cluster takes at head dim 128, inside Pss's noise:
+ *     a per-sequence copy of the tables alone fails the page check (the
+ *     mutant test_api_prefix_shared_mutant_tables).
  * The copy is closed with the last session.  Skipped (77) without the
  * daemon.
  */
@@ -21,6 +28,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include <cmocka.h>
 
@@ -59,6 +67,7 @@ typedef struct run {
     long pss_one, pss_all; /* kB after the first session, after all of them */
     uint32_t copies;       /* shared copies held while they lived */
     uint64_t copy_bytes;
+    uint64_t geom_bytes;   /* one session's attached rows and tables (check_views) */
 } run_t;
 
 static long pss_kb(void)
@@ -73,6 +82,42 @@ static long pss_kb(void)
             break;
     fclose(f);
     return kb;
+}
+
+/* Is the page holding p a file page (the memory file's, shared) rather
+ * than an anonymous one?  1 yes, 0 no, -1 when pagemap cannot tell. */
+static int page_is_file(const void *p)
+{
+    uint64_t e = 0;
+    long pg = sysconf(_SC_PAGESIZE);
+    FILE *f = fopen("/proc/self/pagemap", "rb");
+    int r = -1;
+    if (f == NULL)
+        return -1;
+    if (fseeko(f, (off_t)((uintptr_t)p / (uintptr_t)pg * sizeof(e)), SEEK_SET) == 0 && fread(&e, sizeof(e), 1, f) == 1 &&
+        ((e >> 63) & 1))
+        r = (int)((e >> 61) & 1); /* present; bit 61: file page or shared anonymous */
+    fclose(f);
+    return r;
+}
+
+/* Every whole page of the n bytes at p: a file page (share) or not. */
+static void expect_pages(const void *p, size_t n, bool share)
+{
+    uintptr_t pg = (uintptr_t)sysconf(_SC_PAGESIZE), a = ((uintptr_t)p + pg - 1) / pg * pg;
+    uint32_t seen = 0;
+    for (; a + pg <= (uintptr_t)p + n; a += pg, seen++) {
+        int r = page_is_file((const void *)a);
+        if (r < 0) {
+            printf("page check skipped: /proc/self/pagemap cannot tell\n");
+            return;
+        }
+        if (r != (int)share)
+            printf("page %#lx of %p + %zu: %s, expected %s\n", (unsigned long)a, p, n, r ? "file" : "anonymous",
+                   share ? "file" : "anonymous");
+        assert_int_equal(r, (int)share);
+    }
+    assert_true(seen > 0 || !share); /* the geometry gives each shared head whole pages */
 }
 
 static ri_session_h open_session(fx_t *f, const char *label)
@@ -130,9 +175,13 @@ static ri_session_h run_session(fx_t *f, uint32_t i, run_t *r)
     return s;
 }
 
-/* Sessions 0 and 1 agree on the attached rows and not after them. */
-static void check_views(fx_t *f, ri_session_h a, ri_session_h b)
+/* Sessions 0 and 1 agree on the attached rows and tables and not after
+ * them; their tables' heads are the memory file's pages when shared.  *geom
+ * gets the bytes one session's copy of the attached rows and tables takes
+ * (fp16 centroids and means, sizes, offsets, perm). */
+static void check_views(fx_t *f, ri_session_h a, ri_session_h b, bool share, uint64_t *geom)
 {
+    *geom = 0;
     for (uint32_t l = 0; l < NL; l++)
         for (uint32_t h = 0; h < NKV; h++) {
             const kn_index_t *x = gw_api_session_index(a, l, h), *y = gw_api_session_index(b, l, h);
@@ -146,6 +195,18 @@ static void check_views(fx_t *f, ri_session_h a, ri_session_h b)
             assert_ptr_not_equal(x->centroids, y->centroids);
             assert_memory_equal(x->centroids, y->centroids, n_att * row);
             assert_memory_equal(x->vmean, y->vmean, n_att * row);
+            uint32_t n_tok = x->offsets[n_att];
+            assert_memory_equal(x->sizes, y->sizes, n_att * sizeof(uint32_t));
+            assert_memory_equal(x->offsets, y->offsets, (n_att + 1) * sizeof(uint32_t));
+            assert_memory_equal(x->perm, y->perm, n_tok * sizeof(uint32_t));
+            assert_ptr_not_equal(x->perm, y->perm);
+            for (int s = 0; s < 2; s++) {
+                const kn_index_t *z = s ? y : x;
+                expect_pages(z->sizes, n_att * sizeof(uint32_t), share);
+                expect_pages(z->offsets, (n_att + 1) * sizeof(uint32_t), share);
+                expect_pages(z->perm, n_tok * sizeof(uint32_t), share);
+            }
+            *geom += 2 * n_att * row + (2 * (uint64_t)n_att + 1 + n_tok) * sizeof(uint32_t);
             /* their own questions' clusters, at the same places, differ */
             assert_true(
                 memcmp(x->centroids + (size_t)n_att * D, y->centroids + (size_t)n_att * D, (n_min - n_att) * row) != 0);
@@ -165,11 +226,13 @@ static void run_all(fx_t *f, bool share, run_t *r)
         s[i] = run_session(f, i, r);
     r->pss_all = pss_kb() - p0;
     gw_meta_stats(&r->copies, &r->copy_bytes);
-    check_views(f, s[0], s[1]);
+    check_views(f, s[0], s[1], share, &r->geom_bytes);
     for (uint32_t i = 0; i < NSEQ; i++)
         ri_session_close(s[i]);
-    printf("%s: Pss +%ld kB after one session, +%ld kB after %d; %u shared copies (%.1f MiB)\n",
-           share ? "shared" : "private", r->pss_one, r->pss_all, NSEQ, r->copies, r->copy_bytes / 1048576.0);
+    printf("%s: Pss +%ld kB after one session, +%ld kB after %d; %u shared copies (%.1f MiB; a session's rows "
+           "and tables %.1f MiB)\n",
+           share ? "shared" : "private", r->pss_one, r->pss_all, NSEQ, r->copies, r->copy_bytes / 1048576.0,
+           r->geom_bytes / 1048576.0);
 }
 
 static void test_sessions_share_the_prefix_index(void **state)
@@ -218,16 +281,19 @@ static void test_sessions_share_the_prefix_index(void **state)
     gw_meta_set_sharing(true);
     gw_meta_stats(&copies, &bytes);
 
-    long copy_kb = (long)(shared.copy_bytes / 1024);
+    long copy_kb = (long)(shared.geom_bytes / 1024);
     assert_int_equal(priv.copies, 0);
     assert_int_equal(shared.copies, 1); /* one copy for the three sessions */
-    assert_true(shared.copy_bytes >= (uint64_t)NL * NKV * (N - 500) / 4 * 4 * D);
+    assert_int_equal(shared.geom_bytes, priv.geom_bytes);
+    assert_true(shared.geom_bytes >= (uint64_t)NL * NKV * (N - 500) / 4 * (4 * D + 24));
+    assert_true(shared.copy_bytes >= shared.geom_bytes); /* the file holds it all, page-aligned */
     assert_int_equal(copies, 0); /* closed with the last session */
     assert_int_equal(bytes, 0);
     assert_memory_equal(shared.out, priv.out, sizeof(shared.out)); /* bit for bit */
     /* sessions 2 and 3 cost the same but for the copies: each its own copy
-     * grows the process by two copies more than sharing (1.5 leaves room
-     * for the heap's noise); a per-sequence copy under sharing fails here */
+     * of the rows and tables grows the process by two copies more than
+     * sharing (1.5 leaves room for the heap's noise); a per-sequence copy
+     * of the rows under sharing fails here */
 #if defined(__SANITIZE_ADDRESS__)
     /* AddressSanitizer's allocator keeps freed blocks resident (its
      * quarantine), so the process's Pss moves by more than a copy between
