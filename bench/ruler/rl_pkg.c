@@ -18,7 +18,6 @@
 #include "bench/ruler/rl_pkg.h"
 #include "common/cm_alloc.h"
 #include "common/cm_status.h"
-#include "common/cm_time.h"
 
 static CM_ALLOC_TAG(rl_pkg_tag, "bench.ruler.pkg");
 
@@ -106,12 +105,9 @@ static ri_status_t rl_pkg_prompt(const rl_run_t *run, FILE *out, int64_t index, 
     rl_gen_t *g = cm_calloc(&rl_pkg_tag, 1, sizeof(*g));
     float *logits = cm_malloc(&rl_pkg_tag, mdl_model_hparams(m)->n_vocab * sizeof(float));
     ri_status_t st = g == NULL || logits == NULL ? RI_ERR_NOMEM : RI_OK;
+    double prefill_s = 0;
     if (st == RI_OK)
-        st = mdl_seq_create(m, mdl_attn_find("full"), NULL, n + (size_t)max_gen, &base);
-    double t0 = cm_time_s();
-    if (st == RI_OK)
-        st = mdl_prefill(m, base, ids, n, logits, NULL, NULL, NULL);
-    double prefill_s = cm_time_s() - t0;
+        st = rl_prefill(m, ids, n, (size_t)max_gen, logits, &base, &prefill_s);
     double budget = 0;
     bool budget_exact = false;   /* taken from "retroinfer" itself */
     for (size_t k = 0; k < run->n_methods && st == RI_OK; k++) {

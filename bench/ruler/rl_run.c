@@ -21,6 +21,17 @@
 
 static CM_ALLOC_TAG(rl_run_tag, "bench.ruler.run");
 
+ri_status_t rl_prefill(mdl_model_t *m, const int32_t *ids, size_t n, size_t max_gen, float *logits,
+                       mdl_seq_t **base_p, double *secs_p)
+{
+    double t0 = cm_time_s();
+    ri_status_t st = mdl_seq_create(m, mdl_attn_find("full"), NULL, n + max_gen, base_p);
+    if (st == RI_OK)
+        st = mdl_prefill(m, *base_p, ids, n, logits, NULL, NULL, NULL);
+    *secs_p = cm_time_s() - t0;
+    return st;
+}
+
 ri_status_t rl_decode(mdl_model_t *m, const mdl_seq_t *base, const float *logits0, const mdl_attn_ops_t *attn,
                              const mdl_attn_cfg_t *cfg, int max_gen, rl_gen_t *g)
 {
@@ -169,12 +180,9 @@ ri_status_t rl_run_trial(const rl_run_t *run, rl_task_t t, size_t ctx, int trial
         st = RI_ERR_RANGE;
     if (st == RI_OK)
         st = rl_prompt_fit(mdl_model_tok(m), t, seed, depth, ctx - (size_t)max_gen, &s, &ids, &n);
+    double prefill_s = 0;
     if (st == RI_OK)
-        st = mdl_seq_create(m, mdl_attn_find("full"), NULL, n + (size_t)max_gen, &base);
-    double t0 = cm_time_s();
-    if (st == RI_OK)
-        st = mdl_prefill(m, base, ids, n, logits, NULL, NULL, NULL);
-    double prefill_s = cm_time_s() - t0;
+        st = rl_prefill(m, ids, n, (size_t)max_gen, logits, &base, &prefill_s);
     if (st != RI_OK) {
         fprintf(stderr, "ri bench ruler: %s at %zu, trial %d: %s\n", rl_task_name(t), ctx, trial,
                 st == RI_ERR_RANGE ? "the prompt does not fit" : "prefill failed");

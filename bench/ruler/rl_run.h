@@ -79,6 +79,13 @@ void rl_remote_stop(void);
  * their suffix, else 0.  NULL when unknown. */
 const mdl_attn_ops_t *rl_method_attn(const char *name, uint32_t *seg_p, uint32_t *ct_p);
 
+/* The exact prefill every method forks from: a full-attention sequence
+ * with room for max_gen more tokens (*base_p, the caller's to destroy, set
+ * even on a failed prefill), the last position's logits [n_vocab], and its
+ * time in seconds. */
+ri_status_t rl_prefill(mdl_model_t *m, const int32_t *ids, size_t n, size_t max_gen, float *logits,
+                       mdl_seq_t **base_p, double *secs_p);
+
 /* Greedy decode of up to max_gen (<= 128) tokens from a fork of base under
  * attn and cfg, by mdl_gen's steps, from the prefill's logits0 (the stop
  * token is kept in g->toks: the agreement between methods counts it). */
