@@ -282,6 +282,17 @@ static kn_wave_t *wp_reference(const wp_kv_t *x, kn_wave_t **built_p)
     return ref;
 }
 
+/* The three waves of a test and the homes of its n heads, freed (the
+ * homes after the waves that point into them). */
+static void wp_done(kn_wave_t *w, kn_wave_t *ref, kn_wave_t *built, wp_homes_t *m, uint32_t n)
+{
+    kn_wave_destroy(w);
+    kn_wave_destroy(ref);
+    kn_wave_destroy(built);
+    for (uint32_t h = 0; h < n; h++)
+        wp_homes_free(&m[h]);
+}
+
 /* Placed, with the prefix at the heads (read-only) and ample room: build
  * with import, update and decode as the unplaced wave, at the homes, none
  * of the arrays counted as the index's own bytes.  With empty homes (no
@@ -312,11 +323,7 @@ static void test_placed_equals_unplaced(void **state)
             assert_true(kn_index_resident_bytes(kn_wave_index(ref, h)) > 0);
             wp_expect_heads(&m[h], kn_wave_index(built, h));
         }
-        kn_wave_destroy(w);
-        kn_wave_destroy(ref);
-        kn_wave_destroy(built);
-        for (uint32_t h = 0; h < WP_NKV; h++)
-            wp_homes_free(&m[h]);
+        wp_done(w, ref, built, m, WP_NKV);
     }
     free(x.k);
     free(x.v);
@@ -354,11 +361,7 @@ static void test_growing_past_room_keeps_contents(void **state)
             assert_true(kn_index_resident_bytes(idx) > 0);
             wp_expect_heads(&m[h], kn_wave_index(built, h));
         }
-        kn_wave_destroy(w);
-        kn_wave_destroy(ref);
-        kn_wave_destroy(built);
-        for (uint32_t h = 0; h < WP_NKV; h++)
-            wp_homes_free(&m[h]);
+        wp_done(w, ref, built, m, WP_NKV);
     }
     free(x.k);
     free(x.v);
@@ -396,11 +399,7 @@ static void test_failed_build_keeps_homes(void **state)
         assert_true(wp_at_homes(kn_wave_index(w, h), &m[h]));
         wp_expect_heads(&m[h], kn_wave_index(built, h));
     }
-    kn_wave_destroy(w);
-    kn_wave_destroy(ref);
-    kn_wave_destroy(built);
-    for (uint32_t h = 0; h < WP_NKV; h++)
-        wp_homes_free(&m[h]);
+    wp_done(w, ref, built, m, WP_NKV);
     free(x.k);
     free(x.v);
 }
@@ -452,10 +451,7 @@ static void test_bad_arguments_change_nothing(void **state)
     assert_memory_equal(&before, kn_wave_index(w, 0), sizeof(before));
     assert_int_equal(kn_wave_index(w, 1)->fixed_clusters, 0);
     wp_expect_index_equal(kn_wave_index(ref, 0), kn_wave_index(w, 0));
-    kn_wave_destroy(w);
-    kn_wave_destroy(ref);
-    kn_wave_destroy(built);
-    wp_homes_free(&m);
+    wp_done(w, ref, built, &m, 1);
     free(x.k);
     free(x.v);
 }
