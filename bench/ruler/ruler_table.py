@@ -4,8 +4,9 @@ in Markdown (docs/results/accuracy.md), and the accuracy goal checked per
 length:
 
   on every task where full attention scores >= 50, a sparse method's pass
-  count lies inside full's 95% Wilson interval, and RULER's average over
-  those tasks is within 3 points of full's.
+  count is not below full's 95% Wilson interval, and RULER's average over
+  those tasks is within 3 points of full's (above full's interval is
+  reported, not counted as a miss: it is no loss of accuracy).
 
   python3 bench/ruler/ruler_table.py REPORT.json [REPORT.json ..]
 
@@ -53,18 +54,18 @@ def verdict(methods, tasks, by):
     lines = []
     held = [t for t in tasks if by[(t, "full")]["score"] >= 50]
     for m in methods:
-        if m == "full":
+        if m == "full" or not held or any((t, m) not in by for t in held):
             continue
-        outside = [t for t in held if (t, m) in by and not (
-            by[(t, "full")]["wilson_lo"] * by[(t, m)]["trials"] - 1e-9 <= by[(t, m)]["passed"] <=
-            by[(t, "full")]["wilson_hi"] * by[(t, m)]["trials"] + 1e-9)]
-        if not held or any((t, m) not in by for t in held):
-            continue
+        n = lambda t: by[(t, m)]["trials"]  # noqa: E731
+        below = [t for t in held if by[(t, m)]["passed"] < by[(t, "full")]["wilson_lo"] * n(t) - 1e-9]
+        above = [t for t in held if by[(t, m)]["passed"] > by[(t, "full")]["wilson_hi"] * n(t) + 1e-9]
         gap = sum(by[(t, "full")]["score"] - by[(t, m)]["score"] for t in held) / len(held)
-        ok = not outside and gap <= 3
-        lines.append("- %s: %s over the %d tasks where full >= 50: average %.1f points below full%s" % (
-            m, "meets the goal" if ok else "misses the goal", len(held), gap,
-            "; outside full's interval on " + ", ".join(outside) if outside else ""))
+        pooled = sum(by[(t, "full")]["score"] - by[(t, m)]["score"] for t in tasks if (t, m) in by) / len(tasks)
+        ok = not below and gap <= 3
+        lines.append("- %s: %s (%d tasks where full >= 50: %+.1f points against full%s%s; all %d tasks: %+.1f)" % (
+            m, "meets the goal" if ok else "misses the goal", len(held), -gap,
+            "; below full's interval on " + ", ".join(below) if below else "",
+            "; above it on " + ", ".join(above) if above else "", len(tasks), -pooled))
     return lines
 
 
