@@ -1086,6 +1086,20 @@ static void gw_http_prefix_metrics(FILE *f, gw_pfx_stats_t *p)
 
 static void gw_http_cluster_metrics(FILE *f);
 
+static void gw_http_alloc_line(const cm_alloc_tag_t *tag, void *arg)
+{
+    fprintf(arg, "ri_worker_alloc_bytes{tag=\"%s\"} %zu\n", tag->name, atomic_load(&tag->bytes));
+}
+
+/* Live heap bytes by allocation tag (common/cm_alloc), the kvstore's
+ * ri_kvs_alloc_bytes on this side: where a sequence's memory goes. */
+static void gw_http_alloc_metrics(FILE *f)
+{
+    fprintf(f, "# HELP ri_worker_alloc_bytes Live heap bytes by allocation tag.\n"
+               "# TYPE ri_worker_alloc_bytes gauge\n");
+    cm_alloc_visit(gw_http_alloc_line, f);
+}
+
 static void gw_http_render_metrics(gw_http_t *h, FILE *f)
 {
     gw_sched_stats_t st;
@@ -1143,6 +1157,7 @@ static void gw_http_render_metrics(gw_http_t *h, FILE *f)
                        NULL);
     if (h->cfg.prefix != NULL)
         gw_http_prefix_metrics(f, h->cfg.prefix);
+    gw_http_alloc_metrics(f);
     if (h->cfg.kvstore) {
         gw_attn_remote_totals_t t;
         gw_attn_remote_totals(&t);

@@ -144,6 +144,9 @@ def run_same_twice(tmp, attn):
                   m.get("ri_worker_prefix_meta_shared_bytes", -1) == 0,
                   "metrics: lookups, hits, saved tokens, attached bytes, no fallback, no shared index left (%s)" %
                   {k: v for k, v in m.items() if "prefix" in k or "saved" in k})
+            tags = {k: v for k, v in m.items() if k.startswith('ri_worker_alloc_bytes{tag="')}
+            check(len(tags) >= 3 and all(v >= 0 for v in tags.values()) and sum(tags.values()) > 0,
+                  "metrics: live heap bytes by allocation tag (%d tags, %.0f bytes)" % (len(tags), sum(tags.values())))
             # the kvstore gone: the request is prefilled whole, answers the same, and the failure is counted
             # (not for retroinfer-remote, whose attention itself lives in the kvstore)
             if attn != "retroinfer-remote":
