@@ -96,6 +96,19 @@ def pool_used(metrics_addr):
     return 0
 
 
+def alloc_tags(worker_addr):
+    """ri-worker's live heap bytes by allocation tag ({tag: bytes}), from
+    its /metrics (ri_worker_alloc_bytes); {} when it cannot be read."""
+    out = {}
+    try:
+        for line in http_get(worker_addr, "/metrics").decode().splitlines():
+            if line.startswith('ri_worker_alloc_bytes{tag="'):
+                out[line.split('"')[1]] = int(float(line.split()[-1]))
+    except (OSError, ValueError):
+        pass
+    return out
+
+
 class Peak:
     """Samples a process's resident bytes (or another probe) every 50 ms until stopped."""
 
@@ -373,12 +386,14 @@ def ri_cases(a, addr, model_id, doc, qs, kvs_pid, worker_pid, rows, mem, metrics
                 if n == biggest and rnd == 0:
                     # the baseline right before: earlier cases (cold documents) hold blocks of their own
                     mem.update({"before_case_kvstore": rss(kvs_pid), "before_case_worker": rss(worker_pid),
-                                "before_case_pool_used": pool_used(metrics)})
+                                "before_case_pool_used": pool_used(metrics),
+                                "before_case_worker_alloc": alloc_tags(addr)})
                     peak = (Peak(kvs_pid), Peak(worker_pid), Peak(0, lambda: (pool_used(metrics), 0)))
                 steady = {}
 
                 def sample():
-                    steady.update({"worker_decoding": rss(worker_pid), "pool_used_decoding": pool_used(metrics)})
+                    steady.update({"worker_decoding": rss(worker_pid), "pool_used_decoding": pool_used(metrics),
+                                   "worker_alloc_decoding": alloc_tags(addr)})
 
                 res, wall = run_case(send, [doc + qs[i % len(qs)] for i in range(n)], sample if peak else None)
                 if peak:
@@ -492,6 +507,12 @@ def main(argv):
             print("memory: worker +%.1f MiB anonymous per client once all %d decode; kvstore pool then %.1f MiB "
                   "over before" % (wdec / mem["clients"] / 2**20, mem["clients"],
                                    (mem["pool_used_decoding"] - mem["before_case_pool_used"]) / 2**20))
+            before, during = mem.get("before_case_worker_alloc", {}), mem.get("worker_alloc_decoding", {})
+            per = {t: (during.get(t, 0) - before.get(t, 0)) / mem["clients"] for t in during}
+            mem["worker_alloc_growth_per_client_decoding"] = per
+            top = sorted(per.items(), key=lambda kv: -kv[1])[:6]
+            print("memory: worker heap per client by allocation tag: " +
+                  ", ".join("%s %.2f MiB" % (t, b / 2**20) for t, b in top))
         wgrow = mem["worker_peak"][0] - mem["before_case_worker"][0]
         mem["worker_anon_growth_per_client"] = wgrow / mem["clients"]
         print("memory: machine shared + kvstore anonymous: one copy %.1f MiB, with %d clients attached %.1f MiB "
