@@ -18,6 +18,7 @@
 #include "kernels/kn_ops.h"
 #include "kernels/kn_synth.h"
 #include "kernels/kn_wave.h"
+#include "tests/kernels/kn_test_index.h"
 
 #define PC_NKV 2u
 #define PC_G 3u
@@ -94,17 +95,6 @@ static void pc_expect_piece_equal(const kn_wave_piece_t *a, const kn_wave_piece_
     for (uint32_t j = 0; j < a->n_clusters; j++)
         n += a->sizes[j];
     assert_memory_equal(a->perm, b->perm, n * sizeof(uint32_t));
-    assert_memory_equal(a->centroids, b->centroids, (size_t)a->n_clusters * PC_D * sizeof(cm_fp16_t));
-    assert_memory_equal(a->vmean, b->vmean, (size_t)a->n_clusters * PC_D * sizeof(cm_fp16_t));
-}
-
-static void pc_expect_index_equal(const kn_index_t *a, const kn_index_t *b)
-{
-    assert_int_equal(a->n_clusters, b->n_clusters);
-    assert_int_equal(a->n_tokens, b->n_tokens);
-    assert_memory_equal(a->sizes, b->sizes, a->n_clusters * sizeof(uint32_t));
-    assert_memory_equal(a->offsets, b->offsets, (a->n_clusters + 1) * sizeof(uint32_t));
-    assert_memory_equal(a->perm, b->perm, a->n_tokens * sizeof(uint32_t));
     assert_memory_equal(a->centroids, b->centroids, (size_t)a->n_clusters * PC_D * sizeof(cm_fp16_t));
     assert_memory_equal(a->vmean, b->vmean, (size_t)a->n_clusters * PC_D * sizeof(cm_fp16_t));
 }
@@ -220,7 +210,7 @@ static void test_import_equals_fresh_build(void **state)
         assert_int_equal(kn_wave_create(&x.shape, &wp, &imp), RI_OK);
         assert_int_equal(kn_wave_build_pieces(imp, &x.kv, &pieces), RI_OK);
         for (uint32_t h = 0; h < PC_NKV; h++)
-            pc_expect_index_equal(kn_wave_index(fresh, h), kn_wave_index(imp, h));
+            kn_expect_index_equal(kn_wave_index(fresh, h), kn_wave_index(imp, h));
         assert_int_equal(kn_wave_indexed_end(imp), kn_wave_indexed_end(fresh));
         uint32_t r0, e0, r1, e1;
         kn_wave_budget(fresh, &r0, &e0);
@@ -292,7 +282,7 @@ static void test_store_sees_imported_counts(void **state)
         assert_int_equal(j0, 0);
         assert_int_equal(rec.first[h], j1);
         assert_int_equal(rec.n[h], ix->n_clusters);
-        pc_expect_index_equal(ix, kn_wave_index(w, h));
+        kn_expect_index_equal(ix, kn_wave_index(w, h));
     }
     kn_wave_destroy(w);
     kn_wave_destroy(fresh);
@@ -333,7 +323,7 @@ static void test_bad_pieces_refused(void **state)
     /* unchanged: the good import still gives the fresh index */
     pieces.n_blocks = 3;
     assert_int_equal(kn_wave_build_pieces(w, &x.kv, &pieces), RI_OK);
-    pc_expect_index_equal(kn_wave_index(fresh, 1), kn_wave_index(w, 1));
+    kn_expect_index_equal(kn_wave_index(fresh, 1), kn_wave_index(w, 1));
     /* and a built wave takes no second build */
     assert_int_equal(kn_wave_build_pieces(w, &x.kv, &pieces), RI_ERR_INVALID);
     kn_wave_destroy(w);

@@ -28,6 +28,7 @@
 #include "kernels/kn_ops.h"
 #include "kernels/kn_synth.h"
 #include "kernels/kn_wave.h"
+#include "tests/kernels/kn_test_index.h"
 
 #define WP_NKV 2u
 #define WP_G   3u
@@ -171,17 +172,6 @@ static void wp_expect_heads(const wp_homes_t *m, const kn_index_t *ref)
     assert_memory_equal(m->h.perm, ref->perm, m->n_t * u);
 }
 
-static void wp_expect_index_equal(const kn_index_t *a, const kn_index_t *b)
-{
-    assert_int_equal(a->n_clusters, b->n_clusters);
-    assert_int_equal(a->n_tokens, b->n_tokens);
-    assert_memory_equal(a->sizes, b->sizes, a->n_clusters * sizeof(uint32_t));
-    assert_memory_equal(a->offsets, b->offsets, (a->n_clusters + 1) * sizeof(uint32_t));
-    assert_memory_equal(a->perm, b->perm, a->n_tokens * sizeof(uint32_t));
-    assert_memory_equal(a->centroids, b->centroids, (size_t)a->n_clusters * WP_D * sizeof(cm_fp16_t));
-    assert_memory_equal(a->vmean, b->vmean, (size_t)a->n_clusters * WP_D * sizeof(cm_fp16_t));
-}
-
 /* Is the index at the homes (true) or on its own heap (false)? */
 static bool wp_at_homes(const kn_index_t *idx, const wp_homes_t *m)
 {
@@ -251,7 +241,7 @@ static void wp_expect_build(kn_wave_t *ref, kn_wave_t *w, const wp_kv_t *x, cons
     kv.n_tokens = WP_N0;
     assert_int_equal(kn_wave_build_pieces(w, &kv, pieces), RI_OK);
     for (uint32_t h = 0; h < WP_NKV; h++)
-        wp_expect_index_equal(kn_wave_index(ref, h), kn_wave_index(w, h));
+        kn_expect_index_equal(kn_wave_index(ref, h), kn_wave_index(w, h));
     wp_expect_same_decode(ref, w, &kv, 0);
 }
 
@@ -265,7 +255,7 @@ static void wp_expect_update(kn_wave_t *ref, kn_wave_t *w, const wp_kv_t *x)
     assert_int_equal(kn_wave_update(w, &kv, &up1), RI_OK);
     assert_true(up0 && up1);
     for (uint32_t h = 0; h < WP_NKV; h++)
-        wp_expect_index_equal(kn_wave_index(ref, h), kn_wave_index(w, h));
+        kn_expect_index_equal(kn_wave_index(ref, h), kn_wave_index(w, h));
     wp_expect_same_decode(ref, w, &kv, 1);
 }
 
@@ -450,7 +440,7 @@ static void test_bad_arguments_change_nothing(void **state)
     assert_int_equal(kn_wave_place(w, 1, &m.h), RI_ERR_INVALID);
     assert_memory_equal(&before, kn_wave_index(w, 0), sizeof(before));
     assert_int_equal(kn_wave_index(w, 1)->fixed_clusters, 0);
-    wp_expect_index_equal(kn_wave_index(ref, 0), kn_wave_index(w, 0));
+    kn_expect_index_equal(kn_wave_index(ref, 0), kn_wave_index(w, 0));
     wp_done(w, ref, built, &m, 1);
     free(x.k);
     free(x.v);
