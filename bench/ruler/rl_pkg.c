@@ -89,11 +89,6 @@ static void rl_pkg_write(FILE *out, int64_t index, const char *method, const rl_
     cJSON_Delete(o);
 }
 
-static bool rl_pkg_baseline(const char *name)
-{
-    return !strcmp(name, "quest") || !strcmp(name, "streaming") || !strcmp(name, "oracle");
-}
-
 /* One prompt: prefill, then every method from a fork.  Baselines take the
  * exact-token budget of "retroinfer" (or of the first retroinfer variant)
  * measured on the same prompt. */
@@ -119,7 +114,7 @@ static ri_status_t rl_pkg_prompt(const rl_run_t *run, FILE *out, int64_t index, 
             cfg.wave.segment_tokens = seg;
         if (ct > 0)
             cfg.wave.tokens_per_cluster = ct;
-        if (rl_pkg_baseline(name) && budget > 0)
+        if (rl_is_baseline(name) && budget > 0)
             cfg.budget_tokens = (uint32_t)lround(budget);
         st = rl_decode(m, base, logits, attn, &cfg, max_gen, g);
         if (st != RI_OK) {

@@ -157,7 +157,7 @@ const mdl_attn_ops_t *rl_method_attn(const char *name, uint32_t *seg_p, uint32_t
     return mdl_attn_find("retroinfer");
 }
 
-static bool rl_is_baseline(const char *name)
+bool rl_is_baseline(const char *name)
 {
     return strcmp(name, "quest") == 0 || strcmp(name, "streaming") == 0 || strcmp(name, "oracle") == 0;
 }

@@ -79,6 +79,10 @@ void rl_remote_stop(void);
  * their suffix, else 0.  NULL when unknown. */
 const mdl_attn_ops_t *rl_method_attn(const char *name, uint32_t *seg_p, uint32_t *ct_p);
 
+/* quest, streaming or oracle: the methods held to retroinfer's measured
+ * exact-token budget. */
+bool rl_is_baseline(const char *name);
+
 /* The exact prefill every method forks from: a full-attention sequence
  * with room for max_gen more tokens (*base_p, the caller's to destroy, set
  * even on a failed prefill), the last position's logits [n_vocab], and its
