@@ -1145,6 +1145,9 @@ static void gw_http_render_metrics(gw_http_t *h, FILE *f)
     gw_metric(f, "ri_worker_decode_steps_total", "counter", "Batched decode steps.", (double)st.decode_steps);
     gw_metric(f, "ri_worker_queue_rejected_total", "counter", "Requests refused with 429 (queue full).",
               (double)st.rejected_busy);
+    gw_metric(f, "ri_worker_dense_requests_total", "counter",
+              "retroinfer-remote requests shorter than --dense-below, decoded with full attention in the worker.",
+              (double)st.dense_requests);
     gw_metric(f, "ri_worker_queue_depth", "gauge", "Requests waiting for a batch slot.", (double)st.queued);
     gw_metric(f, "ri_worker_running_requests", "gauge", "Requests in the batch (prefilling or decoding).",
               (double)st.running);

@@ -964,6 +964,18 @@ ri_status_t gw_sched_create(mdl_model_t *m, const gw_sched_cfg_t *cfg, gw_sched_
     return RI_OK;
 }
 
+/* cfg.dense_below: a short retroinfer-remote request runs with full
+ * attention (its compare run, if any, keeps its own backend).  Under s->mu. */
+static void gw_sched_pick_dense(gw_sched_t *s, gw_req_t *r)
+{
+    const mdl_attn_ops_t *full;
+    if (s->cfg.dense_below == 0 || strcmp(r->attn->name, GW_ATTN_REMOTE_NAME) != 0 ||
+        r->n_ids + r->max_tokens >= s->cfg.dense_below || (full = mdl_attn_find("full")) == NULL)
+        return;
+    r->attn = full;
+    s->st.dense_requests++;
+}
+
 ri_status_t gw_sched_submit(gw_sched_t *s, gw_req_t *r)
 {
     ri_status_t st = RI_OK;
@@ -977,6 +989,7 @@ ri_status_t gw_sched_submit(gw_sched_t *s, gw_req_t *r)
         st = RI_ERR_BUSY;
     } else {
         atomic_fetch_add(&r->refs, 1);
+        gw_sched_pick_dense(s, r);
         r->submitted = true;
         r->phase = GW_PHASE_QUEUED;
         r->t_submit_ns = cm_time_ns();

@@ -50,6 +50,12 @@ typedef struct gw_sched_cfg {
     struct gw_pfx_ctx *prefix; /* prefix reuse of the "full" and "retroinfer" sequences
                                   (gw_prefix_run.h; borrowed, outlives the scheduler);
                                   NULL = off */
+    size_t dense_below;    /* a "retroinfer-remote" request whose prompt + max_tokens is below
+                              this many tokens decodes with full attention in the worker
+                              instead (its K/V stays here, none goes to the kvstore): below the
+                              remote path's break-even, its first step (index build and upload)
+                              and its steps cost more than dense attention (docs/worker.md).
+                              0 = never */
 } gw_sched_cfg_t;
 
 /* Why a request ended. */
@@ -128,6 +134,7 @@ typedef struct gw_sched_stats {
     size_t batch_max;             /* the largest decode step so far */
     uint64_t submitted;           /* requests accepted by submit */
     uint64_t rejected_busy;       /* submits refused because the queue was full */
+    uint64_t dense_requests;      /* retroinfer-remote requests run dense (cfg.dense_below) */
     uint64_t finished[5];         /* requests ended, by gw_finish_t */
     uint64_t prompt_tokens;       /* prompt tokens prefilled */
     uint64_t generated_tokens;    /* tokens generated */

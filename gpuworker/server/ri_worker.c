@@ -85,6 +85,7 @@ typedef struct wk_cfg {
     double adapt_tau;    /* retroinfer(-remote): per-head cut (0 = off) */
     int64_t cluster_tokens; /* retroinfer(-remote): tokens per cluster (0 = auto) */
     double estimation_frac; /* retroinfer(-remote): share of the clusters estimated */
+    int64_t dense_below; /* retroinfer-remote: shorter requests decode with full attention here */
     bool direct;         /* retroinfer-remote: read clusters in place on the kvstore's host */
     bool predict;        /* retroinfer-remote: cached steps do not wait for their fetch */
     bool fetch_async;    /* retroinfer-remote: fetch on the io thread */
@@ -168,6 +169,10 @@ static const cm_config_item_t wk_items[] = {
     {"estimation-frac", CM_CFG_DOUBLE, "0.232",
      "retroinfer and retroinfer-remote: share of the clusters attended through their centroids",
      offsetof(wk_cfg_t, estimation_frac), 0, 1, NULL},
+    {"dense-below", CM_CFG_INT, "0",
+     "retroinfer-remote: a request whose prompt + max_tokens is below this many tokens decodes with full attention "
+     "in the worker (below the remote path's break-even; 0 = never)",
+     offsetof(wk_cfg_t, dense_below), 0, 1 << 24, NULL},
     WK_ITEM("direct", CM_CFG_BOOL, "true",
             "retroinfer-remote: read retrieved clusters in place from the kvstore's memory when on its host "
             "(false: every read is a request)", direct),
@@ -459,7 +464,8 @@ static void wk_attn_cfg(const wk_cfg_t *cfg, mdl_attn_cfg_t *acfg)
 static ri_status_t wk_sched_start(mdl_model_t *model, const wk_cfg_t *cfg, gw_pfx_ctx_t *prefix, gw_sched_t **s_p)
 {
     gw_sched_cfg_t scfg = {.max_batch = (size_t)cfg->max_batch, .queue_size = (size_t)cfg->queue_size,
-                           .prefill_chunk = (size_t)cfg->prefill_chunk};
+                           .prefill_chunk = (size_t)cfg->prefill_chunk,
+                           .dense_below = (size_t)cfg->dense_below};
     wk_attn_cfg(cfg, &scfg.attn);
     scfg.dev = wk_dev;
     scfg.prefix = prefix;

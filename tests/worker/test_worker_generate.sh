@@ -6,7 +6,10 @@
 #  2. the daemon is killed with SIGKILL: the next request fails cleanly
 #     ({"ok": false}) and the worker stays alive;
 #  3. the daemon is restarted on the same address: the next request succeeds
-#     and the remote answer holds the key again.
+#     and the remote answer holds the key again;
+#  4. --dense-below: a retroinfer-remote request whose prompt + max_tokens is
+#     under it runs with full attention in the worker (the same text as the
+#     full run, no remote figures); a longer one stays remote.
 # Skips (77) without the installed model.
 set -euo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
@@ -30,7 +33,8 @@ req() { printf '{"id": %s, "prompt_file": "%s", "max_tokens": 6, "attn": "full",
   "$1" "$KVS_DIR/prompt.txt"; }
 
 mkfifo "$KVS_DIR/in"
-"$RI_BUILD_DIR/bin/ri-worker" --kvstore "$addr" --timeout-ms 3000 <"$KVS_DIR/in" >"$KVS_DIR/out" 2>"$KVS_DIR/err" &
+dense_below=1400  # over the ~1.3K-token prompt + 6, under it + 120
+"$RI_BUILD_DIR/bin/ri-worker" --kvstore "$addr" --timeout-ms 3000 --dense-below "$dense_below" <"$KVS_DIR/in" >"$KVS_DIR/out" 2>"$KVS_DIR/err" &
 wpid=$!
 exec 3>"$KVS_DIR/in"
 wait_reply() {  # wait until the output has $1 lines
@@ -60,6 +64,17 @@ kvs_up "$port_flag"
 sleep 2           # let the worker's gRPC channel leave its reconnect back-off
 req 3 >&3; wait_reply 3
 check 3 "r['ok'] and r['runs'][1]['decode_steps'] >= 1 and '$key' in r['runs'][1]['text']"
+
+# 4. dense below the break-even: the same text as request 3's full run, and
+# none of the remote backend's figures; a request that reaches past the
+# threshold keeps the backend it asked for.
+one() { printf '{"id": %s, "prompt_file": "%s", "max_tokens": %s, "attn": "retroinfer-remote"}\n' \
+  "$1" "$KVS_DIR/prompt.txt" "$2"; }
+run3="json.loads(open('$KVS_DIR/out').read().splitlines()[2])['runs'][0]"
+one 4 6 >&3; wait_reply 4
+check 4 "r['ok'] and r['prompt_tokens'] + 6 < $dense_below and r['runs'][0]['attn'] == 'full' and 'direct_clusters' not in r['runs'][0] and r['runs'][0]['text'] == $run3['text']"
+one 5 120 >&3; wait_reply 5
+check 5 "r['ok'] and r['prompt_tokens'] + 120 >= $dense_below and r['runs'][0]['attn'] == 'retroinfer-remote' and r['runs'][0]['direct_clusters'] + r['runs'][0]['cache_hits'] + r['runs'][0]['cache_misses'] > 0"
 
 exec 3>&-
 # request 2 failed (kvstore gone), so the worker's exit status says 1
