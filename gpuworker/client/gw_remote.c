@@ -443,6 +443,8 @@ static ri_status_t gw_remote_index_step(gw_remote_t *r, uint32_t layer, const kn
     ri_status_t st = build ? kn_wave_build_pieces(r->layers[layer].wave, kv, gw_prefix_pieces(r, layer))
                            : kn_wave_update(r->layers[layer].wave, kv, updated_p);
     r->st.build_s += cm_time_s() - t0;
+    if (build && st == RI_OK && r->layers[layer].idx[0].n_clusters != 0)
+        gw_prefix_built(r, layer);
     if (st != RI_OK && st != RI_ERR_INVALID && r->err == RI_OK)
         r->err = st;
     return st;

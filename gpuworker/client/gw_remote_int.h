@@ -142,9 +142,13 @@ struct gw_remote {
     ri_status_t err;         /* sticky */
     gw_remote_stats_t st;
     /* prefix blocks attached to the session (gw_remote_prefix.c) */
-    gw_pfx_set_t *pfx;       /* parsed, in block order; NULL = none */
-    uint8_t **pfx_copies;    /* [pfx_cap] PREFIX_GET copies (blocks not mappable here) */
+    gw_pfx_set_t *pfx;       /* parsed, in block order (owned); NULL = none, or released
+                                once every layer's build imported it (gw_prefix_built) */
+    uint8_t **pfx_copies;    /* [pfx_cap] PREFIX_GET copies (blocks not mappable here), owned,
+                                freed with pfx */
     uint32_t pfx_cap;
+    uint32_t pfx_blocks;     /* blocks attached (stays after the release) */
+    uint32_t pfx_built;      /* layers whose build imported pfx */
     gw_meta_homes_t *meta;   /* the attached prefix's rows shared with the process's other
                                 sequences (gw_meta_share.h), or NULL: the index's own */
 };
@@ -188,6 +192,12 @@ ri_status_t gw_prefix_adopt(gw_remote_t *r, gw_layer_t *L, const uint32_t *first
 
 /* The wave-index pieces of layer's attached blocks, or NULL. */
 const kn_wave_pieces_t *gw_prefix_pieces(gw_remote_t *r, uint32_t layer);
+
+/* Layer's build (kn_wave_build_pieces) succeeded: once every layer's did,
+ * the blocks' parse and copies are no longer read (the indexes hold the
+ * imported pieces, the kvstore the clusters), so they are freed rather
+ * than kept for the sequence's life. */
+void gw_prefix_built(gw_remote_t *r, uint32_t layer);
 
 /* Free the attached blocks' parse and copies. */
 void gw_prefix_free(gw_remote_t *r);
