@@ -234,10 +234,17 @@ ri_status_t gw_prefix_adopt(gw_remote_t *r, gw_layer_t *L, const uint32_t *first
                      first[h], H->n_attached);
             return RI_ERR_INTERNAL;
         }
+        /* imported in attach order (the tables' order): local id = kvstore
+         * id, which gw_rid / gw_lid answer without storing them */
+        if (H->rcap != 0)
+            return RI_ERR_INTERNAL; /* the build's call comes before any id is given */
+        H->base = first[h];
         if (gw_head_reserve(H, first[h]) != RI_OK)
             return RI_ERR_NOMEM;
-        for (uint32_t j = 0; j < first[h]; j++)
-            H->rid[j] = H->lid[j] = j; /* imported in attach order: the tables' order */
+#ifdef GW_PREFIX_MUTANT_STORE_IDS
+        if (gw_head_unbase(H) != RI_OK) /* the mutant: every sequence stores the ids again */
+            return RI_ERR_NOMEM;
+#endif
     }
     return RI_OK;
 }
