@@ -109,6 +109,18 @@ def alloc_tags(worker_addr):
     return out
 
 
+def running_requests(worker_addr):
+    """Requests ri-worker holds now (prefilling or decoding), from its
+    /metrics (ri_worker_running_requests); None when it cannot be read."""
+    try:
+        for line in http_get(worker_addr, "/metrics").decode().splitlines():
+            if line.startswith("ri_worker_running_requests "):
+                return int(float(line.split()[-1]))
+    except (OSError, ValueError):
+        pass
+    return None
+
+
 class Peak:
     """Samples a process's resident bytes (or another probe) every 50 ms until stopped."""
 
@@ -393,7 +405,8 @@ def ri_cases(a, addr, model_id, doc, qs, kvs_pid, worker_pid, rows, mem, metrics
 
                 def sample():
                     steady.update({"worker_decoding": rss(worker_pid), "pool_used_decoding": pool_used(metrics),
-                                   "worker_alloc_decoding": alloc_tags(addr)})
+                                   "worker_alloc_decoding": alloc_tags(addr),
+                                   "worker_running_decoding": running_requests(addr)})
 
                 res, wall = run_case(send, [doc + qs[i % len(qs)] for i in range(n)], sample if peak else None)
                 if peak:
@@ -513,6 +526,15 @@ def main(argv):
             top = sorted(per.items(), key=lambda kv: -kv[1])[:6]
             print("memory: worker heap per client by allocation tag: " +
                   ", ".join("%s %.2f MiB" % (t, b / 2**20) for t, b in top))
+            # with a short answer the first requests end before the last one
+            # decodes: per client undercounts what each live sequence holds
+            live = mem.get("worker_running_decoding")
+            if live:
+                per_live = {t: (during.get(t, 0) - before.get(t, 0)) / live for t in during}
+                mem["worker_alloc_growth_per_live_sequence_decoding"] = per_live
+                top = sorted(per_live.items(), key=lambda kv: -kv[1])[:8]
+                print("memory: worker heap per live sequence (%d at the sample) by allocation tag: " % live +
+                      ", ".join("%s %.2f MiB" % (t, b / 2**20) for t, b in top))
         wgrow = mem["worker_peak"][0] - mem["before_case_worker"][0]
         mem["worker_anon_growth_per_client"] = wgrow / mem["clients"]
         print("memory: machine shared + kvstore anonymous: one copy %.1f MiB, with %d clients attached %.1f MiB "

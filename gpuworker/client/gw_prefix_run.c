@@ -187,6 +187,10 @@ ri_status_t gw_pfx_run_create(gw_pfx_ctx_t *ctx, mdl_model_t *m, const mdl_attn_
         gw_attn_remote_place_clear();
     if (st != RI_OK)
         goto err_free;
+    /* A remote backend attached and parsed the blocks on its own session
+     * (its build imports those): ours served the preload only. */
+    if (run->remote)
+        gw_pfx_seq_release(run->seq);
     run->mseq = seq;
     *run_p = run;
     *seq_p = seq;
@@ -257,6 +261,9 @@ static void gw_pfx_run_publish_now(gw_pfx_run_t *run, mdl_model_t *m, mdl_seq_t 
         return;
     }
     gw_pfx_run_publish(run, seq);
+    /* built: the index imported the blocks' pieces and holds its own copy,
+     * and no later step builds again (mdl_seq_build) */
+    gw_pfx_seq_release(run->seq);
 }
 
 void gw_pfx_run_destroy(gw_pfx_run_t *run)

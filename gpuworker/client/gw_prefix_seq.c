@@ -28,8 +28,8 @@ struct gw_pfx_seq {
     size_t n;              /* prompt tokens */
     uint32_t max_blocks;   /* attachable blocks of the prompt */
     uint8_t *keys;         /* [max_blocks][32] */
-    uint32_t n_cached;     /* blocks attached and parsed */
-    gw_pfx_set_t *set;     /* NULL when nothing is cached */
+    uint32_t n_cached;     /* blocks attached (and parsed until gw_pfx_seq_release) */
+    gw_pfx_set_t *set;     /* owned; NULL when nothing is cached or once released */
     uint8_t **copies;      /* [max_blocks] PREFIX_GET copies (another host), owned */
 };
 
@@ -193,12 +193,28 @@ gw_pfx_set_t *gw_pfx_seq_set(gw_pfx_seq_t *seq)
     return seq != NULL && seq->n_cached > 0 ? seq->set : NULL;
 }
 
+/* Free the parse and the copies it reads (the set borrows them). */
+static void gw_pfx_seq_free_blocks(gw_pfx_seq_t *seq)
+{
+    gw_pfx_set_destroy(seq->set);
+    seq->set = NULL;
+    for (uint32_t i = 0; seq->copies != NULL && i < seq->max_blocks; i++) {
+        cm_free(seq->copies[i]);
+        seq->copies[i] = NULL;
+    }
+}
+
+void gw_pfx_seq_release(gw_pfx_seq_t *seq)
+{
+    if (seq != NULL)
+        gw_pfx_seq_free_blocks(seq);
+}
+
 void gw_pfx_seq_drop(gw_pfx_seq_t *seq)
 {
     atomic_fetch_add(&seq->stats->fallbacks, 1);
     seq->n_cached = 0;
-    gw_pfx_set_destroy(seq->set);
-    seq->set = NULL;
+    gw_pfx_seq_free_blocks(seq);
 }
 
 void gw_pfx_seq_prefilled(gw_pfx_seq_t *seq)
@@ -242,10 +258,7 @@ void gw_pfx_seq_destroy(gw_pfx_seq_t *seq)
 {
     if (seq == NULL)
         return;
-    gw_pfx_set_destroy(seq->set);
-    if (seq->copies != NULL)
-        for (uint32_t i = 0; i < seq->max_blocks; i++)
-            cm_free(seq->copies[i]);
+    gw_pfx_seq_free_blocks(seq);
     cm_free(seq->copies);
     cm_free(seq->keys);
     cm_free(seq);

@@ -91,6 +91,14 @@ gw_pfx_set_t *gw_pfx_seq_set(gw_pfx_seq_t *seq);
  * (cached becomes 0; the prompt is prefilled whole). */
 void gw_pfx_seq_drop(gw_pfx_seq_t *seq);
 
+/* The blocks' contents are where they go (preloaded into the sequence's
+ * K/V and, for an in-process index, imported by its build): free their
+ * parse and PREFIX_GET copies, which every attached sequence would
+ * otherwise hold for its whole life (the permutations alone are 4 bytes a
+ * token and table).  cached and the keys stay (publish needs them);
+ * gw_pfx_seq_set is NULL from here on.  NULL and a second call are no-ops. */
+void gw_pfx_seq_release(gw_pfx_seq_t *seq);
+
 /* The prompt's prefill is done (the caller prefilled n - cached tokens):
  * count the hit and miss tokens. */
 void gw_pfx_seq_prefilled(gw_pfx_seq_t *seq);

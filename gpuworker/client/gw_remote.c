@@ -308,20 +308,49 @@ ri_status_t gw_head_reserve(gw_head_t *H, uint32_t want)
 {
     if (want <= H->rcap)
         return RI_OK;
-    uint32_t *nr = cm_realloc(&gw_remote_tag, H->rid, want * sizeof(uint32_t));
-    if (nr == NULL)
-        return RI_ERR_NOMEM;
-    H->rid = nr;
-    nr = cm_realloc(&gw_remote_tag, H->lid, want * sizeof(uint32_t));
-    if (nr == NULL)
-        return RI_ERR_NOMEM;
-    H->lid = nr;
+    if (want > H->base) {
+        size_t n = (size_t)(want - H->base) * sizeof(uint32_t);
+        uint32_t *nr = cm_realloc(&gw_remote_tag, H->rid, n);
+        if (nr == NULL)
+            return RI_ERR_NOMEM;
+        H->rid = nr;
+        nr = cm_realloc(&gw_remote_tag, H->lid, n);
+        if (nr == NULL)
+            return RI_ERR_NOMEM;
+        H->lid = nr;
+    }
     uint32_t **nc = cm_realloc(&gw_remote_tag, H->cpg, want * sizeof(uint32_t *));
     if (nc == NULL)
         return RI_ERR_NOMEM;
     memset(nc + H->rcap, 0, (want - H->rcap) * sizeof(uint32_t *));
     H->cpg = nc;
     H->rcap = want;
+    return RI_OK;
+}
+
+ri_status_t gw_head_unbase(gw_head_t *H)
+{
+    uint32_t n = H->rcap, b = H->base;
+    uint32_t *rid, *lid;
+
+    if (b == 0)
+        return RI_OK;
+    rid = cm_malloc(&gw_remote_tag, (size_t)(n > 0 ? n : 1) * sizeof(uint32_t));
+    lid = cm_malloc(&gw_remote_tag, (size_t)(n > 0 ? n : 1) * sizeof(uint32_t));
+    if (rid == NULL || lid == NULL) {
+        cm_free(rid);
+        cm_free(lid);
+        return RI_ERR_NOMEM;
+    }
+    for (uint32_t j = 0; j < n; j++) {
+        rid[j] = gw_rid(H, j);
+        lid[j] = gw_lid(H, j);
+    }
+    cm_free(H->rid);
+    cm_free(H->lid);
+    H->rid = rid;
+    H->lid = lid;
+    H->base = 0;
     return RI_OK;
 }
 
@@ -388,11 +417,10 @@ static ri_status_t gw_remote_queue_upload(gw_remote_t *r, uint32_t layer, const 
         up->expect_first[h] = L->hd[h].n_remote;
         for (uint32_t j = first[h]; j < idx->n_clusters; j++) {
             if (idx->sizes[j] == 0) {
-                L->hd[h].rid[j] = GW_NO_ID;
+                gw_ids_set(&L->hd[h], j, GW_NO_ID);
                 continue;
             }
-            L->hd[h].lid[L->hd[h].n_remote] = j;
-            L->hd[h].rid[j] = L->hd[h].n_remote++;
+            gw_ids_set(&L->hd[h], j, L->hd[h].n_remote++);
             up->counts[h]++;
             up->tokens[k++] = idx->sizes[j];
             gw_pack_cluster(r, idx, hk, hv, kv->token_stride, pos0, j, dst);
@@ -443,6 +471,8 @@ static ri_status_t gw_remote_index_step(gw_remote_t *r, uint32_t layer, const kn
     ri_status_t st = build ? kn_wave_build_pieces(r->layers[layer].wave, kv, gw_prefix_pieces(r, layer))
                            : kn_wave_update(r->layers[layer].wave, kv, updated_p);
     r->st.build_s += cm_time_s() - t0;
+    if (build && st == RI_OK && r->layers[layer].idx[0].n_clusters != 0)
+        gw_prefix_built(r, layer);
     if (st != RI_OK && st != RI_ERR_INVALID && r->err == RI_OK)
         r->err = st;
     return st;
@@ -547,9 +577,12 @@ ri_status_t gw_remote_reconnect(gw_remote_t *r, const char *addr, uint64_t sessi
     }
     /* Re-fill: the same index, every cluster re-packed from the caller's K/V. */
     for (uint32_t l = 0; l < r->n_layers && st == RI_OK; l++) {
-        for (uint32_t h = 0; h < r->n_kv; h++)
+        for (uint32_t h = 0; h < r->n_kv && st == RI_OK; h++) {
             r->layers[l].hd[h].n_remote = r->layers[l].hd[h].n_attached = 0; /* a new session: ours alone */
-        st = gw_remote_queue_upload(r, l, &kv[l], zero, false);
+            st = gw_head_unbase(&r->layers[l].hd[h]); /* ids from 0, not the attached ones */
+        }
+        if (st == RI_OK)
+            st = gw_remote_queue_upload(r, l, &kv[l], zero, false);
     }
     cm_free(zero);
     if (st == RI_OK)

@@ -215,14 +215,15 @@ ri_status_t gw_remote_decode_begin(gw_remote_t *r, uint32_t layer, const float *
         n_heads++;
         for (uint32_t i = 0; i < s->nr[h]; i++) {
             uint32_t j = ids[i];
-            if (L->hd[h].rid[j] == GW_NO_ID)
+            uint32_t rid = gw_rid(&L->hd[h], j);
+            if (rid == GW_NO_ID)
                 return RI_ERR_INTERNAL; /* kn_rank returns non-empty clusters only */
             s->lids[k] = j;
-            s->req[k++] = L->hd[h].rid[j];
+            s->req[k++] = rid;
             worst += (uint64_t)gw_pages(r, idx->sizes[j]) * r->page_bytes;
             if (L->hd[h].cpg[j] == NULL)
                 all_cached = false;
-            if (all_direct && gw_direct_pages(r->direct, layer, h, L->hd[h].rid[j], gw_pages(r, idx->sizes[j])) == NULL)
+            if (all_direct && gw_direct_pages(r->direct, layer, h, rid, gw_pages(r, idx->sizes[j])) == NULL)
                 all_direct = false;
         }
     }
@@ -418,7 +419,7 @@ static ri_status_t gw_step_resolve(gw_remote_t *r)
             s->eoff[e] = pc;
             s->etok[e] = tokens;
             if (s->direct) {
-                const uint8_t *base = gw_direct_pages(r->direct, s->layer, h, L->hd[h].rid[j], np);
+                const uint8_t *base = gw_direct_pages(r->direct, s->layer, h, gw_rid(&L->hd[h], j), np);
                 if (base == NULL)
                     return RI_ERR_INTERNAL; /* checked at begin */
                 for (uint32_t p = 0; p < np; p++)

@@ -24,13 +24,17 @@
 
 /* What is remote of one KV head of a layer. */
 typedef struct gw_head {
-    uint32_t *rid;         /* local cluster id -> kvstore id (GW_NO_ID: empty, never uploaded) */
-    uint32_t rcap;         /* entries allocated in rid, lid, cpg */
+    uint32_t base;         /* ids [0, base) are the imported attached clusters, the same
+                              local and kvstore id: not stored in rid and lid (an attached
+                              prefix's clusters are most of a sequence's; gw_rid, gw_lid) */
+    uint32_t *rid;         /* local cluster id j >= base -> kvstore id, at [j - base]
+                              (GW_NO_ID: empty, never uploaded) */
+    uint32_t rcap;         /* ids allocated: cpg [0, rcap), rid and lid [base, rcap) */
     uint32_t n_remote;     /* clusters the kvstore holds for the head */
     uint32_t max_pages;    /* pages of the largest cluster */
     uint32_t n_attached;   /* clusters of attached prefix blocks: kvstore ids [0, n_attached),
                               local ids the same once the build imported them */
-    uint32_t *lid;         /* kvstore id -> local cluster id */
+    uint32_t *lid;         /* kvstore id i >= base -> local cluster id, at [i - base] */
     uint32_t **cpg;        /* per local cluster: its cache pages (owned), NULL when not
                               cached: our mirror of the kvstore's directory */
 } gw_head_t;
@@ -142,9 +146,13 @@ struct gw_remote {
     ri_status_t err;         /* sticky */
     gw_remote_stats_t st;
     /* prefix blocks attached to the session (gw_remote_prefix.c) */
-    gw_pfx_set_t *pfx;       /* parsed, in block order; NULL = none */
-    uint8_t **pfx_copies;    /* [pfx_cap] PREFIX_GET copies (blocks not mappable here) */
+    gw_pfx_set_t *pfx;       /* parsed, in block order (owned); NULL = none, or released
+                                once every layer's build imported it (gw_prefix_built) */
+    uint8_t **pfx_copies;    /* [pfx_cap] PREFIX_GET copies (blocks not mappable here), owned,
+                                freed with pfx */
     uint32_t pfx_cap;
+    uint32_t pfx_blocks;     /* blocks attached (stays after the release) */
+    uint32_t pfx_built;      /* layers whose build imported pfx */
     gw_meta_homes_t *meta;   /* the attached prefix's rows shared with the process's other
                                 sequences (gw_meta_share.h), or NULL: the index's own */
 };
@@ -179,6 +187,30 @@ static inline void gw_fetch_job_init(gw_io_job_t *job, const gw_remote_t *r, uin
 /* Room for ids [0, want) in H's rid, lid and cpg (new cpg entries NULL). */
 ri_status_t gw_head_reserve(gw_head_t *H, uint32_t want);
 
+/* The kvstore id of H's local cluster j (j < rcap). */
+static inline uint32_t gw_rid(const gw_head_t *H, uint32_t j)
+{
+    return j < H->base ? j : H->rid[j - H->base];
+}
+
+/* The local id of H's kvstore cluster i (i < rcap). */
+static inline uint32_t gw_lid(const gw_head_t *H, uint32_t i)
+{
+    return i < H->base ? i : H->lid[i - H->base];
+}
+
+/* Local cluster j is kvstore cluster i (both >= base, < rcap); i GW_NO_ID:
+ * j is empty, never uploaded. */
+static inline void gw_ids_set(gw_head_t *H, uint32_t j, uint32_t i)
+{
+    H->rid[j - H->base] = i;
+    if (i != GW_NO_ID)
+        H->lid[i - H->base] = j;
+}
+
+/* Store every id again (base 0): before a re-fill renumbers them all. */
+ri_status_t gw_head_unbase(gw_head_t *H);
+
 /* --- gw_remote_prefix.c --- */
 
 /* The build's store call of layer L: map the first[h] clusters the build
@@ -188,6 +220,12 @@ ri_status_t gw_prefix_adopt(gw_remote_t *r, gw_layer_t *L, const uint32_t *first
 
 /* The wave-index pieces of layer's attached blocks, or NULL. */
 const kn_wave_pieces_t *gw_prefix_pieces(gw_remote_t *r, uint32_t layer);
+
+/* Layer's build (kn_wave_build_pieces) succeeded: once every layer's did,
+ * the blocks' parse and copies are no longer read (the indexes hold the
+ * imported pieces, the kvstore the clusters), so they are freed rather
+ * than kept for the sequence's life. */
+void gw_prefix_built(gw_remote_t *r, uint32_t layer);
 
 /* Free the attached blocks' parse and copies. */
 void gw_prefix_free(gw_remote_t *r);

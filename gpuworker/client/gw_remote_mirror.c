@@ -48,7 +48,7 @@ ri_status_t gw_mirror_apply(gw_remote_t *r, uint32_t layer, const cm_dp_fetch_re
         if (ev.layer >= r->n_layers || ev.head >= r->n_kv || ev.cluster >= r->layers[ev.layer].hd[ev.head].n_remote)
             return RI_ERR_PROTOCOL;
         gw_layer_t *E = &r->layers[ev.layer];
-        uint32_t j = E->hd[ev.head].lid[ev.cluster];
+        uint32_t j = gw_lid(&E->hd[ev.head], ev.cluster);
         cm_free(E->hd[ev.head].cpg[j]);
         E->hd[ev.head].cpg[j] = NULL;
     }

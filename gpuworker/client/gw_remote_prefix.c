@@ -140,6 +140,7 @@ static ri_status_t gw_prefix_attach_call(gw_dp_t *dp, void *arg)
     if (r->pfx_copies == NULL)
         return RI_ERR_NOMEM;
     r->pfx_cap = a->n_att;
+    r->pfx_blocks = a->n_att;
     st = gw_pfx_set_create(&lay, a->n_att, &r->pfx);
     for (uint32_t i = 0; i < a->n_att && st == RI_OK; i++) {
         const uint8_t *buf = NULL;
@@ -207,10 +208,10 @@ ri_status_t gw_remote_attach_prefix(gw_remote_t *r, const uint8_t *keys, uint32_
 
 size_t gw_remote_prefix_tokens(const gw_remote_t *r)
 {
-    if (r == NULL || r->pfx == NULL)
+    if (r == NULL)
         return 0;
     uint32_t B = r->p.wave.segment_tokens ? r->p.wave.segment_tokens : KN_WAVE_SEGMENT_TOKENS;
-    return (size_t)gw_pfx_set_blocks(r->pfx) * B;
+    return (size_t)r->pfx_blocks * B;
 }
 
 ri_status_t gw_remote_prefix_fill(gw_remote_t *r, uint32_t layer, uint32_t kv_head, size_t pos0, size_t n,
@@ -218,7 +219,7 @@ ri_status_t gw_remote_prefix_fill(gw_remote_t *r, uint32_t layer, uint32_t kv_he
 {
     if (r == NULL || r->pfx == NULL || layer >= r->n_layers || kv_head >= r->n_kv || k == NULL || v == NULL ||
         token_stride < r->d)
-        return RI_ERR_INVALID;
+        return RI_ERR_INVALID; /* also once every layer is built: the parse is gone */
     return gw_pfx_set_fill(r->pfx, layer, kv_head, pos0, n, k, v, token_stride);
 }
 
@@ -233,10 +234,17 @@ ri_status_t gw_prefix_adopt(gw_remote_t *r, gw_layer_t *L, const uint32_t *first
                      first[h], H->n_attached);
             return RI_ERR_INTERNAL;
         }
+        /* imported in attach order (the tables' order): local id = kvstore
+         * id, which gw_rid / gw_lid answer without storing them */
+        if (H->rcap != 0)
+            return RI_ERR_INTERNAL; /* the build's call comes before any id is given */
+        H->base = first[h];
         if (gw_head_reserve(H, first[h]) != RI_OK)
             return RI_ERR_NOMEM;
-        for (uint32_t j = 0; j < first[h]; j++)
-            H->rid[j] = H->lid[j] = j; /* imported in attach order: the tables' order */
+#ifdef GW_PREFIX_MUTANT_STORE_IDS
+        if (gw_head_unbase(H) != RI_OK) /* the mutant: every sequence stores the ids again */
+            return RI_ERR_NOMEM;
+#endif
     }
     return RI_OK;
 }
@@ -244,6 +252,20 @@ ri_status_t gw_prefix_adopt(gw_remote_t *r, gw_layer_t *L, const uint32_t *first
 const kn_wave_pieces_t *gw_prefix_pieces(gw_remote_t *r, uint32_t layer)
 {
     return r->pfx != NULL ? gw_pfx_set_pieces(r->pfx, layer) : NULL;
+}
+
+void gw_prefix_built(gw_remote_t *r, uint32_t layer)
+{
+    (void)layer; /* each layer builds once (kn_wave_build_pieces refuses a built index) */
+    if (r->pfx == NULL || ++r->pfx_built < r->n_layers)
+        return;
+#ifdef GW_PREFIX_MUTANT_KEEP_PARSE
+    return; /* the mutant: every sequence keeps its parse for its life, as before */
+#endif
+    /* the shared meta index read the set at attach time and keeps no
+     * pointer into it; direct reads use the blocks' mappings, which the
+     * connection owns, not the copies */
+    gw_prefix_free(r);
 }
 
 void gw_prefix_free(gw_remote_t *r)

@@ -329,8 +329,11 @@ ri_status_t ri_session_prefix_tokens(ri_session_h session, size_t *n_p);
  * positions [pos0, pos0 + n) of (layer, kv_head) into k and v: the row of
  * position p at k + (p - pos0) * token_stride (elements).  For an engine
  * that keeps its own K/V cache: it preloads these instead of recomputing
- * them.  Errors: RI_ERR_INVALID (no blocks, bad layer / head / stride),
- * RI_ERR_RANGE (past the blocks). */
+ * them.  Only until every layer's ri_prefill: once all of them imported
+ * the blocks, the session gives its parse of them back (a sequence would
+ * otherwise hold it, 4 bytes a token and KV head, for its whole life).
+ * Errors: RI_ERR_INVALID (no blocks, every layer prefilled, bad layer /
+ * head / stride), RI_ERR_RANGE (past the blocks). */
 ri_status_t ri_session_prefix_kv(ri_session_h session, uint32_t layer, uint32_t kv_head, size_t pos0, size_t n,
                                  uint16_t *k, uint16_t *v, size_t token_stride);
 

@@ -105,6 +105,11 @@ static void attach_and_compare(fx_t *f, ri_session_h ref, const uint8_t *keys, u
         assert_int_equal(ri_prefill(s, l, &pv), RI_OK);
     }
     assert_int_equal(ri_prefill_wait(s), RI_OK);
+    /* every layer imported the blocks: their parse is given back, the
+     * count stays */
+    assert_int_equal(ri_session_prefix_tokens(s, &cached), RI_OK);
+    assert_int_equal(cached, (size_t)nb * B);
+    assert_int_equal(ri_session_prefix_kv(s, 0, 0, 0, 1, k[0], v[0], D), RI_ERR_INVALID);
     for (int step = 0; step < STEPS; step++)
         for (uint32_t l = 0; l < NL; l++) {
             ri_kv_view_t rv = view_of(f->kv->k[l], f->kv->v[l], N + (size_t)step + 1);

@@ -19,8 +19,9 @@
  *     536 bytes a 4-token cluster takes at head dim 128, inside Pss's noise:
  *     a per-sequence copy of the tables alone fails the page check (the
  *     mutant test_api_prefix_shared_mutant_tables).
- * The copy is closed with the last session.  Skipped (77) without the
- * daemon.
+ * The copy is closed with the last session.  And once every layer is
+ * prefilled, no session holds the blocks' parse any more (heap by
+ * allocation tag).  Skipped (77) without the daemon.
  */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -51,6 +52,13 @@
 #define B     256u
 #define NSEQ  3
 #define STEPS 8
+/* Heap of the blocks' parse a decoding session may still hold: none is
+ * expected; a few small allocations of slack */
+#define PARSE_SLACK 4096
+/* Remote bookkeeping bytes a session may hold per attached cluster: 8 (its
+ * cache-page pointer) and some slack for its own clusters and step buffers
+ * (16 with the ids stored per session) */
+#define IDS_PER_CLUSTER 12
 
 typedef struct fx {
     wk_env_t env;
@@ -65,9 +73,12 @@ typedef struct fx {
 typedef struct run {
     float out[NSEQ][STEPS][NL][NQ * D];
     long pss_one, pss_all; /* kB after the first session, after all of them */
+    long parse_one, parse_all; /* bytes of the blocks' parse (tags gw.prefix, gw.remote.prefix), the same */
+    long ids_one, ids_all;     /* bytes of the remote bookkeeping (tag gw.remote), the same */
     uint32_t copies;       /* shared copies held while they lived */
     uint64_t copy_bytes;
     uint64_t geom_bytes;   /* one session's attached rows and tables (check_views) */
+    uint64_t n_att;        /* one session's attached clusters, all tables (check_views) */
 } run_t;
 
 static long pss_kb(void)
@@ -118,6 +129,35 @@ static void expect_pages(const void *p, size_t n, bool share)
         assert_int_equal(r, (int)share);
     }
     assert_true(seen > 0 || !share); /* the geometry gives each shared head whole pages */
+}
+
+static void add_parse_tag(const cm_alloc_tag_t *tag, void *arg)
+{
+    if (strcmp(tag->name, "gw.prefix") == 0 || strcmp(tag->name, "gw.remote.prefix") == 0)
+        *(long *)arg += (long)atomic_load(&tag->bytes);
+}
+
+/* Live heap bytes of the attached blocks' parse in the process: what a
+ * decoding session still holds of it once every layer imported it. */
+static long parse_bytes(void)
+{
+    long n = 0;
+    cm_alloc_visit(add_parse_tag, &n);
+    return n;
+}
+
+static void add_remote_tag(const cm_alloc_tag_t *tag, void *arg)
+{
+    if (strcmp(tag->name, "gw.remote") == 0)
+        *(long *)arg += (long)atomic_load(&tag->bytes);
+}
+
+/* Live heap bytes of the sessions' remote bookkeeping (gw_remote_int.h). */
+static long remote_bytes(void)
+{
+    long n = 0;
+    cm_alloc_visit(add_remote_tag, &n);
+    return n;
 }
 
 static ri_session_h open_session(fx_t *f, const char *label)
@@ -179,9 +219,10 @@ static ri_session_h run_session(fx_t *f, uint32_t i, run_t *r)
  * them; their tables' heads are the memory file's pages when shared.  *geom
  * gets the bytes one session's copy of the attached rows and tables takes
  * (fp16 centroids and means, sizes, offsets, perm). */
-static void check_views(fx_t *f, ri_session_h a, ri_session_h b, bool share, uint64_t *geom)
+static void check_views(fx_t *f, ri_session_h a, ri_session_h b, bool share, uint64_t *geom, uint64_t *n_att_p)
 {
     *geom = 0;
+    *n_att_p = 0;
     for (uint32_t l = 0; l < NL; l++)
         for (uint32_t h = 0; h < NKV; h++) {
             const kn_index_t *x = gw_api_session_index(a, l, h), *y = gw_api_session_index(b, l, h);
@@ -206,6 +247,7 @@ static void check_views(fx_t *f, ri_session_h a, ri_session_h b, bool share, uin
                 expect_pages(z->offsets, (n_att + 1) * sizeof(uint32_t), share);
                 expect_pages(z->perm, n_tok * sizeof(uint32_t), share);
             }
+            *n_att_p += n_att;
             *geom += 2 * n_att * row + (2 * (uint64_t)n_att + 1 + n_tok) * sizeof(uint32_t);
             /* their own questions' clusters, at the same places, differ */
             assert_true(
@@ -216,23 +258,31 @@ static void check_views(fx_t *f, ri_session_h a, ri_session_h b, bool share, uin
 static void run_all(fx_t *f, bool share, run_t *r)
 {
     ri_session_h s[NSEQ];
-    long p0;
+    long p0, b0, i0;
 
     gw_meta_set_sharing(share);
     p0 = pss_kb();
+    b0 = parse_bytes();
+    i0 = remote_bytes();
     s[0] = run_session(f, 0, r);
     r->pss_one = pss_kb() - p0;
+    r->parse_one = parse_bytes() - b0;
+    r->ids_one = remote_bytes() - i0;
     for (uint32_t i = 1; i < NSEQ; i++)
         s[i] = run_session(f, i, r);
     r->pss_all = pss_kb() - p0;
+    r->parse_all = parse_bytes() - b0;
+    r->ids_all = remote_bytes() - i0;
     gw_meta_stats(&r->copies, &r->copy_bytes);
-    check_views(f, s[0], s[1], share, &r->geom_bytes);
+    check_views(f, s[0], s[1], share, &r->geom_bytes, &r->n_att);
     for (uint32_t i = 0; i < NSEQ; i++)
         ri_session_close(s[i]);
     printf("%s: Pss +%ld kB after one session, +%ld kB after %d; %u shared copies (%.1f MiB; a session's rows "
            "and tables %.1f MiB)\n",
            share ? "shared" : "private", r->pss_one, r->pss_all, NSEQ, r->copies, r->copy_bytes / 1048576.0,
            r->geom_bytes / 1048576.0);
+    printf("%s: the blocks' parse: %ld bytes after one session, %ld after %d; remote bookkeeping %ld, %ld\n",
+           share ? "shared" : "private", r->parse_one, r->parse_all, NSEQ, r->ids_one, r->ids_all);
 }
 
 static void test_sessions_share_the_prefix_index(void **state)
@@ -290,6 +340,21 @@ static void test_sessions_share_the_prefix_index(void **state)
     assert_int_equal(copies, 0); /* closed with the last session */
     assert_int_equal(bytes, 0);
     assert_memory_equal(shared.out, priv.out, sizeof(shared.out)); /* bit for bit */
+    /* a decoding session holds nothing of the blocks' parse (the
+     * permutations alone: 4 bytes a token and table, 188 KB a session
+     * here): every layer imported it, and it was given back.  A parse kept
+     * per session fails here (the mutant
+     * test_api_prefix_shared_mutant_keep_parse). */
+    for (int i = 0; i < 2; i++) {
+        const run_t *r = i ? &shared : &priv;
+        assert_true(r->parse_one <= PARSE_SLACK && r->parse_all <= PARSE_SLACK);
+        /* the remote bookkeeping of a session: its block cache's pointer
+         * per cluster (8 bytes) and its own clusters' ids; the attached
+         * clusters' ids (8 bytes more a cluster) are not stored (mutant
+         * test_api_prefix_shared_mutant_store_ids) */
+        long ids_per = (r->ids_all - r->ids_one) / (NSEQ - 1);
+        assert_true(ids_per <= (long)r->n_att * IDS_PER_CLUSTER);
+    }
     /* sessions 2 and 3 cost the same but for the copies: each its own copy
      * of the rows and tables grows the process by two copies more than
      * sharing (1.5 leaves room for the heap's noise); a per-sequence copy
