@@ -65,7 +65,9 @@ class Worker:
                 self.host, self.port = self.addr.rsplit(":", 1)
                 return
             if self.proc.poll() is not None:
-                raise SystemExit("ri-worker exited %d at start (log in %s)" % (self.proc.returncode, tmp))
+                self.log.flush()
+                tail = open(os.path.join(tmp, "worker.log"), "rb").read()[-2000:].decode(errors="replace")
+                raise SystemExit("ri-worker exited %d at start; its log ends:\n%s" % (self.proc.returncode, tail))
             time.sleep(0.05)
         raise SystemExit("ri-worker wrote no port file in 60 s")
 
