@@ -35,6 +35,7 @@ typedef struct kvs_ctl_config {
     uint64_t dataplane_max_message;  /* largest data-plane message */
     int64_t dataplane_threads;       /* data-plane lanes (threads, each its own UCX worker) */
     int64_t dataplane_nice;          /* nice value of the data-plane threads */
+    int64_t dataplane_spin_us;       /* how long an idle lane polls before it sleeps */
     char *tokens_file;               /* bearer tokens -> tenants, or "" */
     uint64_t tenant_quota;           /* default per-tenant memory quota; 0 = none */
     uint64_t global_quota;           /* all tenants together; 0 = pool size */

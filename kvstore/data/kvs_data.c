@@ -283,7 +283,7 @@ void kvs_count_errors_locked(kvs_data_t *data, ri_status_t st, uint64_t n)
 static ri_status_t kvs_data_start_dp(kvs_data_t *data)
 {
     kvs_dp_config_t dc = {.listen_addr = data->cfg.dp_listen_addr, .lanes = data->cfg.dp_lanes,
-                          .nice = data->cfg.dp_nice, .max_msg_bytes = data->cfg.max_msg_bytes,
+                          .nice = data->cfg.dp_nice, .spin_us = data->cfg.dp_spin_us, .max_msg_bytes = data->cfg.max_msg_bytes,
                           .drain_timeout_ms = data->cfg.drain_timeout_ms, .lease_ms = data->cfg.lease_ms,
                           .check_program = data->cfg.dp_check_program,
                           .user_tls = data->cfg.ucx_user.tls,

@@ -64,6 +64,7 @@ typedef struct kvs_data_config {
     const char *dp_check_program; /* the data plane's address checker; NULL or "" = found next to the program */
     uint32_t dp_lanes;            /* data-plane threads, each with its own UCX worker (0 = 2) */
     int32_t dp_nice;              /* nice value of the data-plane threads (0 = as the process) */
+    uint32_t dp_spin_us;          /* an idle lane polls this long before it sleeps (0 = sleeps at once) */
     uint64_t max_msg_bytes;       /* largest data-plane message accepted */
     uint32_t drain_timeout_ms;    /* bound on in-flight work at shutdown */
     bool no_data_plane;           /* added: catalog and pool only, no UCX (tests) */

@@ -45,8 +45,7 @@
 static CM_ALLOC_TAG(kvs_dp_tag, "kvs.dp");
 
 #define KVS_DP_RKEY_PAD 4096u
-#define KVS_DP_SPIN 2000u       /* empty progress calls before sleeping */
-#define KVS_DP_SPIN_NS 200000u  /* and this much idle time */
+#define KVS_DP_SPIN 2000u       /* with spin_us > 0: empty progress calls before sleeping */
 #define KVS_DP_MAX_CONNS 1024u          /* connections of the daemon */
 #define KVS_DP_MAX_CONNS_PER_SESSION 16u /* connections of one session */
 #define KVS_DP_MAX_INFLIGHT 32u         /* requests of one connection queued at once */
@@ -758,6 +757,23 @@ static void kvs_dp_lane_nice(const kvs_dpw_t *w, int nice)
                 "CAP_SYS_NICE, or --dataplane-nice=0 to silence this", w->index, nice, strerror(errno));
 }
 
+/* Whether an idle lane sleeps now.  Polling on after the last message
+ * saves the wake-up from the armed worker's event (tens of microseconds),
+ * but only where a core is spare: on a host whose cores the worker's step
+ * uses (2 cores, docs/results/worker.md "Data-plane lanes"), a lane
+ * polling 200 us after each message, at nice -10 ahead of the worker, took
+ * up to half a core; steps through the kvstore ran at 0.75 of in-process
+ * against 0.85 sleeping at once, and the first step (index build and
+ * upload) took 3x as long.  Hence spin_us defaults to 0. */
+static bool kvs_dp_should_sleep(const kvs_dp_t *dp, uint64_t idle, uint64_t last_busy)
+{
+    if (atomic_load(&dp->stop))
+        return false;
+    if (dp->cfg.spin_us == 0)
+        return true;
+    return idle > KVS_DP_SPIN && cm_time_ns() - last_busy > (uint64_t)dp->cfg.spin_us * 1000u;
+}
+
 void *kvs_dp_lane_main(void *arg)
 {
     kvs_dpw_t *w = arg;
@@ -791,7 +807,7 @@ void *kvs_dp_lane_main(void *arg)
         }
         if (n != 0) {
             idle = 0;
-        } else if (++idle > KVS_DP_SPIN && cm_time_ns() - last_busy > KVS_DP_SPIN_NS && !atomic_load(&dp->stop)) {
+        } else if (kvs_dp_should_sleep(dp, ++idle, last_busy)) {
             /* idle stays over the mark: after a sleep that brought nothing
              * the next empty turn sleeps again instead of spinning anew */
             kvs_dp_idle(w);

@@ -17,6 +17,8 @@ typedef struct kvs_dp_config {
     const char *listen_addr;      /* "host:port" of UCX's TCP transport (copied) */
     uint32_t lanes;               /* data-plane threads (0 = 2) */
     int32_t nice;                 /* nice value of the lane threads */
+    uint32_t spin_us;             /* an idle lane keeps polling this long after its last message
+                                     before it sleeps on its worker's event (0 = at once) */
     uint64_t max_msg_bytes;       /* largest message accepted */
     uint32_t drain_timeout_ms;    /* bound on receives and in-flight work at stop */
     uint32_t lease_ms;            /* session lease: UCX keepalive is set to notice a dead peer within it */
