@@ -194,7 +194,8 @@ static void check_views(fx_t *f, ri_session_h a, ri_session_h b, bool share, uin
             assert_true(n_att > 0 && n_att < n_min);
             assert_ptr_not_equal(x->centroids, y->centroids);
             assert_memory_equal(x->centroids, y->centroids, n_att * row);
-            assert_memory_equal(x->vmean, y->vmean, n_att * row);
+            assert_memory_equal(x->vq, y->vq, (size_t)n_att * x->head_dim);
+            assert_memory_equal(x->vscale, y->vscale, n_att * sizeof(float));
             uint32_t n_tok = x->offsets[n_att];
             assert_memory_equal(x->sizes, y->sizes, n_att * sizeof(uint32_t));
             assert_memory_equal(x->offsets, y->offsets, (n_att + 1) * sizeof(uint32_t));
