@@ -269,7 +269,8 @@ static ri_status_t kn_cu_rank_impl(const kn_shape_t *grp, const float *q, const 
             goto out;
         if (C == 0) {  /* nothing to rank: an empty estimation (o = 0, lse = -inf) */
             if (o_e != NULL)
-                kn_cu_estimate_run(&c, L, 0, 1, m, g, d, id_s, 0, sizes, NULL, NULL, o_e, lse_e);
+                kn_cu_estimate_run(&c, L, 0, 1, m, g, d, id_s, 0, sizes, NULL, NULL, NULL, o_e,
+                                   lse_e);
             goto out;
         }
         kn_cu_logits_kernel<<<(C + 7) / 8, 256, 0, c.s>>>(dq, g, d, kn_shape_scale(grp), cent,
