@@ -265,7 +265,7 @@ typedef struct kn_ops {
     /* One decode step of tripartite attention for every KV head of a layer
      * (shape->n_kv_heads heads[]): per head, rank the clusters (n_r to
      * retrieve, the next n_e to estimate: the rank's contract), estimate
-     * the n_e from the centroids and fp16 value means, attend exactly over
+     * the n_e from the centroids and int8 value means, attend exactly over
      * the steady zone and the n_r retrieved clusters, and merge the two
      * parts.  q, out [n_q][d], lse [n_q].  ids (NULL: not wanted) gets per
      * head n_r + n_e slots: the retrieved ids, then the estimated ones, each
@@ -351,7 +351,7 @@ ri_status_t kn_merge(const kn_ops_t *ops, size_t n_rows, uint32_t d, size_t n_pa
                      const float *const *o_parts, const float *const *lse_parts, float *o,
                      float *lse);
 /* kn_index_build appends n tokens as n_clusters clusters (the backend's
- * index_build), fills their fp16 means and drops the fp32 sums: the index it
+ * index_build), fills their int8 means (kn_vq_quantize) and drops the fp32 sums: the index it
  * leaves is the compact one (vsum NULL). */
 ri_status_t kn_index_build(const kn_ops_t *ops, const kn_build_params_t *p, const cm_fp16_t *k,
                            const cm_fp16_t *v, size_t stride, uint32_t n, uint32_t token_base,

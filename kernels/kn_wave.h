@@ -5,7 +5,7 @@
  *
  * The caller owns the K/V cache of the sequence (any kn_kv_view_t layout) and
  * passes a view of it, covering every token so far, to each call.  The wave
- * object keeps the meta index per KV head (fp16 centroids, fp16 value means,
+ * object keeps the meta index per KV head (fp16 centroids, int8 value means + scales,
  * sizes, cluster-major permutation) and its own cluster-major copy of the
  * indexed K/V (the layout the kvstore holds), so that the retrieval zone is
  * read as one contiguous page per cluster.

@@ -21,7 +21,7 @@
  *               tripartite
  *
  * The index is built on the device (cuda index_build through kn_index_build,
- * which adds the fp16 means; global final pass up to 128K, own segment +- 1
+ * which adds the int8 means; global final pass up to 128K, own segment +- 1
  * above, as ri-bench-kernels).  Each timed call
  * follows an L2 flush and uses another step's query; every method runs once
  * per round in an order rotated by one per round; `seconds` is the median
@@ -95,15 +95,16 @@ static ri_status_t bc_full(bc_ctx_t *x)
 }
 
 /* Bytes a tripartite step reads for one head: tok exact rows of K and V,
- * every centroid and size, and the fp16 means of ne estimated clusters. */
+ * every centroid and size, and the int8 means and scales of ne estimated
+ * clusters. */
 static uint64_t bc_step_bytes(const bc_head_t *hd, uint64_t tok, uint32_t ne)
 {
-    return tok * D * 4 + (uint64_t)hd->dev.n_clusters * (D * 2 + 4) + (uint64_t)ne * D * 2;
+    return tok * D * 4 + (uint64_t)hd->dev.n_clusters * (D * 2 + 4) + (uint64_t)ne * (D + 4);
 }
 
 /* The device step for every head; with want_bytes, the bytes it read from
  * its ids (sinks, window and retrieved rows, centroids and sizes, the
- * estimation's fp16 means). */
+ * estimation's int8 means and scales). */
 static ri_status_t bc_step(bc_ctx_t *x)
 {
     uint32_t per = x->n_r + x->n_e, cnt[2 * NKV], *ids = NULL;
@@ -350,7 +351,7 @@ static int bench_size(bn_report_t *rep, size_t N, int steps, int rounds, double 
     t_build = cm_time_s();
     for (int h = 0; h < NKV; h++) {
         kn_index_init(&x.head[h].host, D);
-        /* through the wrapper: it also fills the fp16 means the estimation reads */
+        /* through the wrapper: it also fills the int8 means the estimation reads */
         if (kn_index_build(kn_ops_cuda(), &bp, x.dk + (size_t)h * N * D + (size_t)x.idx0 * D,
                            x.dv + (size_t)h * N * D + (size_t)x.idx0 * D, D, x.idx1 - x.idx0,
                            x.idx0, C, S, &x.head[h].host) != RI_OK) {

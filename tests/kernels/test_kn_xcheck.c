@@ -850,7 +850,7 @@ static void xc_unplace(const kn_ops_t *ops, void *p)
     (void)p;
 }
 
-/* The wave_step op of ops over nkv heads of random indexes with fp16 means (C - 3h
+/* The wave_step op of ops over nkv heads of random indexes with int8 means (C - 3h
  * clusters for head h, so the heads' lengths differ and one may be empty),
  * the steady zone as two spans with rows of stride d + 8: per head a correct
  * selection, and the output the reference gives over the ids the step chose
