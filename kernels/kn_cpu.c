@@ -377,14 +377,14 @@ void kn_group_scores(const float *qs, uint32_t g, uint32_t d, const cm_fp16_t *r
 }
 
 /* acc [g][d] += sum_e w[h*n+e] * row_e over the estimation zone ids[0..n):
- * row_e is the fp16 mean VS_j / n_j when the index has them (half the bytes;
- * w then carries the n_j), else the fp32 sum VS_j. */
+ * row_e is the int8 mean VS_j / n_j times its scale when the index has them
+ * (a quarter of the bytes; w then carries the n_j), else the fp32 sum VS_j. */
 static void kn_est_accum(float *acc, const kn_index_t *idx, const uint32_t *ids, const float *w,
                          size_t n, uint32_t g, uint32_t d, bool simd)
 {
     if (simd) {
-        if (idx->vmean != NULL)
-            kn_est_accum_h_avx2(acc, idx->vmean, ids, w, n, g, d);
+        if (idx->vq != NULL)
+            kn_est_accum_q_avx2(acc, idx->vq, idx->vscale, ids, w, n, g, d);
         else
             kn_est_accum_avx2(acc, idx->vsum, ids, w, n, g, d);
         return;
@@ -394,8 +394,8 @@ static void kn_est_accum(float *acc, const kn_index_t *idx, const uint32_t *ids,
             const float we = w[(size_t)h * n + e];
             const size_t row = (size_t)ids[e] * d;
             for (uint32_t i = 0; i < d; i++)
-                acc[(size_t)h * d + i] += we * (idx->vmean ? cm_fp16_to_f32(idx->vmean[row + i])
-                                                           : idx->vsum[row + i]);
+                acc[(size_t)h * d + i] +=
+                    we * (idx->vq ? kn_vq_at(idx->vq, idx->vscale, ids[e], d, i) : idx->vsum[row + i]);
         }
 }
 
@@ -419,7 +419,7 @@ static ri_status_t kn_cpu_estimate_from_exp(uint32_t g, uint32_t d, const kn_ind
         float den = 0.0f;
         for (size_t e = 0; e < n; e++) {
             float x = ex[(size_t)h * C + ids[e]], xn = x * (float)idx->sizes[ids[e]];
-            w[(size_t)h * n + e] = idx->vmean ? xn : x;
+            w[(size_t)h * n + e] = idx->vq ? xn : x;
             den += xn;
         }
         lse[h] = den > 0.0f ? mh[h] + logf(den) : -INFINITY;
@@ -699,7 +699,7 @@ static ri_status_t kn_cpu_estimate(const kn_shape_t *grp, const float *q, const 
             for (size_t e = 0; e < n; e++)
                 den += (wh[e] = expf(wh[e] - m));
         }
-        if (idx->vmean == NULL)  /* the sums need p_j / n_j, the means p_j */
+        if (idx->vq == NULL) /* the sums need p_j / n_j, the means p_j */
             for (size_t e = 0; e < n; e++)
                 wh[e] *= invsz[e];
         den_h[h] = den;

@@ -563,24 +563,31 @@ KN_TI void kn_est_accum_g(float *acc, const float *vsum, const uint32_t *ids, co
     }
 }
 
-/* The same over the fp16 means (rows of d halves: 4 lines at d = 128).
- * Blocks of KN_EST_B rows are folded chunk by chunk; the pass that reads
- * line L of a row prefetches line L of the row KN_EST_PD rows ahead, so the
- * misses are issued evenly (one per row and line) and the queue of
- * outstanding reads never drains between blocks. */
+/* The same over the int8 means (rows of d bytes: 2 lines at d = 128), each
+ * row's scale folded into its weight (w * s_j, one product per head and
+ * row, then q widened to fp32: the reference's w * (q * s_j) up to one
+ * rounding).  Blocks of KN_EST_B rows are folded chunk by chunk; the pass
+ * that reads line L of a row prefetches line L of the row KN_EST_PD rows
+ * ahead, so the misses are issued evenly (one per row and line) and the
+ * queue of outstanding reads never drains between blocks. */
 #define KN_EST_B 16
 #define KN_EST_PD 24
-KN_TI void kn_est_accum_hg(float *acc, const cm_fp16_t *vm, const uint32_t *ids, const float *w,
-                           size_t n, uint32_t d, const int G)
+KN_TI __m256 kn_load_q(const int8_t *p)
+{
+    return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)p)));
+}
+
+KN_TI void kn_est_accum_qg(float *acc, const int8_t *vq, const float *vs, const uint32_t *ids, const float *w, size_t n,
+                           uint32_t d, const int G)
 {
     const int CW = G <= 4 ? 2 : 1;
     for (size_t e = 0; e < n && e < KN_EST_PD; e++)
-        for (uint32_t i = 0; i < d; i += 32)
-            _mm_prefetch((const char *)(vm + (size_t)ids[e] * d + i), _MM_HINT_T0);
+        for (uint32_t i = 0; i < d; i += 64)
+            _mm_prefetch((const char *)(vq + (size_t)ids[e] * d + i), _MM_HINT_T0);
     for (size_t e0 = 0; e0 < n; e0 += KN_EST_B) {
         size_t e1 = e0 + KN_EST_B < n ? e0 + KN_EST_B : n;
         for (uint32_t c = 0; c < d; c += 8 * CW) {
-            bool pf = c % 32 == 0;  /* this pass starts a 64-byte line of each row */
+            bool pf = c % 64 == 0; /* this pass starts a 64-byte line of each row */
             __m256 a[KN_GMAX * 2];
 #pragma GCC unroll 8
             for (int h = 0; h < G; h++)
@@ -588,16 +595,17 @@ KN_TI void kn_est_accum_hg(float *acc, const cm_fp16_t *vm, const uint32_t *ids,
                 for (int x = 0; x < CW; x++)
                     a[h * CW + x] = _mm256_loadu_ps(acc + (size_t)h * d + c + 8 * x);
             for (size_t e = e0; e < e1; e++) {
-                const cm_fp16_t *row = vm + (size_t)ids[e] * d + c;
+                const int8_t *row = vq + (size_t)ids[e] * d + c;
+                const float sj = vs[ids[e]];
                 __m256 vv[2];
                 if (pf && e + KN_EST_PD < n)  /* into L2: see KN_SCAN_PD */
-                    _mm_prefetch((const char *)(vm + (size_t)ids[e + KN_EST_PD] * d + c), _MM_HINT_T1);
+                    _mm_prefetch((const char *)(vq + (size_t)ids[e + KN_EST_PD] * d + c), _MM_HINT_T1);
 #pragma GCC unroll 2
                 for (int x = 0; x < CW; x++)
-                    vv[x] = kn_load_h(row + 8 * x);
+                    vv[x] = kn_load_q(row + 8 * x);
 #pragma GCC unroll 8
                 for (int h = 0; h < G; h++) {
-                    __m256 wb = _mm256_broadcast_ss(w + (size_t)h * n + e);
+                    __m256 wb = _mm256_set1_ps(w[(size_t)h * n + e] * sj);
 #pragma GCC unroll 2
                     for (int x = 0; x < CW; x++)
                         a[h * CW + x] = _mm256_fmadd_ps(wb, vv[x], a[h * CW + x]);
@@ -612,18 +620,34 @@ KN_TI void kn_est_accum_hg(float *acc, const cm_fp16_t *vm, const uint32_t *ids,
     }
 }
 
-KN_T void kn_est_accum_h_avx2(float *acc, const cm_fp16_t *vm, const uint32_t *ids, const float *w,
+KN_T void kn_est_accum_q_avx2(float *acc, const int8_t *vq, const float *vs, const uint32_t *ids, const float *w,
                               size_t n, uint32_t g, uint32_t d)
 {
     switch (g) {
-    case 1: kn_est_accum_hg(acc, vm, ids, w, n, d, 1); break;
-    case 2: kn_est_accum_hg(acc, vm, ids, w, n, d, 2); break;
-    case 3: kn_est_accum_hg(acc, vm, ids, w, n, d, 3); break;
-    case 4: kn_est_accum_hg(acc, vm, ids, w, n, d, 4); break;
-    case 5: kn_est_accum_hg(acc, vm, ids, w, n, d, 5); break;
-    case 6: kn_est_accum_hg(acc, vm, ids, w, n, d, 6); break;
-    case 7: kn_est_accum_hg(acc, vm, ids, w, n, d, 7); break;
-    default: kn_est_accum_hg(acc, vm, ids, w, n, d, 8); break;
+    case 1:
+        kn_est_accum_qg(acc, vq, vs, ids, w, n, d, 1);
+        break;
+    case 2:
+        kn_est_accum_qg(acc, vq, vs, ids, w, n, d, 2);
+        break;
+    case 3:
+        kn_est_accum_qg(acc, vq, vs, ids, w, n, d, 3);
+        break;
+    case 4:
+        kn_est_accum_qg(acc, vq, vs, ids, w, n, d, 4);
+        break;
+    case 5:
+        kn_est_accum_qg(acc, vq, vs, ids, w, n, d, 5);
+        break;
+    case 6:
+        kn_est_accum_qg(acc, vq, vs, ids, w, n, d, 6);
+        break;
+    case 7:
+        kn_est_accum_qg(acc, vq, vs, ids, w, n, d, 7);
+        break;
+    default:
+        kn_est_accum_qg(acc, vq, vs, ids, w, n, d, 8);
+        break;
     }
 }
 

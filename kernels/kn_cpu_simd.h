@@ -58,9 +58,10 @@ void kn_axpy_avx2(float *y, const float *x, float a, uint32_t d);
 /* acc [g][d] += sum_e w[h*n+e] * vsum[ids[e]][:] (d % 16 == 0). */
 void kn_est_accum_avx2(float *acc, const float *vsum, const uint32_t *ids, const float *w,
                        size_t n, uint32_t g, uint32_t d);
-/* acc [g][d] += sum_e w[h*n+e] * vm[ids[e]][:] over fp16 rows (d % 16 == 0). */
-void kn_est_accum_h_avx2(float *acc, const cm_fp16_t *vm, const uint32_t *ids, const float *w,
-                         size_t n, uint32_t g, uint32_t d);
+/* acc [g][d] += sum_e w[h*n+e] * vs[ids[e]] * vq[ids[e]][:] over int8 rows
+ * (d % 16 == 0). */
+void kn_est_accum_q_avx2(float *acc, const int8_t *vq, const float *vs, const uint32_t *ids, const float *w, size_t n,
+                         uint32_t g, uint32_t d);
 /* Fold the rows of np pages, in order, into the state (blocks of KN_BLK
  * rows across page boundaries). */
 struct kn_page;

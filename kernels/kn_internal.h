@@ -79,4 +79,12 @@ static inline uint64_t kn_splitmix64(uint64_t *state)
     return z ^ (z >> 31);
 }
 
+/* Element i of cluster j's value mean as the decode reads it: the int8
+ * mean times the cluster's scale, in fp32 (kn_vq_quantize).  Every backend
+ * dequantizes so; the CUDA kernels write the same product. */
+static inline float kn_vq_at(const int8_t *vq, const float *vscale, size_t j, size_t d, size_t i)
+{
+    return (float)vq[j * d + i] * vscale[j];
+}
+
 #endif /* KN_INTERNAL_H */

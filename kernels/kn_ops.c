@@ -142,9 +142,11 @@ uint64_t kn_index_resident_bytes(const kn_index_t *idx)
     uint64_t c = idx->cap_clusters, d = idx->head_dim, b = 0;
     if (idx->vsum != NULL)
         b += c * d * sizeof(float);
-    if (idx->fixed_clusters) /* the other five are the caller's */
+    if (idx->fixed_clusters) /* the other six are the caller's */
         return b;
-    b += c * d * sizeof(cm_fp16_t) * ((uint64_t)(idx->centroids != NULL) + (idx->vmean != NULL));
+    b += c * d * sizeof(cm_fp16_t) * (uint64_t)(idx->centroids != NULL);
+    if (idx->vq != NULL) /* int8 means and their fp32 scales */
+        b += c * (d * sizeof(int8_t) + sizeof(float));
     return b + c * 2 * sizeof(uint32_t) + (uint64_t)idx->cap_tokens * sizeof(uint32_t);
 }
 
@@ -157,7 +159,8 @@ void kn_index_cleanup(kn_index_t *idx)
     home = *idx;
     if (!idx->fixed_clusters) {
         cm_free(idx->centroids);
-        cm_free(idx->vmean);
+        cm_free(idx->vq);
+        cm_free(idx->vscale);
         cm_free(idx->sizes);
         cm_free(idx->offsets);
         cm_free(idx->perm);
@@ -166,7 +169,8 @@ void kn_index_cleanup(kn_index_t *idx)
     kn_index_init(idx, idx->head_dim);
     if (home.fixed_clusters) { /* the caller's arrays: still where the next build writes */
         idx->centroids = home.centroids;
-        idx->vmean = home.vmean;
+        idx->vq = home.vq;
+        idx->vscale = home.vscale;
         idx->sizes = home.sizes;
         idx->offsets = home.offsets;
         idx->perm = home.perm;
@@ -186,47 +190,70 @@ static void *kn_index_dup(const void *src, size_t n, size_t cap, bool aligned)
     return c;
 }
 
-/* Past the fixed homes' room: all five arrays move to the heap at the
+/* Past the fixed homes' room: all six arrays move to the heap at the
  * index's capacities, contents kept (the caller still owns and frees the
  * homes; the index never touches them again). */
 static ri_status_t kn_index_unfix(kn_index_t *idx)
 {
     size_t row = (size_t)idx->head_dim * sizeof(cm_fp16_t), c = idx->cap_clusters, n = idx->n_clusters;
-    size_t u = sizeof(uint32_t);
-    void *a[5] = {
+    size_t u = sizeof(uint32_t), qrow = idx->head_dim;
+    void *a[6] = {
         kn_index_dup(idx->centroids, n * row, c * row, false),
-        kn_index_dup(idx->vmean, n * row, c * row, true),
+        kn_index_dup(idx->vq, n * qrow, c * qrow, true),
+        kn_index_dup(idx->vscale, n * sizeof(float), c * sizeof(float), false),
         kn_index_dup(idx->sizes, n * u, c * u, false),
         kn_index_dup(idx->offsets, (n + 1) * u, (c + 1) * u, false),
         kn_index_dup(idx->perm, (size_t)idx->n_tokens * u, (size_t)idx->cap_tokens * u, false),
     };
 
-    if (!a[0] || !a[1] || !a[2] || !a[3] || !a[4]) {
-        for (int i = 0; i < 5; i++)
+    if (!a[0] || !a[1] || !a[2] || !a[3] || !a[4] || !a[5]) {
+        for (int i = 0; i < 6; i++)
             cm_free(a[i]);
         return RI_ERR_NOMEM;
     }
     idx->centroids = a[0];
-    idx->vmean = a[1];
-    idx->sizes = a[2];
-    idx->offsets = a[3];
-    idx->perm = a[4];
+    idx->vq = a[1];
+    idx->vscale = a[2];
+    idx->sizes = a[3];
+    idx->offsets = a[4];
+    idx->perm = a[5];
     idx->fixed_clusters = 0;
     idx->fixed_tokens = 0;
     return RI_OK;
 }
 
-/* The fp16 means of clusters [first, n_clusters) from their sums.  Here,
+void kn_vq_quantize(const float *v, float mul, uint32_t d, int8_t *q, float *scale_p)
+{
+    float m = 0.0f, scale;
+    for (uint32_t i = 0; i < d; i++)
+        m = CM_MAX(m, fabsf(v[i] * mul));
+    if (!(m > 0.0f) || !isfinite(m)) { /* all zero: scale 0; no finite bound: the */
+        memset(q, 0, d);               /* scale carries the inf / NaN to the output */
+        *scale_p = m == 0.0f ? 0.0f : m;
+        return;
+    }
+    scale = m / 127.0f;
+    for (uint32_t i = 0; i < d; i++) {
+        float r = v[i] * mul / scale; /* in [-127, 127] up to rounding */
+        r = r > 127.0f ? 127.0f : (r < -127.0f ? -127.0f : r);
+#ifdef KN_VQ_MUTANT_TRUNCATE /* the tests' mutant: toward zero, off by up to a whole step */
+        q[i] = (int8_t)r;
+        continue;
+#endif
+        q[i] = (int8_t)lroundf(r);
+    }
+    *scale_p = scale;
+}
+
+/* The int8 means of clusters [first, n_clusters) from their sums.  Here,
  * after whichever backend built them, so that no index reaches a decode
  * with its means missing. */
 static void kn_index_fill_means(kn_index_t *idx, uint32_t first)
 {
     size_t d = idx->head_dim;
-    for (size_t j = first; j < idx->n_clusters; j++) {
-        float inv = idx->sizes[j] ? 1.0f / (float)idx->sizes[j] : 0.0f;
-        for (size_t i = 0; i < d; i++)
-            idx->vmean[j * d + i] = cm_f32_to_fp16(idx->vsum[j * d + i] * inv);
-    }
+    for (size_t j = first; j < idx->n_clusters; j++)
+        kn_vq_quantize(idx->vsum + j * d, idx->sizes[j] ? 1.0f / (float)idx->sizes[j] : 0.0f, (uint32_t)d,
+                       idx->vq + j * d, &idx->vscale[j]);
 }
 
 /* Grow the heap arrays of clusters (centroids, the sums, means, sizes,
@@ -248,14 +275,18 @@ static ri_status_t kn_index_grow_clusters(kn_index_t *idx, uint32_t cap)
     if (c == NULL)
         return RI_ERR_NOMEM;
     idx->centroids = c;
-    /* line-aligned: a gathered mean of d = 128 is 4 cache lines, not 5 */
-    c = cm_malloc_aligned(&kn_tag, (size_t)(cap ? cap : 1) * d * sizeof(cm_fp16_t), 64);
+    /* line-aligned: a gathered mean of d = 128 is 2 cache lines, not 3 */
+    c = cm_malloc_aligned(&kn_tag, (size_t)(cap ? cap : 1) * d, 64);
     if (c == NULL)
         return RI_ERR_NOMEM;
-    if (idx->vmean != NULL)
-        memcpy(c, idx->vmean, (size_t)idx->n_clusters * d * sizeof(cm_fp16_t));
-    cm_free(idx->vmean);
-    idx->vmean = c;
+    if (idx->vq != NULL)
+        memcpy(c, idx->vq, (size_t)idx->n_clusters * d);
+    cm_free(idx->vq);
+    idx->vq = c;
+    c = cm_realloc(&kn_tag, idx->vscale, (size_t)(cap ? cap : 1) * sizeof(float));
+    if (c == NULL)
+        return RI_ERR_NOMEM;
+    idx->vscale = c;
     c = cm_realloc(&kn_tag, idx->sizes, (size_t)(cap ? cap : 1) * sizeof(uint32_t));
     if (c == NULL)
         return RI_ERR_NOMEM;
@@ -529,9 +560,10 @@ ri_status_t kn_index_build(const kn_ops_t *ops, const kn_build_params_t *p, cons
                                                                        n_clusters, n_segments, idx);
     if (st == RI_OK)
         kn_index_fill_means(idx, first);
-    /* The fp32 sums were only the means' source: a decode reads the fp16
-     * means, so a built index keeps half the value bytes (the compact meta
-     * entry of kn_ops.h).  The next build allocates them again as scratch. */
+    /* The fp32 sums were only the means' source: a decode reads the int8
+     * means, so a built index keeps a quarter of the value bytes (the compact
+     * meta entry of kn_ops.h).  The next build allocates them again as
+     * scratch. */
     cm_free(idx->vsum);
     idx->vsum = NULL;
     return st;

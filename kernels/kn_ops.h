@@ -112,24 +112,29 @@ typedef struct kn_index {
     uint32_t cap_tokens;    /* allocated perm entries */
     cm_fp16_t *centroids;   /* [cap][d] plain mean of the real keys */
     float *vsum;            /* [cap][d] sum of the values, fp32: the build's scratch.
-                               kn_index_build drops it (NULL) once vmean is filled,
-                               so a built index carries fp16 centroids + fp16 means
-                               (2 * 2d bytes a cluster); a backend's index_build
+                               kn_index_build drops it (NULL) once vq is filled,
+                               so a built index carries fp16 centroids + int8 means
+                               (3d + 4 bytes a cluster); a backend's index_build
                                called directly, or an index made by hand, keeps it */
     uint32_t *sizes;        /* [cap] tokens per cluster (0 = empty) */
     uint32_t *offsets;      /* [cap+1] start of each cluster in perm */
     uint32_t *perm;         /* [cap_tokens] token ids, cluster-major */
-    cm_fp16_t *vmean;       /* [cap][d] VS_j / n_j in fp16 (0 when empty), filled by
-                               kn_index_build: what every decode reads (accumulated
-                               in fp32), half the bytes of vsum; NULL in an index made
-                               by hand (the decode reads vsum then) */
-    uint32_t fixed_clusters; /* 0: the arrays are the index's own (heap).  > 0: all five
-                                (centroids, vmean, sizes, offsets, perm) live at fixed
+    int8_t *vq;             /* [cap][d] the value mean VS_j / n_j quantized
+                               (kn_vq_quantize): mean ~= vq * vscale[j]; filled by
+                               kn_index_build: what every decode reads (dequantized
+                               in fp32), a quarter of the bytes of vsum.  Only the
+                               estimation reads it (ranking reads the centroids), so
+                               the retrieval does not depend on it.  NULL in an index
+                               made by hand (the decode reads vsum then) */
+    float *vscale;          /* [cap] one scale a cluster (0 for an all-zero mean);
+                               NULL exactly when vq is */
+    uint32_t fixed_clusters; /* 0: the arrays are the index's own (heap).  > 0: all six
+                                (centroids, vq, vscale, sizes, offsets, perm) live at fixed
                                 addresses, room for this many clusters and fixed_tokens
                                 perm entries, which the caller owns and frees after the
                                 index (kn_wave_place: a shared prefix's rows and tables
                                 mapped copy-on-write); never moved, and growing past
-                                either room copies all five to the heap (sharing lost,
+                                either room copies all six to the heap (sharing lost,
                                 contents kept) */
     uint32_t fixed_tokens;   /* perm entries of room at the fixed home (0 when not fixed) */
 } kn_index_t;
@@ -138,7 +143,8 @@ typedef struct kn_index {
  * room for cap_clusters clusters and cap_tokens perm entries. */
 typedef struct kn_index_homes {
     cm_fp16_t *centroids; /* [cap_clusters][d], 64-byte aligned */
-    cm_fp16_t *vmean;     /* [cap_clusters][d], 64-byte aligned */
+    int8_t *vq;           /* [cap_clusters][d], 64-byte aligned */
+    float *vscale;        /* [cap_clusters] */
     uint32_t *sizes;      /* [cap_clusters] */
     uint32_t *offsets;    /* [cap_clusters + 1] */
     uint32_t *perm;       /* [cap_tokens] */
@@ -152,8 +158,9 @@ typedef struct kn_wave_head {
     const cm_fp16_t *centroids;  /* [n_clusters][d] */
     const uint32_t *sizes;       /* [n_clusters] */
     const uint32_t *offsets;     /* [n_clusters]: cluster j's first row in ck / cv */
-    const cm_fp16_t *vmean;      /* [n_clusters][d]: fp16 value means (what the
-                                    estimation reads, times the size) */
+    const int8_t *vq;            /* [n_clusters][d]: int8 value means (what the
+                                    estimation reads: vq * vscale, times the size) */
+    const float *vscale;         /* [n_clusters] their scales */
     const cm_fp16_t *ck, *cv;    /* the indexed rows, cluster-major, stride d */
     uint32_t n_clusters;
     kn_page_t steady[2];         /* the steady zone: sinks and window (n_tokens 0: none) */
@@ -173,11 +180,21 @@ typedef struct kn_build_params {
 
 void kn_build_params_default(kn_build_params_t *p);
 
-/* Bytes an index holds allocated now: centroids and means (fp16), sizes,
- * offsets, perm at their capacities (none of the five when they live at
- * fixed homes: the caller's), and the sums when present (fp32: a hand-made
- * index, or a backend build's result). */
+/* Bytes an index holds allocated now: centroids (fp16), means (int8) and
+ * their scales (fp32), sizes, offsets, perm at their capacities (none of
+ * the six when they live at fixed homes: the caller's), and the sums when
+ * present (fp32: a hand-made index, or a backend build's result). */
 uint64_t kn_index_resident_bytes(const kn_index_t *idx);
+
+/* Quantize one cluster's value mean, mean[i] = v[i] * mul (mul = 1 / n_j
+ * turns a sum into the mean), to int8 with one scale: symmetric,
+ * *scale_p = max_i |mean[i]| / 127 and q[i] = round(mean[i] / *scale_p), so
+ * |q[i] * *scale_p - mean[i]| <= *scale_p / 2.  An all-zero mean (or an
+ * empty cluster, mul = 0) gives scale 0 and q = 0.  The scale is fp32: an
+ * fp16 one would add its own rounding to every element of the row and lose
+ * precision below 6e-5 (subnormal), for 2 bytes a cluster (< 1% of the
+ * meta entry).  The decode reads mean[i] as (float)q[i] * scale. */
+void kn_vq_quantize(const float *v, float mul, uint32_t d, int8_t *q, float *scale_p);
 
 /* Initialise an empty index for head_dim d (no allocation). */
 void kn_index_init(kn_index_t *idx, uint32_t head_dim);
@@ -248,7 +265,7 @@ typedef struct kn_ops {
     /* One decode step of tripartite attention for every KV head of a layer
      * (shape->n_kv_heads heads[]): per head, rank the clusters (n_r to
      * retrieve, the next n_e to estimate: the rank's contract), estimate
-     * the n_e from the centroids and fp16 value means, attend exactly over
+     * the n_e from the centroids and int8 value means, attend exactly over
      * the steady zone and the n_r retrieved clusters, and merge the two
      * parts.  q, out [n_q][d], lse [n_q].  ids (NULL: not wanted) gets per
      * head n_r + n_e slots: the retrieved ids, then the estimated ones, each
@@ -334,7 +351,7 @@ ri_status_t kn_merge(const kn_ops_t *ops, size_t n_rows, uint32_t d, size_t n_pa
                      const float *const *o_parts, const float *const *lse_parts, float *o,
                      float *lse);
 /* kn_index_build appends n tokens as n_clusters clusters (the backend's
- * index_build), fills their fp16 means and drops the fp32 sums: the index it
+ * index_build), fills their int8 means (kn_vq_quantize) and drops the fp32 sums: the index it
  * leaves is the compact one (vsum NULL). */
 ri_status_t kn_index_build(const kn_ops_t *ops, const kn_build_params_t *p, const cm_fp16_t *k,
                            const cm_fp16_t *v, size_t stride, uint32_t n, uint32_t token_base,

@@ -254,7 +254,7 @@ ri_status_t kn_ref_estimate(const kn_shape_t *grp, const float *q, const kn_inde
             den += w;
             for (uint32_t i = 0; i < d; i++)
                 acc[i] += idx->vsum ? w / idx->sizes[j] * idx->vsum[(size_t)j * d + i]
-                                    : w * cm_fp16_to_f32(idx->vmean[(size_t)j * d + i]);
+                                    : w * kn_vq_at(idx->vq, idx->vscale, j, d, i);
         }
         for (uint32_t i = 0; i < d; i++)
             o[(size_t)h * d + i] = den > 0 ? (float)(acc[i] / den) : 0.0f;

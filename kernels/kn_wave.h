@@ -5,7 +5,7 @@
  *
  * The caller owns the K/V cache of the sequence (any kn_kv_view_t layout) and
  * passes a view of it, covering every token so far, to each call.  The wave
- * object keeps the meta index per KV head (fp16 centroids, fp16 value means,
+ * object keeps the meta index per KV head (fp16 centroids, int8 value means + scales,
  * sizes, cluster-major permutation) and its own cluster-major copy of the
  * indexed K/V (the layout the kvstore holds), so that the retrieval zone is
  * read as one contiguous page per cluster.
@@ -210,7 +210,8 @@ typedef struct kn_wave_piece {
     const uint32_t *perm;        /* [sum sizes] ABSOLUTE token positions, cluster-major,
                                     ascending inside a cluster */
     const cm_fp16_t *centroids;  /* [n_clusters][d] */
-    const cm_fp16_t *vmean;      /* [n_clusters][d] */
+    const int8_t *vq;            /* [n_clusters][d] int8 value means */
+    const float *vscale;         /* [n_clusters] their scales */
 } kn_wave_piece_t;
 
 /* The pieces of one layer's leading blocks.  get fills *piece_p with the
@@ -240,7 +241,7 @@ ri_status_t kn_wave_build_pieces(kn_wave_t *wave, const kn_kv_view_t *kv, const 
 
 /* The contiguous cluster range [*j0_p, *j1_p) of idx whose tokens lie in
  * [first_pos, first_pos + n_tokens): a block's piece is clusters [j0, j1)
- * (sizes, offsets into perm, centroids, vmean).  Relies on the build's
+ * (sizes, offsets into perm, centroids, vq, vscale).  Relies on the build's
  * order (a block's clusters before the next block's); j0 == j1 when none
  * lies there.  RI_ERR_INVALID when a cluster straddles the range's bounds
  * (the index was not cut there) or for NULL arguments. */

@@ -71,7 +71,7 @@ static ri_status_t kn_ws_head(const kn_ops_t *ops, const kn_shape_t *grp, const 
     for (uint32_t j = 0; j < C; j++) {
         float sz = (float)hd->sizes[j];
         for (uint32_t i = 0; i < d; i++)
-            s->vsum[(size_t)j * d + i] = cm_fp16_to_f32(hd->vmean[(size_t)j * d + i]) * sz;
+            s->vsum[(size_t)j * d + i] = kn_vq_at(hd->vq, hd->vscale, j, d, i) * sz;
         n_tok += hd->sizes[j];
     }
     /* a view of the head as an index: what rank and estimate read */
@@ -83,7 +83,8 @@ static ri_status_t kn_ws_head(const kn_ops_t *ops, const kn_shape_t *grp, const 
                        .vsum = s->vsum,
                        .sizes = (uint32_t *)hd->sizes,
                        .offsets = (uint32_t *)hd->offsets,
-                       .vmean = (cm_fp16_t *)hd->vmean };
+                       .vq = (int8_t *)hd->vq,
+                       .vscale = (float *)hd->vscale };
     ri_status_t st = ops->rank(grp, q, &idx, n_r, n_e, s->ids, &nr, &ne);
     if (st != RI_OK)
         return st;

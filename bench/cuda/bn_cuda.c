@@ -21,7 +21,7 @@
  *               tripartite
  *
  * The index is built on the device (cuda index_build through kn_index_build,
- * which adds the fp16 means; global final pass up to 128K, own segment +- 1
+ * which adds the int8 means; global final pass up to 128K, own segment +- 1
  * above, as ri-bench-kernels).  Each timed call
  * follows an L2 flush and uses another step's query; every method runs once
  * per round in an order rotated by one per round; `seconds` is the median
@@ -64,7 +64,7 @@
 
 /* Device-resident state of one KV head. */
 typedef struct bc_head {
-    kn_index_t dev;        /* centroids, sizes, vmean in device memory; n_clusters */
+    kn_index_t dev;        /* centroids, sizes, vq, vscale in device memory; n_clusters */
     kn_index_t host;       /* the built index (host) */
     cm_fp16_t *ck, *cv;    /* device cluster-major K/V of the indexed tokens */
     cm_fp16_t *kmin, *kmax;/* device Quest page bounds [n_qpages][D] */
@@ -95,15 +95,16 @@ static ri_status_t bc_full(bc_ctx_t *x)
 }
 
 /* Bytes a tripartite step reads for one head: tok exact rows of K and V,
- * every centroid and size, and the fp16 means of ne estimated clusters. */
+ * every centroid and size, and the int8 means and scales of ne estimated
+ * clusters. */
 static uint64_t bc_step_bytes(const bc_head_t *hd, uint64_t tok, uint32_t ne)
 {
-    return tok * D * 4 + (uint64_t)hd->dev.n_clusters * (D * 2 + 4) + (uint64_t)ne * D * 2;
+    return tok * D * 4 + (uint64_t)hd->dev.n_clusters * (D * 2 + 4) + (uint64_t)ne * (D + 4);
 }
 
 /* The device step for every head; with want_bytes, the bytes it read from
  * its ids (sinks, window and retrieved rows, centroids and sizes, the
- * estimation's fp16 means). */
+ * estimation's int8 means and scales). */
 static ri_status_t bc_step(bc_ctx_t *x)
 {
     uint32_t per = x->n_r + x->n_e, cnt[2 * NKV], *ids = NULL;
@@ -264,18 +265,18 @@ static int bc_head_upload(bc_head_t *hd, const cm_fp16_t *hk, const cm_fp16_t *h
     kn_index_init(&hd->dev, D);
     hd->dev.n_clusters = (uint32_t)C;
     hd->dev.n_tokens = (uint32_t)n;
-    /* a built index has no fp32 sums (the estimate reads the fp16 means) */
-    if (bn_cu_alloc((void **)&hd->dev.centroids, C * D * 2) ||
-        bn_cu_alloc((void **)&hd->dev.vmean, C * D * 2) ||
-        bn_cu_alloc((void **)&hd->dev.sizes, C * 4) || bn_cu_alloc((void **)&hd->ck, n * D * 2) ||
-        bn_cu_alloc((void **)&hd->cv, n * D * 2) || bn_cu_alloc((void **)&hd->kmin, nqp * D * 2) ||
-        bn_cu_alloc((void **)&hd->kmax, nqp * D * 2) || bn_cu_alloc((void **)&hd->offsets, C * 4 + 4))
+    /* a built index has no fp32 sums (the estimate reads the int8 means) */
+    if (bn_cu_alloc((void **)&hd->dev.centroids, C * D * 2) || bn_cu_alloc((void **)&hd->dev.vq, C * D) ||
+        bn_cu_alloc((void **)&hd->dev.vscale, C * 4) || bn_cu_alloc((void **)&hd->dev.sizes, C * 4) ||
+        bn_cu_alloc((void **)&hd->ck, n * D * 2) || bn_cu_alloc((void **)&hd->cv, n * D * 2) ||
+        bn_cu_alloc((void **)&hd->kmin, nqp * D * 2) || bn_cu_alloc((void **)&hd->kmax, nqp * D * 2) ||
+        bn_cu_alloc((void **)&hd->offsets, C * 4 + 4))
         goto out;
-    if (bn_cu_upload(hd->dev.centroids, ix->centroids, C * D * 2) ||
-        bn_cu_upload(hd->dev.vmean, ix->vmean, C * D * 2) ||
-        bn_cu_upload(hd->dev.sizes, ix->sizes, C * 4) || bn_cu_upload(hd->ck, ck, n * D * 2) ||
-        bn_cu_upload(hd->cv, cv, n * D * 2) || bn_cu_upload(hd->kmin, mn, nqp * D * 2) ||
-        bn_cu_upload(hd->kmax, mx, nqp * D * 2) || bn_cu_upload(hd->offsets, ix->offsets, C * 4))
+    if (bn_cu_upload(hd->dev.centroids, ix->centroids, C * D * 2) || bn_cu_upload(hd->dev.vq, ix->vq, C * D) ||
+        bn_cu_upload(hd->dev.vscale, ix->vscale, C * 4) || bn_cu_upload(hd->dev.sizes, ix->sizes, C * 4) ||
+        bn_cu_upload(hd->ck, ck, n * D * 2) || bn_cu_upload(hd->cv, cv, n * D * 2) ||
+        bn_cu_upload(hd->kmin, mn, nqp * D * 2) || bn_cu_upload(hd->kmax, mx, nqp * D * 2) ||
+        bn_cu_upload(hd->offsets, ix->offsets, C * 4))
         goto out;
     rc = 0;
 out:
@@ -289,7 +290,8 @@ out:
 static void bc_head_free(bc_head_t *hd)
 {
     bn_cu_free(hd->dev.centroids);
-    bn_cu_free(hd->dev.vmean);
+    bn_cu_free(hd->dev.vq);
+    bn_cu_free(hd->dev.vscale);
     bn_cu_free(hd->dev.sizes);
     bn_cu_free(hd->ck);
     bn_cu_free(hd->cv);
@@ -349,7 +351,7 @@ static int bench_size(bn_report_t *rep, size_t N, int steps, int rounds, double 
     t_build = cm_time_s();
     for (int h = 0; h < NKV; h++) {
         kn_index_init(&x.head[h].host, D);
-        /* through the wrapper: it also fills the fp16 means the estimation reads */
+        /* through the wrapper: it also fills the int8 means the estimation reads */
         if (kn_index_build(kn_ops_cuda(), &bp, x.dk + (size_t)h * N * D + (size_t)x.idx0 * D,
                            x.dv + (size_t)h * N * D + (size_t)x.idx0 * D, D, x.idx1 - x.idx0,
                            x.idx0, C, S, &x.head[h].host) != RI_OK) {
@@ -366,11 +368,17 @@ static int bench_size(bn_report_t *rep, size_t N, int steps, int rounds, double 
     for (int h = 0; h < NKV; h++) {
         const bc_head_t *hd = &x.head[h];
         const cm_fp16_t *kh = x.dk + (size_t)h * N * D, *vh = x.dv + (size_t)h * N * D;
-        x.step[h] = (kn_cuda_wave_head_t){hd->dev.centroids, hd->dev.sizes, hd->offsets, hd->dev.vmean,
-                                          hd->ck, hd->cv, hd->dev.n_clusters,
-                                          {{kh, vh, x.sink, D},
-                                           {kh + (size_t)x.idx1 * D, vh + (size_t)x.idx1 * D,
-                                            (uint32_t)(N - x.idx1), D}}};
+        x.step[h] = (kn_cuda_wave_head_t){ .centroids = hd->dev.centroids,
+                                           .sizes = hd->dev.sizes,
+                                           .offsets = hd->offsets,
+                                           .vq = hd->dev.vq,
+                                           .vscale = hd->dev.vscale,
+                                           .ck = hd->ck,
+                                           .cv = hd->cv,
+                                           .n_clusters = hd->dev.n_clusters,
+                                           .steady = { { kh, vh, x.sink, D },
+                                                       { kh + (size_t)x.idx1 * D, vh + (size_t)x.idx1 * D,
+                                                         (uint32_t)(N - x.idx1), D } } };
     }
     kn_wave_budget_grow(&wp, C, C, &nr0, &ne0);
     kn_wave_budget_floor(&wp, C, nr0, ne0, &x.n_r, &x.n_e);

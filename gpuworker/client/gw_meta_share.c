@@ -18,10 +18,10 @@
 
 static CM_ALLOC_TAG(gw_meta_tag, "gw.meta");
 
-/* A table's five arrays, in the order the file and a reservation hold them. */
-enum { GW_META_CENT, GW_META_MEAN, GW_META_SIZES, GW_META_OFFS, GW_META_PERM, GW_META_ARRAYS };
+/* A table's six arrays, in the order the file and a reservation hold them. */
+enum { GW_META_CENT, GW_META_VQ, GW_META_VSCALE, GW_META_SIZES, GW_META_OFFS, GW_META_PERM, GW_META_ARRAYS };
 
-/* One prefix's rows and tables: per table t, from off[t], the five arrays
+/* One prefix's rows and tables: per table t, from off[t], the six arrays
  * of its n_c[t] clusters and n_t[t] tokens, each region page-aligned (a
  * mapping's offset). */
 typedef struct gw_meta_copy {
@@ -59,8 +59,13 @@ static size_t gw_meta_span(int r, uint64_t n_c, uint64_t n_t, uint32_t d)
     size_t pg = gw_meta_page(), b;
     switch (r) {
     case GW_META_CENT:
-    case GW_META_MEAN:
         b = (size_t)n_c * d * sizeof(cm_fp16_t);
+        break;
+    case GW_META_VQ:
+        b = (size_t)n_c * d; /* int8 */
+        break;
+    case GW_META_VSCALE:
+        b = (size_t)n_c * sizeof(float);
         break;
     case GW_META_SIZES:
         b = (size_t)n_c * sizeof(uint32_t);
@@ -156,7 +161,9 @@ static ri_status_t gw_meta_write_table(gw_meta_copy_t *c, gw_pfx_set_t *set, uin
             n_tok += pc.sizes[j];
         }
         if ((st = gw_meta_put(c->fd, pc.centroids, pc.n_clusters * row, at[GW_META_CENT] + j0 * row)) != RI_OK ||
-            (st = gw_meta_put(c->fd, pc.vmean, pc.n_clusters * row, at[GW_META_MEAN] + j0 * row)) != RI_OK ||
+            (st = gw_meta_put(c->fd, pc.vq, (size_t)pc.n_clusters * c->d, at[GW_META_VQ] + j0 * c->d)) != RI_OK ||
+            (st = gw_meta_put(c->fd, pc.vscale, pc.n_clusters * sizeof(float),
+                              at[GW_META_VSCALE] + j0 * sizeof(float))) != RI_OK ||
             (st = gw_meta_put(c->fd, pc.sizes, pc.n_clusters * u, at[GW_META_SIZES] + j0 * u)) != RI_OK ||
             (st = gw_meta_put(c->fd, pc.perm, (size_t)n_tok * u, at[GW_META_PERM] + (uint64_t)tok * u)) != RI_OK)
             break;
@@ -235,7 +242,7 @@ static gw_meta_copy_t *gw_meta_find(const uint8_t *key, gw_pfx_set_t *set, uint3
     return NULL;
 }
 
-/* Reserve table t's five arrays, one range each in one reservation, with
+/* Reserve table t's six arrays, one range each in one reservation, with
  * room for the prefix's clusters and GW_META_OWN_CLUSTERS more (its tokens
  * and GW_META_OWN_TOKENS more for perm), and map the file's arrays
  * copy-on-write at their heads; *homes gets them. */
@@ -261,7 +268,8 @@ static ri_status_t gw_meta_map_table(gw_meta_homes_t *m, uint32_t t, kn_index_ho
             return RI_ERR_IO;
     }
     *homes = (kn_index_homes_t){ .centroids = (cm_fp16_t *)head[GW_META_CENT],
-                                 .vmean = (cm_fp16_t *)head[GW_META_MEAN],
+                                 .vq = (int8_t *)head[GW_META_VQ],
+                                 .vscale = (float *)head[GW_META_VSCALE],
                                  .sizes = (uint32_t *)head[GW_META_SIZES],
                                  .offsets = (uint32_t *)head[GW_META_OFFS],
                                  .perm = (uint32_t *)head[GW_META_PERM],

@@ -235,8 +235,8 @@ static ri_status_t gw_pfx_plan(const gw_pfx_layout_t *lay, const gw_pfx_src_t *s
                 return st;
             p->total_clusters += t->j1 - t->j0;
             p->pages_bytes += t->pages * page_bytes;
-            p->worker_bytes +=
-                cm_pfx_pad8(4u * (uint64_t)t->tokens) + 2u * cm_pfx_pad8(2u * (uint64_t)(t->j1 - t->j0) * d);
+            p->worker_bytes += cm_pfx_pad8(4u * (uint64_t)t->tokens) + cm_pfx_pad8(2u * (uint64_t)(t->j1 - t->j0) * d) +
+                               cm_pfx_pad8((uint64_t)(t->j1 - t->j0) * d) + cm_pfx_pad8(4u * (uint64_t)(t->j1 - t->j0));
         }
         p->n_loose[l] = indexed && lay->indexed ? gw_pfx_sink_end(lay, f) - f : B;
         p->worker_bytes += 8u + cm_pfx_pad8(4u * (uint64_t)p->n_loose[l]) +
@@ -249,7 +249,7 @@ static ri_status_t gw_pfx_plan(const gw_pfx_layout_t *lay, const gw_pfx_src_t *s
 }
 
 /* Write the block's clusters of table t into the tables section (sizes at
- * *sizes_p, advanced), its perm / centroids / vmean at *w_p (advanced) and
+ * *sizes_p, advanced), its perm / centroids / vq / vscale at *w_p (advanced) and
  * its pages at *pg_p (advanced). */
 static void gw_pfx_write_table(const gw_pfx_layout_t *lay, const mdl_kv_t *kv, uint32_t l, uint32_t h,
                                const gw_pfx_btab_t *t, uint32_t f, uint8_t **sizes_p, uint8_t **w_p, uint8_t **pg_p)
@@ -279,8 +279,10 @@ static void gw_pfx_write_table(const gw_pfx_layout_t *lay, const mdl_kv_t *kv, u
     w = *w_p + cm_pfx_pad8(4u * (uint64_t)t->tokens);
     memcpy(w, idx->centroids + (size_t)t->j0 * d, (size_t)C * row);
     w += cm_pfx_pad8((uint64_t)C * row);
-    memcpy(w, idx->vmean + (size_t)t->j0 * d, (size_t)C * row);
-    w += cm_pfx_pad8((uint64_t)C * row);
+    memcpy(w, idx->vq + (size_t)t->j0 * d, (size_t)C * d); /* as the index holds them: */
+    w += cm_pfx_pad8((uint64_t)C * d);                     /* an import copies, never requantizes */
+    memcpy(w, idx->vscale + t->j0, (size_t)C * sizeof(float));
+    w += cm_pfx_pad8((uint64_t)C * sizeof(float));
     *w_p = w;
     *pg_p = pg;
 }
@@ -415,7 +417,7 @@ static ri_status_t gw_pfx_check_hdr(const gw_pfx_layout_t *lay, uint32_t block, 
     return RI_OK;
 }
 
-/* Parse table t's perm / centroids / vmean from c, check its positions and
+/* Parse table t's perm / centroids / vq / vscale from c, check its positions and
  * compute the absolute perm. */
 static ri_status_t gw_pfx_parse_table(const gw_pfx_layout_t *lay, gw_pfx_block_t *b, uint32_t t,
                                       const uint8_t **sizes_p, const uint8_t **pages_p, gw_pfx_cur_t *c)
@@ -439,8 +441,9 @@ static ri_status_t gw_pfx_parse_table(const gw_pfx_layout_t *lay, gw_pfx_block_t
         return RI_OK;
     rel = (const uint32_t *)(const void *)gw_pfx_take(c, 4u * tokens);
     T->centroids = (const cm_fp16_t *)(const void *)gw_pfx_take(c, 2u * (uint64_t)T->n_clusters * d);
-    T->vmean = (const cm_fp16_t *)(const void *)gw_pfx_take(c, 2u * (uint64_t)T->n_clusters * d);
-    if (rel == NULL || T->centroids == NULL || T->vmean == NULL)
+    T->vq = (const int8_t *)(const void *)gw_pfx_take(c, (uint64_t)T->n_clusters * d);
+    T->vscale = (const float *)(const void *)gw_pfx_take(c, 4u * (uint64_t)T->n_clusters);
+    if (rel == NULL || T->centroids == NULL || T->vq == NULL || T->vscale == NULL)
         return RI_ERR_TRUNCATED;
     T->perm = cm_malloc(&gw_prefix_tag, 4u * (size_t)tokens);
     if (T->perm == NULL)
@@ -503,6 +506,7 @@ ri_status_t gw_pfx_block_parse(const gw_pfx_layout_t *lay, uint32_t block, const
     const uint8_t *sizes, *pages, *magic;
     uint8_t *seen = NULL;
     ri_status_t st;
+    bool version_ok;
 
     memset(&b, 0, sizeof(b));
     st = gw_pfx_check_hdr(lay, block, buf, len, &b.view);
@@ -520,7 +524,11 @@ ri_status_t gw_pfx_block_parse(const gw_pfx_layout_t *lay, uint32_t block, const
     }
     c = (gw_pfx_cur_t){ b.view.worker, b.view.worker + b.view.hdr.worker_bytes };
     magic = gw_pfx_take(&c, 8);
-    if (magic == NULL || cm_dp_get32(magic) != GW_PFX_WMAGIC || cm_dp_get32(magic + 4) != GW_PFX_WVERSION) {
+    version_ok = magic != NULL && cm_dp_get32(magic + 4) == GW_PFX_WVERSION;
+#ifdef GW_PFX_MUTANT_ANY_VERSION /* the tests' mutant: a section of any version is taken */
+    version_ok = magic != NULL;
+#endif
+    if (magic == NULL || cm_dp_get32(magic) != GW_PFX_WMAGIC || !version_ok) {
         st = magic == NULL ? RI_ERR_TRUNCATED : RI_ERR_PROTOCOL;
         goto err_release;
     }
@@ -671,7 +679,7 @@ static ri_status_t gw_pfx_piece_get(void *ctx, uint32_t block, uint32_t kv_head,
         return RI_ERR_RANGE;
     const gw_pfx_block_t *b = &s->blocks[block];
     const gw_pfx_table_t *T = &b->tables[(size_t)c->layer * s->lay.n_kv_heads + kv_head];
-    *piece_p = (kn_wave_piece_t){ b->first_pos, T->n_clusters, T->sizes, T->perm, T->centroids, T->vmean };
+    *piece_p = (kn_wave_piece_t){ b->first_pos, T->n_clusters, T->sizes, T->perm, T->centroids, T->vq, T->vscale };
     return RI_OK;
 }
 

@@ -20,7 +20,8 @@ static CM_ALLOC_TAG(mdl_dwave_tag, "model.dwave");
 /* One KV head's index in the space (every pointer is the space's memory). */
 typedef struct mdl_dw_head {
     cm_fp16_t *cent;     /* [cap_c][d] centroids */
-    cm_fp16_t *vmean;    /* [cap_c][d] value means */
+    int8_t *vq;          /* [cap_c][d] int8 value means */
+    float *vscale;       /* [cap_c] their scales */
     uint32_t *sizes;     /* [cap_c] tokens per cluster */
     uint32_t *offsets;   /* [cap_c] cluster j's first row in ck / cv */
     cm_fp16_t *ck, *cv;  /* [cap_t][d] the indexed rows, cluster-major */
@@ -84,7 +85,8 @@ static ri_status_t mdl_dw_reserve(const mdl_dwave_t *w, mdl_dw_head_t *hd, uint3
     if (C > hd->cap_c) {
         uint32_t cap = mdl_dw_cap(hd->cap_c, C);
         if ((st = mdl_dw_regrow(mem, (void **)&hd->cent, row, hd->n_c, cap)) != RI_OK ||
-            (st = mdl_dw_regrow(mem, (void **)&hd->vmean, row, hd->n_c, cap)) != RI_OK ||
+            (st = mdl_dw_regrow(mem, (void **)&hd->vq, w->shape.head_dim, hd->n_c, cap)) != RI_OK ||
+            (st = mdl_dw_regrow(mem, (void **)&hd->vscale, sizeof(float), hd->n_c, cap)) != RI_OK ||
             (st = mdl_dw_regrow(mem, (void **)&hd->sizes, sizeof(uint32_t), hd->n_c, cap)) != RI_OK ||
             (st = mdl_dw_regrow(mem, (void **)&hd->offsets, sizeof(uint32_t), hd->n_c, cap)) != RI_OK)
             return st; /* the arrays grown so far are bigger, still whole */
@@ -160,7 +162,8 @@ static ri_status_t mdl_dw_append_head(mdl_dwave_t *w, uint32_t h, const kn_index
         return st;
     const kn_mem_t *mem = w->mem;
     if ((st = mem->copy(hd->cent + (size_t)first * d, idx->centroids + (size_t)first * d, nc * row)) != RI_OK ||
-        (st = mem->copy(hd->vmean + (size_t)first * d, idx->vmean + (size_t)first * d, nc * row)) != RI_OK ||
+        (st = mem->copy(hd->vq + (size_t)first * d, idx->vq + (size_t)first * d, nc * d)) != RI_OK ||
+        (st = mem->copy(hd->vscale + first, idx->vscale + first, nc * sizeof(float))) != RI_OK ||
         (st = mem->copy(hd->sizes + first, idx->sizes + first, nc * sizeof(uint32_t))) != RI_OK ||
         (st = mem->copy(hd->offsets + first, idx->offsets + first, nc * sizeof(uint32_t))) != RI_OK ||
         (st = mdl_dw_gather(w, idx, t0, T, kv, kv->k, h, hd->ck + (size_t)t0 * d)) != RI_OK ||
@@ -177,8 +180,8 @@ static ri_status_t mdl_dw_append(void *ctx, const kn_index_t *idx, const uint32_
     mdl_dwave_t *w = ctx;
     ri_status_t st = RI_OK;
     for (uint32_t h = 0; h < w->shape.n_kv_heads && st == RI_OK; h++) {
-        if (idx[h].vmean == NULL && idx[h].n_clusters > first[h])
-            return RI_ERR_INTERNAL; /* a built index carries fp16 means */
+        if (idx[h].vq == NULL && idx[h].n_clusters > first[h])
+            return RI_ERR_INTERNAL; /* a built index carries int8 means */
         st = mdl_dw_append_head(w, h, &idx[h], first[h], kv);
     }
     return st;
@@ -242,7 +245,8 @@ void mdl_dwave_destroy(mdl_dwave_t *w)
     for (uint32_t h = 0; w->heads != NULL && h < w->shape.n_kv_heads; h++) {
         mdl_dw_head_t *hd = &w->heads[h];
         w->mem->free(hd->cent);
-        w->mem->free(hd->vmean);
+        w->mem->free(hd->vq);
+        w->mem->free(hd->vscale);
         w->mem->free(hd->sizes);
         w->mem->free(hd->offsets);
         w->mem->free(hd->ck);
@@ -308,8 +312,14 @@ static void mdl_dw_table(mdl_dwave_t *w, const kn_kv_view_t *kv)
         const mdl_dw_head_t *hd = &w->heads[h];
         size_t hoff = (size_t)h * kv->head_stride;
         kn_wave_head_t *t = &w->table[h];
-        *t = (kn_wave_head_t){.centroids = hd->cent, .sizes = hd->sizes, .offsets = hd->offsets,
-                              .vmean = hd->vmean, .ck = hd->ck, .cv = hd->cv, .n_clusters = hd->n_c};
+        *t = (kn_wave_head_t){ .centroids = hd->cent,
+                               .sizes = hd->sizes,
+                               .offsets = hd->offsets,
+                               .vq = hd->vq,
+                               .vscale = hd->vscale,
+                               .ck = hd->ck,
+                               .cv = hd->cv,
+                               .n_clusters = hd->n_c };
         t->steady[0] = (kn_page_t){kv->k + hoff, kv->v + hoff, (uint32_t)sink, (uint32_t)ts};
         if (kv->n_tokens > tail0)
             t->steady[1] = (kn_page_t){kv->k + hoff + tail0 * ts, kv->v + hoff + tail0 * ts,
@@ -330,7 +340,7 @@ static void mdl_dw_count(mdl_dwave_t *w, const kn_kv_view_t *kv, const uint32_t 
         for (uint64_t i = 0; i < nr; i++)
             ret += idx->sizes[ids[h * per + i]];
         exact += steady + ret;
-        bytes += (steady + ret) * 4 * d + (uint64_t)idx->n_clusters * (2 * d + 4) + ne * 2 * d;
+        bytes += (steady + ret) * 4 * d + (uint64_t)idx->n_clusters * (2 * d + 4) + ne * (d + 4); /* int8 + scale */
     }
     w->st.exact_tokens += exact / CM_MAX(nkv, 1u);
     w->st.bytes_read += bytes;
@@ -380,7 +390,8 @@ void mdl_dwave_stats(const mdl_dwave_t *w, mdl_dwave_stats_t *st_p)
     st_p->index_bytes = 0;
     for (uint32_t h = 0; h < w->shape.n_kv_heads; h++) {
         const mdl_dw_head_t *hd = &w->heads[h];
-        st_p->index_bytes += (uint64_t)hd->cap_c * (4 * w->shape.head_dim + 8) + (uint64_t)hd->cap_t * 4 *
-                             w->shape.head_dim;
+        /* a cluster: fp16 centroid, int8 mean, fp32 scale, size, offset */
+        st_p->index_bytes +=
+            (uint64_t)hd->cap_c * (3 * w->shape.head_dim + 12) + (uint64_t)hd->cap_t * 4 * w->shape.head_dim;
     }
 }

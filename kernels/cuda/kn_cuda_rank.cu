@@ -133,11 +133,9 @@ static __global__ void kn_cu_score_kernel(const float *L, int C, int g, const fl
 
 /* Partial estimation sums over entries [chunk*64, +64) of ids: column of
  * entry e in L is ids[e] (by_id) or e; acc [chunks][g][d], den [chunks][g]. */
-static __global__ void kn_cu_est_accum_kernel(const float *L, int ld, int by_id, const float *m,
-                                              int g, int d, const uint32_t *ids, int n,
-                                              const uint32_t *sizes, const float *vsum,
-                                              const __half *vmean,
-                                              float *acc, float *den)
+static __global__ void kn_cu_est_accum_kernel(const float *L, int ld, int by_id, const float *m, int g, int d,
+                                              const uint32_t *ids, int n, const uint32_t *sizes, const float *vsum,
+                                              const int8_t *vq, const float *vscale, float *acc, float *den)
 {
     const int chunk = blockIdx.x, e0 = chunk * KN_CU_EST_CHUNK;
     const int e1 = min(n, e0 + KN_CU_EST_CHUNK);
@@ -161,8 +159,8 @@ static __global__ void kn_cu_est_accum_kernel(const float *L, int ld, int by_id,
             for (int k = 0; k < KN_CU_MAXD / 64; k++) {
                 int i = threadIdx.x + k * 64;
                 if (i < d)
-                    a[h][k] += w * (vmean ? __half2float(vmean[(size_t)j * d + i]) * (float)nj
-                                          : vsum[(size_t)j * d + i]);
+                    a[h][k] +=
+                        w * (vq ? (float)vq[(size_t)j * d + i] * vscale[j] * (float)nj : vsum[(size_t)j * d + i]);
             }
         }
     }
@@ -197,25 +195,29 @@ static __global__ void kn_cu_est_finish_kernel(const float *acc, const float *de
         lse[h] = dn > 0.0f ? m[h] + logf(dn) : -INFINITY;
 }
 
-/* The values the estimation reads: the index's fp16 means when it has them
- * (what the cpu backend reads too: half the bytes of the sums; NULL in a
- * hand-made index), else its fp32 sums (*vsum_p).  Returns the device means
- * or NULL. */
-static const __half *kn_cu_values(kn_cu_call_t *c, const kn_index_t *idx, const float **vsum_p)
+/* The values the estimation reads: the index's int8 means and their scales
+ * (*vscale_p) when it has them (what the cpu backend reads too: a quarter
+ * of the bytes of the sums; NULL in a hand-made index), else its fp32 sums
+ * (*vsum_p).  Returns the device means or NULL. */
+static const int8_t *kn_cu_values(kn_cu_call_t *c, const kn_index_t *idx, const float **vsum_p, const float **vscale_p)
 {
     size_t cd = (size_t)idx->n_clusters * idx->head_dim;
     *vsum_p = NULL;
-    if (idx->vmean != NULL)
-        return (const __half *)kn_cu_in(c, idx->vmean, cd * sizeof(cm_fp16_t));
+    *vscale_p = NULL;
+    if (idx->vq != NULL) {
+        *vscale_p = (const float *)kn_cu_in(c, idx->vscale, (size_t)idx->n_clusters * sizeof(float));
+        return (const int8_t *)kn_cu_in(c, idx->vq, cd);
+    }
     *vsum_p = (const float *)kn_cu_in(c, idx->vsum, cd * sizeof(float));
     return NULL;
 }
 
 /* Estimation of g heads over n entries (device ids) into host/device o, lse;
- * the values from vmean (fp16 means, times n_j) or else vsum (fp32 sums). */
-static void kn_cu_estimate_run(kn_cu_call_t *c, const float *L, int ld, int by_id, const float *m,
-                               int g, int d, const uint32_t *ids, int n, const uint32_t *sizes,
-                               const float *vsum, const __half *vmean, float *o, float *lse)
+ * the values from vq (int8 means times vscale, times n_j) or else vsum
+ * (fp32 sums). */
+static void kn_cu_estimate_run(kn_cu_call_t *c, const float *L, int ld, int by_id, const float *m, int g, int d,
+                               const uint32_t *ids, int n, const uint32_t *sizes, const float *vsum, const int8_t *vq,
+                               const float *vscale, float *o, float *lse)
 {
     int chunks = (n + KN_CU_EST_CHUNK - 1) / KN_CU_EST_CHUNK;
     float *acc = (float *)kn_cu_alloc(c, ((size_t)chunks + 1) * g * d * sizeof(float));
@@ -225,8 +227,8 @@ static void kn_cu_estimate_run(kn_cu_call_t *c, const float *L, int ld, int by_i
     if (c->st != RI_OK)
         return;
     if (chunks > 0)
-        kn_cu_est_accum_kernel<<<chunks, 64, 0, c->s>>>(L, ld, by_id, m, g, d, ids, n, sizes,
-                                                        vsum, vmean, acc, den);
+        kn_cu_est_accum_kernel<<<chunks, 64, 0, c->s>>>(L, ld, by_id, m, g, d, ids, n, sizes, vsum, vq, vscale, acc,
+                                                        den);
     kn_cu_est_finish_kernel<<<g, 128, 0, c->s>>>(acc, den, chunks, g, d, m, dout, dlse);
     kn_cu_check_launch(c, "estimate launch");
     kn_cu_out(c, o, dout, (size_t)g * d * sizeof(float));
@@ -267,7 +269,8 @@ static ri_status_t kn_cu_rank_impl(const kn_shape_t *grp, const float *q, const 
             goto out;
         if (C == 0) {  /* nothing to rank: an empty estimation (o = 0, lse = -inf) */
             if (o_e != NULL)
-                kn_cu_estimate_run(&c, L, 0, 1, m, g, d, id_s, 0, sizes, NULL, NULL, o_e, lse_e);
+                kn_cu_estimate_run(&c, L, 0, 1, m, g, d, id_s, 0, sizes, NULL, NULL, NULL, o_e,
+                                   lse_e);
             goto out;
         }
         kn_cu_logits_kernel<<<(C + 7) / 8, 256, 0, c.s>>>(dq, g, d, kn_shape_scale(grp), cent,
@@ -297,10 +300,9 @@ static ri_status_t kn_cu_rank_impl(const kn_shape_t *grp, const float *q, const 
         ne = n_e < avail - nr ? n_e : avail - nr;
         kn_cu_out(&c, ids, id_s, ((size_t)nr + ne) * sizeof(uint32_t));
         if (o_e != NULL) {
-            const float *vsum_d = NULL;
-            const __half *vmean = kn_cu_values(&c, idx, &vsum_d);
-            kn_cu_estimate_run(&c, L, C, 1, m, g, d, id_s + nr, (int)ne, sizes, vsum_d, vmean,
-                               o_e, lse_e);
+            const float *vsum_d = NULL, *vscale_d = NULL;
+            const int8_t *vq = kn_cu_values(&c, idx, &vsum_d, &vscale_d);
+            kn_cu_estimate_run(&c, L, C, 1, m, g, d, id_s + nr, (int)ne, sizes, vsum_d, vq, vscale_d, o_e, lse_e);
         }
     }
 out:
@@ -342,8 +344,8 @@ ri_status_t kn_cuda_estimate(const kn_shape_t *grp, const float *q, const kn_ind
     const float *dq = (const float *)kn_cu_in(&c, q, (size_t)g * d * sizeof(float));
     const __half *cent = (const __half *)kn_cu_in(&c, idx->centroids, (size_t)C * d * sizeof(cm_fp16_t));
     const uint32_t *sizes = (const uint32_t *)kn_cu_in(&c, idx->sizes, (size_t)C * sizeof(uint32_t));
-    const float *vsum = NULL;
-    const __half *vmean = kn_cu_values(&c, idx, &vsum);
+    const float *vsum = NULL, *vscale = NULL;
+    const int8_t *vq = kn_cu_values(&c, idx, &vsum, &vscale);
     const uint32_t *dids = (const uint32_t *)kn_cu_in(&c, ids, n * sizeof(uint32_t));
     float *L = (float *)kn_cu_alloc(&c, ((size_t)g * n + 1) * sizeof(float));
     float *m = (float *)kn_cu_alloc(&c, (size_t)g * sizeof(float));
@@ -353,7 +355,7 @@ ri_status_t kn_cuda_estimate(const kn_shape_t *grp, const float *q, const kn_ind
                 dq, g, d, kn_shape_scale(grp), cent, sizes, dids, (int)n, L, (int)n);
         /* M_h = max_e (l_he + ln n_j): weights e^{l - M} then never overflow */
         kn_cu_head_stats_kernel<<<g, 256, 0, c.s>>>(L, (int)n, (int)n, sizes, dids, 1, m, NULL);
-        kn_cu_estimate_run(&c, L, (int)n, 0, m, g, d, dids, (int)n, sizes, vsum, vmean, o, lse);
+        kn_cu_estimate_run(&c, L, (int)n, 0, m, g, d, dids, (int)n, sizes, vsum, vq, vscale, o, lse);
     }
     return kn_cu_end(&c);
 }

@@ -407,7 +407,8 @@ kn_cu_w_est_accum(const kn_cu_whead *heads, const float *L, int g, int Cmax, con
             s[a] = 0.0f;
 #pragma unroll 8
         for (int e = grp; e < n; e += NG) {
-            const float v = __half2float(((const __half *)hd->vmean)[(size_t)jid[e] * D + i]);
+            /* the int8 mean times its scale, as kn_vq_at */
+            const float v = (float)hd->vq[(size_t)jid[e] * D + i] * hd->vscale[jid[e]];
 #pragma unroll
             for (int a = 0; a < KN_CU_MAXG; a++)
                 s[a] += w[e][a] * v;
@@ -601,7 +602,7 @@ static bool kn_cu_w_valid(const kn_shape_t *shape, const float *q, const kn_cu_w
     for (uint32_t h = 0; h < shape->n_kv_heads; h++) {
         const kn_cu_whead *hd = &heads[h];
         if (hd->n_clusters > 0 &&
-            (!hd->centroids || !hd->sizes || !hd->offsets || !hd->vmean || !kn_cu_aligned(hd->ck) ||
+            (!hd->centroids || !hd->sizes || !hd->offsets || !hd->vq || !hd->vscale || !kn_cu_aligned(hd->ck) ||
              !kn_cu_aligned(hd->cv) || !hd->ck || !hd->cv || hd->n_clusters > (1u << 24)))
             return false;
         for (int p = 0; p < 2; p++)

@@ -17,7 +17,8 @@ static inline void kn_expect_index_equal(const kn_index_t *a, const kn_index_t *
     assert_memory_equal(a->offsets, b->offsets, (a->n_clusters + 1) * sizeof(uint32_t));
     assert_memory_equal(a->perm, b->perm, a->n_tokens * sizeof(uint32_t));
     assert_memory_equal(a->centroids, b->centroids, a->n_clusters * row);
-    assert_memory_equal(a->vmean, b->vmean, a->n_clusters * row);
+    assert_memory_equal(a->vq, b->vq, (size_t)a->n_clusters * a->head_dim);
+    assert_memory_equal(a->vscale, b->vscale, a->n_clusters * sizeof(float));
 }
 
 #endif /* KN_TEST_INDEX_H */

@@ -238,7 +238,8 @@ static void inv_index_equal(const kn_index_t *a, const kn_index_t *b)
     assert_int_equal(a->n_tokens, b->n_tokens);
     assert_memory_equal(a->centroids, b->centroids, a->n_clusters * d * sizeof(cm_fp16_t));
     assert_null(a->vsum); /* a built index is compact: the sums were the means' scratch */
-    assert_memory_equal(a->vmean, b->vmean, a->n_clusters * d * sizeof(cm_fp16_t));
+    assert_memory_equal(a->vq, b->vq, (size_t)a->n_clusters * d);
+    assert_memory_equal(a->vscale, b->vscale, a->n_clusters * sizeof(float));
     assert_memory_equal(a->sizes, b->sizes, a->n_clusters * sizeof(uint32_t));
     assert_memory_equal(a->offsets, b->offsets, (a->n_clusters + 1) * sizeof(uint32_t));
     assert_memory_equal(a->perm, b->perm, a->n_tokens * sizeof(uint32_t));
@@ -274,10 +275,11 @@ static void test_build_deterministic(void **state)
     inv_free(&x);
 }
 
-/* The compact meta entry: a built index keeps fp16 centroids and fp16 value
- * means (no fp32 sums), for the first build and for an update appended to it
- * (the sums are allocated again as the build's scratch and dropped again),
- * and each mean is the fp32 mean of its cluster's values rounded to fp16. */
+/* The compact meta entry: a built index keeps fp16 centroids and int8 value
+ * means with a scale a cluster (no fp32 sums), for the first build and for
+ * an update appended to it (the sums are allocated again as the build's
+ * scratch and dropped again), and each mean is within half its scale of the
+ * mean of its cluster's values. */
 static void test_built_index_is_compact(void **state)
 {
     inv_kv_t x;
@@ -292,20 +294,22 @@ static void test_built_index_is_compact(void **state)
     assert_int_equal(kn_index_build(NULL, NULL, x.k + (size_t)n1 * d, x.v + (size_t)n1 * d, d, n2, n1, 256, 1,
                                     &idx), RI_OK);
     assert_null(idx.vsum);
-    assert_non_null(idx.vmean);
-    /* the compact entry: fp16 centroid + fp16 mean + size + offset a cluster, perm a token */
+    assert_non_null(idx.vq);
+    assert_non_null(idx.vscale);
+    /* the compact entry: fp16 centroid + int8 mean + fp32 scale + size + offset a cluster, perm a token */
     assert_int_equal(kn_index_resident_bytes(&idx),
-                     (uint64_t)idx.cap_clusters * (2 * 2 * d + 8) + (uint64_t)idx.cap_tokens * 4);
+                     (uint64_t)idx.cap_clusters * (2 * d + d + 4 + 8) + (uint64_t)idx.cap_tokens * 4);
     assert_int_equal(idx.n_clusters, 756);
     assert_int_equal(idx.n_tokens, n1 + n2);
     for (uint32_t j = 0; j < idx.n_clusters; j++) {
         for (uint32_t i = 0; i < d; i++) {
-            double sum = 0.0, got = cm_fp16_to_f32(idx.vmean[(size_t)j * d + i]), want;
+            double sum = 0.0, s = idx.vscale[j], got = (double)idx.vq[(size_t)j * d + i] * s, want;
             for (uint32_t r = idx.offsets[j]; r < idx.offsets[j + 1]; r++)
                 sum += cm_fp16_to_f32(x.v[(size_t)idx.perm[r] * d + i]);
             want = idx.sizes[j] ? sum / idx.sizes[j] : 0.0;
-            if (fabs(got - want) > 1e-3 * (1.0 + fabs(want)))
-                fail_msg("cluster %u dim %u: mean %g, want %g", j, i, got, want);
+            /* half a step of the cluster's scale, plus the fp32 sum's rounding */
+            if (fabs(got - want) > s / 2 + 1e-5 * (1.0 + fabs(want)))
+                fail_msg("cluster %u dim %u: mean %g, want %g (scale %g)", j, i, got, want, s);
         }
     }
     kn_index_cleanup(&idx);

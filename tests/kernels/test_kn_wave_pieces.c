@@ -78,12 +78,13 @@ static void pc_export(const kn_index_t *idx, uint32_t sink, uint32_t b, kn_wave_
     uint32_t lo = b == 0 ? sink : b * PC_B, j0, j1;
     assert_int_equal(kn_wave_block_clusters(idx, lo, (b + 1) * PC_B - lo, &j0, &j1), RI_OK);
     assert_true(j1 > j0);
-    *pc = (kn_wave_piece_t){.first_pos = b * PC_B,
-                            .n_clusters = j1 - j0,
-                            .sizes = idx->sizes + j0,
-                            .perm = idx->perm + idx->offsets[j0],
-                            .centroids = idx->centroids + (size_t)j0 * idx->head_dim,
-                            .vmean = idx->vmean + (size_t)j0 * idx->head_dim};
+    *pc = (kn_wave_piece_t){ .first_pos = b * PC_B,
+                             .n_clusters = j1 - j0,
+                             .sizes = idx->sizes + j0,
+                             .perm = idx->perm + idx->offsets[j0],
+                             .centroids = idx->centroids + (size_t)j0 * idx->head_dim,
+                             .vq = idx->vq + (size_t)j0 * idx->head_dim,
+                             .vscale = idx->vscale + j0 };
 }
 
 static void pc_expect_piece_equal(const kn_wave_piece_t *a, const kn_wave_piece_t *b)
@@ -96,7 +97,8 @@ static void pc_expect_piece_equal(const kn_wave_piece_t *a, const kn_wave_piece_
         n += a->sizes[j];
     assert_memory_equal(a->perm, b->perm, n * sizeof(uint32_t));
     assert_memory_equal(a->centroids, b->centroids, (size_t)a->n_clusters * PC_D * sizeof(cm_fp16_t));
-    assert_memory_equal(a->vmean, b->vmean, (size_t)a->n_clusters * PC_D * sizeof(cm_fp16_t));
+    assert_memory_equal(a->vq, b->vq, (size_t)a->n_clusters * PC_D);
+    assert_memory_equal(a->vscale, b->vscale, a->n_clusters * sizeof(float));
 }
 
 /* Blocks cut at absolute multiples of B, each its own clusters; two prompts
@@ -183,7 +185,7 @@ static ri_status_t pc_get(void *ctx, uint32_t block, uint32_t kv_head, kn_wave_p
         s->size_copy[0] = 0;
         break;
     case PC_NULL:
-        pc->vmean = NULL;
+        pc->vscale = NULL;
         break;
     case PC_GET_FAILS:
         return RI_ERR_IO;

@@ -235,8 +235,14 @@ static void test_mutant_steady_zone(void **state)
             memcpy(cv[h] + (size_t)r * D, kv.v + src, D * sizeof(cm_fp16_t));
         }
         size_t hoff = (size_t)h * kv.head_stride;
-        heads[h] = (kn_wave_head_t){.centroids = idx->centroids, .sizes = idx->sizes, .offsets = idx->offsets,
-                                    .vmean = idx->vmean, .ck = ck[h], .cv = cv[h], .n_clusters = idx->n_clusters};
+        heads[h] = (kn_wave_head_t){ .centroids = idx->centroids,
+                                     .sizes = idx->sizes,
+                                     .offsets = idx->offsets,
+                                     .vq = idx->vq,
+                                     .vscale = idx->vscale,
+                                     .ck = ck[h],
+                                     .cv = cv[h],
+                                     .n_clusters = idx->n_clusters };
         heads[h].steady[0] = (kn_page_t){kv.k + hoff, kv.v + hoff, (uint32_t)sink, D};
         heads[h].steady[1] = (kn_page_t){kv.k + hoff + tail0 * D, kv.v + hoff + tail0 * D,
                                          (uint32_t)(kv.n_tokens - tail0), D};

@@ -113,12 +113,13 @@ static ri_status_t tp_get(void *ctx, uint32_t b, uint32_t kv_head, kn_wave_piece
         return RI_ERR_NOT_FOUND;
     if ((st = kn_wave_block_clusters(idx, lo, (b + 1) * ls->block - lo, &j0, &j1)) != RI_OK)
         return st;
-    *pc = (kn_wave_piece_t){.first_pos = b * ls->block,
-                            .n_clusters = j1 - j0,
-                            .sizes = idx->sizes + j0,
-                            .perm = idx->perm + idx->offsets[j0],
-                            .centroids = idx->centroids + (size_t)j0 * idx->head_dim,
-                            .vmean = idx->vmean + (size_t)j0 * idx->head_dim};
+    *pc = (kn_wave_piece_t){ .first_pos = b * ls->block,
+                             .n_clusters = j1 - j0,
+                             .sizes = idx->sizes + j0,
+                             .perm = idx->perm + idx->offsets[j0],
+                             .centroids = idx->centroids + (size_t)j0 * idx->head_dim,
+                             .vq = idx->vq + (size_t)j0 * idx->head_dim,
+                             .vscale = idx->vscale + j0 };
     (*ls->gets)++;
     return RI_OK;
 }
@@ -139,7 +140,8 @@ static void tp_expect_index_equal(const kn_index_t *a, const kn_index_t *b)
     assert_memory_equal(a->offsets, b->offsets, (a->n_clusters + 1) * sizeof(uint32_t));
     assert_memory_equal(a->perm, b->perm, a->n_tokens * sizeof(uint32_t));
     assert_memory_equal(a->centroids, b->centroids, (size_t)a->n_clusters * a->head_dim * sizeof(cm_fp16_t));
-    assert_memory_equal(a->vmean, b->vmean, (size_t)a->n_clusters * a->head_dim * sizeof(cm_fp16_t));
+    assert_memory_equal(a->vq, b->vq, (size_t)a->n_clusters * a->head_dim);
+    assert_memory_equal(a->vscale, b->vscale, a->n_clusters * sizeof(float));
 }
 
 static void tp_run(const char *method)

@@ -12,6 +12,7 @@
 #include <cmocka.h>
 
 #include "common/cm_alloc.h"
+#include "common/cm_crc32c.h"
 #include "gpuworker/client/gw_prefix.h"
 
 #define L_   3u  /* layers; layer 1 has no index (a sliding-window layer) */
@@ -28,7 +29,9 @@ typedef struct fx {
     mdl_kv_t *kv;
     kn_index_t idx[L_][H_];
     uint32_t sizes[L_][H_][NTOK], offsets[L_][H_][NTOK + 1], perm[L_][H_][NTOK];
-    cm_fp16_t cent[L_][H_][NTOK * D_], vmean[L_][H_][NTOK * D_];
+    cm_fp16_t cent[L_][H_][NTOK * D_];
+    int8_t vq[L_][H_][NTOK * D_];
+    float vscale[L_][H_][NTOK];
     gw_pfx_layout_t lay;
 } fx_t;
 
@@ -69,15 +72,18 @@ static void fx_index_build(fx_t *f, uint32_t l, uint32_t h, uint32_t *seed)
     f->offsets[l][h][C] = n;
     for (uint32_t i = 0; i < C * D_; i++) {
         f->cent[l][h][i] = (cm_fp16_t)rnd(seed);
-        f->vmean[l][h][i] = (cm_fp16_t)rnd(seed);
+        f->vq[l][h][i] = (int8_t)rnd(seed);
     }
+    for (uint32_t j = 0; j < C; j++)
+        f->vscale[l][h][j] = (float)(rnd(seed) % 1000u) / 997.0f;
     x->n_clusters = C;
     x->n_tokens = n;
     x->sizes = f->sizes[l][h];
     x->offsets = f->offsets[l][h];
     x->perm = f->perm[l][h];
     x->centroids = f->cent[l][h];
-    x->vmean = f->vmean[l][h];
+    x->vq = f->vq[l][h];
+    x->vscale = f->vscale[l][h];
 }
 
 static int fx_setup(void **state)
@@ -162,7 +168,8 @@ static void roundtrip(fx_t *f, uint32_t b)
             assert_memory_equal(T->sizes, x->sizes + j0, T->n_clusters * 4);
             assert_memory_equal(T->perm, x->perm + x->offsets[j0], (B_ - (b == 0 ? SINK : 0)) * 4);
             assert_memory_equal(T->centroids, x->centroids + (size_t)j0 * D_, T->n_clusters * D_ * 2);
-            assert_memory_equal(T->vmean, x->vmean + (size_t)j0 * D_, T->n_clusters * D_ * 2);
+            assert_memory_equal(T->vq, x->vq + (size_t)j0 * D_, T->n_clusters * D_);
+            assert_memory_equal(T->vscale, x->vscale + j0, T->n_clusters * 4);
         }
     }
     gw_pfx_block_release(&pb);
@@ -239,6 +246,42 @@ static void test_bad_blocks(void **state)
     x->perm[a] = t;
 }
 
+/* A block whose worker section has another version (the int8 means came
+ * with version 2; version 1 held fp16 means) is refused, its CRC good:
+ * RI_ERR_PROTOCOL, the output untouched, and a set does not take it (the
+ * sequence prefills the prompt instead: a miss, never served). */
+static void test_old_version_refused(void **state)
+{
+    fx_t *f = *state;
+    gw_pfx_src_t src = { f->kv, f, fx_index };
+    gw_pfx_block_t pb;
+    gw_pfx_set_t *set = NULL;
+    uint8_t *buf = NULL, *w;
+    uint64_t len = 0;
+
+    assert_int_equal(gw_pfx_block_build(&f->lay, &src, 0, &buf, &len), RI_OK);
+    w = buf + CM_PFX_HDR_SIZE + cm_dp_get64(buf + 40);
+    assert_int_equal(cm_dp_get32(w), GW_PFX_WMAGIC);
+    assert_int_equal(cm_dp_get32(w + 4), 2);
+    for (uint32_t v = 1; v <= 3; v += 2) {
+        cm_dp_put32(w + 4, v);
+        cm_dp_put32(buf + 36, cm_crc32c(0, buf + CM_PFX_HDR_SIZE, (size_t)(len - CM_PFX_HDR_SIZE)));
+        memset(&pb, 0x5A, sizeof(pb));
+        assert_int_equal(gw_pfx_block_parse(&f->lay, 0, buf, len, &pb), RI_ERR_PROTOCOL);
+        assert_int_equal(pb.first_pos, 0x5A5A5A5A);
+        assert_int_equal(gw_pfx_set_create(&f->lay, 1, &set), RI_OK);
+        assert_int_equal(gw_pfx_set_add(set, buf, len), RI_ERR_PROTOCOL);
+        assert_int_equal(gw_pfx_set_blocks(set), 0);
+        assert_null(gw_pfx_set_pieces(set, 0));
+        gw_pfx_set_destroy(set);
+    }
+    cm_dp_put32(w + 4, GW_PFX_WVERSION); /* and back: taken */
+    cm_dp_put32(buf + 36, cm_crc32c(0, buf + CM_PFX_HDR_SIZE, (size_t)(len - CM_PFX_HDR_SIZE)));
+    assert_int_equal(gw_pfx_block_parse(&f->lay, 0, buf, len, &pb), RI_OK);
+    gw_pfx_block_release(&pb);
+    cm_free(buf);
+}
+
 /* The kernels' own index: blocks exported from a real build and imported
  * through the parsed set give a bit-identical index, and the preload fill
  * restores every prefix position. */
@@ -289,7 +332,8 @@ static void test_wave_import(void **state)
             assert_memory_equal(a->sizes, b->sizes, a->n_clusters * 4);
             assert_memory_equal(a->perm, b->perm, a->n_tokens * 4);
             assert_memory_equal(a->centroids, b->centroids, (size_t)a->n_clusters * D_ * 2);
-            assert_memory_equal(a->vmean, b->vmean, (size_t)a->n_clusters * D_ * 2);
+            assert_memory_equal(a->vq, b->vq, (size_t)a->n_clusters * D_);
+            assert_memory_equal(a->vscale, b->vscale, a->n_clusters * 4);
         }
     }
     /* the preload: every position of the two blocks, every layer and head */
@@ -363,6 +407,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_roundtrip, fx_setup, fx_teardown),
         cmocka_unit_test_setup_teardown(test_roundtrip_unindexed, fx_setup, fx_teardown),
         cmocka_unit_test_setup_teardown(test_bad_blocks, fx_setup, fx_teardown),
+        cmocka_unit_test_setup_teardown(test_old_version_refused, fx_setup, fx_teardown),
         cmocka_unit_test_setup_teardown(test_wave_import, fx_setup, fx_teardown),
         cmocka_unit_test_setup_teardown(test_keys, fx_setup, fx_teardown),
     };

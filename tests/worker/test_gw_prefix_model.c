@@ -100,7 +100,8 @@ static void tp_expect_index_equal(const kn_index_t *a, const kn_index_t *b)
     assert_memory_equal(a->sizes, b->sizes, a->n_clusters * sizeof(uint32_t));
     assert_memory_equal(a->perm, b->perm, a->n_tokens * sizeof(uint32_t));
     assert_memory_equal(a->centroids, b->centroids, (size_t)a->n_clusters * a->head_dim * sizeof(cm_fp16_t));
-    assert_memory_equal(a->vmean, b->vmean, (size_t)a->n_clusters * a->head_dim * sizeof(cm_fp16_t));
+    assert_memory_equal(a->vq, b->vq, (size_t)a->n_clusters * a->head_dim);
+    assert_memory_equal(a->vscale, b->vscale, a->n_clusters * sizeof(float));
 }
 
 static void tp_run(const char *method)
