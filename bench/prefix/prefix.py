@@ -84,6 +84,27 @@ def rss(pid):
     return anon, shmem
 
 
+def anon_maps(pid):
+    """A process's anonymous resident bytes by mapping (/proc/PID/smaps):
+    {key: [mappings, bytes]}, key the mapping's name ([heap], [stack], a
+    file) or, for an unnamed one, "anon NNN kB" by its size (malloc's
+    arenas, thread stacks and reservations each have their own sizes)."""
+    out = {}
+    key = None
+    try:
+        for line in open("/proc/%d/smaps" % pid):
+            f = line.split()
+            if f and "-" in f[0] and len(f) >= 5 and not f[0].endswith(":"):
+                lo, hi = (int(x, 16) for x in f[0].split("-"))
+                key = " ".join(f[5:]) if len(f) > 5 else "anon %d kB" % ((hi - lo) // 1024)
+                out.setdefault(key, [0, 0])[0] += 1
+            elif key is not None and f and f[0] == "Anonymous:":
+                out[key][1] += int(f[1]) * 1024
+    except (OSError, ValueError):
+        pass
+    return out
+
+
 def pool_used(metrics_addr):
     """The kvstore's own count of its pool bytes in use (sessions' pages,
     regions and prefix blocks), from its /metrics."""
@@ -399,13 +420,15 @@ def ri_cases(a, addr, model_id, doc, qs, kvs_pid, worker_pid, rows, mem, metrics
                     # the baseline right before: earlier cases (cold documents) hold blocks of their own
                     mem.update({"before_case_kvstore": rss(kvs_pid), "before_case_worker": rss(worker_pid),
                                 "before_case_pool_used": pool_used(metrics),
-                                "before_case_worker_alloc": alloc_tags(addr)})
+                                "before_case_worker_alloc": alloc_tags(addr),
+                                "before_case_worker_maps": anon_maps(worker_pid)})
                     peak = (Peak(kvs_pid), Peak(worker_pid), Peak(0, lambda: (pool_used(metrics), 0)))
                 steady = {}
 
                 def sample():
                     steady.update({"worker_decoding": rss(worker_pid), "pool_used_decoding": pool_used(metrics),
                                    "worker_alloc_decoding": alloc_tags(addr),
+                                   "worker_maps_decoding": anon_maps(worker_pid),
                                    "worker_running_decoding": running_requests(addr)})
 
                 res, wall = run_case(send, [doc + qs[i % len(qs)] for i in range(n)], sample if peak else None)
@@ -535,6 +558,18 @@ def main(argv):
                 top = sorted(per_live.items(), key=lambda kv: -kv[1])[:8]
                 print("memory: worker heap per live sequence (%d at the sample) by allocation tag: " % live +
                       ", ".join("%s %.2f MiB" % (t, b / 2**20) for t, b in top))
+                # where the anonymous growth lies, by mapping (heap tags count
+                # allocated bytes; this counts resident pages)
+                mb, md = mem.get("before_case_worker_maps", {}), mem.get("worker_maps_decoding", {})
+                maps = {k: [md[k][0] - mb.get(k, [0, 0])[0], (md[k][1] - mb.get(k, [0, 0])[1]) / live]
+                        for k in md}
+                for k in mb:
+                    if k not in md:
+                        maps[k] = [-mb[k][0], -mb[k][1] / live]
+                mem["worker_anon_growth_per_live_sequence_by_mapping"] = maps
+                top = sorted(maps.items(), key=lambda kv: -abs(kv[1][1]))[:10]
+                print("memory: worker anonymous growth per live sequence by mapping: " +
+                      ", ".join("%s (%+d maps) %.2f MiB" % (k, v[0], v[1] / 2**20) for k, v in top))
         wgrow = mem["worker_peak"][0] - mem["before_case_worker"][0]
         mem["worker_anon_growth_per_client"] = wgrow / mem["clients"]
         print("memory: machine shared + kvstore anonymous: one copy %.1f MiB, with %d clients attached %.1f MiB "
