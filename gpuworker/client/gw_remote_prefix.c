@@ -99,8 +99,7 @@ static void gw_prefix_count(gw_remote_t *r, const uint8_t *buf, uint64_t len)
 /* Hold the LOCATE answers locs (counts[t] a table, table after table) for
  * the direct reads: the process's copy when they equal it (key: the last
  * attached block), else the sequence's own. */
-static ri_status_t gw_prefix_keep_locs(gw_remote_t *r, const uint8_t *key, const uint32_t *counts,
-                                       const uint64_t *locs)
+static ri_status_t gw_prefix_keep_locs(gw_remote_t *r, const uint8_t *key, const uint32_t *counts, const uint64_t *locs)
 {
     uint32_t n_tables = r->n_layers * r->n_kv;
     gw_locs_t *shared = NULL;
@@ -114,7 +113,8 @@ static ri_status_t gw_prefix_keep_locs(gw_remote_t *r, const uint8_t *key, const
         return gw_direct_share(r->direct, shared); /* takes the reference */
     if (st == RI_ERR_EXISTS)
         cm_info("prefix: the locations of %u attached blocks differ from the process's copy: this sequence keeps "
-                "its own", r->pfx_blocks);
+                "its own",
+                r->pfx_blocks);
     st = RI_OK;
     for (uint32_t t = 0; t < n_tables && st == RI_OK; at += counts[t], t++)
         if (counts[t] > 0)

@@ -64,7 +64,7 @@
  * map slot and 4 a page each), its own clusters and step buffers (8 more
  * with the ids stored per session, 8 more with a cache-page pointer for
  * every cluster) */
-#define IDS_PER_CLUSTER 6
+#define IDS_PER_CLUSTER  6
 /* Direct-read bytes a session may hold: its access records (48 KiB) and its
  * own clusters' locations (256 to a table at first, 16 KiB here), and a
  * byte of slack per attached cluster; not the attached ones' locations (8
