@@ -84,24 +84,47 @@ def rss(pid):
     return anon, shmem
 
 
+def anon_map_kind(lo, hi, name, flags):
+    """What an anonymous mapping of the worker holds, from its look in
+    smaps: glibc's thread arenas are 64 MiB-aligned heaps reserved without
+    swap (VmFlags nr), the meta index's homes (kn_wave_place) are other
+    unreserved ranges, thread stacks are 8 MiB, malloc's large chunks and
+    the rest are plain private mappings."""
+    if name:
+        return name
+    size = hi - lo
+    if "nr" in flags and lo % (64 << 20) == 0 and size <= 64 << 20:
+        return "malloc thread arenas"
+    if "nr" in flags:
+        return "reservations (meta index homes)"
+    if size == 8 << 20:
+        return "thread stacks"
+    return "other anonymous (malloc's large chunks, ...)"
+
+
 def anon_maps(pid):
-    """A process's anonymous resident bytes by mapping (/proc/PID/smaps):
-    {key: [mappings, bytes]}, key the mapping's name ([heap], [stack], a
-    file) or, for an unnamed one, "anon NNN kB" by its size (malloc's
-    arenas, thread stacks and reservations each have their own sizes)."""
+    """A process's anonymous resident bytes by kind of mapping
+    (/proc/PID/smaps, anon_map_kind): {kind: [mappings, bytes]}."""
     out = {}
-    key = None
+    cur = None
+    maps = []
     try:
         for line in open("/proc/%d/smaps" % pid):
             f = line.split()
             if f and "-" in f[0] and len(f) >= 5 and not f[0].endswith(":"):
                 lo, hi = (int(x, 16) for x in f[0].split("-"))
-                key = " ".join(f[5:]) if len(f) > 5 else "anon %d kB" % ((hi - lo) // 1024)
-                out.setdefault(key, [0, 0])[0] += 1
-            elif key is not None and f and f[0] == "Anonymous:":
-                out[key][1] += int(f[1]) * 1024
+                cur = [lo, hi, " ".join(f[5:]), [], 0]
+                maps.append(cur)
+            elif cur is not None and f and f[0] == "Anonymous:":
+                cur[4] = int(f[1]) * 1024
+            elif cur is not None and f and f[0] == "VmFlags:":
+                cur[3] = f[1:]
     except (OSError, ValueError):
         pass
+    for lo, hi, name, flags, anon in maps:
+        k = out.setdefault(anon_map_kind(lo, hi, name, flags), [0, 0])
+        k[0] += 1
+        k[1] += anon
     return out
 
 
