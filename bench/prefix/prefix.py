@@ -84,6 +84,50 @@ def rss(pid):
     return anon, shmem
 
 
+def anon_map_kind(lo, hi, name, flags):
+    """What an anonymous mapping of the worker holds, from its look in
+    smaps: glibc's thread arenas are 64 MiB-aligned heaps reserved without
+    swap (VmFlags nr), the meta index's homes (kn_wave_place) are other
+    unreserved ranges, thread stacks are 8 MiB, malloc's large chunks and
+    the rest are plain private mappings."""
+    if name:
+        return name
+    size = hi - lo
+    if "nr" in flags and lo % (64 << 20) == 0 and size <= 64 << 20:
+        return "malloc thread arenas"
+    if "nr" in flags:
+        return "reservations (meta index homes)"
+    if size == 8 << 20:
+        return "thread stacks"
+    return "other anonymous (malloc's large chunks, ...)"
+
+
+def anon_maps(pid):
+    """A process's anonymous resident bytes by kind of mapping
+    (/proc/PID/smaps, anon_map_kind): {kind: [mappings, bytes]}."""
+    out = {}
+    cur = None
+    maps = []
+    try:
+        for line in open("/proc/%d/smaps" % pid):
+            f = line.split()
+            if f and "-" in f[0] and len(f) >= 5 and not f[0].endswith(":"):
+                lo, hi = (int(x, 16) for x in f[0].split("-"))
+                cur = [lo, hi, " ".join(f[5:]), [], 0]
+                maps.append(cur)
+            elif cur is not None and f and f[0] == "Anonymous:":
+                cur[4] = int(f[1]) * 1024
+            elif cur is not None and f and f[0] == "VmFlags:":
+                cur[3] = f[1:]
+    except (OSError, ValueError):
+        pass
+    for lo, hi, name, flags, anon in maps:
+        k = out.setdefault(anon_map_kind(lo, hi, name, flags), [0, 0])
+        k[0] += 1
+        k[1] += anon
+    return out
+
+
 def pool_used(metrics_addr):
     """The kvstore's own count of its pool bytes in use (sessions' pages,
     regions and prefix blocks), from its /metrics."""
@@ -399,13 +443,15 @@ def ri_cases(a, addr, model_id, doc, qs, kvs_pid, worker_pid, rows, mem, metrics
                     # the baseline right before: earlier cases (cold documents) hold blocks of their own
                     mem.update({"before_case_kvstore": rss(kvs_pid), "before_case_worker": rss(worker_pid),
                                 "before_case_pool_used": pool_used(metrics),
-                                "before_case_worker_alloc": alloc_tags(addr)})
+                                "before_case_worker_alloc": alloc_tags(addr),
+                                "before_case_worker_maps": anon_maps(worker_pid)})
                     peak = (Peak(kvs_pid), Peak(worker_pid), Peak(0, lambda: (pool_used(metrics), 0)))
                 steady = {}
 
                 def sample():
                     steady.update({"worker_decoding": rss(worker_pid), "pool_used_decoding": pool_used(metrics),
                                    "worker_alloc_decoding": alloc_tags(addr),
+                                   "worker_maps_decoding": anon_maps(worker_pid),
                                    "worker_running_decoding": running_requests(addr)})
 
                 res, wall = run_case(send, [doc + qs[i % len(qs)] for i in range(n)], sample if peak else None)
@@ -535,6 +581,18 @@ def main(argv):
                 top = sorted(per_live.items(), key=lambda kv: -kv[1])[:8]
                 print("memory: worker heap per live sequence (%d at the sample) by allocation tag: " % live +
                       ", ".join("%s %.2f MiB" % (t, b / 2**20) for t, b in top))
+                # where the anonymous growth lies, by mapping (heap tags count
+                # allocated bytes; this counts resident pages)
+                mb, md = mem.get("before_case_worker_maps", {}), mem.get("worker_maps_decoding", {})
+                maps = {k: [md[k][0] - mb.get(k, [0, 0])[0], (md[k][1] - mb.get(k, [0, 0])[1]) / live]
+                        for k in md}
+                for k in mb:
+                    if k not in md:
+                        maps[k] = [-mb[k][0], -mb[k][1] / live]
+                mem["worker_anon_growth_per_live_sequence_by_mapping"] = maps
+                top = sorted(maps.items(), key=lambda kv: -abs(kv[1][1]))[:10]
+                print("memory: worker anonymous growth per live sequence by mapping: " +
+                      ", ".join("%s (%+d maps) %.2f MiB" % (k, v[0], v[1] / 2**20) for k, v in top))
         wgrow = mem["worker_peak"][0] - mem["before_case_worker"][0]
         mem["worker_anon_growth_per_client"] = wgrow / mem["clients"]
         print("memory: machine shared + kvstore anonymous: one copy %.1f MiB, with %d clients attached %.1f MiB "

@@ -7,6 +7,7 @@
 #include "common/cm_dp_direct.h"
 #include "common/cm_dp_prefix.h"
 #include "common/cm_log.h"
+#include "gpuworker/client/gw_direct_share.h"
 
 static CM_ALLOC_TAG(gw_direct_tag, "gw.direct");
 
@@ -19,8 +20,14 @@ struct gw_direct {
     uint64_t bytes;
     size_t page_bytes;
     uint32_t n_layers, n_kv;
-    uint64_t **off;          /* [layer * n_kv + head] -> per kvstore id: offset or CM_DP_NOT_DIRECT */
-    uint32_t *cap;           /* entries allocated per table */
+    gw_locs_t *shared;       /* the attached prefix's locations, the process's copy (one
+                                reference, ours), or NULL */
+    const uint64_t **sh;     /* [layer * n_kv + head] table t's in shared: kvstore ids
+                                [0, first[t]) (NULL, first 0: none) */
+    uint32_t *first;         /* [tables] ids below it are read from sh, not stored in off */
+    uint64_t **off;          /* [tables] kvstore id i >= first[t] -> at [i - first[t]]: offset or
+                                CM_DP_NOT_DIRECT */
+    uint32_t *cap;           /* entries allocated per table in off (from first) */
     uint32_t *recs;          /* pending access records, 3 u32 each */
     uint32_t n_recs;
     uint64_t reads;
@@ -45,8 +52,10 @@ ri_status_t gw_direct_open(gw_dp_t *dp, uint32_t n_layers, uint32_t n_kv, size_t
     d->page_bytes = page_bytes;
     d->off = cm_calloc(&gw_direct_tag, (size_t)n_layers * n_kv, sizeof(*d->off));
     d->cap = cm_calloc(&gw_direct_tag, (size_t)n_layers * n_kv, sizeof(*d->cap));
+    d->sh = cm_calloc(&gw_direct_tag, (size_t)n_layers * n_kv, sizeof(*d->sh));
+    d->first = cm_calloc(&gw_direct_tag, (size_t)n_layers * n_kv, sizeof(*d->first));
     d->recs = cm_malloc(&gw_direct_tag, 3u * GW_TOUCH_BATCH * sizeof(uint32_t));
-    if (d->off == NULL || d->cap == NULL || d->recs == NULL) {
+    if (d->off == NULL || d->cap == NULL || d->sh == NULL || d->first == NULL || d->recs == NULL) {
         gw_direct_close(d);
         return RI_ERR_NOMEM;
     }
@@ -67,17 +76,25 @@ void gw_direct_close(gw_direct_t *d)
         cm_free(d->off[i]);
     cm_free(d->off);
     cm_free(d->cap);
+    cm_free(d->sh);
+    cm_free(d->first);
+    gw_locs_release(d->shared);
     cm_free(d->blocks);
     cm_free(d->recs);
     cm_free(d);
 }
 
-/* Make room for ids [0, want) of table t; new entries not located. */
-static ri_status_t gw_direct_reserve(gw_direct_t *d, size_t t, uint64_t want)
+/* Make room for ids [first, want) of table t; new entries not located.
+ * RI_ERR_INTERNAL for an id below the shared ones' end: the shared copy is
+ * never written. */
+static ri_status_t gw_direct_reserve(gw_direct_t *d, size_t t, uint64_t first, uint64_t want)
 {
     uint64_t *n;
     uint32_t cap = d->cap[t] ? d->cap[t] : 256;
 
+    if (first < d->first[t])
+        return RI_ERR_INTERNAL;
+    want -= d->first[t];
     if (want <= d->cap[t])
         return RI_OK;
     if (want > UINT32_MAX / 2)
@@ -109,9 +126,9 @@ ri_status_t gw_direct_apply(gw_direct_t *d, gw_io_t *io)
                 st = RI_ERR_INTERNAL;
                 break;
             }
-            st = gw_direct_reserve(d, t, first + job->counts[i]);
+            st = gw_direct_reserve(d, t, first, first + job->counts[i]);
             for (uint32_t c = 0; st == RI_OK && c < job->counts[i]; c++, k++)
-                d->off[t][first + c] = job->offs[k];
+                d->off[t][first - d->first[t] + c] = job->offs[k];
         }
         gw_io_job_free(job);
         job = next;
@@ -128,10 +145,30 @@ ri_status_t gw_direct_record(gw_direct_t *d, uint32_t layer, uint32_t head, uint
     if (d == NULL || offs == NULL || layer >= d->n_layers || head >= d->n_kv)
         return RI_ERR_INVALID;
     t = (size_t)layer * d->n_kv + head;
-    st = gw_direct_reserve(d, t, (uint64_t)first + count);
+    st = gw_direct_reserve(d, t, first, (uint64_t)first + count);
     if (st != RI_OK)
         return st;
-    memcpy(d->off[t] + first, offs, (size_t)count * sizeof(uint64_t));
+    memcpy(d->off[t] + (first - d->first[t]), offs, (size_t)count * sizeof(uint64_t));
+    return RI_OK;
+}
+
+ri_status_t gw_direct_share(gw_direct_t *d, gw_locs_t *locs)
+{
+    size_t n_tables;
+
+    if (d == NULL || locs == NULL || d->shared != NULL) {
+        gw_locs_release(locs);
+        return RI_ERR_INVALID;
+    }
+    n_tables = (size_t)d->n_layers * d->n_kv;
+    for (size_t t = 0; t < n_tables; t++)
+        if (d->cap[t] != 0) {
+            gw_locs_release(locs);
+            return RI_ERR_INVALID; /* before any other location: ids [0, first) are the prefix's */
+        }
+    d->shared = locs;
+    for (size_t t = 0; t < n_tables; t++)
+        d->sh[t] = gw_locs_table(locs, (uint32_t)t, &d->first[t]);
     return RI_OK;
 }
 
@@ -175,9 +212,12 @@ const uint8_t *gw_direct_pages(const gw_direct_t *d, uint32_t layer, uint32_t he
     if (d == NULL)
         return NULL;
     t = (size_t)layer * d->n_kv + head;
-    if (id >= d->cap[t])
+    if (id < d->first[t])
+        off = d->sh[t][id];
+    else if (id - d->first[t] < d->cap[t])
+        off = d->off[t][id - d->first[t]];
+    else
         return NULL;
-    off = d->off[t][id];
     len = (uint64_t)n_pages * d->page_bytes;
     if (cm_pfx_loc_is_block(off))
         return gw_direct_block_pages(d, off, len);

@@ -16,6 +16,7 @@
 #include <stdbool.h>
 #include <stdint.h>
 
+#include "gpuworker/client/gw_direct_share.h"
 #include "gpuworker/client/gw_io.h"
 #include "retroinfer/status.h"
 
@@ -38,6 +39,14 @@ ri_status_t gw_direct_apply(gw_direct_t *d, gw_io_t *io);
  * (gw_direct_set_block), CM_DP_NOT_DIRECT is fetched. */
 ri_status_t gw_direct_record(gw_direct_t *d, uint32_t layer, uint32_t head, uint32_t first, uint32_t count,
                              const uint64_t *offs);
+
+/* Read the locations of kvstore ids [0, n) of each table, n its count in
+ * locs, from locs (the attached prefix's, held once per process:
+ * gw_direct_share.h) rather than storing them.  Before any location is
+ * recorded or applied; those come after the shared ones.  Takes the
+ * caller's reference to locs (released at gw_direct_close), also on
+ * error. */
+ri_status_t gw_direct_share(gw_direct_t *d, gw_locs_t *locs);
 
 /* The attached block at slot is mapped at base (bytes long; gw_dp_map_block:
  * borrowed, owned by the connection, which outlives d). */

@@ -210,9 +210,7 @@ void gw_remote_destroy(gw_remote_t *r)
         gw_layer_t *L = &r->layers[l];
         for (uint32_t h = 0; L->hd != NULL && h < r->n_kv; h++) {
             gw_head_t *H = &L->hd[h];
-            for (uint32_t j = 0; H->cpg != NULL && j < H->rcap; j++)
-                cm_free(H->cpg[j]);
-            cm_free(H->cpg);
+            gw_cpg_clear(&H->cpg);
             cm_free(H->lid);
             cm_free(H->rid);
         }
@@ -319,12 +317,7 @@ ri_status_t gw_head_reserve(gw_head_t *H, uint32_t want)
             return RI_ERR_NOMEM;
         H->lid = nr;
     }
-    uint32_t **nc = cm_realloc(&gw_remote_tag, H->cpg, want * sizeof(uint32_t *));
-    if (nc == NULL)
-        return RI_ERR_NOMEM;
-    memset(nc + H->rcap, 0, (want - H->rcap) * sizeof(uint32_t *));
-    H->cpg = nc;
-    H->rcap = want;
+    H->rcap = want; /* the cache pages are kept for cached clusters only (gw_cpg.h) */
     return RI_OK;
 }
 

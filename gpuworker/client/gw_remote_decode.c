@@ -79,7 +79,7 @@ static ri_status_t gw_step_degrade(gw_remote_t *r, const kn_shape_t *grp)
     for (uint32_t h = 0; h < r->n_kv && st == RI_OK; h++) {
         uint32_t *ids = s->ids + (size_t)h * s->want, keep = 0;
         for (uint32_t i = 0; i < s->nr[h]; i++)
-            if (L->hd[h].cpg[ids[i]] != NULL) {
+            if (gw_cpg_get(&L->hd[h].cpg, ids[i]) != NULL) {
                 uint32_t t = ids[keep];
                 ids[keep++] = ids[i];
                 ids[i] = t;
@@ -221,7 +221,7 @@ ri_status_t gw_remote_decode_begin(gw_remote_t *r, uint32_t layer, const float *
             s->lids[k] = j;
             s->req[k++] = rid;
             worst += (uint64_t)gw_pages(r, idx->sizes[j]) * r->page_bytes;
-            if (L->hd[h].cpg[j] == NULL)
+            if (gw_cpg_get(&L->hd[h].cpg, j) == NULL)
                 all_cached = false;
             if (all_direct && gw_direct_pages(r->direct, layer, h, rid, gw_pages(r, idx->sizes[j])) == NULL)
                 all_direct = false;
@@ -428,8 +428,9 @@ static ri_status_t gw_step_resolve(gw_remote_t *r)
                 continue;
             }
             if (s->predicted) {
+                const uint32_t *pg = gw_cpg_get(&L->hd[h].cpg, j); /* cached: checked at begin */
                 for (uint32_t p = 0; p < np; p++)
-                    s->paddr[pc++] = r->cache + (size_t)L->hd[h].cpg[j][p] * r->page_bytes;
+                    s->paddr[pc++] = r->cache + (size_t)pg[p] * r->page_bytes;
                 continue;
             }
             cm_dp_entry_t en;

@@ -13,6 +13,7 @@
 
 #include "common/cm_dp_proto.h"
 #include "gpuworker/client/gw_copier.h"
+#include "gpuworker/client/gw_cpg.h"
 #include "gpuworker/client/gw_direct.h"
 #include "gpuworker/client/gw_io.h"
 #include "gpuworker/client/gw_meta_share.h"
@@ -29,14 +30,14 @@ typedef struct gw_head {
                               prefix's clusters are most of a sequence's; gw_rid, gw_lid) */
     uint32_t *rid;         /* local cluster id j >= base -> kvstore id, at [j - base]
                               (GW_NO_ID: empty, never uploaded) */
-    uint32_t rcap;         /* ids allocated: cpg [0, rcap), rid and lid [base, rcap) */
+    uint32_t rcap;         /* ids known: [0, rcap); rid and lid allocated for [base, rcap) */
     uint32_t n_remote;     /* clusters the kvstore holds for the head */
     uint32_t max_pages;    /* pages of the largest cluster */
     uint32_t n_attached;   /* clusters of attached prefix blocks: kvstore ids [0, n_attached),
                               local ids the same once the build imported them */
     uint32_t *lid;         /* kvstore id i >= base -> local cluster id, at [i - base] */
-    uint32_t **cpg;        /* per local cluster: its cache pages (owned), NULL when not
-                              cached: our mirror of the kvstore's directory */
+    gw_cpg_t cpg;          /* local cluster id -> its cache pages, for the cached ones only:
+                              our mirror of the kvstore's directory (owned) */
 } gw_head_t;
 
 /* Index state of one layer, all KV heads.  The index, its budgets and its
@@ -184,7 +185,7 @@ static inline void gw_fetch_job_init(gw_io_job_t *job, const gw_remote_t *r, uin
     job->timeout_ms = r->p.timeout_ms;
 }
 
-/* Room for ids [0, want) in H's rid, lid and cpg (new cpg entries NULL). */
+/* Room for ids [0, want) in H's rid and lid. */
 ri_status_t gw_head_reserve(gw_head_t *H, uint32_t want);
 
 /* The kvstore id of H's local cluster j (j < rcap). */

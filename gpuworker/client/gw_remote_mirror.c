@@ -31,10 +31,7 @@ void gw_mirror_clear(gw_remote_t *r)
     for (uint32_t l = 0; l < r->n_layers; l++) {
         gw_layer_t *L = &r->layers[l];
         for (uint32_t h = 0; h < r->n_kv; h++)
-            for (uint32_t j = 0; L->hd[h].cpg != NULL && j < L->hd[h].rcap; j++) {
-                cm_free(L->hd[h].cpg[j]);
-                L->hd[h].cpg[j] = NULL;
-            }
+            gw_cpg_clear(&L->hd[h].cpg);
     }
 }
 
@@ -49,8 +46,7 @@ ri_status_t gw_mirror_apply(gw_remote_t *r, uint32_t layer, const cm_dp_fetch_re
             return RI_ERR_PROTOCOL;
         gw_layer_t *E = &r->layers[ev.layer];
         uint32_t j = gw_lid(&E->hd[ev.head], ev.cluster);
-        cm_free(E->hd[ev.head].cpg[j]);
-        E->hd[ev.head].cpg[j] = NULL;
+        gw_cpg_del(&E->hd[ev.head].cpg, j);
     }
     gw_layer_t *L = &r->layers[layer];
     uint32_t e = 0;
@@ -62,16 +58,12 @@ ri_status_t gw_mirror_apply(gw_remote_t *r, uint32_t layer, const cm_dp_fetch_re
             cm_dp_reply_entry(v, e, &en);
             if (!(en.flags & (CM_DP_F_HIT | CM_DP_F_ADMITTED)))
                 continue;
-            uint32_t *pg = L->hd[h].cpg[j];
-            if (pg == NULL) {
-                if (en.flags & CM_DP_F_HIT)
-                    cm_warn("data plane: a hit the worker did not know of (layer %u head %u cluster %u)", layer,
-                            h, en.cluster);
-                pg = cm_malloc(&gw_remote_tag, en.n_pages * sizeof(uint32_t));
-                if (pg == NULL)
-                    return RI_ERR_NOMEM;
-                L->hd[h].cpg[j] = pg;
-            }
+            if ((en.flags & CM_DP_F_HIT) && gw_cpg_get(&L->hd[h].cpg, j) == NULL)
+                cm_warn("data plane: a hit the worker did not know of (layer %u head %u cluster %u)", layer, h,
+                        en.cluster);
+            uint32_t *pg = gw_cpg_put(&L->hd[h].cpg, j, en.n_pages);
+            if (pg == NULL)
+                return RI_ERR_NOMEM;
             for (uint32_t p = 0; p < en.n_pages; p++)
                 pg[p] = cm_dp_reply_page(v, en.page_index + p);
         }
@@ -193,7 +185,7 @@ ri_status_t gw_pend_submit(gw_remote_t *r, uint32_t layer, uint32_t n_heads, uin
             i = 0;
         }
         uint32_t hh = s->heads[h], j = s->lids[e], n = gw_pages(r, L->idx[hh].sizes[j]);
-        memcpy(pd->pages + np, L->hd[hh].cpg[j], n * sizeof(uint32_t));
+        memcpy(pd->pages + np, gw_cpg_get(&L->hd[hh].cpg, j), n * sizeof(uint32_t));
         np += n;
         i++;
     }

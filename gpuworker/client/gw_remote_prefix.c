@@ -12,6 +12,7 @@
 #include "common/cm_dp_prefix.h"
 #include "common/cm_log.h"
 #include "common/cm_status.h"
+#include "gpuworker/client/gw_direct_share.h"
 #include "gpuworker/client/gw_dp.h"
 #include "gpuworker/client/gw_remote_int.h"
 
@@ -95,32 +96,56 @@ static void gw_prefix_count(gw_remote_t *r, const uint8_t *buf, uint64_t len)
     }
 }
 
-/* LOCATE every attached cluster, so that steps read them in place. */
-static ri_status_t gw_prefix_locate(gw_remote_t *r, gw_dp_t *dp)
+/* Hold the LOCATE answers locs (counts[t] a table, table after table) for
+ * the direct reads: the process's copy when they equal it (key: the last
+ * attached block), else the sequence's own. */
+static ri_status_t gw_prefix_keep_locs(gw_remote_t *r, const uint8_t *key, const uint32_t *counts, const uint64_t *locs)
 {
-    uint64_t *offs = NULL;
-    uint32_t cap = 0;
-    ri_status_t st = RI_OK;
+    uint32_t n_tables = r->n_layers * r->n_kv;
+    gw_locs_t *shared = NULL;
+    ri_status_t st = RI_ERR_UNSUPPORTED;
+    uint64_t at = 0;
 
-    for (uint32_t l = 0; l < r->n_layers && st == RI_OK; l++)
-        for (uint32_t h = 0; h < r->n_kv && st == RI_OK; h++) {
-            uint32_t n = r->layers[l].hd[h].n_attached;
-            if (n == 0)
-                continue;
-            if (n > cap) {
-                uint64_t *no = cm_realloc(&gw_remote_pfx_tag, offs, (size_t)n * sizeof(uint64_t));
-                if (no == NULL) {
-                    st = RI_ERR_NOMEM;
-                    break;
-                }
-                offs = no;
-                cap = n;
-            }
-            st = gw_dp_locate(dp, l, h, 0, n, offs);
-            if (st == RI_OK)
-                st = gw_direct_record(r->direct, l, h, 0, n, offs);
-        }
-    cm_free(offs);
+#ifndef GW_PREFIX_MUTANT_PRIVATE_LOCS /* the mutant: every sequence stores them, as before */
+    st = gw_locs_acquire(key, r->pfx_blocks, n_tables, r->page_bytes, counts, locs, &shared);
+#endif
+    if (st == RI_OK)
+        return gw_direct_share(r->direct, shared); /* takes the reference */
+    if (st == RI_ERR_EXISTS)
+        cm_info("prefix: the locations of %u attached blocks differ from the process's copy: this sequence keeps "
+                "its own",
+                r->pfx_blocks);
+    st = RI_OK;
+    for (uint32_t t = 0; t < n_tables && st == RI_OK; at += counts[t], t++)
+        if (counts[t] > 0)
+            st = gw_direct_record(r->direct, t / r->n_kv, t % r->n_kv, 0, counts[t], locs + at);
+    return st;
+}
+
+/* LOCATE every attached cluster, so that steps read them in place. */
+static ri_status_t gw_prefix_locate(gw_remote_t *r, gw_dp_t *dp, const uint8_t *key)
+{
+    uint32_t n_tables = r->n_layers * r->n_kv;
+    uint32_t *counts = cm_calloc(&gw_remote_pfx_tag, n_tables, sizeof(*counts));
+    uint64_t *locs = NULL, total = 0, at = 0;
+    ri_status_t st = counts != NULL ? RI_OK : RI_ERR_NOMEM;
+
+    for (uint32_t t = 0; st == RI_OK && t < n_tables; t++) {
+        counts[t] = r->layers[t / r->n_kv].hd[t % r->n_kv].n_attached;
+        total += counts[t];
+    }
+    if (st == RI_OK && total > 0) {
+        /* all of them at once (transient): compared whole with the shared copy */
+        locs = cm_malloc(&gw_remote_pfx_tag, (size_t)total * sizeof(*locs));
+        st = locs != NULL ? RI_OK : RI_ERR_NOMEM;
+    }
+    for (uint32_t t = 0; st == RI_OK && t < n_tables; at += counts[t], t++)
+        if (counts[t] > 0)
+            st = gw_dp_locate(dp, t / r->n_kv, t % r->n_kv, 0, counts[t], locs + at);
+    if (st == RI_OK && total > 0)
+        st = gw_prefix_keep_locs(r, key, counts, locs);
+    cm_free(locs);
+    cm_free(counts);
     return st;
 }
 
@@ -155,7 +180,7 @@ static ri_status_t gw_prefix_attach_call(gw_dp_t *dp, void *arg)
             gw_prefix_count(r, buf, a->att[i].block_bytes);
     }
     if (st == RI_OK && r->direct != NULL)
-        st = gw_prefix_locate(r, dp);
+        st = gw_prefix_locate(r, dp, a->keys + (size_t)(a->n_att - 1) * CM_PFX_KEY_SIZE);
     return st;
 }
 

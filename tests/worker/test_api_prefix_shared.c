@@ -20,8 +20,11 @@
  *     a per-sequence copy of the tables alone fails the page check (the
  *     mutant test_api_prefix_shared_mutant_tables).
  * The copy is closed with the last session.  And once every layer is
- * prefilled, no session holds the blocks' parse any more (heap by
- * allocation tag).  Skipped (77) without the daemon.
+ * prefilled, no session holds the blocks' parse any more, and of the
+ * attached clusters neither their ids, nor a cache-page pointer each, nor
+ * their direct-read locations (those are held once per process,
+ * gw_direct_share.h, and freed with the last session): heap by allocation
+ * tag.  Skipped (77) without the daemon.
  */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -34,6 +37,7 @@
 #include <cmocka.h>
 
 #include "common/cm_alloc.h"
+#include "gpuworker/client/gw_direct_share.h"
 #include "gpuworker/client/gw_meta_share.h"
 #include "gpuworker/client/gw_prefix.h"
 #include "gpuworker/client/gw_prefix_seq.h"
@@ -55,10 +59,18 @@
 /* Heap of the blocks' parse a decoding session may still hold: none is
  * expected; a few small allocations of slack */
 #define PARSE_SLACK 4096
-/* Remote bookkeeping bytes a session may hold per attached cluster: 8 (its
- * cache-page pointer) and some slack for its own clusters and step buffers
- * (16 with the ids stored per session) */
-#define IDS_PER_CLUSTER 12
+/* Remote bookkeeping bytes a session may hold per attached cluster: its
+ * block cache's pages (for the cached clusters only: 5% of them, 16 bytes of
+ * map slot and 4 a page each), its own clusters and step buffers (8 more
+ * with the ids stored per session, 8 more with a cache-page pointer for
+ * every cluster) */
+#define IDS_PER_CLUSTER  6
+/* Direct-read bytes a session may hold: its access records (48 KiB) and its
+ * own clusters' locations (256 to a table at first, 16 KiB here), and a
+ * byte of slack per attached cluster; not the attached ones' locations (8
+ * bytes a cluster when stored per session: 93 KB more here) */
+#define LOCS_FIXED       (72 * 1024)
+#define LOCS_PER_CLUSTER 1
 
 typedef struct fx {
     wk_env_t env;
@@ -74,7 +86,9 @@ typedef struct run {
     float out[NSEQ][STEPS][NL][NQ * D];
     long pss_one, pss_all; /* kB after the first session, after all of them */
     long parse_one, parse_all; /* bytes of the blocks' parse (tags gw.prefix, gw.remote.prefix), the same */
-    long ids_one, ids_all;     /* bytes of the remote bookkeeping (tag gw.remote), the same */
+    long ids_one, ids_all;     /* bytes of the remote bookkeeping (tags gw.remote, gw.remote.cpg), the same */
+    long locs_one, locs_all;   /* bytes of the direct-read locations (gw.direct, gw.direct.share), the same */
+    uint32_t loc_copies;       /* the process's copies of the attached locations while they lived */
     uint32_t copies;       /* shared copies held while they lived */
     uint64_t copy_bytes;
     uint64_t geom_bytes;   /* one session's attached rows and tables (check_views) */
@@ -148,15 +162,31 @@ static long parse_bytes(void)
 
 static void add_remote_tag(const cm_alloc_tag_t *tag, void *arg)
 {
-    if (strcmp(tag->name, "gw.remote") == 0)
+    if (strcmp(tag->name, "gw.remote") == 0 || strcmp(tag->name, "gw.remote.cpg") == 0)
         *(long *)arg += (long)atomic_load(&tag->bytes);
 }
 
-/* Live heap bytes of the sessions' remote bookkeeping (gw_remote_int.h). */
+/* Live heap bytes of the sessions' remote bookkeeping (gw_remote_int.h) and
+ * of their block caches' page lists (gw_cpg.h). */
 static long remote_bytes(void)
 {
     long n = 0;
     cm_alloc_visit(add_remote_tag, &n);
+    return n;
+}
+
+static void add_locs_tag(const cm_alloc_tag_t *tag, void *arg)
+{
+    if (strcmp(tag->name, "gw.direct") == 0 || strcmp(tag->name, "gw.direct.share") == 0)
+        *(long *)arg += (long)atomic_load(&tag->bytes);
+}
+
+/* Live heap bytes of the direct reads' locations (gw_direct.h), the
+ * process's shared copies (gw_direct_share.h) included. */
+static long locs_bytes(void)
+{
+    long n = 0;
+    cm_alloc_visit(add_locs_tag, &n);
     return n;
 }
 
@@ -212,6 +242,9 @@ static ri_session_h run_session(fx_t *f, uint32_t i, run_t *r)
             assert_int_equal(ri_decode(&s, 1, l, q, &sv, r->out[i][step][l]), RI_OK);
         }
     assert_int_equal(ri_session_status(s), RI_OK);
+    /* the connection's queue drained: no access records in flight (48 KiB
+     * each), whose timing would move the heap counters read next */
+    assert_int_equal(ri_prefill_wait(s), RI_OK);
     return s;
 }
 
@@ -259,22 +292,26 @@ static void check_views(fx_t *f, ri_session_h a, ri_session_h b, bool share, uin
 static void run_all(fx_t *f, bool share, run_t *r)
 {
     ri_session_h s[NSEQ];
-    long p0, b0, i0;
+    long p0, b0, i0, l0;
 
     gw_meta_set_sharing(share);
     p0 = pss_kb();
     b0 = parse_bytes();
     i0 = remote_bytes();
+    l0 = locs_bytes();
     s[0] = run_session(f, 0, r);
     r->pss_one = pss_kb() - p0;
     r->parse_one = parse_bytes() - b0;
     r->ids_one = remote_bytes() - i0;
+    r->locs_one = locs_bytes() - l0;
     for (uint32_t i = 1; i < NSEQ; i++)
         s[i] = run_session(f, i, r);
     r->pss_all = pss_kb() - p0;
     r->parse_all = parse_bytes() - b0;
     r->ids_all = remote_bytes() - i0;
+    r->locs_all = locs_bytes() - l0;
     gw_meta_stats(&r->copies, &r->copy_bytes);
+    gw_locs_stats(&r->loc_copies, NULL);
     check_views(f, s[0], s[1], share, &r->geom_bytes, &r->n_att);
     for (uint32_t i = 0; i < NSEQ; i++)
         ri_session_close(s[i]);
@@ -282,8 +319,10 @@ static void run_all(fx_t *f, bool share, run_t *r)
            "and tables %.1f MiB)\n",
            share ? "shared" : "private", r->pss_one, r->pss_all, NSEQ, r->copies, r->copy_bytes / 1048576.0,
            r->geom_bytes / 1048576.0);
-    printf("%s: the blocks' parse: %ld bytes after one session, %ld after %d; remote bookkeeping %ld, %ld\n",
-           share ? "shared" : "private", r->parse_one, r->parse_all, NSEQ, r->ids_one, r->ids_all);
+    printf("%s: the blocks' parse: %ld bytes after one session, %ld after %d; remote bookkeeping %ld, %ld; "
+           "direct-read locations %ld, %ld (%u shared copies); %llu attached clusters a session\n",
+           share ? "shared" : "private", r->parse_one, r->parse_all, NSEQ, r->ids_one, r->ids_all, r->locs_one,
+           r->locs_all, r->loc_copies, (unsigned long long)r->n_att);
 }
 
 static void test_sessions_share_the_prefix_index(void **state)
@@ -349,13 +388,22 @@ static void test_sessions_share_the_prefix_index(void **state)
     for (int i = 0; i < 2; i++) {
         const run_t *r = i ? &shared : &priv;
         assert_true(r->parse_one <= PARSE_SLACK && r->parse_all <= PARSE_SLACK);
-        /* the remote bookkeeping of a session: its block cache's pointer
-         * per cluster (8 bytes) and its own clusters' ids; the attached
-         * clusters' ids (8 bytes more a cluster) are not stored (mutant
-         * test_api_prefix_shared_mutant_store_ids) */
+        /* the remote bookkeeping of a session: its cached clusters' pages
+         * and its own clusters' ids; the attached clusters' ids (8 bytes
+         * more a cluster) are not stored (mutant
+         * test_api_prefix_shared_mutant_store_ids), nor a cache-page
+         * pointer for each (8 bytes more) */
         long ids_per = (r->ids_all - r->ids_one) / (NSEQ - 1);
         assert_true(ids_per <= (long)r->n_att * IDS_PER_CLUSTER);
+        /* nor a location per attached cluster: the sessions read the
+         * process's one copy (mutant test_api_prefix_shared_mutant_private_locs) */
+        long locs_per = (r->locs_all - r->locs_one) / (NSEQ - 1);
+        assert_true(locs_per <= LOCS_FIXED + (long)r->n_att * LOCS_PER_CLUSTER);
+        assert_true(r->loc_copies <= 1);
     }
+    gw_locs_stats(&copies, &bytes);
+    assert_int_equal(copies, 0); /* freed with the last session */
+    assert_int_equal(bytes, 0);
     /* sessions 2 and 3 cost the same but for the copies: each its own copy
      * of the rows and tables grows the process by two copies more than
      * sharing (1.5 leaves room for the heap's noise); a per-sequence copy

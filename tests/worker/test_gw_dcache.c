@@ -140,7 +140,8 @@ static uint32_t check_mirror(fx_t *f, gw_remote_t *r)
             const kn_index_t *idx = gw_remote_index(r, l, h);
             const gw_head_t *H = &r->layers[l].hd[h];
             for (uint32_t j = 0; j < idx->n_clusters && j < H->rcap; j++) {
-                if (H->cpg[j] == NULL)
+                const uint32_t *cp = gw_cpg_get(&H->cpg, j);
+                if (cp == NULL)
                     continue;
                 uint32_t n = idx->sizes[j], np = gw_pages(r, n);
                 const uint32_t *perm = idx->perm + idx->offsets[j];
@@ -154,7 +155,7 @@ static uint32_t check_mirror(fx_t *f, gw_remote_t *r)
                     memcpy(pg + (size_t)(r->P + i % r->P) * row, kv.v + src, row);
                 }
                 for (uint32_t p = 0; p < np; p++) {
-                    uint32_t pg = H->cpg[j][p];
+                    uint32_t pg = cp[p];
                     assert_true(pg < r->cache_pages);
                     assert_int_equal(seen[pg], 0); /* one cluster per page */
                     seen[pg] = 1;
@@ -222,7 +223,7 @@ static void test_copy_error_admits_nothing(void **state)
         for (uint32_t h = 0; h < NKV; h++) {
             const gw_head_t *H = &r->layers[l].hd[h];
             for (uint32_t j = 0; j < H->rcap; j++)
-                assert_null(H->cpg[j]);
+                assert_null(gw_cpg_get(&H->cpg, j));
         }
     kn_kv_view_t kv = fx_view(f, 0);
     assert_int_equal(gw_remote_decode(r, 0, q, &kv, o, NULL), RI_ERR_DEVICE); /* sticky */
