@@ -1,12 +1,13 @@
 /*
  * What the wave-index tests share: two indexes equal field by field
- * (counts, tables and the fp16 rows of every cluster).  Include after
- * <cmocka.h>.
+ * (counts, tables and the rows of every cluster), and the piece of one
+ * prefix block cut out of a built index.  Include after <cmocka.h>.
  */
 #ifndef KN_TEST_INDEX_H
 #define KN_TEST_INDEX_H
 
 #include "kernels/kn_ops.h"
+#include "kernels/kn_wave.h"
 
 static inline void kn_expect_index_equal(const kn_index_t *a, const kn_index_t *b)
 {
@@ -19,6 +20,26 @@ static inline void kn_expect_index_equal(const kn_index_t *a, const kn_index_t *
     assert_memory_equal(a->centroids, b->centroids, a->n_clusters * row);
     assert_memory_equal(a->vq, b->vq, (size_t)a->n_clusters * a->head_dim);
     assert_memory_equal(a->vscale, b->vscale, a->n_clusters * sizeof(float));
+}
+
+/* The piece of the block [first_pos, first_pos + B) of idx, whose clusters
+ * start at lo (past the sinks in block 0): views into idx, as an exporter
+ * hands them to kn_wave_build_pieces. */
+static inline ri_status_t kn_test_block_piece(const kn_index_t *idx, uint32_t first_pos, uint32_t lo, uint32_t B,
+                                              kn_wave_piece_t *pc)
+{
+    uint32_t j0, j1;
+    ri_status_t st = kn_wave_block_clusters(idx, lo, first_pos + B - lo, &j0, &j1);
+    if (st != RI_OK)
+        return st;
+    *pc = (kn_wave_piece_t){.first_pos = first_pos,
+                            .n_clusters = j1 - j0,
+                            .sizes = idx->sizes + j0,
+                            .perm = idx->perm + idx->offsets[j0],
+                            .centroids = idx->centroids + (size_t)j0 * idx->head_dim,
+                            .vq = idx->vq + (size_t)j0 * idx->head_dim,
+                            .vscale = idx->vscale + j0};
+    return RI_OK;
 }
 
 #endif /* KN_TEST_INDEX_H */

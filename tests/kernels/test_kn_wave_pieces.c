@@ -75,16 +75,8 @@ static kn_wave_t *pc_build(const pc_kv_t *x)
 /* The piece of block b of head h of idx. */
 static void pc_export(const kn_index_t *idx, uint32_t sink, uint32_t b, kn_wave_piece_t *pc)
 {
-    uint32_t lo = b == 0 ? sink : b * PC_B, j0, j1;
-    assert_int_equal(kn_wave_block_clusters(idx, lo, (b + 1) * PC_B - lo, &j0, &j1), RI_OK);
-    assert_true(j1 > j0);
-    *pc = (kn_wave_piece_t){ .first_pos = b * PC_B,
-                             .n_clusters = j1 - j0,
-                             .sizes = idx->sizes + j0,
-                             .perm = idx->perm + idx->offsets[j0],
-                             .centroids = idx->centroids + (size_t)j0 * idx->head_dim,
-                             .vq = idx->vq + (size_t)j0 * idx->head_dim,
-                             .vscale = idx->vscale + j0 };
+    assert_int_equal(kn_test_block_piece(idx, b * PC_B, b == 0 ? sink : b * PC_B, PC_B, pc), RI_OK);
+    assert_true(pc->n_clusters > 0);
 }
 
 static void pc_expect_piece_equal(const kn_wave_piece_t *a, const kn_wave_piece_t *b)

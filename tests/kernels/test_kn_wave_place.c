@@ -196,17 +196,10 @@ static ri_status_t wp_get(void *ctx, uint32_t b, uint32_t h, kn_wave_piece_t *pc
 {
     const wp_src_t *s = ctx;
     const kn_index_t *idx = kn_wave_index(s->w, h);
-    uint32_t sink = kn_wave_params(s->w)->sink_tokens, lo = b == 0 ? sink : b * WP_B, j0, j1;
+    uint32_t sink = kn_wave_params(s->w)->sink_tokens;
     if (s->fail && b == 1 && h == 1)
         return RI_ERR_IO;
-    assert_int_equal(kn_wave_block_clusters(idx, lo, (b + 1) * WP_B - lo, &j0, &j1), RI_OK);
-    *pc = (kn_wave_piece_t){ .first_pos = b * WP_B,
-                             .n_clusters = j1 - j0,
-                             .sizes = idx->sizes + j0,
-                             .perm = idx->perm + idx->offsets[j0],
-                             .centroids = idx->centroids + (size_t)j0 * WP_D,
-                             .vq = idx->vq + (size_t)j0 * WP_D,
-                             .vscale = idx->vscale + j0 };
+    assert_int_equal(kn_test_block_piece(idx, b * WP_B, b == 0 ? sink : b * WP_B, WP_B, pc), RI_OK);
     return RI_OK;
 }
 

@@ -20,6 +20,7 @@
 #include "common/cm_alloc.h"
 #include "gpuworker/model/mdl_model.h"
 #include "kernels/kn_wave.h"
+#include "tests/kernels/kn_test_index.h"
 #include "tm_util.h"
 
 #define TP_N 1536u      /* prompt tokens */
@@ -107,19 +108,11 @@ static ri_status_t tp_get(void *ctx, uint32_t b, uint32_t kv_head, kn_wave_piece
 {
     tp_layer_src_t *ls = ctx;
     const kn_index_t *idx = mdl_seq_wave_index(ls->a, ls->layer, kv_head);
-    uint32_t lo = b == 0 ? ls->sink : b * ls->block, j0, j1;
     ri_status_t st;
     if (idx == NULL)
         return RI_ERR_NOT_FOUND;
-    if ((st = kn_wave_block_clusters(idx, lo, (b + 1) * ls->block - lo, &j0, &j1)) != RI_OK)
+    if ((st = kn_test_block_piece(idx, b * ls->block, b == 0 ? ls->sink : b * ls->block, ls->block, pc)) != RI_OK)
         return st;
-    *pc = (kn_wave_piece_t){ .first_pos = b * ls->block,
-                             .n_clusters = j1 - j0,
-                             .sizes = idx->sizes + j0,
-                             .perm = idx->perm + idx->offsets[j0],
-                             .centroids = idx->centroids + (size_t)j0 * idx->head_dim,
-                             .vq = idx->vq + (size_t)j0 * idx->head_dim,
-                             .vscale = idx->vscale + j0 };
     (*ls->gets)++;
     return RI_OK;
 }
