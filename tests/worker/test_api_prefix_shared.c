@@ -377,7 +377,7 @@ static void test_sessions_share_the_prefix_index(void **state)
     assert_int_equal(priv.copies, 0);
     assert_int_equal(shared.copies, 1); /* one copy for the three sessions */
     assert_int_equal(shared.geom_bytes, priv.geom_bytes);
-    assert_true(shared.geom_bytes >= (uint64_t)NL * NKV * (N - 500) / 4 * (3 * D + 28));
+    assert_true(shared.geom_bytes >= (uint64_t)NL * NKV * (N - 500) / 4 * (2 * D + 32));
     assert_true(shared.copy_bytes >= shared.geom_bytes); /* the file holds it all, page-aligned */
     assert_int_equal(copies, 0); /* closed with the last session */
     assert_int_equal(bytes, 0);
