@@ -370,6 +370,22 @@ static void kn_cpu_scores(const float *qs, uint32_t g, uint32_t d, const cm_fp16
         }
 }
 
+/* logits [g][C] of scaled q against the index's int8 centroids, each
+ * cluster's dot times its scale (kn_cq_dot). */
+static void kn_cpu_cscores(const float *qs, uint32_t g, uint32_t d, const kn_index_t *idx, float *out, bool simd)
+{
+    size_t n = idx->n_clusters;
+    if (simd) {
+        for (size_t t0 = 0; t0 < n; t0 += 4096) /* out stride is n; blocks keep rows in L2 */
+            kn_scores_q_avx2(qs, g, d, idx->centroids + t0 * d, idx->cscale + t0, CM_MIN((size_t)4096, n - t0),
+                             out + t0, n);
+        return;
+    }
+    for (size_t t = 0; t < n; t++)
+        for (uint32_t h = 0; h < g; h++)
+            out[(size_t)h * n + t] = kn_cq_dot(qs + (size_t)h * d, idx->centroids, idx->cscale, t, d);
+}
+
 void kn_group_scores(const float *qs, uint32_t g, uint32_t d, const cm_fp16_t *rows, size_t stride,
                      size_t n, float *out)
 {
@@ -584,7 +600,7 @@ static ri_status_t kn_cpu_rank_impl(const kn_shape_t *grp, const float *q, const
     scratch = score + C + 1;
     for (size_t i = 0; i < (size_t)g * d; i++)
         qs[i] = q[i] * scale;
-    kn_cpu_scores(qs, g, d, idx->centroids, d, C, logit, simd);
+    kn_cpu_cscores(qs, g, d, idx, logit, simd);
     kn_rank_softmax(g, idx, logit, mh, score, (uint32_t *)scratch, simd);
     for (uint32_t j = 0; j < C; j++)
         avail += idx->sizes[j] != 0;
@@ -661,17 +677,11 @@ static ri_status_t kn_cpu_estimate(const kn_shape_t *grp, const float *q, const 
         qs[i] = q[i] * scale;
     /* logits of the listed centroids */
     if (simd) {
-        kn_scores_gather_avx2(qs, g, d, idx->centroids, ids, n, w, n);
+        kn_scores_gather_q_avx2(qs, g, d, idx->centroids, idx->cscale, ids, n, w, n);
     } else {
-        for (size_t e = 0; e < n; e++) {
-            const cm_fp16_t *c = idx->centroids + (size_t)ids[e] * d;
-            for (uint32_t h = 0; h < g; h++) {
-                float s = 0.0f;
-                for (uint32_t i = 0; i < d; i++)
-                    s += qs[(size_t)h * d + i] * cm_fp16_to_f32(c[i]);
-                w[(size_t)h * n + e] = s;
-            }
-        }
+        for (size_t e = 0; e < n; e++)
+            for (uint32_t h = 0; h < g; h++)
+                w[(size_t)h * n + e] = kn_cq_dot(qs + (size_t)h * d, idx->centroids, idx->cscale, ids[e], d);
     }
     /* per cluster once: ln n_j and 1/n_j (0 for an empty cluster) */
     for (size_t e = 0; e < n; e++) {

@@ -26,6 +26,12 @@ KN_TI __m256 kn_load_h(const cm_fp16_t *p)
     return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)p));
 }
 
+/* 8 int8 widened to fp32 (exact: every int8 is an fp32) */
+KN_TI __m256 kn_load_q(const int8_t *p)
+{
+    return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)p)));
+}
+
 KN_TI float kn_hsum(__m256 v)
 {
     __m128 a = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
@@ -55,6 +61,33 @@ KN_TI __m256 kn_exp256(__m256 x)
     return _mm256_and_ps(_mm256_mul_ps(y, _mm256_castsi256_ps(e)), keep);
 }
 
+/* out[h*os + r] = the total of acc[h*R + r], times sc[r*ss] when sc is
+ * not NULL (an int8 row's scale: once on the finished dot, as kn_cq_dot). */
+KN_TI void kn_rows_store(const __m256 *acc, float *out, size_t os, const float *sc, size_t ss, const int G, const int R)
+{
+    if (G * R == 8) {
+        /* reduce the 8 accumulators at once: 6 hadds and a lane swap instead
+         * of 8 separate horizontal sums */
+        __m256 h01 = _mm256_hadd_ps(acc[0], acc[1]), h23 = _mm256_hadd_ps(acc[2], acc[3]);
+        __m256 h45 = _mm256_hadd_ps(acc[4], acc[5]), h67 = _mm256_hadd_ps(acc[6], acc[7]);
+        __m256 a = _mm256_hadd_ps(h01, h23), b = _mm256_hadd_ps(h45, h67);
+        __m256 sum = _mm256_add_ps(_mm256_permute2f128_ps(a, b, 0x20), _mm256_permute2f128_ps(a, b, 0x31));
+        float tmp[8] __attribute__((aligned(32)));
+        _mm256_store_ps(tmp, sum); /* tmp[i] = total of acc[i] */
+#pragma GCC unroll 8
+        for (int h = 0; h < G; h++)
+#pragma GCC unroll 4
+            for (int r = 0; r < R; r++)
+                out[(size_t)h * os + r] = sc ? tmp[h * R + r] * sc[(size_t)r * ss] : tmp[h * R + r];
+        return;
+    }
+#pragma GCC unroll 8
+    for (int h = 0; h < G; h++)
+#pragma GCC unroll 4
+        for (int r = 0; r < R; r++)
+            out[(size_t)h * os + r] = sc ? kn_hsum(acc[h * R + r]) * sc[(size_t)r * ss] : kn_hsum(acc[h * R + r]);
+}
+
 /* Scores of R consecutive rows for G heads: out[h*os + r] = q_h . row_r. */
 KN_TI void kn_rows_scores(const float *q, uint32_t d, const cm_fp16_t *k, size_t stride,
                           float *out, size_t os, const int G, const int R)
@@ -76,27 +109,33 @@ KN_TI void kn_rows_scores(const float *q, uint32_t d, const cm_fp16_t *k, size_t
                 acc[h * R + r] = _mm256_fmadd_ps(qv, kv[r], acc[h * R + r]);
         }
     }
-    if (G * R == 8) {
-        /* reduce the 8 accumulators at once: 6 hadds and a lane swap instead
-         * of 8 separate horizontal sums */
-        __m256 h01 = _mm256_hadd_ps(acc[0], acc[1]), h23 = _mm256_hadd_ps(acc[2], acc[3]);
-        __m256 h45 = _mm256_hadd_ps(acc[4], acc[5]), h67 = _mm256_hadd_ps(acc[6], acc[7]);
-        __m256 a = _mm256_hadd_ps(h01, h23), b = _mm256_hadd_ps(h45, h67);
-        __m256 sum = _mm256_add_ps(_mm256_permute2f128_ps(a, b, 0x20), _mm256_permute2f128_ps(a, b, 0x31));
-        float tmp[8] __attribute__((aligned(32)));
-        _mm256_store_ps(tmp, sum);  /* tmp[i] = total of acc[i] */
-#pragma GCC unroll 8
-        for (int h = 0; h < G; h++)
-#pragma GCC unroll 4
-            for (int r = 0; r < R; r++)
-                out[(size_t)h * os + r] = tmp[h * R + r];
-        return;
-    }
-#pragma GCC unroll 8
-    for (int h = 0; h < G; h++)
+    kn_rows_store(acc, out, os, NULL, 0, G, R);
+}
+
+/* The same over R int8 rows (row r at k + r*stride, its scale at
+ * sc[r*ss]): out[h*os + r] = sc_r * (q_h . row_r), the int8 widened to
+ * fp32 as it is loaded (the centroids' rank). */
+KN_TI void kn_rows_scores_q(const float *q, uint32_t d, const int8_t *k, size_t stride, const float *sc, size_t ss,
+                            float *out, size_t os, const int G, const int R)
+{
+    __m256 acc[KN_GMAX * 4];
+#pragma GCC unroll 32
+    for (int a = 0; a < G * R; a++)
+        acc[a] = _mm256_setzero_ps();
+    for (uint32_t i = 0; i < d; i += 8) {
+        __m256 kv[4];
 #pragma GCC unroll 4
         for (int r = 0; r < R; r++)
-            out[(size_t)h * os + r] = kn_hsum(acc[h * R + r]);
+            kv[r] = kn_load_q(k + (size_t)r * stride + i);
+#pragma GCC unroll 8
+        for (int h = 0; h < G; h++) {
+            __m256 qv = _mm256_loadu_ps(q + (size_t)h * d + i);
+#pragma GCC unroll 4
+            for (int r = 0; r < R; r++)
+                acc[h * R + r] = _mm256_fmadd_ps(qv, kv[r], acc[h * R + r]);
+        }
+    }
+    kn_rows_store(acc, out, os, sc, ss, G, R);
 }
 
 /* Prefetch the cache lines of row t of a and b if t < n_pf.  b == NULL: a
@@ -345,37 +384,101 @@ KN_T void kn_scores_avx2(const float *qs, uint32_t g, uint32_t d, const cm_fp16_
     }
 }
 
-/* Scores of rows base + ids[e]*d (ascending ids) two at a time: the pair is
- * passed as rows 0 and 1 with the stride between them. */
-KN_TI void kn_scores_gather_g(const float *qs, uint32_t d, const cm_fp16_t *base,
-                              const uint32_t *ids, size_t n, float *out, size_t os, const int G)
+/* The centroid scan over int8 rows (d bytes each, contiguous): row t + KN_SCAN_PD
+ * prefetched into L2 as the fp16 scan does. */
+KN_TI void kn_scores_q_g(const float *qs, uint32_t d, const int8_t *c8, const float *sc, size_t n, float *out,
+                         size_t os, const int G)
+{
+    const int R = G >= 5 ? 1 : (G >= 3 ? 2 : 4);
+    size_t t = 0;
+    for (; t + R <= n; t += R) {
+#pragma GCC unroll 4
+        for (int r = 0; r < R; r++)
+            for (uint32_t i = 0; i < d; i += 64) /* past the end: a wasted slot, never a fault */
+                _mm_prefetch((const char *)(c8 + (t + r + KN_SCAN_PD) * d + i), _MM_HINT_T1);
+        kn_rows_scores_q(qs, d, c8 + t * d, d, sc + t, 1, out + t, os, G, R);
+    }
+    for (; t < n; t++)
+        kn_rows_scores_q(qs, d, c8 + t * d, d, sc + t, 1, out + t, os, G, 1);
+}
+
+KN_T void kn_scores_q_avx2(const float *qs, uint32_t g, uint32_t d, const int8_t *c8, const float *sc, size_t n,
+                           float *out, size_t os)
+{
+    switch (g) {
+    case 1:
+        kn_scores_q_g(qs, d, c8, sc, n, out, os, 1);
+        break;
+    case 2:
+        kn_scores_q_g(qs, d, c8, sc, n, out, os, 2);
+        break;
+    case 3:
+        kn_scores_q_g(qs, d, c8, sc, n, out, os, 3);
+        break;
+    case 4:
+        kn_scores_q_g(qs, d, c8, sc, n, out, os, 4);
+        break;
+    case 5:
+        kn_scores_q_g(qs, d, c8, sc, n, out, os, 5);
+        break;
+    case 6:
+        kn_scores_q_g(qs, d, c8, sc, n, out, os, 6);
+        break;
+    case 7:
+        kn_scores_q_g(qs, d, c8, sc, n, out, os, 7);
+        break;
+    default:
+        kn_scores_q_g(qs, d, c8, sc, n, out, os, 8);
+        break;
+    }
+}
+
+/* Scores of rows c8 + ids[e]*d (ascending ids) two at a time: the pair is
+ * passed as rows 0 and 1 with the stride (and scale stride) between them. */
+KN_TI void kn_scores_gather_q_g(const float *qs, uint32_t d, const int8_t *c8, const float *sc, const uint32_t *ids,
+                                size_t n, float *out, size_t os, const int G)
 {
     size_t e = 0;
     if (G <= 4) {
         for (; e + 2 <= n; e += 2) {
-            const cm_fp16_t *r0 = base + (size_t)ids[e] * d;
-            size_t stride = (size_t)(ids[e + 1] - ids[e]) * d;
+            size_t step = (size_t)(ids[e + 1] - ids[e]);
             if (ids[e + 1] < ids[e])
-                break;  /* not ascending: finish one by one */
-            kn_rows_scores(qs, d, r0, stride, out + e, os, G, 2);
+                break; /* not ascending: finish one by one */
+            kn_rows_scores_q(qs, d, c8 + (size_t)ids[e] * d, step * d, sc + ids[e], step, out + e, os, G, 2);
         }
     }
     for (; e < n; e++)
-        kn_rows_scores(qs, d, base + (size_t)ids[e] * d, d, out + e, os, G, 1);
+        kn_rows_scores_q(qs, d, c8 + (size_t)ids[e] * d, d, sc + ids[e], 1, out + e, os, G, 1);
 }
 
-KN_T void kn_scores_gather_avx2(const float *qs, uint32_t g, uint32_t d, const cm_fp16_t *base,
-                                const uint32_t *ids, size_t n, float *out, size_t os)
+KN_T void kn_scores_gather_q_avx2(const float *qs, uint32_t g, uint32_t d, const int8_t *c8, const float *sc,
+                                  const uint32_t *ids, size_t n, float *out, size_t os)
 {
     switch (g) {
-    case 1: kn_scores_gather_g(qs, d, base, ids, n, out, os, 1); break;
-    case 2: kn_scores_gather_g(qs, d, base, ids, n, out, os, 2); break;
-    case 3: kn_scores_gather_g(qs, d, base, ids, n, out, os, 3); break;
-    case 4: kn_scores_gather_g(qs, d, base, ids, n, out, os, 4); break;
-    case 5: kn_scores_gather_g(qs, d, base, ids, n, out, os, 5); break;
-    case 6: kn_scores_gather_g(qs, d, base, ids, n, out, os, 6); break;
-    case 7: kn_scores_gather_g(qs, d, base, ids, n, out, os, 7); break;
-    default: kn_scores_gather_g(qs, d, base, ids, n, out, os, 8); break;
+    case 1:
+        kn_scores_gather_q_g(qs, d, c8, sc, ids, n, out, os, 1);
+        break;
+    case 2:
+        kn_scores_gather_q_g(qs, d, c8, sc, ids, n, out, os, 2);
+        break;
+    case 3:
+        kn_scores_gather_q_g(qs, d, c8, sc, ids, n, out, os, 3);
+        break;
+    case 4:
+        kn_scores_gather_q_g(qs, d, c8, sc, ids, n, out, os, 4);
+        break;
+    case 5:
+        kn_scores_gather_q_g(qs, d, c8, sc, ids, n, out, os, 5);
+        break;
+    case 6:
+        kn_scores_gather_q_g(qs, d, c8, sc, ids, n, out, os, 6);
+        break;
+    case 7:
+        kn_scores_gather_q_g(qs, d, c8, sc, ids, n, out, os, 7);
+        break;
+    default:
+        kn_scores_gather_q_g(qs, d, c8, sc, ids, n, out, os, 8);
+        break;
     }
 }
 
@@ -572,11 +675,6 @@ KN_TI void kn_est_accum_g(float *acc, const float *vsum, const uint32_t *ids, co
  * queue of outstanding reads never drains between blocks. */
 #define KN_EST_B 16
 #define KN_EST_PD 24
-KN_TI __m256 kn_load_q(const int8_t *p)
-{
-    return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)p)));
-}
-
 KN_TI void kn_est_accum_qg(float *acc, const int8_t *vq, const float *vs, const uint32_t *ids, const float *w, size_t n,
                            uint32_t d, const int G)
 {

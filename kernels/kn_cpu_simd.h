@@ -46,9 +46,14 @@ void kn_fa_rows_avx2(kn_fa_state_t *fs, const cm_fp16_t *k, const cm_fp16_t *v, 
 /* out[h*out_stride + t] = qs_h . row_t for n fp16 rows. */
 void kn_scores_avx2(const float *qs, uint32_t g, uint32_t d, const cm_fp16_t *rows, size_t stride,
                     size_t n, float *out, size_t out_stride);
-/* out[h*os + e] = qs_h . row(ids[e]) for rows base + id*d (fastest when ids ascend). */
-void kn_scores_gather_avx2(const float *qs, uint32_t g, uint32_t d, const cm_fp16_t *base,
-                           const uint32_t *ids, size_t n, float *out, size_t os);
+/* The same over int8 rows (d bytes each, row j's scale sc[j]), the rank's
+ * int8 centroids: out[h*os + t] = sc_t * (qs_h . row_t) for n rows, and
+ * out[h*os + e] = sc_id * (qs_h . row(id)) for id = ids[e] (fastest when
+ * ids ascend). */
+void kn_scores_q_avx2(const float *qs, uint32_t g, uint32_t d, const int8_t *c8, const float *sc, size_t n, float *out,
+                      size_t os);
+void kn_scores_gather_q_avx2(const float *qs, uint32_t g, uint32_t d, const int8_t *c8, const float *sc,
+                             const uint32_t *ids, size_t n, float *out, size_t os);
 /* x[i] = exp(x[i] - m); returns the sum. */
 float kn_exp_sub_sum_avx2(float *x, size_t n, float m);
 /* max of x[0..n), -inf when n == 0 (comparisons as CM_MAX). */

@@ -10,7 +10,8 @@
  *      rounds after it would move next to nothing, and each costs n*C*d)
  *   4. final reassignment of every key against all centroids (or its own
  *      segment +- final_neighbours segments); stored centroid = mean of the
- *      real keys, value sums in fp32, sizes, cluster-major permutation
+ *      real keys (int8 + one scale), value sums in fp32, sizes,
+ *      cluster-major permutation
  *
  * Deterministic: no randomness, fixed loop orders, single-threaded per call.
  */
@@ -175,12 +176,13 @@ ri_status_t kn_index_build_impl(const kn_build_params_t *p, const cm_fp16_t *k, 
             idx->vsum[(size_t)g * d + i] += vrow[i];  /* fp32 accumulation, by design */
         }
     }
+    /* the fp32 mean, then int8 with one scale (the value means' rule): the
+     * k-means above never sees the quantized rows, only ranking does */
     for (uint32_t j = 0; j < C; j++) {
         uint32_t g = idx->n_clusters + j;
-        for (uint32_t i = 0; i < d; i++) {
-            double c = count[j] ? csum[(size_t)j * d + i] / count[j] + mu[i] : 0.0;
-            idx->centroids[(size_t)g * d + i] = cm_f32_to_fp16((float)c);
-        }
+        for (uint32_t i = 0; i < d; i++)
+            vrow[i] = count[j] ? (float)(csum[(size_t)j * d + i] / count[j] + mu[i]) : 0.0f;
+        kn_vq_quantize(vrow, 1.0f, d, idx->centroids + (size_t)g * d, &idx->cscale[g]);
     }
     idx->n_clusters += C;
     idx->n_tokens += n;

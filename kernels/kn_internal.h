@@ -87,4 +87,17 @@ static inline float kn_vq_at(const int8_t *vq, const float *vscale, size_t j, si
     return (float)vq[j * d + i] * vscale[j];
 }
 
+/* Logit numerator of cluster j as ranking reads it: cscale[j] * dot(q,
+ * c8[j]) in fp32 (the int8 centroid times its scale, kn_vq_quantize's
+ * rule).  The scale multiplies the finished dot, once a cluster: what the
+ * SIMD and CUDA paths do too. */
+static inline float kn_cq_dot(const float *q, const int8_t *c8, const float *cscale, size_t j, uint32_t d)
+{
+    const int8_t *c = c8 + j * d;
+    float s = 0.0f;
+    for (uint32_t i = 0; i < d; i++)
+        s += q[i] * (float)c[i];
+    return s * cscale[j];
+}
+
 #endif /* KN_INTERNAL_H */

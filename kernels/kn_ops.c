@@ -142,9 +142,10 @@ uint64_t kn_index_resident_bytes(const kn_index_t *idx)
     uint64_t c = idx->cap_clusters, d = idx->head_dim, b = 0;
     if (idx->vsum != NULL)
         b += c * d * sizeof(float);
-    if (idx->fixed_clusters) /* the other six are the caller's */
+    if (idx->fixed_clusters) /* the other seven are the caller's */
         return b;
-    b += c * d * sizeof(cm_fp16_t) * (uint64_t)(idx->centroids != NULL);
+    if (idx->centroids != NULL) /* int8 centroids and their fp32 scales */
+        b += c * (d * sizeof(int8_t) + sizeof(float));
     if (idx->vq != NULL) /* int8 means and their fp32 scales */
         b += c * (d * sizeof(int8_t) + sizeof(float));
     return b + c * 2 * sizeof(uint32_t) + (uint64_t)idx->cap_tokens * sizeof(uint32_t);
@@ -159,6 +160,7 @@ void kn_index_cleanup(kn_index_t *idx)
     home = *idx;
     if (!idx->fixed_clusters) {
         cm_free(idx->centroids);
+        cm_free(idx->cscale);
         cm_free(idx->vq);
         cm_free(idx->vscale);
         cm_free(idx->sizes);
@@ -169,6 +171,7 @@ void kn_index_cleanup(kn_index_t *idx)
     kn_index_init(idx, idx->head_dim);
     if (home.fixed_clusters) { /* the caller's arrays: still where the next build writes */
         idx->centroids = home.centroids;
+        idx->cscale = home.cscale;
         idx->vq = home.vq;
         idx->vscale = home.vscale;
         idx->sizes = home.sizes;
@@ -190,15 +193,16 @@ static void *kn_index_dup(const void *src, size_t n, size_t cap, bool aligned)
     return c;
 }
 
-/* Past the fixed homes' room: all six arrays move to the heap at the
+/* Past the fixed homes' room: all seven arrays move to the heap at the
  * index's capacities, contents kept (the caller still owns and frees the
  * homes; the index never touches them again). */
 static ri_status_t kn_index_unfix(kn_index_t *idx)
 {
-    size_t row = (size_t)idx->head_dim * sizeof(cm_fp16_t), c = idx->cap_clusters, n = idx->n_clusters;
+    size_t c = idx->cap_clusters, n = idx->n_clusters;
     size_t u = sizeof(uint32_t), qrow = idx->head_dim;
-    void *a[6] = {
-        kn_index_dup(idx->centroids, n * row, c * row, false),
+    void *a[7] = {
+        kn_index_dup(idx->centroids, n * qrow, c * qrow, true),
+        kn_index_dup(idx->cscale, n * sizeof(float), c * sizeof(float), false),
         kn_index_dup(idx->vq, n * qrow, c * qrow, true),
         kn_index_dup(idx->vscale, n * sizeof(float), c * sizeof(float), false),
         kn_index_dup(idx->sizes, n * u, c * u, false),
@@ -206,17 +210,18 @@ static ri_status_t kn_index_unfix(kn_index_t *idx)
         kn_index_dup(idx->perm, (size_t)idx->n_tokens * u, (size_t)idx->cap_tokens * u, false),
     };
 
-    if (!a[0] || !a[1] || !a[2] || !a[3] || !a[4] || !a[5]) {
-        for (int i = 0; i < 6; i++)
+    if (!a[0] || !a[1] || !a[2] || !a[3] || !a[4] || !a[5] || !a[6]) {
+        for (int i = 0; i < 7; i++)
             cm_free(a[i]);
         return RI_ERR_NOMEM;
     }
     idx->centroids = a[0];
-    idx->vq = a[1];
-    idx->vscale = a[2];
-    idx->sizes = a[3];
-    idx->offsets = a[4];
-    idx->perm = a[5];
+    idx->cscale = a[1];
+    idx->vq = a[2];
+    idx->vscale = a[3];
+    idx->sizes = a[4];
+    idx->offsets = a[5];
+    idx->perm = a[6];
     idx->fixed_clusters = 0;
     idx->fixed_tokens = 0;
     return RI_OK;
@@ -256,8 +261,23 @@ static void kn_index_fill_means(kn_index_t *idx, uint32_t first)
                        idx->vq + j * d, &idx->vscale[j]);
 }
 
-/* Grow the heap arrays of clusters (centroids, the sums, means, sizes,
- * offsets) to cap; at fixed homes only the sums (the homes have room). */
+/* *rows [n][d] int8 moved into a new line-aligned block of cap rows: a
+ * gathered row of d = 64 is then one cache line, not two. */
+static ri_status_t kn_index_grow_rows(int8_t **rows, size_t n, size_t cap, size_t d)
+{
+    int8_t *c = cm_malloc_aligned(&kn_tag, cap ? cap * d : 1, 64);
+    if (c == NULL)
+        return RI_ERR_NOMEM;
+    if (*rows != NULL)
+        memcpy(c, *rows, n * d);
+    cm_free(*rows);
+    *rows = c;
+    return RI_OK;
+}
+
+/* Grow the heap arrays of clusters (centroids and their scales, the sums,
+ * means, sizes, offsets) to cap; at fixed homes only the sums (the homes
+ * have room). */
 static ri_status_t kn_index_grow_clusters(kn_index_t *idx, uint32_t cap)
 {
     size_t d = idx->head_dim;
@@ -271,18 +291,13 @@ static ri_status_t kn_index_grow_clusters(kn_index_t *idx, uint32_t cap)
     }
     if (idx->fixed_clusters)
         return RI_OK;
-    c = cm_realloc(&kn_tag, idx->centroids, (size_t)(cap ? cap : 1) * d * sizeof(cm_fp16_t));
+    if (kn_index_grow_rows(&idx->centroids, idx->n_clusters, cap, d) != RI_OK ||
+        kn_index_grow_rows(&idx->vq, idx->n_clusters, cap, d) != RI_OK)
+        return RI_ERR_NOMEM;
+    c = cm_realloc(&kn_tag, idx->cscale, (size_t)(cap ? cap : 1) * sizeof(float));
     if (c == NULL)
         return RI_ERR_NOMEM;
-    idx->centroids = c;
-    /* line-aligned: a gathered mean of d = 128 is 2 cache lines, not 3 */
-    c = cm_malloc_aligned(&kn_tag, (size_t)(cap ? cap : 1) * d, 64);
-    if (c == NULL)
-        return RI_ERR_NOMEM;
-    if (idx->vq != NULL)
-        memcpy(c, idx->vq, (size_t)idx->n_clusters * d);
-    cm_free(idx->vq);
-    idx->vq = c;
+    idx->cscale = c;
     c = cm_realloc(&kn_tag, idx->vscale, (size_t)(cap ? cap : 1) * sizeof(float));
     if (c == NULL)
         return RI_ERR_NOMEM;

@@ -52,7 +52,8 @@
 #include "common/cm_thread.h"
 #include "retroinfer/status.h"
 
-/* Storage type of K/V (and centroids).  Only fp16 is implemented now. */
+/* Storage type of K/V.  Only fp16 is implemented now (the index's
+ * centroids are int8 whatever it is). */
 typedef enum kn_dtype {
     KN_DTYPE_F16 = 0,
     KN_DTYPE_BF16 = 1,
@@ -110,11 +111,16 @@ typedef struct kn_index {
     uint32_t n_tokens;      /* tokens indexed (= offsets[C]) */
     uint32_t cap_clusters;  /* allocated clusters */
     uint32_t cap_tokens;    /* allocated perm entries */
-    cm_fp16_t *centroids;   /* [cap][d] plain mean of the real keys */
+    int8_t *centroids;      /* [cap][d] the plain mean of the real keys, quantized
+                               by the build (kn_vq_quantize, the value means' rule):
+                               mean ~= centroids * cscale[j].  Ranking reads
+                               cscale[j] * dot(q, centroids[j]) in fp32; the k-means
+                               itself runs in fp32 and only its result is quantized */
+    float *cscale;          /* [cap] one scale a cluster (0 for an all-zero mean) */
     float *vsum;            /* [cap][d] sum of the values, fp32: the build's scratch.
                                kn_index_build drops it (NULL) once vq is filled,
-                               so a built index carries fp16 centroids + int8 means
-                               (3d + 4 bytes a cluster); a backend's index_build
+                               so a built index carries int8 centroids + int8 means
+                               (2d + 8 bytes a cluster); a backend's index_build
                                called directly, or an index made by hand, keeps it */
     uint32_t *sizes;        /* [cap] tokens per cluster (0 = empty) */
     uint32_t *offsets;      /* [cap+1] start of each cluster in perm */
@@ -128,13 +134,13 @@ typedef struct kn_index {
                                made by hand (the decode reads vsum then) */
     float *vscale;          /* [cap] one scale a cluster (0 for an all-zero mean);
                                NULL exactly when vq is */
-    uint32_t fixed_clusters; /* 0: the arrays are the index's own (heap).  > 0: all six
-                                (centroids, vq, vscale, sizes, offsets, perm) live at fixed
+    uint32_t fixed_clusters; /* 0: the arrays are the index's own (heap).  > 0: all seven
+                                (centroids, cscale, vq, vscale, sizes, offsets, perm) live at fixed
                                 addresses, room for this many clusters and fixed_tokens
                                 perm entries, which the caller owns and frees after the
                                 index (kn_wave_place: a shared prefix's rows and tables
                                 mapped copy-on-write); never moved, and growing past
-                                either room copies all six to the heap (sharing lost,
+                                either room copies all seven to the heap (sharing lost,
                                 contents kept) */
     uint32_t fixed_tokens;   /* perm entries of room at the fixed home (0 when not fixed) */
 } kn_index_t;
@@ -142,7 +148,8 @@ typedef struct kn_index {
 /* Fixed homes for an index's arrays (kn_wave_place), owned by the caller:
  * room for cap_clusters clusters and cap_tokens perm entries. */
 typedef struct kn_index_homes {
-    cm_fp16_t *centroids; /* [cap_clusters][d], 64-byte aligned */
+    int8_t *centroids;    /* [cap_clusters][d], 64-byte aligned */
+    float *cscale;        /* [cap_clusters] */
     int8_t *vq;           /* [cap_clusters][d], 64-byte aligned */
     float *vscale;        /* [cap_clusters] */
     uint32_t *sizes;      /* [cap_clusters] */
@@ -155,7 +162,8 @@ typedef struct kn_index_homes {
  * index and its K/V, in the memory the backend reads (host for ref and cpu,
  * device for cuda). */
 typedef struct kn_wave_head {
-    const cm_fp16_t *centroids;  /* [n_clusters][d] */
+    const int8_t *centroids;     /* [n_clusters][d] int8 centroids (times cscale) */
+    const float *cscale;         /* [n_clusters] their scales */
     const uint32_t *sizes;       /* [n_clusters] */
     const uint32_t *offsets;     /* [n_clusters]: cluster j's first row in ck / cv */
     const int8_t *vq;            /* [n_clusters][d]: int8 value means (what the
@@ -180,14 +188,15 @@ typedef struct kn_build_params {
 
 void kn_build_params_default(kn_build_params_t *p);
 
-/* Bytes an index holds allocated now: centroids (fp16), means (int8) and
+/* Bytes an index holds allocated now: centroids and means (int8) and
  * their scales (fp32), sizes, offsets, perm at their capacities (none of
- * the six when they live at fixed homes: the caller's), and the sums when
+ * the seven when they live at fixed homes: the caller's), and the sums when
  * present (fp32: a hand-made index, or a backend build's result). */
 uint64_t kn_index_resident_bytes(const kn_index_t *idx);
 
-/* Quantize one cluster's value mean, mean[i] = v[i] * mul (mul = 1 / n_j
- * turns a sum into the mean), to int8 with one scale: symmetric,
+/* Quantize one cluster's value mean (or its centroid: mul = 1), mean[i] =
+ * v[i] * mul (mul = 1 / n_j turns a sum into the mean), to int8 with one
+ * scale: symmetric,
  * *scale_p = max_i |mean[i]| / 127 and q[i] = round(mean[i] / *scale_p), so
  * |q[i] * *scale_p - mean[i]| <= *scale_p / 2.  An all-zero mean (or an
  * empty cluster, mul = 0) gives scale 0 and q = 0.  The scale is fp32: an

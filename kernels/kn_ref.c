@@ -28,6 +28,20 @@ static double kn_ref_dot_h(const float *q, const cm_fp16_t *k, uint32_t d)
     return s;
 }
 
+/* cscale[j] * q . c8[j]: an int8 centroid as ranking reads it (the dot in
+ * double here, as kn_ref_dot_h). */
+static double kn_ref_dot_c(const float *q, const kn_index_t *idx, uint32_t j, uint32_t d)
+{
+    const int8_t *c = idx->centroids + (size_t)j * d;
+    double s = 0.0;
+    for (uint32_t i = 0; i < d; i++)
+        s += (double)q[i] * (double)c[i];
+#ifdef KN_CQ_MUTANT_NOSCALE /* the tests' mutant: the scale left out, ranking by the raw int8 dot */
+    return s;
+#endif
+    return s * (double)idx->cscale[j];
+}
+
 /* Exact attention of one query row over a list of rows given by pointers. */
 typedef struct kn_ref_rows {
     const cm_fp16_t **k;
@@ -164,7 +178,7 @@ static ri_status_t kn_ref_cluster_scores(const kn_shape_t *grp, const float *q,
         for (uint32_t j = 0; j < C; j++) {
             if (idx->sizes[j] == 0)
                 continue;
-            logit[j] = kn_shape_scale(grp) * kn_ref_dot_h(q + (size_t)h * d, idx->centroids + (size_t)j * d, d);
+            logit[j] = kn_shape_scale(grp) * kn_ref_dot_c(q + (size_t)h * d, idx, j, d);
             if (logit[j] > m)
                 m = logit[j];
             any = true;
@@ -242,7 +256,7 @@ ri_status_t kn_ref_estimate(const kn_shape_t *grp, const float *q, const kn_inde
             logit[e] = -INFINITY;
             if (idx->sizes[j] == 0)
                 continue;
-            logit[e] = kn_shape_scale(grp) * kn_ref_dot_h(q + (size_t)h * d, idx->centroids + (size_t)j * d, d);
+            logit[e] = kn_shape_scale(grp) * kn_ref_dot_c(q + (size_t)h * d, idx, j, d);
             if (logit[e] + log((double)idx->sizes[j]) > m)
                 m = logit[e] + log((double)idx->sizes[j]);
         }

@@ -160,8 +160,8 @@ ri_status_t kn_wave_place(kn_wave_t *w, uint32_t kv_head, const kn_index_homes_t
 
     if (w == NULL || kv_head >= w->shape.n_kv_heads)
         return RI_ERR_INVALID;
-    if (homes != NULL && (!homes->centroids || !homes->vq || !homes->vscale || !homes->sizes || !homes->offsets ||
-                          !homes->perm || homes->cap_clusters == 0 || homes->cap_tokens == 0 ||
+    if (homes != NULL && (!homes->centroids || !homes->cscale || !homes->vq || !homes->vscale || !homes->sizes ||
+                          !homes->offsets || !homes->perm || homes->cap_clusters == 0 || homes->cap_tokens == 0 ||
                           homes->cap_clusters > UINT32_MAX / 2 || homes->cap_tokens > UINT32_MAX / 2))
         return RI_ERR_INVALID;
     idx = &w->idx[kv_head];
@@ -172,6 +172,7 @@ ri_status_t kn_wave_place(kn_wave_t *w, uint32_t kv_head, const kn_index_homes_t
     if (homes == NULL)
         return RI_OK;
     idx->centroids = homes->centroids;
+    idx->cscale = homes->cscale;
     idx->vq = homes->vq;
     idx->vscale = homes->vscale;
     idx->sizes = homes->sizes;
@@ -379,7 +380,8 @@ static void kn_wave_drop_empty(kn_index_t *idx, uint32_t first)
         if (o != j) {
             idx->sizes[o] = idx->sizes[j];
             idx->offsets[o] = idx->offsets[j];
-            memcpy(idx->centroids + o * d, idx->centroids + j * d, d * sizeof(cm_fp16_t));
+            memcpy(idx->centroids + o * d, idx->centroids + j * d, d);
+            idx->cscale[o] = idx->cscale[j];
             memcpy(idx->vq + o * d, idx->vq + j * d, d);
             idx->vscale[o] = idx->vscale[j];
         }
@@ -404,9 +406,11 @@ static void kn_wave_import_piece(kn_index_t *idx, const kn_wave_piece_t *pc)
             off += pc->sizes[j];
     }
     kn_wave_put_table(idx, idx->perm + idx->n_tokens, pc->perm, off - idx->n_tokens);
-    kn_wave_put_rows(idx, idx->centroids + c0 * d, pc->centroids, (size_t)pc->n_clusters * d * sizeof(cm_fp16_t));
-    /* the int8 means and scales as the exporting index had them: a copy,
-     * never a new quantization, so an import decodes bit for bit as a build */
+    /* the int8 centroids, means and scales as the exporting index had them:
+     * a copy, never a new quantization, so an import ranks and decodes bit
+     * for bit as a build */
+    kn_wave_put_rows(idx, idx->centroids + c0 * d, pc->centroids, (size_t)pc->n_clusters * d);
+    kn_wave_put_rows(idx, idx->cscale + c0, pc->cscale, (size_t)pc->n_clusters * sizeof(float));
     kn_wave_put_rows(idx, idx->vq + c0 * d, pc->vq, (size_t)pc->n_clusters * d);
     kn_wave_put_rows(idx, idx->vscale + c0, pc->vscale, (size_t)pc->n_clusters * sizeof(float));
     idx->n_clusters += pc->n_clusters;
@@ -479,7 +483,7 @@ static bool kn_wave_piece_ok(const kn_wave_piece_t *pc, uint64_t first_pos, uint
 
     if (pc->first_pos != first_pos || pc->n_clusters > bhi - blo)
         return false;
-    if (pc->n_clusters > 0 && (!pc->sizes || !pc->perm || !pc->centroids || !pc->vq || !pc->vscale))
+    if (pc->n_clusters > 0 && (!pc->sizes || !pc->perm || !pc->centroids || !pc->cscale || !pc->vq || !pc->vscale))
         return false;
     for (uint32_t j = 0; j < pc->n_clusters; j++)
         sum += pc->sizes[j];
@@ -754,7 +758,7 @@ static void kn_wave_decode_task(void *arg, size_t begin, size_t end, unsigned wo
         atomic_fetch_add(&job->retrieved, retrieved);
         atomic_fetch_add(&job->est, ne);
         atomic_fetch_add(&job->bytes, exact * 4 * d +                                /* K+V fp16 */
-                                          (uint64_t)idx->n_clusters * (2 * d + 4) +  /* centroids, sizes */
+                                          (uint64_t)idx->n_clusters * (d + 8) +      /* centroids + scale, sizes */
                                           (uint64_t)ne * (idx->vq ? d + 4 : 4 * d)); /* int8 means + scale, or sums */
         cm_free(ids);
         cm_free(pages);

@@ -5,7 +5,7 @@
  *
  * The caller owns the K/V cache of the sequence (any kn_kv_view_t layout) and
  * passes a view of it, covering every token so far, to each call.  The wave
- * object keeps the meta index per KV head (fp16 centroids, int8 value means + scales,
+ * object keeps the meta index per KV head (int8 centroids and value means + their scales,
  * sizes, cluster-major permutation) and its own cluster-major copy of the
  * indexed K/V (the layout the kvstore holds), so that the retrieval zone is
  * read as one contiguous page per cluster.
@@ -209,7 +209,8 @@ typedef struct kn_wave_piece {
     const uint32_t *sizes;       /* [n_clusters] tokens per cluster (each >= 1) */
     const uint32_t *perm;        /* [sum sizes] ABSOLUTE token positions, cluster-major,
                                     ascending inside a cluster */
-    const cm_fp16_t *centroids;  /* [n_clusters][d] */
+    const int8_t *centroids;     /* [n_clusters][d] int8 centroids */
+    const float *cscale;         /* [n_clusters] their scales */
     const int8_t *vq;            /* [n_clusters][d] int8 value means */
     const float *vscale;         /* [n_clusters] their scales */
 } kn_wave_piece_t;
@@ -241,7 +242,7 @@ ri_status_t kn_wave_build_pieces(kn_wave_t *wave, const kn_kv_view_t *kv, const 
 
 /* The contiguous cluster range [*j0_p, *j1_p) of idx whose tokens lie in
  * [first_pos, first_pos + n_tokens): a block's piece is clusters [j0, j1)
- * (sizes, offsets into perm, centroids, vq, vscale).  Relies on the build's
+ * (sizes, offsets into perm, centroids, cscale, vq, vscale).  Relies on the build's
  * order (a block's clusters before the next block's); j0 == j1 when none
  * lies there.  RI_ERR_INVALID when a cluster straddles the range's bounds
  * (the index was not cut there) or for NULL arguments. */
@@ -272,10 +273,10 @@ ri_status_t kn_wave_exact_mask(kn_wave_t *wave, const float *q, const kn_kv_view
                                uint32_t kv_head, uint32_t n_r, uint8_t *mask);
 
 /* Give KV head kv_head's index fixed homes for all its arrays (centroids,
- * value means, sizes, offsets, perm: kn_index_homes_t, room for
+ * their scales, value means and theirs, sizes, offsets, perm: kn_index_homes_t, room for
  * cap_clusters clusters and cap_tokens perm entries), before anything is
  * indexed.  The caller owns them and frees them after kn_wave_destroy; the
- * wave never moves or frees them (past either room it copies all five to
+ * wave never moves or frees them (past either room it copies all seven to
  * its own heap arrays, contents kept, and leaves the homes alone).  What
  * for: a prefix's rows and tables shared by several sequences, mapped
  * copy-on-write at the homes' head (docs/prefix.md "Shared meta index"):

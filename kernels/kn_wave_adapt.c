@@ -84,10 +84,7 @@ static void kn_cand_mass(const kn_shape_t *grp, const float *q, const kn_index_t
         const float *qt = q + (size_t)t * d;
         float mx = -INFINITY, sum = 0.0f;
         for (uint32_t i = 0; i < n; i++) {
-            const cm_fp16_t *cj = idx->centroids + (size_t)c[i].id * d;
-            float dot = 0.0f;
-            for (uint32_t k = 0; k < d; k++)
-                dot += qt[k] * cm_fp16_to_f32(cj[k]);
+            float dot = kn_cq_dot(qt, idx->centroids, idx->cscale, c[i].id, d);
             logit[i] = scale * dot + logf((float)idx->sizes[c[i].id]);
             mx = CM_MAX(mx, logit[i]);
         }

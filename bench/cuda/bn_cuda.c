@@ -64,7 +64,7 @@
 
 /* Device-resident state of one KV head. */
 typedef struct bc_head {
-    kn_index_t dev;        /* centroids, sizes, vq, vscale in device memory; n_clusters */
+    kn_index_t dev;        /* centroids, cscale, sizes, vq, vscale in device memory; n_clusters */
     kn_index_t host;       /* the built index (host) */
     cm_fp16_t *ck, *cv;    /* device cluster-major K/V of the indexed tokens */
     cm_fp16_t *kmin, *kmax;/* device Quest page bounds [n_qpages][D] */
@@ -95,11 +95,11 @@ static ri_status_t bc_full(bc_ctx_t *x)
 }
 
 /* Bytes a tripartite step reads for one head: tok exact rows of K and V,
- * every centroid and size, and the int8 means and scales of ne estimated
+ * every int8 centroid, its scale and size, and the int8 means and scales of ne estimated
  * clusters. */
 static uint64_t bc_step_bytes(const bc_head_t *hd, uint64_t tok, uint32_t ne)
 {
-    return tok * D * 4 + (uint64_t)hd->dev.n_clusters * (D * 2 + 4) + (uint64_t)ne * (D + 4);
+    return tok * D * 4 + (uint64_t)hd->dev.n_clusters * (D + 8) + (uint64_t)ne * (D + 4);
 }
 
 /* The device step for every head; with want_bytes, the bytes it read from
@@ -266,13 +266,15 @@ static int bc_head_upload(bc_head_t *hd, const cm_fp16_t *hk, const cm_fp16_t *h
     hd->dev.n_clusters = (uint32_t)C;
     hd->dev.n_tokens = (uint32_t)n;
     /* a built index has no fp32 sums (the estimate reads the int8 means) */
-    if (bn_cu_alloc((void **)&hd->dev.centroids, C * D * 2) || bn_cu_alloc((void **)&hd->dev.vq, C * D) ||
+    if (bn_cu_alloc((void **)&hd->dev.centroids, C * D) || bn_cu_alloc((void **)&hd->dev.cscale, C * 4) ||
+        bn_cu_alloc((void **)&hd->dev.vq, C * D) ||
         bn_cu_alloc((void **)&hd->dev.vscale, C * 4) || bn_cu_alloc((void **)&hd->dev.sizes, C * 4) ||
         bn_cu_alloc((void **)&hd->ck, n * D * 2) || bn_cu_alloc((void **)&hd->cv, n * D * 2) ||
         bn_cu_alloc((void **)&hd->kmin, nqp * D * 2) || bn_cu_alloc((void **)&hd->kmax, nqp * D * 2) ||
         bn_cu_alloc((void **)&hd->offsets, C * 4 + 4))
         goto out;
-    if (bn_cu_upload(hd->dev.centroids, ix->centroids, C * D * 2) || bn_cu_upload(hd->dev.vq, ix->vq, C * D) ||
+    if (bn_cu_upload(hd->dev.centroids, ix->centroids, C * D) || bn_cu_upload(hd->dev.cscale, ix->cscale, C * 4) ||
+        bn_cu_upload(hd->dev.vq, ix->vq, C * D) ||
         bn_cu_upload(hd->dev.vscale, ix->vscale, C * 4) || bn_cu_upload(hd->dev.sizes, ix->sizes, C * 4) ||
         bn_cu_upload(hd->ck, ck, n * D * 2) || bn_cu_upload(hd->cv, cv, n * D * 2) ||
         bn_cu_upload(hd->kmin, mn, nqp * D * 2) || bn_cu_upload(hd->kmax, mx, nqp * D * 2) ||
@@ -290,6 +292,7 @@ out:
 static void bc_head_free(bc_head_t *hd)
 {
     bn_cu_free(hd->dev.centroids);
+    bn_cu_free(hd->dev.cscale);
     bn_cu_free(hd->dev.vq);
     bn_cu_free(hd->dev.vscale);
     bn_cu_free(hd->dev.sizes);
@@ -369,6 +372,7 @@ static int bench_size(bn_report_t *rep, size_t N, int steps, int rounds, double 
         const bc_head_t *hd = &x.head[h];
         const cm_fp16_t *kh = x.dk + (size_t)h * N * D, *vh = x.dv + (size_t)h * N * D;
         x.step[h] = (kn_cuda_wave_head_t){ .centroids = hd->dev.centroids,
+                                           .cscale = hd->dev.cscale,
                                            .sizes = hd->dev.sizes,
                                            .offsets = hd->offsets,
                                            .vq = hd->dev.vq,

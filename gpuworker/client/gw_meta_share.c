@@ -18,10 +18,19 @@
 
 static CM_ALLOC_TAG(gw_meta_tag, "gw.meta");
 
-/* A table's six arrays, in the order the file and a reservation hold them. */
-enum { GW_META_CENT, GW_META_VQ, GW_META_VSCALE, GW_META_SIZES, GW_META_OFFS, GW_META_PERM, GW_META_ARRAYS };
+/* A table's seven arrays, in the order the file and a reservation hold them. */
+enum {
+    GW_META_CENT,
+    GW_META_CSCALE,
+    GW_META_VQ,
+    GW_META_VSCALE,
+    GW_META_SIZES,
+    GW_META_OFFS,
+    GW_META_PERM,
+    GW_META_ARRAYS
+};
 
-/* One prefix's rows and tables: per table t, from off[t], the six arrays
+/* One prefix's rows and tables: per table t, from off[t], the seven arrays
  * of its n_c[t] clusters and n_t[t] tokens, each region page-aligned (a
  * mapping's offset). */
 typedef struct gw_meta_copy {
@@ -59,11 +68,10 @@ static size_t gw_meta_span(int r, uint64_t n_c, uint64_t n_t, uint32_t d)
     size_t pg = gw_meta_page(), b;
     switch (r) {
     case GW_META_CENT:
-        b = (size_t)n_c * d * sizeof(cm_fp16_t);
-        break;
     case GW_META_VQ:
         b = (size_t)n_c * d; /* int8 */
         break;
+    case GW_META_CSCALE:
     case GW_META_VSCALE:
         b = (size_t)n_c * sizeof(float);
         break;
@@ -142,7 +150,7 @@ static ri_status_t gw_meta_put(int fd, const void *p, size_t n, uint64_t at)
 static ri_status_t gw_meta_write_table(gw_meta_copy_t *c, gw_pfx_set_t *set, uint32_t n_kv, uint32_t t)
 {
     const kn_wave_pieces_t *pcs = gw_pfx_set_pieces(set, t / n_kv);
-    size_t row = (size_t)c->d * sizeof(cm_fp16_t), u = sizeof(uint32_t), room_at, room;
+    size_t u = sizeof(uint32_t), room_at, room;
     uint64_t at[GW_META_ARRAYS], j0 = 0;
     uint32_t *offs = cm_malloc(&gw_meta_tag, ((size_t)c->n_c[t] + 1) * u), tok = 0;
     ri_status_t st = offs ? RI_OK : RI_ERR_NOMEM;
@@ -160,7 +168,10 @@ static ri_status_t gw_meta_write_table(gw_meta_copy_t *c, gw_pfx_set_t *set, uin
             offs[j0 + j] = tok + n_tok;
             n_tok += pc.sizes[j];
         }
-        if ((st = gw_meta_put(c->fd, pc.centroids, pc.n_clusters * row, at[GW_META_CENT] + j0 * row)) != RI_OK ||
+        if ((st = gw_meta_put(c->fd, pc.centroids, (size_t)pc.n_clusters * c->d, at[GW_META_CENT] + j0 * c->d)) !=
+                RI_OK ||
+            (st = gw_meta_put(c->fd, pc.cscale, pc.n_clusters * sizeof(float),
+                              at[GW_META_CSCALE] + j0 * sizeof(float))) != RI_OK ||
             (st = gw_meta_put(c->fd, pc.vq, (size_t)pc.n_clusters * c->d, at[GW_META_VQ] + j0 * c->d)) != RI_OK ||
             (st = gw_meta_put(c->fd, pc.vscale, pc.n_clusters * sizeof(float),
                               at[GW_META_VSCALE] + j0 * sizeof(float))) != RI_OK ||
@@ -242,7 +253,7 @@ static gw_meta_copy_t *gw_meta_find(const uint8_t *key, gw_pfx_set_t *set, uint3
     return NULL;
 }
 
-/* Reserve table t's six arrays, one range each in one reservation, with
+/* Reserve table t's seven arrays, one range each in one reservation, with
  * room for the prefix's clusters and GW_META_OWN_CLUSTERS more (its tokens
  * and GW_META_OWN_TOKENS more for perm), and map the file's arrays
  * copy-on-write at their heads; *homes gets them. */
@@ -267,7 +278,8 @@ static ri_status_t gw_meta_map_table(gw_meta_homes_t *m, uint32_t t, kn_index_ho
         if (n > 0 && mmap(head[r], n, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_FIXED, c->fd, (off_t)at) == MAP_FAILED)
             return RI_ERR_IO;
     }
-    *homes = (kn_index_homes_t){ .centroids = (cm_fp16_t *)head[GW_META_CENT],
+    *homes = (kn_index_homes_t){ .centroids = (int8_t *)head[GW_META_CENT],
+                                 .cscale = (float *)head[GW_META_CSCALE],
                                  .vq = (int8_t *)head[GW_META_VQ],
                                  .vscale = (float *)head[GW_META_VSCALE],
                                  .sizes = (uint32_t *)head[GW_META_SIZES],

@@ -2,12 +2,12 @@
  * An attached prefix's meta index held once per worker process
  * (docs/prefix.md "Shared meta index").
  *
- * The centroids and int8 value means (with their scales) of a prefix's
+ * The int8 centroids and value means (with their scales) of a prefix's
  * clusters are the bulk of a sequence's meta index, its cluster tables
  * (sizes, offsets, the token permutation) the rest, and every sequence
  * that attaches the same blocks has the same ones: the prefix's clusters
  * come first, perm holds absolute positions and offsets start at 0.  The first sequence to attach a prefix
- * lays all six arrays out, per (layer, KV head) table, in a sealed memory
+ * lays all seven arrays out, per (layer, KV head) table, in a sealed memory
  * file; every sequence that attaches it maps the file's arrays
  * copy-on-write at the heads of its own reserved, never-moving arrays
  * (kn_wave_place), whose tails take its own clusters (its question and

@@ -235,8 +235,10 @@ static ri_status_t gw_pfx_plan(const gw_pfx_layout_t *lay, const gw_pfx_src_t *s
                 return st;
             p->total_clusters += t->j1 - t->j0;
             p->pages_bytes += t->pages * page_bytes;
-            p->worker_bytes += cm_pfx_pad8(4u * (uint64_t)t->tokens) + cm_pfx_pad8(2u * (uint64_t)(t->j1 - t->j0) * d) +
-                               cm_pfx_pad8((uint64_t)(t->j1 - t->j0) * d) + cm_pfx_pad8(4u * (uint64_t)(t->j1 - t->j0));
+            /* perm, then int8 rows and fp32 scales twice: centroids, value means */
+            p->worker_bytes +=
+                cm_pfx_pad8(4u * (uint64_t)t->tokens) +
+                2u * (cm_pfx_pad8((uint64_t)(t->j1 - t->j0) * d) + cm_pfx_pad8(4u * (uint64_t)(t->j1 - t->j0)));
         }
         p->n_loose[l] = indexed && lay->indexed ? gw_pfx_sink_end(lay, f) - f : B;
         p->worker_bytes += 8u + cm_pfx_pad8(4u * (uint64_t)p->n_loose[l]) +
@@ -249,7 +251,7 @@ static ri_status_t gw_pfx_plan(const gw_pfx_layout_t *lay, const gw_pfx_src_t *s
 }
 
 /* Write the block's clusters of table t into the tables section (sizes at
- * *sizes_p, advanced), its perm / centroids / vq / vscale at *w_p (advanced) and
+ * *sizes_p, advanced), its perm / centroids / cscale / vq / vscale at *w_p (advanced) and
  * its pages at *pg_p (advanced). */
 static void gw_pfx_write_table(const gw_pfx_layout_t *lay, const mdl_kv_t *kv, uint32_t l, uint32_t h,
                                const gw_pfx_btab_t *t, uint32_t f, uint8_t **sizes_p, uint8_t **w_p, uint8_t **pg_p)
@@ -277,10 +279,12 @@ static void gw_pfx_write_table(const gw_pfx_layout_t *lay, const mdl_kv_t *kv, u
         pg += (size_t)np * page_bytes;
     }
     w = *w_p + cm_pfx_pad8(4u * (uint64_t)t->tokens);
-    memcpy(w, idx->centroids + (size_t)t->j0 * d, (size_t)C * row);
-    w += cm_pfx_pad8((uint64_t)C * row);
-    memcpy(w, idx->vq + (size_t)t->j0 * d, (size_t)C * d); /* as the index holds them: */
-    w += cm_pfx_pad8((uint64_t)C * d);                     /* an import copies, never requantizes */
+    memcpy(w, idx->centroids + (size_t)t->j0 * d, (size_t)C * d); /* as the index holds them: */
+    w += cm_pfx_pad8((uint64_t)C * d);                            /* an import copies, never requantizes */
+    memcpy(w, idx->cscale + t->j0, (size_t)C * sizeof(float));
+    w += cm_pfx_pad8((uint64_t)C * sizeof(float));
+    memcpy(w, idx->vq + (size_t)t->j0 * d, (size_t)C * d);
+    w += cm_pfx_pad8((uint64_t)C * d);
     memcpy(w, idx->vscale + t->j0, (size_t)C * sizeof(float));
     w += cm_pfx_pad8((uint64_t)C * sizeof(float));
     *w_p = w;
@@ -417,7 +421,7 @@ static ri_status_t gw_pfx_check_hdr(const gw_pfx_layout_t *lay, uint32_t block, 
     return RI_OK;
 }
 
-/* Parse table t's perm / centroids / vq / vscale from c, check its positions and
+/* Parse table t's perm / centroids / cscale / vq / vscale from c, check its positions and
  * compute the absolute perm. */
 static ri_status_t gw_pfx_parse_table(const gw_pfx_layout_t *lay, gw_pfx_block_t *b, uint32_t t,
                                       const uint8_t **sizes_p, const uint8_t **pages_p, gw_pfx_cur_t *c)
@@ -440,10 +444,11 @@ static ri_status_t gw_pfx_parse_table(const gw_pfx_layout_t *lay, gw_pfx_block_t
     if (T->n_clusters == 0)
         return RI_OK;
     rel = (const uint32_t *)(const void *)gw_pfx_take(c, 4u * tokens);
-    T->centroids = (const cm_fp16_t *)(const void *)gw_pfx_take(c, 2u * (uint64_t)T->n_clusters * d);
+    T->centroids = (const int8_t *)(const void *)gw_pfx_take(c, (uint64_t)T->n_clusters * d);
+    T->cscale = (const float *)(const void *)gw_pfx_take(c, 4u * (uint64_t)T->n_clusters);
     T->vq = (const int8_t *)(const void *)gw_pfx_take(c, (uint64_t)T->n_clusters * d);
     T->vscale = (const float *)(const void *)gw_pfx_take(c, 4u * (uint64_t)T->n_clusters);
-    if (rel == NULL || T->centroids == NULL || T->vq == NULL || T->vscale == NULL)
+    if (rel == NULL || T->centroids == NULL || T->cscale == NULL || T->vq == NULL || T->vscale == NULL)
         return RI_ERR_TRUNCATED;
     T->perm = cm_malloc(&gw_prefix_tag, 4u * (size_t)tokens);
     if (T->perm == NULL)
@@ -679,7 +684,8 @@ static ri_status_t gw_pfx_piece_get(void *ctx, uint32_t block, uint32_t kv_head,
         return RI_ERR_RANGE;
     const gw_pfx_block_t *b = &s->blocks[block];
     const gw_pfx_table_t *T = &b->tables[(size_t)c->layer * s->lay.n_kv_heads + kv_head];
-    *piece_p = (kn_wave_piece_t){ b->first_pos, T->n_clusters, T->sizes, T->perm, T->centroids, T->vq, T->vscale };
+    *piece_p =
+        (kn_wave_piece_t){ b->first_pos, T->n_clusters, T->sizes, T->perm, T->centroids, T->cscale, T->vq, T->vscale };
     return RI_OK;
 }
 

@@ -8,7 +8,7 @@
  *
  * Keys.  A prompt's tokens are cut into blocks of B tokens at absolute
  * positions (block b = [b*B, (b+1)*B)).  Block b is named by
- *   key_b = SHA-256("RIPK" || u32 2 || key_{b-1} (32 zero bytes for b = 0)
+ *   key_b = SHA-256("RIPK" || u32 3 || key_{b-1} (32 zero bytes for b = 0)
  *                   || model digest || layout || tenant salt
  *                   || block b's token ids as u32 LE)
  * model digest = SHA-256 of the GGUF file's bytes (gw_pfx_model_digest;
@@ -20,15 +20,17 @@
  * Worker section (every part starts at a multiple of 8 bytes from the
  * section's start; every integer little-endian; fp16 K/V as the model
  * stores them):
- *   u32 magic GW_PFX_WMAGIC ("RIPW"), u32 version 2
+ *   u32 magic GW_PFX_WMAGIC ("RIPW"), u32 version 3
  *   for each table t (layer * kv_heads + head) with n_clusters[t] > 0, in
  *   order (C = n_clusters[t], N = the table's tokens = sum of its sizes):
  *     perm       N x u32   token positions relative to first_pos, cluster-major
- *     centroids  C x d fp16
+ *     centroids  C x d int8  the centroids quantized (kn_vq_quantize)
+ *     cscale     C x fp32    their scales: centroid ~= centroids * cscale
  *     vq         C x d int8  the value means quantized (kn_vq_quantize)
  *     vscale     C x fp32    their scales: mean ~= vq * vscale (each padded to 8)
- *   (version 1 held the means as C x d fp16; the parser refuses it, so a
- *   block written before is a miss, never served)
+ *   (version 2 held the centroids as C x d fp16, version 1 the means too;
+ *   the parser refuses both, so a block written before is a miss, never
+ *   served)
  *   for each layer l:
  *     u32 n_loose, u32 0; n_loose x u32 relative positions (padded to 8):
  *       the block's tokens in none of the layer's clusters (all B for a
@@ -57,12 +59,12 @@
 #include "retroinfer/status.h"
 
 #define GW_PFX_KEY_MAGIC   "RIPK"
-/* 2 since the worker section's version 2: a key names one section format,
+/* 3 since the worker section's version 3: a key names one section format,
  * so blocks written in the old one are not even asked for (and a block of
  * another version that is found anyway is refused by the parser: a miss) */
-#define GW_PFX_KEY_VERSION 2u
+#define GW_PFX_KEY_VERSION 3u
 #define GW_PFX_WMAGIC      0x57504952u /* "RIPW" */
-#define GW_PFX_WVERSION    2u          /* 2: int8 value means + fp32 scales */
+#define GW_PFX_WVERSION    3u          /* 3: int8 centroids too (2: int8 value means + fp32 scales) */
 #define GW_PFX_DTYPE_F16   1u /* cm_wire dtype of the blocks we write */
 
 /* Everything besides the tokens that changes a block's K/V or its index;
@@ -136,7 +138,8 @@ typedef struct gw_pfx_table {
     uint32_t n_clusters;        /* 0: the layer has no index in this block */
     const uint32_t *sizes;      /* [n_clusters], in the block */
     uint32_t *perm;             /* [tokens] ABSOLUTE positions, cluster-major (owned) */
-    const cm_fp16_t *centroids; /* [n_clusters][d], in the block */
+    const int8_t *centroids;    /* [n_clusters][d], in the block */
+    const float *cscale;        /* [n_clusters], in the block */
     const int8_t *vq;           /* [n_clusters][d], in the block */
     const float *vscale;        /* [n_clusters], in the block */
     const uint8_t *pages;       /* the table's first page in the pages section */

@@ -360,8 +360,8 @@ static void gw_exact_task(void *arg, size_t begin, size_t end, unsigned worker)
         atomic_fetch_add(&s->exact, exact);
         atomic_fetch_add(&s->retrieved, retrieved);
         atomic_fetch_add(&s->bytes,
-                         exact * 4 * d + (uint64_t)idx->n_clusters * (2 * d + 4) + /* centroids, sizes */
-                             (uint64_t)s->ne[h] * (idx->vq ? d + 4 : 4 * d));      /* int8 means + scale, or sums */
+                         exact * 4 * d + (uint64_t)idx->n_clusters * (d + 8) + /* centroids + scale, sizes */
+                             (uint64_t)s->ne[h] * (idx->vq ? d + 4 : 4 * d));  /* int8 means + scale, or sums */
     }
 }
 

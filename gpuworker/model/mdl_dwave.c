@@ -19,7 +19,8 @@ static CM_ALLOC_TAG(mdl_dwave_tag, "model.dwave");
 
 /* One KV head's index in the space (every pointer is the space's memory). */
 typedef struct mdl_dw_head {
-    cm_fp16_t *cent;     /* [cap_c][d] centroids */
+    int8_t *cent;        /* [cap_c][d] int8 centroids */
+    float *cscale;       /* [cap_c] their scales */
     int8_t *vq;          /* [cap_c][d] int8 value means */
     float *vscale;       /* [cap_c] their scales */
     uint32_t *sizes;     /* [cap_c] tokens per cluster */
@@ -84,7 +85,8 @@ static ri_status_t mdl_dw_reserve(const mdl_dwave_t *w, mdl_dw_head_t *hd, uint3
     ri_status_t st = RI_OK;
     if (C > hd->cap_c) {
         uint32_t cap = mdl_dw_cap(hd->cap_c, C);
-        if ((st = mdl_dw_regrow(mem, (void **)&hd->cent, row, hd->n_c, cap)) != RI_OK ||
+        if ((st = mdl_dw_regrow(mem, (void **)&hd->cent, w->shape.head_dim, hd->n_c, cap)) != RI_OK ||
+            (st = mdl_dw_regrow(mem, (void **)&hd->cscale, sizeof(float), hd->n_c, cap)) != RI_OK ||
             (st = mdl_dw_regrow(mem, (void **)&hd->vq, w->shape.head_dim, hd->n_c, cap)) != RI_OK ||
             (st = mdl_dw_regrow(mem, (void **)&hd->vscale, sizeof(float), hd->n_c, cap)) != RI_OK ||
             (st = mdl_dw_regrow(mem, (void **)&hd->sizes, sizeof(uint32_t), hd->n_c, cap)) != RI_OK ||
@@ -149,7 +151,7 @@ static ri_status_t mdl_dw_append_head(mdl_dwave_t *w, uint32_t h, const kn_index
                                       const kn_kv_view_t *kv)
 {
     mdl_dw_head_t *hd = &w->heads[h];
-    size_t d = w->shape.head_dim, row = d * sizeof(cm_fp16_t);
+    size_t d = w->shape.head_dim;
     uint32_t C = idx->n_clusters, T = idx->n_tokens, nc = C - first;
     uint32_t t0 = first < C ? idx->offsets[first] : T;
     ri_status_t st;
@@ -161,7 +163,8 @@ static ri_status_t mdl_dw_append_head(mdl_dwave_t *w, uint32_t h, const kn_index
     if ((st = mdl_dw_reserve(w, hd, C, T)) != RI_OK)
         return st;
     const kn_mem_t *mem = w->mem;
-    if ((st = mem->copy(hd->cent + (size_t)first * d, idx->centroids + (size_t)first * d, nc * row)) != RI_OK ||
+    if ((st = mem->copy(hd->cent + (size_t)first * d, idx->centroids + (size_t)first * d, nc * d)) != RI_OK ||
+        (st = mem->copy(hd->cscale + first, idx->cscale + first, nc * sizeof(float))) != RI_OK ||
         (st = mem->copy(hd->vq + (size_t)first * d, idx->vq + (size_t)first * d, nc * d)) != RI_OK ||
         (st = mem->copy(hd->vscale + first, idx->vscale + first, nc * sizeof(float))) != RI_OK ||
         (st = mem->copy(hd->sizes + first, idx->sizes + first, nc * sizeof(uint32_t))) != RI_OK ||
@@ -245,6 +248,7 @@ void mdl_dwave_destroy(mdl_dwave_t *w)
     for (uint32_t h = 0; w->heads != NULL && h < w->shape.n_kv_heads; h++) {
         mdl_dw_head_t *hd = &w->heads[h];
         w->mem->free(hd->cent);
+        w->mem->free(hd->cscale);
         w->mem->free(hd->vq);
         w->mem->free(hd->vscale);
         w->mem->free(hd->sizes);
@@ -313,6 +317,7 @@ static void mdl_dw_table(mdl_dwave_t *w, const kn_kv_view_t *kv)
         size_t hoff = (size_t)h * kv->head_stride;
         kn_wave_head_t *t = &w->table[h];
         *t = (kn_wave_head_t){ .centroids = hd->cent,
+                               .cscale = hd->cscale,
                                .sizes = hd->sizes,
                                .offsets = hd->offsets,
                                .vq = hd->vq,
@@ -340,7 +345,7 @@ static void mdl_dw_count(mdl_dwave_t *w, const kn_kv_view_t *kv, const uint32_t 
         for (uint64_t i = 0; i < nr; i++)
             ret += idx->sizes[ids[h * per + i]];
         exact += steady + ret;
-        bytes += (steady + ret) * 4 * d + (uint64_t)idx->n_clusters * (2 * d + 4) + ne * (d + 4); /* int8 + scale */
+        bytes += (steady + ret) * 4 * d + (uint64_t)idx->n_clusters * (d + 8) + ne * (d + 4); /* int8 + scale */
     }
     w->st.exact_tokens += exact / CM_MAX(nkv, 1u);
     w->st.bytes_read += bytes;
@@ -390,8 +395,8 @@ void mdl_dwave_stats(const mdl_dwave_t *w, mdl_dwave_stats_t *st_p)
     st_p->index_bytes = 0;
     for (uint32_t h = 0; h < w->shape.n_kv_heads; h++) {
         const mdl_dw_head_t *hd = &w->heads[h];
-        /* a cluster: fp16 centroid, int8 mean, fp32 scale, size, offset */
+        /* a cluster: int8 centroid and mean, their fp32 scales, size, offset */
         st_p->index_bytes +=
-            (uint64_t)hd->cap_c * (3 * w->shape.head_dim + 12) + (uint64_t)hd->cap_t * 4 * w->shape.head_dim;
+            (uint64_t)hd->cap_c * (2 * w->shape.head_dim + 16) + (uint64_t)hd->cap_t * 4 * w->shape.head_dim;
     }
 }

@@ -8,7 +8,7 @@
  * build/update schedule, the budgets and the host index (ranking happens
  * in the backend, but the schedule and the budget are the wave's); this
  * object is that store: after each build or update it copies the new
- * clusters' meta (fp16 centroids, int8 value means + scales, sizes, first rows) and
+ * clusters' meta (int8 centroids and value means + their scales, sizes, first rows) and
  * their K/V rows, cluster-major, into arrays of a memory space (kn_mem.h),
  * the layout of kn_wave_head_t.  A step is then ONE ops->wave_step for every
  * KV head of the layer: the retrieval and estimation budgets of the wave,

@@ -21,6 +21,8 @@
  *   update     one block per cluster: sum of the members in double,
  *              c = sum / |sum|; an empty cluster keeps its centroid
  *   finish     after the final assignment: centroid = mean of the real keys
+ *              (fp32 here; the host quantizes it to int8 + a scale with
+ *              kn_vq_quantize, as kn_index.c does)
  *              (double, + mu), value sums in fp32 in token order (as the
  *              cpu backend), sizes, the cluster-major permutation
  *
@@ -210,12 +212,11 @@ static __global__ void kn_cu_update_kernel(const float *x, const uint32_t *tok,
     }
 }
 
-/* Final statistics of cluster j: centroid = mean of the real keys (fp16),
+/* Final statistics of cluster j: centroid = mean of the real keys (fp32),
  * value sum (fp32, token order), size; perm[p] = token_base + token. */
-static __global__ void kn_cu_finish_kernel(const float *x, const __half *v, long long stride,
-                                           const uint32_t *tok, const uint32_t *start,
-                                           const uint32_t *end, const double *mu, int d,
-                                           __half *cent_out, float *vsum_out, uint32_t *size_out)
+static __global__ void kn_cu_finish_kernel(const float *x, const __half *v, long long stride, const uint32_t *tok,
+                                           const uint32_t *start, const uint32_t *end, const double *mu, int d,
+                                           float *cent_out, float *vsum_out, uint32_t *size_out)
 {
     const int j = blockIdx.x;
     const uint32_t s0 = start[j], s1 = end[j], cnt = s1 > s0 ? s1 - s0 : 0;
@@ -226,7 +227,7 @@ static __global__ void kn_cu_finish_kernel(const float *x, const __half *v, long
             cs += x[(size_t)tok[p] * d + i];
             vs += __half2float(v[(size_t)tok[p] * stride + i]);
         }
-        cent_out[(size_t)j * d + i] = __float2half_rn(cnt ? (float)(cs / cnt + mu[i]) : 0.0f);
+        cent_out[(size_t)j * d + i] = cnt ? (float)(cs / cnt + mu[i]) : 0.0f;
         vsum_out[(size_t)j * d + i] = vs;
     }
     if (threadIdx.x == 0)
@@ -329,6 +330,7 @@ ri_status_t kn_cuda_index_build(const kn_build_params_t *p, const cm_fp16_t *k,
     const uint32_t d = idx->head_dim, C = n_clusters, S = n_segments;
     const size_t span = n ? ((size_t)n - 1) * stride + d : 0;
     uint32_t *c0 = NULL, *c1 = NULL, *f0 = NULL, *f1 = NULL, *sizes = NULL;
+    float *cent = NULL; /* [C][d] the fp32 means, quantized on the host */
     int *init = NULL;
     size_t n_items = 0, n_fitems = 0;
     kn_cu_build_t b;
@@ -351,7 +353,8 @@ ri_status_t kn_cuda_index_build(const kn_build_params_t *p, const cm_fp16_t *k,
     c0 = (uint32_t *)malloc(4 * ((size_t)S + 1) * sizeof(uint32_t));
     init = (int *)malloc(((size_t)C + 1) * sizeof(int));
     sizes = (uint32_t *)malloc(((size_t)C + 1) * sizeof(uint32_t));
-    if (c0 == NULL || init == NULL || sizes == NULL) {
+    cent = (float *)malloc(((size_t)C * d + 1) * sizeof(float));
+    if (c0 == NULL || init == NULL || sizes == NULL || cent == NULL) {
         c.st = RI_ERR_NOMEM;
         goto out;
     }
@@ -380,7 +383,7 @@ ri_status_t kn_cuda_index_build(const kn_build_params_t *p, const cm_fp16_t *k,
         int chunks = ((int)n + KN_CU_MEAN_CHUNK - 1) / KN_CU_MEAN_CHUNK;
         double *part = (double *)kn_cu_alloc(&c, (size_t)chunks * d * sizeof(double));
         double *mu = (double *)kn_cu_alloc(&c, (size_t)d * sizeof(double));
-        __half *cent_h = (__half *)kn_cu_alloc(&c, (size_t)C * d * sizeof(__half));
+        float *cent_f = (float *)kn_cu_alloc(&c, (size_t)C * d * sizeof(float));
         float *vsum = (float *)kn_cu_alloc(&c, (size_t)C * d * sizeof(float));
         uint32_t *dsizes = (uint32_t *)kn_cu_alloc(&c, (size_t)C * sizeof(uint32_t));
         uint32_t *perm = (uint32_t *)kn_cu_alloc(&c, (size_t)n * sizeof(uint32_t));
@@ -423,10 +426,10 @@ ri_status_t kn_cuda_index_build(const kn_build_params_t *p, const cm_fp16_t *k,
         if (c.st != RI_OK)
             goto out;
         kn_cu_finish_kernel<<<C, 64, 0, c.s>>>(b.x, dv, (long long)stride, b.tok, b.start, b.end,
-                                               mu, (int)d, cent_h, vsum, dsizes);
+                                               mu, (int)d, cent_f, vsum, dsizes);
         kn_cu_perm_kernel<<<(n + 255) / 256, 256, 0, c.s>>>(b.tok, (int)n, token_base, perm);
         kn_cu_check_launch(&c, "finish launch");
-        kn_cu_out(&c, idx->centroids + (size_t)idx->n_clusters * d, cent_h, (size_t)C * d * sizeof(__half));
+        kn_cu_out(&c, cent, cent_f, (size_t)C * d * sizeof(float));
         kn_cu_out(&c, idx->vsum + (size_t)idx->n_clusters * d, vsum, (size_t)C * d * sizeof(float));
         kn_cu_out(&c, sizes, dsizes, (size_t)C * sizeof(uint32_t));
         kn_cu_out(&c, idx->perm + idx->n_tokens, perm, (size_t)n * sizeof(uint32_t));
@@ -438,6 +441,7 @@ out:
         uint32_t pos = idx->n_tokens;
         for (uint32_t j = 0; j < C; j++) {
             uint32_t gj = idx->n_clusters + j;
+            kn_vq_quantize(cent + (size_t)j * d, 1.0f, d, idx->centroids + (size_t)gj * d, &idx->cscale[gj]);
             idx->sizes[gj] = sizes[j];
             if (idx->offsets[gj] != pos) /* j == 0: already n_tokens, maybe a shared home's page */
                 idx->offsets[gj] = pos;
@@ -450,5 +454,6 @@ out:
     free(c0);
     free(init);
     free(sizes);
+    free(cent);
     return c.st;
 }

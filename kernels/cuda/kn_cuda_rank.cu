@@ -1,13 +1,14 @@
 /*
  * CUDA rank, estimate and the fused rank + estimate (kn_cuda_rank_estimate)
  * of one GQA group.  Per decode step and KV head the rank reads every
- * centroid once (C x d fp16: 64K clusters at 1M tokens) and the estimate
+ * centroid once (C x d int8 + a scale each: 64K clusters at 1M tokens) and the estimate
  * reads the value sums of the E estimation clusters; both are small next to
  * the K/V the exact part reads, so these kernels aim at few launches and no
  * host round trip beyond the one the ids need.
  *
  *   logits    one warp per centroid (or listed cluster): g dot products,
- *             lanes over d, the scaled query in shared memory
+ *             lanes over d, the scaled query in shared memory, each
+ *             finished dot times the cluster's cscale (as kn_cq_dot)
  *   heads     one block per query head: max (and for the rank the softmax
  *             denominator) over the clusters, fixed reduction order
  *   score     s_j = sum_h e^{l_hj - m_h} / sum_h over non-empty clusters,
@@ -31,11 +32,12 @@
 
 #define KN_CU_EST_CHUNK 64
 
-/* L[h*ld + r] = scale * q_h . centroid(row r), where row r is cluster r, or
- * cluster list[r] when list != NULL; -inf for an empty cluster. */
-static __global__ void kn_cu_logits_kernel(const float *q, int g, int d, float scale,
-                                           const __half *cent, const uint32_t *sizes,
-                                           const uint32_t *list, int n, float *L, int ld)
+/* L[h*ld + r] = cscale_j * (scale * q_h . c8_j) for the int8 centroid of
+ * row r, which is cluster r, or cluster list[r] when list != NULL; -inf
+ * for an empty cluster. */
+static __global__ void kn_cu_logits_kernel(const float *q, int g, int d, float scale, const int8_t *cent,
+                                           const float *cscale, const uint32_t *sizes, const uint32_t *list, int n,
+                                           float *L, int ld)
 {
     __shared__ float qs[KN_CU_MAXG * KN_CU_MAXD];
     const int lane = threadIdx.x & 31, r = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
@@ -45,13 +47,13 @@ static __global__ void kn_cu_logits_kernel(const float *q, int g, int d, float s
     if (r >= n)
         return;
     const uint32_t j = list ? list[r] : (uint32_t)r;
-    const __half *c = cent + (size_t)j * d;
+    const int8_t *c = cent + (size_t)j * d;
     const bool empty = sizes[j] == 0;
     float s[KN_CU_MAXG];
     for (int h = 0; h < KN_CU_MAXG; h++)
         s[h] = 0.0f;
     for (int i = lane; i < d; i += 32) {
-        float x = __half2float(c[i]);
+        float x = (float)c[i];
         for (int h = 0; h < KN_CU_MAXG; h++)
             if (h < g)
                 s[h] += qs[h * d + i] * x;
@@ -61,7 +63,7 @@ static __global__ void kn_cu_logits_kernel(const float *q, int g, int d, float s
             break;
         float t = kn_cu_warp_sum(s[h]);
         if (lane == 0)
-            L[(size_t)h * ld + r] = empty ? -INFINITY : t;
+            L[(size_t)h * ld + r] = empty ? -INFINITY : t * cscale[j];
     }
 }
 
@@ -254,7 +256,8 @@ static ri_status_t kn_cu_rank_impl(const kn_shape_t *grp, const float *q, const 
     }
     {
         const float *dq = (const float *)kn_cu_in(&c, q, (size_t)g * d * sizeof(float));
-        const __half *cent = (const __half *)kn_cu_in(&c, idx->centroids, (size_t)C * d * sizeof(cm_fp16_t));
+        const int8_t *cent = (const int8_t *)kn_cu_in(&c, idx->centroids, (size_t)C * d);
+        const float *cscale = (const float *)kn_cu_in(&c, idx->cscale, (size_t)C * sizeof(float));
         const uint32_t *sizes = (const uint32_t *)kn_cu_in(&c, idx->sizes, (size_t)C * sizeof(uint32_t));
         float *L = (float *)kn_cu_alloc(&c, ((size_t)g * C + 1) * sizeof(float));
         float *m = (float *)kn_cu_alloc(&c, (size_t)g * sizeof(float));
@@ -273,8 +276,8 @@ static ri_status_t kn_cu_rank_impl(const kn_shape_t *grp, const float *q, const 
                                    lse_e);
             goto out;
         }
-        kn_cu_logits_kernel<<<(C + 7) / 8, 256, 0, c.s>>>(dq, g, d, kn_shape_scale(grp), cent,
-                                                           sizes, NULL, C, L, C);
+        kn_cu_logits_kernel<<<(C + 7) / 8, 256, 0, c.s>>>(dq, g, d, kn_shape_scale(grp), cent, cscale, sizes, NULL,
+                                                           C, L, C);
         kn_cu_head_stats_kernel<<<g, 256, 0, c.s>>>(L, C, C, sizes, NULL, 0, m, sum);
         kn_cu_score_kernel<<<(C + 255) / 256, 256, 0, c.s>>>(L, C, g, m, sum, sizes, score, id);
         kn_cu_check_launch(&c, "rank launch");
@@ -342,7 +345,8 @@ ri_status_t kn_cuda_estimate(const kn_shape_t *grp, const float *q, const kn_ind
 
     kn_cu_begin(&c);
     const float *dq = (const float *)kn_cu_in(&c, q, (size_t)g * d * sizeof(float));
-    const __half *cent = (const __half *)kn_cu_in(&c, idx->centroids, (size_t)C * d * sizeof(cm_fp16_t));
+    const int8_t *cent = (const int8_t *)kn_cu_in(&c, idx->centroids, (size_t)C * d);
+    const float *cscale = (const float *)kn_cu_in(&c, idx->cscale, (size_t)C * sizeof(float));
     const uint32_t *sizes = (const uint32_t *)kn_cu_in(&c, idx->sizes, (size_t)C * sizeof(uint32_t));
     const float *vsum = NULL, *vscale = NULL;
     const int8_t *vq = kn_cu_values(&c, idx, &vsum, &vscale);
@@ -352,7 +356,7 @@ ri_status_t kn_cuda_estimate(const kn_shape_t *grp, const float *q, const kn_ind
     if (c.st == RI_OK) {
         if (n > 0)
             kn_cu_logits_kernel<<<(unsigned)((n + 7) / 8), 256, 0, c.s>>>(
-                dq, g, d, kn_shape_scale(grp), cent, sizes, dids, (int)n, L, (int)n);
+                dq, g, d, kn_shape_scale(grp), cent, cscale, sizes, dids, (int)n, L, (int)n);
         /* M_h = max_e (l_he + ln n_j): weights e^{l - M} then never overflow */
         kn_cu_head_stats_kernel<<<g, 256, 0, c.s>>>(L, (int)n, (int)n, sizes, dids, 1, m, NULL);
         kn_cu_estimate_run(&c, L, (int)n, 0, m, g, d, dids, (int)n, sizes, vsum, vq, vscale, o, lse);

@@ -7,7 +7,8 @@
  * KV head), nothing comes back to the host before the end, and the host
  * makes one copy in, ~10 launches, the copies out and one wait.
  *
- *   logits    L[h][q][j] = scale * q . centroid_j, a thread per centroid;
+ *   logits    L[h][q][j] = cscale_j * (scale * q . c8_j) over the int8
+ *             centroids, a thread per centroid;
  *             -inf for an empty cluster and for the padding up to the
  *             longest index; each block's max and softmax sum per query head
  *   stats     per query head: max and softmax denominator over the blocks
@@ -46,9 +47,23 @@ static __device__ __forceinline__ void kn_cu_ms_merge(float &m, float &s, float 
     m = mm;
 }
 
+/* 16 int8 (16 bytes, aligned) as floats. */
+static __device__ __forceinline__ void kn_cu_ld16q(const int8_t *p, float *f)
+{
+    const uint4 raw = __ldg(reinterpret_cast<const uint4 *>(p));
+    const char4 *b4 = reinterpret_cast<const char4 *>(&raw);
+#pragma unroll
+    for (int i = 0; i < 4; i++) {
+        f[4 * i] = (float)b4[i].x;
+        f[4 * i + 1] = (float)b4[i].y;
+        f[4 * i + 2] = (float)b4[i].z;
+        f[4 * i + 3] = (float)b4[i].w;
+    }
+}
+
 /* One thread a centroid (no reductions across lanes): the query of head
- * blockIdx.y in shared memory (read as broadcasts), the centroid's row in
- * 16-byte loads.  Also each block's (max, sum e^{L - max}) per query head
+ * blockIdx.y in shared memory (read as broadcasts), the centroid's int8
+ * row in 16-byte loads, the finished dots times its scale.  Also each block's (max, sum e^{L - max}) per query head
  * into pm / ps [nkv][g][gridDim.x], which kn_cu_w_stats reduces.  A warp
  * per centroid with g reductions each read the centroids at ~500 GB/s on
  * an H200. */
@@ -71,16 +86,20 @@ kn_cu_w_logits(const kn_cu_whead *heads, const float *q, int g, float scale, int
         s[a] = 0.0f;
     const bool live = r < C && hd->sizes[r] != 0;
     if (live) {
-        const __half *c = (const __half *)hd->centroids + (size_t)r * D;
-        for (int k = 0; k < D / 8; k++) {
-            float f[8];
-            kn_cu_ld8(c + 8 * k, f);
+        const int8_t *c = hd->centroids + (size_t)r * D;
+        for (int k = 0; k < D / 16; k++) {
+            float f[16];
+            kn_cu_ld16q(c + 16 * k, f);
 #pragma unroll
             for (int a = 0; a < KN_CU_MAXG; a++)
                 if (a < g)
-                    for (int i = 0; i < 8; i++)
-                        s[a] += qs[a * D + 8 * k + i] * f[i];
+                    for (int i = 0; i < 16; i++)
+                        s[a] += qs[a * D + 16 * k + i] * f[i];
         }
+        const float cs = hd->cscale[r];
+#pragma unroll
+        for (int a = 0; a < KN_CU_MAXG; a++)
+            s[a] *= cs;
     }
 #pragma unroll
     for (int a = 0; a < KN_CU_MAXG; a++) {
@@ -602,7 +621,8 @@ static bool kn_cu_w_valid(const kn_shape_t *shape, const float *q, const kn_cu_w
     for (uint32_t h = 0; h < shape->n_kv_heads; h++) {
         const kn_cu_whead *hd = &heads[h];
         if (hd->n_clusters > 0 &&
-            (!hd->centroids || !hd->sizes || !hd->offsets || !hd->vq || !hd->vscale || !kn_cu_aligned(hd->ck) ||
+            (!hd->centroids || !hd->cscale || !kn_cu_aligned(hd->centroids) || !hd->sizes || !hd->offsets ||
+             !hd->vq || !hd->vscale || !kn_cu_aligned(hd->ck) ||
              !kn_cu_aligned(hd->cv) || !hd->ck || !hd->cv || hd->n_clusters > (1u << 24)))
             return false;
         for (int p = 0; p < 2; p++)

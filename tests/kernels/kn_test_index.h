@@ -11,13 +11,13 @@
 
 static inline void kn_expect_index_equal(const kn_index_t *a, const kn_index_t *b)
 {
-    size_t row = (size_t)a->head_dim * sizeof(cm_fp16_t);
     assert_int_equal(a->n_clusters, b->n_clusters);
     assert_int_equal(a->n_tokens, b->n_tokens);
     assert_memory_equal(a->sizes, b->sizes, a->n_clusters * sizeof(uint32_t));
     assert_memory_equal(a->offsets, b->offsets, (a->n_clusters + 1) * sizeof(uint32_t));
     assert_memory_equal(a->perm, b->perm, a->n_tokens * sizeof(uint32_t));
-    assert_memory_equal(a->centroids, b->centroids, a->n_clusters * row);
+    assert_memory_equal(a->centroids, b->centroids, (size_t)a->n_clusters * a->head_dim);
+    assert_memory_equal(a->cscale, b->cscale, a->n_clusters * sizeof(float));
     assert_memory_equal(a->vq, b->vq, (size_t)a->n_clusters * a->head_dim);
     assert_memory_equal(a->vscale, b->vscale, a->n_clusters * sizeof(float));
 }
@@ -32,13 +32,14 @@ static inline ri_status_t kn_test_block_piece(const kn_index_t *idx, uint32_t fi
     ri_status_t st = kn_wave_block_clusters(idx, lo, first_pos + B - lo, &j0, &j1);
     if (st != RI_OK)
         return st;
-    *pc = (kn_wave_piece_t){.first_pos = first_pos,
-                            .n_clusters = j1 - j0,
-                            .sizes = idx->sizes + j0,
-                            .perm = idx->perm + idx->offsets[j0],
-                            .centroids = idx->centroids + (size_t)j0 * idx->head_dim,
-                            .vq = idx->vq + (size_t)j0 * idx->head_dim,
-                            .vscale = idx->vscale + j0};
+    *pc = (kn_wave_piece_t){ .first_pos = first_pos,
+                             .n_clusters = j1 - j0,
+                             .sizes = idx->sizes + j0,
+                             .perm = idx->perm + idx->offsets[j0],
+                             .centroids = idx->centroids + (size_t)j0 * idx->head_dim,
+                             .cscale = idx->cscale + j0,
+                             .vq = idx->vq + (size_t)j0 * idx->head_dim,
+                             .vscale = idx->vscale + j0 };
     return RI_OK;
 }
 

@@ -167,16 +167,16 @@ static void test_jensen_estimation_never_overstates(void **state)
             }
             for (uint32_t r = 0; r < n; r++)
                 s += exp(lg[r] - m);
-            /* Jensen holds for the exact mean; the stored centroid is its fp16
-             * rounding, which moves the logit by exactly q.(c16 - mean)/sqrt(d) */
+            /* Jensen holds for the exact mean; the stored centroid is its int8
+             * rounding (times the scale), which moves the logit by exactly
+             * q.(c8 * cscale - mean)/sqrt(d) */
             double shift = 0;
             for (uint32_t i = 0; i < d; i++) {
                 double mean = 0;
                 for (uint32_t r = 0; r < n; r++)
                     mean += cm_fp16_to_f32(x.k[(size_t)ix->perm[ix->offsets[j] + r] * d + i]);
                 mean /= n;
-                shift += (double)x.q[h * d + i] *
-                         ((double)cm_fp16_to_f32(ix->centroids[(size_t)j * d + i]) - mean);
+                shift += (double)x.q[h * d + i] * ((double)ix->centroids[(size_t)j * d + i] * ix->cscale[j] - mean);
             }
             shift = fmax(0.0, shift / sqrt((double)d));
             /* lse of the estimation term = s_j + ln n_j; true = lse of the members
@@ -236,7 +236,8 @@ static void inv_index_equal(const kn_index_t *a, const kn_index_t *b)
     size_t d = a->head_dim;
     assert_int_equal(a->n_clusters, b->n_clusters);
     assert_int_equal(a->n_tokens, b->n_tokens);
-    assert_memory_equal(a->centroids, b->centroids, a->n_clusters * d * sizeof(cm_fp16_t));
+    assert_memory_equal(a->centroids, b->centroids, a->n_clusters * d);
+    assert_memory_equal(a->cscale, b->cscale, a->n_clusters * sizeof(float));
     assert_null(a->vsum); /* a built index is compact: the sums were the means' scratch */
     assert_memory_equal(a->vq, b->vq, (size_t)a->n_clusters * d);
     assert_memory_equal(a->vscale, b->vscale, a->n_clusters * sizeof(float));
@@ -275,11 +276,11 @@ static void test_build_deterministic(void **state)
     inv_free(&x);
 }
 
-/* The compact meta entry: a built index keeps fp16 centroids and int8 value
- * means with a scale a cluster (no fp32 sums), for the first build and for
- * an update appended to it (the sums are allocated again as the build's
+/* The compact meta entry: a built index keeps int8 centroids and int8 value
+ * means with a scale a cluster each (no fp32 sums), for the first build and
+ * for an update appended to it (the sums are allocated again as the build's
  * scratch and dropped again), and each mean is within half its scale of the
- * mean of its cluster's values. */
+ * mean of its cluster's values, each centroid of the mean of its keys. */
 static void test_built_index_is_compact(void **state)
 {
     inv_kv_t x;
@@ -296,9 +297,10 @@ static void test_built_index_is_compact(void **state)
     assert_null(idx.vsum);
     assert_non_null(idx.vq);
     assert_non_null(idx.vscale);
-    /* the compact entry: fp16 centroid + int8 mean + fp32 scale + size + offset a cluster, perm a token */
+    assert_non_null(idx.cscale);
+    /* the compact entry: int8 centroid + int8 mean + their fp32 scales + size + offset a cluster, perm a token */
     assert_int_equal(kn_index_resident_bytes(&idx),
-                     (uint64_t)idx.cap_clusters * (2 * d + d + 4 + 8) + (uint64_t)idx.cap_tokens * 4);
+                     (uint64_t)idx.cap_clusters * (d + 4 + d + 4 + 8) + (uint64_t)idx.cap_tokens * 4);
     assert_int_equal(idx.n_clusters, 756);
     assert_int_equal(idx.n_tokens, n1 + n2);
     for (uint32_t j = 0; j < idx.n_clusters; j++) {
@@ -310,6 +312,14 @@ static void test_built_index_is_compact(void **state)
             /* half a step of the cluster's scale, plus the fp32 sum's rounding */
             if (fabs(got - want) > s / 2 + 1e-5 * (1.0 + fabs(want)))
                 fail_msg("cluster %u dim %u: mean %g, want %g (scale %g)", j, i, got, want, s);
+            sum = 0.0;
+            s = idx.cscale[j];
+            got = (double)idx.centroids[(size_t)j * d + i] * s;
+            for (uint32_t r = idx.offsets[j]; r < idx.offsets[j + 1]; r++)
+                sum += cm_fp16_to_f32(x.k[(size_t)idx.perm[r] * d + i]);
+            want = idx.sizes[j] ? sum / idx.sizes[j] : 0.0;
+            if (fabs(got - want) > s / 2 + 1e-5 * (1.0 + fabs(want)))
+                fail_msg("cluster %u dim %u: centroid %g, want %g (scale %g)", j, i, got, want, s);
         }
     }
     kn_index_cleanup(&idx);

@@ -103,7 +103,7 @@ static void test_zero_and_empty_clusters(void **state)
 }
 
 /* The meta entry of a built index at 4, 8 and 16 tokens a cluster (d = 64):
- * fp16 centroid 2d + int8 mean d + fp32 scale 4 + size 4 + offset 4 a
+ * int8 centroid d + fp32 scale 4 + int8 mean d + fp32 scale 4 + size 4 + offset 4 a
  * cluster, perm 4 a token; against the cluster's fp16 K/V, 4d a token. */
 static void test_meta_entry_bytes(void **state)
 {
@@ -127,7 +127,7 @@ static void test_meta_entry_bytes(void **state)
         assert_int_equal(idx.cap_clusters, C);
         assert_int_equal(idx.cap_tokens, n);
         uint64_t b = kn_index_resident_bytes(&idx);
-        assert_int_equal(b, (uint64_t)C * (3 * d + 12) + (uint64_t)n * 4);
+        assert_int_equal(b, (uint64_t)C * (2 * d + 16) + (uint64_t)n * 4);
         double per = (double)b / C, kv = 4.0 * d * tpcs[t];
         printf("meta entry at %2u tokens a cluster, d = %u: %.0f bytes a cluster = %.1f%% of its fp16 K/V "
                "(%.0f bytes)\n",

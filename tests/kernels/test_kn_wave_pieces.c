@@ -88,7 +88,8 @@ static void pc_expect_piece_equal(const kn_wave_piece_t *a, const kn_wave_piece_
     for (uint32_t j = 0; j < a->n_clusters; j++)
         n += a->sizes[j];
     assert_memory_equal(a->perm, b->perm, n * sizeof(uint32_t));
-    assert_memory_equal(a->centroids, b->centroids, (size_t)a->n_clusters * PC_D * sizeof(cm_fp16_t));
+    assert_memory_equal(a->centroids, b->centroids, (size_t)a->n_clusters * PC_D);
+    assert_memory_equal(a->cscale, b->cscale, a->n_clusters * sizeof(float));
     assert_memory_equal(a->vq, b->vq, (size_t)a->n_clusters * PC_D);
     assert_memory_equal(a->vscale, b->vscale, a->n_clusters * sizeof(float));
 }

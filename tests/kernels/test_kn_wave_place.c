@@ -48,8 +48,8 @@ typedef struct wp_kv {
  * heads, the head's whole pages read-only. */
 typedef struct wp_homes {
     kn_index_homes_t h;
-    void *map[6];
-    size_t len[6];
+    void *map[7];
+    size_t len[7];
     uint32_t n_c, n_t; /* the prefix laid out at the heads */
 } wp_homes_t;
 
@@ -128,20 +128,22 @@ static void wp_expect_file_pages(const void *p, size_t n, const char *what)
  * n_c clusters of ref (n_c 0: empty homes). */
 static void wp_homes(wp_homes_t *m, const kn_index_t *ref, uint32_t n_c, uint32_t cap_c, uint32_t cap_t)
 {
-    size_t row = (size_t)WP_D * sizeof(cm_fp16_t), u = sizeof(uint32_t);
+    size_t row = WP_D, u = sizeof(uint32_t); /* int8 centroid rows */
     uint32_t n_t = n_c ? ref->offsets[n_c] : 0, zero = 0;
     memset(m, 0, sizeof(*m));
-    if (n_c > 0) /* a whole head page in each of the six, or the test proves less */
+    if (n_c > 0) /* a whole head page in each of the seven, or the test proves less */
         assert_true(n_c * u >= wp_page());
     m->n_c = n_c;
     m->n_t = n_t;
     m->map[0] = wp_range(cap_c * row, ref->centroids, n_c * row, &m->len[0]);
     m->map[1] = wp_range(cap_c * WP_D, ref->vq, n_c * WP_D, &m->len[1]);
     m->map[5] = wp_range(cap_c * sizeof(float), ref->vscale, n_c * sizeof(float), &m->len[5]);
+    m->map[6] = wp_range(cap_c * sizeof(float), ref->cscale, n_c * sizeof(float), &m->len[6]);
     m->map[2] = wp_range(cap_c * u, ref->sizes, n_c * u, &m->len[2]);
     m->map[3] = wp_range((cap_c + 1) * u, n_c ? ref->offsets : &zero, (n_c + 1) * u, &m->len[3]);
     m->map[4] = wp_range(cap_t * u, ref->perm, n_t * u, &m->len[4]);
     m->h = (kn_index_homes_t){ .centroids = m->map[0],
+                               .cscale = m->map[6],
                                .vq = m->map[1],
                                .vscale = m->map[5],
                                .sizes = m->map[2],
@@ -153,7 +155,7 @@ static void wp_homes(wp_homes_t *m, const kn_index_t *ref, uint32_t n_c, uint32_
 
 static void wp_homes_free(wp_homes_t *m)
 {
-    for (int i = 0; i < 6; i++)
+    for (int i = 0; i < 7; i++)
         munmap(m->map[i], m->len[i]);
 }
 
@@ -161,14 +163,16 @@ static void wp_homes_free(wp_homes_t *m)
  * pages: nothing wrote them. */
 static void wp_expect_heads(const wp_homes_t *m, const kn_index_t *ref)
 {
-    size_t row = (size_t)WP_D * sizeof(cm_fp16_t), u = sizeof(uint32_t);
+    size_t row = WP_D, u = sizeof(uint32_t);
     wp_expect_file_pages(m->h.centroids, m->n_c * row, "centroids");
+    wp_expect_file_pages(m->h.cscale, m->n_c * sizeof(float), "cscale");
     wp_expect_file_pages(m->h.vq, m->n_c * WP_D, "vq");
     wp_expect_file_pages(m->h.vscale, m->n_c * sizeof(float), "vscale");
     wp_expect_file_pages(m->h.sizes, m->n_c * u, "sizes");
     wp_expect_file_pages(m->h.offsets, (m->n_c + 1) * u, "offsets");
     wp_expect_file_pages(m->h.perm, m->n_t * u, "perm");
     assert_memory_equal(m->h.centroids, ref->centroids, m->n_c * row);
+    assert_memory_equal(m->h.cscale, ref->cscale, m->n_c * sizeof(float));
     assert_memory_equal(m->h.vq, ref->vq, m->n_c * WP_D);
     assert_memory_equal(m->h.vscale, ref->vscale, m->n_c * sizeof(float));
     assert_memory_equal(m->h.sizes, ref->sizes, m->n_c * u);
@@ -180,7 +184,8 @@ static void wp_expect_heads(const wp_homes_t *m, const kn_index_t *ref)
 static bool wp_at_homes(const kn_index_t *idx, const wp_homes_t *m)
 {
     bool at = idx->centroids == m->h.centroids;
-    assert_true(at == (idx->vq == m->h.vq) && at == (idx->vscale == m->h.vscale) && at == (idx->sizes == m->h.sizes) &&
+    assert_true(at == (idx->cscale == m->h.cscale) && at == (idx->vq == m->h.vq) &&
+                at == (idx->vscale == m->h.vscale) && at == (idx->sizes == m->h.sizes) &&
                 at == (idx->offsets == m->h.offsets) && at == (idx->perm == m->h.perm));
     assert_true(at == (idx->fixed_clusters != 0));
     return at;
@@ -398,18 +403,19 @@ static void test_bad_arguments_change_nothing(void **state)
     wp_kv_t x;
     kn_wave_t *built, *ref, *w;
     wp_homes_t m;
-    kn_index_homes_t bad[10];
+    kn_index_homes_t bad[11];
     (void)state;
     wp_make(&x, 8);
     ref = wp_reference(&x, &built);
     w = wp_wave(&x);
     wp_homes(&m, kn_wave_index(built, 0), 0, 64, 256);
 
-    for (int i = 0; i < 10; i++)
+    for (int i = 0; i < 11; i++)
         bad[i] = m.h;
     bad[0].centroids = NULL;
     bad[1].vq = NULL;
     bad[9].vscale = NULL;
+    bad[10].cscale = NULL;
     bad[2].sizes = NULL;
     bad[3].offsets = NULL;
     bad[4].perm = NULL;
@@ -417,7 +423,7 @@ static void test_bad_arguments_change_nothing(void **state)
     bad[6].cap_tokens = 0;
     bad[7].cap_clusters = UINT32_MAX / 2 + 1;
     bad[8].cap_tokens = UINT32_MAX / 2 + 1;
-    for (int i = 0; i < 10; i++) {
+    for (int i = 0; i < 11; i++) {
         assert_int_equal(kn_wave_place(w, 0, &bad[i]), RI_ERR_INVALID);
         assert_null(kn_wave_index(w, 0)->sizes);
         assert_int_equal(kn_wave_index(w, 0)->fixed_clusters, 0);

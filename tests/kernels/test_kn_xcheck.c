@@ -333,13 +333,18 @@ static void test_attn_pages(void **state)
  * and the accuracy bench's). */
 static bool xc_means;
 #define XC_EST_TOL 2e-5
+#define XC_MAXD    256 /* the largest head dim a check draws */
 
-/* A random index of C clusters: some empty, some of size 1. */
+/* A random index of C clusters: some empty, some of size 1; the
+ * centroids drawn in fp32 and quantized as a build does (kn_vq_quantize). */
 static void xc_index(kn_index_t *idx, uint32_t d, uint32_t C)
 {
     uint32_t tok = 0;
+    float crow[XC_MAXD];
+    assert_true(d <= XC_MAXD);
     kn_index_init(idx, d);
-    idx->centroids = malloc((size_t)C * d * sizeof(cm_fp16_t));
+    idx->centroids = malloc((size_t)C * d + 1);
+    idx->cscale = malloc(((size_t)C + 1) * sizeof(float));
     idx->vsum = malloc((size_t)C * d * sizeof(float));
     idx->sizes = malloc(C * sizeof(uint32_t));
     idx->offsets = malloc((C + 1) * sizeof(uint32_t));
@@ -349,9 +354,10 @@ static void xc_index(kn_index_t *idx, uint32_t d, uint32_t C)
         idx->offsets[j] = tok;
         tok += idx->sizes[j];
         for (uint32_t i = 0; i < d; i++) {
-            idx->centroids[(size_t)j * d + i] = cm_f32_to_fp16(xc_gauss() * 0.8f);
+            crow[i] = xc_gauss() * 0.8f;
             idx->vsum[(size_t)j * d + i] = xc_gauss() * (float)idx->sizes[j];
         }
+        kn_vq_quantize(crow, 1.0f, d, idx->centroids + (size_t)j * d, &idx->cscale[j]);
     }
     idx->offsets[C] = tok;
     idx->n_clusters = idx->cap_clusters = C;
@@ -374,6 +380,7 @@ static void xc_index(kn_index_t *idx, uint32_t d, uint32_t C)
 static void xc_index_free(kn_index_t *idx)
 {
     free(idx->centroids);
+    free(idx->cscale);
     free(idx->vsum);
     free(idx->sizes);
     free(idx->offsets);
@@ -403,8 +410,8 @@ static uint32_t xc_rank_scores(const float *q, const kn_index_t *idx, uint32_t g
         for (uint32_t j = 0; j < C; j++) {
             double s = 0;
             for (uint32_t i = 0; i < d; i++)
-                s += (double)q[(size_t)h * d + i] * cm_fp16_to_f32(idx->centroids[(size_t)j * d + i]);
-            lg[j] = s / sqrt((double)d);
+                s += (double)q[(size_t)h * d + i] * idx->centroids[(size_t)j * d + i];
+            lg[j] = s * idx->cscale[j] / sqrt((double)d);
             if (idx->sizes[j])
                 m = fmax(m, lg[j]);
         }
@@ -638,7 +645,8 @@ static void test_quest_score(void **state)
     assert_int_equal(fails, 0);
 }
 
-/* Index build: structure valid, centroids = mean of member keys, value sums =
+/* Index build: structure valid, centroids = mean of member keys (the int8
+ * row times its scale within half a step of it), value sums =
  * sum of member values, and the assignment equal to the reference's except
  * for near-ties (at most 1% of tokens). */
 static int xc_index_check(const kn_index_t *ix, const cm_fp16_t *k, const cm_fp16_t *v, size_t stride,
@@ -668,8 +676,8 @@ static int xc_index_check(const kn_index_t *ix, const cm_fp16_t *k, const cm_fp1
             }
         }
         for (uint32_t i = 0; i < d && ix->sizes[j]; i++) {
-            double c = cm_fp16_to_f32(ix->centroids[(size_t)j * d + i]), want = mean[i] / ix->sizes[j];
-            if (fabs(c - want) > 1e-3 * (1 + fabs(want)) ||
+            double c = (double)ix->centroids[(size_t)j * d + i] * ix->cscale[j], want = mean[i] / ix->sizes[j];
+            if (fabs(c - want) > ix->cscale[j] / 2.0 + 1e-5 * (1 + fabs(want)) ||
                 fabs(ix->vsum[(size_t)j * d + i] - vs[i]) > 1e-4 * (1 + fabs(vs[i]))) {
                 fails++;
                 break;
@@ -866,7 +874,7 @@ static int xc_wave_step(const kn_ops_t *ops, uint32_t nkv, uint32_t g, uint32_t 
     kn_index_t idx[8];
     kn_wave_head_t hd[8];
     cm_fp16_t *ck[8], *cv[8], *sk[8], *sv[8];
-    void *dev[8][9];
+    void *dev[8][10];
     float *q = xc_floats(nq * d, 2.0f);
     uint32_t *ids = malloc((nkv * per + 1) * sizeof(uint32_t)), cnt[16];
     xc_buf_t o = xc_buf(nq * d), l = xc_buf(nq);
@@ -879,14 +887,17 @@ static int xc_wave_step(const kn_ops_t *ops, uint32_t nkv, uint32_t g, uint32_t 
         uint32_t Ch = C > 3 * h ? C - 3 * h : 0;
         size_t rows;
         xc_index(&idx[h], d, Ch);
-        for (uint32_t j = 5; xc_wave_ties && j < Ch; j++)
-            memcpy(idx[h].centroids + (size_t)j * d, idx[h].centroids + (size_t)(j % 5) * d, d * sizeof(cm_fp16_t));
+        for (uint32_t j = 5; xc_wave_ties && j < Ch; j++) {
+            memcpy(idx[h].centroids + (size_t)j * d, idx[h].centroids + (size_t)(j % 5) * d, d);
+            idx[h].cscale[j] = idx[h].cscale[j % 5];
+        }
         rows = idx[h].n_tokens;
         ck[h] = xc_half(rows * d, 1.0f);
         cv[h] = xc_half(rows * d, 1.0f);
         sk[h] = xc_half(st_rows * sd, 1.0f);
         sv[h] = xc_half(st_rows * sd, 1.0f);
-        dev[h][0] = xc_place(ops, idx[h].centroids, (size_t)Ch * d * sizeof(cm_fp16_t));
+        dev[h][0] = xc_place(ops, idx[h].centroids, (size_t)Ch * d);
+        dev[h][9] = xc_place(ops, idx[h].cscale, (size_t)Ch * sizeof(float));
         dev[h][1] = xc_place(ops, idx[h].sizes, (size_t)Ch * sizeof(uint32_t));
         dev[h][2] = xc_place(ops, idx[h].offsets, (size_t)Ch * sizeof(uint32_t));
         dev[h][3] = xc_place(ops, idx[h].vq, (size_t)Ch * d);
@@ -896,6 +907,7 @@ static int xc_wave_step(const kn_ops_t *ops, uint32_t nkv, uint32_t g, uint32_t 
         dev[h][6] = xc_place(ops, sk[h], st_rows * sd * sizeof(cm_fp16_t));
         dev[h][7] = xc_place(ops, sv[h], st_rows * sd * sizeof(cm_fp16_t));
         hd[h] = (kn_wave_head_t){ .centroids = dev[h][0],
+                                  .cscale = dev[h][9],
                                   .sizes = dev[h][1],
                                   .offsets = dev[h][2],
                                   .vq = dev[h][3],
@@ -945,7 +957,7 @@ static int xc_wave_step(const kn_ops_t *ops, uint32_t nkv, uint32_t g, uint32_t 
     }
 out:
     for (uint32_t h = 0; h < nkv; h++) {
-        for (int i = 0; i < 9; i++)
+        for (int i = 0; i < 10; i++)
             xc_unplace(ops, dev[h][i]);
         xc_index_free(&idx[h]);
         free(ck[h]);
@@ -1132,7 +1144,8 @@ static int xc_device_index(uint32_t g, uint32_t d, uint32_t C, uint32_t n_r, uin
 
     xc_index(&idx, d, C);
     di = idx;
-    di.centroids = xc_dev(idx.centroids, (size_t)C * d * sizeof(cm_fp16_t));
+    di.centroids = xc_dev(idx.centroids, (size_t)C * d);
+    di.cscale = xc_dev(idx.cscale, (size_t)C * sizeof(float));
     di.vsum = xc_dev(idx.vsum, (size_t)C * d * sizeof(float));
     di.sizes = xc_dev(idx.sizes, (size_t)C * sizeof(uint32_t));
     di.vq = idx.vq ? xc_dev(idx.vq, (size_t)C * d) : NULL;
@@ -1159,6 +1172,7 @@ static int xc_device_index(uint32_t g, uint32_t d, uint32_t C, uint32_t n_r, uin
     assert_int_equal(kn_ops_cuda()->estimate(&grp, q, &di, rnd, 64, od, ld), RI_OK);
     fails += !xc_close(what, od, ro, (size_t)g * d, XC_EST_TOL) || !xc_close(what, ld, rl, g, 2e-5);
     kn_cuda_free(di.centroids);
+    kn_cuda_free(di.cscale);
     kn_cuda_free(di.vsum);
     kn_cuda_free(di.sizes);
     kn_cuda_free(di.vq);
@@ -1193,8 +1207,8 @@ static int xc_device_build(uint32_t d, uint32_t n, uint32_t C, uint32_t S, int32
         if (b.n_clusters != a.n_clusters || b.n_tokens != a.n_tokens ||
             memcmp(a.sizes, b.sizes, C * sizeof(uint32_t)) != 0 ||
             memcmp(a.offsets, b.offsets, (C + 1) * sizeof(uint32_t)) != 0 ||
-            memcmp(a.perm, b.perm, n * sizeof(uint32_t)) != 0 ||
-            memcmp(a.centroids, b.centroids, (size_t)C * d * sizeof(cm_fp16_t)) != 0 ||
+            memcmp(a.perm, b.perm, n * sizeof(uint32_t)) != 0 || memcmp(a.centroids, b.centroids, (size_t)C * d) != 0 ||
+            memcmp(a.cscale, b.cscale, (size_t)C * sizeof(float)) != 0 ||
             memcmp(a.vsum, b.vsum, (size_t)C * d * sizeof(float)) != 0) {
             fprintf(stderr, "FAIL cuda index_build d=%u n=%u C=%u S=%u: the build from device "
                     "memory (run %d) differs from the build from host memory\n", d, n, C, S, run);

@@ -236,6 +236,7 @@ static void test_mutant_steady_zone(void **state)
         }
         size_t hoff = (size_t)h * kv.head_stride;
         heads[h] = (kn_wave_head_t){ .centroids = idx->centroids,
+                                     .cscale = idx->cscale,
                                      .sizes = idx->sizes,
                                      .offsets = idx->offsets,
                                      .vq = idx->vq,

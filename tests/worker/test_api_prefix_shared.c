@@ -251,7 +251,7 @@ static ri_session_h run_session(fx_t *f, uint32_t i, run_t *r)
 /* Sessions 0 and 1 agree on the attached rows and tables and not after
  * them; their tables' heads are the memory file's pages when shared.  *geom
  * gets the bytes one session's copy of the attached rows and tables takes
- * (fp16 centroids and means, sizes, offsets, perm). */
+ * (int8 centroids and means with their fp32 scales, sizes, offsets, perm). */
 static void check_views(fx_t *f, ri_session_h a, ri_session_h b, bool share, uint64_t *geom, uint64_t *n_att_p)
 {
     *geom = 0;
@@ -260,7 +260,7 @@ static void check_views(fx_t *f, ri_session_h a, ri_session_h b, bool share, uin
         for (uint32_t h = 0; h < NKV; h++) {
             const kn_index_t *x = gw_api_session_index(a, l, h), *y = gw_api_session_index(b, l, h);
             uint32_t n_att = 0;
-            size_t row = (size_t)D * sizeof(cm_fp16_t);
+            size_t row = D; /* an int8 centroid */
             for (uint32_t j = 0; j < x->n_clusters && x->offsets[j] < x->n_tokens && x->perm[x->offsets[j]] < f->nb * B;
                  j++)
                 n_att = j + 1;
@@ -268,6 +268,7 @@ static void check_views(fx_t *f, ri_session_h a, ri_session_h b, bool share, uin
             assert_true(n_att > 0 && n_att < n_min);
             assert_ptr_not_equal(x->centroids, y->centroids);
             assert_memory_equal(x->centroids, y->centroids, n_att * row);
+            assert_memory_equal(x->cscale, y->cscale, n_att * sizeof(float));
             assert_memory_equal(x->vq, y->vq, (size_t)n_att * x->head_dim);
             assert_memory_equal(x->vscale, y->vscale, n_att * sizeof(float));
             uint32_t n_tok = x->offsets[n_att];
@@ -282,7 +283,8 @@ static void check_views(fx_t *f, ri_session_h a, ri_session_h b, bool share, uin
                 expect_pages(z->perm, n_tok * sizeof(uint32_t), share);
             }
             *n_att_p += n_att;
-            *geom += n_att * (row + D + sizeof(float)) + (2 * (uint64_t)n_att + 1 + n_tok) * sizeof(uint32_t);
+            *geom += n_att * (row + sizeof(float) + D + sizeof(float)) +
+                     (2 * (uint64_t)n_att + 1 + n_tok) * sizeof(uint32_t);
             /* their own questions' clusters, at the same places, differ */
             assert_true(
                 memcmp(x->centroids + (size_t)n_att * D, y->centroids + (size_t)n_att * D, (n_min - n_att) * row) != 0);
@@ -375,7 +377,7 @@ static void test_sessions_share_the_prefix_index(void **state)
     assert_int_equal(priv.copies, 0);
     assert_int_equal(shared.copies, 1); /* one copy for the three sessions */
     assert_int_equal(shared.geom_bytes, priv.geom_bytes);
-    assert_true(shared.geom_bytes >= (uint64_t)NL * NKV * (N - 500) / 4 * (3 * D + 28));
+    assert_true(shared.geom_bytes >= (uint64_t)NL * NKV * (N - 500) / 4 * (2 * D + 32));
     assert_true(shared.copy_bytes >= shared.geom_bytes); /* the file holds it all, page-aligned */
     assert_int_equal(copies, 0); /* closed with the last session */
     assert_int_equal(bytes, 0);

@@ -29,7 +29,8 @@ typedef struct fx {
     mdl_kv_t *kv;
     kn_index_t idx[L_][H_];
     uint32_t sizes[L_][H_][NTOK], offsets[L_][H_][NTOK + 1], perm[L_][H_][NTOK];
-    cm_fp16_t cent[L_][H_][NTOK * D_];
+    int8_t cent[L_][H_][NTOK * D_];
+    float cscale[L_][H_][NTOK];
     int8_t vq[L_][H_][NTOK * D_];
     float vscale[L_][H_][NTOK];
     gw_pfx_layout_t lay;
@@ -71,17 +72,20 @@ static void fx_index_build(fx_t *f, uint32_t l, uint32_t h, uint32_t *seed)
     }
     f->offsets[l][h][C] = n;
     for (uint32_t i = 0; i < C * D_; i++) {
-        f->cent[l][h][i] = (cm_fp16_t)rnd(seed);
+        f->cent[l][h][i] = (int8_t)rnd(seed);
         f->vq[l][h][i] = (int8_t)rnd(seed);
     }
-    for (uint32_t j = 0; j < C; j++)
+    for (uint32_t j = 0; j < C; j++) {
+        f->cscale[l][h][j] = (float)(rnd(seed) % 1000u) / 991.0f;
         f->vscale[l][h][j] = (float)(rnd(seed) % 1000u) / 997.0f;
+    }
     x->n_clusters = C;
     x->n_tokens = n;
     x->sizes = f->sizes[l][h];
     x->offsets = f->offsets[l][h];
     x->perm = f->perm[l][h];
     x->centroids = f->cent[l][h];
+    x->cscale = f->cscale[l][h];
     x->vq = f->vq[l][h];
     x->vscale = f->vscale[l][h];
 }
@@ -167,7 +171,8 @@ static void roundtrip(fx_t *f, uint32_t b)
             assert_int_equal(T->n_clusters, (B_ - (b == 0 ? SINK : 0)) / CS);
             assert_memory_equal(T->sizes, x->sizes + j0, T->n_clusters * 4);
             assert_memory_equal(T->perm, x->perm + x->offsets[j0], (B_ - (b == 0 ? SINK : 0)) * 4);
-            assert_memory_equal(T->centroids, x->centroids + (size_t)j0 * D_, T->n_clusters * D_ * 2);
+            assert_memory_equal(T->centroids, x->centroids + (size_t)j0 * D_, T->n_clusters * D_);
+            assert_memory_equal(T->cscale, x->cscale + j0, T->n_clusters * 4);
             assert_memory_equal(T->vq, x->vq + (size_t)j0 * D_, T->n_clusters * D_);
             assert_memory_equal(T->vscale, x->vscale + j0, T->n_clusters * 4);
         }
@@ -246,8 +251,9 @@ static void test_bad_blocks(void **state)
     x->perm[a] = t;
 }
 
-/* A block whose worker section has another version (the int8 means came
- * with version 2; version 1 held fp16 means) is refused, its CRC good:
+/* A block whose worker section has another version (the int8 centroids
+ * came with version 3, the int8 means with version 2; version 1 held fp16
+ * means, version 2 fp16 centroids) is refused, its CRC good:
  * RI_ERR_PROTOCOL, the output untouched, and a set does not take it (the
  * sequence prefills the prompt instead: a miss, never served). */
 static void test_old_version_refused(void **state)
@@ -262,8 +268,8 @@ static void test_old_version_refused(void **state)
     assert_int_equal(gw_pfx_block_build(&f->lay, &src, 0, &buf, &len), RI_OK);
     w = buf + CM_PFX_HDR_SIZE + cm_dp_get64(buf + 40);
     assert_int_equal(cm_dp_get32(w), GW_PFX_WMAGIC);
-    assert_int_equal(cm_dp_get32(w + 4), 2);
-    for (uint32_t v = 1; v <= 3; v += 2) {
+    assert_int_equal(cm_dp_get32(w + 4), 3);
+    for (uint32_t v = 1; v <= 4; v += v == 2 ? 2 : 1) { /* 1, 2 and 4 */
         cm_dp_put32(w + 4, v);
         cm_dp_put32(buf + 36, cm_crc32c(0, buf + CM_PFX_HDR_SIZE, (size_t)(len - CM_PFX_HDR_SIZE)));
         memset(&pb, 0x5A, sizeof(pb));
@@ -331,7 +337,8 @@ static void test_wave_import(void **state)
             assert_int_equal(a->n_tokens, b->n_tokens);
             assert_memory_equal(a->sizes, b->sizes, a->n_clusters * 4);
             assert_memory_equal(a->perm, b->perm, a->n_tokens * 4);
-            assert_memory_equal(a->centroids, b->centroids, (size_t)a->n_clusters * D_ * 2);
+            assert_memory_equal(a->centroids, b->centroids, (size_t)a->n_clusters * D_);
+            assert_memory_equal(a->cscale, b->cscale, a->n_clusters * 4);
             assert_memory_equal(a->vq, b->vq, (size_t)a->n_clusters * D_);
             assert_memory_equal(a->vscale, b->vscale, a->n_clusters * 4);
         }

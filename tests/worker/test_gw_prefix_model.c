@@ -99,7 +99,8 @@ static void tp_expect_index_equal(const kn_index_t *a, const kn_index_t *b)
     assert_int_equal(a->n_tokens, b->n_tokens);
     assert_memory_equal(a->sizes, b->sizes, a->n_clusters * sizeof(uint32_t));
     assert_memory_equal(a->perm, b->perm, a->n_tokens * sizeof(uint32_t));
-    assert_memory_equal(a->centroids, b->centroids, (size_t)a->n_clusters * a->head_dim * sizeof(cm_fp16_t));
+    assert_memory_equal(a->centroids, b->centroids, (size_t)a->n_clusters * a->head_dim);
+    assert_memory_equal(a->cscale, b->cscale, a->n_clusters * sizeof(float));
     assert_memory_equal(a->vq, b->vq, (size_t)a->n_clusters * a->head_dim);
     assert_memory_equal(a->vscale, b->vscale, a->n_clusters * sizeof(float));
 }
