@@ -153,6 +153,17 @@ def alloc_tags(worker_addr):
     return out
 
 
+def metric_value(worker_addr, name):
+    """One unlabelled metric of ri-worker's /metrics, or None."""
+    try:
+        for line in http_get(worker_addr, "/metrics").decode().splitlines():
+            if line.startswith(name + " "):
+                return float(line.split()[-1])
+    except (OSError, ValueError):
+        pass
+    return None
+
+
 def running_requests(worker_addr):
     """Requests ri-worker holds now (prefilling or decoding), from its
     /metrics (ri_worker_running_requests); None when it cannot be read."""
@@ -238,8 +249,10 @@ def post_json(addr, path, body, timeout=600):
     return json.loads(data)
 
 
-def stream(addr, path, body, timeout=1800, on_first=None):
-    """One streaming request: (ttft_s, end_s, tokens, cached_tokens, error)."""
+def stream(addr, path, body, timeout=1800, on_first=None, progress=None):
+    """One streaming request: (ttft_s, end_s, tokens, cached_tokens, error).
+    progress (may be None): a dict kept current, "events" (token events so
+    far) and "done" (the answer has ended)."""
     host, port = addr.rsplit(":", 1)
     t0 = time.time()
     ttft, tokens, cached, err, events = None, 0, None, None, 0
@@ -268,6 +281,8 @@ def stream(addr, path, body, timeout=1800, on_first=None):
                     tokens = ev.get("tokens_predicted", tokens)
             if text or ev.get("choices"):
                 events += 1
+                if progress is not None:
+                    progress["events"] = events
                 if ttft is None:
                     ttft = time.time() - t0  # the first token's event (its text may be empty: EOS)
                 if events == DECODING_EVENTS and on_first:
@@ -283,6 +298,8 @@ def stream(addr, path, body, timeout=1800, on_first=None):
     except (OSError, ValueError, http.client.HTTPException) as e:
         err = str(e)
     end = time.time() - t0
+    if progress is not None:
+        progress["done"] = True
     if ttft is None and err is None:
         ttft = end  # no token event: the answer ended at once
     if on_first:
@@ -302,8 +319,10 @@ def llama_body(a, ids):
 
 def run_case(send, prompts, when_all_first=None):
     """Send every prompt at once; per request (ttft, end, tokens, cached, err) and the wall time.
-    when_all_first (may be None) runs once every request has had DECODING_EVENTS token events."""
+    when_all_first (may be None) runs once every request has had DECODING_EVENTS token events,
+    with the requests' progress dicts (stream's)."""
     out = [None] * len(prompts)
+    progress = [{"events": 0, "done": False} for _ in prompts]
     lock, firsts = threading.Lock(), [0]
 
     def first():
@@ -311,10 +330,10 @@ def run_case(send, prompts, when_all_first=None):
             firsts[0] += 1
             last = firsts[0] == len(prompts)
         if last and when_all_first:
-            when_all_first()
+            when_all_first(progress)
 
     def one(i):
-        out[i] = send(prompts[i], first)
+        out[i] = send(prompts[i], first, progress[i])
 
     t0 = time.time()
     th = [threading.Thread(target=one, args=(i,)) for i in range(len(prompts))]
@@ -424,7 +443,8 @@ def resolve_model(name):
 
 def ri_cases(a, addr, model_id, doc, qs, kvs_pid, worker_pid, rows, mem, metrics):
     rng = random.Random(a.seed + 1)
-    send = lambda ids, cb=None: stream(addr, "/v1/completions", ri_body(a, model_id, ids), on_first=cb)
+    send = lambda ids, cb=None, pg=None: stream(addr, "/v1/completions", ri_body(a, model_id, ids), on_first=cb,
+                                                progress=pg)
     # publish the document (unmeasured), then the memory of one copy
     k0, w0, p0 = rss(kvs_pid), rss(worker_pid), pool_used(metrics)
     r = send(doc + qs[0])
@@ -448,11 +468,14 @@ def ri_cases(a, addr, model_id, doc, qs, kvs_pid, worker_pid, rows, mem, metrics
                     peak = (Peak(kvs_pid), Peak(worker_pid), Peak(0, lambda: (pool_used(metrics), 0)))
                 steady = {}
 
-                def sample():
+                def sample(progress):
                     steady.update({"worker_decoding": rss(worker_pid), "pool_used_decoding": pool_used(metrics),
                                    "worker_alloc_decoding": alloc_tags(addr),
                                    "worker_maps_decoding": anon_maps(worker_pid),
-                                   "worker_running_decoding": running_requests(addr)})
+                                   "worker_running_decoding": running_requests(addr),
+                                   # tokens each live answer had streamed at the sample
+                                   "answer_tokens_decoding": [p["events"] for p in progress if not p["done"]],
+                                   "kv_bytes_per_token": metric_value(addr, "ri_worker_kv_bytes_per_token")})
 
                 res, wall = run_case(send, [doc + qs[i % len(qs)] for i in range(n)], sample if peak else None)
                 if peak:
@@ -471,7 +494,8 @@ def llama_cases(a, model, tmp, doc, qs, rows):
     ctx = a.doc_tokens + a.question_tokens + a.max_tokens + 64
     p, addr = start_llama(a.llama_server, tmp, model, a, ctx)
     try:
-        send = lambda ids, cb=None: stream(addr, "/completion", llama_body(a, ids), on_first=cb)
+        send = lambda ids, cb=None, pg=None: stream(addr, "/completion", llama_body(a, ids), on_first=cb,
+                                                    progress=pg)
         r = send(doc + qs[0])
         if r[4]:
             raise SystemExit("llama-server priming request failed: " + r[4])
@@ -593,6 +617,7 @@ def main(argv):
                 top = sorted(maps.items(), key=lambda kv: -abs(kv[1][1]))[:10]
                 print("memory: worker anonymous growth per live sequence by mapping: " +
                       ", ".join("%s (%+d maps) %.2f MiB" % (k, v[0], v[1] / 2**20) for k, v in top))
+                steady_zone_allowance(mem, a, wdec)
         wgrow = mem["worker_peak"][0] - mem["before_case_worker"][0]
         mem["worker_anon_growth_per_client"] = wgrow / mem["clients"]
         print("memory: machine shared + kvstore anonymous: one copy %.1f MiB, with %d clients attached %.1f MiB "
@@ -603,6 +628,33 @@ def main(argv):
         with open(a.json, "w") as f:
             json.dump(report, f, indent=1)
     return 1 if any(r["errors"] for r in rows) else 0
+
+
+# The steady zone's shape at the worker's defaults (sink and window tokens of
+# the retroinfer backends; the bench does not change them).
+SINK_TOKENS, WINDOW_TOKENS = 4, 64
+
+
+def steady_zone_allowance(mem, a, wdec):
+    """What each live sequence may hold in the worker, in the same bytes as its
+    anonymous growth: the K/V of its steady zone at the sample (the sinks, the
+    last WINDOW_TOKENS tokens of the prompt, which the question fills when it is
+    that long, and the answer streamed so far).  Recorded as
+    steady_zone_bytes_per_live_sequence and the growth's ratio to it."""
+    answers, per_tok = mem.get("answer_tokens_decoding"), mem.get("kv_bytes_per_token")
+    if not answers or not per_tok:
+        return
+    tokens = SINK_TOKENS + max(WINDOW_TOKENS, a.question_tokens) + sum(answers) / len(answers)
+    allow = tokens * per_tok
+    grow = wdec / len(answers)
+    mem["steady_zone_tokens_per_live_sequence"] = tokens
+    mem["steady_zone_bytes_per_live_sequence"] = allow
+    mem["worker_anon_growth_per_live_sequence_decoding"] = grow
+    mem["worker_growth_over_steady_zone"] = grow / allow
+    print("memory: per live sequence (%d at the sample): worker +%.2f MiB anonymous against its steady zone "
+          "(sinks, window/question, %.1f answer tokens: %.0f tokens x %.0f B = %.2f MiB): %.2fx" % (
+              len(answers), grow / 2**20, sum(answers) / len(answers), tokens, per_tok, allow / 2**20,
+              grow / allow))
 
 
 def http_get(addr, path):

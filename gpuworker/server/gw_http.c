@@ -1100,6 +1100,14 @@ static void gw_http_alloc_metrics(FILE *f)
     cm_alloc_visit(gw_http_alloc_line, f);
 }
 
+/* K/V bytes of one token in a sequence's cache: every layer, K and V, fp16
+ * (the only K/V type the kernels implement). */
+static uint64_t gw_http_kv_token_bytes(const mdl_model_t *m)
+{
+    const mdl_hparams_t *hp = mdl_model_hparams(m);
+    return (uint64_t)hp->n_layers * hp->n_kv_heads * hp->head_dim * 2u * sizeof(cm_fp16_t);
+}
+
 static void gw_http_render_metrics(gw_http_t *h, FILE *f)
 {
     gw_sched_stats_t st;
@@ -1135,6 +1143,10 @@ static void gw_http_render_metrics(gw_http_t *h, FILE *f)
         fprintf(f, "ri_worker_requests_finished_total{reason=\"%s\"} %llu\n", reasons[i],
                 (unsigned long long)st.finished[i]);
     gw_metric(f, "ri_worker_prompt_tokens_total", "counter", "Prompt tokens prefilled.", (double)st.prompt_tokens);
+    gw_metric(f, "ri_worker_kv_bytes_per_token", "gauge",
+              "K/V bytes one token takes in a sequence's cache (every layer, keys and values, fp16): what a "
+              "sequence's steady zone costs a token.",
+              (double)gw_http_kv_token_bytes(h->m));
     fprintf(f, "# HELP ri_worker_device_transport How misses reach a block cache in device memory (ucx-cuda, "
                "pinned-staging or host), from the build and the machine.\n"
                "# TYPE ri_worker_device_transport gauge\nri_worker_device_transport{transport=\"%s\"} 1\n",

@@ -350,6 +350,10 @@ def test_api(tmp):
               m['ri_worker_requests_finished_total{reason="length"}'] >= 1 and
               m["ri_worker_queue_depth"] == 0 and m["ri_worker_running_requests"] == 0 and
               m["ri_worker_batch_size_max"] == 1, "metrics: finish reasons, queue, batch gauges")
+        # SmolLM2-135M: 30 layers x 3 KV heads x 64 dims, K and V, fp16 (what the
+        # prefix bench prices a sequence's steady zone with)
+        check(m.get("ri_worker_kv_bytes_per_token") == 30 * 3 * 64 * 2 * 2,
+              "metrics: K/V bytes a token = 23040 (got %s)" % m.get("ri_worker_kv_bytes_per_token"))
         # this machine has no device memory space: misses would stay in host memory
         check(m.get('ri_worker_device_transport{transport="host"}') == 1 and
               sum(1 for k in m if k.startswith("ri_worker_device_transport{")) == 1,
