@@ -1,13 +1,34 @@
 /*
  * What the wave-index tests share: two indexes equal field by field
- * (counts, tables and the rows of every cluster), and the piece of one
- * prefix block cut out of a built index.  Include after <cmocka.h>.
+ * (counts, tables and the rows of every cluster), the piece of one prefix
+ * block cut out of a built index, and one head's synthetic K/V.  Include
+ * after <cmocka.h>.
  */
 #ifndef KN_TEST_INDEX_H
 #define KN_TEST_INDEX_H
 
+#include <stdlib.h>
+
 #include "kernels/kn_ops.h"
+#include "kernels/kn_synth.h"
 #include "kernels/kn_wave.h"
+
+/* Synthetic K/V of one KV head, n tokens of d dims, rows contiguous
+ * (kn_synth's defaults): *k_p and *v_p are the caller's to free(). */
+static inline void kn_test_one_head_kv(uint32_t d, uint32_t n, cm_fp16_t **k_p, cm_fp16_t **v_p)
+{
+    kn_synth_params_t sp;
+    *k_p = malloc((size_t)n * d * sizeof(cm_fp16_t));
+    *v_p = malloc((size_t)n * d * sizeof(cm_fp16_t));
+    assert_non_null(*k_p);
+    assert_non_null(*v_p);
+    kn_synth_params_default(&sp);
+    sp.n_kv_heads = 1;
+    sp.n_q_heads = 1;
+    sp.head_dim = d;
+    sp.n_tokens = n;
+    assert_int_equal(kn_synth_kv(&sp, *k_p, *v_p, d, d), RI_OK);
+}
 
 static inline void kn_expect_index_equal(const kn_index_t *a, const kn_index_t *b)
 {

@@ -19,7 +19,7 @@
 
 #include "common/cm_half.h"
 #include "kernels/kn_ops.h"
-#include "kernels/kn_synth.h"
+#include "tests/kernels/kn_test_index.h"
 
 #define CQ_D 64
 #define CQ_C 4
@@ -27,18 +27,10 @@
 static void test_built_centroids_within_half_a_step(void **state)
 {
     const uint32_t d = CQ_D, n = 4096, C = 1024;
-    kn_synth_params_t sp;
     kn_index_t idx;
-    cm_fp16_t *k = malloc((size_t)n * d * sizeof(cm_fp16_t)), *v = malloc((size_t)n * d * sizeof(cm_fp16_t));
+    cm_fp16_t *k, *v;
     (void)state;
-    assert_non_null(k);
-    assert_non_null(v);
-    kn_synth_params_default(&sp);
-    sp.n_kv_heads = 1;
-    sp.n_q_heads = 1;
-    sp.head_dim = d;
-    sp.n_tokens = n;
-    assert_int_equal(kn_synth_kv(&sp, k, v, d, d), RI_OK);
+    kn_test_one_head_kv(d, n, &k, &v);
     kn_index_init(&idx, d);
     assert_int_equal(kn_index_build(NULL, NULL, k, v, d, n, 0, C, 1, &idx), RI_OK);
     assert_non_null(idx.cscale);

@@ -16,7 +16,7 @@
 #include <cmocka.h>
 
 #include "kernels/kn_ops.h"
-#include "kernels/kn_synth.h"
+#include "tests/kernels/kn_test_index.h"
 
 #define VQ_D 64
 
@@ -108,17 +108,9 @@ static void test_zero_and_empty_clusters(void **state)
 static void test_meta_entry_bytes(void **state)
 {
     const uint32_t d = VQ_D, n = 4096, tpcs[] = { 4, 8, 16 };
-    kn_synth_params_t sp;
-    cm_fp16_t *k = malloc((size_t)n * d * sizeof(cm_fp16_t)), *v = malloc((size_t)n * d * sizeof(cm_fp16_t));
+    cm_fp16_t *k, *v;
     (void)state;
-    assert_non_null(k);
-    assert_non_null(v);
-    kn_synth_params_default(&sp);
-    sp.n_kv_heads = 1;
-    sp.n_q_heads = 1;
-    sp.head_dim = d;
-    sp.n_tokens = n;
-    assert_int_equal(kn_synth_kv(&sp, k, v, d, d), RI_OK);
+    kn_test_one_head_kv(d, n, &k, &v);
     for (size_t t = 0; t < 3; t++) {
         kn_index_t idx;
         uint32_t C = n / tpcs[t];
