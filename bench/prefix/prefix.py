@@ -167,13 +167,8 @@ def metric_value(worker_addr, name):
 def running_requests(worker_addr):
     """Requests ri-worker holds now (prefilling or decoding), from its
     /metrics (ri_worker_running_requests); None when it cannot be read."""
-    try:
-        for line in http_get(worker_addr, "/metrics").decode().splitlines():
-            if line.startswith("ri_worker_running_requests "):
-                return int(float(line.split()[-1]))
-    except (OSError, ValueError):
-        pass
-    return None
+    n = metric_value(worker_addr, "ri_worker_running_requests")
+    return None if n is None else int(n)
 
 
 class Peak:
