@@ -1,7 +1,8 @@
 /*
  * What the wave-index tests share: two indexes equal field by field
  * (counts, tables and the rows of every cluster), the piece of one prefix
- * block cut out of a built index, and one head's synthetic K/V.  Include
+ * block cut out of a built index, one head's synthetic K/V, and freeing a
+ * hand-made index.  Include
  * after <cmocka.h>.
  */
 #ifndef KN_TEST_INDEX_H
@@ -12,6 +13,20 @@
 #include "kernels/kn_ops.h"
 #include "kernels/kn_synth.h"
 #include "kernels/kn_wave.h"
+
+/* Free the arrays of an index made by hand with malloc/calloc (every
+ * array field; those left NULL are skipped by free). */
+static inline void kn_test_index_free(kn_index_t *idx)
+{
+    free(idx->centroids);
+    free(idx->cscale);
+    free(idx->vsum);
+    free(idx->sizes);
+    free(idx->offsets);
+    free(idx->perm);
+    free(idx->vq);
+    free(idx->vscale);
+}
 
 /* Synthetic K/V of one KV head, n tokens of d dims, rows contiguous
  * (kn_synth's defaults): *k_p and *v_p are the caller's to free(). */

@@ -59,7 +59,7 @@ static void test_built_centroids_within_half_a_step(void **state)
 
 /* A hand-made index of CQ_C clusters of one token each from fp32 rows c,
  * quantized as a build quantizes them.  Arrays owned by the index's fields
- * (freed by cq_index_free). */
+ * (freed by kn_test_index_free). */
 static void cq_index(kn_index_t *idx, float c[CQ_C][CQ_D])
 {
     kn_index_init(idx, CQ_D);
@@ -78,16 +78,6 @@ static void cq_index(kn_index_t *idx, float c[CQ_C][CQ_D])
     }
     idx->n_clusters = idx->cap_clusters = CQ_C;
     idx->n_tokens = idx->cap_tokens = CQ_C;
-}
-
-static void cq_index_free(kn_index_t *idx)
-{
-    free(idx->centroids);
-    free(idx->cscale);
-    free(idx->vsum);
-    free(idx->sizes);
-    free(idx->offsets);
-    free(idx->perm);
 }
 
 /* The order of q . c_j, best first (no ties in the cases below): in fp32
@@ -156,7 +146,7 @@ static void test_rank_order_hand_made(void **state)
         assert_int_equal(idx.centroids[3 * CQ_D + i], 0);
     for (int b = 0; b < 2; b++)
         cq_expect_rank(ops[b], q, &idx, want);
-    cq_index_free(&idx);
+    kn_test_index_free(&idx);
 }
 
 int main(void)

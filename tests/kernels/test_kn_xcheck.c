@@ -25,6 +25,7 @@
 #endif
 #include "kernels/kn_internal.h"
 #include "kernels/kn_ops.h"
+#include "tests/kernels/kn_test_index.h"
 
 #define GUARD 16
 static const uint32_t xc_guard_word = 0x7fc0dead;  /* a NaN payload nobody writes */
@@ -377,18 +378,6 @@ static void xc_index(kn_index_t *idx, uint32_t d, uint32_t C)
     }
 }
 
-static void xc_index_free(kn_index_t *idx)
-{
-    free(idx->centroids);
-    free(idx->cscale);
-    free(idx->vsum);
-    free(idx->sizes);
-    free(idx->offsets);
-    free(idx->perm);
-    free(idx->vq);
-    free(idx->vscale);
-}
-
 static int xc_cmp_desc(const void *a, const void *b)
 {
     double x = *(const double *)a, y = *(const double *)b;
@@ -478,7 +467,7 @@ static int xc_rank(const kn_ops_t *ops, uint32_t g, uint32_t d, uint32_t C, uint
     else
         fails += !xc_selection_ok(what, &idx, score, sorted, avail, n_r, n_e, ids, nr, ne);
 out:
-    xc_index_free(&idx);
+    kn_test_index_free(&idx);
     free(q);
     free(score);
     free(sorted);
@@ -526,7 +515,7 @@ static int xc_estimate(const kn_ops_t *ops, uint32_t g, uint32_t d, uint32_t C, 
         fails += !xc_close(what, o.p, ro, (size_t)g * d, XC_EST_TOL);
         fails += !xc_close(what, l.p, rl, g, 2e-5);
     }
-    xc_index_free(&idx);
+    kn_test_index_free(&idx);
     free(q);
     free(ro);
     free(rl);
@@ -780,7 +769,7 @@ static int xc_fused(uint32_t g, uint32_t d, uint32_t C, uint32_t n_r, uint32_t n
     fails += !xc_guards_ok(&o, what) || !xc_guards_ok(&l, what);
     fails += !xc_close(what, o.p, ro, (size_t)g * d, XC_EST_TOL);
     fails += !xc_close(what, l.p, rl, g, 2e-5);
-    xc_index_free(&idx);
+    kn_test_index_free(&idx);
     free(q);
     free(ro);
     free(ids);
@@ -959,7 +948,7 @@ out:
     for (uint32_t h = 0; h < nkv; h++) {
         for (int i = 0; i < 10; i++)
             xc_unplace(ops, dev[h][i]);
-        xc_index_free(&idx[h]);
+        kn_test_index_free(&idx[h]);
         free(ck[h]);
         free(cv[h]);
         free(sk[h]);
@@ -1022,7 +1011,7 @@ static int xc_fused_cuda(uint32_t g, uint32_t d, uint32_t C, uint32_t n_r, uint3
     fails += !xc_close(what, o.p, ro, (size_t)g * d, XC_EST_TOL);
     fails += !xc_close(what, l.p, rl, g, 2e-5);
 out:
-    xc_index_free(&idx);
+    kn_test_index_free(&idx);
     free(q);
     free(ro);
     free(score);
@@ -1177,7 +1166,7 @@ static int xc_device_index(uint32_t g, uint32_t d, uint32_t C, uint32_t n_r, uin
     kn_cuda_free(di.sizes);
     kn_cuda_free(di.vq);
     kn_cuda_free(di.vscale);
-    xc_index_free(&idx);
+    kn_test_index_free(&idx);
     free(q);
     free(ih);
     free(id);
