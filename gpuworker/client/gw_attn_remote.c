@@ -83,7 +83,7 @@ static void gw_attn_release(gw_attn_t *a, uint32_t layer)
 static ri_kv_view_t gw_attn_view(const mdl_kv_t *kv, uint32_t layer, size_t n)
 {
     return (ri_kv_view_t){.struct_size = sizeof(ri_kv_view_t), .k = kv->k[layer], .v = kv->v[layer], .n_tokens = n,
-                          .token_stride = kv->geom.head_dim, .head_stride = kv->cap * kv->geom.head_dim};
+                          .token_stride = kv->token_stride, .head_stride = kv->head_stride};
 }
 
 /* Add the session's counters since the last call to the totals. */
@@ -411,6 +411,7 @@ static const mdl_attn_ops_t gw_attn_ops = {
     /* on the device engine the view is the device cache: the session reads
      * it through the space of cfg->wave.ops (gw_remote.h) */
     .device_ok = true,
+    .token_major_kv = true, /* it keeps only the steady zone (gw_attn_release) */
 };
 
 ri_status_t gw_attn_remote_configure(const gw_attn_remote_cfg_t *cfg, char *err, size_t errlen)

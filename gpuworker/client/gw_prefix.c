@@ -259,7 +259,6 @@ static void gw_pfx_write_table(const gw_pfx_layout_t *lay, const mdl_kv_t *kv, u
     const uint32_t d = lay->head_dim, P = lay->page_tokens, C = t->j1 - t->j0;
     const size_t row = (size_t)d * sizeof(cm_fp16_t), page_bytes = 4u * (size_t)P * d;
     const kn_index_t *idx = t->idx;
-    const cm_fp16_t *K = kv->k[l] + (size_t)h * kv->cap * d, *V = kv->v[l] + (size_t)h * kv->cap * d;
     uint8_t *w = *w_p, *pg = *pg_p;
 
     for (uint32_t j = t->j0; j < t->j1; j++) {
@@ -273,8 +272,8 @@ static void gw_pfx_write_table(const gw_pfx_layout_t *lay, const mdl_kv_t *kv, u
         memset(pg, 0, (size_t)np * page_bytes);
         for (uint32_t i = 0; i < n; i++) {
             uint8_t *page = pg + (size_t)(i / P) * page_bytes;
-            memcpy(page + (size_t)(i % P) * row, K + (size_t)perm[i] * d, row);
-            memcpy(page + (size_t)(P + i % P) * row, V + (size_t)perm[i] * d, row);
+            memcpy(page + (size_t)(i % P) * row, mdl_kv_krow(kv, l, h, perm[i]), row);
+            memcpy(page + (size_t)(P + i % P) * row, mdl_kv_vrow(kv, l, h, perm[i]), row);
         }
         pg += (size_t)np * page_bytes;
     }
@@ -305,9 +304,10 @@ static uint8_t *gw_pfx_write_loose(const gw_pfx_layout_t *lay, const mdl_kv_t *k
         cm_dp_put32(w + 4u * i, i);
     w += cm_pfx_pad8(4u * (uint64_t)n);
     for (uint32_t h = 0; h < lay->n_kv_heads; h++) {
-        size_t base = ((size_t)h * kv->cap + f) * d;
-        memcpy(w, kv->k[l] + base, (size_t)n * row);
-        memcpy(w + part, kv->v[l] + base, (size_t)n * row);
+        for (uint32_t i = 0; i < n; i++) {   /* the block is head-major, the cache token-major */
+            memcpy(w + (size_t)i * row, mdl_kv_krow(kv, l, h, f + i), row);
+            memcpy(w + part + (size_t)i * row, mdl_kv_vrow(kv, l, h, f + i), row);
+        }
         w += 2u * part;
     }
     return w;

@@ -78,9 +78,9 @@ ri_status_t ri_steady_append(ri_steady_t *st, uint32_t layer, const uint16_t *k,
 
     if (n > st->cap - pos)
         return RI_ERR_RANGE;
-    for (uint32_t h = 0; h < st->n_kv; h++)
-        for (size_t t = 0; t < n; t++) {
-            size_t dst = ((size_t)h * st->cap + pos + t) * st->d, src = t * token_stride + h * head_stride;
+    for (size_t t = 0; t < n; t++)
+        for (uint32_t h = 0; h < st->n_kv; h++) {
+            size_t dst = ((pos + t) * st->n_kv + h) * st->d, src = t * token_stride + h * head_stride;
             memcpy(st->k[layer] + dst, k + src, row);
             memcpy(st->v[layer] + dst, v + src, row);
         }
@@ -91,23 +91,20 @@ ri_status_t ri_steady_append(ri_steady_t *st, uint32_t layer, const uint16_t *k,
 kn_kv_view_t ri_steady_view(const ri_steady_t *st, uint32_t layer)
 {
     return (kn_kv_view_t){.k = (const cm_fp16_t *)st->k[layer], .v = (const cm_fp16_t *)st->v[layer],
-                          .n_tokens = st->len[layer], .token_stride = st->d, .head_stride = st->cap * st->d};
+                          .n_tokens = st->len[layer], .token_stride = (size_t)st->n_kv * st->d, .head_stride = st->d};
 }
 
 void ri_steady_release(ri_steady_t *st, uint32_t layer, size_t from, size_t to)
 {
-    size_t row = (size_t)st->d;
+    size_t tok = (size_t)st->n_kv * st->d * sizeof(uint16_t);
 
     if (st->rel_end[layer] == 0)
         st->rel_from[layer] = st->rel_end[layer] = from;
     from = st->rel_end[layer]; /* what is given back stays so: go on from there */
     if (to > st->len[layer] || to <= from)
         return;
-    for (uint32_t h = 0; h < st->n_kv; h++) {
-        size_t off = ((size_t)h * st->cap + from) * row;
-        (void)cm_release_pages(st->k[layer] + off, (to - from) * row * sizeof(uint16_t));
-        (void)cm_release_pages(st->v[layer] + off, (to - from) * row * sizeof(uint16_t));
-    }
+    (void)cm_release_pages((uint8_t *)st->k[layer] + from * tok, (to - from) * tok);
+    (void)cm_release_pages((uint8_t *)st->v[layer] + from * tok, (to - from) * tok);
     st->rel_end[layer] = to;
 }
 

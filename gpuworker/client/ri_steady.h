@@ -1,10 +1,10 @@
 /*
  * The K/V a session keeps for an engine that hands over each token's K/V
  * once (ri_prefill_kept, ri_decode_token) and keeps none itself: per layer an
- * array addressed like the engine's would be ([n_kv][cap][d], fp16), whose
- * pages are given back once the kvstore holds their tokens, so what stays is
- * the steady zone (sinks and the tokens not yet clustered).  Private to
- * ri_api.c.
+ * array [cap][n_kv][d] of fp16, whose pages are given back once the kvstore
+ * holds their tokens, so what stays is the steady zone (sinks and the tokens
+ * not yet clustered).  Token-major, so that the zone is two page runs a
+ * layer, not two per KV head.  Private to ri_api.c.
  */
 #ifndef RI_STEADY_H
 #define RI_STEADY_H

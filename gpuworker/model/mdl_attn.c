@@ -10,6 +10,8 @@
 #include <math.h>
 #include <stdio.h>
 #include <string.h>
+#include <sys/mman.h>
+#include <unistd.h>
 
 #include "common/cm_alloc.h"
 #include "common/cm_log.h"
@@ -19,7 +21,7 @@
 static CM_ALLOC_TAG(mdl_kv_tag, "model.kv");
 static CM_ALLOC_TAG(mdl_attn_tag, "model.attn");
 
-ri_status_t mdl_kv_create(const mdl_attn_geom_t *geom, size_t cap, mdl_kv_t **kv_p)
+ri_status_t mdl_kv_create(const mdl_attn_geom_t *geom, size_t cap, mdl_kv_layout_t layout, mdl_kv_t **kv_p)
 {
     if (geom->n_layers == 0 || geom->n_kv_heads == 0 || geom->head_dim == 0 || cap == 0)
         return RI_ERR_INVALID;
@@ -28,16 +30,34 @@ ri_status_t mdl_kv_create(const mdl_attn_geom_t *geom, size_t cap, mdl_kv_t **kv
         return RI_ERR_NOMEM;
     kv->geom = *geom;
     kv->cap = cap;
+    bool tm = layout == MDL_KV_TOKEN_MAJOR;
+    kv->token_stride = tm ? (size_t)geom->n_kv_heads * geom->head_dim : geom->head_dim;
+    kv->head_stride = tm ? geom->head_dim : cap * geom->head_dim;
     kv->k = cm_calloc(&mdl_kv_tag, geom->n_layers, sizeof(*kv->k));
     kv->v = cm_calloc(&mdl_kv_tag, geom->n_layers, sizeof(*kv->v));
     if (kv->k == NULL || kv->v == NULL)
         goto err_free_kv;
+    /* One private anonymous mapping, each array on its own pages, rather
+     * than the allocator: the pages a sequence keeps are exactly those it
+     * wrote and did not give back (mdl_kv_release), and its end returns
+     * them all.  From malloc, a sequence's arrays sat in the arenas once
+     * glibc's mmap threshold had risen past them, and the pages a finished
+     * sequence had touched stayed resident under the next one's. */
+    long pg = sysconf(_SC_PAGESIZE);
+    size_t page = pg > 0 ? (size_t)pg : 4096;
     size_t bytes = (size_t)geom->n_kv_heads * cap * geom->head_dim * sizeof(cm_fp16_t);
+    size_t span = (bytes + page - 1) / page * page;
+    if (span > SIZE_MAX / 2 / geom->n_layers)
+        goto err_free_kv;
+    void *map = mmap(NULL, 2 * span * geom->n_layers, PROT_READ | PROT_WRITE,
+                     MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+    if (map == MAP_FAILED)
+        goto err_free_kv;
+    kv->map = map;
+    kv->map_bytes = 2 * span * geom->n_layers;
     for (uint32_t l = 0; l < geom->n_layers; l++) {
-        kv->k[l] = cm_malloc_aligned(&mdl_kv_tag, bytes, 64);
-        kv->v[l] = cm_malloc_aligned(&mdl_kv_tag, bytes, 64);
-        if (kv->k[l] == NULL || kv->v[l] == NULL)
-            goto err_free_kv;
+        kv->k[l] = (cm_fp16_t *)((uint8_t *)map + (2 * (size_t)l) * span);
+        kv->v[l] = (cm_fp16_t *)((uint8_t *)map + (2 * (size_t)l + 1) * span);
     }
     *kv_p = kv;
     return RI_OK;
@@ -51,12 +71,8 @@ void mdl_kv_destroy(mdl_kv_t *kv)
 {
     if (kv == NULL)
         return;
-    for (uint32_t l = 0; l < kv->geom.n_layers; l++) {
-        if (kv->k != NULL)
-            cm_free(kv->k[l]);
-        if (kv->v != NULL)
-            cm_free(kv->v[l]);
-    }
+    if (kv->map != NULL)
+        munmap(kv->map, kv->map_bytes);
     cm_free(kv->k);
     cm_free(kv->v);
     cm_free(kv);
@@ -65,11 +81,12 @@ void mdl_kv_destroy(mdl_kv_t *kv)
 void mdl_kv_store(mdl_kv_t *kv, uint32_t layer, size_t pos, size_t n, const float *k, const float *v)
 {
     uint32_t nkv = kv->geom.n_kv_heads, d = kv->geom.head_dim;
+    bool tm = mdl_kv_is_token_major(kv);   /* the caller's rows are: one run per token */
     for (size_t t = 0; t < n; t++)
-        for (uint32_t h = 0; h < nkv; h++) {
-            size_t dst = ((size_t)h * kv->cap + pos + t) * d;
-            cm_f32_to_fp16_n(kv->k[layer] + dst, k + (t * nkv + h) * d, d);
-            cm_f32_to_fp16_n(kv->v[layer] + dst, v + (t * nkv + h) * d, d);
+        for (uint32_t h = 0; h < (tm ? 1u : nkv); h++) {
+            size_t len = tm ? (size_t)nkv * d : d;
+            cm_f32_to_fp16_n(mdl_kv_krow(kv, layer, h, pos + t), k + (t * nkv + h) * d, len);
+            cm_f32_to_fp16_n(mdl_kv_vrow(kv, layer, h, pos + t), v + (t * nkv + h) * d, len);
         }
 }
 
@@ -77,14 +94,27 @@ ri_status_t mdl_kv_copy(mdl_kv_t *dst, const mdl_kv_t *src, size_t n)
 {
     if (memcmp(&dst->geom, &src->geom, sizeof(dst->geom)) != 0 || n > dst->cap || n > src->cap)
         return RI_ERR_INVALID;
-    size_t row = (size_t)src->geom.head_dim * sizeof(cm_fp16_t);
-    for (uint32_t l = 0; l < src->geom.n_layers; l++)
-        for (uint32_t h = 0; h < src->geom.n_kv_heads; h++) {
-            memcpy(dst->k[l] + (size_t)h * dst->cap * src->geom.head_dim,
-                   src->k[l] + (size_t)h * src->cap * src->geom.head_dim, n * row);
-            memcpy(dst->v[l] + (size_t)h * dst->cap * src->geom.head_dim,
-                   src->v[l] + (size_t)h * src->cap * src->geom.head_dim, n * row);
+    const uint32_t nkv = src->geom.n_kv_heads;
+    const size_t row = (size_t)src->geom.head_dim * sizeof(cm_fp16_t);
+    bool tm_s = mdl_kv_is_token_major(src), tm_d = mdl_kv_is_token_major(dst);
+    for (uint32_t l = 0; l < src->geom.n_layers; l++) {
+        if (tm_s && tm_d) { /* one run each */
+            memcpy(dst->k[l], src->k[l], n * nkv * row);
+            memcpy(dst->v[l], src->v[l], n * nkv * row);
+            continue;
         }
+        for (uint32_t h = 0; h < nkv; h++) {
+            if (!tm_s && !tm_d) { /* one run a head */
+                memcpy(mdl_kv_krow(dst, l, h, 0), mdl_kv_krow(src, l, h, 0), n * row);
+                memcpy(mdl_kv_vrow(dst, l, h, 0), mdl_kv_vrow(src, l, h, 0), n * row);
+                continue;
+            }
+            for (size_t t = 0; t < n; t++) { /* the layouts differ: row by row */
+                memcpy(mdl_kv_krow(dst, l, h, t), mdl_kv_krow(src, l, h, t), row);
+                memcpy(mdl_kv_vrow(dst, l, h, t), mdl_kv_vrow(src, l, h, t), row);
+            }
+        }
+    }
     dst->len = n;
     return RI_OK;
 }
@@ -168,8 +198,6 @@ static void mdl_exact_task(void *arg, size_t begin, size_t end, unsigned worker)
         size_t qb = task % j->n_qblocks;
         size_t i0 = qb * MDL_QBLOCK, i1 = CM_MIN(i0 + MDL_QBLOCK, j->n);
         size_t rows = (i1 - i0) * gs;
-        const cm_fp16_t *kh = j->kv->k[j->layer] + (size_t)h * j->kv->cap * d;
-        const cm_fp16_t *vh = j->kv->v[j->layer] + (size_t)h * j->kv->cap * d;
         size_t nk = j->pos + i1;   /* keys the last query of the block sees */
         /* tiles start at multiples of MDL_KTILE, not at the block's first
          * key, so that a query's keys fold in the same groups whatever the
@@ -182,8 +210,10 @@ static void mdl_exact_task(void *arg, size_t begin, size_t end, unsigned worker)
             mrow[r] = -INFINITY, lrow[r] = 0.0f;
         for (size_t k0 = kfirst; k0 < nk; k0 += MDL_KTILE) {
             size_t k1 = CM_MIN(k0 + MDL_KTILE, nk);
-            cm_fp16_to_f32_n(kt, kh + k0 * d, (k1 - k0) * d);
-            cm_fp16_to_f32_n(vt, vh + k0 * d, (k1 - k0) * d);
+            for (size_t t = k0; t < k1; t++) {
+                cm_fp16_to_f32_n(kt + (t - k0) * d, mdl_kv_krow(j->kv, j->layer, h, t), d);
+                cm_fp16_to_f32_n(vt + (t - k0) * d, mdl_kv_vrow(j->kv, j->layer, h, t), d);
+            }
             for (size_t i = i0; i < i1; i++) {
                 size_t lim = CM_MIN(k1, j->pos + i + 1);   /* causal */
                 size_t first = CM_MAX(k0, mdl_exact_first(j, i));   /* sliding window */
@@ -253,26 +283,25 @@ void mdl_attn_exact_win_ref(const mdl_kv_t *kv, uint32_t layer, size_t pos, size
         for (uint32_t hq = 0; hq < g->n_heads; hq++) {
             uint32_t h = hq / gs;
             const float *qr = q + (i * g->n_heads + hq) * d;
-            const cm_fp16_t *kh = kv->k[layer] + (size_t)h * kv->cap * d;
-            const cm_fp16_t *vh = kv->v[layer] + (size_t)h * kv->cap * d;
-            size_t nk = pos + i + 1;
+            const cm_fp16_t *kh = mdl_kv_krow(kv, layer, h, 0), *vh = mdl_kv_vrow(kv, layer, h, 0);
+            size_t ts = kv->token_stride, nk = pos + i + 1;
             size_t t0 = window > 0 && nk > window ? nk - window : 0;
             double mx = -INFINITY, l = 0;
             for (size_t t = t0; t < nk; t++) {
                 double sdot = 0;
                 for (uint32_t e = 0; e < d; e++)
-                    sdot += (double)qr[e] * cm_fp16_to_f32(kh[t * d + e]);
+                    sdot += (double)qr[e] * cm_fp16_to_f32(kh[t * ts + e]);
                 mx = fmax(mx, sdot * scale);
             }
             double o[512] = {0};
             for (size_t t = t0; t < nk; t++) {
                 double sdot = 0;
                 for (uint32_t e = 0; e < d; e++)
-                    sdot += (double)qr[e] * cm_fp16_to_f32(kh[t * d + e]);
+                    sdot += (double)qr[e] * cm_fp16_to_f32(kh[t * ts + e]);
                 double p = exp(sdot * scale - mx);
                 l += p;
                 for (uint32_t e = 0; e < d && e < 512; e++)
-                    o[e] += p * cm_fp16_to_f32(vh[t * d + e]);
+                    o[e] += p * cm_fp16_to_f32(vh[t * ts + e]);
             }
             for (uint32_t e = 0; e < d && e < 512; e++)
                 out[(i * g->n_heads + hq) * d + e] = (float)(o[e] / l);

@@ -2,11 +2,22 @@
  * The attention-backend interface of the model runtime, and the per-sequence
  * K/V cache the backends read.
  *
- * The model owns one mdl_kv_t per sequence: per layer, fp16 K and V in the
- * head-major layout [n_kv_heads][cap][head_dim] (post-RoPE keys), which is
- * the kn_kv_view_t layout of kernels/ with token_stride = head_dim and
- * head_stride = cap * head_dim.  The forward pass writes the new tokens' K/V
- * into it, then asks the backend for attention outputs:
+ * The model owns one mdl_kv_t per sequence: per layer, fp16 K and V
+ * (post-RoPE keys) in one of two layouts, both a kn_kv_view_t of kernels/
+ * (mdl_kv_view):
+ *
+ *   head-major  [n_kv_heads][cap][head_dim]  each head's rows one run: the
+ *               layout a decode over the whole cache streams fastest (the
+ *               CPU flash decode reads 8K tokens 1.8x faster than from the
+ *               token-major one on the 2-core AVX2 host);
+ *   token-major [cap][n_kv_heads][head_dim]  a token's rows of every head
+ *               adjacent: for a backend that gives back all but the steady
+ *               zone (mdl_attn_ops_t.token_major_kv), since the pages that
+ *               stay are then those of the zone's tokens (two runs a layer),
+ *               not a partly used page at each end of every head's run.
+ *
+ * The forward pass writes the new tokens' K/V into it, then asks the
+ * backend for attention outputs:
  *
  *   prefill(layer, pos, n, q)  exact causal attention of queries at positions
  *                              [pos, pos+n) over tokens [0, pos+n) (every
@@ -50,20 +61,57 @@ typedef struct mdl_attn_geom {
 /* K/V cache of one sequence (owned by the sequence). */
 typedef struct mdl_kv {
     mdl_attn_geom_t geom; /* shape */
-    size_t cap;           /* tokens allocated per head */
+    size_t cap;           /* tokens allocated */
     size_t len;           /* tokens whose K/V are complete in every layer */
-    cm_fp16_t **k;        /* [n_layers] -> [n_kv_heads][cap][d] */
+    size_t token_stride;  /* elements from a head's row to its next token's */
+    size_t head_stride;   /* elements from a token's row of head h to head h + 1's */
+    cm_fp16_t **k;        /* [n_layers] -> rows: head-major (token_stride d, head_stride
+                           * cap * d; a device cache's view too) or token-major
+                           * (n_kv_heads * d, d) */
     cm_fp16_t **v;        /* same layout */
+    void *map;            /* mdl_kv_create's: one private mapping holds every array */
+    size_t map_bytes;
 } mdl_kv_t;
 
-/* Allocate a cache for cap tokens.  Caller frees with mdl_kv_destroy. */
-ri_status_t mdl_kv_create(const mdl_attn_geom_t *geom, size_t cap, mdl_kv_t **kv_p);
+/* The K (V) row of KV head h at token t of a layer; the head's next token is
+ * kv->token_stride elements further. */
+static inline cm_fp16_t *mdl_kv_krow(const mdl_kv_t *kv, uint32_t layer, uint32_t h, size_t t)
+{
+    return kv->k[layer] + t * kv->token_stride + (size_t)h * kv->head_stride;
+}
+
+static inline cm_fp16_t *mdl_kv_vrow(const mdl_kv_t *kv, uint32_t layer, uint32_t h, size_t t)
+{
+    return kv->v[layer] + t * kv->token_stride + (size_t)h * kv->head_stride;
+}
+
+/* Tokens [first, first + n) of a layer as a kernels' view. */
+static inline kn_kv_view_t mdl_kv_view(const mdl_kv_t *kv, uint32_t layer, size_t first, size_t n)
+{
+    return (kn_kv_view_t){.k = mdl_kv_krow(kv, layer, 0, first), .v = mdl_kv_vrow(kv, layer, 0, first),
+                          .n_tokens = n, .token_stride = kv->token_stride, .head_stride = kv->head_stride};
+}
+
+typedef enum mdl_kv_layout {
+    MDL_KV_HEAD_MAJOR = 0,
+    MDL_KV_TOKEN_MAJOR = 1,
+} mdl_kv_layout_t;
+
+/* Allocate a cache for cap tokens in layout.  Caller frees with mdl_kv_destroy. */
+ri_status_t mdl_kv_create(const mdl_attn_geom_t *geom, size_t cap, mdl_kv_layout_t layout, mdl_kv_t **kv_p);
+
+/* true when a token's rows of every head are adjacent (one run a token). */
+static inline bool mdl_kv_is_token_major(const mdl_kv_t *kv)
+{
+    return kv->head_stride == kv->geom.head_dim && kv->token_stride == (size_t)kv->geom.n_kv_heads * kv->geom.head_dim;
+}
 void mdl_kv_destroy(mdl_kv_t *kv);
 
 /* Store n tokens' K and V (fp32 [n][n_kv_heads][d]) of one layer at [pos, pos+n). */
 void mdl_kv_store(mdl_kv_t *kv, uint32_t layer, size_t pos, size_t n, const float *k, const float *v);
 
-/* Copy the first n tokens of every layer of src into dst (same geometry, dst->cap >= n). */
+/* Copy the first n tokens of every layer of src into dst (same geometry,
+ * dst->cap >= n; either layout, e.g. a full sequence forked to a remote one). */
 ri_status_t mdl_kv_copy(mdl_kv_t *dst, const mdl_kv_t *src, size_t n);
 
 /* What a sequence starts from when its leading blocks were prefilled
@@ -143,6 +191,11 @@ typedef struct mdl_attn_ops {
      * prefill is never called (the engine prefills exactly itself); and
      * cfg->prefix is NULL.  false: host K/V only (the CPU runtime). */
     bool device_ok;
+    /* true: the sequence's cache is token-major (mdl_kv_create), for a
+     * backend that gives back every token but its steady zone once the
+     * kvstore holds them ("retroinfer-remote"); false: head-major, for one
+     * that decodes over the whole cache. */
+    bool token_major_kv;
 } mdl_attn_ops_t;
 
 /* Find a backend by name; NULL when unknown (or not built). */

@@ -1,6 +1,6 @@
 /*
  * The built-in attention backends (see mdl_attn.h).  They adapt the model's
- * per-sequence K/V cache (head-major fp16, one array per layer) to kernels/
+ * per-sequence K/V cache (fp16, one array per layer, mdl_kv_view) to kernels/
  * views and call its ops: flash decode for "full", the wave index and
  * tripartite decode for "retroinfer", page min/max for "quest", sinks +
  * window for "streaming", exact top-B for "oracle".  Every backend prefills
@@ -107,9 +107,7 @@ static ri_status_t mdl_be_prefill(void *state, uint32_t layer, size_t pos, size_
 #ifdef MDL_HAVE_KERNELS
 static kn_kv_view_t mdl_be_view(const mdl_be_t *b, uint32_t layer, size_t n)
 {
-    const mdl_kv_t *kv = b->kv;
-    return (kn_kv_view_t){.k = kv->k[layer], .v = kv->v[layer], .n_tokens = n, .token_stride = kv->geom.head_dim,
-                          .head_stride = kv->cap * kv->geom.head_dim};
+    return mdl_kv_view(b->kv, layer, 0, n);
 }
 #endif
 

@@ -7,8 +7,9 @@
  * dequantised once to fp16 by the CPU dequantisers (rows padded to a
  * multiple of 8 elements so that every row starts 16-byte aligned), and the
  * activations of a batch.  A device sequence (mdl_dev_seq_t) is a K/V cache
- * in device memory (fp16, the CPU cache's head-major layout, one
- * allocation for every layer).
+ * in device memory (fp16, head-major [n_kv_heads][cap][d] per layer, one
+ * allocation for every layer; the CPU cache is token-major, and a load or
+ * download gathers each head's run).
  *
  * A device sequence is filled either on the device (mdl_dev_prefill: the
  * forward pass over up to MDL_DEV_MAX_BATCH consecutive tokens a step, each

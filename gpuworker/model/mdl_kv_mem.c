@@ -18,15 +18,18 @@ static size_t mdl_page(void)
 
 uint64_t mdl_kv_release(mdl_kv_t *kv, uint32_t layer, size_t t0, size_t t1)
 {
-    const size_t d = kv->geom.head_dim, row = d * sizeof(cm_fp16_t);
-    uint64_t done = 0;
-
     if (layer >= kv->geom.n_layers || t1 > kv->cap || t1 <= t0)
         return 0;
+    const size_t row = (size_t)kv->geom.head_dim * sizeof(cm_fp16_t);
+    if (mdl_kv_is_token_major(kv)) { /* the range is one run for K and one for V */
+        size_t bytes = (t1 - t0) * kv->geom.n_kv_heads * row;
+        return cm_release_pages(mdl_kv_krow(kv, layer, 0, t0), bytes) +
+               cm_release_pages(mdl_kv_vrow(kv, layer, 0, t0), bytes);
+    }
+    uint64_t done = 0;
     for (uint32_t h = 0; h < kv->geom.n_kv_heads; h++) {
-        size_t off = ((size_t)h * kv->cap + t0) * d;
-        done += cm_release_pages(kv->k[layer] + off, (t1 - t0) * row);
-        done += cm_release_pages(kv->v[layer] + off, (t1 - t0) * row);
+        done += cm_release_pages(mdl_kv_krow(kv, layer, h, t0), (t1 - t0) * row);
+        done += cm_release_pages(mdl_kv_vrow(kv, layer, h, t0), (t1 - t0) * row);
     }
     return done;
 }

@@ -122,10 +122,11 @@ ri_status_t mdl_kvdump_write(const mdl_kvdump_t *d, const mdl_seq_t *s, const ch
         ri_status_t st = mdl_write_all(f, &h, sizeof(h), NULL);
         uint32_t crc = 0;
         for (int which = 0; which < 2 && st == RI_OK; which++)
-            for (uint32_t kh = 0; kh < hp->n_kv_heads && st == RI_OK; kh++) {
-                const cm_fp16_t *src = (which ? kv->v[l] : kv->k[l]) + (size_t)kh * kv->cap * row;
-                st = mdl_write_all(f, src, n * row * sizeof(cm_fp16_t), &crc);
-            }
+            for (uint32_t kh = 0; kh < hp->n_kv_heads && st == RI_OK; kh++)
+                for (size_t t = 0; t < n && st == RI_OK; t++) {   /* the file is head-major */
+                    const cm_fp16_t *src = which ? mdl_kv_vrow(kv, l, kh, t) : mdl_kv_krow(kv, l, kh, t);
+                    st = mdl_write_all(f, src, row * sizeof(cm_fp16_t), &crc);
+                }
         for (size_t i = 0; i < d->n_steps && st == RI_OK; i++) {
             st = mdl_write_all(f, &d->pos[i], sizeof(uint64_t), &crc);
             if (st == RI_OK)

@@ -427,7 +427,7 @@ ri_status_t mdl_seq_create(mdl_model_t *m, const mdl_attn_ops_t *attn, const mdl
         mdl_attn_cfg_default(&s->cfg);
     mdl_attn_geom_t g = {.n_layers = m->hp.n_layers, .n_heads = m->hp.n_heads, .n_kv_heads = m->hp.n_kv_heads,
                          .head_dim = m->hp.head_dim};
-    ri_status_t st = mdl_kv_create(&g, cap, &s->kv);
+    ri_status_t st = mdl_kv_create(&g, cap, attn->token_major_kv ? MDL_KV_TOKEN_MAJOR : MDL_KV_HEAD_MAJOR, &s->kv);
     if (st != RI_OK)
         goto err_free_seq;
     st = attn->create(&s->cfg, s->kv, &s->attn_state);
@@ -479,8 +479,8 @@ ri_status_t mdl_seq_preload(mdl_seq_t *s, size_t n,
     const mdl_attn_geom_t *g = &s->kv->geom;
     for (uint32_t l = 0; l < g->n_layers; l++)
         for (uint32_t h = 0; h < g->n_kv_heads; h++) {
-            size_t off = (size_t)h * s->kv->cap * g->head_dim;
-            ri_status_t st = fill(arg, l, h, 0, n, s->kv->k[l] + off, s->kv->v[l] + off, g->head_dim);
+            ri_status_t st = fill(arg, l, h, 0, n, mdl_kv_krow(s->kv, l, h, 0), mdl_kv_vrow(s->kv, l, h, 0),
+                                  s->kv->token_stride);
             if (st != RI_OK)
                 return st;  /* len stays 0: what was written is never read */
         }
@@ -658,7 +658,7 @@ static void mdl_qk_prepare(mdl_model_t *m, const mdl_rows_t *rw, uint32_t l, mdl
 static ri_status_t mdl_attention_window(const mdl_rows_t *rw, uint32_t l, uint32_t win, mdl_act_t *a)
 {
     const mdl_attn_geom_t *g = &rw->seqs[0]->kv->geom;
-    size_t qd = (size_t)g->n_heads * g->head_dim, d = g->head_dim;
+    size_t qd = (size_t)g->n_heads * g->head_dim;
     for (size_t r = 0; r < rw->n; r++)
         if (rw->seqs[r]->qhook != NULL)
             rw->seqs[r]->qhook(rw->seqs[r]->qhook_arg, l, mdl_row_pos(rw, r), a->q + r * qd);
@@ -672,8 +672,7 @@ static ri_status_t mdl_attention_window(const mdl_rows_t *rw, uint32_t l, uint32
         for (size_t i = 0; i < nr; i++) {
             const mdl_kv_t *kv = rw->seqs[r0 + i]->kv;
             size_t pos = mdl_row_pos(rw, r0 + i), first = pos >= win ? pos + 1 - win : 0;
-            views[i] = (kn_kv_view_t){.k = kv->k[l] + first * d, .v = kv->v[l] + first * d,
-                                      .n_tokens = pos + 1 - first, .token_stride = d, .head_stride = kv->cap * d};
+            views[i] = mdl_kv_view(kv, l, first, pos + 1 - first);
         }
         st = kn_attn_decode(NULL, &shape, nr, a->q + r0 * qd, views, a->att + r0 * qd, NULL);
     }
@@ -683,7 +682,6 @@ static ri_status_t mdl_attention_window(const mdl_rows_t *rw, uint32_t l, uint32
     for (size_t r = 0; r < rw->n && st == RI_OK; r++)
         st = mdl_attn_exact_win(cm_pool_default(), rw->seqs[r]->kv, l, mdl_row_pos(rw, r), 1, win, a->q + r * qd,
                                 a->att + r * qd);
-    (void)d;
     return st;
 #endif
 }

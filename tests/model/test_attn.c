@@ -3,7 +3,8 @@
  * kernels, threads) against the double-precision reference on awkward
  * shapes; the backends' decode against it (full exactly; the sparse ones
  * exactly while the context is too short to index, finite and close after);
- * the backend registry.
+ * the two cache layouts (same bits; what a cache that gave back its middle
+ * keeps); the backend registry.
  */
 #include <math.h>
 #include <setjmp.h>
@@ -20,9 +21,11 @@
 #include "common/cm_half.h"
 #include "common/cm_thread.h"
 #include "gpuworker/model/mdl_attn.h"
+#include "gpuworker/model/mdl_kv_mem.h"
 #include "gpuworker/model/mdl_vec.h"
 
 static uint64_t rng;
+static mdl_kv_layout_t layout = MDL_KV_HEAD_MAJOR; /* of make_kv's caches */
 
 static float frand(void)
 {
@@ -34,7 +37,7 @@ static mdl_kv_t *make_kv(uint32_t nh, uint32_t nkv, uint32_t d, size_t n, float 
 {
     mdl_attn_geom_t g = {.n_layers = 2, .n_heads = nh, .n_kv_heads = nkv, .head_dim = d};
     mdl_kv_t *kv;
-    assert_int_equal(mdl_kv_create(&g, n + 8, &kv), RI_OK);
+    assert_int_equal(mdl_kv_create(&g, n + 8, layout, &kv), RI_OK);
     float *k = malloc(n * nkv * d * sizeof(float)), *v = malloc(n * nkv * d * sizeof(float));
     for (size_t i = 0; i < n * nkv * d; i++)
         k[i] = kscale * frand(), v[i] = frand();
@@ -144,6 +147,73 @@ static void test_exact_matches_reference(void **state)
     check_window_matters();
 }
 
+/* Both layouts hold the same rows: exact attention gives the same bits,
+ * and a copy between them (a full sequence forked to a remote one) moves
+ * every row. */
+static void test_layouts_agree(void **state)
+{
+    cm_pool_t *pool = *state;
+    const uint32_t nh = 9, nkv = 3, d = 64;
+    const size_t n = 300, qn = 40 * nh * d;
+    float *q = malloc(qn * sizeof(float)), *oh = malloc(qn * sizeof(float)), *ot = malloc(qn * sizeof(float));
+    for (size_t i = 0; i < qn; i++)
+        q[i] = frand();
+    uint64_t seed = rng;
+    layout = MDL_KV_HEAD_MAJOR;
+    mdl_kv_t *hm = make_kv(nh, nkv, d, n, 2.0f);
+    rng = seed;
+    layout = MDL_KV_TOKEN_MAJOR;
+    mdl_kv_t *tm = make_kv(nh, nkv, d, n, 2.0f);
+    layout = MDL_KV_HEAD_MAJOR;
+    assert_true(mdl_kv_is_token_major(tm));
+    assert_false(mdl_kv_is_token_major(hm));
+    assert_int_equal(mdl_attn_exact(pool, hm, 1, n - 40, 40, q, oh), RI_OK);
+    assert_int_equal(mdl_attn_exact(pool, tm, 1, n - 40, 40, q, ot), RI_OK);
+    assert_memory_equal(oh, ot, qn * sizeof(float));
+
+    mdl_attn_geom_t g = hm->geom;
+    mdl_kv_t *back = NULL;
+    assert_int_equal(mdl_kv_create(&g, n + 8, MDL_KV_HEAD_MAJOR, &back), RI_OK);
+    assert_int_equal(mdl_kv_copy(back, tm, n), RI_OK);
+    for (uint32_t l = 0; l < 2; l++)
+        for (uint32_t h = 0; h < nkv; h++)
+            for (size_t t = 0; t < n; t++) {
+                assert_memory_equal(mdl_kv_krow(back, l, h, t), mdl_kv_krow(hm, l, h, t), d * sizeof(cm_fp16_t));
+                assert_memory_equal(mdl_kv_vrow(back, l, h, t), mdl_kv_vrow(hm, l, h, t), d * sizeof(cm_fp16_t));
+            }
+    mdl_kv_destroy(back);
+    mdl_kv_destroy(hm);
+    mdl_kv_destroy(tm);
+    free(q), free(oh), free(ot);
+}
+
+/* What a cache keeps once its middle is given back (a remote sequence
+ * keeps its sinks and its recent tokens): token-major, the pages of those
+ * tokens and at most one more page at each end of the two runs a layer;
+ * head-major, a partly used page at each end of every head's run, more. */
+static void test_layout_release_keeps_tokens(void **state)
+{
+    (void)state;
+    const uint32_t nkv = 3, d = 64;
+    const size_t n = 4096, sinks = 4, tail = 77, tok = (size_t)nkv * d * sizeof(cm_fp16_t), page = 4096;
+    uint64_t kept[2];
+    for (int i = 0; i < 2; i++) {
+        layout = i ? MDL_KV_TOKEN_MAJOR : MDL_KV_HEAD_MAJOR;
+        mdl_kv_t *kv = make_kv(9, nkv, d, n, 1.0f);
+        for (uint32_t l = 0; l < 2; l++)
+            (void)mdl_kv_release(kv, l, sinks, n - tail);
+        kept[i] = mdl_kv_resident_bytes(kv);
+        mdl_kv_destroy(kv);
+    }
+    layout = MDL_KV_HEAD_MAJOR;
+    /* 2 layers x K, V; each run: its tokens (the cap's 8 spare ones
+     * included) plus a page at each end */
+    uint64_t bound = 4u * ((sinks + tail + 8) * tok + 4 * page);
+    if (kept[1] > bound || kept[1] >= kept[0])
+        fail_msg("kept after release: token-major %llu B (bound %llu), head-major %llu B", (unsigned long long)kept[1],
+                 (unsigned long long)bound, (unsigned long long)kept[0]);
+}
+
 /* A query's result depends on its position alone, not on the chunk it was
  * prefilled in: the same positions in one call, in chunks of 64, 128 and
  * an odd split, and one query at a time (decode), give the same bits, with
@@ -195,8 +265,8 @@ static mdl_kv_t *make_sparse_kv(size_t n, float *q)
             /* store only head h's row: read the token's K/V, replace, write back */
             for (uint32_t hh = 0; hh < 3; hh++)
                 for (int e = 0; e < 64; e++) {
-                    k[hh * 64 + e] = cm_fp16_to_f32(kv->k[1][((size_t)hh * kv->cap + needles[i]) * 64 + e]);
-                    v[hh * 64 + e] = cm_fp16_to_f32(kv->v[1][((size_t)hh * kv->cap + needles[i]) * 64 + e]);
+                    k[hh * 64 + e] = cm_fp16_to_f32(mdl_kv_krow(kv, 1, hh, needles[i])[e]);
+                    v[hh * 64 + e] = cm_fp16_to_f32(mdl_kv_vrow(kv, 1, hh, needles[i])[e]);
                 }
             for (int e = 0; e < 64; e++)
                 k[h * 64 + e] = 5.0f * u[e];
@@ -295,6 +365,8 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_exact_matches_reference),
         cmocka_unit_test(test_exact_chunk_invariant),
+        cmocka_unit_test(test_layouts_agree),
+        cmocka_unit_test(test_layout_release_keeps_tokens),
         cmocka_unit_test(test_vec_geglu),
         cmocka_unit_test(test_backends_decode),
         cmocka_unit_test(test_registry),

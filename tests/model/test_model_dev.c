@@ -363,8 +363,8 @@ static void td_download_check(td_run_t *t, const mdl_dev_seq_t *s, const mdl_seq
         for (uint32_t h = 0; h < a->geom.n_kv_heads; h++)
             for (size_t i = 0; i < len; i++)
                 for (int w = 0; w < 2; w++) {
-                    const cm_fp16_t *ra = (w ? a->v[l] : a->k[l]) + ((size_t)h * a->cap + i) * dim;
-                    const cm_fp16_t *rb = (w ? b->v[l] : b->k[l]) + ((size_t)h * b->cap + i) * dim;
+                    const cm_fp16_t *ra = w ? mdl_kv_vrow(a, l, h, i) : mdl_kv_krow(a, l, h, i);
+                    const cm_fp16_t *rb = w ? mdl_kv_vrow(b, l, h, i) : mdl_kv_krow(b, l, h, i);
                     double big = 1e-3, e = 0;
                     for (size_t j = 0; j < dim; j++) {
                         double x = cm_fp16_to_f32(ra[j]), y = cm_fp16_to_f32(rb[j]);

@@ -87,11 +87,9 @@ static ri_status_t tp_fill(void *arg, uint32_t layer, uint32_t kv_head, size_t p
 {
     const mdl_kv_t *kv = mdl_seq_kv(arg);
     size_t d = kv->geom.head_dim;
-    const cm_fp16_t *sk = kv->k[layer] + ((size_t)kv_head * kv->cap + pos0) * d;
-    const cm_fp16_t *sv = kv->v[layer] + ((size_t)kv_head * kv->cap + pos0) * d;
     for (size_t t = 0; t < n; t++) {
-        memcpy(k + t * token_stride, sk + t * d, d * sizeof(cm_fp16_t));
-        memcpy(v + t * token_stride, sv + t * d, d * sizeof(cm_fp16_t));
+        memcpy(k + t * token_stride, mdl_kv_krow(kv, layer, kv_head, pos0 + t), d * sizeof(cm_fp16_t));
+        memcpy(v + t * token_stride, mdl_kv_vrow(kv, layer, kv_head, pos0 + t), d * sizeof(cm_fp16_t));
     }
     return RI_OK;
 }

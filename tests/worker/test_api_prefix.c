@@ -40,7 +40,7 @@
 typedef struct fx {
     wk_env_t env;
     ri_client_h client;
-    mdl_kv_t *kv; /* the prompt's K/V, [layer][head][CAP][D] */
+    mdl_kv_t *kv; /* the prompt's K/V, [layer][CAP][head][D] (the model's token-major cache) */
 } fx_t;
 
 static ri_session_h open_session(fx_t *f, uint32_t flags, const char *label)
@@ -62,8 +62,8 @@ static ri_session_h open_session(fx_t *f, uint32_t flags, const char *label)
 
 static ri_kv_view_t view_of(cm_fp16_t *k, cm_fp16_t *v, size_t n)
 {
-    return (ri_kv_view_t){.struct_size = sizeof(ri_kv_view_t), .k = k, .v = v, .n_tokens = n, .token_stride = D,
-                          .head_stride = (size_t)CAP * D};
+    return (ri_kv_view_t){.struct_size = sizeof(ri_kv_view_t), .k = k, .v = v, .n_tokens = n,
+                          .token_stride = (size_t)NKV * D, .head_stride = D};
 }
 
 /* Publish blocks [0, nb) of session s's prompt (f->kv) under keys. */
@@ -91,16 +91,15 @@ static void attach_and_compare(fx_t *f, ri_session_h ref, const uint8_t *keys, u
     for (uint32_t l = 0; l < NL; l++) {
         k[l] = calloc((size_t)NKV * CAP * D, sizeof(cm_fp16_t));
         v[l] = calloc((size_t)NKV * CAP * D, sizeof(cm_fp16_t));
-        for (uint32_t h = 0; h < NKV; h++) {
-            size_t o0 = (size_t)h * CAP * D;
-            assert_int_equal(ri_session_prefix_kv(s, l, h, 0, cached, k[l] + o0, v[l] + o0, D), RI_OK);
-            assert_memory_equal(k[l] + o0, f->kv->k[l] + o0, cached * D * sizeof(cm_fp16_t));
-            assert_memory_equal(v[l] + o0, f->kv->v[l] + o0, cached * D * sizeof(cm_fp16_t));
-            /* the engine computes the rest itself */
-            memcpy(k[l] + o0 + cached * D, f->kv->k[l] + o0 + cached * D, (CAP - cached) * D * sizeof(cm_fp16_t));
-            memcpy(v[l] + o0 + cached * D, f->kv->v[l] + o0 + cached * D, (CAP - cached) * D * sizeof(cm_fp16_t));
-        }
-        assert_int_equal(ri_session_prefix_kv(s, l, 0, cached - 1, 2, k[l], v[l], D), RI_ERR_RANGE);
+        const size_t ts = (size_t)NKV * D, head = cached * ts, all = (size_t)CAP * ts;
+        for (uint32_t h = 0; h < NKV; h++)
+            assert_int_equal(ri_session_prefix_kv(s, l, h, 0, cached, k[l] + h * D, v[l] + h * D, ts), RI_OK);
+        assert_memory_equal(k[l], f->kv->k[l], head * sizeof(cm_fp16_t));
+        assert_memory_equal(v[l], f->kv->v[l], head * sizeof(cm_fp16_t));
+        /* the engine computes the rest itself */
+        memcpy(k[l] + head, f->kv->k[l] + head, (all - head) * sizeof(cm_fp16_t));
+        memcpy(v[l] + head, f->kv->v[l] + head, (all - head) * sizeof(cm_fp16_t));
+        assert_int_equal(ri_session_prefix_kv(s, l, 0, cached - 1, 2, k[l], v[l], ts), RI_ERR_RANGE);
         ri_kv_view_t pv = view_of(k[l], v[l], N);
         assert_int_equal(ri_prefill(s, l, &pv), RI_OK);
     }
@@ -158,9 +157,9 @@ static void test_attach_decodes_the_same(void **state)
     ri_client_params_init(&cp);
     cp.address = f.env.daemon.grpc;
     assert_int_equal(ri_client_connect(&cp, &f.client), RI_OK);
-    assert_int_equal(mdl_kv_create(&geom, CAP, &f.kv), RI_OK);
+    assert_int_equal(mdl_kv_create(&geom, CAP, MDL_KV_TOKEN_MAJOR, &f.kv), RI_OK);
     for (uint32_t l = 0; l < NL; l++)
-        wk_synth_kv(f.kv->k[l], f.kv->v[l], CAP, NKV, D, 0, CAP, l);
+        wk_synth_kv_strided(f.kv->k[l], f.kv->v[l], f.kv->token_stride, f.kv->head_stride, NKV, D, 0, CAP, l);
     f.kv->len = N;
     for (size_t i = 0; i < sizeof(keys); i++)
         keys[i] = (uint8_t)(i * 131u + 7u);

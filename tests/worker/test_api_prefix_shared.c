@@ -212,8 +212,8 @@ static ri_kv_view_t view_of(const mdl_kv_t *kv, uint32_t l, size_t n)
                            .k = kv->k[l],
                            .v = kv->v[l],
                            .n_tokens = n,
-                           .token_stride = D,
-                           .head_stride = (size_t)CAP * D };
+                           .token_stride = kv->token_stride,
+                           .head_stride = kv->head_stride };
 }
 
 static void publish(fx_t *f, ri_session_h s)
@@ -346,16 +346,17 @@ static void test_sessions_share_the_prefix_index(void **state)
     f.nb = (N - 64) / B;
     for (size_t i = 0; i < sizeof(f.keys); i++)
         f.keys[i] = (uint8_t)((i * 29u + 3u) ^ (i / 256u * 101u)); /* no two blocks alike */
-    assert_int_equal(mdl_kv_create(&geom, CAP, &f.kv), RI_OK);
+    assert_int_equal(mdl_kv_create(&geom, CAP, MDL_KV_HEAD_MAJOR, &f.kv), RI_OK);
     for (uint32_t l = 0; l < NL; l++)
-        wk_synth_kv(f.kv->k[l], f.kv->v[l], CAP, NKV, D, 0, CAP, l);
+        wk_synth_kv_strided(f.kv->k[l], f.kv->v[l], f.kv->token_stride, f.kv->head_stride, NKV, D, 0, CAP, l);
     f.kv->len = N;
     for (uint32_t i = 0; i < NSEQ; i++) {
-        assert_int_equal(mdl_kv_create(&geom, CAP, &f.own[i]), RI_OK);
+        assert_int_equal(mdl_kv_create(&geom, CAP, MDL_KV_HEAD_MAJOR, &f.own[i]), RI_OK);
         for (uint32_t l = 0; l < NL; l++) {
             memcpy(f.own[i]->k[l], f.kv->k[l], (size_t)NKV * CAP * D * sizeof(cm_fp16_t));
             memcpy(f.own[i]->v[l], f.kv->v[l], (size_t)NKV * CAP * D * sizeof(cm_fp16_t));
-            wk_synth_kv(f.own[i]->k[l], f.own[i]->v[l], CAP, NKV, D, (size_t)f.nb * B, CAP, 100u * (i + 1) + l);
+            wk_synth_kv_strided(f.own[i]->k[l], f.own[i]->v[l], f.own[i]->token_stride, f.own[i]->head_stride, NKV,
+                                D, (size_t)f.nb * B, CAP, 100u * (i + 1) + l);
         }
     }
 

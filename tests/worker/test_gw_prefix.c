@@ -101,7 +101,7 @@ static int fx_setup(void **state)
     uint32_t seed = 12345;
 
     assert_non_null(f);
-    assert_int_equal(mdl_kv_create(&g, NTOK + 8, &f->kv), RI_OK);
+    assert_int_equal(mdl_kv_create(&g, NTOK + 8, MDL_KV_TOKEN_MAJOR, &f->kv), RI_OK);
     f->kv->len = NTOK;
     for (uint32_t l = 0; l < L_; l++)
         for (size_t i = 0; i < (size_t)H_ * f->kv->cap * D_; i++) {
@@ -142,8 +142,6 @@ static void roundtrip(fx_t *f, uint32_t b)
     assert_int_equal(pb.first_pos, b * B_);
     for (uint32_t l = 0; l < L_; l++) {
         for (uint32_t h = 0; h < H_; h++) {
-            const cm_fp16_t *K = f->kv->k[l] + (size_t)h * f->kv->cap * D_;
-            const cm_fp16_t *V = f->kv->v[l] + (size_t)h * f->kv->cap * D_;
             const gw_pfx_table_t *T = &pb.tables[l * H_ + h];
             /* one position before and after the block: left alone */
             memset(k, 0xAB, sizeof(k));
@@ -151,8 +149,8 @@ static void roundtrip(fx_t *f, uint32_t b)
             gw_pfx_block_fill(&pb, l, h, (size_t)b * B_ - (b > 0), B_ + 2 - (b == 0), k, v, 2 * D_);
             for (uint32_t i = 0; i < B_; i++) {
                 size_t p = (size_t)b * B_ + i, r = i + (b > 0);
-                assert_memory_equal(k + r * 2 * D_, K + p * D_, D_ * sizeof(cm_fp16_t));
-                assert_memory_equal(v + r * 2 * D_, V + p * D_, D_ * sizeof(cm_fp16_t));
+                assert_memory_equal(k + r * 2 * D_, mdl_kv_krow(f->kv, l, h, p), D_ * sizeof(cm_fp16_t));
+                assert_memory_equal(v + r * 2 * D_, mdl_kv_vrow(f->kv, l, h, p), D_ * sizeof(cm_fp16_t));
             }
             if (b > 0)
                 assert_int_equal(k[0], 0xABAB);
@@ -207,8 +205,10 @@ static void test_roundtrip_unindexed(void **state)
     assert_int_equal(gw_pfx_block_parse(&lay, 1, buf, len, &pb), RI_OK);
     assert_int_equal(pb.view.hdr.pages_bytes, 0);
     gw_pfx_block_fill(&pb, 2, 1, B_, B_, k, v, D_);
-    assert_memory_equal(k, f->kv->k[2] + ((size_t)f->kv->cap + B_) * D_, sizeof(k));
-    assert_memory_equal(v, f->kv->v[2] + ((size_t)f->kv->cap + B_) * D_, sizeof(v));
+    for (uint32_t i = 0; i < B_; i++) {
+        assert_memory_equal(k + i * D_, mdl_kv_krow(f->kv, 2, 1, B_ + i), D_ * sizeof(cm_fp16_t));
+        assert_memory_equal(v + i * D_, mdl_kv_vrow(f->kv, 2, 1, B_ + i), D_ * sizeof(cm_fp16_t));
+    }
     gw_pfx_block_release(&pb);
     /* a block parsed under another layout (or as another block) is refused */
     assert_int_equal(gw_pfx_block_parse(&f->lay, 1, buf, len, &pb), RI_ERR_INVALID);
@@ -310,7 +310,7 @@ static void test_wave_import(void **state)
     w.update_tokens = 16;
     assert_int_equal(gw_pfx_max_blocks(&f->lay, window, NTOK), 2);
     for (uint32_t l = 0; l < L_; l += 2) {
-        kn_kv_view_t kv = { f->kv->k[l], f->kv->v[l], NTOK, D_, f->kv->cap * D_ };
+        kn_kv_view_t kv = mdl_kv_view(f->kv, l, 0, NTOK);
         assert_int_equal(kn_wave_create(&shape, &w, &w1[l]), RI_OK);
         assert_int_equal(kn_wave_build(w1[l], &kv), RI_OK);
         for (uint32_t h = 0; h < H_; h++)
@@ -324,7 +324,7 @@ static void test_wave_import(void **state)
     }
     assert_null(gw_pfx_set_pieces(set, 1));
     for (uint32_t l = 0; l < L_; l += 2) {
-        kn_kv_view_t kv = { f->kv->k[l], f->kv->v[l], NTOK, D_, f->kv->cap * D_ };
+        kn_kv_view_t kv = mdl_kv_view(f->kv, l, 0, NTOK);
         const kn_wave_pieces_t *pc = gw_pfx_set_pieces(set, l);
         assert_non_null(pc);
         assert_int_equal(pc->n_blocks, 2);
@@ -348,8 +348,10 @@ static void test_wave_import(void **state)
     for (uint32_t l = 0; l < L_; l++)
         for (uint32_t h = 0; h < H_; h++) {
             assert_int_equal(gw_pfx_set_fill(set, l, h, 0, 2 * B_, k, v, D_), RI_OK);
-            assert_memory_equal(k, f->kv->k[l] + (size_t)h * f->kv->cap * D_, 2 * B_ * D_ * 2);
-            assert_memory_equal(v, f->kv->v[l] + (size_t)h * f->kv->cap * D_, 2 * B_ * D_ * 2);
+            for (uint32_t i = 0; i < 2 * B_; i++) {
+                assert_memory_equal(k + i * D_, mdl_kv_krow(f->kv, l, h, i), D_ * 2);
+                assert_memory_equal(v + i * D_, mdl_kv_vrow(f->kv, l, h, i), D_ * 2);
+            }
         }
     assert_int_equal(gw_pfx_set_fill(set, 0, 0, 1, 2 * B_, k, v, D_), RI_ERR_RANGE);
     free(k);

@@ -57,7 +57,7 @@ static int fx_setup(void **state)
     if (env_rc != 0)
         skip();
     assert_non_null(f);
-    assert_int_equal(mdl_kv_create(&g, NTOK, &f->kv), RI_OK);
+    assert_int_equal(mdl_kv_create(&g, NTOK, MDL_KV_TOKEN_MAJOR, &f->kv), RI_OK);
     f->kv->len = NTOK;
     kn_wave_params_default(&w);
     w.sink_tokens = 4;
@@ -66,8 +66,8 @@ static int fx_setup(void **state)
     w.segment_tokens = B_;
     w.update_tokens = 16;
     for (uint32_t l = 0; l < L_; l++) {
-        wk_synth_kv(f->kv->k[l], f->kv->v[l], f->kv->cap, H_, D_, 0, NTOK, l);
-        kn_kv_view_t kv = { f->kv->k[l], f->kv->v[l], NTOK, D_, f->kv->cap * D_ };
+        wk_synth_kv_strided(f->kv->k[l], f->kv->v[l], f->kv->token_stride, f->kv->head_stride, H_, D_, 0, NTOK, l);
+        kn_kv_view_t kv = mdl_kv_view(f->kv, l, 0, NTOK);
         assert_int_equal(kn_wave_create(&shape, &w, &f->w[l]), RI_OK);
         assert_int_equal(kn_wave_build(f->w[l], &kv), RI_OK);
     }
@@ -105,8 +105,10 @@ static size_t lookup(fx_t *f, const gw_pfx_keyer_t *kr, const int32_t *ids, bool
             assert_non_null(gw_pfx_set_pieces(gw_pfx_seq_set(s), l));
             for (uint32_t h = 0; h < H_; h++) {
                 assert_int_equal(gw_pfx_set_fill(gw_pfx_seq_set(s), l, h, 0, n, k, v, D_), RI_OK);
-                assert_memory_equal(k, f->kv->k[l] + (size_t)h * f->kv->cap * D_, n * D_ * 2);
-                assert_memory_equal(v, f->kv->v[l] + (size_t)h * f->kv->cap * D_, n * D_ * 2);
+                for (size_t i = 0; i < n; i++) {
+                    assert_memory_equal(k + i * D_, mdl_kv_krow(f->kv, l, h, i), D_ * 2);
+                    assert_memory_equal(v + i * D_, mdl_kv_vrow(f->kv, l, h, i), D_ * 2);
+                }
             }
         }
         free(k);

@@ -87,9 +87,9 @@ static mdl_kv_t *kv_make(void)
 {
     mdl_attn_geom_t g = {.n_layers = NL, .n_heads = NQ, .n_kv_heads = NKV, .head_dim = D};
     mdl_kv_t *kv = NULL;
-    assert_int_equal(mdl_kv_create(&g, N + 8, &kv), RI_OK);
+    assert_int_equal(mdl_kv_create(&g, N + 8, MDL_KV_HEAD_MAJOR, &kv), RI_OK);
     for (uint32_t l = 0; l < NL; l++)
-        wk_synth_kv(kv->k[l], kv->v[l], kv->cap, NKV, D, 0, N, l);
+        wk_synth_kv_strided(kv->k[l], kv->v[l], kv->token_stride, kv->head_stride, NKV, D, 0, N, l);
     kv->len = N;
     return kv;
 }
@@ -161,7 +161,7 @@ static ri_session_h api_session(ri_client_h client, const ri_session_params_t *p
     assert_int_equal(ri_session_create(client, p, &s), RI_OK);
     for (uint32_t l = 0; l < NL; l++) {
         ri_kv_view_t v = {.struct_size = sizeof(v), .k = kv->k[l], .v = kv->v[l], .n_tokens = N,
-                          .token_stride = D, .head_stride = kv->cap * D};
+                          .token_stride = kv->token_stride, .head_stride = kv->head_stride};
         assert_int_equal(ri_prefill(s, l, &v), RI_OK);
     }
     assert_int_equal(ri_prefill_wait(s), RI_OK);

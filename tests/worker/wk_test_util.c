@@ -82,12 +82,18 @@ int wk_env_session(wk_env_t *env, uint32_t layers, uint32_t kv_heads, uint32_t h
 void wk_synth_kv(cm_fp16_t *k, cm_fp16_t *v, size_t cap, uint32_t n_kv, uint32_t d, size_t t0, size_t t1,
                  uint32_t layer)
 {
+    wk_synth_kv_strided(k, v, d, cap * d, n_kv, d, t0, t1, layer);
+}
+
+void wk_synth_kv_strided(cm_fp16_t *k, cm_fp16_t *v, size_t token_stride, size_t head_stride, uint32_t n_kv,
+                         uint32_t d, size_t t0, size_t t1, uint32_t layer)
+{
     for (uint32_t h = 0; h < n_kv; h++)
         for (size_t t = t0; t < t1; t++) {
             uint64_t s = ((uint64_t)layer << 48) ^ ((uint64_t)h << 40) ^ (t * 2654435761u);
             uint32_t dir = (uint32_t)(wk_rng(&s) % WK_DIRS);
             float amp = 1.0f + 0.5f * wk_unif(&s);
-            cm_fp16_t *kr = k + ((size_t)h * cap + t) * d, *vr = v + ((size_t)h * cap + t) * d;
+            cm_fp16_t *kr = k + t * token_stride + h * head_stride, *vr = v + t * token_stride + h * head_stride;
             for (uint32_t c = 0; c < d; c++) {
                 kr[c] = cm_f32_to_fp16(amp * wk_dir(dir + h, c) + 0.3f * wk_unif(&s));
                 vr[c] = cm_f32_to_fp16(wk_unif(&s));

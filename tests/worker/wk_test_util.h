@@ -35,6 +35,11 @@ int wk_env_session(wk_env_t *env, uint32_t layers, uint32_t kv_heads, uint32_t h
 void wk_synth_kv(cm_fp16_t *k, cm_fp16_t *v, size_t cap, uint32_t n_kv, uint32_t d, size_t t0, size_t t1,
                  uint32_t layer);
 
+/* The same rows in any layout: row (t, h) at t * token_stride + h * head_stride
+ * (a model cache: mdl_kv_t's strides). */
+void wk_synth_kv_strided(cm_fp16_t *k, cm_fp16_t *v, size_t token_stride, size_t head_stride, uint32_t n_kv,
+                         uint32_t d, size_t t0, size_t t1, uint32_t layer);
+
 /* A query [n_q][d] for step (seeded), aligned with one of the key directions. */
 void wk_synth_q(float *q, uint32_t n_q, uint32_t d, uint64_t step);
 

@@ -276,7 +276,7 @@ static ri_status_t mdl_dev_seq_backend(mdl_dev_seq_t *s, const mdl_attn_ops_t *b
     c.prefix = NULL; /* prefix reuse fills a host cache */
     s->be_kv = (mdl_kv_t){.geom = {.n_layers = hp->n_layers, .n_heads = hp->n_heads,
                                    .n_kv_heads = hp->n_kv_heads, .head_dim = hp->head_dim},
-                          .cap = s->cap};
+                          .cap = s->cap, .token_stride = hp->head_dim, .head_stride = s->cap * hp->head_dim};
     s->be_kv.k = cm_calloc(&mdl_dev_tag, hp->n_layers, sizeof(cm_fp16_t *));
     s->be_kv.v = cm_calloc(&mdl_dev_tag, hp->n_layers, sizeof(cm_fp16_t *));
     s->h_q = cm_malloc(&mdl_dev_tag, qd * sizeof(float));
@@ -419,15 +419,26 @@ ri_status_t mdl_dev_seq_load(mdl_dev_t *d, mdl_dev_seq_t *s, const mdl_seq_t *cp
         return RI_ERR_RANGE;
     if (s->indexed)
         return RI_ERR_INVALID;   /* an index covers what the cache held */
+    if (len == 0) {
+        s->len = 0;
+        return RI_OK;
+    }
+    /* the host cache is token-major, the device's head-major: each
+     * (layer, head, K|V) is gathered into one run, then one copy */
+    cm_fp16_t *run = cm_malloc(&mdl_dev_tag, len * dim * sizeof(cm_fp16_t));
+    if (run == NULL)
+        return RI_ERR_NOMEM;
     ri_status_t st = RI_OK;
-    /* one copy per (layer, head, K|V): the two caches' head strides differ */
     for (uint32_t l = 0; l < hp->n_layers && st == RI_OK; l++)
-        for (uint32_t h = 0; h < hp->n_kv_heads && st == RI_OK; h++) {
-            size_t src = (size_t)h * kv->cap * dim, dst = (size_t)h * s->cap * dim, bytes = len * dim * 2;
-            st = mdl_dk_h2d(mdl_dev_seq_kv(s, l, 0) + dst, kv->k[l] + src, bytes);
-            if (st == RI_OK)
-                st = mdl_dk_h2d(mdl_dev_seq_kv(s, l, 1) + dst, kv->v[l] + src, bytes);
-        }
+        for (uint32_t h = 0; h < hp->n_kv_heads && st == RI_OK; h++)
+            for (int which = 0; which < 2 && st == RI_OK; which++) {
+                for (size_t t = 0; t < len; t++)
+                    memcpy(run + t * dim, which ? mdl_kv_vrow(kv, l, h, t) : mdl_kv_krow(kv, l, h, t),
+                           dim * sizeof(cm_fp16_t));
+                st = mdl_dk_h2d(mdl_dev_seq_kv(s, l, which) + (size_t)h * s->cap * dim, run,
+                                len * dim * sizeof(cm_fp16_t));
+            }
+    cm_free(run);
     if (st != RI_OK)
         return st;
     s->len = len;
@@ -452,14 +463,19 @@ static ri_status_t mdl_dev_seq_fill_down(void *arg, uint32_t layer, uint32_t kv_
         ri_status_t st = mdl_dk_d2h(k, dk, n * dim * sizeof(uint16_t));
         return st == RI_OK ? mdl_dk_d2h(v, dv, n * dim * sizeof(uint16_t)) : st;
     }
-    for (size_t t = 0; t < n; t++) {
-        ri_status_t st = mdl_dk_d2h(k + t * token_stride, dk + t * dim, dim * sizeof(uint16_t));
-        if (st == RI_OK)
-            st = mdl_dk_d2h(v + t * token_stride, dv + t * dim, dim * sizeof(uint16_t));
-        if (st != RI_OK)
-            return st;
+    /* one copy each into a run, then spread over the rows: a copy per
+     * row would be a round trip per row */
+    uint16_t *run = cm_malloc(&mdl_dev_tag, n * dim * sizeof(uint16_t));
+    if (run == NULL)
+        return RI_ERR_NOMEM;
+    ri_status_t st = RI_OK;
+    for (int which = 0; which < 2 && st == RI_OK; which++) {
+        st = mdl_dk_d2h(run, which ? dv : dk, n * dim * sizeof(uint16_t));
+        for (size_t t = 0; t < n && st == RI_OK; t++)
+            memcpy((which ? v : k) + t * token_stride, run + t * dim, dim * sizeof(uint16_t));
     }
-    return RI_OK;
+    cm_free(run);
+    return st;
 }
 
 ri_status_t mdl_dev_seq_download(mdl_dev_t *d, const mdl_dev_seq_t *s, mdl_seq_t *cpu)
