@@ -47,8 +47,15 @@
  * FETCH_RANKED, LOCATE and TOUCH name an attached block's clusters exactly
  * as they name the session's own.
  *
- * PREFIX_ATTACH request meta: u32 n_keys (1..CM_PFX_MAX_KEYS), u32 0,
- *   n_keys x u8 key[CM_PFX_KEY_SIZE].  Attaches to the session, in order,
+ * PREFIX_ATTACH request meta: u32 n_keys (1..CM_PFX_MAX_KEYS), u32 flags,
+ *   n_keys x u8 key[CM_PFX_KEY_SIZE].  flags: CM_PFX_ATTACH_F_SLOTS or 0
+ *   (any other bit: RI_ERR_PROTOCOL).  With CM_PFX_ATTACH_F_SLOTS the
+ *   session reads its blocks by slot only (PREFIX_GET, the handover), never
+ *   a cluster by id: its tables gain no entries for them, now or for the
+ *   blocks it attaches later (PREFIX_PUT included; the mode stays with the
+ *   session).  A worker's prefix session, which preloads and publishes
+ *   blocks for a sequence whose own session attaches them too, so holds no
+ *   second descriptor of every cluster of the prefix.  Attaches to the session, in order,
  *   the leading keys the caller's tenant holds (reading back one that was
  *   spilled; one whose record fails its CRC is a miss and is dropped),
  *   stopping at the first it does not.  Each attached block is referenced
@@ -97,6 +104,7 @@
 #define CM_PFX_MAX_BLOCK_BYTES (UINT64_C(1) << 36) /* 64 GiB: a sanity bound, quotas decide */
 #define CM_PFX_F_EXISTED 0x1u            /* PREFIX_PUT: the key was there; the stored block is attached */
 #define CM_PFX_ATTACH_FIXED 8u
+#define CM_PFX_ATTACH_F_SLOTS 0x1u       /* PREFIX_ATTACH: blocks read by slot only, no table entries */
 #define CM_PFX_ATTACH_ENTRY 16u
 #define CM_PFX_PUT_META CM_PFX_KEY_SIZE
 #define CM_PFX_PUT_REPLY 16u
@@ -243,23 +251,24 @@ static inline size_t cm_pfx_attach_req_size(uint32_t n)
     return CM_PFX_ATTACH_FIXED + (size_t)n * CM_PFX_KEY_SIZE;
 }
 
-static inline void cm_pfx_attach_req_encode(uint8_t *buf, uint32_t n, const uint8_t *keys)
+static inline void cm_pfx_attach_req_encode(uint8_t *buf, uint32_t n, uint32_t flags, const uint8_t *keys)
 {
     cm_dp_put32(buf, n);
-    cm_dp_put32(buf + 4, 0);
+    cm_dp_put32(buf + 4, flags);
     memcpy(buf + CM_PFX_ATTACH_FIXED, keys, (size_t)n * CM_PFX_KEY_SIZE);
 }
 
 /* keys_p points into meta on success. */
 static inline ri_status_t cm_pfx_attach_req_decode(const uint8_t *meta, size_t len, uint32_t *n_p,
-                                                   const uint8_t **keys_p)
+                                                   uint32_t *flags_p, const uint8_t **keys_p)
 {
     uint32_t n;
     if (meta == NULL || len < CM_PFX_ATTACH_FIXED)
         return RI_ERR_TRUNCATED;
     n = cm_dp_get32(meta);
-    if (n == 0 || n > CM_PFX_MAX_KEYS || cm_dp_get32(meta + 4) != 0)
+    if (n == 0 || n > CM_PFX_MAX_KEYS || (cm_dp_get32(meta + 4) & ~CM_PFX_ATTACH_F_SLOTS) != 0)
         return RI_ERR_PROTOCOL;
+    *flags_p = cm_dp_get32(meta + 4);
     if (len != cm_pfx_attach_req_size(n))
         return len < cm_pfx_attach_req_size(n) ? RI_ERR_TRUNCATED : RI_ERR_PROTOCOL;
     *n_p = n;

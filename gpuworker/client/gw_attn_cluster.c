@@ -525,7 +525,7 @@ static uint32_t gw_cl_copy_blocks(ri_client_h from, ri_client_h to, const gw_pfx
     if (st == RI_OK)
         st = gw_pfx_conn_open(c_to, t_to, lay, &dst);
     if (st == RI_OK)
-        st = gw_dp_prefix_attach(src->dp, keys, b1, att, &n_att);
+        st = gw_dp_prefix_attach_flags(src->dp, keys, b1, CM_PFX_ATTACH_F_SLOTS, att, &n_att); /* copied by slot */
     for (uint32_t i = b0; st == RI_OK && i < n_att; i++) {
         uint64_t len = att[i].block_bytes;
         if (len == 0 || len > CM_PFX_MAX_BLOCK_BYTES) {

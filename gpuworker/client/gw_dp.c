@@ -1141,6 +1141,12 @@ void gw_dp_recv_free(gw_dp_t *dp, void *ptr)
 ri_status_t gw_dp_prefix_attach(gw_dp_t *dp, const uint8_t *keys, uint32_t n_keys, cm_pfx_attached_t *out,
                                 uint32_t *n_attached_p)
 {
+    return gw_dp_prefix_attach_flags(dp, keys, n_keys, 0, out, n_attached_p);
+}
+
+ri_status_t gw_dp_prefix_attach_flags(gw_dp_t *dp, const uint8_t *keys, uint32_t n_keys, uint32_t flags,
+                                      cm_pfx_attached_t *out, uint32_t *n_attached_p)
+{
     uint8_t *meta;
     uint32_t n = 0;
     ri_status_t st;
@@ -1151,7 +1157,7 @@ ri_status_t gw_dp_prefix_attach(gw_dp_t *dp, const uint8_t *keys, uint32_t n_key
     meta = cm_malloc(&gw_dp_tag, cm_pfx_attach_req_size(n_keys));
     if (meta == NULL)
         return RI_ERR_NOMEM;
-    cm_pfx_attach_req_encode(meta, n_keys, keys);
+    cm_pfx_attach_req_encode(meta, n_keys, flags, keys);
     st = gw_dp_op(dp, CM_WIRE_OP_PREFIX_ATTACH, meta, (uint32_t)cm_pfx_attach_req_size(n_keys), NULL, 0, 0);
     cm_free(meta);
     if (st != RI_OK)

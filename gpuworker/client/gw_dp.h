@@ -164,6 +164,12 @@ ri_status_t gw_dp_raw_start(gw_dp_t *dp, const void *hdr, size_t hdr_len, const 
 ri_status_t gw_dp_prefix_attach(gw_dp_t *dp, const uint8_t *keys, uint32_t n_keys, cm_pfx_attached_t *out,
                                 uint32_t *n_attached_p);
 
+/* The same with the request's flags: CM_PFX_ATTACH_F_SLOTS for a session
+ * that reads the blocks by slot only (the kvstore then keeps no per-cluster
+ * entry of them for it). */
+ri_status_t gw_dp_prefix_attach_flags(gw_dp_t *dp, const uint8_t *keys, uint32_t n_keys, uint32_t flags,
+                                      cm_pfx_attached_t *out, uint32_t *n_attached_p);
+
 /* PREFIX_PUT: publish block (len bytes, "RIPB" format) under key and attach
  * it; *slot_p its slot, *flags_p CM_PFX_F_EXISTED when the key was there
  * with equal tables (either may be NULL).  RI_ERR_EXISTS (the key holds

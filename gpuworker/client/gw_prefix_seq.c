@@ -121,7 +121,9 @@ static ri_status_t gw_pfx_seq_lookup(gw_pfx_seq_t *seq)
 
     if (att == NULL)
         return RI_ERR_NOMEM;
-    st = gw_dp_prefix_attach(seq->dp, seq->keys, seq->max_blocks, att, &n_att);
+    /* by slot only: the sequence's own session attaches the blocks for
+     * their clusters (a remote backend), or nothing reads them by id */
+    st = gw_dp_prefix_attach_flags(seq->dp, seq->keys, seq->max_blocks, CM_PFX_ATTACH_F_SLOTS, att, &n_att);
     if (st == RI_OK && n_att > 0)
         st = gw_pfx_set_create(&seq->lay, n_att, &seq->set);
     for (uint32_t i = 0; i < n_att && st == RI_OK; i++) {

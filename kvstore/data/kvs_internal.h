@@ -119,6 +119,7 @@ typedef struct kvs_session {
     kvs_region_t *region;        /* direct region (owned), NULL until MAP */
     struct kvs_pblock **blocks;  /* attached prefix blocks by slot (each referenced once per slot) */
     uint32_t n_blocks, cap_blocks;
+    bool pfx_slots_only;         /* CM_PFX_ATTACH_F_SLOTS seen: attached blocks get no table entries */
     size_t n_extents, cap_extents;
     kvs_wcache_t *caches[KVS_MAX_CACHES_PER_SESSION]; /* NULL = free slot */
     uint32_t next_cache_id;

@@ -426,14 +426,14 @@ static ri_status_t kvs_pfx_attach_locked(kvs_data_t *data, kvs_session_t *s, kvs
         s->blocks = nb;
         s->cap_blocks = cap;
     }
-    for (uint32_t t = 0; t < v.n_tables; t++) {
+    for (uint32_t t = 0; t < v.n_tables && !s->pfx_slots_only; t++) {
         st = kvs_table_reserve(&s->tables[t], cm_dp_get32(v.counts + 4u * t));
         if (st != RI_OK)
             return st;
     }
     off = (uint64_t)(v.pages - b->base);
     sz = v.sizes;
-    for (uint32_t t = 0; t < v.n_tables; t++) {
+    for (uint32_t t = 0; t < v.n_tables && !s->pfx_slots_only; t++) {
         kvs_table_t *tab = &s->tables[t];
         for (uint32_t j = cm_dp_get32(v.counts + 4u * t); j > 0; j--, sz += 4) {
             uint32_t tok = cm_dp_get32(sz);
@@ -442,7 +442,8 @@ static ri_status_t kvs_pfx_attach_locked(kvs_data_t *data, kvs_session_t *s, kvs
             off += kvs_cluster_pages(s, tok) * s->page_bytes;
         }
     }
-    s->clusters += v.total_clusters;
+    if (!s->pfx_slots_only)
+        s->clusters += v.total_clusters;
     s->blocks[slot] = b;
     s->n_blocks++;
     if (b->writing)
@@ -605,14 +606,14 @@ ri_status_t kvs_prefix_attach(kvs_data_t *data, kvs_session_t *s, const cm_wire_
 {
     const uint8_t *keys;
     cm_pfx_attached_t *ent;
-    uint32_t n, n_att = 0;
+    uint32_t n, flags = 0, n_att = 0;
     uint64_t mf;
     uint8_t *reply;
     ri_status_t st;
 
     if (hdr->data_len != 0)
         return RI_ERR_PROTOCOL;
-    st = cm_pfx_attach_req_decode(body, hdr->meta_len, &n, &keys);
+    st = cm_pfx_attach_req_decode(body, hdr->meta_len, &n, &flags, &keys);
     if (st != RI_OK)
         return st;
     ent = cm_malloc(&kvs_prefix_tag, (size_t)n * sizeof(*ent));
@@ -622,6 +623,8 @@ ri_status_t kvs_prefix_attach(kvs_data_t *data, kvs_session_t *s, const cm_wire_
         goto out;
     }
     pthread_mutex_lock(&data->lock);
+    if (flags & CM_PFX_ATTACH_F_SLOTS)
+        s->pfx_slots_only = true;
     mf = kvs_prefix_mf_gen_locked(data);
     for (; n_att < n; n_att++) {
         kvs_pblock_t *b = kvs_pfx_find_resident_locked(data, s->tenant, keys + (size_t)n_att * CM_PFX_KEY_SIZE);

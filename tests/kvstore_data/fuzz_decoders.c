@@ -154,7 +154,8 @@ static void fz_prefix(uint8_t which, const uint8_t *p, size_t n)
     } else if (which == 15) {
         uint32_t cnt;
         const uint8_t *keys;
-        if (cm_pfx_attach_req_decode(p, n, &cnt, &keys) == RI_OK)
+        uint32_t aflags = 0;
+        if (cm_pfx_attach_req_decode(p, n, &cnt, &aflags, &keys) == RI_OK)
             s += cm_dp_get32(keys + (size_t)cnt * CM_PFX_KEY_SIZE - 4);
     } else if (which == 16) {
         cm_pfx_attached_t a[8];

@@ -270,7 +270,7 @@ static void drop_session(const char *token, sess_t *s)
  * bytes and its own appends stay its own. */
 static void test_publish_attach_share(void **state)
 {
-    sess_t a, b;
+    sess_t a, b, c;
     blk_t k = make_block(1, 10, 12);
     uint8_t key[CM_PFX_KEY_SIZE], keys[2 * CM_PFX_KEY_SIZE], *got = malloc(k.len);
     uint32_t slot = 99, flags = 99, n_att = 0;
@@ -373,6 +373,26 @@ static void test_publish_attach_share(void **state)
         assert_false(cm_pfx_loc_is_block(offs[0]));
         assert_int_equal(gw_dp_locate(a.dp, 0, 0, 2, 1, offs), RI_ERR_RANGE);
     }
+
+    /* A session that reads blocks by slot only (a worker's prefix session):
+     * the block attaches and reads as before, but its tables stay empty,
+     * for the blocks it publishes later too; an unknown flag is refused. */
+    OPEN_OR_SKIP("tok-alice", &c);
+    assert_int_equal(gw_dp_prefix_attach_flags(c.dp, key, 1, 0x2u, att, &n_att), RI_ERR_PROTOCOL);
+    assert_int_equal(gw_dp_prefix_attach_flags(c.dp, key, 1, CM_PFX_ATTACH_F_SLOTS, att, &n_att), RI_OK);
+    assert_int_equal(n_att, 1);
+    assert_int_equal(att[0].block_bytes, k.len);
+    assert_int_equal(gw_dp_prefix_get(c.dp, att[0].slot, 0, got, k.len), RI_OK);
+    assert_memory_equal(got, k.buf, k.len);
+    assert_int_equal(gw_dp_locate(c.dp, 0, 1, 0, 1, offs), RI_ERR_RANGE);
+    {
+        uint8_t key2[CM_PFX_KEY_SIZE];
+        key_of(key2, 3);
+        assert_int_equal(gw_dp_prefix_put(c.dp, key2, k.buf, k.len, &slot, &flags), RI_OK);
+        assert_int_equal(slot, 1);
+        assert_int_equal(gw_dp_locate(c.dp, 0, 1, 0, 1, offs), RI_ERR_RANGE);
+    }
+    gw_dp_close(c.dp);
 
     /* The block outlives the session that published it. */
     drop_session("tok-alice", &a);
