@@ -239,8 +239,10 @@ static void kvs_session_free_locked(kvs_data_t *data, kvs_session_t *s)
     kvs_direct_free_locked(data, s);
     kvs_prefix_detach_all_locked(data, s);
     if (s->tables != NULL)
-        for (uint64_t i = 0; i < (uint64_t)s->geo.layers * s->geo.kv_heads; i++)
+        for (uint64_t i = 0; i < (uint64_t)s->geo.layers * s->geo.kv_heads; i++) {
             cm_free(s->tables[i].c);
+            cm_free(s->tables[i].runs);
+        }
     cm_free(s->tables);
     cm_free(s->extents);
     cm_free(s);

@@ -128,7 +128,8 @@ ri_status_t kvs_direct_locate(kvs_data_t *data, kvs_session_t *s, const cm_wire_
         return RI_ERR_RANGE;
     }
     for (uint32_t i = 0; i < l.count; i++) {
-        const kvs_cluster_t *c = &t->c[l.first + i];
+        kvs_cluster_t cv = kvs_table_get(t, l.first + i);
+        const kvs_cluster_t *c = &cv;
         bool direct = c->direct && c->tier == KVS_TIER_POOL && s->region != NULL;
         uint64_t loc = direct ? c->off : CM_DP_NOT_DIRECT;
         if (c->tier == KVS_TIER_BLOCK && c->block <= CM_PFX_LOC_MAX_SLOT)
@@ -164,7 +165,9 @@ ri_status_t kvs_direct_touch(kvs_data_t *data, kvs_session_t *s, const cm_wire_h
     }
     for (uint32_t i = 0; i < n; i++) {
         cm_dp_touch_entry(body, i, &layer, &head, &id);
-        s->tables[(uint64_t)layer * s->geo.kv_heads + head].c[id].last_fetch_ns = now;
+        kvs_cluster_t *own = kvs_table_own(&s->tables[(uint64_t)layer * s->geo.kv_heads + head], id);
+        if (own != NULL)
+            own->last_fetch_ns = now;
     }
     if (s->region != NULL)
         s->region->touches += n;

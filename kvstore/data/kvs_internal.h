@@ -64,9 +64,35 @@ typedef struct kvs_cluster {
 } kvs_cluster_t;
 
 /* The cluster table of one (layer, KV head). */
+/* A cluster of a prefix block as the block holds it, once for every
+ * session it is attached to (kvs_prefix.c): its first page's offset from
+ * the block's start and its tokens. */
+typedef struct kvs_bdesc {
+    uint64_t off;
+    uint32_t tokens;
+    uint32_t pad;
+} kvs_bdesc_t;
+
+/* The clusters of one attached block in one table: ids [first, first +
+ * count), descriptors d (the block's, borrowed while it is attached). */
+typedef struct kvs_arun {
+    uint32_t first, count, slot;
+    const kvs_bdesc_t *d;
+} kvs_arun_t;
+
+/* One (layer, head) table of a session.  Cluster ids are positions: first
+ * the attached blocks' clusters (ids below n_att, runs in attach order,
+ * resolved through the blocks' own descriptors so that a session holds no
+ * per-cluster state of a shared prefix), then its own (id n_att + i at
+ * c[i]).  A block attached after own clusters gets own entries of tier
+ * BLOCK instead.  Read an entry with kvs_table_get, change one with
+ * kvs_table_own. */
 typedef struct kvs_table {
-    kvs_cluster_t *c;        /* n entries; the cluster id is the index */
-    uint32_t n, cap;         /* used / allocated */
+    kvs_cluster_t *c;        /* own entries */
+    uint32_t n, cap;         /* ids in use (attached + own) / own entries allocated */
+    uint32_t n_att;          /* ids of the attached runs */
+    kvs_arun_t *runs;        /* n_runs of cap_runs */
+    uint32_t n_runs, cap_runs;
 } kvs_table_t;
 
 /* A pool extent a session owns (freed at drop). */
@@ -163,6 +189,9 @@ typedef struct kvs_pblock {
                                         lock: off the LRU (so nobody picks it again) */
     bool wtouched;                   /* attached during that write: the write is abandoned */
     bool in_catalog;                 /* reachable by key (a dropped block lives until its last detach) */
+    kvs_bdesc_t *desc;               /* its clusters, table after table, made at its first attach
+                                        (kvs_prefix.c), shared by every session it is attached to */
+    uint32_t *tab_first;             /* [n_tables + 1]: table t's clusters are desc[tab_first[t]..] */
     uint64_t created_unix_ms;
     struct kvs_pblock *hnext;        /* hash chain */
     struct kvs_pblock *lru_prev, *lru_next; /* on the LRU when in the catalog, unreferenced, resident
@@ -328,6 +357,12 @@ static inline const uint8_t *kvs_cluster_data(kvs_data_t *data, const kvs_sessio
 
 /* Make room in table t for `more` clusters (RI_ERR_RANGE past the id space). */
 ri_status_t kvs_table_reserve(kvs_table_t *t, uint64_t more);
+/* Cluster id (< t->n) by value; an attached run's is made from its block's
+ * descriptor (tier BLOCK, its slot). */
+kvs_cluster_t kvs_table_get(const kvs_table_t *t, uint32_t id);
+/* The session's own entry of cluster id, NULL for an attached run's (which
+ * has no per-session state: never spilled, pinned or aged). */
+kvs_cluster_t *kvs_table_own(kvs_table_t *t, uint32_t id);
 
 /* --- prefix blocks (kvs_prefix.c) --- */
 

@@ -50,9 +50,32 @@ static ri_status_t kvs_ops_precheck(void *arg, const cm_wire_hdr_t *hdr)
     return st;
 }
 
+kvs_cluster_t kvs_table_get(const kvs_table_t *t, uint32_t id)
+{
+    if (id >= t->n_att)
+        return t->c[id - t->n_att];
+    uint32_t lo = 0, hi = t->n_runs; /* the run with first <= id, the last such */
+    while (hi - lo > 1) {
+        uint32_t mid = lo + (hi - lo) / 2;
+        if (t->runs[mid].first <= id)
+            lo = mid;
+        else
+            hi = mid;
+    }
+    const kvs_arun_t *r = &t->runs[lo];
+    const kvs_bdesc_t *d = &r->d[id - r->first];
+    return (kvs_cluster_t){.off = d->off, .tokens = d->tokens, .tier = KVS_TIER_BLOCK, .no_crc = true,
+                           .block = r->slot};
+}
+
+kvs_cluster_t *kvs_table_own(kvs_table_t *t, uint32_t id)
+{
+    return id >= t->n_att && id < t->n ? &t->c[id - t->n_att] : NULL;
+}
+
 ri_status_t kvs_table_reserve(kvs_table_t *t, uint64_t more)
 {
-    uint64_t want = (uint64_t)t->n + more;
+    uint64_t want = (uint64_t)(t->n - t->n_att) + more;
     uint32_t cap;
     kvs_cluster_t *nc;
 
@@ -168,10 +191,10 @@ static ri_status_t kvs_upload_tiered_locked(kvs_data_t *data, kvs_session_t *s, 
         cm_dp_put32(u->reply + 12 + 8u * i, t->n);
         for (uint32_t j = 0; j < cnt; j++, k++) {
             memcpy(kvs_pool_base(data->pool) + offs[k], src, sizes[k]);
-            t->c[t->n] = (kvs_cluster_t){.off = offs[k], .tokens = cm_dp_clusters_tokens(v, k),
-                                         .tier = KVS_TIER_POOL, .crc = cm_crc32c(0, src, sizes[k])};
-            kvs_tier_touch_locked(data, s, v->layer, head, t->n);
+            t->c[t->n - t->n_att] = (kvs_cluster_t){.off = offs[k], .tokens = cm_dp_clusters_tokens(v, k),
+                                                    .tier = KVS_TIER_POOL, .crc = cm_crc32c(0, src, sizes[k])};
             t->n++;
+            kvs_tier_touch_locked(data, s, v->layer, head, t->n - 1);
             src += sizes[k];
         }
         s->clusters += cnt;
@@ -247,8 +270,9 @@ static void kvs_upload_publish_locked(kvs_data_t *data, kvs_session_t *s, kvs_up
         for (uint32_t j = 0; j < n; j++, k++) {
             uint32_t tok = cm_dp_clusters_tokens(&u->v, k);
             uint64_t bytes = kvs_cluster_pages(s, tok) * s->page_bytes;
-            t->c[t->n++] = (kvs_cluster_t){.off = off, .tokens = tok, .tier = KVS_TIER_POOL,
-                                           .direct = u->in_region[i], .crc = cm_crc32c(0, src, bytes)};
+            t->c[t->n - t->n_att] = (kvs_cluster_t){.off = off, .tokens = tok, .tier = KVS_TIER_POOL,
+                                                    .direct = u->in_region[i], .crc = cm_crc32c(0, src, bytes)};
+            t->n++;
             off += bytes;
             src += bytes;
         }
@@ -460,11 +484,14 @@ static ri_status_t kvs_fetch_check(const kvs_data_t *data, const kvs_session_t *
 {
     /* After a crash, what was only in memory is gone: the worker is told so
      * (and rebuilds), not that it asked out of range. */
-    if (id >= t->n || t->c[id].tier == KVS_TIER_GONE)
+    if (id >= t->n)
         return s->recovered ? RI_ERR_LOST : RI_ERR_RANGE;
-    if (t->c[id].tier == KVS_TIER_LOST)
+    kvs_cluster_t c = kvs_table_get(t, id);
+    if (c.tier == KVS_TIER_GONE)
+        return s->recovered ? RI_ERR_LOST : RI_ERR_RANGE;
+    if (c.tier == KVS_TIER_LOST)
         return RI_ERR_CORRUPT; /* its spill record failed verification */
-    if (t->c[id].tier != KVS_TIER_POOL && t->c[id].tier != KVS_TIER_BLOCK && !kvs_tier_on(data))
+    if (c.tier != KVS_TIER_POOL && c.tier != KVS_TIER_BLOCK && !kvs_tier_on(data))
         return RI_ERR_UNSUPPORTED;
     return RI_OK;
 }
@@ -475,9 +502,11 @@ static ri_status_t kvs_fetch_check(const kvs_data_t *data, const kvs_session_t *
 static void kvs_fetch_plan_one_locked(kvs_data_t *data, kvs_session_t *s, kvs_fetch_t *f, uint32_t k,
                                       uint32_t head, uint32_t id)
 {
-    kvs_cluster_t *c = &s->tables[(uint64_t)f->v.layer * s->geo.kv_heads + head].c[id];
+    kvs_table_t *t = &s->tables[(uint64_t)f->v.layer * s->geo.kv_heads + head];
+    kvs_cluster_t cv = kvs_table_get(t, id), *own = kvs_table_own(t, id), *c = &cv;
 
-    c->last_fetch_ns = f->t0; /* coldness, for a spill tier */
+    if (own != NULL)
+        own->last_fetch_ns = f->t0; /* coldness, for a spill tier */
     f->reqs[k].key = kvs_cache_key(f->v.layer, head, id);
     f->reqs[k].pages = (uint32_t)kvs_cluster_pages(s, c->tokens);
     f->tokens[k] = c->tokens;
@@ -489,7 +518,8 @@ static void kvs_fetch_plan_one_locked(kvs_data_t *data, kvs_session_t *s, kvs_fe
     f->flags[k] = KVS_FETCH_PINNED;
     if (c->tier == KVS_TIER_POOL || c->tier == KVS_TIER_BLOCK) {
         f->src[k] = kvs_cluster_data(data, s, c);
-        c->pins++;
+        if (own != NULL)
+            own->pins++; /* an attached run's cluster is never spilled: no pin */
     } else {
         f->flags[k] |= KVS_FETCH_DISK;
         kvs_tier_read_plan_locked(s, f->v.layer, head, id, &f->rd[f->n_rd]);

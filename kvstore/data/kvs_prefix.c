@@ -134,6 +134,8 @@ static void kvs_pfx_release(kvs_pblock_t *b)
         munmap((void *)(uintptr_t)b->base, b->bytes);
     if (b->fd >= 0)
         close(b->fd);
+    cm_free(b->desc);
+    cm_free(b->tab_first);
     cm_free(b);
 }
 
@@ -402,8 +404,71 @@ static bool kvs_pfx_geometry_ok(const kvs_session_t *s, const cm_pfx_hdr_t *h)
            h->dtype == s->geo.dtype && h->page_tokens == s->geo.page_tokens;
 }
 
-/* Attach b to s at the next slot: its clusters are appended to s's tables,
- * table by table.  All or nothing (room is made before anything changes). */
+/* b's cluster descriptors, once (v: its decoded view).  Lock held. */
+static ri_status_t kvs_pfx_desc_locked(const kvs_session_t *s, kvs_pblock_t *b, const cm_pfx_view_t *v)
+{
+    uint64_t off = (uint64_t)(v->pages - b->base);
+    const uint8_t *sz = v->sizes;
+    uint32_t k = 0;
+
+    if (b->desc != NULL)
+        return RI_OK;
+    b->desc = cm_malloc(&kvs_prefix_tag, (size_t)(v->total_clusters ? v->total_clusters : 1) * sizeof(*b->desc));
+    b->tab_first = cm_malloc(&kvs_prefix_tag, ((size_t)v->n_tables + 1) * sizeof(uint32_t));
+    if (b->desc == NULL || b->tab_first == NULL) {
+        cm_free(b->desc);
+        cm_free(b->tab_first);
+        b->desc = NULL;
+        b->tab_first = NULL;
+        return RI_ERR_NOMEM;
+    }
+    for (uint32_t t = 0; t < v->n_tables; t++) {
+        b->tab_first[t] = k;
+        for (uint32_t j = cm_dp_get32(v->counts + 4u * t); j > 0; j--, sz += 4, k++) {
+            uint32_t tok = cm_dp_get32(sz);
+            b->desc[k] = (kvs_bdesc_t){.off = off, .tokens = tok};
+            off += kvs_cluster_pages(s, tok) * s->page_bytes;
+        }
+    }
+    b->tab_first[v->n_tables] = k;
+    return RI_OK;
+}
+
+/* Append b's clusters of table t as a run (ids [t->n, t->n + count)); room
+ * was made by the caller. */
+static void kvs_pfx_add_run(kvs_table_t *tab, const kvs_pblock_t *b, uint32_t t, uint32_t slot)
+{
+    uint32_t count = b->tab_first[t + 1] - b->tab_first[t];
+    if (count == 0)
+        return;
+    tab->runs[tab->n_runs++] = (kvs_arun_t){.first = tab->n, .count = count, .slot = slot,
+                                            .d = b->desc + b->tab_first[t]};
+    tab->n += count;
+    tab->n_att += count;
+}
+
+/* Room for one more run in every table. */
+static ri_status_t kvs_pfx_runs_reserve(kvs_session_t *s, uint32_t n_tables)
+{
+    for (uint32_t t = 0; t < n_tables; t++) {
+        kvs_table_t *tab = &s->tables[t];
+        if (tab->n_runs < tab->cap_runs)
+            continue;
+        uint32_t cap = tab->cap_runs ? 2u * tab->cap_runs : 8u;
+        kvs_arun_t *nr = cm_realloc(&kvs_prefix_tag, tab->runs, (size_t)cap * sizeof(*nr));
+        if (nr == NULL)
+            return RI_ERR_NOMEM;
+        tab->runs = nr;
+        tab->cap_runs = cap;
+    }
+    return RI_OK;
+}
+
+/* Attach b to s at the next slot: its clusters join s's tables, table by
+ * table: as runs over b's own descriptors while s has no clusters of its
+ * own (the usual case: a session attaches at its start), else as own
+ * entries of tier BLOCK after them.  All or nothing (room is made before
+ * anything changes). */
 static ri_status_t kvs_pfx_attach_locked(kvs_data_t *data, kvs_session_t *s, kvs_pblock_t *b, uint32_t *slot_p)
 {
     cm_pfx_view_t v;
@@ -426,19 +491,29 @@ static ri_status_t kvs_pfx_attach_locked(kvs_data_t *data, kvs_session_t *s, kvs
         s->blocks = nb;
         s->cap_blocks = cap;
     }
-    for (uint32_t t = 0; t < v.n_tables && !s->pfx_slots_only; t++) {
+    bool as_runs = true;
+    for (uint32_t t = 0; t < v.n_tables; t++)
+        as_runs = as_runs && s->tables[t].n == s->tables[t].n_att;
+    if (!s->pfx_slots_only && as_runs) {
+        if ((st = kvs_pfx_desc_locked(s, b, &v)) != RI_OK || (st = kvs_pfx_runs_reserve(s, v.n_tables)) != RI_OK)
+            return st;
+        for (uint32_t t = 0; t < v.n_tables; t++)
+            kvs_pfx_add_run(&s->tables[t], b, t, slot);
+    }
+    for (uint32_t t = 0; t < v.n_tables && !s->pfx_slots_only && !as_runs; t++) {
         st = kvs_table_reserve(&s->tables[t], cm_dp_get32(v.counts + 4u * t));
         if (st != RI_OK)
             return st;
     }
     off = (uint64_t)(v.pages - b->base);
     sz = v.sizes;
-    for (uint32_t t = 0; t < v.n_tables && !s->pfx_slots_only; t++) {
+    for (uint32_t t = 0; t < v.n_tables && !s->pfx_slots_only && !as_runs; t++) {
         kvs_table_t *tab = &s->tables[t];
         for (uint32_t j = cm_dp_get32(v.counts + 4u * t); j > 0; j--, sz += 4) {
             uint32_t tok = cm_dp_get32(sz);
-            tab->c[tab->n++] = (kvs_cluster_t){.off = off, .tokens = tok, .tier = KVS_TIER_BLOCK, .no_crc = true,
-                                               .block = slot};
+            tab->c[tab->n - tab->n_att] = (kvs_cluster_t){.off = off, .tokens = tok, .tier = KVS_TIER_BLOCK,
+                                                          .no_crc = true, .block = slot};
+            tab->n++;
             off += kvs_cluster_pages(s, tok) * s->page_bytes;
         }
     }

@@ -79,9 +79,9 @@ static uint64_t kvs_tier_cluster_bytes(const kvs_session_t *s, const kvs_cluster
 void kvs_tier_touch_locked(kvs_data_t *data, kvs_session_t *s, uint32_t layer, uint32_t head, uint32_t id)
 {
     kvs_spill_key_t key = {.session = s->id, .layer = layer, .head = head, .cluster = id};
-    kvs_cluster_t *c = &s->tables[(uint64_t)layer * s->geo.kv_heads + head].c[id];
+    kvs_cluster_t *c = kvs_table_own(&s->tables[(uint64_t)layer * s->geo.kv_heads + head], id);
 
-    if (c->direct)
+    if (c == NULL || c->direct)
         return;
     if (c->wstate & KVS_WS_WRITING)
         c->wstate |= KVS_WS_TOUCHED; /* hot again: its write in flight is abandoned at commit */ /* in a direct region: read in place by a worker, never spilled */
@@ -131,14 +131,12 @@ static void kvs_tier_spill_plan_locked(kvs_data_t *data, const kvs_spill_key_t *
     for (size_t i = 0; i < n && wb->n < KVS_TIER_BATCH; i++) {
         kvs_session_t *s = kvs_session_find_locked(data, keys[i].session);
         kvs_table_t *t = s ? kvs_tier_table(s, keys[i].layer, keys[i].head) : NULL;
-        kvs_cluster_t *c;
+        kvs_cluster_t *c = t != NULL ? kvs_table_own(t, keys[i].cluster) : NULL;
         uint64_t bytes;
-        if (t == NULL || keys[i].cluster >= t->n || t->c[keys[i].cluster].tier != KVS_TIER_POOL ||
-            (t->c[keys[i].cluster].direct && !closing)) {
+        if (c == NULL || c->tier != KVS_TIER_POOL || (c->direct && !closing)) {
             kvs_spill_cold_remove(data->cold, &keys[i]); /* stale: dropped or already spilled */
             continue;
         }
-        c = &t->c[keys[i].cluster];
         if (c->pins > 0) {
             /* A fetch is reading it without the lock; it is put back on the
              * list when the last pin goes (kvs_tier_unpin_locked). */
@@ -180,8 +178,8 @@ static ri_status_t kvs_tier_spill_commit_locked(kvs_data_t *data, kvs_tier_wbatc
     for (size_t i = 0; i < wb->n; i++) {
         const kvs_spill_wreq_t *w = &wb->w[i];
         kvs_session_t *s = wb->s[i];
-        kvs_cluster_t *c = &kvs_tier_table(s, w->key.layer, w->key.head)->c[w->key.cluster];
-        uint8_t ws = c->wstate;
+        kvs_cluster_t *c = kvs_table_own(kvs_tier_table(s, w->key.layer, w->key.head), w->key.cluster);
+        uint8_t ws = c->wstate; /* an own POOL entry when the batch was made (kvs_tier_wbatch_locked) */
 
         c->wstate = 0;
         if (w->status != RI_OK) {
@@ -372,7 +370,7 @@ ri_status_t kvs_tier_alloc_clusters_locked(kvs_data_t *data, kvs_session_t *s, c
 
 void kvs_tier_read_plan_locked(kvs_session_t *s, uint32_t layer, uint32_t head, uint32_t id, kvs_tier_read_t *rd)
 {
-    kvs_cluster_t *c = &kvs_tier_table(s, layer, head)->c[id];
+    kvs_cluster_t *c = kvs_table_own(kvs_tier_table(s, layer, head), id); /* DISK: own */
 
     *rd = (kvs_tier_read_t){.layer = layer, .head = head, .id = id, .bytes = kvs_tier_cluster_bytes(s, c),
                             .crc = c->crc, .no_crc = c->no_crc};
@@ -430,8 +428,8 @@ ri_status_t kvs_tier_read(kvs_data_t *data, uint64_t session_id, kvs_tier_read_t
 void kvs_tier_read_finish_locked(kvs_data_t *data, kvs_session_t *s, const kvs_tier_read_t *rd, size_t n)
 {
     for (size_t i = 0; i < n; i++) {
-        kvs_cluster_t *c = &kvs_tier_table(s, rd[i].layer, rd[i].head)->c[rd[i].id];
-        if (rd[i].status != RI_ERR_CORRUPT || c->tier != KVS_TIER_DISK)
+        kvs_cluster_t *c = kvs_table_own(kvs_tier_table(s, rd[i].layer, rd[i].head), rd[i].id);
+        if (c == NULL || rd[i].status != RI_ERR_CORRUPT || c->tier != KVS_TIER_DISK)
             continue;
         cm_error("spill: session %" PRIu64 " layer %u head %u cluster %u failed verification: lost", s->id,
                  rd[i].layer, rd[i].head, rd[i].id);
@@ -442,14 +440,16 @@ void kvs_tier_read_finish_locked(kvs_data_t *data, kvs_session_t *s, const kvs_t
 
 void kvs_tier_pin_locked(kvs_session_t *s, uint32_t layer, uint32_t head, uint32_t id)
 {
-    kvs_tier_table(s, layer, head)->c[id].pins++;
+    kvs_cluster_t *c = kvs_table_own(kvs_tier_table(s, layer, head), id);
+    if (c != NULL)
+        c->pins++;
 }
 
 void kvs_tier_unpin_locked(kvs_data_t *data, kvs_session_t *s, uint32_t layer, uint32_t head, uint32_t id)
 {
-    kvs_cluster_t *c = &kvs_tier_table(s, layer, head)->c[id];
+    kvs_cluster_t *c = kvs_table_own(kvs_tier_table(s, layer, head), id);
 
-    if (c->pins > 0 && --c->pins == 0 && c->tier == KVS_TIER_POOL && kvs_tier_on(data) && !s->dropped)
+    if (c != NULL && c->pins > 0 && --c->pins == 0 && c->tier == KVS_TIER_POOL && kvs_tier_on(data) && !s->dropped)
         kvs_tier_touch_locked(data, s, layer, head, id);
 }
 
@@ -458,7 +458,7 @@ void kvs_tier_session_free_locked(kvs_data_t *data, kvs_session_t *s)
     if (s->tables == NULL)
         return;
     for (uint64_t i = 0; i < (uint64_t)s->geo.layers * s->geo.kv_heads; i++)
-        for (uint32_t j = 0; j < s->tables[i].n; j++)
+        for (uint32_t j = 0; j < s->tables[i].n - s->tables[i].n_att; j++) /* own entries */
             if (s->tables[i].c[j].tier == KVS_TIER_POOL && !s->tables[i].c[j].direct)
                 kvs_pool_free(data->pool, s->tables[i].c[j].off, kvs_tier_cluster_bytes(s, &s->tables[i].c[j]));
 }
@@ -723,7 +723,8 @@ static void kvs_tier_rebuild_one(void *arg, const kvs_spill_info_t *info)
         t->cap = cap;
     }
     /* Ids below this one that have no record were in memory only when the
-     * daemon stopped (a crash): GONE, answered RI_ERR_LOST. */
+     * daemon stopped (a crash): GONE, answered RI_ERR_LOST.  A recovered
+     * session has no attached runs (n_att 0): ids are own indexes. */
     while (t->n <= info->key.cluster)
         t->c[t->n++] = (kvs_cluster_t){.tier = KVS_TIER_GONE};
     t->c[info->key.cluster] = (kvs_cluster_t){.tokens = info->tokens, .no_crc = true,
@@ -830,8 +831,8 @@ void kvs_tier_close(kvs_data_t *data)
         for (uint32_t l = 0; l < s->geo.layers && st == RI_OK; l++)
             for (uint32_t h = 0; h < s->geo.kv_heads && st == RI_OK; h++) {
                 kvs_table_t *t = kvs_tier_table(s, l, h);
-                for (uint32_t c = 0; c < t->n && st == RI_OK; c++) {
-                    if (t->c[c].tier != KVS_TIER_POOL)
+                for (uint32_t c = t->n_att; c < t->n && st == RI_OK; c++) {
+                    if (t->c[c - t->n_att].tier != KVS_TIER_POOL)
                         continue;
                     keys[n++] = (kvs_spill_key_t){.session = s->id, .layer = l, .head = h, .cluster = c};
                     if (n == KVS_TIER_BATCH) {

@@ -372,6 +372,20 @@ static void test_publish_attach_share(void **state)
         assert_int_equal(gw_dp_locate(b.dp, 0, 0, 2, 1, offs), RI_OK);
         assert_false(cm_pfx_loc_is_block(offs[0]));
         assert_int_equal(gw_dp_locate(a.dp, 0, 0, 2, 1, offs), RI_ERR_RANGE);
+        /* a block attached after its own cluster (a PUT after the APPEND)
+         * takes the next ids: (layer 0, head 0) has 2 clusters in it */
+        uint8_t key4[CM_PFX_KEY_SIZE];
+        key_of(key4, 4);
+        assert_int_equal(gw_dp_prefix_put(b.dp, key4, k.buf, k.len, &slot, &flags), RI_OK);
+        assert_int_equal(slot, 1);
+        assert_int_equal(gw_dp_locate(b.dp, 0, 0, 2, 3, offs), RI_OK);
+        assert_false(cm_pfx_loc_is_block(offs[0]));
+        for (uint32_t j = 1; j < 3; j++) {
+            assert_true(cm_pfx_loc_is_block(offs[j]));
+            assert_int_equal(cm_pfx_loc_slot(offs[j]), 1);
+            assert_int_equal(cm_pfx_loc_off(offs[j]), cluster_off(&k, 0, j - 1));
+        }
+        assert_int_equal(gw_dp_locate(b.dp, 0, 0, 5, 1, offs), RI_ERR_RANGE);
     }
 
     /* A session that reads blocks by slot only (a worker's prefix session):
