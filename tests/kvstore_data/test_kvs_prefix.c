@@ -119,6 +119,16 @@ static void key_of(uint8_t key[CM_PFX_KEY_SIZE], uint32_t n)
     cm_dp_put32(key + 28, n);
 }
 
+/* Publish block k under key n on dp; its slot there. */
+static uint32_t put_key(gw_dp_t *dp, const blk_t *k, uint32_t n)
+{
+    uint8_t key[CM_PFX_KEY_SIZE];
+    uint32_t slot = 0, flags = 0;
+    key_of(key, n);
+    assert_int_equal(gw_dp_prefix_put(dp, key, k->buf, k->len, &slot, &flags), RI_OK);
+    return slot;
+}
+
 /* --- daemon ------------------------------------------------------------------ */
 
 /* Start ri-kvstore with --prefix-max-bytes=prefix_max and up to two more
@@ -374,10 +384,7 @@ static void test_publish_attach_share(void **state)
         assert_int_equal(gw_dp_locate(a.dp, 0, 0, 2, 1, offs), RI_ERR_RANGE);
         /* a block attached after its own cluster (a PUT after the APPEND)
          * takes the next ids: (layer 0, head 0) has 2 clusters in it */
-        uint8_t key4[CM_PFX_KEY_SIZE];
-        key_of(key4, 4);
-        assert_int_equal(gw_dp_prefix_put(b.dp, key4, k.buf, k.len, &slot, &flags), RI_OK);
-        assert_int_equal(slot, 1);
+        assert_int_equal(put_key(b.dp, &k, 4), 1);
         assert_int_equal(gw_dp_locate(b.dp, 0, 0, 2, 3, offs), RI_OK);
         assert_false(cm_pfx_loc_is_block(offs[0]));
         for (uint32_t j = 1; j < 3; j++) {
@@ -399,13 +406,8 @@ static void test_publish_attach_share(void **state)
     assert_int_equal(gw_dp_prefix_get(c.dp, att[0].slot, 0, got, k.len), RI_OK);
     assert_memory_equal(got, k.buf, k.len);
     assert_int_equal(gw_dp_locate(c.dp, 0, 1, 0, 1, offs), RI_ERR_RANGE);
-    {
-        uint8_t key2[CM_PFX_KEY_SIZE];
-        key_of(key2, 3);
-        assert_int_equal(gw_dp_prefix_put(c.dp, key2, k.buf, k.len, &slot, &flags), RI_OK);
-        assert_int_equal(slot, 1);
-        assert_int_equal(gw_dp_locate(c.dp, 0, 1, 0, 1, offs), RI_ERR_RANGE);
-    }
+    assert_int_equal(put_key(c.dp, &k, 3), 1);
+    assert_int_equal(gw_dp_locate(c.dp, 0, 1, 0, 1, offs), RI_ERR_RANGE);
     gw_dp_close(c.dp);
 
     /* The block outlives the session that published it. */
