@@ -210,9 +210,14 @@ static void mdl_exact_task(void *arg, size_t begin, size_t end, unsigned worker)
             mrow[r] = -INFINITY, lrow[r] = 0.0f;
         for (size_t k0 = kfirst; k0 < nk; k0 += MDL_KTILE) {
             size_t k1 = CM_MIN(k0 + MDL_KTILE, nk);
-            for (size_t t = k0; t < k1; t++) {
-                cm_fp16_to_f32_n(kt + (t - k0) * d, mdl_kv_krow(j->kv, j->layer, h, t), d);
-                cm_fp16_to_f32_n(vt + (t - k0) * d, mdl_kv_vrow(j->kv, j->layer, h, t), d);
+            if (j->kv->token_stride == d) { /* head-major: the tile is one run */
+                cm_fp16_to_f32_n(kt, mdl_kv_krow(j->kv, j->layer, h, k0), (k1 - k0) * d);
+                cm_fp16_to_f32_n(vt, mdl_kv_vrow(j->kv, j->layer, h, k0), (k1 - k0) * d);
+            } else {
+                for (size_t t = k0; t < k1; t++) {
+                    cm_fp16_to_f32_n(kt + (t - k0) * d, mdl_kv_krow(j->kv, j->layer, h, t), d);
+                    cm_fp16_to_f32_n(vt + (t - k0) * d, mdl_kv_vrow(j->kv, j->layer, h, t), d);
+                }
             }
             for (size_t i = i0; i < i1; i++) {
                 size_t lim = CM_MIN(k1, j->pos + i + 1);   /* causal */
