@@ -447,6 +447,24 @@ static void kvs_pfx_add_run(kvs_table_t *tab, const kvs_pblock_t *b, uint32_t t,
     tab->n_att += count;
 }
 
+/* b's clusters of every table as own entries of tier BLOCK after the
+ * session's own clusters (ids stay positions).  All or nothing. */
+static ri_status_t kvs_pfx_add_entries(kvs_session_t *s, const kvs_pblock_t *b, uint32_t n_tables, uint32_t slot)
+{
+    for (uint32_t t = 0; t < n_tables; t++) {
+        ri_status_t st = kvs_table_reserve(&s->tables[t], b->tab_first[t + 1] - b->tab_first[t]);
+        if (st != RI_OK)
+            return st;
+    }
+    for (uint32_t t = 0; t < n_tables; t++) {
+        kvs_table_t *tab = &s->tables[t];
+        for (uint32_t k = b->tab_first[t]; k < b->tab_first[t + 1]; k++, tab->n++)
+            tab->c[tab->n - tab->n_att] = (kvs_cluster_t){.off = b->desc[k].off, .tokens = b->desc[k].tokens,
+                                                          .tier = KVS_TIER_BLOCK, .no_crc = true, .block = slot};
+    }
+    return RI_OK;
+}
+
 /* Room for one more run in every table. */
 static ri_status_t kvs_pfx_runs_reserve(kvs_session_t *s, uint32_t n_tables)
 {
@@ -473,8 +491,6 @@ static ri_status_t kvs_pfx_attach_locked(kvs_data_t *data, kvs_session_t *s, kvs
 {
     cm_pfx_view_t v;
     uint32_t slot = s->n_blocks;
-    uint64_t off;
-    const uint8_t *sz;
     ri_status_t st = cm_pfx_decode(b->base, b->bytes, &v); /* checked at PUT; the view is not kept */
 
     if (st != RI_OK)
@@ -491,34 +507,20 @@ static ri_status_t kvs_pfx_attach_locked(kvs_data_t *data, kvs_session_t *s, kvs
         s->blocks = nb;
         s->cap_blocks = cap;
     }
-    bool as_runs = true;
-    for (uint32_t t = 0; t < v.n_tables; t++)
-        as_runs = as_runs && s->tables[t].n == s->tables[t].n_att;
-    if (!s->pfx_slots_only && as_runs) {
-        if ((st = kvs_pfx_desc_locked(s, b, &v)) != RI_OK || (st = kvs_pfx_runs_reserve(s, v.n_tables)) != RI_OK)
-            return st;
+    if (!s->pfx_slots_only) {
+        bool as_runs = true;
         for (uint32_t t = 0; t < v.n_tables; t++)
-            kvs_pfx_add_run(&s->tables[t], b, t, slot);
-    }
-    for (uint32_t t = 0; t < v.n_tables && !s->pfx_slots_only && !as_runs; t++) {
-        st = kvs_table_reserve(&s->tables[t], cm_dp_get32(v.counts + 4u * t));
-        if (st != RI_OK)
+            as_runs = as_runs && s->tables[t].n == s->tables[t].n_att;
+        if ((st = kvs_pfx_desc_locked(s, b, &v)) != RI_OK)
             return st;
-    }
-    off = (uint64_t)(v.pages - b->base);
-    sz = v.sizes;
-    for (uint32_t t = 0; t < v.n_tables && !s->pfx_slots_only && !as_runs; t++) {
-        kvs_table_t *tab = &s->tables[t];
-        for (uint32_t j = cm_dp_get32(v.counts + 4u * t); j > 0; j--, sz += 4) {
-            uint32_t tok = cm_dp_get32(sz);
-            tab->c[tab->n - tab->n_att] = (kvs_cluster_t){.off = off, .tokens = tok, .tier = KVS_TIER_BLOCK,
-                                                          .no_crc = true, .block = slot};
-            tab->n++;
-            off += kvs_cluster_pages(s, tok) * s->page_bytes;
-        }
-    }
-    if (!s->pfx_slots_only)
+        if (as_runs && (st = kvs_pfx_runs_reserve(s, v.n_tables)) != RI_OK)
+            return st;
+        if (!as_runs && (st = kvs_pfx_add_entries(s, b, v.n_tables, slot)) != RI_OK)
+            return st;
+        for (uint32_t t = 0; t < v.n_tables && as_runs; t++)
+            kvs_pfx_add_run(&s->tables[t], b, t, slot);
         s->clusters += v.total_clusters;
+    }
     s->blocks[slot] = b;
     s->n_blocks++;
     if (b->writing)
