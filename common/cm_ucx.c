@@ -2,9 +2,14 @@
 #include "common/cm_ucx.h"
 
 #include <pthread.h>
+#include <stdbool.h>
+#include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 
-static pthread_once_t cm_ucx_env_done = PTHREAD_ONCE_INIT;
+static pthread_once_t cm_ucx_tls_once = PTHREAD_ONCE_INIT;
+static char cm_ucx_user_tls[256]; /* UCX_TLS as the process started with it */
+static bool cm_ucx_user_tls_set;
 
 ri_status_t cm_ucx_status(ucs_status_t s)
 {
@@ -22,15 +27,16 @@ ri_status_t cm_ucx_status(ucs_status_t s)
     }
 }
 
-static void cm_ucx_env_set(void)
+/* The process's UCX_TLS, once: our code sets no UCX variable after its
+ * threads start (kvs_main.c sets the port range before), so the read does
+ * not race a setenv. */
+static void cm_ucx_read_tls(void)
 {
-    setenv("UCX_POSIX_ERROR_HANDLING", "y", 0);
-    setenv("UCX_SYSV_ERROR_HANDLING", "y", 0);
-}
-
-void cm_ucx_env_once(void)
-{
-    pthread_once(&cm_ucx_env_done, cm_ucx_env_set);
+    const char *tls = getenv("UCX_TLS");
+    if (tls != NULL && strlen(tls) < sizeof(cm_ucx_user_tls)) {
+        memcpy(cm_ucx_user_tls, tls, strlen(tls) + 1);
+        cm_ucx_user_tls_set = true;
+    }
 }
 
 ri_status_t cm_ucx_context(const char *name, const ucp_config_t *config, bool rma, ucp_context_h *ctx_p)
@@ -56,5 +62,57 @@ ri_status_t cm_ucx_worker(ucp_context_h ctx, ucp_worker_h *worker_p, int *efd_p)
         return cm_ucx_status(s);
     if (efd_p != NULL && ucp_worker_get_efd(*worker_p, efd_p) != UCS_OK)
         *efd_p = -1;
+    return RI_OK;
+}
+
+void cm_ucx_tls_no_shm(const char *env, char *out, size_t cap)
+{
+    static const char *const shm[] = {"sm", "shm", "mm", "posix", "sysv", "cma", "knem", "xpmem"};
+    char buf[256], *save = NULL;
+    size_t n = 0;
+    bool net = false;
+
+    if (env == NULL || env[0] == '\0' || strcmp(env, "all") == 0 || strlen(env) >= sizeof(buf)) {
+        snprintf(out, cap, "^sm");
+        return;
+    }
+    if (env[0] == '^') {
+        int w = snprintf(out, cap, "%s,sm", env);
+        if (w < 0 || (size_t)w >= cap)
+            snprintf(out, cap, "^sm");
+        return;
+    }
+    snprintf(buf, sizeof(buf), "%s", env);
+    out[0] = '\0';
+    for (char *t = strtok_r(buf, ",", &save); t != NULL; t = strtok_r(NULL, ",", &save)) {
+        bool drop = false;
+        for (size_t i = 0; i < sizeof(shm) / sizeof(shm[0]); i++)
+            drop = drop || strcmp(t, shm[i]) == 0;
+        if (drop || n + strlen(t) + 2 > cap)
+            continue;
+        net = net || strcmp(t, "self") != 0;
+        n += (size_t)snprintf(out + n, cap - n, "%s%s", n ? "," : "", t);
+    }
+    if (!net)
+        snprintf(out + n, cap - n, "%stcp", n ? "," : "");
+}
+
+ri_status_t cm_ucx_client_config(ucp_config_t **config_p)
+{
+    char tls[256];
+    ucp_config_t *config = NULL;
+    ri_status_t st;
+
+    pthread_once(&cm_ucx_tls_once, cm_ucx_read_tls);
+    cm_ucx_tls_no_shm(cm_ucx_user_tls_set ? cm_ucx_user_tls : NULL, tls, sizeof(tls));
+    st = cm_ucx_status(ucp_config_read(NULL, NULL, &config));
+    if (st != RI_OK)
+        return st;
+    st = cm_ucx_status(ucp_config_modify(config, "TLS", tls));
+    if (st != RI_OK) {
+        ucp_config_release(config);
+        return st;
+    }
+    *config_p = config;
     return RI_OK;
 }

@@ -1,7 +1,7 @@
 /*
  * UCX glue shared by the kvstore's data plane (kvstore/data) and the
  * worker's client (gpuworker/client), which may not include each other: one
- * status map, the environment both sides need, and the context and worker
+ * status map, the transports both sides use, and the context and worker
  * settings both use.  A library of its own (ri_common_ucx), so that only the
  * programs that speak UCX link it.
  */
@@ -9,6 +9,7 @@
 #define CM_UCX_H
 
 #include <stdbool.h>
+#include <stddef.h>
 #include <ucp/api/ucp.h>
 
 #include "retroinfer/status.h"
@@ -17,15 +18,27 @@
 ri_status_t cm_ucx_status(ucs_status_t s);
 
 /*
- * UCX 1.13 leaves its shared-memory transports out of endpoints that ask for
- * peer-failure handling unless their ERROR_HANDLING is on; we want both
- * (shared-memory speed, and errors instead of hangs when the peer dies).
- * ucp_config_modify does not reach transport settings in 1.13, so this sets
- * the environment, once per process, before UCX reads it; a value the user
- * set wins.  Call before any ucp_config_read, before other threads run
- * (setenv is not safe against a concurrent getenv).
+ * UCX_TLS with the shared-memory transports taken out: env is a UCX_TLS
+ * value (NULL: unset), out gets the list to use ("^sm" when unset or
+ * "all", tcp added when nothing but "self" would be left).  The kvstore's
+ * segments would hold every tenant's uploads and replies where any process
+ * of its uid or group could attach them (SysV 0660, /dev/shm files, /proc
+ * links), a worker of another uid could not attach them anyway, and a
+ * non-dumpable process breaks cma and posix's /proc links.  A same-host
+ * worker reads its clusters from its direct region instead, which needs no
+ * UCX transport.
  */
-void cm_ucx_env_once(void);
+void cm_ucx_tls_no_shm(const char *env, char *out, size_t cap);
+
+/*
+ * The configuration of a worker's client context: the environment's, with
+ * TLS from cm_ucx_tls_no_shm(the process's UCX_TLS, read once).  The kvstore never
+ * offers shared memory, so the client's would go unused; it would still
+ * cost each connection's UCX worker its segments (about 3 MiB of a
+ * machine's shared memory: one SysV segment, one /dev/shm file).  Caller
+ * ucp_config_release()s *config_p.
+ */
+ri_status_t cm_ucx_client_config(ucp_config_t **config_p);
 
 /* A ucp context with active messages and wake-ups, named name; config (may
  * be NULL: the environment's) is borrowed.  rma adds one-sided operations:

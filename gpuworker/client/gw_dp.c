@@ -386,6 +386,7 @@ ri_status_t gw_dp_connect(const char *addr, uint64_t session_id, const uint8_t s
     gw_dp_t *dp;
     ucp_am_handler_param_t ah = {0};
     ucp_ep_params_t ep = {0};
+    ucp_config_t *config = NULL;
     uint8_t *raddr = NULL;
     size_t raddr_len = 0;
     ucs_status_t s;
@@ -411,11 +412,15 @@ ri_status_t gw_dp_connect(const char *addr, uint64_t session_id, const uint8_t s
     dp->session_id = session_id;
     memcpy(dp->secret, secret, CM_WIRE_SECRET_SIZE);
     dp->timeout_ms = opts && opts->timeout_ms ? opts->timeout_ms : 10000;
-    st = RI_ERR_TRANSPORT;
-    /* As on the server: shared memory usable with peer-failure handling. */
-    cm_ucx_env_once();
-    if (cm_ucx_context("ri-gw-dp", NULL, true, &dp->ctx) != RI_OK)
+    /* As on the server: no shared-memory transports (cm_ucx.h). */
+    st = cm_ucx_client_config(&config);
+    if (st != RI_OK)
         goto err_free;
+    st = cm_ucx_context("ri-gw-dp", config, true, &dp->ctx);
+    ucp_config_release(config);
+    if (st != RI_OK)
+        goto err_free;
+    st = RI_ERR_TRANSPORT;
     if (cm_ucx_worker(dp->ctx, &dp->worker, &dp->efd) != RI_OK)
         goto err_cleanup;
     ah.field_mask = UCP_AM_HANDLER_PARAM_FIELD_ID | UCP_AM_HANDLER_PARAM_FIELD_CB | UCP_AM_HANDLER_PARAM_FIELD_ARG;

@@ -40,7 +40,6 @@ static void gw_transport_probe_ucx(void)
 {
     ucp_context_h ctx;
     ucp_context_attr_t attr = {.field_mask = UCP_ATTR_FIELD_MEMORY_TYPES};
-    cm_ucx_env_once();
     if (cm_ucx_context("ri-transport-probe", NULL, false, &ctx) != RI_OK) {
         cm_warn("transport: no UCX context to probe for CUDA memory support");
         return;

@@ -159,47 +159,6 @@ static void kvs_dp_lane_close(kvs_dpw_t *w)
     cm_free(w->stage);
 }
 
-/* UCX's shared-memory transports are left out of our context, whatever
- * UCX_TLS says: their segments (SysV 0660, /dev/shm files, /proc links,
- * process_vm_readv) would carry every tenant's uploads and replies where
- * any process of our uid or group could attach them, they refuse workers of
- * another uid ("shmat: Permission denied"), and our process is not
- * dumpable (kvs_main.c), which breaks cma and posix's /proc links anyway.
- * A same-host worker reads its region directly (kvs_dp_region.c); the ops
- * go over TCP loopback (or the network transports UCX_TLS names).  env is
- * the user's UCX_TLS (NULL: unset); out gets the TLS value to use. */
-static void kvs_dp_tls(const char *env, char *out, size_t cap)
-{
-    static const char *const shm[] = {"sm", "shm", "mm", "posix", "sysv", "cma", "knem", "xpmem"};
-    char buf[256], *save = NULL;
-    size_t n = 0;
-    bool net = false;
-
-    if (env == NULL || env[0] == '\0' || strcmp(env, "all") == 0 || strlen(env) >= sizeof(buf)) {
-        snprintf(out, cap, "^sm");
-        return;
-    }
-    if (env[0] == '^') {
-        int w = snprintf(out, cap, "%s,sm", env);
-        if (w < 0 || (size_t)w >= cap)
-            snprintf(out, cap, "^sm");
-        return;
-    }
-    snprintf(buf, sizeof(buf), "%s", env);
-    out[0] = '\0';
-    for (char *t = strtok_r(buf, ",", &save); t != NULL; t = strtok_r(NULL, ",", &save)) {
-        bool drop = false;
-        for (size_t i = 0; i < sizeof(shm) / sizeof(shm[0]); i++)
-            drop = drop || strcmp(t, shm[i]) == 0;
-        if (drop || n + strlen(t) + 2 > cap)
-            continue;
-        net = net || strcmp(t, "self") != 0;
-        n += (size_t)snprintf(out + n, cap - n, "%s%s", n ? "," : "", t);
-    }
-    if (!net)
-        snprintf(out + n, cap - n, "%stcp", n ? "," : "");
-}
-
 /* The ucp context (no RMA: cm_ucx.h); dp->ctx on success. */
 static ri_status_t kvs_dp_context(kvs_dp_t *dp, const struct sockaddr_storage *ss, const char *host)
 {
@@ -209,7 +168,7 @@ static ri_status_t kvs_dp_context(kvs_dp_t *dp, const struct sockaddr_storage *s
     /* Kept in dp->tls too: the address checker (kvs_dp_check.c) gets it in
      * its environment, so that it unpacks workers' addresses with the
      * transports we use. */
-    kvs_dp_tls(dp->cfg.user_tls, dp->tls, sizeof(dp->tls));
+    cm_ucx_tls_no_shm(dp->cfg.user_tls, dp->tls, sizeof(dp->tls));
     st = cm_ucx_status(ucp_config_read(NULL, NULL, &config));
     if (st != RI_OK)
         goto err;
@@ -262,7 +221,6 @@ ri_status_t kvs_dp_start(const kvs_dp_config_t *cfg, const kvs_handlers_t *h, kv
         cm_error("dp: bad interface address '%s'", dp->cfg.listen_addr);
         goto err_free;
     }
-    cm_ucx_env_once();
     st = kvs_dp_context(dp, &ss, host);
     if (st != RI_OK)
         goto err_free;

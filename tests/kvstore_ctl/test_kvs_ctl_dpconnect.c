@@ -44,6 +44,7 @@
 #include <cmocka.h>
 
 #include "common/cm_dp_proto.h"
+#include "common/cm_ucx.h"
 #include "gpuworker/client/gw_ctl.h"
 #include "gpuworker/client/gw_dp.h"
 #include "kvs_test_daemon.h"
@@ -214,6 +215,56 @@ static void test_wrong_secret_gets_no_connection(void **state)
     /* an address that is not the kvstore's form is refused by the client */
     assert_int_equal(gw_dp_connect("127.0.0.1:7071", s.session_id, s.secret, &o, &dp), RI_ERR_INVALID);
     stop_with_session(&d, c);
+}
+
+/* Mappings of UCX shared-memory segments in this process (SysV, /dev/shm). */
+static int ucx_shm_mappings(void)
+{
+    char line[1024];
+    int n = 0;
+    FILE *f = fopen("/proc/self/maps", "r");
+    assert_non_null(f);
+    while (fgets(line, sizeof(line), f) != NULL)
+        n += strstr(line, "/dev/shm/ucx") != NULL || strstr(line, "/SYSV") != NULL;
+    fclose(f);
+    return n;
+}
+
+/* The client leaves UCX's shared-memory transports out as the kvstore does:
+ * they could never carry the connection, and each connection's UCX worker
+ * would otherwise map a SysV segment and a /dev/shm file for them (3 MiB of
+ * the machine's shared memory a connection). */
+static void test_client_maps_no_shared_memory(void **state)
+{
+    (void)state;
+    kvs_test_daemon_t d;
+    gw_ctl_t *c = NULL;
+    gw_ctl_session_t s;
+    gw_dp_t *dp[2] = {NULL, NULL};
+    gw_dp_options_t o = {.timeout_ms = 5000};
+    char tls[256];
+    start_with_session(&d, &c, &s);
+    int before = ucx_shm_mappings();
+    for (int i = 0; i < 2; i++)
+        assert_int_equal(gw_dp_connect(s.dataplane_address, s.session_id, s.secret, &o, &dp[i]), RI_OK);
+    assert_int_equal(gw_dp_ping(dp[1]), RI_OK);
+    assert_int_equal(ucx_shm_mappings(), before);
+    for (int i = 0; i < 2; i++)
+        gw_dp_close(dp[i]);
+    stop_with_session(&d, c);
+    /* what the filter makes of the UCX_TLS values users set */
+    cm_ucx_tls_no_shm(NULL, tls, sizeof(tls));
+    assert_string_equal(tls, "^sm");
+    cm_ucx_tls_no_shm("all", tls, sizeof(tls));
+    assert_string_equal(tls, "^sm");
+    cm_ucx_tls_no_shm("^ib", tls, sizeof(tls));
+    assert_string_equal(tls, "^ib,sm");
+    cm_ucx_tls_no_shm("sm,self,tcp", tls, sizeof(tls));
+    assert_string_equal(tls, "self,tcp");
+    cm_ucx_tls_no_shm("posix,sysv,self", tls, sizeof(tls));
+    assert_string_equal(tls, "self,tcp");
+    cm_ucx_tls_no_shm("rc,cma", tls, sizeof(tls));
+    assert_string_equal(tls, "rc");
 }
 
 /* A worker that gives up on a kvstore too slow to answer its CONNECT (here:
@@ -704,6 +755,7 @@ int main(int argc, char **argv)
     const struct CMUnitTest all[] = {
         cmocka_unit_test(test_raw_bytes_on_every_port),
         cmocka_unit_test(test_wrong_secret_gets_no_connection),
+        cmocka_unit_test(test_client_maps_no_shared_memory),
         cmocka_unit_test(test_client_gives_up_on_stalled_daemon),
         cmocka_unit_test(test_malformed_addresses_refused),
         cmocka_unit_test(test_connections_per_session_capped),
