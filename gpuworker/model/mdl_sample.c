@@ -17,7 +17,7 @@ struct mdl_sampler {
     mdl_sampler_cfg_t cfg;  /* settings */
     uint64_t rng;           /* splitmix64 state */
     size_t n;               /* vocabulary */
-    mdl_cand_t *cand;       /* [n] scratch */
+    mdl_cand_t *cand;       /* [n] scratch; NULL when greedy */
 };
 
 ri_status_t mdl_sampler_create(const mdl_sampler_cfg_t *cfg, size_t n_vocab, mdl_sampler_t **s_p)
@@ -27,8 +27,11 @@ ri_status_t mdl_sampler_create(const mdl_sampler_cfg_t *cfg, size_t n_vocab, mdl
     mdl_sampler_t *s = cm_calloc(&mdl_sample_tag, 1, sizeof(*s));
     if (s == NULL)
         return RI_ERR_NOMEM;
-    s->cand = cm_malloc(&mdl_sample_tag, n_vocab * sizeof(*s->cand));
-    if (s->cand == NULL) {
+    /* A greedy sequence needs no candidates: not holding a vocabulary's
+     * worth (384 KiB on SmolLM2) keeps it down to its K/V. */
+    if (cfg->temperature > 0)
+        s->cand = cm_malloc(&mdl_sample_tag, n_vocab * sizeof(*s->cand));
+    if (cfg->temperature > 0 && s->cand == NULL) {
         cm_free(s);
         return RI_ERR_NOMEM;
     }
