@@ -1,7 +1,9 @@
 /*
  * Prefix reuse around an in-process model sequence (gw_prefix_run.h): one
  * prefix-only kvstore session per request, a lookup before the prefill and
- * one publish once the index is built.
+ * one publish once the index is built.  The session lives as long as the
+ * sequence, except a remote sequence's, which ends at the publish (its
+ * own session holds the blocks it reads).
  */
 #include "gpuworker/client/gw_prefix_run.h"
 
@@ -19,8 +21,10 @@ static CM_ALLOC_TAG(gw_pfx_run_tag, "gw.prefix.run");
 struct gw_pfx_run {
     gw_pfx_ctx_t *ctx; /* borrowed */
     gw_pfx_layout_t lay;
-    gw_pfx_conn_t *conn;  /* owned; NULL when the kvstore could not be reached */
-    gw_pfx_seq_t *seq;    /* owned; NULL without conn */
+    gw_pfx_conn_t *conn;  /* owned; NULL when the kvstore could not be reached, and
+                             for a remote sequence once it published */
+    gw_pfx_seq_t *seq;    /* owned; NULL when no conn was opened (its dp is conn's:
+                             unused once published) */
     mdl_prefix_src_t src; /* what the sequence's build reads (cfg.prefix) */
     mdl_attn_cfg_t cfg;   /* the sequence's settings, prefix set */
     bool published;       /* publish ran */
@@ -225,6 +229,16 @@ static void gw_pfx_run_publish(gw_pfx_run_t *run, const mdl_seq_t *seq)
     uint32_t held = (uint32_t)(gw_pfx_seq_cached(run->seq) / run->lay.block_tokens) + published;
     if (run->node[0] != '\0' && held > 0)
         gw_attn_remote_replicate(&run->lay, gw_pfx_seq_keys(run->seq), held, run->node);
+    /* A remote sequence's own session attached the blocks it reads and
+     * holds their references; the prefix-only session served the lookup
+     * and this publish, and nothing reads through it again.  Ending it now
+     * rather than with the sequence saves each decoding sequence a second
+     * kvstore session and UCX connection (about 0.35 MiB of the worker's
+     * memory, and a session's reservation in the kvstore's pool). */
+    if (run->remote) {
+        gw_pfx_conn_close(run->conn);
+        run->conn = NULL;
+    }
 }
 
 static void gw_pfx_run_publish_now(gw_pfx_run_t *run, mdl_model_t *m, mdl_seq_t *seq);
