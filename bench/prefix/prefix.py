@@ -66,22 +66,71 @@ def skip(why):
     sys.exit(77)
 
 
-def rss(pid):
-    """(anonymous resident bytes of a process, the machine's shared memory).
-    The kvstore keeps blocks and regions in memory files whose pages count
-    in a process's RSS only where it touched them through a mapping; the
-    machine's Shmem (/proc/meminfo) counts each page once, whoever maps it."""
-    anon = shmem = 0
+# The memory files each process makes (memfd names; the worker's UCX
+# segments, were its transports to use shared memory, are /dev/shm and SysV).
+KVSTORE_FILES = ("/memfd:ri-prefix ", "/memfd:ri-region ")
+WORKER_FILES = ("/memfd:ri-prefix-meta ", "/dev/shm/", "/SYSV")
+
+
+def shared_bytes(pid, names):
+    """The pages of the memory files that pid holds open or mapped whose
+    name starts with one of names, each file once (its allocated blocks:
+    touched pages, whoever touched them).  Unlike the machine's Shmem, this
+    counts neither another process's files (a second kvstore on the
+    machine) nor the files the worker maps from the kvstore."""
+    seen, total = set(), 0
+    if not names:
+        return 0
+
+    def add(path, name):
+        nonlocal total
+        if not (name + " ").startswith(names) and not name.startswith(names):
+            return
+        try:
+            st = os.stat(path)
+        except OSError:
+            return
+        if (st.st_dev, st.st_ino) not in seen:
+            seen.add((st.st_dev, st.st_ino))
+            total += st.st_blocks * 512
+
+    try:
+        for fd in os.listdir("/proc/%d/fd" % pid):
+            try:
+                add("/proc/%d/fd/%s" % (pid, fd), os.readlink("/proc/%d/fd/%s" % (pid, fd)))
+            except OSError:
+                pass
+        for line in open("/proc/%d/maps" % pid):
+            f = line.split(None, 5)
+            if len(f) == 6 and f[4] != "0" and f[5].startswith(names):
+                add("/proc/%d/map_files/%s" % (pid, f[0]), f[5].rstrip("\n"))
+    except OSError:
+        pass
+    return total
+
+
+def rss(pid, names=KVSTORE_FILES):
+    """(anonymous resident bytes of a process, the pages of the memory files
+    it makes: shared_bytes).  The kvstore keeps blocks and regions in memory
+    files whose pages count in a process's RSS only where it touched them
+    through a mapping."""
+    anon = 0
     try:
         for line in open("/proc/%d/status" % pid):
             if line.startswith("RssAnon:"):
                 anon = int(line.split()[1]) * 1024
-        for line in open("/proc/meminfo"):
-            if line.startswith("Shmem:"):
-                shmem = int(line.split()[1]) * 1024
     except OSError:
         pass
-    return anon, shmem
+    return anon, shared_bytes(pid, names)
+
+
+def machine_shmem():
+    """The machine's Shmem (/proc/meminfo): every process's memory files,
+    recorded beside the per-process figures."""
+    for line in open("/proc/meminfo"):
+        if line.startswith("Shmem:"):
+            return int(line.split()[1]) * 1024
+    return 0
 
 
 def anon_map_kind(lo, hi, name, flags):
@@ -441,14 +490,15 @@ def ri_cases(a, addr, model_id, doc, qs, kvs_pid, worker_pid, rows, mem, metrics
     send = lambda ids, cb=None, pg=None: stream(addr, "/v1/completions", ri_body(a, model_id, ids), on_first=cb,
                                                 progress=pg)
     # publish the document (unmeasured), then the memory of one copy
-    k0, w0, p0 = rss(kvs_pid), rss(worker_pid), pool_used(metrics)
+    k0, w0, p0, m0 = rss(kvs_pid), rss(worker_pid, WORKER_FILES), pool_used(metrics), machine_shmem()
     r = send(doc + qs[0])
     if r[4]:
         raise SystemExit("priming request failed: " + r[4])
     time.sleep(0.5)
     mem.update({"kvstore_before": k0, "worker_before": w0, "kvstore_one_copy": rss(kvs_pid),
                 "pool_used_before": p0, "pool_used_one_copy": pool_used(metrics),
-                "worker_after_one": rss(worker_pid), "priming_cached_tokens": r[3]})
+                "machine_shmem_before": m0, "machine_shmem_one_copy": machine_shmem(),
+                "worker_after_one": rss(worker_pid, WORKER_FILES), "priming_cached_tokens": r[3]})
     biggest = max(a.clients)
     for rnd in range(a.rounds):
         for n in sorted(set(a.clients) | set(a.cold_clients)):
@@ -456,15 +506,16 @@ def ri_cases(a, addr, model_id, doc, qs, kvs_pid, worker_pid, rows, mem, metrics
                 peak = None
                 if n == biggest and rnd == 0:
                     # the baseline right before: earlier cases (cold documents) hold blocks of their own
-                    mem.update({"before_case_kvstore": rss(kvs_pid), "before_case_worker": rss(worker_pid),
-                                "before_case_pool_used": pool_used(metrics),
+                    mem.update({"before_case_kvstore": rss(kvs_pid), "before_case_worker": rss(worker_pid, WORKER_FILES),
+                                "before_case_pool_used": pool_used(metrics), "before_case_machine_shmem": machine_shmem(),
                                 "before_case_worker_alloc": alloc_tags(addr),
                                 "before_case_worker_maps": anon_maps(worker_pid)})
-                    peak = (Peak(kvs_pid), Peak(worker_pid), Peak(0, lambda: (pool_used(metrics), 0)))
+                    peak = (Peak(kvs_pid), Peak(worker_pid, lambda: (rss(worker_pid, ())[0], 0)),
+                            Peak(0, lambda: (pool_used(metrics), 0)), Peak(0, lambda: (machine_shmem(), 0)))
                 steady = {}
 
                 def sample(progress):
-                    steady.update({"worker_decoding": rss(worker_pid), "pool_used_decoding": pool_used(metrics),
+                    steady.update({"worker_decoding": rss(worker_pid, WORKER_FILES), "pool_used_decoding": pool_used(metrics),
                                    "worker_alloc_decoding": alloc_tags(addr),
                                    "worker_maps_decoding": anon_maps(worker_pid),
                                    "worker_running_decoding": running_requests(addr),
@@ -476,7 +527,7 @@ def ri_cases(a, addr, model_id, doc, qs, kvs_pid, worker_pid, rows, mem, metrics
                 if peak:
                     mem.update(steady)
                     mem.update({"clients": n, "kvstore_peak": peak[0].stop(), "worker_peak": peak[1].stop(),
-                                "pool_used_peak": peak[2].stop()[0]})
+                                "pool_used_peak": peak[2].stop()[0], "machine_shmem_peak": peak[3].stop()[0]})
                 rows.append(case_row("ri-worker", "warm", n, res, wall, a))
                 print_row(rows[-1])
             if n in a.cold_clients:
@@ -615,10 +666,16 @@ def main(argv):
                 steady_zone_allowance(mem, a, wdec)
         wgrow = mem["worker_peak"][0] - mem["before_case_worker"][0]
         mem["worker_anon_growth_per_client"] = wgrow / mem["clients"]
-        print("memory: machine shared + kvstore anonymous: one copy %.1f MiB, with %d clients attached %.1f MiB "
+        print("memory: kvstore anonymous + its memory files: one copy %.1f MiB, with %d clients attached %.1f MiB "
               "(%.2fx); worker +%.1f MiB "
               "anonymous per client at peak" % (one / 2**20, mem["clients"], grow / 2**20,
                                                  grow / one if one > 0 else float("nan"), wgrow / mem["clients"] / 2**20))
+        wfiles = mem["worker_decoding"][1] - mem["before_case_worker"][1] if "worker_decoding" in mem else None
+        if wfiles is not None:
+            mem["worker_files_growth_decoding"] = wfiles
+            print("memory: worker memory files (its shared meta index of the prefix) +%.1f MiB over the case; "
+                  "machine Shmem +%.1f MiB at the peak (every process's files)" % (
+                      wfiles / 2**20, (mem["machine_shmem_peak"] - mem["before_case_machine_shmem"]) / 2**20))
     if a.json:
         with open(a.json, "w") as f:
             json.dump(report, f, indent=1)
