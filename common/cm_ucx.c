@@ -1,15 +1,10 @@
 /* UCX glue shared by both sides of the data plane (see cm_ucx.h). */
 #include "common/cm_ucx.h"
 
-#include <pthread.h>
 #include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-
-static pthread_once_t cm_ucx_tls_once = PTHREAD_ONCE_INIT;
-static char cm_ucx_user_tls[256]; /* UCX_TLS as the process started with it */
-static bool cm_ucx_user_tls_set;
 
 ri_status_t cm_ucx_status(ucs_status_t s)
 {
@@ -24,18 +19,6 @@ ri_status_t cm_ucx_status(ucs_status_t s)
     case UCS_ERR_CANCELED: return RI_ERR_CANCELLED;
     case UCS_ERR_BUSY: return RI_ERR_BUSY;
     default: return RI_ERR_TRANSPORT;
-    }
-}
-
-/* The process's UCX_TLS, once: our code sets no UCX variable after its
- * threads start (kvs_main.c sets the port range before), so the read does
- * not race a setenv. */
-static void cm_ucx_read_tls(void)
-{
-    const char *tls = getenv("UCX_TLS");
-    if (tls != NULL && strlen(tls) < sizeof(cm_ucx_user_tls)) {
-        memcpy(cm_ucx_user_tls, tls, strlen(tls) + 1);
-        cm_ucx_user_tls_set = true;
     }
 }
 
@@ -97,17 +80,41 @@ void cm_ucx_tls_no_shm(const char *env, char *out, size_t cap)
         snprintf(out + n, cap - n, "%stcp", n ? "," : "");
 }
 
+/* The TLS value UCX read into config (its own variable: our libraries
+ * read no environment), copied into out; false when it cannot be told. */
+static bool cm_ucx_config_tls(const ucp_config_t *config, char *out, size_t cap)
+{
+    char *text = NULL, *save = NULL;
+    size_t len = 0;
+    bool found = false;
+    FILE *f = open_memstream(&text, &len);
+
+    if (f == NULL)
+        return false;
+    ucp_config_print(config, f, NULL, UCS_CONFIG_PRINT_CONFIG);
+    if (fclose(f) != 0 || text == NULL) {
+        free(text);
+        return false;
+    }
+    for (char *l = strtok_r(text, "\n", &save); l != NULL && !found; l = strtok_r(NULL, "\n", &save))
+        if (strncmp(l, "UCX_TLS=", 8) == 0 && strlen(l + 8) < cap) {
+            memcpy(out, l + 8, strlen(l + 8) + 1);
+            found = true;
+        }
+    free(text);
+    return found;
+}
+
 ri_status_t cm_ucx_client_config(ucp_config_t **config_p)
 {
-    char tls[256];
+    char user[256], tls[256];
     ucp_config_t *config = NULL;
     ri_status_t st;
 
-    pthread_once(&cm_ucx_tls_once, cm_ucx_read_tls);
-    cm_ucx_tls_no_shm(cm_ucx_user_tls_set ? cm_ucx_user_tls : NULL, tls, sizeof(tls));
     st = cm_ucx_status(ucp_config_read(NULL, NULL, &config));
     if (st != RI_OK)
         return st;
+    cm_ucx_tls_no_shm(cm_ucx_config_tls(config, user, sizeof(user)) ? user : NULL, tls, sizeof(tls));
     st = cm_ucx_status(ucp_config_modify(config, "TLS", tls));
     if (st != RI_OK) {
         ucp_config_release(config);
