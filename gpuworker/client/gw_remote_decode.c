@@ -4,7 +4,6 @@
  * kvstore's region, taken from the block cache, or fetched; the exact part
  * and the merge (kn_wave's second phase); late answers estimated.
  */
-#include <pthread.h>
 #include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
@@ -290,59 +289,6 @@ static ri_status_t gw_gather(const kn_mem_t *mem, void *dst, const void *src, si
     return RI_OK;
 }
 
-/* A host-memory execution buffer lives only inside one head's task
- * (gw_exact_task): one per thread that runs tasks, grown to the largest a
- * step needed, rather than one per head of every sequence (0.23 MiB a
- * SmolLM2 sequence at 8K, held while it decodes).  Freed when the thread
- * ends. */
-typedef struct gw_xbuf {
-    void *p;
-    size_t cap;
-} gw_xbuf_t;
-
-static CM_ALLOC_TAG(gw_xbuf_tag, "gw.remote.exec");
-static pthread_key_t gw_xbuf_key;
-static pthread_once_t gw_xbuf_once = PTHREAD_ONCE_INIT;
-static bool gw_xbuf_key_ok;
-
-static void gw_xbuf_free(void *v)
-{
-    gw_xbuf_t *x = v;
-    cm_free(x->p);
-    cm_free(x);
-}
-
-static void gw_xbuf_init(void)
-{
-    gw_xbuf_key_ok = pthread_key_create(&gw_xbuf_key, gw_xbuf_free) == 0;
-}
-
-/* This thread's buffer of at least bytes; NULL when out of memory. */
-static cm_fp16_t *gw_xbuf_thread(size_t bytes)
-{
-    pthread_once(&gw_xbuf_once, gw_xbuf_init);
-    if (!gw_xbuf_key_ok)
-        return NULL;
-    gw_xbuf_t *x = pthread_getspecific(gw_xbuf_key);
-    if (x == NULL) {
-        x = cm_calloc(&gw_xbuf_tag, 1, sizeof(*x));
-        if (x == NULL || pthread_setspecific(gw_xbuf_key, x) != 0) {
-            cm_free(x);
-            return NULL;
-        }
-    }
-    if (bytes > x->cap) {
-        size_t cap = CM_MAX(bytes, x->cap + x->cap / 2);
-        void *n = cm_malloc_aligned(&gw_xbuf_tag, cap, 64);
-        if (n == NULL)
-            return NULL;
-        cm_free(x->p);
-        x->p = n;
-        x->cap = cap;
-    }
-    return x->p;
-}
-
 /* Exact part (steady zone + retrieved clusters, in kn_wave's order), merge
  * with the estimated part computed before, per KV head. */
 static void gw_exact_task(void *arg, size_t begin, size_t end, unsigned worker)
@@ -375,21 +321,14 @@ static void gw_exact_task(void *arg, size_t begin, size_t end, unsigned worker)
             gw_step_fail(s, RI_ERR_NOMEM);
             continue;
         }
-        /* The execution buffer (in a device space the head's, sized by
-         * gw_step_resolve; in host memory the thread's): each retrieved
-         * cluster gathered into contiguous K and V rows, so that the kernel
-         * sees the same rows in the same runs as the in-process decode
-         * (bit-identical results).  Pages
+        /* The execution buffer (the head's, in the cache's space, sized by
+         * gw_step_resolve): each retrieved cluster gathered into contiguous
+         * K and V rows, so that the kernel sees the same rows in the same
+         * runs as the in-process decode (bit-identical results).  Pages
          * come from the cache (the cache's space) or from host memory (the
          * receive buffer, the mapped region): a device space's copy takes
          * either; memory a host pointer reads is memcpy'd. */
-        cm_fp16_t *xb = r->mem->device ? s->xbuf[h] : gw_xbuf_thread(CM_MAX(n_ret, (size_t)1) * 2 * row);
-        if (xb == NULL) {
-            cm_free(pages);
-            gw_step_fail(s, RI_ERR_NOMEM);
-            continue;
-        }
-        cm_fp16_t *xk = xb, *xv = xb + n_ret * d;
+        cm_fp16_t *xk = s->xbuf[h], *xv = s->xbuf[h] + n_ret * d;
         for (uint32_t i = 0; i < s->nr[h] && st == RI_OK; i++) {
             uint32_t e = s->ent0[h] + i, tokens = s->etok[e];
             pages[np++] = (kn_page_t){xk, xv, tokens, d};
@@ -458,9 +397,8 @@ static ri_status_t gw_step_resolve(gw_remote_t *r)
         s->paddr = a;
         s->cap_paddr = n_pg;
     }
-    /* each head's execution buffer in a device space: its retrieved
-     * tokens' K and V rows (host memory: the task's thread's, gw_xbuf_thread) */
-    for (uint32_t h = 0; r->mem->device && h < r->n_kv; h++) {
+    /* each head's execution buffer: its retrieved tokens' K and V rows */
+    for (uint32_t h = 0; h < r->n_kv; h++) {
         size_t n_ret = 0;
         for (uint32_t i = 0; i < s->nr[h]; i++)
             n_ret += L->idx[h].sizes[s->ids[(size_t)h * s->want + i]];

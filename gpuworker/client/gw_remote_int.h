@@ -94,7 +94,7 @@ typedef struct gw_step {
     float *out, *lse;      /* decode_end's outputs */
     /* per KV head: the execution buffer its retrieved clusters are gathered
      * into, in the cache's space (r->mem), grown by gw_step_resolve */
-    cm_fp16_t **xbuf;      /* [n_kv], each owned (r->mem->free); a device space's only */
+    cm_fp16_t **xbuf;      /* [n_kv], each owned (r->mem->free) */
     size_t *xcap;          /* [n_kv] bytes of each */
 } gw_step_t;
 

@@ -409,11 +409,8 @@ static void test_sessions_share_the_prefix_index(void **state)
     assert_int_equal(bytes, 0);
     /* sessions 2 and 3 cost the same but for the copies: each its own copy
      * of the rows and tables grows the process by two copies more than
-     * sharing; a per-sequence copy of the rows under sharing makes the two
-     * alike and fails here.  The check asks for one copy: the heap's noise
-     * moves the difference by up to 0.6 of a copy (measured 1.4-1.8
-     * copies since each task's execution buffer is its thread's, 2.0-2.8
-     * before) */
+     * sharing (1.5 leaves room for the heap's noise); a per-sequence copy
+     * of the rows under sharing fails here */
 #if defined(__SANITIZE_ADDRESS__)
     /* AddressSanitizer's allocator keeps freed blocks resident (its
      * quarantine), so the process's Pss moves by more than a copy between
@@ -423,7 +420,7 @@ static void test_sessions_share_the_prefix_index(void **state)
            priv.pss_all - priv.pss_one, shared.pss_all - shared.pss_one);
     (void)copy_kb;
 #else
-    assert_true((priv.pss_all - priv.pss_one) - (shared.pss_all - shared.pss_one) >= copy_kb);
+    assert_true((priv.pss_all - priv.pss_one) - (shared.pss_all - shared.pss_one) >= copy_kb * 3 / 2);
 #endif
 
     for (uint32_t i = 0; i < NSEQ; i++)
