@@ -340,7 +340,8 @@ static int rl_main(rl_opts_t *o, const char *json, const char *argv0)
     cJSON_AddNumberToObject(root, "retrieval_min_tokens", used->retrieval_min_tokens);
     cJSON_AddNumberToObject(root, "window_tokens", used->window_tokens);
     cJSON_AddNumberToObject(root, "adapt_tau", used->adapt_tau);
-    cJSON_AddNumberToObject(root, "tokens_per_cluster", used->tokens_per_cluster);
+    /* the setting (0 = auto); "tokens_per_cluster" names only a size an index used (the rows') */
+    cJSON_AddNumberToObject(root, "tokens_per_cluster_setting", used->tokens_per_cluster);
     cJSON_AddNumberToObject(root, "estimation_frac", used->estimation_frac);
     cJSON_AddNumberToObject(root, "segment_tokens", used->segment_tokens);
     if (o->only_trial >= 0)
