@@ -1,6 +1,7 @@
 /* UCX glue shared by both sides of the data plane (see cm_ucx.h). */
 #include "common/cm_ucx.h"
 
+#include <pthread.h>
 #include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -105,17 +106,32 @@ static bool cm_ucx_config_tls(const ucp_config_t *config, char *out, size_t cap)
     return found;
 }
 
+static pthread_once_t cm_ucx_client_once = PTHREAD_ONCE_INIT;
+static char cm_ucx_client_tls[256]; /* cm_ucx_client_config's TLS, made once */
+
+/* The process's UCX settings do not change once read: filter its TLS list
+ * once, not at every connection (two a request). */
+static void cm_ucx_client_tls_init(void)
+{
+    char user[256];
+    ucp_config_t *config = NULL;
+    bool have = ucp_config_read(NULL, NULL, &config) == UCS_OK && cm_ucx_config_tls(config, user, sizeof(user));
+
+    if (config != NULL)
+        ucp_config_release(config);
+    cm_ucx_tls_no_shm(have ? user : NULL, cm_ucx_client_tls, sizeof(cm_ucx_client_tls));
+}
+
 ri_status_t cm_ucx_client_config(ucp_config_t **config_p)
 {
-    char user[256], tls[256];
     ucp_config_t *config = NULL;
     ri_status_t st;
 
+    pthread_once(&cm_ucx_client_once, cm_ucx_client_tls_init);
     st = cm_ucx_status(ucp_config_read(NULL, NULL, &config));
     if (st != RI_OK)
         return st;
-    cm_ucx_tls_no_shm(cm_ucx_config_tls(config, user, sizeof(user)) ? user : NULL, tls, sizeof(tls));
-    st = cm_ucx_status(ucp_config_modify(config, "TLS", tls));
+    st = cm_ucx_status(ucp_config_modify(config, "TLS", cm_ucx_client_tls));
     if (st != RI_OK) {
         ucp_config_release(config);
         return st;
