@@ -17,6 +17,7 @@
  */
 #include <math.h>
 #include <setjmp.h>
+#include <signal.h>
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdio.h>
@@ -325,9 +326,22 @@ static void test_deadline_late(void **state)
         assert_int_equal(gw_remote_build(r, l, &kv), RI_OK);
     }
     assert_int_equal(gw_remote_sync(r), RI_OK);
+    /* Steps 1 to 19 run with the kvstore stopped: no answer can come within
+     * the deadline however fast this machine answers (a fast one answered
+     * every fetch while the step estimated, and nothing was ever late).
+     * Step 0 runs before, since the first fetch registers the cache, a call
+     * that waits for its answer.  From step 20 the kvstore is back, so late
+     * answers are applied between steps and fresh fetches race the
+     * deadline. */
     for (int step = 0; step < 40; step++)
         for (uint32_t l = 0; l < NL; l++) {
             kn_kv_view_t kv = fx_view(f, l);
+            if (step == 1 && l == 0) {
+                assert_int_equal(gw_remote_sync(r), RI_OK);
+                assert_int_equal(kill(f->env.daemon.pid, SIGSTOP), 0);
+            }
+            if (step == 20 && l == 0)
+                assert_int_equal(kill(f->env.daemon.pid, SIGCONT), 0);
             wk_synth_q(q, NQ, D, 90000 + (uint64_t)step * NL + l);
             assert_int_equal(kn_wave_decode(w[l], q, &kv, o1, NULL, NULL), RI_OK);
             assert_int_equal(gw_remote_decode(r, l, q, &kv, o2, NULL), RI_OK);
