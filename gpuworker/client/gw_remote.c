@@ -95,6 +95,7 @@ static void gw_remote_step_free(gw_step_t *s)
     cm_free(s->etok);
     cm_free(s->xbuf);
     cm_free(s->xcap);
+    cm_free(s->xgather);
 }
 
 ri_status_t gw_remote_create(const char *addr, uint64_t session_id, const uint8_t secret[CM_WIRE_SECRET_SIZE],
@@ -163,7 +164,8 @@ ri_status_t gw_remote_create(const char *addr, uint64_t session_id, const uint8_
     r->step.nl = cm_calloc(&gw_remote_tag, r->n_kv, sizeof(uint32_t));
     r->step.xbuf = cm_calloc(&gw_remote_tag, r->n_kv, sizeof(cm_fp16_t *));
     r->step.xcap = cm_calloc(&gw_remote_tag, r->n_kv, sizeof(size_t));
-    if (!r->step.xbuf || !r->step.xcap || !r->step.nr || !r->step.ne || !r->step.heads || !r->step.counts ||
+    r->step.xgather = cm_calloc(&gw_remote_tag, r->n_kv, sizeof(size_t));
+    if (!r->step.xbuf || !r->step.xcap || !r->step.xgather || !r->step.nr || !r->step.ne || !r->step.heads || !r->step.counts ||
         !r->step.ent0 || !r->step.part || !r->step.nl)
         goto err_nomem;
     st = gw_copier_create(r->mem, &r->copier);

@@ -86,8 +86,9 @@ typedef struct gw_remote_params {
                                  every read two-sided) */
     uint32_t page_tokens;     /* P, tokens per kvstore page (cm_dp_proto.h); must be the
                                  session's; 0 = gw_remote_page_tokens' rule */
-    const kn_mem_t *cache_space; /* memory space of the block cache's pages and the
-                                 step's execution buffers (borrowed forever); NULL =
+    const kn_mem_t *cache_space; /* memory space of the block cache's pages and, for a
+                                 device space, the step's execution buffers (borrowed
+                                 forever); NULL =
                                  kn_mem_host().  Admitted misses go there through the
                                  space's copy engine (gw_copier.h).  A device space must
                                  be the one wave.ops reads (kn_mem_of), else

@@ -279,14 +279,66 @@ static void gw_step_fail(gw_step_t *s, ri_status_t st)
     atomic_compare_exchange_strong(&s->status, &expect, (int)st);
 }
 
-/* bytes from src (host memory or mem's) into dst (mem's): the space's copy
- * for a device space, memcpy for one a host pointer reads. */
-static ri_status_t gw_gather(const kn_mem_t *mem, void *dst, const void *src, size_t bytes)
+/* Whether the kernel reads a retrieved cluster where it lies, as one run:
+ * kernels that read host memory (a host cache, the receive buffer, the
+ * mapped region), and pages that make one run of rows: a single page, or
+ * one-token pages (`K[1][d]` then `V[1][d]`) that follow one another, one
+ * run of stride 2d.  Any other cluster is gathered into the head's
+ * execution buffer, so that each cluster is one run either way and the
+ * kernel groups its rows as the in-process decode does (bit-identical
+ * results: the AVX2 scores sum a group of rows in another order than a
+ * row alone). */
+static bool gw_cluster_in_place(const gw_remote_t *r, const uint8_t *const *pa, uint32_t tokens)
 {
-    if (mem->device)
-        return mem->copy(dst, src, bytes);
-    memcpy(dst, src, bytes);
-    return RI_OK;
+    uint32_t np = gw_pages(r, tokens);
+    if (r->mem->device)
+        return false;
+    if (np <= 1)
+        return true;
+    if (r->P != 1)
+        return false;
+    for (uint32_t p = 1; p < np; p++)
+        if (pa[p] != pa[0] + (size_t)p * r->page_bytes)
+            return false;
+    return true;
+}
+
+/* A head's retrieved clusters as the kernel's page list, one run each: in
+ * place (gw_cluster_in_place) or gathered into the head's execution buffer
+ * (in the cache's space, sized by gw_step_resolve: n_gather tokens) through
+ * the space's copy, memcpy for memory a host pointer reads. */
+static ri_status_t gw_cluster_pages(const gw_remote_t *r, size_t h, kn_page_t *pages, uint64_t *retrieved)
+{
+    const gw_step_t *s = &r->step;
+    const uint32_t d = r->d, P = r->P;
+    const size_t row = (size_t)d * sizeof(cm_fp16_t);
+    cm_fp16_t *xk = s->xbuf[h], *xv = xk != NULL ? xk + s->xgather[h] * d : NULL;
+    ri_status_t st = RI_OK;
+    for (uint32_t i = 0; i < s->nr[h] && st == RI_OK; i++) {
+        uint32_t e = s->ent0[h] + i, tokens = s->etok[e];
+        const uint8_t *const *pa = s->paddr + s->eoff[e];
+        *retrieved += tokens;
+        if (gw_cluster_in_place(r, pa, tokens)) {
+            const cm_fp16_t *k = (const cm_fp16_t *)(const void *)pa[0];
+            pages[i] = (kn_page_t){k, k + (size_t)P * d, tokens, P == 1 ? 2 * d : d};
+            continue;
+        }
+        pages[i] = (kn_page_t){xk, xv, tokens, d};
+        for (uint32_t p = 0; p < gw_pages(r, tokens) && st == RI_OK; p++) {
+            uint32_t nt = CM_MIN(P, tokens - p * P);
+            if (r->mem->device) {
+                st = r->mem->copy(xk, pa[p], nt * row);
+                if (st == RI_OK)
+                    st = r->mem->copy(xv, pa[p] + (size_t)P * row, nt * row);
+            } else {
+                memcpy(xk, pa[p], nt * row);
+                memcpy(xv, pa[p] + (size_t)P * row, nt * row);
+            }
+            xk += (size_t)nt * d;
+            xv += (size_t)nt * d;
+        }
+    }
+    return st;
 }
 
 /* Exact part (steady zone + retrieved clusters, in kn_wave's order), merge
@@ -297,52 +349,24 @@ static void gw_exact_task(void *arg, size_t begin, size_t end, unsigned worker)
     gw_step_t *s = &r->step;
     const gw_layer_t *L = &r->layers[s->layer];
     const kn_kv_view_t *kv = &s->kv;
-    const uint32_t g = r->g, d = r->d, P = r->P;
+    const uint32_t g = r->g, d = r->d;
     (void)worker;
 
     for (size_t h = begin; h < end; h++) {
         const kn_index_t *idx = &L->idx[h];
-        const uint32_t *ids = s->ids + h * s->want;
-        size_t np = 0, maxp = 0;
         uint64_t exact = 0, retrieved = 0;
         float *o_x = s->part + h * 3 * g * (d + 1), *o_e = o_x + (size_t)g * d, *o_l = o_e + (size_t)g * d;
         float *l_x = o_x + (size_t)3 * g * d, *l_e = l_x + g, *l_l = l_e + g;
         const float *op[2] = {o_e, o_l}, *lp[2] = {l_e, l_l};
-        size_t row = (size_t)d * sizeof(cm_fp16_t);
         kn_page_t *pages;
         ri_status_t st = RI_OK;
 
-        size_t n_ret = 0;
-        for (uint32_t i = 0; i < s->nr[h]; i++)
-            n_ret += idx->sizes[ids[i]];
-        maxp += s->nr[h];
-        pages = cm_malloc(&gw_remote_tag, (maxp ? maxp : 1) * sizeof(kn_page_t));
+        pages = cm_malloc(&gw_remote_tag, (s->nr[h] ? s->nr[h] : 1) * sizeof(kn_page_t));
         if (pages == NULL) {
             gw_step_fail(s, RI_ERR_NOMEM);
             continue;
         }
-        /* The execution buffer (the head's, in the cache's space, sized by
-         * gw_step_resolve): each retrieved cluster gathered into contiguous
-         * K and V rows, so that the kernel sees the same rows in the same
-         * runs as the in-process decode (bit-identical results).  Pages
-         * come from the cache (the cache's space) or from host memory (the
-         * receive buffer, the mapped region): a device space's copy takes
-         * either; memory a host pointer reads is memcpy'd. */
-        cm_fp16_t *xk = s->xbuf[h], *xv = s->xbuf[h] + n_ret * d;
-        for (uint32_t i = 0; i < s->nr[h] && st == RI_OK; i++) {
-            uint32_t e = s->ent0[h] + i, tokens = s->etok[e];
-            pages[np++] = (kn_page_t){xk, xv, tokens, d};
-            for (uint32_t p = 0; p < gw_pages(r, tokens) && st == RI_OK; p++) {
-                const uint8_t *base = s->paddr[s->eoff[e] + p];
-                uint32_t nt = CM_MIN(P, tokens - p * P);
-                st = gw_gather(r->mem, xk, base, nt * row);
-                if (st == RI_OK)
-                    st = gw_gather(r->mem, xv, base + (size_t)P * row, nt * row);
-                xk += (size_t)nt * d;
-                xv += (size_t)nt * d;
-            }
-            retrieved += tokens;
-        }
+        st = gw_cluster_pages(r, h, pages, &retrieved);
         if (st != RI_OK) {
             cm_free(pages);
             gw_step_fail(s, st);
@@ -350,7 +374,7 @@ static void gw_exact_task(void *arg, size_t begin, size_t end, unsigned worker)
         }
         /* steady zone + these, merged with the estimated (and late) parts:
          * kn_wave's second phase, as in process */
-        st = kn_wave_exact_merge(L->wave, (uint32_t)h, s->q + h * g * d, kv, pages, np, o_x, l_x, op, lp,
+        st = kn_wave_exact_merge(L->wave, (uint32_t)h, s->q + h * g * d, kv, pages, s->nr[h], o_x, l_x, op, lp,
                                  s->nl[h] > 0 ? 2 : 1, s->out + h * g * d, s->lse ? s->lse + h * g : NULL, &exact);
         cm_free(pages);
         if (st != RI_OK) {
@@ -363,6 +387,34 @@ static void gw_exact_task(void *arg, size_t begin, size_t end, unsigned worker)
                          exact * 4 * d + (uint64_t)idx->n_clusters * (d + 8) + /* centroids + scale, sizes */
                              (uint64_t)s->ne[h] * (idx->vq ? d + 4 : 4 * d));  /* int8 means + scale, or sums */
     }
+}
+
+/* Each head's execution buffer, sized for the K and V rows of the clusters
+ * its kernel cannot read in place (gw_cluster_in_place), once the pages
+ * are known: none at all when every cluster is one run in host memory. */
+static ri_status_t gw_step_xbuf(gw_remote_t *r)
+{
+    gw_step_t *s = &r->step;
+    for (uint32_t h = 0; h < r->n_kv; h++) {
+        size_t n = 0;
+        for (uint32_t i = 0; i < s->nr[h]; i++) {
+            uint32_t e = s->ent0[h] + i;
+            if (!gw_cluster_in_place(r, s->paddr + s->eoff[e], s->etok[e]))
+                n += s->etok[e];
+        }
+        s->xgather[h] = n;
+        size_t bytes = n * 2 * r->d * sizeof(cm_fp16_t);
+        if (bytes > s->xcap[h]) {
+            void *x = NULL;
+            ri_status_t st = r->mem->alloc(&x, bytes);
+            if (st != RI_OK)
+                return st;
+            r->mem->free(s->xbuf[h]);
+            s->xbuf[h] = x;
+            s->xcap[h] = bytes;
+        }
+    }
+    return RI_OK;
 }
 
 /* Where each retrieved cluster's pages are: the cache (hits, predicted
@@ -397,22 +449,6 @@ static ri_status_t gw_step_resolve(gw_remote_t *r)
         s->paddr = a;
         s->cap_paddr = n_pg;
     }
-    /* each head's execution buffer: its retrieved tokens' K and V rows */
-    for (uint32_t h = 0; h < r->n_kv; h++) {
-        size_t n_ret = 0;
-        for (uint32_t i = 0; i < s->nr[h]; i++)
-            n_ret += L->idx[h].sizes[s->ids[(size_t)h * s->want + i]];
-        size_t bytes = CM_MAX(n_ret, (size_t)1) * 2 * r->d * sizeof(cm_fp16_t);
-        if (bytes > s->xcap[h]) {
-            void *x = NULL;
-            ri_status_t st = r->mem->alloc(&x, bytes);
-            if (st != RI_OK)
-                return st;
-            r->mem->free(s->xbuf[h]);
-            s->xbuf[h] = x;
-            s->xcap[h] = bytes;
-        }
-    }
     uint32_t e = 0, pc = 0;
     for (uint32_t h = 0; h < r->n_kv; h++)
         for (uint32_t i = 0; i < s->nr[h]; i++, e++) {
@@ -440,7 +476,7 @@ static ri_status_t gw_step_resolve(gw_remote_t *r)
                                      ? r->cache + (size_t)cm_dp_reply_page(v, en.page_index + p) * r->page_bytes
                                      : r->recv + en.recv_offset + (size_t)p * r->page_bytes;
         }
-    return RI_OK;
+    return gw_step_xbuf(r);
 }
 
 ri_status_t gw_remote_decode_end(gw_remote_t *r, float *out, float *lse)

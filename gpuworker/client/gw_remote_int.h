@@ -93,9 +93,11 @@ typedef struct gw_step {
     _Atomic uint64_t exact, retrieved, bytes;
     float *out, *lse;      /* decode_end's outputs */
     /* per KV head: the execution buffer its retrieved clusters are gathered
-     * into, in the cache's space (r->mem), grown by gw_step_resolve */
+     * into when the kernel cannot read them in place, in the cache's space
+     * (r->mem), grown by gw_step_resolve (NULL until a step needs one) */
     cm_fp16_t **xbuf;      /* [n_kv], each owned (r->mem->free) */
     size_t *xcap;          /* [n_kv] bytes of each */
+    size_t *xgather;       /* [n_kv] tokens this step gathers into each */
 } gw_step_t;
 
 #define GW_PEND_MAX 64u

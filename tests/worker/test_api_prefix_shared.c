@@ -409,8 +409,12 @@ static void test_sessions_share_the_prefix_index(void **state)
     assert_int_equal(bytes, 0);
     /* sessions 2 and 3 cost the same but for the copies: each its own copy
      * of the rows and tables grows the process by two copies more than
-     * sharing (1.5 leaves room for the heap's noise); a per-sequence copy
-     * of the rows under sharing fails here */
+     * sharing; a per-sequence copy of the rows under sharing fails here (it
+     * grows both runs alike).  One copy's margin is the heap's noise: some
+     * of a private copy lands on pages the first session's run left
+     * resident (2 copies measured 1.9 with the step's execution buffers,
+     * 1.4 without them, whose pages had kept the private run's heap from
+     * reusing them) */
 #if defined(__SANITIZE_ADDRESS__)
     /* AddressSanitizer's allocator keeps freed blocks resident (its
      * quarantine), so the process's Pss moves by more than a copy between
@@ -420,7 +424,7 @@ static void test_sessions_share_the_prefix_index(void **state)
            priv.pss_all - priv.pss_one, shared.pss_all - shared.pss_one);
     (void)copy_kb;
 #else
-    assert_true((priv.pss_all - priv.pss_one) - (shared.pss_all - shared.pss_one) >= copy_kb * 3 / 2);
+    assert_true((priv.pss_all - priv.pss_one) - (shared.pss_all - shared.pss_one) >= copy_kb);
 #endif
 
     for (uint32_t i = 0; i < NSEQ; i++)
