@@ -401,7 +401,7 @@ def main(argv):
     ok = all(r["sessions_held"] > 0 and r["decode_tok_s"] for r in rows) and \
         all(r["outputs_identical"] for r in rows if r["kvstores"] >= 2)
     mach = dict(machine(), load_avg_start=load_start)
-    report = {"bench": "cluster", "git": git_sha(), "machine": mach, "rows": rows,
+    report = {"bench": "cluster", "git": git_sha(a.build), "machine": mach, "rows": rows,
               "args": {k: v for k, v in vars(a).items() if k not in ("build",)}}
     if a.json:
         with open(a.json, "w") as f:

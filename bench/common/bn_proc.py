@@ -49,12 +49,28 @@ def stop(p):
         p.wait()
 
 
-def git_sha():
-    """The checkout's commit ("-dirty" with uncommitted changes to tracked files)."""
+def build_source(build):
+    """The source tree a CMake build folder was configured from (its
+    CMakeCache.txt), or None: a folder of copied binaries names none."""
     try:
-        sha = subprocess.run(["git", "-C", ROOT, "rev-parse", "HEAD"], capture_output=True, text=True,
+        with open(os.path.join(build, "CMakeCache.txt")) as f:
+            for line in f:
+                if line.startswith("CMAKE_HOME_DIRECTORY:"):
+                    return line.split("=", 1)[1].strip()
+    except OSError:
+        pass
+    return None
+
+
+def git_sha(build=None):
+    """The commit of the binaries under test: that of the tree the build
+    folder was configured from, else this checkout's ("-dirty" with
+    uncommitted changes to tracked files)."""
+    src = (build_source(build) if build else None) or ROOT
+    try:
+        sha = subprocess.run(["git", "-C", src, "rev-parse", "HEAD"], capture_output=True, text=True,
                              timeout=10).stdout.strip()
-        dirty = subprocess.run(["git", "-C", ROOT, "status", "--porcelain", "-uno"], capture_output=True, text=True,
+        dirty = subprocess.run(["git", "-C", src, "status", "--porcelain", "-uno"], capture_output=True, text=True,
                                timeout=10).stdout.strip()
         return sha + ("-dirty" if dirty else "") if sha else "unknown"
     except (OSError, subprocess.SubprocessError):

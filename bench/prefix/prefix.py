@@ -589,7 +589,7 @@ def main(argv):
     model = resolve_model(a.model)
     if a.llama_server and not os.access(a.llama_server, os.X_OK):
         raise SystemExit("--llama-server %s is not an executable" % a.llama_server)
-    report = {"bench": "prefix", "git": git_sha(), "machine": machine(), "model": os.path.basename(model),
+    report = {"bench": "prefix", "git": git_sha(a.build), "machine": machine(), "model": os.path.basename(model),
               "attn": a.attn, "hog": a.hog}
     rows, mem, hogs = [], {}, hog(os.cpu_count() or 1) if a.hog else []
     tmp = tempfile.mkdtemp(prefix="ri-bench-prefix-")

@@ -341,7 +341,7 @@ def main(argv):
     out = a.out or os.path.join(ROOT, "build", "ruler-pkg", os.path.basename(model).rsplit(".gguf", 1)[0])
     key = os.environ.get("RI_API_KEY")
     t_start = time.time()
-    report = {"bench": "ruler", "suite": "nvidia-long-context-eval", "git": git_sha(), "machine": machine()}
+    report = {"bench": "ruler", "suite": "nvidia-long-context-eval", "git": git_sha(a.build), "machine": machine()}
     with tempfile.TemporaryDirectory(prefix="ri-ruler-pkg-") as tmp:
         kvs = worker = None
         try:
