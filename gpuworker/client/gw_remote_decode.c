@@ -305,7 +305,7 @@ static bool gw_cluster_in_place(const gw_remote_t *r, const uint8_t *const *pa, 
 
 /* A head's retrieved clusters as the kernel's page list, one run each: in
  * place (gw_cluster_in_place) or gathered into the head's execution buffer
- * (in the cache's space, sized by gw_step_resolve: n_gather tokens) through
+ * (in the cache's space, xgather[h] tokens, sized by gw_step_xbuf) through
  * the space's copy, memcpy for memory a host pointer reads. */
 static ri_status_t gw_cluster_pages(const gw_remote_t *r, size_t h, kn_page_t *pages, uint64_t *retrieved)
 {
