@@ -64,16 +64,32 @@ ri_status_t mdl_dk_sync(const char *what)
     return RI_OK;
 }
 
+/* Each weight row converted once for the n inputs, and summed in eight
+ * lanes the compiler vectorizes: the plain double loop converted Gemma 3's
+ * 168M-entry output matrix once per prompt token and summed serially,
+ * which made this test's Gemma case take 5 minutes. */
 void mdl_dk_gemv(const uint16_t *w, size_t ld, size_t rows, size_t k, const float *x, size_t xs, size_t n,
                  float *y, size_t ys)
 {
-    for (size_t b = 0; b < n; b++)
-        for (size_t j = 0; j < rows; j++) {
-            float acc = 0.0f;
-            for (size_t i = 0; i < k; i++)
-                acc += cm_fp16_to_f32(w[j * ld + i]) * x[b * xs + i];
+    float *wf = malloc((k ? k : 1) * sizeof(float));
+    if (wf == NULL)
+        abort(); /* a test's stand-in: nothing to report the failure to */
+    for (size_t j = 0; j < rows; j++) {
+        cm_fp16_to_f32_n(wf, (const cm_fp16_t *)(w + j * ld), k);
+        for (size_t b = 0; b < n; b++) {
+            const float *xb = x + b * xs;
+            float lane[8] = {0};
+            size_t i = 0;
+            for (; i + 8 <= k; i += 8)
+                for (int u = 0; u < 8; u++)
+                    lane[u] += wf[i + u] * xb[i + u];
+            float acc = ((lane[0] + lane[1]) + (lane[2] + lane[3])) + ((lane[4] + lane[5]) + (lane[6] + lane[7]));
+            for (; i < k; i++)
+                acc += wf[i] * xb[i];
             y[b * ys + j] = acc;
         }
+    }
+    free(wf);
 }
 
 void mdl_dk_rmsnorm(float *out, const float *x, const float *w, size_t n, size_t rows, float eps)
