@@ -64,9 +64,19 @@ def build_source(build):
 
 def git_sha(build=None):
     """The commit of the binaries under test: that of the tree the build
-    folder was configured from, else this checkout's ("-dirty" with
-    uncommitted changes to tracked files)."""
-    src = (build_source(build) if build else None) or ROOT
+    folder was configured from; for a folder of copied binaries, the first
+    word of its COMMIT file (written when they were copied); else this
+    checkout's ("-dirty" with uncommitted changes to tracked files)."""
+    src = build_source(build) if build else None
+    if build and src is None:
+        try:
+            with open(os.path.join(build, "COMMIT")) as f:
+                words = f.read().split()
+            if words:
+                return words[0]
+        except OSError:
+            pass
+    src = src or ROOT
     try:
         sha = subprocess.run(["git", "-C", src, "rev-parse", "HEAD"], capture_output=True, text=True,
                              timeout=10).stdout.strip()
