@@ -34,10 +34,9 @@ void cm_ucx_tls_no_shm(const char *env, char *out, size_t cap);
  * The configuration of a worker's client context: the environment's, with
  * TLS from cm_ucx_tls_no_shm(the UCX_TLS that UCX read, once a process).
  * The kvstore never offers shared memory, so the client's would go unused;
- * it would still
- * cost each connection's UCX worker its segments (about 3 MiB of a
- * machine's shared memory: one SysV segment, one /dev/shm file).  Caller
- * ucp_config_release()s *config_p.
+ * it would still cost each connection's UCX worker its segments (about 3
+ * MiB of a machine's shared memory: one SysV segment, one /dev/shm file).
+ * Caller ucp_config_release()s *config_p.
  */
 ri_status_t cm_ucx_client_config(ucp_config_t **config_p);
 
