@@ -38,24 +38,23 @@
  * accuracy-vs-budget curve in docs/accuracy.md chose it). */
 #define KN_WAVE_RETRIEVAL_MIN_TOKENS 256u
 /* Cluster size when tokens_per_cluster is 0 (auto): 4 up to
- * KN_WAVE_TINY_CONTEXT indexed tokens, 8 up to KN_WAVE_SHORT_CONTEXT, the
- * paper's 16 beyond.  Below ~14K tokens (256 / 1.8%) a step's retrieval is
- * held at the floor, a fixed number of tokens; smaller clusters spend it on
- * more, better aimed clusters, and on real needles that decides (Gemma 3
- * niah_single at 4K: 8/10 with 16, 10/10 with 8, same bytes; SmolLM2 at
- * 8K: a needle whose last digits 16- and 8-token clusters lost, and 4-token
- * ones kept, as full attention does; the attention error on real prose
- * 12-23% lower at 2K and 8K with 8 than 16; docs/accuracy.md).  The meta
- * index the smaller size multiplies is small there (2K centroids a head at
- * 8K).  Past the floor the share grows with the context and the price
+ * KN_WAVE_TINY_CONTEXT indexed tokens, the paper's 16 beyond.  Below ~14K
+ * tokens (256 / 1.8%) a step's retrieval is held at the floor, a fixed
+ * number of tokens, and just past it the share is still a few hundred:
+ * smaller clusters spend them on more, better aimed clusters, and on real
+ * needles that decides.  On RULER's own prompts (docs/accuracy.md) 4 tokens
+ * keep full attention's pass counts where 8 and 16 lose them: SmolLM2 at
+ * 8K, Gemma 3 at 4K and 8K, and Gemma 3 at 16K, where 8 tokens passed 15 of
+ * 20 niah_single_2 prompts against 19 at 4 and full's 20, and no prompt
+ * that 4 failed.  What 4 costs there is small beside the prefill (an index
+ * build of 2% of it, 2-3% slower decode than 8, docs/results/worker.md).
+ * Past 16K the share grows with the context and the price of small clusters
  * shows: more centroids to scan and a k-means with more clusters (Gemma 3
- * at 32K: decode 1.26x full with 8 against 1.35x with 16), so the size
- * grows back to 16 from 16K on. */
+ * at 32K: decode 1.26x full with 8 against 1.35x with 16), so the size is
+ * 16 there until RULER at 32K says otherwise. */
 #define KN_WAVE_TOKENS_PER_CLUSTER 16u
-#define KN_WAVE_SHORT_TOKENS_PER_CLUSTER 8u
-#define KN_WAVE_SHORT_CONTEXT 16384u
 #define KN_WAVE_TINY_TOKENS_PER_CLUSTER 4u
-#define KN_WAVE_TINY_CONTEXT 8192u
+#define KN_WAVE_TINY_CONTEXT 16384u
 
 /* The build's block when segment_tokens is 0. */
 #define KN_WAVE_SEGMENT_TOKENS 256u
@@ -64,8 +63,8 @@
 typedef struct kn_wave_params {
     uint32_t sink_tokens;        /* attention sinks kept exact (4) */
     uint32_t window_tokens;      /* recent tokens kept exact (64) */
-    uint32_t tokens_per_cluster; /* 0 = auto (4 up to KN_WAVE_TINY_CONTEXT, 8 up to
-                                    KN_WAVE_SHORT_CONTEXT, 16 beyond); else ~this */
+    uint32_t tokens_per_cluster; /* 0 = auto (4 up to KN_WAVE_TINY_CONTEXT, 16
+                                    beyond); else ~this */
     uint32_t segment_tokens;     /* B, the build's block (256): the indexed range is cut
                                     at absolute multiples of B and each block clustered
                                     on its own, so that a block's clusters depend on its

@@ -108,8 +108,8 @@ static void test_floor(void **state)
     bt_free(&x);
 }
 
-/* The auto cluster size: 4 tokens up to 8K indexed tokens, 8 up to 16K, 16
- * beyond, an explicit size always; the build fixes it for the index's life, updates
+/* The auto cluster size: 4 tokens up to 16K indexed tokens, 16 beyond, an
+ * explicit size always; the build fixes it for the index's life, updates
  * included, and the floor in clusters follows it. */
 static void test_auto_cluster_size(void **state)
 {
@@ -122,9 +122,9 @@ static void test_auto_cluster_size(void **state)
     assert_int_equal(p.tokens_per_cluster, 0);
     assert_int_equal(kn_wave_cluster_tokens(&p, 4096), 4);
     assert_int_equal(kn_wave_cluster_tokens(&p, KN_WAVE_TINY_CONTEXT), 4);
-    assert_int_equal(kn_wave_cluster_tokens(&p, KN_WAVE_TINY_CONTEXT + 1), 8);
-    assert_int_equal(kn_wave_cluster_tokens(&p, KN_WAVE_SHORT_CONTEXT), 8);
-    assert_int_equal(kn_wave_cluster_tokens(&p, KN_WAVE_SHORT_CONTEXT + 1), 16);
+    assert_int_equal(kn_wave_cluster_tokens(&p, 8192), 4);
+    assert_int_equal(kn_wave_cluster_tokens(&p, 16384), 4);
+    assert_int_equal(kn_wave_cluster_tokens(&p, KN_WAVE_TINY_CONTEXT + 1), 16);
     assert_int_equal(kn_wave_cluster_tokens(&p, 1u << 20), 16);
     p.tokens_per_cluster = 12;
     assert_int_equal(kn_wave_cluster_tokens(&p, 4096), 12);
