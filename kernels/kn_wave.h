@@ -43,11 +43,12 @@
  * number of tokens, and just past it the share is still a few hundred:
  * smaller clusters spend them on more, better aimed clusters, and on real
  * needles that decides.  On RULER's own prompts (docs/accuracy.md) 4 tokens
- * keep full attention's pass counts where 8 and 16 lose them: SmolLM2 at
- * 8K, Gemma 3 at 4K and 8K, and Gemma 3 at 16K, where 8 tokens passed 15 of
- * 20 niah_single_2 prompts against 19 at 4 and full's 20, and no prompt
- * that 4 failed.  What 4 costs there is small beside the prefill (an index
- * build of 2% of it, 2-3% slower decode than 8, docs/results/worker.md).
+ * keep full attention's pass counts where 8 and 16 lose some: SmolLM2 at
+ * 8K, Gemma 3 at 4K, and Gemma 3 at 16K, where 8 tokens passed 15 of 20
+ * niah_single_2 prompts against 19 at 4 and full's 20, and no prompt that 4
+ * failed.  What 4 costs there is small beside the prefill (index build and
+ * upload about 2.6% of it, decode 2-4% slower than with 8,
+ * docs/results/worker.md).
  * Past 16K the share grows with the context and the price of small clusters
  * shows: more centroids to scan and a k-means with more clusters (Gemma 3
  * at 32K: decode 1.26x full with 8 against 1.35x with 16), so the size is
