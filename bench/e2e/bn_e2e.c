@@ -18,6 +18,8 @@
  *                [--batches 1,4] [--steps N] [--hog N] [--kvstore ADDR] [--model NAME|PATH]
  *                [--cluster-tokens N]   (the wave index's cluster size, both
  *                                        retroinfer paths; default: the auto size)
+ *                [--kvstore-memory SIZE] (the pool of the ri-kvstore it starts;
+ *                                        Gemma 3 at 32K, batch 4 needs ~2.4 GB)
  *   ri bench e2e --synthetic [--kvstore ADDR]   (no model: synthetic K/V)
  */
 #define _GNU_SOURCE
@@ -483,7 +485,7 @@ out:
 
 /* The command line (bn_args). */
 typedef struct e2e_args {
-    char *json, *kvstore, *model, *contexts, *batches;
+    char *json, *kvstore, *kvstore_memory, *model, *contexts, *batches;
     bool quick, synthetic;
     int64_t steps, hog, deadline_us, cluster_tokens;
 } e2e_args_t;
@@ -501,6 +503,8 @@ static const cm_config_item_t e2e_items[] = {
            deadline_us, 0, UINT32_MAX),
     BN_ARG(e2e_args_t, "kvstore", CM_CFG_STRING, NULL, "use this ri-kvstore (gRPC ADDR) instead of starting one",
            kvstore, 0, 0),
+    BN_ARG(e2e_args_t, "kvstore-memory", CM_CFG_STRING, "3GiB", "--memory of the ri-kvstore it starts",
+           kvstore_memory, 0, 0),
     BN_ARG(e2e_args_t, "model", CM_CFG_STRING, NULL, "model NAME or PATH (empty: the default)", model, 0, 0),
     BN_ARG(e2e_args_t, "cluster-tokens", CM_CFG_INT, "0", "tokens per cluster, 1..1024 (0 = the auto size)",
            cluster_tokens, 0, 1024),
@@ -540,7 +544,7 @@ static int e2e_main(const void *opts, const char *argv0)
             return 2;
         }
     if (kvs == NULL) {
-        if (bn_daemon_start(&d, argv0, "3GiB") != 0)
+        if (bn_daemon_start(&d, argv0, a->kvstore_memory) != 0)
             return 1;
         kvs = d.grpc;
     }
