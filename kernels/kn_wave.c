@@ -37,7 +37,7 @@ void kn_wave_params_default(kn_wave_params_t *p)
     memset(p, 0, sizeof(*p));
     p->sink_tokens = 4;
     p->window_tokens = 64;
-    p->tokens_per_cluster = 0;  /* auto: 4 up to 16K, 16 beyond */
+    p->tokens_per_cluster = 0;  /* auto: 4 up to 16K, 8 up to 32K, 16 beyond */
     p->segment_tokens = KN_WAVE_SEGMENT_TOKENS;  /* blocks of prefix reuse */
     p->retrieval_frac = KN_WAVE_RETRIEVAL_FRAC;
     p->estimation_frac = KN_WAVE_ESTIMATION_FRAC;
@@ -54,7 +54,9 @@ uint32_t kn_wave_cluster_tokens(const kn_wave_params_t *p, size_t n_idx)
 {
     if (p->tokens_per_cluster != 0)
         return p->tokens_per_cluster;
-    return n_idx <= KN_WAVE_TINY_CONTEXT ? KN_WAVE_TINY_TOKENS_PER_CLUSTER : KN_WAVE_TOKENS_PER_CLUSTER;
+    if (n_idx <= KN_WAVE_TINY_CONTEXT)
+        return KN_WAVE_TINY_TOKENS_PER_CLUSTER;
+    return n_idx <= KN_WAVE_SMALL_CONTEXT ? KN_WAVE_SMALL_TOKENS_PER_CLUSTER : KN_WAVE_TOKENS_PER_CLUSTER;
 }
 
 /* Fix the cluster size (and the update's cluster count) at the first

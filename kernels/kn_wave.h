@@ -38,24 +38,30 @@
  * accuracy-vs-budget curve in docs/accuracy.md chose it). */
 #define KN_WAVE_RETRIEVAL_MIN_TOKENS 256u
 /* Cluster size when tokens_per_cluster is 0 (auto): 4 up to
- * KN_WAVE_TINY_CONTEXT indexed tokens, the paper's 16 beyond.  Below ~14K
- * tokens (256 / 1.8%) a step's retrieval is held at the floor, a fixed
- * number of tokens, and just past it the share is still a few hundred:
- * smaller clusters spend them on more, better aimed clusters, and on real
- * needles that decides.  On RULER's own prompts (docs/accuracy.md) 4 tokens
- * keep full attention's pass counts where 8 and 16 lose some: SmolLM2 at
- * 8K, Gemma 3 at 4K, and Gemma 3 at 16K, where 8 tokens passed 15 of 20
- * niah_single_2 prompts against 19 at 4 and full's 20, and no prompt that 4
- * failed.  What 4 costs there is small beside the prefill (index build and
- * upload about 2.6% of it, decode 2-4% slower than with 8,
- * docs/results/worker.md).
- * Past 16K the share grows with the context and the price of small clusters
- * shows: more centroids to scan and a k-means with more clusters (Gemma 3
- * at 32K: decode 1.26x full with 8 against 1.35x with 16), so the size is
- * 16 there until RULER at 32K says otherwise. */
+ * KN_WAVE_TINY_CONTEXT indexed tokens, 8 up to KN_WAVE_SMALL_CONTEXT, the
+ * paper's 16 beyond.  Below ~14K tokens (256 / 1.8%) a step's retrieval is
+ * held at the floor, a fixed number of tokens, and just past it the share is
+ * still a few hundred: smaller clusters spend them on more, better aimed
+ * clusters, and on real needles that decides.  On RULER's own prompts
+ * (docs/accuracy.md) 4 tokens keep full attention's pass counts where 8 and
+ * 16 lose some: SmolLM2 at 8K, Gemma 3 at 4K, and Gemma 3 at 16K, where 8
+ * tokens passed 15 of 20 niah_single_2 prompts against 19 at 4 and full's
+ * 20, and no prompt that 4 failed.  What 4 costs there is small beside the
+ * prefill (index build and upload about 2.6% of it, decode 2-4% slower than
+ * with 8, docs/results/worker.md).
+ * At 32K (Gemma 3, niah_single_2, 20 prompts) 16 tokens passed 9 against
+ * full's 16, below full's interval, failing 7 prompts full passed and none
+ * it failed; 8 passed 12 and 4 passed 13, with 3 and 2 prompts the other
+ * lost, so the two are level there.  8 costs what 16 costs at 32K (decode
+ * through the kvstore 1.23-1.26x full against 1.20-1.26x) where 4 is 3-7%
+ * slower with a first step half as long again, hence 8.  Past 32K nothing
+ * here measures accuracy (no model of ours reads further), so the size stays
+ * the paper's 16 there. */
 #define KN_WAVE_TOKENS_PER_CLUSTER 16u
 #define KN_WAVE_TINY_TOKENS_PER_CLUSTER 4u
 #define KN_WAVE_TINY_CONTEXT 16384u
+#define KN_WAVE_SMALL_TOKENS_PER_CLUSTER 8u
+#define KN_WAVE_SMALL_CONTEXT 32768u
 
 /* The build's block when segment_tokens is 0. */
 #define KN_WAVE_SEGMENT_TOKENS 256u
@@ -64,8 +70,9 @@
 typedef struct kn_wave_params {
     uint32_t sink_tokens;        /* attention sinks kept exact (4) */
     uint32_t window_tokens;      /* recent tokens kept exact (64) */
-    uint32_t tokens_per_cluster; /* 0 = auto (4 up to KN_WAVE_TINY_CONTEXT, 16
-                                    beyond); else ~this */
+    uint32_t tokens_per_cluster; /* 0 = auto (4 up to KN_WAVE_TINY_CONTEXT, 8
+                                    up to KN_WAVE_SMALL_CONTEXT, 16 beyond);
+                                    else ~this */
     uint32_t segment_tokens;     /* B, the build's block (256): the indexed range is cut
                                     at absolute multiples of B and each block clustered
                                     on its own, so that a block's clusters depend on its

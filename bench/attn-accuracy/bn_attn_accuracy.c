@@ -21,7 +21,7 @@
  * cut (kn_wave.h); the others' budget follows retroinfer's exact tokens of
  * each step, so adaptive and fixed are compared at equal bytes.
  * --cluster-tokens N fixes the index's cluster size (default: the auto size,
- * 8 tokens up to 32K, 16 beyond), so sizes compare on the same K/V.
+ * kn_wave_cluster_tokens), so sizes compare on the same K/V.
  *
  *   ri bench attn-accuracy --kv DIR [--json PATH] [--layers N] [--retrieval-frac F]
  *                          [--retrieval-min T] [--adapt-tau X] [--cluster-tokens N]

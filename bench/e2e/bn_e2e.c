@@ -485,9 +485,10 @@ out:
 
 /* The command line (bn_args). */
 typedef struct e2e_args {
-    char *json, *kvstore, *kvstore_memory, *model, *contexts, *batches;
+    char *json, *kvstore, *model, *contexts, *batches;
     bool quick, synthetic;
     int64_t steps, hog, deadline_us, cluster_tokens;
+    uint64_t kvstore_memory;
 } e2e_args_t;
 
 static const cm_config_item_t e2e_items[] = {
@@ -503,8 +504,8 @@ static const cm_config_item_t e2e_items[] = {
            deadline_us, 0, UINT32_MAX),
     BN_ARG(e2e_args_t, "kvstore", CM_CFG_STRING, NULL, "use this ri-kvstore (gRPC ADDR) instead of starting one",
            kvstore, 0, 0),
-    BN_ARG(e2e_args_t, "kvstore-memory", CM_CFG_STRING, "3GiB", "--memory of the ri-kvstore it starts",
-           kvstore_memory, 0, 0),
+    BN_ARG(e2e_args_t, "kvstore-memory", CM_CFG_SIZE, "3GiB", "--memory of the ri-kvstore it starts",
+           kvstore_memory, 1048576.0, 17592186044416.0), /* ri-kvstore's own bounds */
     BN_ARG(e2e_args_t, "model", CM_CFG_STRING, NULL, "model NAME or PATH (empty: the default)", model, 0, 0),
     BN_ARG(e2e_args_t, "cluster-tokens", CM_CFG_INT, "0", "tokens per cluster, 1..1024 (0 = the auto size)",
            cluster_tokens, 0, 1024),
@@ -544,7 +545,9 @@ static int e2e_main(const void *opts, const char *argv0)
             return 2;
         }
     if (kvs == NULL) {
-        if (bn_daemon_start(&d, argv0, a->kvstore_memory) != 0)
+        char mem[32];
+        snprintf(mem, sizeof(mem), "%llu", (unsigned long long)a->kvstore_memory);
+        if (bn_daemon_start(&d, argv0, mem) != 0)
             return 1;
         kvs = d.grpc;
     }

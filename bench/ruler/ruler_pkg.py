@@ -278,7 +278,7 @@ def score_cell(cfg, preds):
 def auto_cluster_tokens(n):
     """docs/architecture.md "Defaults": the size auto picks for an indexed
     range of n tokens (the worker does not report the size it used)."""
-    return 4 if n <= 16384 else 16
+    return 4 if n <= 16384 else 8 if n <= 32768 else 16
 
 
 def parse_args(argv):

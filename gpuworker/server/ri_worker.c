@@ -164,8 +164,8 @@ static const cm_config_item_t wk_items[] = {
      "retroinfer and retroinfer-remote: output-aware per-head cut, the estimated mass a head may leave to "
      "estimation (0 = off)", offsetof(wk_cfg_t, adapt_tau), 0, 0.99, NULL},
     {"cluster-tokens", CM_CFG_INT, "0",
-     "retroinfer and retroinfer-remote: tokens per cluster (0 = auto: 4 up to 16K indexed tokens, 16 "
-     "beyond)", offsetof(wk_cfg_t, cluster_tokens), 0, 4096, NULL},
+     "retroinfer and retroinfer-remote: tokens per cluster (0 = auto: 4 up to 16K indexed tokens, 8 up to "
+     "32K, 16 beyond)", offsetof(wk_cfg_t, cluster_tokens), 0, 4096, NULL},
     {"estimation-frac", CM_CFG_DOUBLE, "0.232",
      "retroinfer and retroinfer-remote: share of the clusters attended through their centroids",
      offsetof(wk_cfg_t, estimation_frac), 0, 1, NULL},

@@ -145,7 +145,7 @@ typedef struct ri_session_params {
     uint32_t sink_tokens;       /* 4 */
     uint32_t window_tokens;     /* 64 */
     uint32_t tokens_per_cluster;/* 0 = auto: 4 while the prompt's indexed range is at
-                                   most 16K tokens, 16 beyond; the index keeps
+                                   most 16K tokens, 8 up to 32K, 16 beyond; the index keeps
                                    the size its first clustering chose
                                    (ri_session_params_get tells it; docs/architecture.md) */
     uint32_t update_tokens;     /* 1024: tokens clustered per decode-time update */

@@ -55,6 +55,7 @@ expect "--bogus" ri-bench-load --worker --bogus
 expect "--worker-arg" ri-bench-load --worker --worker-arg
 expect "--bogus" ri-bench-e2e --bogus
 expect "'hog'" ri-bench-e2e --hog 65
+expect "kvstore-memory" ri-bench-e2e --kvstore-memory lots
 expect "--bogus" ri-bench-model --bogus
 expect "'steps'" ri-bench-model --steps 999
 expect "--bogus" ri-bench-passkey --bogus
@@ -86,7 +87,7 @@ lists ri-bench-cuda -- json only max-n steps rounds wave-n
 lists ri-bench-attn-accuracy -- json kv layers retrieval-frac retrieval-min adapt-tau cluster-tokens
 lists ri-bench-serve -- json clients attn requests max-tokens prompt-words seconds max-batch hog worker model
 lists ri-bench-load -- json clients sessions seconds kill-ms worker
-lists ri-bench-e2e -- json quick synthetic contexts batches steps hog deadline-us kvstore model cluster-tokens
+lists ri-bench-e2e -- json quick synthetic contexts batches steps hog deadline-us kvstore kvstore-memory model cluster-tokens
 lists ri-bench-model -- json contexts steps methods model cluster-tokens
 lists ri-bench-passkey -- json contexts depths trials seed methods retrieval-min adapt-tau kvstore model
 lists ri-bench-ruler -- json model contexts tasks trials methods seed retrieval-min window adapt-tau trial \

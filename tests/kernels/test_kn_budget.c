@@ -108,7 +108,8 @@ static void test_floor(void **state)
     bt_free(&x);
 }
 
-/* The auto cluster size: 4 tokens up to 16K indexed tokens, 16 beyond, an
+/* The auto cluster size: 4 tokens up to 16K indexed tokens, 8 up to 32K,
+ * 16 beyond, an
  * explicit size always; the build fixes it for the index's life, updates
  * included, and the floor in clusters follows it. */
 static void test_auto_cluster_size(void **state)
@@ -124,7 +125,10 @@ static void test_auto_cluster_size(void **state)
     assert_int_equal(kn_wave_cluster_tokens(&p, KN_WAVE_TINY_CONTEXT), 4);
     assert_int_equal(kn_wave_cluster_tokens(&p, 8192), 4);
     assert_int_equal(kn_wave_cluster_tokens(&p, 16384), 4);
-    assert_int_equal(kn_wave_cluster_tokens(&p, KN_WAVE_TINY_CONTEXT + 1), 16);
+    assert_int_equal(kn_wave_cluster_tokens(&p, KN_WAVE_TINY_CONTEXT + 1), 8);
+    assert_int_equal(kn_wave_cluster_tokens(&p, 32700), 8);  /* Gemma 3's whole context */
+    assert_int_equal(kn_wave_cluster_tokens(&p, KN_WAVE_SMALL_CONTEXT), 8);
+    assert_int_equal(kn_wave_cluster_tokens(&p, KN_WAVE_SMALL_CONTEXT + 1), 16);
     assert_int_equal(kn_wave_cluster_tokens(&p, 1u << 20), 16);
     p.tokens_per_cluster = 12;
     assert_int_equal(kn_wave_cluster_tokens(&p, 4096), 12);
